@@ -1,0 +1,24 @@
+# Two commands: `make demo` (the main job on this machine) and `make test` (the test suite).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH := torch==2.13.0
+
+.PHONY: demo test setup clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH)
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(PY) -m pipeoffload.demo
+
+test: setup
+	$(PY) -m pytest -q -x --durations=10
+
+clean:
+	rm -rf $(VENV) build *.egg-info

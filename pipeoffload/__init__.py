@@ -1,0 +1,16 @@
+"""pipeoffload: pipeline-parallel training whose schedule manages activation memory."""
+from pipeoffload.costs import CostModel
+from pipeoffload.errors import ConfigError, ScheduleError
+from pipeoffload.ir import Action, ActionKind, Schedule
+from pipeoffload.passes.lower import lower
+from pipeoffload.placement import Placement
+from pipeoffload.schedules import generate, schedule_names
+from pipeoffload.simulate import DeadlockError, Timeline, simulate
+from pipeoffload.validate import validate
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Action", "ActionKind", "ConfigError", "CostModel", "DeadlockError", "Placement", "Schedule",
+    "ScheduleError", "Timeline", "generate", "lower", "schedule_names", "simulate", "validate",
+]

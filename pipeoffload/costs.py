@@ -1,0 +1,112 @@
+"""The cost model: per-stage compute times, activation sizes, P2P and host-link copy costs.
+
+A ``CostModel`` is a typed value passed explicitly to passes, the simulator and the planner.
+Time is in arbitrary units (seconds when built from hardware); memory in *activation units*
+(one microbatch's saved activations for one stage), converted to bytes by ``activation_bytes``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence, Union
+
+from pipeoffload.errors import ConfigError
+
+PerStage = Union[float, tuple[float, ...]]
+
+
+def _at(value: PerStage, stage: int) -> float:
+    return value if isinstance(value, (int, float)) else value[stage]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModel:
+    """Costs of one stage and one microbatch; each per-stage field is a scalar or a per-stage tuple.
+
+    ``time_b`` defaults to ``time_i + time_w``; ``time_r`` (recompute) defaults to ``time_f``.
+    ``w_fraction`` is the part of a stage's activation still needed by W after I has run (1.0 is the
+    conservative default the reference implementation and PyTorch's liveness analysis use).
+    Copy times are per activation unit, one direction; they scale with the stage's ``activation``.
+    """
+
+    time_f: PerStage = 1.0
+    time_i: PerStage = 1.0
+    time_w: PerStage = 1.0
+    time_b: PerStage | None = None
+    time_r: PerStage | None = None
+    activation: PerStage = 1.0
+    w_fraction: float = 1.0
+    activation_bytes: float | None = None
+    p2p_time: float = 0.0
+    d2h_time: float = 0.0
+    h2d_time: float = 0.0
+    shared_copy_engine: bool = True
+    shared_host_link: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("time_f", "time_i", "time_w", "time_b", "time_r", "activation"):
+            value = getattr(self, name)
+            values = [value] if value is None or isinstance(value, (int, float)) else list(value)
+            if any(v is not None and (v < 0 or v != v) for v in values):
+                raise ConfigError(f"{name}={value!r}: times and sizes must be >= 0")
+        for name in ("p2p_time", "d2h_time", "h2d_time"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r}: must be >= 0")
+        if not 0.0 <= self.w_fraction <= 1.0:
+            raise ConfigError(f"w_fraction={self.w_fraction!r}: must be in [0, 1]")
+
+    # ---- per-stage lookups -------------------------------------------------------------------
+    def f(self, stage: int) -> float:
+        return _at(self.time_f, stage)
+
+    def i(self, stage: int) -> float:
+        return _at(self.time_i, stage)
+
+    def w(self, stage: int) -> float:
+        return _at(self.time_w, stage)
+
+    def b(self, stage: int) -> float:
+        return self.i(stage) + self.w(stage) if self.time_b is None else _at(self.time_b, stage)
+
+    def r(self, stage: int) -> float:
+        return self.f(stage) if self.time_r is None else _at(self.time_r, stage)
+
+    def act(self, stage: int) -> float:
+        return _at(self.activation, stage)
+
+    def d2h(self, stage: int) -> float:
+        return self.d2h_time * self.act(stage)
+
+    def h2d(self, stage: int) -> float:
+        return self.h2d_time * self.act(stage)
+
+    def offload_ratio(self, stage: int = 0) -> float:
+        """The paper's k: (D2H + H2D time of one activation unit) / (F + I + W time of that unit)."""
+        compute = self.f(stage) + self.b(stage)
+        return (self.d2h(stage) + self.h2d(stage)) / compute if compute else float("inf")
+
+    def with_offload_ratio(self, k: float, stage: int = 0) -> "CostModel":
+        """Set symmetric D2H/H2D times so that ``offload_ratio(stage) == k``."""
+        if k < 0:
+            raise ConfigError(f"offload ratio k={k!r}: must be >= 0 (0 means instant copies)")
+        one_way = k * (self.f(stage) + self.b(stage)) / 2 / max(self.act(stage), 1e-300)
+        return replace(self, d2h_time=one_way, h2d_time=one_way)
+
+    def check_stages(self, num_stages: int) -> None:
+        for name in ("time_f", "time_i", "time_w", "time_b", "time_r", "activation"):
+            value = getattr(self, name)
+            if isinstance(value, tuple) and len(value) != num_stages:
+                raise ConfigError(
+                    f"{name} has {len(value)} per-stage values but the schedule has {num_stages} stages"
+                )
+
+    @classmethod
+    def uniform(
+        cls, f: float = 1.0, i: float = 1.0, w: float = 1.0, p2p: float = 0.0, **kwargs: object
+    ) -> "CostModel":
+        return cls(time_f=f, time_i=i, time_w=w, p2p_time=p2p, **kwargs)  # type: ignore[arg-type]
+
+    @classmethod
+    def per_stage(
+        cls, f: Sequence[float], i: Sequence[float], w: Sequence[float], **kwargs: object
+    ) -> "CostModel":
+        return cls(time_f=tuple(f), time_i=tuple(i), time_w=tuple(w), **kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,200 @@
+"""The schedule IR: actions, per-rank action lists, and their text/JSON/CSV forms.
+
+Glossary (used everywhere in the package):
+  rank             one process of the pipeline group, 0..num_ranks-1
+  stage            a contiguous slice of the model's layers, global index 0..num_stages-1
+  stages_per_rank  the virtual-pipeline degree v
+  placement        the stage -> rank map (loop, v, or custom)
+  microbatch       index 0..num_microbatches-1
+  action           (kind, stage, microbatch); text form ``{stage}{KIND}{microbatch}``, e.g. ``2F0``
+  step             a position in one rank's action list
+
+Comm actions follow ``torch.distributed.pipelining``: ``SEND_F`` is posted by the stage that
+produced the activation, ``RECV_F`` by the stage that consumes it; ``SEND_B`` by the stage that
+produced the input gradient, ``RECV_B`` by the stage that consumes it.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterable, Iterator, Sequence
+
+from pipeoffload.placement import Placement
+
+
+class ActionKind(str, Enum):
+    F = "F"  # forward
+    B = "B"  # full backward (input and weight gradients)
+    I = "I"  # noqa: E741  backward for input gradients only
+    W = "W"  # backward for weight gradients only
+    R = "R"  # recompute the forward of a stage whose activations were dropped
+    SEND_F = "SEND_F"
+    RECV_F = "RECV_F"
+    SEND_B = "SEND_B"
+    RECV_B = "RECV_B"
+    OFFLOAD = "OFFLOAD"  # start the device->host copy of one (stage, microbatch) activation
+    RELOAD = "RELOAD"  # allocate and start the host->device copy back
+
+    def __str__(self) -> str:
+        return self.value
+
+
+COMPUTE_KINDS = frozenset({ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W, ActionKind.R})
+COMM_KINDS = frozenset({ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B})
+COPY_KINDS = frozenset({ActionKind.OFFLOAD, ActionKind.RELOAD})
+
+# Longest names first so that "SEND_F" is not read as "S" + ...; torch's UNSHARD/RESHARD/REDUCE_GRAD
+# are recognised only to give a precise error when importing its CSVs.
+_KIND_NAMES = sorted((k.value for k in ActionKind), key=len, reverse=True)
+_ACTION_RE = re.compile(r"^(\d+)(" + "|".join(_KIND_NAMES) + r")(\d+)$")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Action:
+    """One thing a rank does: ``kind`` applied to ``(stage, microbatch)``."""
+
+    kind: ActionKind
+    stage: int
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind.value}{self.microbatch}"
+
+    def __repr__(self) -> str:
+        return f"Action({self})"
+
+    @classmethod
+    def parse(cls, text: str) -> "Action":
+        match = _ACTION_RE.match(text.strip())
+        if match is None:
+            raise ValueError(
+                f"cannot parse action {text!r}: expected {{stage}}{{KIND}}{{microbatch}} such as '2F0' "
+                f"with KIND one of {', '.join(k.value for k in ActionKind)}"
+            )
+        return cls(ActionKind(match.group(2)), int(match.group(1)), int(match.group(3)))
+
+
+def act(kind: ActionKind | str, stage: int, microbatch: int) -> Action:
+    """Shorthand used by generators: ``act("F", 2, 0)`` is ``2F0``."""
+    return Action(ActionKind(kind), stage, microbatch)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-rank ordered action lists plus the sizes and placement they refer to.
+
+    A Schedule is plain immutable data: nothing in it refers to a module, tensor or process group.
+    """
+
+    actions: tuple[tuple[Action, ...], ...]
+    placement: Placement
+    num_microbatches: int
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.actions) != self.placement.num_ranks:
+            raise ValueError(
+                f"schedule has {len(self.actions)} rank lists but placement has {self.placement.num_ranks} ranks"
+            )
+
+    @property
+    def num_ranks(self) -> int:
+        return self.placement.num_ranks
+
+    @property
+    def num_stages(self) -> int:
+        return self.placement.num_stages
+
+    @property
+    def stages_per_rank(self) -> int:
+        return self.placement.stages_per_rank
+
+    def __iter__(self) -> Iterator[tuple[Action, ...]]:
+        return iter(self.actions)
+
+    def __getitem__(self, rank: int) -> tuple[Action, ...]:
+        return self.actions[rank]
+
+    def num_actions(self) -> int:
+        return sum(len(r) for r in self.actions)
+
+    def with_actions(self, actions: Sequence[Sequence[Action]]) -> "Schedule":
+        return Schedule(tuple(tuple(r) for r in actions), self.placement, self.num_microbatches, self.name)
+
+    def is_lowered(self) -> bool:
+        return any(a.kind in COMM_KINDS for r in self.actions for a in r)
+
+    def compute_only(self) -> "Schedule":
+        """Drop comm and copy actions, leaving what a generator produces."""
+        return self.with_actions([[a for a in r if a.kind in COMPUTE_KINDS] for r in self.actions])
+
+    # ---- text form: one line per rank, actions separated by spaces ---------------------------
+    def to_text(self) -> str:
+        return "".join(" ".join(str(a) for a in rank) + "\n" for rank in self.actions)
+
+    @classmethod
+    def from_text(cls, text: str, placement: Placement | None = None, name: str = "") -> "Schedule":
+        lines = [ln.split("#", 1)[0] for ln in text.splitlines()]
+        rows = [[Action.parse(tok) for tok in ln.split()] for ln in lines if ln.strip() or False]
+        return cls.from_rows(rows, placement, name)
+
+    @classmethod
+    def from_rows(
+        cls, rows: Sequence[Sequence[Action]], placement: Placement | None = None, name: str = ""
+    ) -> "Schedule":
+        if placement is None:
+            placement = infer_placement(rows)
+        microbatches = 1 + max((a.microbatch for r in rows for a in r), default=-1)
+        return cls(tuple(tuple(r) for r in rows), placement, microbatches, name)
+
+    # ---- JSON ------------------------------------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "name": self.name,
+                "num_microbatches": self.num_microbatches,
+                "placement": list(self.placement.stage_to_rank),
+                "placement_kind": self.placement.kind,
+                "actions": [[str(a) for a in r] for r in self.actions],
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "Schedule":
+        data = json.loads(text)
+        placement = Placement.custom(data["placement"], num_ranks=len(data["actions"]))
+        rows = tuple(tuple(Action.parse(a) for a in r) for r in data["actions"])
+        return cls(rows, placement, int(data["num_microbatches"]), data.get("name", ""))
+
+    # ---- CSV in torch.distributed.pipelining's format: one row per rank -------------------------
+    def to_csv(self) -> str:
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        for rank in self.actions:
+            writer.writerow([str(a) for a in rank])
+        return out.getvalue()
+
+    @classmethod
+    def from_csv(cls, text: str, placement: Placement | None = None, name: str = "") -> "Schedule":
+        """Read torch's ``_dump_csv`` format; empty cells (its deliberate bubbles) are skipped."""
+        rows = []
+        for row in csv.reader(io.StringIO(text)):
+            rows.append([Action.parse(cell) for cell in row if cell.strip()])
+        return cls.from_rows(rows, placement, name)
+
+
+def infer_placement(rows: Sequence[Iterable[Action]]) -> Placement:
+    mapping: dict[int, int] = {}
+    for rank, row in enumerate(rows):
+        for a in row:
+            owner = mapping.setdefault(a.stage, rank)
+            if owner != rank and a.kind in COMPUTE_KINDS:
+                raise ValueError(f"stage {a.stage} has compute actions on ranks {owner} and {rank}")
+    if sorted(mapping) != list(range(len(mapping))):
+        raise ValueError(f"stages used are not 0..S-1: {sorted(mapping)}")
+    return Placement.custom([mapping[s] for s in range(len(mapping))], num_ranks=len(rows))

@@ -1,0 +1,1 @@
+"""Lowering passes: Schedule -> Schedule steps, chained in ``lower``."""

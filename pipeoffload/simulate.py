@@ -1,0 +1,390 @@
+"""Discrete-event simulation of a schedule: timeline, bubbles, memory over time, copy-lane stalls.
+
+Model (see docs/decisions.md):
+- Each rank has a compute lane that runs its list in order. F/B/I/W/R take their cost-model time.
+  SEND is posted without blocking (the data arrives ``p2p_time`` later); RECV blocks the lane until
+  the data has arrived. A compute-only schedule is simulated with implicit transfers of ``p2p_time``.
+- OFFLOAD and RELOAD are *issued* at their list position and run on the rank's copy lane, FIFO. One
+  copy engine serves both directions unless ``shared_copy_engine`` is off; with ``shared_host_link``
+  ranks 2p and 2p+1 share one host link per direction, so their same-direction copies never overlap.
+- Memory (activation units): F allocates at its start; B frees all at its end; I frees the part W
+  does not need, W the rest; R re-allocates at its start; OFFLOAD frees the device copy when the copy
+  completes; RELOAD allocates when it starts and its backward waits for it to complete. At equal
+  times frees are applied before allocations.
+"""
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from pipeoffload.costs import CostModel
+from pipeoffload.errors import ScheduleError
+from pipeoffload.ir import COMM_KINDS, Action, ActionKind, Schedule
+
+K = ActionKind
+_EPS = 1e-12
+
+
+class DeadlockError(ScheduleError):
+    """No rank can make progress; the message lists what every stuck rank waits for."""
+
+
+@dataclass(frozen=True)
+class RankResult:
+    rank: int
+    busy: float
+    bubble_ratio: float
+    peak_activation_units: float
+    peak_rank_units: float
+    peak_host_units: float
+    stall: float
+    memory: tuple[tuple[float, float], ...]  # (time, resident units) after each change
+    host_memory: tuple[tuple[float, float], ...]
+
+    def as_dict(self, activation_bytes: float | None = None) -> dict:
+        out = {
+            "rank": self.rank,
+            "busy": self.busy,
+            "bubble_ratio": self.bubble_ratio,
+            "peak_activation_units": self.peak_activation_units,
+            "peak_rank_units": self.peak_rank_units,
+            "peak_host_units": self.peak_host_units,
+            "stall": self.stall,
+        }
+        if activation_bytes is not None:
+            out["peak_activation_bytes"] = self.peak_activation_units * activation_bytes
+            out["peak_host_bytes"] = self.peak_host_units * activation_bytes
+        return out
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Result of ``simulate``: when every action ran, and what that did to time and memory."""
+
+    schedule: Schedule
+    costs: CostModel
+    start: tuple[tuple[float, ...], ...]  # per rank, aligned with schedule.actions[rank]
+    end: tuple[tuple[float, ...], ...]
+    makespan: float
+    per_rank: tuple[RankResult, ...]
+    stalls: dict = field(default_factory=dict)  # Action -> seconds the compute lane waited for its RELOAD
+
+    @property
+    def bubble_ratio(self) -> float:
+        busy = sum(r.busy for r in self.per_rank)
+        return 1.0 - busy / (len(self.per_rank) * self.makespan) if self.makespan > 0 else 0.0
+
+    @property
+    def peak_activation_units(self) -> float:
+        return max(r.peak_activation_units for r in self.per_rank)
+
+    @property
+    def peak_rank_units(self) -> float:
+        return max(r.peak_rank_units for r in self.per_rank)
+
+    @property
+    def peak_host_units(self) -> float:
+        return max(r.peak_host_units for r in self.per_rank)
+
+    @property
+    def stall(self) -> float:
+        return sum(r.stall for r in self.per_rank)
+
+    def events(self, rank: int):  # type: ignore[no-untyped-def]
+        """(action, start, end) for one rank in list order."""
+        return zip(self.schedule.actions[rank], self.start[rank], self.end[rank])
+
+    def as_dict(self) -> dict:
+        s = self.schedule
+        out = {
+            "schedule": s.name,
+            "ranks": s.num_ranks,
+            "microbatches": s.num_microbatches,
+            "stages_per_rank": s.stages_per_rank,
+            "placement": s.placement.kind,
+            "makespan": self.makespan,
+            "bubble_ratio": self.bubble_ratio,
+            "peak_activation_units": self.peak_activation_units,
+            "peak_rank_units": self.peak_rank_units,
+            "peak_host_units": self.peak_host_units,
+            "stall": self.stall,
+            "offloaded": sum(1 for r in s.actions for a in r if a.kind == K.OFFLOAD),
+            "recomputed": sum(1 for r in s.actions for a in r if a.kind == K.R),
+            "actions": s.num_actions(),
+            "per_rank": [r.as_dict(self.costs.activation_bytes) for r in self.per_rank],
+        }
+        if self.costs.activation_bytes is not None:
+            out["peak_activation_bytes"] = self.peak_activation_units * self.costs.activation_bytes
+        return out
+
+
+class _Link:
+    """Busy intervals of one exclusive resource; a copy takes the earliest gap that fits."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def reserve(self, ready: float, duration: float) -> float:
+        i = bisect.bisect_right(self.ends, ready)
+        t = ready
+        while i < len(self.starts):
+            if t + duration <= self.starts[i] + _EPS:
+                break
+            t = max(t, self.ends[i])
+            i += 1
+        self.starts.insert(i, t)
+        self.ends.insert(i, t + duration)
+        return t
+
+
+def simulate(schedule: Schedule, costs: CostModel | None = None) -> Timeline:
+    """Simulate ``schedule`` under ``costs`` (uniform unit costs when omitted)."""
+    return _Simulation(schedule, costs or CostModel()).run()
+
+
+class _Simulation:
+    def __init__(self, schedule: Schedule, costs: CostModel) -> None:
+        costs.check_stages(schedule.num_stages)
+        self.schedule = schedule
+        self.costs = costs
+        self.placement = schedule.placement
+        self.lowered = schedule.is_lowered()
+        self.last_stage = schedule.num_stages - 1
+        n = schedule.num_ranks
+        self.pos = [0] * n
+        self.clock = [0.0] * n
+        self.start = [[0.0] * len(r) for r in schedule.actions]
+        self.end = [[0.0] * len(r) for r in schedule.actions]
+        self.done: dict[tuple[ActionKind, int, int], float] = {}  # completion time per action key
+        self.waiters: dict[tuple[ActionKind, int, int], list[int]] = defaultdict(list)
+        self.mem_events: list[list[tuple[float, float]]] = [[] for _ in range(n)]
+        self.host_events: list[list[tuple[float, float]]] = [[] for _ in range(n)]
+        self.resident: dict[tuple[int, int], float] = {}
+        self.on_host: dict[tuple[int, int], float] = {}
+        self.busy = [0.0] * n
+        self.stall = [0.0] * n
+        self.stalls: dict[Action, float] = {}
+        self.back_kind = {
+            (a.stage, a.microbatch): a.kind for r in schedule.actions for a in r if a.kind in (K.B, K.I)
+        }
+        self.recomputed = {(a.stage, a.microbatch) for r in schedule.actions for a in r if a.kind == K.R}
+        self.engine_free: dict[tuple[int, str], float] = defaultdict(float)
+        self.links: dict[tuple[int, str], _Link] = defaultdict(_Link)
+
+    # ---- dependency lookups -----------------------------------------------------------------
+    def _input_ready(self, a: Action, rank: int) -> float | tuple[ActionKind, int, int]:
+        """Time the inputs of compute action ``a`` are on this rank, or the key still awaited."""
+        s, mb = a.stage, a.microbatch
+        p2p = self.costs.p2p_time
+        if a.kind == K.F:
+            if s == 0:
+                return 0.0
+            key = (K.F, s - 1, mb)
+            local = self.placement.rank_of(s - 1) == rank
+            if self.lowered and not local:
+                key = (K.RECV_F, s, mb)
+                local = True
+        elif a.kind in (K.B, K.I):
+            own = self.done.get((K.F, s, mb))
+            if own is None:
+                return (K.F, s, mb)
+            if s == self.last_stage:
+                return own
+            key = (self.back_kind.get((s + 1, mb), K.B), s + 1, mb)
+            local = self.placement.rank_of(s + 1) == rank
+            if self.lowered and not local:
+                key, local = (K.RECV_B, s, mb), True
+            t = self.done.get(key)
+            if t is None:
+                return key
+            return max(own, t if local else t + p2p)
+        elif a.kind == K.W:
+            key, local = (K.I, s, mb), True
+        else:  # R
+            key, local = (K.F, s, mb), True
+        t = self.done.get(key)
+        if t is None:
+            return key
+        return t if local else t + p2p
+
+    # ---- main loop ---------------------------------------------------------------------------
+    def run(self) -> Timeline:
+        ready = list(range(self.schedule.num_ranks))
+        queued = [True] * self.schedule.num_ranks
+        while ready:
+            rank = ready.pop()
+            queued[rank] = False
+            for key in self._advance(rank):
+                for waiter in self.waiters.pop(key, ()):
+                    if not queued[waiter]:
+                        queued[waiter] = True
+                        ready.append(waiter)
+        stuck = [r for r in range(self.schedule.num_ranks) if self.pos[r] < len(self.schedule.actions[r])]
+        if stuck:
+            self._report_deadlock(stuck)
+        return self._result()
+
+    def _advance(self, rank: int) -> list[tuple[ActionKind, int, int]]:
+        """Run this rank's lane as far as dependencies allow; return the keys that completed."""
+        row = self.schedule.actions[rank]
+        completed = []
+        costs = self.costs
+        while self.pos[rank] < len(row):
+            step = self.pos[rank]
+            a = row[step]
+            kind, s, mb = a.kind, a.stage, a.microbatch
+            clock = self.clock[rank]
+            if kind in COMM_KINDS:
+                if kind in (K.SEND_F, K.SEND_B):
+                    start = end = clock
+                else:
+                    sender = (K.SEND_F, s - 1, mb) if kind == K.RECV_F else (K.SEND_B, s + 1, mb)
+                    sent = self.done.get(sender)
+                    if sent is None:
+                        self.waiters[sender].append(rank)
+                        return completed
+                    start, end = clock, max(clock, sent + costs.p2p_time)
+            elif kind == K.OFFLOAD or kind == K.RELOAD:
+                start, end = self._copy(rank, a, clock)
+                self.start[rank][step], self.end[rank][step] = start, end
+                self.done[(kind, s, mb)] = end
+                completed.append((kind, s, mb))
+                self.pos[rank] += 1
+                continue  # issuing a copy does not occupy the compute lane
+            else:
+                ready = self._input_ready(a, rank)
+                if isinstance(ready, tuple):
+                    self.waiters[ready].append(rank)
+                    return completed
+                start = max(clock, ready)
+                if kind in (K.B, K.I) and (K.RELOAD, s, mb) in self.done:
+                    reload_end = self.done[(K.RELOAD, s, mb)]
+                    if reload_end > start:
+                        self.stalls[a] = reload_end - start
+                        self.stall[rank] += reload_end - start
+                        start = reload_end
+                duration = self._duration(a)
+                end = start + duration
+                self.busy[rank] += duration
+                self._account(rank, a, start, end)
+            self.start[rank][step], self.end[rank][step] = start, end
+            self.clock[rank] = end
+            self.done[(kind, s, mb)] = end
+            completed.append((kind, s, mb))
+            self.pos[rank] += 1
+        return completed
+
+    def _duration(self, a: Action) -> float:
+        c, s = self.costs, a.stage
+        return {K.F: c.f, K.B: c.b, K.I: c.i, K.W: c.w, K.R: c.r}[a.kind](s)
+
+    def _account(self, rank: int, a: Action, start: float, end: float) -> None:
+        key = (a.stage, a.microbatch)
+        size = self.costs.act(a.stage)
+        events = self.mem_events[rank]
+        if a.kind == K.F:
+            amount = 0.0 if key in self.recomputed else size
+            self.resident[key] = amount
+            events.append((start, amount))
+        elif a.kind == K.R:
+            self.resident[key] = self.resident.get(key, 0.0) + size
+            events.append((start, size))
+        elif a.kind == K.B:
+            events.append((end, -self.resident.pop(key, 0.0)))
+        elif a.kind == K.I:
+            keep = self.resident.get(key, 0.0) * self.costs.w_fraction
+            events.append((end, keep - self.resident.get(key, 0.0)))
+            self.resident[key] = keep
+        elif a.kind == K.W:
+            events.append((end, -self.resident.pop(key, 0.0)))
+
+    def _copy(self, rank: int, a: Action, issue: float) -> tuple[float, float]:
+        """Place one copy on the copy lane (and shared link); update device and host memory."""
+        key = (a.stage, a.microbatch)
+        costs = self.costs
+        if a.kind == K.OFFLOAD:
+            direction, per_unit = "d2h", costs.d2h_time
+            amount = self.resident.get(key, 0.0)
+            ready = max(issue, self.done.get((K.F, a.stage, a.microbatch), issue))
+        else:
+            direction, per_unit = "h2d", costs.h2d_time
+            amount = self.on_host.get(key, 0.0)
+            offload_end = self.done.get((K.OFFLOAD, a.stage, a.microbatch), issue)
+            ready = max(issue, offload_end)
+        lane = "both" if costs.shared_copy_engine else direction
+        ready = max(ready, self.engine_free[(rank, lane)])
+        duration = per_unit * amount
+        link_owner = rank // 2 if costs.shared_host_link else rank
+        start = self.links[(link_owner, direction)].reserve(ready, duration) if duration > 0 else ready
+        end = start + duration
+        self.engine_free[(rank, lane)] = end
+        if a.kind == K.OFFLOAD:
+            self.resident[key] = 0.0
+            self.on_host[key] = amount
+            self.mem_events[rank].append((end, -amount))
+            self.host_events[rank].append((start, amount))
+        else:
+            self.resident[key] = self.resident.get(key, 0.0) + amount
+            self.mem_events[rank].append((start, amount))
+            self.host_events[rank].append((end, -self.on_host.pop(key, 0.0)))
+        return start, end
+
+    # ---- results -----------------------------------------------------------------------------
+    def _result(self) -> Timeline:
+        ends = [max(row, default=0.0) for row in self.end]
+        makespan = max(ends, default=0.0)
+        per_rank = []
+        v = max(self.schedule.stages_per_rank, 1)
+        for rank in range(self.schedule.num_ranks):
+            memory, peak = _curve(self.mem_events[rank])
+            host, host_peak = _curve(self.host_events[rank])
+            busy = self.busy[rank]
+            per_rank.append(
+                RankResult(
+                    rank=rank,
+                    busy=busy,
+                    bubble_ratio=1.0 - busy / makespan if makespan > 0 else 0.0,
+                    peak_activation_units=peak,
+                    peak_rank_units=peak / v,
+                    peak_host_units=host_peak,
+                    stall=self.stall[rank],
+                    memory=memory,
+                    host_memory=host,
+                )
+            )
+        return Timeline(
+            self.schedule, self.costs, tuple(map(tuple, self.start)), tuple(map(tuple, self.end)),
+            makespan, tuple(per_rank), dict(self.stalls),
+        )
+
+    def _report_deadlock(self, stuck: list[int]) -> None:
+        lines = []
+        for rank in stuck:
+            a = self.schedule.actions[rank][self.pos[rank]]
+            waits = [str(Action(*k)) for k, ranks in self.waiters.items() if rank in ranks]
+            owner = ""
+            for k in waits:
+                other = self.placement.rank_of(Action.parse(k).stage)
+                if other != rank:
+                    owner = f" (rank {other} never reaches it)"
+            lines.append(f"rank {rank} step {self.pos[rank]} {a} waits for {', '.join(waits) or '?'}{owner}")
+        first = stuck[0]
+        raise DeadlockError("deadlock: " + "; ".join(lines), first, self.pos[first],
+                            self.schedule.actions[first][self.pos[first]], self.schedule.actions)
+
+
+def _curve(events: list[tuple[float, float]]) -> tuple[tuple[tuple[float, float], ...], float]:
+    """Cumulative memory after each event, frees before allocations at equal times; and its peak."""
+    level, peak = 0.0, 0.0
+    curve = []
+    for t, delta in sorted(events):
+        level += delta
+        if abs(level) < 1e-9:
+            level = 0.0
+        peak = max(peak, level)
+        curve.append((t, level))
+    return tuple(curve), peak

@@ -1,0 +1,1 @@
+"""Pictures of schedules: text grids, Chrome/Perfetto traces, matplotlib charts, HTML reports."""

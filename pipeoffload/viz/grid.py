@@ -1,0 +1,34 @@
+"""A step x rank text grid of a schedule, used by error messages and ``pipeoffload show``."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from pipeoffload.ir import Action
+
+_WINDOW = 12  # steps shown either side of a marked step: whole grids of big schedules drown the error
+
+
+def render_grid(
+    ranks: Sequence[Sequence[Action]], mark: tuple[int, int | None] | None = None, window: int | None = None
+) -> str:
+    """Rows are steps, columns ranks. ``mark=(rank, step)`` flags one cell and shows nearby steps only."""
+    steps = max((len(r) for r in ranks), default=0)
+    first, last = 0, steps
+    if mark is not None and mark[1] is not None:
+        span = _WINDOW if window is None else window
+        first, last = max(0, mark[1] - span), min(steps, mark[1] + span + 1)
+    cells = [[str(r[i]) if i < len(r) else "" for r in ranks] for i in range(first, last)]
+    width = max([len(f"rank {len(ranks) - 1}")] + [len(c) for row in cells for c in row])
+    header = "step | " + " | ".join(f"rank {r}".ljust(width) for r in range(len(ranks)))
+    lines = [header, "-" * len(header)]
+    if first > 0:
+        lines.append("  ...")
+    for offset, row in enumerate(cells):
+        step = first + offset
+        text = f"{step:4d} | " + " | ".join(c.ljust(width) for c in row)
+        if mark is not None and mark[1] == step:
+            text += f"   <-- rank {mark[0]}: ERROR HERE"
+        lines.append(text.rstrip())
+    if last < steps:
+        lines.append("  ...")
+    return "\n".join(lines)
