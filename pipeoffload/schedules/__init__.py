@@ -85,3 +85,4 @@ def generate(
 from pipeoffload.schedules import classic  # noqa: E402,F401
 
 __all__ = ["ScheduleSpec", "register", "generate", "get_spec", "schedule_names", "schedule_specs"]
+from pipeoffload.schedules import group_interleaved  # noqa: E402,F401
