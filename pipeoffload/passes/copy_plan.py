@@ -4,8 +4,10 @@ The pass plans copies against the compute timeline of the schedule without copie
 action in the rank's list, so it is *issued* at the end of the compute action before it (a "grid
 point") and starts when its copy engine (FIFO, as in the simulator) is free. A planned start is
 therefore reproduced exactly by the simulator only if it is a grid point or the end of the copy
-before it on the same engine; every search below returns only such starts, so the simulator sees
-the planned times (on a shared host link too: the pair's copies never contend, by construction).
+before it on the same engine; the searches return only such starts ("exact" mode), so the
+simulator sees the planned times. On a shared host link, "relaxed" mode also allows a start at the
+end of the partner rank's copy: denser, but which of two such copies goes first then depends on the
+simulator's processing order, so relaxed plans are checked by simulation (see ``offload``).
 """
 from __future__ import annotations
 
@@ -174,3 +176,122 @@ class Placed:
     @property
     def d2h_end(self) -> float:
         return self.d2h_start + self.activation.d2h
+
+
+class CopyGroup:
+    """Ranks planned together because they share copy resources (one rank, or a host-link pair)."""
+
+    def __init__(self, timelines: list[RankTimeline], costs: CostModel, relaxed: bool = False) -> None:
+        self.timelines = {tl.rank: tl for tl in timelines}
+        self.relaxed = relaxed and costs.shared_host_link
+        links = {"d2h": Lane(), "h2d": Lane()}
+        self._engine: dict[tuple[int, str], Lane] = {}
+        self._lanes: dict[tuple[int, str], list[Lane]] = {}
+        for rank in self.timelines:
+            shared = Lane()
+            for direction in ("d2h", "h2d"):
+                engine = shared if costs.shared_copy_engine else Lane()
+                self._engine[(rank, direction)] = engine
+                self._lanes[(rank, direction)] = [engine, links[direction]] if costs.shared_host_link else [engine]
+
+    def lanes(self, rank: int, direction: str) -> list[Lane]:
+        """Every resource such a copy occupies: its engine first, then the pair's link when shared."""
+        return self._lanes[(rank, direction)]
+
+    def _next_start(self, rank: int, direction: str, t: float) -> float | None:
+        lanes = self.lanes(rank, direction)
+        options = [self.timelines[rank].grid_ceil(t), lanes[0].end_at_or_after(t)]
+        if self.relaxed:
+            options.append(lanes[1].end_at_or_after(t))
+        found = [x for x in options if x is not None]
+        return min(found) if found else None
+
+    def _prev_start(self, rank: int, direction: str, t: float) -> float | None:
+        lanes = self.lanes(rank, direction)
+        options = [self.timelines[rank].grid_floor(t), lanes[0].end_at_or_before(t)]
+        if self.relaxed:
+            options.append(lanes[1].end_at_or_before(t))
+        found = [x for x in options if x is not None]
+        return max(found) if found else None
+
+    def earliest(self, rank: int, direction: str, t: float, duration: float, limit: float) -> float | None:
+        """The first valid start >= t (and <= limit) at which the copy fits on all its resources."""
+        lanes = self.lanes(rank, direction)
+        cursor = self._next_start(rank, direction, t)
+        while cursor is not None and cursor <= limit + EPS:
+            blocked = [c[1] for c in (lane.conflict(cursor, duration) for lane in lanes) if c]
+            if not blocked:
+                return cursor
+            cursor = self._next_start(rank, direction, max(blocked))
+        return None
+
+    def latest(self, rank: int, direction: str, t: float, duration: float, lower: float) -> float | None:
+        """The last valid start <= t (and >= lower) at which the copy fits on all its resources."""
+        lanes = self.lanes(rank, direction)
+        cursor = self._prev_start(rank, direction, t)
+        while cursor is not None and cursor >= lower - EPS:
+            blocked = [c[0] for c in (lane.conflict(cursor, duration) for lane in lanes) if c]
+            if not blocked:
+                return cursor
+            cursor = self._prev_start(rank, direction, min(blocked) - duration)
+        return None
+
+    def reserve(self, rank: int, direction: str, t: float, duration: float) -> None:
+        for lane in self.lanes(rank, direction):
+            lane.add(t, duration)
+
+    def release(self, rank: int, direction: str, t: float, duration: float) -> None:
+        for lane in self.lanes(rank, direction):
+            lane.remove(t, duration)
+
+    def place(self, rank: int, x: Activation) -> Placed | None:
+        """Reserve D2H (earliest) then H2D (latest) for ``x``; None if they do not fit."""
+        d2h = self.earliest(rank, "d2h", x.f_end, x.d2h, x.deadline - x.h2d - x.d2h)
+        if d2h is None:
+            return None
+        self.reserve(rank, "d2h", d2h, x.d2h)
+        h2d = self.latest(rank, "h2d", x.deadline - x.h2d, x.h2d, d2h + x.d2h)
+        if h2d is None:
+            self.release(rank, "d2h", d2h, x.d2h)
+            return None
+        self.reserve(rank, "h2d", h2d, x.h2d)
+        return self._placed(rank, x, d2h, h2d)
+
+    def unplace(self, rank: int, p: Placed) -> None:
+        self.release(rank, "d2h", p.d2h_start, p.activation.d2h)
+        self.release(rank, "h2d", p.h2d_start, p.activation.h2d)
+
+    def _placed(self, rank: int, x: Activation, d2h: float, h2d: float) -> Placed:
+        lo, hi = self.timelines[rank].off_range(d2h + x.d2h, h2d)
+        return Placed(x, d2h, h2d, lo, hi)
+
+    def pack(self, chosen: list[tuple[int, Activation]]) -> tuple[list[tuple[int, Placed]], list[tuple[int, Activation]]]:
+        """Place a whole set in time order: reloads latest-deadline first, each as late as it can
+        go; then offloads in order of their forwards, each as early as it can go before its reload.
+
+        Packing in time order leaves no gaps too short for a copy (the greedy by value can), so a
+        set is hidden whenever any placement of it is. Returns (placed, not placed).
+        """
+        reloads: dict[tuple[int, int, int], float] = {}
+        failed = []
+        for rank, x in sorted(chosen, key=lambda rx: (-rx[1].deadline, rx[0], rx[1].stage, rx[1].microbatch)):
+            h2d = self.latest(rank, "h2d", x.deadline - x.h2d, x.h2d, x.f_end + x.d2h)
+            if h2d is None:
+                failed.append((rank, x))
+                continue
+            self.reserve(rank, "h2d", h2d, x.h2d)
+            reloads[(rank, x.stage, x.microbatch)] = h2d
+        placed = []
+        for rank, x in sorted(chosen, key=lambda rx: (rx[1].f_end, rx[0], rx[1].stage, rx[1].microbatch)):
+            h2d = reloads.get((rank, x.stage, x.microbatch))
+            if h2d is None:
+                continue
+            d2h = self.earliest(rank, "d2h", x.f_end, x.d2h, h2d - x.d2h)
+            p = None if d2h is None else self._placed(rank, x, d2h, h2d)
+            if p is None or p.hi <= p.lo:
+                self.release(rank, "h2d", h2d, x.h2d)
+                failed.append((rank, x))
+                continue
+            self.reserve(rank, "d2h", d2h, x.d2h)
+            placed.append((rank, p))
+        return placed, failed

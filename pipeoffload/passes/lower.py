@@ -9,6 +9,9 @@ once more on the new timeline (excluding the recomputed activations).
 """
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
+
 from pipeoffload.costs import CostModel
 from pipeoffload.ir import ActionKind, Schedule
 from pipeoffload.passes.comms import add_comms
@@ -18,6 +21,7 @@ from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.simulate import simulate
 from pipeoffload.validate import validate
 
+log = logging.getLogger(__name__)
 K = ActionKind
 
 
@@ -25,8 +29,9 @@ def lower(schedule: Schedule, costs: CostModel | None = None, *, offload: Offloa
           recompute: RecomputePolicy | str = "none", check: bool = True) -> Schedule:
     """Compute-only schedule -> executable schedule: recompute, offload/reload, then SEND/RECV.
 
-    ``costs`` should already carry the recompute policy's partial recomputation (see
-    ``RecomputePolicy.apply_to``) if the result is simulated; lowering applies it for planning.
+    Policies are values or their text forms (``"first:1"``, ``"budget:4"``, ``"auto,lgd"``...). When
+    simulating the result, pass the same costs with the recompute policy's partial recomputation
+    applied (``RecomputePolicy.apply_to``); lowering applies it for planning.
     """
     return lower_with_report(schedule, costs, offload=offload, recompute=recompute, check=check)[0]
 
@@ -41,23 +46,36 @@ def lower_with_report(schedule: Schedule, costs: CostModel | None = None, *,
     base = schedule.compute_only()
     if check:
         validate(base)
-    recomputed: set[tuple[int, int]] = set()
-    if recompute_policy.kind == "first":
-        recomputed = first_stage_keys(base, simulate(base, costs), costs, recompute_policy.count, offload_policy)
-        base = insert_recompute(base, recomputed)
-    timeline = simulate(base, costs) if offload_policy.kind != "none" else None
-    planned, report = plan_offload(base, costs, offload_policy, exclude=recomputed, timeline=timeline)
-    if recompute_policy.kind == "auto":
-        offloaded = {(a.stage, a.microbatch) for row in planned.actions for a in row if a.kind is K.OFFLOAD}
-        extra = auto_keys(base, timeline, costs, report, offloaded)  # type: ignore[arg-type]
-        if extra:
-            recomputed |= extra
-            base = insert_recompute(base, extra)
-            planned, report = plan_offload(base, costs, offload_policy, exclude=recomputed)
-    if recomputed:
-        report = OffloadReport(report.policy, report.per_rank, report.budget, str(recompute_policy),
-                               tuple(sorted(recomputed)), report.notes)
+    planned, report = _memory_passes(base, costs, offload_policy, recompute_policy)
     lowered = add_comms(planned)
     if check:
         validate(lowered)
     return lowered, report
+
+
+def _memory_passes(base: Schedule, costs: CostModel, offload: OffloadPolicy,
+                   recompute: RecomputePolicy) -> tuple[Schedule, OffloadReport]:
+    if offload.kind == "none" and recompute.kind == "none":
+        return base, OffloadReport(str(offload))
+    original = simulate(base, costs)
+    recomputed: set[tuple[int, int]] = set()
+    timeline = original
+    if recompute.kind == "first":
+        recomputed = first_stage_keys(base, original, costs, recompute.count, offload)
+        base = insert_recompute(base, recomputed)
+        timeline = simulate(base, costs)
+    planned, report = plan_offload(base, costs, offload, exclude=recomputed, timeline=timeline)
+    if recompute.kind == "auto":
+        offloaded = {(a.stage, a.microbatch) for row in planned.actions for a in row if a.kind is K.OFFLOAD}
+        extra = auto_keys(base, timeline, costs, report, offloaded)
+        if extra:
+            recomputed |= extra
+            base = insert_recompute(base, extra)
+            planned, report = plan_offload(base, costs, offload, exclude=recomputed)
+    before = {r.rank: r.peak_activation_units for r in original.per_rank}
+    per_rank = tuple(replace(r, peak_before=before[r.rank]) for r in report.per_rank)
+    report = replace(report, per_rank=per_rank, recompute=str(recompute), recomputed=tuple(sorted(recomputed)))
+    if report.budget_met is False:
+        log.warning("offload %s: cannot bring every rank to %g activation units; best planned peak %g",
+                    offload, report.budget, report.peak_after)
+    return planned, report

@@ -28,7 +28,7 @@ import numpy as np
 
 from pipeoffload.costs import CostModel
 from pipeoffload.ir import Action, ActionKind, Schedule
-from pipeoffload.passes.copy_plan import EPS, Activation, Lane, Placed, RankTimeline
+from pipeoffload.passes.copy_plan import EPS, Activation, CopyGroup, Placed, RankTimeline
 from pipeoffload.policies import OffloadPolicy
 from pipeoffload.simulate import Timeline, simulate
 
@@ -43,8 +43,9 @@ class RankOffloadReport:
     offloaded: int
     unhidden: tuple[Key, ...]  # (stage, microbatch) the policy wanted off the device, not hideable
     too_short: int  # candidates whose copies could not leave them off the device at all
-    peak_before: float  # planned peak without offload (activation units)
+    peak_before: float  # peak without the memory passes (activation units)
     peak_after: float  # planned peak with the offloads placed
+    memory: tuple[float, ...] = field(default=(), repr=False, compare=False)  # planned, per timeline point
 
 
 @dataclass(frozen=True)
@@ -76,95 +77,25 @@ class OffloadReport:
 
     @property
     def budget_met(self) -> bool | None:
-        return None if self.budget is None else self.peak_after <= self.budget + EPS
+        return None if self.budget is None else bool(self.peak_after <= self.budget + EPS)
 
     def summary(self) -> str:
-        text = (f"offload {self.policy}: {self.offloaded} activations offloaded, {len(self.unhidden)} could not "
-                f"be hidden by the copy lane; planned peak {self.peak_before:g} -> {self.peak_after:g} units")
-        if self.recomputed:
-            text += f"; recompute {self.recompute}: {len(self.recomputed)} activations"
+        parts = []
+        if self.policy != "none":
+            parts.append(f"offload {self.policy}: {self.offloaded} activations offloaded, {len(self.unhidden)} "
+                         "could not be hidden by the copy lane")
+        if self.recompute != "none":
+            parts.append(f"recompute {self.recompute}: {len(self.recomputed)} activations")
+        parts.append(f"planned peak {self.peak_before:g} -> {self.peak_after:g} activation units")
         if self.budget is not None:
-            text += f"; budget {self.budget:g} {'met' if self.budget_met else 'NOT met'}"
-        return "; ".join([text, *self.notes])
-
-
-class _Group:
-    """Ranks planned together because they share copy resources (one rank, or a host-link pair)."""
-
-    def __init__(self, timelines: list[RankTimeline], costs: CostModel) -> None:
-        self.timelines = {tl.rank: tl for tl in timelines}
-        self.costs = costs
-        links = {"d2h": Lane(), "h2d": Lane()}
-        self._engine: dict[tuple[int, str], Lane] = {}
-        self._lanes: dict[tuple[int, str], list[Lane]] = {}
-        for rank in self.timelines:
-            shared = Lane()
-            for direction in ("d2h", "h2d"):
-                engine = shared if costs.shared_copy_engine else Lane()
-                self._engine[(rank, direction)] = engine
-                self._lanes[(rank, direction)] = [engine, links[direction]] if costs.shared_host_link else [engine]
-
-    def engine(self, rank: int, direction: str) -> Lane:
-        """The copy engine a copy in ``direction`` uses (one for both directions by default)."""
-        return self._engine[(rank, direction)]
-
-    def lanes(self, rank: int, direction: str) -> list[Lane]:
-        """Every resource such a copy occupies: its engine, and the pair's link when shared."""
-        return self._lanes[(rank, direction)]
-
-    # ---- searches over valid starts: grid points, or the end of the previous copy on the engine ----
-    def earliest(self, rank: int, direction: str, t: float, duration: float, limit: float) -> float | None:
-        tl, own, lanes = self.timelines[rank], self.engine(rank, direction), self.lanes(rank, direction)
-        cursor: float | None = t
-        while cursor is not None and cursor <= limit + EPS:
-            blocked = [c[1] for c in (lane.conflict(cursor, duration) for lane in lanes) if c]
-            if not blocked:
-                return cursor
-            past = max(blocked)
-            options = [x for x in (tl.grid_ceil(past), own.end_at_or_after(past)) if x is not None]
-            cursor = min(options) if options else None
-        return None
-
-    def latest(self, rank: int, direction: str, t: float, duration: float, lower: float) -> float | None:
-        tl, own, lanes = self.timelines[rank], self.engine(rank, direction), self.lanes(rank, direction)
-        cursor = _prev_start(tl, own, t)
-        while cursor is not None and cursor >= lower - EPS:
-            blocked = [c[0] for c in (lane.conflict(cursor, duration) for lane in lanes) if c]
-            if not blocked:
-                return cursor
-            cursor = _prev_start(tl, own, min(blocked) - duration)
-        return None
-
-    def place(self, rank: int, x: Activation) -> Placed | None:
-        """Reserve D2H (earliest) and H2D (latest) for ``x``; None if they do not fit."""
-        d2h_start = self.earliest(rank, "d2h", x.f_end, x.d2h, x.deadline - x.h2d - x.d2h)
-        if d2h_start is None:
-            return None
-        for lane in self.lanes(rank, "d2h"):
-            lane.add(d2h_start, x.d2h)
-        h2d_start = self.latest(rank, "h2d", x.deadline - x.h2d, x.h2d, d2h_start + x.d2h)
-        if h2d_start is None:
-            for lane in self.lanes(rank, "d2h"):
-                lane.remove(d2h_start, x.d2h)
-            return None
-        for lane in self.lanes(rank, "h2d"):
-            lane.add(h2d_start, x.h2d)
-        lo, hi = self.timelines[rank].off_range(d2h_start + x.d2h, h2d_start)
-        return Placed(x, d2h_start, h2d_start, lo, hi)
-
-    def unplace(self, rank: int, p: Placed) -> None:
-        for lane in self.lanes(rank, "d2h"):
-            lane.remove(p.d2h_start, p.activation.d2h)
-        for lane in self.lanes(rank, "h2d"):
-            lane.remove(p.h2d_start, p.activation.h2d)
-
-
-def _prev_start(tl: RankTimeline, own: Lane, t: float) -> float | None:
-    options = [x for x in (tl.grid_floor(t), own.end_at_or_before(t)) if x is not None]
-    return max(options) if options else None
+            parts.append(f"budget {self.budget:g} {'met' if self.budget_met else 'NOT met'}")
+        return "; ".join([*parts, *self.notes])
 
 
 # ---- the policy driver ---------------------------------------------------------------------------
+Pick = tuple[int, Activation]
+
+
 @dataclass
 class _RankState:
     timeline: RankTimeline
@@ -174,84 +105,159 @@ class _RankState:
     too_short: int = 0
 
     def peak(self) -> float:
+        """Peak on the planning grid (conservative where a reload starts between grid points)."""
         return float(self.memory.max()) if len(self.memory) else 0.0
 
+    def exact_peak(self) -> float:
+        """Peak with every copy at its planned time, as the simulator measures it."""
+        tl = self.timeline
+        steps = np.diff(np.concatenate(([0.0], tl.memory)))
+        events = list(zip(tl.point_list, steps.tolist()))
+        for p in self.placed:
+            events.append((p.d2h_end, -p.activation.size))
+            events.append((p.h2d_start, p.activation.size))
+        level = peak = 0.0
+        for _, delta in sorted(events):
+            level += delta
+            peak = max(peak, level)
+        return float(peak)
 
-def _place_all(group: _Group, states: dict[int, _RankState], order: list[tuple[int, Activation]],
-               budget: float | None) -> None:
-    """Greedy in value order. With a budget, accept only offloads that cover an over-budget point."""
-    for rank, x in order:
-        state = states[rank]
-        if x.value <= EPS:
-            state.too_short += 1
-            continue
-        if budget is not None and state.peak() <= budget + EPS:
-            continue
-        p = group.place(rank, x)
-        if p is None:
-            state.unhidden.append((x.stage, x.microbatch))
-            continue
-        window = state.memory[p.lo:p.hi]
-        if p.hi <= p.lo or (budget is not None and window.max() <= budget + EPS):
-            group.unplace(rank, p)
-            state.too_short += p.hi <= p.lo
-            continue
-        window -= x.size
-        state.placed.append(p)
+    def add(self, p: Placed) -> None:
+        self.memory[p.lo:p.hi] -= p.activation.size
+        self.placed.append(p)
 
 
-def _prune(group: _Group, states: dict[int, _RankState], targets: dict[int, float]) -> bool:
-    """Drop offloads not needed to keep each rank at its target; True if any was dropped."""
-    dropped = False
-    for rank, state in states.items():
-        keep = []
-        for p in sorted(state.placed, key=lambda q: (q.activation.value, q.activation.stage, q.activation.microbatch)):
-            window = state.memory[p.lo:p.hi]
-            if len(window) and window.max() + p.activation.size <= targets[rank] + EPS:
-                window += p.activation.size
-                group.unplace(rank, p)
-                dropped = True
+class _Plan:
+    """One candidate plan for a group: its copy resources and each rank's state."""
+
+    def __init__(self, timelines: list[RankTimeline], costs: CostModel, relaxed: bool) -> None:
+        self.args = (timelines, costs, relaxed)
+        self.group = CopyGroup(timelines, costs, relaxed)
+        self.states = {tl.rank: _RankState(tl, tl.memory.copy()) for tl in timelines}
+
+    def keys(self) -> set[tuple[int, int, int]]:
+        return {(r, p.activation.stage, p.activation.microbatch) for r, s in self.states.items() for p in s.placed}
+
+    def score(self) -> tuple[float, int]:
+        """Lower is better: the group's peak, then (for equal peaks) fewer copies."""
+        return (max(s.exact_peak() for s in self.states.values()), sum(len(s.placed) for s in self.states.values()))
+
+    def pack(self, picks: list[Pick]) -> list[Pick]:
+        """Pack ``picks`` into this (empty) plan; returns those that did not fit.
+
+        A pick that fails after its reload was reserved frees that slot, and a reload packed right
+        behind it would then start earlier than planned; so the set is packed again without the
+        failures until a round places everything it tries (a few rounds when the lane is overloaded).
+        """
+        failed: list[Pick] = []
+        for _ in range(_PACK_ROUNDS):
+            placed, missed = self.group.pack(picks)
+            if not missed:
+                break
+            failed += missed
+            missing = {(r, x.stage, x.microbatch) for r, x in missed}
+            picks = [(r, x) for r, x in picks if (r, x.stage, x.microbatch) not in missing]
+            self.group = CopyGroup(*self.args)
+        else:
+            log.debug("packing did not settle in %d rounds; some starts may come earlier than planned", _PACK_ROUNDS)
+        for rank, p in placed:
+            self.states[rank].add(p)
+        return failed
+
+    def greedy(self, picks: list[Pick], budget: float | None) -> list[Pick]:
+        """Place one at a time in the given order; with a budget, keep only offloads that lower an
+        over-budget point. Returns the picks that did not fit."""
+        failed = []
+        for rank, x in picks:
+            state = self.states[rank]
+            if budget is not None and state.peak() <= budget + EPS:
+                continue
+            p = self.group.place(rank, x)
+            if p is None:
+                failed.append((rank, x))
+            elif p.hi <= p.lo or (budget is not None and state.memory[p.lo:p.hi].max() <= budget + EPS):
+                self.group.unplace(rank, p)
             else:
-                keep.append(p)
-        state.placed = keep
-    return dropped
+                state.add(p)
+        return failed
+
+    def prune(self, targets: dict[int, float]) -> None:
+        """Drop offloads not needed to keep each rank at its target (least valuable first)."""
+        for rank, state in self.states.items():
+            keep = []
+            for p in sorted(state.placed, key=lambda q: (q.activation.value, q.activation.stage,
+                                                         q.activation.microbatch)):
+                window = state.memory[p.lo:p.hi]
+                if len(window) and window.max() + p.activation.size <= targets[rank] + EPS:
+                    window += p.activation.size
+                    self.group.unplace(rank, p)
+                else:
+                    keep.append(p)
+            state.placed = keep
 
 
 def _plan_group(timelines: list[RankTimeline], costs: CostModel, policy: OffloadPolicy,
-                candidates: dict[int, list[Activation]], budget: float | None) -> dict[int, _RankState]:
-    group = _Group(timelines, costs)
-    states = {tl.rank: _RankState(tl, tl.memory.copy()) for tl in timelines}
-    order = sorted(((r, x) for r, xs in candidates.items() for x in xs),
-                   key=lambda rx: (-rx[1].value, rx[1].stage, rx[1].microbatch, rx[0]))
-    _place_all(group, states, order, budget)
-    if policy.kind not in ("auto", "budget"):
-        return states
-    targets = {r: max(s.peak(), budget or 0.0) for r, s in states.items()}
-    kept = {(r, p.activation.stage, p.activation.microbatch) for r, s in states.items() for p in s.placed}
-    if not _prune(group, states, targets):
-        return states
-    # Re-place the kept offloads from scratch so every start is again exact (see copy_plan).
-    survivors = {(r, p.activation.stage, p.activation.microbatch) for r, s in states.items() for p in s.placed}
-    again = _Group(timelines, costs)
-    fresh = {tl.rank: _RankState(tl, tl.memory.copy()) for tl in timelines}
-    for rank, x in order:
-        if (rank, x.stage, x.microbatch) in survivors:
-            p = again.place(rank, x)
-            if p is None or p.hi <= p.lo:
-                log.debug("re-placing pruned plan failed for %s; keeping the unpruned plan", x)
-                return _plan_unpruned(timelines, costs, order, budget, kept)
-            fresh[rank].memory[p.lo:p.hi] -= x.size
-            fresh[rank].placed.append(p)
-    for rank, state in fresh.items():
-        state.unhidden, state.too_short = states[rank].unhidden, states[rank].too_short
-    return fresh
+                candidates: dict[int, list[Activation]], budget: float | None, relaxed: bool) -> _Plan:
+    order = _priority(candidates)
+    worth = [(r, x) for r, x in order if x.value > EPS]
+    short = {r: sum(1 for x in xs if x.value <= EPS) for r, xs in candidates.items()}
+
+    def fresh() -> _Plan:
+        return _Plan(timelines, costs, relaxed)
+
+    if budget is None:
+        plan = fresh()
+        failed = plan.pack(worth)
+        if failed:  # the copy lane is overloaded: also try choosing by value, then packing that set
+            failed = plan.greedy(failed, None)
+            chooser = fresh()
+            chooser.greedy(worth, None)
+            alt = fresh()
+            picked = chooser.keys()
+            alt_failed = alt.pack([(r, x) for r, x in worth if (r, x.stage, x.microbatch) in picked])
+            placed = alt.keys()
+            alt_failed = alt.greedy([(r, x) for r, x in worth if (r, x.stage, x.microbatch) not in placed], None)
+            if alt.score() < plan.score():
+                plan, failed = alt, alt_failed
+    else:
+        chooser = fresh()
+        tried_failed = chooser.greedy(worth, budget)
+        picked = chooser.keys()
+        plan = fresh()
+        failed = plan.pack([(r, x) for r, x in worth if (r, x.stage, x.microbatch) in picked])
+        failed = plan.greedy(failed, budget) + tried_failed
+        if chooser.score() < plan.score():
+            plan, failed = chooser, tried_failed
+    if policy.kind in ("auto", "budget"):
+        plan = _pruned(plan, timelines, costs, relaxed, worth, budget)
+    placed = plan.keys()
+    for rank, state in plan.states.items():
+        state.unhidden = [(x.stage, x.microbatch) for r, x in failed
+                          if r == rank and (r, x.stage, x.microbatch) not in placed]
+        state.too_short = short.get(rank, 0)
+    return plan
 
 
-def _plan_unpruned(timelines, costs, order, budget, kept):  # type: ignore[no-untyped-def]
-    group = _Group(timelines, costs)
-    states = {tl.rank: _RankState(tl, tl.memory.copy()) for tl in timelines}
-    _place_all(group, states, [(r, x) for r, x in order if (r, x.stage, x.microbatch) in kept], budget)
-    return states
+def _pruned(plan: _Plan, timelines: list[RankTimeline], costs: CostModel, relaxed: bool,
+            worth: list[Pick], budget: float | None) -> _Plan:
+    """The plan with redundant offloads dropped, packed again so that every start stays exact."""
+    targets = {r: max(s.exact_peak(), budget or 0.0) for r, s in plan.states.items()}
+    before = plan.keys()
+    plan.prune(targets)
+    survivors = plan.keys()
+    if survivors == before:
+        return plan
+    again = _Plan(timelines, costs, relaxed)
+    if again.pack([(r, x) for r, x in worth if (r, x.stage, x.microbatch) in survivors]):
+        log.debug("packing the pruned plan again failed; keeping its original starts (only ever earlier)")
+        return plan
+    return again
+
+
+def _priority(candidates: dict[int, list[Activation]]) -> list[Pick]:
+    """Candidates by value, most valuable first (ties: earlier forward, then stage, microbatch, rank)."""
+    pairs = [(r, x) for r, xs in candidates.items() for x in xs]
+    return sorted(pairs, key=lambda rx: (-rx[1].value, rx[1].f_end, rx[1].stage, rx[1].microbatch, rx[0]))
 
 
 # ---- entry point -----------------------------------------------------------------------------------
@@ -260,11 +266,12 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
                  timeline: Timeline | None = None) -> tuple[Schedule, OffloadReport]:
     """Insert OFFLOAD/RELOAD into a compute-only ``schedule`` (copies already in it are replaced).
 
-    ``exclude`` lists (stage, microbatch) activations that must stay put (e.g. recomputed ones).
+    ``exclude`` lists (stage, microbatch) activations that must stay put (e.g. recomputed ones);
+    ``timeline`` is the simulation of ``schedule`` under ``costs`` if the caller already has it.
     """
     policy = OffloadPolicy.parse(policy)
     base = schedule.compute_only()
-    if policy.kind == "none":
+    if policy.kind == "none" and timeline is None:
         return base, OffloadReport(str(policy))
     timeline = timeline if timeline is not None else simulate(base, costs)
     recomputed = {(a.stage, a.microbatch) for row in base.actions for a in row if a.kind is K.R}
@@ -272,22 +279,65 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
                  for r in range(base.num_ranks)]
     budget = policy.budget_units(base.stages_per_rank) if policy.kind == "budget" else None
     chosen = _candidates(timelines, policy, set(exclude))
-    states: dict[int, _RankState] = {}
-    for members in _groups(base.num_ranks, costs.shared_host_link):
-        tls = [timelines[r] for r in members]
-        states.update(_plan_group(tls, costs, policy, {r: chosen[r] for r in members}, budget))
+    groups = _groups(base.num_ranks, costs.shared_host_link)
+
+    def plan_all(relaxed: bool) -> dict[int, _RankState]:
+        states: dict[int, _RankState] = {}
+        for members in groups:
+            tls = [timelines[r] for r in members]
+            states.update(_plan_group(tls, costs, policy, {r: chosen[r] for r in members}, budget, relaxed).states)
+        return states
+
+    states = plan_all(relaxed=False)
+    peaks = {r: s.exact_peak() for r, s in states.items()}
+    if costs.shared_host_link and policy.kind != "none":
+        states, peaks = _shared_link_plans(base, costs, states, peaks, plan_all(relaxed=True), groups)
     rows = [_emit(states[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
         str(policy),
         tuple(RankOffloadReport(r, len(s.placed), tuple(s.unhidden), s.too_short,
-                                float(timelines[r].memory.max()) if len(timelines[r].memory) else 0.0, s.peak())
+                                float(timelines[r].memory.max()) if len(timelines[r].memory) else 0.0,
+                                peaks[r], tuple(s.memory.tolist()))
               for r, s in sorted(states.items())),
         budget,
     )
-    if report.budget_met is False:
-        log.warning("offload %s: the copy lane cannot bring every rank to %g units; best planned peak %g",
-                    policy, budget, report.peak_after)
     return base.with_actions(rows), report
+
+
+def _shared_link_plans(base: Schedule, costs: CostModel, strict: dict[int, _RankState], strict_peaks: dict[int, float],
+                       relaxed: dict[int, _RankState], groups: list[list[int]]
+                       ) -> tuple[dict[int, _RankState], dict[int, float]]:
+    """Per pair, the better of the exact plan and the denser relaxed plan, checked by simulation.
+
+    A relaxed plan may start a copy when the partner's copy ends; the simulator resolves which goes
+    first by its processing order, so a reload can come late. Offloads whose backward waited are
+    dropped (and reported unhidden) until a simulation shows no stall; a pair keeps the relaxed plan
+    only if it then has a lower simulated peak than its exact plan.
+    """
+    for _ in range(_REPAIR_ROUNDS):
+        timeline = simulate(base.with_actions([_emit(relaxed[r]) for r in range(base.num_ranks)]), costs)
+        late = {(a.stage, a.microbatch) for a in timeline.stalls}
+        if not late:
+            break
+        for state in relaxed.values():
+            drop = [p for p in state.placed if (p.activation.stage, p.activation.microbatch) in late]
+            for p in drop:
+                state.placed.remove(p)
+                state.memory[p.lo:p.hi] += p.activation.size
+                state.unhidden.append((p.activation.stage, p.activation.microbatch))
+    else:
+        return strict, strict_peaks
+    states, peaks = dict(strict), dict(strict_peaks)
+    for members in groups:
+        simulated = {r: timeline.per_rank[r].peak_activation_units for r in members}
+        if max(simulated.values()) < max(strict_peaks[r] for r in members) - EPS:
+            states.update({r: relaxed[r] for r in members})
+            peaks.update(simulated)
+    return states, peaks
+
+
+_REPAIR_ROUNDS = 8
+_PACK_ROUNDS = 16
 
 
 def _groups(num_ranks: int, shared_link: bool) -> list[list[int]]:
@@ -299,7 +349,7 @@ def _groups(num_ranks: int, shared_link: bool) -> list[list[int]]:
 def _candidates(timelines: list[RankTimeline], policy: OffloadPolicy, exclude: set[Key]) -> dict[int, list[Activation]]:
     out = {}
     for tl in timelines:
-        acts = [x for key, x in tl.activations.items() if key not in exclude]
+        acts = [x for key, x in tl.activations.items() if key not in exclude and policy.kind != "none"]
         if policy.kind == "first":
             stages = set(longest_lived_stages(tl.activations.values(), policy.count))
             acts = [x for x in acts if x.stage in stages]

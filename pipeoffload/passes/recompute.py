@@ -8,12 +8,15 @@ Choosing what to recompute (see ``RecomputePolicy``):
 - ``first:K``: every microbatch of the K longest-lived local stages on each rank (with ``offload
   first:K'``, the K stages after the K' that offload takes: each stage gets one treatment);
 - ``auto``: what the offload pass wanted off the device but its copy lane could not hide, or, under
-  an offload budget, the longest-lived activations still above the budget.
+  an offload budget, the longest-lived activations that keep a rank above the budget after offload.
 Partial recomputation needs no action: ``RecomputePolicy.apply_to`` changes the cost model.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from pipeoffload.costs import CostModel
+from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.passes.copy_plan import EPS, RankTimeline
 from pipeoffload.passes.offload import OffloadReport, longest_lived_stages
@@ -24,8 +27,16 @@ K = ActionKind
 Key = tuple[int, int]
 
 
+def check_policies(offload: OffloadPolicy, recompute: RecomputePolicy) -> None:
+    if recompute.kind == "auto" and offload.kind == "none":
+        raise ConfigError(
+            "recompute auto needs a target: it recomputes what the offload policy could not move; "
+            "pass --offload budget:X (or all, first:K, auto), or use --recompute first:K"
+        )
+
+
 def insert_recompute(schedule: Schedule, keys: set[Key] | frozenset[Key]) -> Schedule:
-    """Add ``sR mb`` right before the backward (B or I) of every (stage, microbatch) in ``keys``."""
+    """Add ``{stage}R{mb}`` right before the backward (B or I) of every (stage, microbatch) in ``keys``."""
     if not keys:
         return schedule
     rows = []
@@ -58,36 +69,24 @@ def first_stage_keys(schedule: Schedule, timeline: Timeline, costs: CostModel, c
 
 def auto_keys(schedule: Schedule, timeline: Timeline, costs: CostModel, report: OffloadReport,
               offloaded: set[Key]) -> set[Key]:
-    """What to recompute under ``auto``: the offload pass's unhidden activations, or, under a budget,
-    the longest-lived activations (not offloaded) that keep a rank above it."""
+    """What ``recompute auto`` recomputes, given the offload pass's plan on ``timeline``."""
     if report.budget is None:
-        keys = set(report.unhidden)
-        return {k for k in keys if _worth(schedule, k)}
-    keys = set()
+        return set(report.unhidden)
+    keys: set[Key] = set()
+    planned = {r.rank: r.memory for r in report.per_rank}
     for tl in _timelines(schedule, timeline, costs):
-        keys.update(_over_budget(tl, report.budget, offloaded, report))
+        memory = np.array(planned.get(tl.rank) or tl.memory, dtype=float)
+        keys |= _cover_excess(tl, memory, report.budget, offloaded)
     return keys
 
 
-def _worth(schedule: Schedule, key: Key) -> bool:
-    return True
+def _cover_excess(tl: RankTimeline, memory: np.ndarray, budget: float, offloaded: set[Key]) -> set[Key]:
+    """Longest-lived first, recompute activations resident where the planned memory exceeds the budget.
 
-
-def _over_budget(tl: RankTimeline, budget: float, offloaded: set[Key], report: OffloadReport) -> set[Key]:
-    """Greedy, longest-lived first: recompute activations covering points still above the budget.
-
-    The memory estimate starts from the offload plan's per-rank peak structure: the baseline curve
-    minus the planned offloads is not kept, so this works on the baseline and counts offloaded
-    activations as gone for their whole lifespan (optimistic for offload, so recompute may fall
-    short; the final simulation reports the truth).
+    A recomputed activation is counted as gone from the end of its F to the start of its backward
+    (R really re-allocates one forward earlier); the final simulation gives the exact peak.
     """
-    memory = tl.memory.copy()
-    for key in offloaded:
-        x = tl.activations.get(key)
-        if x is not None:
-            lo, hi = tl.off_range(x.f_end, x.deadline)
-            memory[lo:hi] -= x.size
-    chosen = set()
+    chosen: set[Key] = set()
     for key, x in sorted(tl.activations.items(), key=lambda kv: (-kv[1].lifespan, kv[0])):
         if memory.max() <= budget + EPS:
             break
@@ -98,13 +97,3 @@ def _over_budget(tl: RankTimeline, budget: float, offloaded: set[Key], report: O
             memory[lo:hi] -= x.size
             chosen.add(key)
     return chosen
-
-
-def check_policies(offload: OffloadPolicy, recompute: RecomputePolicy) -> None:
-    from pipeoffload.errors import ConfigError
-
-    if recompute.kind == "auto" and offload.kind == "none":
-        raise ConfigError(
-            "recompute auto needs a target: it recomputes what the offload policy could not move; "
-            "pass --offload budget:X (or all/first:K/auto), or use --recompute first:K"
-        )
