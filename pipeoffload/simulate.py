@@ -18,6 +18,7 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from pipeoffload._perf import gc_paused
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ScheduleError
 from pipeoffload.ir import COMM_KINDS, COPY_KINDS, Action, ActionKind, Schedule
@@ -144,7 +145,8 @@ class _Link:
 
 def simulate(schedule: Schedule, costs: CostModel | None = None) -> Timeline:
     """Simulate ``schedule`` under ``costs`` (uniform unit costs when omitted)."""
-    return _Simulation(schedule, costs or CostModel()).run()
+    with gc_paused():
+        return _Simulation(schedule, costs or CostModel()).run()
 
 
 class _Simulation:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from pipeoffload._perf import gc_paused
 from pipeoffload.errors import ScheduleError
 from pipeoffload.ir import COMM_KINDS, Action, ActionKind, Schedule
 
@@ -29,6 +30,11 @@ def validate(schedule: Schedule) -> None:
     One pass over every rank's list keeps a bit set of what each (stage, microbatch) has done so
     far; each action checks its preconditions against it. A final pass checks completeness.
     """
+    with gc_paused():
+        _validate(schedule)
+
+
+def _validate(schedule: Schedule) -> None:
     rows = schedule.actions
     placement = schedule.placement
     num_stages, num_mb = placement.num_stages, schedule.num_microbatches
