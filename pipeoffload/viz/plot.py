@@ -49,7 +49,8 @@ def timeline_figure(timeline: Timeline, title: str | None = None, memory: bool =
             lane = "copy" if action.kind in (K.OFFLOAD, K.RELOAD) else "compute"
             y = y_of[(rank, lane)]
             height = 0.8 if lane == "compute" else 0.5
-            ax.barh(y, end - start, left=start, height=height, color=COLOURS[action.kind],
+            shade = schedule.placement.local_index(action.stage) / max(schedule.stages_per_rank, 2)
+            ax.barh(y, end - start, left=start, height=height, color=_lighter(COLOURS[action.kind], shade),
                     edgecolor="white", linewidth=0.4)
             used.add(action.kind)
             if label_blocks and lane == "compute":
@@ -74,8 +75,9 @@ def _memory_axes(ax, timeline: Timeline) -> None:  # type: ignore[no-untyped-def
     cmap = plt.get_cmap("viridis")
     d = timeline.schedule.num_ranks
     for r in timeline.per_rank:
-        times = [0.0] + [t for t, _ in r.memory] + [timeline.makespan]
-        levels = [0.0] + [level for _, level in r.memory] + [r.memory[-1][1] if r.memory else 0.0]
+        settled = _settled(r.memory)
+        times = [0.0] + [t for t, _ in settled] + [timeline.makespan]
+        levels = [0.0] + [level for _, level in settled] + [settled[-1][1] if settled else 0.0]
         ax.step(times, levels, where="post", color=cmap(r.rank / max(d - 1, 1)), linewidth=1.2,
                 label=f"rank {r.rank} (peak {r.peak_activation_units:g})")
     ax.set_ylabel("activation units\non device")
@@ -83,6 +85,23 @@ def _memory_axes(ax, timeline: Timeline) -> None:  # type: ignore[no-untyped-def
     ax.grid(alpha=0.3)
     if d <= 8:
         ax.legend(fontsize=7, ncol=4, loc="upper right")
+
+
+def _settled(curve) -> list[tuple[float, float]]:  # type: ignore[no-untyped-def]
+    """One point per instant: a free and an allocation at the same time are not a dip worth drawing."""
+    out: list[tuple[float, float]] = []
+    for t, level in curve:
+        if out and out[-1][0] == t:
+            out[-1] = (t, level)
+        else:
+            out.append((t, level))
+    return out
+
+
+def _lighter(colour: str, amount: float) -> str:
+    """Blend a '#rrggbb' colour towards white: later stages of a rank are drawn lighter."""
+    rgb = [int(colour[i:i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{round(c + (255 - c) * amount * 0.8):02x}" for c in rgb)
 
 
 def _default_title(timeline: Timeline) -> str:
