@@ -364,10 +364,11 @@ def zb(
     limits = _limits(memory_limit, d, costs)
     placement, pool = Placement.loop(d, 1), ActionPool(d, m)
     candidates = [fill_weight_passes(placement, zb_h1_rows(d, m), costs)]  # ZB-H1, its W passes pinned
-    for warmups in _shortlist(d, m, limits, costs, pool):
-        for overfill in (1.0, 0.0):
-            rows = skeleton(d, m, warmups, pool)
-            candidates.append(fill_weight_passes(placement, rows, costs, limits, overfill, pool))
+    h2 = tuple(min(m, w) for w in zb_h2_warmups(d))  # ZB-H2's own skeleton and gap rule
+    runs = [(h2, 1.0)] + [(w, rule) for w in _shortlist(d, m, limits, costs, pool) for rule in (1.0, 0.0)]
+    for warmups, overfill in dict.fromkeys(runs):
+        rows = skeleton(d, m, warmups, pool)
+        candidates.append(fill_weight_passes(placement, rows, costs, limits, overfill, pool))
     fitting = [f for f in candidates if f.fits(limits)]
     if not fitting:  # one forward in flight, W forced before the next: fits any limit >= one activation
         fitting = [fill_weight_passes(placement, skeleton(d, m, [1] * d, pool), costs, limits, 1.0, pool)]
