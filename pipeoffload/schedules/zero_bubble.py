@@ -204,10 +204,16 @@ def _one_stage(name: str, stages_per_rank: int) -> None:
 
 def skeleton(num_ranks: int, num_microbatches: int, warmups: Sequence[int],
              pool: ActionPool | None = None) -> list[list[Action]]:
-    """F/I order of each rank: ``warmups[r]`` forwards, then I/F pairs, then the remaining I's."""
+    """F/I order of each rank: ``warmups[r]`` forwards, then I/F pairs, then the remaining I's.
+
+    Warm-ups are clipped to 1..m and made non-increasing along the pipeline: a rank that wants more
+    warm-up forwards than its predecessor would wait for a forward its predecessor only runs after
+    this rank's first I (a deadlock).
+    """
     m, rows, make = num_microbatches, [], pool or Action
+    warm = m
     for rank in range(num_ranks):
-        warm = max(1, min(warmups[rank], m))
+        warm = max(1, min(warmups[rank], warm))
         order = [make(F, rank, mb) for mb in range(warm)]
         for mb in range(m):
             order.append(make(I, rank, mb))
