@@ -29,7 +29,7 @@ from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.placement import Placement
 from pipeoffload.schedules import register
 
-F, I, W = ActionKind.F, ActionKind.I, ActionKind.W  # noqa: E741
+F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 _EPS = 1e-9
 _UNIT = CostModel.uniform(1.0, 1.0, 1.0)
 
@@ -73,6 +73,7 @@ class _Replay:
         self.rank_of = [placement.rank_of(s) for s in stages]
         self.t_f, self.t_i, self.t_w = [costs.f(s) for s in stages], [costs.i(s) for s in stages], [
             costs.w(s) for s in stages]
+        self.t_b = [costs.b(s) for s in stages]
         self.act = [costs.act(s) for s in stages]
         self.kept = costs.w_fraction  # part of an activation that W (not I) frees
         self.p2p = costs.p2p_time
@@ -144,6 +145,10 @@ class _Replay:
                 mem -= act[s] * (1.0 - kept)
                 if not self.pinned:
                     pending.append((s, a.microbatch))
+            elif kind == B:  # a full backward: the upstream stage waits for it like for an I
+                clock = start + self.t_b[s]
+                self.end_i[s][a.microbatch] = clock
+                mem -= act[s]
             else:  # a W pinned in the skeleton
                 clock = start + t_w[s]
                 mem -= act[s] * kept
@@ -180,7 +185,8 @@ def fill_weight_passes(
 ) -> Filled:
     """Insert one W after each I of ``skeleton`` (per-rank F/I orders) where it costs least.
 
-    A skeleton that already holds its W passes is only replayed (timed and measured), not changed.
+    A skeleton that already holds its W passes is only replayed (timed and measured), not changed;
+    full backwards (B) are replayed as they stand.
 
     Replays the skeletons in time under ``costs`` (unit costs by default). Before each F/I a rank
     runs its oldest pending W passes while they fit in the idle gap before that pass's inputs arrive
@@ -293,25 +299,6 @@ def zb_h2(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Sc
     if fill_weight_passes(placement, h1).makespan < filled.makespan - _EPS:
         return Schedule(tuple(map(tuple, h1)), placement, m, "zb-h2")
     return Schedule(filled.rows, placement, m, "zb-h2")
-
-
-def rank_peaks(rows: Sequence[Sequence[Action]], costs: CostModel) -> tuple[float, ...]:
-    """Peak resident activation units of each rank's order (order alone decides it: one lane per rank)."""
-    peaks = []
-    for row in rows:
-        mem = peak = 0.0
-        for a in row:
-            if a.kind == F:
-                mem += costs.act(a.stage)
-                peak = max(peak, mem)
-            elif a.kind == I:
-                mem -= costs.act(a.stage) * (1.0 - costs.w_fraction)
-            elif a.kind == W:
-                mem -= costs.act(a.stage) * costs.w_fraction
-            elif a.kind == ActionKind.B:
-                mem -= costs.act(a.stage)
-        peaks.append(peak)
-    return tuple(peaks)
 
 
 def _limits(memory_limit: float | Sequence[float] | None, d: int, costs: CostModel) -> list[float]:
