@@ -27,6 +27,7 @@ OURS: dict[str, tuple[int, Builder]] = {
     "1f1b": (1, lambda d, m, c: generate("1f1b", d, m)),
     "interleaved-1f1b": (2, lambda d, m, c: generate("interleaved-1f1b", d, m, 2)),
     "zb-h1": (1, lambda d, m, c: generate("zb-h1", d, m)),
+    "zb-h1 (v=2)": (2, lambda d, m, c: generate("zb-h1", d, m, 2)),
     "zb-h2": (1, lambda d, m, c: generate("zb-h2", d, m)),
     "zb limit=d": (1, lambda d, m, c: generate("zb", d, m, memory_limit=d, costs=c)),
     "zb limit=2d": (1, lambda d, m, c: generate("zb", d, m, memory_limit=2 * d, costs=c)),
@@ -43,7 +44,7 @@ TORCH: dict[str, tuple[str, int]] = {
     "torch DualPipeV": ("DualPipeV", 2),
 }
 MATCHES = [("interleaved-1f1b", "torch Interleaved1F1B"), ("zb-h1", "torch ZB1P (v=1)"),
-           ("zb-v", "torch ZBVZeroBubble")]
+           ("zb-h1 (v=2)", "torch ZB1P (v=2)"), ("zb-v", "torch ZBVZeroBubble")]
 
 
 def measure(schedule: Schedule, profile: tuple[float, float, float]) -> tuple[float, float]:

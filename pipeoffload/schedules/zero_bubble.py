@@ -229,22 +229,43 @@ def skeleton(num_ranks: int, num_microbatches: int, warmups: Sequence[int],
     return rows
 
 
-def zb_h1_rows(num_ranks: int, num_microbatches: int) -> list[list[Action]]:
-    """Closed-form ZB-H1 order (also what torch's ZB1P emits for one stage per rank)."""
-    d, m, rows = num_ranks, num_microbatches, []
+def zb_h1_rows(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> list[list[Action]]:
+    """Closed-form ZB-H1 order; with v > 1 stages per rank (loop placement) its interleaved form.
+
+    Forward number k of a rank runs local stage (k // p) % v (rounds of p microbatches, as in
+    interleaved 1F1B) and backwards visit local stages in reverse; warm-up (v-1)p + d-1-r forwards,
+    then F I pairs, each followed from pair r on by the W of the oldest I (rank r holds back r W
+    passes), then the remaining I's and W's. Equal to torch's ZB1P (InterleavedZeroBubble) order.
+    """
+    d, m, v = num_ranks, num_microbatches, stages_per_rank
+    p = m // max(1, m // d)
+    placement, total, rows = Placement.loop(d, v), v * m, []
     for rank in range(d):
-        warm = min(d - 1 - rank, m)
-        order = [Action(F, rank, mb) for mb in range(warm)]
-        done_w = 0
-        for step, mb in enumerate(range(m)):
-            if warm + step < m:
-                order.append(Action(F, rank, warm + step))
-            order.append(Action(I, rank, mb))
-            if step >= rank:  # rank r keeps r weight passes back to fill its cool-down
-                order.append(Action(W, rank, done_w))
-                done_w += 1
-        order += [Action(W, rank, mb) for mb in range(done_w, m)]
-        rows.append(order)
+        stages = placement.stages_of(rank)
+        warm = min((v - 1) * p + d - 1 - rank, total)
+        next_f, next_i = dict.fromkeys(stages, 0), dict.fromkeys(stages, 0)
+        owed: deque[Action] = deque()
+        order: list[Action] = []
+
+        def forward(k: int) -> None:
+            stage = stages[(k // p) % v]
+            order.append(Action(F, stage, next_f[stage]))
+            next_f[stage] += 1
+
+        def backward(k: int) -> None:
+            stage = stages[v - 1 - ((k - warm) // p) % v]
+            order.append(Action(I, stage, next_i[stage]))
+            owed.append(Action(W, stage, next_i[stage]))
+            next_i[stage] += 1
+            if k - warm >= rank:  # rank r keeps r weight passes back to fill its cool-down
+                order.append(owed.popleft())
+
+        for k in range(total + warm):
+            if k < total:
+                forward(k)
+            if k >= warm:
+                backward(k)
+        rows.append(order + list(owed))
     return rows
 
 
@@ -263,10 +284,19 @@ def zb_h1(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Sc
     Every rank peaks at min(d, m) activation units, 1F1B's peak (rank 0's). 1F1B's per-rank profile
     d-r is not enough: rank d-1 must hold d-1 W passes back to finish by 3m+d-1 (docs). With unit
     costs and m >= d the makespan is 3m+d-1, the lower bound for one stage per rank (1F1B: 3(m+d-1)).
+    With stages_per_rank = v > 1 (loop placement) it is interleaved zero bubble, torch's ZB1P: warm-up
+    (v-1)p + d-1-r forwards in rounds of p = m / max(1, m // d) microbatches (m must split into such
+    rounds, as for interleaved-1f1b); at v = 2 its bubble and memory equal zb-v's.
     """
-    _one_stage("zb-h1", stages_per_rank)
-    rows = zb_h1_rows(num_ranks, num_microbatches)
-    return Schedule(tuple(map(tuple, rows)), Placement.loop(num_ranks, 1), num_microbatches, "zb-h1")
+    d, m, v = num_ranks, num_microbatches, stages_per_rank
+    rounds = max(1, m // d)
+    if v > 1 and m % rounds:
+        raise ConfigError(
+            f"num_microbatches={m}: zb-h1 with stages_per_rank={v} needs microbatches to split into equal rounds "
+            f"(m < d, or m divisible by m // d = {rounds}); use a multiple of num_ranks={d}, e.g. {rounds * d}"
+        )
+    rows = zb_h1_rows(d, m, v)
+    return Schedule(tuple(map(tuple, rows)), Placement.loop(d, v), m, "zb-h1")
 
 
 def zb_h2_warmups(num_ranks: int) -> list[int]:

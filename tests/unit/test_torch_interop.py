@@ -63,6 +63,12 @@ def test_zb_v_no_worse_than_torch_zbv_and_zb_h1_than_torch_zb1p() -> None:
             assert a.bubble_ratio <= b.bubble_ratio + 1e-9 and a.peak_activation_units <= b.peak_activation_units
 
 
+@pytest.mark.parametrize("v", [1, 2, 4])
+def test_our_zb_h1_is_torchs_zb1p_order(v: int) -> None:
+    for d, m in SIZES + [(3, 3), (4, 3), (8, 24)]:
+        assert generate("zb-h1", d, m, v).to_text() == torch_schedule("InterleavedZeroBubble", d, m, v).to_text()
+
+
 def test_our_dualpipe_v_is_torchs_dualpipev_order() -> None:
     for d, m in SIZES + [(1, 2), (3, 7), (8, 17)]:
         ours = generate("dualpipe-v", d, m, 2)

@@ -129,10 +129,23 @@ def test_zb_refuses_impossible_limits(bad: dict, match: str) -> None:
         generate("zb", 4, 8, **bad)
 
 
-@pytest.mark.parametrize("name", ["zb-h1", "zb-h2", "zb"])
+@pytest.mark.parametrize("name", ["zb-h2", "zb"])
 def test_one_stage_families_refuse_more_stages_per_rank(name: str) -> None:
     with pytest.raises(ConfigError, match="stages_per_rank=2: .*zb-v"):
         generate(name, 4, 8, 2)
+
+
+@pytest.mark.parametrize("v", [2, 4])
+def test_interleaved_zb_h1_keeps_1f1b_memory_and_divides_the_bubble(v: int) -> None:
+    for d, m in SIZES:
+        if m % max(1, m // d):
+            continue
+        inter = simulate(generate("zb-h1", d, m, v), CostModel.uniform(1 / v, 1 / v, 1 / v))
+        flat = simulate(generate("zb-h1", d, m, 1), CostModel.uniform(1.0, 1.0, 1.0))
+        assert inter.peak_rank_units <= d
+        assert inter.bubble_ratio < flat.bubble_ratio
+    with pytest.raises(ConfigError, match="num_microbatches=9: .*rounds"):
+        generate("zb-h1", 4, 9, v)
 
 
 def test_fill_weight_passes_times_like_the_simulator() -> None:
@@ -164,12 +177,13 @@ def test_zb_h2_warm_up_covers_the_round_trip() -> None:
 
 
 @pytest.mark.parametrize("name", ["zb-h1", "zb-h2", "zb"])
-def test_registry_grid_for_one_stage_families(name: str) -> None:
+def test_registry_grid_for_zero_bubble_families(name: str) -> None:
     costs = CostModel.uniform(1.0, 1.0, 1.0, p2p=0.25)
     for d in (1, 2, 3, 4, 8):
         for m in range(1, 3 * d + 1):
             for v in (1, 2, 4):
-                if v != 1:
+                interleaved_ok = name == "zb-h1" and m % max(1, m // d) == 0
+                if v != 1 and not interleaved_ok:
                     with pytest.raises(ConfigError):
                         generate(name, d, m, v)
                     continue
@@ -179,7 +193,7 @@ def test_registry_grid_for_one_stage_families(name: str) -> None:
                 assert all(a.kind in (ActionKind.F, ActionKind.I, ActionKind.W) for r in schedule for a in r)
 
 
-GOLDEN_CASES = [("zb-h1", 4, 6, 1), ("zb-h1", 3, 2, 1), ("zb-h2", 4, 8, 1), ("zb-h2", 3, 4, 1), ("zb", 4, 8, 1)]
+GOLDEN_CASES = [("zb-h1", 4, 6, 1), ("zb-h1", 3, 2, 1), ("zb-h1", 2, 4, 2), ("zb-h2", 4, 8, 1), ("zb-h2", 3, 4, 1), ("zb", 4, 8, 1)]
 
 
 @pytest.mark.parametrize("name,d,m,v", GOLDEN_CASES)
