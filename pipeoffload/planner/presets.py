@@ -12,7 +12,8 @@ from pipeoffload.planner.model import ModelSpec
 
 
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
-    return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=50257)
+    return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=50257,
+                     tied_embeddings=True)
 
 
 def _llama3(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
