@@ -5,6 +5,7 @@ import argparse
 import json
 
 from pipeoffload.cli.common import add_cost_args, add_schedule_args, costs_from_args, schedule_from_args
+from pipeoffload.cli.outputs import add_output_args, write_outputs
 from pipeoffload.passes.lower import lower
 from pipeoffload.simulate import Timeline, simulate
 
@@ -14,6 +15,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_schedule_args(parser)
     add_cost_args(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object (stable field names)")
+    add_output_args(parser)
     parser.set_defaults(run=run)
 
 
@@ -21,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
     costs = costs_from_args(args)
     schedule = lower(schedule_from_args(args), costs)
     timeline = simulate(schedule, costs)
+    write_outputs(args, [timeline])
     if args.json:
         print(json.dumps(timeline.as_dict(), indent=1))
     else:
