@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -106,54 +106,77 @@ def _zero_grads(module: nn.Module) -> None:
         p.grad = None
 
 
-def profile_module(module: nn.Module, inputs: torch.Tensor, *, loss_fn: LossFn | None = None,
-                   target: torch.Tensor | None = None, warmup: int = 3, repeats: int = 5) -> tuple[StageProfile, torch.Tensor]:
-    """Profile one stage on ``inputs`` (its device is used); returns the profile and the stage's output."""
-    device = inputs.device
-    needs_input_grad = inputs.is_floating_point()
+def _as_tuple(value: Any) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _detach(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return tuple(_detach(v) for v in value)
+    return value.detach() if isinstance(value, torch.Tensor) else value
+
+
+def _nbytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _as_tuple(value)
+               if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+def profile_module(module: nn.Module, inputs: Any, *, loss_fn: LossFn | None = None,
+                   target: torch.Tensor | None = None, warmup: int = 3,
+                   repeats: int = 5) -> tuple[StageProfile, Any]:
+    """Profile one stage called as ``module(*inputs)`` (a tensor or a tuple of values; the first
+    tensor's device is used). Floating-point inputs get gradients (I); other values pass through.
+    Returns the profile and the stage's (detached) output, to feed the next stage."""
+    args = _as_tuple(inputs)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not tensors:
+        raise ConfigError("profile_module: the inputs contain no tensor; pass the stage's real inputs")
+    device = tensors[0].device
+    grad_at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
     if (loss_fn is None) != (target is None):
         raise ConfigError("profile_module: give both loss_fn and target (last stage) or neither")
 
-    def fresh_input() -> torch.Tensor:
-        return inputs.detach().requires_grad_(needs_input_grad)
+    def fresh() -> tuple:
+        return tuple(a.detach().requires_grad_(True) if i in grad_at else a for i, a in enumerate(args))
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        out = module(x)
+    def forward(xs: tuple) -> Any:
+        out = module(*xs)
         return loss_fn(out, target) if loss_fn is not None else out  # type: ignore[arg-type]
 
+    def differentiable(out: Any) -> list[torch.Tensor]:
+        return [t for t in _as_tuple(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+    probe = forward(fresh())
+    grads = [torch.ones_like(t) for t in differentiable(probe)]
     with torch.no_grad():
-        output = module(inputs)
-    grad_out = None if loss_fn is not None else torch.ones_like(output)
+        output = module(*args)
+    del probe
 
-    def forward_state() -> tuple[torch.Tensor, torch.Tensor]:
-        x = fresh_input()
-        return x, forward(x)
+    def forward_state() -> tuple[tuple, Any]:
+        xs = fresh()
+        return xs, forward(xs)
 
-    time_f = _timed(lambda: forward(fresh_input()), device, warmup, repeats)
+    def backward_all(state: tuple[tuple, Any]) -> None:
+        torch.autograd.backward(differentiable(state[1]), grads)
 
-    def backward_all(state: tuple[torch.Tensor, torch.Tensor]) -> None:
-        state[1].backward(grad_out)
+    def backward_input(state: tuple[tuple, Any]) -> None:
+        torch.autograd.grad(differentiable(state[1]), [state[0][i] for i in grad_at], grads, allow_unused=True)
 
+    time_f = _timed(lambda: forward(fresh()), device, warmup, repeats)
     time_b = _timed(backward_all, device, warmup, repeats, setup=forward_state)
     _zero_grads(module)
-    if needs_input_grad:
-        def backward_input(state: tuple[torch.Tensor, torch.Tensor]) -> None:
-            torch.autograd.grad(state[1], state[0], grad_out)
-
-        time_i = min(_timed(backward_input, device, warmup, repeats, setup=forward_state), time_b)
-    else:
-        time_i = 0.0  # the first stage has no input gradient: its whole backward is weight gradients
-    act = saved_activation_bytes(module, lambda: forward(fresh_input()))
+    # the first stage has no input gradient (token ids): its whole backward is weight gradients
+    time_i = min(_timed(backward_input, device, warmup, repeats, setup=forward_state), time_b) if grad_at else 0.0
     stage = StageProfile(
         time_f=time_f, time_i=time_i, time_w=max(time_b - time_i, 0.0), time_b=time_b,
-        activation_bytes=act,
-        output_bytes=0 if loss_fn is not None else output.numel() * output.element_size(),
+        activation_bytes=saved_activation_bytes(module, lambda: forward(fresh())),
+        output_bytes=0 if loss_fn is not None else _nbytes(output),
         params=sum(p.numel() for p in module.parameters()),
     )
-    return stage, output.detach()
+    return stage, _detach(output)
 
 
-def profile_stages(stages: Sequence[nn.Module], inputs: torch.Tensor, *, loss_fn: LossFn, target: torch.Tensor,
+def profile_stages(stages: Sequence[nn.Module], inputs: Any, *, loss_fn: LossFn, target: torch.Tensor,
                    warmup: int = 3, repeats: int = 5) -> Profile:
     """Profile a model split into consecutive stages, feeding each stage the previous one's output.
     The last stage's F includes ``loss_fn(output, target)``; its backward starts from the loss."""
@@ -166,10 +189,11 @@ def profile_stages(stages: Sequence[nn.Module], inputs: torch.Tensor, *, loss_fn
         prof, x = profile_module(stage, x, loss_fn=loss_fn if last else None, target=target if last else None,
                                  warmup=warmup, repeats=repeats)
         results.append(prof)
-    return Profile(tuple(results), str(inputs.device))
+    device = next(t.device for t in _as_tuple(inputs) if isinstance(t, torch.Tensor))
+    return Profile(tuple(results), str(device))
 
 
-def measure_layer_costs(block: nn.Module, head: nn.Module, hidden: torch.Tensor, *, loss_fn: LossFn,
+def measure_layer_costs(block: nn.Module, head: nn.Module, hidden: Any, *, loss_fn: LossFn,
                         target: torch.Tensor, embedding: nn.Module | None = None, model_flops: float = 0.0,
                         warmup: int = 3, repeats: int = 5) -> LayerCosts:
     """``LayerCosts`` for ``plan --profile``: one transformer ``block`` on a hidden-state microbatch,
@@ -180,9 +204,9 @@ def measure_layer_costs(block: nn.Module, head: nn.Module, hidden: torch.Tensor,
     return LayerCosts(
         time_f=layer.time_f, time_i=layer.time_i, time_w=layer.time_w,
         activation_bytes=float(layer.activation_bytes), params=float(layer.params),
-        boundary_bytes=float(hidden.numel() * hidden.element_size()),
+        boundary_bytes=float(_nbytes(hidden)),
         head_time=(top.time_f, top.time_i, top.time_w), head_activation_bytes=float(top.activation_bytes),
         head_params=float(top.params),
         embedding_params=float(sum(p.numel() for p in embedding.parameters())) if embedding is not None else 0.0,
-        model_flops=model_flops, source=f"profile on {hidden.device}",
+        model_flops=model_flops, source="profile",
     )

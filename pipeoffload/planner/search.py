@@ -340,24 +340,37 @@ def _run(req: PlanRequest, cand: _Candidate) -> Plan:
     return evaluate(req, cand, sim)
 
 
+def _host_ok(req: PlanRequest, plan: Plan) -> bool:
+    return req.host_memory_budget is None or plan.memory.host <= req.host_memory_budget
+
+
 def _raise_infeasible(req: PlanRequest, cands: list[_Candidate], plans: dict[tuple, Plan]) -> None:
     """Find the smallest memory any candidate needs (branch and bound on its static part) and raise."""
-    best = min(plans.values(), key=lambda p: (p.memory.total, p.sort_key()), default=None)
+    def better(p: Plan, q: Plan | None) -> bool:
+        return q is None or (p.memory.total, p.sort_key()) < (q.memory.total, q.sort_key())
+
+    best: Plan | None = None
+    for plan in plans.values():
+        if _host_ok(req, plan) and better(plan, best):
+            best = plan
     for cand in sorted(cands, key=lambda c: (max(c.static_bytes), c.key())):
         if best is not None and max(cand.static_bytes) >= best.memory.total:
             break
         if cand.key() not in plans:
             plans[cand.key()] = plan = _run(req, cand)
-            if best is None or (plan.memory.total, plan.sort_key()) < (best.memory.total, best.sort_key()):
+            if _host_ok(req, plan) and better(plan, best):
                 best = plan
-    assert best is not None
+    if best is None:  # only possible with a host budget
+        least = min(plans.values(), key=lambda p: (p.memory.host, p.sort_key()))
+        raise InfeasibleError(
+            f"no plan keeps pinned host memory within {req.host_memory_budget / GIB:.1f} GiB per GPU "  # type: ignore[operator]
+            f"(the least any plan needs is {least.memory.host / GIB:.1f} GiB); raise --host-memory or drop it")
     need = best.memory.total
-    host = ""
-    if req.host_memory_budget is not None and need <= req.memory_budget:
-        host = f" within the host budget {req.host_memory_budget / GIB:.1f} GiB"
+    hint = "raise --memory or add GPUs" + (
+        "" if lowering_options() else " (offload/recompute policies are not available in this build)")
+    host = f" within the host budget {req.host_memory_budget / GIB:.1f} GiB" if req.host_memory_budget else ""
     raise InfeasibleError(
         f"no plan fits {req.memory_budget / GIB:.1f} GiB per GPU{host}: the smallest feasible memory is "
-        f"{need / GIB:.1f} GiB ({best.layout} {best.choice.label()}: parameters "
+        f"{math.ceil(need / GIB * 10) / 10:.1f} GiB ({best.layout} {best.choice.label()}: parameters "
         f"{best.memory.parameters / GIB:.1f} + optimizer {best.memory.optimizer / GIB:.1f} + activations "
-        f"{best.memory.activations / GIB:.1f} GiB); raise --memory, add GPUs or allow offload/recompute",
-        need, best)
+        f"{best.memory.activations / GIB:.1f} GiB); {hint}", need, best)

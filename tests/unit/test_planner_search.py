@@ -1,5 +1,6 @@
 """The planner search: budget respected, infeasibility explained, deterministic, pruning exact."""
 import json
+import math
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -52,7 +53,9 @@ def test_infeasible_budget_reports_the_smallest_feasible_memory() -> None:
         search(_request(1.0))
     need = info.value.min_memory
     assert need is not None and need > GIB
-    assert f"{need / GIB:.1f} GiB" in str(info.value)
+    shown = math.ceil(need / GIB * 10) / 10  # rounded up, so passing it as --memory fits
+    assert f"smallest feasible memory is {shown:.1f} GiB" in str(info.value)
+    assert search(_request(shown)).fitting
     # the reported minimum is exact: with exactly that budget a plan fits, and it is that plan
     result = search(_request(need / GIB))
     assert min(p.memory.total for p in result.fitting) == pytest.approx(need)

@@ -97,3 +97,35 @@ def test_measured_layer_costs_round_trip_and_drive_plan(tmp_path, capsys) -> Non
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     assert all(p["layout"]["tp"] == 1 for p in data["best"])  # measured at TP 1 only
+
+
+class _Mixed(nn.Module):
+    """Takes and returns (hidden, bool mask, int offset), like the runtime's reference GPT layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, offset: int) -> tuple:
+        return torch.relu(self.lin(x)) * mask[..., None] + offset, mask, offset
+
+
+def test_stages_with_mixed_tuple_inputs() -> None:
+    torch.manual_seed(0)
+    x, mask = torch.randn(4, 8, 64), torch.ones(4, 8, dtype=torch.bool)
+    head = nn.Sequential()  # identity head on the last stage's first output
+
+    class _Last(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = _Mixed()
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor, offset: int) -> torch.Tensor:
+            return head(self.inner(x, mask, offset)[0])
+
+    profile = profile_stages([_Mixed(), _Last()], (x, mask, 1), loss_fn=_mse, target=torch.zeros(4, 8, 64),
+                             warmup=1, repeats=2)
+    first, last = profile.stages
+    assert first.output_bytes == 4 * 8 * 64 * 4  # only the float tensor crosses as activation bytes
+    assert first.time_b > 0 and last.time_b > 0
+    assert first.activation_bytes >= 4 * 8 * 64 * 4  # at least the Linear input
