@@ -14,7 +14,7 @@ from pipeoffload.planner.evaluate import lowering_options
 from pipeoffload.planner.hardware import hardware_preset
 from pipeoffload.planner.presets import model_preset
 from pipeoffload.planner.report import format_table
-from pipeoffload.planner.search import PlanRequest, search
+from pipeoffload.planner.search import PlanRequest, find_plans
 
 CASES = [  # (model, gpu, gpus, global batch)
     ("llama3-70b", "h100", 64, 256),
@@ -39,7 +39,7 @@ def main() -> None:
         req = PlanRequest(model=model_preset(model), hardware=hw, gpus=gpus, global_batch=batch,
                           memory_budget=0.9 * hw.memory_bytes, prune=not args.no_prune)
         start = time.perf_counter()
-        result = search(req)
+        result = find_plans(req)
         seconds = time.perf_counter() - start
         best = result.best(1)[0]
         lines.append(f"{model:<12} {gpu:<5} {gpus:>4} {batch:>5} {result.candidates:>6} {result.evaluated:>9} "

@@ -9,7 +9,7 @@ from pipeoffload.planner.cli_args import add_hardware_args, add_model_args, hard
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.measured import load_layer_costs
 from pipeoffload.planner.report import format_result, result_as_dict
-from pipeoffload.planner.search import PlanRequest, search
+from pipeoffload.planner.search import PlanRequest, find_plans
 from pipeoffload.planner.stagecosts import TrainingSetup
 
 
@@ -73,7 +73,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = search(request_from_args(args))
+    result = find_plans(request_from_args(args))
     if args.json:
         print(json.dumps(result_as_dict(result, args.top), indent=1))
     else:

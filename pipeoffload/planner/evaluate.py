@@ -141,8 +141,9 @@ def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
 
 
 def _small_size(m: int, d: int, p: int) -> int | None:
-    """Smallest m1 >= d + p with m1 = m mod p, or None when m itself is about as small."""
-    floor = d + p
+    """Smallest m1 >= p with m1 = m mod p (p is at least d, so warm-up is over by the second size),
+    or None when simulating m itself is about as cheap."""
+    floor = p
     m1 = m - ((m - floor) // p) * p if m > floor else m
     return m1 if 2 * m1 + p < m else None  # only when two small simulations cost less than one full one
 

@@ -297,7 +297,7 @@ def _model_flops(req: PlanRequest) -> float:
         req.model.model_flops_per_microbatch()
 
 
-def search(req: PlanRequest) -> SearchResult:
+def find_plans(req: PlanRequest) -> SearchResult:
     """Find the fastest plans that fit ``req.memory_budget``; raise ``InfeasibleError`` if none does.
 
     Candidates are simulated in order of a time lower bound. One is skipped (without changing the

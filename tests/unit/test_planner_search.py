@@ -9,7 +9,7 @@ from pipeoffload.cli import main
 from pipeoffload.planner.evaluate import simulate_choice
 from pipeoffload.planner.hardware import GIB, hardware_preset
 from pipeoffload.planner.presets import model_preset
-from pipeoffload.planner.search import InfeasibleError, PlanRequest, search
+from pipeoffload.planner.search import InfeasibleError, PlanRequest, find_plans
 from pipeoffload.planner.stagecosts import layer_costs, stage_costs
 
 MODEL = model_preset("gpt3-2.7b").with_(layers=16)
@@ -37,7 +37,7 @@ def _resimulated_peak(req: PlanRequest, plan) -> float:  # type: ignore[no-untyp
 def test_no_plan_exceeds_the_budget(budget: float) -> None:
     req = _request(budget)
     try:
-        result = search(req)
+        result = find_plans(req)
     except InfeasibleError as err:
         assert err.min_memory is not None and err.min_memory > budget * GIB
         return
@@ -50,14 +50,14 @@ def test_no_plan_exceeds_the_budget(budget: float) -> None:
 
 def test_infeasible_budget_reports_the_smallest_feasible_memory() -> None:
     with pytest.raises(InfeasibleError) as info:
-        search(_request(1.0))
+        find_plans(_request(1.0))
     need = info.value.min_memory
     assert need is not None and need > GIB
     shown = math.ceil(need / GIB * 10) / 10  # rounded up, so passing it as --memory fits
     assert f"smallest feasible memory is {shown:.1f} GiB" in str(info.value)
-    assert search(_request(shown)).fitting
+    assert find_plans(_request(shown)).fitting
     # the reported minimum is exact: with exactly that budget a plan fits, and it is that plan
-    result = search(_request(need / GIB))
+    result = find_plans(_request(need / GIB))
     assert min(p.memory.total for p in result.fitting) == pytest.approx(need)
 
 
@@ -70,16 +70,16 @@ def test_plan_cli_infeasible_exits_2_with_the_minimum(capsys) -> None:  # type: 
 
 
 def test_search_is_deterministic_and_pruning_does_not_change_the_answer() -> None:
-    a, b = search(_request(40)), search(_request(40))
+    a, b = find_plans(_request(40)), find_plans(_request(40))
     assert [p.as_dict() for p in a.best(5)] == [p.as_dict() for p in b.best(5)]
-    full = search(_request(40, prune=False))
+    full = find_plans(_request(40, prune=False))
     assert [p.as_dict() for p in a.best(5)] == [p.as_dict() for p in full.best(5)]
     assert [p.as_dict() for p in a.pareto()] == [p.as_dict() for p in full.pareto()]
     assert full.evaluated >= a.evaluated
 
 
 def test_pareto_frontier_is_monotone_and_undominated() -> None:
-    result = search(_request(40))
+    result = find_plans(_request(40))
     front = result.pareto()
     assert [p.memory.total for p in front] == sorted(p.memory.total for p in front)
     assert all(x.tokens_per_second < y.tokens_per_second for x, y in zip(front, front[1:]))
@@ -91,7 +91,7 @@ def test_pareto_frontier_is_monotone_and_undominated() -> None:
 
 
 def test_throughput_and_mfu_are_consistent() -> None:
-    best = search(_request(40)).best(1)[0]
+    best = find_plans(_request(40)).best(1)[0]
     assert best.tokens_per_second == pytest.approx(32 * MODEL.seq / best.step_time)
     flops = 32 * MODEL.model_flops_per_microbatch()
     assert best.mfu == pytest.approx(flops / (best.step_time * 8 * HW.peak_flops))
@@ -100,7 +100,7 @@ def test_throughput_and_mfu_are_consistent() -> None:
 
 def test_layout_errors_explain_themselves() -> None:
     with pytest.raises(Exception, match="global batch"):
-        search(PlanRequest(model=MODEL, hardware=HW, gpus=8, global_batch=3, memory_budget=80 * GIB, pp_sizes=(2,),
+        find_plans(PlanRequest(model=MODEL, hardware=HW, gpus=8, global_batch=3, memory_budget=80 * GIB, pp_sizes=(2,),
                            tp_sizes=(1,)))
     with pytest.raises(Exception, match="unknown schedule"):
         _request(40, schedules=("zigzag",))
