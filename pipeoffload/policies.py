@@ -3,7 +3,7 @@
 Text forms (case-insensitive)::
 
     offload    none | all | first:K | auto | budget:X | budget:Xrank
-    recompute  none | first:K | auto, optionally followed by ",partial" / ",lgd" / ",partial:S:T"
+    recompute  none | all | first:K | auto, optionally followed by ",partial" / ",lgd" / ",partial:S:T"
 
 ``budget:X`` is a per-rank memory target in activation units (``budget:Xrank`` in rank units, i.e.
 X times stages_per_rank activation units). ``partial`` models the paper's recomputation of
@@ -20,7 +20,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 
 OFFLOAD_FORMS = "none, all, first:K (K >= 1), auto, budget:X (activation units) or budget:Xrank (rank units)"
-RECOMPUTE_FORMS = "none, first:K (K >= 1) or auto, optionally followed by ',partial', ',lgd' or ',partial:S:T'"
+RECOMPUTE_FORMS = "none, all, first:K (K >= 1) or auto, optionally followed by ',partial', ',lgd' or ',partial:S:T'"
 
 LGD_SAVING = 14.0 / 34.0  # 34 -> 20 bytes*sbh per layer when LayerNorm, GeLU and dropout are recomputed
 LGD_TIME = 0.05  # extra backward time as a fraction of F; an estimate (elementwise ops only)
@@ -81,9 +81,9 @@ class OffloadPolicy:
 class RecomputePolicy:
     """Which activations are dropped after F and recomputed (an R action) before their backward.
 
-    kind: 'none' | 'first' (the ``count`` longest-lived local stages on every rank) | 'auto'
-    (what the offload policy wanted off the device but the copy lane could not hide, or what stays
-    above the offload budget). ``partial_saving``/``partial_time`` model partial recomputation,
+    kind: 'none' | 'all' (every activation that lives beyond its own forward) | 'first' (the
+    ``count`` longest-lived local stages on every rank) | 'auto' (what the offload policy wanted off
+    the device but the copy lane could not hide, or what stays above the offload budget). ``partial_saving``/``partial_time`` model partial recomputation,
     which needs no action: it changes the cost model (see ``apply_to``).
     """
 
@@ -93,7 +93,7 @@ class RecomputePolicy:
     partial_time: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("none", "first", "auto"):
+        if self.kind not in ("none", "all", "first", "auto"):
             raise ConfigError(f"recompute policy kind {self.kind!r} is unknown; valid forms: {RECOMPUTE_FORMS}")
         if self.kind == "first" and self.count < 1:
             raise ConfigError(f"recompute first:{self.count}: K must be >= 1; valid forms: {RECOMPUTE_FORMS}")
@@ -123,7 +123,7 @@ class RecomputePolicy:
                     if len(fields) != 2:
                         raise ConfigError(f"recompute {part!r}: write partial:S:T (saved fraction, extra F fraction)")
                     saving, time = (_float(f, raw, RECOMPUTE_FORMS) for f in fields)
-            elif name in ("none", "auto") and not arg and kind == "none":
+            elif name in ("none", "all", "auto") and not arg and kind == "none":
                 kind = name
             elif name == "first" and arg and kind == "none":
                 kind, count = "first", _int(arg, raw, RECOMPUTE_FORMS)

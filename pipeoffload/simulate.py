@@ -18,6 +18,7 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from pipeoffload._perf import gc_paused
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ScheduleError
 from pipeoffload.ir import COMM_KINDS, COPY_KINDS, Action, ActionKind, Schedule
@@ -144,7 +145,8 @@ class _Link:
 
 def simulate(schedule: Schedule, costs: CostModel | None = None) -> Timeline:
     """Simulate ``schedule`` under ``costs`` (uniform unit costs when omitted)."""
-    return _Simulation(schedule, costs or CostModel()).run()
+    with gc_paused():
+        return _Simulation(schedule, costs or CostModel()).run()
 
 
 class _Simulation:
@@ -171,25 +173,24 @@ class _Simulation:
         self.busy = [0.0] * n
         self.stall = [0.0] * n
         self.stalls: dict[Action, float] = {}
-        self.back_kind = {
-            (a.stage, a.microbatch): a.kind for r in schedule.actions for a in r if a.kind in (K.B, K.I)
-        }
+        self._back_kind: dict[tuple[int, int], ActionKind] | None = None
         self.recomputed = {(a.stage, a.microbatch) for r in schedule.actions for a in r if a.kind == K.R}
         self.engine_free: dict[tuple[int, str], float] = defaultdict(float)
         self.links: dict[tuple[int, str], _Link] = defaultdict(_Link)
 
     # ---- dependencies, resolved once per action ----------------------------------------------
+    def _backward_kind(self, stage: int, mb: int) -> ActionKind:
+        """B or I: which backward (stage, mb) runs; only needed where no RECV_B stands for it."""
+        if self._back_kind is None:
+            self._back_kind = {
+                (a.stage, a.microbatch): a.kind for r in self.schedule.actions for a in r if a.kind in (K.B, K.I)
+            }
+        return self._back_kind.get((stage, mb), K.B)
+
     def _deps(self, a: Action, rank: int) -> tuple[tuple[tuple[ActionKind, int, int], float], ...]:
         """(key, delay) pairs: ``a`` may start once every key has completed, plus its delay."""
         s, mb, kind = a.stage, a.microbatch, a.kind
-        p2p = self.costs.p2p_time
-        if kind in (K.SEND_F, K.SEND_B):
-            return ()
-        if kind == K.RECV_F:
-            return (((K.SEND_F, s - 1, mb), p2p),)
-        if kind == K.RECV_B:
-            return (((K.SEND_B, s + 1, mb), p2p),)
-        if kind == K.W:
+        if kind is K.W:
             return (((K.I, s, mb), 0.0),)
         if kind == K.R:
             return (((K.F, s, mb), 0.0),)
@@ -201,7 +202,9 @@ class _Simulation:
         own = ((K.F, s, mb), 0.0)
         if s == self.last_stage:
             return (own,)
-        grad = (self.back_kind.get((s + 1, mb), K.B), s + 1, mb)
+        if self.lowered and self.placement.rank_of(s + 1) != rank:
+            return (own, ((K.RECV_B, s, mb), 0.0))
+        grad = (self._backward_kind(s + 1, mb), s + 1, mb)
         return (own, self._neighbour(grad, (K.RECV_B, s, mb), rank))
 
     def _neighbour(self, producer: tuple[ActionKind, int, int], recv: tuple[ActionKind, int, int],
@@ -215,23 +218,29 @@ class _Simulation:
     def _compile(self, rank: int) -> list[tuple]:  # type: ignore[type-arg]
         """Resolve each step's dependencies and duration once, so the event loop only looks up times."""
         ops = []
+        append = ops.append
         timers = {K.F: self.costs.f, K.B: self.costs.b, K.I: self.costs.i, K.W: self.costs.w, K.R: self.costs.r}
         duration: dict[tuple[ActionKind, int], float] = {}
         deps = self._deps
+        p2p = self.costs.p2p_time
+        SEND_F, SEND_B, RECV_F, RECV_B = K.SEND_F, K.SEND_B, K.RECV_F, K.RECV_B
         for a in self.schedule.actions[rank]:
-            kind = a.kind
-            key = (kind, a.stage, a.microbatch)
-            if kind in COPY_KINDS:
-                ops.append((a, key, _COPY, (), 0.0, None))
-            elif kind in COMM_KINDS:
-                role = _RECV if kind is K.RECV_F or kind is K.RECV_B else _SEND
-                ops.append((a, key, role, deps(a, rank), 0.0, None))
+            kind, stage, mb = a.kind, a.stage, a.microbatch
+            key = (kind, stage, mb)
+            if kind is SEND_F or kind is SEND_B:
+                append((a, key, _SEND, (), 0.0, None))
+            elif kind is RECV_F:
+                append((a, key, _RECV, (((SEND_F, stage - 1, mb), p2p),), 0.0, None))
+            elif kind is RECV_B:
+                append((a, key, _RECV, (((SEND_B, stage + 1, mb), p2p),), 0.0, None))
+            elif kind in COPY_KINDS:
+                append((a, key, _COPY, (), 0.0, None))
             else:
                 time = duration.get((kind, a.stage))
                 if time is None:
                     time = duration[(kind, a.stage)] = timers[kind](a.stage)
-                reload = (K.RELOAD, a.stage, a.microbatch) if kind is K.B or kind is K.I else None
-                ops.append((a, key, _COMPUTE, deps(a, rank), time, reload))
+                reload = (K.RELOAD, stage, mb) if kind is K.B or kind is K.I else None
+                append((a, key, _COMPUTE, deps(a, rank), time, reload))
         return ops
 
     # ---- main loop ---------------------------------------------------------------------------

@@ -8,8 +8,7 @@ order. ``check_p2p_order`` dry-runs the comm order with the runtime's p2p semant
 """
 from __future__ import annotations
 
-from typing import Iterable
-
+from pipeoffload._perf import gc_paused
 from pipeoffload.errors import ScheduleError
 from pipeoffload.ir import COMM_KINDS, Action, ActionKind, Schedule
 
@@ -29,6 +28,11 @@ def validate(schedule: Schedule) -> None:
     One pass over every rank's list keeps a bit set of what each (stage, microbatch) has done so
     far; each action checks its preconditions against it. A final pass checks completeness.
     """
+    with gc_paused():
+        _validate(schedule)
+
+
+def _validate(schedule: Schedule) -> None:
     rows = schedule.actions
     placement = schedule.placement
     num_stages, num_mb = placement.num_stages, schedule.num_microbatches
@@ -66,7 +70,7 @@ def validate(schedule: Schedule) -> None:
 
 def _precondition(kind, stage, mb, have, state, lowered, cross_in, cross_out, owner) -> str | None:  # type: ignore[no-untyped-def]
     """Why ``kind`` may not run now for (stage, mb) given what it has done (``have``), or None."""
-    here = f"stage {stage}, microbatch {mb}"
+    here = _Here(stage, mb)
     if kind is K.F:
         if stage > 0 and not cross_in[stage] and not state.get((stage - 1, mb), 0) & _F:
             return f"F of {here} runs before F of stage {stage - 1} on the same rank"
@@ -117,6 +121,18 @@ def _precondition(kind, stage, mb, have, state, lowered, cross_in, cross_out, ow
     return None
 
 
+class _Here:
+    """Formats "stage s, microbatch m" only when an error message actually needs it."""
+
+    __slots__ = ("stage", "mb")
+
+    def __init__(self, stage: int, mb: int) -> None:
+        self.stage, self.mb = stage, mb
+
+    def __format__(self, spec: str) -> str:
+        return f"stage {self.stage}, microbatch {self.mb}"
+
+
 def _check_complete(schedule, state, lowered, cross_in, cross_out, fail) -> None:  # type: ignore[no-untyped-def]
     placement = schedule.placement
     for stage in range(placement.num_stages):
@@ -126,9 +142,9 @@ def _check_complete(schedule, state, lowered, cross_in, cross_out, fail) -> None
             expect |= (_RF | _SB if cross_in[stage] else 0) | (_SF | _RB if cross_out[stage] else 0)
         for mb in range(schedule.num_microbatches):
             have = state.get((stage, mb), 0)
-            here = f"stage {stage}, microbatch {mb}"
-            missing = [k.value for k in ActionKind if expect & _BIT[k] and not have & _BIT[k]]
-            if missing:
+            here = _Here(stage, mb)
+            if expect & ~have:
+                missing = [k.value for k in ActionKind if expect & _BIT[k] and not have & _BIT[k]]
                 fail(f"{here} has no {'/'.join(missing)} on rank {rank}", rank, _last_step(schedule, rank))
             if not have & _B and (have & (_I | _W)) != (_I | _W):
                 what = "I" if have & _W else ("W" if have & _I else "B (or I and W)")
@@ -157,68 +173,59 @@ def _partner(a: Action) -> tuple[ActionKind, int, int]:
     return (K.SEND_B, a.stage + 1, a.microbatch)
 
 
-def comm_batches(row: Iterable[Action]) -> list[list[Action] | Action]:
-    """Group each maximal run of consecutive comm actions into one batch (posted together)."""
-    out: list[list[Action] | Action] = []
-    for a in row:
-        if a.kind in COMM_KINDS:
-            if out and isinstance(out[-1], list):
-                out[-1].append(a)
-            else:
-                out.append([a])
-        else:
-            out.append(a)
-    return out
-
-
 def check_p2p_order(schedule: Schedule) -> None:
     """Dry-run the comm order as the runtime executes it: each run of consecutive SEND/RECV actions
     is posted as one batch; sends never block (they are waited for at the end of the step), and the
     rank blocks until every receive of its batch has been matched by a posted send. Raises
     ``ScheduleError`` naming every stuck rank if the order can deadlock. (A strict rendezvous, in
     which a send blocks until its receive is posted, would reject GPipe with several stages per rank.)"""
-    programs = [comm_batches(r) for r in schedule.actions]
-    pointer = [0] * len(programs)
+    with gc_paused():
+        _check_p2p_order(schedule)
+
+
+def _check_p2p_order(schedule: Schedule) -> None:
+    rows = schedule.actions
+    pointer = [0] * len(rows)
     posted: set[tuple[ActionKind, int, int]] = set()
-    waiting: dict[tuple[ActionKind, int, int], int] = {}  # send key -> rank blocked on it
-    ready = list(range(len(programs)))
+    waiting: dict[tuple[ActionKind, int, int], list[int]] = {}  # send key -> ranks blocked on it
+    ready = list(range(len(rows)))
+    comm = COMM_KINDS
     while ready:
         rank = ready.pop()
-        prog = programs[rank]
-        while pointer[rank] < len(prog):
-            item = prog[pointer[rank]]
-            if isinstance(item, Action):
-                pointer[rank] += 1
+        row, step = rows[rank], pointer[rank]
+        while step < len(row):
+            if row[step].kind not in comm:
+                step += 1
                 continue
-            for a in item:  # posting a batch makes its sends visible even if the rank then blocks
-                if a.kind in (K.SEND_F, K.SEND_B):
+            end = step
+            while end < len(row) and row[end].kind in comm:
+                end += 1
+            batch = row[step:end]
+            for a in batch:  # posting a batch makes its sends visible even if the rank then blocks
+                if a.kind is K.SEND_F or a.kind is K.SEND_B:
                     key = (a.kind, a.stage, a.microbatch)
                     if key not in posted:
                         posted.add(key)
-                        if key in waiting:
-                            ready.append(waiting.pop(key))
-            missing = next((p for a in item if a.kind in (K.RECV_F, K.RECV_B)
+                        ready.extend(waiting.pop(key, ()))
+            missing = next((p for a in batch if a.kind is K.RECV_F or a.kind is K.RECV_B
                             for p in (_partner(a),) if p not in posted), None)
             if missing is not None:
-                waiting[missing] = rank
+                waiting.setdefault(missing, []).append(rank)
                 break
-            pointer[rank] += 1
-    stuck = [r for r, prog in enumerate(programs) if pointer[r] < len(prog)]
+            step = end
+        pointer[rank] = step
+    stuck = [r for r, row in enumerate(rows) if pointer[r] < len(row)]
     if stuck:
         lines = []
         for rank in stuck:
-            batch = programs[rank][pointer[rank]]
-            assert isinstance(batch, list)
-            blocked = [str(a) for a in batch if a.kind in (K.RECV_F, K.RECV_B) and _partner(a) not in posted]
+            row, step = rows[rank], pointer[rank]
+            end = step
+            while end < len(row) and row[end].kind in comm:
+                end += 1
+            blocked = [str(a) for a in row[step:end] if a.kind in (K.RECV_F, K.RECV_B) and _partner(a) not in posted]
             lines.append(f"rank {rank} blocks on {{{', '.join(blocked)}}}")
         first = stuck[0]
-        step = _step_of(schedule.actions[first], programs[first], pointer[first])
+        step = next(i for i in range(pointer[first], len(rows[first]))
+                    if rows[first][i].kind in (K.RECV_F, K.RECV_B) and _partner(rows[first][i]) not in posted)
         raise ScheduleError("comm order deadlocks (receives wait on sends never posted): " + "; ".join(lines),
-                            first, step, schedule.actions[first][step], schedule.actions)
-
-
-def _step_of(row: tuple[Action, ...], program: list, index: int) -> int:  # type: ignore[type-arg]
-    step = 0
-    for item in program[:index]:
-        step += len(item) if isinstance(item, list) else 1
-    return min(step, len(row) - 1)
+                            first, step, rows[first][step], rows)

@@ -48,8 +48,6 @@ def add_cost_args(parser: argparse.ArgumentParser) -> None:
 
 def schedule_from_args(args: argparse.Namespace, **options: object) -> Schedule:
     microbatches = args.microbatches if args.microbatches is not None else 2 * args.ranks
-    if args.stages_per_rank is None:
-        return generate(args.name, args.ranks, microbatches, **options)
     return generate(args.name, args.ranks, microbatches, args.stages_per_rank, **options)
 
 

@@ -14,6 +14,7 @@ from pipeoffload.cli.common import (
     positive_int,
     schedule_from_args,
 )
+from pipeoffload.cli.outputs import add_output_args, write_outputs
 from pipeoffload.costs import CostModel
 from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, OffloadPolicy, RecomputePolicy
@@ -26,6 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_cost_args(parser)
     add_memory_args(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object (stable field names)")
+    add_output_args(parser)
     parser.set_defaults(run=run)
 
 
@@ -62,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     schedule, report = lower_with_report(schedule_from_args(args, **options), costs,
                                          offload=offload, recompute=recompute)
     timeline = simulate(schedule, costs)
+    write_outputs(args, [timeline])
     if args.json:
         out = timeline.as_dict()
         out["offload_report"] = report_dict(report)

@@ -1,6 +1,6 @@
 """``lower``: the one place lowering passes are chained, top to bottom.
 
-    validate -> recompute (first:K) -> offload placement -> [recompute auto -> offload again]
+    validate -> recompute (first:K, all) -> offload placement -> [recompute auto -> offload again]
              -> SEND/RECV -> validate
 
 Recompute comes first because R changes the compute timeline the offload pass plans against;
@@ -16,7 +16,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.ir import ActionKind, Schedule
 from pipeoffload.passes.comms import add_comms
 from pipeoffload.passes.offload import OffloadReport, plan_offload
-from pipeoffload.passes.recompute import auto_keys, check_policies, first_stage_keys, insert_recompute
+from pipeoffload.passes.recompute import all_keys, auto_keys, check_policies, first_stage_keys, insert_recompute
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.simulate import simulate
 from pipeoffload.validate import validate
@@ -60,8 +60,9 @@ def _memory_passes(base: Schedule, costs: CostModel, offload: OffloadPolicy,
     original = simulate(base, costs)
     recomputed: set[tuple[int, int]] = set()
     timeline = original
-    if recompute.kind == "first":
-        recomputed = first_stage_keys(base, original, costs, recompute.count, offload)
+    if recompute.kind in ("first", "all"):
+        recomputed = (first_stage_keys(base, original, costs, recompute.count, offload) if recompute.kind == "first"
+                      else all_keys(base, original, costs, offload))
         base = insert_recompute(base, recomputed)
         timeline = simulate(base, costs)
     planned, report = plan_offload(base, costs, offload, exclude=recomputed, timeline=timeline)

@@ -5,6 +5,8 @@ is resident only from the start of R to the end of its backward. R goes immediat
 backward (before its RECV_B once comms are added), so it overlaps the wait for the output gradient.
 
 Choosing what to recompute (see ``RecomputePolicy``):
+- ``all``: every activation whose backward does not directly follow its forward (recomputing
+  those would cost time and save nothing), minus what ``offload first:K`` takes;
 - ``first:K``: every microbatch of the K longest-lived local stages on each rank (with ``offload
   first:K'``, the K stages after the K' that offload takes: each stage gets one treatment);
 - ``auto``: what the offload pass wanted off the device but its copy lane could not hide, or, under
@@ -64,6 +66,15 @@ def first_stage_keys(schedule: Schedule, timeline: Timeline, costs: CostModel, c
         taken = longest_lived_stages(tl.activations.values(), offload.count) if offload.kind == "first" else []
         stages = set(longest_lived_stages(tl.activations.values(), count, skip=set(taken)))
         keys.update(k for k, x in tl.activations.items() if x.stage in stages)
+    return keys
+
+
+def all_keys(schedule: Schedule, timeline: Timeline, costs: CostModel, offload: OffloadPolicy) -> set[Key]:
+    """Every activation alive beyond its forward, except the stages ``offload first:K`` takes."""
+    keys: set[Key] = set()
+    for tl in _timelines(schedule, timeline, costs):
+        taken = set(longest_lived_stages(tl.activations.values(), offload.count)) if offload.kind == "first" else set()
+        keys.update(k for k, x in tl.activations.items() if x.lifespan > EPS and x.stage not in taken)
     return keys
 
 
