@@ -112,15 +112,12 @@ class _RankState:
         """Peak with every copy at its planned time, as the simulator measures it."""
         tl = self.timeline
         steps = np.diff(np.concatenate(([0.0], tl.memory)))
-        events = list(zip(tl.point_list, steps.tolist()))
-        for p in self.placed:
-            events.append((p.d2h_end, -p.activation.size))
-            events.append((p.h2d_start, p.activation.size))
-        level = peak = 0.0
-        for _, delta in sorted(events):
-            level += delta
-            peak = max(peak, level)
-        return float(peak)
+        times = np.concatenate((tl.points, [p.d2h_end for p in self.placed], [p.h2d_start for p in self.placed]))
+        sizes = [p.activation.size for p in self.placed]
+        deltas = np.concatenate((steps, np.negative(sizes), sizes))
+        order = np.lexsort((deltas, times))  # by time, frees before allocations
+        levels = np.cumsum(deltas[order])
+        return float(max(levels.max(initial=0.0), 0.0))
 
     def add(self, p: Placed) -> None:
         self.memory[p.lo:p.hi] -= p.activation.size
