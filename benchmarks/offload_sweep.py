@@ -39,7 +39,7 @@ def main() -> None:
           f"makespan without offload {base.makespan:g}")
     print(f"{'k':>4} | {'peak':>4} {'+makespan':>9} {'stall':>5} {'offloaded':>9} {'unhidden':>8} | "
           f"{'shared link':>11} | {'g=4':>4} | {'auto':>4} {'copies':>6}")
-    steps = int(round(args.max_ratio / args.step))
+    steps = round(args.max_ratio / args.step)
     for i in range(steps + 1):
         k = round(i * args.step, 10)
         t, report = run(full, k)

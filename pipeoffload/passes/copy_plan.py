@@ -26,7 +26,7 @@ EPS = 1e-10
 class Lane:
     """Busy intervals of one exclusive resource (a copy engine or a shared host link)."""
 
-    __slots__ = ("starts", "ends")
+    __slots__ = ("ends", "starts")
 
     def __init__(self) -> None:
         self.starts: list[float] = []
