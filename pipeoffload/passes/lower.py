@@ -13,7 +13,8 @@ import logging
 from dataclasses import replace
 
 from pipeoffload.costs import CostModel
-from pipeoffload.ir import ActionKind, Schedule
+from pipeoffload.errors import ConfigError
+from pipeoffload.ir import COMM_KINDS, ActionKind, Schedule
 from pipeoffload.passes.comms import add_comms
 from pipeoffload.passes.offload import OffloadReport, plan_offload
 from pipeoffload.passes.recompute import all_keys, auto_keys, check_policies, first_stage_keys, insert_recompute
@@ -43,7 +44,7 @@ def lower_with_report(schedule: Schedule, costs: CostModel | None = None, *,
     offload_policy, recompute_policy = OffloadPolicy.parse(offload), RecomputePolicy.parse(recompute)
     check_policies(offload_policy, recompute_policy)
     costs = recompute_policy.apply_to(costs or CostModel())
-    base = schedule.compute_only()
+    base = _memory_actions_kept(schedule, offload_policy, recompute_policy)
     if check:
         validate(base)
     planned, report = _memory_passes(base, costs, offload_policy, recompute_policy)
@@ -51,6 +52,17 @@ def lower_with_report(schedule: Schedule, costs: CostModel | None = None, *,
     if check:
         validate(lowered)
     return lowered, report
+
+
+def _memory_actions_kept(schedule: Schedule, offload: OffloadPolicy, recompute: RecomputePolicy) -> Schedule:
+    """Drop comm actions; keep hand-placed OFFLOAD/RELOAD/R unless a policy is to place its own."""
+    hand_placed = any(a.kind in (K.OFFLOAD, K.RELOAD, K.R) for row in schedule.actions for a in row)
+    if hand_placed and (offload.kind != "none" or recompute.kind != "none"):
+        raise ConfigError(
+            f"offload={offload}, recompute={recompute}: the schedule already has OFFLOAD/RELOAD/R actions; "
+            "pass offload='none' and recompute='none' to keep them, or lower a compute-only schedule"
+        )
+    return schedule.with_actions([[a for a in row if a.kind not in COMM_KINDS] for row in schedule.actions])
 
 
 def _memory_passes(base: Schedule, costs: CostModel, offload: OffloadPolicy,
