@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
+from pipeoffload.ir import COMM_KINDS
 from pipeoffload.passes.lower import lower
 from pipeoffload.schedules import generate
 from pipeoffload.simulate import Timeline, simulate
@@ -31,6 +32,12 @@ class ScheduleChoice:
     group_size: int | None = None
     offload: str = "none"
     recompute: str = "none"
+
+    def periodic(self) -> bool:
+        """Whether the lowered schedule repeats like the compute schedule (tests check the
+        extrapolation for these): no offload and no cost-driven recompute. The offload pass places
+        copies greedily over the whole step, so its choices can differ with the microbatch count."""
+        return self.offload == "none" and (self.recompute == "none" or self.recompute.startswith("first:"))
 
     def label(self) -> str:
         parts = [self.family, f"v={self.stages_per_rank}"]
@@ -51,6 +58,8 @@ class SimSummary:
     host_units: tuple[float, ...]  # activation units on the host per rank
     stall: tuple[float, ...]  # time per rank its backward waited for a reload
     extrapolated: bool
+    exact: bool = True  # False: an estimate from small sizes, to be confirmed by a full simulation
+    samples: tuple[tuple[int, float], ...] = ()  # (microbatches, makespan) of the small simulations
 
     @property
     def bubble_ratio(self) -> float:
@@ -75,12 +84,17 @@ def build(choice: ScheduleChoice, d: int, m: int, costs: CostModel):  # type: ig
     if missing:
         raise ConfigError(f"{', '.join(missing)} policies are not available in this build of lower(); "
                           "use offload/recompute 'none'")
-    return lower(schedule, costs, check=False, **policies)
+    lowered = lower(schedule, costs, check=False, **policies)
+    # Drop SEND/RECV again: the simulator models a schedule's transfers implicitly with the same
+    # result (tests check it) at half the events.
+    return lowered.with_actions([[a for a in row if a.kind not in COMM_KINDS] for row in lowered.actions])
 
 
 def time_lower_bound(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> float:
-    """A makespan no simulation of ``choice`` can beat: the busiest rank's compute plus the forward
-    time of the stages before its first stage (it cannot start earlier). Used to prune the search."""
+    """A makespan no simulation of ``choice`` can beat: the busiest rank's compute (with ``recompute
+    first:K``, at least its K cheapest stages' recompute forwards) plus the forward time of the stages
+    before its first stage (it cannot start earlier). Used to prune the search."""
+    recomputed = int(choice.recompute.split(":")[1]) if choice.recompute.startswith("first:") else 0
     placement = generate(choice.family, d, 1, choice.stages_per_rank,
                          **({"group_size": choice.group_size} if choice.group_size is not None else {})).placement
     best = 0.0
@@ -88,6 +102,7 @@ def time_lower_bound(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -
         stages = placement.stages_of(rank)
         fill = sum(costs.f(s) for s in range(min(stages)))
         busy = m * sum(costs.f(s) + costs.b(s) for s in stages)
+        busy += m * sum(sorted(costs.r(s) for s in stages)[:recomputed])
         best = max(best, fill + busy)
     return best
 
@@ -116,27 +131,55 @@ def _summary(timeline: Timeline, extrapolated: bool = False) -> SimSummary:
 
 
 def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
-                    extrapolate: bool = True) -> SimSummary:
-    """Simulate ``choice`` with m microbatches, through two small sizes when that is exact enough."""
+                    extrapolate: bool = True, fallback: bool = True, base: SimSummary | None = None) -> SimSummary:
+    """Simulate ``choice`` with m microbatches, through two small sizes where the schedule repeats.
+
+    When the two small sizes disagree on a memory peak, ``fallback`` simulates the full size; without
+    it the result is an estimate (the larger peak of the two, ``exact`` False) that the caller must
+    confirm with ``extrapolate=False`` before reporting it. ``base``, the extrapolated summary of the
+    same schedule without offload, lets an offload-only choice be estimated from one small size: the
+    offload pass never delays compute by design, so its step time is the base's plus any difference
+    seen at that size.
+    """
     p = period(choice, d, m)
     if p:
         p = p * math.ceil(d / p)  # latency-bound pipelines can alternate with a cycle of up to d microbatches
     m1 = _small_size(m, d, p) if p else None
     if not extrapolate or m1 is None:
         return _summary(simulate(build(choice, d, m, costs), costs))
+    assert p is not None
+    if base is not None and base.samples and choice.recompute == "none":
+        return _offload_estimate(choice, d, m, costs, base)
     a = _summary(simulate(build(choice, d, m1, costs), costs))
     b = _summary(simulate(build(choice, d, m1 + p, costs), costs))
-    if not (_same(a.peak_units, b.peak_units) and _same(a.host_units, b.host_units)):
+    same = _same(a.peak_units, b.peak_units) and _same(a.host_units, b.host_units)
+    if not same and fallback:
         return _summary(simulate(build(choice, d, m, costs), costs))
-    assert p is not None
     steps = (m - m1) // p
     return SimSummary(
         makespan=a.makespan + steps * (b.makespan - a.makespan),
         busy=tuple(x + steps * (y - x) for x, y in zip(a.busy, b.busy)),
-        peak_units=b.peak_units,
-        host_units=b.host_units,
+        peak_units=tuple(map(max, a.peak_units, b.peak_units)),
+        host_units=tuple(map(max, a.host_units, b.host_units)),
         stall=tuple(x + steps * max(0.0, y - x) for x, y in zip(a.stall, b.stall)),
         extrapolated=True,
+        exact=same and choice.periodic(),
+        samples=((m1, a.makespan), (m1 + p, b.makespan)),
+    )
+
+
+def _offload_estimate(choice: ScheduleChoice, d: int, m: int, costs: CostModel, base: SimSummary) -> SimSummary:
+    size, base_time = base.samples[-1]
+    one = _summary(simulate(build(choice, d, size, costs), costs))
+    scale = m / size
+    return SimSummary(
+        makespan=base.makespan + max(0.0, one.makespan - base_time),
+        busy=base.busy,
+        peak_units=one.peak_units,
+        host_units=one.host_units,
+        stall=tuple(x * scale for x in one.stall),
+        extrapolated=True,
+        exact=False,
     )
 
 

@@ -74,8 +74,12 @@ def test_search_is_deterministic_and_pruning_does_not_change_the_answer() -> Non
     assert [p.as_dict() for p in a.best(5)] == [p.as_dict() for p in b.best(5)]
     full = find_plans(_request(40, prune=False))
     assert [p.as_dict() for p in a.best(5)] == [p.as_dict() for p in full.best(5)]
-    assert [p.as_dict() for p in a.pareto()] == [p.as_dict() for p in full.pareto()]
+    per_tp = find_plans(_request(40, best_per_tp=True))
+    assert {tp: p.as_dict() for tp, p in per_tp.best_by_tp().items()} == {
+        tp: p.as_dict() for tp, p in full.best_by_tp().items()}
     assert full.evaluated >= a.evaluated
+    frontier = find_plans(_request(40, exact_frontier=True))
+    assert [p.as_dict() for p in frontier.pareto()] == [p.as_dict() for p in full.pareto()]
 
 
 def test_pareto_frontier_is_monotone_and_undominated() -> None:
