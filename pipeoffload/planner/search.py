@@ -361,6 +361,7 @@ def find_plans(req: PlanRequest) -> SearchResult:
     search = _Search(req, skipped)
     for cand in cands:
         search.add(cand)
+    search.release_orphans()
     by_key = {c.key(): c for c in cands}
     with _pool(req.workers) as pool:
         search.run(pool, batch=BATCH)
@@ -395,6 +396,12 @@ class _Search:
         else:
             levels = self.levels.setdefault(cand.base_key(), [[], [], [], []])
             levels[_level(cand.choice) - 1].append(cand)
+
+    def release_orphans(self) -> None:
+        """Queue the first variants of schedules whose plain form was not asked for (e.g. --offload auto)."""
+        bases = {key for _, key, _, _ in self.queue}
+        for base in sorted(set(self.levels) - bases):
+            self._release(base)
 
     def _push(self, cand: _Candidate, bound: float) -> None:
         self.pushed += 1

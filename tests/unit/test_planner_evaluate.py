@@ -1,10 +1,14 @@
 """Stage costs and the extrapolating simulation the planner relies on."""
 import itertools
+from dataclasses import replace
 
 import pytest
 
 from pipeoffload.costs import CostModel
-from pipeoffload.planner.evaluate import ScheduleChoice, simulate_choice, time_lower_bound
+from pipeoffload.passes.lower import lower
+from pipeoffload.planner.evaluate import ScheduleChoice, build, lowering_options, simulate_choice, time_lower_bound
+from pipeoffload.schedules import generate
+from pipeoffload.simulate import simulate
 from pipeoffload.planner.hardware import hardware_preset
 from pipeoffload.planner.presets import model_preset
 from pipeoffload.planner.stagecosts import Layout, layer_costs, partition, stage_costs
@@ -79,3 +83,58 @@ def test_tensor_parallel_adds_collective_time_to_f_and_i_only() -> None:
     assert four.time_f == pytest.approx(one.time_f / 4 + comm)
     assert four.time_i == pytest.approx(one.time_i / 4 + comm)
     assert four.time_w == pytest.approx(one.time_w / 4)
+
+
+needs_policies = pytest.mark.skipif(set(lowering_options()) != {"offload", "recompute"},
+                                    reason="offload/recompute policies not in this build of lower()")
+POLICY_GRID = [(fam, d, v, g, m, pol, k)
+               for fam, d, v, g, m, pol, k in itertools.product(
+                   ["1f1b", "group-interleaved"], [2, 4, 8], [1, 2, 3], [None, "half", "full"], [32, 48],
+                   [("auto", "none"), ("auto", "auto"), ("none", "first:1"), ("none", "first:2")], [0.6, 1.5])
+               if (fam == "1f1b") == (v == 1) and (fam == "group-interleaved") == (g is not None)
+               and not (pol[1].startswith("first:") and int(pol[1][6:]) > v)]
+
+
+def _policy_costs(d: int, v: int, k: float) -> CostModel:
+    return replace(_costs(d * v, 1.4, 0.1), shared_host_link=d % 2 == 0).with_offload_ratio(k)
+
+
+def _size(g: str | None, d: int) -> int | None:
+    return None if g is None else ((d + 1) // 2 if g == "half" else d)
+
+
+@needs_policies
+@pytest.mark.parametrize("fam, d, v, g, m, pol, k", POLICY_GRID[::5])
+def test_policy_schedules_bounds_and_estimates(fam: str, d: int, v: int, g: str | None, m: int,
+                                               pol: tuple[str, str], k: float) -> None:
+    costs = _policy_costs(d, v, k)
+    choice = ScheduleChoice(fam, v, _size(g, d), *pol)
+    base = ScheduleChoice(fam, v, _size(g, d))
+    full = simulate_choice(choice, d, m, costs, extrapolate=False)
+    plain = simulate_choice(base, d, m, costs, extrapolate=False)
+    # offload and recompute only add work and waits: the plain schedule's makespan bounds them
+    assert full.makespan >= plain.makespan - 1e-9
+    assert time_lower_bound(choice, d, m, costs) <= full.makespan + 1e-9
+    if pol[1] == "none":  # the offload pass never delays compute
+        assert full.makespan == pytest.approx(plain.makespan, rel=1e-12)
+    fast = simulate_choice(choice, d, m, costs, fallback=choice.periodic())
+    if fast.exact:  # what the planner reports without a confirming full simulation must be exact
+        assert fast.makespan == pytest.approx(full.makespan, rel=1e-9)
+        assert fast.peak_units == pytest.approx(full.peak_units)
+        assert fast.host_units == pytest.approx(full.host_units)
+
+
+@needs_policies
+@pytest.mark.parametrize("fam, d, v, g, m, pol, k", POLICY_GRID[1::9])
+def test_schedules_simulate_the_same_without_their_send_and_recv(fam: str, d: int, v: int, g: str | None,
+                                                                  m: int, pol: tuple[str, str], k: float) -> None:
+    costs = _policy_costs(d, v, k)
+    choice = ScheduleChoice(fam, v, _size(g, d), *pol)
+    stripped = simulate(build(choice, d, m, costs), costs)
+    options = {"group_size": choice.group_size} if choice.group_size else {}
+    lowered = lower(generate(fam, d, m, v, **options), costs, offload=pol[0], recompute=pol[1])
+    with_comms = simulate(lowered, costs)
+    assert stripped.makespan == pytest.approx(with_comms.makespan, rel=1e-12)
+    for a, b in zip(stripped.per_rank, with_comms.per_rank):
+        assert (a.peak_activation_units, a.peak_host_units) == pytest.approx(
+            (b.peak_activation_units, b.peak_host_units))
