@@ -17,7 +17,8 @@ from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import COMM_KINDS
 from pipeoffload.passes.lower import lower
-from pipeoffload.schedules import generate
+from pipeoffload.placement import Placement
+from pipeoffload.schedules import generate, get_spec
 from pipeoffload.simulate import Timeline, simulate
 
 _TOL = 1e-6
@@ -75,8 +76,7 @@ def lowering_options() -> tuple[str, ...]:
 
 def build(choice: ScheduleChoice, d: int, m: int, costs: CostModel):  # type: ignore[no-untyped-def]
     """The lowered schedule of ``choice`` for d ranks and m microbatches."""
-    options = {"group_size": choice.group_size} if choice.group_size is not None else {}
-    schedule = generate(choice.family, d, m, choice.stages_per_rank, **options)
+    schedule = _generate(choice, d, m, costs)
     policies = {k: getattr(choice, k) for k in ("offload", "recompute") if getattr(choice, k) != "none"}
     if not policies:
         return schedule  # the simulator models transfers of a compute-only schedule identically, 2x faster
@@ -95,8 +95,7 @@ def time_lower_bound(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -
     first:K``, at least its K cheapest stages' recompute forwards) plus the forward time of the stages
     before its first stage (it cannot start earlier). Used to prune the search."""
     recomputed = int(choice.recompute.split(":")[1]) if choice.recompute.startswith("first:") else 0
-    placement = generate(choice.family, d, 1, choice.stages_per_rank,
-                         **({"group_size": choice.group_size} if choice.group_size is not None else {})).placement
+    placement = placement_of(choice, d)
     best = 0.0
     for rank in range(d):
         stages = placement.stages_of(rank)
@@ -107,6 +106,11 @@ def time_lower_bound(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -
     return best
 
 
+V_FAMILIES = ("zb-v", "v-half", "v-min", "1f1b-v", "dualpipe-v")
+# families whose warm-up lasts about two periods (their steady state starts after 2d microbatches)
+_SLOW_WARMUP = V_FAMILIES + ("zb-h1", "zb-h2")
+
+
 def period(choice: ScheduleChoice, d: int, m: int) -> int | None:
     """Microbatches after which the steady state repeats, or None when not known for this family."""
     if choice.family == "1f1b":
@@ -115,7 +119,21 @@ def period(choice: ScheduleChoice, d: int, m: int) -> int | None:
         return d if m % d == 0 else None  # otherwise its rounds change shape with m
     if choice.family == "group-interleaved" and choice.group_size:
         return choice.group_size
+    if choice.family in _SLOW_WARMUP:
+        return d
     return None
+
+
+def _generate(choice: ScheduleChoice, d: int, m: int, costs: CostModel | None):  # type: ignore[no-untyped-def]
+    options: dict[str, object] = {"group_size": choice.group_size} if choice.group_size is not None else {}
+    if costs is not None and "costs" in get_spec(choice.family).options():
+        options["costs"] = costs  # cost-aware families place W by the real stage times
+    return generate(choice.family, d, m, choice.stages_per_rank, **options)
+
+
+def placement_of(choice: ScheduleChoice, d: int) -> Placement:
+    """The family's stage -> rank map for d ranks (loop or V)."""
+    return _generate(choice, d, 1, None).placement
 
 
 def _summary(timeline: Timeline, extrapolated: bool = False) -> SimSummary:
@@ -144,7 +162,7 @@ def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
     p = period(choice, d, m)
     if p:
         p = p * math.ceil(d / p)  # latency-bound pipelines can alternate with a cycle of up to d microbatches
-    m1 = _small_size(m, d, p) if p else None
+    m1 = _small_size(m, d, p, 2 if choice.family in _SLOW_WARMUP else 1) if p else None
     if not extrapolate or m1 is None:
         return _summary(simulate(build(choice, d, m, costs), costs))
     assert p is not None
@@ -183,10 +201,10 @@ def _offload_estimate(choice: ScheduleChoice, d: int, m: int, costs: CostModel, 
     )
 
 
-def _small_size(m: int, d: int, p: int) -> int | None:
-    """Smallest m1 >= p with m1 = m mod p (p is at least d, so warm-up is over by the second size),
-    or None when simulating m itself is about as cheap."""
-    floor = p
+def _small_size(m: int, d: int, p: int, warmup: int = 1) -> int | None:
+    """Smallest m1 >= ``warmup`` periods with m1 = m mod p (p is at least d, so warm-up is over by the
+    second size), or None when simulating m itself is about as cheap."""
+    floor = warmup * p
     m1 = m - ((m - floor) // p) * p if m > floor else m
     return m1 if 2 * m1 + p < m else None  # only when two small simulations cost less than one full one
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import Iterator
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.planner.evaluate import (ScheduleChoice, SimSummary, lowering_options, simulate_choice,
-                                          time_lower_bound)
+from pipeoffload.planner.evaluate import (V_FAMILIES, ScheduleChoice, SimSummary, lowering_options,
+                                          placement_of, simulate_choice, time_lower_bound)
 from pipeoffload.planner.hardware import HardwareSpec
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.schedules import get_spec, schedule_names
@@ -28,7 +28,7 @@ from pipeoffload.planner.stagecosts import LayerCosts, Layout, StageCosts, Train
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SCHEDULES = ("1f1b", "interleaved-1f1b", "group-interleaved")
+DEFAULT_SCHEDULES = ("1f1b", "zb-h1", "interleaved-1f1b", "group-interleaved", "zb-v", "v-half", "v-min")
 # group-interleaved with g = d has interleaved 1F1B's memory and a smaller bubble (split backward), so
 # Megatron's interleaved 1F1B is searched by default only in builds without it.
 SUPERSEDED = {"interleaved-1f1b": "group-interleaved"}
@@ -202,7 +202,12 @@ def choices(req: PlanRequest, d: int, m: int) -> list[ScheduleChoice]:
     for family in req.families():
         if d == 1 and family != "1f1b":
             continue
-        vs = (1,) if family == "1f1b" else tuple(v for v in req.stages_per_rank if v >= 2)
+        if family in ("1f1b", "zb-h1", "zb-h2", "gpipe"):
+            vs: tuple[int, ...] = (1,)
+        elif family in V_FAMILIES:
+            vs = (2,)  # V placement: stages r and 2d-1-r on rank r
+        else:
+            vs = tuple(v for v in req.stages_per_rank if v >= 2)
         for v in vs:
             if d * v > req.model.layers:
                 continue
@@ -289,15 +294,18 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[_Can
             lc = req.measured or layer_costs(req.model, req.hardware, layout.tp,
                                              partial_recompute=req.setup.partial_recompute)
             per_layer[layout.tp] = lc
-        stages: dict[int, StageCosts] = {}
+        stages: dict[tuple, StageCosts] = {}
         for choice in choices(req, layout.pp, m):
-            v = choice.stages_per_rank
-            if v not in stages:
-                stages[v] = stage_costs(lc, req.hardware, layout, v, req.model.layers)
-            static = tuple(sum(x) for x in _static(req, layout, stages[v]))
-            bound = time_lower_bound(choice, layout.pp, m, stages[v].costs) + _dp_sync_time(
-                req, layout, max(stages[v].params_per_rank))
-            out.append(_Candidate(layout, choice, m, stages[v], static, bound))
+            placement = placement_of(choice, layout.pp)
+            key = (choice.stages_per_rank, placement)
+            if key not in stages:
+                stages[key] = stage_costs(lc, req.hardware, layout, choice.stages_per_rank, req.model.layers,
+                                          placement)
+            sc = stages[key]
+            static = tuple(sum(x) for x in _static(req, layout, sc))
+            bound = time_lower_bound(choice, layout.pp, m, sc.costs) + _dp_sync_time(
+                req, layout, max(sc.params_per_rank))
+            out.append(_Candidate(layout, choice, m, sc, static, bound))
     return sorted(out, key=_Candidate.key)
 
 

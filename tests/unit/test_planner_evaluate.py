@@ -27,6 +27,9 @@ GRID = [(fam, d, m, v, p2p, last)
             ["1f1b", "interleaved-1f1b"], [2, 3, 4, 8], [24, 40, 64], [1, 2, 3], [0.0, 0.3], [1.0, 1.7])
         if (fam == "1f1b") == (v == 1) and not (fam == "interleaved-1f1b" and m % d)]
 GRID += [("1f1b", 16, 80, 1, 0.2, 1.5), ("interleaved-1f1b", 16, 64, 2, 0.2, 1.5)]
+GRID += [(fam, d, m, 1 if fam == "zb-h1" else 2, p2p, 1.4)
+         for fam, d, m, p2p in itertools.product(["zb-h1", "zb-v", "v-half", "v-min"], [2, 4, 8], [40, 64],
+                                                 [0.0, 0.3])]
 
 
 @pytest.mark.parametrize("fam, d, m, v, p2p, last", GRID)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pipeoffload.cli import main
-from pipeoffload.planner.evaluate import lowering_options, simulate_choice
+from pipeoffload.planner.evaluate import lowering_options, placement_of, simulate_choice
 from pipeoffload.planner.hardware import GIB, hardware_preset
 from pipeoffload.planner.presets import model_preset
 from pipeoffload.planner.search import InfeasibleError, PlanRequest, find_plans
@@ -24,7 +24,8 @@ def _request(budget_gib: float, **kw: object) -> PlanRequest:
 def _resimulated_peak(req: PlanRequest, plan) -> float:  # type: ignore[no-untyped-def]
     """Worst-rank memory of ``plan`` from a full (non-extrapolated) simulation, computed independently."""
     lc = layer_costs(req.model, req.hardware, plan.layout.tp)
-    sc = stage_costs(lc, req.hardware, plan.layout, plan.choice.stages_per_rank, req.model.layers)
+    sc = stage_costs(lc, req.hardware, plan.layout, plan.choice.stages_per_rank, req.model.layers,
+                     placement_of(plan.choice, plan.layout.pp))
     sim = simulate_choice(plan.choice, plan.layout.pp, plan.microbatches, sc.costs, extrapolate=False)
     s = req.setup
     opt_shard = plan.layout.dp if s.distributed_optimizer else 1
