@@ -150,40 +150,61 @@ def _summary(timeline: Timeline, extrapolated: bool = False) -> SimSummary:
 
 def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
                     extrapolate: bool = True, fallback: bool = True, base: SimSummary | None = None) -> SimSummary:
-    """Simulate ``choice`` with m microbatches, through two small sizes where the schedule repeats.
+    """Simulate ``choice`` with m microbatches, through small sizes where the schedule repeats.
 
-    When the two small sizes disagree on a memory peak, ``fallback`` simulates the full size; without
-    it the result is an estimate (the larger peak of the two, ``exact`` False) that the caller must
-    confirm with ``extrapolate=False`` before reporting it. ``base``, the extrapolated summary of the
-    same schedule without offload, lets an offload-only choice be estimated from one small size: the
-    offload pass never delays compute by design, so its step time is the base's plus any difference
-    seen at that size.
+    Sizes m1, m1+P, m1+2P, ... are simulated until two consecutive steps of P microbatches add the
+    same time and the last two sizes have the same memory peaks; the step time is then extrapolated.
+    If that costs more than simulating m itself, m is simulated. When the window never settles,
+    ``fallback`` simulates m; without it the result is an estimate (``exact`` False) that the caller
+    must confirm with ``extrapolate=False`` before reporting it. ``base``, the extrapolated summary of
+    the same schedule without offload, lets an offload-only choice be estimated from one small size:
+    the offload pass never delays compute by design, so its step time is the base's plus any
+    difference seen at that size.
     """
     p = period(choice, d, m)
     if p:
         p = p * math.ceil(d / p)  # latency-bound pipelines can alternate with a cycle of up to d microbatches
     m1 = _small_size(m, d, p, 2 if choice.family in _SLOW_WARMUP else 1) if p else None
     if not extrapolate or m1 is None:
-        return _summary(simulate(build(choice, d, m, costs), costs))
+        return _full(choice, d, m, costs)
     assert p is not None
     if base is not None and base.samples and choice.recompute == "none":
         return _offload_estimate(choice, d, m, costs, base)
-    a = _summary(simulate(build(choice, d, m1, costs), costs))
-    b = _summary(simulate(build(choice, d, m1 + p, costs), costs))
-    same = _same(a.peak_units, b.peak_units) and _same(a.host_units, b.host_units)
-    if not same and fallback:
-        return _summary(simulate(build(choice, d, m, costs), costs))
-    steps = (m - m1) // p
+    sims = [_summary(simulate(build(choice, d, size, costs), costs)) for size in (m1, m1 + p, m1 + 2 * p)]
+    spent = 3 * m1 + 3 * p
+    while not _steady(*sims[-3:]):
+        size = m1 + len(sims) * p
+        if fallback and (spent + size >= m or size + p > m):
+            return _full(choice, d, m, costs)
+        if spent + size >= m or size + p > m:
+            break  # an estimate from the last window; the caller confirms it before showing it
+        sims.append(_summary(simulate(build(choice, d, size, costs), costs)))
+        spent += size
+    a, b = sims[-2], sims[-1]
+    size_b = m1 + (len(sims) - 1) * p
+    steps = (m - size_b) // p
+    steady = _steady(*sims[-3:])
     return SimSummary(
-        makespan=a.makespan + steps * (b.makespan - a.makespan),
-        busy=tuple(x + steps * (y - x) for x, y in zip(a.busy, b.busy)),
+        makespan=b.makespan + steps * (b.makespan - a.makespan),
+        busy=tuple(y + steps * (y - x) for x, y in zip(a.busy, b.busy)),
         peak_units=tuple(map(max, a.peak_units, b.peak_units)),
         host_units=tuple(map(max, a.host_units, b.host_units)),
-        stall=tuple(x + steps * max(0.0, y - x) for x, y in zip(a.stall, b.stall)),
+        stall=tuple(y + steps * max(0.0, y - x) for x, y in zip(a.stall, b.stall)),
         extrapolated=True,
-        exact=same and choice.periodic(),
-        samples=((m1, a.makespan), (m1 + p, b.makespan)),
+        exact=steady and choice.periodic(),
+        samples=((size_b - p, a.makespan), (size_b, b.makespan)),
     )
+
+
+def _full(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> SimSummary:
+    return _summary(simulate(build(choice, d, m, costs), costs))
+
+
+def _steady(a: SimSummary, b: SimSummary, c: SimSummary) -> bool:
+    """Two equal steps of time and equal memory peaks at the last two sizes."""
+    step1, step2 = b.makespan - a.makespan, c.makespan - b.makespan
+    return (abs(step1 - step2) <= _TOL * max(1.0, abs(step2)) and _same(b.peak_units, c.peak_units)
+            and _same(b.host_units, c.host_units))
 
 
 def _offload_estimate(choice: ScheduleChoice, d: int, m: int, costs: CostModel, base: SimSummary) -> SimSummary:
@@ -202,11 +223,11 @@ def _offload_estimate(choice: ScheduleChoice, d: int, m: int, costs: CostModel, 
 
 
 def _small_size(m: int, d: int, p: int, warmup: int = 1) -> int | None:
-    """Smallest m1 >= ``warmup`` periods with m1 = m mod p (p is at least d, so warm-up is over by the
-    second size), or None when simulating m itself is about as cheap."""
-    floor = warmup * p
+    """Smallest m1 >= ``warmup`` periods with m1 = m mod p, or None when simulating m itself is about
+    as cheap as three small sizes."""
+    floor = max(warmup * p, 2 * d + 8)  # short pipelines can settle only after ~10 microbatches
     m1 = m - ((m - floor) // p) * p if m > floor else m
-    return m1 if 2 * m1 + p < m else None  # only when two small simulations cost less than one full one
+    return m1 if 3 * m1 + 3 * p < m else None
 
 
 def _same(x: tuple[float, ...], y: tuple[float, ...]) -> bool:

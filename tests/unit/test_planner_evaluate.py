@@ -6,8 +6,9 @@ import pytest
 
 from pipeoffload.costs import CostModel
 from pipeoffload.passes.lower import lower
-from pipeoffload.planner.evaluate import ScheduleChoice, build, lowering_options, simulate_choice, time_lower_bound
-from pipeoffload.schedules import generate
+from pipeoffload.planner.evaluate import (ScheduleChoice, build, lowering_options, placement_of, simulate_choice,
+                                          time_lower_bound)
+from pipeoffload.schedules import generate, schedule_names
 from pipeoffload.simulate import simulate
 from pipeoffload.planner.hardware import hardware_preset
 from pipeoffload.planner.presets import model_preset
@@ -141,3 +142,22 @@ def test_schedules_simulate_the_same_without_their_send_and_recv(fam: str, d: in
     for a, b in zip(stripped.per_rank, with_comms.per_rank):
         assert (a.peak_activation_units, a.peak_host_units) == pytest.approx(
             (b.peak_activation_units, b.peak_host_units))
+
+
+@pytest.mark.parametrize("family, v, g", [("zb-v", 2, None), ("v-half", 2, None), ("v-min", 2, None),
+                                          ("zb-h1", 1, None), ("group-interleaved", 2, 1),
+                                          ("interleaved-1f1b", 2, None)])
+@pytest.mark.parametrize("pp, tp", [(2, 8), (4, 2)])
+def test_extrapolation_with_real_stage_costs(family: str, v: int, g: int | None, pp: int, tp: int) -> None:
+    """Head-heavy last stage (128k vocabulary), TP collectives, V placement: still exact."""
+    if family not in schedule_names():
+        pytest.skip(f"{family} is not in this build")
+    model, hw = model_preset("llama3-70b"), hardware_preset("h100")
+    choice = ScheduleChoice(family, v, g)
+    sc = stage_costs(layer_costs(model, hw, tp), hw, Layout(pp, tp, 64 // (pp * tp)), v, model.layers,
+                     placement_of(choice, pp))
+    fast = simulate_choice(choice, pp, 64, sc.costs)
+    full = simulate_choice(choice, pp, 64, sc.costs, extrapolate=False)
+    assert fast.makespan == pytest.approx(full.makespan, rel=1e-9)
+    assert fast.peak_units == pytest.approx(full.peak_units)
+    assert 0 <= fast.bubble_ratio < 1
