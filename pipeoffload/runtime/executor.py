@@ -118,6 +118,7 @@ class PipelineRunner:
         self.recomputed = {(a.stage, a.microbatch) for a in self.row if a.kind == K.R}
         self.specs: Optional[dict[int, list[Spec]]] = self._declared(output_specs)
         self.step_count = 0
+        self.slot_bytes: dict[int, int] = {}  # largest bytes one (stage, microbatch) F saved, per stage
         self.trace: Optional[Trace] = None
         self._handlers: dict[ActionKind, Callable[[Action], None]] = {
             K.F: self._forward, K.B: self._backward, K.I: self._backward_input, K.W: self._backward_weight,
@@ -272,6 +273,9 @@ class PipelineRunner:
         args = self._mb_inputs[mb] if s == 0 else self._inputs.pop((s, mb))  # type: ignore[index]
         target = self._mb_targets[mb] if stage.is_last else None  # type: ignore[index]
         out = stage.forward(mb, args, target, recompute=(s, mb) in self.recomputed)
+        saved = self.store.slot_bytes(s, mb)
+        if saved > self.slot_bytes.get(s, 0):
+            self.slot_bytes[s] = saved
         for t in self._handoff_pins.pop((s, mb), ()):
             self.store.unpin(t)
         if stage.is_last:
