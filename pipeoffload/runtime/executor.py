@@ -204,14 +204,16 @@ class PipelineRunner:
         self.step_count += 1
         self.store.reset_peak()
         records = trace.records
-        index, current = 0, None
+        index, current = 0, None  # current: the action running (or a phase name), for error messages
         t0 = time.perf_counter()
         try:
+            current = "shape inference"
             self._ensure_specs(self._mb_inputs)
+            current = None
             for item in self._program:
                 begin = time.perf_counter() - t0
                 if isinstance(item, list):
-                    current = item[0]
+                    current = item
                     self._exchange(item)
                     end = time.perf_counter() - t0
                     resident = self.store.resident_bytes
@@ -252,8 +254,15 @@ class PipelineRunner:
                 f"gradients {sorted(self._grads)}, unsent {sorted(map(str, (Action(*k) for k in self._outbox)))}"
             )
 
-    def _fail(self, exc: Exception, step: int, index: int, action: Optional[Action]) -> PipelineError:
-        where = f"step {step}, action #{index} {action}" if action is not None else f"step {step}, end of step"
+    def _fail(self, exc: Exception, step: int, index: int, action: Any) -> PipelineError:
+        if isinstance(action, Action):
+            where = f"step {step}, action #{index} {action}"
+        elif isinstance(action, list):  # a comm batch: name all of it, it fails as one
+            where = f"step {step}, actions #{index}-{index + len(action) - 1} [{' '.join(map(str, action))}]"
+            action = action[0]
+        else:
+            where = f"step {step}, {action or 'end of step'}"
+            action = None
         message = f"pipeline rank {self.rank} failed at {where}: {type(exc).__name__}: {exc}"
         first = self.transport.first_failure()
         if first is not None and first != message:
