@@ -282,9 +282,7 @@ class PipelineRunner:
         args = self._mb_inputs[mb] if s == 0 else self._inputs.pop((s, mb))  # type: ignore[index]
         target = self._mb_targets[mb] if stage.is_last else None  # type: ignore[index]
         out = stage.forward(mb, args, target, recompute=(s, mb) in self.recomputed)
-        saved = self.store.slot_bytes(s, mb)
-        if saved > self.slot_bytes.get(s, 0):
-            self.slot_bytes[s] = saved
+        self._note_slot(s, mb)
         for t in self._handoff_pins.pop((s, mb), ()):
             self.store.unpin(t)
         if stage.is_last:
@@ -333,6 +331,12 @@ class PipelineRunner:
 
     def _recompute(self, a: Action) -> None:
         self.stages[a.stage].recompute(a.microbatch)
+        self._note_slot(a.stage, a.microbatch)
+
+    def _note_slot(self, s: int, mb: int) -> None:
+        saved = self.store.slot_bytes(s, mb)
+        if saved > self.slot_bytes.get(s, 0):
+            self.slot_bytes[s] = saved
 
     def _offload(self, a: Action) -> None:
         self.store.offload(a.stage, a.microbatch)

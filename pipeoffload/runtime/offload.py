@@ -50,11 +50,13 @@ class EntryState(Enum):
 class _Entry:
     """One device storage saved by one or more slots."""
 
-    __slots__ = ("storage", "nbytes", "slots", "claims", "state", "host", "token", "pins")
+    __slots__ = ("ident", "storage", "nbytes", "slots", "claims", "handles", "state", "host", "token", "pins")
 
-    def __init__(self, storage: torch.UntypedStorage, nbytes: int) -> None:
+    def __init__(self, ident: int, storage: torch.UntypedStorage, nbytes: int) -> None:
+        self.ident = ident
         self.storage = storage
         self.nbytes = nbytes
+        self.handles = 0  # handles autograd still holds; at 0 nothing can use the storage any more
         self.slots: set[Slot] = set()
         self.claims = 0  # slots referring to it that are currently resident
         self.state = EntryState.RESIDENT
@@ -64,13 +66,22 @@ class _Entry:
 
 
 class _Handle:
-    """What autograd keeps instead of a saved tensor: the entry and a detached alias."""
+    """What autograd keeps instead of a saved tensor: the entry and a detached alias. When autograd
+    drops it (a backward released the node, or the graph died) the store is told, so the accounting
+    follows what autograd really still holds."""
 
-    __slots__ = ("entry", "view")
+    __slots__ = ("store", "entry", "view")
 
-    def __init__(self, entry: _Entry, view: torch.Tensor) -> None:
+    def __init__(self, store: "ActivationStore", entry: _Entry, view: torch.Tensor) -> None:
+        self.store = store
         self.entry = entry
         self.view = view
+
+    def __del__(self) -> None:
+        try:
+            self.store._handle_dropped(self.entry)
+        except Exception:  # noqa: BLE001 - never raise from a finaliser (e.g. at interpreter exit)
+            pass
 
 
 class _SlotRecord:
@@ -158,13 +169,14 @@ class ActivationStore:
         ident = storage._cdata
         entry = self._entries.get(ident)
         if entry is None:
-            entry = self._entries[ident] = _Entry(storage, nbytes)
+            entry = self._entries[ident] = _Entry(ident, storage, nbytes)
             self._alloc(nbytes)
         if ident not in rec.entries:
             rec.entries[ident] = entry
             entry.slots.add(key)
             entry.claims += 1
-        return _Handle(entry, t.detach())
+        entry.handles += 1
+        return _Handle(self, entry, t.detach())
 
     def _unpack(self, handle: Any) -> torch.Tensor:
         if not isinstance(handle, _Handle):
@@ -182,7 +194,7 @@ class ActivationStore:
     # ---- offload / reload -------------------------------------------------------------------------
     def offload(self, stage: int, microbatch: int) -> None:
         """Start copying the slot's storages to host; each is released when its copy completes."""
-        rec = self._record(stage, microbatch, "OFFLOAD")
+        rec = self._record(stage, microbatch)
         if not rec.resident:
             raise RuntimeError(f"OFFLOAD of stage {stage}, microbatch {microbatch}: already offloaded")
         rec.resident = False
@@ -198,7 +210,7 @@ class ActivationStore:
 
     def reload(self, stage: int, microbatch: int) -> None:
         """Allocate device memory for the slot's offloaded storages and start copying them back."""
-        rec = self._record(stage, microbatch, "RELOAD")
+        rec = self._record(stage, microbatch)
         if rec.resident:
             raise RuntimeError(f"RELOAD of stage {stage}, microbatch {microbatch}: it was not offloaded")
         rec.resident = True
@@ -269,32 +281,46 @@ class ActivationStore:
             entry.storage.resize_(0)
             self.resident_bytes -= entry.nbytes
 
-    # ---- release (after the backward that last needs the slot) ------------------------------------
+    # ---- release ----------------------------------------------------------------------------------
     def release(self, stage: int, microbatch: int) -> None:
-        """Forget a slot; storages no other slot refers to stop being counted (autograd has dropped
-        its handles by now, so the memory itself goes with the last reference)."""
+        """Forget a slot after the backward that last needs it (B, or W after I). Storages no other
+        slot refers to stop being counted; the memory goes with the last reference to it."""
         key = (stage, microbatch)
         rec = self._slots.pop(key, None)
         if rec is None:
             return
-        for ident, entry in rec.entries.items():
+        for entry in rec.entries.values():
             entry.slots.discard(key)
             if rec.resident:
                 entry.claims -= 1
-            if entry.slots:
-                continue
-            del self._entries[ident]
-            counted = entry.state is not EntryState.ON_HOST or entry in self._pinned_free
-            if entry in self._copying:
-                self.copier.synchronize(entry.token)
-                self._copying.remove(entry)
-            if entry in self._pinned_free:
-                self._pinned_free.remove(entry)
-            if counted:
-                self.resident_bytes -= entry.nbytes
-            self._drop_host(entry)
+            if not entry.slots:
+                self._forget(entry)
 
-    def _record(self, stage: int, microbatch: int, what: str) -> _SlotRecord:
+    def _handle_dropped(self, entry: _Entry) -> None:
+        entry.handles -= 1
+        if entry.handles == 0 and self._entries.get(entry.ident) is entry:
+            for key in entry.slots:
+                rec = self._slots.get(key)
+                if rec is not None:
+                    rec.entries.pop(entry.ident, None)
+            self._forget(entry)
+
+    def _forget(self, entry: _Entry) -> None:
+        """Stop managing ``entry``: settle its copies, its accounting and its host buffer."""
+        if self._entries.get(entry.ident) is entry:
+            del self._entries[entry.ident]
+        counted = entry.state is not EntryState.ON_HOST or entry in self._pinned_free
+        if entry in self._copying:
+            self.copier.synchronize(entry.token)
+            self._copying.remove(entry)
+        if entry in self._pinned_free:
+            self._pinned_free.remove(entry)
+        if counted:
+            self.resident_bytes -= entry.nbytes
+        self._drop_host(entry)
+        entry.slots.clear()
+
+    def _record(self, stage: int, microbatch: int) -> _SlotRecord:
         rec = self._slots.get((stage, microbatch))
         if rec is None:
             rec = self._slots[(stage, microbatch)] = _SlotRecord()
