@@ -18,12 +18,14 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from pipeoffload._perf import gc_paused
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ScheduleError
-from pipeoffload.ir import COMM_KINDS, Action, ActionKind, Schedule
+from pipeoffload.ir import COMM_KINDS, COPY_KINDS, Action, ActionKind, Schedule
 
 K = ActionKind
 _EPS = 1e-12
+_COMPUTE, _SEND, _RECV, _COPY = "compute", "send", "recv", "copy"  # roles of a step on the compute lane
 
 
 class DeadlockError(ScheduleError):
@@ -143,7 +145,8 @@ class _Link:
 
 def simulate(schedule: Schedule, costs: CostModel | None = None) -> Timeline:
     """Simulate ``schedule`` under ``costs`` (uniform unit costs when omitted)."""
-    return _Simulation(schedule, costs or CostModel()).run()
+    with gc_paused():
+        return _Simulation(schedule, costs or CostModel()).run()
 
 
 class _Simulation:
@@ -161,6 +164,8 @@ class _Simulation:
         self.end = [[0.0] * len(r) for r in schedule.actions]
         self.done: dict[tuple[ActionKind, int, int], float] = {}  # completion time per action key
         self.waiters: dict[tuple[ActionKind, int, int], list[int]] = defaultdict(list)
+        self.ready: list[int] = []
+        self.queued: list[bool] = []
         self.mem_events: list[list[tuple[float, float]]] = [[] for _ in range(n)]
         self.host_events: list[list[tuple[float, float]]] = [[] for _ in range(n)]
         self.resident: dict[tuple[int, int], float] = {}
@@ -168,119 +173,142 @@ class _Simulation:
         self.busy = [0.0] * n
         self.stall = [0.0] * n
         self.stalls: dict[Action, float] = {}
-        self.back_kind = {
-            (a.stage, a.microbatch): a.kind for r in schedule.actions for a in r if a.kind in (K.B, K.I)
-        }
+        self._back_kind: dict[tuple[int, int], ActionKind] | None = None
         self.recomputed = {(a.stage, a.microbatch) for r in schedule.actions for a in r if a.kind == K.R}
         self.engine_free: dict[tuple[int, str], float] = defaultdict(float)
         self.links: dict[tuple[int, str], _Link] = defaultdict(_Link)
 
-    # ---- dependency lookups -----------------------------------------------------------------
-    def _input_ready(self, a: Action, rank: int) -> float | tuple[ActionKind, int, int]:
-        """Time the inputs of compute action ``a`` are on this rank, or the key still awaited."""
-        s, mb = a.stage, a.microbatch
-        p2p = self.costs.p2p_time
-        if a.kind == K.F:
+    # ---- dependencies, resolved once per action ----------------------------------------------
+    def _backward_kind(self, stage: int, mb: int) -> ActionKind:
+        """B or I: which backward (stage, mb) runs; only needed where no RECV_B stands for it."""
+        if self._back_kind is None:
+            self._back_kind = {
+                (a.stage, a.microbatch): a.kind for r in self.schedule.actions for a in r if a.kind in (K.B, K.I)
+            }
+        return self._back_kind.get((stage, mb), K.B)
+
+    def _deps(self, a: Action, rank: int) -> tuple[tuple[tuple[ActionKind, int, int], float], ...]:
+        """(key, delay) pairs: ``a`` may start once every key has completed, plus its delay."""
+        s, mb, kind = a.stage, a.microbatch, a.kind
+        if kind is K.W:
+            return (((K.I, s, mb), 0.0),)
+        if kind == K.R:
+            return (((K.F, s, mb), 0.0),)
+        if kind == K.F:
             if s == 0:
-                return 0.0
-            key = (K.F, s - 1, mb)
-            local = self.placement.rank_of(s - 1) == rank
-            if self.lowered and not local:
-                key = (K.RECV_F, s, mb)
-                local = True
-        elif a.kind in (K.B, K.I):
-            own = self.done.get((K.F, s, mb))
-            if own is None:
-                return (K.F, s, mb)
-            if s == self.last_stage:
-                return own
-            key = (self.back_kind.get((s + 1, mb), K.B), s + 1, mb)
-            local = self.placement.rank_of(s + 1) == rank
-            if self.lowered and not local:
-                key, local = (K.RECV_B, s, mb), True
-            t = self.done.get(key)
-            if t is None:
-                return key
-            return max(own, t if local else t + p2p)
-        elif a.kind == K.W:
-            key, local = (K.I, s, mb), True
-        else:  # R
-            key, local = (K.F, s, mb), True
-        t = self.done.get(key)
-        if t is None:
-            return key
-        return t if local else t + p2p
+                return ()
+            return (self._neighbour((K.F, s - 1, mb), (K.RECV_F, s, mb), rank),)
+        # B or I: its own forward, and the output gradient unless this is the last stage
+        own = ((K.F, s, mb), 0.0)
+        if s == self.last_stage:
+            return (own,)
+        if self.lowered and self.placement.rank_of(s + 1) != rank:
+            return (own, ((K.RECV_B, s, mb), 0.0))
+        grad = (self._backward_kind(s + 1, mb), s + 1, mb)
+        return (own, self._neighbour(grad, (K.RECV_B, s, mb), rank))
+
+    def _neighbour(self, producer: tuple[ActionKind, int, int], recv: tuple[ActionKind, int, int],
+                   rank: int) -> tuple[tuple[ActionKind, int, int], float]:
+        if self.placement.rank_of(producer[1]) == rank:
+            return (producer, 0.0)
+        if self.lowered:
+            return (recv, 0.0)
+        return (producer, self.costs.p2p_time)  # compute-only schedule: implicit transfer
+
+    def _compile(self, rank: int) -> list[tuple]:  # type: ignore[type-arg]
+        """Resolve each step's dependencies and duration once, so the event loop only looks up times."""
+        ops = []
+        append = ops.append
+        timers = {K.F: self.costs.f, K.B: self.costs.b, K.I: self.costs.i, K.W: self.costs.w, K.R: self.costs.r}
+        duration: dict[tuple[ActionKind, int], float] = {}
+        deps = self._deps
+        p2p = self.costs.p2p_time
+        SEND_F, SEND_B, RECV_F, RECV_B = K.SEND_F, K.SEND_B, K.RECV_F, K.RECV_B
+        for a in self.schedule.actions[rank]:
+            kind, stage, mb = a.kind, a.stage, a.microbatch
+            key = (kind, stage, mb)
+            if kind is SEND_F or kind is SEND_B:
+                append((a, key, _SEND, (), 0.0, None))
+            elif kind is RECV_F:
+                append((a, key, _RECV, (((SEND_F, stage - 1, mb), p2p),), 0.0, None))
+            elif kind is RECV_B:
+                append((a, key, _RECV, (((SEND_B, stage + 1, mb), p2p),), 0.0, None))
+            elif kind in COPY_KINDS:
+                append((a, key, _COPY, (), 0.0, None))
+            else:
+                time = duration.get((kind, a.stage))
+                if time is None:
+                    time = duration[(kind, a.stage)] = timers[kind](a.stage)
+                reload = (K.RELOAD, stage, mb) if kind is K.B or kind is K.I else None
+                append((a, key, _COMPUTE, deps(a, rank), time, reload))
+        return ops
 
     # ---- main loop ---------------------------------------------------------------------------
     def run(self) -> Timeline:
-        ready = list(range(self.schedule.num_ranks))
-        queued = [True] * self.schedule.num_ranks
-        while ready:
-            rank = ready.pop()
-            queued[rank] = False
-            for key in self._advance(rank):
-                for waiter in self.waiters.pop(key, ()):
-                    if not queued[waiter]:
-                        queued[waiter] = True
-                        ready.append(waiter)
+        self.ops = [self._compile(rank) for rank in range(self.schedule.num_ranks)]
+        self.ready = list(range(self.schedule.num_ranks))
+        self.queued = [True] * self.schedule.num_ranks
+        while self.ready:
+            rank = self.ready.pop()
+            self.queued[rank] = False
+            self._advance(rank)
         stuck = [r for r in range(self.schedule.num_ranks) if self.pos[r] < len(self.schedule.actions[r])]
         if stuck:
             self._report_deadlock(stuck)
         return self._result()
 
-    def _advance(self, rank: int) -> list[tuple[ActionKind, int, int]]:
-        """Run this rank's lane as far as dependencies allow; return the keys that completed."""
-        row = self.schedule.actions[rank]
-        completed = []
-        costs = self.costs
-        while self.pos[rank] < len(row):
-            step = self.pos[rank]
-            a = row[step]
-            kind, s, mb = a.kind, a.stage, a.microbatch
-            clock = self.clock[rank]
-            if kind in COMM_KINDS:
-                if kind in (K.SEND_F, K.SEND_B):
-                    start = end = clock
-                else:
-                    sender = (K.SEND_F, s - 1, mb) if kind == K.RECV_F else (K.SEND_B, s + 1, mb)
-                    sent = self.done.get(sender)
-                    if sent is None:
-                        self.waiters[sender].append(rank)
-                        return completed
-                    start, end = clock, max(clock, sent + costs.p2p_time)
-            elif kind == K.OFFLOAD or kind == K.RELOAD:
+    def _wake(self, key: tuple[ActionKind, int, int]) -> None:
+        for waiter in self.waiters.pop(key):
+            if not self.queued[waiter]:
+                self.queued[waiter] = True
+                self.ready.append(waiter)
+
+    def _advance(self, rank: int) -> None:
+        """Run this rank's lane as far as dependencies allow, waking ranks that waited on it."""
+        ops = self.ops[rank]
+        done, waiters = self.done, self.waiters
+        starts, ends = self.start[rank], self.end[rank]
+        step, clock, busy = self.pos[rank], self.clock[rank], self.busy[rank]
+        while step < len(ops):
+            a, key, role, deps, duration, reload = ops[step]
+            if role is _COPY:
                 start, end = self._copy(rank, a, clock)
-                self.start[rank][step], self.end[rank][step] = start, end
-                self.done[(kind, s, mb)] = end
-                completed.append((kind, s, mb))
-                self.pos[rank] += 1
+                starts[step], ends[step], done[key] = start, end, end
+                step += 1
+                if key in waiters:
+                    self._wake(key)
                 continue  # issuing a copy does not occupy the compute lane
-            else:
-                ready = self._input_ready(a, rank)
-                if isinstance(ready, tuple):
-                    self.waiters[ready].append(rank)
-                    return completed
-                start = max(clock, ready)
-                if kind in (K.B, K.I) and (K.RELOAD, s, mb) in self.done:
-                    reload_end = self.done[(K.RELOAD, s, mb)]
-                    if reload_end > start:
+            ready = clock
+            blocked = None
+            for dep, delay in deps:
+                t = done.get(dep)
+                if t is None:
+                    blocked = dep
+                    break
+                if t + delay > ready:
+                    ready = t + delay
+            if blocked is not None:
+                waiters[blocked].append(rank)
+                break
+            if role is _COMPUTE:
+                start = ready
+                if reload is not None:
+                    reload_end = done.get(reload)
+                    if reload_end is not None and reload_end > start:
                         self.stalls[a] = reload_end - start
                         self.stall[rank] += reload_end - start
                         start = reload_end
-                duration = self._duration(a)
                 end = start + duration
-                self.busy[rank] += duration
+                busy += duration
                 self._account(rank, a, start, end)
-            self.start[rank][step], self.end[rank][step] = start, end
-            self.clock[rank] = end
-            self.done[(kind, s, mb)] = end
-            completed.append((kind, s, mb))
-            self.pos[rank] += 1
-        return completed
-
-    def _duration(self, a: Action) -> float:
-        c, s = self.costs, a.stage
-        return {K.F: c.f, K.B: c.b, K.I: c.i, K.W: c.w, K.R: c.r}[a.kind](s)
+            else:  # a receive waits from the lane's clock until the data arrives; a send is instant
+                start, end = clock, ready
+            starts[step], ends[step], done[key] = start, end, end
+            clock = end
+            step += 1
+            if key in waiters:
+                self._wake(key)
+        self.pos[rank], self.clock[rank], self.busy[rank] = step, clock, busy
 
     def _account(self, rank: int, a: Action, start: float, end: float) -> None:
         key = (a.stage, a.microbatch)

@@ -8,20 +8,40 @@ order. ``check_p2p_order`` dry-runs the comm order with the runtime's p2p semant
 """
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Iterable
-
+from pipeoffload._perf import gc_paused
 from pipeoffload.errors import ScheduleError
 from pipeoffload.ir import COMM_KINDS, Action, ActionKind, Schedule
 
 K = ActionKind
 
 
+_BIT = {kind: 1 << i for i, kind in enumerate(ActionKind)}
+_F, _B, _I, _W, _R = (_BIT[k] for k in (K.F, K.B, K.I, K.W, K.R))
+_OFF, _REL = _BIT[K.OFFLOAD], _BIT[K.RELOAD]
+_SF, _RF, _SB, _RB = (_BIT[k] for k in (K.SEND_F, K.RECV_F, K.SEND_B, K.RECV_B))
+_BACK = _B | _I
+
+
 def validate(schedule: Schedule) -> None:
-    """Raise ``ScheduleError`` (rank, step, action and the marked grid) at the first violation."""
-    placement = schedule.placement
+    """Raise ``ScheduleError`` (rank, step, action and the marked grid) at the first violation.
+
+    One pass over every rank's list keeps a bit set of what each (stage, microbatch) has done so
+    far; each action checks its preconditions against it. A final pass checks completeness.
+    """
+    with gc_paused():
+        _validate(schedule)
+
+
+def _validate(schedule: Schedule) -> None:
     rows = schedule.actions
-    positions: dict[tuple[ActionKind, int, int], tuple[int, int]] = {}
+    placement = schedule.placement
+    num_stages, num_mb = placement.num_stages, schedule.num_microbatches
+    lowered = schedule.is_lowered()
+    owner = placement.stage_to_rank
+    # per stage: does the activation come from / go to another rank?
+    cross_in = [s > 0 and owner[s - 1] != owner[s] for s in range(num_stages)]
+    cross_out = [s < num_stages - 1 and owner[s + 1] != owner[s] for s in range(num_stages)]
+    state: dict[tuple[int, int], int] = {}
 
     def fail(reason: str, rank: int | None = None, step: int | None = None) -> None:
         action = rows[rank][step] if rank is not None and step is not None else None
@@ -29,108 +49,117 @@ def validate(schedule: Schedule) -> None:
 
     for rank, row in enumerate(rows):
         for step, a in enumerate(row):
-            if not 0 <= a.stage < placement.num_stages:
-                fail(f"stage {a.stage} outside 0..{placement.num_stages - 1}", rank, step)
-            if not 0 <= a.microbatch < schedule.num_microbatches:
-                fail(f"microbatch {a.microbatch} outside 0..{schedule.num_microbatches - 1}", rank, step)
-            if placement.rank_of(a.stage) != rank:
-                fail(f"stage {a.stage} belongs to rank {placement.rank_of(a.stage)}", rank, step)
-            key = (a.kind, a.stage, a.microbatch)
-            if key in positions:
-                r0, s0 = positions[key]
-                fail(f"duplicate {a}: already at rank {r0} step {s0}", rank, step)
-            positions[key] = (rank, step)
-
-    def pos(kind: ActionKind, stage: int, mb: int) -> int | None:
-        found = positions.get((kind, stage, mb))
-        return None if found is None else found[1]
-
-    def before(first: int | None, second: int | None) -> bool:
-        return first is not None and second is not None and first < second
-
-    lowered = schedule.is_lowered()
-    last_stage = placement.num_stages - 1
-    for stage in range(placement.num_stages):
-        rank = placement.rank_of(stage)
-        for mb in range(schedule.num_microbatches):
-            f, b = pos(K.F, stage, mb), pos(K.B, stage, mb)
-            i, w = pos(K.I, stage, mb), pos(K.W, stage, mb)
-            r, off, rel = pos(K.R, stage, mb), pos(K.OFFLOAD, stage, mb), pos(K.RELOAD, stage, mb)
-            here = f"stage {stage}, microbatch {mb}"
-            if f is None:
-                fail(f"{here} has no F ({stage}F{mb}) on rank {rank}")
-            if b is not None and (i is not None or w is not None):
-                fail(f"{here} has both B and I/W: use one full backward or the split pair", rank, b)
-            if b is None and (i is None or w is None):
-                missing = "B" if i is None and w is None else ("I" if i is None else "W")
-                fail(f"{here} has no {missing}: every F needs one B, or one I and one W", rank, f)
-            back = b if b is not None else i
-            assert back is not None
-            if not before(f, back):
-                fail(f"backward of {here} runs before its F at step {f}", rank, back)
-            if w is not None and not before(i, w):
-                fail(f"W of {here} runs before its I at step {i}", rank, w)
-            if r is not None and not (before(f, r) and before(r, back)):
-                fail(f"R of {here} must come after its F (step {f}) and before its backward (step {back})", rank, r)
-            if r is not None and off is not None:
-                fail(f"{here} is both recomputed and offloaded: choose one per (stage, microbatch)", rank, off)
-            if off is not None or rel is not None:
-                if off is None or rel is None:
-                    fail(f"{here} needs both OFFLOAD and RELOAD", rank, off if off is not None else rel)
-                if not before(f, off):
-                    fail(f"OFFLOAD of {here} runs before its F at step {f}", rank, off)
-                if not before(off, rel):
-                    fail(f"RELOAD of {here} runs before its OFFLOAD at step {off}", rank, rel)
-                if not before(rel, back):
-                    fail(f"RELOAD of {here} must come before its backward at step {back}", rank, rel)
-            _check_local_chain(schedule, positions, stage, mb, back, fail)
-            if lowered:
-                _check_comms(schedule, positions, stage, mb, back, last_stage, fail)
+            kind, stage, mb = a.kind, a.stage, a.microbatch
+            if not (0 <= stage < num_stages and 0 <= mb < num_mb):
+                fail(f"{a} is outside stages 0..{num_stages - 1} / microbatches 0..{num_mb - 1}", rank, step)
+            if owner[stage] != rank:
+                fail(f"stage {stage} belongs to rank {owner[stage]}", rank, step)
+            key = (stage, mb)
+            have = state.get(key, 0)
+            bit = _BIT[kind]
+            if have & bit:
+                fail(f"duplicate {a}", rank, step)
+            problem = _precondition(kind, stage, mb, have, state, lowered, cross_in, cross_out, owner)
+            if problem:
+                fail(problem, rank, step)
+            state[key] = have | bit
+    _check_complete(schedule, state, lowered, cross_in, cross_out, fail)
     if lowered:
         check_p2p_order(schedule)
 
 
-def _check_local_chain(schedule, positions, stage, mb, back, fail) -> None:  # type: ignore[no-untyped-def]
-    """Neighbouring stages on the same rank must run in data-dependency order."""
-    placement = schedule.placement
-    rank = placement.rank_of(stage)
-    f = positions[(K.F, stage, mb)][1]
-    if stage > 0 and placement.rank_of(stage - 1) == rank:
-        prev = positions.get((K.F, stage - 1, mb))
-        if prev is not None and prev[1] > f:
-            fail(f"F of stage {stage}, microbatch {mb} runs before F of stage {stage - 1} on the same rank", rank, f)
-    if stage < placement.num_stages - 1 and placement.rank_of(stage + 1) == rank:
-        nxt = positions.get((K.B, stage + 1, mb)) or positions.get((K.I, stage + 1, mb))
-        if nxt is not None and nxt[1] > back:
-            fail(f"backward of stage {stage}, microbatch {mb} runs before stage {stage + 1}'s on the same rank",
-                 rank, back)
+def _precondition(kind, stage, mb, have, state, lowered, cross_in, cross_out, owner) -> str | None:  # type: ignore[no-untyped-def]
+    """Why ``kind`` may not run now for (stage, mb) given what it has done (``have``), or None."""
+    here = _Here(stage, mb)
+    if kind is K.F:
+        if stage > 0 and not cross_in[stage] and not state.get((stage - 1, mb), 0) & _F:
+            return f"F of {here} runs before F of stage {stage - 1} on the same rank"
+        if lowered and cross_in[stage] and not have & _RF:
+            return f"F of {here} runs before its RECV_F ({stage}RECV_F{mb})"
+    elif kind is K.B or kind is K.I:
+        if not have & _F:
+            return f"backward of {here} runs before its F"
+        if have & _BACK:
+            return f"{here} has both B and I: use one full backward or the I/W pair"
+        if have & _OFF and not have & _REL:
+            return f"{here} was offloaded and its backward runs before its RELOAD"
+        nxt = stage + 1
+        if nxt < len(owner) and not cross_out[stage] and not state.get((nxt, mb), 0) & _BACK:
+            return f"backward of {here} runs before stage {nxt}'s on the same rank"
+        if lowered and cross_out[stage] and not have & _RB:
+            return f"backward of {here} runs before its RECV_B ({stage}RECV_B{mb})"
+    elif kind is K.W:
+        if not have & _I:
+            return f"W of {here} runs before its I"
+        if have & _B:
+            return f"{here} has both B and W: use one full backward or the I/W pair"
+    elif kind is K.R:
+        if not have & _F or have & _BACK:
+            return f"R of {here} must come after its F and before its backward"
+        if have & _OFF:
+            return f"{here} is both offloaded and recomputed: choose one per (stage, microbatch)"
+    elif kind is K.OFFLOAD:
+        if not have & _F or have & _BACK:
+            return f"OFFLOAD of {here} must come after its F and before its backward"
+        if have & _R:
+            return f"{here} is both recomputed and offloaded: choose one per (stage, microbatch)"
+    elif kind is K.RELOAD:
+        if not have & _OFF or have & _BACK:
+            return f"RELOAD of {here} must come after its OFFLOAD and before its backward"
+    else:  # comm
+        needed = cross_out[stage] if kind in (K.SEND_F, K.RECV_B) else cross_in[stage]
+        if not needed:
+            return f"{stage}{kind.value}{mb} is not needed: the neighbouring stage is on the same rank"
+        if kind is K.SEND_F and not have & _F:
+            return f"{stage}SEND_F{mb} must come after its F"
+        if kind is K.RECV_F and have & _F:
+            return f"{stage}RECV_F{mb} must come before its F"
+        if kind is K.SEND_B and not have & _BACK:
+            return f"{stage}SEND_B{mb} must come after its backward"
+        if kind is K.RECV_B and have & _BACK:
+            return f"{stage}RECV_B{mb} must come before its backward"
+    return None
 
 
-def _check_comms(schedule, positions, stage, mb, back, last_stage, fail) -> None:  # type: ignore[no-untyped-def]
+class _Here:
+    """Formats "stage s, microbatch m" only when an error message actually needs it."""
+
+    __slots__ = ("stage", "mb")
+
+    def __init__(self, stage: int, mb: int) -> None:
+        self.stage, self.mb = stage, mb
+
+    def __format__(self, spec: str) -> str:
+        return f"stage {self.stage}, microbatch {self.mb}"
+
+
+def _check_complete(schedule, state, lowered, cross_in, cross_out, fail) -> None:  # type: ignore[no-untyped-def]
     placement = schedule.placement
-    rank = placement.rank_of(stage)
-    f = positions[(K.F, stage, mb)][1]
-    edges = []
-    if stage < last_stage:  # activation to stage + 1
-        edges.append((K.SEND_F, stage, f, +1, stage + 1))
-    if stage > 0:  # activation from stage - 1
-        edges.append((K.RECV_F, stage, f, -1, stage - 1))
-        edges.append((K.SEND_B, stage, back, +1, stage - 1))
-    if stage < last_stage:
-        edges.append((K.RECV_B, stage, back, -1, stage + 1))
-    for kind, st, anchor, direction, peer_stage in edges:
-        found = positions.get((kind, st, mb))
-        crosses = placement.rank_of(peer_stage) != rank
-        if crosses and found is None:
-            fail(f"{st}{kind.value}{mb} missing: stage {st} and {peer_stage} are on different ranks", rank, anchor)
-        if not crosses and found is not None:
-            fail(f"{found and str(Action(kind, st, mb))} is not needed: stage {peer_stage} is on the same rank",
-                 rank, found[1])
-        if found is not None:
-            ok = found[1] > anchor if direction > 0 else found[1] < anchor
-            if not ok:
-                what = "after" if direction > 0 else "before"
-                fail(f"{Action(kind, st, mb)} must come {what} step {anchor}", rank, found[1])
+    for stage in range(placement.num_stages):
+        rank = placement.rank_of(stage)
+        expect = _F
+        if lowered:
+            expect |= (_RF | _SB if cross_in[stage] else 0) | (_SF | _RB if cross_out[stage] else 0)
+        for mb in range(schedule.num_microbatches):
+            have = state.get((stage, mb), 0)
+            here = _Here(stage, mb)
+            if expect & ~have:
+                missing = [k.value for k in ActionKind if expect & _BIT[k] and not have & _BIT[k]]
+                fail(f"{here} has no {'/'.join(missing)} on rank {rank}", rank, _last_step(schedule, rank))
+            if not have & _B and (have & (_I | _W)) != (_I | _W):
+                what = "I" if have & _W else ("W" if have & _I else "B (or I and W)")
+                fail(f"{here} has no {what}: every F needs one B, or one I and one W", rank,
+                     _find(schedule, rank, K.F, stage, mb))
+            if have & _OFF and not have & _REL:
+                fail(f"{here} is offloaded but never reloaded", rank, _find(schedule, rank, K.OFFLOAD, stage, mb))
+
+
+def _find(schedule: Schedule, rank: int, kind: ActionKind, stage: int, mb: int) -> int:
+    return schedule.actions[rank].index(Action(kind, stage, mb))
+
+
+def _last_step(schedule: Schedule, rank: int) -> int | None:
+    return len(schedule.actions[rank]) - 1 if schedule.actions[rank] else None
 
 
 def _partner(a: Action) -> tuple[ActionKind, int, int]:
@@ -144,68 +173,59 @@ def _partner(a: Action) -> tuple[ActionKind, int, int]:
     return (K.SEND_B, a.stage + 1, a.microbatch)
 
 
-def comm_batches(row: Iterable[Action]) -> list[list[Action] | Action]:
-    """Group each maximal run of consecutive comm actions into one batch (posted together)."""
-    out: list[list[Action] | Action] = []
-    for a in row:
-        if a.kind in COMM_KINDS:
-            if out and isinstance(out[-1], list):
-                out[-1].append(a)
-            else:
-                out.append([a])
-        else:
-            out.append(a)
-    return out
-
-
 def check_p2p_order(schedule: Schedule) -> None:
     """Dry-run the comm order as the runtime executes it: each run of consecutive SEND/RECV actions
     is posted as one batch; sends never block (they are waited for at the end of the step), and the
     rank blocks until every receive of its batch has been matched by a posted send. Raises
     ``ScheduleError`` naming every stuck rank if the order can deadlock. (A strict rendezvous, in
     which a send blocks until its receive is posted, would reject GPipe with several stages per rank.)"""
-    programs = [comm_batches(r) for r in schedule.actions]
-    pointer = [0] * len(programs)
-    completed: set[tuple[ActionKind, int, int]] = set()
-    progress = True
-    while progress:
-        progress = False
-        posted = {
-            (a.kind, a.stage, a.microbatch)
-            for rank, prog in enumerate(programs)
-            if pointer[rank] < len(prog) and isinstance(prog[pointer[rank]], list)
-            for a in prog[pointer[rank]]  # type: ignore[union-attr]
-        }
-        for rank, prog in enumerate(programs):
-            while pointer[rank] < len(prog):
-                item = prog[pointer[rank]]
-                if isinstance(item, Action):
-                    pointer[rank] += 1
-                    progress = True
-                    continue
-                partners = [_partner(a) for a in item if a.kind in (K.RECV_F, K.RECV_B)]
-                if all(p in posted or p in completed for p in partners):
-                    completed.update((a.kind, a.stage, a.microbatch) for a in item)
-                    pointer[rank] += 1
-                    progress = True
-                    continue
+    with gc_paused():
+        _check_p2p_order(schedule)
+
+
+def _check_p2p_order(schedule: Schedule) -> None:
+    rows = schedule.actions
+    pointer = [0] * len(rows)
+    posted: set[tuple[ActionKind, int, int]] = set()
+    waiting: dict[tuple[ActionKind, int, int], list[int]] = {}  # send key -> ranks blocked on it
+    ready = list(range(len(rows)))
+    comm = COMM_KINDS
+    while ready:
+        rank = ready.pop()
+        row, step = rows[rank], pointer[rank]
+        while step < len(row):
+            if row[step].kind not in comm:
+                step += 1
+                continue
+            end = step
+            while end < len(row) and row[end].kind in comm:
+                end += 1
+            batch = row[step:end]
+            for a in batch:  # posting a batch makes its sends visible even if the rank then blocks
+                if a.kind is K.SEND_F or a.kind is K.SEND_B:
+                    key = (a.kind, a.stage, a.microbatch)
+                    if key not in posted:
+                        posted.add(key)
+                        ready.extend(waiting.pop(key, ()))
+            missing = next((p for a in batch if a.kind is K.RECV_F or a.kind is K.RECV_B
+                            for p in (_partner(a),) if p not in posted), None)
+            if missing is not None:
+                waiting.setdefault(missing, []).append(rank)
                 break
-    stuck = [r for r, prog in enumerate(programs) if pointer[r] < len(prog)]
+            step = end
+        pointer[rank] = step
+    stuck = [r for r, row in enumerate(rows) if pointer[r] < len(row)]
     if stuck:
         lines = []
         for rank in stuck:
-            batch = programs[rank][pointer[rank]]
-            assert isinstance(batch, list)
-            waiting = [str(a) for a in batch if a.kind in (K.RECV_F, K.RECV_B) and _partner(a) not in completed]
-            lines.append(f"rank {rank} blocks on {{{', '.join(waiting)}}}")
+            row, step = rows[rank], pointer[rank]
+            end = step
+            while end < len(row) and row[end].kind in comm:
+                end += 1
+            blocked = [str(a) for a in row[step:end] if a.kind in (K.RECV_F, K.RECV_B) and _partner(a) not in posted]
+            lines.append(f"rank {rank} blocks on {{{', '.join(blocked)}}}")
         first = stuck[0]
-        step = _step_of(schedule.actions[first], programs[first], pointer[first])
+        step = next(i for i in range(pointer[first], len(rows[first]))
+                    if rows[first][i].kind in (K.RECV_F, K.RECV_B) and _partner(rows[first][i]) not in posted)
         raise ScheduleError("comm order deadlocks (receives wait on sends never posted): " + "; ".join(lines),
-                            first, step, schedule.actions[first][step], schedule.actions)
-
-
-def _step_of(row: tuple[Action, ...], program: list, index: int) -> int:  # type: ignore[type-arg]
-    step = 0
-    for item in program[:index]:
-        step += len(item) if isinstance(item, list) else 1
-    return min(step, len(row) - 1)
+                            first, step, rows[first][step], rows)

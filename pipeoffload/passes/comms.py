@@ -7,6 +7,7 @@ compute order respects data dependencies cannot deadlock under blocking p2p sema
 """
 from __future__ import annotations
 
+from pipeoffload._perf import gc_paused
 from pipeoffload.ir import COMM_KINDS, Action, ActionKind, Schedule
 from pipeoffload.placement import Placement
 
@@ -33,6 +34,11 @@ def _sends(a: Action, placement: Placement, rank: int) -> list[Action]:
 
 def add_comms(schedule: Schedule) -> Schedule:
     """Return ``schedule`` with SEND/RECV inserted (existing comm actions are replaced)."""
+    with gc_paused():
+        return _add_comms(schedule)
+
+
+def _add_comms(schedule: Schedule) -> Schedule:
     placement = schedule.placement
     rows = []
     for rank, row in enumerate(schedule.actions):

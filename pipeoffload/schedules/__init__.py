@@ -23,6 +23,10 @@ class ScheduleSpec:
     summary: str
     aliases: tuple[str, ...] = ()
 
+    def default_stages_per_rank(self) -> int:
+        param = inspect.signature(self.generator).parameters.get("stages_per_rank")
+        return 1 if param is None or param.default is inspect.Parameter.empty else int(param.default)
+
     def options(self) -> tuple[str, ...]:
         params = inspect.signature(self.generator).parameters
         return tuple(p for p in params if p not in ("num_ranks", "num_microbatches", "stages_per_rank"))
@@ -65,10 +69,15 @@ def get_spec(name: str) -> ScheduleSpec:
 
 
 def generate(
-    name: str, num_ranks: int, num_microbatches: int, stages_per_rank: int = 1, **options: Any
+    name: str, num_ranks: int, num_microbatches: int, stages_per_rank: int | None = None, **options: Any
 ) -> Schedule:
-    """Generate the compute-only schedule ``name`` for the given sizes and family options."""
+    """Generate the compute-only schedule ``name`` for the given sizes and family options.
+
+    ``stages_per_rank=None`` takes the family's own default (1 for 1f1b, 2 for interleaved and V shapes).
+    """
     spec = get_spec(name)
+    if stages_per_rank is None:
+        stages_per_rank = spec.default_stages_per_rank()
     unknown = sorted(k for k, v in options.items() if v is not None and k not in spec.options())
     if unknown:
         accepted = ", ".join(spec.options()) or "none"

@@ -1,0 +1,5 @@
+import sys
+
+from pipeoffload.cli import main
+
+sys.exit(main())
