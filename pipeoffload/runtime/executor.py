@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.ir import Action, ActionKind, Schedule
+from pipeoffload.ir import COMM_KINDS, Action, ActionKind, Schedule
 from pipeoffload.passes.lower import lower
 from pipeoffload.runtime.comm import LoopbackTransport, Transport, check_fifo, check_tag_space, message_tag
 from pipeoffload.runtime.offload import ActivationStore
@@ -30,7 +30,7 @@ from pipeoffload.runtime.spec import (
 )
 from pipeoffload.runtime.stage import LossFn, PipelineStage
 from pipeoffload.runtime.trace import Trace, TraceRecord
-from pipeoffload.validate import comm_batches, validate
+from pipeoffload.validate import validate
 
 log = logging.getLogger(__name__)
 K = ActionKind
@@ -103,6 +103,7 @@ class PipelineRunner:
         self.num_microbatches = self.schedule.num_microbatches
         self.num_stages = placement.num_stages
         self.store = ActivationStore(self.device, min_bytes=min_offload_bytes, copier=copier)
+        self.device = self.store.device
         for module in modules.values():
             self.store.exclude(module.parameters())
             self.store.exclude(module.buffers())
@@ -391,6 +392,21 @@ class PipelineRunner:
             else:
                 still.append((work, pinned))
         self._inflight = still
+
+
+def comm_batches(row: Sequence[Action]) -> list:
+    """The rank's program: compute/copy actions as they are, each maximal run of consecutive comm
+    actions as one list (posted together)."""
+    out: list = []
+    for a in row:
+        if a.kind in COMM_KINDS:
+            if out and isinstance(out[-1], list):
+                out[-1].append(a)
+            else:
+                out.append([a])
+        else:
+            out.append(a)
+    return out
 
 
 def _as_inputs(values: tuple, spec: Spec) -> tuple:

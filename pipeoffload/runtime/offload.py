@@ -92,6 +92,13 @@ class _SlotRecord:
         self.resident = True
 
 
+def _normalise(device: torch.device) -> torch.device:
+    """``cuda`` -> ``cuda:<current>``, so that tensors' devices compare equal to it."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
@@ -107,7 +114,7 @@ class ActivationStore:
         min_bytes: int = 4096,
         copier: SyncCopier | CudaCopier | None = None,
     ) -> None:
-        self.device = torch.device(device)
+        self.device = _normalise(torch.device(device))
         self.min_bytes = min_bytes
         self.copier = copier if copier is not None else make_copier(self.device)
         self._excluded: set[int] = set()
