@@ -79,6 +79,7 @@ def run(args: argparse.Namespace, offload: str) -> dict[str, Any]:
     runner = PipelineRunner(
         stages, schedule, args.rank, loss_fn=lambda out, target: out[0].float().pow(2).mean(), device=device,
         transport=LoopbackTransport(device), output_specs={s: boundary for s in range(schedule.num_stages)},
+        min_offload_bytes=args.min_offload_bytes,
     )
     m = args.microbatches
     inputs = (torch.randn(m * args.batch, args.seq, args.hidden, dtype=dtype) * 0.02, None, 0)
@@ -101,11 +102,11 @@ def run(args: argparse.Namespace, offload: str) -> dict[str, Any]:
         "schedule": schedule.name,
         "actions": len(schedule.actions[args.rank]),
         "step_s": min(times),
-        "peak_allocated_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else float("nan"),
-        "store_peak_gb": runner.trace.peak_bytes / 1e9 if runner.trace else float("nan"),
-        "unit_gb": max(runner.slot_bytes.values(), default=0) / 1e9,
+        "peak_allocated_mb": torch.cuda.max_memory_allocated(device) / 1e6 if device.type == "cuda" else float("nan"),
+        "store_peak_mb": runner.trace.peak_bytes / 1e6 if runner.trace else float("nan"),
+        "unit_mb": max(runner.slot_bytes.values(), default=0) / 1e6,
         "d2h_gbps": stats.gbps("d2h"), "h2d_gbps": stats.gbps("h2d"),
-        "host_pool_gb": runner.store.copier.pool.allocated_bytes / 1e9,
+        "pinned_mb": runner.store.copier.pool.allocated_bytes / 1e6,
         "end_bytes": runner.trace.end_bytes if runner.trace else -1,
     }
 
@@ -133,6 +134,7 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--offload", nargs="+", default=["none", "all"])
+    p.add_argument("--min-offload-bytes", type=int, default=4096)
     return p.parse_args(argv)
 
 
@@ -142,12 +144,14 @@ def main(argv: Optional[list[str]] = None) -> list[dict[str, Any]]:
     print(f"replay of rank {args.rank} on {args.device}: hidden {args.hidden}, seq {args.seq}, {args.dtype}, "
           f"{args.layers_per_stage} layers/stage, {args.ranks} ranks x {args.stages_per_rank} stages, "
           f"{args.microbatches} microbatches")
-    print(f"{'offload':<8} {'schedule':<18} {'step s':>8} {'max alloc GB':>12} {'store peak GB':>13} "
-          f"{'unit GB':>8} {'D2H GB/s':>9} {'H2D GB/s':>9} {'pinned GB':>9}")
+    print("memory in MB: max alloc = torch.cuda.max_memory_allocated; store peak = saved activations resident;")
+    print("unit = what one (stage, microbatch) forward saves; pinned = host buffers held by the pool")
+    print(f"{'offload':<8} {'schedule':<18} {'step s':>8} {'max alloc':>10} {'store peak':>10} "
+          f"{'unit':>8} {'D2H GB/s':>9} {'H2D GB/s':>9} {'pinned':>9}")
     for r in rows:
-        print(f"{r['offload']:<8} {r['schedule']:<18} {r['step_s']:>8.3f} {r['peak_allocated_gb']:>12.2f} "
-              f"{r['store_peak_gb']:>13.3f} {r['unit_gb']:>8.3f} {r['d2h_gbps']:>9.1f} {r['h2d_gbps']:>9.1f} "
-              f"{r['host_pool_gb']:>9.2f}")
+        print(f"{r['offload']:<8} {r['schedule']:<18} {r['step_s']:>8.3f} {r['peak_allocated_mb']:>10.0f} "
+              f"{r['store_peak_mb']:>10.2f} {r['unit_mb']:>8.2f} {r['d2h_gbps']:>9.1f} {r['h2d_gbps']:>9.1f} "
+              f"{r['pinned_mb']:>9.1f}")
     if len(rows) > 1 and rows[0]["step_s"] > 0:
         print(f"step time ratio {rows[1]['offload']}/{rows[0]['offload']}: {rows[1]['step_s'] / rows[0]['step_s']:.2f}")
     return rows
