@@ -13,7 +13,7 @@ from typing import Sequence
 
 from pipeoffload.errors import ConfigError, ScheduleError
 
-COMMAND_MODULES = ("schedules", "show", "simulate")
+COMMAND_MODULES = ("schedules", "show", "simulate", "k", "plan")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -92,5 +92,7 @@ def generate(
 
 # Importing the family modules registers them.
 from pipeoffload.schedules import classic  # noqa: E402,F401
+from pipeoffload.schedules import zero_bubble  # noqa: E402,F401
+from pipeoffload.schedules import v_shape  # noqa: E402,F401
 
 __all__ = ["ScheduleSpec", "register", "generate", "get_spec", "schedule_names", "schedule_specs"]

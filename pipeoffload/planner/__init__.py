@@ -1,0 +1,19 @@
+"""Planner: cost model from model + hardware, Formula 1, and a search over layouts and schedules.
+
+Pure Python (no torch). ``ModelSpec``/``HardwareSpec`` describe what is trained on what; ``layer_costs``
+and ``stage_costs`` turn them into a per-stage ``CostModel``; ``find_plans`` simulates candidate plans.
+"""
+from pipeoffload.planner.evaluate import ScheduleChoice, simulate_choice
+from pipeoffload.planner.formulas import formula1_k, offload_time
+from pipeoffload.planner.hardware import HARDWARE_PRESETS, HardwareSpec, hardware_preset, load_hardware
+from pipeoffload.planner.model import ModelSpec
+from pipeoffload.planner.presets import MODEL_PRESETS, model_preset
+from pipeoffload.planner.search import InfeasibleError, Plan, PlanRequest, SearchResult, find_plans
+from pipeoffload.planner.stagecosts import LayerCosts, Layout, TrainingSetup, layer_costs, stage_costs
+
+__all__ = [
+    "HARDWARE_PRESETS", "HardwareSpec", "InfeasibleError", "LayerCosts", "Layout", "MODEL_PRESETS",
+    "ModelSpec", "Plan", "PlanRequest", "ScheduleChoice", "SearchResult", "TrainingSetup", "formula1_k",
+    "hardware_preset", "layer_costs", "load_hardware", "model_preset", "offload_time", "find_plans",
+    "simulate_choice", "stage_costs",
+]

@@ -1,0 +1,84 @@
+"""Flags that describe a model and a GPU, shared by ``pipeoffload k`` and ``pipeoffload plan``."""
+from __future__ import annotations
+
+import argparse
+
+from pipeoffload.errors import ConfigError
+from pipeoffload.planner.hardware import GB, HardwareSpec, _from_friendly_units, hardware_preset, load_hardware
+from pipeoffload.planner.model import ModelSpec
+from pipeoffload.planner.presets import MODEL_PRESETS, model_preset
+
+_SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab", "microbatch_size")
+
+
+def add_model_args(parser: argparse.ArgumentParser, *, require_shape: bool = False) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", help=f"preset: {', '.join(MODEL_PRESETS)} (flags below override it)")
+    for flag in _SHAPE_FLAGS:
+        group.add_argument("--" + flag.replace("_", "-"), type=int, default=None, metavar="N")
+    group.add_argument("--no-flash", action="store_true", help="unfused attention (adds the 5*a*s^2*b term)")
+    group.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=None,
+                       help="SwiGLU MLP (default: the preset's; GPT-style GeLU without a preset)")
+
+
+def add_hardware_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("hardware")
+    group.add_argument("--gpu", default="a100", help="preset: a100, h100, h200, gh200 (default a100)")
+    group.add_argument("--hardware-file", metavar="TOML", help="TOML with HardwareSpec fields (may name a preset)")
+    group.add_argument("--flops", type=float, metavar="TFLOPS", help="sustained TFLOP/s (the paper's B_c)")
+    group.add_argument("--offload-bw", type=float, metavar="GBPS", help="host link GB/s each way (B_o)")
+    group.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
+                       help="override any hardware field, e.g. --hw nvlink_gbps=300 --hw memory_gib=94")
+
+
+def model_from_args(args: argparse.Namespace) -> ModelSpec:
+    """A preset with overrides, or a GPT-shaped model (head size 128, FFN 4h) built from the flags."""
+    given = {k: getattr(args, k) for k in _SHAPE_FLAGS if getattr(args, k) is not None}
+    if "microbatch_size" in given:
+        given["microbatch"] = given.pop("microbatch_size")
+    if args.model:
+        spec = model_preset(args.model).with_(**given)
+    else:
+        missing = [f"--{k}" for k in ("hidden", "seq") if k not in given]
+        if missing:
+            raise ConfigError(f"no --model preset and no {' '.join(missing)}: give a preset or the model's shape")
+        hidden = given["hidden"]
+        given.setdefault("heads", max(1, hidden // 128))
+        given.setdefault("layers", 1)
+        spec = ModelSpec(name=f"gpt-h{hidden}", **given)
+    if args.no_flash:
+        spec = spec.with_(flash_attention=False)
+    if args.gated_mlp is not None:
+        spec = spec.with_(gated_mlp=args.gated_mlp)
+    return spec
+
+
+def hardware_from_args(args: argparse.Namespace) -> HardwareSpec:
+    spec = hardware_preset(args.gpu)
+    if args.hardware_file:
+        spec = load_hardware(args.hardware_file, base=spec)
+    overrides: dict[str, object] = {}
+    for item in args.hw:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--hw {item!r}: expected FIELD=VALUE, e.g. --hw d2h_gbps=25")
+        overrides[key.strip()] = _parse_value(value.strip())
+    values = _from_friendly_units(overrides)
+    if args.flops is not None:  # sustained rate: keep the datasheet peak (for MFU) when it is higher
+        sustained = args.flops * 1e12
+        peak = max(float(values.get("peak_flops", spec.peak_flops)), sustained)  # type: ignore[arg-type]
+        values["peak_flops"], values["achievable_fraction"] = peak, sustained / peak
+    if args.offload_bw is not None:
+        values["d2h_bandwidth"] = values["h2d_bandwidth"] = args.offload_bw * GB
+    return spec.override(**values) if values else spec
+
+
+def _parse_value(text: str) -> object:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text

@@ -1,0 +1,72 @@
+"""Text and JSON renderings of a planner search (tables of plans, the Pareto frontier, per-TP bests)."""
+from __future__ import annotations
+
+from pipeoffload.planner.search import GIB, Plan, SearchResult
+
+_HEADER = (f"{'#':>3}  {'layout':<13} {'schedule':<17} {'v':>2} {'g':>3} {'offload':<8} {'recompute':<9} "
+           f"{'m':>4} {'tokens/s':>10} {'MFU':>6} {'step s':>7}  {'GiB total = par + opt + act':<28} "
+           f"{'host':>6} {'bubble':>6} {'stall':>6}")
+
+
+def format_plan_row(index: int, plan: Plan) -> str:
+    c, mem = plan.choice, plan.memory
+    split = (f"{mem.total / GIB:6.1f} = {mem.parameters / GIB:5.1f} + {mem.optimizer / GIB:4.1f} + "
+             f"{mem.activations / GIB:5.1f}")
+    return (f"{index:>3}  {str(plan.layout):<13} {c.family:<17} {c.stages_per_rank:>2} "
+            f"{c.group_size if c.group_size is not None else '-':>3} {c.offload:<8} {c.recompute:<9} "
+            f"{plan.microbatches:>4} {plan.tokens_per_second:>10,.0f} {plan.mfu:>6.1%} {plan.step_time:>7.3f}  "
+            f"{split:<28} {mem.host / GIB:>6.1f} {plan.bubble_ratio:>6.1%} {plan.stall_ratio:>6.1%}")
+
+
+def format_table(plans: list[Plan]) -> str:
+    return "\n".join([_HEADER] + [format_plan_row(i + 1, p) for i, p in enumerate(plans)])
+
+
+def format_result(result: SearchResult, top: int = 5, pareto: bool = True, by_tp: bool = False) -> str:
+    req = result.request
+    model, hw = req.model, req.hardware
+    rate = result.candidates / result.seconds if result.seconds > 0 else float("inf")
+    lines = [
+        f"{model.name} ({model.total_params() / 1e9:.1f}B params, seq {model.seq}, microbatch {model.microbatch}) "
+        f"on {req.gpus} x {hw.name}; global batch {req.global_batch} sequences; "
+        f"budget {req.memory_budget / GIB:.1f} GiB/GPU"
+        + (f", host {req.host_memory_budget / GIB:.1f} GiB/GPU" if req.host_memory_budget is not None else ""),
+        f"searched {result.candidates} candidates ({result.evaluated} simulated) in {result.seconds:.1f} s "
+        f"= {rate:.0f} candidates/s" + _skipped(result),
+        "",
+        f"best plans that fit ({len(result.fitting)} fit):",
+        format_table(result.best(top)),
+    ]
+    if pareto:
+        lines += ["", "Pareto frontier (less memory <-> more throughput, plans that fit):",
+                  format_table(result.pareto())]
+    if by_tp:
+        lines += ["", "best plan per tensor-parallel size:", format_table(list(result.best_by_tp().values()))]
+    lines += ["", "memory is the worst rank's weights+grads (par), optimizer state (opt) and simulated activation "
+              "peak (act); host is pinned host memory per GPU; stall is the worst rank's wait for reloads."]
+    return "\n".join(lines)
+
+
+def _skipped(result: SearchResult) -> str:
+    if not result.skipped:
+        return ""
+    return "; skipped: " + ", ".join(f"{n} {reason}" for reason, n in sorted(result.skipped.items()))
+
+
+def result_as_dict(result: SearchResult, top: int = 5) -> dict:
+    req = result.request
+    return {
+        "model": req.model.name,
+        "params": req.model.total_params(),
+        "gpu": req.hardware.name,
+        "gpus": req.gpus,
+        "global_batch": req.global_batch,
+        "memory_budget_gib": req.memory_budget / GIB,
+        "candidates": result.candidates,
+        "simulated": result.evaluated,
+        "seconds": result.seconds,
+        "skipped": dict(sorted(result.skipped.items())),
+        "best": [p.as_dict() for p in result.best(top)],
+        "pareto": [p.as_dict() for p in result.pareto()],
+        "best_by_tp": {str(tp): p.as_dict() for tp, p in result.best_by_tp().items()},
+    }

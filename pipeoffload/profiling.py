@@ -1,0 +1,212 @@
+"""Measure F/I/W times and saved-activation bytes of real ``nn.Module`` stages; build cost models.
+
+This is the only planner-side module that imports torch. It measures, on the current device:
+- F: the forward (plus the loss on the last stage);
+- B: the full backward; I: the backward to the stage input only (``torch.autograd.grad`` w.r.t. the
+  input skips weight-gradient GEMMs); W = B - I;
+- activation bytes: every tensor autograd saves during F, deduplicated by storage, parameters excluded
+  (the quantity the runtime and the simulator count).
+Times are medians over ``repeats`` after ``warmup`` runs. ``Profile.cost_model`` gives a per-stage
+``CostModel`` for ``simulate``; ``measure_layer_costs`` gives ``LayerCosts`` for ``plan``.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from pipeoffload.costs import CostModel
+from pipeoffload.errors import ConfigError
+from pipeoffload.planner.stagecosts import LayerCosts
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    time_f: float
+    time_i: float
+    time_w: float
+    time_b: float
+    activation_bytes: int
+    output_bytes: int
+    params: int
+
+
+@dataclass(frozen=True)
+class Profile:
+    stages: tuple[StageProfile, ...]
+    device: str
+
+    def cost_model(self, *, p2p_time: float | None = None, p2p_bandwidth: float | None = None,
+                   d2h_bandwidth: float | None = None, h2d_bandwidth: float | None = None,
+                   w_fraction: float = 1.0) -> CostModel:
+        """A per-stage ``CostModel`` in seconds; one activation unit = the largest stage's bytes."""
+        unit = max(max(s.activation_bytes for s in self.stages), 1)
+        if p2p_time is None:
+            boundary = max((s.output_bytes for s in self.stages[:-1]), default=0)
+            p2p_time = boundary / p2p_bandwidth if p2p_bandwidth else 0.0
+        return CostModel(
+            time_f=tuple(s.time_f for s in self.stages),
+            time_i=tuple(s.time_i for s in self.stages),
+            time_w=tuple(s.time_w for s in self.stages),
+            time_b=tuple(s.time_b for s in self.stages),
+            activation=tuple(s.activation_bytes / unit for s in self.stages),
+            activation_bytes=float(unit),
+            w_fraction=w_fraction,
+            p2p_time=p2p_time,
+            d2h_time=unit / d2h_bandwidth if d2h_bandwidth else 0.0,
+            h2d_time=unit / h2d_bandwidth if h2d_bandwidth else 0.0,
+        )
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int,
+           setup: Callable[[], object] | None = None) -> float:
+    """Median seconds of ``fn`` (``setup`` runs untimed before each call and its result is passed)."""
+    samples = []
+    for n in range(warmup + repeats):
+        state = setup() if setup else None
+        _sync(device)
+        start = time.perf_counter()
+        fn(state) if setup else fn()  # type: ignore[call-arg]
+        _sync(device)
+        if n >= warmup:
+            samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def saved_activation_bytes(module: nn.Module, run: Callable[[], object]) -> int:
+    """Bytes autograd saves while ``run()`` executes ``module``'s forward: unique storages, no parameters."""
+    param_storages = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in param_storages and ptr != 0:
+            seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(seen.values())
+
+
+def _zero_grads(module: nn.Module) -> None:
+    for p in module.parameters():
+        p.grad = None
+
+
+def _as_tuple(value: Any) -> tuple:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _detach(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return tuple(_detach(v) for v in value)
+    return value.detach() if isinstance(value, torch.Tensor) else value
+
+
+def _nbytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _as_tuple(value)
+               if isinstance(t, torch.Tensor) and t.is_floating_point())
+
+
+def profile_module(module: nn.Module, inputs: Any, *, loss_fn: LossFn | None = None,
+                   target: torch.Tensor | None = None, warmup: int = 3,
+                   repeats: int = 5) -> tuple[StageProfile, Any]:
+    """Profile one stage called as ``module(*inputs)`` (a tensor or a tuple of values; the first
+    tensor's device is used). Floating-point inputs get gradients (I); other values pass through.
+    Returns the profile and the stage's (detached) output, to feed the next stage."""
+    args = _as_tuple(inputs)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not tensors:
+        raise ConfigError("profile_module: the inputs contain no tensor; pass the stage's real inputs")
+    device = tensors[0].device
+    grad_at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    if (loss_fn is None) != (target is None):
+        raise ConfigError("profile_module: give both loss_fn and target (last stage) or neither")
+
+    def fresh() -> tuple:
+        return tuple(a.detach().requires_grad_(True) if i in grad_at else a for i, a in enumerate(args))
+
+    def forward(xs: tuple) -> Any:
+        out = module(*xs)
+        return loss_fn(out, target) if loss_fn is not None else out  # type: ignore[arg-type]
+
+    def differentiable(out: Any) -> list[torch.Tensor]:
+        return [t for t in _as_tuple(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+    probe = forward(fresh())
+    grads = [torch.ones_like(t) for t in differentiable(probe)]
+    with torch.no_grad():
+        output = module(*args)
+    del probe
+
+    def forward_state() -> tuple[tuple, Any]:
+        xs = fresh()
+        return xs, forward(xs)
+
+    def backward_all(state: tuple[tuple, Any]) -> None:
+        torch.autograd.backward(differentiable(state[1]), grads)
+
+    def backward_input(state: tuple[tuple, Any]) -> None:
+        torch.autograd.grad(differentiable(state[1]), [state[0][i] for i in grad_at], grads, allow_unused=True)
+
+    time_f = _timed(lambda: forward(fresh()), device, warmup, repeats)
+    time_b = _timed(backward_all, device, warmup, repeats, setup=forward_state)
+    _zero_grads(module)
+    # the first stage has no input gradient (token ids): its whole backward is weight gradients
+    time_i = min(_timed(backward_input, device, warmup, repeats, setup=forward_state), time_b) if grad_at else 0.0
+    stage = StageProfile(
+        time_f=time_f, time_i=time_i, time_w=max(time_b - time_i, 0.0), time_b=time_b,
+        activation_bytes=saved_activation_bytes(module, lambda: forward(fresh())),
+        output_bytes=0 if loss_fn is not None else _nbytes(output),
+        params=sum(p.numel() for p in module.parameters()),
+    )
+    return stage, _detach(output)
+
+
+def profile_stages(stages: Sequence[nn.Module], inputs: Any, *, loss_fn: LossFn, target: torch.Tensor,
+                   warmup: int = 3, repeats: int = 5) -> Profile:
+    """Profile a model split into consecutive stages, feeding each stage the previous one's output.
+    The last stage's F includes ``loss_fn(output, target)``; its backward starts from the loss."""
+    if not stages:
+        raise ConfigError("profile_stages: no stages given; pass the model split into a list of modules")
+    results = []
+    x = inputs
+    for n, stage in enumerate(stages):
+        last = n == len(stages) - 1
+        prof, x = profile_module(stage, x, loss_fn=loss_fn if last else None, target=target if last else None,
+                                 warmup=warmup, repeats=repeats)
+        results.append(prof)
+    device = next(t.device for t in _as_tuple(inputs) if isinstance(t, torch.Tensor))
+    return Profile(tuple(results), str(device))
+
+
+def measure_layer_costs(block: nn.Module, head: nn.Module, hidden: Any, *, loss_fn: LossFn,
+                        target: torch.Tensor, embedding: nn.Module | None = None, model_flops: float = 0.0,
+                        warmup: int = 3, repeats: int = 5) -> LayerCosts:
+    """``LayerCosts`` for ``plan --profile``: one transformer ``block`` on a hidden-state microbatch,
+    and the ``head`` (final norm + output projection + loss). ``model_flops`` (one microbatch through
+    the whole model, for MFU) is optional."""
+    layer, _ = profile_module(block, hidden, warmup=warmup, repeats=repeats)
+    top, _ = profile_module(head, hidden, loss_fn=loss_fn, target=target, warmup=warmup, repeats=repeats)
+    return LayerCosts(
+        time_f=layer.time_f, time_i=layer.time_i, time_w=layer.time_w,
+        activation_bytes=float(layer.activation_bytes), params=float(layer.params),
+        boundary_bytes=float(_nbytes(hidden)),
+        head_time=(top.time_f, top.time_i, top.time_w), head_activation_bytes=float(top.activation_bytes),
+        head_params=float(top.params),
+        embedding_params=float(sum(p.numel() for p in embedding.parameters())) if embedding is not None else 0.0,
+        model_flops=model_flops, source="profile",
+    )

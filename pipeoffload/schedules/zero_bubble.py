@@ -1,0 +1,399 @@
+"""Zero-bubble families on one stage per rank: ZB-H1, ZB-H2 and the memory-limited ``zb``.
+
+The backward is split into I (input gradient, on the critical path) and W (weight gradient, which
+nothing waits for). W passes are what fills the pipeline bubbles. Memory is counted as the simulator
+counts it: F allocates one activation unit, I frees ``1 - w_fraction`` of it and W the rest, so a
+deferred W keeps its activation alive (with the default ``w_fraction = 1`` an I frees nothing).
+
+Two layers:
+- a *skeleton* is the per-rank order of the F and I passes only (warm-up forwards, then I/F pairs,
+  then the remaining I's);
+- ``fill_weight_passes`` replays the skeletons in time under a cost model and inserts each rank's
+  pending W passes (oldest first) into the idle gaps in front of its next F/I, forcing them earlier
+  when the next F would exceed the rank's activation limit, and appending the rest at the end.
+
+The ``zb`` generator runs a small grid of skeletons and gap-filling rules through that replay (plus
+the closed-form ZB-H1 when it fits) and keeps the one with the shortest makespan: a greedy heuristic
+in the spirit of the zero-bubble paper's, with no ILP solver. Every candidate costs one O(actions)
+replay, so d = 16, m = 128 takes a few tens of milliseconds.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+from pipeoffload.costs import CostModel
+from pipeoffload.errors import ConfigError
+from pipeoffload.ir import Action, ActionKind, Schedule
+from pipeoffload.placement import Placement
+from pipeoffload.schedules import register
+
+F, I, W = ActionKind.F, ActionKind.I, ActionKind.W  # noqa: E741
+_EPS = 1e-9
+_UNIT = CostModel.uniform(1.0, 1.0, 1.0)
+
+
+@dataclass(frozen=True)
+class Filled:
+    """Result of ``fill_weight_passes``: the full per-rank orders and what they cost."""
+
+    rows: tuple[tuple[Action, ...], ...]
+    makespan: float
+    peaks: tuple[float, ...]  # peak resident activation units per rank
+
+    def fits(self, limits: Sequence[float]) -> bool:
+        return all(p <= lim + _EPS for p, lim in zip(self.peaks, limits))
+
+
+class ActionPool:
+    """Every F/I/W action of a configuration, made once and shared by all candidates of a search
+    (building an ``Action`` costs about as much as placing it)."""
+
+    def __init__(self, num_stages: int, num_microbatches: int) -> None:
+        self._table = {k: [[Action(k, s, mb) for mb in range(num_microbatches)] for s in range(num_stages)]
+                       for k in (F, I, W)}
+
+    def __call__(self, kind: ActionKind, stage: int, microbatch: int) -> Action:
+        return self._table[kind][stage][microbatch]
+
+
+class _Replay:
+    """Time replay of fixed F/I orders with W passes inserted on the fly (see module docstring).
+
+    A skeleton that already contains W passes is replayed as given (its W passes stay where they are).
+    Per-stage costs are unpacked into lists once: this loop is the inner loop of the ``zb`` search.
+    """
+
+    def __init__(self, placement: Placement, skeleton: Sequence[Sequence[Action]], costs: CostModel,
+                 limits: Sequence[float], overfill: float, pool: ActionPool | None) -> None:
+        self.skeleton, self.limits, self.overfill = skeleton, limits, overfill
+        self.make = pool or Action
+        stages = range(placement.num_stages)
+        self.rank_of = [placement.rank_of(s) for s in stages]
+        self.t_f, self.t_i, self.t_w = [costs.f(s) for s in stages], [costs.i(s) for s in stages], [
+            costs.w(s) for s in stages]
+        self.act = [costs.act(s) for s in stages]
+        self.kept = costs.w_fraction  # part of an activation that W (not I) frees
+        self.p2p = costs.p2p_time
+        n, m = placement.num_ranks, 1 + max((a.microbatch for r in skeleton for a in r), default=0)
+        self.end_f: list[list[float | None]] = [[None] * m for _ in stages]
+        self.end_i: list[list[float | None]] = [[None] * m for _ in stages]
+        self.pointer, self.clock = [0] * n, [0.0] * n
+        self.mem, self.peak = [0.0] * n, [0.0] * n
+        self.pending: list[deque[tuple[int, int]]] = [deque() for _ in range(n)]
+        self.pinned = any(a.kind == W for r in skeleton for a in r)
+        self.rows: list[list[Action]] = [[] for _ in range(n)]
+
+    def ready(self, a: Action, rank: int) -> float | None:
+        """When ``a``'s inputs are on ``rank``, or None while its producer has not been placed."""
+        s, mb = a.stage, a.microbatch
+        if a.kind == F:
+            if s == 0:
+                return 0.0
+            t = self.end_f[s - 1][mb]
+            return None if t is None else t + (0.0 if self.rank_of[s - 1] == rank else self.p2p)
+        if a.kind == W:
+            return self.clock[rank]
+        own = self.end_f[s][mb]
+        if own is None or s == len(self.end_f) - 1:
+            return own
+        t = self.end_i[s + 1][mb]
+        return None if t is None else max(own, t + (0.0 if self.rank_of[s + 1] == rank else self.p2p))
+
+    def advance(self, rank: int) -> bool:
+        """Place as much of ``rank``'s skeleton as its dependencies allow; True if anything moved.
+
+        Written with locals for speed: this loop runs once per action of every ``zb`` candidate.
+        """
+        order, pending, row = self.skeleton[rank], self.pending[rank], self.rows[rank]
+        limit, act, t_w, kept, make = self.limits[rank] + _EPS, self.act, self.t_w, self.kept, self.make
+        clock, mem, peak, pointer = self.clock[rank], self.mem[rank], self.peak[rank], self.pointer[rank]
+        start_pointer, start_w = pointer, len(row)
+        while pointer < len(order):
+            a = order[pointer]
+            kind, s = a.kind, a.stage
+            if kind == F:  # make room: W passes free what their I kept
+                while pending and mem + act[s] > limit:
+                    ws, wmb = pending.popleft()
+                    row.append(make(W, ws, wmb))
+                    clock += t_w[ws]
+                    mem -= act[ws] * kept
+            self.clock[rank] = clock
+            ready = self.ready(a, rank)
+            if ready is None:
+                break
+            while pending:  # fill the idle gap before ``a`` with W passes
+                gap = ready - clock
+                ws = pending[0][0]
+                if gap <= _EPS or gap + _EPS < self.overfill * t_w[ws]:
+                    break
+                ws, wmb = pending.popleft()
+                row.append(make(W, ws, wmb))
+                clock += t_w[ws]
+                mem -= act[ws] * kept
+            start = clock if clock > ready else ready
+            if kind == F:
+                mem += act[s]
+                peak = mem if mem > peak else peak
+                clock = start + self.t_f[s]
+                self.end_f[s][a.microbatch] = clock
+            elif kind == I:
+                clock = start + self.t_i[s]
+                self.end_i[s][a.microbatch] = clock
+                mem -= act[s] * (1.0 - kept)
+                if not self.pinned:
+                    pending.append((s, a.microbatch))
+            else:  # a W pinned in the skeleton
+                clock = start + t_w[s]
+                mem -= act[s] * kept
+            row.append(a)
+            pointer += 1
+        self.clock[rank], self.mem[rank], self.peak[rank], self.pointer[rank] = clock, mem, peak, pointer
+        return pointer > start_pointer or len(row) > start_w
+
+    def finish(self) -> Filled:
+        ranks = range(len(self.skeleton))
+        progress = True
+        while progress:
+            progress = False
+            for rank in ranks:
+                progress = self.advance(rank) or progress
+        stuck = [r for r in ranks if self.pointer[r] < len(self.skeleton[r])]
+        if stuck:
+            r = stuck[0]
+            raise ValueError(f"skeleton deadlocks: rank {r} waits for {self.skeleton[r][self.pointer[r]]}")
+        for rank in ranks:
+            for stage, mb in self.pending[rank]:
+                self.rows[rank].append(self.make(W, stage, mb))
+                self.clock[rank] += self.t_w[stage]
+        return Filled(tuple(tuple(r) for r in self.rows), max(self.clock, default=0.0), tuple(self.peak))
+
+
+def fill_weight_passes(
+    placement: Placement,
+    skeleton: Sequence[Sequence[Action]],
+    costs: CostModel | None = None,
+    limits: Sequence[float] | None = None,
+    overfill: float = 1.0,
+    pool: ActionPool | None = None,
+) -> Filled:
+    """Insert one W after each I of ``skeleton`` (per-rank F/I orders) where it costs least.
+
+    A skeleton that already holds its W passes is only replayed (timed and measured), not changed.
+
+    Replays the skeletons in time under ``costs`` (unit costs by default). Before each F/I a rank
+    runs its oldest pending W passes while they fit in the idle gap before that pass's inputs arrive
+    (a W is started when the gap is at least ``overfill`` times its duration: 1.0 never delays the
+    next pass, 0.0 uses any gap). Before an F that would take the rank above ``limits[rank]``
+    activation units, pending W passes run first whatever the gap. The rest run at the end.
+    The returned makespan equals ``simulate`` of the returned schedule under the same costs.
+    """
+    costs = costs or _UNIT
+    limits = limits if limits is not None else [float("inf")] * placement.num_ranks
+    return _Replay(placement, skeleton, costs, limits, overfill, pool).finish()
+
+
+def _one_stage(name: str, stages_per_rank: int) -> None:
+    if stages_per_rank != 1:
+        raise ConfigError(
+            f"stages_per_rank={stages_per_rank}: {name} places one stage per rank; use zb-v, v-half or "
+            "v-min for two stages per rank"
+        )
+
+
+def skeleton(num_ranks: int, num_microbatches: int, warmups: Sequence[int],
+             pool: ActionPool | None = None) -> list[list[Action]]:
+    """F/I order of each rank: ``warmups[r]`` forwards, then I/F pairs, then the remaining I's.
+
+    Warm-ups are clipped to 1..m and made non-increasing along the pipeline: a rank that wants more
+    warm-up forwards than its predecessor would wait for a forward its predecessor only runs after
+    this rank's first I (a deadlock).
+    """
+    m, rows, make = num_microbatches, [], pool or Action
+    warm = m
+    for rank in range(num_ranks):
+        warm = max(1, min(warmups[rank], warm))
+        order = [make(F, rank, mb) for mb in range(warm)]
+        for mb in range(m):
+            order.append(make(I, rank, mb))
+            if warm + mb < m:
+                order.append(make(F, rank, warm + mb))
+        rows.append(order)
+    return rows
+
+
+def zb_h1_rows(num_ranks: int, num_microbatches: int) -> list[list[Action]]:
+    """Closed-form ZB-H1 order (also what torch's ZB1P emits for one stage per rank)."""
+    d, m, rows = num_ranks, num_microbatches, []
+    for rank in range(d):
+        warm = min(d - 1 - rank, m)
+        order = [Action(F, rank, mb) for mb in range(warm)]
+        done_w = 0
+        for step, mb in enumerate(range(m)):
+            if warm + step < m:
+                order.append(Action(F, rank, warm + step))
+            order.append(Action(I, rank, mb))
+            if step >= rank:  # rank r keeps r weight passes back to fill its cool-down
+                order.append(Action(W, rank, done_w))
+                done_w += 1
+        order += [Action(W, rank, mb) for mb in range(done_w, m)]
+        rows.append(order)
+    return rows
+
+
+@register("zb-h1", "zero bubble H1: 1F1B's peak memory (d units), W deferred into the bubbles; bubble ~1/3 of 1F1B's",
+          aliases=("zb1p",))
+def zb_h1(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Schedule:
+    """ZB-H1: 1F1B with the backward split into I and W; W passes are held back to fill bubbles.
+
+    rank r: warm-up = min(d-1-r, m) F | steady: F I, plus W of the oldest microbatch from step r on
+            | cool-down: the remaining I (each followed by a W) | then the r held-back W passes.
+    d=4, m=6 (F = I = W = 1, times 0..20):
+        r0  F0 F1 F2 F3 .  .  .  I0 W0 F4 I1 W1 F5 I2 W2 I3 W3 I4 W4 I5 W5
+        r1  .  F0 F1 F2 .  .  I0 F3 I1 W0 F4 I2 W1 F5 I3 W2 I4 W3 I5 W4 W5
+        r2  .  .  F0 F1 .  I0 F2 I1 F3 I2 W0 F4 I3 W1 F5 I4 W2 I5 W3 W4 W5
+        r3  .  .  .  F0 I0 F1 I1 F2 I2 F3 I3 F4 I4 F5 I5 W0 W1 W2 W3 W4 W5
+    Every rank peaks at min(d, m) activation units, 1F1B's peak (rank 0's). 1F1B's per-rank profile
+    d-r is not enough: rank d-1 must hold d-1 W passes back to finish by 3m+d-1 (docs). With unit
+    costs and m >= d the makespan is 3m+d-1, the lower bound for one stage per rank (1F1B: 3(m+d-1)).
+    """
+    _one_stage("zb-h1", stages_per_rank)
+    rows = zb_h1_rows(num_ranks, num_microbatches)
+    return Schedule(tuple(map(tuple, rows)), Placement.loop(num_ranks, 1), num_microbatches, "zb-h1")
+
+
+def zb_h2_warmups(num_ranks: int) -> list[int]:
+    """2(d-r)-1 forwards: all that fit before rank r's first input gradient comes back."""
+    return [2 * (num_ranks - r) - 1 for r in range(num_ranks)]
+
+
+@register("zb-h2", "zero bubble H2: about twice 1F1B's memory (2d units), near-zero bubble")
+def zb_h2(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Schedule:
+    """ZB-H2: enough warm-up forwards to cover the round trip, W passes fill every remaining gap.
+
+    rank r: warm-up = min(2(d-r)-1, m) F | steady: I F pairs, W passes in the gaps | cool-down: I's
+            with W's between them, then the W's still held. W placement comes from replaying unit
+            costs with at most 2d resident activation units per rank.
+    d=4, m=8 (F = I = W = 1, times 0..26):
+        r0  F0 F1 F2 F3 F4 F5 F6 I0 F7 I1 W0 I2 W1 I3 W2 I4 W3 I5 W4 I6 W5 I7 W6 W7 .  .  .
+        r1  .  F0 F1 F2 F3 F4 I0 F5 I1 F6 I2 F7 I3 W0 I4 W1 I5 W2 I6 W3 I7 W4 W5 W6 W7 .  .
+        r2  .  .  F0 F1 F2 I0 F3 I1 F4 I2 F5 I3 F6 I4 F7 I5 W0 I6 W1 I7 W2 W3 W4 W5 W6 W7 .
+        r3  .  .  .  F0 I0 F1 I1 F2 I2 F3 I3 F4 I4 F5 I5 F6 I6 F7 I7 W0 W1 W2 W3 W4 W5 W6 W7
+    Every rank is busy from its first forward to its last pass (the zero-bubble parallelogram); the
+    makespan 3m+d-1 is the bound set by the last rank's start. Peak <= 2d activation units. Its
+    makespan never exceeds ZB-H1's: when ZB-H1's order is faster under unit costs it is returned.
+    Unequal costs show the gain: F=1, I=1.5, W=0.5, d=8, m=32: 106.5 vs ZB-H1's 110.
+    """
+    _one_stage("zb-h2", stages_per_rank)
+    d, m = num_ranks, num_microbatches
+    placement = Placement.loop(d, 1)
+    filled = fill_weight_passes(placement, skeleton(d, m, zb_h2_warmups(d)), _UNIT, [2.0 * d] * d)
+    h1 = zb_h1_rows(d, m)
+    if fill_weight_passes(placement, h1).makespan < filled.makespan - _EPS:
+        return Schedule(tuple(map(tuple, h1)), placement, m, "zb-h2")
+    return Schedule(filled.rows, placement, m, "zb-h2")
+
+
+def rank_peaks(rows: Sequence[Sequence[Action]], costs: CostModel) -> tuple[float, ...]:
+    """Peak resident activation units of each rank's order (order alone decides it: one lane per rank)."""
+    peaks = []
+    for row in rows:
+        mem = peak = 0.0
+        for a in row:
+            if a.kind == F:
+                mem += costs.act(a.stage)
+                peak = max(peak, mem)
+            elif a.kind == I:
+                mem -= costs.act(a.stage) * (1.0 - costs.w_fraction)
+            elif a.kind == W:
+                mem -= costs.act(a.stage) * costs.w_fraction
+            elif a.kind == ActionKind.B:
+                mem -= costs.act(a.stage)
+        peaks.append(peak)
+    return tuple(peaks)
+
+
+def _limits(memory_limit: float | Sequence[float] | None, d: int, costs: CostModel) -> list[float]:
+    if memory_limit is None:
+        limits = [float(d) * max(costs.act(r) for r in range(d))] * d
+    elif isinstance(memory_limit, (int, float)):
+        limits = [float(memory_limit)] * d
+    else:
+        limits = [float(x) for x in memory_limit]
+        if len(limits) != d:
+            raise ConfigError(f"memory_limit has {len(limits)} values for {d} ranks: give one per rank or a scalar")
+    for rank, limit in enumerate(limits):
+        if limit + _EPS < costs.act(rank):
+            raise ConfigError(
+                f"memory_limit={limit:g} on rank {rank}: below one microbatch's activation ({costs.act(rank):g} "
+                "units); raise it to at least that, or offload/recompute"
+            )
+    return limits
+
+
+def _warmup_grid(d: int, m: int, limits: Sequence[float], costs: CostModel) -> list[tuple[int, ...]]:
+    """Warm-up depths to try: 1F1B's d-r plus a few extra forwards, up to what memory allows."""
+    fit = [max(1, int(limits[r] / max(costs.act(r), _EPS) + _EPS)) for r in range(d)]
+    extras = sorted({0, 1, 2, d // 4, d // 2, d})
+    grid = {tuple(min(m, fit[r], d - r + extra) for r in range(d)) for extra in extras}
+    grid.add(tuple(min(m, fit[r], 2 * (d - r) - 1) for r in range(d)))
+    grid.add(tuple(min(m, fit[r]) for r in range(d)))
+    return sorted(grid)
+
+
+@register("zb", "memory-limited zero bubble: greedy W filling under a per-rank activation limit and a cost model",
+          aliases=("zb-auto",))
+def zb(
+    num_ranks: int,
+    num_microbatches: int,
+    stages_per_rank: int = 1,
+    *,
+    memory_limit: float | Sequence[float] | None = None,
+    costs: CostModel | None = None,
+) -> Schedule:
+    """Zero bubble under a memory limit: the best of a few greedy schedules, judged by ``costs``.
+
+    ``memory_limit``: activation units each rank may hold (a scalar or one value per rank); default
+    d units, 1F1B's peak. ``costs``: per-stage F/I/W times, activation sizes, w_fraction and P2P
+    time (unit costs by default). Candidates: skeletons with warm-up min(m, d-r+e, fit) for a few
+    extra depths e (fit = how many activations the limit holds), each replayed with two gap-filling
+    rules, plus the closed-form ZB-H1 when it fits. The shortest makespan wins (ties: lower peak).
+    rank r: warm-up = that depth of F | steady: I F pairs, W in gaps or when memory is full
+            | cool-down: I's with W's between them, the rest of the W's at the end.
+    A limit of d behaves like zb-h1 (never slower under any costs), 2d like zb-h2.
+    """
+    _one_stage("zb", stages_per_rank)
+    d, m = num_ranks, num_microbatches
+    costs = costs or _UNIT
+    costs.check_stages(d)
+    limits = _limits(memory_limit, d, costs)
+    placement, pool = Placement.loop(d, 1), ActionPool(d, m)
+    candidates = [fill_weight_passes(placement, zb_h1_rows(d, m), costs)]  # ZB-H1, its W passes pinned
+    h2 = tuple(min(m, w) for w in zb_h2_warmups(d))  # ZB-H2's own skeleton and gap rule
+    runs = [(h2, 1.0)] + [(w, rule) for w in _shortlist(d, m, limits, costs, pool) for rule in (1.0, 0.0)]
+    for warmups, overfill in dict.fromkeys(runs):
+        rows = skeleton(d, m, warmups, pool)
+        candidates.append(fill_weight_passes(placement, rows, costs, limits, overfill, pool))
+    fitting = [f for f in candidates if f.fits(limits)]
+    if not fitting:  # one forward in flight, W forced before the next: fits any limit >= one activation
+        fitting = [fill_weight_passes(placement, skeleton(d, m, [1] * d, pool), costs, limits, 1.0, pool)]
+    best = min(fitting, key=lambda f: (f.makespan, max(f.peaks)))
+    return Schedule(best.rows, placement, m, "zb")
+
+
+def _shortlist(d: int, m: int, limits: Sequence[float], costs: CostModel, pool: ActionPool,
+               keep: int = 2) -> list[tuple[int, ...]]:
+    """The ``keep`` best warm-up depths, ranked on a pipeline shortened to min(m, 3d) microbatches.
+
+    Depths differ in the warm-up and cool-down transients, which a 3d-microbatch pipeline already
+    shows; ranking there and replaying only the best in full keeps d = 16, m = 128 fast.
+    """
+    short = min(m, 3 * d)
+    placement, ranked = Placement.loop(d, 1), []
+    for warmups in _warmup_grid(d, m, limits, costs):
+        filled = fill_weight_passes(placement, skeleton(d, short, warmups, pool), costs, limits, 1.0, pool)
+        if filled.fits(limits):
+            ranked.append((filled.makespan, max(filled.peaks), warmups))
+    ranked.sort()
+    return [w for _, _, w in ranked[:keep]]

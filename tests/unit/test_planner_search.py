@@ -1,0 +1,116 @@
+"""The planner search: budget respected, infeasibility explained, deterministic, pruning exact."""
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from pipeoffload.cli import main
+from pipeoffload.planner.evaluate import simulate_choice
+from pipeoffload.planner.hardware import GIB, hardware_preset
+from pipeoffload.planner.presets import model_preset
+from pipeoffload.planner.search import InfeasibleError, PlanRequest, find_plans
+from pipeoffload.planner.stagecosts import layer_costs, stage_costs
+
+MODEL = model_preset("gpt3-2.7b").with_(layers=16)
+HW = hardware_preset("a100")
+
+
+def _request(budget_gib: float, **kw: object) -> PlanRequest:
+    return PlanRequest(model=MODEL, hardware=HW, gpus=8, global_batch=32, memory_budget=budget_gib * GIB,
+                       **kw)  # type: ignore[arg-type]
+
+
+def _resimulated_peak(req: PlanRequest, plan) -> float:  # type: ignore[no-untyped-def]
+    """Worst-rank memory of ``plan`` from a full (non-extrapolated) simulation, computed independently."""
+    lc = layer_costs(req.model, req.hardware, plan.layout.tp)
+    sc = stage_costs(lc, req.hardware, plan.layout, plan.choice.stages_per_rank, req.model.layers)
+    sim = simulate_choice(plan.choice, plan.layout.pp, plan.microbatches, sc.costs, extrapolate=False)
+    s = req.setup
+    opt_shard = plan.layout.dp if s.distributed_optimizer else 1
+    return max(p * (s.weight_bytes + s.grad_bytes + s.optimizer_bytes / opt_shard) + u * sc.unit_bytes
+               for p, u in zip(sc.params_per_rank, sim.peak_units))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(budget=st.floats(min_value=8.0, max_value=60.0))
+def test_no_plan_exceeds_the_budget(budget: float) -> None:
+    req = _request(budget)
+    try:
+        result = find_plans(req)
+    except InfeasibleError as err:
+        assert err.min_memory is not None and err.min_memory > budget * GIB
+        return
+    shown = result.best(5) + result.pareto()
+    assert shown
+    for plan in shown:
+        assert plan.fits and plan.memory.total <= budget * GIB
+        assert _resimulated_peak(req, plan) == pytest.approx(plan.memory.total, rel=1e-9)
+
+
+def test_infeasible_budget_reports_the_smallest_feasible_memory() -> None:
+    with pytest.raises(InfeasibleError) as info:
+        find_plans(_request(1.0))
+    need = info.value.min_memory
+    assert need is not None and need > GIB
+    shown = math.ceil(need / GIB * 10) / 10  # rounded up, so passing it as --memory fits
+    assert f"smallest feasible memory is {shown:.1f} GiB" in str(info.value)
+    assert find_plans(_request(shown)).fitting
+    # the reported minimum is exact: with exactly that budget a plan fits, and it is that plan
+    result = find_plans(_request(need / GIB))
+    assert min(p.memory.total for p in result.fitting) == pytest.approx(need)
+
+
+def test_plan_cli_infeasible_exits_2_with_the_minimum(capsys) -> None:  # type: ignore[no-untyped-def]
+    code = main(["plan", "--model", "gpt3-2.7b", "--layers", "16", "--gpus", "8", "--global-batch", "32",
+                 "--memory", "1"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "smallest feasible memory is" in err and "GiB" in err and "Traceback" not in err
+
+
+def test_search_is_deterministic_and_pruning_does_not_change_the_answer() -> None:
+    a, b = find_plans(_request(40)), find_plans(_request(40))
+    assert [p.as_dict() for p in a.best(5)] == [p.as_dict() for p in b.best(5)]
+    full = find_plans(_request(40, prune=False))
+    assert [p.as_dict() for p in a.best(5)] == [p.as_dict() for p in full.best(5)]
+    assert [p.as_dict() for p in a.pareto()] == [p.as_dict() for p in full.pareto()]
+    assert full.evaluated >= a.evaluated
+
+
+def test_pareto_frontier_is_monotone_and_undominated() -> None:
+    result = find_plans(_request(40))
+    front = result.pareto()
+    assert [p.memory.total for p in front] == sorted(p.memory.total for p in front)
+    assert all(x.tokens_per_second < y.tokens_per_second for x, y in zip(front, front[1:]))
+    for f in front:  # nothing that fits is at least as small and faster
+        assert not any(p.memory.total <= f.memory.total and p.tokens_per_second > f.tokens_per_second * (1 + 1e-9)
+                       for p in result.fitting)
+    for p in result.fitting:  # and every plan that fits is matched or beaten by the frontier
+        assert any(f.memory.total <= p.memory.total and f.tokens_per_second >= p.tokens_per_second for f in front)
+
+
+def test_throughput_and_mfu_are_consistent() -> None:
+    best = find_plans(_request(40)).best(1)[0]
+    assert best.tokens_per_second == pytest.approx(32 * MODEL.seq / best.step_time)
+    flops = 32 * MODEL.model_flops_per_microbatch()
+    assert best.mfu == pytest.approx(flops / (best.step_time * 8 * HW.peak_flops))
+    assert 0 < best.mfu < HW.achievable_fraction
+
+
+def test_layout_errors_explain_themselves() -> None:
+    with pytest.raises(Exception, match="global batch"):
+        find_plans(PlanRequest(model=MODEL, hardware=HW, gpus=8, global_batch=3, memory_budget=80 * GIB, pp_sizes=(2,),
+                           tp_sizes=(1,)))
+    with pytest.raises(Exception, match="unknown schedule"):
+        _request(40, schedules=("zigzag",))
+
+
+def test_plan_cli_json(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["plan", "--model", "gpt3-2.7b", "--layers", "16", "--gpus", "8", "--global-batch", "32",
+                 "--memory", "40", "--json", "--top", "3"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["best"]) == 3 and data["pareto"]
+    first = data["best"][0]
+    assert first["memory_gib"]["total"] <= 40 and first["tokens_per_s"] > 0
+    assert set(first["memory_gib"]) == {"parameters", "optimizer", "activations", "total", "host"}

@@ -1,0 +1,131 @@
+"""The torch profiler: saved-activation bytes by hand, stage profiles, cost models, and plan --profile."""
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from pipeoffload.cli import main  # noqa: E402
+from pipeoffload.planner.measured import load_layer_costs, save_layer_costs  # noqa: E402
+from pipeoffload.profiling import measure_layer_costs, profile_stages, saved_activation_bytes  # noqa: E402
+from pipeoffload.schedules import generate  # noqa: E402
+from pipeoffload.simulate import simulate  # noqa: E402
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+
+
+def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((out - target) ** 2).mean()
+
+
+def test_saved_bytes_exclude_parameters_and_count_shared_storage_once() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(32, 64, requires_grad=True)
+    mlp = _mlp()
+    # Linear1 saves its input x; ReLU saves its output, which Linear2 saves too (one storage)
+    assert saved_activation_bytes(mlp, lambda: mlp(x)) == 32 * 64 * 4 + 32 * 128 * 4
+    square = nn.Identity()
+    assert saved_activation_bytes(square, lambda: x * x) == 32 * 64 * 4  # x saved twice, counted once
+
+
+class _Block(nn.Module):
+    """A small pre-norm transformer block (causal self-attention + GeLU MLP)."""
+
+    def __init__(self, hidden: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.attn = nn.MultiheadAttention(hidden, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        mask = torch.triu(torch.ones(x.shape[1], x.shape[1], dtype=torch.bool), 1)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class _Head(nn.Module):
+    def __init__(self, hidden: int = 64, vocab: int = 100) -> None:
+        super().__init__()
+        self.norm, self.out = nn.LayerNorm(hidden), nn.Linear(hidden, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(x))
+
+
+def _ce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+
+def test_profile_stages_of_a_small_gpt_and_simulate_its_cost_model() -> None:
+    torch.manual_seed(0)
+    embed = nn.Embedding(100, 64)
+    stages = [nn.Sequential(embed, _Block()), nn.Sequential(_Block(), _Head())]
+    tokens = torch.randint(0, 100, (2, 16))
+    profile = profile_stages(stages, tokens, loss_fn=_ce, target=tokens, warmup=1, repeats=3)
+    first, last = profile.stages
+    assert first.time_i == 0.0 and first.time_w == first.time_b > 0  # token input: no input gradient
+    assert last.time_f > 0 and last.time_b > 0 and last.time_i + last.time_w == pytest.approx(last.time_b)
+    assert first.output_bytes == 2 * 16 * 64 * 4 and last.output_bytes == 0
+    assert first.params == sum(p.numel() for p in stages[0].parameters())
+    # every block saves at least its input and its MLP hidden activations
+    assert first.activation_bytes >= 2 * 16 * (64 + 4 * 64) * 4
+    costs = profile.cost_model(p2p_bandwidth=1e9, d2h_bandwidth=1e10, h2d_bandwidth=1e10)
+    assert costs.activation_bytes == max(first.activation_bytes, last.activation_bytes)
+    assert costs.p2p_time == pytest.approx(first.output_bytes / 1e9)
+    timeline = simulate(generate("1f1b", 2, 4), costs)
+    assert timeline.makespan >= 4 * sum(costs.f(s) + costs.b(s) for s in range(2)) / 2
+
+
+def test_measured_layer_costs_round_trip_and_drive_plan(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 16, 64)
+    target = torch.randint(0, 100, (2, 16))
+    lc = measure_layer_costs(_Block(), _Head(), hidden, loss_fn=_ce, target=target,
+                             embedding=nn.Embedding(100, 64), warmup=1, repeats=3)
+    assert lc.params == sum(p.numel() for p in _Block().parameters())
+    assert lc.embedding_params == 6400 and lc.boundary_bytes == 2 * 16 * 64 * 4
+    path = tmp_path / "layer.json"
+    save_layer_costs(lc, path)
+    assert load_layer_costs(path) == lc
+    code = main(["plan", "--hidden", "64", "--heads", "4", "--seq", "16", "--layers", "8", "--vocab", "100",
+                 "--microbatch-size", "2", "--gpus", "4", "--global-batch", "16", "--memory", "1",
+                 "--profile", str(path), "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert all(p["layout"]["tp"] == 1 for p in data["best"])  # measured at TP 1 only
+
+
+class _Mixed(nn.Module):
+    """Takes and returns (hidden, bool mask, int offset), like the runtime's reference GPT layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, offset: int) -> tuple:
+        return torch.relu(self.lin(x)) * mask[..., None] + offset, mask, offset
+
+
+def test_stages_with_mixed_tuple_inputs() -> None:
+    torch.manual_seed(0)
+    x, mask = torch.randn(4, 8, 64), torch.ones(4, 8, dtype=torch.bool)
+    head = nn.Sequential()  # identity head on the last stage's first output
+
+    class _Last(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = _Mixed()
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor, offset: int) -> torch.Tensor:
+            return head(self.inner(x, mask, offset)[0])
+
+    profile = profile_stages([_Mixed(), _Last()], (x, mask, 1), loss_fn=_mse, target=torch.zeros(4, 8, 64),
+                             warmup=1, repeats=2)
+    first, last = profile.stages
+    assert first.output_bytes == 4 * 8 * 64 * 4  # only the float tensor crosses as activation bytes
+    assert first.time_b > 0 and last.time_b > 0
+    assert first.activation_bytes >= 4 * 8 * 64 * 4  # at least the Linear input
