@@ -12,9 +12,16 @@ from workers import Case, equivalence_worker  # noqa: E402
 
 from pipeoffload.runtime.launch import spawn  # noqa: E402
 
-SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("1f1b+iw", 1), ("gpipe+iw", 2)]
-POLICIES = ["none", "offload:all", "offload:first:1", "recompute:first:1"]
-CASES = [Case(name, v, policy) for name, v in SCHEDULES for policy in POLICIES]
+# Every registered family the runtime supports, with its stages per rank.
+SCHEDULES = [
+    ("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2),
+    ("zb-h1", 1), ("zb-h2", 1), ("zb", 1),
+    ("zb-v", 2), ("v-half", 2), ("v-min", 2), ("1f1b-v", 2),
+    ("gpipe+iw", 2),  # GPipe with every B split into I then W: I/W on several stages per rank
+]
+POLICIES = ["none", "offload:all", "recompute:first:1"]
+EXTRA = {"1f1b": ["offload:first:1"], "interleaved-1f1b": ["offload:first:1"]}  # for the memory test
+CASES = [Case(name, v, policy) for name, v in SCHEDULES for policy in POLICIES + EXTRA.get(name, [])]
 
 _cache: dict = {}
 

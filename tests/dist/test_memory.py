@@ -71,7 +71,7 @@ def test_w_fraction_is_measured(world):
     index = {str(c): i for i, c in enumerate(CASES)}
     fractions = []
     for r in range(world):
-        frac = w_fraction(per_rank[r][index["1f1b+iw/v1/none"]]["trace"])
+        frac = w_fraction(per_rank[r][index["zb-h1/v1/none"]]["trace"])
         fractions.append(frac)
         assert 0.0 < frac <= 1.0
     print(f"measured w_fraction per rank: {fractions}")
