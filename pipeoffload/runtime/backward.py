@@ -13,6 +13,8 @@ I/W split (zero-bubble style) without touching the user's model:
   also flows from one intermediate to another in the same group is not counted twice.
 - Parameters that no input path reaches (all of them on a first stage, whose inputs need no
   gradient) are *orphans*: W computes them from the stage outputs, i.e. a full backward for them.
+- The job also lists the nodes W will execute, so that the caller can release, right after I,
+  every saved activation only the input path needed (what makes W's memory smaller than B's).
 
 Gradients are accumulated into ``param.grad`` exactly as ``AccumulateGrad`` does (assign, then add).
 All passes call the autograd engine directly (what ``torch.autograd.backward``/``grad`` call after
@@ -69,12 +71,33 @@ class _Group:
 
 @dataclass
 class WeightJob:
-    """What W needs after I: the parameter groups with their captured gradients, and the orphans."""
+    """What W needs after I: the parameter groups with their captured gradients, the orphans, and
+    the graph nodes W will execute (None: all of them)."""
 
     groups: list[_Group]
     orphans: list[torch.nn.Parameter]
     roots: list[Root]
     grads: list[Optional[torch.Tensor]]
+    nodes: Optional[set[Node]] = None
+
+    def saved_by_needed_nodes(self, attr_cache: dict[str, tuple[str, ...]]) -> Optional[list[Any]]:
+        """What autograd packed for the nodes W executes (the store's handles), or None if W runs
+        the whole graph. ``attr_cache`` maps node class names to their saved-tensor attributes."""
+        if self.nodes is None:
+            return None
+        packed: list[Any] = []
+        for node in self.nodes:
+            name = type(node).__name__
+            attrs = attr_cache.get(name)
+            if attrs is None:
+                attrs = attr_cache[name] = tuple(a for a in dir(node) if a.startswith("_raw_saved_"))
+            for attr in attrs:
+                saved = getattr(node, attr)
+                for item in saved if isinstance(saved, (list, tuple)) else (saved,):
+                    data = getattr(item, "data", None)
+                    if data is not None:
+                        packed.append(data)
+        return packed
 
 
 def _reverse_graph(roots: list[Node]) -> dict[Node, list[Node]]:
@@ -117,7 +140,32 @@ def _upward(starts: list[Node], parents: dict[Node, list[Node]], stop: set[Node]
     return visited, hit, reached_root
 
 
-def _plan(roots: list[Root], inputs: Sequence[torch.Tensor], params: Sequence[torch.nn.Parameter]) -> tuple[list[_Group], list[torch.nn.Parameter]]:
+def _closure(starts: Sequence[Node], step: Any) -> set[Node]:
+    seen = set(starts)
+    queue = deque(seen)
+    while queue:
+        for nxt in step(queue.popleft()):
+            if nxt is not None and nxt not in seen:
+                seen.add(nxt)
+                queue.append(nxt)
+    return seen
+
+
+def _needed_by_w(groups: list[_Group], orphans: list[torch.nn.Parameter], parents: dict[Node, list[Node]]) -> set[Node]:
+    """Nodes W executes: on a path from a group's intermediates to its parameters, or (orphans) on
+    any path from the outputs to an orphan parameter."""
+    up = parents.__getitem__
+    down = lambda n: (c for c, _ in n.next_functions)  # noqa: E731
+    nodes: set[Node] = set()
+    for group in groups:
+        targets = [_edge(p).node for p in group.params]
+        nodes |= _closure(targets, up) & _closure(group.nodes, down)
+    if orphans:
+        nodes |= _closure([_edge(p).node for p in orphans], up)
+    return nodes
+
+
+def _plan(roots: list[Root], inputs: Sequence[torch.Tensor], params: Sequence[torch.nn.Parameter]) -> tuple[list[_Group], list[torch.nn.Parameter], set[Node]]:
     root_nodes = [_edge(r).node for r in roots]
     parents = _reverse_graph(root_nodes)
     input_nodes = [_edge(x).node for x in inputs]
@@ -148,7 +196,7 @@ def _plan(roots: list[Root], inputs: Sequence[torch.Tensor], params: Sequence[to
                 group.nodes.append(n)
             groups_by_node[n] = group
     unique = list({id(g): g for g in groups_by_node.values()}.values())
-    return unique, orphans
+    return unique, orphans, _needed_by_w(unique, orphans, parents)
 
 
 def backward_input(
@@ -160,7 +208,7 @@ def backward_input(
     params = [p for p in params if p.requires_grad]
     if not inputs or not roots:
         return [None] * len(inputs), WeightJob([], params if roots else [], roots, grads)
-    groups, orphans = _plan(roots, inputs, params)
+    groups, orphans, needed = _plan(roots, inputs, params)
     hooks = []
     try:
         for group in groups:
@@ -174,7 +222,7 @@ def backward_input(
         for h in hooks:
             h.remove()
     keep_roots = roots if orphans else []
-    return list(in_grads), WeightJob(groups, orphans, keep_roots, grads if orphans else [])
+    return list(in_grads), WeightJob(groups, orphans, keep_roots, grads if orphans else [], needed)
 
 
 def _accumulate(params: Sequence[torch.nn.Parameter], dws: Sequence[Optional[torch.Tensor]]) -> None:

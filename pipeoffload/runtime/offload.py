@@ -45,6 +45,7 @@ class EntryState(Enum):
     TO_HOST = "to_host"  # copy to host in flight; the device copy is still allocated
     ON_HOST = "on_host"  # device memory released
     TO_DEVICE = "to_device"  # device memory allocated, copy back in flight
+    DROPPED = "dropped"  # released after I: only nodes W never runs refer to it
 
 
 class _Entry:
@@ -196,6 +197,11 @@ class ActivationStore:
                 f"a saved activation of slot(s) {sorted(entry.slots)} (stage, microbatch) is used while offloaded: "
                 "the schedule needs a RELOAD of that slot before its backward"
             )
+        elif entry.state is EntryState.DROPPED:
+            raise RuntimeError(
+                f"a saved activation of slot(s) {sorted(entry.slots)} (stage, microbatch) was released after I as "
+                "unneeded by W, yet W used it; run the stage with trim_after_input=False and report this model"
+            )
         return handle.view
 
     # ---- offload / reload -------------------------------------------------------------------------
@@ -268,6 +274,28 @@ class ActivationStore:
             self.host_bytes -= entry.nbytes
             entry.host = None
         entry.token = None
+
+    # ---- after I -------------------------------------------------------------------------------
+    def trim(self, stage: int, microbatch: int, keep: Iterable[Any]) -> int:
+        """Release the slot's storages that none of the handles in ``keep`` refers to (after I:
+        ``keep`` is what the nodes W will run saved). Storages shared with another slot, pinned or
+        not resident are left alone. Returns the bytes released."""
+        key = (stage, microbatch)
+        rec = self._slots.get(key)
+        if rec is None:
+            return 0
+        kept = {h.entry.ident for h in keep if isinstance(h, _Handle)}
+        freed = 0
+        for ident, entry in list(rec.entries.items()):
+            if ident in kept or entry.pins or entry.slots != {key} or entry.state is not EntryState.RESIDENT:
+                continue
+            del rec.entries[ident]
+            del self._entries[ident]
+            entry.state = EntryState.DROPPED
+            entry.storage.resize_(0)
+            self.resident_bytes -= entry.nbytes
+            freed += entry.nbytes
+        return freed
 
     # ---- pins -----------------------------------------------------------------------------------
     def pin(self, tensor: torch.Tensor) -> bool:

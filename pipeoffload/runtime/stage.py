@@ -54,6 +54,7 @@ class PipelineStage:
         *,
         loss_fn: Optional[LossFn] = None,
         num_microbatches: int = 1,
+        trim_after_input: bool = True,
     ) -> None:
         self.module = module
         self.index = index
@@ -64,6 +65,8 @@ class PipelineStage:
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.device = store.device
         self._mb: dict[int, _Microbatch] = {}
+        self._saved_attrs: dict[str, tuple[str, ...]] = {}  # autograd node class -> saved-tensor attributes
+        self.trim_after_input = trim_after_input
 
     @property
     def is_first(self) -> bool:
@@ -145,12 +148,17 @@ class PipelineStage:
         return backward_full(roots, grads, state.grad_inputs)
 
     def backward_input(self, mb: int, grads: Optional[Sequence[Optional[torch.Tensor]]] = None) -> list[Optional[torch.Tensor]]:
-        """I: input gradients only; the graph is kept for W."""
+        """I: input gradients only; the graph is kept for W, the activations only I needed are
+        released (``trim_after_input``)."""
         state = self._mb[mb]
         roots, grads = self._roots_and_grads(state, grads)
         in_grads, state.job = backward_input(roots, grads, state.grad_inputs, self.params)
         state.roots = []
         state.grad_inputs = []
+        if self.trim_after_input:
+            needed = state.job.saved_by_needed_nodes(self._saved_attrs)
+            if needed is not None:
+                self.store.trim(self.index, mb, needed)
         return in_grads
 
     def backward_weight(self, mb: int) -> None:
