@@ -85,6 +85,9 @@ class Transport:
         self.nccl = self.backend == "nccl"
         group_ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
         self._global = list(group_ranks)
+        # The process group object itself: its send/recv take group ranks and skip the per-call
+        # argument checks of dist.isend/irecv (the same C++ calls underneath).
+        self._pg = group if group is not None else dist.group.WORLD
         self._store = _default_store()
         self._key = f"pipeoffload/{'-'.join(map(str, group_ranks))}/{next(_RUNNER_IDS)}"
 
@@ -98,8 +101,9 @@ class Transport:
             ops += [dist.P2POp(dist.irecv, t, self._global[p], self.group) for p, _, t in recvs]
             works = dist.batch_isend_irecv(ops) if ops else []
             return [], list(works)  # NCCL: one group call; waiting on its works covers the sends too
-        send_works = [dist.isend(t, self._global[p], self.group, tag) for p, tag, t in sends]
-        recv_works = [dist.irecv(t, self._global[p], self.group, tag) for p, tag, t in recvs]
+        pg = self._pg
+        send_works = [pg.send([t], p, tag) for p, tag, t in sends]
+        recv_works = [pg.recv([t], p, tag) for p, tag, t in recvs]
         return send_works, recv_works
 
     def wait(self, works: Sequence[Any]) -> None:
