@@ -6,6 +6,7 @@ the tests in this folder assert on them. The single-process reference is compute
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -72,11 +73,21 @@ def with_policy(schedule: Schedule, policy: str) -> Schedule:
     return schedule.with_actions(rows)
 
 
+def lower_has_policies() -> bool:
+    """True once the offload/recompute passes are part of ``lower``."""
+    return "offload" in inspect.signature(lower).parameters
+
+
 def build_schedule(case: Case, world: int, microbatches: int) -> Schedule:
+    """The case's lowered schedule: policies placed by ``lower``'s own passes when it has them,
+    else by hand (``with_policy``)."""
     name = case.schedule.removesuffix("+iw")
     schedule = generate(name, world, microbatches, case.stages_per_rank, **dict(case.options))
     if case.schedule.endswith("+iw"):
         schedule = split_backward(schedule)
+    if case.policy != "none" and lower_has_policies():
+        what, _, which = case.policy.partition(":")
+        return lower(schedule, **{what: which})  # type: ignore[call-arg]
     return lower(with_policy(schedule, case.policy))
 
 
