@@ -12,7 +12,7 @@ from pipeoffload import CostModel, Schedule, simulate
 
 pytestmark = pytest.mark.dist
 
-MEMORY_CASES = [c for c in CASES if c.schedule in ("1f1b", "interleaved-1f1b")
+MEMORY_CASES = [c for c in CASES if c.schedule in ("1f1b", "interleaved-1f1b", "group-interleaved")
                 and c.policy in ("none", "offload:all", "offload:first:1")]
 
 
