@@ -3,9 +3,9 @@
 This package (with ``pipeoffload.models``) is the only part of pipeoffload that imports torch.
 """
 from pipeoffload.runtime.comm import LoopbackTransport, Transport
-from pipeoffload.runtime.executor import PipelineError, PipelineRunner, split_microbatches
+from pipeoffload.runtime.executor import PipelineError, PipelineRunner
 from pipeoffload.runtime.offload import ActivationStore
-from pipeoffload.runtime.spec import Const, TensorSpec, spec_of
+from pipeoffload.runtime.spec import Const, TensorSpec, spec_of, split_microbatches
 from pipeoffload.runtime.stage import PipelineStage
 from pipeoffload.runtime.trace import Trace, TraceRecord, write_chrome_trace
 

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.ir import Action, ActionKind, Schedule
+from pipeoffload.ir import COMM_KINDS, Action, ActionKind, Schedule
 
 log = logging.getLogger(__name__)
 K = ActionKind
@@ -192,3 +192,18 @@ def peer_of(a: Action, schedule: Schedule) -> int:
     """The rank on the other side of comm action ``a``."""
     neighbour = a.stage + 1 if a.kind in (K.SEND_F, K.RECV_B) else a.stage - 1
     return schedule.placement.rank_of(neighbour)
+
+
+def comm_batches(row: Sequence[Action]) -> list:
+    """The rank's program: compute/copy actions as they are, each maximal run of consecutive comm
+    actions as one list (posted together)."""
+    out: list = []
+    for a in row:
+        if a.kind in COMM_KINDS:
+            if out and isinstance(out[-1], list):
+                out[-1].append(a)
+            else:
+                out.append([a])
+        else:
+            out.append(a)
+    return out

@@ -21,12 +21,15 @@ import torch.distributed as dist
 from torch import nn
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.ir import COMM_KINDS, Action, ActionKind, Schedule
+from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.passes.lower import lower
-from pipeoffload.runtime.comm import LoopbackTransport, Transport, check_fifo, check_tag_space, message_tag
+from pipeoffload.runtime.comm import (
+    LoopbackTransport, Transport, check_fifo, check_tag_space, comm_batches, message_tag,
+)
 from pipeoffload.runtime.offload import ActivationStore
 from pipeoffload.runtime.spec import (
-    Spec, TensorSpec, as_tuple, check_values, grad_specs, infer_specs, spec_of, tensor_specs,
+    Spec, TensorSpec, as_inputs, as_tuple, assemble, check_values, grad_specs, infer_specs, spec_of,
+    split_microbatches, tensor_specs,
 )
 from pipeoffload.runtime.stage import LossFn, PipelineStage
 from pipeoffload.runtime.trace import Trace, TraceRecord
@@ -42,26 +45,6 @@ class PipelineError(RuntimeError):
     def __init__(self, message: str, rank: int, step: int, action: Optional[Action]) -> None:
         super().__init__(message)
         self.rank, self.step, self.action = rank, step, action
-
-
-def split_microbatches(values: Any, num_microbatches: int, device: torch.device, what: str) -> list[tuple]:
-    """Split every tensor of ``values`` along dim 0 (other values are repeated). Each piece is a
-    fresh copy on ``device``, owned by its microbatch (so offloading it never touches the caller's)."""
-    values = as_tuple(values)
-    pieces: list[list[Any]] = [[] for _ in range(num_microbatches)]
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            if v.dim() == 0 or v.shape[0] < num_microbatches:
-                raise ConfigError(
-                    f"{what}: a tensor of shape {tuple(v.shape)} cannot be split into {num_microbatches} "
-                    "microbatches along dim 0; give a batch of at least that many rows"
-                )
-            for i, part in enumerate(v.tensor_split(num_microbatches)):
-                pieces[i].append(part.detach().to(device=device, copy=True))
-        else:
-            for piece in pieces:
-                piece.append(v)
-    return [tuple(p) for p in pieces]
 
 
 class PipelineRunner:
@@ -273,6 +256,7 @@ class PipelineRunner:
         log.error(message)
         for stage in self.stages.values():
             stage.reset()
+        self.store.clear()
         self._reset_state()
         return PipelineError(message, self.rank, step, action)
 
@@ -293,7 +277,7 @@ class PipelineRunner:
         spec = self.specs[s][mb]  # type: ignore[index]
         check_values(values, spec, f"output of stage {s}, microbatch {mb}")
         if self._local(s + 1):
-            inputs = _as_inputs(values, spec)
+            inputs = as_inputs(values, spec)
             self._inputs[(s + 1, mb)] = inputs
             pins = [t for t in inputs if isinstance(t, torch.Tensor) and self.store.pin(t)]
             if pins:
@@ -376,7 +360,7 @@ class PipelineRunner:
         self.transport.wait(recv_works)
         for a, spec, bufs in arrivals:
             if a.kind == K.RECV_F:
-                self._inputs[(a.stage, a.microbatch)] = _assemble(spec, bufs)
+                self._inputs[(a.stage, a.microbatch)] = assemble(spec, bufs)
             else:
                 self._grads[(a.stage, a.microbatch)] = bufs
         if self._inflight:
@@ -392,36 +376,3 @@ class PipelineRunner:
             else:
                 still.append((work, pinned))
         self._inflight = still
-
-
-def comm_batches(row: Sequence[Action]) -> list:
-    """The rank's program: compute/copy actions as they are, each maximal run of consecutive comm
-    actions as one list (posted together)."""
-    out: list = []
-    for a in row:
-        if a.kind in COMM_KINDS:
-            if out and isinstance(out[-1], list):
-                out[-1].append(a)
-            else:
-                out.append([a])
-        else:
-            out.append(a)
-    return out
-
-
-def _as_inputs(values: tuple, spec: Spec) -> tuple:
-    """Next stage's inputs from this stage's outputs: detached, so each stage has its own graph."""
-    return tuple(
-        v.detach().requires_grad_(sp.requires_grad) if isinstance(sp, TensorSpec) else v for v, sp in zip(values, spec)
-    )
-
-
-def _assemble(spec: Spec, buffers: list[torch.Tensor]) -> tuple:
-    out, it = [], iter(buffers)
-    for sp in spec:
-        if isinstance(sp, TensorSpec):
-            t = next(it)
-            out.append(t.requires_grad_(True) if sp.requires_grad else t)
-        else:
-            out.append(sp.value)
-    return tuple(out)

@@ -361,6 +361,15 @@ class ActivationStore:
             rec = self._slots[(stage, microbatch)] = _SlotRecord()
         return rec
 
+    def clear(self) -> None:
+        """Forget everything (after a failed step): settle copies, return host buffers."""
+        for entry in list(self._entries.values()):
+            self._forget(entry)
+        self._slots.clear()
+        self._copying.clear()
+        self._pinned_free.clear()
+        self.resident_bytes = 0
+
     def finish(self) -> None:
         """End of step: complete outstanding copies; every slot must have been released."""
         for entry in list(self._copying):

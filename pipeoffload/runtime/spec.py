@@ -152,3 +152,41 @@ def infer_specs(module: nn.Module, input_specs: Sequence[Spec], device: torch.de
             seen.append((spec, found))
         out.append(found)
     return out
+
+
+def split_microbatches(values: Any, num_microbatches: int, device: torch.device, what: str) -> list[tuple]:
+    """Split every tensor of ``values`` along dim 0 (other values are repeated). Each piece is a
+    fresh copy on ``device``, owned by its microbatch (so offloading it never touches the caller's)."""
+    values = as_tuple(values)
+    pieces: list[list[Any]] = [[] for _ in range(num_microbatches)]
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            if v.dim() == 0 or v.shape[0] < num_microbatches:
+                raise ConfigError(
+                    f"{what}: a tensor of shape {tuple(v.shape)} cannot be split into {num_microbatches} "
+                    "microbatches along dim 0; give a batch of at least that many rows"
+                )
+            for i, part in enumerate(v.tensor_split(num_microbatches)):
+                pieces[i].append(part.detach().to(device=device, copy=True))
+        else:
+            for piece in pieces:
+                piece.append(v)
+    return [tuple(p) for p in pieces]
+
+
+def as_inputs(values: tuple, spec: Spec) -> tuple:
+    """Next stage's inputs from this stage's outputs: detached, so each stage has its own graph."""
+    return tuple(
+        v.detach().requires_grad_(sp.requires_grad) if isinstance(sp, TensorSpec) else v for v, sp in zip(values, spec)
+    )
+
+
+def assemble(spec: Spec, buffers: list[torch.Tensor]) -> tuple:
+    out, it = [], iter(buffers)
+    for sp in spec:
+        if isinstance(sp, TensorSpec):
+            t = next(it)
+            out.append(t.requires_grad_(True) if sp.requires_grad else t)
+        else:
+            out.append(sp.value)
+    return tuple(out)

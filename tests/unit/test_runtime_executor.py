@@ -85,6 +85,30 @@ def test_a_failing_stage_names_rank_step_and_action():
     assert info.value.rank == 0 and info.value.step == 0 and info.value.action == Action(K.F, 1, 0)
 
 
+def test_a_failed_step_leaves_the_runner_usable():
+    class FailsOnce(torch.nn.Module):
+        calls = 0
+
+        def forward(self, *args):
+            FailsOnce.calls += 1
+            if FailsOnce.calls == 2:  # the last stage is never probed: step 0's second forward fails
+                raise RuntimeError("transient")
+            return args
+
+    schedule = generate("gpipe", 1, 2, 2)
+    layers = gpt_layers(CFG, seed=0)
+    stages = build_rank_stages(layers, even_counts(len(layers), 2), schedule.placement, 0)
+    stages[1] = StageModule(FailsOnce(), *stages[1])
+    runner = PipelineRunner(stages, schedule, 0, loss_fn=lm_loss, min_offload_bytes=256)
+    inputs, targets = sample_batch(CFG, 4)
+    with pytest.raises(PipelineError, match="transient"):
+        runner.step(inputs, targets)
+    assert runner.store.resident_bytes == 0
+    for module in stages.values():
+        module.zero_grad(set_to_none=True)
+    assert torch.isfinite(runner.step(inputs, targets)) and runner.trace.end_bytes == 0
+
+
 def test_loopback_replays_one_rank_of_a_multi_rank_schedule():
     schedule = lower(generate("1f1b", 2, 4, 1))
     layers = gpt_layers(CFG, seed=0)
