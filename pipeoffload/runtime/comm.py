@@ -82,7 +82,7 @@ class Transport:
         self.timeout = datetime.timedelta(seconds=timeout)
         self.device = device
         self.backend = dist.get_backend(group)
-        self.nccl = self.backend == "nccl"
+        self.nccl = device.type == "cuda" and "nccl" in str(self.backend)
         group_ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
         self._global = list(group_ranks)
         # The process group object itself: its send/recv take group ranks and skip the per-call

@@ -103,7 +103,7 @@ def probe_output_spec(module: nn.Module, input_spec: Spec, device: torch.device,
     update), random-number state restored, and autograd saves nothing (the graph exists only to
     tell which outputs need gradients)."""
     args = values if values is not None else _dummy(input_spec, device)
-    was_training = module.training
+    modes = [(m, m.training) for m in module.modules()]
     devices = [device] if device.type == "cuda" else []
     try:
         module.eval()
@@ -111,7 +111,8 @@ def probe_output_spec(module: nn.Module, input_spec: Spec, device: torch.device,
                 torch.autograd.graph.saved_tensors_hooks(lambda t: None, lambda h: None):
             out = module(*args)
     finally:
-        module.train(was_training)
+        for m, training in modes:  # exactly as before, submodules the user froze included
+            m.training = training
     return spec_of(out)
 
 

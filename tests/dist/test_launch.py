@@ -20,3 +20,12 @@ def test_torchrun_two_ranks(tmp_path):
     assert "step 1 loss" in done.stderr + done.stdout
     assert "peak activation bytes per rank" in done.stdout
     assert trace.exists() and trace.stat().st_size > 0
+
+
+def test_torch_multiprocessing_spawn(tmp_path):
+    import torch.multiprocessing as tmp
+    from workers import mp_spawn_entry
+
+    tmp.spawn(mp_spawn_entry, args=(2, str(tmp_path)), nprocs=2, join=True)
+    first, last = ((tmp_path / f"rank{r}.txt").read_text().split() for r in (0, 1))
+    assert first == ["none", "True"] and last[1] == "True" and float(last[0]) > 0

@@ -204,3 +204,26 @@ def failure_worker(rank: int, world: int, bad_rank: int, fail_call: int) -> None
     for inputs, targets in _batches(cfg, 2 * microbatches):
         runner.step(inputs, targets)
     return None
+
+
+def mp_spawn_entry(rank: int, world: int, folder: str) -> None:
+    """Entry point for ``torch.multiprocessing.spawn``: its own rendezvous, one step, result to a file."""
+    import datetime
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        cfg = _config()
+        schedule = build_schedule(Case("1f1b", 1), world, 2 * world)
+        layers = gpt_layers(cfg, seed=0)
+        stages = build_rank_stages(layers, even_counts(len(layers), schedule.num_stages), schedule.placement, rank)
+        runner = PipelineRunner(stages, schedule, rank, loss_fn=lm_loss, timeout=60)
+        inputs, targets = _batches(cfg, 4 * world)[0]
+        loss = runner.step(inputs, targets)
+        with open(f"{folder}/rank{rank}.txt", "w") as fh:
+            fh.write(f"{loss.item() if loss is not None else 'none'} {runner.trace.matches(schedule.actions[rank])}")
+    finally:
+        dist.destroy_process_group()
