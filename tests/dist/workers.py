@@ -168,7 +168,7 @@ def run_case(rank: int, world: int, case: Case, cfg: GPTConfig, batches: list, r
 def equivalence_worker(rank: int, world: int, cases: list[Case], dropout: float = 0.0) -> list[dict]:
     """Run every case for 3 SGD steps; compare with the single-process reference."""
     cfg = _config(dropout)
-    microbatches = 2 * world
+    microbatches = world + 2  # more microbatches than ranks: warm-up, steady state and cool-down all occur
     batches = _batches(cfg, 2 * microbatches)
     ref = reference(cfg, microbatches, batches) if dropout == 0.0 else None
     return [run_case(rank, world, case, cfg, batches, ref, microbatches) for case in cases]
