@@ -7,9 +7,10 @@ from pipeoffload.runtime.executor import PipelineError, PipelineRunner
 from pipeoffload.runtime.offload import ActivationStore
 from pipeoffload.runtime.spec import Const, TensorSpec, spec_of, split_microbatches
 from pipeoffload.runtime.stage import PipelineStage
-from pipeoffload.runtime.trace import Trace, TraceRecord, write_chrome_trace
+from pipeoffload.runtime.trace import Trace, TraceRecord, compare_with_simulation, simulated_peaks, write_chrome_trace
 
 __all__ = [
     "ActivationStore", "Const", "LoopbackTransport", "PipelineError", "PipelineRunner", "PipelineStage",
-    "TensorSpec", "Trace", "TraceRecord", "Transport", "spec_of", "split_microbatches", "write_chrome_trace",
+    "TensorSpec", "Trace", "TraceRecord", "Transport", "compare_with_simulation", "simulated_peaks", "spec_of",
+    "split_microbatches", "write_chrome_trace",
 ]

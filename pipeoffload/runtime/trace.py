@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
-from pipeoffload.ir import Action
+from pipeoffload.costs import CostModel
+from pipeoffload.ir import Action, Schedule
+from pipeoffload.simulate import simulate
 
 
 @dataclass(frozen=True)
@@ -72,3 +74,27 @@ def chrome_events(traces: Iterable[Trace]) -> list[dict]:
 def write_chrome_trace(traces: Iterable[Trace], path: str) -> None:
     with open(path, "w") as fh:
         json.dump({"traceEvents": chrome_events(traces)}, fh)
+
+
+def simulated_peaks(schedule: Schedule, unit_bytes: Mapping[int, int], w_fraction: float = 1.0) -> list[float]:
+    """The simulator's peak per rank in bytes, with each stage's activation unit set to the bytes
+    the runtime measured for it (``PipelineRunner.slot_bytes`` gathered from every rank)."""
+    sizes = tuple(float(unit_bytes.get(s, 0)) for s in range(schedule.num_stages))
+    timeline = simulate(schedule, CostModel(activation=sizes, w_fraction=w_fraction))
+    return [r.peak_activation_units for r in timeline.per_rank]
+
+
+def compare_with_simulation(traces: Sequence[Trace], schedule: Schedule, unit_bytes: Mapping[int, int],
+                            w_fraction: float = 1.0) -> list[dict]:
+    """Per rank: did it run its list exactly, and its measured vs simulated peak bytes."""
+    peaks = simulated_peaks(schedule, unit_bytes, w_fraction)
+    out = []
+    for trace in traces:
+        sim = peaks[trace.rank]
+        out.append({
+            "rank": trace.rank, "actions_match": trace.matches(schedule.actions[trace.rank]),
+            "measured_peak": trace.peak_bytes, "simulated_peak": sim,
+            "relative_difference": abs(trace.peak_bytes - sim) / sim if sim else float(trace.peak_bytes != 0),
+        })
+    return out
+
