@@ -1,16 +1,94 @@
-"""``lower``: the one place lowering passes are chained, top to bottom."""
+"""``lower``: the one place lowering passes are chained, top to bottom.
+
+    validate -> recompute (first:K, all) -> offload placement -> [recompute auto -> offload again]
+             -> SEND/RECV -> validate
+
+Recompute comes first because R changes the compute timeline the offload pass plans against;
+``recompute auto`` needs the offload result, so it inserts its R actions and the offload pass runs
+once more on the new timeline (excluding the recomputed activations).
+"""
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
+
 from pipeoffload.costs import CostModel
-from pipeoffload.ir import Schedule
+from pipeoffload.errors import ConfigError
+from pipeoffload.ir import COMM_KINDS, ActionKind, Schedule
 from pipeoffload.passes.comms import add_comms
+from pipeoffload.passes.offload import OffloadReport, plan_offload
+from pipeoffload.passes.recompute import all_keys, auto_keys, check_policies, first_stage_keys, insert_recompute
+from pipeoffload.policies import OffloadPolicy, RecomputePolicy
+from pipeoffload.simulate import simulate
 from pipeoffload.validate import validate
 
+log = logging.getLogger(__name__)
+K = ActionKind
 
-def lower(schedule: Schedule, costs: CostModel | None = None, *, check: bool = True) -> Schedule:
-    """Compute-only schedule -> executable schedule: (offload/reload: later issue) then SEND/RECV."""
-    validate(schedule.compute_only()) if check else None
-    lowered = add_comms(schedule)
+
+def lower(schedule: Schedule, costs: CostModel | None = None, *, offload: OffloadPolicy | str = "none",
+          recompute: RecomputePolicy | str = "none", check: bool = True) -> Schedule:
+    """Compute-only schedule -> executable schedule: recompute, offload/reload, then SEND/RECV.
+
+    Policies are values or their text forms (``"first:1"``, ``"budget:4"``, ``"auto,lgd"``...). When
+    simulating the result, pass the same costs with the recompute policy's partial recomputation
+    applied (``RecomputePolicy.apply_to``); lowering applies it for planning.
+    """
+    return lower_with_report(schedule, costs, offload=offload, recompute=recompute, check=check)[0]
+
+
+def lower_with_report(schedule: Schedule, costs: CostModel | None = None, *,
+                      offload: OffloadPolicy | str = "none", recompute: RecomputePolicy | str = "none",
+                      check: bool = True) -> tuple[Schedule, OffloadReport]:
+    """``lower`` plus the offload pass's report (what was offloaded, what could not be hidden)."""
+    offload_policy, recompute_policy = OffloadPolicy.parse(offload), RecomputePolicy.parse(recompute)
+    check_policies(offload_policy, recompute_policy)
+    costs = recompute_policy.apply_to(costs or CostModel())
+    base = _memory_actions_kept(schedule, offload_policy, recompute_policy)
+    if check:
+        validate(base)
+    planned, report = _memory_passes(base, costs, offload_policy, recompute_policy)
+    lowered = add_comms(planned)
     if check:
         validate(lowered)
-    return lowered
+    return lowered, report
+
+
+def _memory_actions_kept(schedule: Schedule, offload: OffloadPolicy, recompute: RecomputePolicy) -> Schedule:
+    """Drop comm actions; keep hand-placed OFFLOAD/RELOAD/R unless a policy is to place its own."""
+    hand_placed = any(a.kind in (K.OFFLOAD, K.RELOAD, K.R) for row in schedule.actions for a in row)
+    if hand_placed and (offload.kind != "none" or recompute.kind != "none"):
+        raise ConfigError(
+            f"offload={offload}, recompute={recompute}: the schedule already has OFFLOAD/RELOAD/R actions; "
+            "pass offload='none' and recompute='none' to keep them, or lower a compute-only schedule"
+        )
+    return schedule.with_actions([[a for a in row if a.kind not in COMM_KINDS] for row in schedule.actions])
+
+
+def _memory_passes(base: Schedule, costs: CostModel, offload: OffloadPolicy,
+                   recompute: RecomputePolicy) -> tuple[Schedule, OffloadReport]:
+    if offload.kind == "none" and recompute.kind == "none":
+        return base, OffloadReport(str(offload))
+    original = simulate(base, costs)
+    recomputed: set[tuple[int, int]] = set()
+    timeline = original
+    if recompute.kind in ("first", "all"):
+        recomputed = (first_stage_keys(base, original, costs, recompute.count, offload) if recompute.kind == "first"
+                      else all_keys(base, original, costs, offload))
+        base = insert_recompute(base, recomputed)
+        timeline = simulate(base, costs)
+    planned, report = plan_offload(base, costs, offload, exclude=recomputed, timeline=timeline)
+    if recompute.kind == "auto":
+        offloaded = {(a.stage, a.microbatch) for row in planned.actions for a in row if a.kind is K.OFFLOAD}
+        extra = auto_keys(base, timeline, costs, report, offloaded)
+        if extra:
+            recomputed |= extra
+            base = insert_recompute(base, extra)
+            planned, report = plan_offload(base, costs, offload, exclude=recomputed)
+    before = {r.rank: r.peak_activation_units for r in original.per_rank}
+    per_rank = tuple(replace(r, peak_before=before[r.rank]) for r in report.per_rank)
+    report = replace(report, per_rank=per_rank, recompute=str(recompute), recomputed=tuple(sorted(recomputed)))
+    if report.budget_met is False:
+        log.warning("offload %s: cannot bring every rank to %g activation units; best planned peak %g",
+                    offload, report.budget, report.peak_after)
+    return planned, report

@@ -10,8 +10,8 @@ type repeats every 6 slots and the two free slots per period take the W passes (
 offsets are chosen so that each pass comes one slot after its producer on the neighbouring rank and
 no two passes of a rank share a slot modulo 6. The blocks then go through a *squeeze*: in the
 warm-up (before rank 0's first chunk-0 backward) and the cool-down (after rank 0's last forward)
-every pass moves to the earliest free slot its inputs allow, as long as the rank's peak memory does
-not rise. The squeezed order of F and I passes is finally replayed in time under the cost model with
+every pass moves to the earliest free slot its inputs allow, as long as no rank goes above the
+block's peak (the highest rank's). The squeezed order of F and I passes is finally replayed in time under the cost model with
 W passes filling the gaps (``zero_bubble.fill_weight_passes``), capped at the block's own peak, and
 the better of that and the squeezed order as it stands is returned. Memory counts as the simulator
 counts it: F allocates, W frees (``w_fraction = 1``: I frees nothing).
@@ -82,7 +82,8 @@ def _put_w(grid: Grid) -> Grid:
 
 
 def squeeze(grids: list[Grid], m: int, act: Callable[[int], float]) -> list[Grid]:
-    """Move warm-up and cool-down passes to earlier free slots without raising the peak memory.
+    """Move warm-up and cool-down passes to earlier free slots without raising the peak memory
+    (the highest rank's: a rank below it may rise up to it).
 
     Passes are visited in slot order (all ranks). A pass may move to any free slot after its inputs
     (previous-rank forward, next-stage backward, its own F or I) and after the same pass of the

@@ -29,7 +29,7 @@ from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.placement import Placement
 from pipeoffload.schedules import register
 
-F, I, W = ActionKind.F, ActionKind.I, ActionKind.W  # noqa: E741
+F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 _EPS = 1e-9
 _UNIT = CostModel.uniform(1.0, 1.0, 1.0)
 
@@ -73,6 +73,7 @@ class _Replay:
         self.rank_of = [placement.rank_of(s) for s in stages]
         self.t_f, self.t_i, self.t_w = [costs.f(s) for s in stages], [costs.i(s) for s in stages], [
             costs.w(s) for s in stages]
+        self.t_b = [costs.b(s) for s in stages]
         self.act = [costs.act(s) for s in stages]
         self.kept = costs.w_fraction  # part of an activation that W (not I) frees
         self.p2p = costs.p2p_time
@@ -144,6 +145,10 @@ class _Replay:
                 mem -= act[s] * (1.0 - kept)
                 if not self.pinned:
                     pending.append((s, a.microbatch))
+            elif kind == B:  # a full backward: the upstream stage waits for it like for an I
+                clock = start + self.t_b[s]
+                self.end_i[s][a.microbatch] = clock
+                mem -= act[s]
             else:  # a W pinned in the skeleton
                 clock = start + t_w[s]
                 mem -= act[s] * kept
@@ -180,7 +185,8 @@ def fill_weight_passes(
 ) -> Filled:
     """Insert one W after each I of ``skeleton`` (per-rank F/I orders) where it costs least.
 
-    A skeleton that already holds its W passes is only replayed (timed and measured), not changed.
+    A skeleton that already holds its W passes is only replayed (timed and measured), not changed;
+    full backwards (B) are replayed as they stand.
 
     Replays the skeletons in time under ``costs`` (unit costs by default). Before each F/I a rank
     runs its oldest pending W passes while they fit in the idle gap before that pass's inputs arrive
@@ -223,22 +229,43 @@ def skeleton(num_ranks: int, num_microbatches: int, warmups: Sequence[int],
     return rows
 
 
-def zb_h1_rows(num_ranks: int, num_microbatches: int) -> list[list[Action]]:
-    """Closed-form ZB-H1 order (also what torch's ZB1P emits for one stage per rank)."""
-    d, m, rows = num_ranks, num_microbatches, []
+def zb_h1_rows(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> list[list[Action]]:
+    """Closed-form ZB-H1 order; with v > 1 stages per rank (loop placement) its interleaved form.
+
+    Forward number k of a rank runs local stage (k // p) % v (rounds of p microbatches, as in
+    interleaved 1F1B) and backwards visit local stages in reverse; warm-up (v-1)p + d-1-r forwards,
+    then F I pairs, each followed from pair r on by the W of the oldest I (rank r holds back r W
+    passes), then the remaining I's and W's. Equal to torch's ZB1P (InterleavedZeroBubble) order.
+    """
+    d, m, v = num_ranks, num_microbatches, stages_per_rank
+    p = m // max(1, m // d)
+    placement, total, rows = Placement.loop(d, v), v * m, []
     for rank in range(d):
-        warm = min(d - 1 - rank, m)
-        order = [Action(F, rank, mb) for mb in range(warm)]
-        done_w = 0
-        for step, mb in enumerate(range(m)):
-            if warm + step < m:
-                order.append(Action(F, rank, warm + step))
-            order.append(Action(I, rank, mb))
-            if step >= rank:  # rank r keeps r weight passes back to fill its cool-down
-                order.append(Action(W, rank, done_w))
-                done_w += 1
-        order += [Action(W, rank, mb) for mb in range(done_w, m)]
-        rows.append(order)
+        stages = placement.stages_of(rank)
+        warm = min((v - 1) * p + d - 1 - rank, total)
+        next_f, next_i = dict.fromkeys(stages, 0), dict.fromkeys(stages, 0)
+        owed: deque[Action] = deque()
+        order: list[Action] = []
+
+        def forward(k: int) -> None:
+            stage = stages[(k // p) % v]
+            order.append(Action(F, stage, next_f[stage]))
+            next_f[stage] += 1
+
+        def backward(k: int) -> None:
+            stage = stages[v - 1 - ((k - warm) // p) % v]
+            order.append(Action(I, stage, next_i[stage]))
+            owed.append(Action(W, stage, next_i[stage]))
+            next_i[stage] += 1
+            if k - warm >= rank:  # rank r keeps r weight passes back to fill its cool-down
+                order.append(owed.popleft())
+
+        for k in range(total + warm):
+            if k < total:
+                forward(k)
+            if k >= warm:
+                backward(k)
+        rows.append(order + list(owed))
     return rows
 
 
@@ -257,10 +284,19 @@ def zb_h1(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Sc
     Every rank peaks at min(d, m) activation units, 1F1B's peak (rank 0's). 1F1B's per-rank profile
     d-r is not enough: rank d-1 must hold d-1 W passes back to finish by 3m+d-1 (docs). With unit
     costs and m >= d the makespan is 3m+d-1, the lower bound for one stage per rank (1F1B: 3(m+d-1)).
+    With stages_per_rank = v > 1 (loop placement) it is interleaved zero bubble, torch's ZB1P: warm-up
+    (v-1)p + d-1-r forwards in rounds of p = m / max(1, m // d) microbatches (m must split into such
+    rounds, as for interleaved-1f1b); at v = 2 its bubble and memory equal zb-v's.
     """
-    _one_stage("zb-h1", stages_per_rank)
-    rows = zb_h1_rows(num_ranks, num_microbatches)
-    return Schedule(tuple(map(tuple, rows)), Placement.loop(num_ranks, 1), num_microbatches, "zb-h1")
+    d, m, v = num_ranks, num_microbatches, stages_per_rank
+    rounds = max(1, m // d)
+    if v > 1 and m % rounds:
+        raise ConfigError(
+            f"num_microbatches={m}: zb-h1 with stages_per_rank={v} needs microbatches to split into equal rounds "
+            f"(m < d, or m divisible by m // d = {rounds}); use a multiple of num_ranks={d}, e.g. {rounds * d}"
+        )
+    rows = zb_h1_rows(d, m, v)
+    return Schedule(tuple(map(tuple, rows)), Placement.loop(d, v), m, "zb-h1")
 
 
 def zb_h2_warmups(num_ranks: int) -> list[int]:
@@ -293,25 +329,6 @@ def zb_h2(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Sc
     if fill_weight_passes(placement, h1).makespan < filled.makespan - _EPS:
         return Schedule(tuple(map(tuple, h1)), placement, m, "zb-h2")
     return Schedule(filled.rows, placement, m, "zb-h2")
-
-
-def rank_peaks(rows: Sequence[Sequence[Action]], costs: CostModel) -> tuple[float, ...]:
-    """Peak resident activation units of each rank's order (order alone decides it: one lane per rank)."""
-    peaks = []
-    for row in rows:
-        mem = peak = 0.0
-        for a in row:
-            if a.kind == F:
-                mem += costs.act(a.stage)
-                peak = max(peak, mem)
-            elif a.kind == I:
-                mem -= costs.act(a.stage) * (1.0 - costs.w_fraction)
-            elif a.kind == W:
-                mem -= costs.act(a.stage) * costs.w_fraction
-            elif a.kind == ActionKind.B:
-                mem -= costs.act(a.stage)
-        peaks.append(peak)
-    return tuple(peaks)
 
 
 def _limits(memory_limit: float | Sequence[float] | None, d: int, costs: CostModel) -> list[float]:

@@ -17,10 +17,10 @@ UNIT = CostModel.uniform(1.0, 1.0, 1.0)
 SIZES = [(2, 4), (4, 8), (4, 16), (8, 16), (8, 32)]
 
 
-@pytest.mark.parametrize("name,v", [("zb-v", 2), ("v-half", 2), ("v-min", 2), ("1f1b-v", 2),
+@pytest.mark.parametrize("name,v", [("zb-v", 2), ("v-half", 2), ("v-min", 2), ("1f1b-v", 2), ("dualpipe-v", 2),
                                     ("zb-h1", 1), ("zb-h2", 1), ("zb", 1)])
 def test_our_schedules_load_validate_lower_and_dry_run_in_torch_runtime(name: str, v: int) -> None:
-    for d, m in ((2, 3), (4, 8), (3, 7), (8, 16)):
+    for d, m in ((2, 4), (4, 8), (3, 7), (8, 16)):
         schedule = generate(name, d, m, v)
         lowered_by_torch = load_in_torch_runtime(schedule)
         ours = lower(schedule)
@@ -61,6 +61,19 @@ def test_zb_v_no_worse_than_torch_zbv_and_zb_h1_than_torch_zb1p() -> None:
             a = simulate(generate(ours, d, m, v), costs)
             b = simulate(torch_schedule(theirs, d, m, v), costs)
             assert a.bubble_ratio <= b.bubble_ratio + 1e-9 and a.peak_activation_units <= b.peak_activation_units
+
+
+@pytest.mark.parametrize("v", [1, 2, 4])
+def test_our_zb_h1_is_torchs_zb1p_order(v: int) -> None:
+    for d, m in SIZES + [(3, 3), (4, 3), (8, 24)]:
+        assert generate("zb-h1", d, m, v).to_text() == torch_schedule("InterleavedZeroBubble", d, m, v).to_text()
+
+
+def test_our_dualpipe_v_is_torchs_dualpipev_order() -> None:
+    for d, m in SIZES + [(1, 2), (3, 7), (8, 17)]:
+        ours = generate("dualpipe-v", d, m, 2)
+        theirs = torch_schedule("DualPipeV", d, m, 2)
+        assert ours.to_text() == theirs.to_text(), (d, m)
 
 
 def test_torch_zbv_and_dualpipev_use_v_placement() -> None:

@@ -126,7 +126,26 @@ def test_registry_grid_for_v_families(name: str) -> None:
                 assert simulate(lowered, costs).makespan == pytest.approx(simulate(schedule, costs).makespan)
 
 
-GOLDEN_CASES = [("zb-v", 2, 4, 2), ("zb-v", 4, 8, 2), ("v-half", 4, 8, 2), ("v-half", 3, 5, 2),
+def test_dualpipe_v_memory_and_bubble() -> None:
+    for d, m in SIZES:
+        timeline = v_timeline("dualpipe-v", d, m)
+        assert timeline.peak_rank_units <= d + 0.5
+        assert timeline.bubble_ratio <= simulate(generate("zb-h1", d, m), UNIT).bubble_ratio + 1e-9
+        kinds = {a.kind for r in generate("dualpipe-v", d, m, 2) for a in r}
+        assert kinds == {ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W}
+
+
+def test_dualpipe_v_registry_grid_and_refusals() -> None:
+    costs = CostModel.uniform(1.0, 1.0, 1.0, p2p=0.25)
+    for d in (1, 2, 3, 4, 5, 8):
+        for m in range(1, 3 * d + 1):  # m < 2d: the 2d-microbatch order with the extra ones dropped
+            schedule = generate("dualpipe-v", d, m, 2)
+            assert simulate(lower(schedule), costs).makespan == pytest.approx(simulate(schedule, costs).makespan)
+    with pytest.raises(ConfigError, match="stages_per_rank=4"):
+        generate("dualpipe-v", 2, 4, 4)
+
+
+GOLDEN_CASES = [("dualpipe-v", 2, 4, 2), ("dualpipe-v", 4, 8, 2), ("zb-v", 2, 4, 2), ("zb-v", 4, 8, 2), ("v-half", 4, 8, 2), ("v-half", 3, 5, 2),
                 ("v-min", 4, 8, 2), ("v-min", 3, 5, 2), ("1f1b-v", 4, 8, 2)]
 
 
