@@ -11,7 +11,7 @@ H2D bandwidth the copy stream achieved.
     # the tiny CPU run the test suite does, so this script cannot rot
     python benchmarks/gpu_offload_replay.py --device cpu --hidden 32 --seq 16 --heads 2 --dtype float32
 
-Defaults: group-interleaved (when registered, else interleaved-1f1b), 4 ranks, 2 stages per rank,
+Defaults: group-interleaved (default group size), 4 ranks, 2 stages per rank,
 2 layers per stage, 8 microbatches of 1 sequence, hidden 4096, seq 4096, bf16, rank 0 replayed.
 """
 from __future__ import annotations
@@ -27,42 +27,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeoffload import generate, lower  # noqa: E402
-from pipeoffload.ir import Action, ActionKind, Schedule  # noqa: E402
+from pipeoffload.ir import Schedule  # noqa: E402
 from pipeoffload.models.gpt import Block, GPTConfig  # noqa: E402
 from pipeoffload.models.split import StageModule  # noqa: E402
 from pipeoffload.runtime import LoopbackTransport, PipelineRunner, TensorSpec  # noqa: E402
 from pipeoffload.runtime.spec import Const  # noqa: E402
-from pipeoffload.schedules import schedule_names  # noqa: E402
-
-K = ActionKind
-
-
-def _offload_all(schedule: Schedule) -> Schedule:
-    """OFFLOAD right after every F, RELOAD right before its backward (used only when ``lower``
-    has no offload policy yet)."""
-    rows = []
-    for row in schedule.actions:
-        out: list[Action] = []
-        for a in row:
-            if a.kind in (K.B, K.I):
-                out.append(Action(K.RELOAD, a.stage, a.microbatch))
-            out.append(a)
-            if a.kind == K.F:
-                out.append(Action(K.OFFLOAD, a.stage, a.microbatch))
-        rows.append(out)
-    return schedule.with_actions(rows)
 
 
 def build_schedule(args: argparse.Namespace, offload: str) -> Schedule:
-    name = args.schedule or ("group-interleaved" if "group-interleaved" in schedule_names() else "interleaved-1f1b")
+    name = args.schedule
     options = {"group_size": args.group_size} if name == "group-interleaved" and args.group_size else {}
     compute = generate(name, args.ranks, args.microbatches, args.stages_per_rank, **options)
-    if offload == "none":
-        return lower(compute)
-    try:
-        return lower(compute, offload=offload)  # type: ignore[call-arg]
-    except TypeError:
-        return lower(_offload_all(compute))
+    return lower(compute, offload=offload)
 
 
 def run(args: argparse.Namespace, offload: str) -> dict[str, Any]:
@@ -125,7 +101,7 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--batch", type=int, default=1, help="sequences per microbatch")
     p.add_argument("--layers-per-stage", type=int, default=2)
-    p.add_argument("--schedule", default=None)
+    p.add_argument("--schedule", default="group-interleaved")
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--stages-per-rank", type=int, default=2)
     p.add_argument("--group-size", type=int, default=None)

@@ -31,13 +31,7 @@ from pipeoffload.runtime.trace import Trace, chrome_events
 
 def _lower(args: argparse.Namespace, world: int) -> Any:
     schedule = generate(args.schedule, world, args.microbatches, args.stages_per_rank)
-    policies = {k: v for k, v in (("offload", args.offload), ("recompute", args.recompute)) if v != "none"}
-    if not policies:
-        return lower(schedule)
-    try:
-        return lower(schedule, **policies)  # type: ignore[call-arg]
-    except TypeError as exc:
-        raise SystemExit(f"this build's lower() has no offload/recompute policies ({exc})") from exc
+    return lower(schedule, offload=args.offload, recompute=args.recompute)
 
 
 def train(rank: int, world: int, args: argparse.Namespace, device: Optional[torch.device] = None) -> dict:

@@ -6,7 +6,6 @@ the tests in this folder assert on them. The single-process reference is compute
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -27,7 +26,7 @@ LR = 0.1
 class Case:
     schedule: str  # registry name, or "<name>+iw" for the name with every B split into I then W
     stages_per_rank: int
-    policy: str = "none"  # "none" | "offload:all" | "offload:first:1" | "recompute:first:1"
+    policy: str = "none"  # "none" or "<offload|recompute>:<policy text>", passed to lower()
     options: tuple = ()
 
     def __str__(self) -> str:
@@ -48,47 +47,16 @@ def split_backward(schedule: Schedule) -> Schedule:
     return schedule.with_actions(rows)
 
 
-def with_policy(schedule: Schedule, policy: str) -> Schedule:
-    """Hand-placed OFFLOAD/RELOAD or R: OFFLOAD right after F, RELOAD / R right before the backward
-    (B or I) of the same (stage, microbatch). ``first:K`` covers each rank's first K local stages."""
-    if policy == "none":
-        return schedule
-    what, _, which = policy.partition(":")
-    placement = schedule.placement
-    chosen = set()
-    for rank in range(schedule.num_ranks):
-        local = placement.stages_of(rank)
-        chosen.update(local if which == "all" else local[: int(which.split(":")[1])])
-    rows = []
-    for row in schedule.actions:
-        out = []
-        for a in row:
-            covered = a.stage in chosen
-            if covered and a.kind in (K.B, K.I):
-                out.append(Action(K.RELOAD if what == "offload" else K.R, a.stage, a.microbatch))
-            out.append(a)
-            if covered and a.kind == K.F and what == "offload":
-                out.append(Action(K.OFFLOAD, a.stage, a.microbatch))
-        rows.append(out)
-    return schedule.with_actions(rows)
-
-
-def lower_has_policies() -> bool:
-    """True once the offload/recompute passes are part of ``lower``."""
-    return "offload" in inspect.signature(lower).parameters
-
-
 def build_schedule(case: Case, world: int, microbatches: int) -> Schedule:
-    """The case's lowered schedule: policies placed by ``lower``'s own passes when it has them,
-    else by hand (``with_policy``)."""
+    """The case's schedule, lowered with its offload/recompute policy by ``lower``'s own passes."""
     name = case.schedule.removesuffix("+iw")
     schedule = generate(name, world, microbatches, case.stages_per_rank, **dict(case.options))
     if case.schedule.endswith("+iw"):
         schedule = split_backward(schedule)
-    if case.policy != "none" and lower_has_policies():
-        what, _, which = case.policy.partition(":")
-        return lower(schedule, **{what: which})  # type: ignore[call-arg]
-    return lower(with_policy(schedule, case.policy))
+    if case.policy == "none":
+        return lower(schedule)
+    what, _, which = case.policy.partition(":")
+    return lower(schedule, **{what: which})
 
 
 def _config(dropout: float = 0.0) -> GPTConfig:
