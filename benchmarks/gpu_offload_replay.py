@@ -31,6 +31,7 @@ from pipeoffload.ir import Schedule  # noqa: E402
 from pipeoffload.models.gpt import Block, GPTConfig  # noqa: E402
 from pipeoffload.models.split import StageModule  # noqa: E402
 from pipeoffload.runtime import LoopbackTransport, PipelineRunner, TensorSpec  # noqa: E402
+from pipeoffload.runtime.copier import CopyStats  # noqa: E402
 from pipeoffload.runtime.spec import Const  # noqa: E402
 
 
@@ -63,8 +64,10 @@ def run(args: argparse.Namespace, offload: str) -> dict[str, Any]:
     _sync(device)
     times = []
     for step in range(args.warmup + args.steps):
-        if step == args.warmup and device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        if step == args.warmup:  # measure steady state: pinned pool filled, allocator warm
+            runner.store.copier.stats = CopyStats()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
         runner.step(inputs, targets)
         _sync(device)
