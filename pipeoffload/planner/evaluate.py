@@ -96,12 +96,13 @@ def time_lower_bound(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -
     before its first stage (it cannot start earlier). Used to prune the search."""
     recomputed = int(choice.recompute.split(":")[1]) if choice.recompute.startswith("first:") else 0
     placement = placement_of(choice, d)
+    last = placement.num_stages - 1  # its backward may follow its forward at once: then it is not recomputed
     best = 0.0
     for rank in range(d):
         stages = placement.stages_of(rank)
         fill = sum(costs.f(s) for s in range(min(stages)))
         busy = m * sum(costs.f(s) + costs.b(s) for s in stages)
-        busy += m * sum(sorted(costs.r(s) for s in stages)[:recomputed])
+        busy += m * sum(sorted(costs.r(s) for s in stages if s != last)[:recomputed])
         best = max(best, fill + busy)
     return best
 
