@@ -113,19 +113,20 @@ class _Plan:
                 state.add(p)
         return failed
 
-    def prune(self, targets: dict[int, float]) -> None:
-        """Drop offloads not needed to keep each rank at its target (least valuable first)."""
+    def needed(self, targets: dict[int, float]) -> set[tuple[int, int, int]]:
+        """The offloads needed to keep each rank at its target: drop the least valuable first while
+        the peak stays at the target. The plan itself is left as it is."""
+        keep = set()
         for rank, state in self.states.items():
-            keep = []
+            memory = state.memory.copy()
             for p in sorted(state.placed, key=lambda q: (q.activation.value, q.activation.stage,
                                                          q.activation.microbatch)):
-                window = state.memory[p.lo:p.hi]
+                window = memory[p.lo:p.hi]
                 if len(window) and window.max() + p.activation.size <= targets[rank] + EPS:
                     window += p.activation.size
-                    self.group.unplace(rank, p)
                 else:
-                    keep.append(p)
-            state.placed = keep
+                    keep.add((rank, p.activation.stage, p.activation.microbatch))
+        return keep
 
 
 def plan_group(timelines: list[RankTimeline], costs: CostModel, policy: OffloadPolicy,
@@ -172,26 +173,23 @@ def plan_group(timelines: list[RankTimeline], costs: CostModel, policy: OffloadP
 
 def _pruned(plan: _Plan, timelines: list[RankTimeline], costs: CostModel, relaxed: bool,
             worth: list[Pick], budget: float | None) -> _Plan:
-    """The plan with redundant offloads dropped, packed again so that every start stays exact."""
+    """The plan without redundant offloads, packed again so that every start stays exact; the
+    original plan if that packing fails or peaks higher."""
     targets = {r: max(s.exact_peak(), budget or 0.0) for r, s in plan.states.items()}
-    before = plan.keys()
-    plan.prune(targets)
-    survivors = plan.keys()
-    if survivors == before:
+    survivors = plan.needed(targets)
+    if survivors == plan.keys():
         return plan
     again = _Plan(timelines, costs, relaxed)
     if again.pack([(r, x) for r, x in worth if (r, x.stage, x.microbatch) in survivors]):
-        log.debug("packing the pruned plan again failed; keeping its original starts (only ever earlier)")
         return plan
-    return again
+    peak = max(targets.values())
+    return again if max(s.exact_peak() for s in again.states.values()) <= peak + EPS else plan
 
 
 def _priority(candidates: dict[int, list[Activation]]) -> list[Pick]:
     """Candidates by value, most valuable first (ties: earlier forward, then stage, microbatch, rank)."""
     pairs = [(r, x) for r, xs in candidates.items() for x in xs]
     return sorted(pairs, key=lambda rx: (-rx[1].value, rx[1].f_end, rx[1].stage, rx[1].microbatch, rx[0]))
-
-
 
 
 _PACK_ROUNDS = 16
