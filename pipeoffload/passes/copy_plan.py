@@ -12,7 +12,7 @@ simulator's processing order, so relaxed plans are checked by simulation (see ``
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -68,7 +68,7 @@ class Lane:
         return self.ends[i - 1] if i else None
 
 
-@dataclass
+@dataclass(slots=True)
 class Activation:
     """One (stage, microbatch) activation on its rank, with the times the pass plans around."""
 
@@ -80,15 +80,14 @@ class Activation:
     back_index: int  # list position of that backward
     d2h: float
     h2d: float
+    value: float = field(init=False)  # memory-time an offload can save: size x the time it could be away
+
+    def __post_init__(self) -> None:
+        self.value = self.size * max(0.0, self.deadline - self.f_end - self.d2h - self.h2d)
 
     @property
     def lifespan(self) -> float:
         return self.deadline - self.f_end
-
-    @property
-    def value(self) -> float:
-        """Memory-time the offload can save: size x the time the activation could be off the device."""
-        return self.size * max(0.0, self.deadline - self.f_end - self.d2h - self.h2d)
 
 
 class RankTimeline:
@@ -170,7 +169,7 @@ class RankTimeline:
         return p if limit is None else min(p, limit)
 
 
-@dataclass
+@dataclass(slots=True)
 class Placed:
     """A planned offload: its D2H and H2D copy windows and the point range it is off the device."""
 

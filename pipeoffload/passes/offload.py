@@ -196,19 +196,18 @@ def longest_lived_stages(activations, count: int, skip: set[int] | frozenset[int
 def _emit(state: RankState) -> list[Action]:
     """The rank's compute list with each planned copy at the position that issues it on time."""
     tl = state.timeline
-    copies: list[tuple[int, float, int, Action]] = []
+    copies: list[tuple[int, float, int, int, int, ActionKind]] = []
     for p in state.placed:
         x = p.activation
-        copies.append((tl.position(p.d2h_start), p.d2h_start, 0, Action(K.OFFLOAD, x.stage, x.microbatch)))
-        copies.append((tl.position(p.h2d_start, x.back_index), p.h2d_start, 1, Action(K.RELOAD, x.stage, x.microbatch)))
-    copies.sort(key=lambda c: (c[0], c[1], c[2], c[3].stage, c[3].microbatch))
-    at: dict[int, list[Action]] = {}
-    for position, _, _, action in copies:
-        at.setdefault(position, []).append(action)
+        copies.append((tl.position(p.d2h_start), p.d2h_start, 0, x.stage, x.microbatch, K.OFFLOAD))
+        copies.append((tl.position(p.h2d_start, x.back_index), p.h2d_start, 1, x.stage, x.microbatch, K.RELOAD))
+    copies.sort()
     row: list[Action] = []
-    for index, a in enumerate(tl.actions):
-        if index in at:
-            row.extend(at[index])
-        row.append(a)
-    row.extend(at.get(len(tl.actions), ()))
+    done = 0
+    for position, _, _, stage, microbatch, kind in copies:
+        if position > done:
+            row.extend(tl.actions[done:position])
+            done = position
+        row.append(Action(kind, stage, microbatch))
+    row.extend(tl.actions[done:])
     return row
