@@ -139,11 +139,14 @@ class _Search:
 
     def _done(self, cand: Candidate, plan: Plan) -> None:
         base = cand.base_key()
-        self.plans[cand.key()] = plan
+        if cand.choice.recompute == "none" and cand.choice.offload != "none" and plan.memory.host == 0:
+            count(self.skipped, "offload moved nothing (same as the plain schedule)")
+        else:
+            self.plans[cand.key()] = plan
         if cand.is_base():
             self.base_time[base] = plan.step_time
             self.base_sim[base] = plan.sim
-        if plan.fits:
+        if plan.fits and cand.key() in self.plans:
             self._record(plan, base)
         if not (self.req.escalate and base in self.fitted) and not self._pending(base):
             self._release(base)
