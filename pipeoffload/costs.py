@@ -26,6 +26,9 @@ class CostModel:
     ``w_fraction`` is the part of a stage's activation still needed by W after I has run (1.0 is the
     conservative default the reference implementation and PyTorch's liveness analysis use).
     Copy times are per activation unit, one direction; they scale with the stage's ``activation``.
+    ``partial_recompute_saving`` is the fraction of activation bytes not stored because the backward
+    recomputes them (LayerNorm/GeLU/dropout: about 14/34), at ``partial_recompute_time`` times the
+    stage's F time of extra work in its backward (I or B); both default to 0 (no partial recompute).
     """
 
     time_f: PerStage = 1.0
@@ -41,6 +44,8 @@ class CostModel:
     h2d_time: float = 0.0
     shared_copy_engine: bool = True
     shared_host_link: bool = False
+    partial_recompute_saving: PerStage = 0.0
+    partial_recompute_time: PerStage = 0.0
 
     def __post_init__(self) -> None:
         for name in ("time_f", "time_i", "time_w", "time_b", "time_r", "activation"):
@@ -51,6 +56,12 @@ class CostModel:
         for name in ("p2p_time", "d2h_time", "h2d_time"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be >= 0")
+        saving = self.partial_recompute_saving
+        if any(not 0.0 <= x < 1.0 for x in ([saving] if isinstance(saving, (int, float)) else saving)):
+            raise ConfigError(f"partial_recompute_saving={saving!r}: must be in [0, 1)")
+        extra = self.partial_recompute_time
+        if any(not x >= 0.0 for x in ([extra] if isinstance(extra, (int, float)) else extra)):
+            raise ConfigError(f"partial_recompute_time={extra!r}: must be >= 0")
         if not 0.0 <= self.w_fraction <= 1.0:
             raise ConfigError(f"w_fraction={self.w_fraction!r}: must be in [0, 1]")
 
@@ -59,19 +70,26 @@ class CostModel:
         return _at(self.time_f, stage)
 
     def i(self, stage: int) -> float:
-        return _at(self.time_i, stage)
+        return _at(self.time_i, stage) + self._partial_extra(stage)
 
     def w(self, stage: int) -> float:
         return _at(self.time_w, stage)
 
     def b(self, stage: int) -> float:
-        return self.i(stage) + self.w(stage) if self.time_b is None else _at(self.time_b, stage)
+        if self.time_b is None:
+            return self.i(stage) + self.w(stage)
+        return _at(self.time_b, stage) + self._partial_extra(stage)
 
     def r(self, stage: int) -> float:
         return self.f(stage) if self.time_r is None else _at(self.time_r, stage)
 
     def act(self, stage: int) -> float:
-        return _at(self.activation, stage)
+        """Stored activation of one microbatch (after partial recomputation drops its share)."""
+        return _at(self.activation, stage) * (1.0 - _at(self.partial_recompute_saving, stage))
+
+    def _partial_extra(self, stage: int) -> float:
+        extra = _at(self.partial_recompute_time, stage)
+        return extra * _at(self.time_f, stage) if extra else 0.0
 
     def d2h(self, stage: int) -> float:
         return self.d2h_time * self.act(stage)
@@ -92,7 +110,8 @@ class CostModel:
         return replace(self, d2h_time=one_way, h2d_time=one_way)
 
     def check_stages(self, num_stages: int) -> None:
-        for name in ("time_f", "time_i", "time_w", "time_b", "time_r", "activation"):
+        for name in ("time_f", "time_i", "time_w", "time_b", "time_r", "activation",
+                     "partial_recompute_saving", "partial_recompute_time"):
             value = getattr(self, name)
             if isinstance(value, tuple) and len(value) != num_stages:
                 raise ConfigError(

@@ -4,9 +4,20 @@ from __future__ import annotations
 import argparse
 import json
 
-from pipeoffload.cli.common import add_cost_args, add_schedule_args, costs_from_args, schedule_from_args
+from dataclasses import replace
+
+from pipeoffload.cli.common import (
+    add_cost_args,
+    add_schedule_args,
+    costs_from_args,
+    non_negative_float,
+    positive_int,
+    schedule_from_args,
+)
 from pipeoffload.cli.outputs import add_output_args, write_outputs
-from pipeoffload.passes.lower import lower
+from pipeoffload.costs import CostModel
+from pipeoffload.passes.lower import lower_with_report
+from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, OffloadPolicy, RecomputePolicy
 from pipeoffload.simulate import Timeline, simulate
 
 
@@ -14,21 +25,68 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("simulate", help="simulate a schedule: time, bubbles, memory per rank")
     add_schedule_args(parser)
     add_cost_args(parser)
+    add_memory_args(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object (stable field names)")
     add_output_args(parser)
     parser.set_defaults(run=run)
 
 
+def add_memory_args(parser: argparse.ArgumentParser) -> None:
+    """Group-interleaved options, offload/recompute policies and the host-link model."""
+    group = parser.add_argument_group("activation memory (offload, recompute)")
+    group.add_argument("--group-size", "-g", type=positive_int, default=None,
+                       help="group-interleaved: microbatches per group, 1..ranks (default ceil(ranks/2))")
+    group.add_argument("--backward", choices=("split", "full"), default=None,
+                       help="group-interleaved: emit I and W (split, default) or one B (full)")
+    group.add_argument("--offload", default="none", metavar="POLICY", help=f"offload policy: {OFFLOAD_FORMS}")
+    group.add_argument("--recompute", default="none", metavar="POLICY", help=f"recompute policy: {RECOMPUTE_FORMS}")
+    group.add_argument("--offload-ratio", type=non_negative_float, default=0.0, metavar="K",
+                       help="the paper's k = (D2H + H2D time of one activation) / (F+I+W time); 0 = instant copies")
+    group.add_argument("--shared-host-link", action="store_true",
+                       help="ranks 2p and 2p+1 share one host link (GPUs under one PCIe switch)")
+    group.add_argument("--separate-copy-engines", action="store_true",
+                       help="one copy engine per direction (default: one engine serves D2H and H2D)")
+
+
+def memory_costs(args: argparse.Namespace, costs: CostModel) -> CostModel:
+    """Apply the host-link flags, the offload ratio and partial recomputation to ``costs``."""
+    costs = replace(costs, shared_host_link=args.shared_host_link,
+                    shared_copy_engine=not args.separate_copy_engines)
+    if args.offload_ratio:
+        costs = costs.with_offload_ratio(args.offload_ratio)
+    return RecomputePolicy.parse(args.recompute).apply_to(costs)
+
+
 def run(args: argparse.Namespace) -> int:
-    costs = costs_from_args(args)
-    schedule = lower(schedule_from_args(args), costs)
+    offload, recompute = OffloadPolicy.parse(args.offload), RecomputePolicy.parse(args.recompute)
+    costs = memory_costs(args, costs_from_args(args))
+    options = {"group_size": args.group_size, "backward": args.backward}
+    schedule, report = lower_with_report(schedule_from_args(args, **options), costs,
+                                         offload=offload, recompute=recompute)
     timeline = simulate(schedule, costs)
     write_outputs(args, [timeline])
     if args.json:
-        print(json.dumps(timeline.as_dict(), indent=1))
+        out = timeline.as_dict()
+        out["offload_report"] = report_dict(report)
+        print(json.dumps(out, indent=1))
     else:
         print(format_summary(timeline))
+        if offload.kind != "none" or recompute.kind != "none":
+            print(report.summary())
     return 0
+
+
+def report_dict(report) -> dict:  # type: ignore[no-untyped-def]
+    return {
+        "policy": report.policy,
+        "recompute": report.recompute,
+        "recomputed": len(report.recomputed),
+        "unhidden": len(report.unhidden),
+        "planned_peak_before": report.peak_before,
+        "planned_peak_after": report.peak_after,
+        "budget": report.budget,
+        "budget_met": report.budget_met,
+    }
 
 
 def format_summary(timeline: Timeline) -> str:

@@ -1,16 +1,91 @@
-"""``lower``: the one place lowering passes are chained, top to bottom."""
+"""``lower``: the one place lowering passes are chained, top to bottom.
+
+    validate -> recompute (first:K, all) -> offload placement -> [recompute auto -> offload again]
+             -> SEND/RECV -> validate
+
+Recompute comes first because R changes the compute timeline the offload pass plans against;
+``recompute auto`` needs the offload result, so it inserts its R actions and the offload pass runs
+once more on the new timeline (excluding the recomputed activations).
+"""
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
+
 from pipeoffload.costs import CostModel
-from pipeoffload.ir import Schedule
+from pipeoffload.ir import ActionKind, Schedule
 from pipeoffload.passes.comms import add_comms
+from pipeoffload.passes.offload import OffloadReport, plan_offload
+from pipeoffload.passes.recompute import all_keys, auto_keys, check_policies, first_stage_keys, insert_recompute
+from pipeoffload.policies import OffloadPolicy, RecomputePolicy
+from pipeoffload.simulate import simulate
 from pipeoffload.validate import validate
 
+log = logging.getLogger(__name__)
+K = ActionKind
 
-def lower(schedule: Schedule, costs: CostModel | None = None, *, check: bool = True) -> Schedule:
-    """Compute-only schedule -> executable schedule: (offload/reload: later issue) then SEND/RECV."""
-    validate(schedule.compute_only()) if check else None
-    lowered = add_comms(schedule)
+
+def lower(schedule: Schedule, costs: CostModel | None = None, *, offload: OffloadPolicy | str = "none",
+          recompute: RecomputePolicy | str = "none", check: bool = True) -> Schedule:
+    """Compute-only schedule -> executable schedule: recompute, offload/reload, then SEND/RECV.
+
+    Policies are values or their text forms (``"first:1"``, ``"budget:4"``, ``"auto,lgd"``...). When
+    simulating the result, pass the same costs with the recompute policy's partial recomputation
+    applied (``RecomputePolicy.apply_to``); lowering applies it for planning.
+    """
+    return lower_with_report(schedule, costs, offload=offload, recompute=recompute, check=check)[0]
+
+
+def lower_with_report(schedule: Schedule, costs: CostModel | None = None, *,
+                      offload: OffloadPolicy | str = "none", recompute: RecomputePolicy | str = "none",
+                      check: bool = True) -> tuple[Schedule, OffloadReport]:
+    """``lower`` plus the offload pass's report (what was offloaded, what could not be hidden)."""
+    offload_policy, recompute_policy = OffloadPolicy.parse(offload), RecomputePolicy.parse(recompute)
+    check_policies(offload_policy, recompute_policy)
+    costs = recompute_policy.apply_to(costs or CostModel())
+    if check:
+        validate(schedule.compute_only())
+    # Copies already in the schedule (placed by hand) are kept unless an offload policy replaces them.
+    source = schedule if offload_policy.kind == "none" else schedule.compute_only()
+    planned, report = _memory_passes(source, costs, offload_policy, recompute_policy)
+    lowered = add_comms(planned)
     if check:
         validate(lowered)
-    return lowered
+    return lowered, report
+
+
+def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
+                   recompute: RecomputePolicy) -> tuple[Schedule, OffloadReport]:
+    if offload.kind == "none" and recompute.kind == "none":
+        return source, OffloadReport(str(offload))
+    base = source.compute_only()
+    original = simulate(base, costs)
+    recomputed: set[tuple[int, int]] = set()
+    timeline = original
+    if recompute.kind in ("first", "all"):
+        recomputed = (first_stage_keys(base, original, costs, recompute.count, offload) if recompute.kind == "first"
+                      else all_keys(base, original, costs, offload))
+        recomputed -= _copied(source)
+        base = insert_recompute(base, recomputed)
+        timeline = simulate(base, costs)
+    planned, report = plan_offload(base, costs, offload, exclude=recomputed, timeline=timeline)
+    if offload.kind == "none":  # keep the hand-placed copies, if any
+        planned = insert_recompute(source, recomputed)
+    if recompute.kind == "auto":
+        offloaded = {(a.stage, a.microbatch) for row in planned.actions for a in row if a.kind is K.OFFLOAD}
+        extra = auto_keys(base, timeline, costs, report, offloaded)
+        if extra:
+            recomputed |= extra
+            base = insert_recompute(base, extra)
+            planned, report = plan_offload(base, costs, offload, exclude=recomputed)
+    before = {r.rank: r.peak_activation_units for r in original.per_rank}
+    per_rank = tuple(replace(r, peak_before=before[r.rank]) for r in report.per_rank)
+    report = replace(report, per_rank=per_rank, recompute=str(recompute), recomputed=tuple(sorted(recomputed)))
+    if report.budget_met is False:
+        log.warning("offload %s: cannot bring every rank to %g activation units; best planned peak %g",
+                    offload, report.budget, report.peak_after)
+    return planned, report
+
+
+def _copied(schedule: Schedule) -> set[tuple[int, int]]:
+    return {(a.stage, a.microbatch) for row in schedule.actions for a in row if a.kind is K.OFFLOAD}

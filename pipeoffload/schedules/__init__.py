@@ -97,3 +97,4 @@ from pipeoffload.schedules import v_shape  # noqa: E402,F401
 from pipeoffload.schedules import dualpipe  # noqa: E402,F401
 
 __all__ = ["ScheduleSpec", "register", "generate", "get_spec", "schedule_names", "schedule_specs"]
+from pipeoffload.schedules import group_interleaved  # noqa: E402,F401

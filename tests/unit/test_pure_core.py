@@ -1,11 +1,11 @@
-"""The pure core never imports torch: only runtime/ and profiling code may."""
+"""The pure core never imports torch: only runtime/, models/ and profiling code may."""
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pipeoffload"
-TORCH_ALLOWED = ("runtime", "profiling.py", "torch_interop.py")
+TORCH_ALLOWED = ("runtime", "models", "profiling.py", "torch_interop.py")
 
 
 def _core_modules() -> list[Path]:

@@ -1,0 +1,297 @@
+"""Building blocks of the offload placement pass: one rank's timeline, copy lanes, memory curve.
+
+The pass plans copies against the compute timeline of the schedule without copies. A copy is an
+action in the rank's list, so it is *issued* at the end of the compute action before it (a "grid
+point") and starts when its copy engine (FIFO, as in the simulator) is free. A planned start is
+therefore reproduced exactly by the simulator only if it is a grid point or the end of the copy
+before it on the same engine; the searches return only such starts ("exact" mode), so the
+simulator sees the planned times. On a shared host link, "relaxed" mode also allows a start at the
+end of the partner rank's copy: denser, but which of two such copies goes first then depends on the
+simulator's processing order, so relaxed plans are checked by simulation (see ``offload``).
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeoffload.costs import CostModel
+from pipeoffload.ir import Action, ActionKind
+
+K = ActionKind
+EPS = 1e-10
+
+
+class Lane:
+    """Busy intervals of one exclusive resource (a copy engine or a shared host link)."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def conflict(self, t: float, duration: float) -> tuple[float, float] | None:
+        """The earliest busy interval overlapping [t, t + duration), or None.
+
+        A zero-length copy conflicts only with an interval it would sit strictly inside, because
+        the engine would still be busy when it is issued.
+        """
+        i = bisect.bisect_right(self.ends, t + EPS)
+        if i == len(self.starts):
+            return None
+        start = self.starts[i]
+        limit = t + duration - EPS if duration > 0 else t - EPS
+        return (start, self.ends[i]) if start < limit else None
+
+    def add(self, t: float, duration: float) -> None:
+        if duration <= 0:
+            return
+        i = bisect.bisect_left(self.starts, t)
+        self.starts.insert(i, t)
+        self.ends.insert(i, t + duration)
+
+    def remove(self, t: float, duration: float) -> None:
+        if duration <= 0:
+            return
+        i = bisect.bisect_left(self.starts, t - EPS)
+        del self.starts[i]
+        del self.ends[i]
+
+    def end_at_or_after(self, t: float) -> float | None:
+        i = bisect.bisect_left(self.ends, t - EPS)
+        return self.ends[i] if i < len(self.ends) else None
+
+    def end_at_or_before(self, t: float) -> float | None:
+        i = bisect.bisect_right(self.ends, t + EPS)
+        return self.ends[i - 1] if i else None
+
+
+@dataclass
+class Activation:
+    """One (stage, microbatch) activation on its rank, with the times the pass plans around."""
+
+    stage: int
+    microbatch: int
+    size: float
+    f_end: float  # the earliest a device->host copy can start
+    deadline: float  # start of its backward (I or B): the reload must be complete by then
+    back_index: int  # list position of that backward
+    d2h: float
+    h2d: float
+
+    @property
+    def lifespan(self) -> float:
+        return self.deadline - self.f_end
+
+    @property
+    def value(self) -> float:
+        """Memory-time the offload can save: size x the time the activation could be off the device."""
+        return self.size * max(0.0, self.deadline - self.f_end - self.d2h - self.h2d)
+
+
+class RankTimeline:
+    """One rank's compute actions with their simulated times, grid points and baseline memory."""
+
+    def __init__(self, rank: int, actions: tuple[Action, ...], starts: tuple[float, ...],
+                 ends: tuple[float, ...], costs: CostModel, recomputed: set[tuple[int, int]]) -> None:
+        self.rank = rank
+        self.actions = actions
+        self.clocks = [0.0, *ends]  # clocks[p]: issue time of a copy placed before action p
+        self.point_list = sorted({0.0, *starts, *ends})
+        self.points = np.array(self.point_list)
+        self.activations: dict[tuple[int, int], Activation] = {}
+        self.memory = self._baseline(actions, starts, ends, costs, recomputed)
+
+    def _baseline(self, actions, starts, ends, costs, recomputed):  # type: ignore[no-untyped-def]
+        """Resident activation units at each point (frees before allocations at equal times)."""
+        where = {t: i for i, t in enumerate(self.point_list)}
+        delta = np.zeros(len(self.point_list) + 1)
+        found: dict[tuple[int, int], Activation] = {}
+        f_end: dict[tuple[int, int], float] = {}
+        per_stage: dict[int, tuple[float, float, float]] = {}
+        keep = costs.w_fraction
+        for p, (a, start, end) in enumerate(zip(actions, starts, ends)):
+            kind, stage = a.kind, a.stage
+            key = (stage, a.microbatch)
+            sizes = per_stage.get(stage)
+            if sizes is None:
+                sizes = per_stage[stage] = (costs.act(stage), costs.d2h(stage), costs.h2d(stage))
+            size = sizes[0]
+            if kind is K.F:
+                f_end[key] = end
+                if key not in recomputed:
+                    delta[where[start]] += size
+            elif kind is K.R:
+                delta[where[start]] += size
+            elif kind is K.B:
+                delta[where[end]] -= size
+            elif kind is K.I:
+                delta[where[end]] -= size * (1.0 - keep)
+            elif kind is K.W:
+                delta[where[end]] -= size * keep
+            if (kind is K.B or kind is K.I) and key not in recomputed and key in f_end:
+                found[key] = Activation(stage, a.microbatch, size, f_end[key], start, p, sizes[1], sizes[2])
+        self.activations = found
+        memory = np.cumsum(delta[:-1])
+        memory[np.abs(memory) < EPS] = 0.0
+        return memory
+
+    def off_range(self, d2h_end: float, h2d_start: float) -> tuple[int, int]:
+        """Point indices [lo, hi) at which an activation is off the device.
+
+        The device copy is gone from the first point at or after the D2H end; the reload counts
+        from the last point at or before its start (conservative when that is not a grid point).
+        """
+        lo = bisect.bisect_left(self.point_list, d2h_end - EPS)
+        hi = bisect.bisect_right(self.point_list, h2d_start + EPS) - 1
+        return lo, hi
+
+    def grid_floor(self, t: float) -> float | None:
+        """The latest issue point at or before ``t``."""
+        p = bisect.bisect_right(self.clocks, t + EPS) - 1
+        return self.clocks[p] if p >= 0 else None
+
+    def grid_ceil(self, t: float) -> float | None:
+        p = bisect.bisect_left(self.clocks, t - EPS)
+        return self.clocks[p] if p < len(self.clocks) else None
+
+    def position(self, t: float, limit: int | None = None) -> int:
+        """List position whose issue time is the latest at or before ``t`` (capped at ``limit``)."""
+        p = bisect.bisect_right(self.clocks, t + EPS) - 1
+        return p if limit is None else min(p, limit)
+
+
+@dataclass
+class Placed:
+    """A planned offload: its D2H and H2D copy windows and the point range it is off the device."""
+
+    activation: Activation
+    d2h_start: float
+    h2d_start: float
+    lo: int
+    hi: int
+
+    @property
+    def d2h_end(self) -> float:
+        return self.d2h_start + self.activation.d2h
+
+
+class CopyGroup:
+    """Ranks planned together because they share copy resources (one rank, or a host-link pair)."""
+
+    def __init__(self, timelines: list[RankTimeline], costs: CostModel, relaxed: bool = False) -> None:
+        self.timelines = {tl.rank: tl for tl in timelines}
+        self.relaxed = relaxed and costs.shared_host_link
+        links = {"d2h": Lane(), "h2d": Lane()}
+        self._engine: dict[tuple[int, str], Lane] = {}
+        self._lanes: dict[tuple[int, str], list[Lane]] = {}
+        for rank in self.timelines:
+            shared = Lane()
+            for direction in ("d2h", "h2d"):
+                engine = shared if costs.shared_copy_engine else Lane()
+                self._engine[(rank, direction)] = engine
+                self._lanes[(rank, direction)] = [engine, links[direction]] if costs.shared_host_link else [engine]
+
+    def lanes(self, rank: int, direction: str) -> list[Lane]:
+        """Every resource such a copy occupies: its engine first, then the pair's link when shared."""
+        return self._lanes[(rank, direction)]
+
+    def _next_start(self, rank: int, direction: str, t: float) -> float | None:
+        lanes = self.lanes(rank, direction)
+        options = [self.timelines[rank].grid_ceil(t), lanes[0].end_at_or_after(t)]
+        if self.relaxed:
+            options.append(lanes[1].end_at_or_after(t))
+        found = [x for x in options if x is not None]
+        return min(found) if found else None
+
+    def _prev_start(self, rank: int, direction: str, t: float) -> float | None:
+        lanes = self.lanes(rank, direction)
+        options = [self.timelines[rank].grid_floor(t), lanes[0].end_at_or_before(t)]
+        if self.relaxed:
+            options.append(lanes[1].end_at_or_before(t))
+        found = [x for x in options if x is not None]
+        return max(found) if found else None
+
+    def earliest(self, rank: int, direction: str, t: float, duration: float, limit: float) -> float | None:
+        """The first valid start >= t (and <= limit) at which the copy fits on all its resources."""
+        lanes = self.lanes(rank, direction)
+        cursor = self._next_start(rank, direction, t)
+        while cursor is not None and cursor <= limit + EPS:
+            blocked = [c[1] for c in (lane.conflict(cursor, duration) for lane in lanes) if c]
+            if not blocked:
+                return cursor
+            cursor = self._next_start(rank, direction, max(blocked))
+        return None
+
+    def latest(self, rank: int, direction: str, t: float, duration: float, lower: float) -> float | None:
+        """The last valid start <= t (and >= lower) at which the copy fits on all its resources."""
+        lanes = self.lanes(rank, direction)
+        cursor = self._prev_start(rank, direction, t)
+        while cursor is not None and cursor >= lower - EPS:
+            blocked = [c[0] for c in (lane.conflict(cursor, duration) for lane in lanes) if c]
+            if not blocked:
+                return cursor
+            cursor = self._prev_start(rank, direction, min(blocked) - duration)
+        return None
+
+    def reserve(self, rank: int, direction: str, t: float, duration: float) -> None:
+        for lane in self.lanes(rank, direction):
+            lane.add(t, duration)
+
+    def release(self, rank: int, direction: str, t: float, duration: float) -> None:
+        for lane in self.lanes(rank, direction):
+            lane.remove(t, duration)
+
+    def place(self, rank: int, x: Activation) -> Placed | None:
+        """Reserve D2H (earliest) then H2D (latest) for ``x``; None if they do not fit."""
+        d2h = self.earliest(rank, "d2h", x.f_end, x.d2h, x.deadline - x.h2d - x.d2h)
+        if d2h is None:
+            return None
+        self.reserve(rank, "d2h", d2h, x.d2h)
+        h2d = self.latest(rank, "h2d", x.deadline - x.h2d, x.h2d, d2h + x.d2h)
+        if h2d is None:
+            self.release(rank, "d2h", d2h, x.d2h)
+            return None
+        self.reserve(rank, "h2d", h2d, x.h2d)
+        return self._placed(rank, x, d2h, h2d)
+
+    def unplace(self, rank: int, p: Placed) -> None:
+        self.release(rank, "d2h", p.d2h_start, p.activation.d2h)
+        self.release(rank, "h2d", p.h2d_start, p.activation.h2d)
+
+    def _placed(self, rank: int, x: Activation, d2h: float, h2d: float) -> Placed:
+        lo, hi = self.timelines[rank].off_range(d2h + x.d2h, h2d)
+        return Placed(x, d2h, h2d, lo, hi)
+
+    def pack(self, chosen: list[tuple[int, Activation]]) -> tuple[list[tuple[int, Placed]], list[tuple[int, Activation]]]:
+        """Place a whole set in time order: reloads latest-deadline first, each as late as it can
+        go; then offloads in order of their forwards, each as early as it can go before its reload.
+
+        Packing in time order leaves no gaps too short for a copy (the greedy by value can), so a
+        set is hidden whenever any placement of it is. Returns (placed, not placed).
+        """
+        reloads: dict[tuple[int, int, int], float] = {}
+        failed = []
+        for rank, x in sorted(chosen, key=lambda rx: (-rx[1].deadline, rx[0], rx[1].stage, rx[1].microbatch)):
+            h2d = self.latest(rank, "h2d", x.deadline - x.h2d, x.h2d, x.f_end + x.d2h)
+            if h2d is None:
+                failed.append((rank, x))
+                continue
+            self.reserve(rank, "h2d", h2d, x.h2d)
+            reloads[(rank, x.stage, x.microbatch)] = h2d
+        placed = []
+        for rank, x in sorted(chosen, key=lambda rx: (rx[1].f_end, rx[0], rx[1].stage, rx[1].microbatch)):
+            h2d = reloads.get((rank, x.stage, x.microbatch))
+            if h2d is None:
+                continue
+            d2h = self.earliest(rank, "d2h", x.f_end, x.d2h, h2d - x.d2h)
+            p = None if d2h is None else self._placed(rank, x, d2h, h2d)
+            if p is None or p.hi <= p.lo:
+                self.release(rank, "h2d", h2d, x.h2d)
+                failed.append((rank, x))
+                continue
+            self.reserve(rank, "d2h", d2h, x.d2h)
+            placed.append((rank, p))
+        return placed, failed

@@ -1,0 +1,169 @@
+"""Offload and recompute policies: typed values with a short text form for the CLI.
+
+Text forms (case-insensitive)::
+
+    offload    none | all | first:K | auto | budget:X | budget:Xrank
+    recompute  none | all | first:K | auto, optionally followed by ",partial" / ",lgd" / ",partial:S:T"
+
+``budget:X`` is a per-rank memory target in activation units (``budget:Xrank`` in rank units, i.e.
+X times stages_per_rank activation units). ``partial`` models the paper's recomputation of
+LayerNorm, GeLU and dropout in the backward: a fraction S of each activation's bytes is not
+stored, for T times the stage's forward time of extra backward work (``lgd`` = the paper's
+34 -> 20 bytes*sbh per layer, S = 14/34, T = 0.05).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Union
+
+from pipeoffload.costs import CostModel
+from pipeoffload.errors import ConfigError
+
+OFFLOAD_FORMS = "none, all, first:K (K >= 1), auto, budget:X (activation units) or budget:Xrank (rank units)"
+RECOMPUTE_FORMS = "none, all, first:K (K >= 1) or auto, optionally followed by ',partial', ',lgd' or ',partial:S:T'"
+
+LGD_SAVING = 14.0 / 34.0  # 34 -> 20 bytes*sbh per layer when LayerNorm, GeLU and dropout are recomputed
+LGD_TIME = 0.05  # extra backward time as a fraction of F; an estimate (elementwise ops only)
+
+
+@dataclass(frozen=True)
+class OffloadPolicy:
+    """Which activations the offload pass should try to move to host memory.
+
+    kind: 'none' | 'all' | 'first' (the ``count`` longest-lived local stages on every rank) |
+    'auto' (lowest peak the copy lane can hide, with the fewest copies) | 'budget' (the fewest
+    copies that bring every rank's peak to ``budget`` activation units, or ``budget`` rank units
+    when ``rank_units``).
+    """
+
+    kind: str = "none"
+    count: int = 0
+    budget: float = 0.0
+    rank_units: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("none", "all", "first", "auto", "budget"):
+            raise ConfigError(f"offload policy kind {self.kind!r} is unknown; valid forms: {OFFLOAD_FORMS}")
+        if self.kind == "first" and self.count < 1:
+            raise ConfigError(f"offload first:{self.count}: K must be >= 1; valid forms: {OFFLOAD_FORMS}")
+        if self.kind == "budget" and not self.budget >= 0:
+            raise ConfigError(f"offload budget:{self.budget}: the target must be >= 0 units")
+
+    @classmethod
+    def parse(cls, text: "str | OffloadPolicy | None") -> "OffloadPolicy":
+        if isinstance(text, OffloadPolicy):
+            return text
+        raw = "none" if text is None else str(text).strip().lower()
+        name, _, arg = raw.partition(":")
+        if name in ("none", "all", "auto") and not arg:
+            return cls(name)
+        if name == "first" and arg:
+            return cls("first", count=_int(arg, raw, OFFLOAD_FORMS))
+        if name == "budget" and arg:
+            rank_units = arg.endswith("rank")
+            number = arg[: -len("rank")] if rank_units else arg
+            return cls("budget", budget=_float(number, raw, OFFLOAD_FORMS), rank_units=rank_units)
+        raise ConfigError(f"offload policy {text!r} is not understood; valid forms: {OFFLOAD_FORMS}")
+
+    def budget_units(self, stages_per_rank: int) -> float:
+        """The per-rank target in activation units."""
+        return self.budget * stages_per_rank if self.rank_units else self.budget
+
+    def __str__(self) -> str:
+        if self.kind == "first":
+            return f"first:{self.count}"
+        if self.kind == "budget":
+            return f"budget:{self.budget:g}" + ("rank" if self.rank_units else "")
+        return self.kind
+
+
+@dataclass(frozen=True)
+class RecomputePolicy:
+    """Which activations are dropped after F and recomputed (an R action) before their backward.
+
+    kind: 'none' | 'all' (every activation that lives beyond its own forward) | 'first' (the
+    ``count`` longest-lived local stages on every rank) | 'auto' (what the offload policy wanted off
+    the device but the copy lane could not hide, or what stays above the offload budget). ``partial_saving``/``partial_time`` model partial recomputation,
+    which needs no action: it changes the cost model (see ``apply_to``).
+    """
+
+    kind: str = "none"
+    count: int = 0
+    partial_saving: float = 0.0
+    partial_time: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("none", "all", "first", "auto"):
+            raise ConfigError(f"recompute policy kind {self.kind!r} is unknown; valid forms: {RECOMPUTE_FORMS}")
+        if self.kind == "first" and self.count < 1:
+            raise ConfigError(f"recompute first:{self.count}: K must be >= 1; valid forms: {RECOMPUTE_FORMS}")
+        if not 0.0 <= self.partial_saving < 1.0:
+            raise ConfigError(f"partial recompute saving {self.partial_saving!r}: must be in [0, 1)")
+        if not self.partial_time >= 0.0:
+            raise ConfigError(f"partial recompute time {self.partial_time!r}: must be >= 0")
+
+    @property
+    def partial(self) -> bool:
+        return self.partial_saving > 0 or self.partial_time > 0
+
+    @classmethod
+    def parse(cls, text: "str | RecomputePolicy | None") -> "RecomputePolicy":
+        if isinstance(text, RecomputePolicy):
+            return text
+        raw = "none" if text is None else str(text).strip().lower()
+        parts = [p.strip() for p in raw.split(",") if p.strip()] or ["none"]
+        kind, count, saving, time = "none", 0, 0.0, 0.0
+        for part in parts:
+            name, _, arg = part.partition(":")
+            if name in ("partial", "lgd"):
+                if name == "lgd" or not arg:
+                    saving, time = LGD_SAVING, LGD_TIME
+                else:
+                    fields = arg.split(":")
+                    if len(fields) != 2:
+                        raise ConfigError(f"recompute {part!r}: write partial:S:T (saved fraction, extra F fraction)")
+                    saving, time = (_float(f, raw, RECOMPUTE_FORMS) for f in fields)
+            elif name in ("none", "all", "auto") and not arg and kind == "none":
+                kind = name
+            elif name == "first" and arg and kind == "none":
+                kind, count = "first", _int(arg, raw, RECOMPUTE_FORMS)
+            else:
+                raise ConfigError(f"recompute policy {text!r} is not understood; valid forms: {RECOMPUTE_FORMS}")
+        return cls(kind, count, saving, time)
+
+    def apply_to(self, costs: CostModel) -> CostModel:
+        """The cost model with this policy's partial recomputation (idempotent; no-op without one)."""
+        if not self.partial:
+            return costs
+        return replace(costs, partial_recompute_saving=self.partial_saving, partial_recompute_time=self.partial_time)
+
+    def __str__(self) -> str:
+        head = f"first:{self.count}" if self.kind == "first" else self.kind
+        if not self.partial:
+            return head
+        tail = "lgd" if (self.partial_saving, self.partial_time) == (LGD_SAVING, LGD_TIME) else (
+            f"partial:{self.partial_saving:g}:{self.partial_time:g}")
+        return tail if head == "none" else f"{head},{tail}"
+
+
+PolicyLike = Union[str, OffloadPolicy, RecomputePolicy, None]
+
+
+def _int(text: str, whole: str, forms: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{whole!r}: {text!r} is not an integer; valid forms: {forms}") from None
+    if value < 1:
+        raise ConfigError(f"{whole!r}: K={value} must be >= 1; valid forms: {forms}")
+    return value
+
+
+def _float(text: str, whole: str, forms: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{whole!r}: {text!r} is not a number; valid forms: {forms}") from None
+    if not value >= 0:
+        raise ConfigError(f"{whole!r}: {value} must be >= 0; valid forms: {forms}")
+    return value

@@ -1,0 +1,209 @@
+"""Point-to-point transport between pipeline ranks, with bounded waits and a shared abort record.
+
+Semantics (the ones ``validate.check_p2p_order`` proves deadlock-free): each run of consecutive
+SEND/RECV actions is posted as one batch; sends never block (their works are kept and waited at the
+end of the step); the rank blocks until every receive of the batch has arrived.
+
+- gloo: each tensor is its own ``isend``/``irecv`` with a tag derived from (direction, stage,
+  microbatch, index), so messages between two ranks match by tag whatever the posting order.
+- NCCL: one ``batch_isend_irecv`` per batch (a group call, required so that two ranks exchanging in
+  both directions cannot deadlock); NCCL ignores tags and matches in posting order, so
+  ``check_fifo`` verifies at set-up that every pair of ranks posts matching sequences.
+
+Every wait is bounded by ``timeout`` (gloo raises when it expires; NCCL waits are enforced by the
+process group's own timeout). When a rank fails it writes one line into the process group's store;
+a rank whose wait fails because a peer died reads it, so its own error names the rank, step and
+action where the trouble started.
+"""
+from __future__ import annotations
+
+import datetime
+import itertools
+import logging
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from pipeoffload.errors import ConfigError
+from pipeoffload.ir import COMM_KINDS, Action, ActionKind, Schedule
+
+log = logging.getLogger(__name__)
+K = ActionKind
+
+Message = tuple[int, int, torch.Tensor]  # (peer rank in the pipeline group, tag, tensor)
+_MAX_TENSORS = 64  # tensors per boundary message, part of the tag space
+_RUNNER_IDS = itertools.count()
+
+
+def message_tag(direction: int, stage: int, microbatch: int, index: int, num_stages: int, num_microbatches: int) -> int:
+    """Tag of tensor ``index`` of the message carrying (direction 0=activation, 1=gradient) from
+    ``stage`` for ``microbatch``; the same on sender and receiver."""
+    return ((direction * num_stages + stage) * num_microbatches + microbatch) * _MAX_TENSORS + index
+
+
+def check_tag_space(num_stages: int, num_microbatches: int) -> None:
+    if message_tag(1, num_stages, num_microbatches, 0, num_stages, num_microbatches) >= 2**31:
+        raise ConfigError(
+            f"{num_stages} stages x {num_microbatches} microbatches exceed the gloo tag space; "
+            "use fewer microbatches per step"
+        )
+
+
+def check_fifo(schedule: Schedule) -> None:
+    """Raise ``ConfigError`` unless, for every ordered pair of ranks, the sender posts its messages
+    in the order the receiver posts the matching receives (needed where tags are ignored: NCCL)."""
+    placement = schedule.placement
+    sent: dict[tuple[int, int], list[tuple]] = {}
+    received: dict[tuple[int, int], list[tuple]] = {}
+    for rank, row in enumerate(schedule.actions):
+        for a in row:
+            if a.kind == K.SEND_F:
+                sent.setdefault((rank, placement.rank_of(a.stage + 1)), []).append(("F", a.stage, a.microbatch))
+            elif a.kind == K.SEND_B:
+                sent.setdefault((rank, placement.rank_of(a.stage - 1)), []).append(("B", a.stage, a.microbatch))
+            elif a.kind == K.RECV_F:
+                received.setdefault((placement.rank_of(a.stage - 1), rank), []).append(("F", a.stage - 1, a.microbatch))
+            elif a.kind == K.RECV_B:
+                received.setdefault((placement.rank_of(a.stage + 1), rank), []).append(("B", a.stage + 1, a.microbatch))
+    for pair, order in sent.items():
+        if received.get(pair) != order:
+            raise ConfigError(
+                f"ranks {pair[0]} -> {pair[1]} send in an order their receives do not follow; NCCL matches "
+                "messages in posting order, so this schedule needs the gloo backend or a reordered lowering"
+            )
+
+
+class Transport:
+    """Posts batches of sends/receives on a process group and waits for receives, bounded."""
+
+    def __init__(self, group: Optional[dist.ProcessGroup], timeout: float, device: torch.device) -> None:
+        self.group = group
+        self.timeout = datetime.timedelta(seconds=timeout)
+        self.device = device
+        self.backend = dist.get_backend(group)
+        self.nccl = device.type == "cuda" and "nccl" in str(self.backend)
+        group_ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+        self._global = list(group_ranks)
+        # The process group object itself: its send/recv take group ranks and skip the per-call
+        # argument checks of dist.isend/irecv (the same C++ calls underneath).
+        self._pg = group if group is not None else dist.group.WORLD
+        self._store = _default_store()
+        self._key = f"pipeoffload/{'-'.join(map(str, group_ranks))}/{next(_RUNNER_IDS)}"
+
+    def global_rank(self, rank: int) -> int:
+        return self._global[rank]
+
+    def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[list[Any], list[Any]]:
+        """Post one batch; returns (send works, receive works)."""
+        if self.nccl:
+            ops = [dist.P2POp(dist.isend, t, self._global[p], self.group) for p, _, t in sends]
+            ops += [dist.P2POp(dist.irecv, t, self._global[p], self.group) for p, _, t in recvs]
+            works = dist.batch_isend_irecv(ops) if ops else []
+            return [], list(works)  # NCCL: one group call; waiting on its works covers the sends too
+        pg = self._pg
+        send_works = [pg.send([t], p, tag) for p, tag, t in sends]
+        recv_works = [pg.recv([t], p, tag) for p, tag, t in recvs]
+        return send_works, recv_works
+
+    def wait(self, works: Sequence[Any]) -> None:
+        for work in works:
+            if self.nccl:
+                work.wait()
+            else:
+                work.wait(timeout=self.timeout)
+
+    def broadcast(self, obj: Any, src_rank: int) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=self._global[src_rank], group=self.group,
+                                   device=self.device if self.nccl else None)
+        return box[0]
+
+    # ---- failure record ---------------------------------------------------------------------------
+    def record_failure(self, message: str) -> None:
+        """Publish the first failure of this pipeline (later ones keep the first)."""
+        if self._store is None:
+            return
+        try:
+            if self._store.add(self._key + "/failures", 1) == 1:
+                self._store.set(self._key + "/first", message)
+        except Exception:  # noqa: BLE001 - best effort: the store may be gone with a dead peer
+            log.debug("could not publish the failure record", exc_info=True)
+
+    def first_failure(self) -> Optional[str]:
+        if self._store is None:
+            return None
+        try:
+            if self._store.check([self._key + "/first"]):
+                return self._store.get(self._key + "/first").decode()
+        except Exception:  # noqa: BLE001
+            log.debug("could not read the failure record", exc_info=True)
+        return None
+
+
+def _default_store() -> Any:
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - private API; without it errors still name this rank's action
+        return None
+
+
+class LoopbackTransport:
+    """For replaying one rank alone: sends go nowhere, receives are filled with plausible values
+    (small random floats, zeros otherwise), so one device can run one rank's real schedule."""
+
+    nccl = False
+
+    def __init__(self, device: torch.device, seed: int = 0) -> None:
+        self.device = device
+        self._gen = torch.Generator(device="cpu").manual_seed(seed)
+        self._templates: dict[tuple, torch.Tensor] = {}
+
+    def _template(self, t: torch.Tensor) -> torch.Tensor:
+        key = (tuple(t.shape), t.dtype)
+        tmpl = self._templates.get(key)
+        if tmpl is None:
+            if t.is_floating_point():
+                tmpl = (torch.randn(t.shape, generator=self._gen) * 0.02).to(device=self.device, dtype=t.dtype)
+            else:
+                tmpl = torch.zeros(t.shape, dtype=t.dtype, device=self.device)
+            self._templates[key] = tmpl
+        return tmpl
+
+    def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[list[Any], list[Any]]:
+        for _, _, t in recvs:
+            t.copy_(self._template(t))
+        return [], []
+
+    def wait(self, works: Sequence[Any]) -> None:
+        return None
+
+    def broadcast(self, obj: Any, src_rank: int) -> Any:
+        return obj
+
+    def record_failure(self, message: str) -> None:
+        return None
+
+    def first_failure(self) -> Optional[str]:
+        return None
+
+
+def peer_of(a: Action, schedule: Schedule) -> int:
+    """The rank on the other side of comm action ``a``."""
+    neighbour = a.stage + 1 if a.kind in (K.SEND_F, K.RECV_B) else a.stage - 1
+    return schedule.placement.rank_of(neighbour)
+
+
+def comm_batches(row: Sequence[Action]) -> list:
+    """The rank's program: compute/copy actions as they are, each maximal run of consecutive comm
+    actions as one list (posted together)."""
+    out: list = []
+    for a in row:
+        if a.kind in COMM_KINDS:
+            if out and isinstance(out[-1], list):
+                out[-1].append(a)
+            else:
+                out.append([a])
+        else:
+            out.append(a)
+    return out

@@ -1,0 +1,378 @@
+"""The interpreter: one loop over this rank's lowered actions, dispatched through a handler table.
+
+``PipelineRunner.step`` splits the batch into microbatches, runs the rank's action list (the same
+lowered list the simulator reads), and returns the mean loss on the rank holding the last stage.
+Each run of consecutive comm actions is one batch (see ``comm``); F/B/I/W/R go to the stages;
+OFFLOAD/RELOAD go to the activation store. Every action is recorded in a ``Trace``.
+
+Values between stages: a stage's output for microbatch ``mb`` goes to the next stage's inputs,
+either through SEND_F/RECV_F or, when both stages are on this rank, directly (detached, so each
+stage has its own graph). Input gradients come back the same way. Losses are divided by the number
+of microbatches, so parameter gradients are those of the mean loss over the batch.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipeoffload.errors import ConfigError
+from pipeoffload.ir import Action, ActionKind, Schedule
+from pipeoffload.passes.lower import lower
+from pipeoffload.runtime.comm import (
+    LoopbackTransport, Transport, check_fifo, check_tag_space, comm_batches, message_tag,
+)
+from pipeoffload.runtime.offload import ActivationStore
+from pipeoffload.runtime.spec import (
+    Spec, TensorSpec, as_inputs, as_tuple, assemble, check_values, grad_specs, infer_specs, spec_of,
+    split_microbatches, tensor_specs,
+)
+from pipeoffload.runtime.stage import LossFn, PipelineStage
+from pipeoffload.runtime.trace import Trace, TraceRecord
+from pipeoffload.validate import validate
+
+log = logging.getLogger(__name__)
+K = ActionKind
+
+
+class PipelineError(RuntimeError):
+    """A step failed on this rank; the message names the rank, the step and the action."""
+
+    def __init__(self, message: str, rank: int, step: int, action: Optional[Action]) -> None:
+        super().__init__(message)
+        self.rank, self.step, self.action = rank, step, action
+
+
+class PipelineRunner:
+    """Runs ``schedule`` for ``rank`` on the given stage modules.
+
+    ``stages``: ``{global stage index: module}`` for this rank's stages (or a list in placement
+    order). ``schedule``: compute-only (lowered here) or already lowered. ``group``: the pipeline's
+    process group (default: the world); ``None`` with one rank needs no process group at all.
+    ``loss_fn(output, target)`` runs on the last stage. ``timeout`` bounds every wait (seconds).
+    ``min_offload_bytes``: smaller saved storages stay on the device. ``output_specs``: optionally
+    declare each stage's output spec (list per microbatch, or one for all) instead of inferring it.
+    ``transport``: replace the process group (``LoopbackTransport`` replays one rank alone).
+    """
+
+    def __init__(
+        self,
+        stages: Mapping[int, nn.Module] | Sequence[nn.Module],
+        schedule: Schedule,
+        rank: int,
+        *,
+        group: Optional[dist.ProcessGroup] = None,
+        loss_fn: Optional[LossFn] = None,
+        device: torch.device | str | None = None,
+        timeout: float = 300.0,
+        min_offload_bytes: int = 4096,
+        output_specs: Optional[Mapping[int, Any]] = None,
+        transport: Any = None,
+        copier: Any = None,
+    ) -> None:
+        from pipeoffload.models.split import stage_modules
+
+        self.schedule = schedule if schedule.is_lowered() or schedule.num_ranks == 1 else lower(schedule)
+        validate(self.schedule)
+        self.rank = rank
+        placement = self.schedule.placement
+        modules = stage_modules(stages, placement, rank)
+        first = next(iter(modules.values()))
+        self.device = torch.device(device) if device is not None else next(first.parameters()).device
+        self.num_microbatches = self.schedule.num_microbatches
+        self.num_stages = placement.num_stages
+        self.store = ActivationStore(self.device, min_bytes=min_offload_bytes, copier=copier)
+        self.device = self.store.device
+        for module in modules.values():
+            self.store.exclude(module.parameters())
+            self.store.exclude(module.buffers())
+        self.stages = {
+            s: PipelineStage(m, s, self.num_stages, self.store, loss_fn=loss_fn, num_microbatches=self.num_microbatches)
+            for s, m in modules.items()
+        }
+        self.transport = transport if transport is not None else self._default_transport(group, timeout)
+        if getattr(self.transport, "nccl", False):
+            check_fifo(self.schedule)
+        check_tag_space(self.num_stages, self.num_microbatches)
+        self.row = self.schedule.actions[rank]
+        self.recomputed = {(a.stage, a.microbatch) for a in self.row if a.kind == K.R}
+        self.specs: Optional[dict[int, list[Spec]]] = self._declared(output_specs)
+        self.step_count = 0
+        self.slot_bytes: dict[int, int] = {}  # largest bytes one (stage, microbatch) F saved, per stage
+        self.trace: Optional[Trace] = None
+        self._handlers: dict[ActionKind, Callable[[Action], None]] = {
+            K.F: self._forward, K.B: self._backward, K.I: self._backward_input, K.W: self._backward_weight,
+            K.R: self._recompute, K.OFFLOAD: self._offload, K.RELOAD: self._reload,
+        }
+        self._program = comm_batches(self.row)
+        self._reset_state()
+
+    # ---- set-up helpers ---------------------------------------------------------------------------
+    def _default_transport(self, group: Optional[dist.ProcessGroup], timeout: float) -> Any:
+        if self.schedule.num_ranks == 1:
+            return LoopbackTransport(self.device)
+        if not dist.is_initialized():
+            raise ConfigError(
+                f"schedule has {self.schedule.num_ranks} ranks but torch.distributed is not initialised; "
+                "call init_process_group first (or run under torchrun)"
+            )
+        size = dist.get_world_size(group)
+        if size != self.schedule.num_ranks:
+            raise ConfigError(
+                f"process group has {size} ranks but the schedule has {self.schedule.num_ranks}; "
+                "give a group with one process per pipeline rank"
+            )
+        return Transport(group, timeout, self.device)
+
+    def _declared(self, output_specs: Optional[Mapping[int, Any]]) -> Optional[dict[int, list[Spec]]]:
+        if output_specs is None:
+            return None
+        out = {}
+        for s, spec in output_specs.items():
+            out[s] = list(spec) if isinstance(spec, list) else [spec] * self.num_microbatches
+        return out
+
+    def _local(self, stage: int) -> bool:
+        return self.schedule.placement.rank_of(stage) == self.rank
+
+    def _reset_state(self) -> None:
+        self._inputs: dict[tuple[int, int], tuple] = {}
+        self._grads: dict[tuple[int, int], list] = {}
+        self._outbox: dict[tuple[ActionKind, int, int], list[torch.Tensor]] = {}
+        self._inflight: list[tuple[Any, list[torch.Tensor]]] = []
+        self._handoff_pins: dict[tuple[int, int], list[torch.Tensor]] = {}
+        self._losses: dict[int, torch.Tensor] = {}
+
+    # ---- specs ------------------------------------------------------------------------------------
+    def _ensure_specs(self, mb_inputs: Optional[list[tuple]]) -> None:
+        """Infer every stage's output spec in stage order; each owner broadcasts its stage's."""
+        if self.specs is not None:
+            return
+        specs: dict[int, list[Spec]] = {}
+        for s in range(self.num_stages - 1):
+            owner = self.schedule.placement.rank_of(s)
+            mine = None
+            if owner == self.rank:
+                if s == 0:
+                    if mb_inputs is None:
+                        raise ConfigError(f"rank {self.rank} holds stage 0: pass the batch as step(inputs, ...)")
+                    in_specs, values = [spec_of(x) for x in mb_inputs], mb_inputs
+                else:
+                    in_specs, values = specs[s - 1], None
+                mine = infer_specs(self.stages[s].module, in_specs, self.device, values)
+            specs[s] = self.transport.broadcast(mine, owner)
+            if specs[s] is None:
+                raise ConfigError(
+                    f"rank {self.rank} cannot infer the output spec of stage {s} (held by rank {owner}) without a "
+                    "process group; declare it with PipelineRunner(..., output_specs={stage: spec})"
+                )
+        self.specs = specs
+
+    # ---- the step ---------------------------------------------------------------------------------
+    def step(self, inputs: Any = None, targets: Any = None) -> Optional[torch.Tensor]:
+        """Run one training step (forward and backward of every microbatch); gradients accumulate in
+        the stage modules' parameters. Returns the mean loss on the last stage's rank, else None."""
+        m = self.num_microbatches
+        self._mb_inputs = split_microbatches(inputs, m, self.device, "inputs") if 0 in self.stages else None
+        last = self.num_stages - 1
+        self._mb_targets = None
+        if last in self.stages:
+            if targets is None:
+                raise ConfigError(f"rank {self.rank} holds the last stage: pass targets to step(inputs, targets)")
+            self._mb_targets = [t if len(t) > 1 else t[0] for t in split_microbatches(targets, m, self.device, "targets")]
+        step, trace = self.step_count, Trace(self.rank, self.step_count)
+        self.step_count += 1
+        self.store.reset_peak()
+        records = trace.records
+        index, current = 0, None  # current: the action running (or a phase name), for error messages
+        t0 = time.perf_counter()
+        try:
+            current = "shape inference"
+            self._ensure_specs(self._mb_inputs)
+            current = None
+            for item in self._program:
+                begin = time.perf_counter() - t0
+                if isinstance(item, list):
+                    current = item
+                    self._exchange(item)
+                    end = time.perf_counter() - t0
+                    resident = self.store.resident_bytes
+                    for a in item:
+                        records.append(TraceRecord(a, begin, end, resident))
+                    index += len(item)
+                else:
+                    current = item
+                    self._handlers[item.kind](item)
+                    self.store.poll()
+                    records.append(TraceRecord(item, begin, time.perf_counter() - t0, self.store.resident_bytes))
+                    index += 1
+            current = None
+            self._finish_step()
+        except Exception as exc:
+            raise self._fail(exc, step, index, current) from exc
+        trace.peak_bytes = self.store.peak_bytes
+        trace.end_bytes = self.store.resident_bytes
+        trace.wall = time.perf_counter() - t0
+        self.trace = trace
+        if self._mb_targets is None:
+            return None
+        total = self._losses[0]
+        for mb in range(1, m):
+            total = total + self._losses[mb]
+        self._losses.clear()
+        return total
+
+    def _finish_step(self) -> None:
+        for work, tensors in self._inflight:
+            self.transport.wait([work])
+        self._unpin_sent(everything=True)
+        self.store.finish()
+        leftovers = [s for s, st in self.stages.items() if st.pending()]
+        if leftovers or self._inputs or self._grads or self._outbox:
+            raise RuntimeError(
+                f"step ended with unconsumed state: stages {leftovers} pending, inputs {sorted(self._inputs)}, "
+                f"gradients {sorted(self._grads)}, unsent {sorted(map(str, (Action(*k) for k in self._outbox)))}"
+            )
+
+    def _fail(self, exc: Exception, step: int, index: int, action: Any) -> PipelineError:
+        if isinstance(action, Action):
+            where = f"step {step}, action #{index} {action}"
+        elif isinstance(action, list):  # a comm batch: name all of it, it fails as one
+            where = f"step {step}, actions #{index}-{index + len(action) - 1} [{' '.join(map(str, action))}]"
+            action = action[0]
+        else:
+            where = f"step {step}, {action or 'end of step'}"
+            action = None
+        message = f"pipeline rank {self.rank} failed at {where}: {type(exc).__name__}: {exc}"
+        first = self.transport.first_failure()
+        if first is not None and first != message:
+            message += f"\n  first failure in the pipeline: {first}"
+        else:
+            self.transport.record_failure(message)
+        log.error(message)
+        for stage in self.stages.values():
+            stage.reset()
+        self.store.clear()
+        self._reset_state()
+        return PipelineError(message, self.rank, step, action)
+
+    # ---- compute handlers -------------------------------------------------------------------------
+    def _forward(self, a: Action) -> None:
+        s, mb = a.stage, a.microbatch
+        stage = self.stages[s]
+        args = self._mb_inputs[mb] if s == 0 else self._inputs.pop((s, mb))  # type: ignore[index]
+        target = self._mb_targets[mb] if stage.is_last else None  # type: ignore[index]
+        out = stage.forward(mb, args, target, recompute=(s, mb) in self.recomputed)
+        self._note_slot(s, mb)
+        for t in self._handoff_pins.pop((s, mb), ()):
+            self.store.unpin(t)
+        if stage.is_last:
+            self._losses[mb] = out
+            return
+        values = as_tuple(out)
+        spec = self.specs[s][mb]  # type: ignore[index]
+        check_values(values, spec, f"output of stage {s}, microbatch {mb}")
+        if self._local(s + 1):
+            inputs = as_inputs(values, spec)
+            self._inputs[(s + 1, mb)] = inputs
+            pins = [t for t in inputs if isinstance(t, torch.Tensor) and self.store.pin(t)]
+            if pins:
+                self._handoff_pins[(s + 1, mb)] = pins
+        else:
+            self._outbox[(K.SEND_F, s, mb)] = [v for v, sp in zip(values, spec) if isinstance(sp, TensorSpec)]
+
+    def _route_input_grads(self, s: int, mb: int, grads: list[Optional[torch.Tensor]]) -> None:
+        if s == 0:
+            return
+        specs = grad_specs(self.specs[s - 1][mb])  # type: ignore[index]
+        full = [g if g is not None else torch.zeros(sp.shape, dtype=sp.dtype, device=self.device)
+                for g, sp in zip(grads, specs)]
+        if self._local(s - 1):
+            self._grads[(s - 1, mb)] = full
+        else:
+            self._outbox[(K.SEND_B, s, mb)] = full
+
+    def _backward(self, a: Action) -> None:
+        s, mb = a.stage, a.microbatch
+        stage = self.stages[s]
+        grads = None if stage.is_last else self._grads.pop((s, mb))
+        in_grads = stage.backward(mb, grads)
+        self.store.release(s, mb)
+        self._route_input_grads(s, mb, in_grads)
+
+    def _backward_input(self, a: Action) -> None:
+        s, mb = a.stage, a.microbatch
+        stage = self.stages[s]
+        grads = None if stage.is_last else self._grads.pop((s, mb))
+        self._route_input_grads(s, mb, stage.backward_input(mb, grads))
+
+    def _backward_weight(self, a: Action) -> None:
+        self.stages[a.stage].backward_weight(a.microbatch)
+        self.store.release(a.stage, a.microbatch)
+
+    def _recompute(self, a: Action) -> None:
+        self.stages[a.stage].recompute(a.microbatch)
+        self._note_slot(a.stage, a.microbatch)
+
+    def _note_slot(self, s: int, mb: int) -> None:
+        saved = self.store.slot_bytes(s, mb)
+        if saved > self.slot_bytes.get(s, 0):
+            self.slot_bytes[s] = saved
+
+    def _offload(self, a: Action) -> None:
+        self.store.offload(a.stage, a.microbatch)
+
+    def _reload(self, a: Action) -> None:
+        self.store.reload(a.stage, a.microbatch)
+
+    # ---- communication ----------------------------------------------------------------------------
+    def _exchange(self, batch: list[Action]) -> None:
+        """Post one batch of sends and receives; block until the receives arrived."""
+        S, M = self.num_stages, self.num_microbatches
+        placement = self.schedule.placement
+        sends, recvs, arrivals = [], [], []
+        for a in batch:
+            s, mb = a.stage, a.microbatch
+            if a.kind == K.SEND_F or a.kind == K.SEND_B:
+                direction, peer = (0, s + 1) if a.kind == K.SEND_F else (1, s - 1)
+                tensors = [t.contiguous() for t in self._outbox.pop((a.kind, s, mb))]
+                peer_rank = placement.rank_of(peer)
+                sends += [(peer_rank, message_tag(direction, s, mb, i, S, M), t) for i, t in enumerate(tensors)]
+            elif a.kind == K.RECV_F:
+                spec = self.specs[s - 1][mb]  # type: ignore[index]
+                bufs = [ts.empty(self.device) for ts in tensor_specs(spec)]
+                peer_rank = placement.rank_of(s - 1)
+                recvs += [(peer_rank, message_tag(0, s - 1, mb, i, S, M), t) for i, t in enumerate(bufs)]
+                arrivals.append((a, spec, bufs))
+            else:  # RECV_B
+                spec = self.specs[s][mb]  # type: ignore[index]
+                bufs = [ts.empty(self.device) for ts in grad_specs(spec)]
+                peer_rank = placement.rank_of(s + 1)
+                recvs += [(peer_rank, message_tag(1, s + 1, mb, i, S, M), t) for i, t in enumerate(bufs)]
+                arrivals.append((a, spec, bufs))
+        send_works, recv_works = self.transport.post(sends, recvs)
+        for (_, _, t), work in zip(sends, send_works):  # one work per tensor (gloo)
+            self._inflight.append((work, [t] if self.store.pin(t) else []))
+        self.transport.wait(recv_works)
+        for a, spec, bufs in arrivals:
+            if a.kind == K.RECV_F:
+                self._inputs[(a.stage, a.microbatch)] = assemble(spec, bufs)
+            else:
+                self._grads[(a.stage, a.microbatch)] = bufs
+        if self._inflight:
+            self._unpin_sent()
+
+    def _unpin_sent(self, everything: bool = False) -> None:
+        """Forget sends that completed (their buffers can go) and drop their pins."""
+        still = []
+        for work, pinned in self._inflight:
+            if everything or work.is_completed():
+                for t in pinned:
+                    self.store.unpin(t)
+            else:
+                still.append((work, pinned))
+        self._inflight = still

@@ -1,0 +1,383 @@
+"""The activation store: what autograd saves during a forward, kept per (stage, microbatch) slot,
+and moved to host memory and back when the schedule says OFFLOAD and RELOAD.
+
+Forwards (F, R) run inside ``store.saving(stage, mb)``, which installs ``saved_tensors_hooks``:
+
+- pack returns a small handle, never the tensor: a handle that held a tensor with a ``grad_fn``
+  that saved it would close a reference cycle (tensor -> node -> saved handle -> tensor) that is
+  invisible to Python's collector and would never be freed. The handle holds a *detached* alias.
+- parameters and buffers are excluded by storage identity: autograd saves views such as
+  ``weight.t()`` that are not ``nn.Parameter`` objects but share the parameter's storage.
+- the unit moved is a *storage*: views sharing one storage are one entry, stored once. A storage
+  may belong to several slots (a tensor handed between two stages on the same rank); it leaves the
+  device only when no slot that still counts as resident refers to it.
+- storages smaller than ``min_bytes`` stay where they are and are not counted.
+
+Offload copies a storage's bytes to a host buffer and, once the copy has completed (polled; never
+earlier, the copy engine may still be reading), releases the device memory with
+``storage.resize_(0)``: every tensor viewing it, autograd's aliases included, stays a valid object
+and becomes usable again when reload resizes the storage back and copies the bytes in. Reload
+allocates on the compute stream before the copy stream writes; unpack makes the compute stream wait
+for the reload. ``resident_bytes`` counts device bytes of managed storages exactly: F allocates,
+OFFLOAD frees at copy completion, RELOAD allocates at its start, release frees.
+
+Storages still needed elsewhere (a pending send, a tensor handed to the next local stage) are
+*pinned*; an offloaded pinned storage is freed when its last pin is dropped.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from enum import Enum
+from typing import Any, Iterable, Iterator, Optional
+
+import torch
+
+from pipeoffload.runtime.copier import CudaCopier, SyncCopier, make_copier
+
+log = logging.getLogger(__name__)
+
+Slot = tuple[int, int]  # (stage, microbatch)
+
+
+class EntryState(Enum):
+    RESIDENT = "resident"
+    TO_HOST = "to_host"  # copy to host in flight; the device copy is still allocated
+    ON_HOST = "on_host"  # device memory released
+    TO_DEVICE = "to_device"  # device memory allocated, copy back in flight
+    DROPPED = "dropped"  # released after I: only nodes W never runs refer to it
+
+
+class _Entry:
+    """One device storage saved by one or more slots."""
+
+    __slots__ = ("ident", "storage", "nbytes", "slots", "claims", "handles", "state", "host", "token", "pins")
+
+    def __init__(self, ident: int, storage: torch.UntypedStorage, nbytes: int) -> None:
+        self.ident = ident
+        self.storage = storage
+        self.nbytes = nbytes
+        self.handles = 0  # handles autograd still holds; at 0 nothing can use the storage any more
+        self.slots: set[Slot] = set()
+        self.claims = 0  # slots referring to it that are currently resident
+        self.state = EntryState.RESIDENT
+        self.host: Optional[torch.Tensor] = None
+        self.token: Any = None
+        self.pins = 0
+
+
+class _Handle:
+    """What autograd keeps instead of a saved tensor: the entry and a detached alias. When autograd
+    drops it (a backward released the node, or the graph died) the store is told, so the accounting
+    follows what autograd really still holds."""
+
+    __slots__ = ("store", "entry", "view")
+
+    def __init__(self, store: "ActivationStore", entry: _Entry, view: torch.Tensor) -> None:
+        self.store = store
+        self.entry = entry
+        self.view = view
+
+    def __del__(self) -> None:
+        try:
+            self.store._handle_dropped(self.entry)
+        except Exception:  # noqa: BLE001 - never raise from a finaliser (e.g. at interpreter exit)
+            pass
+
+
+class _SlotRecord:
+    __slots__ = ("entries", "resident")
+
+    def __init__(self) -> None:
+        self.entries: dict[int, _Entry] = {}
+        self.resident = True
+
+
+def _normalise(device: torch.device) -> torch.device:
+    """``cuda`` -> ``cuda:<current>``, so that tensors' devices compare equal to it."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+class ActivationStore:
+    """Saved activations of one rank's stages, per (stage, microbatch) slot. See the module doc."""
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        exclude: Iterable[torch.Tensor] = (),
+        *,
+        min_bytes: int = 4096,
+        copier: SyncCopier | CudaCopier | None = None,
+    ) -> None:
+        self.device = _normalise(torch.device(device))
+        self.min_bytes = min_bytes
+        self.copier = copier if copier is not None else make_copier(self.device)
+        self._excluded: set[int] = set()
+        self.exclude(exclude)
+        self._slots: dict[Slot, _SlotRecord] = {}
+        self._entries: dict[int, _Entry] = {}
+        self._copying: list[_Entry] = []
+        self._pinned_free: list[_Entry] = []
+        self.resident_bytes = 0
+        self.peak_bytes = 0
+        self.host_bytes = 0
+
+    # ---- configuration ------------------------------------------------------------------------
+    def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Never manage storages of these tensors (parameters, buffers): they are not activations."""
+        for t in tensors:
+            if t.device.type != "meta":
+                self._excluded.add(t.untyped_storage().data_ptr())
+
+    # ---- accounting -----------------------------------------------------------------------------
+    def _alloc(self, nbytes: int) -> None:
+        self.resident_bytes += nbytes
+        if self.resident_bytes > self.peak_bytes:
+            self.peak_bytes = self.resident_bytes
+
+    def reset_peak(self) -> None:
+        self.peak_bytes = self.resident_bytes
+
+    def slot_bytes(self, stage: int, microbatch: int) -> int:
+        """Device bytes of the storages a slot saved (shared storages counted in full)."""
+        rec = self._slots.get((stage, microbatch))
+        return 0 if rec is None else sum(e.nbytes for e in rec.entries.values())
+
+    def slots(self) -> list[Slot]:
+        return list(self._slots)
+
+    # ---- saving (forward) -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def saving(self, stage: int, microbatch: int) -> Iterator[None]:
+        """Run a forward inside this to have what it saves managed under slot (stage, microbatch)."""
+        key = (stage, microbatch)
+        rec = self._slots.get(key)
+        if rec is None:
+            rec = self._slots[key] = _SlotRecord()
+
+        def pack(t: torch.Tensor) -> Any:
+            return self._pack(key, rec, t)
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, self._unpack):
+            yield
+
+    def _pack(self, key: Slot, rec: _SlotRecord, t: torch.Tensor) -> Any:
+        if t.device != self.device or t.layout != torch.strided:
+            return t.detach()
+        storage = t.untyped_storage()
+        nbytes = storage.nbytes()
+        if nbytes < self.min_bytes or storage.data_ptr() in self._excluded or not storage.resizable():
+            return t.detach()
+        ident = storage._cdata
+        entry = self._entries.get(ident)
+        if entry is None:
+            entry = self._entries[ident] = _Entry(ident, storage, nbytes)
+            self._alloc(nbytes)
+        if ident not in rec.entries:
+            rec.entries[ident] = entry
+            entry.slots.add(key)
+            entry.claims += 1
+        entry.handles += 1
+        return _Handle(self, entry, t.detach())
+
+    def _unpack(self, handle: Any) -> torch.Tensor:
+        if not isinstance(handle, _Handle):
+            return handle
+        entry = handle.entry
+        if entry.state is EntryState.TO_DEVICE:
+            self.copier.wait_on_compute(entry.token)
+        elif entry.state is EntryState.ON_HOST:
+            raise RuntimeError(
+                f"a saved activation of slot(s) {sorted(entry.slots)} (stage, microbatch) is used while offloaded: "
+                "the schedule needs a RELOAD of that slot before its backward"
+            )
+        elif entry.state is EntryState.DROPPED:
+            raise RuntimeError(
+                f"a saved activation of slot(s) {sorted(entry.slots)} (stage, microbatch) was released after I as "
+                "unneeded by W, yet W used it; run the stage with trim_after_input=False and report this model"
+            )
+        return handle.view
+
+    # ---- offload / reload -------------------------------------------------------------------------
+    def offload(self, stage: int, microbatch: int) -> None:
+        """Start copying the slot's storages to host; each is released when its copy completes."""
+        rec = self._record(stage, microbatch)
+        if not rec.resident:
+            raise RuntimeError(f"OFFLOAD of stage {stage}, microbatch {microbatch}: already offloaded")
+        rec.resident = False
+        for entry in rec.entries.values():
+            entry.claims -= 1
+            if entry.claims == 0 and entry.state is EntryState.RESIDENT:
+                entry.host = self.copier.pool.acquire(entry.nbytes)
+                self.host_bytes += entry.nbytes
+                entry.token = self.copier.to_host(_byte_view(entry.storage), entry.host)
+                entry.state = EntryState.TO_HOST
+                self._copying.append(entry)
+        self.poll()
+
+    def reload(self, stage: int, microbatch: int) -> None:
+        """Allocate device memory for the slot's offloaded storages and start copying them back."""
+        rec = self._record(stage, microbatch)
+        if rec.resident:
+            raise RuntimeError(f"RELOAD of stage {stage}, microbatch {microbatch}: it was not offloaded")
+        rec.resident = True
+        for entry in rec.entries.values():
+            entry.claims += 1
+            if entry.state is EntryState.ON_HOST and entry in self._pinned_free:  # never left the device
+                self._pinned_free.remove(entry)
+                self._drop_host(entry)
+                entry.state = EntryState.RESIDENT
+            elif entry.state is EntryState.ON_HOST:
+                entry.storage.resize_(entry.nbytes)
+                self._alloc(entry.nbytes)
+                entry.token = self.copier.to_device(entry.host, _byte_view(entry.storage))
+                entry.state = EntryState.TO_DEVICE
+                self._copying.append(entry)
+            elif entry.state is EntryState.TO_HOST:  # reloaded before the device copy was released
+                self.copier.synchronize(entry.token)
+                self._copying.remove(entry)
+                self._drop_host(entry)
+                entry.state = EntryState.RESIDENT
+        self.poll()
+
+    def poll(self) -> None:
+        """Advance copies that completed: release offloaded device memory, recycle host buffers."""
+        if self._copying:
+            still = []
+            for entry in self._copying:
+                if not self.copier.done(entry.token):
+                    still.append(entry)
+                elif entry.state is EntryState.TO_HOST:
+                    self._release_device(entry)
+                else:  # TO_DEVICE
+                    entry.state = EntryState.RESIDENT
+                    self._drop_host(entry)
+            self._copying = still
+
+    def _release_device(self, entry: _Entry) -> None:
+        entry.state = EntryState.ON_HOST
+        if entry.pins:
+            self._pinned_free.append(entry)  # freed when its last pin goes
+            return
+        entry.storage.resize_(0)
+        self.resident_bytes -= entry.nbytes
+
+    def _drop_host(self, entry: _Entry) -> None:
+        if entry.host is not None:
+            self.copier.pool.release(entry.host)
+            self.host_bytes -= entry.nbytes
+            entry.host = None
+        entry.token = None
+
+    # ---- after I -------------------------------------------------------------------------------
+    def trim(self, stage: int, microbatch: int, keep: Iterable[Any]) -> int:
+        """Release the slot's storages that none of the handles in ``keep`` refers to (after I:
+        ``keep`` is what the nodes W will run saved). Storages shared with another slot, pinned or
+        not resident are left alone. Returns the bytes released."""
+        key = (stage, microbatch)
+        rec = self._slots.get(key)
+        if rec is None:
+            return 0
+        kept = {h.entry.ident for h in keep if isinstance(h, _Handle)}
+        freed = 0
+        for ident, entry in list(rec.entries.items()):
+            if ident in kept or entry.pins or entry.slots != {key} or entry.state is not EntryState.RESIDENT:
+                continue
+            del rec.entries[ident]
+            del self._entries[ident]
+            entry.state = EntryState.DROPPED
+            entry.storage.resize_(0)
+            self.resident_bytes -= entry.nbytes
+            freed += entry.nbytes
+        return freed
+
+    # ---- pins -----------------------------------------------------------------------------------
+    def pin(self, tensor: torch.Tensor) -> bool:
+        """Keep ``tensor``'s storage on the device even if its slot is offloaded; True if managed."""
+        entry = self._entries.get(tensor.untyped_storage()._cdata)
+        if entry is None:
+            return False
+        entry.pins += 1
+        return True
+
+    def unpin(self, tensor: torch.Tensor) -> None:
+        entry = self._entries.get(tensor.untyped_storage()._cdata)
+        if entry is None or entry.pins == 0:
+            return
+        entry.pins -= 1
+        if entry.pins == 0 and entry in self._pinned_free:
+            self._pinned_free.remove(entry)
+            entry.storage.resize_(0)
+            self.resident_bytes -= entry.nbytes
+
+    # ---- release ----------------------------------------------------------------------------------
+    def release(self, stage: int, microbatch: int) -> None:
+        """Forget a slot after the backward that last needs it (B, or W after I). Storages no other
+        slot refers to stop being counted; the memory goes with the last reference to it."""
+        key = (stage, microbatch)
+        rec = self._slots.pop(key, None)
+        if rec is None:
+            return
+        for entry in rec.entries.values():
+            entry.slots.discard(key)
+            if rec.resident:
+                entry.claims -= 1
+            if not entry.slots:
+                self._forget(entry)
+
+    def _handle_dropped(self, entry: _Entry) -> None:
+        entry.handles -= 1
+        if entry.handles == 0 and self._entries.get(entry.ident) is entry:
+            for key in entry.slots:
+                rec = self._slots.get(key)
+                if rec is not None:
+                    rec.entries.pop(entry.ident, None)
+            self._forget(entry)
+
+    def _forget(self, entry: _Entry) -> None:
+        """Stop managing ``entry``: settle its copies, its accounting and its host buffer."""
+        if self._entries.get(entry.ident) is entry:
+            del self._entries[entry.ident]
+        counted = entry.state is not EntryState.ON_HOST or entry in self._pinned_free
+        if entry in self._copying:
+            self.copier.synchronize(entry.token)
+            self._copying.remove(entry)
+        if entry in self._pinned_free:
+            self._pinned_free.remove(entry)
+        if counted:
+            self.resident_bytes -= entry.nbytes
+        self._drop_host(entry)
+        entry.slots.clear()
+
+    def _record(self, stage: int, microbatch: int) -> _SlotRecord:
+        rec = self._slots.get((stage, microbatch))
+        if rec is None:
+            rec = self._slots[(stage, microbatch)] = _SlotRecord()
+        return rec
+
+    def clear(self) -> None:
+        """Forget everything (after a failed step): settle copies, return host buffers."""
+        for entry in list(self._entries.values()):
+            self._forget(entry)
+        self._slots.clear()
+        self._copying.clear()
+        self._pinned_free.clear()
+        self.resident_bytes = 0
+
+    def finish(self) -> None:
+        """End of step: complete outstanding copies; every slot must have been released."""
+        for entry in list(self._copying):
+            self.copier.synchronize(entry.token)
+        self.poll()
+        if self._slots:
+            leaked = sorted(self._slots)
+            self._slots.clear()
+            self._entries.clear()
+            self.resident_bytes = 0
+            raise RuntimeError(f"activation slots {leaked} (stage, microbatch) were never released by a backward")

@@ -1,0 +1,193 @@
+"""What crosses a stage boundary: specs of value tuples, and inferring them without running compute.
+
+A stage takes and returns a tuple of values. Tensors travel point to point; anything else (ints,
+``None``, strings) is a *constant* of the boundary, known from the spec and never sent. A receiver
+must allocate buffers before data arrives, so every rank needs the specs of the boundaries it
+touches before the first transfer. They are inferred once, at the first step, in stage order, each
+by the stage's owner and broadcast: the stage is probed once with placeholder inputs (eval mode, no
+saved activations, random-number state restored), or run on the ``meta`` device if that fails.
+They can also be declared.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from pipeoffload.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    requires_grad: bool
+
+    def empty(self, device: torch.device) -> torch.Tensor:
+        return torch.empty(self.shape, dtype=self.dtype, device=device)
+
+
+@dataclass(frozen=True)
+class Const:
+    value: Any
+
+
+Spec = tuple[Any, ...]  # of TensorSpec | Const
+
+
+def as_tuple(values: Any) -> tuple:
+    return values if isinstance(values, tuple) else (values,)
+
+
+def spec_of(values: Any) -> Spec:
+    out = []
+    for v in as_tuple(values):
+        if isinstance(v, torch.Tensor):
+            grad = v.requires_grad and (v.is_floating_point() or v.is_complex())
+            out.append(TensorSpec(tuple(v.shape), v.dtype, grad))
+        else:
+            out.append(Const(v))
+    return tuple(out)
+
+
+def tensor_specs(spec: Spec) -> list[TensorSpec]:
+    return [s for s in spec if isinstance(s, TensorSpec)]
+
+
+def grad_specs(spec: Spec) -> list[TensorSpec]:
+    return [s for s in spec if isinstance(s, TensorSpec) and s.requires_grad]
+
+
+def check_values(values: tuple, spec: Spec, where: str) -> None:
+    """Raise ``ConfigError`` if ``values`` no longer match the boundary's spec (shapes are fixed)."""
+    if len(values) != len(spec):
+        raise ConfigError(f"{where}: {len(values)} values but the pipeline was set up for {len(spec)}")
+    for i, (v, s) in enumerate(zip(values, spec)):
+        if isinstance(s, TensorSpec):
+            if not isinstance(v, torch.Tensor) or tuple(v.shape) != s.shape or v.dtype != s.dtype:
+                got = f"{tuple(v.shape)} {v.dtype}" if isinstance(v, torch.Tensor) else repr(v)
+                raise ConfigError(
+                    f"{where}: value {i} is {got}, expected {s.shape} {s.dtype}; boundary shapes are fixed "
+                    "at the first step: keep the batch size and sequence length constant"
+                )
+        elif isinstance(v, torch.Tensor) or v != s.value:
+            raise ConfigError(
+                f"{where}: value {i} is {v!r}, expected the constant {s.value!r} seen at the first step; "
+                "non-tensor stage outputs must not change between steps"
+            )
+
+
+def to_meta(spec: Spec) -> tuple:
+    return tuple(
+        torch.empty(s.shape, dtype=s.dtype, device="meta").requires_grad_(s.requires_grad)
+        if isinstance(s, TensorSpec) else s.value
+        for s in spec
+    )
+
+
+def _dummy(spec: Spec, device: torch.device) -> tuple:
+    """Zeros shaped like ``spec`` (valid indices and masks for typical models)."""
+    return tuple(
+        torch.zeros(s.shape, dtype=s.dtype, device=device).requires_grad_(s.requires_grad)
+        if isinstance(s, TensorSpec) else s.value
+        for s in spec
+    )
+
+
+def probe_output_spec(module: nn.Module, input_spec: Spec, device: torch.device, values: tuple | None = None) -> Spec:
+    """Run ``module`` once on ``values`` (zeros shaped like ``input_spec`` when omitted) and return
+    its output spec. Side effects are contained: eval mode (no dropout, no running-statistics
+    update), random-number state restored, and autograd saves nothing (the graph exists only to
+    tell which outputs need gradients)."""
+    args = values if values is not None else _dummy(input_spec, device)
+    modes = [(m, m.training) for m in module.modules()]
+    devices = [device] if device.type == "cuda" else []
+    try:
+        module.eval()
+        with torch.random.fork_rng(devices=devices), torch.enable_grad(), \
+                torch.autograd.graph.saved_tensors_hooks(lambda t: None, lambda h: None):
+            out = module(*args)
+    finally:
+        for m, training in modes:  # exactly as before, submodules the user froze included
+            m.training = training
+    return spec_of(out)
+
+
+def infer_output_spec(module: nn.Module, input_spec: Spec, device: torch.device | None = None,
+                      values: tuple | None = None) -> Spec:
+    """Output spec of ``module`` for inputs like ``input_spec``: probed on the device, or on the
+    ``meta`` device if probing fails (or ``device`` is None)."""
+    if device is not None:
+        try:
+            return probe_output_spec(module, input_spec, device, values)
+        except Exception:  # noqa: BLE001 - fall back to shapes-only inference
+            pass
+    params = {
+        name: torch.empty_like(p, device="meta").requires_grad_(p.requires_grad)
+        for name, p in module.named_parameters()
+    }
+    buffers = {name: torch.empty_like(b, device="meta") for name, b in module.named_buffers()}
+    try:
+        with torch.enable_grad():
+            out = functional_call(module, {**params, **buffers}, to_meta(input_spec))
+    except Exception as exc:  # noqa: BLE001 - any failure means the module cannot run on meta
+        raise ConfigError(
+            f"cannot infer the output shapes of stage module {type(module).__name__} "
+            f"({type(exc).__name__}: {exc}); declare them with PipelineRunner(..., output_specs=...)"
+        ) from exc
+    return spec_of(out)
+
+
+def infer_specs(module: nn.Module, input_specs: Sequence[Spec], device: torch.device | None = None,
+                values: Sequence[tuple] | None = None) -> list[Spec]:
+    """Output spec per microbatch; identical input specs are inferred once."""
+    seen: list[tuple[Spec, Spec]] = []  # specs may hold unhashable constants: search a short list
+    out = []
+    for i, spec in enumerate(input_specs):
+        found = next((o for s, o in seen if s == spec), None)
+        if found is None:
+            found = infer_output_spec(module, spec, device, values[i] if values is not None else None)
+            seen.append((spec, found))
+        out.append(found)
+    return out
+
+
+def split_microbatches(values: Any, num_microbatches: int, device: torch.device, what: str) -> list[tuple]:
+    """Split every tensor of ``values`` along dim 0 (other values are repeated). Each piece is a
+    fresh copy on ``device``, owned by its microbatch (so offloading it never touches the caller's)."""
+    values = as_tuple(values)
+    pieces: list[list[Any]] = [[] for _ in range(num_microbatches)]
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            if v.dim() == 0 or v.shape[0] < num_microbatches:
+                raise ConfigError(
+                    f"{what}: a tensor of shape {tuple(v.shape)} cannot be split into {num_microbatches} "
+                    "microbatches along dim 0; give a batch of at least that many rows"
+                )
+            for i, part in enumerate(v.tensor_split(num_microbatches)):
+                pieces[i].append(part.detach().to(device=device, copy=True))
+        else:
+            for piece in pieces:
+                piece.append(v)
+    return [tuple(p) for p in pieces]
+
+
+def as_inputs(values: tuple, spec: Spec) -> tuple:
+    """Next stage's inputs from this stage's outputs: detached, so each stage has its own graph."""
+    return tuple(
+        v.detach().requires_grad_(sp.requires_grad) if isinstance(sp, TensorSpec) else v for v, sp in zip(values, spec)
+    )
+
+
+def assemble(spec: Spec, buffers: list[torch.Tensor]) -> tuple:
+    out, it = [], iter(buffers)
+    for sp in spec:
+        if isinstance(sp, TensorSpec):
+            t = next(it)
+            out.append(t.requires_grad_(True) if sp.requires_grad else t)
+        else:
+            out.append(sp.value)
+    return tuple(out)

@@ -1,0 +1,100 @@
+"""What a rank did during one step: every action with its start, end and the resident activation
+bytes after it, in the order it ran. A trace can be compared with the schedule it executed and
+with the simulator's timeline, and exported as Chrome/Perfetto trace events to be drawn."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+from pipeoffload.costs import CostModel
+from pipeoffload.ir import Action, Schedule
+from pipeoffload.simulate import simulate
+
+
+@dataclass(frozen=True)
+class TraceRecord:
+    action: Action
+    start: float  # seconds since the step began
+    end: float
+    resident_bytes: int  # managed activation bytes on the device after the action
+
+
+@dataclass
+class Trace:
+    rank: int
+    step: int
+    records: list[TraceRecord] = field(default_factory=list)
+    peak_bytes: int = 0  # highest resident activation bytes at any moment of the step (not only after actions)
+    end_bytes: int = 0  # resident activation bytes after the step (0 unless something leaked)
+    wall: float = 0.0  # seconds the step took on this rank
+
+    def actions(self) -> tuple[Action, ...]:
+        return tuple(r.action for r in self.records)
+
+    def matches(self, row: Sequence[Action]) -> bool:
+        """True when the rank ran exactly ``row`` (its lowered action list), in order."""
+        return self.actions() == tuple(row)
+
+    def peak_after_actions(self) -> int:
+        return max((r.resident_bytes for r in self.records), default=0)
+
+    def memory_curve(self) -> list[tuple[float, int]]:
+        return [(r.end, r.resident_bytes) for r in self.records]
+
+    def as_dict(self) -> dict:
+        return {
+            "rank": self.rank, "step": self.step, "peak_bytes": self.peak_bytes, "end_bytes": self.end_bytes,
+            "wall": self.wall,
+            "records": [[str(r.action), r.start, r.end, r.resident_bytes] for r in self.records],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Trace":
+        records = [TraceRecord(Action.parse(a), s, e, b) for a, s, e, b in data["records"]]
+        return cls(data["rank"], data["step"], records, data["peak_bytes"], data["end_bytes"], data["wall"])
+
+
+def chrome_events(traces: Iterable[Trace]) -> list[dict]:
+    """Chrome trace events (one row per rank, one box per action, a counter for resident bytes)."""
+    events: list[dict] = []
+    for trace in traces:
+        for r in trace.records:
+            events.append({
+                "name": str(r.action), "cat": r.action.kind.value, "ph": "X", "pid": 0, "tid": trace.rank,
+                "ts": r.start * 1e6, "dur": max(r.end - r.start, 0.0) * 1e6,
+            })
+            events.append({
+                "name": f"rank {trace.rank} activation bytes", "ph": "C", "pid": 0, "tid": trace.rank,
+                "ts": r.end * 1e6, "args": {"bytes": r.resident_bytes},
+            })
+    return events
+
+
+def write_chrome_trace(traces: Iterable[Trace], path: str) -> None:
+    with open(path, "w") as fh:
+        json.dump({"traceEvents": chrome_events(traces)}, fh)
+
+
+def simulated_peaks(schedule: Schedule, unit_bytes: Mapping[int, int], w_fraction: float = 1.0) -> list[float]:
+    """The simulator's peak per rank in bytes, with each stage's activation unit set to the bytes
+    the runtime measured for it (``PipelineRunner.slot_bytes`` gathered from every rank)."""
+    sizes = tuple(float(unit_bytes.get(s, 0)) for s in range(schedule.num_stages))
+    timeline = simulate(schedule, CostModel(activation=sizes, w_fraction=w_fraction))
+    return [r.peak_activation_units for r in timeline.per_rank]
+
+
+def compare_with_simulation(traces: Sequence[Trace], schedule: Schedule, unit_bytes: Mapping[int, int],
+                            w_fraction: float = 1.0) -> list[dict]:
+    """Per rank: did it run its list exactly, and its measured vs simulated peak bytes."""
+    peaks = simulated_peaks(schedule, unit_bytes, w_fraction)
+    out = []
+    for trace in traces:
+        sim = peaks[trace.rank]
+        out.append({
+            "rank": trace.rank, "actions_match": trace.matches(schedule.actions[trace.rank]),
+            "measured_peak": trace.peak_bytes, "simulated_peak": sim,
+            "relative_difference": abs(trace.peak_bytes - sim) / sim if sim else float(trace.peak_bytes != 0),
+        })
+    return out
+

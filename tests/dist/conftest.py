@@ -1,0 +1,37 @@
+"""Spawned-process fixtures: one spawn per world size runs every case, tests read the results."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from workers import Case, equivalence_worker  # noqa: E402
+
+from pipeoffload.runtime.launch import spawn  # noqa: E402
+
+# Every registered family the runtime supports, with its stages per rank.
+SCHEDULES = [
+    ("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("group-interleaved", 2),
+    ("zb-h1", 1), ("zb-h2", 1), ("zb", 1),
+    ("zb-v", 2), ("v-half", 2), ("v-min", 2), ("1f1b-v", 2), ("dualpipe-v", 2),
+    ("gpipe+iw", 2),  # GPipe with every B split into I then W: I/W on several stages per rank
+]
+POLICIES = ["none", "offload:all", "recompute:first:1"]
+EXTRA = {name: ["offload:first:1"] for name in ("1f1b", "interleaved-1f1b", "group-interleaved")}  # memory test
+CASES = [Case(name, v, policy) for name, v in SCHEDULES for policy in POLICIES + EXTRA.get(name, [])]
+
+_cache: dict = {}
+
+
+def run_cases(world: int) -> list[list[dict]]:
+    """Per rank, the result dict of every case in CASES (cached per world size)."""
+    if world not in _cache:
+        result = spawn(equivalence_worker, world, (CASES,), timeout=60, deadline=600)
+        if not result.ok:
+            errors = "\n".join(f"rank {r}: {e}" for r, e in enumerate(result.errors) if e)
+            pytest.fail(f"spawned ranks failed (exit codes {result.exitcodes}):\n{errors}")
+        _cache[world] = result.results
+    return _cache[world]

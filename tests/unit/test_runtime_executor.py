@@ -1,0 +1,179 @@
+"""The interpreter in one process (one rank holding several stages), its errors, and its helpers."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeoffload import ConfigError, Schedule, generate, lower
+from pipeoffload.ir import Action, ActionKind
+from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
+from pipeoffload.models.split import StageModule
+from pipeoffload.runtime import (
+    Const, LoopbackTransport, PipelineError, PipelineRunner, TensorSpec, Trace, write_chrome_trace,
+)
+from pipeoffload.runtime.comm import check_fifo
+
+CFG = GPTConfig(vocab=32, seq=8, hidden=16, heads=2, layers=4)
+K = ActionKind
+
+
+def _reference(m: int, inputs, targets):
+    model = StageModule(*gpt_layers(CFG, seed=0))
+    tokens, mask, offset = inputs
+    total = None
+    for tok, msk, tgt in zip(tokens.tensor_split(m), mask.tensor_split(m), targets.tensor_split(m)):
+        loss = lm_loss(model(tok, msk, offset), tgt) / m
+        loss.backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    return total, [p.grad for p in model.parameters()]
+
+
+def _runner(schedule: Schedule, rank: int = 0, **kwargs):
+    layers = gpt_layers(CFG, seed=0)
+    counts = even_counts(len(layers), schedule.num_stages)
+    stages = build_rank_stages(layers, counts, schedule.placement, rank)
+    return PipelineRunner(stages, schedule, rank, loss_fn=lm_loss, min_offload_bytes=256, **kwargs), stages
+
+
+@pytest.mark.parametrize("name, v", [("interleaved-1f1b", 2), ("gpipe", 3), ("1f1b", 1)])
+def test_one_rank_many_stages_equals_single_process(name, v):
+    m = 4
+    inputs, targets = sample_batch(CFG, 8, seed=1)
+    schedule = generate(name, 1, m, v)
+    runner, stages = _runner(schedule)
+    loss = runner.step(inputs, targets)
+    ref_loss, ref_grads = _reference(m, inputs, targets)
+    grads = [p.grad for s in sorted(stages) for p in stages[s].parameters()]
+    assert torch.equal(loss, ref_loss)
+    assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+    assert runner.trace.matches(schedule.actions[0])
+    assert runner.trace.end_bytes == 0 and runner.trace.peak_bytes > 0
+
+
+def test_boundary_shapes_are_fixed_after_the_first_step():
+    runner, _ = _runner(generate("gpipe", 1, 2, 2))
+    runner.step(*sample_batch(CFG, 4))
+    with pytest.raises(PipelineError, match=r"rank 0 failed at step 1, action #\d+ 0F0: ConfigError: .*fixed at the first step"):
+        runner.step(*sample_batch(CFG, 6))
+
+
+def test_last_stage_needs_targets():
+    runner, _ = _runner(generate("gpipe", 1, 2, 1))
+    with pytest.raises(ConfigError, match="targets"):
+        runner.step(sample_batch(CFG, 4)[0])
+
+
+def test_a_failing_stage_names_rank_step_and_action():
+    class Fails(torch.nn.Module):
+        def forward(self, *args):
+            if not torch.is_grad_enabled() or args[0].requires_grad is False:
+                return args
+            raise ValueError("bad layer")
+
+    schedule = generate("gpipe", 1, 2, 2)
+    layers = gpt_layers(CFG, seed=0)
+    counts = even_counts(len(layers), 2)
+    stages = build_rank_stages(layers, counts, schedule.placement, 0)
+    stages[1] = StageModule(Fails(), *stages[1])
+    runner = PipelineRunner(stages, schedule, 0, loss_fn=lm_loss)
+    with pytest.raises(PipelineError, match=r"rank 0 failed at step 0, action #2 1F0: ValueError: bad layer") as info:
+        runner.step(*sample_batch(CFG, 4))
+    assert info.value.rank == 0 and info.value.step == 0 and info.value.action == Action(K.F, 1, 0)
+
+
+def test_a_failed_step_leaves_the_runner_usable():
+    class FailsOnce(torch.nn.Module):
+        calls = 0
+
+        def forward(self, *args):
+            FailsOnce.calls += 1
+            if FailsOnce.calls == 2:  # the last stage is never probed: step 0's second forward fails
+                raise RuntimeError("transient")
+            return args
+
+    schedule = generate("gpipe", 1, 2, 2)
+    layers = gpt_layers(CFG, seed=0)
+    stages = build_rank_stages(layers, even_counts(len(layers), 2), schedule.placement, 0)
+    stages[1] = StageModule(FailsOnce(), *stages[1])
+    runner = PipelineRunner(stages, schedule, 0, loss_fn=lm_loss, min_offload_bytes=256)
+    inputs, targets = sample_batch(CFG, 4)
+    with pytest.raises(PipelineError, match="transient"):
+        runner.step(inputs, targets)
+    assert runner.store.resident_bytes == 0
+    for module in stages.values():
+        module.zero_grad(set_to_none=True)
+    assert torch.isfinite(runner.step(inputs, targets)) and runner.trace.end_bytes == 0
+
+
+def test_loopback_replays_one_rank_of_a_multi_rank_schedule():
+    schedule = lower(generate("1f1b", 2, 4, 1))
+    layers = gpt_layers(CFG, seed=0)
+    stages = build_rank_stages(layers, even_counts(len(layers), 2), schedule.placement, 1)
+    boundary = (TensorSpec((2, CFG.seq, CFG.hidden), torch.float32, True), TensorSpec((2, CFG.seq), torch.bool, False),
+                Const(1))
+    runner = PipelineRunner(stages, schedule, 1, loss_fn=lm_loss, transport=LoopbackTransport(torch.device("cpu")),
+                            output_specs={0: boundary})
+    loss = runner.step(None, sample_batch(CFG, 8)[1])
+    assert torch.isfinite(loss) and runner.trace.matches(schedule.actions[1])
+
+
+def test_offload_on_one_rank_is_a_pure_copy():
+    m = 4
+    inputs, targets = sample_batch(CFG, 8, seed=2)
+    base = generate("interleaved-1f1b", 1, m, 2)
+    rows = []
+    for a in base.actions[0]:
+        if a.kind == K.B:
+            rows.append(Action(K.RELOAD, a.stage, a.microbatch))
+        rows.append(a)
+        if a.kind == K.F:
+            rows.append(Action(K.OFFLOAD, a.stage, a.microbatch))
+    offloaded = base.with_actions([rows])
+    results = []
+    for schedule in (base, offloaded):
+        runner, stages = _runner(schedule)
+        loss = runner.step(inputs, targets)
+        results.append((loss, [p.grad for s in sorted(stages) for p in stages[s].parameters()], runner.trace))
+    (l0, g0, t0), (l1, g1, t1) = results
+    assert torch.equal(l0, l1) and all(torch.equal(a, b) for a, b in zip(g0, g1))
+    assert t1.peak_bytes < t0.peak_bytes and t1.end_bytes == 0
+    stats = runner.store.copier.stats
+    assert stats.d2h_copies == stats.h2d_copies > 0
+
+
+def test_trace_round_trips_and_exports_chrome_events(tmp_path):
+    runner, _ = _runner(generate("1f1b", 1, 2, 1))
+    runner.step(*sample_batch(CFG, 4))
+    again = Trace.from_dict(json.loads(json.dumps(runner.trace.as_dict())))
+    assert again.actions() == runner.trace.actions() and again.peak_bytes == runner.trace.peak_bytes
+    path = tmp_path / "trace.json"
+    write_chrome_trace([runner.trace], str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    assert {e["name"] for e in events if e["ph"] == "X"} == {str(a) for a in runner.trace.actions()}
+
+
+def test_fifo_check_accepts_lowered_classics_and_rejects_crossed_orders():
+    for name, v in (("1f1b", 1), ("gpipe", 2), ("interleaved-1f1b", 2)):
+        check_fifo(lower(generate(name, 4, 8, v)))
+    schedule = lower(generate("gpipe", 2, 2, 1))
+    rows = [list(r) for r in schedule.actions]
+    sends = [i for i, a in enumerate(rows[0]) if a.kind == K.SEND_F]
+    rows[0][sends[0]], rows[0][sends[1]] = rows[0][sends[1]], rows[0][sends[0]]
+    with pytest.raises(ConfigError, match="posting order"):
+        check_fifo(schedule.with_actions(rows))
+
+
+def test_gpu_replay_benchmark_runs_on_cpu_with_tiny_sizes():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import gpu_offload_replay
+
+    rows = gpu_offload_replay.main(["--device", "cpu", "--dtype", "float32", "--hidden", "16", "--seq", "8",
+                                    "--heads", "2", "--microbatches", "4", "--steps", "1", "--warmup", "0",
+                                    "--min-offload-bytes", "256"])
+    none, full = rows
+    assert none["end_bytes"] == 0 and full["end_bytes"] == 0
+    assert 0 < full["store_peak_mb"] < none["store_peak_mb"]
