@@ -90,17 +90,15 @@ def build(choice: ScheduleChoice, d: int, m: int, costs: CostModel):  # type: ig
 
 
 def time_lower_bound(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> float:
-    """A makespan no simulation of ``choice`` can beat: the busiest rank's compute (with ``recompute
-    first:K``, at least its K cheapest stages' recompute forwards) plus the forward time of the stages
-    before its first stage (it cannot start earlier). Used to prune the search."""
-    recomputed = int(choice.recompute.split(":")[1]) if choice.recompute.startswith("first:") else 0
+    """A makespan no simulation of ``choice`` can beat: the busiest rank's compute plus the forward
+    time of the stages before its first stage (it cannot start earlier). Used to prune the search.
+    Recomputation is not counted: which activations a policy recomputes depends on the schedule."""
     placement = placement_of(choice, d)
     best = 0.0
     for rank in range(d):
         stages = placement.stages_of(rank)
         fill = sum(costs.f(s) for s in range(min(stages)))
         busy = m * sum(costs.f(s) + costs.b(s) for s in stages)
-        busy += m * sum(sorted(costs.r(s) for s in stages)[:recomputed])
         best = max(best, fill + busy)
     return best
 
