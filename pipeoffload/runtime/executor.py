@@ -187,28 +187,26 @@ class PipelineRunner:
         step, trace = self.step_count, Trace(self.rank, self.step_count)
         self.step_count += 1
         self.store.reset_peak()
-        records = trace.records
+        record, clock, store, handlers = trace.records.append, time.perf_counter, self.store, self._handlers
         index, current = 0, None  # current: the action running (or a phase name), for error messages
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             current = "shape inference"
             self._ensure_specs(self._mb_inputs)
             current = None
             for item in self._program:
-                begin = time.perf_counter() - t0
-                if isinstance(item, list):
-                    current = item
+                begin = clock() - t0
+                current = item
+                if item.__class__ is list:  # a batch of comm actions
                     self._exchange(item)
-                    end = time.perf_counter() - t0
-                    resident = self.store.resident_bytes
+                    end, resident = clock() - t0, store.resident_bytes
                     for a in item:
-                        records.append(TraceRecord(a, begin, end, resident))
+                        record(TraceRecord(a, begin, end, resident))
                     index += len(item)
                 else:
-                    current = item
-                    self._handlers[item.kind](item)
-                    self.store.poll()
-                    records.append(TraceRecord(item, begin, time.perf_counter() - t0, self.store.resident_bytes))
+                    handlers[item.kind](item)
+                    store.poll()
+                    record(TraceRecord(item, begin, clock() - t0, store.resident_bytes))
                     index += 1
             current = None
             self._finish_step()

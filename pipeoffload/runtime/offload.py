@@ -26,10 +26,9 @@ Storages still needed elsewhere (a pending send, a tensor handed to the next loc
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 from enum import Enum
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 
@@ -86,11 +85,12 @@ class _Handle:
 
 
 class _SlotRecord:
-    __slots__ = ("entries", "resident")
+    __slots__ = ("entries", "resident", "nbytes")
 
     def __init__(self) -> None:
         self.entries: dict[int, _Entry] = {}
         self.resident = True
+        self.nbytes = 0  # bytes of ``entries``
 
 
 def _normalise(device: torch.device) -> torch.device:
@@ -147,14 +147,13 @@ class ActivationStore:
     def slot_bytes(self, stage: int, microbatch: int) -> int:
         """Device bytes of the storages a slot saved (shared storages counted in full)."""
         rec = self._slots.get((stage, microbatch))
-        return 0 if rec is None else sum(e.nbytes for e in rec.entries.values())
+        return 0 if rec is None else rec.nbytes
 
     def slots(self) -> list[Slot]:
         return list(self._slots)
 
     # ---- saving (forward) -----------------------------------------------------------------------
-    @contextlib.contextmanager
-    def saving(self, stage: int, microbatch: int) -> Iterator[None]:
+    def saving(self, stage: int, microbatch: int) -> torch.autograd.graph.saved_tensors_hooks:
         """Run a forward inside this to have what it saves managed under slot (stage, microbatch)."""
         key = (stage, microbatch)
         rec = self._slots.get(key)
@@ -164,8 +163,7 @@ class ActivationStore:
         def pack(t: torch.Tensor) -> Any:
             return self._pack(key, rec, t)
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, self._unpack):
-            yield
+        return torch.autograd.graph.saved_tensors_hooks(pack, self._unpack)
 
     def _pack(self, key: Slot, rec: _SlotRecord, t: torch.Tensor) -> Any:
         if t.device != self.device or t.layout != torch.strided:
@@ -181,6 +179,7 @@ class ActivationStore:
             self._alloc(nbytes)
         if ident not in rec.entries:
             rec.entries[ident] = entry
+            rec.nbytes += nbytes
             entry.slots.add(key)
             entry.claims += 1
         entry.handles += 1
@@ -290,6 +289,7 @@ class ActivationStore:
             if ident in kept or entry.pins or entry.slots != {key} or entry.state is not EntryState.RESIDENT:
                 continue
             del rec.entries[ident]
+            rec.nbytes -= entry.nbytes
             del self._entries[ident]
             entry.state = EntryState.DROPPED
             entry.storage.resize_(0)
@@ -336,8 +336,8 @@ class ActivationStore:
         if entry.handles == 0 and self._entries.get(entry.ident) is entry:
             for key in entry.slots:
                 rec = self._slots.get(key)
-                if rec is not None:
-                    rec.entries.pop(entry.ident, None)
+                if rec is not None and rec.entries.pop(entry.ident, None) is not None:
+                    rec.nbytes -= entry.nbytes
             self._forget(entry)
 
     def _forget(self, entry: _Entry) -> None:
