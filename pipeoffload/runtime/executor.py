@@ -22,6 +22,7 @@ from torch import nn
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
+from pipeoffload.models.split import stage_modules
 from pipeoffload.passes.lower import lower
 from pipeoffload.runtime.comm import (
     LoopbackTransport, Transport, check_fifo, check_tag_space, comm_batches, message_tag,
@@ -74,10 +75,10 @@ class PipelineRunner:
         transport: Any = None,
         copier: Any = None,
     ) -> None:
-        from pipeoffload.models.split import stage_modules
-
         self.schedule = schedule if schedule.is_lowered() or schedule.num_ranks == 1 else lower(schedule)
         validate(self.schedule)
+        if not 0 <= rank < self.schedule.num_ranks:
+            raise ConfigError(f"rank={rank}: the schedule has ranks 0..{self.schedule.num_ranks - 1}")
         self.rank = rank
         placement = self.schedule.placement
         modules = stage_modules(stages, placement, rank)
