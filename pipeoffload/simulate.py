@@ -25,6 +25,7 @@ from pipeoffload.ir import COMM_KINDS, COPY_KINDS, Action, ActionKind, Schedule
 
 K = ActionKind
 _EPS = 1e-12
+_STALL_TOL = 1e-9  # relative: a reload later than its backward by float noise only is not a stall
 _COMPUTE, _SEND, _RECV, _COPY = "compute", "send", "recv", "copy"  # roles of a step on the compute lane
 
 
@@ -294,7 +295,7 @@ class _Simulation:
                 start = ready
                 if reload is not None:
                     reload_end = done.get(reload)
-                    if reload_end is not None and reload_end > start:
+                    if reload_end is not None and reload_end > start + _STALL_TOL * max(1.0, start):
                         self.stalls[a] = reload_end - start
                         self.stall[rank] += reload_end - start
                         start = reload_end

@@ -50,9 +50,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     space.add_argument("--offload", type=_words, help="offload policies, e.g. none,first:1,all (default: all levels)")
     space.add_argument("--recompute", type=_words, help="recompute policies, e.g. none,all (default: all levels)")
     space.add_argument("--profile", metavar="JSON", help="measured per-layer costs from pipeoffload.profiling (TP 1)")
+    space.add_argument("--exhaustive", action="store_true",
+                       help="try every memory policy on every schedule, not only where nothing cheaper fits")
+    space.add_argument("--exact-frontier", action="store_true",
+                       help="simulate everything that could join the Pareto frontier (slower)")
+    space.add_argument("--jobs", type=positive_int, default=1, help="worker processes (default 1)")
     out = parser.add_argument_group("output")
     out.add_argument("--top", type=positive_int, default=5, help="how many best plans to print (default 5)")
-    out.add_argument("--by-tp", action="store_true", help="also print the best plan for each TP size")
+    out.add_argument("--by-tp", action="store_true",
+                     help="also find and print the best plan of each TP size (PP + offload vs TP)")
     out.add_argument("--no-pareto", action="store_true", help="do not print the Pareto frontier")
     out.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
@@ -69,6 +75,8 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         schedules=args.schedules, tp_sizes=args.tp, pp_sizes=args.pp, stages_per_rank=args.stages_per_rank,
         offload=args.offload, recompute=args.recompute,
         measured=load_layer_costs(args.profile) if args.profile else None, top=args.top,
+        best_per_tp=args.by_tp, exact_frontier=args.exact_frontier, escalate=not args.exhaustive,
+        workers=args.jobs,
     )
 
 
@@ -77,5 +85,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result_as_dict(result, args.top), indent=1))
     else:
-        print(format_result(result, args.top, pareto=not args.no_pareto, by_tp=args.by_tp))
+        print(format_result(result, args.top, pareto=not args.no_pareto))
     return 0

@@ -20,7 +20,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.ir import Action, ActionKind
 
 K = ActionKind
-EPS = 1e-9
+EPS = 1e-10
 
 
 class Lane:

@@ -13,8 +13,7 @@ import logging
 from dataclasses import replace
 
 from pipeoffload.costs import CostModel
-from pipeoffload.errors import ConfigError
-from pipeoffload.ir import COMM_KINDS, ActionKind, Schedule
+from pipeoffload.ir import ActionKind, Schedule
 from pipeoffload.passes.comms import add_comms
 from pipeoffload.passes.offload import OffloadReport, plan_offload
 from pipeoffload.passes.recompute import all_keys, auto_keys, check_policies, first_stage_keys, insert_recompute
@@ -44,40 +43,34 @@ def lower_with_report(schedule: Schedule, costs: CostModel | None = None, *,
     offload_policy, recompute_policy = OffloadPolicy.parse(offload), RecomputePolicy.parse(recompute)
     check_policies(offload_policy, recompute_policy)
     costs = recompute_policy.apply_to(costs or CostModel())
-    base = _memory_actions_kept(schedule, offload_policy, recompute_policy)
     if check:
-        validate(base)
-    planned, report = _memory_passes(base, costs, offload_policy, recompute_policy)
+        validate(schedule.compute_only())
+    # Copies already in the schedule (placed by hand) are kept unless an offload policy replaces them.
+    source = schedule if offload_policy.kind == "none" else schedule.compute_only()
+    planned, report = _memory_passes(source, costs, offload_policy, recompute_policy)
     lowered = add_comms(planned)
     if check:
         validate(lowered)
     return lowered, report
 
 
-def _memory_actions_kept(schedule: Schedule, offload: OffloadPolicy, recompute: RecomputePolicy) -> Schedule:
-    """Drop comm actions; keep hand-placed OFFLOAD/RELOAD/R unless a policy is to place its own."""
-    hand_placed = any(a.kind in (K.OFFLOAD, K.RELOAD, K.R) for row in schedule.actions for a in row)
-    if hand_placed and (offload.kind != "none" or recompute.kind != "none"):
-        raise ConfigError(
-            f"offload={offload}, recompute={recompute}: the schedule already has OFFLOAD/RELOAD/R actions; "
-            "pass offload='none' and recompute='none' to keep them, or lower a compute-only schedule"
-        )
-    return schedule.with_actions([[a for a in row if a.kind not in COMM_KINDS] for row in schedule.actions])
-
-
-def _memory_passes(base: Schedule, costs: CostModel, offload: OffloadPolicy,
+def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
                    recompute: RecomputePolicy) -> tuple[Schedule, OffloadReport]:
     if offload.kind == "none" and recompute.kind == "none":
-        return base, OffloadReport(str(offload))
+        return source, OffloadReport(str(offload))
+    base = source.compute_only()
     original = simulate(base, costs)
     recomputed: set[tuple[int, int]] = set()
     timeline = original
     if recompute.kind in ("first", "all"):
         recomputed = (first_stage_keys(base, original, costs, recompute.count, offload) if recompute.kind == "first"
                       else all_keys(base, original, costs, offload))
+        recomputed -= _copied(source)
         base = insert_recompute(base, recomputed)
         timeline = simulate(base, costs)
     planned, report = plan_offload(base, costs, offload, exclude=recomputed, timeline=timeline)
+    if offload.kind == "none":  # keep the hand-placed copies, if any
+        planned = insert_recompute(source, recomputed)
     if recompute.kind == "auto":
         offloaded = {(a.stage, a.microbatch) for row in planned.actions for a in row if a.kind is K.OFFLOAD}
         extra = auto_keys(base, timeline, costs, report, offloaded)
@@ -92,3 +85,7 @@ def _memory_passes(base: Schedule, costs: CostModel, offload: OffloadPolicy,
         log.warning("offload %s: cannot bring every rank to %g activation units; best planned peak %g",
                     offload, report.budget, report.peak_after)
     return planned, report
+
+
+def _copied(schedule: Schedule) -> set[tuple[int, int]]:
+    return {(a.stage, a.microbatch) for row in schedule.actions for a in row if a.kind is K.OFFLOAD}

@@ -8,7 +8,8 @@ Choosing what to recompute (see ``RecomputePolicy``):
 - ``all``: every activation whose backward does not directly follow its forward (recomputing
   those would cost time and save nothing), minus what ``offload first:K`` takes;
 - ``first:K``: every microbatch of the K longest-lived local stages on each rank (with ``offload
-  first:K'``, the K stages after the K' that offload takes: each stage gets one treatment);
+  first:K'``, the K stages after the K' that offload takes: each stage gets one treatment), except
+  activations whose backward directly follows their forward (nothing to gain);
 - ``auto``: what the offload pass wanted off the device but its copy lane could not hide, or, under
   an offload budget, the longest-lived activations that keep a rank above the budget after offload.
 Partial recomputation needs no action: ``RecomputePolicy.apply_to`` changes the cost model.
@@ -65,7 +66,7 @@ def first_stage_keys(schedule: Schedule, timeline: Timeline, costs: CostModel, c
     for tl in _timelines(schedule, timeline, costs):
         taken = longest_lived_stages(tl.activations.values(), offload.count) if offload.kind == "first" else []
         stages = set(longest_lived_stages(tl.activations.values(), count, skip=set(taken)))
-        keys.update(k for k, x in tl.activations.items() if x.stage in stages)
+        keys.update(k for k, x in tl.activations.items() if x.stage in stages and x.lifespan > EPS)
     return keys
 
 

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
+from pipeoffload.ir import COMM_KINDS
 from pipeoffload.passes.lower import lower
-from pipeoffload.schedules import generate
+from pipeoffload.placement import Placement
+from pipeoffload.schedules import generate, get_spec
 from pipeoffload.simulate import Timeline, simulate
 
 _TOL = 1e-6
@@ -31,6 +33,12 @@ class ScheduleChoice:
     group_size: int | None = None
     offload: str = "none"
     recompute: str = "none"
+
+    def periodic(self) -> bool:
+        """Whether the lowered schedule repeats like the compute schedule (tests check the
+        extrapolation for these): no offload and no cost-driven recompute. The offload pass places
+        copies greedily over the whole step, so its choices can differ with the microbatch count."""
+        return self.offload == "none" and (self.recompute == "none" or self.recompute.startswith("first:"))
 
     def label(self) -> str:
         parts = [self.family, f"v={self.stages_per_rank}"]
@@ -51,6 +59,8 @@ class SimSummary:
     host_units: tuple[float, ...]  # activation units on the host per rank
     stall: tuple[float, ...]  # time per rank its backward waited for a reload
     extrapolated: bool
+    exact: bool = True  # False: an estimate from small sizes, to be confirmed by a full simulation
+    samples: tuple[tuple[int, float], ...] = ()  # (microbatches, makespan) of the small simulations
 
     @property
     def bubble_ratio(self) -> float:
@@ -66,8 +76,7 @@ def lowering_options() -> tuple[str, ...]:
 
 def build(choice: ScheduleChoice, d: int, m: int, costs: CostModel):  # type: ignore[no-untyped-def]
     """The lowered schedule of ``choice`` for d ranks and m microbatches."""
-    options = {"group_size": choice.group_size} if choice.group_size is not None else {}
-    schedule = generate(choice.family, d, m, choice.stages_per_rank, **options)
+    schedule = _generate(choice, d, m, costs)
     policies = {k: getattr(choice, k) for k in ("offload", "recompute") if getattr(choice, k) != "none"}
     if not policies:
         return schedule  # the simulator models transfers of a compute-only schedule identically, 2x faster
@@ -75,21 +84,31 @@ def build(choice: ScheduleChoice, d: int, m: int, costs: CostModel):  # type: ig
     if missing:
         raise ConfigError(f"{', '.join(missing)} policies are not available in this build of lower(); "
                           "use offload/recompute 'none'")
-    return lower(schedule, costs, check=False, **policies)
+    lowered = lower(schedule, costs, check=False, **policies)
+    # Drop SEND/RECV again: the simulator models a schedule's transfers implicitly with the same
+    # result (tests check it) at half the events.
+    return lowered.with_actions([[a for a in row if a.kind not in COMM_KINDS] for row in lowered.actions])
 
 
 def time_lower_bound(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> float:
-    """A makespan no simulation of ``choice`` can beat: the busiest rank's compute plus the forward
-    time of the stages before its first stage (it cannot start earlier). Used to prune the search."""
-    placement = generate(choice.family, d, 1, choice.stages_per_rank,
-                         **({"group_size": choice.group_size} if choice.group_size is not None else {})).placement
+    """A makespan no simulation of ``choice`` can beat: the busiest rank's compute (with ``recompute
+    first:K``, at least its K cheapest stages' recompute forwards) plus the forward time of the stages
+    before its first stage (it cannot start earlier). Used to prune the search."""
+    recomputed = int(choice.recompute.split(":")[1]) if choice.recompute.startswith("first:") else 0
+    placement = placement_of(choice, d)
     best = 0.0
     for rank in range(d):
         stages = placement.stages_of(rank)
         fill = sum(costs.f(s) for s in range(min(stages)))
         busy = m * sum(costs.f(s) + costs.b(s) for s in stages)
+        busy += m * sum(sorted(costs.r(s) for s in stages)[:recomputed])
         best = max(best, fill + busy)
     return best
+
+
+V_FAMILIES = ("zb-v", "v-half", "v-min", "1f1b-v", "dualpipe-v")
+# families whose warm-up lasts about two periods (their steady state starts after 2d microbatches)
+_SLOW_WARMUP = V_FAMILIES + ("zb-h1", "zb-h2")
 
 
 def period(choice: ScheduleChoice, d: int, m: int) -> int | None:
@@ -100,7 +119,21 @@ def period(choice: ScheduleChoice, d: int, m: int) -> int | None:
         return d if m % d == 0 else None  # otherwise its rounds change shape with m
     if choice.family == "group-interleaved" and choice.group_size:
         return choice.group_size
+    if choice.family in _SLOW_WARMUP:
+        return d
     return None
+
+
+def _generate(choice: ScheduleChoice, d: int, m: int, costs: CostModel | None):  # type: ignore[no-untyped-def]
+    options: dict[str, object] = {"group_size": choice.group_size} if choice.group_size is not None else {}
+    if costs is not None and "costs" in get_spec(choice.family).options():
+        options["costs"] = costs  # cost-aware families place W by the real stage times
+    return generate(choice.family, d, m, choice.stages_per_rank, **options)
+
+
+def placement_of(choice: ScheduleChoice, d: int) -> Placement:
+    """The family's stage -> rank map for d ranks (loop or V)."""
+    return _generate(choice, d, 1, None).placement
 
 
 def _summary(timeline: Timeline, extrapolated: bool = False) -> SimSummary:
@@ -116,36 +149,85 @@ def _summary(timeline: Timeline, extrapolated: bool = False) -> SimSummary:
 
 
 def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
-                    extrapolate: bool = True) -> SimSummary:
-    """Simulate ``choice`` with m microbatches, through two small sizes when that is exact enough."""
+                    extrapolate: bool = True, fallback: bool = True, base: SimSummary | None = None) -> SimSummary:
+    """Simulate ``choice`` with m microbatches, through small sizes where the schedule repeats.
+
+    Sizes m1, m1+P, m1+2P, ... are simulated until two consecutive steps of P microbatches add the
+    same time and the last two sizes have the same memory peaks; the step time is then extrapolated.
+    If that costs more than simulating m itself, m is simulated. When the window never settles,
+    ``fallback`` simulates m; without it the result is an estimate (``exact`` False) that the caller
+    must confirm with ``extrapolate=False`` before reporting it. ``base``, the extrapolated summary of
+    the same schedule without offload, lets an offload-only choice be estimated from one small size:
+    the offload pass never delays compute by design, so its step time is the base's plus any
+    difference seen at that size.
+    """
     p = period(choice, d, m)
     if p:
         p = p * math.ceil(d / p)  # latency-bound pipelines can alternate with a cycle of up to d microbatches
-    m1 = _small_size(m, d, p) if p else None
+    m1 = _small_size(m, d, p, 2 if choice.family in _SLOW_WARMUP else 1) if p else None
     if not extrapolate or m1 is None:
-        return _summary(simulate(build(choice, d, m, costs), costs))
-    a = _summary(simulate(build(choice, d, m1, costs), costs))
-    b = _summary(simulate(build(choice, d, m1 + p, costs), costs))
-    if not (_same(a.peak_units, b.peak_units) and _same(a.host_units, b.host_units)):
-        return _summary(simulate(build(choice, d, m, costs), costs))
+        return _full(choice, d, m, costs)
     assert p is not None
-    steps = (m - m1) // p
+    if base is not None and base.samples and choice.recompute == "none":
+        return _offload_estimate(choice, d, m, costs, base)
+    sims = [_summary(simulate(build(choice, d, size, costs), costs)) for size in (m1, m1 + p, m1 + 2 * p)]
+    spent = 3 * m1 + 3 * p
+    while not _steady(*sims[-3:]):
+        size = m1 + len(sims) * p
+        if fallback and (spent + size >= m or size + p > m):
+            return _full(choice, d, m, costs)
+        if spent + size >= m or size + p > m:
+            break  # an estimate from the last window; the caller confirms it before showing it
+        sims.append(_summary(simulate(build(choice, d, size, costs), costs)))
+        spent += size
+    a, b = sims[-2], sims[-1]
+    size_b = m1 + (len(sims) - 1) * p
+    steps = (m - size_b) // p
+    steady = _steady(*sims[-3:])
     return SimSummary(
-        makespan=a.makespan + steps * (b.makespan - a.makespan),
-        busy=tuple(x + steps * (y - x) for x, y in zip(a.busy, b.busy)),
-        peak_units=b.peak_units,
-        host_units=b.host_units,
-        stall=tuple(x + steps * max(0.0, y - x) for x, y in zip(a.stall, b.stall)),
+        makespan=b.makespan + steps * (b.makespan - a.makespan),
+        busy=tuple(y + steps * (y - x) for x, y in zip(a.busy, b.busy)),
+        peak_units=tuple(map(max, a.peak_units, b.peak_units)),
+        host_units=tuple(map(max, a.host_units, b.host_units)),
+        stall=tuple(y + steps * max(0.0, y - x) for x, y in zip(a.stall, b.stall)),
         extrapolated=True,
+        exact=steady and choice.periodic(),
+        samples=((size_b - p, a.makespan), (size_b, b.makespan)),
     )
 
 
-def _small_size(m: int, d: int, p: int) -> int | None:
-    """Smallest m1 >= p with m1 = m mod p (p is at least d, so warm-up is over by the second size),
-    or None when simulating m itself is about as cheap."""
-    floor = p
+def _full(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> SimSummary:
+    return _summary(simulate(build(choice, d, m, costs), costs))
+
+
+def _steady(a: SimSummary, b: SimSummary, c: SimSummary) -> bool:
+    """Two equal steps of time and equal memory peaks at the last two sizes."""
+    step1, step2 = b.makespan - a.makespan, c.makespan - b.makespan
+    return (abs(step1 - step2) <= _TOL * max(1.0, abs(step2)) and _same(b.peak_units, c.peak_units)
+            and _same(b.host_units, c.host_units))
+
+
+def _offload_estimate(choice: ScheduleChoice, d: int, m: int, costs: CostModel, base: SimSummary) -> SimSummary:
+    size, base_time = base.samples[-1]
+    one = _summary(simulate(build(choice, d, size, costs), costs))
+    scale = m / size
+    return SimSummary(
+        makespan=base.makespan + max(0.0, one.makespan - base_time),
+        busy=base.busy,
+        peak_units=one.peak_units,
+        host_units=one.host_units,
+        stall=tuple(x * scale for x in one.stall),
+        extrapolated=True,
+        exact=False,
+    )
+
+
+def _small_size(m: int, d: int, p: int, warmup: int = 1) -> int | None:
+    """Smallest m1 >= ``warmup`` periods with m1 = m mod p, or None when simulating m itself is about
+    as cheap as three small sizes."""
+    floor = max(warmup * p, 2 * d + 8)  # short pipelines can settle only after ~10 microbatches
     m1 = m - ((m - floor) // p) * p if m > floor else m
-    return m1 if 2 * m1 + p < m else None  # only when two small simulations cost less than one full one
+    return m1 if 3 * m1 + 3 * p < m else None
 
 
 def _same(x: tuple[float, ...], y: tuple[float, ...]) -> bool:

@@ -22,7 +22,7 @@ def format_table(plans: list[Plan]) -> str:
     return "\n".join([_HEADER] + [format_plan_row(i + 1, p) for i, p in enumerate(plans)])
 
 
-def format_result(result: SearchResult, top: int = 5, pareto: bool = True, by_tp: bool = False) -> str:
+def format_result(result: SearchResult, top: int = 5, pareto: bool = True) -> str:
     req = result.request
     model, hw = req.model, req.hardware
     rate = result.candidates / result.seconds if result.seconds > 0 else float("inf")
@@ -40,7 +40,7 @@ def format_result(result: SearchResult, top: int = 5, pareto: bool = True, by_tp
     if pareto:
         lines += ["", "Pareto frontier (less memory <-> more throughput, plans that fit):",
                   format_table(result.pareto())]
-    if by_tp:
+    if req.best_per_tp:
         lines += ["", "best plan per tensor-parallel size:", format_table(list(result.best_by_tp().values()))]
     lines += ["", "memory is the worst rank's weights+grads (par), optimizer state (opt) and simulated activation "
               "peak (act); host is pinned host memory per GPU; stall is the worst rank's wait for reloads."]
@@ -68,5 +68,5 @@ def result_as_dict(result: SearchResult, top: int = 5) -> dict:
         "skipped": dict(sorted(result.skipped.items())),
         "best": [p.as_dict() for p in result.best(top)],
         "pareto": [p.as_dict() for p in result.pareto()],
-        "best_by_tp": {str(tp): p.as_dict() for tp, p in result.best_by_tp().items()},
-    }
+    } | ({"best_by_tp": {str(tp): p.as_dict() for tp, p in result.best_by_tp().items()}}
+         if req.best_per_tp else {})

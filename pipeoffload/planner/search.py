@@ -8,14 +8,19 @@ budget are not simulated. Everything is enumerated in sorted order, so plans are
 """
 from __future__ import annotations
 
+import heapq
 import logging
+import multiprocessing
 import math
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Iterator
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.planner.evaluate import (ScheduleChoice, SimSummary, lowering_options, simulate_choice,
-                                          time_lower_bound)
+from pipeoffload.planner.evaluate import (V_FAMILIES, ScheduleChoice, SimSummary, lowering_options,
+                                          placement_of, simulate_choice, time_lower_bound)
 from pipeoffload.planner.hardware import HardwareSpec
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.schedules import get_spec, schedule_names
@@ -23,8 +28,12 @@ from pipeoffload.planner.stagecosts import LayerCosts, Layout, StageCosts, Train
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SCHEDULES = ("1f1b", "interleaved-1f1b", "group-interleaved")
+DEFAULT_SCHEDULES = ("1f1b", "zb-h1", "interleaved-1f1b", "group-interleaved", "zb-v", "v-half", "v-min")
+# group-interleaved with g = d has interleaved 1F1B's memory and a smaller bubble (split backward), so
+# Megatron's interleaved 1F1B is searched by default only in builds without it.
+SUPERSEDED = {"interleaved-1f1b": "group-interleaved"}
 GIB = 1024**3
+BATCH = 2  # candidates taken from the queue at a time; fixed, so results do not depend on ``workers``
 
 
 class InfeasibleError(ConfigError):
@@ -54,6 +63,10 @@ class PlanRequest:
     measured: LayerCosts | None = None  # profiled per-layer costs (valid for tp == 1 only)
     top: int = 5  # how many best plans to guarantee exactly
     prune: bool = True  # skip candidates that provably cannot change the top plans or the frontier
+    escalate: bool = True  # try offload, then recompute, only where nothing cheaper of a schedule fits
+    exact_frontier: bool = False  # also simulate whatever could join the Pareto frontier (slower)
+    workers: int = 1  # worker processes that simulate a batch of candidates in parallel
+    best_per_tp: bool = False  # also find the best plan of every TP size exactly (slower)
 
     def __post_init__(self) -> None:
         for key in ("gpus", "global_batch"):
@@ -68,7 +81,7 @@ class PlanRequest:
         if self.schedules is not None:
             return tuple(get_spec(n).name for n in self.schedules)
         known = set(schedule_names())
-        return tuple(n for n in DEFAULT_SCHEDULES if n in known)
+        return tuple(n for n in DEFAULT_SCHEDULES if n in known and SUPERSEDED.get(n) not in known)
 
 
 @dataclass(frozen=True)
@@ -99,7 +112,8 @@ class Plan:
     bubble_ratio: float
     stall_ratio: float  # worst rank's reload wait / step time
     fits: bool
-    extrapolated: bool
+    exact: bool  # False: memory estimated from small simulations; confirmed before it is shown
+    sim: SimSummary = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
 
     def sort_key(self) -> tuple:
         return (-round(self.tokens_per_second, 6), round(self.memory.total), str(self.layout), self.choice)
@@ -136,18 +150,22 @@ class SearchResult:
         return self.fitting[:n]
 
     def pareto(self) -> list[Plan]:
-        """Fitting plans that no other fitting plan beats in both throughput and memory, by memory."""
-        front: list[Plan] = []
-        for plan in sorted(self.fitting, key=lambda p: (p.memory.total, p.sort_key())):
-            if not front or plan.tokens_per_second > front[-1].tokens_per_second * (1 + 1e-9):
-                front.append(plan)
-        return front
+        return pareto_front(self.fitting)
 
     def best_by_tp(self) -> dict[int, Plan]:
         out: dict[int, Plan] = {}
         for plan in self.fitting:
             out.setdefault(plan.layout.tp, plan)
         return dict(sorted(out.items()))
+
+
+def pareto_front(plans: list[Plan]) -> list[Plan]:
+    """Plans that no other plan beats in both throughput and memory, by increasing memory."""
+    front: list[Plan] = []
+    for plan in sorted(plans, key=lambda p: (p.memory.total, p.sort_key())):
+        if not front or plan.tokens_per_second > front[-1].tokens_per_second * (1 + 1e-9):
+            front.append(plan)
+    return front
 
 
 # ---- enumeration ------------------------------------------------------------------------------
@@ -184,7 +202,12 @@ def choices(req: PlanRequest, d: int, m: int) -> list[ScheduleChoice]:
     for family in req.families():
         if d == 1 and family != "1f1b":
             continue
-        vs = (1,) if family == "1f1b" else tuple(v for v in req.stages_per_rank if v >= 2)
+        if family in ("1f1b", "zb-h1", "zb-h2", "gpipe"):
+            vs: tuple[int, ...] = (1,)
+        elif family in V_FAMILIES:
+            vs = (2,)  # V placement: stages r and 2d-1-r on rank r
+        else:
+            vs = tuple(v for v in req.stages_per_rank if v >= 2)
         for v in vs:
             if d * v > req.model.layers:
                 continue
@@ -200,22 +223,38 @@ def choices(req: PlanRequest, d: int, m: int) -> list[ScheduleChoice]:
 
 
 def _policies(req: PlanRequest, v: int, d: int) -> list[tuple[str, str]]:
-    """(offload, recompute) pairs: neither, or one of them (they act on the same stages)."""
+    """(offload, recompute) pairs to try, in escalation order (see ``_level``). By default: neither;
+    ``offload auto`` (the lowest peak the copy lane can hide: it never makes a backward wait); that
+    plus ``recompute auto`` (recompute what could not be hidden); ``recompute first:1`` (the longest-
+    lived stage of each rank); and ``recompute first:v`` (every stage)."""
     if d == 1:
         return [("none", "none")]
     supported = lowering_options()
-    levels = [f"first:{k}" for k in range(1, v)] + ["all"]
-    offloads = req.offload if req.offload is not None else (tuple(levels) if "offload" in supported else ())
-    recomputes = req.recompute if req.recompute is not None else (
-        tuple(levels) if "recompute" in supported else ())
-    pairs = [("none", "none")]
-    pairs += [(o, "none") for o in offloads if o != "none"]
-    pairs += [("none", r) for r in recomputes if r != "none"]
-    return pairs
+    if req.offload is None and req.recompute is None:
+        pairs = [("none", "none")]
+        if "offload" in supported:
+            pairs += [("auto", "none"), ("auto", "auto")]
+        if "recompute" in supported:
+            pairs += [("none", f"first:{k}") for k in sorted({1, v})]
+        return pairs
+    offloads = req.offload or ("none",)
+    recomputes = req.recompute or ("none",)
+    pairs = [(o, r) for o in offloads for r in recomputes if not (r == "auto" and o == "none")]
+    return pairs or [("none", "none")]
 
 
-def _count(skipped: dict[str, int], reason: str) -> None:
-    skipped[reason] = skipped.get(reason, 0) + 1
+def _level(choice: ScheduleChoice) -> int:
+    """Escalation level, roughly by growing cost: 0 plain, 1 offload only (free when hidden), 2 recompute
+    of the longest-lived stage, 3 recompute of what offload cannot hide, 4 recompute of every stage."""
+    if choice.recompute == "none":
+        return 0 if choice.offload == "none" else 1
+    if choice.recompute == "auto":
+        return 3
+    return 4 if choice.recompute == f"first:{choice.stages_per_rank}" and choice.stages_per_rank > 1 else 2
+
+
+def _count(skipped: dict[str, int], reason: str, n: int = 1) -> None:
+    skipped[reason] = skipped.get(reason, 0) + n
 
 
 # ---- evaluation -------------------------------------------------------------------------------
@@ -230,6 +269,13 @@ class _Candidate:
 
     def key(self) -> tuple:
         return (str(self.layout), self.choice)
+
+    def is_base(self) -> bool:
+        """No offload and no recompute: the schedule its memory-policy variants are lowered from."""
+        return self.choice.offload == "none" and self.choice.recompute == "none"
+
+    def base_key(self) -> tuple:
+        return (str(self.layout), replace(self.choice, offload="none", recompute="none"))
 
 
 def _static(req: PlanRequest, layout: Layout, stage: StageCosts) -> tuple[tuple[float, float], ...]:
@@ -248,15 +294,18 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[_Can
             lc = req.measured or layer_costs(req.model, req.hardware, layout.tp,
                                              partial_recompute=req.setup.partial_recompute)
             per_layer[layout.tp] = lc
-        stages: dict[int, StageCosts] = {}
+        stages: dict[tuple, StageCosts] = {}
         for choice in choices(req, layout.pp, m):
-            v = choice.stages_per_rank
-            if v not in stages:
-                stages[v] = stage_costs(lc, req.hardware, layout, v, req.model.layers)
-            static = tuple(sum(x) for x in _static(req, layout, stages[v]))
-            bound = time_lower_bound(choice, layout.pp, m, stages[v].costs) + _dp_sync_time(
-                req, layout, max(stages[v].params_per_rank))
-            out.append(_Candidate(layout, choice, m, stages[v], static, bound))
+            placement = placement_of(choice, layout.pp)
+            key = (choice.stages_per_rank, placement)
+            if key not in stages:
+                stages[key] = stage_costs(lc, req.hardware, layout, choice.stages_per_rank, req.model.layers,
+                                          placement)
+            sc = stages[key]
+            static = tuple(sum(x) for x in _static(req, layout, sc))
+            bound = time_lower_bound(choice, layout.pp, m, sc.costs) + _dp_sync_time(
+                req, layout, max(sc.params_per_rank))
+            out.append(_Candidate(layout, choice, m, sc, static, bound))
     return sorted(out, key=_Candidate.key)
 
 
@@ -289,7 +338,7 @@ def evaluate(req: PlanRequest, cand: _Candidate, sim: SimSummary) -> Plan:
         req.host_memory_budget is None or host <= req.host_memory_budget)
     return Plan(layout, cand.choice, cand.microbatches, step, sim.makespan, dp_time, tokens / step,
                 flops / (step * layout.gpus * req.hardware.peak_flops), memory, sim.bubble_ratio,
-                max(sim.stall) / step if step else 0.0, fits, sim.extrapolated)
+                max(sim.stall) / step if step else 0.0, fits, sim.exact, sim)
 
 
 def _model_flops(req: PlanRequest) -> float:
@@ -300,10 +349,15 @@ def _model_flops(req: PlanRequest) -> float:
 def find_plans(req: PlanRequest) -> SearchResult:
     """Find the fastest plans that fit ``req.memory_budget``; raise ``InfeasibleError`` if none does.
 
-    Candidates are simulated in order of a time lower bound. One is skipped (without changing the
-    answer) when it can neither enter the top ``req.top`` nor the Pareto frontier: its lower bound is
-    slower than the current top-``top`` and than some fitting plan that needs no more memory than its
-    weights and optimizer state alone.
+    Candidates are simulated in order of a lower bound on their step time. Offload and recompute only
+    add waits and work to a schedule, so a schedule's offload/recompute variants are queued after the
+    plain schedule, bounded by its step time; with ``req.escalate`` only when nothing cheaper of the
+    same schedule fits: first the offload variants, then the recompute ones. A candidate is skipped
+    when its bound is slower than the top ``req.top`` (and, with ``req.best_per_tp``, than the best
+    plan of its TP size), so the Pareto frontier is that of the simulated plans; with
+    ``req.exact_frontier`` a candidate is also
+    kept while it could join the frontier (no fitting plan that is at least as fast needs no more
+    memory than the candidate's weights and optimizer state alone).
     """
     start = time.perf_counter()
     skipped: dict[str, int] = {}
@@ -312,32 +366,179 @@ def find_plans(req: PlanRequest) -> SearchResult:
         reasons = "; ".join(f"{k} ({n}x)" for k, n in skipped.items()) or "no PP x TP x DP split of the GPUs"
         raise ConfigError(f"no layout for {req.gpus} GPUs and global batch {req.global_batch}: {reasons}; "
                           "pick a global batch divisible by the data-parallel size x microbatch size")
-    plans: dict[tuple, Plan] = {}
-    top: list[float] = []  # step times of the fastest fitting plans, ascending, at most req.top
-    front: list[tuple[float, float]] = []  # (memory, step time) of fitting plans
-    for cand in sorted(cands, key=lambda c: (c.time_bound, c.key())):
-        if max(cand.static_bytes) > req.memory_budget:
-            _count(skipped, "weights + optimizer state alone exceed the budget")
-            continue
-        if req.prune and len(top) >= req.top and cand.time_bound > top[-1] and any(
-                mem <= max(cand.static_bytes) and t <= cand.time_bound for mem, t in front):
-            _count(skipped, "pruned: cannot beat the top plans or the Pareto frontier")
-            continue
-        plan = plans[cand.key()] = _run(req, cand)
-        if plan.fits:
-            top = sorted(top + [plan.step_time])[: req.top]
-            front.append((plan.memory.total, plan.step_time))
-    if not any(p.fits for p in plans.values()):
-        _raise_infeasible(req, cands, plans)
-    ordered = sorted(plans.values(), key=Plan.sort_key)
+    search = _Search(req, skipped)
+    for cand in cands:
+        search.add(cand)
+    search.release_orphans()
+    by_key = {c.key(): c for c in cands}
+    with _pool(req.workers) as pool:
+        search.run(pool, batch=BATCH)
+        _confirm(req, by_key, search.plans, pool)
+    if not any(p.fits for p in search.plans.values()):
+        _raise_infeasible(req, cands, search.plans)
+    ordered = sorted(search.plans.values(), key=Plan.sort_key)
     elapsed = time.perf_counter() - start
-    log.info("planner: %d candidates, %d simulated in %.1fs", len(cands), len(plans), elapsed)
-    return SearchResult(req, ordered, len(cands), len(plans), elapsed, skipped)
+    log.info("planner: %d candidates, %d simulated in %.1fs", len(cands), len(search.plans), elapsed)
+    return SearchResult(req, ordered, len(cands), len(search.plans), elapsed, skipped)
 
 
-def _run(req: PlanRequest, cand: _Candidate) -> Plan:
-    sim = simulate_choice(cand.choice, cand.layout.pp, cand.microbatches, cand.stage.costs)
+class _Search:
+    """The priority queue of candidates, the escalation of memory policies, and the pruning state."""
+
+    def __init__(self, req: PlanRequest, skipped: dict[str, int]) -> None:
+        self.req, self.skipped = req, skipped
+        self.queue: list[tuple[float, tuple, int, _Candidate]] = []
+        self.levels: dict[tuple, list[list[_Candidate]]] = {}  # base key -> variants by escalation level
+        self.plans: dict[tuple, Plan] = {}
+        self.top: list[float] = []  # step times of the fastest fitting plans, at most req.top
+        self.best_tp: dict[int, float] = {}  # fastest fitting step time per TP size
+        self.front: list[tuple[float, float]] = []  # (memory, step time) of fitting plans
+        self.base_time: dict[tuple, float] = {}
+        self.base_sim: dict[tuple, SimSummary] = {}
+        self.fitted: set[tuple] = set()  # base keys with a fitting plan
+        self.pushed = 0
+
+    def add(self, cand: _Candidate) -> None:
+        if cand.is_base():
+            self._push(cand, cand.time_bound)
+        else:
+            levels = self.levels.setdefault(cand.base_key(), [[], [], [], []])
+            levels[_level(cand.choice) - 1].append(cand)
+
+    def release_orphans(self) -> None:
+        """Queue the first variants of schedules whose plain form was not asked for (e.g. --offload auto)."""
+        bases = {key for _, key, _, _ in self.queue}
+        for base in sorted(set(self.levels) - bases):
+            self._release(base)
+
+    def _push(self, cand: _Candidate, bound: float) -> None:
+        self.pushed += 1
+        heapq.heappush(self.queue, (bound, cand.key(), self.pushed, cand))
+
+    def _release(self, base: tuple) -> None:
+        """Queue the next level of memory policies of ``base`` (all of them without escalation)."""
+        levels = self.levels.get(base)
+        while levels:
+            level = levels.pop(0)
+            for cand in level:
+                self._push(cand, max(cand.time_bound, self.base_time.get(base, 0.0)))
+            if self.req.escalate and level:
+                break
+
+    def _prunable(self, cand: _Candidate, bound: float) -> bool:
+        req = self.req
+        if not req.prune or len(self.top) < req.top or bound <= self.top[-1]:
+            return False
+        if req.best_per_tp and bound <= self.best_tp.get(cand.layout.tp, float("inf")):
+            return False
+        if not req.exact_frontier:
+            return True
+        static = max(cand.static_bytes)
+        return any(mem <= static and t <= bound for mem, t in self.front)
+
+    def run(self, pool: Executor | None = None, batch: int = 1) -> None:
+        """Simulate until the queue is empty, ``batch`` candidates at a time (in ``pool`` if given).
+        Batches are formed in queue order, so the result does not depend on the timing of workers."""
+        while self.queue:
+            todo: list[_Candidate] = []
+            while self.queue and len(todo) < batch:
+                bound, _, _, cand = heapq.heappop(self.queue)
+                if max(cand.static_bytes) > self.req.memory_budget:
+                    _count(self.skipped, "weights + optimizer state alone exceed the budget")
+                    self._drop(cand.base_key())
+                elif self._prunable(cand, bound):
+                    _count(self.skipped, "pruned: its step-time bound cannot make the shown plans")
+                    self._drop(cand.base_key())
+                else:
+                    todo.append(cand)
+            jobs = [(self.req, cand, False, self.base_sim.get(cand.base_key())) for cand in todo]
+            results = list(pool.map(_run_job, jobs)) if pool is not None and len(todo) > 1 else [
+                _run_job(job) for job in jobs]
+            for cand, plan in zip(todo, results):
+                self._done(cand, plan)
+        for base in list(self.levels):
+            self._drop(base, reason="not needed: a plan without it fits")
+
+    def _done(self, cand: _Candidate, plan: Plan) -> None:
+        base = cand.base_key()
+        self.plans[cand.key()] = plan
+        if cand.is_base():
+            self.base_time[base] = plan.step_time
+            self.base_sim[base] = plan.sim
+        if plan.fits:
+            self._record(plan, base)
+        if not (self.req.escalate and base in self.fitted) and not self._pending(base):
+            self._release(base)
+
+    def _record(self, plan: Plan, base: tuple) -> None:
+        self.fitted.add(base)
+        self.top = sorted(self.top + [plan.step_time])[: self.req.top]
+        tp = plan.layout.tp
+        self.best_tp[tp] = min(self.best_tp.get(tp, float("inf")), plan.step_time)
+        self.front.append((plan.memory.total, plan.step_time))
+
+    def _pending(self, base: tuple) -> bool:
+        """Whether variants of ``base`` released earlier are still queued."""
+        return any(c.base_key() == base for _, _, _, c in self.queue)
+
+    def _drop(self, base: tuple, reason: str | None = None) -> None:
+        """Forget the unreleased variants of ``base`` (a pruned or too-big base prunes them too)."""
+        dropped = sum(len(level) for level in self.levels.pop(base, []))
+        if dropped:
+            _count(self.skipped, reason or "pruned with the schedule they vary", dropped)
+
+
+@contextmanager
+def _pool(workers: int) -> Iterator[Executor | None]:
+    """A process pool for ``workers`` > 1 (forked where the platform allows), else None."""
+    if workers <= 1:
+        yield None
+        return
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        yield pool
+
+
+def _run_job(job: tuple) -> Plan:
+    return _run(*job)
+
+
+def _run(req: PlanRequest, cand: _Candidate, exact: bool = False, base: SimSummary | None = None) -> Plan:
+    sim = simulate_choice(cand.choice, cand.layout.pp, cand.microbatches, cand.stage.costs,
+                          extrapolate=not exact, fallback=cand.choice.periodic(), base=base)
     return evaluate(req, cand, sim)
+
+
+def _confirm(req: PlanRequest, by_key: dict[tuple, _Candidate], plans: dict[tuple, Plan],
+             pool: Executor | None = None) -> None:
+    """Re-simulate at full size every estimated plan that would be shown (the top ``req.top``, the
+    Pareto frontier, the best per TP size) until all shown plans are exact."""
+    def key(plan: Plan) -> tuple:
+        return (str(plan.layout), plan.choice)
+
+    while True:
+        fitting = sorted((p for p in plans.values() if p.fits), key=Plan.sort_key)
+        shown: list[Plan] = []
+        exact_top = 0
+        for plan in fitting:  # walk down until the top is made of exact plans
+            shown.append(plan)
+            exact_top += plan.exact
+            if exact_top >= req.top:
+                break
+        for tp in sorted({p.layout.tp for p in fitting}) if req.best_per_tp else ():
+            for plan in (p for p in fitting if p.layout.tp == tp):
+                shown.append(plan)
+                if plan.exact:
+                    break
+        shown += pareto_front(fitting)
+        pending = {key(p): p for p in shown if not p.exact}
+        if not pending:
+            return
+        keys = sorted(pending, key=lambda k: (k[0], k[1]))
+        jobs = [(req, by_key[k], True) for k in keys]
+        results = pool.map(_run_job, jobs) if pool is not None and len(jobs) > 1 else map(_run_job, jobs)
+        plans.update(zip(keys, results))
 
 
 def _host_ok(req: PlanRequest, plan: Plan) -> bool:

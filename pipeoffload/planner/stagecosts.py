@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
+from pipeoffload.placement import Placement
 from pipeoffload.planner.hardware import HardwareSpec
 from pipeoffload.planner.model import ModelSpec
 
@@ -112,9 +113,10 @@ class StageCosts:
 
 
 def stage_costs(lc: LayerCosts, hw: HardwareSpec, layout: Layout, stages_per_rank: int,
-                layers: int) -> StageCosts:
-    """Build per-stage costs for ``layout.pp * stages_per_rank`` loop-placed stages."""
+                layers: int, placement: Placement | None = None) -> StageCosts:
+    """Build per-stage costs for ``layout.pp * stages_per_rank`` stages (loop placement unless given)."""
     d, v = layout.pp, stages_per_rank
+    placement = placement or Placement.loop(d, v)
     split = partition(layers, d * v)
     last = len(split) - 1
     head = [lc.head_time if s == last else (0.0, 0.0, 0.0) for s in range(len(split))]
@@ -139,7 +141,7 @@ def stage_costs(lc: LayerCosts, hw: HardwareSpec, layout: Layout, stages_per_ran
     params = [0.0] * d
     for s, n in enumerate(split):
         extra = (lc.embedding_params if s == 0 else 0.0) + (lc.head_params if s == last else 0.0)
-        params[s % d] += n * lc.params + extra
+        params[placement.rank_of(s)] += n * lc.params + extra
     return StageCosts(costs, unit, tuple(params), split)
 
 

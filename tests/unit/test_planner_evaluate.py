@@ -1,10 +1,15 @@
 """Stage costs and the extrapolating simulation the planner relies on."""
 import itertools
+from dataclasses import replace
 
 import pytest
 
 from pipeoffload.costs import CostModel
-from pipeoffload.planner.evaluate import ScheduleChoice, simulate_choice, time_lower_bound
+from pipeoffload.passes.lower import lower
+from pipeoffload.planner.evaluate import (ScheduleChoice, build, lowering_options, placement_of, simulate_choice,
+                                          time_lower_bound)
+from pipeoffload.schedules import generate, schedule_names
+from pipeoffload.simulate import simulate
 from pipeoffload.planner.hardware import hardware_preset
 from pipeoffload.planner.presets import model_preset
 from pipeoffload.planner.stagecosts import Layout, layer_costs, partition, stage_costs
@@ -23,6 +28,9 @@ GRID = [(fam, d, m, v, p2p, last)
             ["1f1b", "interleaved-1f1b"], [2, 3, 4, 8], [24, 40, 64], [1, 2, 3], [0.0, 0.3], [1.0, 1.7])
         if (fam == "1f1b") == (v == 1) and not (fam == "interleaved-1f1b" and m % d)]
 GRID += [("1f1b", 16, 80, 1, 0.2, 1.5), ("interleaved-1f1b", 16, 64, 2, 0.2, 1.5)]
+GRID += [(fam, d, m, 1 if fam == "zb-h1" else 2, p2p, 1.4)
+         for fam, d, m, p2p in itertools.product(["zb-h1", "zb-v", "v-half", "v-min"], [2, 4, 8], [40, 64],
+                                                 [0.0, 0.3])]
 
 
 @pytest.mark.parametrize("fam, d, m, v, p2p, last", GRID)
@@ -79,3 +87,77 @@ def test_tensor_parallel_adds_collective_time_to_f_and_i_only() -> None:
     assert four.time_f == pytest.approx(one.time_f / 4 + comm)
     assert four.time_i == pytest.approx(one.time_i / 4 + comm)
     assert four.time_w == pytest.approx(one.time_w / 4)
+
+
+needs_policies = pytest.mark.skipif(set(lowering_options()) != {"offload", "recompute"},
+                                    reason="offload/recompute policies not in this build of lower()")
+POLICY_GRID = [(fam, d, v, g, m, pol, k)
+               for fam, d, v, g, m, pol, k in itertools.product(
+                   ["1f1b", "group-interleaved"], [2, 4, 8], [1, 2, 3], [None, "half", "full"], [32, 48],
+                   [("auto", "none"), ("auto", "auto"), ("none", "first:1"), ("none", "first:2")], [0.6, 1.5])
+               if (fam == "1f1b") == (v == 1) and (fam == "group-interleaved") == (g is not None)
+               and not (pol[1].startswith("first:") and int(pol[1][6:]) > v)]
+
+
+def _policy_costs(d: int, v: int, k: float) -> CostModel:
+    return replace(_costs(d * v, 1.4, 0.1), shared_host_link=d % 2 == 0).with_offload_ratio(k)
+
+
+def _size(g: str | None, d: int) -> int | None:
+    return None if g is None else ((d + 1) // 2 if g == "half" else d)
+
+
+@needs_policies
+@pytest.mark.parametrize("fam, d, v, g, m, pol, k", POLICY_GRID[::5])
+def test_policy_schedules_bounds_and_estimates(fam: str, d: int, v: int, g: str | None, m: int,
+                                               pol: tuple[str, str], k: float) -> None:
+    costs = _policy_costs(d, v, k)
+    choice = ScheduleChoice(fam, v, _size(g, d), *pol)
+    base = ScheduleChoice(fam, v, _size(g, d))
+    full = simulate_choice(choice, d, m, costs, extrapolate=False)
+    plain = simulate_choice(base, d, m, costs, extrapolate=False)
+    # offload and recompute only add work and waits: the plain schedule's makespan bounds them
+    assert full.makespan >= plain.makespan - 1e-9
+    assert time_lower_bound(choice, d, m, costs) <= full.makespan + 1e-9
+    if pol[1] == "none":  # the offload pass never delays compute
+        assert full.makespan == pytest.approx(plain.makespan, rel=1e-12)
+    fast = simulate_choice(choice, d, m, costs, fallback=choice.periodic())
+    if fast.exact:  # what the planner reports without a confirming full simulation must be exact
+        assert fast.makespan == pytest.approx(full.makespan, rel=1e-9)
+        assert fast.peak_units == pytest.approx(full.peak_units)
+        assert fast.host_units == pytest.approx(full.host_units)
+
+
+@needs_policies
+@pytest.mark.parametrize("fam, d, v, g, m, pol, k", POLICY_GRID[1::9])
+def test_schedules_simulate_the_same_without_their_send_and_recv(fam: str, d: int, v: int, g: str | None,
+                                                                  m: int, pol: tuple[str, str], k: float) -> None:
+    costs = _policy_costs(d, v, k)
+    choice = ScheduleChoice(fam, v, _size(g, d), *pol)
+    stripped = simulate(build(choice, d, m, costs), costs)
+    options = {"group_size": choice.group_size} if choice.group_size else {}
+    lowered = lower(generate(fam, d, m, v, **options), costs, offload=pol[0], recompute=pol[1])
+    with_comms = simulate(lowered, costs)
+    assert stripped.makespan == pytest.approx(with_comms.makespan, rel=1e-12)
+    for a, b in zip(stripped.per_rank, with_comms.per_rank):
+        assert (a.peak_activation_units, a.peak_host_units) == pytest.approx(
+            (b.peak_activation_units, b.peak_host_units))
+
+
+@pytest.mark.parametrize("family, v, g", [("zb-v", 2, None), ("v-half", 2, None), ("v-min", 2, None),
+                                          ("zb-h1", 1, None), ("group-interleaved", 2, 1),
+                                          ("interleaved-1f1b", 2, None)])
+@pytest.mark.parametrize("pp, tp", [(2, 8), (4, 2)])
+def test_extrapolation_with_real_stage_costs(family: str, v: int, g: int | None, pp: int, tp: int) -> None:
+    """Head-heavy last stage (128k vocabulary), TP collectives, V placement: still exact."""
+    if family not in schedule_names():
+        pytest.skip(f"{family} is not in this build")
+    model, hw = model_preset("llama3-70b"), hardware_preset("h100")
+    choice = ScheduleChoice(family, v, g)
+    sc = stage_costs(layer_costs(model, hw, tp), hw, Layout(pp, tp, 64 // (pp * tp)), v, model.layers,
+                     placement_of(choice, pp))
+    fast = simulate_choice(choice, pp, 64, sc.costs)
+    full = simulate_choice(choice, pp, 64, sc.costs, extrapolate=False)
+    assert fast.makespan == pytest.approx(full.makespan, rel=1e-9)
+    assert fast.peak_units == pytest.approx(full.peak_units)
+    assert 0 <= fast.bubble_ratio < 1

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pipeoffload.cli import main
-from pipeoffload.planner.evaluate import simulate_choice
+from pipeoffload.planner.evaluate import lowering_options, placement_of, simulate_choice
 from pipeoffload.planner.hardware import GIB, hardware_preset
 from pipeoffload.planner.presets import model_preset
 from pipeoffload.planner.search import InfeasibleError, PlanRequest, find_plans
@@ -24,7 +24,8 @@ def _request(budget_gib: float, **kw: object) -> PlanRequest:
 def _resimulated_peak(req: PlanRequest, plan) -> float:  # type: ignore[no-untyped-def]
     """Worst-rank memory of ``plan`` from a full (non-extrapolated) simulation, computed independently."""
     lc = layer_costs(req.model, req.hardware, plan.layout.tp)
-    sc = stage_costs(lc, req.hardware, plan.layout, plan.choice.stages_per_rank, req.model.layers)
+    sc = stage_costs(lc, req.hardware, plan.layout, plan.choice.stages_per_rank, req.model.layers,
+                     placement_of(plan.choice, plan.layout.pp))
     sim = simulate_choice(plan.choice, plan.layout.pp, plan.microbatches, sc.costs, extrapolate=False)
     s = req.setup
     opt_shard = plan.layout.dp if s.distributed_optimizer else 1
@@ -74,8 +75,12 @@ def test_search_is_deterministic_and_pruning_does_not_change_the_answer() -> Non
     assert [p.as_dict() for p in a.best(5)] == [p.as_dict() for p in b.best(5)]
     full = find_plans(_request(40, prune=False))
     assert [p.as_dict() for p in a.best(5)] == [p.as_dict() for p in full.best(5)]
-    assert [p.as_dict() for p in a.pareto()] == [p.as_dict() for p in full.pareto()]
+    per_tp = find_plans(_request(40, best_per_tp=True))
+    assert {tp: p.as_dict() for tp, p in per_tp.best_by_tp().items()} == {
+        tp: p.as_dict() for tp, p in full.best_by_tp().items()}
     assert full.evaluated >= a.evaluated
+    frontier = find_plans(_request(40, exact_frontier=True))
+    assert [p.as_dict() for p in frontier.pareto()] == [p.as_dict() for p in full.pareto()]
 
 
 def test_pareto_frontier_is_monotone_and_undominated() -> None:
@@ -114,3 +119,44 @@ def test_plan_cli_json(capsys) -> None:  # type: ignore[no-untyped-def]
     first = data["best"][0]
     assert first["memory_gib"]["total"] <= 40 and first["tokens_per_s"] > 0
     assert set(first["memory_gib"]) == {"parameters", "optimizer", "activations", "total", "host"}
+
+
+needs_policies = pytest.mark.skipif(set(lowering_options()) != {"offload", "recompute"},
+                                    reason="offload/recompute policies not in this build of lower()")
+
+
+LONG = MODEL.with_(seq=8192)  # activation-heavy: where offload and recompute matter
+
+
+def _long(budget: float, **kw: object) -> PlanRequest:
+    return PlanRequest(model=LONG, hardware=HW, gpus=8, global_batch=16, memory_budget=budget,
+                       tp_sizes=(1, 2), **kw)  # type: ignore[arg-type]
+
+
+def _tight_budget(share: float = 0.5) -> float:
+    """``share`` of the activations of the smallest plan without offload or recompute below its memory."""
+    plain = find_plans(_long(80 * GIB, offload=("none",), recompute=("none",), prune=False))
+    smallest = min(plain.fitting, key=lambda p: p.memory.total)
+    return smallest.memory.total - share * smallest.memory.activations
+
+
+@needs_policies
+def test_tight_budgets_escalate_to_offload_and_recompute() -> None:
+    budget = _tight_budget()
+    result = find_plans(_long(budget))
+    best = result.best(1)[0]
+    assert best.choice.offload != "none" or best.choice.recompute != "none"
+    assert best.memory.total <= budget
+    assert best.exact  # confirmed by a full simulation
+
+
+@needs_policies
+def test_host_memory_budget_is_respected() -> None:
+    free = find_plans(_long(80 * GIB, offload=("auto",), recompute=("none",), escalate=False, prune=False))
+    hosts = sorted(p.memory.host for p in free.fitting if p.memory.host > 0)
+    assert hosts, "offload auto moved nothing to the host"
+    cap = hosts[len(hosts) // 2]
+    result = find_plans(_long(80 * GIB, offload=("auto",), recompute=("none",), escalate=False, host_memory_budget=cap))
+    shown = result.best(5) + result.pareto()
+    assert shown and all(p.memory.host <= cap for p in shown)
+    assert len(result.fitting) < len(free.fitting)
