@@ -71,7 +71,7 @@ def train_tour(ranks: int = 2) -> str:
     from pipeoffload.runtime.launch import spawn
     from pipeoffload.runtime.trace import Trace
 
-    lines = [f"Training a small GPT ({TRAIN_ARGS[TRAIN_ARGS.index("--layers") + 1]} layers) on {ranks} CPU ranks (gloo), "
+    lines = [f"Training a small GPT ({TRAIN_ARGS[TRAIN_ARGS.index('--layers') + 1]} layers) on {ranks} CPU ranks (gloo), "
              "group-interleaved 1F1B, v=2, 4 microbatches, 3 AdamW steps:"]
     runs = {}
     for offload in ("none", "all"):
