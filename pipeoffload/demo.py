@@ -17,20 +17,30 @@ from pipeoffload.simulate import Timeline, simulate
 log = logging.getLogger("pipeoffload.demo")
 
 D, M = 8, 32
-# (label, family, stages_per_rank, options) compared on the same 8 ranks and 32 microbatches.
+K_RATIO = 0.5  # the paper's offload ratio k = (D2H + H2D) / (F + I + W) of one activation
+# (label, family, stages_per_rank, options, offload policy) on the same 8 ranks and 32 microbatches.
 LINEUP = [
-    ("GPipe", "gpipe", 1, {}),
-    ("1F1B", "1f1b", 1, {}),
-    ("interleaved 1F1B, v=2", "interleaved-1f1b", 2, {}),
+    ("GPipe", "gpipe", 1, {}, "none"),
+    ("1F1B", "1f1b", 1, {}, "none"),
+    ("interleaved 1F1B, v=2", "interleaved-1f1b", 2, {}, "none"),
+    ("ZB-H1", "zb-h1", 1, {}, "none"),
+    ("ZB-V", "zb-v", 2, {}, "none"),
+    ("V-Min", "v-min", 2, {}, "none"),
+    ("PipeOffload g=4, v=2", "group-interleaved", 2, {"group_size": 4}, "none"),
+    ("  + offload first:1", "group-interleaved", 2, {"group_size": 4}, "first:1"),
+    ("  + offload all", "group-interleaved", 2, {"group_size": 4}, "all"),
+    ("1F1B + offload all", "1f1b", 1, {}, "all"),
+    ("ZB-V + offload auto", "zb-v", 2, {}, "auto"),
 ]
 
 
 def compare() -> list[tuple[str, Timeline]]:
-    """Same model on every schedule: a rank's layers cost F = I = W = 1, split over its v stages."""
+    """Same model on every schedule: a rank's layers cost F = I = W = 1, split over its v stages;
+    copies take k = 0.5 of the compute time of what they move."""
     results = []
-    for label, name, v, options in LINEUP:
-        costs = CostModel.uniform(1.0 / v, 1.0 / v, 1.0 / v)
-        schedule = lower(generate(name, D, M, v, **options), costs)
+    for label, name, v, options, offload in LINEUP:
+        costs = CostModel.uniform(1.0 / v, 1.0 / v, 1.0 / v).with_offload_ratio(K_RATIO)
+        schedule = lower(generate(name, D, M, v, **options), costs, offload=offload)
         results.append((label, simulate(schedule, costs)))
     return results
 
@@ -49,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="out", help="folder for pictures (default: out/)")
     args = parser.parse_args(argv)
-    print(f"Simulating {len(LINEUP)} schedules of one model on d={D} ranks, m={M} microbatches "
-          "(a rank's layers: F = I = W = 1; memory in rank units = one microbatch through a rank's layers).\n")
+    print(f"Simulating {len(LINEUP)} schedules of one model on d={D} ranks, m={M} microbatches: a rank's layers "
+          f"take F = I = W = 1, host copies k = {K_RATIO} (the paper's offload ratio).\n"
+          "Memory is the worst rank's peak in rank units (one microbatch through all of a rank's layers).\n")
     results = compare()
     print(table(results))
     out = Path(args.out)
@@ -58,10 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     from pipeoffload.viz.plot import figure_bytes, timeline_figure
     from pipeoffload.viz.report import html_report
 
+    pictures = []
     for label, timeline in results:
-        path = out / f"{timeline.schedule.name}.png"
-        write_atomic(path, figure_bytes(timeline_figure(timeline, title=label)))
-    write_atomic(out / "report.html", html_report([t for _, t in results], title="pipeoffload demo"))
+        slug = "".join(c if c.isalnum() else "-" for c in label.strip(" +").lower()).strip("-")
+        path = out / f"{slug}.png"
+        pictures.append(figure_bytes(timeline_figure(timeline, title=label)))
+        write_atomic(path, pictures[-1])
+    write_atomic(out / "report.html", html_report([t for _, t in results], title="pipeoffload demo", pictures=pictures))
     print(f"\nPictures: {out}/*.png and {out}/report.html (open in a browser).")
     return 0
 

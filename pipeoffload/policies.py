@@ -14,7 +14,6 @@ stored, for T times the stage's forward time of extra backward work (``lgd`` = t
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Union
 
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
@@ -50,7 +49,7 @@ class OffloadPolicy:
             raise ConfigError(f"offload budget:{self.budget}: the target must be >= 0 units")
 
     @classmethod
-    def parse(cls, text: "str | OffloadPolicy | None") -> "OffloadPolicy":
+    def parse(cls, text: str | OffloadPolicy | None) -> OffloadPolicy:
         if isinstance(text, OffloadPolicy):
             return text
         raw = "none" if text is None else str(text).strip().lower()
@@ -107,7 +106,7 @@ class RecomputePolicy:
         return self.partial_saving > 0 or self.partial_time > 0
 
     @classmethod
-    def parse(cls, text: "str | RecomputePolicy | None") -> "RecomputePolicy":
+    def parse(cls, text: str | RecomputePolicy | None) -> RecomputePolicy:
         if isinstance(text, RecomputePolicy):
             return text
         raw = "none" if text is None else str(text).strip().lower()
@@ -145,8 +144,6 @@ class RecomputePolicy:
             f"partial:{self.partial_saving:g}:{self.partial_time:g}")
         return tail if head == "none" else f"{head},{tail}"
 
-
-PolicyLike = Union[str, OffloadPolicy, RecomputePolicy, None]
 
 
 def _int(text: str, whole: str, forms: str) -> int:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-
 from dataclasses import replace
 
 from pipeoffload.cli.common import (

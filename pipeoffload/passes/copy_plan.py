@@ -12,7 +12,7 @@ simulator's processing order, so relaxed plans are checked by simulation (see ``
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,7 +26,7 @@ EPS = 1e-10
 class Lane:
     """Busy intervals of one exclusive resource (a copy engine or a shared host link)."""
 
-    __slots__ = ("starts", "ends")
+    __slots__ = ("ends", "starts")
 
     def __init__(self) -> None:
         self.starts: list[float] = []
@@ -68,7 +68,7 @@ class Lane:
         return self.ends[i - 1] if i else None
 
 
-@dataclass
+@dataclass(slots=True)
 class Activation:
     """One (stage, microbatch) activation on its rank, with the times the pass plans around."""
 
@@ -80,15 +80,14 @@ class Activation:
     back_index: int  # list position of that backward
     d2h: float
     h2d: float
+    value: float = field(init=False)  # memory-time an offload can save: size x the time it could be away
+
+    def __post_init__(self) -> None:
+        self.value = self.size * max(0.0, self.deadline - self.f_end - self.d2h - self.h2d)
 
     @property
     def lifespan(self) -> float:
         return self.deadline - self.f_end
-
-    @property
-    def value(self) -> float:
-        """Memory-time the offload can save: size x the time the activation could be off the device."""
-        return self.size * max(0.0, self.deadline - self.f_end - self.d2h - self.h2d)
 
 
 class RankTimeline:
@@ -107,34 +106,41 @@ class RankTimeline:
     def _baseline(self, actions, starts, ends, costs, recomputed):  # type: ignore[no-untyped-def]
         """Resident activation units at each point (frees before allocations at equal times)."""
         where = {t: i for i, t in enumerate(self.point_list)}
-        delta = np.zeros(len(self.point_list) + 1)
+        at: list[int] = []
+        amounts: list[float] = []
         found: dict[tuple[int, int], Activation] = {}
         f_end: dict[tuple[int, int], float] = {}
         per_stage: dict[int, tuple[float, float, float]] = {}
         keep = costs.w_fraction
+        F, B, I, W, R = K.F, K.B, K.I, K.W, K.R  # noqa: E741
         for p, (a, start, end) in enumerate(zip(actions, starts, ends)):
             kind, stage = a.kind, a.stage
-            key = (stage, a.microbatch)
             sizes = per_stage.get(stage)
             if sizes is None:
                 sizes = per_stage[stage] = (costs.act(stage), costs.d2h(stage), costs.h2d(stage))
             size = sizes[0]
-            if kind is K.F:
+            if kind is F:
+                key = (stage, a.microbatch)
                 f_end[key] = end
                 if key not in recomputed:
-                    delta[where[start]] += size
-            elif kind is K.R:
-                delta[where[start]] += size
-            elif kind is K.B:
-                delta[where[end]] -= size
-            elif kind is K.I:
-                delta[where[end]] -= size * (1.0 - keep)
-            elif kind is K.W:
-                delta[where[end]] -= size * keep
-            if (kind is K.B or kind is K.I) and key not in recomputed and key in f_end:
-                found[key] = Activation(stage, a.microbatch, size, f_end[key], start, p, sizes[1], sizes[2])
+                    at.append(where[start])
+                    amounts.append(size)
+            elif kind is R:
+                at.append(where[start])
+                amounts.append(size)
+            elif kind is W:
+                at.append(where[end])
+                amounts.append(-size * keep)
+            elif kind is B or kind is I:
+                key = (stage, a.microbatch)
+                at.append(where[end])
+                amounts.append(-size if kind is B else -size * (1.0 - keep))
+                if key not in recomputed and key in f_end:
+                    found[key] = Activation(stage, a.microbatch, size, f_end[key], start, p, sizes[1], sizes[2])
         self.activations = found
-        memory = np.cumsum(delta[:-1])
+        delta = np.bincount(np.array(at, dtype=np.int64), weights=np.array(amounts, dtype=float),
+                            minlength=len(self.point_list))
+        memory = np.cumsum(delta)
         memory[np.abs(memory) < EPS] = 0.0
         return memory
 
@@ -163,7 +169,7 @@ class RankTimeline:
         return p if limit is None else min(p, limit)
 
 
-@dataclass
+@dataclass(slots=True)
 class Placed:
     """A planned offload: its D2H and H2D copy windows and the point range it is off the device."""
 

@@ -13,7 +13,8 @@ import logging
 from dataclasses import replace
 
 from pipeoffload.costs import CostModel
-from pipeoffload.ir import ActionKind, Schedule
+from pipeoffload.errors import ConfigError
+from pipeoffload.ir import COMM_KINDS, ActionKind, Schedule
 from pipeoffload.passes.comms import add_comms
 from pipeoffload.passes.offload import OffloadReport, plan_offload
 from pipeoffload.passes.recompute import all_keys, auto_keys, check_policies, first_stage_keys, insert_recompute
@@ -43,15 +44,25 @@ def lower_with_report(schedule: Schedule, costs: CostModel | None = None, *,
     offload_policy, recompute_policy = OffloadPolicy.parse(offload), RecomputePolicy.parse(recompute)
     check_policies(offload_policy, recompute_policy)
     costs = recompute_policy.apply_to(costs or CostModel())
+    source = _memory_actions_kept(schedule, offload_policy, recompute_policy)
     if check:
-        validate(schedule.compute_only())
-    # Copies already in the schedule (placed by hand) are kept unless an offload policy replaces them.
-    source = schedule if offload_policy.kind == "none" else schedule.compute_only()
+        validate(source)
     planned, report = _memory_passes(source, costs, offload_policy, recompute_policy)
     lowered = add_comms(planned)
     if check:
         validate(lowered)
     return lowered, report
+
+
+def _memory_actions_kept(schedule: Schedule, offload: OffloadPolicy, recompute: RecomputePolicy) -> Schedule:
+    """Drop comm actions; keep hand-placed OFFLOAD/RELOAD/R unless a policy is to place its own."""
+    hand_placed = any(a.kind in (K.OFFLOAD, K.RELOAD, K.R) for row in schedule.actions for a in row)
+    if hand_placed and (offload.kind != "none" or recompute.kind != "none"):
+        raise ConfigError(
+            f"offload={offload}, recompute={recompute}: the schedule already has OFFLOAD/RELOAD/R actions; "
+            "pass offload='none' and recompute='none' to keep them, or lower a compute-only schedule"
+        )
+    return schedule.with_actions([[a for a in row if a.kind not in COMM_KINDS] for row in schedule.actions])
 
 
 def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
@@ -65,12 +76,9 @@ def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
     if recompute.kind in ("first", "all"):
         recomputed = (first_stage_keys(base, original, costs, recompute.count, offload) if recompute.kind == "first"
                       else all_keys(base, original, costs, offload))
-        recomputed -= _copied(source)
         base = insert_recompute(base, recomputed)
         timeline = simulate(base, costs)
     planned, report = plan_offload(base, costs, offload, exclude=recomputed, timeline=timeline)
-    if offload.kind == "none":  # keep the hand-placed copies, if any
-        planned = insert_recompute(source, recomputed)
     if recompute.kind == "auto":
         offloaded = {(a.stage, a.microbatch) for row in planned.actions for a in row if a.kind is K.OFFLOAD}
         extra = auto_keys(base, timeline, costs, report, offloaded)
@@ -86,6 +94,3 @@ def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
                     offload, report.budget, report.peak_after)
     return planned, report
 
-
-def _copied(schedule: Schedule) -> set[tuple[int, int]]:
-    return {(a.stage, a.microbatch) for row in schedule.actions for a in row if a.kind is K.OFFLOAD}

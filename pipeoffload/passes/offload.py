@@ -1,34 +1,30 @@
 """The offload placement pass: insert OFFLOAD after chosen forwards and RELOAD before their backwards.
 
 Works on any compute-only schedule (any family, loop or V placement, B or I/W backwards, with or
-without R). Algorithm, per rank (per pair of ranks when they share a host link):
+without R):
 
-1. Simulate the schedule without copies: every activation's lifespan is [end of F, start of its
-   backward]; the rank's memory curve is known at every compute start and end ("points").
-2. Rank the candidates the policy allows by *value*, size x (lifespan - D2H - H2D): the memory-time
-   an offload can save. Activations with no value (a copy round trip does not fit) are skipped.
-3. In that order, place each copy on its copy engine (and shared link): D2H as early as possible
-   after F, H2D as late as possible while it still completes before the backward starts. Copies are
-   issued at list positions, so starts are grid points or back-to-back after the previous copy on the
-   engine; the simulator then reproduces the plan exactly and no backward ever waits. A candidate
-   that does not fit is *unhidden*: left on the device and reported, never a stall.
-4. ``auto`` and ``budget`` prune: offloads whose removal keeps the peak at the target are dropped
-   (fewest copies), and the rest are placed again so that the plan stays exact.
+1. simulate the schedule without copies: each activation's lifespan is [end of F, start of its
+   backward], each rank's memory curve is known at every compute start and end;
+2. per rank (per pair of ranks sharing a host link) choose and place the copies
+   (``offload_plan``, on the primitives of ``copy_plan``): every reload completes before its
+   backward starts, and starts are ones the simulator reproduces exactly, so nothing stalls;
+3. turn the planned times into list positions: each copy goes where the compute action before it
+   ends at or before the copy's planned start.
 
-The reference implementation used fixed alternating D2H/H2D windows, a lifespan filter of three
-windows and failed outright when its windows ran out; here the greedy fills any free engine time,
-so more is hidden at a given offload ratio and the rest degrades gracefully.
+What the copy lane cannot hide stays on the device and is reported (``OffloadReport.unhidden``).
+With a shared host link a denser plan is also tried and checked by simulation (see
+``_shared_link_plans``). The reference planner used fixed alternating D2H/H2D windows, a lifespan
+filter of three windows and failed when its windows ran out; this pass uses any free engine time.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from pipeoffload.costs import CostModel
 from pipeoffload.ir import Action, ActionKind, Schedule
-from pipeoffload.passes.copy_plan import EPS, Activation, CopyGroup, Placed, RankTimeline
+from pipeoffload.passes.copy_plan import EPS, Activation, RankTimeline
+from pipeoffload.passes.offload_plan import RankState, plan_group
 from pipeoffload.policies import OffloadPolicy
 from pipeoffload.simulate import Timeline, simulate
 
@@ -92,174 +88,6 @@ class OffloadReport:
         return "; ".join([*parts, *self.notes])
 
 
-# ---- the policy driver ---------------------------------------------------------------------------
-Pick = tuple[int, Activation]
-
-
-@dataclass
-class _RankState:
-    timeline: RankTimeline
-    memory: np.ndarray
-    placed: list[Placed] = field(default_factory=list)
-    unhidden: list[Key] = field(default_factory=list)
-    too_short: int = 0
-
-    def peak(self) -> float:
-        """Peak on the planning grid (conservative where a reload starts between grid points)."""
-        return float(self.memory.max()) if len(self.memory) else 0.0
-
-    def exact_peak(self) -> float:
-        """Peak with every copy at its planned time, as the simulator measures it."""
-        tl = self.timeline
-        steps = np.diff(np.concatenate(([0.0], tl.memory)))
-        events = list(zip(tl.point_list, steps.tolist()))
-        for p in self.placed:
-            events.append((p.d2h_end, -p.activation.size))
-            events.append((p.h2d_start, p.activation.size))
-        level = peak = 0.0
-        for _, delta in sorted(events):
-            level += delta
-            peak = max(peak, level)
-        return float(peak)
-
-    def add(self, p: Placed) -> None:
-        self.memory[p.lo:p.hi] -= p.activation.size
-        self.placed.append(p)
-
-
-class _Plan:
-    """One candidate plan for a group: its copy resources and each rank's state."""
-
-    def __init__(self, timelines: list[RankTimeline], costs: CostModel, relaxed: bool) -> None:
-        self.args = (timelines, costs, relaxed)
-        self.group = CopyGroup(timelines, costs, relaxed)
-        self.states = {tl.rank: _RankState(tl, tl.memory.copy()) for tl in timelines}
-
-    def keys(self) -> set[tuple[int, int, int]]:
-        return {(r, p.activation.stage, p.activation.microbatch) for r, s in self.states.items() for p in s.placed}
-
-    def score(self) -> tuple[float, int]:
-        """Lower is better: the group's peak, then (for equal peaks) fewer copies."""
-        return (max(s.exact_peak() for s in self.states.values()), sum(len(s.placed) for s in self.states.values()))
-
-    def pack(self, picks: list[Pick]) -> list[Pick]:
-        """Pack ``picks`` into this (empty) plan; returns those that did not fit.
-
-        A pick that fails after its reload was reserved frees that slot, and a reload packed right
-        behind it would then start earlier than planned; so the set is packed again without the
-        failures until a round places everything it tries (a few rounds when the lane is overloaded).
-        """
-        failed: list[Pick] = []
-        for _ in range(_PACK_ROUNDS):
-            placed, missed = self.group.pack(picks)
-            if not missed:
-                break
-            failed += missed
-            missing = {(r, x.stage, x.microbatch) for r, x in missed}
-            picks = [(r, x) for r, x in picks if (r, x.stage, x.microbatch) not in missing]
-            self.group = CopyGroup(*self.args)
-        else:
-            log.debug("packing did not settle in %d rounds; some starts may come earlier than planned", _PACK_ROUNDS)
-        for rank, p in placed:
-            self.states[rank].add(p)
-        return failed
-
-    def greedy(self, picks: list[Pick], budget: float | None) -> list[Pick]:
-        """Place one at a time in the given order; with a budget, keep only offloads that lower an
-        over-budget point. Returns the picks that did not fit."""
-        failed = []
-        for rank, x in picks:
-            state = self.states[rank]
-            if budget is not None and state.peak() <= budget + EPS:
-                continue
-            p = self.group.place(rank, x)
-            if p is None:
-                failed.append((rank, x))
-            elif p.hi <= p.lo or (budget is not None and state.memory[p.lo:p.hi].max() <= budget + EPS):
-                self.group.unplace(rank, p)
-            else:
-                state.add(p)
-        return failed
-
-    def prune(self, targets: dict[int, float]) -> None:
-        """Drop offloads not needed to keep each rank at its target (least valuable first)."""
-        for rank, state in self.states.items():
-            keep = []
-            for p in sorted(state.placed, key=lambda q: (q.activation.value, q.activation.stage,
-                                                         q.activation.microbatch)):
-                window = state.memory[p.lo:p.hi]
-                if len(window) and window.max() + p.activation.size <= targets[rank] + EPS:
-                    window += p.activation.size
-                    self.group.unplace(rank, p)
-                else:
-                    keep.append(p)
-            state.placed = keep
-
-
-def _plan_group(timelines: list[RankTimeline], costs: CostModel, policy: OffloadPolicy,
-                candidates: dict[int, list[Activation]], budget: float | None, relaxed: bool) -> _Plan:
-    order = _priority(candidates)
-    worth = [(r, x) for r, x in order if x.value > EPS]
-    short = {r: sum(1 for x in xs if x.value <= EPS) for r, xs in candidates.items()}
-
-    def fresh() -> _Plan:
-        return _Plan(timelines, costs, relaxed)
-
-    if budget is None:
-        plan = fresh()
-        failed = plan.pack(worth)
-        if failed:  # the copy lane is overloaded: also try choosing by value, then packing that set
-            failed = plan.greedy(failed, None)
-            chooser = fresh()
-            chooser.greedy(worth, None)
-            alt = fresh()
-            picked = chooser.keys()
-            alt_failed = alt.pack([(r, x) for r, x in worth if (r, x.stage, x.microbatch) in picked])
-            placed = alt.keys()
-            alt_failed = alt.greedy([(r, x) for r, x in worth if (r, x.stage, x.microbatch) not in placed], None)
-            if alt.score() < plan.score():
-                plan, failed = alt, alt_failed
-    else:
-        chooser = fresh()
-        tried_failed = chooser.greedy(worth, budget)
-        picked = chooser.keys()
-        plan = fresh()
-        failed = plan.pack([(r, x) for r, x in worth if (r, x.stage, x.microbatch) in picked])
-        failed = plan.greedy(failed, budget) + tried_failed
-        if chooser.score() < plan.score():
-            plan, failed = chooser, tried_failed
-    if policy.kind in ("auto", "budget"):
-        plan = _pruned(plan, timelines, costs, relaxed, worth, budget)
-    placed = plan.keys()
-    for rank, state in plan.states.items():
-        state.unhidden = [(x.stage, x.microbatch) for r, x in failed
-                          if r == rank and (r, x.stage, x.microbatch) not in placed]
-        state.too_short = short.get(rank, 0)
-    return plan
-
-
-def _pruned(plan: _Plan, timelines: list[RankTimeline], costs: CostModel, relaxed: bool,
-            worth: list[Pick], budget: float | None) -> _Plan:
-    """The plan with redundant offloads dropped, packed again so that every start stays exact."""
-    targets = {r: max(s.exact_peak(), budget or 0.0) for r, s in plan.states.items()}
-    before = plan.keys()
-    plan.prune(targets)
-    survivors = plan.keys()
-    if survivors == before:
-        return plan
-    again = _Plan(timelines, costs, relaxed)
-    if again.pack([(r, x) for r, x in worth if (r, x.stage, x.microbatch) in survivors]):
-        log.debug("packing the pruned plan again failed; keeping its original starts (only ever earlier)")
-        return plan
-    return again
-
-
-def _priority(candidates: dict[int, list[Activation]]) -> list[Pick]:
-    """Candidates by value, most valuable first (ties: earlier forward, then stage, microbatch, rank)."""
-    pairs = [(r, x) for r, xs in candidates.items() for x in xs]
-    return sorted(pairs, key=lambda rx: (-rx[1].value, rx[1].f_end, rx[1].stage, rx[1].microbatch, rx[0]))
-
-
 # ---- entry point -----------------------------------------------------------------------------------
 def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | str,
                  *, exclude: frozenset[Key] | set[Key] = frozenset(),
@@ -281,11 +109,11 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     chosen = _candidates(timelines, policy, set(exclude))
     groups = _groups(base.num_ranks, costs.shared_host_link)
 
-    def plan_all(relaxed: bool) -> dict[int, _RankState]:
-        states: dict[int, _RankState] = {}
+    def plan_all(relaxed: bool) -> dict[int, RankState]:
+        states: dict[int, RankState] = {}
         for members in groups:
             tls = [timelines[r] for r in members]
-            states.update(_plan_group(tls, costs, policy, {r: chosen[r] for r in members}, budget, relaxed).states)
+            states.update(plan_group(tls, costs, policy, {r: chosen[r] for r in members}, budget, relaxed).states)
         return states
 
     states = plan_all(relaxed=False)
@@ -304,9 +132,9 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     return base.with_actions(rows), report
 
 
-def _shared_link_plans(base: Schedule, costs: CostModel, strict: dict[int, _RankState], strict_peaks: dict[int, float],
-                       relaxed: dict[int, _RankState], groups: list[list[int]]
-                       ) -> tuple[dict[int, _RankState], dict[int, float]]:
+def _shared_link_plans(base: Schedule, costs: CostModel, strict: dict[int, RankState], strict_peaks: dict[int, float],
+                       relaxed: dict[int, RankState], groups: list[list[int]]
+                       ) -> tuple[dict[int, RankState], dict[int, float]]:
     """Per pair, the better of the exact plan and the denser relaxed plan, checked by simulation.
 
     A relaxed plan may start a copy when the partner's copy ends; the simulator resolves which goes
@@ -337,7 +165,6 @@ def _shared_link_plans(base: Schedule, costs: CostModel, strict: dict[int, _Rank
 
 
 _REPAIR_ROUNDS = 8
-_PACK_ROUNDS = 16
 
 
 def _groups(num_ranks: int, shared_link: bool) -> list[list[int]]:
@@ -366,22 +193,21 @@ def longest_lived_stages(activations, count: int, skip: set[int] | frozenset[int
     return ranked[:count]
 
 
-def _emit(state: _RankState) -> list[Action]:
+def _emit(state: RankState) -> list[Action]:
     """The rank's compute list with each planned copy at the position that issues it on time."""
     tl = state.timeline
-    copies: list[tuple[int, float, int, Action]] = []
+    copies: list[tuple[int, float, int, int, int, ActionKind]] = []
     for p in state.placed:
         x = p.activation
-        copies.append((tl.position(p.d2h_start), p.d2h_start, 0, Action(K.OFFLOAD, x.stage, x.microbatch)))
-        copies.append((tl.position(p.h2d_start, x.back_index), p.h2d_start, 1, Action(K.RELOAD, x.stage, x.microbatch)))
-    copies.sort(key=lambda c: (c[0], c[1], c[2], c[3].stage, c[3].microbatch))
-    at: dict[int, list[Action]] = {}
-    for position, _, _, action in copies:
-        at.setdefault(position, []).append(action)
+        copies.append((tl.position(p.d2h_start), p.d2h_start, 0, x.stage, x.microbatch, K.OFFLOAD))
+        copies.append((tl.position(p.h2d_start, x.back_index), p.h2d_start, 1, x.stage, x.microbatch, K.RELOAD))
+    copies.sort()
     row: list[Action] = []
-    for index, a in enumerate(tl.actions):
-        if index in at:
-            row.extend(at[index])
-        row.append(a)
-    row.extend(at.get(len(tl.actions), ()))
+    done = 0
+    for position, _, _, stage, microbatch, kind in copies:
+        if position > done:
+            row.extend(tl.actions[done:position])
+            done = position
+        row.append(Action(kind, stage, microbatch))
+    row.extend(tl.actions[done:])
     return row

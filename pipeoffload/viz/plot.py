@@ -5,6 +5,7 @@ matplotlib is imported inside the functions so the CLI and the core stay quick t
 from __future__ import annotations
 
 import io
+from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from pipeoffload.ir import ActionKind
@@ -42,20 +43,23 @@ def timeline_figure(timeline: Timeline, title: str | None = None, memory: bool =
     y_of = {row: len(rows) - 1 - i for i, row in enumerate(rows)}
     label_blocks = sum(1 for row in schedule for a in row if a.kind in COLOURS) <= _MAX_LABELLED_BLOCKS
     used = set()
+    # One broken_barh call per (row, colour): thousands of single bars would take seconds to draw.
+    segments: dict[tuple[int, float, str], list[tuple[float, float]]] = defaultdict(list)
     for rank in range(d):
         for action, start, end in timeline.events(rank):
             if action.kind not in COLOURS or end <= start:
                 continue
             lane = "copy" if action.kind in (K.OFFLOAD, K.RELOAD) else "compute"
             y = y_of[(rank, lane)]
-            height = 0.8 if lane == "compute" else 0.5
             shade = schedule.placement.local_index(action.stage) / max(schedule.stages_per_rank, 2)
-            ax.barh(y, end - start, left=start, height=height, color=_lighter(COLOURS[action.kind], shade),
-                    edgecolor="white", linewidth=0.4)
+            height = 0.8 if lane == "compute" else 0.5
+            segments[(y, height, _lighter(COLOURS[action.kind], shade))].append((start, end - start))
             used.add(action.kind)
             if label_blocks and lane == "compute":
                 ax.text((start + end) / 2, y, str(action.microbatch), ha="center", va="center",
                         fontsize=6, color="white")
+    for (y, height, colour), spans in segments.items():
+        ax.broken_barh(spans, (y - height / 2, height), facecolors=colour, edgecolor="white", linewidth=0.4)
     ax.set_yticks([y_of[r] for r in rows])
     ax.set_yticklabels([f"rank {r}" if lane == "compute" else "  copy" for r, lane in rows], fontsize=8)
     ax.set_xlim(0, timeline.makespan)
@@ -63,7 +67,7 @@ def timeline_figure(timeline: Timeline, title: str | None = None, memory: bool =
     ax.legend(handles=[Patch(color=COLOURS[k], label=LABELS[k]) for k in COLOURS if k in used],
               loc="upper center", bbox_to_anchor=(0.5, -0.12 if not memory else -0.18), ncol=7, fontsize=8,
               frameon=False)
-    ax.set_title(title or _default_title(timeline), fontsize=10)
+    ax.set_title(f"{title}\n{_default_title(timeline)}" if title else _default_title(timeline), fontsize=10)
     if memory:
         _memory_axes(fig.add_subplot(grid[1], sharex=ax), timeline)
     return fig

@@ -34,15 +34,18 @@ def _rank_table(t: Timeline) -> str:
     return f"<table>{head}{rows}</table>"
 
 
-def html_report(timelines: Sequence[Timeline], title: str = "pipeoffload report", note: str = "") -> str:
+def html_report(timelines: Sequence[Timeline], title: str = "pipeoffload report", note: str = "",
+                pictures: Sequence[bytes] | None = None) -> str:
+    """The page; ``pictures`` are PNGs already drawn for the timelines (drawn here when omitted)."""
     head = "<tr><th>schedule</th><th>ranks</th><th>microbatches</th><th>stages/rank</th><th>makespan</th>" \
            "<th>bubble</th><th>peak (act.)</th><th>peak (rank)</th><th>peak host</th><th>stall</th></tr>"
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
              f"<p class='note'>{html.escape(note)}</p>" if note else "",
              "<table>" + head + "".join(_summary_row(t) for t in timelines) + "</table>"]
-    for t in timelines:
-        png = base64.b64encode(figure_bytes(timeline_figure(t))).decode()
+    for index, t in enumerate(timelines):
+        raw = pictures[index] if pictures is not None else figure_bytes(timeline_figure(t))
+        png = base64.b64encode(raw).decode()
         parts.append(f"<h2>{html.escape(t.schedule.name)}</h2><img alt='timeline' src='data:image/png;base64,{png}'>")
         parts.append(_rank_table(t))
     parts.append("<p class='note'>Memory in activation units: one microbatch's saved activations for one stage; "

@@ -116,3 +116,10 @@ def test_insert_recompute_handles_split_backwards() -> None:
     out = insert_recompute(schedule, {(0, 1)})
     row = [str(a) for a in out[0]]
     assert row[row.index("0R1") + 1] == "0I1"
+
+
+def test_hand_placed_memory_actions_are_kept_or_refused_with_a_policy() -> None:
+    schedule = insert_recompute(generate("1f1b", 2, 3), {(0, 0)})
+    assert _keys(lower(schedule), K.R) == {(0, 0)}
+    with pytest.raises(ConfigError, match="already has OFFLOAD/RELOAD/R"):
+        lower(schedule, offload="all")

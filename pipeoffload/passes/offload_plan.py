@@ -1,0 +1,195 @@
+"""The policy driver of the offload pass: which activations to offload on one group of ranks.
+
+A group is one rank, or two ranks sharing a host link. Its plan is built from the placement
+primitives of ``copy_plan``:
+
+- everything worth offloading is *packed* (reloads latest-deadline first, offloads in forward order);
+- if the copy lane is overloaded, a second plan picks candidates by value first (size x the time
+  they could be off the device: the longest-lived stages win), packs that set and adds what still
+  fits; the plan with the lower peak is kept;
+- ``budget`` picks by value only offloads that lower a point above the budget;
+- ``auto`` and ``budget`` finally drop offloads not needed for the reached peak and pack the rest
+  again, so every start stays exact.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeoffload.costs import CostModel
+from pipeoffload.passes.copy_plan import EPS, Activation, CopyGroup, Placed, RankTimeline
+from pipeoffload.policies import OffloadPolicy
+
+log = logging.getLogger(__name__)
+Key = tuple[int, int]
+
+
+Pick = tuple[int, Activation]
+
+
+@dataclass
+class RankState:
+    """One rank's offloads in a plan, its planned memory curve and what could not be placed."""
+
+    timeline: RankTimeline
+    memory: np.ndarray
+    placed: list[Placed] = field(default_factory=list)
+    unhidden: list[Key] = field(default_factory=list)
+    too_short: int = 0
+
+    def peak(self) -> float:
+        """Peak on the planning grid (conservative where a reload starts between grid points)."""
+        return float(self.memory.max()) if len(self.memory) else 0.0
+
+    def exact_peak(self) -> float:
+        """Peak with every copy at its planned time, as the simulator measures it."""
+        tl = self.timeline
+        steps = np.diff(np.concatenate(([0.0], tl.memory)))
+        times = np.concatenate((tl.points, [p.d2h_end for p in self.placed], [p.h2d_start for p in self.placed]))
+        sizes = [p.activation.size for p in self.placed]
+        deltas = np.concatenate((steps, np.negative(sizes), sizes))
+        order = np.lexsort((deltas, times))  # by time, frees before allocations
+        levels = np.cumsum(deltas[order])
+        return float(max(levels.max(initial=0.0), 0.0))
+
+    def add(self, p: Placed) -> None:
+        self.memory[p.lo:p.hi] -= p.activation.size
+        self.placed.append(p)
+
+
+class _Plan:
+    """One candidate plan for a group: its copy resources and each rank's state."""
+
+    def __init__(self, timelines: list[RankTimeline], costs: CostModel, relaxed: bool) -> None:
+        self.args = (timelines, costs, relaxed)
+        self.group = CopyGroup(timelines, costs, relaxed)
+        self.states = {tl.rank: RankState(tl, tl.memory.copy()) for tl in timelines}
+
+    def keys(self) -> set[tuple[int, int, int]]:
+        return {(r, p.activation.stage, p.activation.microbatch) for r, s in self.states.items() for p in s.placed}
+
+    def score(self) -> tuple[float, int]:
+        """Lower is better: the group's peak, then (for equal peaks) fewer copies."""
+        return (max(s.exact_peak() for s in self.states.values()), sum(len(s.placed) for s in self.states.values()))
+
+    def pack(self, picks: list[Pick]) -> list[Pick]:
+        """Pack ``picks`` into this (empty) plan; returns those that did not fit.
+
+        A pick that fails after its reload was reserved frees that slot, and a reload packed right
+        behind it would then start earlier than planned; so the set is packed again without the
+        failures until a round places everything it tries (a few rounds when the lane is overloaded).
+        """
+        failed: list[Pick] = []
+        for _ in range(_PACK_ROUNDS):
+            placed, missed = self.group.pack(picks)
+            if not missed:
+                break
+            failed += missed
+            missing = {(r, x.stage, x.microbatch) for r, x in missed}
+            picks = [(r, x) for r, x in picks if (r, x.stage, x.microbatch) not in missing]
+            self.group = CopyGroup(*self.args)
+        else:
+            log.debug("packing did not settle in %d rounds; some starts may come earlier than planned", _PACK_ROUNDS)
+        for rank, p in placed:
+            self.states[rank].add(p)
+        return failed
+
+    def greedy(self, picks: list[Pick], budget: float | None) -> list[Pick]:
+        """Place one at a time in the given order; with a budget, keep only offloads that lower an
+        over-budget point. Returns the picks that did not fit."""
+        failed = []
+        for rank, x in picks:
+            state = self.states[rank]
+            if budget is not None and state.peak() <= budget + EPS:
+                continue
+            p = self.group.place(rank, x)
+            if p is None:
+                failed.append((rank, x))
+            elif p.hi <= p.lo or (budget is not None and state.memory[p.lo:p.hi].max() <= budget + EPS):
+                self.group.unplace(rank, p)
+            else:
+                state.add(p)
+        return failed
+
+    def needed(self, targets: dict[int, float]) -> set[tuple[int, int, int]]:
+        """The offloads needed to keep each rank at its target: drop the least valuable first while
+        the peak stays at the target. The plan itself is left as it is."""
+        keep = set()
+        for rank, state in self.states.items():
+            memory = state.memory.copy()
+            for p in sorted(state.placed, key=lambda q: (q.activation.value, q.activation.stage,
+                                                         q.activation.microbatch)):
+                window = memory[p.lo:p.hi]
+                if len(window) and window.max() + p.activation.size <= targets[rank] + EPS:
+                    window += p.activation.size
+                else:
+                    keep.add((rank, p.activation.stage, p.activation.microbatch))
+        return keep
+
+
+def plan_group(timelines: list[RankTimeline], costs: CostModel, policy: OffloadPolicy,
+                candidates: dict[int, list[Activation]], budget: float | None, relaxed: bool) -> _Plan:
+    order = _priority(candidates)
+    worth = [(r, x) for r, x in order if x.value > EPS]
+    short = {r: sum(1 for x in xs if x.value <= EPS) for r, xs in candidates.items()}
+
+    def fresh() -> _Plan:
+        return _Plan(timelines, costs, relaxed)
+
+    if budget is None:
+        plan = fresh()
+        failed = plan.pack(worth)
+        if failed:  # the copy lane is overloaded: also try choosing by value, then packing that set
+            failed = plan.greedy(failed, None)
+            chooser = fresh()
+            chooser.greedy(worth, None)
+            alt = fresh()
+            picked = chooser.keys()
+            alt_failed = alt.pack([(r, x) for r, x in worth if (r, x.stage, x.microbatch) in picked])
+            placed = alt.keys()
+            alt_failed = alt.greedy([(r, x) for r, x in worth if (r, x.stage, x.microbatch) not in placed], None)
+            if alt.score() < plan.score():
+                plan, failed = alt, alt_failed
+    else:
+        chooser = fresh()
+        tried_failed = chooser.greedy(worth, budget)
+        picked = chooser.keys()
+        plan = fresh()
+        failed = plan.pack([(r, x) for r, x in worth if (r, x.stage, x.microbatch) in picked])
+        failed = plan.greedy(failed, budget) + tried_failed
+        if chooser.score() < plan.score():
+            plan, failed = chooser, tried_failed
+    if policy.kind in ("auto", "budget"):
+        plan = _pruned(plan, timelines, costs, relaxed, worth, budget)
+    placed = plan.keys()
+    for rank, state in plan.states.items():
+        state.unhidden = [(x.stage, x.microbatch) for r, x in failed
+                          if r == rank and (r, x.stage, x.microbatch) not in placed]
+        state.too_short = short.get(rank, 0)
+    return plan
+
+
+def _pruned(plan: _Plan, timelines: list[RankTimeline], costs: CostModel, relaxed: bool,
+            worth: list[Pick], budget: float | None) -> _Plan:
+    """The plan without redundant offloads, packed again so that every start stays exact; the
+    original plan if that packing fails or peaks higher."""
+    targets = {r: max(s.exact_peak(), budget or 0.0) for r, s in plan.states.items()}
+    survivors = plan.needed(targets)
+    if survivors == plan.keys():
+        return plan
+    again = _Plan(timelines, costs, relaxed)
+    if again.pack([(r, x) for r, x in worth if (r, x.stage, x.microbatch) in survivors]):
+        return plan
+    peak = max(targets.values())
+    return again if max(s.exact_peak() for s in again.states.values()) <= peak + EPS else plan
+
+
+def _priority(candidates: dict[int, list[Activation]]) -> list[Pick]:
+    """Candidates by value, most valuable first (ties: earlier forward, then stage, microbatch, rank)."""
+    pairs = [(r, x) for r, xs in candidates.items() for x in xs]
+    return sorted(pairs, key=lambda rx: (-rx[1].value, rx[1].f_end, rx[1].stage, rx[1].microbatch, rx[0]))
+
+
+_PACK_ROUNDS = 16
