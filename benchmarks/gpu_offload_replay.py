@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeoffload import generate, lower  # noqa: E402
+from pipeoffload import CostModel, generate, lower  # noqa: E402
 from pipeoffload.ir import Schedule  # noqa: E402
 from pipeoffload.models.gpt import Block, GPTConfig  # noqa: E402
 from pipeoffload.models.split import StageModule  # noqa: E402
@@ -39,7 +39,9 @@ def build_schedule(args: argparse.Namespace, offload: str) -> Schedule:
     name = args.schedule
     options = {"group_size": args.group_size} if name == "group-interleaved" and args.group_size else {}
     compute = generate(name, args.ranks, args.microbatches, args.stages_per_rank, **options)
-    return lower(compute, offload=offload)
+    # The offload pass places copies against a cost model: give it the copy/compute ratio k.
+    costs = CostModel().with_offload_ratio(args.offload_ratio) if args.offload_ratio else None
+    return lower(compute, costs, offload=offload)
 
 
 def run(args: argparse.Namespace, offload: str) -> dict[str, Any]:
@@ -114,6 +116,8 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--offload", nargs="+", default=["none", "all"])
     p.add_argument("--min-offload-bytes", type=int, default=4096)
+    p.add_argument("--offload-ratio", type=float, default=0.0,
+                   help="k = (D2H + H2D) / (F + B) time of one unit, for the offload pass (0: instant copies)")
     return p.parse_args(argv)
 
 

@@ -60,7 +60,6 @@ class SimSummary:
     stall: tuple[float, ...]  # time per rank its backward waited for a reload
     extrapolated: bool
     exact: bool = True  # False: an estimate from small sizes, to be confirmed by a full simulation
-    samples: tuple[tuple[int, float], ...] = ()  # (microbatches, makespan) of the small simulations
 
     @property
     def bubble_ratio(self) -> float:
@@ -91,18 +90,15 @@ def build(choice: ScheduleChoice, d: int, m: int, costs: CostModel):  # type: ig
 
 
 def time_lower_bound(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> float:
-    """A makespan no simulation of ``choice`` can beat: the busiest rank's compute (with ``recompute
-    first:K``, at least its K cheapest stages' recompute forwards) plus the forward time of the stages
-    before its first stage (it cannot start earlier). Used to prune the search."""
-    recomputed = int(choice.recompute.split(":")[1]) if choice.recompute.startswith("first:") else 0
+    """A makespan no simulation of ``choice`` can beat: the busiest rank's compute plus the forward
+    time of the stages before its first stage (it cannot start earlier). Used to prune the search.
+    Recomputation is not counted: which activations a policy recomputes depends on the schedule."""
     placement = placement_of(choice, d)
-    last = placement.num_stages - 1  # its backward may follow its forward at once: then it is not recomputed
     best = 0.0
     for rank in range(d):
         stages = placement.stages_of(rank)
         fill = sum(costs.f(s) for s in range(min(stages)))
         busy = m * sum(costs.f(s) + costs.b(s) for s in stages)
-        busy += m * sum(sorted(costs.r(s) for s in stages if s != last)[:recomputed])
         best = max(best, fill + busy)
     return best
 
@@ -169,8 +165,8 @@ def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
     if not extrapolate or m1 is None:
         return _full(choice, d, m, costs)
     assert p is not None
-    if base is not None and base.samples and choice.recompute == "none":
-        return _offload_estimate(choice, d, m, costs, base)
+    if base is not None and base.extrapolated and choice.recompute == "none":
+        return _offload_estimate(choice, d, m, costs, base, m1)
     sims = [_summary(simulate(build(choice, d, size, costs), costs)) for size in (m1, m1 + p, m1 + 2 * p)]
     spent = 3 * m1 + 3 * p
     while not _steady(*sims[-3:]):
@@ -193,7 +189,6 @@ def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
         stall=tuple(y + steps * max(0.0, y - x) for x, y in zip(a.stall, b.stall)),
         extrapolated=True,
         exact=steady and choice.periodic(),
-        samples=((size_b - p, a.makespan), (size_b, b.makespan)),
     )
 
 
@@ -208,16 +203,17 @@ def _steady(a: SimSummary, b: SimSummary, c: SimSummary) -> bool:
             and _same(b.host_units, c.host_units))
 
 
-def _offload_estimate(choice: ScheduleChoice, d: int, m: int, costs: CostModel, base: SimSummary) -> SimSummary:
-    size, base_time = base.samples[-1]
+def _offload_estimate(choice: ScheduleChoice, d: int, m: int, costs: CostModel, base: SimSummary,
+                      size: int) -> SimSummary:
+    """One small lowering: memory from it, step time from the schedule without offload (the offload
+    pass never delays compute; tests check it). An estimate, confirmed before it is shown."""
     one = _summary(simulate(build(choice, d, size, costs), costs))
-    scale = m / size
     return SimSummary(
-        makespan=base.makespan + max(0.0, one.makespan - base_time),
+        makespan=base.makespan + max(one.stall, default=0.0) * m / size,
         busy=base.busy,
         peak_units=one.peak_units,
         host_units=one.host_units,
-        stall=tuple(x * scale for x in one.stall),
+        stall=tuple(x * m / size for x in one.stall),
         extrapolated=True,
         exact=False,
     )

@@ -22,6 +22,7 @@ from torch import nn
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
+from pipeoffload.models.split import stage_modules
 from pipeoffload.passes.lower import lower
 from pipeoffload.runtime.comm import (
     LoopbackTransport, Transport, check_fifo, check_tag_space, comm_batches, message_tag,
@@ -74,10 +75,10 @@ class PipelineRunner:
         transport: Any = None,
         copier: Any = None,
     ) -> None:
-        from pipeoffload.models.split import stage_modules
-
         self.schedule = schedule if schedule.is_lowered() or schedule.num_ranks == 1 else lower(schedule)
         validate(self.schedule)
+        if not 0 <= rank < self.schedule.num_ranks:
+            raise ConfigError(f"rank={rank}: the schedule has ranks 0..{self.schedule.num_ranks - 1}")
         self.rank = rank
         placement = self.schedule.placement
         modules = stage_modules(stages, placement, rank)
@@ -187,28 +188,26 @@ class PipelineRunner:
         step, trace = self.step_count, Trace(self.rank, self.step_count)
         self.step_count += 1
         self.store.reset_peak()
-        records = trace.records
+        record, clock, store, handlers = trace.records.append, time.perf_counter, self.store, self._handlers
         index, current = 0, None  # current: the action running (or a phase name), for error messages
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             current = "shape inference"
             self._ensure_specs(self._mb_inputs)
             current = None
             for item in self._program:
-                begin = time.perf_counter() - t0
-                if isinstance(item, list):
-                    current = item
+                begin = clock() - t0
+                current = item
+                if item.__class__ is list:  # a batch of comm actions
                     self._exchange(item)
-                    end = time.perf_counter() - t0
-                    resident = self.store.resident_bytes
+                    end, resident = clock() - t0, store.resident_bytes
                     for a in item:
-                        records.append(TraceRecord(a, begin, end, resident))
+                        record(TraceRecord(a, begin, end, resident))
                     index += len(item)
                 else:
-                    current = item
-                    self._handlers[item.kind](item)
-                    self.store.poll()
-                    records.append(TraceRecord(item, begin, time.perf_counter() - t0, self.store.resident_bytes))
+                    handlers[item.kind](item)
+                    store.poll()
+                    record(TraceRecord(item, begin, clock() - t0, store.resident_bytes))
                     index += 1
             current = None
             self._finish_step()

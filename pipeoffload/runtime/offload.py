@@ -26,10 +26,9 @@ Storages still needed elsewhere (a pending send, a tensor handed to the next loc
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 from enum import Enum
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 
@@ -86,11 +85,12 @@ class _Handle:
 
 
 class _SlotRecord:
-    __slots__ = ("entries", "resident")
+    __slots__ = ("entries", "resident", "nbytes")
 
     def __init__(self) -> None:
         self.entries: dict[int, _Entry] = {}
         self.resident = True
+        self.nbytes = 0  # bytes of ``entries``
 
 
 def _normalise(device: torch.device) -> torch.device:
@@ -124,7 +124,8 @@ class ActivationStore:
         self._entries: dict[int, _Entry] = {}
         self._copying: list[_Entry] = []
         self._pinned_free: list[_Entry] = []
-        self.resident_bytes = 0
+        self._dead: list[_Entry] = []  # entries whose last handle autograd dropped, to be reaped
+        self._resident = 0
         self.peak_bytes = 0
         self.host_bytes = 0
 
@@ -136,25 +137,31 @@ class ActivationStore:
                 self._excluded.add(t.untyped_storage().data_ptr())
 
     # ---- accounting -----------------------------------------------------------------------------
+    @property
+    def resident_bytes(self) -> int:
+        """Device bytes of managed storages now (frees autograd made since the last call included)."""
+        self._reap()
+        return self._resident
+
     def _alloc(self, nbytes: int) -> None:
-        self.resident_bytes += nbytes
-        if self.resident_bytes > self.peak_bytes:
-            self.peak_bytes = self.resident_bytes
+        self._resident += nbytes
+        if self._resident > self.peak_bytes:
+            self.peak_bytes = self._resident
 
     def reset_peak(self) -> None:
-        self.peak_bytes = self.resident_bytes
+        self.peak_bytes = self._resident
 
     def slot_bytes(self, stage: int, microbatch: int) -> int:
         """Device bytes of the storages a slot saved (shared storages counted in full)."""
+        self._reap()
         rec = self._slots.get((stage, microbatch))
-        return 0 if rec is None else sum(e.nbytes for e in rec.entries.values())
+        return 0 if rec is None else rec.nbytes
 
     def slots(self) -> list[Slot]:
         return list(self._slots)
 
     # ---- saving (forward) -----------------------------------------------------------------------
-    @contextlib.contextmanager
-    def saving(self, stage: int, microbatch: int) -> Iterator[None]:
+    def saving(self, stage: int, microbatch: int) -> torch.autograd.graph.saved_tensors_hooks:
         """Run a forward inside this to have what it saves managed under slot (stage, microbatch)."""
         key = (stage, microbatch)
         rec = self._slots.get(key)
@@ -164,10 +171,11 @@ class ActivationStore:
         def pack(t: torch.Tensor) -> Any:
             return self._pack(key, rec, t)
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, self._unpack):
-            yield
+        return torch.autograd.graph.saved_tensors_hooks(pack, self._unpack)
 
     def _pack(self, key: Slot, rec: _SlotRecord, t: torch.Tensor) -> Any:
+        if self._dead:  # settle frees first, so that the peak never counts memory already gone
+            self._reap()
         if t.device != self.device or t.layout != torch.strided:
             return t.detach()
         storage = t.untyped_storage()
@@ -181,6 +189,7 @@ class ActivationStore:
             self._alloc(nbytes)
         if ident not in rec.entries:
             rec.entries[ident] = entry
+            rec.nbytes += nbytes
             entry.slots.add(key)
             entry.claims += 1
         entry.handles += 1
@@ -207,11 +216,12 @@ class ActivationStore:
     # ---- offload / reload -------------------------------------------------------------------------
     def offload(self, stage: int, microbatch: int) -> None:
         """Start copying the slot's storages to host; each is released when its copy completes."""
+        self._reap()
         rec = self._record(stage, microbatch)
         if not rec.resident:
             raise RuntimeError(f"OFFLOAD of stage {stage}, microbatch {microbatch}: already offloaded")
         rec.resident = False
-        for entry in rec.entries.values():
+        for entry in list(rec.entries.values()):
             entry.claims -= 1
             if entry.claims == 0 and entry.state is EntryState.RESIDENT:
                 entry.host = self.copier.pool.acquire(entry.nbytes)
@@ -223,11 +233,12 @@ class ActivationStore:
 
     def reload(self, stage: int, microbatch: int) -> None:
         """Allocate device memory for the slot's offloaded storages and start copying them back."""
+        self._reap()
         rec = self._record(stage, microbatch)
         if rec.resident:
             raise RuntimeError(f"RELOAD of stage {stage}, microbatch {microbatch}: it was not offloaded")
         rec.resident = True
-        for entry in rec.entries.values():
+        for entry in list(rec.entries.values()):
             entry.claims += 1
             if entry.state is EntryState.ON_HOST and entry in self._pinned_free:  # never left the device
                 self._pinned_free.remove(entry)
@@ -248,9 +259,10 @@ class ActivationStore:
 
     def poll(self) -> None:
         """Advance copies that completed: release offloaded device memory, recycle host buffers."""
+        self._reap()
         if self._copying:
             still = []
-            for entry in self._copying:
+            for entry in list(self._copying):
                 if not self.copier.done(entry.token):
                     still.append(entry)
                 elif entry.state is EntryState.TO_HOST:
@@ -266,7 +278,7 @@ class ActivationStore:
             self._pinned_free.append(entry)  # freed when its last pin goes
             return
         entry.storage.resize_(0)
-        self.resident_bytes -= entry.nbytes
+        self._resident -= entry.nbytes
 
     def _drop_host(self, entry: _Entry) -> None:
         if entry.host is not None:
@@ -280,6 +292,7 @@ class ActivationStore:
         """Release the slot's storages that none of the handles in ``keep`` refers to (after I:
         ``keep`` is what the nodes W will run saved). Storages shared with another slot, pinned or
         not resident are left alone. Returns the bytes released."""
+        self._reap()
         key = (stage, microbatch)
         rec = self._slots.get(key)
         if rec is None:
@@ -290,10 +303,11 @@ class ActivationStore:
             if ident in kept or entry.pins or entry.slots != {key} or entry.state is not EntryState.RESIDENT:
                 continue
             del rec.entries[ident]
+            rec.nbytes -= entry.nbytes
             del self._entries[ident]
             entry.state = EntryState.DROPPED
             entry.storage.resize_(0)
-            self.resident_bytes -= entry.nbytes
+            self._resident -= entry.nbytes
             freed += entry.nbytes
         return freed
 
@@ -314,17 +328,18 @@ class ActivationStore:
         if entry.pins == 0 and entry in self._pinned_free:
             self._pinned_free.remove(entry)
             entry.storage.resize_(0)
-            self.resident_bytes -= entry.nbytes
+            self._resident -= entry.nbytes
 
     # ---- release ----------------------------------------------------------------------------------
     def release(self, stage: int, microbatch: int) -> None:
         """Forget a slot after the backward that last needs it (B, or W after I). Storages no other
         slot refers to stop being counted; the memory goes with the last reference to it."""
+        self._reap()
         key = (stage, microbatch)
         rec = self._slots.pop(key, None)
         if rec is None:
             return
-        for entry in rec.entries.values():
+        for entry in list(rec.entries.values()):
             entry.slots.discard(key)
             if rec.resident:
                 entry.claims -= 1
@@ -332,12 +347,23 @@ class ActivationStore:
                 self._forget(entry)
 
     def _handle_dropped(self, entry: _Entry) -> None:
+        """Called from a handle's finaliser, which may run anywhere (inside another store method
+        when the collector strikes, or on autograd's device thread): only note it; ``_reap``
+        settles it at the next store call."""
         entry.handles -= 1
-        if entry.handles == 0 and self._entries.get(entry.ident) is entry:
+        if entry.handles == 0:
+            self._dead.append(entry)
+
+    def _reap(self) -> None:
+        """Forget entries autograd no longer refers to."""
+        while self._dead:
+            entry = self._dead.pop()
+            if entry.handles or self._entries.get(entry.ident) is not entry:
+                continue
             for key in entry.slots:
                 rec = self._slots.get(key)
-                if rec is not None:
-                    rec.entries.pop(entry.ident, None)
+                if rec is not None and rec.entries.pop(entry.ident, None) is not None:
+                    rec.nbytes -= entry.nbytes
             self._forget(entry)
 
     def _forget(self, entry: _Entry) -> None:
@@ -345,13 +371,14 @@ class ActivationStore:
         if self._entries.get(entry.ident) is entry:
             del self._entries[entry.ident]
         counted = entry.state is not EntryState.ON_HOST or entry in self._pinned_free
-        if entry in self._copying:
+        if entry.token is not None:
             self.copier.synchronize(entry.token)
+        if entry in self._copying:
             self._copying.remove(entry)
         if entry in self._pinned_free:
             self._pinned_free.remove(entry)
         if counted:
-            self.resident_bytes -= entry.nbytes
+            self._resident -= entry.nbytes
         self._drop_host(entry)
         entry.slots.clear()
 
@@ -363,15 +390,17 @@ class ActivationStore:
 
     def clear(self) -> None:
         """Forget everything (after a failed step): settle copies, return host buffers."""
+        self._dead.clear()
         for entry in list(self._entries.values()):
             self._forget(entry)
         self._slots.clear()
         self._copying.clear()
         self._pinned_free.clear()
-        self.resident_bytes = 0
+        self._resident = 0
 
     def finish(self) -> None:
         """End of step: complete outstanding copies; every slot must have been released."""
+        self._reap()
         for entry in list(self._copying):
             self.copier.synchronize(entry.token)
         self.poll()
@@ -379,5 +408,5 @@ class ActivationStore:
             leaked = sorted(self._slots)
             self._slots.clear()
             self._entries.clear()
-            self.resident_bytes = 0
+            self._resident = 0
             raise RuntimeError(f"activation slots {leaked} (stage, microbatch) were never released by a backward")

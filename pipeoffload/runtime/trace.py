@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from pipeoffload.costs import CostModel
 from pipeoffload.ir import Action, Schedule
 from pipeoffload.simulate import simulate
 
 
-@dataclass(frozen=True)
-class TraceRecord:
+class TraceRecord(NamedTuple):
     action: Action
     start: float  # seconds since the step began
     end: float

@@ -1,0 +1,193 @@
+"""Candidates: the layouts and schedule choices a request allows, and how a simulation is scored.
+
+A candidate is a layout (PP x TP x DP) and a ``ScheduleChoice`` (family, stages per rank, group size,
+offload and recompute policy). Its step time is the simulated pipeline makespan plus the data-parallel
+gradient sync and the optimizer step; its memory is, on the worst rank, weights + gradients + optimizer
+state + the simulated activation peak.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from pipeoffload.planner.evaluate import (V_FAMILIES, ScheduleChoice, SimSummary, lowering_options,
+                                          placement_of, time_lower_bound)
+from pipeoffload.planner.plans import MemorySplit, Plan, PlanRequest
+from pipeoffload.planner.stagecosts import LayerCosts, Layout, StageCosts, layer_costs, stage_costs
+
+
+def _divisors(n: int) -> list[int]:
+    return [x for x in range(1, n + 1) if n % x == 0]
+
+
+def layouts(req: PlanRequest, skipped: dict[str, int]) -> list[Layout]:
+    """PP x TP x DP splits of the GPUs the model and batch allow, in sorted order."""
+    model, hw = req.model, req.hardware
+    tps = req.tp_sizes or tuple(t for t in _divisors(req.gpus) if t <= hw.gpus_per_node)
+    if req.measured is not None:
+        tps = tuple(t for t in tps if t == 1)
+    out = []
+    for tp in sorted(set(tps)):
+        if req.gpus % tp or model.heads % tp or model.num_kv_heads % tp or model.ffn_size % tp:
+            skipped[f"tp={tp} does not divide the GPUs/heads/kv heads/ffn"] = skipped.get(
+                f"tp={tp} does not divide the GPUs/heads/kv heads/ffn", 0) + 1
+            continue
+        for pp in req.pp_sizes or _divisors(req.gpus // tp):
+            if (req.gpus // tp) % pp or pp > model.layers:
+                continue
+            dp = req.gpus // (tp * pp)
+            if req.global_batch % (dp * model.microbatch):
+                count(skipped, "global batch not divisible by DP x microbatch size")
+                continue
+            out.append(Layout(pp, tp, dp))
+    return out
+
+
+def choices(req: PlanRequest, d: int, m: int) -> list[ScheduleChoice]:
+    """Schedule families, stages per rank, group sizes and memory policies for d ranks, m microbatches."""
+    out: list[ScheduleChoice] = []
+    for family in req.families():
+        if d == 1 and family != "1f1b":
+            continue
+        if family in ("1f1b", "zb-h1", "zb-h2", "gpipe"):
+            vs: tuple[int, ...] = (1,)
+        elif family in V_FAMILIES:
+            vs = (2,)  # V placement: stages r and 2d-1-r on rank r
+        else:
+            vs = tuple(v for v in req.stages_per_rank if v >= 2)
+        for v in vs:
+            if d * v > req.model.layers:
+                continue
+            if family == "interleaved-1f1b" and m % d:
+                continue
+            groups: tuple[int | None, ...] = (None,)
+            if family == "group-interleaved":
+                groups = tuple(sorted({math.ceil(d / 2), d}))
+            for g in groups:
+                for offload, recompute in _policies(req, v, d):
+                    out.append(ScheduleChoice(family, v, g, offload, recompute))
+    return out
+
+
+def _policies(req: PlanRequest, v: int, d: int) -> list[tuple[str, str]]:
+    """(offload, recompute) pairs to try, in escalation order (see ``_level``). By default: neither;
+    ``offload auto`` (the lowest peak the copy lane can hide: it never makes a backward wait); that
+    plus ``recompute auto`` (recompute what could not be hidden); ``recompute first:1`` (the longest-
+    lived stage of each rank); and ``recompute first:v`` (every stage)."""
+    if d == 1:
+        return [("none", "none")]
+    supported = lowering_options()
+    if req.offload is None and req.recompute is None:
+        pairs = [("none", "none")]
+        if "offload" in supported:
+            pairs += [("auto", "none"), ("auto", "auto")]
+        if "recompute" in supported:
+            pairs += [("none", f"first:{k}") for k in sorted({1, v})]
+        return pairs
+    offloads = req.offload or ("none",)
+    recomputes = req.recompute or ("none",)
+    pairs = [(o, r) for o in offloads for r in recomputes if not (r == "auto" and o == "none")]
+    return pairs or [("none", "none")]
+
+
+def level(choice: ScheduleChoice) -> int:
+    """Escalation level, roughly by growing cost: 0 plain, 1 offload only (free when hidden), 2 recompute
+    of the longest-lived stage, 3 recompute of what offload cannot hide, 4 recompute of every stage."""
+    if choice.recompute == "none":
+        return 0 if choice.offload == "none" else 1
+    if choice.recompute == "auto":
+        return 3
+    return 4 if choice.recompute == f"first:{choice.stages_per_rank}" and choice.stages_per_rank > 1 else 2
+
+
+def count(skipped: dict[str, int], reason: str, n: int = 1) -> None:
+    skipped[reason] = skipped.get(reason, 0) + n
+
+
+# ---- evaluation -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Candidate:
+    layout: Layout
+    choice: ScheduleChoice
+    microbatches: int
+    stage: StageCosts
+    static_bytes: tuple[float, ...]  # weights + grads + optimizer, per rank
+    time_bound: float  # no simulation of this candidate can give a shorter step
+
+    def key(self) -> tuple:
+        return (str(self.layout), self.choice)
+
+    def is_base(self) -> bool:
+        """No offload and no recompute: the schedule its memory-policy variants are lowered from."""
+        return self.choice.offload == "none" and self.choice.recompute == "none"
+
+    def base_key(self) -> tuple:
+        return (str(self.layout), replace(self.choice, offload="none", recompute="none"))
+
+
+def static_split(req: PlanRequest, layout: Layout, stage: StageCosts) -> tuple[tuple[float, float], ...]:
+    s = req.setup
+    shard = layout.dp if s.distributed_optimizer else 1
+    return tuple((p * (s.weight_bytes + s.grad_bytes), p * s.optimizer_bytes / shard) for p in stage.params_per_rank)
+
+
+def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Candidate]:
+    out = []
+    per_layer: dict[int, LayerCosts] = {}
+    for layout in layouts(req, skipped):
+        m = req.global_batch // (layout.dp * req.model.microbatch)
+        lc = per_layer.get(layout.tp)
+        if lc is None:
+            lc = req.measured or layer_costs(req.model, req.hardware, layout.tp,
+                                             partial_recompute=req.setup.partial_recompute)
+            per_layer[layout.tp] = lc
+        stages: dict[tuple, StageCosts] = {}
+        for choice in choices(req, layout.pp, m):
+            placement = placement_of(choice, layout.pp)
+            key = (choice.stages_per_rank, placement)
+            if key not in stages:
+                stages[key] = stage_costs(lc, req.hardware, layout, choice.stages_per_rank, req.model.layers,
+                                          placement)
+            sc = stages[key]
+            static = tuple(sum(x) for x in static_split(req, layout, sc))
+            bound = time_lower_bound(choice, layout.pp, m, sc.costs) + dp_sync_time(
+                req, layout, max(sc.params_per_rank))
+            out.append(Candidate(layout, choice, m, sc, static, bound))
+    return sorted(out, key=Candidate.key)
+
+
+def dp_sync_time(req: PlanRequest, layout: Layout, params: float) -> float:
+    """Gradient reduce (+ parameter all-gather with a distributed optimizer), not overlapped, plus the
+    memory-bound optimizer step (~30 bytes of HBM traffic per local parameter)."""
+    s, hw, dp = req.setup, req.hardware, layout.dp
+    step = params * 30 / (dp if s.distributed_optimizer else 1) / hw.hbm_bandwidth
+    if dp == 1:
+        return step
+    bw = hw.collective_bandwidth(dp, layout.tp * layout.pp)
+    if s.distributed_optimizer:
+        return step + (dp - 1) / dp * params * (s.grad_bytes + s.weight_bytes) / bw
+    return step + 2 * (dp - 1) / dp * params * s.grad_bytes / bw
+
+
+def evaluate(req: PlanRequest, cand: Candidate, sim: SimSummary) -> Plan:
+    layout, stage = cand.layout, cand.stage
+    unit = stage.unit_bytes
+    static = static_split(req, layout, stage)
+    totals = [w + o + sim.peak_units[r] * unit for r, (w, o) in enumerate(static)]
+    worst = max(range(layout.pp), key=lambda r: (totals[r], -r))
+    host = max(sim.host_units) * unit
+    memory = MemorySplit(static[worst][0], static[worst][1], sim.peak_units[worst] * unit, host)
+    dp_time = dp_sync_time(req, layout, max(stage.params_per_rank))
+    step = sim.makespan + dp_time
+    tokens = req.global_batch * req.model.seq
+    flops = req.global_batch / req.model.microbatch * _model_flops(req)
+    fits = memory.total <= req.memory_budget and (
+        req.host_memory_budget is None or host <= req.host_memory_budget)
+    return Plan(layout, cand.choice, cand.microbatches, step, sim.makespan, dp_time, tokens / step,
+                flops / (step * layout.gpus * req.hardware.peak_flops), memory, sim.bubble_ratio,
+                max(sim.stall) / step if step else 0.0, fits, sim.exact, sim)
+
+
+def _model_flops(req: PlanRequest) -> float:
+    return req.measured.model_flops if req.measured and req.measured.model_flops else \
+        req.model.model_flops_per_microbatch()

@@ -1,0 +1,149 @@
+"""What the planner is asked (``PlanRequest``) and what it answers (``Plan``, ``SearchResult``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeoffload.errors import ConfigError
+from pipeoffload.planner.evaluate import ScheduleChoice, SimSummary
+from pipeoffload.planner.hardware import HardwareSpec
+from pipeoffload.planner.model import ModelSpec
+from pipeoffload.planner.stagecosts import LayerCosts, Layout, TrainingSetup
+from pipeoffload.schedules import get_spec, schedule_names
+
+GIB = 1024**3
+DEFAULT_SCHEDULES = ("1f1b", "zb-h1", "interleaved-1f1b", "group-interleaved", "zb-v", "v-half", "v-min")
+# group-interleaved with g = d has interleaved 1F1B's memory and a smaller bubble (split backward), so
+# Megatron's interleaved 1F1B is searched by default only in builds without it.
+SUPERSEDED = {"interleaved-1f1b": "group-interleaved"}
+
+
+class InfeasibleError(ConfigError):
+    """No candidate fits; carries the smallest memory any candidate needs and that candidate."""
+
+    def __init__(self, message: str, min_memory: float | None = None, plan: "Plan | None" = None) -> None:
+        super().__init__(message)
+        self.min_memory = min_memory
+        self.plan = plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest:
+    model: ModelSpec
+    hardware: HardwareSpec
+    gpus: int
+    global_batch: int  # sequences per optimizer step
+    memory_budget: float  # bytes per GPU
+    host_memory_budget: float | None = None  # pinned host bytes per GPU; None: unlimited
+    setup: TrainingSetup = field(default_factory=TrainingSetup)
+    schedules: tuple[str, ...] | None = None  # None: the DEFAULT_SCHEDULES this build registers
+    tp_sizes: tuple[int, ...] | None = None  # None: divisors of gpus up to gpus_per_node
+    pp_sizes: tuple[int, ...] | None = None  # None: every divisor that fits the layers
+    stages_per_rank: tuple[int, ...] = (2, 4)  # for the multi-stage families
+    offload: tuple[str, ...] | None = None  # None: "none", "first:K" and "all" where supported
+    recompute: tuple[str, ...] | None = None
+    measured: LayerCosts | None = None  # profiled per-layer costs (valid for tp == 1 only)
+    top: int = 5  # how many best plans to guarantee exactly
+    prune: bool = True  # skip candidates that provably cannot change the top plans or the frontier
+    escalate: bool = True  # try offload, then recompute, only where nothing cheaper of a schedule fits
+    exact_frontier: bool = False  # also simulate whatever could join the Pareto frontier (slower)
+    workers: int = 1  # worker processes that simulate a batch of candidates in parallel
+    best_per_tp: bool = False  # also find the best plan of every TP size exactly (slower)
+
+    def __post_init__(self) -> None:
+        for key in ("gpus", "global_batch"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key}={getattr(self, key)!r}: must be >= 1")
+        if not self.memory_budget > 0:
+            raise ConfigError(f"memory budget {self.memory_budget!r} bytes: must be > 0")
+        for name in self.schedules or ():
+            get_spec(name)  # unknown names fail here with the list of valid ones
+
+    def families(self) -> tuple[str, ...]:
+        if self.schedules is not None:
+            return tuple(get_spec(n).name for n in self.schedules)
+        known = set(schedule_names())
+        return tuple(n for n in DEFAULT_SCHEDULES if n in known and SUPERSEDED.get(n) not in known)
+
+
+@dataclass(frozen=True)
+class MemorySplit:
+    """Bytes on the worst rank (the one with the highest total), and pinned host bytes per GPU."""
+
+    parameters: float  # weights + gradients
+    optimizer: float
+    activations: float
+    host: float
+
+    @property
+    def total(self) -> float:
+        return self.parameters + self.optimizer + self.activations
+
+
+@dataclass(frozen=True)
+class Plan:
+    layout: Layout
+    choice: ScheduleChoice
+    microbatches: int
+    step_time: float
+    pipeline_time: float
+    dp_sync_time: float
+    tokens_per_second: float
+    mfu: float
+    memory: MemorySplit
+    bubble_ratio: float
+    stall_ratio: float  # worst rank's reload wait / step time
+    fits: bool
+    exact: bool  # False: memory estimated from small simulations; confirmed before it is shown
+    sim: SimSummary = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+
+    def sort_key(self) -> tuple:
+        return (-round(self.tokens_per_second, 6), round(self.memory.total), str(self.layout), self.choice)
+
+    def as_dict(self) -> dict:
+        c = self.choice
+        return {
+            "layout": {"pp": self.layout.pp, "tp": self.layout.tp, "dp": self.layout.dp},
+            "schedule": c.family, "stages_per_rank": c.stages_per_rank, "group_size": c.group_size,
+            "offload": c.offload, "recompute": c.recompute, "microbatches": self.microbatches,
+            "step_time_s": self.step_time, "pipeline_time_s": self.pipeline_time,
+            "dp_sync_time_s": self.dp_sync_time, "tokens_per_s": self.tokens_per_second, "mfu": self.mfu,
+            "memory_gib": {"parameters": self.memory.parameters / GIB, "optimizer": self.memory.optimizer / GIB,
+                           "activations": self.memory.activations / GIB, "total": self.memory.total / GIB,
+                           "host": self.memory.host / GIB},
+            "bubble_ratio": self.bubble_ratio, "stall_ratio": self.stall_ratio, "fits": self.fits,
+        }
+
+
+@dataclass
+class SearchResult:
+    request: PlanRequest
+    plans: list[Plan]  # every simulated candidate, best first
+    candidates: int  # enumerated
+    evaluated: int  # simulated
+    seconds: float
+    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
+
+    @property
+    def fitting(self) -> list[Plan]:
+        return [p for p in self.plans if p.fits]
+
+    def best(self, n: int = 5) -> list[Plan]:
+        return self.fitting[:n]
+
+    def pareto(self) -> list[Plan]:
+        return pareto_front(self.fitting)
+
+    def best_by_tp(self) -> dict[int, Plan]:
+        out: dict[int, Plan] = {}
+        for plan in self.fitting:
+            out.setdefault(plan.layout.tp, plan)
+        return dict(sorted(out.items()))
+
+
+def pareto_front(plans: list[Plan]) -> list[Plan]:
+    """Plans that no other plan beats in both throughput and memory, by increasing memory."""
+    front: list[Plan] = []
+    for plan in sorted(plans, key=lambda p: (p.memory.total, p.sort_key())):
+        if not front or plan.tokens_per_second > front[-1].tokens_per_second * (1 + 1e-9):
+            front.append(plan)
+    return front
