@@ -27,7 +27,7 @@ from pipeoffload.simulate import simulate
 
 CFG = GPTConfig(vocab=512, seq=128, hidden=256, heads=8, layers=8, flash=False)
 MICROBATCH = 4
-CASES = [("1f1b", 1, 8), ("1f1b", 1, 16), ("interleaved-1f1b", 2, 8), ("gpipe", 1, 8)]
+CASES = [("1f1b", 1, 8), ("1f1b", 1, 16), ("interleaved-1f1b", 2, 8), ("gpipe", 1, 8), ("zb-h1", 1, 8)]
 RANKS = 2
 
 
@@ -66,15 +66,22 @@ def _run_runtime(rank: int, world: int, family: str, v: int, m: int, steps: int)
     return walls
 
 
-def _predict(family: str, v: int, m: int, p2p_time: float) -> tuple[float, list]:
+def _profile(v: int, p2p_time: float):  # type: ignore[no-untyped-def]
+    """Profile the RANKS * v stages of the reference GPT once, in this process, with one thread."""
     torch.set_num_threads(1)
     layers = gpt_layers(CFG)
     stages = split_layers(layers, even_counts(len(layers), RANKS * v))
     (tokens, mask, offset), targets = sample_batch(CFG, MICROBATCH, padded=False)
     profile = profile_stages(stages, (tokens, mask, offset), loss_fn=lm_loss, target=targets, warmup=3, repeats=7)
-    costs = profile.cost_model(p2p_time=p2p_time)
-    timeline = simulate(lower(generate(family, RANKS, m, v)), costs)
-    return timeline.makespan, list(profile.stages)
+    return profile.cost_model(p2p_time=p2p_time)
+
+
+def _predict(costs, family: str, v: int, m: int) -> float:  # type: ignore[no-untyped-def]
+    return simulate(lower(generate(family, RANKS, m, v), costs), costs).makespan
+
+
+def _ms(values) -> str:  # type: ignore[no-untyped-def]
+    return "/".join(f"{x * 1e3:.1f}" for x in values)
 
 
 def main() -> None:
@@ -89,8 +96,12 @@ def main() -> None:
     lines = [f"# profiler accuracy: {CFG}, microbatch {MICROBATCH}, {RANKS} ranks, gloo on CPU, 1 thread/rank",
              f"# measured P2P one-way for {boundary} B: {p2p * 1e3:.3f} ms",
              f"{'schedule':<17} {'v':>2} {'m':>3} {'predicted s':>12} {'measured s':>11} {'error':>7}"]
+    costs = {v: _profile(v, p2p) for v in sorted({v for _, v, _ in CASES})}
+    for v, c in costs.items():
+        lines.append(f"# v={v}: per-stage F {_ms(c.time_f)} I {_ms(c.time_i)} W {_ms(c.time_w)} ms; "
+                     f"activation {c.activation_bytes / 2**20:.1f} MiB/unit")
     for family, v, m in CASES:
-        predicted, _ = _predict(family, v, m, p2p)
+        predicted = _predict(costs[v], family, v, m)
         run = spawn(_run_runtime, RANKS, (family, v, m, args.steps), deadline=600)
         assert run.ok, run.errors
         measured = statistics.median(max(walls) for walls in zip(*run.results))

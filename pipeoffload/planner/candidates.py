@@ -70,17 +70,20 @@ def choices(req: PlanRequest, d: int, m: int) -> list[ScheduleChoice]:
 
 
 def _policies(req: PlanRequest, v: int, d: int) -> list[tuple[str, str]]:
-    """(offload, recompute) pairs to try, in escalation order (see ``_level``). By default: neither;
-    ``offload auto`` (the lowest peak the copy lane can hide: it never makes a backward wait); that
-    plus ``recompute auto`` (recompute what could not be hidden); ``recompute first:1`` (the longest-
-    lived stage of each rank); and ``recompute first:v`` (every stage)."""
+    """(offload, recompute) pairs to try, in escalation order (see ``level``). By default: neither;
+    ``offload auto`` (the lowest peak the copy lane can hide: it never makes a backward wait);
+    ``recompute first:1`` (the longest-lived stage of each rank); ``offload budget:X`` with
+    ``recompute auto`` (the fewest copies, then the fewest recomputations, that bring every rank's
+    activations to X units, X being what the memory budget leaves; filled in per layout as
+    ``budget``) and ``offload auto`` with ``recompute auto`` (recompute what could not be hidden),
+    which reaches lower when X cannot be met exactly; and ``recompute first:v`` (every stage)."""
     if d == 1:
         return [("none", "none")]
     supported = lowering_options()
     if req.offload is None and req.recompute is None:
         pairs = [("none", "none")]
         if "offload" in supported:
-            pairs += [("auto", "none"), ("auto", "auto")]
+            pairs += [("auto", "none"), ("budget", "auto"), ("auto", "auto")]
         if "recompute" in supported:
             pairs += [("none", f"first:{k}") for k in sorted({1, v})]
         return pairs
@@ -92,7 +95,7 @@ def _policies(req: PlanRequest, v: int, d: int) -> list[tuple[str, str]]:
 
 def level(choice: ScheduleChoice) -> int:
     """Escalation level, roughly by growing cost: 0 plain, 1 offload only (free when hidden), 2 recompute
-    of the longest-lived stage, 3 recompute of what offload cannot hide, 4 recompute of every stage."""
+    of the longest-lived stage, 3 offload then recompute down to the budget, 4 recompute everything."""
     if choice.recompute == "none":
         return 0 if choice.offload == "none" else 1
     if choice.recompute == "auto":
@@ -150,6 +153,9 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Cand
                                           placement)
             sc = stages[key]
             static = tuple(sum(x) for x in static_split(req, layout, sc))
+            if choice.offload == "budget":  # what the memory budget leaves for activations, in units
+                room = max(0.0, min(req.memory_budget - x for x in static)) / sc.unit_bytes
+                choice = replace(choice, offload=f"budget:{room:.4g}")
             bound = time_lower_bound(choice, layout.pp, m, sc.costs) + dp_sync_time(
                 req, layout, max(sc.params_per_rank))
             out.append(Candidate(layout, choice, m, sc, static, bound))

@@ -1,21 +1,25 @@
 """Simulate one schedule choice cheaply: generate, lower, simulate, and extrapolate over microbatches.
 
 A pipeline schedule with uniform-per-microbatch costs is periodic once warmed up: adding one period of
-P microbatches (1 for 1F1B, d for interleaved 1F1B, g for group-interleaved) adds a constant time and
-leaves the memory peaks unchanged. So a step of m microbatches is simulated at two small sizes m1 and
-m1+P with the same remainder mod P, and its makespan is extrapolated linearly. If the two peaks differ
-(e.g. offload copies fall behind and pile up), the full size is simulated instead. Tests check the
-extrapolation against full simulations.
+P microbatches (at least d: the family's period rounded up) adds a constant time and leaves the memory
+peaks unchanged. So a step of m microbatches is simulated at small sizes m1, m1+P, m1+2P, ... with the
+same remainder mod P until two periods add the same time and the peaks settle, and its makespan is
+extrapolated linearly; if that would cost more than m itself, m is simulated. The offload pass places
+copies greedily over the whole step, so schedules with offload are estimates until a full simulation
+confirms them (``SimSummary.exact``). Tests check all of this against full simulations.
 """
 from __future__ import annotations
 
 import inspect
+import logging
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
-from pipeoffload.ir import COMM_KINDS
+from pipeoffload.ir import COMM_KINDS, ActionKind
 from pipeoffload.passes.lower import lower
 from pipeoffload.placement import Placement
 from pipeoffload.schedules import generate, get_spec
@@ -60,6 +64,7 @@ class SimSummary:
     stall: tuple[float, ...]  # time per rank its backward waited for a reload
     extrapolated: bool
     exact: bool = True  # False: an estimate from small sizes, to be confirmed by a full simulation
+    changed: bool = False  # the lowering added OFFLOAD or R actions (else the plain schedule's twin)
 
     @property
     def bubble_ratio(self) -> float:
@@ -83,7 +88,8 @@ def build(choice: ScheduleChoice, d: int, m: int, costs: CostModel):  # type: ig
     if missing:
         raise ConfigError(f"{', '.join(missing)} policies are not available in this build of lower(); "
                           "use offload/recompute 'none'")
-    lowered = lower(schedule, costs, check=False, **policies)
+    with _quiet("pipeoffload.passes"):  # a policy that cannot meet its target is expected while exploring
+        lowered = lower(schedule, costs, check=False, **policies)
     # Drop SEND/RECV again: the simulator models a schedule's transfers implicitly with the same
     # result (tests check it) at half the events.
     return lowered.with_actions([[a for a in row if a.kind not in COMM_KINDS] for row in lowered.actions])
@@ -106,6 +112,18 @@ def time_lower_bound(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -
 V_FAMILIES = ("zb-v", "v-half", "v-min", "1f1b-v", "dualpipe-v")
 # families whose warm-up lasts about two periods (their steady state starts after 2d microbatches)
 _SLOW_WARMUP = V_FAMILIES + ("zb-h1", "zb-h2")
+
+
+@contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """Raise logger ``name`` to ERROR for the duration (its level is restored afterwards)."""
+    logger = logging.getLogger(name)
+    old = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
 
 
 def period(choice: ScheduleChoice, d: int, m: int) -> int | None:
@@ -135,7 +153,9 @@ def placement_of(choice: ScheduleChoice, d: int) -> Placement:
 
 def _summary(timeline: Timeline, extrapolated: bool = False) -> SimSummary:
     ranks = timeline.per_rank
+    added = (ActionKind.OFFLOAD, ActionKind.R)
     return SimSummary(
+        changed=any(a.kind in added for row in timeline.schedule.actions for a in row),
         makespan=timeline.makespan,
         busy=tuple(r.busy for r in ranks),
         peak_units=tuple(r.peak_activation_units for r in ranks),
@@ -189,6 +209,7 @@ def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
         stall=tuple(y + steps * max(0.0, y - x) for x, y in zip(a.stall, b.stall)),
         extrapolated=True,
         exact=steady and choice.periodic(),
+        changed=b.changed,
     )
 
 
@@ -216,6 +237,7 @@ def _offload_estimate(choice: ScheduleChoice, d: int, m: int, costs: CostModel, 
         stall=tuple(x * m / size for x in one.stall),
         extrapolated=True,
         exact=False,
+        changed=one.changed,
     )
 
 

@@ -139,8 +139,8 @@ class _Search:
 
     def _done(self, cand: Candidate, plan: Plan) -> None:
         base = cand.base_key()
-        if cand.choice.recompute == "none" and cand.choice.offload != "none" and plan.memory.host == 0:
-            count(self.skipped, "offload moved nothing (same as the plain schedule)")
+        if not cand.is_base() and not plan.sim.changed:
+            count(self.skipped, "policy changed nothing (same as the plain schedule)")
         else:
             self.plans[cand.key()] = plan
         if cand.is_base():
