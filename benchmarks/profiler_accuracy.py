@@ -94,12 +94,12 @@ def main() -> None:
     assert pp.ok, pp.errors
     p2p = max(pp.results)
     lines = [f"# profiler accuracy: {CFG}, microbatch {MICROBATCH}, {RANKS} ranks, gloo on CPU, 1 thread/rank",
-             f"# measured P2P one-way for {boundary} B: {p2p * 1e3:.3f} ms",
-             f"{'schedule':<17} {'v':>2} {'m':>3} {'predicted s':>12} {'measured s':>11} {'error':>7}"]
+             f"# measured P2P one-way for {boundary} B: {p2p * 1e3:.3f} ms"]
     costs = {v: _profile(v, p2p) for v in sorted({v for _, v, _ in CASES})}
     for v, c in costs.items():
         lines.append(f"# v={v}: per-stage F {_ms(c.time_f)} I {_ms(c.time_i)} W {_ms(c.time_w)} ms; "
                      f"activation {c.activation_bytes / 2**20:.1f} MiB/unit")
+    lines.append(f"{'schedule':<17} {'v':>2} {'m':>3} {'predicted s':>12} {'measured s':>11} {'error':>7}")
     for family, v, m in CASES:
         predicted = _predict(costs[v], family, v, m)
         run = spawn(_run_runtime, RANKS, (family, v, m, args.steps), deadline=600)

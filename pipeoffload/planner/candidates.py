@@ -95,12 +95,13 @@ def _policies(req: PlanRequest, v: int, d: int) -> list[tuple[str, str]]:
 
 def level(choice: ScheduleChoice) -> int:
     """Escalation level, roughly by growing cost: 0 plain, 1 offload only (free when hidden), 2 recompute
-    of the longest-lived stage, 3 offload then recompute down to the budget, 4 recompute everything."""
+    of the longest-lived stage, 3 offload then recompute down to the budget, 4 offload then recompute
+    what could not be hidden, 5 recompute everything."""
     if choice.recompute == "none":
         return 0 if choice.offload == "none" else 1
     if choice.recompute == "auto":
-        return 3
-    return 4 if choice.recompute == f"first:{choice.stages_per_rank}" and choice.stages_per_rank > 1 else 2
+        return 3 if choice.offload.startswith("budget") else 4
+    return 5 if choice.recompute == f"first:{choice.stages_per_rank}" and choice.stages_per_rank > 1 else 2
 
 
 def count(skipped: dict[str, int], reason: str, n: int = 1) -> None:

@@ -14,7 +14,7 @@ import inspect
 import logging
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 from pipeoffload.costs import CostModel
@@ -185,8 +185,8 @@ def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
     if not extrapolate or m1 is None:
         return _full(choice, d, m, costs)
     assert p is not None
-    if base is not None and base.extrapolated and choice.recompute == "none":
-        return _offload_estimate(choice, d, m, costs, base, m1)
+    if base is not None and base.extrapolated and not choice.periodic():
+        return _policy_estimate(choice, d, m, costs, base, min(m1, p * math.ceil((d + 4) / p)))
     sims = [_summary(simulate(build(choice, d, size, costs), costs)) for size in (m1, m1 + p, m1 + 2 * p)]
     spent = 3 * m1 + 3 * p
     while not _steady(*sims[-3:]):
@@ -224,17 +224,19 @@ def _steady(a: SimSummary, b: SimSummary, c: SimSummary) -> bool:
             and _same(b.host_units, c.host_units))
 
 
-def _offload_estimate(choice: ScheduleChoice, d: int, m: int, costs: CostModel, base: SimSummary,
-                      size: int) -> SimSummary:
-    """One small lowering: memory from it, step time from the schedule without offload (the offload
-    pass never delays compute; tests check it). An estimate, confirmed before it is shown."""
+def _policy_estimate(choice: ScheduleChoice, d: int, m: int, costs: CostModel, base: SimSummary,
+                     size: int) -> SimSummary:
+    """One small lowering of a choice with offload or cost-driven recompute: its memory, and the time it
+    adds to the plain schedule at that size, scaled to m. An estimate, confirmed before it is shown."""
     one = _summary(simulate(build(choice, d, size, costs), costs))
+    plain = _summary(simulate(build(replace(choice, offload="none", recompute="none"), d, size, costs), costs))
+    scale = m / size
     return SimSummary(
-        makespan=base.makespan + max(one.stall, default=0.0) * m / size,
-        busy=base.busy,
+        makespan=base.makespan + max(0.0, one.makespan - plain.makespan) * scale,
+        busy=tuple(b + max(0.0, x - y) * scale for b, x, y in zip(base.busy, one.busy, plain.busy)),
         peak_units=one.peak_units,
         host_units=one.host_units,
-        stall=tuple(x * m / size for x in one.stall),
+        stall=tuple(x * scale for x in one.stall),
         extrapolated=True,
         exact=False,
         changed=one.changed,

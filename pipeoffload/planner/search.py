@@ -80,7 +80,7 @@ class _Search:
         if cand.is_base():
             self._push(cand, cand.time_bound)
         else:
-            levels = self.levels.setdefault(cand.base_key(), [[], [], [], []])
+            levels = self.levels.setdefault(cand.base_key(), [[], [], [], [], []])
             levels[level(cand.choice) - 1].append(cand)
 
     def release_orphans(self) -> None:

@@ -79,6 +79,9 @@ def test_search_is_deterministic_and_pruning_does_not_change_the_answer() -> Non
     assert {tp: p.as_dict() for tp, p in per_tp.best_by_tp().items()} == {
         tp: p.as_dict() for tp, p in full.best_by_tp().items()}
     assert full.evaluated >= a.evaluated
+    parallel = find_plans(_request(40, workers=2))  # same batches, evaluated in two processes
+    assert [p.as_dict() for p in parallel.best(5)] == [p.as_dict() for p in a.best(5)]
+    assert [p.as_dict() for p in parallel.pareto()] == [p.as_dict() for p in a.pareto()]
     frontier = find_plans(_request(40, exact_frontier=True))
     assert [p.as_dict() for p in frontier.pareto()] == [p.as_dict() for p in full.pareto()]
 
