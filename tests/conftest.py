@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 
@@ -14,3 +15,14 @@ def unit_costs() -> CostModel:
 def regen_golden() -> bool:
     """Set PIPEOFFLOAD_REGEN_GOLDEN=1 to rewrite golden files instead of comparing with them."""
     return os.environ.get("PIPEOFFLOAD_REGEN_GOLDEN") == "1"
+
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def check_golden(filename: str, text: str) -> None:
+    """Compare ``text`` with ``tests/golden/<filename>`` (or rewrite it when regenerating)."""
+    path = GOLDEN / filename
+    if regen_golden():
+        path.write_text(text)
+    assert path.read_text() == text

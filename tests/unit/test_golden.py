@@ -3,14 +3,12 @@
 Regenerate after an intended change with ``PIPEOFFLOAD_REGEN_GOLDEN=1 pytest tests/unit/test_golden.py``.
 Families added by other modules keep their own golden tests next to their unit tests.
 """
-from pathlib import Path
 
 import pytest
 
 from pipeoffload import generate
-from tests.conftest import regen_golden
+from tests.conftest import check_golden
 
-GOLDEN = Path(__file__).parent.parent / "golden"
 CASES = [
     ("gpipe", 3, 4, 1), ("gpipe", 2, 3, 2),
     ("1f1b", 4, 6, 1), ("1f1b", 3, 2, 1),
@@ -20,8 +18,4 @@ CASES = [
 
 @pytest.mark.parametrize("name,d,m,v", CASES)
 def test_generator_matches_golden_text(name: str, d: int, m: int, v: int) -> None:
-    path = GOLDEN / f"{name}_d{d}_m{m}_v{v}.txt"
-    text = generate(name, d, m, v).to_text()
-    if regen_golden():
-        path.write_text(text)
-    assert path.read_text() == text
+    check_golden(f"{name}_d{d}_m{m}_v{v}.txt", generate(name, d, m, v).to_text())

@@ -5,7 +5,6 @@ Regenerate golden files with ``PIPEOFFLOAD_REGEN_GOLDEN=1 pytest tests/unit/test
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -14,9 +13,8 @@ from pipeoffload.ir import ActionKind as K
 from pipeoffload.schedules import generate
 from pipeoffload.simulate import simulate
 from pipeoffload.validate import validate
-from tests.conftest import regen_golden
+from tests.conftest import check_golden
 
-GOLDEN = Path(__file__).parent.parent / "golden"
 
 
 def _spec_order(text: str, rank: int, d: int) -> list[str]:
@@ -45,11 +43,7 @@ def test_matches_the_reference_order_of_the_worked_example() -> None:
 
 @pytest.mark.parametrize("d,m,v,g", [(4, 8, 2, 2), (4, 8, 2, 4), (3, 7, 3, 2), (2, 3, 1, 1), (4, 6, 2, 1)])
 def test_matches_golden_text(d: int, m: int, v: int, g: int) -> None:
-    path = GOLDEN / f"group-interleaved_d{d}_m{m}_v{v}_g{g}.txt"
-    text = generate("group-interleaved", d, m, v, group_size=g).to_text()
-    if regen_golden():
-        path.write_text(text)
-    assert path.read_text() == text
+    check_golden(f"group-interleaved_d{d}_m{m}_v{v}_g{g}.txt", generate("group-interleaved", d, m, v, group_size=g).to_text())
 
 
 @pytest.mark.parametrize("d", [1, 2, 3, 4, 5, 6])

@@ -4,7 +4,6 @@ Each rank holds two stages of half the layers, so V schedules are timed with F =
 stage against 1 for the one-stage families at the same d, m. Memory in rank units = activation
 units / 2 (one microbatch through both of a rank's stages).
 """
-from pathlib import Path
 
 import pytest
 
@@ -13,9 +12,8 @@ from pipeoffload.ir import ActionKind
 from pipeoffload.schedules.v_shape import (
     _memory_profile, block_grids, squeeze, v_half_offsets, v_min_offsets, zb_v_rows,
 )
-from tests.conftest import regen_golden
+from tests.conftest import check_golden
 
-GOLDEN = Path(__file__).parent.parent / "golden"
 HALF = CostModel.uniform(0.5, 0.5, 0.5)
 UNIT = CostModel.uniform(1.0, 1.0, 1.0)
 SIZES = [(d, m) for d in (2, 3, 4, 8) for m in (2 * d, 3 * d, 4 * d)]  # m >= 2d
@@ -151,8 +149,4 @@ GOLDEN_CASES = [("dualpipe-v", 2, 4, 2), ("dualpipe-v", 4, 8, 2), ("zb-v", 2, 4,
 
 @pytest.mark.parametrize("name,d,m,v", GOLDEN_CASES)
 def test_matches_golden_text(name: str, d: int, m: int, v: int) -> None:
-    path = GOLDEN / f"{name}_d{d}_m{m}_v{v}.txt"
-    text = generate(name, d, m, v).to_text()
-    if regen_golden():
-        path.write_text(text)
-    assert path.read_text() == text
+    check_golden(f"{name}_d{d}_m{m}_v{v}.txt", generate(name, d, m, v).to_text())

@@ -3,7 +3,6 @@
 Unit costs (F = I = W = 1, zero comm) unless a test says otherwise; "units" are activation units.
 """
 import random
-from pathlib import Path
 
 import pytest
 
@@ -13,9 +12,8 @@ from pipeoffload.placement import Placement
 from pipeoffload.schedules.zero_bubble import (
     fill_weight_passes, skeleton, zb_h1_rows, zb_h2_warmups,
 )
-from tests.conftest import regen_golden
+from tests.conftest import check_golden
 
-GOLDEN = Path(__file__).parent.parent / "golden"
 SIZES = [(d, m) for d in (2, 3, 4, 8) for m in (2 * d, 3 * d, 4 * d)]  # m >= 2d
 UNEQUAL = [CostModel.uniform(1.0, 1.2, 0.8), CostModel.uniform(1.0, 1.5, 0.5),
            CostModel.uniform(1.0, 2.0, 1.0, p2p=0.3), CostModel.uniform(1.0, 0.5, 1.5)]
@@ -198,11 +196,7 @@ GOLDEN_CASES = [("zb-h1", 4, 6, 1), ("zb-h1", 3, 2, 1), ("zb-h1", 2, 4, 2), ("zb
 
 @pytest.mark.parametrize("name,d,m,v", GOLDEN_CASES)
 def test_matches_golden_text(name: str, d: int, m: int, v: int) -> None:
-    path = GOLDEN / f"{name}_d{d}_m{m}_v{v}.txt"
-    text = generate(name, d, m, v).to_text()
-    if regen_golden():
-        path.write_text(text)
-    assert path.read_text() == text
+    check_golden(f"{name}_d{d}_m{m}_v{v}.txt", generate(name, d, m, v).to_text())
 
 
 def test_replay_times_full_backwards_like_the_simulator() -> None:
