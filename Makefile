@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 
-.PHONY: demo test setup clean
+.PHONY: demo test lint setup clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -16,7 +16,11 @@ setup: $(VENV)/.installed
 demo: setup
 	$(PY) -m pipeoffload.demo
 
-test: setup
+lint: setup
+	$(VENV)/bin/ruff check pipeoffload tests benchmarks examples
+	$(VENV)/bin/mypy pipeoffload
+
+test: lint
 	$(PY) -m pytest -q -x --durations=10
 
 clean:

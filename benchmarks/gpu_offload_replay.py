@@ -20,7 +20,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -97,7 +97,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="bfloat16")
@@ -121,7 +121,7 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: Optional[list[str]] = None) -> list[dict[str, Any]]:
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse(argv)
     rows = [run(args, offload) for offload in args.offload]
     print(f"replay of rank {args.rank} on {args.device}: hidden {args.hidden}, seq {args.seq}, {args.dtype}, "

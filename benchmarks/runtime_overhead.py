@@ -80,7 +80,7 @@ def _baseline(rank: int, world: int, name: str, v: int, m: int):  # type: ignore
                 inp = xm.clone().requires_grad_(s > 0)
                 out = mods[s](inp)
                 outs.append(_loss(out, ym) / m if s == num_stages - 1 else out)
-            for s, out in zip(reversed(local), reversed(outs)):
+            for _s, out in zip(reversed(local), reversed(outs)):
                 torch.autograd.backward(out, None if out.dim() == 0 else torch.ones_like(out))
 
     return mods, step

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from pipeoffload import CostModel, Schedule, generate, simulate
 from pipeoffload.torch_interop import torch_schedule

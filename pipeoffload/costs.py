@@ -6,12 +6,12 @@ Time is in arbitrary units (seconds when built from hardware); memory in *activa
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence, Union
 
 from pipeoffload.errors import ConfigError
 
-PerStage = Union[float, tuple[float, ...]]
+PerStage = float | tuple[float, ...]
 
 
 def _at(value: PerStage, stage: int) -> float:
@@ -102,7 +102,7 @@ class CostModel:
         compute = self.f(stage) + self.b(stage)
         return (self.d2h(stage) + self.h2d(stage)) / compute if compute else float("inf")
 
-    def with_offload_ratio(self, k: float, stage: int = 0) -> "CostModel":
+    def with_offload_ratio(self, k: float, stage: int = 0) -> CostModel:
         """Set symmetric D2H/H2D times so that ``offload_ratio(stage) == k``."""
         if k < 0:
             raise ConfigError(f"offload ratio k={k!r}: must be >= 0 (0 means instant copies)")
@@ -121,11 +121,11 @@ class CostModel:
     @classmethod
     def uniform(
         cls, f: float = 1.0, i: float = 1.0, w: float = 1.0, p2p: float = 0.0, **kwargs: object
-    ) -> "CostModel":
+    ) -> CostModel:
         return cls(time_f=f, time_i=i, time_w=w, p2p_time=p2p, **kwargs)  # type: ignore[arg-type]
 
     @classmethod
     def per_stage(
         cls, f: Sequence[float], i: Sequence[float], w: Sequence[float], **kwargs: object
-    ) -> "CostModel":
+    ) -> CostModel:
         return cls(time_f=tuple(f), time_i=tuple(i), time_w=tuple(w), **kwargs)  # type: ignore[arg-type]

@@ -1,7 +1,8 @@
 """Error types: one for bad schedules (with a rendered grid), one for bad configuration."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from pipeoffload.ir import Action
@@ -23,8 +24,8 @@ class ScheduleError(ValueError):
         reason: str,
         rank: int | None = None,
         step: int | None = None,
-        action: "Action | None" = None,
-        ranks: Sequence[Sequence["Action"]] | None = None,
+        action: Action | None = None,
+        ranks: Sequence[Sequence[Action]] | None = None,
     ) -> None:
         self.reason = reason
         self.rank = rank

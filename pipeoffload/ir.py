@@ -19,9 +19,9 @@ import csv
 import io
 import json
 import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, Iterator, Sequence
 
 from pipeoffload.placement import Placement
 
@@ -68,7 +68,7 @@ class Action:
         return f"Action({self})"
 
     @classmethod
-    def parse(cls, text: str) -> "Action":
+    def parse(cls, text: str) -> Action:
         match = _ACTION_RE.match(text.strip())
         if match is None:
             raise ValueError(
@@ -122,13 +122,13 @@ class Schedule:
     def num_actions(self) -> int:
         return sum(len(r) for r in self.actions)
 
-    def with_actions(self, actions: Sequence[Sequence[Action]]) -> "Schedule":
+    def with_actions(self, actions: Sequence[Sequence[Action]]) -> Schedule:
         return Schedule(tuple(tuple(r) for r in actions), self.placement, self.num_microbatches, self.name)
 
     def is_lowered(self) -> bool:
         return any(a.kind in COMM_KINDS for r in self.actions for a in r)
 
-    def compute_only(self) -> "Schedule":
+    def compute_only(self) -> Schedule:
         """Drop comm and copy actions, leaving what a generator produces."""
         return self.with_actions([[a for a in r if a.kind in COMPUTE_KINDS] for r in self.actions])
 
@@ -137,7 +137,7 @@ class Schedule:
         return "".join(" ".join(str(a) for a in rank) + "\n" for rank in self.actions)
 
     @classmethod
-    def from_text(cls, text: str, placement: Placement | None = None, name: str = "") -> "Schedule":
+    def from_text(cls, text: str, placement: Placement | None = None, name: str = "") -> Schedule:
         lines = [ln.split("#", 1)[0] for ln in text.splitlines()]
         rows = [[Action.parse(tok) for tok in ln.split()] for ln in lines if ln.strip() or False]
         return cls.from_rows(rows, placement, name)
@@ -145,7 +145,7 @@ class Schedule:
     @classmethod
     def from_rows(
         cls, rows: Sequence[Sequence[Action]], placement: Placement | None = None, name: str = ""
-    ) -> "Schedule":
+    ) -> Schedule:
         if placement is None:
             placement = infer_placement(rows)
         microbatches = 1 + max((a.microbatch for r in rows for a in r), default=-1)
@@ -165,7 +165,7 @@ class Schedule:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> "Schedule":
+    def from_json(cls, text: str) -> Schedule:
         data = json.loads(text)
         placement = Placement.custom(data["placement"], num_ranks=len(data["actions"]))
         rows = tuple(tuple(Action.parse(a) for a in r) for r in data["actions"])
@@ -180,7 +180,7 @@ class Schedule:
         return out.getvalue()
 
     @classmethod
-    def from_csv(cls, text: str, placement: Placement | None = None, name: str = "") -> "Schedule":
+    def from_csv(cls, text: str, placement: Placement | None = None, name: str = "") -> Schedule:
         """Read torch's ``_dump_csv`` format; empty cells (its deliberate bubbles) are skipped."""
         rows = []
         for row in csv.reader(io.StringIO(text)):

@@ -46,13 +46,13 @@ class Placement:
         return self._stages_of[self.stage_to_rank[stage]].index(stage)
 
     @classmethod
-    def loop(cls, num_ranks: int, stages_per_rank: int = 1) -> "Placement":
+    def loop(cls, num_ranks: int, stages_per_rank: int = 1) -> Placement:
         """Stage s on rank s mod num_ranks (1F1B, Megatron interleaved)."""
         _check_positive(num_ranks=num_ranks, stages_per_rank=stages_per_rank)
         return cls(tuple(s % num_ranks for s in range(num_ranks * stages_per_rank)), num_ranks, "loop")
 
     @classmethod
-    def v(cls, num_ranks: int, stages_per_rank: int = 2) -> "Placement":
+    def v(cls, num_ranks: int, stages_per_rank: int = 2) -> Placement:
         """Zig-zag: rank r holds stages r, 2d-1-r, 2d+r, 4d-1-r, ... (V-shape for 2 stages per rank)."""
         _check_positive(num_ranks=num_ranks, stages_per_rank=stages_per_rank)
         if stages_per_rank % 2:
@@ -64,7 +64,7 @@ class Placement:
         return cls(tuple(mapping), num_ranks, "v")
 
     @classmethod
-    def custom(cls, stage_to_rank: list[int] | tuple[int, ...], num_ranks: int | None = None) -> "Placement":
+    def custom(cls, stage_to_rank: list[int] | tuple[int, ...], num_ranks: int | None = None) -> Placement:
         """Any map; recognised as 'loop' or 'v' when it equals one."""
         mapping = tuple(int(r) for r in stage_to_rank)
         ranks = num_ranks if num_ranks is not None else 1 + max(mapping, default=0)

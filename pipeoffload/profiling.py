@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -69,7 +70,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int,
+def _timed(fn: Callable[..., object], device: torch.device, warmup: int, repeats: int,
            setup: Callable[[], object] | None = None) -> float:
     """Median seconds of ``fn`` (``setup`` runs untimed before each call and its result is passed)."""
     samples = []

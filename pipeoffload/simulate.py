@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pipeoffload._perf import gc_paused
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ScheduleError
-from pipeoffload.ir import COMM_KINDS, COPY_KINDS, Action, ActionKind, Schedule
+from pipeoffload.ir import COPY_KINDS, Action, ActionKind, Schedule
 
 K = ActionKind
 _EPS = 1e-12
@@ -218,7 +218,7 @@ class _Simulation:
 
     def _compile(self, rank: int) -> list[tuple]:  # type: ignore[type-arg]
         """Resolve each step's dependencies and duration once, so the event loop only looks up times."""
-        ops = []
+        ops: list[tuple] = []  # type: ignore[type-arg]
         append = ops.append
         timers = {K.F: self.costs.f, K.B: self.costs.b, K.I: self.costs.i, K.W: self.costs.w, K.R: self.costs.r}
         duration: dict[tuple[ActionKind, int], float] = {}

@@ -9,7 +9,8 @@ import argparse
 import importlib
 import logging
 import sys
-from typing import Sequence
+from collections.abc import Sequence
+from typing import NoReturn
 
 from pipeoffload.errors import ConfigError, ScheduleError
 
@@ -17,7 +18,7 @@ COMMAND_MODULES = ("schedules", "show", "simulate", "k", "plan")
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+    def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage too)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

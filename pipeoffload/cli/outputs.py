@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import write_atomic

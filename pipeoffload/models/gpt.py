@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-Values = tuple[torch.Tensor, Optional[torch.Tensor], int]
+Values = tuple[torch.Tensor, torch.Tensor | None, int]
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ class Embed(nn.Module):
         self.positions = nn.Embedding(cfg.seq + cfg.max_offset, cfg.hidden)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, tokens: torch.Tensor, pad_mask: Optional[torch.Tensor], offset: int) -> Values:
+    def forward(self, tokens: torch.Tensor, pad_mask: torch.Tensor | None, offset: int) -> Values:
         pos = torch.arange(tokens.shape[1], device=tokens.device) + offset
         return self.drop(self.tokens(tokens) + self.positions(pos)), pad_mask, offset
 
@@ -66,7 +65,7 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.p = cfg.dropout
 
-    def attention(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    def attention(self, x: torch.Tensor, pad_mask: torch.Tensor | None) -> torch.Tensor:
         b, t, h = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
         if self.flash and pad_mask is None:
@@ -80,7 +79,7 @@ class Block(nn.Module):
             y = self.drop(scores.softmax(dim=-1)) @ v
         return self.proj(y.transpose(1, 2).reshape(b, t, h))
 
-    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], offset: int) -> Values:
+    def forward(self, x: torch.Tensor, pad_mask: torch.Tensor | None, offset: int) -> Values:
         x = x + self.drop(self.attention(self.ln1(x), pad_mask))
         x = x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
         return x, pad_mask, offset
@@ -94,7 +93,7 @@ class Head(nn.Module):
         self.ln = nn.LayerNorm(cfg.hidden)
         self.out = nn.Linear(cfg.hidden, cfg.vocab)
 
-    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], offset: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pad_mask: torch.Tensor | None, offset: int) -> torch.Tensor:
         return self.out(self.ln(x))
 
 

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from torch import nn
 
@@ -43,7 +44,7 @@ def split_layers(layers: Sequence[nn.Module], counts: Sequence[int], *, copy_lay
     stages, start = [], 0
     for count in counts:
         chunk = layers[start:start + count]
-        stages.append(StageModule(*(copy.deepcopy(l) if copy_layers else l for l in chunk)))
+        stages.append(StageModule(*(copy.deepcopy(layer) if copy_layers else layer for layer in chunk)))
         start += count
     return stages
 

@@ -298,6 +298,7 @@ class CopyGroup:
                 self.release(rank, "h2d", h2d, x.h2d)
                 failed.append((rank, x))
                 continue
+            assert d2h is not None
             self.reserve(rank, "d2h", d2h, x.d2h)
             placed.append((rank, p))
         return placed, failed

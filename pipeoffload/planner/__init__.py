@@ -7,8 +7,8 @@ from pipeoffload.planner.evaluate import ScheduleChoice, simulate_choice
 from pipeoffload.planner.formulas import formula1_k, offload_time
 from pipeoffload.planner.hardware import HARDWARE_PRESETS, HardwareSpec, hardware_preset, load_hardware
 from pipeoffload.planner.model import ModelSpec
-from pipeoffload.planner.presets import MODEL_PRESETS, model_preset
 from pipeoffload.planner.plans import InfeasibleError, Plan, PlanRequest, SearchResult
+from pipeoffload.planner.presets import MODEL_PRESETS, model_preset
 from pipeoffload.planner.search import find_plans
 from pipeoffload.planner.stagecosts import LayerCosts, Layout, TrainingSetup, layer_costs, stage_costs
 

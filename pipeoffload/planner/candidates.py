@@ -10,8 +10,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from pipeoffload.planner.evaluate import (V_FAMILIES, ScheduleChoice, SimSummary, lowering_options,
-                                          placement_of, time_lower_bound)
+from pipeoffload.planner.evaluate import (
+    V_FAMILIES,
+    ScheduleChoice,
+    SimSummary,
+    lowering_options,
+    placement_of,
+    time_lower_bound,
+)
 from pipeoffload.planner.plans import MemorySplit, Plan, PlanRequest
 from pipeoffload.planner.stagecosts import LayerCosts, Layout, StageCosts, layer_costs, stage_costs
 

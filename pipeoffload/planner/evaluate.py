@@ -13,9 +13,9 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Iterator
 
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError

@@ -8,10 +8,12 @@ Presets can be overridden field by field, from the CLI or from a TOML file (``lo
 from __future__ import annotations
 
 import dataclasses
-import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+
+import tomllib
 
 from pipeoffload.errors import ConfigError
 
@@ -61,7 +63,7 @@ class HardwareSpec:
         """Bus bandwidth of a collective over ``group`` ranks placed ``span`` consecutive GPUs apart."""
         return self.nvlink_bandwidth if group * span <= self.gpus_per_node else self.internode_bandwidth
 
-    def override(self, **changes: Any) -> "HardwareSpec":
+    def override(self, **changes: Any) -> HardwareSpec:
         """A copy with some fields replaced; each replaced field's source becomes "user override"."""
         given = {k: v for k, v in changes.items() if v is not None}
         unknown = sorted(set(given) - _FIELDS)

@@ -84,7 +84,7 @@ class ModelSpec:
         """Tokens in one microbatch (s * b)."""
         return self.seq * self.microbatch
 
-    def with_(self, **changes: object) -> "ModelSpec":
+    def with_(self, **changes: object) -> ModelSpec:
         return replace(self, **changes)  # type: ignore[arg-type]
 
     def check_tp(self, tp: int) -> None:

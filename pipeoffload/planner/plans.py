@@ -20,7 +20,7 @@ SUPERSEDED = {"interleaved-1f1b": "group-interleaved"}
 class InfeasibleError(ConfigError):
     """No candidate fits; carries the smallest memory any candidate needs and that candidate."""
 
-    def __init__(self, message: str, min_memory: float | None = None, plan: "Plan | None" = None) -> None:
+    def __init__(self, message: str, min_memory: float | None = None, plan: Plan | None = None) -> None:
         super().__init__(message)
         self.min_memory = min_memory
         self.plan = plan

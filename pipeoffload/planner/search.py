@@ -8,13 +8,13 @@ processed in sorted order, so plans are deterministic.
 from __future__ import annotations
 
 import heapq
-import math
 import logging
+import math
 import multiprocessing
 import time
+from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
-from typing import Iterator
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.candidates import Candidate, count, enumerate_candidates, evaluate, level

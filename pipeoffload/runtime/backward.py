@@ -24,8 +24,9 @@ that those checks trigger. The engine still validates gradient shapes against th
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
@@ -36,10 +37,10 @@ Root = torch.Tensor | GradientEdge
 try:
     from torch.autograd.graph import _engine_run_backward as _run_engine
 except ImportError:  # pragma: no cover - older/newer torch: fall back on the public API
-    _run_engine = None
+    _run_engine = None  # type: ignore[assignment]
 
 
-def _engine(roots: Sequence[Root], grads: Sequence[Optional[torch.Tensor]], inputs: Sequence[Any] = (),
+def _engine(roots: Sequence[Root], grads: Sequence[torch.Tensor | None], inputs: Sequence[Any] = (),
             *, retain: bool = False, accumulate: bool = True) -> tuple:
     """Run the autograd engine from ``roots`` seeded with ``grads`` (None: ones, for a scalar loss)."""
     grads = [torch.ones_like(r) if g is None and isinstance(r, torch.Tensor) else g for r, g in zip(roots, grads)]
@@ -55,7 +56,7 @@ def _edge(x: Root) -> GradientEdge:
     return x if isinstance(x, GradientEdge) else get_gradient_edge(x)
 
 
-def backward_full(roots: Sequence[Root], grads: Sequence[Optional[torch.Tensor]], inputs: Sequence[torch.Tensor]) -> list[Optional[torch.Tensor]]:
+def backward_full(roots: Sequence[Root], grads: Sequence[torch.Tensor | None], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
     """B: accumulate parameter gradients and return the gradients of ``inputs`` (leaves)."""
     if roots:
         _engine(roots, grads)
@@ -77,10 +78,10 @@ class WeightJob:
     groups: list[_Group]
     orphans: list[torch.nn.Parameter]
     roots: list[Root]
-    grads: list[Optional[torch.Tensor]]
-    nodes: Optional[set[Node]] = None
+    grads: list[torch.Tensor | None]
+    nodes: set[Node] | None = None
 
-    def saved_by_needed_nodes(self, attr_cache: dict[str, tuple[str, ...]]) -> Optional[list[Any]]:
+    def saved_by_needed_nodes(self, attr_cache: dict[str, tuple[str, ...]]) -> list[Any] | None:
         """What autograd packed for the nodes W executes (the store's handles), or None if W runs
         the whole graph. ``attr_cache`` maps node class names to their saved-tensor attributes."""
         if self.nodes is None:
@@ -200,9 +201,9 @@ def _plan(roots: list[Root], inputs: Sequence[torch.Tensor], params: Sequence[to
 
 
 def backward_input(
-    roots: Sequence[Root], grads: Sequence[Optional[torch.Tensor]], inputs: Sequence[torch.Tensor],
+    roots: Sequence[Root], grads: Sequence[torch.Tensor | None], inputs: Sequence[torch.Tensor],
     params: Sequence[torch.nn.Parameter],
-) -> tuple[list[Optional[torch.Tensor]], WeightJob]:
+) -> tuple[list[torch.Tensor | None], WeightJob]:
     """I: gradients of ``inputs`` only; returns them and the job W will run."""
     roots, grads = list(roots), list(grads)
     params = [p for p in params if p.requires_grad]
@@ -225,7 +226,7 @@ def backward_input(
     return list(in_grads), WeightJob(groups, orphans, keep_roots, grads if orphans else [], needed)
 
 
-def _accumulate(params: Sequence[torch.nn.Parameter], dws: Sequence[Optional[torch.Tensor]]) -> None:
+def _accumulate(params: Sequence[torch.nn.Parameter], dws: Sequence[torch.Tensor | None]) -> None:
     for p, dw in zip(params, dws):
         if dw is None:
             continue

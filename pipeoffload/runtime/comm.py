@@ -20,7 +20,8 @@ from __future__ import annotations
 import datetime
 import itertools
 import logging
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -77,7 +78,7 @@ def check_fifo(schedule: Schedule) -> None:
 class Transport:
     """Posts batches of sends/receives on a process group and waits for receives, bounded."""
 
-    def __init__(self, group: Optional[dist.ProcessGroup], timeout: float, device: torch.device) -> None:
+    def __init__(self, group: dist.ProcessGroup | None, timeout: float, device: torch.device) -> None:
         self.group = group
         self.timeout = datetime.timedelta(seconds=timeout)
         self.device = device
@@ -102,6 +103,7 @@ class Transport:
             works = dist.batch_isend_irecv(ops) if ops else []
             return [], list(works)  # NCCL: one group call; waiting on its works covers the sends too
         pg = self._pg
+        assert pg is not None, "gloo transport without a process group"
         send_works = [pg.send([t], p, tag) for p, tag, t in sends]
         recv_works = [pg.recv([t], p, tag) for p, tag, t in recvs]
         return send_works, recv_works
@@ -130,7 +132,7 @@ class Transport:
         except Exception:  # noqa: BLE001 - best effort: the store may be gone with a dead peer
             log.debug("could not publish the failure record", exc_info=True)
 
-    def first_failure(self) -> Optional[str]:
+    def first_failure(self) -> str | None:
         if self._store is None:
             return None
         try:
@@ -184,7 +186,7 @@ class LoopbackTransport:
     def record_failure(self, message: str) -> None:
         return None
 
-    def first_failure(self) -> Optional[str]:
+    def first_failure(self) -> str | None:
         return None
 
 

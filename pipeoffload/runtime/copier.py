@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -166,7 +166,7 @@ class CudaCopier:
             self.stats.h2d_seconds += seconds
             self.stats.h2d_copies += 1
 
-    def done(self, token: Optional[_CudaToken]) -> bool:
+    def done(self, token: _CudaToken | None) -> bool:
         if token is None:
             return True
         finished = bool(token.done_event.query())
@@ -174,11 +174,11 @@ class CudaCopier:
             self._count(token)
         return finished
 
-    def wait_on_compute(self, token: Optional[_CudaToken]) -> None:
+    def wait_on_compute(self, token: _CudaToken | None) -> None:
         if token is not None:
             torch.cuda.current_stream(self.device).wait_event(token.done_event)
 
-    def synchronize(self, token: Optional[_CudaToken]) -> None:
+    def synchronize(self, token: _CudaToken | None) -> None:
         if token is not None:
             token.done_event.synchronize()
             self._count(token)

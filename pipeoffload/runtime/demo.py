@@ -17,7 +17,7 @@ import argparse
 import json
 import logging
 import os
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,7 +34,7 @@ def _lower(args: argparse.Namespace, world: int) -> Any:
     return lower(schedule, offload=args.offload, recompute=args.recompute)
 
 
-def train(rank: int, world: int, args: argparse.Namespace, device: Optional[torch.device] = None) -> dict:
+def train(rank: int, world: int, args: argparse.Namespace, device: torch.device | None = None) -> dict:
     device = device or torch.device("cpu")
     cfg = GPTConfig(layers=args.layers, hidden=args.hidden, seq=args.seq)
     schedule = _lower(args, world)
@@ -53,8 +53,9 @@ def train(rank: int, world: int, args: argparse.Namespace, device: Optional[torc
             losses.append(loss.item())
             logging.info("step %d loss %.4f", step, loss.item())
         trace = runner.trace
+        assert trace is not None
         logging.info("rank %d step %d peak activation bytes %d (%.3fs)", rank, step, trace.peak_bytes, trace.wall)
-    return {"rank": rank, "losses": losses, "trace": runner.trace.as_dict()}
+    return {"rank": rank, "losses": losses, "trace": trace.as_dict() if trace is not None else {}}
 
 
 def _spawned(rank: int, world: int, args: argparse.Namespace) -> dict:
@@ -62,7 +63,7 @@ def _spawned(rank: int, world: int, args: argparse.Namespace) -> dict:
     return train(rank, world, args)
 
 
-def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pipeoffload.runtime", description=__doc__.splitlines()[0])
     p.add_argument("--schedule", default="1f1b")
     p.add_argument("--stages-per-rank", type=int, default=1)
@@ -79,7 +80,7 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if args.spawn:
         result = spawn(_spawned, args.spawn, (args,), deadline=600)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,12 +26,26 @@ from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.models.split import stage_modules
 from pipeoffload.passes.lower import lower
 from pipeoffload.runtime.comm import (
-    LoopbackTransport, Transport, check_fifo, check_tag_space, comm_batches, message_tag,
+    LoopbackTransport,
+    Transport,
+    check_fifo,
+    check_tag_space,
+    comm_batches,
+    message_tag,
 )
 from pipeoffload.runtime.offload import ActivationStore
 from pipeoffload.runtime.spec import (
-    Spec, TensorSpec, as_inputs, as_tuple, assemble, check_values, grad_specs, infer_specs, spec_of,
-    split_microbatches, tensor_specs,
+    Spec,
+    TensorSpec,
+    as_inputs,
+    as_tuple,
+    assemble,
+    check_values,
+    grad_specs,
+    infer_specs,
+    spec_of,
+    split_microbatches,
+    tensor_specs,
 )
 from pipeoffload.runtime.stage import LossFn, PipelineStage
 from pipeoffload.runtime.trace import Trace, TraceRecord
@@ -43,7 +58,7 @@ K = ActionKind
 class PipelineError(RuntimeError):
     """A step failed on this rank; the message names the rank, the step and the action."""
 
-    def __init__(self, message: str, rank: int, step: int, action: Optional[Action]) -> None:
+    def __init__(self, message: str, rank: int, step: int, action: Action | None) -> None:
         super().__init__(message)
         self.rank, self.step, self.action = rank, step, action
 
@@ -66,12 +81,12 @@ class PipelineRunner:
         schedule: Schedule,
         rank: int,
         *,
-        group: Optional[dist.ProcessGroup] = None,
-        loss_fn: Optional[LossFn] = None,
+        group: dist.ProcessGroup | None = None,
+        loss_fn: LossFn | None = None,
         device: torch.device | str | None = None,
         timeout: float = 300.0,
         min_offload_bytes: int = 4096,
-        output_specs: Optional[Mapping[int, Any]] = None,
+        output_specs: Mapping[int, Any] | None = None,
         transport: Any = None,
         copier: Any = None,
     ) -> None:
@@ -101,10 +116,10 @@ class PipelineRunner:
         check_tag_space(self.num_stages, self.num_microbatches)
         self.row = self.schedule.actions[rank]
         self.recomputed = {(a.stage, a.microbatch) for a in self.row if a.kind == K.R}
-        self.specs: Optional[dict[int, list[Spec]]] = self._declared(output_specs)
+        self.specs: dict[int, list[Spec]] | None = self._declared(output_specs)
         self.step_count = 0
         self.slot_bytes: dict[int, int] = {}  # largest bytes one (stage, microbatch) F saved, per stage
-        self.trace: Optional[Trace] = None
+        self.trace: Trace | None = None
         self._handlers: dict[ActionKind, Callable[[Action], None]] = {
             K.F: self._forward, K.B: self._backward, K.I: self._backward_input, K.W: self._backward_weight,
             K.R: self._recompute, K.OFFLOAD: self._offload, K.RELOAD: self._reload,
@@ -113,7 +128,7 @@ class PipelineRunner:
         self._reset_state()
 
     # ---- set-up helpers ---------------------------------------------------------------------------
-    def _default_transport(self, group: Optional[dist.ProcessGroup], timeout: float) -> Any:
+    def _default_transport(self, group: dist.ProcessGroup | None, timeout: float) -> Any:
         if self.schedule.num_ranks == 1:
             return LoopbackTransport(self.device)
         if not dist.is_initialized():
@@ -129,7 +144,7 @@ class PipelineRunner:
             )
         return Transport(group, timeout, self.device)
 
-    def _declared(self, output_specs: Optional[Mapping[int, Any]]) -> Optional[dict[int, list[Spec]]]:
+    def _declared(self, output_specs: Mapping[int, Any] | None) -> dict[int, list[Spec]] | None:
         if output_specs is None:
             return None
         out = {}
@@ -149,7 +164,7 @@ class PipelineRunner:
         self._losses: dict[int, torch.Tensor] = {}
 
     # ---- specs ------------------------------------------------------------------------------------
-    def _ensure_specs(self, mb_inputs: Optional[list[tuple]]) -> None:
+    def _ensure_specs(self, mb_inputs: list[tuple] | None) -> None:
         """Infer every stage's output spec in stage order; each owner broadcasts its stage's."""
         if self.specs is not None:
             return
@@ -174,7 +189,7 @@ class PipelineRunner:
         self.specs = specs
 
     # ---- the step ---------------------------------------------------------------------------------
-    def step(self, inputs: Any = None, targets: Any = None) -> Optional[torch.Tensor]:
+    def step(self, inputs: Any = None, targets: Any = None) -> torch.Tensor | None:
         """Run one training step (forward and backward of every microbatch); gradients accumulate in
         the stage modules' parameters. Returns the mean loss on the last stage's rank, else None."""
         m = self.num_microbatches
@@ -226,7 +241,7 @@ class PipelineRunner:
         return total
 
     def _finish_step(self) -> None:
-        for work, tensors in self._inflight:
+        for work, _tensors in self._inflight:
             self.transport.wait([work])
         self._unpin_sent(everything=True)
         self.store.finish()
@@ -284,7 +299,7 @@ class PipelineRunner:
         else:
             self._outbox[(K.SEND_F, s, mb)] = [v for v, sp in zip(values, spec) if isinstance(sp, TensorSpec)]
 
-    def _route_input_grads(self, s: int, mb: int, grads: list[Optional[torch.Tensor]]) -> None:
+    def _route_input_grads(self, s: int, mb: int, grads: list[torch.Tensor | None]) -> None:
         if s == 0:
             return
         specs = grad_specs(self.specs[s - 1][mb])  # type: ignore[index]

@@ -14,14 +14,15 @@ import pickle
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 
-def init_from_env(backend: Optional[str] = None, timeout: float = 300.0) -> tuple[int, int, torch.device]:
+def init_from_env(backend: str | None = None, timeout: float = 300.0) -> tuple[int, int, torch.device]:
     """Initialise the default process group from torchrun's variables; returns (rank, world, device).
 
     NCCL and one GPU per local rank when CUDA is available, else gloo on CPU."""
@@ -38,9 +39,9 @@ def init_from_env(backend: Optional[str] = None, timeout: float = 300.0) -> tupl
 
 @dataclass
 class SpawnResult:
-    exitcodes: list[Optional[int]]
+    exitcodes: list[int | None]
     results: list[Any]
-    errors: list[Optional[str]]
+    errors: list[str | None]
     seconds: list[float] = field(default_factory=list)  # per rank, from start to exit (or kill)
 
     @property

@@ -27,8 +27,9 @@ Storages still needed elsewhere (a pending send, a tensor handed to the next loc
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from enum import Enum
-from typing import Any, Iterable, Optional
+from typing import Any
 
 import torch
 
@@ -60,7 +61,7 @@ class _Entry:
         self.slots: set[Slot] = set()
         self.claims = 0  # slots referring to it that are currently resident
         self.state = EntryState.RESIDENT
-        self.host: Optional[torch.Tensor] = None
+        self.host: torch.Tensor | None = None
         self.token: Any = None
         self.pins = 0
 
@@ -72,7 +73,7 @@ class _Handle:
 
     __slots__ = ("store", "entry", "view")
 
-    def __init__(self, store: "ActivationStore", entry: _Entry, view: torch.Tensor) -> None:
+    def __init__(self, store: ActivationStore, entry: _Entry, view: torch.Tensor) -> None:
         self.store = store
         self.entry = entry
         self.view = view
@@ -247,7 +248,7 @@ class ActivationStore:
             elif entry.state is EntryState.ON_HOST:
                 entry.storage.resize_(entry.nbytes)
                 self._alloc(entry.nbytes)
-                entry.token = self.copier.to_device(entry.host, _byte_view(entry.storage))
+                entry.token = self.copier.to_device(entry.host, _byte_view(entry.storage))  # type: ignore[arg-type]
                 entry.state = EntryState.TO_DEVICE
                 self._copying.append(entry)
             elif entry.state is EntryState.TO_HOST:  # reloaded before the device copy was released

@@ -10,8 +10,9 @@ They can also be declared.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -49,7 +50,7 @@ def spec_of(values: Any) -> Spec:
             grad = v.requires_grad and (v.is_floating_point() or v.is_complex())
             out.append(TensorSpec(tuple(v.shape), v.dtype, grad))
         else:
-            out.append(Const(v))
+            out.append(Const(v))  # type: ignore[arg-type]
     return tuple(out)
 
 
@@ -108,12 +109,16 @@ def probe_output_spec(module: nn.Module, input_spec: Spec, device: torch.device,
     try:
         module.eval()
         with torch.random.fork_rng(devices=devices), torch.enable_grad(), \
-                torch.autograd.graph.saved_tensors_hooks(lambda t: None, lambda h: None):
+                torch.autograd.graph.saved_tensors_hooks(_discard, _discard):  # type: ignore[arg-type]
             out = module(*args)
     finally:
         for m, training in modes:  # exactly as before, submodules the user froze included
             m.training = training
     return spec_of(out)
+
+
+def _discard(_: object) -> None:
+    """Saved-tensor hook that keeps nothing: a shape probe never runs backward."""
 
 
 def infer_output_spec(module: nn.Module, input_spec: Spec, device: torch.device | None = None,

@@ -14,8 +14,9 @@ Saved activations go through the ``ActivationStore`` slot (stage, microbatch).
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,10 +37,10 @@ def _needs_grad(v: Any) -> bool:
 class _Microbatch:
     grad_inputs: list[torch.Tensor] = field(default_factory=list)
     roots: list[Root] = field(default_factory=list)
-    args: Optional[tuple] = None  # kept only when the microbatch is recomputed
+    args: tuple | None = None  # kept only when the microbatch is recomputed
     target: Any = None
-    rng: Optional[tuple] = None
-    job: Optional[WeightJob] = None
+    rng: tuple | None = None
+    job: WeightJob | None = None
 
 
 class PipelineStage:
@@ -52,7 +53,7 @@ class PipelineStage:
         num_stages: int,
         store: ActivationStore,
         *,
-        loss_fn: Optional[LossFn] = None,
+        loss_fn: LossFn | None = None,
         num_microbatches: int = 1,
         trim_after_input: bool = True,
     ) -> None:
@@ -128,7 +129,7 @@ class PipelineStage:
         state.args = state.target = state.rng = None
 
     # ---- backward ------------------------------------------------------------------------------
-    def _roots_and_grads(self, state: _Microbatch, grads: Optional[Sequence[Optional[torch.Tensor]]]) -> tuple[list, list]:
+    def _roots_and_grads(self, state: _Microbatch, grads: Sequence[torch.Tensor | None] | None) -> tuple[list, list]:
         if state.args is not None:
             raise RuntimeError(f"backward of stage {self.index} before the R of a recomputed microbatch")
         if self.is_last:
@@ -141,13 +142,13 @@ class PipelineStage:
         pairs = [(r, g) for r, g in zip(state.roots, grads) if g is not None]
         return [r for r, _ in pairs], [g for _, g in pairs]
 
-    def backward(self, mb: int, grads: Optional[Sequence[Optional[torch.Tensor]]] = None) -> list[Optional[torch.Tensor]]:
+    def backward(self, mb: int, grads: Sequence[torch.Tensor | None] | None = None) -> list[torch.Tensor | None]:
         """B: full backward; returns the gradients of the inputs that need one."""
         state = self._mb.pop(mb)
         roots, grads = self._roots_and_grads(state, grads)
         return backward_full(roots, grads, state.grad_inputs)
 
-    def backward_input(self, mb: int, grads: Optional[Sequence[Optional[torch.Tensor]]] = None) -> list[Optional[torch.Tensor]]:
+    def backward_input(self, mb: int, grads: Sequence[torch.Tensor | None] | None = None) -> list[torch.Tensor | None]:
         """I: input gradients only; the graph is kept for W, the activations only I needed are
         released (``trim_after_input``)."""
         state = self._mb[mb]
@@ -177,10 +178,10 @@ def _rng_state(device: torch.device) -> tuple:
 class _rng_restored:
     """Run a block with the random-number state captured at F, then put the current state back."""
 
-    def __init__(self, state: Optional[tuple], device: torch.device) -> None:
+    def __init__(self, state: tuple | None, device: torch.device) -> None:
         self.state = state
         self.device = device
-        self.saved: Optional[tuple] = None
+        self.saved: tuple | None = None
 
     def __enter__(self) -> None:
         if self.state is None:

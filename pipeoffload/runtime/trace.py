@@ -4,8 +4,9 @@ with the simulator's timeline, and exported as Chrome/Perfetto trace events to b
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, NamedTuple, Sequence
+from typing import NamedTuple
 
 from pipeoffload.costs import CostModel
 from pipeoffload.ir import Action, Schedule
@@ -49,7 +50,7 @@ class Trace:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Trace":
+    def from_dict(cls, data: dict) -> Trace:
         records = [TraceRecord(Action.parse(a), s, e, b) for a, s, e, b in data["records"]]
         return cls(data["rank"], data["step"], records, data["peak_bytes"], data["end_bytes"], data["wall"])
 

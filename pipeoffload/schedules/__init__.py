@@ -7,8 +7,9 @@ passes only the options it accepts, rejecting the others with a message that say
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Schedule
@@ -91,10 +92,12 @@ def generate(
 
 
 # Importing the family modules registers them.
-from pipeoffload.schedules import classic  # noqa: E402,F401
-from pipeoffload.schedules import zero_bubble  # noqa: E402,F401
-from pipeoffload.schedules import v_shape  # noqa: E402,F401
-from pipeoffload.schedules import dualpipe  # noqa: E402,F401
+from pipeoffload.schedules import (  # noqa: E402
+    classic,  # noqa: E402,F401
+    dualpipe,  # noqa: E402,F401
+    v_shape,  # noqa: E402,F401
+    zero_bubble,  # noqa: E402,F401
+)
 
 __all__ = ["ScheduleSpec", "register", "generate", "get_spec", "schedule_names", "schedule_specs"]
 from pipeoffload.schedules import group_interleaved  # noqa: E402,F401

@@ -19,7 +19,7 @@ counts it: F allocates, W frees (``w_fraction = 1``: I frees nothing).
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError

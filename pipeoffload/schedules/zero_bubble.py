@@ -20,8 +20,8 @@ replay, so d = 16, m = 128 takes a few tens of milliseconds.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError

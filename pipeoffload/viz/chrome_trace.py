@@ -6,7 +6,7 @@ writer takes the runtime's measured traces, so simulated and measured runs can b
 from __future__ import annotations
 
 import json
-from typing import Iterable
+from collections.abc import Iterable
 
 from pipeoffload.ir import COMM_KINDS, COPY_KINDS, Action
 from pipeoffload.simulate import Timeline

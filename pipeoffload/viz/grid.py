@@ -1,7 +1,7 @@
 """A step x rank text grid of a schedule, used by error messages and ``pipeoffload show``."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from pipeoffload.ir import Action
 

@@ -24,7 +24,7 @@ LABELS = {K.F: "F forward", K.B: "B backward", K.I: "I input grad", K.W: "W weig
 _MAX_LABELLED_BLOCKS = 400  # beyond this, microbatch numbers in the boxes are unreadable anyway
 
 
-def timeline_figure(timeline: Timeline, title: str | None = None, memory: bool = True) -> "Figure":
+def timeline_figure(timeline: Timeline, title: str | None = None, memory: bool = True) -> Figure:
     """Gantt chart (compute lane, and a copy lane when the schedule offloads) over memory curves."""
     import matplotlib
 
@@ -116,7 +116,7 @@ def _default_title(timeline: Timeline) -> str:
             f"activation units{stall}")
 
 
-def figure_bytes(fig: "Figure", fmt: str = "png", dpi: int = 130) -> bytes:
+def figure_bytes(fig: Figure, fmt: str = "png", dpi: int = 130) -> bytes:
     import matplotlib.pyplot as plt
 
     buffer = io.BytesIO()

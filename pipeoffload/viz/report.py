@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import base64
 import html
-from typing import Sequence
+from collections.abc import Sequence
 
 from pipeoffload.simulate import Timeline
 from pipeoffload.viz.plot import figure_bytes, timeline_figure

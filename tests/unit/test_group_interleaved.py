@@ -5,7 +5,6 @@ Regenerate golden files with ``PIPEOFFLOAD_REGEN_GOLDEN=1 pytest tests/unit/test
 """
 from __future__ import annotations
 
-
 import pytest
 
 from pipeoffload.errors import ConfigError
@@ -14,7 +13,6 @@ from pipeoffload.schedules import generate
 from pipeoffload.simulate import simulate
 from pipeoffload.validate import validate
 from tests.conftest import check_golden
-
 
 
 def _spec_order(text: str, rank: int, d: int) -> list[str]:

@@ -6,13 +6,19 @@ import pytest
 
 from pipeoffload.costs import CostModel
 from pipeoffload.passes.lower import lower
-from pipeoffload.planner.evaluate import (ScheduleChoice, build, lowering_options, placement_of, simulate_choice,
-                                          time_lower_bound)
-from pipeoffload.schedules import generate, schedule_names
-from pipeoffload.simulate import simulate
+from pipeoffload.planner.evaluate import (
+    ScheduleChoice,
+    build,
+    lowering_options,
+    placement_of,
+    simulate_choice,
+    time_lower_bound,
+)
 from pipeoffload.planner.hardware import hardware_preset
 from pipeoffload.planner.presets import model_preset
 from pipeoffload.planner.stagecosts import Layout, layer_costs, partition, stage_costs
+from pipeoffload.schedules import generate, schedule_names
+from pipeoffload.simulate import simulate
 
 
 def _costs(stages: int, last: float, p2p: float) -> CostModel:

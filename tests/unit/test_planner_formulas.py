@@ -4,8 +4,15 @@ import json
 import pytest
 
 from pipeoffload.cli import main
-from pipeoffload.planner.formulas import (bubble_1f1b, formula1_k, gis_bubble, gis_idle_slots, gis_peak_units,
-                                          hideable_fraction, offload_time)
+from pipeoffload.planner.formulas import (
+    bubble_1f1b,
+    formula1_k,
+    gis_bubble,
+    gis_idle_slots,
+    gis_peak_units,
+    hideable_fraction,
+    offload_time,
+)
 from pipeoffload.planner.hardware import hardware_preset
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.stagecosts import layer_costs

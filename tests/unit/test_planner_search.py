@@ -3,7 +3,8 @@ import json
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pipeoffload.cli import main
 from pipeoffload.planner.evaluate import lowering_options, placement_of, simulate_choice

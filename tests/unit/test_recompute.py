@@ -85,7 +85,7 @@ def test_recompute_all_skips_activations_used_right_away() -> None:
     schedule = generate("interleaved-1f1b", 4, 8, 2)
     lowered = lower(schedule, recompute="all")
     timeline = simulate(schedule)
-    for rank, row in enumerate(schedule):
+    for rank, _row in enumerate(schedule):
         ends = {(a.stage, a.microbatch): e for a, s, e in timeline.events(rank) if a.kind is K.F}
         starts = {(a.stage, a.microbatch): s for a, s, e in timeline.events(rank) if a.kind is K.B}
         adjacent = {k for k in ends if starts[k] == ends[k]}

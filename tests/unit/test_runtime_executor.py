@@ -13,7 +13,13 @@ from pipeoffload.ir import Action, ActionKind
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
 from pipeoffload.models.split import StageModule
 from pipeoffload.runtime import (
-    Const, LoopbackTransport, PipelineError, PipelineRunner, TensorSpec, Trace, write_chrome_trace,
+    Const,
+    LoopbackTransport,
+    PipelineError,
+    PipelineRunner,
+    TensorSpec,
+    Trace,
+    write_chrome_trace,
 )
 from pipeoffload.runtime.comm import check_fifo
 

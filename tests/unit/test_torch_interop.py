@@ -9,7 +9,11 @@ from pipeoffload.ir import COMM_KINDS
 
 pytest.importorskip("torch.distributed.pipelining")
 from pipeoffload.torch_interop import (  # noqa: E402
-    expand_overlaps, load_in_torch_runtime, schedule_from_torch_csv, torch_order_csv, torch_schedule,
+    expand_overlaps,
+    load_in_torch_runtime,
+    schedule_from_torch_csv,
+    torch_order_csv,
+    torch_schedule,
 )
 
 HALF = CostModel.uniform(0.5, 0.5, 0.5)

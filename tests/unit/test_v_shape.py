@@ -10,7 +10,12 @@ import pytest
 from pipeoffload import ConfigError, CostModel, generate, lower, simulate, validate
 from pipeoffload.ir import ActionKind
 from pipeoffload.schedules.v_shape import (
-    _memory_profile, block_grids, squeeze, v_half_offsets, v_min_offsets, zb_v_rows,
+    _memory_profile,
+    block_grids,
+    squeeze,
+    v_half_offsets,
+    v_min_offsets,
+    zb_v_rows,
 )
 from tests.conftest import check_golden
 

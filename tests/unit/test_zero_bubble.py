@@ -10,7 +10,10 @@ from pipeoffload import ConfigError, CostModel, generate, lower, simulate, valid
 from pipeoffload.ir import ActionKind, Schedule
 from pipeoffload.placement import Placement
 from pipeoffload.schedules.zero_bubble import (
-    fill_weight_passes, skeleton, zb_h1_rows, zb_h2_warmups,
+    fill_weight_passes,
+    skeleton,
+    zb_h1_rows,
+    zb_h2_warmups,
 )
 from tests.conftest import check_golden
 
