@@ -7,6 +7,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Schedule
 from pipeoffload.schedules import generate
+from pipeoffload.units import rank_costs
 
 
 def positive_int(text: str) -> int:
@@ -39,10 +40,12 @@ def add_schedule_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_cost_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("costs (per stage, per microbatch)")
-    group.add_argument("--time-f", type=non_negative_float, default=1.0, help="forward time (default 1)")
-    group.add_argument("--time-i", type=non_negative_float, default=1.0, help="input-gradient backward time")
-    group.add_argument("--time-w", type=non_negative_float, default=1.0, help="weight-gradient backward time")
+    group = parser.add_argument_group(
+        "costs (per rank and microbatch: all of a rank's layers, split evenly over its stages)")
+    group.add_argument("--time-f", type=non_negative_float, default=1.0,
+                       help="forward time of one microbatch through a rank's layers (default 1: the time unit t)")
+    group.add_argument("--time-i", type=non_negative_float, default=1.0, help="input-gradient backward time (default 1)")
+    group.add_argument("--time-w", type=non_negative_float, default=1.0, help="weight-gradient backward time (default 1)")
     group.add_argument("--p2p-time", type=non_negative_float, default=0.0, help="point-to-point transfer time")
 
 
@@ -51,7 +54,8 @@ def schedule_from_args(args: argparse.Namespace, **options: object) -> Schedule:
     return generate(args.name, args.ranks, microbatches, args.stages_per_rank, **options)
 
 
-def costs_from_args(args: argparse.Namespace) -> CostModel:
+def costs_from_args(args: argparse.Namespace, stages_per_rank: int = 1) -> CostModel:
+    """The per-rank times of the flags split evenly over a rank's stages (docs/decisions.md, "Units")."""
     if args.time_f + args.time_i + args.time_w <= 0:
         raise ConfigError("--time-f + --time-i + --time-w is 0: at least one compute time must be positive")
-    return CostModel.uniform(args.time_f, args.time_i, args.time_w, args.p2p_time)
+    return rank_costs(args.time_f, args.time_i, args.time_w, stages_per_rank, args.p2p_time)

@@ -18,6 +18,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, OffloadPolicy, RecomputePolicy
 from pipeoffload.simulate import Timeline, simulate
+from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, TIME_UNIT_HELP, units_dict
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -56,21 +57,32 @@ def memory_costs(args: argparse.Namespace, costs: CostModel) -> CostModel:
     return RecomputePolicy.parse(args.recompute).apply_to(costs)
 
 
-def run(args: argparse.Namespace) -> int:
+def simulate_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """(timeline, offload report) for parsed ``simulate`` flags; shared by compare and the playground."""
     offload, recompute = OffloadPolicy.parse(args.offload), RecomputePolicy.parse(args.recompute)
-    costs = memory_costs(args, costs_from_args(args))
     options = {"group_size": args.group_size, "backward": args.backward}
-    schedule, report = lower_with_report(schedule_from_args(args, **options), costs,
-                                         offload=offload, recompute=recompute)
-    timeline = simulate(schedule, costs)
+    generated = schedule_from_args(args, **options)
+    costs = memory_costs(args, costs_from_args(args, generated.stages_per_rank))
+    schedule, report = lower_with_report(generated, costs, offload=offload, recompute=recompute)
+    return simulate(schedule, costs), report
+
+
+def result_dict(timeline: Timeline, report) -> dict:  # type: ignore[no-untyped-def]
+    """The object ``simulate --json`` prints: the timeline's numbers, their units, the policy report."""
+    out = timeline.as_dict()
+    out["offload_report"] = report_dict(report)
+    out["units"] = units_dict()
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    timeline, report = simulate_from_args(args)
     write_outputs(args, [timeline])
     if args.json:
-        out = timeline.as_dict()
-        out["offload_report"] = report_dict(report)
-        print(json.dumps(out, indent=1))
+        print(json.dumps(result_dict(timeline, report), indent=1))
     else:
         print(format_summary(timeline))
-        if offload.kind != "none" or recompute.kind != "none":
+        if report.policy != "none" or report.recompute != "none":
             print(report.summary())
     return 0
 
@@ -90,15 +102,17 @@ def report_dict(report) -> dict:  # type: ignore[no-untyped-def]
 
 def format_summary(timeline: Timeline) -> str:
     s = timeline.schedule
+    v = max(s.stages_per_rank, 1)
     lines = [
         f"{s.name}: ranks={s.num_ranks} microbatches={s.num_microbatches} stages_per_rank={s.stages_per_rank} "
         f"placement={s.placement.kind}",
-        f"makespan {timeline.makespan:g}   bubble {timeline.bubble_ratio:.2%}   "
-        f"peak {timeline.peak_activation_units:g} activation units ({timeline.peak_rank_units:g} rank units)"
-        + (f"   stall {timeline.stall:g}" if timeline.stall else ""),
-        "rank   busy   bubble   peak(act)  peak(rank)  peak(host)  stall",
+        f"makespan {timeline.makespan:g} {TIME_UNIT}   bubble {timeline.bubble_ratio:.2%}   "
+        f"peak {timeline.peak_rank_units:g} {MEMORY_UNIT} ({timeline.peak_activation_units:g} activation units)"
+        + (f"   stall {timeline.stall:g} {TIME_UNIT}" if timeline.stall else ""),
+        f"rank  busy({TIME_UNIT})  bubble  peak  peak(host)  stall({TIME_UNIT})   [memory in {MEMORY_UNIT}]",
     ]
     for r in timeline.per_rank:
-        lines.append(f"{r.rank:4d} {r.busy:6g} {r.bubble_ratio:8.2%} {r.peak_activation_units:10g} "
-                     f"{r.peak_rank_units:11g} {r.peak_host_units:11g} {r.stall:6g}")
+        lines.append(f"{r.rank:4d} {r.busy:8g} {r.bubble_ratio:7.2%} {r.peak_rank_units:5g} "
+                     f"{r.peak_host_units / v:11g} {r.stall:9g}")
+    lines.append(f"units: {TIME_UNIT_HELP}; {MEMORY_UNIT_HELP}")
     return "\n".join(lines)

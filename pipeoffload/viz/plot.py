@@ -1,119 +1,183 @@
-"""Matplotlib pictures: a Gantt chart with an offload lane per rank, and memory curves.
+"""Matplotlib pictures of a timeline: a Gantt chart (a compute and a copy lane per rank) above one
+small memory panel per rank (device solid, host dashed, shared axes, each rank's peak written beside it).
 
-matplotlib is imported inside the functions so the CLI and the core stay quick to import.
+The layout is computed in inches, so the picture has no dead space at any size; the legend has a row
+of its own above the chart and never covers data. matplotlib is imported inside the functions so the
+CLI and the core stay quick to import.
 """
 from __future__ import annotations
 
 import io
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeoffload.ir import ActionKind
 from pipeoffload.simulate import Timeline
+from pipeoffload.units import MEMORY_UNIT, TIME_UNIT
+from pipeoffload.viz.chartdata import COLOURS, LABELS, ChartData, chart_data
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
 K = ActionKind
-COLOURS = {
-    K.F: "#4C72B0", K.B: "#DD8452", K.I: "#2A9D8F", K.W: "#8AB17D", K.R: "#8172B3",
-    K.OFFLOAD: "#C44E52", K.RELOAD: "#E9A3C9",
-}
-LABELS = {K.F: "F forward", K.B: "B backward", K.I: "I input grad", K.W: "W weight grad", K.R: "R recompute",
-          K.OFFLOAD: "offload (D2H)", K.RELOAD: "reload (H2D)"}
-_MAX_LABELLED_BLOCKS = 400  # beyond this, microbatch numbers in the boxes are unreadable anyway
+__all__ = ["COLOURS", "LABELS", "timeline_figure", "figure_bytes", "shade"]
+
+_WIDTH = 13.0  # inches
+_LEFT, _RIGHT = 0.85, 1.25  # margins in inches: rank names left, peak annotations right
+_COMPUTE_ROW, _COPY_ROW = 0.30, 0.16  # lane heights in inches
+_HOST_STYLE = (0, (3, 2))
+_DEVICE_COLOUR, _HOST_COLOUR = "#1f4e79", "#b5651d"
+_LABEL_PT = 6.0  # microbatch number font size
+TIME_LABELS = {TIME_UNIT: "time (t = one rank's forward of one microbatch)", "s": "time (s)"}
 
 
-def timeline_figure(timeline: Timeline, title: str | None = None, memory: bool = True) -> Figure:
-    """Gantt chart (compute lane, and a copy lane when the schedule offloads) over memory curves."""
+def timeline_figure(timeline: Timeline, title: str | None = None, memory: bool = True,
+                    time_unit: str = TIME_UNIT, xmax: float | None = None) -> Figure:
+    """The chart of ``timeline``; ``title`` replaces the schedule line (the numbers line stays);
+    ``xmax`` fixes the time axis, so charts of several schedules compare at a glance."""
+    return chart_figure(chart_data(timeline, title, time_unit), memory, xmax)
+
+
+def chart_figure(data: ChartData, memory: bool = True, xmax: float | None = None) -> Figure:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
-    schedule = timeline.schedule
-    d = schedule.num_ranks
-    copies = any(a.kind in (K.OFFLOAD, K.RELOAD) for row in schedule for a in row)
-    rows = [(rank, lane) for rank in range(d) for lane in (("compute", "copy") if copies else ("compute",))]
-    gantt_height = 0.45 * len(rows) + 1.2
-    fig = plt.figure(figsize=(12, gantt_height + (2.8 if memory else 0)), constrained_layout=True)
-    grid = fig.add_gridspec(2 if memory else 1, 1, height_ratios=[gantt_height, 2.8] if memory else [1])
-    ax = fig.add_subplot(grid[0])
-    y_of = {row: len(rows) - 1 - i for i, row in enumerate(rows)}
-    label_blocks = sum(1 for row in schedule for a in row if a.kind in COLOURS) <= _MAX_LABELLED_BLOCKS
-    used = set()
-    # One broken_barh call per (row, colour): thousands of single bars would take seconds to draw.
-    segments: dict[tuple[int, float, str], list[tuple[float, float]]] = defaultdict(list)
-    for rank in range(d):
-        for action, start, end in timeline.events(rank):
-            if action.kind not in COLOURS or end <= start:
-                continue
-            lane = "copy" if action.kind in (K.OFFLOAD, K.RELOAD) else "compute"
-            y = y_of[(rank, lane)]
-            shade = schedule.placement.local_index(action.stage) / max(schedule.stages_per_rank, 2)
-            height = 0.8 if lane == "compute" else 0.5
-            segments[(y, height, _lighter(COLOURS[action.kind], shade))].append((start, end - start))
-            used.add(action.kind)
-            if label_blocks and lane == "compute":
-                ax.text((start + end) / 2, y, str(action.microbatch), ha="center", va="center",
-                        fontsize=6, color="white")
-    for (y, height, colour), spans in segments.items():
-        ax.broken_barh(spans, (y - height / 2, height), facecolors=colour, edgecolor="white", linewidth=0.4)
-    ax.set_yticks([y_of[r] for r in rows])
-    ax.set_yticklabels([f"rank {r}" if lane == "compute" else "  copy" for r, lane in rows], fontsize=8)
-    ax.set_xlim(0, timeline.makespan)
-    ax.set_xlabel("time")
-    ax.legend(handles=[Patch(color=COLOURS[k], label=LABELS[k]) for k in COLOURS if k in used],
-              loc="upper center", bbox_to_anchor=(0.5, -0.12 if not memory else -0.18), ncol=7, fontsize=8,
-              frameon=False)
-    ax.set_title(f"{title}\n{_default_title(timeline)}" if title else _default_title(timeline), fontsize=10)
+    lanes = [(r, lane) for r in range(data.ranks) for lane in (("compute", "copy") if data.copy_lanes else ("compute",))]
+    gantt_h = sum(_COMPUTE_ROW if lane == "compute" else _COPY_ROW for _, lane in lanes)
+    panel_h = 0.42 if data.ranks <= 8 else 0.34
+    mem_h = panel_h * data.ranks if memory else 0.0
+    top, legend_h, axis_h, gap, bottom = 0.55, 0.42 if data.stages_per_rank > 1 or memory else 0.25, 0.25, 0.25, 0.5
+    height = top + legend_h + gantt_h + axis_h + (gap + mem_h if memory else 0.0) + bottom
+    fig = plt.figure(figsize=(_WIDTH, height))
+    frac_w = (_WIDTH - _LEFT - _RIGHT) / _WIDTH
+    y = height - top - legend_h - gantt_h
+    ax = fig.add_axes((_LEFT / _WIDTH, y / height, frac_w, gantt_h / height))
+    _gantt(ax, data, lanes, (_WIDTH - _LEFT - _RIGHT) * 72, max(xmax or 0.0, data.makespan))
+    fig.text(0.5, 1 - 0.12 / height, data.title, ha="center", va="top", fontsize=11, weight="bold")
+    fig.text(0.5, 1 - 0.34 / height, data.summary, ha="center", va="top", fontsize=9)
+    _legend(fig, data, memory, (height - top - legend_h / 2) / height)
+    xlabel = TIME_LABELS.get(data.time_unit, f"time ({data.time_unit})")
     if memory:
-        _memory_axes(fig.add_subplot(grid[1], sharex=ax), timeline)
+        ax.tick_params(labelbottom=True)
+        y -= axis_h + gap + mem_h
+        axes = _memory_panels(fig, data, (_LEFT / _WIDTH, y / height, frac_w, mem_h / height), ax)
+        axes[-1].set_xlabel(xlabel, fontsize=9)
+    else:
+        ax.set_xlabel(xlabel, fontsize=9)
     return fig
 
 
-def _memory_axes(ax, timeline: Timeline) -> None:  # type: ignore[no-untyped-def]
-    import matplotlib.pyplot as plt
+def _gantt(ax: Any, data: ChartData, lanes: list[tuple[int, str]], width_pt: float, xmax: float) -> None:
+    from matplotlib.ticker import MaxNLocator
 
-    cmap = plt.get_cmap("viridis")
-    d = timeline.schedule.num_ranks
-    for r in timeline.per_rank:
-        settled = _settled(r.memory)
-        times = [0.0] + [t for t, _ in settled] + [timeline.makespan]
-        levels = [0.0] + [level for _, level in settled] + [settled[-1][1] if settled else 0.0]
-        ax.step(times, levels, where="post", color=cmap(r.rank / max(d - 1, 1)), linewidth=1.2,
-                label=f"rank {r.rank} (peak {r.peak_activation_units:g})")
-    ax.set_ylabel("activation units\non device")
-    ax.set_xlabel("time")
-    ax.grid(alpha=0.3)
-    if d <= 8:
-        ax.legend(fontsize=7, ncol=4, loc="upper right")
-
-
-def _settled(curve) -> list[tuple[float, float]]:  # type: ignore[no-untyped-def]
-    """One point per instant: a free and an allocation at the same time are not a dip worth drawing."""
-    out: list[tuple[float, float]] = []
-    for t, level in curve:
-        if out and out[-1][0] == t:
-            out[-1] = (t, level)
+    # y from the top: rank 0 first; lane heights differ, so positions are cumulative.
+    pos: dict[tuple[int, str], tuple[float, float]] = {}
+    cursor = 0.0
+    for rank, lane in lanes:
+        h = _COMPUTE_ROW if lane == "compute" else _COPY_ROW
+        pos[(rank, lane)] = (cursor + h / 2, h)
+        cursor += h
+    segments: dict[tuple[float, float, str], list[tuple[float, float]]] = defaultdict(list)
+    scale = width_pt / xmax if xmax > 0 else 0.0
+    label_room = _LABEL_PT * 0.62
+    for box in data.boxes:
+        centre, h = pos[(box.rank, box.lane)]
+        if box.lane == "copy":  # D2H in the upper half of the copy lane, H2D in the lower
+            h = h / 2 * 0.9
+            centre += -h / 2 if box.kind == K.OFFLOAD.value else h / 2
+            colour = COLOURS[K(box.kind)]
         else:
-            out.append((t, level))
-    return out
+            h *= 0.82
+            colour = shade(COLOURS[K(box.kind)], box.shade, data.stages_per_rank)
+        segments[(centre, h, colour)].append((box.start, box.end - box.start))
+        text = str(box.microbatch)
+        if box.lane == "compute" and (box.end - box.start) * scale >= label_room * len(text) + 2:
+            ax.text((box.start + box.end) / 2, centre, text, ha="center", va="center", fontsize=_LABEL_PT,
+                    color="white" if box.shade == 0 else "#111111")
+    for (centre, h, colour), spans in segments.items():
+        ax.broken_barh(spans, (centre - h / 2, h), facecolors=colour, edgecolor="white", linewidth=0.3)
+    ax.set_ylim(cursor, 0)
+    ax.set_xlim(0, xmax if xmax > 0 else 1.0)
+    ax.set_yticks([pos[key][0] for key in lanes])
+    ax.set_yticklabels([f"rank {r}" if lane == "compute" else "copy" for r, lane in lanes], fontsize=7)
+    for tick, (_, lane) in zip(ax.get_yticklabels(), lanes):
+        if lane == "copy":
+            tick.set_color("#777777")
+            tick.set_fontsize(6)
+    ax.tick_params(axis="y", length=0)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=12))
+    ax.grid(axis="x", alpha=0.25, linewidth=0.5)
+    ax.set_axisbelow(True)
+    for spine in ("top", "right"):
+        ax.spines[spine].set_visible(False)
 
 
-def _lighter(colour: str, amount: float) -> str:
-    """Blend a '#rrggbb' colour towards white: later stages of a rank are drawn lighter."""
+def _memory_panels(fig: Any, data: ChartData, rect: tuple[float, float, float, float], gantt: Any) -> list[Any]:
+    """One panel per rank, stacked with no gaps, sharing the time axis and one memory scale."""
+    left, bottom, width, height = rect
+    n = data.ranks
+    top_device = max([c.peak for c in data.device] + [1e-9])
+    top_host = max(c.peak for c in data.host)
+    axes, host_axes = [], []
+    for rank in range(n):
+        ax = fig.add_axes((left, bottom + height * (n - 1 - rank) / n, width, height / n), sharex=gantt)
+        device, host = data.device[rank], data.host[rank]
+        times, levels = zip(*device.points)
+        ax.fill_between(times, levels, step="post", color=_DEVICE_COLOUR, alpha=0.18, linewidth=0)
+        ax.step(times, levels, where="post", color=_DEVICE_COLOUR, linewidth=0.9)
+        ax.plot([device.peak_time], [device.peak], marker="v", markersize=3, color=_DEVICE_COLOUR)
+        if top_host > 0:  # host memory on its own scale (shared by all ranks): it dwarfs the device's
+            hx = ax.twinx()
+            hx.set_ylim(0, top_host * 1.15)
+            hx.set_yticks([])
+            for spine in ("top", "right", "left", "bottom"):
+                hx.spines[spine].set_visible(False)
+            h_times, h_levels = zip(*host.points)
+            hx.step(h_times, h_levels, where="post", color=_HOST_COLOUR, linewidth=0.9, linestyle=_HOST_STYLE)
+            host_axes.append(hx)
+        ax.set_ylim(0, top_device * 1.15)
+        ax.set_yticks([0, top_device], ["0", f"{top_device:.3g}"])
+        ax.tick_params(axis="y", labelsize=5.5, length=2, pad=1, colors=_DEVICE_COLOUR)
+        ax.set_ylabel(f"rank {rank}", fontsize=7, rotation=0, ha="right", va="center", labelpad=14)
+        note = f"peak {device.peak:.3g}" + (f"\nhost {host.peak:.3g}" if top_host > 0 else "")
+        ax.text(1.005, 0.5, note, transform=ax.transAxes, ha="left", va="center", fontsize=6,
+                color=_DEVICE_COLOUR, linespacing=1.0)
+        ax.grid(axis="x", alpha=0.25, linewidth=0.5)
+        ax.tick_params(axis="x", labelbottom=rank == n - 1, labelsize=7, length=2 if rank == n - 1 else 0)
+        for spine in ("top", "right"):
+            ax.spines[spine].set_visible(False)
+        axes.append(ax)
+    scale = (f"; host dashed, own scale 0 to {top_host * 1.15:.3g}" if top_host > 0 else "")
+    axes[0].set_title(f"activation memory per rank, {MEMORY_UNIT} (device solid, shared scale{scale})",
+                      fontsize=8, loc="left", pad=3)
+    return axes
+
+
+def _legend(fig: Any, data: ChartData, memory: bool, y: float) -> None:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles: list[Any] = [Patch(color=COLOURS[K(k)], label=LABELS[K(k)]) for k in data.kinds]
+    if data.stages_per_rank > 1:
+        for local in range(1, data.stages_per_rank):
+            handles.append(Patch(color=shade(COLOURS[K.F], local, data.stages_per_rank),
+                                 label=f"lighter: rank's stage {local + 1} of {data.stages_per_rank}"))
+    if memory:
+        handles.append(Line2D([], [], color=_DEVICE_COLOUR, label="device memory"))
+        if any(c.peak > 0 for c in data.host):
+            handles.append(Line2D([], [], color=_HOST_COLOUR, linestyle=_HOST_STYLE, label="host memory"))
+    fig.legend(handles=handles, loc="center", bbox_to_anchor=(0.5, y), ncol=min(len(handles), 8), fontsize=7.5,
+               frameon=False, handlelength=1.6, columnspacing=1.2)
+
+
+def shade(colour: str, local_index: int, stages_per_rank: int) -> str:
+    """A rank's later stages lighter: blend a '#rrggbb' colour towards white."""
+    amount = 0.55 * local_index / max(stages_per_rank - 1, 1) if stages_per_rank > 1 else 0.0
     rgb = [int(colour[i:i + 2], 16) for i in (1, 3, 5)]
-    return "#" + "".join(f"{round(c + (255 - c) * amount * 0.8):02x}" for c in rgb)
-
-
-def _default_title(timeline: Timeline) -> str:
-    s = timeline.schedule
-    stall = f", stall {timeline.stall:g}" if timeline.stall else ""
-    return (f"{s.name}: d={s.num_ranks}, m={s.num_microbatches}, v={s.stages_per_rank} — makespan "
-            f"{timeline.makespan:g}, bubble {timeline.bubble_ratio:.1%}, peak {timeline.peak_activation_units:g} "
-            f"activation units{stall}")
+    return "#" + "".join(f"{round(c + (255 - c) * amount):02x}" for c in rgb)
 
 
 def figure_bytes(fig: Figure, fmt: str = "png", dpi: int = 130) -> bytes:

@@ -58,7 +58,8 @@ def test_simulate_full_backward_costs_i_plus_w(capsys) -> None:  # type: ignore[
 
 def test_simulate_prints_a_table(capsys) -> None:  # type: ignore[no-untyped-def]
     code, out, _ = run(capsys, "simulate", "interleaved-1f1b", "-d", "4", "-m", "8")
-    assert code == 0 and "bubble 15.79%" in out and "peak 11 activation units" in out
+    assert code == 0 and "bubble 15.79%" in out and "peak 5.5 rank units (11 activation units)" in out
+    assert "makespan 28.5 t " in out  # per-rank costs: the same work as 1F1B on these ranks
 
 
 @pytest.mark.parametrize("argv,fragment", [

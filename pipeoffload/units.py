@@ -1,0 +1,34 @@
+"""The one unit convention of every report, picture and command (see docs/decisions.md, "Units").
+
+- Memory is reported in **rank units**: one microbatch's saved activations for all of a rank's
+  layers (``stages_per_rank`` activation units). Plain 1F1B peaks at ``ranks`` rank units on rank 0,
+  whatever the number of stages per rank, so families compare directly.
+- Time is in the unit of the cost model. From the command line (``--time-f/-i/-w``) and in the
+  pictures' defaults the times are **per rank**: the forward of one microbatch through all of a
+  rank's layers, split evenly over its stages, so the work of a step does not change with
+  ``stages_per_rank``. With default costs one time unit is one rank's forward of one microbatch.
+"""
+from __future__ import annotations
+
+from pipeoffload.costs import CostModel
+
+MEMORY_UNIT = "rank units"
+MEMORY_UNIT_HELP = "rank units: one microbatch's saved activations for all of a rank's layers"
+TIME_UNIT = "t"
+TIME_UNIT_HELP = "t: the cost model's time unit; by default one rank's forward of one microbatch (--time-f 1)"
+
+
+def units_dict(time_unit: str = TIME_UNIT_HELP) -> dict[str, str]:
+    """What the numbers of a report are in; every JSON output carries it under ``units``."""
+    return {
+        "time": time_unit,
+        "memory": MEMORY_UNIT_HELP,
+        "activation_units": "one microbatch's saved activations for one stage (rank units x stages_per_rank)",
+    }
+
+
+def rank_costs(f: float, i: float, w: float, stages_per_rank: int, p2p: float = 0.0,
+               **kwargs: object) -> CostModel:
+    """Per-rank compute times split evenly over a rank's stages (the CLI's and the pictures' convention)."""
+    v = max(stages_per_rank, 1)
+    return CostModel.uniform(f / v, i / v, w / v, p2p, **kwargs)

@@ -1,0 +1,124 @@
+"""What a timeline chart shows, as plain data: one box per timed action, one memory curve per rank.
+
+Both the matplotlib pictures (``viz.plot``) and the playground's SVG front end (``web``) draw from
+this, so what is drawn can be tested without looking at pixels. Memory is in rank units (see
+``pipeoffload.units``); time in the cost model's unit.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+from pipeoffload.ir import COMPUTE_KINDS, COPY_KINDS, ActionKind
+from pipeoffload.simulate import Timeline
+from pipeoffload.units import MEMORY_UNIT, TIME_UNIT
+
+K = ActionKind
+# Order of the legend; colours are colour-blind friendly and distinct in grey.
+KIND_ORDER = (K.F, K.B, K.I, K.W, K.R, K.OFFLOAD, K.RELOAD)
+COLOURS = {
+    K.F: "#4C72B0", K.B: "#DD8452", K.I: "#2A9D8F", K.W: "#8AB17D", K.R: "#8172B3",
+    K.OFFLOAD: "#C44E52", K.RELOAD: "#E377C2",
+}
+LABELS = {K.F: "F forward", K.B: "B backward", K.I: "I input grad", K.W: "W weight grad", K.R: "R recompute",
+          K.OFFLOAD: "offload D2H", K.RELOAD: "reload H2D"}
+
+
+@dataclass(frozen=True)
+class Box:
+    """One action on a lane: ``lane`` is "compute" or "copy"; ``shade`` 0 for a rank's first stage."""
+
+    rank: int
+    lane: str
+    kind: str
+    stage: int
+    microbatch: int
+    shade: int
+    start: float
+    end: float
+    action: str
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Memory of one rank over time, in rank units: (time, level) steps, level held until the next."""
+
+    rank: int
+    where: str  # "device" or "host"
+    points: tuple[tuple[float, float], ...]
+    peak: float
+    peak_time: float
+
+
+@dataclass(frozen=True)
+class ChartData:
+    title: str
+    summary: str
+    time_unit: str
+    memory_unit: str
+    makespan: float
+    ranks: int
+    stages_per_rank: int
+    copy_lanes: bool
+    kinds: tuple[str, ...]  # kinds present, in legend order
+    boxes: tuple[Box, ...]
+    device: tuple[Curve, ...]
+    host: tuple[Curve, ...]
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["colours"] = {k.value: c for k, c in COLOURS.items()}
+        out["labels"] = {k.value: name for k, name in LABELS.items()}
+        return out
+
+
+def chart_data(timeline: Timeline, title: str | None = None, time_unit: str = TIME_UNIT) -> ChartData:
+    """Every timed compute and copy action once, at its simulated time; every rank's memory curves."""
+    schedule = timeline.schedule
+    v = max(schedule.stages_per_rank, 1)
+    boxes = []
+    for rank in range(schedule.num_ranks):
+        for action, start, end in timeline.events(rank):
+            if action.kind not in COMPUTE_KINDS and action.kind not in COPY_KINDS:
+                continue
+            lane = "copy" if action.kind in COPY_KINDS else "compute"
+            boxes.append(Box(rank, lane, action.kind.value, action.stage, action.microbatch,
+                             schedule.placement.local_index(action.stage), start, end, str(action)))
+    present = {b.kind for b in boxes}
+    device = tuple(_curve(r.rank, "device", r.memory, v, timeline.makespan) for r in timeline.per_rank)
+    host = tuple(_curve(r.rank, "host", r.host_memory, v, timeline.makespan) for r in timeline.per_rank)
+    return ChartData(
+        title=title or schedule_title(timeline), summary=summary_line(timeline, time_unit), time_unit=time_unit,
+        memory_unit=MEMORY_UNIT, makespan=timeline.makespan, ranks=schedule.num_ranks, stages_per_rank=v,
+        copy_lanes=any(b.lane == "copy" for b in boxes), kinds=tuple(k.value for k in KIND_ORDER if k.value in present),
+        boxes=tuple(boxes), device=device, host=host,
+    )
+
+
+def _curve(rank: int, where: str, events: Iterable[tuple[float, float]], v: int, makespan: float) -> Curve:
+    """Settle each instant to its last level (a free and an allocation at the same time are no dip)."""
+    points: list[tuple[float, float]] = [(0.0, 0.0)]
+    for t, level in events:
+        value = level / v
+        if points[-1][0] == t:
+            points[-1] = (t, value)
+        else:
+            points.append((t, value))
+    if points[-1][0] < makespan:
+        points.append((makespan, points[-1][1]))
+    peak_time, peak = max(points, key=lambda p: (p[1], -p[0]))
+    return Curve(rank, where, tuple(points), peak, peak_time)
+
+
+def schedule_title(timeline: Timeline) -> str:
+    s = timeline.schedule
+    return f"{s.name}: d={s.num_ranks} ranks, m={s.num_microbatches} microbatches, v={s.stages_per_rank} stages/rank"
+
+
+def summary_line(timeline: Timeline, time_unit: str = TIME_UNIT) -> str:
+    """The headline numbers, each with its unit."""
+    stall = f", stall {timeline.stall:.4g} {time_unit}" if timeline.stall else ""
+    v = max(timeline.schedule.stages_per_rank, 1)
+    host = f", host peak {timeline.peak_host_units / v:.3g}" if timeline.peak_host_units else ""  # activation -> rank units
+    return (f"makespan {timeline.makespan:.4g} {time_unit}, bubble {timeline.bubble_ratio:.1%}, "
+            f"device peak {timeline.peak_rank_units:.3g}{host} {MEMORY_UNIT}{stall}")
