@@ -14,7 +14,7 @@ from typing import NoReturn
 
 from pipeoffload.errors import ConfigError, ScheduleError
 
-COMMAND_MODULES = ("schedules", "show", "simulate", "k", "plan", "compare")
+COMMAND_MODULES = ("schedules", "show", "simulate", "k", "plan", "compare", "trace", "playground")
 
 
 class _Parser(argparse.ArgumentParser):

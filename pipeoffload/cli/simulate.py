@@ -70,6 +70,10 @@ def simulate_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
 def result_dict(timeline: Timeline, report) -> dict:  # type: ignore[no-untyped-def]
     """The object ``simulate --json`` prints: the timeline's numbers, their units, the policy report."""
     out = timeline.as_dict()
+    v = max(timeline.schedule.stages_per_rank, 1)
+    out["peak_host_rank_units"] = timeline.peak_host_units / v  # peak_host_units is in activation units
+    for rank in out["per_rank"]:
+        rank["peak_host_rank_units"] = rank["peak_host_units"] / v
     out["offload_report"] = report_dict(report)
     out["units"] = units_dict()
     return out

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from pipeoffload.costs import CostModel
+from pipeoffload.fileio import write_atomic
 from pipeoffload.ir import Action, Schedule
 from pipeoffload.simulate import simulate
 
@@ -55,25 +56,40 @@ class Trace:
         return cls(data["rank"], data["step"], records, data["peak_bytes"], data["end_bytes"], data["wall"])
 
 
-def chrome_events(traces: Iterable[Trace]) -> list[dict]:
-    """Chrome trace events (one row per rank, one box per action, a counter for resident bytes)."""
+MIB = 1024 * 1024
+
+
+def chrome_events(traces: Iterable[Trace], label: str = "measured") -> list[dict]:
+    """Chrome trace events of a measured step: one named process per rank with a compute, a copy and a
+    comm lane, one box per action (its list index in ``args``, so the schedule can be rebuilt from the
+    file), and a counter of resident activation memory in MiB. Each rank's clock starts at its step."""
+    from pipeoffload.viz.chrome_trace import LANES, lane_of, process_events
+
     events: list[dict] = []
     for trace in traces:
-        for r in trace.records:
+        pid = trace.rank
+        events += process_events(pid, f"{label} rank {trace.rank} (step {trace.step})", trace.rank)
+        for index, r in enumerate(trace.records):
             events.append({
-                "name": str(r.action), "cat": r.action.kind.value, "ph": "X", "pid": 0, "tid": trace.rank,
-                "ts": r.start * 1e6, "dur": max(r.end - r.start, 0.0) * 1e6,
+                "name": str(r.action), "cat": r.action.kind.value, "ph": "X", "pid": pid,
+                "tid": LANES[lane_of(r.action)], "ts": r.start * 1e6, "dur": max(r.end - r.start, 0.0) * 1e6,
+                "args": {"action": str(r.action), "index": index, "rank": trace.rank,
+                         "stage": r.action.stage, "microbatch": r.action.microbatch},
             })
             events.append({
-                "name": f"rank {trace.rank} activation bytes", "ph": "C", "pid": 0, "tid": trace.rank,
-                "ts": r.end * 1e6, "args": {"bytes": r.resident_bytes},
+                "name": "device activation memory (MiB)", "ph": "C", "pid": pid, "ts": r.end * 1e6,
+                "args": {"MiB": r.resident_bytes / MIB},
             })
     return events
 
 
 def write_chrome_trace(traces: Iterable[Trace], path: str) -> None:
-    with open(path, "w") as fh:
-        json.dump({"traceEvents": chrome_events(traces)}, fh)
+    """The measured step as a Chrome/Perfetto trace, written atomically; per-rank peaks in ``otherData``."""
+    traces = list(traces)
+    other = {"kind": "pipeoffload measured trace", "time_unit": "s (1 s = 1e6 us in the events)",
+             "peak_bytes": {t.rank: t.peak_bytes for t in traces}, "wall_s": {t.rank: t.wall for t in traces}}
+    write_atomic(path, json.dumps({"traceEvents": chrome_events(traces), "displayTimeUnit": "ms",
+                                   "otherData": other}))
 
 
 def simulated_peaks(schedule: Schedule, unit_bytes: Mapping[int, int], w_fraction: float = 1.0) -> list[float]:

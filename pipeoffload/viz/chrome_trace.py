@@ -1,7 +1,8 @@
 """Timelines as Chrome trace JSON (open in https://ui.perfetto.dev or chrome://tracing).
 
-One process per rank with a compute, a copy and a comm thread; memory as counter tracks. The same
-writer takes the runtime's measured traces, so simulated and measured runs can be opened side by side.
+One process per rank, named and ordered, with a compute, a copy and a comm thread; device and host
+memory as counter tracks in rank units. The runtime's measured traces (``runtime.trace``) use the same
+layout, so ``pipeoffload trace compare`` can lay a measured run above its simulation in one file.
 """
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from collections.abc import Iterable
 
 from pipeoffload.ir import COMM_KINDS, COPY_KINDS, Action
 from pipeoffload.simulate import Timeline
+from pipeoffload.units import MEMORY_UNIT, TIME_UNIT_HELP
 
-_LANES = {"compute": 0, "copy": 1, "comm": 2}
+LANES = {"compute": 0, "copy": 1, "comm": 2}
+SIM_PID_BASE = 1000  # simulated ranks' process ids, below a measured run's 0..d-1 in `trace compare`
 
 
 def lane_of(action: Action) -> str:
@@ -22,37 +25,53 @@ def lane_of(action: Action) -> str:
     return "compute"
 
 
-def trace_events(
-    rank: int, events: Iterable[tuple[Action, float, float]], memory: Iterable[tuple[float, float]] = (),
-    scale: float = 1e6, label: str = "",
-) -> list[dict]:
-    """Chrome 'X' events for one rank's (action, start, end) triples; ``scale`` converts to microseconds."""
-    out: list[dict] = [
-        {"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"{label}rank {rank}"}},
-        *({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": lane}}
-          for lane, tid in _LANES.items()),
+def process_events(pid: int, name: str, sort_index: int) -> list[dict]:
+    """Metadata naming a rank's process and its three lanes, and fixing its place in the view."""
+    return [
+        {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}},
+        {"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": sort_index}},
+        *({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": lane}}
+          for lane, tid in LANES.items()),
+        *({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
+          for tid in LANES.values()),
     ]
-    for action, start, end in events:
+
+
+def span_events(pid: int, events: Iterable[tuple[Action, float, float]], scale: float) -> list[dict]:
+    """Chrome 'X' events for one rank's (action, start, end) triples; ``scale`` converts to microseconds."""
+    out = []
+    for index, (action, start, end) in enumerate(events):
         lane = lane_of(action)
         if lane == "comm" and end <= start:
             continue  # instant sends only clutter the view
         out.append({
-            "ph": "X", "name": str(action), "cat": action.kind.value, "pid": rank, "tid": _LANES[lane],
+            "ph": "X", "name": str(action), "cat": action.kind.value, "pid": pid, "tid": LANES[lane],
             "ts": start * scale, "dur": max(end - start, 0.0) * scale,
-            "args": {"stage": action.stage, "microbatch": action.microbatch},
+            "args": {"action": str(action), "index": index, "stage": action.stage, "microbatch": action.microbatch},
         })
-    for time, level in memory:
-        out.append({"ph": "C", "name": "activation memory", "pid": rank, "ts": time * scale,
-                    "args": {"units": level}})
     return out
 
 
-def timeline_trace(timeline: Timeline, scale: float = 1e6) -> dict:
-    """The whole simulated timeline as a Chrome trace object (time units scaled to microseconds)."""
+def counter_events(pid: int, name: str, key: str, curve: Iterable[tuple[float, float]], scale: float,
+                   factor: float = 1.0) -> list[dict]:
+    return [{"ph": "C", "name": name, "pid": pid, "ts": t * scale, "args": {key: level * factor}} for t, level in curve]
+
+
+def timeline_trace(timeline: Timeline, scale: float = 1e6, pid_base: int = 0, label: str = "simulated",
+                   sort_base: int = 0) -> dict:
+    """The simulated timeline as a Chrome trace object; one time unit becomes ``scale`` microseconds."""
     events: list[dict] = []
+    v = max(timeline.schedule.stages_per_rank, 1)
     for rank in range(timeline.schedule.num_ranks):
-        events += trace_events(rank, timeline.events(rank), timeline.per_rank[rank].memory, scale, "sim ")
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": timeline.as_dict() | {"per_rank": None}}
+        pid, result = pid_base + rank, timeline.per_rank[rank]
+        events += process_events(pid, f"{label} rank {rank}", sort_base + rank)
+        events += span_events(pid, timeline.events(rank), scale)
+        events += counter_events(pid, f"device memory ({MEMORY_UNIT})", MEMORY_UNIT, result.memory, scale, 1 / v)
+        if result.peak_host_units:
+            events += counter_events(pid, f"host memory ({MEMORY_UNIT})", MEMORY_UNIT, result.host_memory, scale,
+                                     1 / v)
+    other = timeline.as_dict() | {"per_rank": None, "time_unit": f"{TIME_UNIT_HELP}; 1 unit = {scale:g} us here"}
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 
 def timeline_trace_json(timeline: Timeline) -> str:

@@ -25,8 +25,14 @@ def test_chrome_trace_has_every_timed_action_and_memory_counters(timeline) -> No
              (ActionKind.SEND_F, ActionKind.SEND_B, ActionKind.RECV_F, ActionKind.RECV_B)]
     assert len(spans) == len(timed)
     assert {e["tid"] for e in spans if e["cat"] == "OFFLOAD"} == {1}  # copies on their own lane
-    counters = [e for e in events if e["ph"] == "C"]
-    assert max(e["args"]["units"] for e in counters) == timeline.peak_activation_units
+    device = [e for e in events if e["ph"] == "C" and e["name"].startswith("device memory")]
+    host = [e for e in events if e["ph"] == "C" and e["name"].startswith("host memory")]
+    assert max(e["args"]["rank units"] for e in device) == timeline.peak_rank_units
+    assert max(e["args"]["rank units"] for e in host) == timeline.peak_host_units / 2
+    names = {(e["pid"], e["args"]["name"]) for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {(0, "simulated rank 0"), (1, "simulated rank 1")}
+    lanes = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert lanes == {"compute", "copy", "comm"}
     json.dumps(events)
 
 

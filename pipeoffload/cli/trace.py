@@ -1,0 +1,42 @@
+"""``pipeoffload trace compare RUN_TRACE``: a measured run above its simulation, in one Perfetto file."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from pipeoffload.errors import ConfigError
+from pipeoffload.fileio import write_atomic
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("trace", help="work with Chrome/Perfetto traces of runs")
+    actions = parser.add_subparsers(dest="trace_command", metavar="ACTION", parser_class=type(parser))
+    compare = actions.add_parser("compare", help="lay a runtime trace above its simulation in one trace file")
+    compare.add_argument("run_trace", metavar="RUN_TRACE",
+                         help="a runtime trace (python -m pipeoffload.runtime --trace FILE, or write_chrome_trace)")
+    compare.add_argument("-o", "--output", metavar="FILE",
+                         help="the merged trace (default: RUN_TRACE with .vs-sim.json)")
+    compare.set_defaults(run=run_compare)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from pipeoffload.viz.trace_compare import compare_trace
+
+    source = Path(args.run_trace)
+    try:
+        data = json.loads(source.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"RUN_TRACE {source}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"RUN_TRACE {source}: not JSON ({err}); expected a Chrome trace from the runtime") from None
+    out = Path(args.output) if args.output else source.with_name(source.stem + ".vs-sim.json")
+    merged, timeline, run = compare_trace(data)
+    write_atomic(out, json.dumps(merged))
+    other = merged["otherData"]
+    print(f"{run.schedule.num_ranks} ranks: measured step {other['measured_step_s'] * 1e3:.3f} ms, "
+          f"simulated with its measured durations {other['simulated_makespan_s'] * 1e3:.3f} ms")
+    for r in other["per_rank"]:
+        print(f"  rank {r['rank']}: measured {r['measured_end_s'] * 1e3:.3f} ms, simulated {r['simulated_end_s'] * 1e3:.3f} ms")
+    print(f"wrote {out} (open in https://ui.perfetto.dev: measured ranks first, then simulated)")
+    return 0

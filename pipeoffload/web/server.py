@@ -1,0 +1,164 @@
+"""The playground's server: static files plus a JSON API over ``simulate``, on 127.0.0.1 only.
+
+- ``GET /api/simulate?family=1f1b&ranks=8...`` returns exactly the object ``pipeoffload simulate --json``
+  prints for the same flags (the query is turned into those flags and parsed by the same parser).
+- ``GET /api/chart?...`` returns ``{"command", "result", "chart"}``: the command line, that object, and the
+  chart data (``viz.chartdata``) in a compact form the front end draws.
+- ``GET /api/families`` lists the schedule families.
+Bad input answers 400 with ``{"error": <the CLI's one-line message>}``; a request bigger than the size
+limit answers 413 before simulating, so one request cannot hold the server for long.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from pipeoffload.errors import ConfigError, ScheduleError
+from pipeoffload.schedules import get_spec, schedule_specs
+from pipeoffload.viz.chartdata import COLOURS, LABELS, ChartData, chart_data
+
+log = logging.getLogger(__name__)
+
+# Query parameter -> `simulate` flag. Empty values mean "the CLI's default" and are left out.
+PARAMS = {
+    "ranks": "--ranks", "microbatches": "--microbatches", "stages_per_rank": "--stages-per-rank",
+    "group_size": "--group-size", "time_f": "--time-f", "time_i": "--time-i", "time_w": "--time-w",
+    "p2p_time": "--p2p-time", "offload_ratio": "--offload-ratio", "offload": "--offload", "recompute": "--recompute",
+    "backward": "--backward",
+}
+MAX_CELLS = 20_000  # ranks x microbatches x stages_per_rank: d=16, m=64, v=4 is 4096; beyond this, use the CLI
+MAX_QUERY = 2_000  # characters
+_STATIC = {"/": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascript"),
+           "/style.css": ("style.css", "text/css")}
+
+
+class RequestError(Exception):
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def argv_from_query(query: dict[str, list[str]]) -> list[str]:
+    """The ``simulate`` command line (without ``pipeoffload simulate``) for a query."""
+    unknown = sorted(set(query) - set(PARAMS) - {"family"})
+    if unknown:
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"unknown parameter(s) {', '.join(unknown)}; "
+                           f"known: family, {', '.join(PARAMS)}")
+    family = query.get("family", [""])[0].strip()
+    if not family:
+        raise RequestError(HTTPStatus.BAD_REQUEST, "family is missing: choose a schedule family, e.g. 1f1b")
+    argv = [family]
+    for name, flag in PARAMS.items():
+        value = query.get(name, [""])[0].strip()
+        if value:
+            argv += [flag, value]
+    return argv
+
+
+def check_size(args: Any) -> None:
+    """Refuse what would take more than a moment, before generating anything."""
+    try:
+        v = args.stages_per_rank or get_spec(args.name).default_stages_per_rank()
+    except (ConfigError, KeyError, ValueError):
+        return  # an unknown family: simulate_from_args gives the CLI's message
+    m = args.microbatches if args.microbatches is not None else 2 * args.ranks
+    cells = args.ranks * m * v
+    if cells > MAX_CELLS:
+        raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                           f"ranks x microbatches x stages per rank = {args.ranks} x {m} x {v} = {cells} is over "
+                           f"the playground's limit of {MAX_CELLS}; use `pipeoffload simulate` for bigger pipelines")
+
+
+def simulate_query(query: dict[str, list[str]]) -> tuple[list[str], Any, Any]:
+    """(argv, timeline, result object) for a query; RequestError with the CLI's message when it is bad."""
+    from pipeoffload.cli import simulate as simulate_cli
+    from pipeoffload.cli.compare import simulate_parser
+
+    argv = argv_from_query(query)
+    try:
+        args = simulate_parser().parse_args(argv)
+        check_size(args)
+        timeline, report = simulate_cli.simulate_from_args(args)
+    except (ConfigError, ScheduleError) as err:
+        raise RequestError(HTTPStatus.BAD_REQUEST, str(err).splitlines()[0]) from None
+    return argv, timeline, simulate_cli.result_dict(timeline, report)
+
+
+def compact_chart(data: ChartData) -> dict:
+    """Chart data with boxes and curves as arrays: a d=16, m=64 chart in a few hundred kilobytes."""
+    return {
+        "title": data.title, "summary": data.summary, "time_unit": data.time_unit, "memory_unit": data.memory_unit,
+        "makespan": data.makespan, "ranks": data.ranks, "stages_per_rank": data.stages_per_rank,
+        "copy_lanes": data.copy_lanes, "kinds": list(data.kinds),
+        "colours": {k.value: c for k, c in COLOURS.items()}, "labels": {k.value: n for k, n in LABELS.items()},
+        "box_fields": ["rank", "lane", "kind", "shade", "microbatch", "start", "end", "action"],
+        "boxes": [[b.rank, b.lane, b.kind, b.shade, b.microbatch, b.start, b.end, b.action] for b in data.boxes],
+        "device": [{"rank": c.rank, "peak": c.peak, "points": c.points} for c in data.device],
+        "host": [{"rank": c.rank, "peak": c.peak, "points": c.points} for c in data.host],
+    }
+
+
+def route(path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, str, bytes]:
+    """(status, content type, body) for a GET; the handler only does the I/O."""
+    if path in _STATIC:
+        name, kind = _STATIC[path]
+        body = resources.files("pipeoffload.web").joinpath("static", name).read_bytes()
+        return HTTPStatus.OK, f"{kind}; charset=utf-8", body
+    try:
+        if path == "/api/families":
+            out: Any = [{"name": s.name, "summary": s.summary, "stages_per_rank": s.default_stages_per_rank(),
+                         "options": list(s.options())} for s in schedule_specs()]
+        elif path == "/api/simulate":
+            out = simulate_query(query)[2]
+        elif path == "/api/chart":
+            argv, timeline, result = simulate_query(query)
+            out = {"command": shlex.join(["pipeoffload", "simulate", *argv]), "result": result,
+                   "chart": compact_chart(chart_data(timeline))}
+        else:
+            raise RequestError(HTTPStatus.NOT_FOUND, f"no such page {path!r}; the playground is at /")
+    except RequestError as err:
+        return err.status, "application/json", json.dumps({"error": str(err)}).encode()
+    return HTTPStatus.OK, "application/json", json.dumps(out).encode()
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "pipeoffload-playground"
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if len(self.path) > MAX_QUERY:
+            status, kind, body = (HTTPStatus.REQUEST_URI_TOO_LONG, "application/json",
+                                  json.dumps({"error": f"request longer than {MAX_QUERY} characters"}).encode())
+        else:
+            parts = urlsplit(self.path)
+            try:
+                status, kind, body = route(parts.path, parse_qs(parts.query, keep_blank_values=True))
+            except Exception as err:  # a bug must not take the page down: answer 500 with the message
+                log.exception("playground request %s failed", self.path)
+                status, kind, body = (HTTPStatus.INTERNAL_SERVER_ERROR, "application/json",
+                                      json.dumps({"error": f"internal error: {err}"}).encode())
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
+        log.info("%s %s", self.address_string(), format % args)
+
+
+def make_server(port: int = 8000, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """A server bound to ``host:port`` (port 0: any free port); call ``serve_forever`` on it."""
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as err:
+        raise ConfigError(f"--port {port}: cannot listen on {host}:{port} ({err.strerror}); "
+                          "pick another port with --port") from None
+    server.daemon_threads = True
+    return server

@@ -1,0 +1,194 @@
+// pipeoffload playground: read the form, ask /api/chart, draw the Gantt chart, copy lanes and memory as SVG.
+// Hand-written, no framework and no network beyond this server.
+"use strict";
+(() => {
+  const form = document.getElementById("inputs");
+  const familySelect = document.getElementById("family");
+  const errorBox = document.getElementById("error");
+  const chartBox = document.getElementById("chart");
+  const numbers = document.querySelector("#numbers tbody");
+  const summaryLine = document.getElementById("summary-line");
+  const commandEl = document.getElementById("command");
+  const legendEl = document.getElementById("legend");
+  const familyNote = document.getElementById("family-note");
+  const DEVICE = "#1f4e79", HOST = "#b5651d";
+  // [JSON key, heading, unit]: every number says its unit. Host peaks are shown in rank units.
+  const FIELDS = [
+    ["makespan", "makespan", "t"], ["bubble_ratio", "bubble", "%"],
+    ["peak_rank_units", "device peak", "rank units"], ["peak_host_rank_units", "host peak", "rank units"],
+    ["stall", "stall", "t"], ["offloaded", "offloaded", "activations"], ["recomputed", "recomputed", "activations"],
+    ["actions", "actions", "lowered"],
+  ];
+  let families = [], sequence = 0, timer = null, controller = null;
+
+  const fmt = (v) => (typeof v === "number" ? String(Number(v.toPrecision(6))) : String(v));
+  const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+
+  function query() {
+    const params = new URLSearchParams();
+    for (const el of form.elements) {
+      if (el.name && el.value.trim() !== "") params.set(el.name, el.value.trim());
+    }
+    return params;
+  }
+
+  function schedule(delay) {
+    clearTimeout(timer);
+    timer = setTimeout(refresh, delay);
+  }
+
+  async function refresh() {
+    const mine = ++sequence;
+    if (controller) controller.abort();
+    controller = new AbortController();
+    chartBox.classList.add("stale");
+    let response, body;
+    try {
+      response = await fetch("/api/chart?" + query().toString(), {signal: controller.signal});
+      body = await response.json();
+    } catch (err) {
+      if (err.name === "AbortError") return;
+      if (mine === sequence) showError("cannot reach the playground server: " + err.message);
+      return;
+    }
+    if (mine !== sequence) return;  // a newer request is on its way
+    if (!response.ok) { showError(body.error || response.statusText); return; }
+    errorBox.hidden = true;
+    errorBox.textContent = "";
+    render(body);
+  }
+
+  function showError(message) {
+    errorBox.textContent = message;
+    errorBox.hidden = false;
+  }
+
+  function render(body) {
+    const result = body.result, chart = body.chart;
+    summaryLine.textContent = chart.title + " — " + chart.summary;
+    commandEl.textContent = body.command;
+    const heads = FIELDS.map(([, head, unit]) => `<th>${esc(head)}${unit && unit !== "%" ? ` (${esc(unit)})` : ""}</th>`);
+    const cells = FIELDS.map(([key, , unit]) => {
+      const value = result[key];
+      const shown = unit === "%" ? (100 * value).toFixed(2) + "%" : fmt(value);
+      return `<td data-key="${key}" data-value="${esc(JSON.stringify(value))}">${esc(shown)}</td>`;
+    });
+    numbers.innerHTML = `<tr>${heads.join("")}</tr><tr>${cells.join("")}</tr>`;
+    legendEl.innerHTML = legend(chart);
+    chartBox.innerHTML = svg(chart);
+    chartBox.classList.remove("stale");
+  }
+
+  function shade(colour, index, v) {
+    const amount = v > 1 ? 0.55 * index / (v - 1) : 0;
+    const rgb = [1, 3, 5].map((i) => parseInt(colour.slice(i, i + 2), 16));
+    return "#" + rgb.map((c) => Math.round(c + (255 - c) * amount).toString(16).padStart(2, "0")).join("");
+  }
+
+  function legend(chart) {
+    const items = chart.kinds.map((k) => `<span><i style="background:${chart.colours[k]}"></i>${esc(chart.labels[k])}</span>`);
+    for (let s = 1; s < chart.stages_per_rank; s++) {
+      items.push(`<span><i style="background:${shade(chart.colours.F, s, chart.stages_per_rank)}"></i>lighter: rank's stage ${s + 1} of ${chart.stages_per_rank}</span>`);
+    }
+    items.push(`<span><i class="line" style="border-color:${DEVICE}"></i>device memory</span>`);
+    if (chart.host.some((c) => c.peak > 0)) items.push(`<span><i class="dash" style="border-color:${HOST}"></i>host memory (own scale)</span>`);
+    return items.join("");
+  }
+
+  function ticks(max) {
+    if (!(max > 0)) return [0];
+    const raw = max / 10, p = Math.pow(10, Math.floor(Math.log10(raw)));
+    const step = [1, 2, 2.5, 5, 10].map((s) => s * p).find((s) => s >= raw);
+    const out = [];
+    for (let t = 0; t <= max * (1 + 1e-9); t += step) out.push(Number(t.toPrecision(10)));
+    return out;
+  }
+
+  function stepPath(points, x, y) {
+    let d = "";
+    points.forEach(([t, level], i) => {
+      d += i === 0 ? `M${x(t).toFixed(1)},${y(level).toFixed(1)}` : `H${x(t).toFixed(1)}V${y(level).toFixed(1)}`;
+    });
+    return d;
+  }
+
+  function svg(chart) {
+    const width = Math.max(720, chartBox.clientWidth || 1200);
+    const left = 64, right = 96, plotW = width - left - right, d = chart.ranks, v = chart.stages_per_rank;
+    const computeH = d > 8 ? 14 : 20, copyH = chart.copy_lanes ? (d > 8 ? 8 : 10) : 0;
+    const rowH = computeH + copyH + 3, ganttH = d * rowH, panelH = d > 8 ? 26 : 36;
+    const memTop = ganttH + 44, height = memTop + d * panelH + 44;
+    const span = chart.makespan > 0 ? chart.makespan : 1;
+    const x = (t) => left + (t / span) * plotW;
+    const out = [];
+    out.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" data-ranks="${d}" data-boxes="${chart.boxes.length}" data-makespan="${chart.makespan}" font-size="10">`);
+    for (let r = 0; r < d; r++) {
+      const y = r * rowH;
+      out.push(`<text x="${left - 6}" y="${y + computeH / 2 + 3}" text-anchor="end">rank ${r}</text>`);
+      if (copyH) out.push(`<text x="${left - 6}" y="${y + computeH + copyH / 2 + 3}" text-anchor="end" fill="#888" font-size="7">copy</text>`);
+    }
+    out.push(`<g class="boxes" stroke="#fff" stroke-width="0.3">`);
+    for (const [rank, lane, kind, stageShade, microbatch, start, end, action] of chart.boxes) {
+      let y = rank * rowH, h = computeH, fill = chart.colours[kind];
+      if (lane === "copy") { h = copyH / 2; y += computeH + 1 + (kind === "OFFLOAD" ? 0 : h); }
+      else fill = shade(fill, stageShade, v);
+      const x0 = x(start), w = Math.max(x(end) - x0, 0.5);
+      out.push(`<rect class="box" x="${x0.toFixed(2)}" y="${y}" width="${w.toFixed(2)}" height="${h}" fill="${fill}"><title>${action} on rank ${rank}: ${fmt(start)} to ${fmt(end)} t</title></rect>`);
+      const label = String(microbatch);
+      if (lane === "compute" && w >= 6 * label.length + 3) {
+        out.push(`<text x="${(x0 + w / 2).toFixed(1)}" y="${y + h / 2 + 3}" text-anchor="middle" font-size="8" fill="${stageShade === 0 ? "#fff" : "#111"}" stroke="none" pointer-events="none">${label}</text>`);
+      }
+    }
+    out.push("</g>");
+    const axis = (y, label) => {
+      out.push(`<line x1="${left}" x2="${left + plotW}" y1="${y}" y2="${y}" stroke="#444"/>`);
+      for (const t of ticks(span)) {
+        out.push(`<line x1="${x(t)}" x2="${x(t)}" y1="${y}" y2="${y + 4}" stroke="#444"/><text x="${x(t)}" y="${y + 14}" text-anchor="middle">${fmt(t)}</text>`);
+      }
+      if (label) out.push(`<text x="${left + plotW / 2}" y="${y + 30}" text-anchor="middle" font-size="11">${label}</text>`);
+    };
+    axis(ganttH + 2, "");
+    const topDevice = Math.max(1e-9, ...chart.device.map((c) => c.peak));
+    const topHost = Math.max(0, ...chart.host.map((c) => c.peak));
+    out.push(`<text x="${left}" y="${memTop - 6}" font-size="11">activation memory per rank, ${esc(chart.memory_unit)} (device solid, shared scale 0 to ${fmt(topDevice)}${topHost > 0 ? `; host dashed, own scale 0 to ${fmt(topHost)}` : ""})</text>`);
+    for (let r = 0; r < d; r++) {
+      const y0 = memTop + r * panelH, inner = panelH - 4;
+      const yDev = (level) => y0 + panelH - (level / topDevice) * inner;
+      out.push(`<line x1="${left}" x2="${left + plotW}" y1="${y0 + panelH}" y2="${y0 + panelH}" stroke="#ccc"/>`);
+      out.push(`<text x="${left - 6}" y="${y0 + panelH / 2 + 3}" text-anchor="end">rank ${r}</text>`);
+      const device = chart.device[r], host = chart.host[r];
+      const path = stepPath(device.points, x, yDev);
+      out.push(`<path class="device" data-rank="${r}" d="${path}V${y0 + panelH}H${x(0)}Z" fill="${DEVICE}" fill-opacity="0.15" stroke="none"/>`);
+      out.push(`<path d="${path}" fill="none" stroke="${DEVICE}" stroke-width="1"/>`);
+      if (topHost > 0) {
+        const yHost = (level) => y0 + panelH - (level / topHost) * inner;
+        out.push(`<path class="host" data-rank="${r}" d="${stepPath(host.points, x, yHost)}" fill="none" stroke="${HOST}" stroke-width="1" stroke-dasharray="4 2"/>`);
+      }
+      const note = `peak ${fmt(device.peak)}` + (topHost > 0 ? ` · host ${fmt(host.peak)}` : "");
+      out.push(`<text x="${left + plotW + 6}" y="${y0 + panelH / 2 + 3}" fill="${DEVICE}" font-size="9" class="peak">${note}</text>`);
+    }
+    axis(memTop + d * panelH + 2, "time (t = one rank's forward of one microbatch)");
+    out.push("</svg>");
+    return out.join("");
+  }
+
+  async function start() {
+    const response = await fetch("/api/families");
+    families = await response.json();
+    familySelect.innerHTML = families.map((f) => `<option value="${esc(f.name)}">${esc(f.name)}</option>`).join("");
+    familySelect.value = families.some((f) => f.name === "group-interleaved") ? "group-interleaved" : families[0].name;
+    noteFamily();
+    form.addEventListener("input", () => schedule(150));
+    form.addEventListener("change", () => { noteFamily(); schedule(0); });
+    form.addEventListener("submit", (e) => e.preventDefault());
+    window.addEventListener("resize", () => schedule(200));
+    refresh();
+  }
+
+  function noteFamily() {
+    const f = families.find((x) => x.name === familySelect.value);
+    familyNote.textContent = f ? `${f.name}: ${f.summary} (default v = ${f.stages_per_rank}; options: ${f.options.join(", ") || "none"})` : "";
+  }
+
+  start().catch((err) => showError("could not start: " + err.message));
+})();

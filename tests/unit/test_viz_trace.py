@@ -1,0 +1,58 @@
+"""Runtime traces: named processes and lanes, memory counters, and `trace compare` laying a real
+measured run (one rank, two stages, full offload) above its simulation."""
+import json
+from pathlib import Path
+
+from pipeoffload import generate, lower
+from pipeoffload.cli import main
+from pipeoffload.models import sample_batch
+from pipeoffload.runtime import write_chrome_trace
+from pipeoffload.viz.chrome_trace import SIM_PID_BASE
+from tests.unit.test_runtime_executor import CFG, _runner
+
+
+def _measured(tmp_path: Path) -> tuple[Path, object]:
+    schedule = lower(generate("interleaved-1f1b", 1, 4, 2), offload="all")
+    runner, _ = _runner(schedule)
+    runner.step(*sample_batch(CFG, 8, seed=1))
+    path = tmp_path / "run.json"
+    write_chrome_trace([runner.trace], str(path))
+    return path, runner.trace
+
+
+def test_runtime_trace_names_lanes_and_counts_memory(tmp_path: Path) -> None:
+    path, trace = _measured(tmp_path)
+    data = json.loads(path.read_text())
+    events = data["traceEvents"]
+    meta = {(e["name"], e.get("tid")): e["args"] for e in events if e["ph"] == "M"}
+    assert meta[("process_name", None)]["name"].startswith("measured rank 0")
+    assert {meta[("thread_name", t)]["name"] for t in (0, 1, 2)} == {"compute", "copy", "comm"}
+    spans = [e for e in events if e["ph"] == "X"]
+    assert [e["args"]["action"] for e in sorted(spans, key=lambda e: e["args"]["index"])] == \
+        [str(a) for a in trace.actions()]  # type: ignore[attr-defined]
+    assert {e["tid"] for e in spans if e["cat"] in ("OFFLOAD", "RELOAD")} == {1}
+    counters = [e["args"]["MiB"] for e in events if e["ph"] == "C"]
+    assert max(counters) > 0 and data["otherData"]["peak_bytes"]["0"] == trace.peak_bytes  # type: ignore[attr-defined]
+
+
+def test_trace_compare_puts_the_measured_run_above_its_simulation(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    path, trace = _measured(tmp_path)
+    out = tmp_path / "both.json"
+    assert main(["trace", "compare", str(path), "-o", str(out)]) == 0
+    assert "measured step" in capsys.readouterr().out
+    events = json.loads(out.read_text())["traceEvents"]
+    order = {e["pid"]: e["args"]["sort_index"] for e in events if e["name"] == "process_sort_index"}
+    assert order == {0: 0, SIM_PID_BASE: 1}  # measured first, then simulated
+    actions = [str(a) for a in trace.actions()]  # type: ignore[attr-defined]
+    measured = sorted(e["args"]["action"] for e in events if e["ph"] == "X" and e["pid"] == 0)
+    simulated = sorted(e["args"]["action"] for e in events if e["ph"] == "X" and e["pid"] == SIM_PID_BASE)
+    assert measured == simulated == sorted(actions)
+    assert any(e["ph"] == "C" and e["pid"] == SIM_PID_BASE and e["name"].startswith("host memory") for e in events)
+
+
+def test_trace_compare_rejects_what_is_not_a_trace(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\"traceEvents\": []}")
+    assert main(["trace", "compare", str(bad)]) == 2
+    assert "no actions" in capsys.readouterr().err
+    assert main(["trace", "compare", str(tmp_path / "missing.json")]) == 2
