@@ -6,7 +6,9 @@
   chart data (``viz.chartdata``) in a compact form the front end draws.
 - ``GET /api/families`` lists the schedule families.
 Bad input answers 400 with ``{"error": <the CLI's one-line message>}``; a request bigger than the size
-limit answers 413 before simulating, so one request cannot hold the server for long.
+limit answers 413 before simulating, so one request cannot hold the server for long. ``/api/chart``,
+which the page uses, sends the same error object with status 200 (and the HTTP status inside), so the
+browser does not log a failed load for a message meant for the user.
 """
 from __future__ import annotations
 
@@ -123,7 +125,9 @@ def route(path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, str, byte
         else:
             raise RequestError(HTTPStatus.NOT_FOUND, f"no such page {path!r}; the playground is at /")
     except RequestError as err:
-        return err.status, "application/json", json.dumps({"error": str(err)}).encode()
+        # The page's own endpoint answers 200: a message for the user is a normal outcome, not a failed load.
+        status = HTTPStatus.OK if path == "/api/chart" else err.status
+        return status, "application/json", json.dumps({"error": str(err), "status": int(err.status)}).encode()
     return HTTPStatus.OK, "application/json", json.dumps(out).encode()
 
 
@@ -142,12 +146,15 @@ class Handler(BaseHTTPRequestHandler):
                 log.exception("playground request %s failed", self.path)
                 status, kind, body = (HTTPStatus.INTERNAL_SERVER_ERROR, "application/json",
                                       json.dumps({"error": f"internal error: {err}"}).encode())
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # the page moved on and aborted this request
+            log.info("client left before %s was answered", self.path)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
         log.info("%s %s", self.address_string(), format % args)

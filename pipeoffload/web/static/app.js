@@ -52,7 +52,7 @@
       return;
     }
     if (mine !== sequence) return;  // a newer request is on its way
-    if (!response.ok) { showError(body.error || response.statusText); return; }
+    if (!response.ok || body.error) { showError(body.error || response.statusText); return; }
     errorBox.hidden = true;
     errorBox.textContent = "";
     render(body);

@@ -1,0 +1,96 @@
+"""The playground's server without a browser: the JSON API is `simulate --json`, errors are the CLI's
+messages, large requests are refused with the limit, static files are served."""
+import contextlib
+import io
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from pipeoffload.cli import main
+from pipeoffload.web.server import MAX_CELLS, make_server
+
+
+@pytest.fixture(scope="module")
+def base() -> Iterator[str]:
+    server = make_server(0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exit_:  # argparse's own errors exit
+            code = int(exit_.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("query,argv", [
+    ("family=1f1b&ranks=4&microbatches=8", ["1f1b", "-d", "4", "-m", "8"]),
+    ("family=group-interleaved&ranks=4&microbatches=8&group_size=2&offload=all&offload_ratio=0.5&time_w=0.5",
+     ["group-interleaved", "-d", "4", "-m", "8", "-g", "2", "--offload", "all", "--offload-ratio", "0.5",
+      "--time-w", "0.5"]),
+    ("family=zb-v&ranks=4&microbatches=8&stages_per_rank=&recompute=first:1",
+     ["zb-v", "-d", "4", "-m", "8", "--recompute", "first:1"]),
+])
+def test_api_returns_exactly_simulate_json(base: str, query: str, argv: list[str]) -> None:
+    status, body = _get(f"{base}/api/simulate?{query}")
+    code, out, _ = _cli("simulate", *argv, "--json")
+    assert status == 200 and code == 0
+    assert json.loads(body) == json.loads(out)
+
+
+def test_bad_input_is_the_cli_message(base: str) -> None:
+    status, body = _get(f"{base}/api/simulate?family=1f1b&ranks=0")
+    code, _, err = _cli("simulate", "1f1b", "--ranks", "0")
+    assert status == 400 and code == 2
+    message = json.loads(body)["error"]
+    assert message in err and "must be >= 1" in message
+    status, body = _get(f"{base}/api/chart?family=nope")  # the page's endpoint: 200 with the message
+    assert status == 200 and "unknown schedule 'nope'" in json.loads(body)["error"]
+    status, body = _get(f"{base}/api/simulate?family=1f1b&colour=red")
+    assert status == 400 and "unknown parameter(s) colour" in json.loads(body)["error"]
+
+
+def test_large_request_is_refused_with_the_limit(base: str) -> None:
+    status, body = _get(f"{base}/api/simulate?family=1f1b&ranks=64&microbatches=4096")
+    assert status == 413 and str(MAX_CELLS) in json.loads(body)["error"]
+    status, _ = _get(f"{base}/api/simulate?family=1f1b&offload=" + "x" * 3000)
+    assert status == 414
+
+
+def test_static_files_and_chart(base: str) -> None:
+    status, page = _get(f"{base}/")
+    assert status == 200 and b"/app.js" in page and b"http" not in page.replace(b"http://www.w3.org", b"")
+    assert _get(f"{base}/app.js")[0] == _get(f"{base}/style.css")[0] == 200
+    assert _get(f"{base}/nothing")[0] == 404
+    status, body = _get(f"{base}/api/chart?family=1f1b&ranks=3&microbatches=4")
+    chart = json.loads(body)["chart"]
+    assert status == 200 and chart["ranks"] == 3 and len(chart["boxes"]) == 3 * 4 * 2 and len(chart["device"]) == 3
+    families = json.loads(_get(f"{base}/api/families")[1])
+    assert "group-interleaved" in {f["name"] for f in families}
+
+
+def test_port_in_use_is_a_config_error(base: str) -> None:
+    from pipeoffload.errors import ConfigError
+
+    port = int(base.rsplit(":", 1)[1])
+    with pytest.raises(ConfigError, match="pick another port"):
+        make_server(port)
