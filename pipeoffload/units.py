@@ -24,6 +24,8 @@ def units_dict(time_unit: str = TIME_UNIT_HELP) -> dict[str, str]:
         "time": time_unit,
         "memory": MEMORY_UNIT_HELP,
         "activation_units": "one microbatch's saved activations for one stage (rank units x stages_per_rank)",
+        "fields": "*_rank_units in rank units; peak_activation_units and peak_host_units in activation units; "
+                  "makespan, busy and stall in the time unit; offloaded and recomputed count activations",
     }
 
 

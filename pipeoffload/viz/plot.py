@@ -139,7 +139,7 @@ def _memory_panels(fig: Any, data: ChartData, rect: tuple[float, float, float, f
             hx.step(h_times, h_levels, where="post", color=_HOST_COLOUR, linewidth=0.9, linestyle=_HOST_STYLE)
             host_axes.append(hx)
         ax.set_ylim(0, top_device * 1.15)
-        ax.set_yticks([0, top_device], ["0", f"{top_device:.3g}"])
+        ax.set_yticks([0, top_device], ["", f"{top_device:.3g}"])  # 0 is obvious; labels would collide
         ax.tick_params(axis="y", labelsize=5.5, length=2, pad=1, colors=_DEVICE_COLOUR)
         ax.set_ylabel(f"rank {rank}", fontsize=7, rotation=0, ha="right", va="center", labelpad=14)
         note = f"peak {device.peak:.3g}" + (f"\nhost {host.peak:.3g}" if top_host > 0 else "")
