@@ -18,6 +18,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     compare.add_argument("-o", "--output", metavar="FILE",
                          help="the merged trace (default: RUN_TRACE with .vs-sim.json)")
     compare.set_defaults(run=run_compare)
+    parser.set_defaults(run=lambda args: _usage(parser))
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
 
 
 def run_compare(args: argparse.Namespace) -> int:
