@@ -34,7 +34,7 @@ PARAMS = {
     "p2p_time": "--p2p-time", "offload_ratio": "--offload-ratio", "offload": "--offload", "recompute": "--recompute",
     "backward": "--backward",
 }
-MAX_CELLS = 20_000  # ranks x microbatches x stages_per_rank: d=16, m=64, v=4 is 4096; beyond this, use the CLI
+MAX_CELLS = 8_192  # ranks x microbatches x stages_per_rank (d=16, m=64, v=4 is 4096): a few seconds at most
 MAX_QUERY = 2_000  # characters
 _STATIC = {"/": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascript"),
            "/style.css": ("style.css", "text/css")}
