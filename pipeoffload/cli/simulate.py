@@ -113,10 +113,10 @@ def format_summary(timeline: Timeline) -> str:
         f"makespan {timeline.makespan:g} {TIME_UNIT}   bubble {timeline.bubble_ratio:.2%}   "
         f"peak {timeline.peak_rank_units:g} {MEMORY_UNIT} ({timeline.peak_activation_units:g} activation units)"
         + (f"   stall {timeline.stall:g} {TIME_UNIT}" if timeline.stall else ""),
-        f"rank  busy({TIME_UNIT})  bubble  peak  peak(host)  stall({TIME_UNIT})   [memory in {MEMORY_UNIT}]",
+        f"rank  busy({TIME_UNIT})  bubble  peak(device)  peak(host)  stall({TIME_UNIT})   [memory in {MEMORY_UNIT}]",
     ]
     for r in timeline.per_rank:
-        lines.append(f"{r.rank:4d} {r.busy:8g} {r.bubble_ratio:7.2%} {r.peak_rank_units:5g} "
+        lines.append(f"{r.rank:4d} {r.busy:8g} {r.bubble_ratio:7.2%} {r.peak_rank_units:13g} "
                      f"{r.peak_host_units / v:11g} {r.stall:9g}")
     lines.append(f"units: {TIME_UNIT_HELP}; {MEMORY_UNIT_HELP}")
     return "\n".join(lines)

@@ -30,6 +30,17 @@ def timeline_label(timeline: Timeline) -> str:
     return f"{s.name} d={s.num_ranks} m={s.num_microbatches} v={s.stages_per_rank}{extra}"
 
 
+def _distinct(labels: list[str]) -> list[str]:
+    """Number repeated labels ("... (2nd of 2)") so no two rows of a table read the same."""
+    totals = {label: labels.count(label) for label in labels}
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if totals[label] == 1 else f"{label} (#{seen[label]} of {totals[label]})")
+    return out
+
+
 def _cell(value: object, cls: str = "") -> str:
     attr = f" class='{cls}'" if cls else ""
     return f"<td{attr}>{html.escape(str(value))}</td>"
@@ -63,7 +74,7 @@ def html_report(timelines: Sequence[Timeline], title: str = "pipeoffload report"
                 commands: Sequence[str] | None = None, time_unit_help: str = TIME_UNIT_HELP) -> str:
     """The page. ``labels`` name the rows (default: ``timeline_label``), ``commands`` are shown verbatim;
     ``pictures`` are PNGs already drawn (drawn here, on one shared time axis, when omitted)."""
-    labels = list(labels) if labels is not None else [timeline_label(t) for t in timelines]
+    labels = _distinct(list(labels) if labels is not None else [timeline_label(t) for t in timelines])
     commands = list(commands) if commands is not None else [""] * len(timelines)
     xmax = max((t.makespan for t in timelines), default=0.0)
     head = ("<tr><th class='label'>schedule and options</th><th class='label'>command</th>"

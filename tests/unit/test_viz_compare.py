@@ -43,3 +43,16 @@ def test_file_slug_keeps_every_option() -> None:
     assert file_slug("group-interleaved d=8 m=32 v=2 · group-size 4 · offload all") == \
         "group-interleaved_d8_m32_v2_group-size_4_offload_all"
     assert file_slug("1f1b d=8 m=32 v=1 · offload first:1") == "1f1b_d8_m32_v1_offload_first-1"
+
+
+def test_report_labels_name_offload_and_never_repeat() -> None:
+    from pipeoffload import generate, lower, simulate
+    from pipeoffload.units import rank_costs
+    from pipeoffload.viz.report import html_report
+
+    costs = rank_costs(1, 1, 1, 2).with_offload_ratio(0.5)
+    plain = simulate(lower(generate("group-interleaved", 2, 4, 2), costs), costs)
+    offloaded = simulate(lower(generate("group-interleaved", 2, 4, 2), costs, offload="all"), costs)
+    page = html_report([plain, plain, offloaded], pictures=[b"png"] * 3)
+    rows = re.findall(r"<tr data-row='\d'><td class='label'>([^<]+)</td>", page)
+    assert len(set(rows)) == 3 and "offloaded" in rows[2] and "(#2 of 2)" in rows[1]
