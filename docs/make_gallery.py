@@ -81,7 +81,9 @@ How to read a chart: one row per rank (rank 0 on top); a box is one action, its 
 are drawn lighter. With offload each rank gets a thin **copy** lane: device-to-host copies (offload) in
 its upper half, host-to-device copies (reload) in its lower half. Below, one small memory panel per rank:
 device memory solid on a scale shared by all ranks, host memory dashed on its own shared scale, each
-rank's peaks written at the right. Every chart here comes from `pipeoffload simulate NAME --plot FILE`.
+rank's peaks written at the right. Every chart here comes from `pipeoffload simulate NAME --plot FILE`;
+`pipeoffload compare` puts several on one page and `pipeoffload playground` ([playground](playground.md))
+draws them as you change the numbers.
 
 ## Without offload
 

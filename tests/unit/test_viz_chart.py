@@ -77,3 +77,14 @@ def test_large_full_offload_chart_is_drawn_with_every_rank_panel() -> None:
     assert any("host" in (t or "") for t in (h.get_label() for h in fig.legends[0].legend_handles))
     raw = figure_bytes(fig, "png", dpi=50)
     assert raw.startswith(b"\x89PNG") and len(raw) > 50_000
+
+
+def test_microbatch_numbers_only_where_boxes_are_wide_enough() -> None:
+    small = _timeline("1f1b", 4, 8)
+    fig = timeline_figure(small, memory=False)
+    numbers = [t.get_text() for t in fig.axes[0].texts]
+    assert sorted(numbers) == sorted(str(b.microbatch) for b in chart_data(small).boxes)  # every box numbered
+    large = _timeline("1f1b", 16, 256)
+    labelled = len(timeline_figure(large, memory=False).axes[0].texts)
+    assert labelled < len(chart_data(large).boxes) / 4  # too narrow to read: left out, not overprinted
+    assert fig.axes[0].get_xlabel().startswith("time (t = ")
