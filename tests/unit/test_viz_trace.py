@@ -3,6 +3,8 @@ measured run (one rank, two stages, full offload) above its simulation."""
 import json
 from pathlib import Path
 
+import pytest
+
 from pipeoffload import generate, lower
 from pipeoffload.cli import main
 from pipeoffload.models import sample_batch
@@ -11,7 +13,10 @@ from pipeoffload.viz.chrome_trace import SIM_PID_BASE
 from tests.unit.test_runtime_executor import CFG, _runner
 
 
-def _measured(tmp_path: Path) -> tuple[Path, object]:
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> tuple[Path, object]:  # type: ignore[no-untyped-def]
+    """One real step, traced once for the module (a runner step takes seconds on a loaded machine)."""
+    tmp_path = tmp_path_factory.mktemp("trace")
     schedule = lower(generate("interleaved-1f1b", 1, 4, 2), offload="all")
     runner, _ = _runner(schedule)
     runner.step(*sample_batch(CFG, 8, seed=1))
@@ -20,8 +25,8 @@ def _measured(tmp_path: Path) -> tuple[Path, object]:
     return path, runner.trace
 
 
-def test_runtime_trace_names_lanes_and_counts_memory(tmp_path: Path) -> None:
-    path, trace = _measured(tmp_path)
+def test_runtime_trace_names_lanes_and_counts_memory(measured) -> None:  # type: ignore[no-untyped-def]
+    path, trace = measured
     data = json.loads(path.read_text())
     events = data["traceEvents"]
     meta = {(e["name"], e.get("tid")): e["args"] for e in events if e["ph"] == "M"}
@@ -35,8 +40,8 @@ def test_runtime_trace_names_lanes_and_counts_memory(tmp_path: Path) -> None:
     assert max(counters) > 0 and data["otherData"]["peak_bytes"]["0"] == trace.peak_bytes  # type: ignore[attr-defined]
 
 
-def test_trace_compare_puts_the_measured_run_above_its_simulation(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    path, trace = _measured(tmp_path)
+def test_trace_compare_puts_the_measured_run_above_its_simulation(measured, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    path, trace = measured
     out = tmp_path / "both.json"
     assert main(["trace", "compare", str(path), "-o", str(out)]) == 0
     assert "measured step" in capsys.readouterr().out
