@@ -24,7 +24,7 @@ __all__ = ["COLOURS", "LABELS", "timeline_figure", "figure_bytes", "shade"]
 
 _WIDTH = 13.0  # inches
 _LEFT, _RIGHT = 0.85, 1.25  # margins in inches: rank names left, peak annotations right
-_COMPUTE_ROW, _COPY_ROW = 0.30, 0.16  # lane heights in inches
+_COMPUTE_ROW, _COPY_ROW = 0.30, 0.16  # lane heights in inches (scaled down beyond 16 ranks)
 _HOST_STYLE = (0, (3, 2))
 _DEVICE_COLOUR, _HOST_COLOUR = "#1f4e79", "#b5651d"
 _LABEL_PT = 6.0  # microbatch number font size
@@ -45,8 +45,9 @@ def chart_figure(data: ChartData, memory: bool = True, xmax: float | None = None
     import matplotlib.pyplot as plt
 
     lanes = [(r, lane) for r in range(data.ranks) for lane in (("compute", "copy") if data.copy_lanes else ("compute",))]
-    gantt_h = sum(_COMPUTE_ROW if lane == "compute" else _COPY_ROW for _, lane in lanes)
-    panel_h = 0.42 if data.ranks <= 8 else 0.34
+    rows = _row_heights(data.ranks)
+    gantt_h = sum(rows[lane] for _, lane in lanes)
+    panel_h = 0.42 if data.ranks <= 8 else 0.34 if data.ranks <= 16 else 0.26
     mem_h = panel_h * data.ranks if memory else 0.0
     top, legend_h, axis_h, gap, bottom = 0.55, 0.42 if data.stages_per_rank > 1 or memory else 0.25, 0.25, 0.25, 0.5
     height = top + legend_h + gantt_h + axis_h + (gap + mem_h if memory else 0.0) + bottom
@@ -69,6 +70,12 @@ def chart_figure(data: ChartData, memory: bool = True, xmax: float | None = None
     return fig
 
 
+def _row_heights(ranks: int) -> dict[str, float]:
+    """Lane heights in inches: full size up to 16 ranks, then smaller so 32 or 64 ranks stay on a page."""
+    scale = 1.0 if ranks <= 16 else 0.7
+    return {"compute": _COMPUTE_ROW * scale, "copy": _COPY_ROW * scale}
+
+
 def _gantt(ax: Any, data: ChartData, lanes: list[tuple[int, str]], width_pt: float, xmax: float) -> None:
     from matplotlib.ticker import MaxNLocator
 
@@ -76,7 +83,7 @@ def _gantt(ax: Any, data: ChartData, lanes: list[tuple[int, str]], width_pt: flo
     pos: dict[tuple[int, str], tuple[float, float]] = {}
     cursor = 0.0
     for rank, lane in lanes:
-        h = _COMPUTE_ROW if lane == "compute" else _COPY_ROW
+        h = _row_heights(data.ranks)[lane]
         pos[(rank, lane)] = (cursor + h / 2, h)
         cursor += h
     segments: dict[tuple[float, float, str], list[tuple[float, float]]] = defaultdict(list)
