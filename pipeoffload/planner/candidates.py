@@ -19,7 +19,7 @@ from pipeoffload.planner.evaluate import (
     time_lower_bound,
 )
 from pipeoffload.planner.plans import MemorySplit, Plan, PlanRequest
-from pipeoffload.planner.stagecosts import LayerCosts, Layout, StageCosts, layer_costs, stage_costs
+from pipeoffload.planner.stagecosts import LayerCosts, Layout, StageCosts, setup_layer_costs, stage_costs
 
 
 def _divisors(n: int) -> list[int]:
@@ -143,21 +143,21 @@ def static_split(req: PlanRequest, layout: Layout, stage: StageCosts) -> tuple[t
 
 def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Candidate]:
     out = []
-    per_layer: dict[int, LayerCosts] = {}
+    per_layer: dict[tuple[int, bool], LayerCosts] = {}
     for layout in layouts(req, skipped):
         m = req.global_batch // (layout.dp * req.model.microbatch)
-        lc = per_layer.get(layout.tp)
-        if lc is None:
-            lc = req.measured or layer_costs(req.model, req.hardware, layout.tp,
-                                             partial_recompute=req.setup.partial_recompute)
-            per_layer[layout.tp] = lc
         stages: dict[tuple, StageCosts] = {}
         for choice in choices(req, layout.pp, m):
+            lgd = req.setup.lgd_for(choice.offload)  # LGD with offload, as the reference does
+            lc = per_layer.get((layout.tp, lgd))
+            if lc is None:
+                lc = req.measured or setup_layer_costs(req.model, req.hardware, layout.tp, req.setup, lgd)
+                per_layer[(layout.tp, lgd)] = lc
             placement = placement_of(choice, layout.pp)
-            key = (choice.stages_per_rank, placement)
+            key = (choice.stages_per_rank, placement, lgd)
             if key not in stages:
                 stages[key] = stage_costs(lc, req.hardware, layout, choice.stages_per_rank, req.model.layers,
-                                          placement)
+                                          placement, host_link=req.setup.host_link)
             sc = stages[key]
             static = tuple(sum(x) for x in static_split(req, layout, sc))
             if choice.offload == "budget":  # what the memory budget leaves for activations, in units

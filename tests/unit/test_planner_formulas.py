@@ -41,8 +41,8 @@ def test_formula1_from_presets_matches_to_three_digits() -> None:
 
 
 def test_cost_model_k_equals_formula1_for_a_gpt_layer_without_recompute_time() -> None:
-    """Formula 1 is the cost model's k for a GPT layer saving 20 sbh, if LGD recomputation were free."""
-    hw = hardware_preset("a100")
+    """Formula 1 is the flat cost model's k for a GPT layer saving 20 sbh, if LGD recomputation were free."""
+    hw = hardware_preset("a100").override(compute_model="flat")
     model = ModelSpec(layers=1, hidden=4096, heads=32, seq=8192)
     lc = layer_costs(model, hw, partial_recompute=True)
     lgd = model.recompute_elementwise_bytes() / hw.hbm_bandwidth
