@@ -71,7 +71,7 @@ def korthikanti_layer(hw: HardwareSpec, sequence_parallel: bool = True,
 
 def korthikanti_mfu(hw: HardwareSpec, model: ModelSpec, pp: int, gpus: int, batch: int) -> float:
     """MFU of the planner's plan for a Table 3 setup (TP8, 1F1B, selective recompute, sequence parallel)."""
-    req = PlanRequest(model=model, hardware=hw, gpus=gpus, global_batch=batch, memory_budget=1e15,
+    req = PlanRequest(model=model, hardware=hw, gpus=gpus, global_batch=batch, memory_budget=hw.memory_bytes,
                       setup=TrainingSetup(selective_recompute=True, distributed_optimizer=False,
                                           partial_recompute=False),
                       schedules=("1f1b",), tp_sizes=(8,), pp_sizes=(pp,), offload=("none",), recompute=("none",),
@@ -90,7 +90,8 @@ def narayanan_tflops(hw: HardwareSpec, model: ModelSpec, tp: int, gpus: int, bat
     # per GPU the recompute pass has no gap to fill, so the re-run is charged to B directly.
     costs = replace(costs, time_b=tuple(costs.b(0) + costs.f(0) for _ in range(1)))
     sim = simulate_choice(ScheduleChoice("1f1b", 1, None, "none", "none"), 1, m, costs, extrapolate=False)
-    req = PlanRequest(model=model, hardware=hw, gpus=gpus, global_batch=batch, memory_budget=1e15, setup=setup)
+    req = PlanRequest(model=model, hardware=hw, gpus=gpus, global_batch=batch, memory_budget=hw.memory_bytes,
+                      setup=setup)
     step = sim.makespan + dp_sync_time(req, layout, lc.params * model.layers + lc.embedding_params + lc.head_params)
     s, h, n, v = model.seq, model.hidden, model.layers, model.vocab
     flops = 96 * batch * s * n * h * h * (1 + s / (6 * h) + v / (16 * n * h))

@@ -198,7 +198,7 @@ def evaluate(req: PlanRequest, cand: Candidate, sim: SimSummary) -> Plan:
         req.host_memory_budget is None or host <= req.host_memory_budget)
     return Plan(layout, cand.choice, cand.microbatches, step, sim.makespan, dp_time, tokens / step,
                 flops / (step * layout.gpus * req.hardware.peak_flops), memory, sim.bubble_ratio,
-                max(sim.stall) / step if step else 0.0, fits, sim.exact, sim)
+                max(sim.stall) / step if step else 0.0, fits, sim.exact, sim, unit)
 
 
 def _model_flops(req: PlanRequest) -> float:
