@@ -63,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     space.add_argument("--stages-per-rank", type=_ints, default=(2, 4), help="v for multi-stage families (2,4)")
     space.add_argument("--offload", type=_words, help="offload policies, e.g. none,first:1,all (default: all levels)")
     space.add_argument("--recompute", type=_words, help="recompute policies, e.g. none,all (default: all levels)")
-    space.add_argument("--profile", metavar="JSON", help="measured per-layer costs from pipeoffload.profiling (TP 1)")
+    space.add_argument("--profile", metavar="JSON", help="measured per-layer costs from pipeoffload.profiling (used for the TP size it was measured at)")
     space.add_argument("--exhaustive", action="store_true",
                        help="try every memory policy on every schedule, not only where nothing cheaper fits")
     space.add_argument("--exact-frontier", action="store_true",
@@ -80,6 +80,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="PP + offload (TP 1) against --baseline, same GPUs, batch and budget")
     out.add_argument("--baseline", choices=BASELINES, default="tp8-interleaved",
                      help="tp8-interleaved: interleaved 1F1B + TP8 + SP (the paper's); best: any TP 2-8")
+    out.add_argument("--match-memory", action="store_true",
+                     help="with --compare-tp: give PP + offload the baseline plan's memory as its budget")
     parser.set_defaults(run=run)
 
 
@@ -138,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     req = request_from_args(args)
     _show_progress()
     if args.compare_tp:
-        cmp = compare_tp(req, args.baseline)
+        cmp = compare_tp(req, args.baseline, match_memory=args.match_memory)
         print(json.dumps(comparison_as_dict(cmp), indent=1) if args.json else format_comparison(cmp, req))
         if args.emit and cmp.pp is not None:
             print(f"wrote {args.emit} (the PP + offload plan); run it with: {emit(req, cmp.pp, args.emit)}")

@@ -31,7 +31,7 @@ def layouts(req: PlanRequest, skipped: dict[str, int]) -> list[Layout]:
     model, hw = req.model, req.hardware
     tps = req.tp_sizes or tuple(t for t in _divisors(req.gpus) if t <= hw.gpus_per_node)
     if req.measured is not None:
-        tps = tuple(t for t in tps if t == 1)
+        tps = tuple(t for t in tps if t == req.measured.tp)  # a profile holds one TP size
     out = []
     for tp in sorted(set(tps)):
         if req.gpus % tp or model.heads % tp or model.num_kv_heads % tp or model.ffn_size % tp:

@@ -60,14 +60,19 @@ def _best(req: PlanRequest) -> tuple[Plan | None, str]:
         return None, str(err)
 
 
-def compare_tp(req: PlanRequest, baseline: str = "tp8-interleaved") -> Comparison:
-    """The best TP = 1 plan and the best ``baseline`` plan for the same request."""
+def compare_tp(req: PlanRequest, baseline: str = "tp8-interleaved", match_memory: bool = False) -> Comparison:
+    """The best TP = 1 plan and the best ``baseline`` plan for the same request. ``match_memory``
+    gives the TP = 1 search the baseline plan's total memory as its budget (the paper's "faster with
+    even lower memory" asks for both at once)."""
     base = baseline_request(req, baseline)
     if baseline == "tp8-interleaved" and (req.gpus % 8 or req.model.heads % 8 or req.model.num_kv_heads % 8):
         raise ConfigError(f"--baseline tp8-interleaved needs GPUs ({req.gpus}), heads ({req.model.heads}) and "
                           f"KV heads ({req.model.num_kv_heads}) divisible by 8; use --baseline best")
-    pp, pp_err = _best(pp_request(req))
     tp, tp_err = _best(base)
+    pp_req = pp_request(req)
+    if match_memory and tp is not None:
+        pp_req = replace(pp_req, memory_budget=min(req.memory_budget, tp.memory.total))
+    pp, pp_err = _best(pp_req)
     return Comparison(baseline, pp, tp, pp_err, tp_err)
 
 

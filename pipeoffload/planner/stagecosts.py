@@ -65,6 +65,7 @@ class LayerCosts:
     source: str = "formulas"
     time_b: float | None = None  # full backward (I and W together); None: time_i + time_w
     head_time_b: float | None = None
+    tp: int = 1  # the tensor-parallel size these costs were measured or computed for
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,7 +108,7 @@ def layer_costs(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *, partial_reco
         head_activation_bytes=model.head_activation_bytes(tp),
         head_params=model.head_params() / tp,
         embedding_params=model.embedding_params() / tp,
-        model_flops=model.model_flops_per_microbatch(),
+        model_flops=model.model_flops_per_microbatch(), tp=tp,
     )
 
 
