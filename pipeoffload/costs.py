@@ -162,6 +162,8 @@ def cost_model_from_dict(data: dict, where: str = "cost file") -> CostModel:
     a per-stage list too. Unknown keys are refused with the list of valid ones."""
     data = dict(data.get("costs", data))
     fmt = data.pop("format", COSTS_FORMAT)
+    for note in ("device", "source", "comment"):  # descriptive keys the profiler writes
+        data.pop(note, None)
     if fmt != COSTS_FORMAT:
         raise ConfigError(f"{where}: format {fmt!r}, expected {COSTS_FORMAT!r}")
     unknown = sorted(set(data) - set(_FIELDS))

@@ -101,7 +101,9 @@ def layer_costs(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *, partial_reco
     hf, hi, hw_, hb = head_times(model, hw, tp)
     return LayerCosts(
         time_f=t.f, time_i=t.i, time_w=t.w, time_b=t.b,
-        activation_bytes=model.layer_activation_bytes(tp, partial_recompute),
+        # selective recomputation stores no s^2 attention scores, like a fused kernel
+        activation_bytes=(model.with_(flash_attention=True) if selective_recompute else model)
+        .layer_activation_bytes(tp, partial_recompute),
         params=model.params_per_layer() / tp,
         boundary_bytes=model.boundary_bytes(tp),
         head_time=(hf, hi, hw_), head_time_b=hb,
