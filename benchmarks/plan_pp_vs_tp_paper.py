@@ -64,7 +64,7 @@ def _ratio(c: Comparison) -> str:
 def line(label: str, req: PlanRequest, baseline: str, match_memory: bool = False) -> list[str]:
     start = time.perf_counter()
     c = compare_tp(req, baseline, match_memory)
-    how = " (PP budget = TP plan's memory)" if match_memory else ""
+    how = " (PP activations <= TP's)" if match_memory else ""
     return [f"{label} vs {baseline}{how}: PP+offload/TP {_ratio(c)}  ({time.perf_counter() - start:.0f} s)",
             f"    PP : {_plan(c.pp)}", f"    TP : {_plan(c.tp)}"]
 

@@ -81,7 +81,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--baseline", choices=BASELINES, default="tp8-interleaved",
                      help="tp8-interleaved: interleaved 1F1B + TP8 + SP (the paper's); best: any TP 2-8")
     out.add_argument("--match-memory", action="store_true",
-                     help="with --compare-tp: give PP + offload the baseline plan's memory as its budget")
+                     help="with --compare-tp: PP + offload may use no more activation memory than the baseline plan")
     parser.set_defaults(run=run)
 
 

@@ -162,6 +162,8 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Cand
             static = tuple(sum(x) for x in static_split(req, layout, sc))
             if choice.offload == "budget":  # what the memory budget leaves for activations, in units
                 room = max(0.0, min(req.memory_budget - x for x in static)) / sc.unit_bytes
+                if req.activation_budget is not None:
+                    room = min(room, req.activation_budget / sc.unit_bytes)
                 choice = replace(choice, offload=f"budget:{room:.4g}")
             bound = time_lower_bound(choice, layout.pp, m, sc.costs) + dp_sync_time(
                 req, layout, max(sc.params_per_rank))
@@ -195,7 +197,8 @@ def evaluate(req: PlanRequest, cand: Candidate, sim: SimSummary) -> Plan:
     tokens = req.global_batch * req.model.seq
     flops = req.global_batch / req.model.microbatch * _model_flops(req)
     fits = memory.total <= req.memory_budget and (
-        req.host_memory_budget is None or host <= req.host_memory_budget)
+        req.host_memory_budget is None or host <= req.host_memory_budget) and (
+        req.activation_budget is None or max(sim.peak_units) * unit <= req.activation_budget * (1 + 1e-9))
     return Plan(layout, cand.choice, cand.microbatches, step, sim.makespan, dp_time, tokens / step,
                 flops / (step * layout.gpus * req.hardware.peak_flops), memory, sim.bubble_ratio,
                 max(sim.stall) / step if step else 0.0, fits, sim.exact, sim, unit)

@@ -71,8 +71,11 @@ def compare_tp(req: PlanRequest, baseline: str = "tp8-interleaved", match_memory
     tp, tp_err = _best(base)
     pp_req = pp_request(req)
     if match_memory and tp is not None:
-        pp_req = replace(pp_req, memory_budget=min(req.memory_budget, tp.memory.total))
+        pp_req = replace(pp_req, activation_budget=tp.memory.activations)
     pp, pp_err = _best(pp_req)
+    if pp is None and pp_req.activation_budget is not None:
+        pp_err = (f"no TP = 1 plan keeps its activation peak within the baseline's "
+                  f"{pp_req.activation_budget / GIB:.2f} GiB on every rank")
     return Comparison(baseline, pp, tp, pp_err, tp_err)
 
 

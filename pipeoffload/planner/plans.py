@@ -34,6 +34,7 @@ class PlanRequest:
     global_batch: int  # sequences per optimizer step
     memory_budget: float  # bytes per GPU
     host_memory_budget: float | None = None  # pinned host bytes per GPU; None: unlimited
+    activation_budget: float | None = None  # activation peak bytes on every rank; None: only the total
     setup: TrainingSetup = field(default_factory=TrainingSetup)
     schedules: tuple[str, ...] | None = None  # None: the DEFAULT_SCHEDULES this build registers
     tp_sizes: tuple[int, ...] | None = None  # None: divisors of gpus up to gpus_per_node

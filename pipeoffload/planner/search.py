@@ -147,7 +147,7 @@ class _Search:
         if now >= self.next_report:
             self.next_report = now + PROGRESS_EVERY
             best = f", fastest fitting step {self.top[0]:.3g} s" if self.top else ""
-            progress_log.info("plan: %.0f s, %d candidates simulated, %d queued%s", now - self.started,
+            progress_log.info("searching: %.0f s, %d candidates simulated, %d queued%s", now - self.started,
                               len(self.plans), len(self.queue), best)
 
     def _done(self, cand: Candidate, plan: Plan) -> None:

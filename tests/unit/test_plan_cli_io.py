@@ -80,10 +80,14 @@ def test_compare_tp_prints_both_plans_and_their_ratio(capsys) -> None:  # type: 
 
 
 def test_compare_tp_with_matched_memory_stays_within_the_baseline(capsys) -> None:  # type: ignore[no-untyped-def]
-    assert main(["plan", *SMALL, "--compare-tp", "--match-memory", "--json"]) == 0
+    argv = ["--model", "gpt3-1.3b", "--seq", "8192", "--gpus", "8", "--global-batch", "32"]
+    assert main(["plan", *argv, "--compare-tp", "--match-memory", "--baseline", "best", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    if data["pp"] is not None:
-        assert data["pp"]["memory_gib"]["total"] <= data["tp"]["memory_gib"]["total"] + 1e-9
+    assert data["pp"] is not None and data["pp"]["layout"]["tp"] == 1
+    assert data["pp"]["memory_gib"]["activations"] <= data["tp"]["memory_gib"]["activations"] * (1 + 1e-9)
+    assert main(["plan", *SMALL, "--compare-tp", "--match-memory", "--json"]) == 0  # TP8: 0.4 GiB, out of reach
+    data = json.loads(capsys.readouterr().out)
+    assert data["pp"] is None and "activation peak within the baseline's" in data["pp_error"]
 
 
 def test_simulate_reads_a_cost_file_with_per_stage_w_fraction(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
