@@ -69,32 +69,45 @@ def line(label: str, req: PlanRequest, baseline: str, match_memory: bool = False
             f"    PP : {_plan(c.pp)}", f"    TP : {_plan(c.tp)}"]
 
 
+def sensitivity(row: int) -> list[str]:
+    """Rerun one row against tp8-interleaved with single assumptions changed."""
+    name, gpus, seq, batch = ROWS[row]
+    lines = ["", f"# sensitivity on {name} s={seq} {gpus} GPUs batch {batch}, vs tp8-interleaved"]
+    base = request(name, gpus, seq, batch)
+    hw = base.hardware
+    cases = [("as above", base),
+             ("flat B_c = 220 TFLOP/s (no GEMM-shape or element-wise cost)",
+              replace(base, hardware=hw.override(compute_model="flat"))),
+             ("no LGD partial recomputation", request(name, gpus, seq, batch, partial_recompute=False)),
+             ("host link shared, alternating slots", request(name, gpus, seq, batch, host_link="alternating")),
+             ("host link shared, serialized", request(name, gpus, seq, batch, host_link="serialized")),
+             ("InfiniBand HDR instead of RoCE", replace(base, hardware=hw.with_network("ib-hdr"))),
+             ("RoCE at 100 Gb/s per GPU", replace(base, hardware=hw.with_network("roce-100"))),
+             (f"global batch {2 * batch}", request(name, gpus, seq, 2 * batch)),
+             (f"global batch {4 * batch}", request(name, gpus, seq, 4 * batch))]
+    for label, req in cases:
+        lines += line(label, req, "tp8-interleaved")
+        print("\n".join(lines[-3:]), flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--save", help="also write the report to this file")
     parser.add_argument("--rows", type=int, default=len(ROWS), help="only the first N rows")
+    parser.add_argument("--sensitivity", type=int, action="append", default=None, metavar="ROW",
+                        help="only the sensitivity runs of ROW (0-based; repeatable)")
     args = parser.parse_args()
     lines = ["# plan_pp_vs_tp_paper: PP + offload (TP1) vs TP on the paper's setting (calibrated a100, roce-200)"]
-    for name, gpus, seq, batch in ROWS[: args.rows]:
-        req = request(name, gpus, seq, batch)
-        label = f"{name} s={seq} {gpus} GPUs batch {batch} ({req.model.total_params() / 1e9:.1f}B)"
-        for baseline, match in (("tp8-interleaved", False), ("tp8-interleaved", True), ("best", False)):
-            lines += line(label, req, baseline, match)
-            print("\n".join(lines[-3:]), flush=True)
-    name, gpus, seq, batch = ROWS[3]
-    lines += ["", f"# sensitivity on {name} s={seq} {gpus} GPUs batch {batch}, vs tp8-interleaved"]
-    flat = request(name, gpus, seq, batch)
-    flat = replace(flat, hardware=flat.hardware.override(compute_model="flat"))
-    cases = [("flat B_c = 220 TFLOP/s (no GEMM-shape or element-wise cost)", flat),
-             ("no LGD partial recomputation", request(name, gpus, seq, batch, partial_recompute=False)),
-             ("host link shared, alternating slots", request(name, gpus, seq, batch, host_link="alternating")),
-             ("host link shared, serialized", request(name, gpus, seq, batch, host_link="serialized"))]
-    hw = request(name, gpus, seq, batch).hardware
-    cases.append(("InfiniBand HDR instead of RoCE", replace(request(name, gpus, seq, batch),
-                                                            hardware=hw.with_network("ib-hdr"))))
-    for label, req in cases:
-        lines += line(label, req, "tp8-interleaved")
-        print("\n".join(lines[-3:]), flush=True)
+    if args.sensitivity is None:
+        for name, gpus, seq, batch in ROWS[: args.rows]:
+            req = request(name, gpus, seq, batch)
+            label = f"{name} s={seq} {gpus} GPUs batch {batch} ({req.model.total_params() / 1e9:.1f}B)"
+            for baseline, match in (("tp8-interleaved", False), ("tp8-interleaved", True), ("best", False)):
+                lines += line(label, req, baseline, match)
+                print("\n".join(lines[-3:]), flush=True)
+    for row in args.sensitivity if args.sensitivity is not None else [3]:
+        lines += sensitivity(row)
     if args.save:
         write_atomic(args.save, "\n".join(lines) + "\n")
 
