@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from pipeoffload.errors import ConfigError
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args, hardware_from_args, model_from_args
 from pipeoffload.planner.formulas import formula1_k, hideable_fraction, offload_time
 from pipeoffload.planner.stagecosts import layer_costs
@@ -25,6 +26,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     model, hw = model_from_args(args), hardware_from_args(args)
+    if args.tp < 1 or model.heads % args.tp or model.num_kv_heads % args.tp or model.ffn_size % args.tp:
+        raise ConfigError(f"--tp {args.tp}: must divide the model's heads ({model.heads}), KV heads "
+                          f"({model.num_kv_heads}) and FFN width ({model.ffn_size}); use a common divisor")
     lgd = not args.no_partial_recompute
     k1 = formula1_k(model.hidden, model.seq, hw.flops, hw.offload_bandwidth)
     lc = layer_costs(model, hw, args.tp, partial_recompute=lgd)

@@ -106,3 +106,8 @@ def test_simulate_reads_a_cost_file_with_per_stage_w_fraction(tmp_path, capsys) 
     toml.write_text("time_f = 1.0\nwarp = 2\n")
     assert main([*base, "--costs", str(toml)]) == 2
     assert "unknown key(s) warp" in capsys.readouterr().err
+
+
+def test_k_names_the_tp_flag(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["k", "--hidden", "4096", "--seq", "8192", "--tp", "3"]) == 2
+    assert "--tp 3: must divide the model's heads (32)" in capsys.readouterr().err
