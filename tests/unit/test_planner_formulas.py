@@ -60,8 +60,11 @@ def test_k_cli_prints_formula1(capsys) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_k_cli_overrides_and_errors(capsys) -> None:  # type: ignore[no-untyped-def]
-    assert main(["k", "--hidden", "4096", "--seq", "8192", "--flops", "440", "--offload-bw", "21", "--json"]) == 0
+    assert main(["k", "--hidden", "4096", "--seq", "8192", "--gpu", "h100", "--flops", "440", "--offload-bw", "21",
+                 "--json"]) == 0
     assert round(json.loads(capsys.readouterr().out)["formula1_k"], 3) == 2.131
+    assert main(["k", "--hidden", "4096", "--seq", "8192", "--flops", "440"]) == 2  # above the A100's 312 peak
+    assert "--flops 440" in capsys.readouterr().err
     assert main(["k", "--seq", "8192"]) == 2
     assert "--hidden" in capsys.readouterr().err
     assert main(["k", "--hidden", "4096", "--seq", "8192", "--gpu", "tpu"]) == 2
