@@ -113,6 +113,8 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     model, hw = model_from_args(args), hardware_from_args(args)
     check_tp_flag(args, model.heads, model.num_kv_heads, model.ffn_size, hw.gpus_per_node)
     budget = memory_budget(args, hw.memory_bytes, hw.name)
+    if args.host_memory is not None and not args.host_memory > 0:
+        raise ConfigError(f"--host-memory {args.host_memory:g}: must be > 0 GiB (omit it for no limit)")
     return PlanRequest(
         model=model, hardware=hw, gpus=args.gpus, global_batch=args.global_batch, memory_budget=budget,
         host_memory_budget=args.host_memory * GIB if args.host_memory is not None else None,

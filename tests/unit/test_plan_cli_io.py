@@ -36,6 +36,7 @@ def test_a_request_above_the_device_is_refused() -> None:
     (["--flops", "1000"], "--flops 1000: the sustained rate must be > 0 and at most the a100's peak 312"),
     (["--tp", "3"], "--tp 3: must divide --gpus 8"),
     (["--memory", "0"], "--memory 0: must be > 0 GiB"),
+    (["--host-memory", "-1"], "--host-memory -1: must be > 0 GiB"),
     (["--network", "token-ring"], "unknown network 'token-ring'"),
 ])
 def test_bad_flags_name_the_flag(capsys, argv: list[str], needle: str) -> None:  # type: ignore[no-untyped-def]
@@ -111,3 +112,9 @@ def test_simulate_reads_a_cost_file_with_per_stage_w_fraction(tmp_path, capsys) 
 def test_k_names_the_tp_flag(capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["k", "--hidden", "4096", "--seq", "8192", "--tp", "3"]) == 2
     assert "--tp 3: must divide the model's heads (32)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["alternating", "serialized"])
+def test_shared_host_link_modes_plan(capsys, mode: str) -> None:  # type: ignore[no-untyped-def]
+    assert main(["plan", *SMALL, "--memory", "20", "--no-pareto", "--json", "--shared-host-link", mode]) == 0
+    assert json.loads(capsys.readouterr().out)["best"]
