@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.plans import GIB, InfeasibleError, Plan, PlanRequest
+from pipeoffload.planner.report import offload_label
 from pipeoffload.planner.search import find_plans
 
 BASELINES = ("tp8-interleaved", "best")
@@ -84,7 +85,7 @@ def _describe(plan: Plan) -> str:
     parts = [str(plan.layout), c.family, f"v={c.stages_per_rank}"]
     if c.group_size is not None:
         parts.append(f"g={c.group_size}")
-    parts += [f"offload={c.offload}", f"recompute={c.recompute}", f"m={plan.microbatches}"]
+    parts += [f"offload={offload_label(plan, plan.unit_bytes)}", f"recompute={c.recompute}", f"m={plan.microbatches}"]
     return " ".join(parts)
 
 
