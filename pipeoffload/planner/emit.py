@@ -51,6 +51,10 @@ def config_toml(req: PlanRequest, plan: Plan) -> str:
     lines = [f"# written by pipeoffload plan: {plan.layout} {plan.choice.label()}, "
              f"{plan.tokens_per_second:,.0f} tokens/s predicted, {plan.memory.total / 1024**3:.1f} GiB/GPU",
              f"# model {req.model.name} on {req.gpus} x {req.hardware.name}"]
+    if plan.choice.offload.startswith("budget:") and plan.unit_bytes:
+        units = float(plan.choice.offload[len("budget:"):])
+        lines.append(f"# offload budget:{units:g} is in activation units (one microbatch of the largest stage: "
+                     f"{plan.unit_bytes / 1024**3:.3f} GiB here), i.e. {units * plan.unit_bytes / 1024**3:.1f} GiB")
     if not is_gpt_like(req.model):
         lines.append("# the model is not GPT-shaped: layers/hidden/heads/seq_len left to the train defaults")
     lines += [f"{key} = {_toml_value(value)}" for key, value in plan_config(req, plan).items()]
