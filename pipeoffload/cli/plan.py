@@ -78,8 +78,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--emit", metavar="TOML", help="write the best plan as a train config (run.toml)")
     out.add_argument("--compare-tp", action="store_true",
                      help="PP + offload (TP 1) against --baseline, same GPUs, batch and budget")
-    out.add_argument("--baseline", choices=BASELINES, default="tp8-interleaved",
-                     help="tp8-interleaved: interleaved 1F1B + TP8 + SP (the paper's); best: any TP 2-8")
+    out.add_argument("--baseline", choices=BASELINES, default=None,
+                     help="tp8-interleaved (default): interleaved 1F1B + TP8 + SP, the paper's; best: any TP 2-8")
     out.add_argument("--match-memory", action="store_true",
                      help="with --compare-tp: PP + offload may use no more activation memory than the baseline plan")
     parser.set_defaults(run=run)
@@ -139,10 +139,13 @@ def _show_progress() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.compare_tp and (args.baseline is not None or args.match_memory):
+        raise ConfigError(f"{'--baseline' if args.baseline is not None else '--match-memory'} only applies "
+                          "with --compare-tp; add --compare-tp")
     req = request_from_args(args)
     _show_progress()
     if args.compare_tp:
-        cmp = compare_tp(req, args.baseline, match_memory=args.match_memory)
+        cmp = compare_tp(req, args.baseline or "tp8-interleaved", match_memory=args.match_memory)
         print(json.dumps(comparison_as_dict(cmp), indent=1) if args.json else format_comparison(cmp, req))
         if args.emit and cmp.pp is not None:
             print(f"wrote {args.emit} (the PP + offload plan); run it with: {emit(req, cmp.pp, args.emit)}")

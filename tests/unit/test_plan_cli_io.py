@@ -38,6 +38,7 @@ def test_a_request_above_the_device_is_refused() -> None:
     (["--memory", "0"], "--memory 0: must be > 0 GiB"),
     (["--host-memory", "-1"], "--host-memory -1: must be > 0 GiB"),
     (["--network", "token-ring"], "unknown network 'token-ring'"),
+    (["--baseline", "best"], "--baseline only applies with --compare-tp"),
 ])
 def test_bad_flags_name_the_flag(capsys, argv: list[str], needle: str) -> None:  # type: ignore[no-untyped-def]
     assert main(["plan", *SMALL, *argv]) == 2
