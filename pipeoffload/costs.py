@@ -46,6 +46,10 @@ class CostModel:
     shared_host_link: bool = False
     partial_recompute_saving: PerStage = 0.0
     partial_recompute_time: PerStage = 0.0
+    # measured per stage (the profiler: ~0.5 for transformer blocks, 1.0 for a first stage whose
+    # backward is all weight gradients); None: ``w_fraction`` for every stage. Passes that take one
+    # number use ``w_fraction``; ``from_dict`` sets it to the largest per-stage value (conservative).
+    stage_w_fraction: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("time_f", "time_i", "time_w", "time_b", "time_r", "activation"):
@@ -64,6 +68,8 @@ class CostModel:
             raise ConfigError(f"partial_recompute_time={extra!r}: must be >= 0")
         if not 0.0 <= self.w_fraction <= 1.0:
             raise ConfigError(f"w_fraction={self.w_fraction!r}: must be in [0, 1]")
+        if self.stage_w_fraction is not None and any(not 0.0 <= x <= 1.0 for x in self.stage_w_fraction):
+            raise ConfigError(f"stage_w_fraction={self.stage_w_fraction!r}: every value must be in [0, 1]")
 
     # ---- per-stage lookups -------------------------------------------------------------------
     def f(self, stage: int) -> float:
@@ -82,6 +88,10 @@ class CostModel:
 
     def r(self, stage: int) -> float:
         return self.f(stage) if self.time_r is None else _at(self.time_r, stage)
+
+    def w_fraction_of(self, stage: int) -> float:
+        """Part of ``stage``'s activation that W still needs after I."""
+        return self.w_fraction if self.stage_w_fraction is None else self.stage_w_fraction[stage]
 
     def act(self, stage: int) -> float:
         """Stored activation of one microbatch (after partial recomputation drops its share)."""
@@ -111,7 +121,7 @@ class CostModel:
 
     def check_stages(self, num_stages: int) -> None:
         for name in ("time_f", "time_i", "time_w", "time_b", "time_r", "activation",
-                     "partial_recompute_saving", "partial_recompute_time"):
+                     "partial_recompute_saving", "partial_recompute_time", "stage_w_fraction"):
             value = getattr(self, name)
             if isinstance(value, tuple) and len(value) != num_stages:
                 raise ConfigError(
@@ -129,3 +139,64 @@ class CostModel:
         cls, f: Sequence[float], i: Sequence[float], w: Sequence[float], **kwargs: object
     ) -> CostModel:
         return cls(time_f=tuple(f), time_i=tuple(i), time_w=tuple(w), **kwargs)  # type: ignore[arg-type]
+
+
+# ---- files: the profiler's output or a hand-written cost model ------------------------------------
+COSTS_FORMAT = "pipeoffload-costs/1"
+_FIELDS = ("time_f", "time_i", "time_w", "time_b", "time_r", "activation", "w_fraction", "stage_w_fraction",
+           "activation_bytes", "p2p_time", "d2h_time", "h2d_time", "shared_copy_engine", "shared_host_link",
+           "partial_recompute_saving", "partial_recompute_time")
+
+
+def cost_model_to_dict(costs: CostModel) -> dict:
+    out: dict[str, object] = {"format": COSTS_FORMAT}
+    for name in _FIELDS:
+        value = getattr(costs, name)
+        if value is not None:
+            out[name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def cost_model_from_dict(data: dict, where: str = "cost file") -> CostModel:
+    """A ``CostModel`` from a mapping of its fields (scalars or per-stage lists); ``w_fraction`` may be
+    a per-stage list too. Unknown keys are refused with the list of valid ones."""
+    data = dict(data.get("costs", data))
+    fmt = data.pop("format", COSTS_FORMAT)
+    for note in ("device", "source", "comment"):  # descriptive keys the profiler writes
+        data.pop(note, None)
+    if fmt != COSTS_FORMAT:
+        raise ConfigError(f"{where}: format {fmt!r}, expected {COSTS_FORMAT!r}")
+    unknown = sorted(set(data) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(_FIELDS)}")
+    values: dict[str, object] = {}
+    for key, value in data.items():
+        if isinstance(value, list):
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+                raise ConfigError(f"{where}: {key} = {value!r}: expected numbers")
+            value = tuple(float(x) for x in value)
+        values[key] = value
+    wf = values.get("w_fraction")
+    if isinstance(wf, tuple):  # per stage: the scalar is the conservative maximum
+        values["stage_w_fraction"], values["w_fraction"] = wf, max(wf, default=1.0)
+    try:
+        return CostModel(**values)  # type: ignore[arg-type]
+    except TypeError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def load_cost_model(path: str) -> CostModel:
+    """Read a cost model from JSON (``.json``) or TOML (anything else)."""
+    import json
+    from pathlib import Path
+
+    import tomllib
+
+    try:
+        text = Path(path).read_text()
+        data = json.loads(text) if str(path).endswith(".json") else tomllib.loads(text)
+    except (OSError, ValueError) as err:  # JSONDecodeError and TOMLDecodeError are ValueErrors
+        raise ConfigError(f"--costs {path!r}: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--costs {path!r}: expected an object of CostModel fields")
+    return cost_model_from_dict(data, where=f"--costs {path!r}")

@@ -5,7 +5,10 @@ This is the only planner-side module that imports torch. It measures, on the cur
 - B: the full backward; I: the backward to the stage input only (``torch.autograd.grad`` w.r.t. the
   input skips weight-gradient GEMMs); W = B - I;
 - activation bytes: every tensor autograd saves during F, deduplicated by storage, parameters excluded
-  (the quantity the runtime and the simulator count).
+  (the quantity the runtime and the simulator count);
+- w_fraction: the share of those bytes W still needs after I (the saved tensors of the graph nodes
+  the runtime's W replays: about 0.5 for a transformer block, 1.0 for a first stage whose inputs
+  need no gradient, so its W is a full backward).
 Times are medians over ``repeats`` after ``warmup`` runs. ``Profile.cost_model`` gives a per-stage
 ``CostModel`` for ``simulate``; ``measure_layer_costs`` gives ``LayerCosts`` for ``plan``.
 """
@@ -36,6 +39,7 @@ class StageProfile:
     activation_bytes: int
     output_bytes: int
     params: int
+    w_fraction: float = 1.0  # measured share of activation_bytes W needs after I
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,9 @@ class Profile:
 
     def cost_model(self, *, p2p_time: float | None = None, p2p_bandwidth: float | None = None,
                    d2h_bandwidth: float | None = None, h2d_bandwidth: float | None = None,
-                   w_fraction: float = 1.0) -> CostModel:
-        """A per-stage ``CostModel`` in seconds; one activation unit = the largest stage's bytes."""
+                   w_fraction: float | str = 1.0) -> CostModel:
+        """A per-stage ``CostModel`` in seconds; one activation unit = the largest stage's bytes.
+        ``w_fraction="measured"`` uses each stage's measured share (``stage_w_fraction``)."""
         unit = max(max(s.activation_bytes for s in self.stages), 1)
         if p2p_time is None:
             boundary = max((s.output_bytes for s in self.stages[:-1]), default=0)
@@ -58,11 +63,24 @@ class Profile:
             time_b=tuple(s.time_b for s in self.stages),
             activation=tuple(s.activation_bytes / unit for s in self.stages),
             activation_bytes=float(unit),
-            w_fraction=w_fraction,
+            w_fraction=max(x.w_fraction for x in self.stages) if w_fraction == "measured" else float(w_fraction),
+            stage_w_fraction=tuple(x.w_fraction for x in self.stages) if w_fraction == "measured" else None,
             p2p_time=p2p_time,
             d2h_time=unit / d2h_bandwidth if d2h_bandwidth else 0.0,
             h2d_time=unit / h2d_bandwidth if h2d_bandwidth else 0.0,
         )
+
+
+    def save(self, path: str, **cost_model_options: Any) -> None:
+        """Write ``cost_model(**options)`` as the JSON that ``pipeoffload simulate --costs`` reads."""
+        import json
+
+        from pipeoffload.costs import cost_model_to_dict
+        from pipeoffload.fileio import write_atomic
+
+        options = {"w_fraction": "measured", **cost_model_options}
+        data = cost_model_to_dict(self.cost_model(**options))
+        write_atomic(path, json.dumps({**data, "device": self.device}, indent=1) + "\n")
 
 
 def _sync(device: torch.device) -> None:
@@ -100,6 +118,55 @@ def saved_activation_bytes(module: nn.Module, run: Callable[[], object]) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         run()
     return sum(seen.values())
+
+
+class _Packed:
+    """What the measuring pack hook stores for each saved tensor, so W's share can be found."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+def _unique_bytes(tensors: Sequence[torch.Tensor], exclude: set[int]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in exclude and ptr != 0:
+            seen[ptr] = max(seen.get(ptr, 0), storage.nbytes())
+    return sum(seen.values())
+
+
+def measure_w_fraction(module: nn.Module, forward: Callable[[], tuple[tuple, Any]],
+                       roots: Callable[[Any], list[torch.Tensor]], grad_at: Sequence[int]) -> float:
+    """Share of the saved activation bytes that W still needs after I, as the runtime splits the
+    backward (``runtime.backward``: W replays only the nodes between each parameter's consumers and
+    the parameter). 1.0 when no input needs a gradient (W is then a full backward)."""
+    from pipeoffload.runtime.backward import backward_input
+
+    packed: list[_Packed] = []
+
+    def pack(t: torch.Tensor) -> _Packed:
+        handle = _Packed(t)
+        packed.append(handle)
+        return handle
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda h: h.tensor):
+        xs, out = forward()
+    params = [p for p in module.parameters() if p.requires_grad]
+    exclude = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    total = _unique_bytes([h.tensor for h in packed], exclude)
+    if not grad_at or not total:
+        return 1.0
+    outs = roots(out)
+    _, job = backward_input(outs, [torch.ones_like(t) for t in outs], [xs[i] for i in grad_at], params)
+    needed = job.saved_by_needed_nodes({})
+    if needed is None:
+        return 1.0
+    kept = _unique_bytes([h.tensor for h in needed if isinstance(h, _Packed)], exclude)
+    return min(1.0, kept / total)
 
 
 def _zero_grads(module: nn.Module) -> None:
@@ -173,7 +240,9 @@ def profile_module(module: nn.Module, inputs: Any, *, loss_fn: LossFn | None = N
         activation_bytes=saved_activation_bytes(module, lambda: forward(fresh())),
         output_bytes=0 if loss_fn is not None else _nbytes(output),
         params=sum(p.numel() for p in module.parameters()),
+        w_fraction=measure_w_fraction(module, forward_state, differentiable, grad_at),
     )
+    _zero_grads(module)
     return stage, _detach(output)
 
 
@@ -196,10 +265,17 @@ def profile_stages(stages: Sequence[nn.Module], inputs: Any, *, loss_fn: LossFn,
 
 def measure_layer_costs(block: nn.Module, head: nn.Module, hidden: Any, *, loss_fn: LossFn,
                         target: torch.Tensor, embedding: nn.Module | None = None, model_flops: float = 0.0,
-                        warmup: int = 3, repeats: int = 5) -> LayerCosts:
+                        warmup: int = 3, repeats: int = 5, tp: int = 1) -> LayerCosts:
     """``LayerCosts`` for ``plan --profile``: one transformer ``block`` on a hidden-state microbatch,
     and the ``head`` (final norm + output projection + loss). ``model_flops`` (one microbatch through
-    the whole model, for MFU) is optional."""
+    the whole model, for MFU) is optional.
+
+    Per-TP costs (GPU): call this on every rank of a tensor-parallel group of size ``tp`` with
+    ``block``/``head`` built sharded over that group (their collectives inside ``forward`` and the
+    autograd functions, as Megatron's layers have) and ``hidden`` the rank's input (its sequence shard
+    with sequence parallelism): the times then include the collectives, the bytes and parameters are
+    per rank, and the result says ``tp`` so that ``plan --profile`` uses it for layouts of that TP
+    size. Ranks must call it together (the collectives synchronise them)."""
     layer, _ = profile_module(block, hidden, warmup=warmup, repeats=repeats)
     top, _ = profile_module(head, hidden, loss_fn=loss_fn, target=target, warmup=warmup, repeats=repeats)
     return LayerCosts(
@@ -209,5 +285,5 @@ def measure_layer_costs(block: nn.Module, head: nn.Module, hidden: Any, *, loss_
         head_time=(top.time_f, top.time_i, top.time_w), head_activation_bytes=float(top.activation_bytes),
         head_params=float(top.params),
         embedding_params=float(sum(p.numel() for p in embedding.parameters())) if embedding is not None else 0.0,
-        model_flops=model_flops, source="profile",
+        model_flops=model_flops, source="profile" if tp == 1 else f"profile (tp={tp})", tp=tp,
     )

@@ -325,7 +325,7 @@ class _Simulation:
         elif a.kind == K.B:
             events.append((end, -self.resident.pop(key, 0.0)))
         elif a.kind == K.I:
-            keep = self.resident.get(key, 0.0) * self.costs.w_fraction
+            keep = self.resident.get(key, 0.0) * self.costs.w_fraction_of(a.stage)
             events.append((end, keep - self.resident.get(key, 0.0)))
             self.resident[key] = keep
         elif a.kind == K.W:

@@ -3,14 +3,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
 
 from pipeoffload.cli.common import positive_int
+from pipeoffload.errors import ConfigError
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args, hardware_from_args, model_from_args
+from pipeoffload.planner.compare_tp import BASELINES, compare_tp, comparison_as_dict, format_comparison
+from pipeoffload.planner.emit import emit
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.measured import load_layer_costs
 from pipeoffload.planner.report import format_result, result_as_dict
 from pipeoffload.planner.search import PlanRequest, find_plans
-from pipeoffload.planner.stagecosts import TrainingSetup
+from pipeoffload.planner.stagecosts import HOST_LINK_MODES, TrainingSetup
+
+log = logging.getLogger(__name__)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -37,8 +44,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     job.add_argument("--memory", type=float, metavar="GIB",
                      help="per-GPU memory budget in GiB (default: 90%% of the GPU's memory)")
     job.add_argument("--host-memory", type=float, metavar="GIB", help="pinned host memory per GPU in GiB")
-    job.add_argument("--partial-recompute", action="store_true",
-                     help="LGD partial recomputation (LayerNorm/activation/dropout): ~20 instead of 34 sbh saved")
+    job.add_argument("--partial-recompute", action=argparse.BooleanOptionalAction, default=None,
+                     help="LGD partial recomputation (LayerNorm/activation/dropout: ~20 instead of 34 sbh saved) "
+                          "on every plan / on none (default: on plans that offload, as the reference does)")
+    job.add_argument("--shared-host-link", nargs="?", const="alternating", default="private",
+                     choices=HOST_LINK_MODES, metavar="MODE",
+                     help="model two GPUs sharing one PCIe switch: alternating (the reference's slots; "
+                          "the default MODE) or serialized (default: every GPU has its own link)")
+    job.add_argument("--no-sequence-parallel", action="store_true",
+                     help="tensor parallelism without Megatron's sequence parallelism")
     job.add_argument("--no-distributed-optimizer", action="store_true",
                      help="keep the full optimizer state on every data-parallel replica")
     space = parser.add_argument_group("search space")
@@ -49,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     space.add_argument("--stages-per-rank", type=_ints, default=(2, 4), help="v for multi-stage families (2,4)")
     space.add_argument("--offload", type=_words, help="offload policies, e.g. none,first:1,all (default: all levels)")
     space.add_argument("--recompute", type=_words, help="recompute policies, e.g. none,all (default: all levels)")
-    space.add_argument("--profile", metavar="JSON", help="measured per-layer costs from pipeoffload.profiling (TP 1)")
+    space.add_argument("--profile", metavar="JSON", help="measured per-layer costs from pipeoffload.profiling (used for the TP size it was measured at)")
     space.add_argument("--exhaustive", action="store_true",
                        help="try every memory policy on every schedule, not only where nothing cheaper fits")
     space.add_argument("--exact-frontier", action="store_true",
@@ -61,17 +75,52 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="also find and print the best plan of each TP size (PP + offload vs TP)")
     out.add_argument("--no-pareto", action="store_true", help="do not print the Pareto frontier")
     out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument("--emit", metavar="TOML", help="write the best plan as a train config (run.toml)")
+    out.add_argument("--compare-tp", action="store_true",
+                     help="PP + offload (TP 1) against --baseline, same GPUs, batch and budget")
+    out.add_argument("--baseline", choices=BASELINES, default=None,
+                     help="tp8-interleaved (default): interleaved 1F1B + TP8 + SP, the paper's; best: any TP 2-8")
+    out.add_argument("--match-memory", action="store_true",
+                     help="with --compare-tp: PP + offload may use no more activation memory than the baseline plan")
     parser.set_defaults(run=run)
+
+
+def memory_budget(args: argparse.Namespace, capacity: float, gpu: str) -> float:
+    """``--memory`` in bytes, never above the device (a larger value warns and is capped)."""
+    if args.memory is None:
+        return 0.9 * capacity
+    if not args.memory > 0:
+        raise ConfigError(f"--memory {args.memory:g}: must be > 0 GiB")
+    if args.memory * GIB > capacity:
+        print(f"pipeoffload plan: warning: --memory {args.memory:g} GiB is above the {gpu}'s "
+              f"{capacity / GIB:.2f} GiB; plans are checked against {capacity / GIB:.2f} GiB "
+              "(raise it with --hw memory_gib=...)", file=sys.stderr)
+        return capacity
+    return args.memory * GIB
+
+
+def check_tp_flag(args: argparse.Namespace, heads: int, kv_heads: int, ffn: int, per_node: int) -> None:
+    for tp in args.tp or ():
+        if args.gpus % tp or heads % tp or kv_heads % tp or ffn % tp:
+            raise ConfigError(f"--tp {tp}: must divide --gpus {args.gpus}, the model's heads ({heads}), KV heads "
+                              f"({kv_heads}) and FFN width ({ffn}); use a common divisor such as 1, 2, 4 or 8")
+        if tp > per_node:
+            raise ConfigError(f"--tp {tp}: above the {per_node} GPUs per node (tensor parallelism stays inside "
+                              "a node); use a smaller --tp or --hw gpus_per_node=N")
 
 
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
     model, hw = model_from_args(args), hardware_from_args(args)
-    budget = (args.memory * GIB) if args.memory is not None else 0.9 * hw.memory_bytes
+    check_tp_flag(args, model.heads, model.num_kv_heads, model.ffn_size, hw.gpus_per_node)
+    budget = memory_budget(args, hw.memory_bytes, hw.name)
+    if args.host_memory is not None and not args.host_memory > 0:
+        raise ConfigError(f"--host-memory {args.host_memory:g}: must be > 0 GiB (omit it for no limit)")
     return PlanRequest(
         model=model, hardware=hw, gpus=args.gpus, global_batch=args.global_batch, memory_budget=budget,
         host_memory_budget=args.host_memory * GIB if args.host_memory is not None else None,
         setup=TrainingSetup(distributed_optimizer=not args.no_distributed_optimizer,
-                            partial_recompute=args.partial_recompute),
+                            partial_recompute=args.partial_recompute, host_link=args.shared_host_link,
+                            sequence_parallel=not args.no_sequence_parallel),
         schedules=args.schedules, tp_sizes=args.tp, pp_sizes=args.pp, stages_per_rank=args.stages_per_rank,
         offload=args.offload, recompute=args.recompute,
         measured=load_layer_costs(args.profile) if args.profile else None, top=args.top,
@@ -80,10 +129,33 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     )
 
 
+def _show_progress() -> None:
+    """Send the search's periodic progress lines to stderr (it logs one after a few seconds)."""
+    logger = logging.getLogger("pipeoffload.planner.progress")
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    if not logging.getLogger().handlers and not logger.handlers:
+        logger.addHandler(logging.StreamHandler(sys.stderr))
+
+
 def run(args: argparse.Namespace) -> int:
-    result = find_plans(request_from_args(args))
+    if not args.compare_tp and (args.baseline is not None or args.match_memory):
+        raise ConfigError(f"{'--baseline' if args.baseline is not None else '--match-memory'} only applies "
+                          "with --compare-tp; add --compare-tp")
+    req = request_from_args(args)
+    _show_progress()
+    if args.compare_tp:
+        cmp = compare_tp(req, args.baseline or "tp8-interleaved", match_memory=args.match_memory)
+        print(json.dumps(comparison_as_dict(cmp), indent=1) if args.json else format_comparison(cmp, req))
+        if args.emit and cmp.pp is not None:
+            print(f"wrote {args.emit} (the PP + offload plan); run it with: {emit(req, cmp.pp, args.emit)}")
+        return 0
+    result = find_plans(req)
     if args.json:
         print(json.dumps(result_as_dict(result, args.top), indent=1))
     else:
         print(format_result(result, args.top, pareto=not args.no_pareto))
+    if args.emit:
+        command = emit(req, result.best(1)[0], args.emit)
+        print(f"wrote {args.emit}; run it with: {command}", file=sys.stderr if args.json else sys.stdout)
     return 0

@@ -14,7 +14,7 @@ from pipeoffload.cli.common import (
     schedule_from_args,
 )
 from pipeoffload.cli.outputs import add_output_args, write_outputs
-from pipeoffload.costs import CostModel
+from pipeoffload.costs import CostModel, load_cost_model
 from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, OffloadPolicy, RecomputePolicy
 from pipeoffload.simulate import Timeline, simulate
@@ -25,6 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("simulate", help="simulate a schedule: time, bubbles, memory per rank")
     add_schedule_args(parser)
     add_cost_args(parser)
+    parser.add_argument("--costs", metavar="FILE", help="cost model from a JSON/TOML file (the profiler's "
+                        "Profile.save or hand-written CostModel fields); replaces --time-f/-i/-w and --p2p-time")
     add_memory_args(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object (stable field names)")
     add_output_args(parser)
@@ -50,8 +52,8 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
 
 def memory_costs(args: argparse.Namespace, costs: CostModel) -> CostModel:
     """Apply the host-link flags, the offload ratio and partial recomputation to ``costs``."""
-    costs = replace(costs, shared_host_link=args.shared_host_link,
-                    shared_copy_engine=not args.separate_copy_engines)
+    costs = replace(costs, shared_host_link=args.shared_host_link or costs.shared_host_link,
+                    shared_copy_engine=costs.shared_copy_engine and not args.separate_copy_engines)
     if args.offload_ratio:
         costs = costs.with_offload_ratio(args.offload_ratio)
     return RecomputePolicy.parse(args.recompute).apply_to(costs)
@@ -62,7 +64,9 @@ def simulate_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
     offload, recompute = OffloadPolicy.parse(args.offload), RecomputePolicy.parse(args.recompute)
     options = {"group_size": args.group_size, "backward": args.backward}
     generated = schedule_from_args(args, **options)
-    costs = memory_costs(args, costs_from_args(args, generated.stages_per_rank))
+    base = load_cost_model(args.costs) if getattr(args, "costs", None) else \
+        costs_from_args(args, generated.stages_per_rank)
+    costs = memory_costs(args, base)
     schedule, report = lower_with_report(generated, costs, offload=offload, recompute=recompute)
     return simulate(schedule, costs), report
 

@@ -19,7 +19,7 @@ from pipeoffload.planner.evaluate import (
     time_lower_bound,
 )
 from pipeoffload.planner.plans import MemorySplit, Plan, PlanRequest
-from pipeoffload.planner.stagecosts import LayerCosts, Layout, StageCosts, layer_costs, stage_costs
+from pipeoffload.planner.stagecosts import LayerCosts, Layout, StageCosts, setup_layer_costs, stage_costs
 
 
 def _divisors(n: int) -> list[int]:
@@ -31,7 +31,7 @@ def layouts(req: PlanRequest, skipped: dict[str, int]) -> list[Layout]:
     model, hw = req.model, req.hardware
     tps = req.tp_sizes or tuple(t for t in _divisors(req.gpus) if t <= hw.gpus_per_node)
     if req.measured is not None:
-        tps = tuple(t for t in tps if t == 1)
+        tps = tuple(t for t in tps if t == req.measured.tp)  # a profile holds one TP size
     out = []
     for tp in sorted(set(tps)):
         if req.gpus % tp or model.heads % tp or model.num_kv_heads % tp or model.ffn_size % tp:
@@ -143,25 +143,27 @@ def static_split(req: PlanRequest, layout: Layout, stage: StageCosts) -> tuple[t
 
 def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Candidate]:
     out = []
-    per_layer: dict[int, LayerCosts] = {}
+    per_layer: dict[tuple[int, bool], LayerCosts] = {}
     for layout in layouts(req, skipped):
         m = req.global_batch // (layout.dp * req.model.microbatch)
-        lc = per_layer.get(layout.tp)
-        if lc is None:
-            lc = req.measured or layer_costs(req.model, req.hardware, layout.tp,
-                                             partial_recompute=req.setup.partial_recompute)
-            per_layer[layout.tp] = lc
         stages: dict[tuple, StageCosts] = {}
         for choice in choices(req, layout.pp, m):
+            lgd = req.setup.lgd_for(choice.offload)  # LGD with offload, as the reference does
+            lc = per_layer.get((layout.tp, lgd))
+            if lc is None:
+                lc = req.measured or setup_layer_costs(req.model, req.hardware, layout.tp, req.setup, lgd)
+                per_layer[(layout.tp, lgd)] = lc
             placement = placement_of(choice, layout.pp)
-            key = (choice.stages_per_rank, placement)
+            key = (choice.stages_per_rank, placement, lgd)
             if key not in stages:
                 stages[key] = stage_costs(lc, req.hardware, layout, choice.stages_per_rank, req.model.layers,
-                                          placement)
+                                          placement, host_link=req.setup.host_link)
             sc = stages[key]
             static = tuple(sum(x) for x in static_split(req, layout, sc))
             if choice.offload == "budget":  # what the memory budget leaves for activations, in units
                 room = max(0.0, min(req.memory_budget - x for x in static)) / sc.unit_bytes
+                if req.activation_budget is not None:
+                    room = min(room, req.activation_budget / sc.unit_bytes)
                 choice = replace(choice, offload=f"budget:{room:.4g}")
             bound = time_lower_bound(choice, layout.pp, m, sc.costs) + dp_sync_time(
                 req, layout, max(sc.params_per_rank))
@@ -195,10 +197,11 @@ def evaluate(req: PlanRequest, cand: Candidate, sim: SimSummary) -> Plan:
     tokens = req.global_batch * req.model.seq
     flops = req.global_batch / req.model.microbatch * _model_flops(req)
     fits = memory.total <= req.memory_budget and (
-        req.host_memory_budget is None or host <= req.host_memory_budget)
+        req.host_memory_budget is None or host <= req.host_memory_budget) and (
+        req.activation_budget is None or max(sim.peak_units) * unit <= req.activation_budget * (1 + 1e-9))
     return Plan(layout, cand.choice, cand.microbatches, step, sim.makespan, dp_time, tokens / step,
                 flops / (step * layout.gpus * req.hardware.peak_flops), memory, sim.bubble_ratio,
-                max(sim.stall) / step if step else 0.0, fits, sim.exact, sim)
+                max(sim.stall) / step if step else 0.0, fits, sim.exact, sim, unit)
 
 
 def _model_flops(req: PlanRequest) -> float:

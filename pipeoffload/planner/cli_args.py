@@ -4,7 +4,14 @@ from __future__ import annotations
 import argparse
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.planner.hardware import GB, HardwareSpec, _from_friendly_units, hardware_preset, load_hardware
+from pipeoffload.planner.hardware import (
+    GB,
+    NETWORK_PRESETS,
+    HardwareSpec,
+    _from_friendly_units,
+    hardware_preset,
+    load_hardware,
+)
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.presets import MODEL_PRESETS, model_preset
 
@@ -25,7 +32,11 @@ def add_hardware_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("hardware")
     group.add_argument("--gpu", default="a100", help="preset: a100, h100, h200, gh200 (default a100)")
     group.add_argument("--hardware-file", metavar="TOML", help="TOML with HardwareSpec fields (may name a preset)")
-    group.add_argument("--flops", type=float, metavar="TFLOPS", help="sustained TFLOP/s (the paper's B_c)")
+    group.add_argument("--flops", type=float, metavar="TFLOPS",
+                       help="sustained TFLOP/s for every FLOP (the paper's B_c; replaces the calibrated "
+                            "shape-dependent GEMM rate)")
+    group.add_argument("--network", metavar="NAME",
+                       help=f"inter-node network preset: {', '.join(NETWORK_PRESETS)} (default: the GPU's)")
     group.add_argument("--offload-bw", type=float, metavar="GBPS", help="host link GB/s each way (B_o)")
     group.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
                        help="override any hardware field, e.g. --hw nvlink_gbps=300 --hw memory_gib=94")
@@ -64,12 +75,20 @@ def hardware_from_args(args: argparse.Namespace) -> HardwareSpec:
             raise ConfigError(f"--hw {item!r}: expected FIELD=VALUE, e.g. --hw d2h_gbps=25")
         overrides[key.strip()] = _parse_value(value.strip())
     values = _from_friendly_units(overrides)
-    if args.flops is not None:  # sustained rate: keep the datasheet peak (for MFU) when it is higher
+    if args.flops is not None:  # the paper's B_c: every FLOP at this sustained rate (flat compute model)
         sustained = args.flops * 1e12
-        peak = max(float(values.get("peak_flops", spec.peak_flops)), sustained)  # type: ignore[arg-type]
-        values["peak_flops"], values["achievable_fraction"] = peak, sustained / peak
+        peak = float(values.get("peak_flops", spec.peak_flops))  # type: ignore[arg-type]
+        if not 0 < sustained <= peak:
+            raise ConfigError(f"--flops {args.flops:g}: the sustained rate must be > 0 and at most the "
+                              f"{spec.name}'s peak {peak / 1e12:g} TFLOP/s; give a lower --flops or another "
+                              "peak with --hw peak_tflops=...")
+        values["achievable_fraction"], values["compute_model"] = sustained / peak, "flat"
     if args.offload_bw is not None:
+        if not args.offload_bw > 0:
+            raise ConfigError(f"--offload-bw {args.offload_bw:g}: must be > 0 GB/s")
         values["d2h_bandwidth"] = values["h2d_bandwidth"] = args.offload_bw * GB
+    if getattr(args, "network", None):
+        spec = spec.with_network(args.network)
     return spec.override(**values) if values else spec
 
 

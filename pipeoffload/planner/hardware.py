@@ -36,6 +36,16 @@ class HardwareSpec:
     internode_bandwidth: float = 25 * GB  # network bandwidth per GPU
     hbm_bandwidth: float = 2.0e12
     gpus_per_node: int = 8
+    # ---- calibrated cost model (docs/planner.md, benchmarks/planner_accuracy.py) ------------------
+    # "shape": GEMMs at a rate that depends on their per-GPU shape, element-wise kernels at HBM speed;
+    # "flat": every FLOP at ``flops`` (the paper's B_c), nothing else (the model of Formula 1).
+    compute_model: str = "flat"
+    gemm_max_fraction: float = 0.75  # of peak, for a GEMM of unbounded size
+    gemm_half_intensity: float = 150.0  # FLOP per byte at which a GEMM runs at half that rate
+    hbm_efficiency: float = 0.8  # achievable fraction of hbm_bandwidth for element-wise kernels
+    nvlink_latency: float = 15e-6  # seconds per collective or transfer inside a node
+    network: str = "ib-hdr"  # name of the inter-node network (see NETWORK_PRESETS)
+    internode_latency: float = 10e-6  # seconds per inter-node transfer or collective step
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -48,6 +58,14 @@ class HardwareSpec:
             raise ConfigError(f"hardware achievable_fraction={self.achievable_fraction!r}: must be in (0, 1]")
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
             raise ConfigError(f"hardware gpus_per_node={self.gpus_per_node!r}: must be an integer >= 1")
+        if self.compute_model not in ("shape", "flat"):
+            raise ConfigError(f"hardware compute_model={self.compute_model!r}: must be 'shape' or 'flat'")
+        for key in ("gemm_max_fraction", "hbm_efficiency"):
+            if not 0 < getattr(self, key) <= 1:
+                raise ConfigError(f"hardware {key}={getattr(self, key)!r}: must be in (0, 1]")
+        for key in ("gemm_half_intensity", "nvlink_latency", "internode_latency"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"hardware {key}={getattr(self, key)!r}: must be >= 0")
 
     @property
     def flops(self) -> float:
@@ -59,9 +77,49 @@ class HardwareSpec:
         """The paper's B_o: one-way host-link bandwidth of one GPU (the slower direction)."""
         return min(self.d2h_bandwidth, self.h2d_bandwidth)
 
+    def within_node(self, group: int, span: int) -> bool:
+        return group * span <= self.gpus_per_node
+
     def collective_bandwidth(self, group: int, span: int) -> float:
-        """Bus bandwidth of a collective over ``group`` ranks placed ``span`` consecutive GPUs apart."""
-        return self.nvlink_bandwidth if group * span <= self.gpus_per_node else self.internode_bandwidth
+        """Peak bus bandwidth of a collective over ``group`` ranks placed ``span`` consecutive GPUs apart.
+
+        Inside a node: NVLink. Across nodes NCCL runs one ring per NIC, so a group with ``n`` members in
+        each node moves data through ``n`` NICs per node: ``n`` x the per-GPU network bandwidth, at most
+        NVLink's (e.g. DP over 4 DGX A100 with all 8 GPUs of each node in the group: ~200 GB/s; DP
+        across TP8 nodes, one member per node: one NIC, 25 GB/s)."""
+        if self.within_node(group, span):
+            return self.nvlink_bandwidth
+        members_per_node = max(1, self.gpus_per_node // span) if span < self.gpus_per_node else 1
+        return min(self.nvlink_bandwidth, self.internode_bandwidth * members_per_node)
+
+    def collective_latency(self, group: int, span: int) -> float:
+        return self.nvlink_latency if self.within_node(group, span) else self.internode_latency
+
+    def collective_time(self, nbytes: float, group: int, span: int = 1) -> float:
+        """All-gather or reduce-scatter of a ``nbytes`` tensor (the gathered size) over ``group`` ranks:
+        latency + (group - 1) / group x bytes / bus bandwidth (the nccl-tests definition of bus
+        bandwidth). Larger messages get closer to the peak bandwidth; an all-reduce is two of these."""
+        if group <= 1:
+            return 0.0
+        return (self.collective_latency(group, span)
+                + (group - 1) / group * nbytes / self.collective_bandwidth(group, span))
+
+    def p2p_time(self, nbytes: float, within_node: bool) -> float:
+        """One point-to-point transfer between pipeline neighbours: latency + bytes / link bandwidth."""
+        if within_node:
+            return self.nvlink_latency + nbytes / self.nvlink_bandwidth
+        return self.internode_latency + nbytes / self.internode_bandwidth
+
+    def with_network(self, name: str) -> HardwareSpec:
+        """A copy whose inter-node links are those of a ``NETWORK_PRESETS`` entry."""
+        net = NETWORK_PRESETS.get(name.lower())
+        if net is None:
+            raise ConfigError(f"unknown network {name!r}; presets: {', '.join(NETWORK_PRESETS)}")
+        sources = dict(self.sources)
+        sources.update({"network": net.source, "internode_bandwidth": net.source,
+                        "internode_latency": net.source})
+        return replace(self, network=net.name, internode_bandwidth=net.bandwidth,
+                       internode_latency=net.latency, sources=sources)
 
     def override(self, **changes: Any) -> HardwareSpec:
         """A copy with some fields replaced; each replaced field's source becomes "user override"."""
@@ -81,6 +139,30 @@ class HardwareSpec:
 
 _FIELDS = {f.name for f in dataclasses.fields(HardwareSpec)} - {"sources"}
 
+
+@dataclass(frozen=True)
+class Network:
+    """Inter-node links of one GPU: achievable bandwidth per GPU (one direction) and latency."""
+
+    name: str
+    bandwidth: float
+    latency: float
+    source: str
+
+
+NETWORK_PRESETS: dict[str, Network] = {n.name: n for n in (
+    Network("ib-hdr", 23 * GB, 10e-6, "one 200 Gb/s HDR InfiniBand NIC per GPU (DGX A100): 25 GB/s line rate, "
+            "~23 GB/s achievable (~92%, ib_write_bw-class); ~10 us per message (assumed)"),
+    Network("ib-ndr", 46 * GB, 10e-6, "one 400 Gb/s NDR InfiniBand NIC per GPU (DGX H100): 50 GB/s line rate, "
+            "~46 GB/s achievable (assumed ~92%); ~10 us per message (assumed)"),
+    Network("roce-200", 21 * GB, 20e-6, "one 200 Gb/s RoCE v2 NIC per GPU: 25 GB/s line rate, ~21 GB/s "
+            "achievable (assumed ~85%: RoCE congestion control); ~20 us per message (assumed). UNVERIFIED"),
+    Network("roce-100", 10.5 * GB, 20e-6, "one 100 Gb/s RoCE v2 NIC per GPU: 12.5 GB/s line rate, ~10.5 GB/s "
+            "achievable (assumed ~85%); ~20 us per message (assumed). UNVERIFIED"),
+)}
+
+_FIT = ("fitted on Korthikanti et al. 2022 Table 4 (22B layer, TP8, sequence parallel: forward 7.2 ms, "
+        "forward+backward 19.0 ms); checked on held-out rows, benchmarks/planner_accuracy.py")
 _REF = "reference implementation's profiled constant (zbpp_utils get_gpu_flops_and_offload_bandwidth)"
 _A100_SOURCES = {
     "memory_bytes": "datasheet: 80 GB HBM2e (nvidia-smi: 81920 MiB)",
@@ -89,9 +171,15 @@ _A100_SOURCES = {
     "d2h_bandwidth": f"15 GB/s: {_REF}",
     "h2d_bandwidth": f"15 GB/s: {_REF}",
     "shares_pcie_switch": "DGX/HGX A100: two GPUs behind each PCIe Gen4 switch",
-    "nvlink_bandwidth": "NVLink3 300 GB/s per direction; ~230 GB/s all-reduce bus bandwidth (typical nccl-tests)",
-    "internode_bandwidth": "one 200 Gb/s HDR NIC per GPU = 25 GB/s",
+    "nvlink_bandwidth": "NVLink3 300 GB/s per direction; ~200 GB/s bus bandwidth measured by nccl-tests on "
+                        "8 x A100 (NVIDIA/nccl-tests issue #149)",
+    "internode_bandwidth": NETWORK_PRESETS["ib-hdr"].source,
     "hbm_bandwidth": "datasheet: 2039 GB/s",
+    "compute_model": "calibrated (benchmarks/planner_accuracy.py)",
+    "gemm_max_fraction": _FIT,
+    "gemm_half_intensity": _FIT,
+    "hbm_efficiency": "~80% of the datasheet HBM bandwidth for streaming kernels (assumed, STREAM-class)",
+    "nvlink_latency": "~15 us per NCCL collective of a few KiB on 8 x A100 (assumed, nccl-tests small sizes)",
 }
 _H100_SOURCES = {
     "memory_bytes": "datasheet: 80 GB HBM3 (nvidia-smi: 81559 MiB)",
@@ -101,8 +189,14 @@ _H100_SOURCES = {
     "h2d_bandwidth": f"21 GB/s: {_REF}",
     "shares_pcie_switch": "assumed like DGX A100 (two GPUs per PCIe switch); UNVERIFIED for each HGX H100 board",
     "nvlink_bandwidth": "NVLink4 450 GB/s per direction; ~360 GB/s all-reduce bus bandwidth assumed",
-    "internode_bandwidth": "one 400 Gb/s NDR NIC per GPU = 50 GB/s",
+    "internode_bandwidth": NETWORK_PRESETS["ib-ndr"].source,
     "hbm_bandwidth": "datasheet: 3350 GB/s",
+    "compute_model": "the A100 calibration transferred (UNVERIFIED: no published per-layer H100 measurement used)",
+    "gemm_max_fraction": "A100 fit x (440/989) / (220/312): the reference's profiled H100/A100 ratio of "
+                         "sustained to peak (UNVERIFIED)",
+    "gemm_half_intensity": "A100 fit x the ratio of ridge points (peak / HBM bandwidth), UNVERIFIED",
+    "hbm_efficiency": "~80% of the datasheet HBM bandwidth (assumed)",
+    "nvlink_latency": "~15 us per collective (assumed as A100)",
 }
 
 
@@ -110,16 +204,34 @@ def _preset(name: str, sources: dict[str, str], **values: Any) -> HardwareSpec:
     return HardwareSpec(name=name, sources=sources, **values)
 
 
+# Fitted by ``benchmarks/planner_accuracy.py --fit`` on Korthikanti et al. 2022 Table 4 (see _FIT).
+A100_GEMM_MAX_FRACTION = 0.79
+A100_GEMM_HALF_INTENSITY = 125.0
+_A100_RIDGE = 312e12 / (2039 * GB)
+
+
+def _hopper_calibration(hbm: float) -> dict[str, Any]:
+    """The A100 curve moved to a Hopper GPU (989 TFLOP/s): same shape, the reference's profiled ratio of
+    sustained to peak, and half-rate intensity scaled with the ridge point. UNVERIFIED."""
+    return {"compute_model": "shape",
+            "gemm_max_fraction": min(1.0, A100_GEMM_MAX_FRACTION * (440 / 989) / (220 / 312)),
+            "gemm_half_intensity": A100_GEMM_HALF_INTENSITY * (989e12 / hbm) / _A100_RIDGE}
+
+
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     h.name: h
     for h in (
         _preset("a100", _A100_SOURCES, memory_bytes=80 * GIB, peak_flops=312e12, achievable_fraction=220 / 312,
                 d2h_bandwidth=15 * GB, h2d_bandwidth=15 * GB, shares_pcie_switch=True,
-                nvlink_bandwidth=230 * GB, internode_bandwidth=25 * GB, hbm_bandwidth=2039 * GB),
+                nvlink_bandwidth=200 * GB, hbm_bandwidth=2039 * GB, compute_model="shape",
+                gemm_max_fraction=A100_GEMM_MAX_FRACTION, gemm_half_intensity=A100_GEMM_HALF_INTENSITY,
+                network="ib-hdr", internode_bandwidth=NETWORK_PRESETS["ib-hdr"].bandwidth,
+                internode_latency=NETWORK_PRESETS["ib-hdr"].latency),
         _preset("h100", _H100_SOURCES, memory_bytes=81559 * 2**20, peak_flops=989e12,
                 achievable_fraction=440 / 989, d2h_bandwidth=21 * GB, h2d_bandwidth=21 * GB,
-                shares_pcie_switch=True, nvlink_bandwidth=360 * GB, internode_bandwidth=50 * GB,
-                hbm_bandwidth=3350 * GB),
+                shares_pcie_switch=True, nvlink_bandwidth=360 * GB, hbm_bandwidth=3350 * GB,
+                network="ib-ndr", internode_bandwidth=NETWORK_PRESETS["ib-ndr"].bandwidth,
+                internode_latency=NETWORK_PRESETS["ib-ndr"].latency, **_hopper_calibration(3350 * GB)),
         _preset("h200", {**_H100_SOURCES,
                          "memory_bytes": "datasheet: 141 GB HBM3e (nvidia-smi: 143771 MiB)",
                          "achievable_fraction": f"H100's 440/989 (same compute die; {_REF} for H100)",
@@ -128,7 +240,9 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
                          "hbm_bandwidth": "datasheet: 4800 GB/s"},
                 memory_bytes=143771 * 2**20, peak_flops=989e12, achievable_fraction=440 / 989,
                 d2h_bandwidth=21 * GB, h2d_bandwidth=21 * GB, shares_pcie_switch=True,
-                nvlink_bandwidth=360 * GB, internode_bandwidth=50 * GB, hbm_bandwidth=4800 * GB),
+                nvlink_bandwidth=360 * GB, hbm_bandwidth=4800 * GB,
+                network="ib-ndr", internode_bandwidth=NETWORK_PRESETS["ib-ndr"].bandwidth,
+                internode_latency=NETWORK_PRESETS["ib-ndr"].latency, **_hopper_calibration(4800 * GB)),
         _preset("gh200", {**_H100_SOURCES,
                           "memory_bytes": "datasheet: 96 GB HBM3 (GH200 480GB variant)",
                           "achievable_fraction": f"H100's 440/989 (same Hopper GPU; {_REF} for H100)",
@@ -139,7 +253,9 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
                           "hbm_bandwidth": "datasheet: 4000 GB/s"},
                 memory_bytes=96 * GB, peak_flops=989e12, achievable_fraction=440 / 989,
                 d2h_bandwidth=300 * GB, h2d_bandwidth=300 * GB, shares_pcie_switch=False,
-                nvlink_bandwidth=360 * GB, internode_bandwidth=50 * GB, hbm_bandwidth=4000 * GB),
+                nvlink_bandwidth=360 * GB, hbm_bandwidth=4000 * GB,
+                network="ib-ndr", internode_bandwidth=NETWORK_PRESETS["ib-ndr"].bandwidth,
+                internode_latency=NETWORK_PRESETS["ib-ndr"].latency, **_hopper_calibration(4000 * GB)),
     )
 }
 _ALIASES = {"a100-80gb": "a100", "h100-sxm": "h100", "h100sxm": "h100"}

@@ -34,6 +34,7 @@ class PlanRequest:
     global_batch: int  # sequences per optimizer step
     memory_budget: float  # bytes per GPU
     host_memory_budget: float | None = None  # pinned host bytes per GPU; None: unlimited
+    activation_budget: float | None = None  # activation peak bytes on every rank; None: only the total
     setup: TrainingSetup = field(default_factory=TrainingSetup)
     schedules: tuple[str, ...] | None = None  # None: the DEFAULT_SCHEDULES this build registers
     tp_sizes: tuple[int, ...] | None = None  # None: divisors of gpus up to gpus_per_node
@@ -54,7 +55,11 @@ class PlanRequest:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key}={getattr(self, key)!r}: must be >= 1")
         if not self.memory_budget > 0:
-            raise ConfigError(f"memory budget {self.memory_budget!r} bytes: must be > 0")
+            raise ConfigError(f"memory budget {self.memory_budget / GIB:.2f} GiB: must be > 0")
+        if self.memory_budget > self.hardware.memory_bytes * (1 + 1e-12):  # never show a plan the GPU cannot hold
+            raise ConfigError(f"memory budget {self.memory_budget / GIB:.2f} GiB is above the "
+                              f"{self.hardware.name}'s {self.hardware.memory_bytes / GIB:.2f} GiB; "
+                              "use at most the device's memory")
         for name in self.schedules or ():
             get_spec(name)  # unknown names fail here with the list of valid ones
 
@@ -95,6 +100,7 @@ class Plan:
     fits: bool
     exact: bool  # False: memory estimated from small simulations; confirmed before it is shown
     sim: SimSummary = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+    unit_bytes: float = field(repr=False, compare=False, default=0.0)  # bytes of one activation unit
 
     def sort_key(self) -> tuple:
         return (-round(self.tokens_per_second, 6), round(self.memory.total), str(self.layout), self.choice)

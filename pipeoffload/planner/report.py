@@ -8,14 +8,26 @@ _HEADER = (f"{'#':>3}  {'layout':<13} {'schedule':<17} {'v':>2} {'g':>3} {'offlo
            f"{'host':>6} {'bubble':>6} {'stall':>6}")
 
 
+def offload_label(plan: Plan, unit_bytes: float | None = None) -> str:
+    """The offload policy as shown: a ``budget:X`` target (activation units) in GiB."""
+    offload = plan.choice.offload
+    if offload.startswith("budget:") and unit_bytes:
+        return f"{float(offload[7:]) * unit_bytes / GIB:.1f}GiB"
+    return offload
+
+
 def format_plan_row(index: int, plan: Plan) -> str:
     c, mem = plan.choice, plan.memory
     split = (f"{mem.total / GIB:6.1f} = {mem.parameters / GIB:5.1f} + {mem.optimizer / GIB:4.1f} + "
              f"{mem.activations / GIB:5.1f}")
     return (f"{index:>3}  {str(plan.layout):<13} {c.family:<17} {c.stages_per_rank:>2} "
-            f"{c.group_size if c.group_size is not None else '-':>3} {c.offload:<8} {c.recompute:<9} "
+            f"{c.group_size if c.group_size is not None else '-':>3} {offload_label(plan, _unit(plan)):<8} {c.recompute:<9} "
             f"{plan.microbatches:>4} {plan.tokens_per_second:>10,.0f} {plan.mfu:>6.1%} {plan.step_time:>7.3f}  "
             f"{split:<28} {mem.host / GIB:>6.1f} {plan.bubble_ratio:>6.1%} {plan.stall_ratio:>6.1%}")
+
+
+def _unit(plan: Plan) -> float | None:
+    return plan.unit_bytes or None
 
 
 def format_table(plans: list[Plan]) -> str:

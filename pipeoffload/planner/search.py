@@ -22,6 +22,8 @@ from pipeoffload.planner.evaluate import SimSummary, lowering_options, simulate_
 from pipeoffload.planner.plans import GIB, InfeasibleError, Plan, PlanRequest, SearchResult, pareto_front
 
 log = logging.getLogger(__name__)
+progress_log = logging.getLogger("pipeoffload.planner.progress")  # the CLI shows it on stderr
+PROGRESS_AFTER, PROGRESS_EVERY = 3.0, 5.0  # seconds before the first progress line, and between lines
 BATCH = 2  # candidates taken from the queue at a time; fixed, so results do not depend on ``workers``
 
 def find_plans(req: PlanRequest) -> SearchResult:
@@ -75,6 +77,8 @@ class _Search:
         self.base_sim: dict[tuple, SimSummary] = {}
         self.fitted: set[tuple] = set()  # base keys with a fitting plan
         self.pushed = 0
+        self.started = time.perf_counter()
+        self.next_report = self.started + PROGRESS_AFTER
 
     def add(self, cand: Candidate) -> None:
         if cand.is_base():
@@ -134,8 +138,17 @@ class _Search:
                 _run_job(job) for job in jobs]
             for cand, plan in zip(todo, results):
                 self._done(cand, plan)
+            self._progress()
         for base in list(self.levels):
             self._drop(base, reason="not needed: a plan without it fits")
+
+    def _progress(self) -> None:
+        now = time.perf_counter()
+        if now >= self.next_report:
+            self.next_report = now + PROGRESS_EVERY
+            best = f", fastest fitting step {self.top[0]:.3g} s" if self.top else ""
+            progress_log.info("searching: %.0f s, %d candidates simulated, %d queued%s", now - self.started,
+                              len(self.plans), len(self.queue), best)
 
     def _done(self, cand: Candidate, plan: Plan) -> None:
         base = cand.base_key()

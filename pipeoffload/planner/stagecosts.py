@@ -5,12 +5,17 @@ one rank. It is built either from formulas (``layer_costs``) or from measurement
 ``StageCosts`` turns it into a per-stage ``CostModel`` for a given pipeline partition.
 
 Modelling choices (written down because they move the numbers):
-- tensor parallelism uses sequence parallelism: per layer 4 all-gather/reduce-scatter collectives of
-  the full ``s*b*h`` tensor in F and 4 in I (none in W), not overlapped with compute;
-- pipeline neighbours talk over NVLink when a whole pipeline fits in one node, else over the network;
-- when two GPUs share a PCIe switch: with ``tp == 1`` they are adjacent pipeline ranks (2p, 2p+1) and
-  the simulator serialises their same-direction copies; with ``tp > 1`` the partner is a TP peer that
-  copies at the same moment, so each GPU gets half the link.
+- layer times come from ``layertime.py``: GEMMs at a shape-dependent rate, element-wise kernels at HBM
+  speed, tensor-parallel collectives as Megatron-LM issues them (sequence parallel by default), with
+  a separate full-backward time B for schedules that do not split the backward;
+- pipeline neighbours talk over NVLink when a whole pipeline fits in one node, else over the network
+  (latency + bytes / bandwidth of the hardware's network preset);
+- two GPUs under one PCIe switch (``HardwareSpec.shares_pcie_switch``) are modelled only when asked
+  (``host_link``): "private" (default) gives every GPU its own link; "alternating" is the reference's
+  scheme (the two GPUs of a pair copy in opposite directions in alternating slots, so with one copy
+  engine per GPU neither waits for the other; TP peers copy the same direction at the same time and
+  get half the link each); "serialized" makes same-direction copies of ranks 2p and 2p+1 wait for each
+  other (the simulator's ``shared_host_link``) and halves the link of TP peers.
 """
 from __future__ import annotations
 
@@ -20,7 +25,10 @@ from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.placement import Placement
 from pipeoffload.planner.hardware import HardwareSpec
+from pipeoffload.planner.layertime import head_times, layer_times
 from pipeoffload.planner.model import ModelSpec
+
+HOST_LINK_MODES = ("private", "alternating", "serialized")
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,9 @@ class LayerCosts:
     embedding_params: float = 0.0
     model_flops: float = 0.0  # training FLOPs of one microbatch through the whole model (for MFU)
     source: str = "formulas"
+    time_b: float | None = None  # full backward (I and W together); None: time_i + time_w
+    head_time_b: float | None = None
+    tp: int = 1  # the tensor-parallel size these costs were measured or computed for
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,31 +76,48 @@ class TrainingSetup:
     grad_bytes: float = 4.0  # fp32 main gradients (gradient accumulation in fp32)
     optimizer_bytes: float = 12.0  # fp32 master weights + Adam m and v
     distributed_optimizer: bool = True  # optimizer state sharded over data-parallel replicas (ZeRO-1)
-    partial_recompute: bool = False  # LGD: recompute LayerNorm/activation/dropout in backward
+    # LGD (recompute LayerNorm/activation/dropout in backward): None = with offload only, as the
+    # reference's offload scripts do; True/False = always/never
+    partial_recompute: bool | None = None
+    sequence_parallel: bool = True  # Megatron's --sequence-parallel with tensor parallelism
+    selective_recompute: bool = False  # Megatron's selective recomputation of the attention core
+    host_link: str = "private"  # PCIe pair sharing: private | alternating | serialized
+
+    def __post_init__(self) -> None:
+        if self.host_link not in HOST_LINK_MODES:
+            raise ConfigError(f"host link mode {self.host_link!r}: use one of {', '.join(HOST_LINK_MODES)}")
+
+    def lgd_for(self, offload: str) -> bool:
+        """Whether a candidate with this offload policy uses LGD partial recomputation."""
+        return offload != "none" if self.partial_recompute is None else self.partial_recompute
 
 
-def layer_costs(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *, partial_recompute: bool = False) -> LayerCosts:
-    """Per-layer costs on one of ``tp`` ranks from FLOP and byte formulas and the hardware's rates."""
+def layer_costs(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *, partial_recompute: bool = False,
+                sequence_parallel: bool = True, selective_recompute: bool = False) -> LayerCosts:
+    """Per-layer costs on one of ``tp`` ranks from the model's shapes and the hardware (``layertime``)."""
     model.check_tp(tp)
-    f, i, w = model.layer_fiw_flops(tp)
-    full = model.boundary_bytes(1)
-    tp_comm = 4 * (tp - 1) / tp * full / hw.collective_bandwidth(tp, 1) if tp > 1 else 0.0
-    lgd = model.recompute_elementwise_bytes() / tp / hw.hbm_bandwidth if partial_recompute else 0.0
-    hf, hi, hw_ = model.head_fiw_flops(tp)
-    head_comm = (tp - 1) / tp * full / hw.collective_bandwidth(tp, 1) if tp > 1 else 0.0
+    t = layer_times(model, hw, tp, sequence_parallel=sequence_parallel, partial_recompute=partial_recompute,
+                    selective_recompute=selective_recompute)
+    hf, hi, hw_, hb = head_times(model, hw, tp)
     return LayerCosts(
-        time_f=f / hw.flops + tp_comm,
-        time_i=i / hw.flops + tp_comm + lgd,
-        time_w=w / hw.flops,
-        activation_bytes=model.layer_activation_bytes(tp, partial_recompute),
+        time_f=t.f, time_i=t.i, time_w=t.w, time_b=t.b,
+        # selective recomputation stores no s^2 attention scores, like a fused kernel
+        activation_bytes=(model.with_(flash_attention=True) if selective_recompute else model)
+        .layer_activation_bytes(tp, partial_recompute),
         params=model.params_per_layer() / tp,
         boundary_bytes=model.boundary_bytes(tp),
-        head_time=(hf / hw.flops + head_comm, hi / hw.flops + head_comm, hw_ / hw.flops),
+        head_time=(hf, hi, hw_), head_time_b=hb,
         head_activation_bytes=model.head_activation_bytes(tp),
         head_params=model.head_params() / tp,
         embedding_params=model.embedding_params() / tp,
-        model_flops=model.model_flops_per_microbatch(),
+        model_flops=model.model_flops_per_microbatch(), tp=tp,
     )
+
+
+def setup_layer_costs(model: ModelSpec, hw: HardwareSpec, tp: int, setup: TrainingSetup,
+                      lgd: bool) -> LayerCosts:
+    return layer_costs(model, hw, tp, partial_recompute=lgd, sequence_parallel=setup.sequence_parallel,
+                       selective_recompute=setup.selective_recompute)
 
 
 def partition(layers: int, stages: int) -> tuple[int, ...]:
@@ -113,7 +141,7 @@ class StageCosts:
 
 
 def stage_costs(lc: LayerCosts, hw: HardwareSpec, layout: Layout, stages_per_rank: int,
-                layers: int, placement: Placement | None = None) -> StageCosts:
+                layers: int, placement: Placement | None = None, *, host_link: str = "private") -> StageCosts:
     """Build per-stage costs for ``layout.pp * stages_per_rank`` stages (loop placement unless given)."""
     d, v = layout.pp, stages_per_rank
     placement = placement or Placement.loop(d, v)
@@ -123,25 +151,28 @@ def stage_costs(lc: LayerCosts, hw: HardwareSpec, layout: Layout, stages_per_ran
     f = tuple(n * lc.time_f + head[s][0] for s, n in enumerate(split))
     i = tuple(n * lc.time_i + head[s][1] for s, n in enumerate(split))
     w = tuple(n * lc.time_w + head[s][2] for s, n in enumerate(split))
+    b = None
+    if lc.time_b is not None:
+        head_b = lc.head_time_b if lc.head_time_b is not None else lc.head_time[1] + lc.head_time[2]
+        b = tuple(n * lc.time_b + (head_b if s == last else 0.0) for s, n in enumerate(split))
     act_bytes = [n * lc.activation_bytes + (lc.head_activation_bytes if s == last else 0.0)
                  for s, n in enumerate(split)]
     unit = max(split) * lc.activation_bytes
-    p2p_bw = hw.nvlink_bandwidth if layout.tp * d <= hw.gpus_per_node else hw.internode_bandwidth
-    copy_share = 2.0 if hw.shares_pcie_switch and layout.tp > 1 else 1.0
+    in_node = layout.tp * d <= hw.gpus_per_node
+    shared = hw.shares_pcie_switch and host_link != "private"
+    copy_share = 2.0 if shared and layout.tp > 1 else 1.0
     costs = CostModel(
-        time_f=f, time_i=i, time_w=w,
-        activation=tuple(b / unit for b in act_bytes),
+        time_f=f, time_i=i, time_w=w, time_b=b,
+        activation=tuple(x / unit for x in act_bytes),
         activation_bytes=unit,
-        p2p_time=lc.boundary_bytes / p2p_bw if d > 1 else 0.0,
+        p2p_time=hw.p2p_time(lc.boundary_bytes, in_node) if d > 1 else 0.0,
         d2h_time=unit * copy_share / hw.d2h_bandwidth,
         h2d_time=unit * copy_share / hw.h2d_bandwidth,
         shared_copy_engine=True,
-        shared_host_link=hw.shares_pcie_switch and layout.tp == 1,
+        shared_host_link=shared and host_link == "serialized" and layout.tp == 1,
     )
     params = [0.0] * d
     for s, n in enumerate(split):
         extra = (lc.embedding_params if s == 0 else 0.0) + (lc.head_params if s == last else 0.0)
         params[placement.rank_of(s)] += n * lc.params + extra
     return StageCosts(costs, unit, tuple(params), split)
-
-

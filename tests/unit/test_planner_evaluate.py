@@ -80,19 +80,27 @@ def test_stage_costs_place_embedding_and_head_and_scale_with_layers() -> None:
     total = sum(sc.params_per_rank) * 2  # tp = 2
     tied_copy = model.vocab * model.hidden  # the last stage keeps its own copy of a tied head
     assert total == pytest.approx(model.total_params() + tied_copy)
+    # the host link is private unless pair sharing is asked for
+    assert c.d2h_time == pytest.approx(sc.unit_bytes / hw.d2h_bandwidth) and not c.shared_host_link
     # with TP on a shared PCIe switch, the TP peer copies at the same time: half the bandwidth each
-    assert c.d2h_time == pytest.approx(2 * sc.unit_bytes / hw.d2h_bandwidth) and not c.shared_host_link
-    one = stage_costs(layer_costs(model, hw), hw, Layout(4, 1, 2), 1, model.layers).costs
+    shared = stage_costs(lc, hw, Layout(pp=4, tp=2, dp=1), 2, model.layers, host_link="alternating").costs
+    assert shared.d2h_time == pytest.approx(2 * sc.unit_bytes / hw.d2h_bandwidth) and not shared.shared_host_link
+    one = stage_costs(layer_costs(model, hw), hw, Layout(4, 1, 2), 1, model.layers, host_link="serialized").costs
     assert one.shared_host_link and one.d2h_time == pytest.approx(6 * lc.activation_bytes * 2 / hw.d2h_bandwidth)
+    alt = stage_costs(layer_costs(model, hw), hw, Layout(4, 1, 2), 1, model.layers, host_link="alternating").costs
+    assert not alt.shared_host_link  # opposite directions in alternating slots: no same-direction waits
 
 
 def test_tensor_parallel_adds_collective_time_to_f_and_i_only() -> None:
-    model, hw = model_preset("gpt3-6.7b"), hardware_preset("h100")
+    """Under the flat compute model a TP shard takes 1/tp of the FLOP time plus its collectives."""
+    model, hw = model_preset("gpt3-6.7b"), hardware_preset("h100").override(compute_model="flat")
     one, four = layer_costs(model, hw, 1), layer_costs(model, hw, 4)
-    comm = 4 * 3 / 4 * model.boundary_bytes() / hw.nvlink_bandwidth
-    assert four.time_f == pytest.approx(one.time_f / 4 + comm)
-    assert four.time_i == pytest.approx(one.time_i / 4 + comm)
-    assert four.time_w == pytest.approx(one.time_w / 4)
+    c = hw.collective_time(model.boundary_bytes(), 4)
+    assert c == pytest.approx(hw.nvlink_latency + 3 / 4 * model.boundary_bytes() / hw.nvlink_bandwidth)
+    assert four.time_f == pytest.approx(one.time_f / 4 + 4 * c)
+    assert four.time_i == pytest.approx(one.time_i / 4 + 4 * c)  # split backward: nothing to overlap with
+    assert four.time_w == pytest.approx(one.time_w / 4 + 2 * c)  # W re-gathers its inputs
+    assert four.time_b is not None and four.time_b < four.time_i + four.time_w  # B overlaps with wgrad
 
 
 needs_policies = pytest.mark.skipif(set(lowering_options()) != {"offload", "recompute"},

@@ -41,8 +41,8 @@ def test_formula1_from_presets_matches_to_three_digits() -> None:
 
 
 def test_cost_model_k_equals_formula1_for_a_gpt_layer_without_recompute_time() -> None:
-    """Formula 1 is the cost model's k for a GPT layer saving 20 sbh, if LGD recomputation were free."""
-    hw = hardware_preset("a100")
+    """Formula 1 is the flat cost model's k for a GPT layer saving 20 sbh, if LGD recomputation were free."""
+    hw = hardware_preset("a100").override(compute_model="flat")
     model = ModelSpec(layers=1, hidden=4096, heads=32, seq=8192)
     lc = layer_costs(model, hw, partial_recompute=True)
     lgd = model.recompute_elementwise_bytes() / hw.hbm_bandwidth
@@ -60,8 +60,11 @@ def test_k_cli_prints_formula1(capsys) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_k_cli_overrides_and_errors(capsys) -> None:  # type: ignore[no-untyped-def]
-    assert main(["k", "--hidden", "4096", "--seq", "8192", "--flops", "440", "--offload-bw", "21", "--json"]) == 0
+    assert main(["k", "--hidden", "4096", "--seq", "8192", "--gpu", "h100", "--flops", "440", "--offload-bw", "21",
+                 "--json"]) == 0
     assert round(json.loads(capsys.readouterr().out)["formula1_k"], 3) == 2.131
+    assert main(["k", "--hidden", "4096", "--seq", "8192", "--flops", "440"]) == 2  # above the A100's 312 peak
+    assert "--flops 440" in capsys.readouterr().err
     assert main(["k", "--seq", "8192"]) == 2
     assert "--hidden" in capsys.readouterr().err
     assert main(["k", "--hidden", "4096", "--seq", "8192", "--gpu", "tpu"]) == 2

@@ -11,7 +11,7 @@ from pipeoffload.planner.evaluate import lowering_options, placement_of, simulat
 from pipeoffload.planner.hardware import GIB, hardware_preset
 from pipeoffload.planner.presets import model_preset
 from pipeoffload.planner.search import InfeasibleError, PlanRequest, find_plans
-from pipeoffload.planner.stagecosts import layer_costs, stage_costs
+from pipeoffload.planner.stagecosts import setup_layer_costs, stage_costs
 
 MODEL = model_preset("gpt3-2.7b").with_(layers=16)
 HW = hardware_preset("a100")
@@ -24,7 +24,8 @@ def _request(budget_gib: float, **kw: object) -> PlanRequest:
 
 def _resimulated_peak(req: PlanRequest, plan) -> float:  # type: ignore[no-untyped-def]
     """Worst-rank memory of ``plan`` from a full (non-extrapolated) simulation, computed independently."""
-    lc = layer_costs(req.model, req.hardware, plan.layout.tp)
+    lgd = req.setup.lgd_for(plan.choice.offload)  # offload plans use LGD partial recomputation by default
+    lc = setup_layer_costs(req.model, req.hardware, plan.layout.tp, req.setup, lgd)
     sc = stage_costs(lc, req.hardware, plan.layout, plan.choice.stages_per_rank, req.model.layers,
                      placement_of(plan.choice, plan.layout.pp))
     sim = simulate_choice(plan.choice, plan.layout.pp, plan.microbatches, sc.costs, extrapolate=False)

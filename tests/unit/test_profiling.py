@@ -80,6 +80,22 @@ def test_profile_stages_of_a_small_gpt_and_simulate_its_cost_model() -> None:
     assert timeline.makespan >= 4 * sum(costs.f(s) + costs.b(s) for s in range(2)) / 2
 
 
+def test_profile_measures_what_w_keeps_per_stage_and_saves_a_cost_file(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    stages = [nn.Sequential(nn.Embedding(100, 64), _Block()), nn.Sequential(_Block(), _Block(), _Head())]
+    tokens = torch.randint(0, 100, (2, 16))
+    profile = profile_stages(stages, tokens, loss_fn=_ce, target=tokens, warmup=1, repeats=1)
+    first, last = profile.stages
+    assert first.w_fraction == 1.0  # token ids need no gradient: W is a full backward
+    assert 0.2 < last.w_fraction < 0.9  # W needs the linear layers' inputs, not every saved tensor
+    costs = profile.cost_model(w_fraction="measured")
+    assert costs.stage_w_fraction == (1.0, last.w_fraction) and costs.w_fraction == 1.0
+    path = tmp_path / "costs.json"
+    profile.save(str(path))
+    assert main(["simulate", "zb-h1", "-d", "2", "-m", "4", "--costs", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["makespan"] > 0
+
+
 def test_measured_layer_costs_round_trip_and_drive_plan(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     hidden = torch.randn(2, 16, 64)

@@ -1,0 +1,67 @@
+"""Write a plan as a train config (``pipeoffload train --config run.toml``).
+
+Flat TOML whose keys are the train flags with ``-`` replaced by ``_`` (the shared train-config
+schema): schedule, stages_per_rank, group_size (group-interleaved only), offload, recompute (with
+``,lgd`` when the plan used LGD partial recomputation), microbatches, global_batch, pp, dp, tp, nproc,
+and the reference GPT's layers/hidden/heads/seq_len when the model is GPT-shaped (multi-head
+attention, FFN 4h, GeLU), since that is the model the train command builds.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeoffload.fileio import write_atomic
+from pipeoffload.planner.model import ModelSpec
+from pipeoffload.planner.plans import Plan, PlanRequest
+
+
+def is_gpt_like(model: ModelSpec) -> bool:
+    return not model.gated_mlp and model.num_kv_heads == model.heads and model.ffn_size == 4 * model.hidden
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
+    """The train-config keys of ``plan`` (in the schema's order)."""
+    c, layout = plan.choice, plan.layout
+    lgd = req.setup.lgd_for(c.offload) and req.measured is None
+    config: dict[str, object] = {"schedule": c.family, "stages_per_rank": c.stages_per_rank}
+    if c.group_size is not None:
+        config["group_size"] = c.group_size
+    config["offload"] = c.offload
+    config["recompute"] = c.recompute + (",lgd" if lgd else "")
+    config.update({"pp": layout.pp, "dp": layout.dp, "tp": layout.tp, "microbatches": plan.microbatches,
+                   "global_batch": req.global_batch})
+    model = req.model
+    if is_gpt_like(model):
+        config.update({"layers": model.layers, "hidden": model.hidden, "heads": model.heads,
+                       "seq_len": model.seq})
+    config["nproc"] = layout.gpus
+    return config
+
+
+def config_toml(req: PlanRequest, plan: Plan) -> str:
+    lines = [f"# written by pipeoffload plan: {plan.layout} {plan.choice.label()}, "
+             f"{plan.tokens_per_second:,.0f} tokens/s predicted, {plan.memory.total / 1024**3:.1f} GiB/GPU",
+             f"# model {req.model.name} on {req.gpus} x {req.hardware.name}"]
+    if plan.choice.offload.startswith("budget:") and plan.unit_bytes:
+        units = float(plan.choice.offload[len("budget:"):])
+        lines.append(f"# offload budget:{units:g} is in activation units (one microbatch of the largest stage: "
+                     f"{plan.unit_bytes / 1024**3:.3f} GiB here), i.e. {units * plan.unit_bytes / 1024**3:.1f} GiB")
+    if not is_gpt_like(req.model):
+        lines.append("# the model is not GPT-shaped: layers/hidden/heads/seq_len left to the train defaults")
+    lines += [f"{key} = {_toml_value(value)}" for key, value in plan_config(req, plan).items()]
+    return "\n".join(lines) + "\n"
+
+
+def emit(req: PlanRequest, plan: Plan, path: str | Path) -> str:
+    """Write the config atomically and return the command that runs it."""
+    write_atomic(path, config_toml(req, plan))
+    return f"pipeoffload train --config {path} --nproc {plan.layout.gpus}"

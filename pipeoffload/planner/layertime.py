@@ -1,0 +1,134 @@
+"""Seconds of one transformer layer on one tensor-parallel rank: F, I, W and the full backward B.
+
+Built from the per-GPU shapes (``gemm.py``), the memory-bound element-wise kernels and the
+tensor-parallel collectives as Megatron-LM issues them. Per layer and microbatch, on one of ``tp``
+ranks, with ``T = s*b`` tokens, hidden ``h``, FFN width ``f``:
+
+GEMMs (each runs forward, input-gradient (I) and weight-gradient (W) at the same rate):
+  QKV ``[T, h] x [h, (h + 2 kv)/tp]``, projection ``[T, h/tp] x [h/tp, h]``,
+  FC1 ``[T, h] x [h, f/tp]`` (2f/tp gated), FC2 ``[T, f/tp] x [f/tp, h]``;
+  attention core: ``b*a/tp`` score GEMMs ``[s, d] x [d, s]`` and as many ``[s, s] x [s, d]``; its
+  backward is twice its forward; flash attention recomputes the scores in backward (+1/2 forward
+  core, FlashAttention-2's 2.5x), Megatron's selective recomputation the whole core (+1 forward).
+Element-wise kernels (bytes moved per token, 2-byte elements, forward; backward moves twice as much):
+  LayerNorm 2 x 4h, bias-dropout-residual 2 x 7h (6h without dropout), Q/K/V and context permutes 4h,
+  GeLU 4f (SwiGLU 6f), unfused softmax + dropout 9 bytes per score (forward) and 11 (backward);
+  LayerNorm and dropout-residual run on ``T/tp`` tokens with sequence parallelism, on all ``T`` without.
+Collectives (``HardwareSpec.collective_time`` of the full ``T*h`` tensor, ``c`` each):
+  sequence parallel: forward all-gather before QKV and FC1, reduce-scatter after the projection and
+  FC2 (4c, not overlapped). Full backward (1F1B-style B): the two all-gathers of the row-parallel
+  layers' output gradients are exposed (2c); the re-gathers of the QKV/FC1 inputs overlap with their
+  input-gradient GEMMs and the reduce-scatters of their input gradients with their weight-gradient
+  GEMMs (Megatron's async communication; only the excess over the GEMM is exposed). Split backward
+  (I, W apart, as zero-bubble schedules run it): I pays 4c (nothing left to overlap with), W the two
+  re-gathers (2c). Without sequence parallelism: two all-reduces (= 2c each) in F, and in B the
+  input-gradient all-reduces of QKV/FC1, overlapped with their weight-gradient GEMMs; I pays both.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeoffload.planner.gemm import elementwise_time, gemm_time, rate_at_intensity
+from pipeoffload.planner.hardware import HardwareSpec
+from pipeoffload.planner.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    f: float
+    i: float
+    w: float
+    b: float  # full backward (input and weight gradients together, with Megatron's overlap)
+    detail: dict[str, float] = field(default_factory=dict, compare=False)
+
+
+def _linears(model: ModelSpec, tp: int) -> dict[str, tuple[float, float, float]]:
+    """(M, N, K) of each linear layer's forward GEMM on one of ``tp`` ranks."""
+    t, h = model.tokens, model.hidden
+    kv = model.num_kv_heads * model.head_dim
+    f = model.ffn_size
+    return {
+        "qkv": (t, (h + 2 * kv) / tp, h),
+        "proj": (t, h, h / tp),
+        "fc1": (t, f * (2 if model.gated_mlp else 1) / tp, h),
+        "fc2": (t, h, f / tp),
+    }
+
+
+def attention_core_time(model: ModelSpec, hw: HardwareSpec, tp: int) -> float:
+    """Forward time of the score and context GEMMs of one layer (4*b*s^2*h/tp FLOPs)."""
+    s, d = model.seq, model.head_dim
+    flops = model.attention_flops() / tp
+    if model.flash_attention:  # fused: the s x s scores never reach HBM
+        return flops / rate_at_intensity(hw, s * s * d / (2 * s * d))
+    batches = model.microbatch * model.heads / tp
+    return gemm_time(hw, s, s, d, 2 * batches)
+
+
+def elementwise_bytes(model: ModelSpec, tp: int, sequence_parallel: bool = True) -> tuple[float, float]:
+    """(forward, backward) bytes of the layer's element-wise kernels on one of ``tp`` ranks."""
+    t, h, f = model.tokens, model.hidden, model.ffn_size
+    scale = model.dtype_bytes / 2
+    residual = 4 + (7 if model.dropout else 6)  # LayerNorm + bias-dropout-residual, twice per layer
+    norm_part = 2 * residual * t * h / (tp if sequence_parallel else 1)
+    sharded = (4 * t * h + (6 if model.gated_mlp else 4) * f * t) / tp
+    forward = (norm_part + sharded) * scale
+    backward = 2 * forward
+    if not model.flash_attention:
+        scores = model.microbatch * model.heads / tp * model.seq ** 2
+        forward += (9 if model.dropout else 4) * scores * scale
+        backward += (11 if model.dropout else 6) * scores * scale
+    return forward, backward
+
+
+def layer_times(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *, sequence_parallel: bool = True,
+                partial_recompute: bool = False, selective_recompute: bool = False) -> LayerTimes:
+    """F, I, W and B of one layer on one of ``tp`` ranks (see the module docstring).
+
+    Under ``compute_model = "flat"`` this reduces to Formula 1's accounting: GEMM and attention FLOPs at
+    B_c, no element-wise time, no attention recompute; collectives are charged in both models."""
+    flat = hw.compute_model == "flat"
+    lin = {name: gemm_time(hw, *shape) for name, shape in _linears(model, tp).items()}
+    gemms = sum(lin.values())
+    core = attention_core_time(model, hw, tp)
+    ew_f, ew_b = elementwise_bytes(model, tp, sequence_parallel)
+    t_ew_f, t_ew_b = elementwise_time(hw, ew_f), elementwise_time(hw, ew_b)
+    recompute_core = 0.0
+    if not flat and model.flash_attention:
+        recompute_core = 0.5 * core
+    elif not flat and selective_recompute:  # the score GEMMs, softmax and dropout again in backward
+        scores = model.microbatch * model.heads / tp * model.seq ** 2
+        recompute_core = core + elementwise_time(hw, (9 if model.dropout else 4) * scores * model.dtype_bytes / 2)
+    comm_f, comm_i, comm_w, comm_b = _tp_comm(model, hw, tp, lin, sequence_parallel)
+    lgd = (elementwise_time(hw, model.recompute_elementwise_bytes() / tp) if not flat else
+           model.recompute_elementwise_bytes() / tp / hw.hbm_bandwidth) if partial_recompute else 0.0
+    f = gemms + core + t_ew_f + comm_f
+    i = gemms + 2 * core + recompute_core + t_ew_b + comm_i + lgd
+    w = gemms + comm_w
+    b = 2 * gemms + 2 * core + recompute_core + t_ew_b + comm_b + lgd
+    detail = {"gemm": gemms, "attention_core": core, "elementwise_f": t_ew_f, "elementwise_b": t_ew_b,
+              "comm_f": comm_f, "comm_i": comm_i, "comm_w": comm_w, "comm_b": comm_b,
+              "attention_recompute": recompute_core, "lgd": lgd}
+    return LayerTimes(f, i, w, b, detail)
+
+
+def _tp_comm(model: ModelSpec, hw: HardwareSpec, tp: int, lin: dict[str, float],
+             sequence_parallel: bool) -> tuple[float, float, float, float]:
+    """Exposed collective time of one layer in F, I (split), W (split) and B (full backward)."""
+    if tp <= 1:
+        return 0.0, 0.0, 0.0, 0.0
+    c = hw.collective_time(model.boundary_bytes(1), tp, 1)
+    column = (lin["qkv"], lin["fc1"])  # layers whose backward overlaps communication with a GEMM
+    if sequence_parallel:
+        overlapped = sum(2 * max(0.0, c - t) for t in column)  # re-gather vs dgrad, reduce-scatter vs wgrad
+        return 4 * c, 4 * c, 2 * c, 2 * c + overlapped
+    all_reduce = 2 * c
+    return 2 * all_reduce, 2 * all_reduce, 0.0, sum(max(0.0, all_reduce - t) for t in column)
+
+
+def head_times(model: ModelSpec, hw: HardwareSpec, tp: int = 1) -> tuple[float, float, float, float]:
+    """(F, I, W, B) of the output projection ``[T, h] x [h, V/tp]`` (vocabulary-parallel), with the
+    all-gather of the final hidden states in F and its reduce-scatter in the backward."""
+    t = gemm_time(hw, model.tokens, model.vocab / tp, model.hidden)
+    c = hw.collective_time(model.boundary_bytes(1), tp, 1) if tp > 1 else 0.0
+    return t + c, t + c, t, 2 * t + c

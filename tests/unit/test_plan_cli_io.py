@@ -1,0 +1,121 @@
+"""plan's inputs and outputs: budgets vs the device, flag messages, --emit, --compare-tp, simulate --costs."""
+import json
+
+import pytest
+import tomllib
+
+from pipeoffload.cli import main
+from pipeoffload.errors import ConfigError
+from pipeoffload.planner.hardware import GIB, hardware_preset
+from pipeoffload.planner.plans import PlanRequest
+from pipeoffload.planner.presets import model_preset
+
+SMALL = ["--model", "gpt3-1.3b", "--seq", "2048", "--gpus", "8", "--global-batch", "16"]
+SCHEMA_KEYS = {"schedule", "stages_per_rank", "group_size", "offload", "recompute", "offload_ratio", "pp", "dp",
+               "tp", "zero", "microbatches", "global_batch", "steps", "seed", "layers", "hidden", "heads",
+               "seq_len", "data", "tokenizer", "nproc", "out", "timeout", "eval_every", "save_every", "keep",
+               "lr", "warmup"}
+
+
+def test_memory_above_the_device_warns_and_no_plan_exceeds_the_device(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["plan", *SMALL, "--memory", "1000", "--json", "--no-pareto"]) == 0
+    captured = capsys.readouterr()
+    assert "--memory 1000 GiB is above the a100's 80.00 GiB" in captured.err
+    data = json.loads(captured.out)
+    assert data["memory_budget_gib"] == pytest.approx(80.0)
+    assert all(p["memory_gib"]["total"] <= 80.0 for p in data["best"] + data["pareto"])
+
+
+def test_a_request_above_the_device_is_refused() -> None:
+    hw = hardware_preset("h100")
+    with pytest.raises(ConfigError, match="above the h100's 79.65 GiB"):
+        PlanRequest(model=model_preset("gpt3-1.3b"), hardware=hw, gpus=8, global_batch=8, memory_budget=80 * GIB)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--flops", "1000"], "--flops 1000: the sustained rate must be > 0 and at most the a100's peak 312"),
+    (["--tp", "3"], "--tp 3: must divide --gpus 8"),
+    (["--memory", "0"], "--memory 0: must be > 0 GiB"),
+    (["--host-memory", "-1"], "--host-memory -1: must be > 0 GiB"),
+    (["--network", "token-ring"], "unknown network 'token-ring'"),
+    (["--baseline", "best"], "--baseline only applies with --compare-tp"),
+])
+def test_bad_flags_name_the_flag(capsys, argv: list[str], needle: str) -> None:  # type: ignore[no-untyped-def]
+    assert main(["plan", *SMALL, *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_emit_writes_the_train_config_and_prints_the_command(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "run.toml"
+    assert main(["plan", *SMALL, "--memory", "20", "--no-pareto", "--emit", str(path)]) == 0
+    out = capsys.readouterr().out
+    config = tomllib.loads(path.read_text())
+    assert set(config) <= SCHEMA_KEYS
+    assert {"schedule", "stages_per_rank", "offload", "recompute", "microbatches", "global_batch", "pp", "dp",
+            "tp", "layers", "hidden", "heads", "seq_len", "nproc"} <= set(config)
+    assert config["pp"] * config["dp"] * config["tp"] == config["nproc"] == 8
+    assert config["global_batch"] == 16 and config["global_batch"] % config["dp"] == 0
+    assert (config["layers"], config["hidden"], config["heads"], config["seq_len"]) == (24, 2048, 16, 2048)
+    assert f"pipeoffload train --config {path} --nproc 8" in out
+    assert "group_size" in config or config["schedule"] != "group-interleaved"
+    assert not list(tmp_path.glob(".run.toml.*"))  # written atomically, no temporary left
+
+
+def test_emit_leaves_out_the_gpt_shape_for_other_models(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "run.toml"
+    assert main(["plan", "--model", "llama3-8b", "--seq", "2048", "--gpus", "8", "--global-batch", "16",
+                 "--no-pareto", "--emit", str(path)]) == 0
+    config = tomllib.loads(path.read_text())
+    assert "layers" not in config and config["nproc"] == 8
+
+
+def test_compare_tp_prints_both_plans_and_their_ratio(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["plan", *SMALL, "--compare-tp", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["pp"]["layout"]["tp"] == 1 and data["tp"]["layout"]["tp"] == 8
+    assert data["tp"]["schedule"] in ("interleaved-1f1b", "1f1b") and data["tp"]["offload"] == "none"
+    assert data["speedup"] == pytest.approx(data["pp"]["tokens_per_s"] / data["tp"]["tokens_per_s"])
+    assert main(["plan", *SMALL, "--compare-tp", "--baseline", "best"]) == 0
+    out = capsys.readouterr().out
+    assert "PP + offload / baseline: throughput x" in out and "act GiB" in out
+
+
+def test_compare_tp_with_matched_memory_stays_within_the_baseline(capsys) -> None:  # type: ignore[no-untyped-def]
+    argv = ["--model", "gpt3-1.3b", "--seq", "8192", "--gpus", "8", "--global-batch", "32"]
+    assert main(["plan", *argv, "--compare-tp", "--match-memory", "--baseline", "best", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["pp"] is not None and data["pp"]["layout"]["tp"] == 1
+    assert data["pp"]["memory_gib"]["activations"] <= data["tp"]["memory_gib"]["activations"] * (1 + 1e-9)
+    assert main(["plan", *SMALL, "--compare-tp", "--match-memory", "--json"]) == 0  # TP8: 0.4 GiB, out of reach
+    data = json.loads(capsys.readouterr().out)
+    assert data["pp"] is None and "activation peak within the baseline's" in data["pp_error"]
+
+
+def test_simulate_reads_a_cost_file_with_per_stage_w_fraction(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    base = ["simulate", "zb-h1", "-d", "2", "-m", "8", "--json"]
+    toml = tmp_path / "costs.toml"
+    toml.write_text("time_f = [1.0, 1.0]\ntime_i = 1.0\ntime_w = 1.0\nw_fraction = [1.0, 1.0]\n")
+    assert main([*base, "--costs", str(toml)]) == 0
+    full = json.loads(capsys.readouterr().out)
+    half = tmp_path / "costs.json"
+    half.write_text(json.dumps({"time_f": [1.0, 1.0], "time_i": 1.0, "time_w": 1.0, "w_fraction": [1.0, 0.5]}))
+    assert main([*base, "--costs", str(half)]) == 0
+    part = json.loads(capsys.readouterr().out)
+    assert part["makespan"] == full["makespan"]
+    assert part["per_rank"][1]["peak_activation_units"] < full["per_rank"][1]["peak_activation_units"]
+    assert part["per_rank"][0]["peak_activation_units"] == full["per_rank"][0]["peak_activation_units"]
+    toml.write_text("time_f = 1.0\nwarp = 2\n")
+    assert main([*base, "--costs", str(toml)]) == 2
+    assert "unknown key(s) warp" in capsys.readouterr().err
+
+
+def test_k_names_the_tp_flag(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["k", "--hidden", "4096", "--seq", "8192", "--tp", "3"]) == 2
+    assert "--tp 3: must divide the model's heads (32)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["alternating", "serialized"])
+def test_shared_host_link_modes_plan(capsys, mode: str) -> None:  # type: ignore[no-untyped-def]
+    assert main(["plan", *SMALL, "--memory", "20", "--no-pareto", "--json", "--shared-host-link", mode]) == 0
+    assert json.loads(capsys.readouterr().out)["best"]

@@ -1,0 +1,113 @@
+"""The calibrated cost model: GEMM curve, collectives, layer times, and the published-measurement check."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeoffload.errors import ConfigError
+from pipeoffload.planner.gemm import gemm_intensity, gemm_rate
+from pipeoffload.planner.hardware import GB, NETWORK_PRESETS, hardware_preset
+from pipeoffload.planner.layertime import layer_times
+from pipeoffload.planner.model import ModelSpec
+from pipeoffload.planner.presets import model_preset
+
+A100 = hardware_preset("a100")
+dims = st.integers(min_value=16, max_value=65536)
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=dims, n=dims, k=dims, tp=st.sampled_from([2, 4, 8]))
+def test_a_smaller_shard_is_never_faster_per_flop(m: int, n: int, k: int, tp: int) -> None:
+    assert gemm_rate(A100, m, n / tp, k) <= gemm_rate(A100, m, n, k)
+    assert gemm_rate(A100, m, n, k / tp) <= gemm_rate(A100, m, n, k)
+    assert gemm_rate(A100, m, n, k) < A100.peak_flops
+
+
+def test_gemm_rate_is_the_same_for_forward_and_both_backward_gemms() -> None:
+    # Y = X W: [T, K] x [K, N]; dX = dY W^T: [T, N] x [N, K]; dW = X^T dY: [K, T] x [T, N]
+    t, n, k = 8192, 2304, 6144
+    assert gemm_intensity(t, n, k) == pytest.approx(gemm_intensity(t, k, n)) == pytest.approx(gemm_intensity(k, n, t))
+    assert gemm_rate(A100, t, n, k) == pytest.approx(gemm_rate(A100, k, n, t))
+
+
+def test_layer_time_per_flop_grows_with_the_tp_size() -> None:
+    model = model_preset("gpt3-13b").with_(seq=4096, microbatch=2)
+    per_flop = []
+    for tp in (1, 2, 4, 8):
+        t = layer_times(model, A100, tp)
+        per_flop.append((t.f + t.b) / (3 * model.layer_forward_flops(tp)))
+    assert per_flop == sorted(per_flop) and per_flop[-1] > 1.1 * per_flop[0]
+
+
+@settings(max_examples=100, deadline=None)
+@given(small=st.floats(min_value=1e3, max_value=1e9), factor=st.floats(min_value=1.01, max_value=1e3),
+       group=st.sampled_from([2, 4, 8]))
+def test_bigger_messages_get_closer_to_the_peak_bus_bandwidth(small: float, factor: float, group: int) -> None:
+    def busbw(nbytes: float) -> float:
+        return (group - 1) / group * nbytes / A100.collective_time(nbytes, group)
+
+    assert busbw(small) < busbw(small * factor) < A100.nvlink_bandwidth
+
+
+def test_collectives_across_nodes_use_one_nic_per_member_in_each_node() -> None:
+    assert A100.collective_bandwidth(8, 1) == A100.nvlink_bandwidth
+    assert A100.collective_bandwidth(4, 8) == A100.internode_bandwidth  # DP across TP8 nodes: one NIC
+    assert A100.collective_bandwidth(32, 1) == min(A100.nvlink_bandwidth, 8 * A100.internode_bandwidth)
+    roce = A100.with_network("roce-200")
+    assert roce.internode_bandwidth == NETWORK_PRESETS["roce-200"].bandwidth < A100.internode_bandwidth
+    assert roce.p2p_time(1e8, within_node=False) > A100.p2p_time(1e8, within_node=False)
+    with pytest.raises(ConfigError, match="unknown network"):
+        A100.with_network("token-ring")
+
+
+def test_megatron_backward_overlaps_part_of_its_collectives() -> None:
+    model = ModelSpec(layers=1, hidden=6144, heads=64, seq=2048, microbatch=4, flash_attention=False)
+    t = layer_times(model, A100, 8)
+    c = A100.collective_time(model.boundary_bytes(), 8)
+    assert t.detail["comm_f"] == pytest.approx(4 * c)
+    assert 2 * c <= t.detail["comm_b"] < 6 * c  # 2 exposed, 4 (re-gathers, reduce-scatters) partly hidden
+    assert t.b < t.i + t.w  # the split backward cannot overlap: zero-bubble schedules pay for it
+    no_sp = layer_times(model, A100, 8, sequence_parallel=False)
+    assert no_sp.f > t.f  # LayerNorm and dropout on the whole sequence
+
+
+def test_flat_model_counts_flops_at_b_c_only() -> None:
+    flat = A100.override(compute_model="flat")
+    model = ModelSpec(layers=1, hidden=4096, heads=32, seq=8192)
+    t = layer_times(model, flat)
+    f, i, w = model.layer_fiw_flops()
+    assert (t.f, t.i, t.w) == pytest.approx((f / flat.flops, i / flat.flops, w / flat.flops))
+
+
+def _accuracy_module():  # type: ignore[no-untyped-def]
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "planner_accuracy.py"
+    spec = importlib.util.spec_from_file_location("planner_accuracy", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_published_row_is_predicted_within_ten_percent() -> None:
+    rows = _accuracy_module().predictions(A100)
+    assert len(rows) >= 11
+    errors = {row.name: pred / row.measured - 1 for row, pred in rows}
+    assert all(abs(e) <= 0.10 for e in errors.values()), errors
+
+
+def test_the_uncalibrated_flat_model_misses_the_same_rows() -> None:
+    """The calibration is what brings the rows in: the flat B_c model is off by more than 10 % somewhere."""
+    rows = _accuracy_module().predictions(A100.override(compute_model="flat"))
+    assert max(abs(pred / row.measured - 1) for row, pred in rows) > 0.10
+
+
+def test_hardware_rejects_bad_calibration_fields() -> None:
+    with pytest.raises(ConfigError, match="compute_model"):
+        A100.override(compute_model="magic")
+    with pytest.raises(ConfigError, match="gemm_max_fraction"):
+        A100.override(gemm_max_fraction=1.5)
+    assert A100.override(nvlink_bandwidth=300 * GB).nvlink_bandwidth == 300 * GB
