@@ -38,9 +38,10 @@ from pipeoffload.runtime.spec import (
     Spec,
     TensorSpec,
     as_inputs,
-    as_tuple,
+    as_spec,
     assemble,
     check_values,
+    flatten,
     grad_specs,
     infer_specs,
     spec_of,
@@ -149,7 +150,7 @@ class PipelineRunner:
             return None
         out = {}
         for s, spec in output_specs.items():
-            out[s] = list(spec) if isinstance(spec, list) else [spec] * self.num_microbatches
+            out[s] = [as_spec(x) for x in spec] if isinstance(spec, list) else [as_spec(spec)] * self.num_microbatches
         return out
 
     def _local(self, stage: int) -> bool:
@@ -287,17 +288,17 @@ class PipelineRunner:
         if stage.is_last:
             self._losses[mb] = out
             return
-        values = as_tuple(out)
+        leaves, tree = flatten(out)
         spec = self.specs[s][mb]  # type: ignore[index]
-        check_values(values, spec, f"output of stage {s}, microbatch {mb}")
+        check_values(leaves, tree, spec, f"output of stage {s}, microbatch {mb}")
         if self._local(s + 1):
-            inputs = as_inputs(values, spec)
+            inputs = as_inputs(leaves, spec)
             self._inputs[(s + 1, mb)] = inputs
-            pins = [t for t in inputs if isinstance(t, torch.Tensor) and self.store.pin(t)]
+            pins = [t for t in flatten(inputs)[0] if isinstance(t, torch.Tensor) and self.store.pin(t)]
             if pins:
                 self._handoff_pins[(s + 1, mb)] = pins
         else:
-            self._outbox[(K.SEND_F, s, mb)] = [v for v, sp in zip(values, spec) if isinstance(sp, TensorSpec)]
+            self._outbox[(K.SEND_F, s, mb)] = [v for v, sp in zip(leaves, spec.leaves) if isinstance(sp, TensorSpec)]
 
     def _route_input_grads(self, s: int, mb: int, grads: list[torch.Tensor | None]) -> None:
         if s == 0:
