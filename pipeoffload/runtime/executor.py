@@ -12,6 +12,7 @@ of microbatches, so parameter gradients are those of the mean loss over the batc
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -56,6 +57,23 @@ log = logging.getLogger(__name__)
 K = ActionKind
 
 
+def schedule_fingerprint(schedule: Schedule) -> str:
+    """A short description and hash of the lowered schedule, equal on ranks that run the same one."""
+    digest = hashlib.sha1(schedule.to_text().encode()).hexdigest()[:12]
+    return (f"{schedule.name or 'schedule'} ranks={schedule.num_ranks} microbatches={schedule.num_microbatches} "
+            f"stages={schedule.num_stages} #{digest}")
+
+
+def _device_of(modules: Mapping[int, nn.Module], rank: int) -> torch.device:
+    for module in modules.values():
+        for t in (*module.parameters(), *module.buffers()):
+            return t.device
+    raise ConfigError(
+        f"rank {rank}: its stage modules have no parameters or buffers to take the device from; "
+        "pass PipelineRunner(..., device=...) (e.g. 'cpu' or 'cuda:0')"
+    )
+
+
 class PipelineError(RuntimeError):
     """A step failed on this rank; the message names the rank, the step and the action."""
 
@@ -98,8 +116,7 @@ class PipelineRunner:
         self.rank = rank
         placement = self.schedule.placement
         modules = stage_modules(stages, placement, rank)
-        first = next(iter(modules.values()))
-        self.device = torch.device(device) if device is not None else next(first.parameters()).device
+        self.device = torch.device(device) if device is not None else _device_of(modules, rank)
         self.num_microbatches = self.schedule.num_microbatches
         self.num_stages = placement.num_stages
         self.store = ActivationStore(self.device, min_bytes=min_offload_bytes, copier=copier)
@@ -160,7 +177,7 @@ class PipelineRunner:
         self._inputs: dict[tuple[int, int], tuple] = {}
         self._grads: dict[tuple[int, int], list] = {}
         self._outbox: dict[tuple[ActionKind, int, int], list[torch.Tensor]] = {}
-        self._inflight: list[tuple[Any, list[torch.Tensor]]] = []
+        self._inflight: list[tuple[Any, list[torch.Tensor], int]] = []
         self._handoff_pins: dict[tuple[int, int], list[torch.Tensor]] = {}
         self._losses: dict[int, torch.Tensor] = {}
 
@@ -169,6 +186,7 @@ class PipelineRunner:
         """Infer every stage's output spec in stage order; each owner broadcasts its stage's."""
         if self.specs is not None:
             return
+        self._check_same_schedule()
         specs: dict[int, list[Spec]] = {}
         for s in range(self.num_stages - 1):
             owner = self.schedule.placement.rank_of(s)
@@ -188,6 +206,21 @@ class PipelineRunner:
                     "process group; declare it with PipelineRunner(..., output_specs={stage: spec})"
                 )
         self.specs = specs
+
+    def _check_same_schedule(self) -> None:
+        """Every rank must run the same lowered schedule (else messages silently pair up wrongly)."""
+        mine = schedule_fingerprint(self.schedule)
+        prints = self.transport.all_gather(mine)
+        if len(set(prints)) > 1:
+            by_print: dict[str, list[int]] = {}
+            for r, fp in enumerate(prints):
+                by_print.setdefault(fp, []).append(r)
+            groups = "; ".join(f"ranks {ranks}: {fp}" for fp, ranks in by_print.items())
+            others = [r for r, fp in enumerate(prints) if fp != mine]
+            raise ConfigError(
+                f"ranks {others} run a different schedule from rank {self.rank} ({groups}); build every rank's "
+                "PipelineRunner from the same schedule, microbatches and policies"
+            )
 
     # ---- the step ---------------------------------------------------------------------------------
     def step(self, inputs: Any = None, targets: Any = None) -> torch.Tensor | None:
@@ -242,8 +275,8 @@ class PipelineRunner:
         return total
 
     def _finish_step(self) -> None:
-        for work, _tensors in self._inflight:
-            self.transport.wait([work])
+        for work, _tensors, peer in self._inflight:
+            self.transport.wait([work], [peer], "a send to")
         self._unpin_sent(everything=True)
         self.store.finish()
         leftovers = [s for s, st in self.stages.items() if st.pending()]
@@ -370,9 +403,9 @@ class PipelineRunner:
                 recvs += [(peer_rank, message_tag(1, s + 1, mb, i, S, M), t) for i, t in enumerate(bufs)]
                 arrivals.append((a, spec, bufs))
         send_works, recv_works = self.transport.post(sends, recvs)
-        for (_, _, t), work in zip(sends, send_works):  # one work per tensor (gloo)
-            self._inflight.append((work, [t] if self.store.pin(t) else []))
-        self.transport.wait(recv_works)
+        for (peer, _, t), work in zip(sends, send_works):  # one work per tensor (gloo)
+            self._inflight.append((work, [t] if self.store.pin(t) else [], peer))
+        self.transport.wait(recv_works, [peer for peer, _, _ in recvs])
         for a, spec, bufs in arrivals:
             if a.kind == K.RECV_F:
                 self._inputs[(a.stage, a.microbatch)] = assemble(spec, bufs)
@@ -384,10 +417,10 @@ class PipelineRunner:
     def _unpin_sent(self, everything: bool = False) -> None:
         """Forget sends that completed (their buffers can go) and drop their pins."""
         still = []
-        for work, pinned in self._inflight:
+        for work, pinned, peer in self._inflight:
             if everything or work.is_completed():
                 for t in pinned:
                     self.store.unpin(t)
             else:
-                still.append((work, pinned))
+                still.append((work, pinned, peer))
         self._inflight = still

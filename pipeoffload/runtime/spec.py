@@ -18,7 +18,14 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call
-from torch.utils._pytree import TreeSpec, tree_flatten, tree_structure, tree_unflatten
+from torch.utils._pytree import (
+    TreeSpec,
+    tree_flatten,
+    tree_structure,
+    tree_unflatten,
+    treespec_dumps,
+    treespec_loads,
+)
 
 from pipeoffload.errors import ConfigError
 
@@ -56,6 +63,18 @@ class Spec:
     def build(self, leaves: Sequence[Any]) -> tuple:
         """The value tuple with ``leaves`` in place of the spec's leaves."""
         return tree_unflatten(list(leaves), self.tree)  # type: ignore[no-any-return]
+
+    def __reduce__(self) -> tuple:
+        # Specs are broadcast between ranks: pickle the structure as JSON where pytree can (pickling
+        # a TreeSpec object itself warns about deprecated leaf classes on unpickling).
+        try:
+            return (_spec_from_json, (self.leaves, treespec_dumps(self.tree)))
+        except Exception:  # noqa: BLE001 - e.g. unregistered namedtuples: pickle the object
+            return (Spec, (self.leaves, self.tree))
+
+
+def _spec_from_json(leaves: tuple, tree: str) -> Spec:
+    return Spec(leaves, treespec_loads(tree))
 
 
 def as_spec(spec: Any) -> Spec:

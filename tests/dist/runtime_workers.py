@@ -89,11 +89,26 @@ def _gpt_runner(rank: int, world: int, timeout: float, microbatches: int) -> tup
     return runner, batches
 
 
-def stuck_worker(rank: int, world: int, bad_rank: int, how: str, timeout: float) -> None:
-    """Every rank trains; after two steps ``bad_rank`` stops (SIGSTOP) or dies (SIGKILL) itself."""
+def stuck_worker(rank: int, world: int, bad_rank: int, how: str, timeout: float, stamp: str) -> None:
+    """Every rank trains; after one step ``bad_rank`` writes the time to ``stamp`` and stops
+    (SIGSTOP) or dies (SIGKILL)."""
     runner, batches = _gpt_runner(rank, world, timeout, 2 * world)
     for step, (inputs, targets) in enumerate(batches):
-        if step == 2 and rank == bad_rank:
+        if step == 1 and rank == bad_rank:
+            with open(stamp, "w") as fh:
+                fh.write(repr(time.time()))
             os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
             time.sleep(3600)
         runner.step(inputs, targets)
+
+
+def mismatch_worker(rank: int, world: int) -> str:
+    """Rank 1 builds its runner from another schedule (gpipe instead of 1f1b)."""
+    cfg = GPTConfig(vocab=32, seq=8, hidden=16, heads=2, layers=2)
+    schedule = lower(generate("1f1b" if rank == 0 else "gpipe", world, 4))
+    layers = gpt_layers(cfg, seed=0)
+    stages = build_rank_stages(layers, even_counts(len(layers), schedule.num_stages), schedule.placement, rank)
+    runner = PipelineRunner(stages, schedule, rank, loss_fn=lm_loss, timeout=30)
+    inputs, targets = sample_batch(cfg, 8)
+    runner.step(inputs, targets)
+    return "no error"
