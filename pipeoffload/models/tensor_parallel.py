@@ -18,8 +18,13 @@ activation memory only in the norms and residuals.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from pipeoffload.errors import ConfigError
@@ -49,3 +54,45 @@ def parallelize_gpt_stage(stage: nn.Module, tp_mesh: DeviceMesh) -> None:
         if isinstance(module, Block):
             _check_divisible(module, tp)
             parallelize_module(module, tp_mesh, plan)  # type: ignore[arg-type]
+
+
+def grad_sq_sum(params: Iterable[nn.Parameter]) -> torch.Tensor:
+    """Sum of squared gradients of ``params`` as a plain float32 scalar, equal on every tensor-parallel
+    rank: sharded gradients are summed over their mesh (one all-reduce per mesh), replicated ones
+    counted once. ``torch.nn.utils.clip_grad_norm_`` refuses a mix of DTensor and plain gradients."""
+    plain: torch.Tensor | None = None
+    sharded: dict[DeviceMesh, torch.Tensor] = {}
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        if isinstance(g, DTensor):
+            local = g.to_local().float().pow(2).sum()
+            if any(placement.is_shard() for placement in g.placements):
+                mesh = g.device_mesh
+                sharded[mesh] = sharded[mesh] + local if mesh in sharded else local
+                continue
+        else:
+            local = g.float().pow(2).sum()
+        plain = local if plain is None else plain + local
+    total = plain if plain is not None else torch.zeros(())
+    for mesh, local in sharded.items():
+        dist.all_reduce(local, group=mesh.get_group())
+        total = total + local.to(total.device)
+    return total
+
+
+def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float, group: dist.ProcessGroup | None = None) -> float:
+    """Clip gradients (DTensor or plain) to a total norm of ``max_norm``; returns the norm before
+    clipping. ``group``: ranks holding *different* parameters (e.g. the pipeline's), whose squared
+    sums are added; omit it when ``params`` are the whole model."""
+    params = [p for p in params if p.grad is not None]
+    total = grad_sq_sum(params)
+    if group is not None:
+        dist.all_reduce(total, group=group)
+    norm = float(total.sqrt())
+    scale = max_norm / (norm + 1e-6)
+    if scale < 1.0:
+        for p in params:
+            p.grad.mul_(scale)  # type: ignore[union-attr]
+    return norm

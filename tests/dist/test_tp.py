@@ -22,6 +22,11 @@ def test_sharded_blocks_and_model_match_unsharded():
         assert max(res["block_grads"].values()) < TOL, res["block_grads"]
         assert len(res["model_grads"]) == 30 and max(res["model_grads"].values()) < TOL, res["model_grads"]
         assert res["model_loss"] < TOL
+        norm, norm_ref = res["norm"]
+        assert norm_ref > 0.1 and abs(norm - norm_ref) < TOL * norm_ref, res["norm"]  # the clip is active
+        assert max(res["clipped_grads"].values()) < TOL, res["clipped_grads"]
+        one = res["pipeline_1rank"]
+        assert max(one["loss"]) < TOL and max(one["grad"]) < TOL and one["end_bytes"] == [0, 0], one
 
 
 def test_pipeline_of_tensor_parallel_stages_with_offload():

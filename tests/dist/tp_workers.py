@@ -12,7 +12,7 @@ from torch.distributed.tensor import DTensor
 from pipeoffload import generate, lower
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
 from pipeoffload.models.split import StageModule
-from pipeoffload.models.tensor_parallel import parallelize_gpt_stage
+from pipeoffload.models.tensor_parallel import clip_grad_norm, parallelize_gpt_stage
 from pipeoffload.runtime import PipelineRunner
 
 CFG = GPTConfig(vocab=32, seq=8, hidden=16, heads=4, layers=2)
@@ -58,6 +58,11 @@ def tp_module_worker(rank: int, world: int) -> dict[str, Any]:
     loss_tp.backward()
     result["model_loss"] = abs(loss_tp.item() - loss_ref.item())
     result["model_grads"] = _grad_diffs(tp, ref)
+    norm_ref = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.1))
+    result["norm"] = (clip_grad_norm(tp.parameters(), 0.1), norm_ref)
+    result["clipped_grads"] = _grad_diffs(tp, ref)
+    # a one-rank pipeline of two sharded stages (local hand-off between them), offloading everything
+    result["pipeline_1rank"] = tp_pipeline_worker(rank, world, 1, "interleaved-1f1b", "all")
     return result
 
 
