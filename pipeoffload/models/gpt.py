@@ -70,8 +70,8 @@ class Block(nn.Module):
         self.p = cfg.dropout
 
     def attention(self, x: torch.Tensor, pad_mask: torch.Tensor | None) -> torch.Tensor:
-        b, t, _ = x.shape
         qkv = self.qkv(x)
+        b, t = qkv.shape[0], qkv.shape[1]  # sequence parallelism: x holds a slice of the sequence, qkv all of it
         # Head-major layout (heads, q/k/v, head_dim): a column shard of qkv holds whole heads, so tensor
         # parallelism (models.tensor_parallel) runs this same code on its local heads.
         heads = qkv.shape[-1] // (3 * self.head_dim)
@@ -80,7 +80,7 @@ class Block(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.p if self.training else 0.0)
         else:
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
-            keep = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            keep = torch.ones(t, t, dtype=torch.bool, device=qkv.device).tril()
             if pad_mask is not None:
                 keep = keep & pad_mask[:, None, None, :]
             scores = scores.masked_fill(~keep, -1e4)

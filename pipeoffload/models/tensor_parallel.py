@@ -2,19 +2,19 @@
 
 ``parallelize_gpt_stage(stage, tp_mesh)`` shards every ``Block`` of a stage module across the ranks
 of ``tp_mesh``: attention's fused ``qkv`` and the MLP's ``fc1`` column-wise (each rank computes its
-own heads and its slice of the MLP), ``proj`` and ``fc2`` row-wise (partial sums all-reduced into a
-replicated output). Everything else (embeddings, layer norms, the head) stays replicated: every
-tensor-parallel rank holds a full copy, and since their inputs and the gradients flowing into them
-are identical on every rank, so are their gradients.
+own heads and its slice of the MLP), ``proj`` and ``fc2`` row-wise. The attention's ``qkv`` weight
+is laid out head-major (``models.gpt``), so a contiguous column shard holds whole heads.
 
-A block's inputs and outputs stay plain, full ``torch.Tensor`` objects (the column-wise layers take
-a replicated input, the row-wise ones return a replicated local tensor), so the pipeline runner
-transports stage boundaries unchanged. The attention's ``qkv`` weight is laid out head-major
-(``models.gpt``), so a contiguous column shard holds whole heads.
+With ``sequence_parallel`` (the default), the tensors between the sharded layers -- the residual
+stream, the layer norms and dropouts -- are split along the sequence too: each rank keeps ``1/tp``
+of those activations; the column-wise layers all-gather the sequence, the row-wise ones
+reduce-scatter it. A run of consecutive blocks slices its input at entry and all-gathers its output
+at exit. Without it, row-wise outputs are all-reduced and everything between them is replicated.
 
-Sequence parallelism (sharding layer norms and dropout along the sequence) is not applied: it would
-make the tensors between blocks sequence shards, which the stage boundary must not see, and it saves
-activation memory only in the norms and residuals.
+Either way a stage's inputs and outputs stay plain, full ``torch.Tensor`` objects, so the pipeline
+runner transports stage boundaries unchanged. Layers outside the blocks (embeddings, the head) stay
+replicated: every tensor-parallel rank holds a full copy and, since their inputs and incoming
+gradients are identical on every rank, computes identical gradients.
 """
 from __future__ import annotations
 
@@ -24,8 +24,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.models.gpt import Block
@@ -40,20 +47,57 @@ def _check_divisible(block: Block, tp: int) -> None:
         )
 
 
-def parallelize_gpt_stage(stage: nn.Module, tp_mesh: DeviceMesh) -> None:
+def _block_runs(stage: nn.Module) -> list[list[Block]]:
+    """Maximal runs of consecutive blocks (a ``Sequential`` stage); elsewhere each block alone."""
+    if not isinstance(stage, nn.Sequential):
+        return [[m] for m in stage.modules() if isinstance(m, Block)]
+    runs: list[list[Block]] = []
+    previous = False
+    for child in stage:
+        if isinstance(child, Block):
+            if previous:
+                runs[-1].append(child)
+            else:
+                runs.append([child])
+        previous = isinstance(child, Block)
+    return runs
+
+
+def _plan(sequence_parallel: bool) -> dict:
+    if not sequence_parallel:
+        return {"qkv": ColwiseParallel(), "proj": RowwiseParallel(),
+                "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+    seq = Shard(1)
+    return {"ln1": SequenceParallel(use_local_output=True), "qkv": ColwiseParallel(input_layouts=seq),
+            "proj": RowwiseParallel(output_layouts=seq),
+            "ln2": SequenceParallel(use_local_output=True), "fc1": ColwiseParallel(input_layouts=seq),
+            "fc2": RowwiseParallel(output_layouts=seq)}
+
+
+def parallelize_gpt_stage(stage: nn.Module, tp_mesh: DeviceMesh, *, sequence_parallel: bool = True,
+                          seq_len: int | None = None) -> None:
     """Shard every GPT ``Block`` inside ``stage`` in place over the 1-D ``tp_mesh``.
 
     Every rank of the mesh must call this with an identical copy of ``stage`` (same weights): each
-    keeps its shard of the sharded layers and its full copy of the rest."""
+    keeps its shard of the sharded layers and its full copy of the rest. With ``sequence_parallel``
+    the sequence length must be a multiple of the mesh size (checked here when ``seq_len`` is given)."""
     if tp_mesh.ndim != 1:
         raise ConfigError(f"tp_mesh has {tp_mesh.ndim} dimensions; pass the 1-D tensor-parallel sub-mesh")
     tp = tp_mesh.size()
-    plan = {"qkv": ColwiseParallel(), "proj": RowwiseParallel(),
-            "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
-    for module in stage.modules():
-        if isinstance(module, Block):
-            _check_divisible(module, tp)
-            parallelize_module(module, tp_mesh, plan)  # type: ignore[arg-type]
+    if sequence_parallel and seq_len is not None and seq_len % tp:
+        raise ConfigError(f"sequence parallelism splits the sequence: seq_len={seq_len} must be a multiple of "
+                          f"tp={tp}; change seq_len or pass sequence_parallel=False")
+    for run in _block_runs(stage):
+        for block in run:
+            _check_divisible(block, tp)
+            parallelize_module(block, tp_mesh, _plan(sequence_parallel))  # type: ignore[arg-type]
+        if sequence_parallel:  # full tensors outside the run, sequence shards inside it
+            parallelize_module(run[0], tp_mesh, PrepareModuleInput(
+                input_layouts=(Replicate(), None, None), desired_input_layouts=(Shard(1), None, None),
+                use_local_output=True))
+            parallelize_module(run[-1], tp_mesh, PrepareModuleOutput(
+                output_layouts=(Shard(1), None, None),  # type: ignore[arg-type]
+                desired_output_layouts=(Replicate(), None, None), use_local_output=True))  # type: ignore[arg-type]
 
 
 def grad_sq_sum(params: Iterable[nn.Parameter]) -> torch.Tensor:
@@ -67,6 +111,8 @@ def grad_sq_sum(params: Iterable[nn.Parameter]) -> torch.Tensor:
         if g is None:
             continue
         if isinstance(g, DTensor):
+            if any(placement.is_partial() for placement in g.placements):  # e.g. sequence-parallel norms
+                g = g.redistribute(placements=[Replicate()] * g.device_mesh.ndim)
             local = g.to_local().float().pow(2).sum()
             if any(placement.is_shard() for placement in g.placements):
                 mesh = g.device_mesh

@@ -15,18 +15,23 @@ TOL = 1e-5
 def test_sharded_blocks_and_model_match_unsharded():
     result = spawn(tp_module_worker, 2, (), timeout=60, deadline=240)
     assert result.ok, result.errors
-    for res in result.results:
-        assert res["block_plain"], "a sharded stage must return a plain torch.Tensor"
-        assert "0.qkv.weight" in res["sharded"] and "0.fc2.weight" in res["sharded"]
-        assert res["block_out"] < TOL and res["block_in_grad"] < TOL
-        assert max(res["block_grads"].values()) < TOL, res["block_grads"]
-        assert len(res["model_grads"]) == 30 and max(res["model_grads"].values()) < TOL, res["model_grads"]
-        assert res["model_loss"] < TOL
-        norm, norm_ref = res["norm"]
-        assert norm_ref > 0.1 and abs(norm - norm_ref) < TOL * norm_ref, res["norm"]  # the clip is active
-        assert max(res["clipped_grads"].values()) < TOL, res["clipped_grads"]
-        one = res["pipeline_1rank"]
+    for rank_result in result.results:
+        one = rank_result["pipeline_1rank"]
         assert max(one["loss"]) < TOL and max(one["grad"]) < TOL and one["end_bytes"] == [0, 0], one
+        for res in (rank_result["plain"], rank_result["sequence_parallel"]):
+            _check_module(res)
+
+
+def _check_module(res: dict) -> None:
+    assert res["block_plain"], "a sharded stage must return a plain torch.Tensor"
+    assert "0.qkv.weight" in res["sharded"] and "0.fc2.weight" in res["sharded"]
+    assert res["block_out"] < TOL and res["block_in_grad"] < TOL
+    assert max(res["block_grads"].values()) < TOL, res["block_grads"]
+    assert len(res["model_grads"]) == 30 and max(res["model_grads"].values()) < TOL, res["model_grads"]
+    assert res["model_loss"] < TOL
+    norm, norm_ref = res["norm"]
+    assert norm_ref > 0.1 and abs(norm - norm_ref) < TOL * norm_ref, res["norm"]  # the clip is active
+    assert max(res["clipped_grads"].values()) < TOL, res["clipped_grads"]
 
 
 def test_pipeline_of_tensor_parallel_stages_with_offload():

@@ -30,16 +30,25 @@ def _grad_diffs(sharded: torch.nn.Module, ref: torch.nn.Module) -> dict[str, flo
 
 
 def tp_module_worker(rank: int, world: int) -> dict[str, Any]:
-    """A block stage (hidden in, hidden out) and the whole model (tokens in, logits out), sharded
-    over ``world`` ranks, against the unsharded modules."""
+    """Both tensor-parallel modes, and a one-rank pipeline of sharded stages."""
     mesh = init_device_mesh("cpu", (world,))
+    result = {sp: tp_module_check(mesh, sp) for sp in ("plain", "sequence_parallel")}
+    # a one-rank pipeline of two sharded stages (local hand-off between them), offloading everything
+    result["pipeline_1rank"] = tp_pipeline_worker(rank, world, 1, "interleaved-1f1b", "all")
+    return result
+
+
+def tp_module_check(mesh: Any, mode: str) -> dict[str, Any]:
+    """A block stage (hidden in, hidden out) and the whole model (tokens in, logits out), sharded
+    over the mesh, against the unsharded modules."""
+    sp = mode == "sequence_parallel"
     layers = gpt_layers(CFG, seed=0)
     (tokens, mask, offset), targets = sample_batch(CFG, 4, seed=1)
     result: dict[str, Any] = {}
     # a middle stage: two blocks; its input needs a gradient
     ref, tp = StageModule(*copy.deepcopy(layers[1:3])), StageModule(*copy.deepcopy(layers[1:3]))
-    parallelize_gpt_stage(tp, mesh)
-    x = torch.randn(4, CFG.seq, CFG.hidden, generator=torch.Generator().manual_seed(2))
+    parallelize_gpt_stage(tp, mesh, sequence_parallel=sp)
+    x = torch.randn(4, CFG.seq, CFG.hidden, generator=torch.Generator().manual_seed(2))  # equal on every rank
     x_ref, x_tp = x.clone().requires_grad_(), x.clone().requires_grad_()
     y_ref, y_tp = ref(x_ref, mask, offset)[0], tp(x_tp, mask, offset)[0]
     result["block_plain"] = type(y_tp) is torch.Tensor
@@ -52,7 +61,7 @@ def tp_module_worker(rank: int, world: int) -> dict[str, Any]:
     result["sharded"] = sorted(n for n, p in tp.named_parameters() if isinstance(p, DTensor))
     # the whole model, loss included
     ref, tp = StageModule(*copy.deepcopy(layers)), StageModule(*copy.deepcopy(layers))
-    parallelize_gpt_stage(tp, mesh)
+    parallelize_gpt_stage(tp, mesh, sequence_parallel=sp)
     loss_ref, loss_tp = lm_loss(ref(tokens, mask, offset), targets), lm_loss(tp(tokens, mask, offset), targets)
     loss_ref.backward()
     loss_tp.backward()
@@ -61,8 +70,6 @@ def tp_module_worker(rank: int, world: int) -> dict[str, Any]:
     norm_ref = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.1))
     result["norm"] = (clip_grad_norm(tp.parameters(), 0.1), norm_ref)
     result["clipped_grads"] = _grad_diffs(tp, ref)
-    # a one-rank pipeline of two sharded stages (local hand-off between them), offloading everything
-    result["pipeline_1rank"] = tp_pipeline_worker(rank, world, 1, "interleaved-1f1b", "all")
     return result
 
 
