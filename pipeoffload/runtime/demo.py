@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{PROG}: error: {str(err).splitlines()[0]}", file=sys.stderr)
         raise SystemExit(2) from None
     if args.spawn:
-        result = spawn(_spawned, args.spawn, (args,), deadline=3600, grace=args.timeout + 10)
+        result = spawn(_spawned, args.spawn, (args,), timeout=args.timeout, deadline=3600, grace=args.timeout + 10)
         if not result.ok:
             for e in result.errors:
                 if e:

@@ -19,7 +19,7 @@ def test_stopped_or_killed_rank_is_named_by_every_peer(tmp_path, how, bad_rank):
     world, stamp = 3, tmp_path / "stopped_at"
     start = time.time()
     result = spawn(stuck_worker, world, (bad_rank, how, TIMEOUT, str(stamp)), timeout=60, deadline=120,
-                   grace=TIMEOUT + 20)
+                   grace=8)
     stopped_at = float(stamp.read_text())
     for rank in range(world):
         if rank == bad_rank:

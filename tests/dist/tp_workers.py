@@ -29,12 +29,12 @@ def _grad_diffs(sharded: torch.nn.Module, ref: torch.nn.Module) -> dict[str, flo
     return out
 
 
-def tp_module_worker(rank: int, world: int) -> dict[str, Any]:
-    """Both tensor-parallel modes, and a one-rank pipeline of sharded stages."""
-    mesh = init_device_mesh("cpu", (world,))
-    result = {sp: tp_module_check(mesh, sp) for sp in ("plain", "sequence_parallel")}
-    # a one-rank pipeline of two sharded stages (local hand-off between them), offloading everything
-    result["pipeline_1rank"] = tp_pipeline_worker(rank, world, 1, "interleaved-1f1b", "all")
+def tp_worker(rank: int, world: int) -> dict[str, Any]:
+    """On a 2 (pipeline) x 2 (tensor) mesh of 4 ranks: both tensor-parallel modes of a module on the
+    tensor-parallel sub-mesh, then a 2-rank pipeline of sharded stages."""
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("pp", "tp"))
+    result = {sp: tp_module_check(mesh["tp"], sp) for sp in ("plain", "sequence_parallel")}
+    result["pipeline"] = tp_pipeline_run(mesh, "1f1b", "all")
     return result
 
 
@@ -73,10 +73,10 @@ def tp_module_check(mesh: Any, mode: str) -> dict[str, Any]:
     return result
 
 
-def tp_pipeline_worker(rank: int, world: int, pp: int, schedule_name: str, offload: str) -> dict[str, Any]:
-    """pp pipeline ranks x (world // pp) tensor-parallel ranks; 2 SGD steps compared with one process."""
-    tp_size = world // pp
-    mesh = init_device_mesh("cpu", (pp, tp_size), mesh_dim_names=("pp", "tp"))
+def tp_pipeline_run(mesh: Any, schedule_name: str, offload: str) -> dict[str, Any]:
+    """A pipeline over the mesh's "pp" dimension of stages sharded over its "tp" dimension; 2 SGD
+    steps compared with one process."""
+    pp = mesh["pp"].size()
     pp_group, pp_rank = mesh["pp"].get_group(), mesh["pp"].get_local_rank()
     microbatches = 2 * pp
     schedule = lower(generate(schedule_name, pp, microbatches), offload=offload)
