@@ -273,6 +273,9 @@ class LoopbackTransport:
     def record_failure(self, message: str) -> None:
         return None
 
+    def close(self) -> None:
+        return None
+
     def first_failure(self) -> str | None:
         return None
 

@@ -138,12 +138,21 @@ class PipelineRunner:
         self.step_count = 0
         self.slot_bytes: dict[int, int] = {}  # largest bytes one (stage, microbatch) F saved, per stage
         self.trace: Trace | None = None
-        self._handlers: dict[ActionKind, Callable[[Action], None]] = {
-            K.F: self._forward, K.B: self._backward, K.I: self._backward_input, K.W: self._backward_weight,
-            K.R: self._recompute, K.OFFLOAD: self._offload, K.RELOAD: self._reload,
+        # Unbound functions, not bound methods: a runner must not refer to itself (a cycle would keep
+        # it, and its transport's heartbeat thread, alive until the cyclic collector runs).
+        cls = type(self)
+        self._handlers: dict[ActionKind, Callable[[PipelineRunner, Action], None]] = {
+            K.F: cls._forward, K.B: cls._backward, K.I: cls._backward_input, K.W: cls._backward_weight,
+            K.R: cls._recompute, K.OFFLOAD: cls._offload, K.RELOAD: cls._reload,
         }
         self._program = comm_batches(self.row)
         self._reset_state()
+
+    def close(self) -> None:
+        """Stop the transport's heartbeat (also done when the runner is garbage)."""
+        close = getattr(self.transport, "close", None)
+        if close is not None:
+            close()
 
     # ---- set-up helpers ---------------------------------------------------------------------------
     def _default_transport(self, group: dist.ProcessGroup | None, timeout: float) -> Any:
@@ -254,7 +263,7 @@ class PipelineRunner:
                         record(TraceRecord(a, begin, end, resident))
                     index += len(item)
                 else:
-                    handlers[item.kind](item)
+                    handlers[item.kind](self, item)
                     store.poll()
                     record(TraceRecord(item, begin, clock() - t0, store.resident_bytes))
                     index += 1
