@@ -27,7 +27,7 @@ from pipeoffload import generate, lower
 from pipeoffload.cli.common import positive_int
 from pipeoffload.errors import ConfigError, ScheduleError
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
-from pipeoffload.runtime.executor import PipelineRunner
+from pipeoffload.runtime.executor import PipelineError, PipelineRunner
 from pipeoffload.runtime.launch import init_from_env, spawn
 from pipeoffload.runtime.trace import Trace, chrome_events
 
@@ -152,7 +152,11 @@ def main(argv: list[str] | None = None) -> None:
     else:
         rank, world, device = init_from_env(timeout=args.timeout)
         logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(message)s")
-        out = train(rank, world, args, device)
+        try:
+            out = train(rank, world, args, device)
+        except PipelineError:  # already logged with its rank, step and action: no traceback per rank
+            sys.stderr.flush()
+            os._exit(1)  # skip process-group teardown, which may wait on a dead or stopped peer
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, out)
         dist.destroy_process_group()
