@@ -95,6 +95,13 @@ def _leaf_spec(v: Any) -> Leaf:
     if isinstance(v, torch.Tensor):
         grad = v.requires_grad and (v.is_floating_point() or v.is_complex())
         return TensorSpec(tuple(v.shape), v.dtype, grad)
+    attrs = getattr(v, "__dict__", None)
+    if isinstance(attrs, dict) and any(isinstance(x, torch.Tensor) for x in attrs.values()):
+        raise ConfigError(
+            f"a stage boundary value of type {type(v).__name__} holds tensors, but only tuples, lists, dicts and "
+            "namedtuples are looked into (anything else would be a constant, never sent); pass its tensors in "
+            "one of those, or register the type with torch.utils._pytree.register_pytree_node"
+        )
     return Const(v)
 
 
