@@ -172,13 +172,14 @@ class Transport:
             "waiting or computing for longer than the timeout (raise timeout=)", peer)
 
     def silent_ranks(self) -> list[int]:
-        """Ranks whose heartbeat does not move over a few beat intervals (stopped or dead processes)."""
+        """Ranks whose heartbeat does not move over a few beat intervals (at least 1.5 s): stopped or
+        dead processes."""
         if self._store is None:
             return []
         keys = [f"{self._key}/beat/{r}" for r in range(len(self._global))]
         try:
             before = [self._store.add(k, 0) for k in keys]
-            time.sleep(3 * self.beat_interval)
+            time.sleep(max(3 * self.beat_interval, 1.5))  # a loaded machine may delay a beat or two
             after = [self._store.add(k, 0) for k in keys]
         except Exception:  # noqa: BLE001 - best effort: the store may be gone with a dead peer
             log.debug("could not read heartbeats", exc_info=True)

@@ -11,7 +11,7 @@ from pipeoffload.runtime.launch import spawn
 
 pytestmark = pytest.mark.dist
 
-TIMEOUT = 4.0
+TIMEOUT = 5.0
 
 
 @pytest.mark.parametrize("how,bad_rank", [("stop", 1), ("kill", 2)])
