@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 
-.PHONY: demo test lint setup clean
+.PHONY: demo test lint setup clean gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,6 +22,11 @@ lint: setup
 
 test: lint
 	$(PY) -m pytest -q -x --durations=10
+
+# On a CUDA machine: tests/gpu, the offload replay benchmark and a 1-GPU training run (< 8 min);
+# writes benchmarks/results/gpu_check.txt. Without CUDA it says so and exits 0.
+gpu-check: setup
+	$(PY) benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

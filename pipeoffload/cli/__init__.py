@@ -14,7 +14,7 @@ from typing import NoReturn
 
 from pipeoffload.errors import ConfigError, ScheduleError
 
-COMMAND_MODULES = ("schedules", "show", "simulate", "k", "plan", "compare", "trace", "playground")
+COMMAND_MODULES = ("schedules", "show", "simulate", "k", "plan", "compare", "trace", "playground", "report")
 
 
 class _Parser(argparse.ArgumentParser):

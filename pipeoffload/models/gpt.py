@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeoffload.errors import ConfigError
+
 Values = tuple[torch.Tensor, torch.Tensor | None, int]
 
 
@@ -54,7 +56,9 @@ class Block(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         h = cfg.hidden
-        self.heads = cfg.heads
+        if h % cfg.heads:
+            raise ConfigError(f"hidden={h} is not a multiple of heads={cfg.heads}; pick heads dividing hidden")
+        self.head_dim = h // cfg.heads
         self.flash = cfg.flash
         self.ln1 = nn.LayerNorm(h)
         self.qkv = nn.Linear(h, 3 * h)
@@ -66,18 +70,22 @@ class Block(nn.Module):
         self.p = cfg.dropout
 
     def attention(self, x: torch.Tensor, pad_mask: torch.Tensor | None) -> torch.Tensor:
-        b, t, h = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x)
+        b, t = qkv.shape[0], qkv.shape[1]  # sequence parallelism: x holds a slice of the sequence, qkv all of it
+        # Head-major layout (heads, q/k/v, head_dim): a column shard of qkv holds whole heads, so tensor
+        # parallelism (models.tensor_parallel) runs this same code on its local heads.
+        heads = qkv.shape[-1] // (3 * self.head_dim)
+        q, k, v = qkv.view(b, t, heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)
         if self.flash and pad_mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.p if self.training else 0.0)
         else:
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(h // self.heads)
-            keep = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+            keep = torch.ones(t, t, dtype=torch.bool, device=qkv.device).tril()
             if pad_mask is not None:
                 keep = keep & pad_mask[:, None, None, :]
             scores = scores.masked_fill(~keep, -1e4)
             y = self.drop(scores.softmax(dim=-1)) @ v
-        return self.proj(y.transpose(1, 2).reshape(b, t, h))
+        return self.proj(y.transpose(1, 2).reshape(b, t, heads * self.head_dim))
 
     def forward(self, x: torch.Tensor, pad_mask: torch.Tensor | None, offset: int) -> Values:
         x = x + self.drop(self.attention(self.ln1(x), pad_mask))

@@ -5,12 +5,12 @@ This package (with ``pipeoffload.models``) is the only part of pipeoffload that 
 from pipeoffload.runtime.comm import LoopbackTransport, Transport
 from pipeoffload.runtime.executor import PipelineError, PipelineRunner
 from pipeoffload.runtime.offload import ActivationStore
-from pipeoffload.runtime.spec import Const, TensorSpec, spec_of, split_microbatches
+from pipeoffload.runtime.spec import Const, Spec, TensorSpec, spec_of, split_microbatches
 from pipeoffload.runtime.stage import PipelineStage
 from pipeoffload.runtime.trace import Trace, TraceRecord, compare_with_simulation, simulated_peaks, write_chrome_trace
 
 __all__ = [
-    "ActivationStore", "Const", "LoopbackTransport", "PipelineError", "PipelineRunner", "PipelineStage",
+    "ActivationStore", "Const", "LoopbackTransport", "PipelineError", "PipelineRunner", "PipelineStage", "Spec",
     "TensorSpec", "Trace", "TraceRecord", "Transport", "compare_with_simulation", "simulated_peaks", "spec_of",
     "split_microbatches", "write_chrome_trace",
 ]

@@ -20,6 +20,8 @@ from __future__ import annotations
 import datetime
 import itertools
 import logging
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,22 +77,51 @@ def check_fifo(schedule: Schedule) -> None:
             )
 
 
+class PeerError(RuntimeError):
+    """A wait on a peer rank failed: it timed out, or the connection to the peer was lost."""
+
+    def __init__(self, message: str, peer: int) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
 class Transport:
-    """Posts batches of sends/receives on a process group and waits for receives, bounded."""
+    """Posts batches of sends/receives on a process group and waits for receives, bounded.
+
+    A heartbeat thread bumps a counter per rank in the process group's store; when a wait times out,
+    the ranks whose counter stopped moving are named as stuck or dead (a rank merely waiting on
+    another keeps beating)."""
 
     def __init__(self, group: dist.ProcessGroup | None, timeout: float, device: torch.device) -> None:
         self.group = group
+        self.seconds = timeout
         self.timeout = datetime.timedelta(seconds=timeout)
         self.device = device
         self.backend = dist.get_backend(group)
         self.nccl = device.type == "cuda" and "nccl" in str(self.backend)
         group_ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
         self._global = list(group_ranks)
+        self.rank = dist.get_rank(group)
         # The process group object itself: its send/recv take group ranks and skip the per-call
         # argument checks of dist.isend/irecv (the same C++ calls underneath).
         self._pg = group if group is not None else dist.group.WORLD
         self._store = _default_store()
         self._key = f"pipeoffload/{'-'.join(map(str, group_ranks))}/{next(_RUNNER_IDS)}"
+        self.beat_interval = min(1.0, max(0.05, timeout / 20))
+        self._stop = threading.Event()
+        if self._store is not None:
+            threading.Thread(target=_heartbeat, args=(self._store, f"{self._key}/beat/{self.rank}",
+                                                      self.beat_interval, self._stop),
+                             name="pipeoffload-heartbeat", daemon=True).start()
+
+    def __del__(self) -> None:
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
+
+    def close(self) -> None:
+        """Stop the heartbeat (peers that time out later will name this rank as silent)."""
+        self._stop.set()
 
     def global_rank(self, rank: int) -> int:
         return self._global[rank]
@@ -108,18 +139,63 @@ class Transport:
         recv_works = [pg.recv([t], p, tag) for p, tag, t in recvs]
         return send_works, recv_works
 
-    def wait(self, works: Sequence[Any]) -> None:
-        for work in works:
-            if self.nccl:
-                work.wait()
-            else:
-                work.wait(timeout=self.timeout)
+    def wait(self, works: Sequence[Any], peers: Sequence[int] | None = None, what: str = "a message from") -> None:
+        """Wait for ``works`` (exchanged with ``peers``), all within one ``timeout``; a failure is
+        re-raised as ``PeerError`` naming the peer, or the rank that stopped beating."""
+        deadline = time.monotonic() + self.seconds
+        for i, work in enumerate(works):
+            try:
+                if self.nccl:
+                    work.wait()
+                else:
+                    left = max(0.001, deadline - time.monotonic())
+                    work.wait(timeout=datetime.timedelta(seconds=left))
+            except Exception as exc:  # noqa: BLE001 - re-raised with the peer named
+                peer = peers[i] if peers is not None else -1
+                raise self._peer_error(exc, peer, what) from exc
+
+    def _peer_error(self, exc: Exception, peer: int, what: str) -> PeerError:
+        text = " ".join(str(exc).split()).split(". This is typically")[0]
+        if "timed out" not in text.lower() and "timeout" not in text.lower():
+            if self.first_failure() is not None:
+                return PeerError(f"lost the connection to rank {peer}, which exited after the failure below "
+                                 f"({text[:160]})", peer)
+            return PeerError(f"lost the connection to rank {peer}: rank {peer} is dead or exited ({text[:160]})", peer)
+        silent = self.silent_ranks()
+        if silent:
+            names = ", ".join(map(str, silent))
+            return PeerError(
+                f"waited {self.seconds:g} s for {what} rank {peer}; rank(s) {names} stopped responding "
+                f"(no heartbeat): rank {names} is stuck or dead", silent[0])
+        return PeerError(
+            f"waited {self.seconds:g} s for {what} rank {peer}; every rank is still alive, so rank {peer} is itself "
+            "waiting or computing for longer than the timeout (raise timeout=)", peer)
+
+    def silent_ranks(self) -> list[int]:
+        """Ranks whose heartbeat does not move over a few beat intervals (at least 1.5 s): stopped or
+        dead processes."""
+        if self._store is None:
+            return []
+        keys = [f"{self._key}/beat/{r}" for r in range(len(self._global))]
+        try:
+            before = [self._store.add(k, 0) for k in keys]
+            time.sleep(max(3 * self.beat_interval, 1.5))  # a loaded machine may delay a beat or two
+            after = [self._store.add(k, 0) for k in keys]
+        except Exception:  # noqa: BLE001 - best effort: the store may be gone with a dead peer
+            log.debug("could not read heartbeats", exc_info=True)
+            return []
+        return [r for r, (b, a) in enumerate(zip(before, after)) if a == b and r != self.rank]
 
     def broadcast(self, obj: Any, src_rank: int) -> Any:
         box = [obj]
         dist.broadcast_object_list(box, src=self._global[src_rank], group=self.group,
                                    device=self.device if self.nccl else None)
         return box[0]
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * len(self._global)
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
 
     # ---- failure record ---------------------------------------------------------------------------
     def record_failure(self, message: str) -> None:
@@ -141,6 +217,15 @@ class Transport:
         except Exception:  # noqa: BLE001
             log.debug("could not read the failure record", exc_info=True)
         return None
+
+
+def _heartbeat(store: Any, key: str, interval: float, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            store.add(key, 1)
+        except Exception:  # noqa: BLE001 - the store went away (a peer hosting it died): stop beating
+            return
+        stop.wait(interval)
 
 
 def _default_store() -> Any:
@@ -177,13 +262,19 @@ class LoopbackTransport:
             t.copy_(self._template(t))
         return [], []
 
-    def wait(self, works: Sequence[Any]) -> None:
+    def wait(self, works: Sequence[Any], peers: Sequence[int] | None = None, what: str = "") -> None:
         return None
 
     def broadcast(self, obj: Any, src_rank: int) -> Any:
         return obj
 
+    def all_gather(self, obj: Any) -> list[Any]:
+        return [obj]
+
     def record_failure(self, message: str) -> None:
+        return None
+
+    def close(self) -> None:
         return None
 
     def first_failure(self) -> str | None:

@@ -17,16 +17,21 @@ import argparse
 import json
 import logging
 import os
-from typing import Any
+import sys
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
 from pipeoffload import generate, lower
+from pipeoffload.cli.common import positive_int
+from pipeoffload.errors import ConfigError, ScheduleError
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
-from pipeoffload.runtime.executor import PipelineRunner
+from pipeoffload.runtime.executor import PipelineError, PipelineRunner
 from pipeoffload.runtime.launch import init_from_env, spawn
 from pipeoffload.runtime.trace import Trace, chrome_events
+
+PROG = "python -m pipeoffload.runtime"
 
 
 def _lower(args: argparse.Namespace, world: int) -> Any:
@@ -42,7 +47,7 @@ def train(rank: int, world: int, args: argparse.Namespace, device: torch.device 
     stages = build_rank_stages(layers, even_counts(len(layers), schedule.num_stages), schedule.placement, rank)
     params = [p for m in stages.values() for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=1e-3)
-    runner = PipelineRunner(stages, schedule, rank, loss_fn=lm_loss, device=device)
+    runner = PipelineRunner(stages, schedule, rank, loss_fn=lm_loss, device=device, timeout=args.timeout)
     losses = []
     for step in range(args.steps):
         inputs, targets = sample_batch(cfg, args.batch, seed=step)
@@ -63,34 +68,95 @@ def _spawned(rank: int, world: int, args: argparse.Namespace) -> dict:
     return train(rank, world, args)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, exit 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0 (0: read torchrun's environment)")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} must be > 0")
+    return value
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pipeoffload.runtime", description=__doc__.splitlines()[0])
+    p = _Parser(prog=PROG, description=(__doc__ or "").splitlines()[0])
     p.add_argument("--schedule", default="1f1b")
-    p.add_argument("--stages-per-rank", type=int, default=1)
-    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--stages-per-rank", type=positive_int, default=None,
+                   help="stages per rank v (default: the family's own default)")
+    p.add_argument("--microbatches", type=positive_int, default=4)
     p.add_argument("--offload", default="none", help="offload policy passed to lower(): none, all, first:K, ...")
     p.add_argument("--recompute", default="none", help="recompute policy passed to lower(): none, first:K, ...")
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--hidden", type=int, default=32)
-    p.add_argument("--seq", type=int, default=16)
-    p.add_argument("--spawn", type=int, default=0, help="spawn this many ranks instead of reading torchrun's env")
+    p.add_argument("--steps", type=positive_int, default=3)
+    p.add_argument("--batch", type=positive_int, default=8)
+    p.add_argument("--layers", type=positive_int, default=6)
+    p.add_argument("--hidden", type=positive_int, default=32)
+    p.add_argument("--seq", type=positive_int, default=16)
+    p.add_argument("--spawn", type=_non_negative_int, default=0,
+                   help="spawn this many ranks instead of reading torchrun's env")
+    p.add_argument("--timeout", type=_positive_float, default=300.0,
+                   help="seconds any rank waits for a peer before failing (default 300)")
     p.add_argument("--trace", default=None, help="write a Chrome trace of the last step here")
     return p.parse_args(argv)
 
 
+def check(args: argparse.Namespace, world: int) -> None:
+    """Raise ``ConfigError``/``ScheduleError`` for flags no rank could run (checked before any start)."""
+    schedule = _lower(args, world)
+    even_counts(args.layers + 2, schedule.num_stages)
+    heads = GPTConfig().heads
+    if args.hidden % heads:
+        raise ConfigError(f"--hidden {args.hidden}: must be a multiple of the {heads} attention heads")
+    if args.batch < args.microbatches:
+        raise ConfigError(f"--batch {args.batch}: must be >= --microbatches {args.microbatches} (one row each at least)")
+
+
+def _world(args: argparse.Namespace) -> int:
+    if args.spawn:
+        return int(args.spawn)
+    if "WORLD_SIZE" not in os.environ:
+        raise ConfigError("no WORLD_SIZE in the environment: run under torchrun or pass --spawn N")
+    return int(os.environ["WORLD_SIZE"])
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    try:
+        check(args, _world(args))
+    except (ConfigError, ScheduleError) as err:
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank checks; one prints
+            print(f"{PROG}: error: {str(err).splitlines()[0]}", file=sys.stderr)
+        raise SystemExit(2) from None
     if args.spawn:
-        result = spawn(_spawned, args.spawn, (args,), deadline=600)
+        result = spawn(_spawned, args.spawn, (args,), timeout=args.timeout, deadline=3600, grace=args.timeout + 10)
         if not result.ok:
-            raise SystemExit("\n".join(e for e in result.errors if e))
+            for e in result.errors:
+                if e:
+                    print(e.split("\n\n")[0], file=sys.stderr)
+            raise SystemExit(1)
         traces = [Trace.from_dict(r["trace"]) for r in result.results]
     else:
-        rank, world, device = init_from_env()
+        rank, world, device = init_from_env(timeout=args.timeout)
         logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(message)s")
-        out = train(rank, world, args, device)
+        try:
+            out = train(rank, world, args, device)
+        except PipelineError:  # already logged with its rank, step and action: no traceback per rank
+            sys.stderr.flush()
+            os._exit(1)  # skip process-group teardown, which may wait on a dead or stopped peer
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, out)
         dist.destroy_process_group()
@@ -102,4 +168,3 @@ def main(argv: list[str] | None = None) -> None:
             json.dump({"traceEvents": chrome_events(traces)}, fh)
     if os.environ.get("RANK", "0") == "0":
         print("peak activation bytes per rank:", [t.peak_bytes for t in traces])
-

@@ -12,6 +12,7 @@ of microbatches, so parameter gradients are those of the mean loss over the batc
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,9 +39,10 @@ from pipeoffload.runtime.spec import (
     Spec,
     TensorSpec,
     as_inputs,
-    as_tuple,
+    as_spec,
     assemble,
     check_values,
+    flatten,
     grad_specs,
     infer_specs,
     spec_of,
@@ -53,6 +55,23 @@ from pipeoffload.validate import validate
 
 log = logging.getLogger(__name__)
 K = ActionKind
+
+
+def schedule_fingerprint(schedule: Schedule) -> str:
+    """A short description and hash of the lowered schedule, equal on ranks that run the same one."""
+    digest = hashlib.sha1(schedule.to_text().encode()).hexdigest()[:12]
+    return (f"{schedule.name or 'schedule'} ranks={schedule.num_ranks} microbatches={schedule.num_microbatches} "
+            f"stages={schedule.num_stages} #{digest}")
+
+
+def _device_of(modules: Mapping[int, nn.Module], rank: int) -> torch.device:
+    for module in modules.values():
+        for t in (*module.parameters(), *module.buffers()):
+            return t.device
+    raise ConfigError(
+        f"rank {rank}: its stage modules have no parameters or buffers to take the device from; "
+        "pass PipelineRunner(..., device=...) (e.g. 'cpu' or 'cuda:0')"
+    )
 
 
 class PipelineError(RuntimeError):
@@ -97,8 +116,7 @@ class PipelineRunner:
         self.rank = rank
         placement = self.schedule.placement
         modules = stage_modules(stages, placement, rank)
-        first = next(iter(modules.values()))
-        self.device = torch.device(device) if device is not None else next(first.parameters()).device
+        self.device = torch.device(device) if device is not None else _device_of(modules, rank)
         self.num_microbatches = self.schedule.num_microbatches
         self.num_stages = placement.num_stages
         self.store = ActivationStore(self.device, min_bytes=min_offload_bytes, copier=copier)
@@ -120,12 +138,21 @@ class PipelineRunner:
         self.step_count = 0
         self.slot_bytes: dict[int, int] = {}  # largest bytes one (stage, microbatch) F saved, per stage
         self.trace: Trace | None = None
-        self._handlers: dict[ActionKind, Callable[[Action], None]] = {
-            K.F: self._forward, K.B: self._backward, K.I: self._backward_input, K.W: self._backward_weight,
-            K.R: self._recompute, K.OFFLOAD: self._offload, K.RELOAD: self._reload,
+        # Unbound functions, not bound methods: a runner must not refer to itself (a cycle would keep
+        # it, and its transport's heartbeat thread, alive until the cyclic collector runs).
+        cls = type(self)
+        self._handlers: dict[ActionKind, Callable[[PipelineRunner, Action], None]] = {
+            K.F: cls._forward, K.B: cls._backward, K.I: cls._backward_input, K.W: cls._backward_weight,
+            K.R: cls._recompute, K.OFFLOAD: cls._offload, K.RELOAD: cls._reload,
         }
         self._program = comm_batches(self.row)
         self._reset_state()
+
+    def close(self) -> None:
+        """Stop the transport's heartbeat (also done when the runner is garbage)."""
+        close = getattr(self.transport, "close", None)
+        if close is not None:
+            close()
 
     # ---- set-up helpers ---------------------------------------------------------------------------
     def _default_transport(self, group: dist.ProcessGroup | None, timeout: float) -> Any:
@@ -149,7 +176,7 @@ class PipelineRunner:
             return None
         out = {}
         for s, spec in output_specs.items():
-            out[s] = list(spec) if isinstance(spec, list) else [spec] * self.num_microbatches
+            out[s] = [as_spec(x) for x in spec] if isinstance(spec, list) else [as_spec(spec)] * self.num_microbatches
         return out
 
     def _local(self, stage: int) -> bool:
@@ -159,7 +186,7 @@ class PipelineRunner:
         self._inputs: dict[tuple[int, int], tuple] = {}
         self._grads: dict[tuple[int, int], list] = {}
         self._outbox: dict[tuple[ActionKind, int, int], list[torch.Tensor]] = {}
-        self._inflight: list[tuple[Any, list[torch.Tensor]]] = []
+        self._inflight: list[tuple[Any, list[torch.Tensor], int]] = []
         self._handoff_pins: dict[tuple[int, int], list[torch.Tensor]] = {}
         self._losses: dict[int, torch.Tensor] = {}
 
@@ -168,6 +195,7 @@ class PipelineRunner:
         """Infer every stage's output spec in stage order; each owner broadcasts its stage's."""
         if self.specs is not None:
             return
+        self._check_same_schedule()
         specs: dict[int, list[Spec]] = {}
         for s in range(self.num_stages - 1):
             owner = self.schedule.placement.rank_of(s)
@@ -187,6 +215,21 @@ class PipelineRunner:
                     "process group; declare it with PipelineRunner(..., output_specs={stage: spec})"
                 )
         self.specs = specs
+
+    def _check_same_schedule(self) -> None:
+        """Every rank must run the same lowered schedule (else messages silently pair up wrongly)."""
+        mine = schedule_fingerprint(self.schedule)
+        prints = self.transport.all_gather(mine)
+        if len(set(prints)) > 1:
+            by_print: dict[str, list[int]] = {}
+            for r, fp in enumerate(prints):
+                by_print.setdefault(fp, []).append(r)
+            groups = "; ".join(f"ranks {ranks}: {fp}" for fp, ranks in by_print.items())
+            others = [r for r, fp in enumerate(prints) if fp != mine]
+            raise ConfigError(
+                f"ranks {others} run a different schedule from rank {self.rank} ({groups}); build every rank's "
+                "PipelineRunner from the same schedule, microbatches and policies"
+            )
 
     # ---- the step ---------------------------------------------------------------------------------
     def step(self, inputs: Any = None, targets: Any = None) -> torch.Tensor | None:
@@ -220,7 +263,7 @@ class PipelineRunner:
                         record(TraceRecord(a, begin, end, resident))
                     index += len(item)
                 else:
-                    handlers[item.kind](item)
+                    handlers[item.kind](self, item)
                     store.poll()
                     record(TraceRecord(item, begin, clock() - t0, store.resident_bytes))
                     index += 1
@@ -241,8 +284,8 @@ class PipelineRunner:
         return total
 
     def _finish_step(self) -> None:
-        for work, _tensors in self._inflight:
-            self.transport.wait([work])
+        for work, _tensors, peer in self._inflight:
+            self.transport.wait([work], [peer], "a send to")
         self._unpin_sent(everything=True)
         self.store.finish()
         leftovers = [s for s, st in self.stages.items() if st.pending()]
@@ -287,17 +330,17 @@ class PipelineRunner:
         if stage.is_last:
             self._losses[mb] = out
             return
-        values = as_tuple(out)
+        leaves, tree = flatten(out)
         spec = self.specs[s][mb]  # type: ignore[index]
-        check_values(values, spec, f"output of stage {s}, microbatch {mb}")
+        check_values(leaves, tree, spec, f"output of stage {s}, microbatch {mb}")
         if self._local(s + 1):
-            inputs = as_inputs(values, spec)
+            inputs = as_inputs(leaves, spec)
             self._inputs[(s + 1, mb)] = inputs
-            pins = [t for t in inputs if isinstance(t, torch.Tensor) and self.store.pin(t)]
+            pins = [t for t in flatten(inputs)[0] if isinstance(t, torch.Tensor) and self.store.pin(t)]
             if pins:
                 self._handoff_pins[(s + 1, mb)] = pins
         else:
-            self._outbox[(K.SEND_F, s, mb)] = [v for v, sp in zip(values, spec) if isinstance(sp, TensorSpec)]
+            self._outbox[(K.SEND_F, s, mb)] = [v for v, sp in zip(leaves, spec.leaves) if isinstance(sp, TensorSpec)]
 
     def _route_input_grads(self, s: int, mb: int, grads: list[torch.Tensor | None]) -> None:
         if s == 0:
@@ -369,9 +412,9 @@ class PipelineRunner:
                 recvs += [(peer_rank, message_tag(1, s + 1, mb, i, S, M), t) for i, t in enumerate(bufs)]
                 arrivals.append((a, spec, bufs))
         send_works, recv_works = self.transport.post(sends, recvs)
-        for (_, _, t), work in zip(sends, send_works):  # one work per tensor (gloo)
-            self._inflight.append((work, [t] if self.store.pin(t) else []))
-        self.transport.wait(recv_works)
+        for (peer, _, t), work in zip(sends, send_works):  # one work per tensor (gloo)
+            self._inflight.append((work, [t] if self.store.pin(t) else [], peer))
+        self.transport.wait(recv_works, [peer for peer, _, _ in recvs])
         for a, spec, bufs in arrivals:
             if a.kind == K.RECV_F:
                 self._inputs[(a.stage, a.microbatch)] = assemble(spec, bufs)
@@ -383,10 +426,10 @@ class PipelineRunner:
     def _unpin_sent(self, everything: bool = False) -> None:
         """Forget sends that completed (their buffers can go) and drop their pins."""
         still = []
-        for work, pinned in self._inflight:
+        for work, pinned, peer in self._inflight:
             if everything or work.is_completed():
                 for t in pinned:
                     self.store.unpin(t)
             else:
-                still.append((work, pinned))
+                still.append((work, pinned, peer))
         self._inflight = still

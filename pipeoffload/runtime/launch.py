@@ -75,10 +75,13 @@ def spawn(
     timeout: float = 60.0,
     deadline: float = 300.0,
     threads: int = 1,
+    grace: float | None = None,
 ) -> SpawnResult:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes; collect the results.
 
-    ``timeout`` is the process group's; ``deadline`` bounds the whole run (stragglers are killed)."""
+    ``timeout`` is the process group's; ``deadline`` bounds the whole run (stragglers are killed);
+    ``grace``: once a rank has failed, the others get this many seconds to exit before being killed
+    (a stopped process never exits by itself)."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="pipeoffload-") as folder:
         procs = [
@@ -90,11 +93,14 @@ def spawn(
             p.start()
         seconds: list[float] = [0.0] * world_size
         pending = set(range(world_size))
-        while pending and time.monotonic() - start < deadline:
+        limit = deadline
+        while pending and time.monotonic() - start < limit:
             for r in list(pending):
                 if procs[r].exitcode is not None:
                     seconds[r] = time.monotonic() - start
                     pending.discard(r)
+                    if procs[r].exitcode != 0 and grace is not None:
+                        limit = min(limit, seconds[r] + grace)
             time.sleep(0.05)
         for r in pending:
             procs[r].kill()
@@ -107,7 +113,8 @@ def spawn(
             epath = f"{folder}/error-{r}.txt"
             err = open(epath).read() if os.path.exists(epath) else None
             if r in pending:
-                err = (err or "") + f"killed after the {deadline:.0f} s deadline"
+                why = f"the {deadline:.0f} s deadline" if limit == deadline else f"{grace:g} s after a rank failed"
+                err = (err or "") + f"rank {r} still running: killed {why} (stuck or stopped?)"
             errors.append(err)
         codes = [p.exitcode for p in procs]
     return SpawnResult(codes, results, errors, seconds)

@@ -101,6 +101,12 @@ def _normalise(device: torch.device) -> torch.device:
     return device
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding the data: a DTensor's local shard, else the tensor itself."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
+
+
 def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
@@ -134,6 +140,7 @@ class ActivationStore:
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
         """Never manage storages of these tensors (parameters, buffers): they are not activations."""
         for t in tensors:
+            t = _local(t)
             if t.device.type != "meta":
                 self._excluded.add(t.untyped_storage().data_ptr())
 
@@ -177,9 +184,10 @@ class ActivationStore:
     def _pack(self, key: Slot, rec: _SlotRecord, t: torch.Tensor) -> Any:
         if self._dead:  # settle frees first, so that the peak never counts memory already gone
             self._reap()
-        if t.device != self.device or t.layout != torch.strided:
+        local = _local(t)  # a DTensor (tensor parallelism): manage the storage of its local shard
+        if local.device != self.device or local.layout != torch.strided:
             return t.detach()
-        storage = t.untyped_storage()
+        storage = local.untyped_storage()
         nbytes = storage.nbytes()
         if nbytes < self.min_bytes or storage.data_ptr() in self._excluded or not storage.resizable():
             return t.detach()

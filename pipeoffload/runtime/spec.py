@@ -1,7 +1,8 @@
 """What crosses a stage boundary: specs of value tuples, and inferring them without running compute.
 
-A stage takes and returns a tuple of values. Tensors travel point to point; anything else (ints,
-``None``, strings) is a *constant* of the boundary, known from the spec and never sent. A receiver
+A stage takes and returns a tuple of values, which may nest lists, tuples and dicts (flattened with
+``torch.utils._pytree``). Tensor leaves travel point to point; any other leaf (ints, ``None``,
+strings) is a *constant* of the boundary, known from the spec and never sent. A receiver
 must allocate buffers before data arrives, so every rank needs the specs of the boundaries it
 touches before the first transfer. They are inferred once, at the first step, in stage order, each
 by the stage's owner and broadcast: the stage is probed once with placeholder inputs (eval mode, no
@@ -17,6 +18,14 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call
+from torch.utils._pytree import (
+    TreeSpec,
+    tree_flatten,
+    tree_structure,
+    tree_unflatten,
+    treespec_dumps,
+    treespec_loads,
+)
 
 from pipeoffload.errors import ConfigError
 
@@ -36,37 +45,87 @@ class Const:
     value: Any
 
 
-Spec = tuple[Any, ...]  # of TensorSpec | Const
+Leaf = Any  # TensorSpec | Const
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A boundary: the spec of each leaf of the flattened value tuple, and the tuple's structure."""
+
+    leaves: tuple[Leaf, ...]
+    tree: TreeSpec
+
+    @staticmethod
+    def flat(leaves: Sequence[Leaf]) -> Spec:
+        """A plain tuple of leaves (no nesting): what users declare with ``output_specs``."""
+        return Spec(tuple(leaves), tree_structure(tuple(range(len(leaves)))))
+
+    def build(self, leaves: Sequence[Any]) -> tuple:
+        """The value tuple with ``leaves`` in place of the spec's leaves."""
+        return tree_unflatten(list(leaves), self.tree)  # type: ignore[no-any-return]
+
+    def __reduce__(self) -> tuple:
+        # Specs are broadcast between ranks: pickle the structure as JSON where pytree can (pickling
+        # a TreeSpec object itself warns about deprecated leaf classes on unpickling).
+        try:
+            return (_spec_from_json, (self.leaves, treespec_dumps(self.tree)))
+        except Exception:  # noqa: BLE001 - e.g. unregistered namedtuples: pickle the object
+            return (Spec, (self.leaves, self.tree))
+
+
+def _spec_from_json(leaves: tuple, tree: str) -> Spec:
+    return Spec(leaves, treespec_loads(tree))
+
+
+def as_spec(spec: Any) -> Spec:
+    """Accept a ``Spec`` or a plain tuple of ``TensorSpec``/``Const`` (declared by a user)."""
+    return spec if isinstance(spec, Spec) else Spec.flat(as_tuple(spec))
 
 
 def as_tuple(values: Any) -> tuple:
     return values if isinstance(values, tuple) else (values,)
 
 
+def flatten(values: Any) -> tuple[list[Any], TreeSpec]:
+    """Leaves and structure of a stage's value tuple (a single value counts as a 1-tuple)."""
+    return tree_flatten(as_tuple(values))
+
+
+def _leaf_spec(v: Any) -> Leaf:
+    if isinstance(v, torch.Tensor):
+        grad = v.requires_grad and (v.is_floating_point() or v.is_complex())
+        return TensorSpec(tuple(v.shape), v.dtype, grad)
+    attrs = getattr(v, "__dict__", None)
+    if isinstance(attrs, dict) and any(isinstance(x, torch.Tensor) for x in attrs.values()):
+        raise ConfigError(
+            f"a stage boundary value of type {type(v).__name__} holds tensors, but only tuples, lists, dicts and "
+            "namedtuples are looked into (anything else would be a constant, never sent); pass its tensors in "
+            "one of those, or register the type with torch.utils._pytree.register_pytree_node"
+        )
+    return Const(v)
+
+
 def spec_of(values: Any) -> Spec:
-    out = []
-    for v in as_tuple(values):
-        if isinstance(v, torch.Tensor):
-            grad = v.requires_grad and (v.is_floating_point() or v.is_complex())
-            out.append(TensorSpec(tuple(v.shape), v.dtype, grad))
-        else:
-            out.append(Const(v))  # type: ignore[arg-type]
-    return tuple(out)
+    leaves, tree = flatten(values)
+    return Spec(tuple(_leaf_spec(v) for v in leaves), tree)
 
 
 def tensor_specs(spec: Spec) -> list[TensorSpec]:
-    return [s for s in spec if isinstance(s, TensorSpec)]
+    return [s for s in spec.leaves if isinstance(s, TensorSpec)]
 
 
 def grad_specs(spec: Spec) -> list[TensorSpec]:
-    return [s for s in spec if isinstance(s, TensorSpec) and s.requires_grad]
+    return [s for s in spec.leaves if isinstance(s, TensorSpec) and s.requires_grad]
 
 
-def check_values(values: tuple, spec: Spec, where: str) -> None:
-    """Raise ``ConfigError`` if ``values`` no longer match the boundary's spec (shapes are fixed)."""
-    if len(values) != len(spec):
-        raise ConfigError(f"{where}: {len(values)} values but the pipeline was set up for {len(spec)}")
-    for i, (v, s) in enumerate(zip(values, spec)):
+def check_values(leaves: Sequence[Any], tree: TreeSpec, spec: Spec, where: str) -> None:
+    """Raise ``ConfigError`` if flattened values no longer match the boundary's spec (shapes are fixed)."""
+    if tree != spec.tree:
+        raise ConfigError(
+            f"{where}: the values are structured as {_describe(tree)} but the pipeline was set up for "
+            f"{_describe(spec.tree)} at the first step; keep the structure of stage outputs fixed"
+        )
+    for i, (v, s) in enumerate(zip(leaves, spec.leaves)):
         if isinstance(s, TensorSpec):
             if not isinstance(v, torch.Tensor) or tuple(v.shape) != s.shape or v.dtype != s.dtype:
                 got = f"{tuple(v.shape)} {v.dtype}" if isinstance(v, torch.Tensor) else repr(v)
@@ -74,28 +133,39 @@ def check_values(values: tuple, spec: Spec, where: str) -> None:
                     f"{where}: value {i} is {got}, expected {s.shape} {s.dtype}; boundary shapes are fixed "
                     "at the first step: keep the batch size and sequence length constant"
                 )
-        elif isinstance(v, torch.Tensor) or v != s.value:
+        elif isinstance(v, torch.Tensor) or not _same_const(v, s.value):
             raise ConfigError(
                 f"{where}: value {i} is {v!r}, expected the constant {s.value!r} seen at the first step; "
                 "non-tensor stage outputs must not change between steps"
             )
 
 
+def _same_const(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - e.g. arrays: compare by identity
+        return a is b
+
+
+def _describe(tree: TreeSpec) -> str:
+    return " ".join(str(tree).split())
+
+
 def to_meta(spec: Spec) -> tuple:
-    return tuple(
+    return spec.build([
         torch.empty(s.shape, dtype=s.dtype, device="meta").requires_grad_(s.requires_grad)
         if isinstance(s, TensorSpec) else s.value
-        for s in spec
-    )
+        for s in spec.leaves
+    ])
 
 
 def _dummy(spec: Spec, device: torch.device) -> tuple:
     """Zeros shaped like ``spec`` (valid indices and masks for typical models)."""
-    return tuple(
+    return spec.build([
         torch.zeros(s.shape, dtype=s.dtype, device=device).requires_grad_(s.requires_grad)
         if isinstance(s, TensorSpec) else s.value
-        for s in spec
-    )
+        for s in spec.leaves
+    ])
 
 
 def probe_output_spec(module: nn.Module, input_spec: Spec, device: torch.device, values: tuple | None = None) -> Spec:
@@ -161,11 +231,12 @@ def infer_specs(module: nn.Module, input_specs: Sequence[Spec], device: torch.de
 
 
 def split_microbatches(values: Any, num_microbatches: int, device: torch.device, what: str) -> list[tuple]:
-    """Split every tensor of ``values`` along dim 0 (other values are repeated). Each piece is a
-    fresh copy on ``device``, owned by its microbatch (so offloading it never touches the caller's)."""
-    values = as_tuple(values)
+    """Split every tensor of ``values`` (nested containers included) along dim 0; other values are
+    repeated. Each piece is a fresh copy on ``device``, owned by its microbatch (so offloading it never
+    touches the caller's)."""
+    leaves, tree = flatten(values)
     pieces: list[list[Any]] = [[] for _ in range(num_microbatches)]
-    for v in values:
+    for v in leaves:
         if isinstance(v, torch.Tensor):
             if v.dim() == 0 or v.shape[0] < num_microbatches:
                 raise ConfigError(
@@ -177,22 +248,23 @@ def split_microbatches(values: Any, num_microbatches: int, device: torch.device,
         else:
             for piece in pieces:
                 piece.append(v)
-    return [tuple(p) for p in pieces]
+    return [tree_unflatten(p, tree) for p in pieces]
 
 
-def as_inputs(values: tuple, spec: Spec) -> tuple:
-    """Next stage's inputs from this stage's outputs: detached, so each stage has its own graph."""
-    return tuple(
-        v.detach().requires_grad_(sp.requires_grad) if isinstance(sp, TensorSpec) else v for v, sp in zip(values, spec)
-    )
+def as_inputs(leaves: Sequence[Any], spec: Spec) -> tuple:
+    """Next stage's inputs from this stage's flattened outputs: detached, so each stage has its own graph."""
+    return spec.build([
+        v.detach().requires_grad_(sp.requires_grad) if isinstance(sp, TensorSpec) else v
+        for v, sp in zip(leaves, spec.leaves)
+    ])
 
 
 def assemble(spec: Spec, buffers: list[torch.Tensor]) -> tuple:
     out, it = [], iter(buffers)
-    for sp in spec:
+    for sp in spec.leaves:
         if isinstance(sp, TensorSpec):
             t = next(it)
             out.append(t.requires_grad_(True) if sp.requires_grad else t)
         else:
             out.append(sp.value)
-    return tuple(out)
+    return spec.build(out)

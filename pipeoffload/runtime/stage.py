@@ -24,7 +24,7 @@ from torch.autograd.graph import get_gradient_edge
 
 from pipeoffload.runtime.backward import Root, WeightJob, backward_full, backward_input, backward_weight
 from pipeoffload.runtime.offload import ActivationStore
-from pipeoffload.runtime.spec import as_tuple
+from pipeoffload.runtime.spec import flatten
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -98,7 +98,7 @@ class PipelineStage:
         if self.is_last:
             state.roots = [out] if out.requires_grad else []
         else:
-            state.roots = [get_gradient_edge(v) for v in as_tuple(out) if _needs_grad(v)]
+            state.roots = [get_gradient_edge(v) for v in flatten(out)[0] if _needs_grad(v)]
 
     def forward(self, mb: int, args: Sequence[Any], target: Any = None, *, recompute: bool = False) -> Any:
         """F. Returns the output values (the scaled loss, detached, on the last stage).
@@ -106,7 +106,7 @@ class PipelineStage:
         With ``recompute`` nothing is saved: only the inputs and the random-number state are kept
         for R."""
         args = tuple(args)
-        state = _Microbatch(grad_inputs=[a for a in args if _needs_grad(a)])
+        state = _Microbatch(grad_inputs=[a for a in flatten(args)[0] if _needs_grad(a)])
         if recompute:
             state.args, state.target, state.rng = args, target, _rng_state(self.device)
             with torch.no_grad():
@@ -123,7 +123,7 @@ class PipelineStage:
         state = self._mb[mb]
         if state.args is None:
             raise RuntimeError(f"R of stage {self.index}, microbatch {mb}: its F was not run as recomputed")
-        with _rng_restored(state.rng, self.device), self.store.saving(self.index, mb):
+        with _rng_restored(state.rng, self.device), _buffers_kept(self.module), self.store.saving(self.index, mb):
             out = self._run(state.args, state.target)
         self._record_roots(state, out)
         state.args = state.target = state.rng = None
@@ -168,6 +168,24 @@ class PipelineStage:
         if state.job is None:
             raise RuntimeError(f"W of stage {self.index}, microbatch {mb} before its I")
         backward_weight(state.job)
+
+
+class _buffers_kept:
+    """Run a block, then put the module's buffers back as they were: the recomputed forward must not
+    update running statistics a second time (F already did). The values are restored through
+    ``.data`` so that autograd's version check on buffers the forward saved is not tripped."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.buffers = [b for b in module.buffers() if b.device.type != "meta"]
+        self.saved: list[torch.Tensor] = []
+
+    def __enter__(self) -> None:
+        self.saved = [b.detach().clone() for b in self.buffers]
+
+    def __exit__(self, *exc: Any) -> None:
+        for b, saved in zip(self.buffers, self.saved):
+            b.data.copy_(saved)
+        self.saved = []
 
 
 def _rng_state(device: torch.device) -> tuple:

@@ -1,0 +1,233 @@
+"""The run report: loss curves and per-rank activation memory of a training run, as one PNG and one
+self-contained HTML page (the PNG embedded as a data URI, a table of key figures, the config).
+
+Reads ``RUN_DIR/metrics.jsonl`` (one JSON object per optimizer step or eval, see docs) and
+``RUN_DIR/config.toml``; writes ``RUN_DIR/report.png`` and ``RUN_DIR/report.html``. Pure core: no
+torch; matplotlib is imported when drawing.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeoffload.errors import ConfigError
+from pipeoffload.fileio import write_atomic
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+MIB = 2**20
+
+
+@dataclass
+class RunMetrics:
+    """The rows of ``metrics.jsonl``: training steps and evaluations."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of the rows where ``key`` is a number."""
+        steps: list[int] = []
+        values: list[float] = []
+        for row in self.rows:
+            value = row.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                steps.append(int(row.get("step", len(steps) + 1)))
+                values.append(float(value))
+        return steps, values
+
+    def per_rank_max(self, key: str) -> list[float]:
+        """Per rank, the largest value of the per-rank list ``key`` over all rows (empty if absent)."""
+        out: list[float] = []
+        for row in self.rows:
+            values = row.get(key)
+            if not isinstance(values, list):
+                continue
+            for rank, value in enumerate(values):
+                if not isinstance(value, (int, float)):
+                    continue
+                if rank >= len(out):
+                    out.extend([0.0] * (rank + 1 - len(out)))
+                out[rank] = max(out[rank], float(value))
+        return out
+
+
+def load_metrics(path: Path) -> RunMetrics:
+    if not path.is_file():
+        raise ConfigError(f"{str(path)!r} does not exist; give the --out folder of a training run")
+    rows = []
+    with path.open() as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"{path}:{number}: not a JSON object ({err.msg}); the file is corrupt") from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"{path}:{number}: expected a JSON object per line, got {type(row).__name__}")
+            rows.append(row)
+    if not rows:
+        raise ConfigError(f"{path} has no metrics yet; run at least one training step first")
+    return RunMetrics(rows)
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """The resolved config (empty if the run has none)."""
+    if not path.is_file():
+        return {}
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError:
+            return {"note": "install tomli to read config.toml on python 3.10"}
+    try:
+        with path.open("rb") as fh:
+            return dict(tomllib.load(fh))
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: invalid TOML ({err}); fix or delete it") from None
+
+
+# ---- key figures ----------------------------------------------------------------------------------
+def _mib(value: float) -> str:
+    return f"{value / MIB:.2f} MiB"
+
+
+def key_figures(metrics: RunMetrics) -> list[tuple[str, str]]:
+    """(name, value) rows for the table."""
+    out: list[tuple[str, str]] = []
+    steps, losses = metrics.series("loss")
+    if steps:
+        out.append(("steps", str(steps[-1])))
+        out.append(("first / last train loss", f"{losses[0]:.4f} / {losses[-1]:.4f}"))
+    vsteps, vlosses = metrics.series("val_loss")
+    if vsteps:
+        best = min(range(len(vlosses)), key=vlosses.__getitem__)
+        out.append(("last validation loss", f"{vlosses[-1]:.4f} (step {vsteps[-1]})"))
+        out.append(("best validation loss", f"{vlosses[best]:.4f} (step {vsteps[best]})"))
+    _, tps = metrics.series("tokens_per_s")
+    if tps:
+        steady = tps[1:] or tps  # the first step pays for warm-up and shape inference
+        out.append(("tokens/s (median, after step 1)", f"{statistics.median(steady):,.0f}"))
+    _, step_s = metrics.series("step_s")
+    if step_s:
+        steady = step_s[1:] or step_s
+        out.append(("step time (median, after step 1)", f"{statistics.median(steady):.3f} s"))
+    measured, simulated = metrics.per_rank_max("peak_act_bytes"), metrics.per_rank_max("sim_peak_act_bytes")
+    for rank, value in enumerate(measured):
+        text = _mib(value)
+        if rank < len(simulated) and simulated[rank] > 0:
+            text += f" (simulated {_mib(simulated[rank])}, measured/simulated {value / simulated[rank]:.3f})"
+        out.append((f"peak activations, rank {rank}", text))
+    host = metrics.per_rank_max("host_bytes")
+    if any(host):
+        out.append(("peak host bytes (offloaded), max over ranks", _mib(max(host))))
+    stall = metrics.per_rank_max("reload_stall_s")
+    if any(stall):
+        out.append(("worst reload stall in one step, max over ranks", f"{max(stall):.4f} s"))
+    cuda = metrics.per_rank_max("cuda_max_allocated")
+    if cuda:
+        out.append(("torch.cuda.max_memory_allocated, max over ranks", _mib(max(cuda))))
+    return out
+
+
+# ---- the picture ----------------------------------------------------------------------------------
+def report_figure(metrics: RunMetrics, title: str = "") -> Figure:
+    """Loss curves (train and validation) beside per-rank peak activation memory, measured and simulated."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_mem) = plt.subplots(1, 2, figsize=(12, 4.2), constrained_layout=True)
+    steps, losses = metrics.series("loss")
+    ax_loss.plot(steps, losses, color="#4C72B0", lw=1.2, label="train")
+    vsteps, vlosses = metrics.series("val_loss")
+    if vsteps:
+        ax_loss.plot(vsteps, vlosses, "o-", color="#DD8452", lw=1.5, ms=4, label="validation")
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("loss")
+    ax_loss.set_title("loss")
+    ax_loss.grid(alpha=0.3)
+    ax_loss.legend()
+
+    measured, simulated = metrics.per_rank_max("peak_act_bytes"), metrics.per_rank_max("sim_peak_act_bytes")
+    ranks = max(len(measured), len(simulated))
+    width = 0.38
+    if measured:
+        ax_mem.bar([r - width / 2 for r in range(len(measured))], [v / MIB for v in measured], width,
+                   color="#4C72B0", label="measured (runtime)")
+    if simulated:
+        ax_mem.bar([r + width / 2 for r in range(len(simulated))], [v / MIB for v in simulated], width,
+                   color="#8AB17D", label="simulated")
+    ax_mem.set_xticks(range(ranks))
+    ax_mem.set_xlabel("rank")
+    ax_mem.set_ylabel("peak activation memory (MiB)")
+    ax_mem.set_title("peak activation memory per rank")
+    ax_mem.grid(axis="y", alpha=0.3)
+    if ranks:
+        ax_mem.legend()
+    else:
+        ax_mem.text(0.5, 0.5, "no memory figures in metrics.jsonl", ha="center", va="center",
+                    transform=ax_mem.transAxes)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def figure_png(fig: Figure) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+# ---- the page -------------------------------------------------------------------------------------
+_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 10px;text-align:left}
+th{background:#f3f3f3}img{max-width:100%}code{font-size:90%}"""
+
+
+def _table(rows: list[tuple[str, str]], header: tuple[str, str]) -> str:
+    body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<table><tr><th>{html.escape(header[0])}</th><th>{html.escape(header[1])}</th></tr>{body}</table>"
+
+
+def report_html(title: str, png: bytes, figures: list[tuple[str, str]], config: dict[str, Any]) -> str:
+    image = base64.b64encode(png).decode("ascii")
+    config_rows = [(str(k), json.dumps(v) if not isinstance(v, str) else v) for k, v in config.items()]
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
+        f"<img alt='loss curves and peak activation memory per rank' src='data:image/png;base64,{image}'>"
+        f"<h2>Key figures</h2>{_table(figures, ('figure', 'value'))}"
+        f"<h2>Config</h2>{_table(config_rows, ('key', 'value')) if config_rows else '<p>no config.toml</p>'}"
+        "</body></html>\n"
+    )
+
+
+def write_report(run_dir: str | Path) -> tuple[Path, Path]:
+    """Write ``report.png`` and ``report.html`` into ``run_dir``; returns their paths."""
+    folder = Path(run_dir)
+    if not folder.is_dir():
+        raise ConfigError(f"run directory {str(folder)!r} does not exist; give the --out folder of a training run")
+    metrics = load_metrics(folder / "metrics.jsonl")
+    config = load_config(folder / "config.toml")
+    schedule = config.get("schedule")
+    title = f"pipeoffload run {folder.name}" + (f" ({schedule})" if schedule else "")
+    png = figure_png(report_figure(metrics, title))
+    png_path = write_atomic(folder / "report.png", png)
+    html_path = write_atomic(folder / "report.html", report_html(title, png, key_figures(metrics), config))
+    return png_path, html_path

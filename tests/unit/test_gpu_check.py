@@ -1,0 +1,44 @@
+"""benchmarks/gpu_check.py: its table and parsing, the training comparison run tiny on CPU, and the
+no-CUDA path (the GPU parts themselves run only on a CUDA machine: `make gpu-check`)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import gpu_check  # noqa: E402
+
+
+def test_table_renders_aligned_rows():
+    table = gpu_check.Table("title")
+    table.add("pytest tests/gpu", "ok", "3 passed")
+    table.add("x", "1.234 s/step", "")
+    lines = table.render().splitlines()
+    assert lines[0] == "title" and lines[1].split() == ["check", "result", "detail"]
+    assert lines[3].startswith("pytest tests/gpu  ok") and lines[3].endswith("3 passed")
+    assert lines[4].index("1.234") == lines[3].index("ok")
+
+
+def test_pytest_summary():
+    assert gpu_check.pytest_summary("....\n3 passed, 1 skipped in 2.0s\n") == "3 passed, 1 skipped"
+    assert gpu_check.pytest_summary("1 failed, 2 passed in 1s") == "1 failed, 2 passed"
+    assert gpu_check.pytest_summary("crash") == "no summary"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-CUDA path")
+def test_without_cuda_says_so_and_exits_0(capsys):
+    assert gpu_check.main([]) == 0
+    assert "needs CUDA" in capsys.readouterr().out
+
+
+def test_training_comparison_runs_tiny_on_cpu(tmp_path, capsys):
+    out = tmp_path / "gpu_check.txt"
+    assert gpu_check.main(["--device", "cpu", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "train cpu offload=none" in text and "train cpu offload=all" in text
+    assert "x step time" in text and "copies D2H" in text
+    assert text in capsys.readouterr().out

@@ -1,0 +1,60 @@
+"""``python -m pipeoffload.runtime``: flags are checked once, before any rank starts."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from pipeoffload import generate
+from pipeoffload.errors import ConfigError
+from pipeoffload.runtime import PipelineRunner
+from pipeoffload.runtime.demo import _lower, check, parse
+
+
+def _run(*flags: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    env.pop("RANK", None)
+    return subprocess.run([sys.executable, "-m", "pipeoffload.runtime", *flags], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (("--spawn", "-1"), "--spawn: -1 must be >= 0"),
+    (("--spawn", "2", "--schedule", "nope"), "unknown schedule 'nope'"),
+    (("--spawn", "2", "--offload", "bogus"), "offload policy 'bogus'"),
+    (("--spawn", "2", "--layers", "1", "--schedule", "zb-v"), "cannot split 3 layers into 4 stages"),
+    ((), "run under torchrun or pass --spawn N"),
+])
+def test_bad_flags_one_line_exit_2(flags, needle):
+    done = _run(*flags)
+    assert done.returncode == 2, done.stderr
+    assert needle in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_stages_per_rank_defaults_to_the_family_default():
+    args = parse(["--spawn", "2", "--schedule", "zb-v"])
+    assert args.stages_per_rank is None
+    check(args, 2)
+    assert _lower(args, 2).stages_per_rank == 2
+
+
+def test_zb_v_alone_trains():
+    done = _run("--spawn", "2", "--schedule", "zb-v", "--steps", "1", timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "peak activation bytes per rank" in done.stdout
+
+
+def test_parameterless_stage_without_device_is_a_clear_error():
+    schedule = generate("gpipe", 1, 2, 2)
+    with pytest.raises(ConfigError, match=r"no parameters or buffers .* device="):
+        PipelineRunner({0: nn.Identity(), 1: nn.Identity()}, schedule, 0, loss_fn=nn.functional.mse_loss)
+    runner = PipelineRunner({0: nn.Identity(), 1: nn.Identity()}, schedule, 0, loss_fn=nn.functional.mse_loss,
+                            device="cpu")
+    x = torch.randn(4, 3, requires_grad=False)
+    assert runner.step(x, x).item() == 0.0

@@ -1,0 +1,46 @@
+"""Boundary specs of nested values: tensors inside containers are leaves; opaque objects holding
+tensors are refused instead of being treated as constants."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from pipeoffload.errors import ConfigError
+from pipeoffload.runtime.spec import Const, Spec, TensorSpec, as_inputs, check_values, flatten, spec_of
+
+
+def test_nested_containers_flatten_to_leaves_and_rebuild():
+    h = torch.ones(2, 3, requires_grad=True) * 2
+    values = ({"h": h, "aux": [torch.zeros(2, dtype=torch.bool), 3]}, None)
+    spec = spec_of(values)
+    assert spec.leaves == (TensorSpec((2, 3), torch.float32, True), TensorSpec((2,), torch.bool, False), Const(3),
+                           Const(None))
+    leaves, tree = flatten(values)
+    check_values(leaves, tree, spec, "here")
+    rebuilt = as_inputs(leaves, spec)
+    assert rebuilt[0]["h"].requires_grad and rebuilt[0]["h"].grad_fn is None and rebuilt[0]["aux"][1] == 3
+    assert pickle.loads(pickle.dumps(spec)) == spec  # broadcast between ranks
+
+
+def test_changed_structure_is_refused():
+    spec = spec_of(({"h": torch.ones(2)},))
+    leaves, tree = flatten(({"g": torch.ones(2)},))
+    with pytest.raises(ConfigError, match="structured as"):
+        check_values(leaves, tree, spec, "output of stage 0")
+
+
+def test_declared_flat_tuple_spec():
+    spec = Spec.flat((TensorSpec((2,), torch.float32, True), Const(None), Const(1)))
+    assert spec.build([torch.ones(2), None, 1])[2] == 1
+
+
+class Holder:
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+
+def test_opaque_object_holding_tensors_is_refused():
+    with pytest.raises(ConfigError, match="type Holder holds tensors"):
+        spec_of((torch.ones(2), Holder(torch.ones(2))))
