@@ -14,7 +14,7 @@ from typing import NoReturn
 
 from pipeoffload.errors import ConfigError, ScheduleError
 
-COMMAND_MODULES = ("schedules", "show", "simulate", "k", "plan")
+COMMAND_MODULES = ("schedules", "show", "simulate", "k", "plan", "train", "generate")
 
 
 class _Parser(argparse.ArgumentParser):
