@@ -142,6 +142,8 @@ def load_token_file(data: str) -> np.ndarray:
 
 
 def tokenize(data: str, tokenizer: Tokenizer) -> np.ndarray:
+    if isinstance(tokenizer, ByteTokenizer):
+        return np.frombuffer(read_text(data).encode("utf-8"), dtype=np.uint8).astype(np.uint16)
     ids = tokenizer.encode(read_text(data))
     return np.asarray(ids, dtype=np.int32 if tokenizer.vocab_size > 65535 else np.uint16)
 
