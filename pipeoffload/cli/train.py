@@ -77,6 +77,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
     flags = {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag, _, _ in FLAGS}
     if args.no_progress:
         flags["progress"] = False
+    if flags["schedule"] is not None and flags["stages_per_rank"] is None:
+        flags["stages_per_rank"] = 0  # a new family brings its own default v, not the file's
+    if flags["schedule"] is not None and flags["group_size"] is None:
+        flags["group_size"] = 0
     layers.append(flags)
     cfg = build_config(*layers)
     if args.plan == "auto":
