@@ -48,7 +48,7 @@ def generate_text(run_dir: str | Path, prompt: str, tokens: int, temperature: fl
     out = list(ids)
     for _ in range(tokens):
         context = torch.tensor([out[-seq:]], dtype=torch.long)
-        logits = model.layers(context, None, 0)[0, -1].float()
+        logits = model.layers(context, None, 0)[0, -1].float()  # type: ignore[operator]
         if temperature <= 0:
             nxt = int(logits.argmax())
         else:

@@ -67,9 +67,17 @@ def test_pipeline_only_4_ranks_equals_one_process_bitwise(tmp_path: Path) -> Non
         assert max(m["host_bytes"]) > 0  # offload all put activations on the host
 
 
+PP_DP = replace(BASE, pp=2, dp=2, nproc=4, schedule="interleaved-1f1b")
+
+
+def pp_dp() -> list[dict]:
+    if "pp_dp" not in _cache:
+        _cache["pp_dp"] = run_ranks(gpt_params, validate(PP_DP))
+    return _cache["pp_dp"]
+
+
 def test_pp_x_dp_replicas_bitwise_equal_and_close_to_one_process() -> None:
-    cfg = validate(replace(BASE, pp=2, dp=2, nproc=4, schedule="interleaved-1f1b"))
-    results = run_ranks(gpt_params, cfg)
+    results = pp_dp()
     by_coords = {r["coords"]: r for r in results}
     for pp_rank in range(2):
         a, b = by_coords[(0, pp_rank, 0)]["params"], by_coords[(1, pp_rank, 0)]["params"]
@@ -78,3 +86,30 @@ def test_pp_x_dp_replicas_bitwise_equal_and_close_to_one_process() -> None:
     assert len(got) == len(ref) == 3
     assert max(abs(x - y) for x, y in zip(got, ref)) < 1e-6
     assert got != losses([{"loss": 0.0}] * 3)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_two_torchrun_nodes_on_localhost_equal_one_node(tmp_path: Path) -> None:
+    """2 "nodes" x 2 processes joined by torchrun's c10d rendezvous = the same 4 ranks spawned on one."""
+    port, out = _free_port(), tmp_path / "run"
+    args = [*flags(PP_DP), "--pp", "2", "--dp", "2", "--schedule", "interleaved-1f1b", "--out", str(out),
+            "--timeout", "120"]
+    nodes = [
+        subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+                          "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                          "--rdzv-id", "pipeoffload-test", "-m", "pipeoffload", "train", *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node in (0, 1)
+    ]
+    outputs = [n.communicate(timeout=300) for n in nodes]
+    assert all(n.returncode == 0 for n in nodes), outputs
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics[0]["peak_act_bytes"]) == 4
+    assert losses(metrics) == losses(pp_dp()[0]["history"])
