@@ -1,6 +1,7 @@
 """`pipeoffload train` on spawned gloo ranks equals one process: PP bitwise, PP x DP within 1e-6."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -113,3 +114,12 @@ def test_two_torchrun_nodes_on_localhost_equal_one_node(tmp_path: Path) -> None:
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics[0]["peak_act_bytes"]) == 4
     assert losses(metrics) == losses(pp_dp()[0]["history"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pipeoffload.models.tensor_parallel") is None,
+                    reason="pipeoffload.models.tensor_parallel is not in this build")
+def test_pp_x_tp_close_to_one_process() -> None:
+    """2 pipeline x 2 tensor-parallel ranks: the losses within 1e-5 of one process."""
+    results = run_ranks(gpt_params, validate(replace(BASE, pp=2, tp=2, nproc=4)))
+    got, ref = losses(results[0]["history"]), losses(one_process())
+    assert max(abs(x - y) for x, y in zip(got, ref)) < 1e-5
