@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from dataclasses import replace
+from typing import Any
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.train.config import TrainConfig
@@ -37,7 +38,7 @@ def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, 
                           "use more ranks (--nproc) or a smaller model")
     plan = best[0]
     c = plan.choice
-    chosen = {"pp": plan.layout.pp, "tp": plan.layout.tp, "dp": plan.layout.dp, "schedule": c.family,
+    chosen: dict[str, Any] = {"pp": plan.layout.pp, "tp": plan.layout.tp, "dp": plan.layout.dp, "schedule": c.family,
               "stages_per_rank": c.stages_per_rank, "group_size": c.group_size or 0, "offload": c.offload,
               "recompute": c.recompute, "microbatches": plan.microbatches}
     updates = {k: v for k, v in chosen.items() if k not in explicit}
