@@ -36,6 +36,7 @@ FLAGS: list[tuple[str, Any, str]] = [
     ("--out", str, "run directory (default runs/<timestamp>)"),
     ("--timeout", float, "seconds bounding every wait between ranks (default 120)"),
     ("--eval-every", int, "validation loss every N steps (default 50)"),
+    ("--eval-batches", int, "held-out batches per validation (default 2)"),
     ("--save-every", int, "checkpoint every N steps and at the end (default 100)"),
     ("--keep", int, "checkpoints kept (default 2)"),
     ("--lr", float, "peak learning rate of AdamW (default 3e-4)"),
