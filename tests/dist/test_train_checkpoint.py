@@ -106,3 +106,14 @@ def test_sigterm_saves_a_complete_checkpoint_and_exits(tmp_path: Path) -> None:
     manifest = verify(checkpoints[0])  # complete: every file present and matching its checksum
     assert manifest["step"] == metrics(run)[-1]["step"] < 500
     assert not list((run / "checkpoints").glob(".tmp-*"))
+
+
+def test_resume_onto_zero_sharded_replicas(runs: dict[str, Path], tmp_path: Path) -> None:
+    """The one-process checkpoint resumed on 2 data-parallel replicas with ZeRO-1 (AdamW's state
+    loaded into each replica's shard): the same losses up to the replicas' reduction order."""
+    run = tmp_path / "run"
+    shutil.copytree(runs["stopped"], run)
+    done = cli("--resume", str(run), "--stop-at", "0", "--dp", "2", "--zero", "1", "--nproc", "2")
+    assert done.returncode == 0, done.stderr
+    got, ref = [m["loss"] for m in metrics(run)], [m["loss"] for m in metrics(runs["full"])]
+    assert got[:2] == ref[:2] and max(abs(a - b) for a, b in zip(got, ref)) < 1e-6
