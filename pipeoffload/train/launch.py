@@ -50,14 +50,25 @@ def setup_logging(rank: int, run_dir: Path | None, verbose: bool = False) -> Non
 def _rank_entry(rank: int, world: int, fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
     """Inside a spawned rank: the default group is up; build the mesh and run ``fn``."""
     import torch
+    import torch.distributed as dist
 
     from pipeoffload.train.mesh import build_context
 
     run_dir = Path(cfg.out) if cfg.out else None
     setup_logging(rank, run_dir, verbose)
     torch.manual_seed(cfg.seed)
-    ctx = build_context(cfg.dp, cfg.pp, cfg.tp, torch.device("cpu"))
+    device = torch.device("cpu")
+    if _cuda() and (dist.get_backend() == "nccl" or world == 1):  # one GPU per local rank
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    ctx = build_context(cfg.dp, cfg.pp, cfg.tp, device)
     return fn(ctx, cfg, *args)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
 
 
 def run_ranks(fn: RankFn, cfg: TrainConfig, args: tuple = (), *, verbose: bool = False) -> list[Any]:
@@ -117,7 +128,7 @@ def _spawned(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> list[A
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         result = spawn(_rank_entry, cfg.world, (fn, cfg, args, verbose), timeout=cfg.timeout,
-                       deadline=10 * 365 * 86400.0)
+                       deadline=10 * 365 * 86400.0, backend="nccl" if _cuda() else "gloo")
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

@@ -72,3 +72,16 @@ def test_default_text_is_real_python_source() -> None:
     files = default_text_files()
     assert files == sorted(files) and all(f.suffix == ".py" for f in files)
     assert "def " in files[0].read_text() or "import" in files[0].read_text()
+
+
+def test_plan_auto_fills_the_layout_and_keeps_explicit_flags() -> None:
+    from pipeoffload.cli import build_parser
+    from pipeoffload.cli.train import config_from_args
+
+    base = ["train", "--plan", "auto", "--memory", "0.2", "--nproc", "2", "--global-batch", "8", "--layers", "4"]
+    cfg = config_from_args(build_parser().parse_args(base))
+    assert cfg.world == cfg.nproc == 2 and (cfg.global_batch // cfg.dp) % cfg.microbatches == 0
+    kept = config_from_args(build_parser().parse_args([*base, "--schedule", "1f1b", "--offload", "all"]))
+    assert kept.schedule == "1f1b" and kept.offload == "all" and kept.world == 2
+    with pytest.raises(ConfigError, match="--memory"):
+        config_from_args(build_parser().parse_args(base[:3] + base[5:]))
