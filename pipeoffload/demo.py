@@ -69,9 +69,11 @@ TRAIN_RUNS = [
 
 def _train(out: Path, extra: list[str]) -> list[dict]:
     import json
+    import shutil
     import subprocess
     import sys
 
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run each time (train refuses a folder with checkpoints)
     cmd = [sys.executable, "-m", "pipeoffload", "train", *TRAIN_COMMON, *extra, "--out", str(out)]
     print("  $ pipeoffload train " + " ".join(cmd[4:]), flush=True)
     done = subprocess.run(cmd, stdout=subprocess.DEVNULL)

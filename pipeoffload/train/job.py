@@ -83,6 +83,9 @@ def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True) -> t
         cfg = replace(cfg, out=default_out())
     run_dir = Path(cfg.out)
     ckpt: Path | None = None
+    if not resume and checkpoint.list_checkpoints(run_dir):
+        raise ConfigError(f"out={cfg.out!r} already holds the checkpoints of a run: continue it with --resume "
+                          f"{cfg.out}, or pick another --out")
     if resume:
         ckpt = checkpoint.latest_checkpoint(Path(resume))
         manifest = checkpoint.verify(ckpt)
