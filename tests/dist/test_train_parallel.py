@@ -1,4 +1,4 @@
-"""`pipeoffload train` on spawned gloo ranks equals one process: PP bitwise, PP x DP within 1e-6."""
+"""`pipeoffload train` on several ranks equals one process: PP bitwise (2 torchrun nodes), PP x DP within 1e-6."""
 from __future__ import annotations
 
 import importlib.util
@@ -53,21 +53,6 @@ def flags(cfg: TrainConfig) -> list[str]:
     return out + ["--no-progress"]
 
 
-def test_pipeline_only_4_ranks_equals_one_process_bitwise(tmp_path: Path) -> None:
-    """`pipeoffload train --nproc 4 --pp 4` (1F1B, offload all): every loss torch.equal to one process."""
-    run = cli(*flags(BASE), "--pp", "4", "--nproc", "4", "--offload", "all", "--out", str(tmp_path / "run"))
-    assert run.returncode == 0, run.stderr
-    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    ref = one_process()
-    assert torch.equal(torch.tensor(losses(metrics)), torch.tensor(losses(ref)))
-    assert [m["val_loss"] for m in metrics] == [h["val_loss"] for h in ref]
-    for m in metrics:  # the schema of metrics.jsonl
-        assert len(m["peak_act_bytes"]) == len(m["sim_peak_act_bytes"]) == len(m["host_bytes"]) == 4
-        assert m["cuda_max_allocated"] is None and m["tokens_per_s"] > 0
-        assert m["peak_act_bytes"] == [int(x) for x in m["sim_peak_act_bytes"]]  # measured = simulated
-        assert max(m["host_bytes"]) > 0  # offload all put activations on the host
-
-
 PP_DP = replace(BASE, pp=2, dp=2, nproc=4, schedule="interleaved-1f1b")
 
 
@@ -97,11 +82,11 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_two_torchrun_nodes_on_localhost_equal_one_node(tmp_path: Path) -> None:
-    """2 "nodes" x 2 processes joined by torchrun's c10d rendezvous = the same 4 ranks spawned on one."""
+def test_two_torchrun_nodes_pipeline_only_equal_one_process_bitwise(tmp_path: Path) -> None:
+    """4 pipeline ranks (1F1B, offload all) as 2 torchrun "nodes" x 2 processes joined by the c10d
+    rendezvous on localhost: every loss torch.equal to one process (so also to one node)."""
     port, out = _free_port(), tmp_path / "run"
-    args = [*flags(PP_DP), "--pp", "2", "--dp", "2", "--schedule", "interleaved-1f1b", "--out", str(out),
-            "--timeout", "120"]
+    args = [*flags(BASE), "--pp", "4", "--offload", "all", "--out", str(out), "--timeout", "120"]
     nodes = [
         subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
                           "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
@@ -112,8 +97,14 @@ def test_two_torchrun_nodes_on_localhost_equal_one_node(tmp_path: Path) -> None:
     outputs = [n.communicate(timeout=300) for n in nodes]
     assert all(n.returncode == 0 for n in nodes), outputs
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(metrics[0]["peak_act_bytes"]) == 4
-    assert losses(metrics) == losses(pp_dp()[0]["history"])
+    ref = one_process()
+    assert torch.equal(torch.tensor(losses(metrics)), torch.tensor(losses(ref)))
+    assert [m["val_loss"] for m in metrics] == [h["val_loss"] for h in ref]
+    for m in metrics:  # the schema of metrics.jsonl
+        assert len(m["peak_act_bytes"]) == len(m["sim_peak_act_bytes"]) == len(m["host_bytes"]) == 4
+        assert m["cuda_max_allocated"] is None and m["tokens_per_s"] > 0
+        assert m["peak_act_bytes"] == [int(x) for x in m["sim_peak_act_bytes"]]  # measured = simulated
+        assert max(m["host_bytes"]) > 0  # offload all put activations on the host
 
 
 @pytest.mark.skipif(importlib.util.find_spec("pipeoffload.models.tensor_parallel") is None,
