@@ -96,7 +96,7 @@ class Trainer:
         with self._autocast():
             loss = self.runner.step(inputs, targets)
         average_gradients(self.params, ctx.dp_group, ctx.dp)
-        norm = global_grad_norm(self.named, self.order, ctx.dp_rank, ctx.tp_rank)
+        norm = global_grad_norm(self.named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device)
         clip_gradients(self.params, norm, cfg.clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -149,7 +149,8 @@ class Trainer:
         finally:
             for m in modules:
                 m.train()
-        contrib = torch.tensor([total / count if count and ctx.tp_rank == 0 else 0.0], dtype=torch.float64)
+        contrib = torch.tensor([total / count if count and ctx.tp_rank == 0 else 0.0], dtype=torch.float64,
+                               device=ctx.device)  # NCCL reduces device tensors only
         dist.all_reduce(contrib)
         return float(contrib[0]) / ctx.dp
 

@@ -87,19 +87,20 @@ def average_gradients(params: list[nn.Parameter], dp_group: Any, dp: int) -> Non
             offset += n
 
 
-def global_grad_norm(named: dict[str, nn.Parameter], order: dict[str, int], dp_rank: int, tp_rank: int) -> float:
+def global_grad_norm(named: dict[str, nn.Parameter], order: dict[str, int], dp_rank: int, tp_rank: int,
+                     device: torch.device | None = None) -> float:
     """The gradient norm over the whole model, the same value on every rank of every layout.
 
     Each parameter's squared norm (float64) goes into a slot of one vector indexed by its full name
     (one replica contributes, once per tensor-parallel shard); one all-reduce over the world fills
     it and its sum, in name order, is independent of how the model is split."""
-    squares = torch.zeros(len(order), dtype=torch.float64)
+    squares = torch.zeros(len(order), dtype=torch.float64, device=device)  # on the GPU for NCCL
     if dp_rank == 0:
         for name, p in named.items():
             if p.grad is None or (tp_rank != 0 and not is_sharded(p)):
                 continue
             g = local_tensor(p.grad).detach().to(torch.float64)
-            squares[order[name]] += (g * g).sum().cpu()
+            squares[order[name]] += (g * g).sum().to(squares.device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(squares)
     return float(squares.sum().sqrt())

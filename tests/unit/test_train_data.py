@@ -53,3 +53,12 @@ def test_byte_tokenizer_round_trip_and_prepare_is_a_no_op(tmp_path: Path) -> Non
     assert tok.decode(tok.encode("héllo")) == "héllo"
     prepare("", "byte", tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+def test_raw_uint16_bin_is_memory_mapped(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.bin"
+    (np.arange(5_000) % 300).astype("<u2").tofile(path)
+    corpus, tok = load_corpus(str(path), "byte", tmp_path, 16, 0.1)
+    assert tok is None and corpus.vocab_size == 300 and len(corpus.tokens) == 5_000
+    x, y = corpus.batch(np.array([0, 1]))
+    assert x.shape == (2, 16) and np.array_equal(x[0], np.arange(16)) and np.array_equal(y[0], np.arange(1, 17))
