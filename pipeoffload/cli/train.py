@@ -50,7 +50,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--config", metavar="TOML", help="run.toml (e.g. from `pipeoffload plan --emit`)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     for flag, kind, text in FLAGS:
-        parser.add_argument(flag, type=kind, default=None, help=text)
+        metavar = {int: "N", float: "X"}.get(kind, "TEXT")
+        parser.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     plan = parser.add_argument_group("planner")
     plan.add_argument("--plan", choices=["auto"], help="auto: ask the planner for the layout and schedule")
@@ -112,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = train(cfg, args.resume, verbose=args.verbose)
     except RankFailure as err:
-        print(f"pipeoffload train: failed: {err}", file=sys.stderr)
-        return 1
+        print(f"pipeoffload train: {'error' if err.config else 'failed'}: {err}", file=sys.stderr)
+        return 2 if err.config else 1
     if os.environ.get("RANK", "0") != "0":
         return 0
     history = result.get("history", [])

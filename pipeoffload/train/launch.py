@@ -82,7 +82,11 @@ def run_ranks(fn: RankFn, cfg: TrainConfig, args: tuple = (), *, verbose: bool =
 
 
 class RankFailure(RuntimeError):
-    pass
+    """A rank failed; ``config`` when its error was a ``ConfigError`` (the user's input: exit 2)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.config = "ConfigError:" in message
 
 
 def _single(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
