@@ -105,6 +105,9 @@ def run(args: argparse.Namespace) -> int:
         world = int(os.environ["WORLD_SIZE"])
         if world != cfg.world:
             raise ConfigError(f"torchrun started {world} processes but dp*pp*tp = {cfg.world}; make them equal")
+    elif "RANK" not in os.environ and cfg.world > 1 and not cfg.nproc:
+        raise ConfigError(f"dp*pp*tp = {cfg.dp}*{cfg.pp}*{cfg.tp} = {cfg.world} ranks: pass --nproc {cfg.world} "
+                          "to spawn them here, or start under torchrun")
     if os.environ.get("RANK", "0") == "0":
         print(to_toml(cfg), end="", flush=True)
     from pipeoffload.train.job import train

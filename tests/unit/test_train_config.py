@@ -22,6 +22,7 @@ from pipeoffload.train.data import Corpus, default_text_files
     (["--hidden", "30", "--heads", "4"], ["hidden=30", "heads=4"]),
     (["--tokenizer", "words"], ["tokenizer", "bpe:N"]),
     (["--zero", "2"], ["zero=2"]),
+    (["--pp", "2"], ["dp*pp*tp", "--nproc 2"]),
 ])
 def test_bad_value_one_line_exit_2_and_no_rank_started(tmp_path: Path, flags: list[str], words: list[str]) -> None:
     out = tmp_path / "run"
