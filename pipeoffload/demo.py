@@ -1,4 +1,4 @@
-"""``make demo``: simulate and compare schedules, write pictures to ``out/``, then train on 2 ranks.
+"""``make demo``: simulate and compare schedules (pictures in ``out/``), then `pipeoffload train` on 4 ranks.
 
 Run as ``python -m pipeoffload.demo [--out DIR]``.
 """
@@ -55,45 +55,77 @@ def table(results: list[tuple[str, Timeline]]) -> str:
     return "\n".join(lines)
 
 
-TRAIN_ARGS = ["--schedule", "group-interleaved", "--stages-per-rank", "2", "--microbatches", "4",
-              "--steps", "3", "--layers", "8", "--hidden", "64", "--seq", "32"]
+# `make demo`'s training: one small GPT on 4 CPU ranks (2 pipeline x 2 data-parallel) on the default text
+# (the standard library's sources), once with 1F1B and once with group-interleaved stages + full offload.
+TRAIN_COMMON = ["--pp", "2", "--dp", "2", "--nproc", "4", "--layers", "4", "--hidden", "64", "--heads", "4",
+                "--seq-len", "64", "--global-batch", "16", "--microbatches", "4", "--steps", "30",
+                "--eval-every", "10", "--save-every", "30", "--lr", "1e-3", "--warmup", "5", "--no-progress"]
+TRAIN_RUNS = [
+    ("1F1B", "train-1f1b", ["--schedule", "1f1b"]),
+    ("group-interleaved v=2 + offload all", "train-gi-offload",
+     ["--schedule", "group-interleaved", "--stages-per-rank", "2", "--offload", "all"]),
+]
 
 
-def _train_worker(rank: int, world: int, argv: list[str]) -> dict:
-    """Runs in a spawned process: train the reference GPT on this rank (torch imported only here)."""
-    from pipeoffload.runtime.demo import parse, train
+def _train(out: Path, extra: list[str]) -> list[dict]:
+    import json
+    import shutil
+    import subprocess
+    import sys
 
-    return train(rank, world, parse(argv))
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run each time (train refuses a folder with checkpoints)
+    cmd = [sys.executable, "-m", "pipeoffload", "train", *TRAIN_COMMON, *extra, "--out", str(out)]
+    print("  $ pipeoffload train " + " ".join(cmd[4:]), flush=True)
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise SystemExit(f"pipeoffload train failed with exit code {done.returncode}")
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def train_tour(ranks: int = 2) -> str:
-    """Train the same small GPT twice on ``ranks`` gloo processes, without and with full offload."""
-    from pipeoffload.runtime.launch import spawn
-    from pipeoffload.runtime.trace import Trace
+def _report(run: Path) -> str:
+    """`pipeoffload report RUN_DIR` when that command exists in this version."""
+    import importlib.util
+    import subprocess
+    import sys
 
-    lines = [f"Training a small GPT ({TRAIN_ARGS[TRAIN_ARGS.index('--layers') + 1]} layers) on {ranks} CPU ranks (gloo), "
-             "group-interleaved 1F1B, v=2, 4 microbatches, 3 AdamW steps:"]
+    if importlib.util.find_spec("pipeoffload.cli.report") is None:
+        return f"  (no `pipeoffload report` command in this version: skipped the report of {run})"
+    done = subprocess.run([sys.executable, "-m", "pipeoffload", "report", str(run)], capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"  pipeoffload report {run} failed: {done.stderr.strip().splitlines()[-1:]}"
+    return f"  report: {run}/report.html"
+
+
+def train_tour(out: Path) -> str:
+    """Train the same GPT with two schedules through `pipeoffload train`; compare losses and memory."""
+    print("Training a 4-block GPT on 4 CPU ranks (2 PP x 2 DP, gloo) on the standard library's sources, "
+          "30 AdamW steps, twice:", flush=True)
     runs = {}
-    for offload in ("none", "all"):
-        result = spawn(_train_worker, ranks, (TRAIN_ARGS + ["--offload", offload],), deadline=600)
-        if not result.ok:
-            raise RuntimeError("training failed:\n" + "\n".join(e for e in result.errors if e))
-        losses = next(r["losses"] for r in result.results if r["losses"])
-        peaks = [Trace.from_dict(r["trace"]).peak_bytes for r in result.results]
-        runs[offload] = (losses, peaks)
-        lines.append(f"  offload {offload:4}: losses {', '.join(f'{x:.6f}' for x in losses)}; "
-                     f"peak resident activations per rank {', '.join(f'{p / 2**10:.0f} KiB' for p in peaks)}")
-    same = runs["none"][0] == runs["all"][0]
-    drop = 1 - max(runs["all"][1]) / max(runs["none"][1])
-    lines.append(f"  losses bitwise {'identical' if same else 'DIFFERENT'}; offload cut the worst rank's "
-                 f"resident activations by {drop:.0%}")
+    for label, folder, extra in TRAIN_RUNS:
+        runs[label] = _train(out / folder, extra)
+    lines = []
+    for label, metrics in runs.items():
+        peak = max(max(m["peak_act_bytes"]) for m in metrics)
+        sim = max(max(m["sim_peak_act_bytes"]) for m in metrics)
+        vals = [m["val_loss"] for m in metrics if m["val_loss"] is not None]
+        lines.append(f"  {label:36}: loss {metrics[0]['loss']:.4f} -> {metrics[-1]['loss']:.4f}, val loss "
+                     f"{vals[0]:.4f} -> {vals[-1]:.4f}; worst rank's peak activations {peak / 2**10:.0f} KiB "
+                     f"(simulated {sim / 2**10:.0f} KiB), {sum(m['step_s'] for m in metrics):.1f} s")
+    (a, ma), (b, mb) = runs.items()
+    same = [m["loss"] for m in ma] == [m["loss"] for m in mb]
+    close = max(abs(x["loss"] - y["loss"]) for x, y in zip(ma, mb))
+    drop = 1 - max(max(m["peak_act_bytes"]) for m in mb) / max(max(m["peak_act_bytes"]) for m in ma)
+    lines.append(f"  losses {'bitwise identical' if same else f'equal within {close:.1e}'}; {b} cut the worst "
+                 f"rank's measured activation memory by {drop:.0%}")
+    for _, folder, _ in TRAIN_RUNS:
+        lines.append(_report(out / folder))
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="out", help="folder for pictures (default: out/)")
-    parser.add_argument("--no-train", action="store_true", help="skip the 2-rank training run (needs torch)")
+    parser.add_argument("--no-train", action="store_true", help="skip the 4-rank training runs (need torch)")
     args = parser.parse_args(argv)
     print(f"Simulating {len(LINEUP)} schedules of one model on d={D} ranks, m={M} microbatches: a rank's layers "
           f"take F = I = W = 1, host copies k = {K_RATIO} (the paper's offload ratio).\n"
@@ -114,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     write_atomic(out / "report.html", html_report([t for _, t in results], title="pipeoffload demo", pictures=pictures))
     print(f"\nPictures: {out}/*.png and {out}/report.html (open in a browser).\n")
     if not args.no_train:
-        print(train_tour())
+        print(train_tour(out))
     return 0
 
 

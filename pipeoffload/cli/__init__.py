@@ -14,7 +14,9 @@ from typing import NoReturn
 
 from pipeoffload.errors import ConfigError, ScheduleError
 
-COMMAND_MODULES = ("schedules", "show", "simulate", "k", "plan", "compare", "trace", "playground", "report")
+COMMAND_MODULES = (
+    "schedules", "show", "simulate", "k", "plan", "compare", "trace", "playground", "train", "generate", "report",
+)
 
 
 class _Parser(argparse.ArgumentParser):

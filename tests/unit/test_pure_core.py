@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pipeoffload"
-TORCH_ALLOWED = ("runtime", "models", "profiling.py", "torch_interop.py")
+TORCH_ALLOWED = ("runtime", "models", "train", "profiling.py", "torch_interop.py")
 
 
 def _core_modules() -> list[Path]:

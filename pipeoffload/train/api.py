@@ -1,0 +1,74 @@
+"""Train your own model with the same runner: a list of layers (or one module per stage) and a loss.
+
+    from pipeoffload.train import TrainConfig, train_model
+
+    def layers():                        # called on every rank: build the same weights everywhere
+        torch.manual_seed(0)
+        return [nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)]
+
+    class Batches:                       # the step's (inputs, targets) for one data-parallel replica
+        tokens_per_sample = 1
+        def train(self, step, dp_rank): ...
+        def val(self, dp_rank): return [...]
+
+    def batches(cfg): return Batches()
+
+    if __name__ == "__main__":
+        cfg = TrainConfig(schedule="1f1b", pp=2, dp=2, nproc=4, microbatches=4, global_batch=32, steps=50)
+        train_model(cfg, layers, torch.nn.functional.cross_entropy, batches)
+
+``layers`` returns the whole model as a list of modules, split into ``pp * stages_per_rank``
+consecutive stages (as even as possible; ``counts=`` to choose); with ``stage_modules=True`` it
+returns one module per stage instead. Every callable must be importable (defined at module level):
+ranks are spawned processes. The run directory gets metrics.jsonl, checkpoints and train.log as for
+``pipeoffload train``; checkpoints name parameters ``layers.<i>.<name>`` (``stages.<s>.<name>``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeoffload.train.config import TrainConfig, validate
+
+
+def _user_rank(ctx: Any, cfg: TrainConfig, build: Callable[[], Sequence[Any]], loss_fn: Any,
+               batches: Callable[[TrainConfig], Any], stage_modules: bool, counts: Sequence[int] | None,
+               resume_from: str | None) -> dict[str, Any]:
+    from pipeoffload.train.job import lowered_schedule
+    from pipeoffload.train.loop import Trainer
+    from pipeoffload.train.model import from_layers, from_stage_modules
+
+    schedule = lowered_schedule(cfg)
+    modules = [m.to(ctx.device) for m in build()]
+    model = from_stage_modules(modules, schedule, ctx.pp_rank) if stage_modules else \
+        from_layers(modules, schedule, ctx.pp_rank, counts)
+    run_dir = Path(cfg.out) if cfg.out else None
+    trainer = Trainer(cfg, ctx, schedule, model, loss_fn, batches(cfg), run_dir)
+    return trainer.fit(Path(resume_from) if resume_from else None)
+
+
+def train_model(cfg: TrainConfig, layers: Callable[[], Sequence[Any]], loss_fn: Callable[[Any, Any], Any],
+                batches: Callable[[TrainConfig], Any], *, stage_modules: bool = False,
+                counts: Sequence[int] | None = None, resume: str | None = None,
+                verbose: bool = False) -> dict[str, Any]:
+    """Train on ``cfg.world`` ranks (spawned, under torchrun, or this process); returns rank 0's result
+    (``history``: the metrics records, ``step``, ``interrupted``)."""
+    from pipeoffload.train import checkpoint
+    from pipeoffload.train.job import prepare_run
+    from pipeoffload.train.launch import run_ranks, under_torchrun
+
+    cfg = validate(cfg, data_exists=False, gpt=False)
+    ckpt = None
+    if cfg.out or resume:
+        cfg, ckpt = prepare_run(cfg, resume, is_main=not under_torchrun() or _rank0())
+    del checkpoint
+    results = run_ranks(_user_rank, cfg, (layers, loss_fn, batches, stage_modules, counts,
+                                          str(ckpt) if ckpt else None), verbose=verbose)
+    return results[0]  # type: ignore[no-any-return]
+
+
+def _rank0() -> bool:
+    import os
+
+    return os.environ.get("RANK", "0") == "0"

@@ -1,0 +1,232 @@
+"""Training text: where it comes from, how it becomes tokens, and which sequences each step reads.
+
+Sources: a text file, a folder of text files (sorted, recursively), a pre-tokenized token file
+(``.npy``: any integer dtype; ``.bin``: raw little-endian uint16 as written by nanoGPT-style
+preprocessors), both memory-mapped. Without ``--data`` the standard library's own ``.py`` sources
+(a sorted, size-capped subset) serve as real text present on every machine with Python.
+
+The last ``val_fraction`` of the tokens is held out for validation. Training sequences are the
+non-overlapping windows of ``seq_len + 1`` tokens of the rest, visited in an order drawn from
+``seed`` (a new permutation per epoch). Step ``t`` reads the ``global_batch`` windows at positions
+``t*global_batch ...`` of that stream and data-parallel replica ``r`` the ``r``-th slice of them,
+so the data position is the step number alone (nothing else to checkpoint).
+"""
+from __future__ import annotations
+
+import logging
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeoffload.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TEXT_BYTES = 4_000_000  # stdlib sources read when no --data is given
+TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".text", "")
+TOKEN_SUFFIXES = (".npy", ".bin")
+
+
+def default_text_files(limit_bytes: int = DEFAULT_TEXT_BYTES) -> list[Path]:
+    """Sorted ``.py`` files of the standard library (no tests, no site-packages), up to ``limit_bytes``."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chosen, total = [], 0
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).parts
+        if any(part in ("test", "tests", "site-packages", "idlelib", "lib2to3") for part in rel):
+            continue
+        size = path.stat().st_size
+        if total + size > limit_bytes:
+            break
+        chosen.append(path)
+        total += size
+    if not chosen:
+        raise ConfigError(f"no default text: no .py files under the standard library at {root}; pass --data")
+    return chosen
+
+
+def text_files(data: str) -> list[Path]:
+    if not data:
+        return default_text_files()
+    path = Path(data)
+    if path.is_file():
+        return [path]
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+    if not files:
+        raise ConfigError(f"data={data!r}: the folder has no text files ({', '.join(s or 'no suffix' for s in TEXT_SUFFIXES)})")
+    return files
+
+
+def read_text(data: str) -> str:
+    return "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in text_files(data))
+
+
+def is_token_file(data: str) -> bool:
+    return bool(data) and Path(data).suffix in TOKEN_SUFFIXES and Path(data).is_file()
+
+
+# ---- tokenizers -------------------------------------------------------------------------------------
+class ByteTokenizer:
+    """UTF-8 bytes; vocabulary 256."""
+
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+class BPETokenizer:
+    """A byte-level BPE from the ``tokenizers`` package, stored as ``tokenizer.json`` in the run."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.inner = Tokenizer.from_file(str(path))
+        self.vocab_size = self.inner.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.inner.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.inner.decode(ids)
+
+
+Tokenizer = ByteTokenizer | BPETokenizer
+
+
+def train_bpe(text: str, vocab_size: int, path: Path) -> None:
+    """Train a byte-level BPE on ``text`` offline and save it to ``path`` (done once, before the ranks)."""
+    try:
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers, trainers
+    except ImportError:
+        raise ConfigError("tokenizer=bpe:N needs the 'tokenizers' package: pip install tokenizers") from None
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(_pieces(text), trainer=trainer)
+    tok.save(str(path))
+
+
+def _pieces(text: str, size: int = 1 << 16) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+def load_tokenizer(spec: str, run_dir: Path) -> Tokenizer:
+    if spec == "byte":
+        return ByteTokenizer()
+    path = run_dir / "tokenizer.json"
+    if not path.is_file():
+        raise ConfigError(f"tokenizer={spec!r}: {path} is missing; it is written when the run starts")
+    return BPETokenizer(path)
+
+
+# ---- tokens ------------------------------------------------------------------------------------------
+def load_token_file(data: str) -> np.ndarray:
+    """Memory-map a pre-tokenized file."""
+    path = Path(data)
+    if path.suffix == ".npy":
+        arr = np.load(path, mmap_mode="r")
+    else:
+        arr = np.memmap(path, dtype=np.uint16, mode="r")
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+        raise ConfigError(f"data={data!r}: a token file must hold one flat array of integers, got {arr.dtype} {arr.shape}")
+    return arr
+
+
+def tokenize(data: str, tokenizer: Tokenizer) -> np.ndarray:
+    if isinstance(tokenizer, ByteTokenizer):
+        return np.frombuffer(read_text(data).encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+    ids = tokenizer.encode(read_text(data))
+    return np.asarray(ids, dtype=np.int32 if tokenizer.vocab_size > 65535 else np.uint16)
+
+
+@dataclass
+class Corpus:
+    """The token stream split into training windows and a held-out validation tail."""
+
+    tokens: np.ndarray
+    vocab_size: int
+    seq_len: int
+    val_fraction: float
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        self.val_start = int(n * (1 - self.val_fraction))
+        self.num_train = (self.val_start - 1) // self.seq_len
+        self.num_val = (n - self.val_start - 1) // self.seq_len
+        if self.num_train < 1 or self.num_val < 1:
+            raise ConfigError(
+                f"data: {n} tokens give {self.num_train} training and {self.num_val} validation sequences of "
+                f"seq_len={self.seq_len}; use more text or a smaller --seq-len"
+            )
+
+    def window(self, start: int) -> tuple[np.ndarray, np.ndarray]:
+        chunk = np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int64)
+        return chunk[:-1], chunk[1:]
+
+    def train_indices(self, step: int, global_batch: int, seed: int) -> np.ndarray:
+        """Window indices of 0-based ``step``: the step's slice of the per-epoch permuted stream."""
+        out = []
+        first = step * global_batch
+        for pos in range(first, first + global_batch):
+            epoch, i = divmod(pos, self.num_train)
+            out.append(self._permutation(epoch, seed)[i])
+        return np.asarray(out, dtype=np.int64)
+
+    def _permutation(self, epoch: int, seed: int) -> np.ndarray:
+        cache = getattr(self, "_perm_cache", None)
+        if cache is None or cache[0] != (epoch, seed):
+            perm = np.random.default_rng([seed, epoch]).permutation(self.num_train)
+            self._perm_cache = ((epoch, seed), perm)
+            return perm
+        return cache[1]
+
+    def batch(self, indices: np.ndarray, val: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        base = self.val_start if val else 0
+        pairs = [self.window(base + int(i) * self.seq_len) for i in indices]
+        return np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs])
+
+    def train_batch(self, step: int, global_batch: int, seed: int, dp: int, dp_rank: int) -> tuple[np.ndarray, np.ndarray]:
+        idx = self.train_indices(step, global_batch, seed)
+        share = global_batch // dp
+        return self.batch(idx[dp_rank * share:(dp_rank + 1) * share])
+
+    def val_batches(self, count: int, global_batch: int, dp: int, dp_rank: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The first ``count`` validation batches (fixed, the same every evaluation), this replica's slice."""
+        share = global_batch // dp
+        out = []
+        for b in range(count):
+            idx = (np.arange(b * global_batch, (b + 1) * global_batch) % self.num_val)[dp_rank * share:(dp_rank + 1) * share]
+            out.append(self.batch(idx, val=True))
+        return out
+
+
+def load_corpus(data: str, tokenizer_spec: str, run_dir: Path, seq_len: int, val_fraction: float) -> tuple[Corpus, Tokenizer | None]:
+    """The corpus every rank reads (deterministic); the tokenizer is None for a pre-tokenized file."""
+    if is_token_file(data):
+        tokens = load_token_file(data)
+        vocab = int(tokens.max()) + 1
+        return Corpus(tokens, vocab, seq_len, val_fraction), None
+    tokenizer = load_tokenizer(tokenizer_spec, run_dir)
+    tokens = tokenize(data, tokenizer)
+    return Corpus(tokens, tokenizer.vocab_size, seq_len, val_fraction), tokenizer
+
+
+def prepare(data: str, tokenizer_spec: str, run_dir: Path) -> None:
+    """Launcher-side preparation: train the BPE once (saved in the run) so every rank loads the same."""
+    if tokenizer_spec == "byte" or is_token_file(data):
+        return
+    path = run_dir / "tokenizer.json"
+    if path.is_file():
+        return
+    vocab = int(tokenizer_spec.partition(":")[2])
+    log.info("training a byte-level BPE with %d tokens on the training text", vocab)
+    train_bpe(read_text(data), vocab, path)

@@ -1,0 +1,129 @@
+"""``pipeoffload train``: the launcher side (prepare the run, start the ranks) and the rank side (GPT).
+
+The launcher validates the whole config, creates the run directory (``config.toml``, the BPE
+tokenizer when asked), verifies a checkpoint to resume from, and only then starts ranks.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeoffload.errors import ConfigError
+from pipeoffload.fileio import write_atomic
+from pipeoffload.train import checkpoint
+from pipeoffload.train.config import TrainConfig, schedule_options, to_toml
+from pipeoffload.train.launch import under_torchrun
+
+log = logging.getLogger(__name__)
+
+
+def lowered_schedule(cfg: TrainConfig) -> Any:
+    from pipeoffload.costs import CostModel
+    from pipeoffload.passes.lower import lower
+    from pipeoffload.schedules import generate
+
+    schedule = generate(cfg.schedule, cfg.pp, cfg.microbatches, cfg.stages_per_rank, **schedule_options(cfg))
+    costs = CostModel().with_offload_ratio(cfg.offload_ratio) if cfg.offload_ratio else None
+    return lower(schedule, costs, offload=cfg.offload, recompute=cfg.recompute)
+
+
+class TokenBatches:
+    """Batches of the reference GPT from a ``Corpus``: inputs ``(tokens, None, 0)``, next-token targets."""
+
+    def __init__(self, corpus: Any, cfg: TrainConfig) -> None:
+        self.corpus, self.cfg = corpus, cfg
+        self.tokens_per_sample = cfg.seq_len
+
+    def _torch(self, x: np.ndarray, y: np.ndarray) -> tuple[Any, Any]:
+        import torch
+
+        return (torch.from_numpy(x), None, 0), torch.from_numpy(y)
+
+    def train(self, step: int, dp_rank: int) -> tuple[Any, Any]:
+        c = self.cfg
+        return self._torch(*self.corpus.train_batch(step, c.global_batch, c.seed, c.dp, dp_rank))
+
+    def val(self, dp_rank: int) -> list[tuple[Any, Any]]:
+        c = self.cfg
+        return [self._torch(x, y) for x, y in self.corpus.val_batches(c.eval_batches, c.global_batch, c.dp, dp_rank)]
+
+
+def gpt_rank(ctx: Any, cfg: TrainConfig, resume_from: str | None) -> dict[str, Any]:
+    """One rank of a GPT run (called by ``launch.run_ranks``)."""
+    from pipeoffload.models import lm_loss
+    from pipeoffload.train.data import load_corpus
+    from pipeoffload.train.loop import Trainer
+    from pipeoffload.train.model import apply_tensor_parallel, gpt_rank_model
+
+    run_dir = Path(cfg.out)
+    corpus, _ = load_corpus(cfg.data, cfg.tokenizer, run_dir, cfg.seq_len, cfg.val_fraction)
+    schedule = lowered_schedule(cfg)
+    model = gpt_rank_model(cfg, corpus.vocab_size, schedule, ctx.pp_rank, ctx.device)
+    if cfg.tp > 1:
+        apply_tensor_parallel(model, ctx.tp_mesh())
+    trainer = Trainer(cfg, ctx, schedule, model, lm_loss, TokenBatches(corpus, cfg), run_dir)
+    return trainer.fit(Path(resume_from) if resume_from else None)
+
+
+# ---- launcher ---------------------------------------------------------------------------------------
+def default_out() -> str:
+    return f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True) -> tuple[TrainConfig, Path | None]:
+    """Create the run directory (rank 0 / the launcher) and find the checkpoint to resume from."""
+    from pipeoffload.train.data import prepare
+
+    if not cfg.out:
+        cfg = replace(cfg, out=default_out())
+    run_dir = Path(cfg.out)
+    ckpt: Path | None = None
+    if not resume and checkpoint.list_checkpoints(run_dir):
+        raise ConfigError(f"out={cfg.out!r} already holds the checkpoints of a run: continue it with --resume "
+                          f"{cfg.out}, or pick another --out")
+    if resume:
+        ckpt = checkpoint.latest_checkpoint(Path(resume))
+        manifest = checkpoint.verify(ckpt)
+        checkpoint.check_compatible(manifest, cfg, ckpt)
+        if manifest["step"] >= cfg.steps:
+            raise ConfigError(f"--resume: checkpoint {ckpt.name} is at step {manifest['step']} and steps={cfg.steps}; "
+                              "pass a larger --steps to train further")
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(run_dir / "config.toml", to_toml(cfg))
+        if not resume:
+            for stale in (run_dir / "metrics.jsonl",):
+                stale.unlink(missing_ok=True)
+        prepare(cfg.data, cfg.tokenizer, run_dir)
+    return cfg, ckpt
+
+
+def train(cfg: TrainConfig, resume: str | None = None, verbose: bool = False) -> dict[str, Any]:
+    """Run ``pipeoffload train`` from a validated config; returns rank 0's result."""
+    import os
+
+    from pipeoffload.train.launch import run_ranks
+
+    main = not under_torchrun() or os.environ.get("RANK") == "0"
+    cfg, ckpt = prepare_run(cfg, resume, is_main=main)
+    if under_torchrun() and not main:
+        _wait_for(Path(cfg.out) / "config.toml", cfg.timeout)
+    results = run_ranks(gpt_rank, cfg, (str(ckpt) if ckpt else None,), verbose=verbose)
+    first = results[0]
+    first["out"] = cfg.out
+    return first  # type: ignore[no-any-return]
+
+
+def _wait_for(path: Path, timeout: float) -> None:
+    """Non-zero torchrun ranks wait for rank 0 to create the run directory (shared file system)."""
+    deadline = time.monotonic() + timeout
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise ConfigError(f"{path} did not appear within --timeout {timeout:g} s: is --out on a file system "
+                              "every node shares?")
+        time.sleep(0.1)

@@ -1,0 +1,270 @@
+"""The training loop of one rank: pipeline step, data-parallel average, clip, AdamW, metrics, eval, checkpoints.
+
+``Trainer`` drives a ``PipelineRunner`` (the runtime) over this rank's stages. After the runner's
+step the gradients of the data-parallel replicas are averaged (one flat all-reduce per dtype), the
+global norm is clipped (see ``optim.global_grad_norm``: the same bits in every layout), the
+optimizer steps. Each step every rank's measurements are gathered to rank 0, which writes
+``metrics.jsonl`` and draws the progress bar. SIGINT/SIGTERM set a flag; the step in flight
+finishes, all ranks agree at the next gather, save a checkpoint and return.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from pipeoffload.ir import Schedule
+from pipeoffload.runtime import PipelineRunner
+from pipeoffload.runtime.spec import as_inputs, as_tuple, assemble, split_microbatches, tensor_specs
+from pipeoffload.train import checkpoint
+from pipeoffload.train.config import TrainConfig
+from pipeoffload.train.mesh import RankContext
+from pipeoffload.train.metrics import HostPeak, MetricsFile, SimulatedPeaks, reload_seconds
+from pipeoffload.train.model import RankModel
+from pipeoffload.train.optim import (
+    average_gradients,
+    clip_gradients,
+    global_grad_norm,
+    lr_at,
+    make_optimizer,
+    set_lr,
+)
+
+log = logging.getLogger(__name__)
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+class BatchSource(Protocol):
+    """What the loop reads: the step's inputs and targets for one data-parallel replica."""
+
+    tokens_per_sample: int
+
+    def train(self, step: int, dp_rank: int) -> tuple[Any, Any]: ...  # 0-based step
+
+    def val(self, dp_rank: int) -> list[tuple[Any, Any]]: ...
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, ctx: RankContext, schedule: Schedule, model: RankModel, loss_fn: LossFn,
+                 batches: BatchSource, run_dir: Path | None) -> None:
+        self.cfg, self.ctx, self.schedule, self.model = cfg, ctx, schedule, model
+        self.loss_fn, self.batches, self.run_dir = loss_fn, batches, run_dir
+        self.runner = PipelineRunner(model.stages, schedule, ctx.pp_rank, group=ctx.pp_group if ctx.pp > 1 else None,
+                                     loss_fn=loss_fn, device=ctx.device, timeout=cfg.timeout)
+        self.host = HostPeak(self.runner.store)
+        self.named = model.named_parameters()
+        self.params = list(self.named.values())
+        self.order = self._name_order()
+        self.opt = make_optimizer(cfg, self.params, ctx.dp_group, ctx.dp)
+        self.sim = SimulatedPeaks(self.runner.schedule)
+        self.step = 0
+        self.stop_signal = 0
+        self.history: list[dict[str, Any]] = []
+
+    def _name_order(self) -> dict[str, int]:
+        """Index of every parameter of the whole model (names from all ranks, sorted)."""
+        mine = sorted(self.named)
+        everyone: list[Any] = [None] * self.ctx.world
+        dist.all_gather_object(everyone, mine)
+        names = sorted({n for part in everyone for n in part})
+        return {n: i for i, n in enumerate(names)}
+
+    # ---- one step ----------------------------------------------------------------------------------
+    def _autocast(self) -> Any:
+        if self.ctx.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def train_step(self) -> dict[str, Any]:
+        cfg, ctx = self.cfg, self.ctx
+        step = self.step + 1
+        lr = lr_at(cfg, step)
+        set_lr(self.opt, lr)
+        inputs, targets = self.batches.train(step - 1, ctx.dp_rank)
+        if ctx.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+        t0 = time.perf_counter()
+        with self._autocast():
+            loss = self.runner.step(inputs, targets)
+        average_gradients(self.params, ctx.dp_group, ctx.dp)
+        norm = global_grad_norm(self.named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device)
+        clip_gradients(self.params, norm, cfg.clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        step_s = time.perf_counter() - t0
+        self.step = step
+        trace = self.runner.trace
+        mine = {
+            "loss": float(loss) if loss is not None and ctx.tp_rank == 0 else None,
+            "peak": trace.peak_bytes if trace else 0, "host": self.host.take(),
+            "stall": reload_seconds(trace) if trace else 0.0,
+            "cuda": torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None,
+            "slots": dict(self.runner.slot_bytes), "pp_rank": ctx.pp_rank, "stop": self.stop_signal,
+        }
+        everyone: list[Any] = [None] * ctx.world
+        dist.all_gather_object(everyone, mine)
+        losses = [r["loss"] for r in everyone if r["loss"] is not None]
+        units: dict[int, int] = {}
+        for r in everyone:
+            for s, b in r["slots"].items():
+                units[s] = max(units.get(s, 0), b)
+        sim = self.sim(units)
+        samples = cfg.global_batch * self.batches.tokens_per_sample
+        record = {
+            "step": step, "loss": math.fsum(losses) / len(losses), "val_loss": None, "lr": lr, "grad_norm": norm,
+            "tokens_per_s": samples / step_s, "step_s": step_s,
+            "peak_act_bytes": [r["peak"] for r in everyone],
+            "sim_peak_act_bytes": [sim[r["pp_rank"]] for r in everyone],
+            "host_bytes": [r["host"] for r in everyone],
+            "reload_stall_s": [r["stall"] for r in everyone],
+            "cuda_max_allocated": None if everyone[0]["cuda"] is None else [r["cuda"] for r in everyone],
+        }
+        self._peer_stop = max(r["stop"] for r in everyone)
+        return record
+
+    # ---- validation --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean validation loss: a forward-only pass of the held-out batches through the pipeline."""
+        ctx = self.ctx
+        total, count = 0.0, 0
+        modules = [m for m in self.model.stages.values()]
+        for m in modules:
+            m.eval()
+        try:
+            with self._autocast():
+                for inputs, targets in self.batches.val(ctx.dp_rank):
+                    for value in self._forward_only(inputs, targets):
+                        total += value
+                        count += 1
+        finally:
+            for m in modules:
+                m.train()
+        contrib = torch.tensor([total / count if count and ctx.tp_rank == 0 else 0.0], dtype=torch.float64,
+                               device=ctx.device)  # NCCL reduces device tensors only
+        dist.all_reduce(contrib)
+        return float(contrib[0]) / ctx.dp
+
+    def _forward_only(self, inputs: Any, targets: Any) -> list[float]:
+        """Run every microbatch through the stages in order; losses on the last stage's rank."""
+        runner, ctx = self.runner, self.ctx
+        placement, m, specs = runner.schedule.placement, runner.num_microbatches, runner.specs
+        assert specs is not None, "evaluate() after the first training step (boundary specs are known then)"
+        last = runner.num_stages - 1
+        mb_inputs = split_microbatches(inputs, m, runner.device, "inputs")
+        mb_targets = split_microbatches(targets, m, runner.device, "targets")
+        me = ctx.pp_rank
+        peer = lambda r: dist.get_global_rank(ctx.pp_group, r)  # noqa: E731
+        out: list[float] = []
+        for mb in range(m):
+            values: tuple = ()
+            for s in range(runner.num_stages):
+                if placement.rank_of(s) != me:
+                    continue
+                if s == 0:
+                    args = mb_inputs[mb]
+                elif placement.rank_of(s - 1) == me:
+                    args = as_inputs(values, specs[s - 1][mb])
+                else:
+                    bufs = [ts.empty(runner.device) for ts in tensor_specs(specs[s - 1][mb])]
+                    for b in bufs:
+                        dist.recv(b, src=peer(placement.rank_of(s - 1)), group=ctx.pp_group)
+                    args = assemble(specs[s - 1][mb], bufs)
+                result = runner.stages[s].module(*args)
+                if s == last:
+                    target = mb_targets[mb]
+                    out.append(float(self.loss_fn(result, target if len(target) > 1 else target[0])))
+                    continue
+                values = as_tuple(result)
+                if placement.rank_of(s + 1) != me:
+                    for v in values:
+                        if isinstance(v, torch.Tensor):
+                            dist.send(v.contiguous(), dst=peer(placement.rank_of(s + 1)), group=ctx.pp_group)
+        return out
+
+    # ---- the run -----------------------------------------------------------------------------------
+    def resume(self, path: Path) -> None:
+        info = checkpoint.load(path, self.named, self.opt, self.ctx.rank, self.ctx.world)
+        self.step = int(info["step"])
+        log.info("resumed from %s at step %d", path, self.step)
+
+    def save(self) -> Path:
+        assert self.run_dir is not None
+        path = checkpoint.save(self.run_dir, self.step, self.cfg, self.named, self.opt, self.ctx.rank,
+                               self.ctx.world, {})
+        log.info("saved checkpoint %s", path)
+        return path
+
+    def _install_signals(self) -> Callable[[], None]:
+        def handler(signum: int, _frame: Any) -> None:
+            if not self.stop_signal:
+                log.warning("received %s: finishing the step, then saving and exiting", signal.Signals(signum).name)
+            self.stop_signal = signum
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def restore() -> None:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+        return restore
+
+    def fit(self, resume_from: Path | None = None) -> dict[str, Any]:
+        cfg, ctx = self.cfg, self.ctx
+        if resume_from is not None:
+            self.resume(resume_from)
+        metrics = MetricsFile(self.run_dir / "metrics.jsonl", self.step if resume_from else None) \
+            if ctx.is_main and self.run_dir else None
+        end = min(cfg.steps, cfg.stop_at) if cfg.stop_at else cfg.steps
+        bar = _progress(cfg, ctx, self.step, cfg.steps)
+        restore = self._install_signals()
+        saved_at, stopped = -1, 0
+        try:
+            while self.step < end:
+                record = self.train_step()
+                if self.step % cfg.eval_every == 0 or self.step in (1, cfg.steps):
+                    record["val_loss"] = self.evaluate()
+                self.history.append(record)
+                if metrics:
+                    metrics.write(record)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix_str(_postfix(record))
+                log.info("step %d loss %.4f%s lr %.3g tokens/s %.0f peak act %s", record["step"], record["loss"],
+                         "" if record["val_loss"] is None else f" val {record['val_loss']:.4f}", record["lr"],
+                         record["tokens_per_s"], max(record["peak_act_bytes"]))
+                stopped = self._peer_stop
+                if self.run_dir and (self.step % cfg.save_every == 0 or self.step == end or stopped):
+                    self.save()
+                    saved_at = self.step
+                if stopped:
+                    break
+        finally:
+            restore()
+            if bar is not None:
+                bar.close()
+        return {"rank": ctx.rank, "step": self.step, "history": self.history if ctx.is_main else [],
+                "interrupted": stopped, "saved_at": saved_at}
+
+
+def _progress(cfg: TrainConfig, ctx: RankContext, initial: int, total: int) -> Any:
+    if not (cfg.progress and ctx.is_main):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, file=sys.stderr, desc="train", dynamic_ncols=True, leave=True)
+
+
+def _postfix(record: dict[str, Any]) -> str:
+    peak = max(record["peak_act_bytes"]) / 2**20
+    return (f"loss {record['loss']:.4f} | {record['tokens_per_s']:.0f} tok/s | {record['step_s']:.2f} s/step | "
+            f"peak act {peak:.2f} MiB")

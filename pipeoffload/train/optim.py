@@ -1,0 +1,115 @@
+"""Optimizer, learning-rate schedule, data-parallel gradient averaging and global-norm clipping."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipeoffload.train.config import TrainConfig
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    """Learning rate of 1-based ``step``: linear warm-up to ``lr``, then cosine down to ``min_lr_ratio*lr``."""
+    if cfg.warmup and step <= cfg.warmup:
+        return cfg.lr * step / cfg.warmup
+    span = max(1, cfg.steps - cfg.warmup)
+    progress = min(1.0, (step - cfg.warmup) / span)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard, or the tensor itself."""
+    return t._local_tensor if hasattr(t, "_local_tensor") else t  # type: ignore[no-any-return]
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    placements = getattr(t, "placements", None)
+    return placements is not None and any(p.is_shard() for p in placements)
+
+
+def make_optimizer(cfg: TrainConfig, params: list[nn.Parameter], dp_group: Any, dp: int) -> torch.optim.Optimizer:
+    """AdamW, or ``ZeroRedundancyOptimizer`` wrapping it (optimizer state sharded over the dp group).
+
+    The state is created up front (zeros, step 0: what AdamW creates lazily), so a resumed run loads
+    into existing tensors and takes exactly the path of an uninterrupted one."""
+    kwargs: dict[str, Any] = {"lr": cfg.lr, "betas": (0.9, 0.95), "weight_decay": cfg.weight_decay}
+    opt: torch.optim.Optimizer
+    if cfg.zero and dp > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=dp_group, **kwargs)
+    else:
+        opt = torch.optim.AdamW(params, **kwargs)  # type: ignore[arg-type]
+    for p in local_params(opt):
+        local_opt(opt).state[p] = {
+            "step": torch.tensor(0.0),
+            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+        }
+    return opt
+
+
+def local_opt(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer holding this rank's state (ZeRO's local shard optimizer, or ``opt``)."""
+    return getattr(opt, "optim", opt)
+
+
+def local_params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for g in local_opt(opt).param_groups for p in g["params"]]
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
+def average_gradients(params: list[nn.Parameter], dp_group: Any, dp: int) -> None:
+    """Mean of the replicas' gradients: one flat all-reduce per dtype, so every replica gets the same bits."""
+    if dp == 1:
+        return
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            g = local_tensor(p.grad)
+            by_dtype.setdefault(g.dtype, []).append(g)
+    for grads in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=dp_group)
+        flat.div_(dp)
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset:offset + n].view_as(g))
+            offset += n
+
+
+def global_grad_norm(named: dict[str, nn.Parameter], order: dict[str, int], dp_rank: int, tp_rank: int,
+                     device: torch.device | None = None) -> float:
+    """The gradient norm over the whole model, the same value on every rank of every layout.
+
+    Each parameter's squared norm (float64) goes into a slot of one vector indexed by its full name
+    (one replica contributes, once per tensor-parallel shard); one all-reduce over the world fills
+    it and its sum, in name order, is independent of how the model is split."""
+    squares = torch.zeros(len(order), dtype=torch.float64, device=device)  # on the GPU for NCCL
+    if dp_rank == 0:
+        for name, p in named.items():
+            if p.grad is None or (tp_rank != 0 and not is_sharded(p)):
+                continue
+            g = local_tensor(p.grad).detach().to(torch.float64)
+            squares[order[name]] += (g * g).sum().to(squares.device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(squares)
+    return float(squares.sum().sqrt())
+
+
+def clip_gradients(params: list[nn.Parameter], norm: float, max_norm: float) -> None:
+    if max_norm <= 0 or not math.isfinite(norm) or norm <= max_norm:
+        return
+    scale = max_norm / (norm + 1e-6)
+    for p in params:
+        if p.grad is not None:
+            local_tensor(p.grad).mul_(scale)

@@ -1,0 +1,119 @@
+"""Checkpoints of `pipeoffload train`: bit-identical resume (also onto another layout), corrupted
+checkpoints refused with exit 2, SIGTERM leaves a complete last checkpoint."""
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeoffload.train.checkpoint import list_checkpoints, verify
+
+pytestmark = pytest.mark.dist
+
+SMALL = ["--layers", "2", "--hidden", "32", "--seq-len", "32", "--global-batch", "8", "--microbatches", "2",
+         "--eval-every", "2", "--warmup", "1", "--lr", "3e-3", "--no-progress", "--save-every", "2"]
+
+
+def cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeoffload", "train", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A 4-step run, and the same run stopped after step 2."""
+    base = tmp_path_factory.mktemp("ckpt")
+    full, stopped = base / "full", base / "stopped"
+    for out, extra in ((full, []), (stopped, ["--stop-at", "2"])):
+        done = cli(*SMALL, "--steps", "4", "--out", str(out), *extra)
+        assert done.returncode == 0, done.stderr
+    return {"full": full, "stopped": stopped}
+
+
+def test_resume_is_bit_identical(runs: dict[str, Path], tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(runs["stopped"], run)
+    assert [m["step"] for m in metrics(run)] == [1, 2]
+    done = cli("--resume", str(run), "--stop-at", "0")
+    assert done.returncode == 0, done.stderr
+    assert metrics(run) and [m["loss"] for m in metrics(run)] == [m["loss"] for m in metrics(runs["full"])]
+    assert [m["val_loss"] for m in metrics(run)] == [m["val_loss"] for m in metrics(runs["full"])]
+
+
+def test_resume_onto_another_layout_is_resharded(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Saved by one process, resumed on 2 pipeline ranks (zb-v, offload all): DCP reshards by name and
+    pipeline parallelism is bitwise, so the losses are still those of the uninterrupted run."""
+    run = tmp_path / "run"
+    shutil.copytree(runs["stopped"], run)
+    done = cli("--resume", str(run), "--stop-at", "0", "--pp", "2", "--nproc", "2", "--schedule", "zb-v",
+               "--offload", "all")
+    assert done.returncode == 0, done.stderr
+    assert [m["loss"] for m in metrics(run)] == [m["loss"] for m in metrics(runs["full"])]
+
+
+def test_checkpoint_of_another_model_is_refused(runs: dict[str, Path], tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(runs["stopped"], run)
+    done = cli("--resume", str(run), "--hidden", "64")
+    assert done.returncode == 2
+    assert "hidden=32" in done.stderr and "hidden=64" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete-manifest"])
+def test_corrupted_checkpoint_is_refused_with_exit_2(runs: dict[str, Path], tmp_path: Path, damage: str) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(runs["stopped"], run)
+    last = list_checkpoints(run)[-1]
+    if damage == "truncate":
+        data = next(last.glob("*.distcp"))
+        data.write_bytes(data.read_bytes()[:100])
+    else:
+        (last / "manifest.json").unlink()
+    done = cli("--resume", str(run))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "checkpoint" in lines[0] and "Traceback" not in done.stderr
+    assert ("checksum" in lines[0]) if damage == "truncate" else ("manifest.json" in lines[0])
+
+
+def test_sigterm_saves_a_complete_checkpoint_and_exits(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "pipeoffload", "train", *SMALL, "--steps", "500",
+                             "--save-every", "1000", "--pp", "2", "--nproc", "2", "--out", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (run / "metrics.jsonl").is_file() and len(metrics(run)) >= 2:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1]
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "interrupted" in out and "--resume" in out
+    checkpoints = list_checkpoints(run)
+    assert len(checkpoints) == 1
+    manifest = verify(checkpoints[0])  # complete: every file present and matching its checksum
+    assert manifest["step"] == metrics(run)[-1]["step"] < 500
+    assert not list((run / "checkpoints").glob(".tmp-*"))
+
+
+def test_resume_onto_zero_sharded_replicas(runs: dict[str, Path], tmp_path: Path) -> None:
+    """The one-process checkpoint resumed on 2 data-parallel replicas with ZeRO-1 (AdamW's state
+    loaded into each replica's shard): the same losses up to the replicas' reduction order."""
+    run = tmp_path / "run"
+    shutil.copytree(runs["stopped"], run)
+    done = cli("--resume", str(run), "--stop-at", "0", "--dp", "2", "--zero", "1", "--nproc", "2")
+    assert done.returncode == 0, done.stderr
+    got, ref = [m["loss"] for m in metrics(run)], [m["loss"] for m in metrics(runs["full"])]
+    assert got[:2] == ref[:2] and max(abs(a - b) for a, b in zip(got, ref)) < 1e-6

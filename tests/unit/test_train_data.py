@@ -1,0 +1,64 @@
+"""Data sources and tokenizers of `pipeoffload train`, and `pipeoffload generate` from its checkpoint."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from pipeoffload.train.data import ByteTokenizer, load_corpus, prepare
+
+TINY = ["--layers", "1", "--hidden", "32", "--heads", "2", "--seq-len", "16", "--global-batch", "4",
+        "--microbatches", "2", "--steps", "2", "--eval-every", "1", "--no-progress"]
+
+
+def pipeoffload(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeoffload", *args], capture_output=True, text=True, timeout=240)
+
+
+def test_bpe_tokenizer_is_trained_saved_and_used_by_generate(tmp_path: Path) -> None:
+    text = tmp_path / "corpus"
+    text.mkdir()
+    (text / "a.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 300)
+    (text / "b.md").write_text("pack my box with five dozen liquor jugs\n" * 300)
+    run = tmp_path / "run"
+    done = pipeoffload("train", *TINY, "--data", str(text), "--tokenizer", "bpe:300", "--out", str(run))
+    assert done.returncode == 0, done.stderr
+    vocab = json.loads((run / "tokenizer.json").read_text())["model"]["vocab"]
+    assert 256 < len(vocab) <= 300
+    corpus, tok = load_corpus(str(text), "bpe:300", run, 16, 0.05)
+    assert tok is not None and corpus.vocab_size == tok.vocab_size and corpus.tokens.max() < tok.vocab_size
+    assert len(corpus.tokens) < len("the quick brown fox jumps over the lazy dog\n") * 600 / 2  # merges happened
+    from pipeoffload.train.generate import generate_text  # what `pipeoffload generate RUN_DIR` prints
+
+    assert generate_text(run, "the quick", 5, temperature=0.0).startswith("the quick")
+
+
+def test_pretokenized_npy_is_memory_mapped_and_trains(tmp_path: Path) -> None:
+    tokens = (np.arange(20_000) * 7 % 97).astype(np.uint16)
+    path = tmp_path / "tokens.npy"
+    np.save(path, tokens)
+    corpus, tok = load_corpus(str(path), "byte", tmp_path, 16, 0.05)
+    assert tok is None and corpus.vocab_size == 97 and isinstance(corpus.tokens, np.memmap)
+    done = pipeoffload("train", *TINY, "--data", str(path), "--out", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["val_loss"] > 0 for r in rows)
+
+
+def test_byte_tokenizer_round_trip_and_prepare_is_a_no_op(tmp_path: Path) -> None:
+    tok = ByteTokenizer()
+    assert tok.decode(tok.encode("héllo")) == "héllo"
+    prepare("", "byte", tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_raw_uint16_bin_is_memory_mapped(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.bin"
+    (np.arange(5_000) % 300).astype("<u2").tofile(path)
+    corpus, tok = load_corpus(str(path), "byte", tmp_path, 16, 0.1)
+    assert tok is None and corpus.vocab_size == 300 and len(corpus.tokens) == 5_000
+    x, y = corpus.batch(np.array([0, 1]))
+    assert x.shape == (2, 16) and np.array_equal(x[0], np.arange(16)) and np.array_equal(y[0], np.arange(1, 17))
