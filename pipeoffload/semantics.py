@@ -79,7 +79,7 @@ class CodedSchedule:
         self.num_ranks = len(rows)
         self.num_stages = schedule.num_stages
         self.num_microbatches = max(schedule.num_microbatches,
-                                    1 + max((a.microbatch for r in rows for a in r), default=0))
+                                    1 + max((a.microbatch for r in rows for a in r), default=-1))
         self.lengths = np.array([len(r) for r in rows], dtype=np.int64)
         self.offsets = np.concatenate(([0], np.cumsum(self.lengths)))
         self.kind = np.array([code[a.kind] for r in rows for a in r], dtype=np.int64)
@@ -243,10 +243,10 @@ def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> list[float] 
         return None
     index = np.full(len(KINDS) * c.num_stages * c.num_microbatches, -1, dtype=np.int64)
     keys = c.keys
-    if len(np.unique(keys)) != len(keys):
-        return None
     flat = np.arange(len(keys), dtype=np.int64)
     index[keys] = flat
+    if np.any(index[keys] != flat):  # a duplicate action
+        return None
     stage, mb = c.stage, c.microbatch
     back = (kind == B) | (kind == I) | (kind == W)
     own_f = index[c.key_of(F, stage, mb)]

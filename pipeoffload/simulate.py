@@ -31,6 +31,7 @@ K = ActionKind
 _EPS = 1e-12
 _STALL_TOL = 1e-9  # relative: a reload later than its backward by float noise only is not a stall
 _COMPUTE, _SEND, _COPY = sem.COMPUTE, sem.SEND, sem.COPY
+_LIST_KEYS = 1 << 24  # key spaces up to this size index a list; larger ones a dict
 
 
 class DeadlockError(ScheduleError):
@@ -183,7 +184,8 @@ class _Simulation:
         self.clock = [0.0] * n
         self.start = [0.0] * total
         self.end = [0.0] * total
-        self.done: dict[int, float] = {}  # completion time per action key
+        # completion time per action key (None: not yet); a list where the key space is small enough
+        self.done: list[float | None] | dict[int, float] = [None] * c.num_keys if c.num_keys <= _LIST_KEYS else {}
         self.waiters: dict[int, list[int]] = {}
         self.ready: list[int] = []
         self.queued: list[bool] = []
@@ -216,7 +218,7 @@ class _Simulation:
     def _advance(self, rank: int) -> None:
         """Run this rank's lane as far as its inputs allow, waking ranks that waited on it."""
         ops, done, waiters, starts, ends = self.ops, self.done, self.waiters, self.start, self.end
-        get = done.get
+        get = done.__getitem__ if isinstance(done, list) else done.get
         i, stop = self.pos[rank], self.offsets[rank + 1]
         clock, busy = self.clock[rank], self.busy[rank]
         while i < stop:
@@ -265,8 +267,8 @@ class _Simulation:
     def _copy(self, rank: int, i: int, issue: float) -> tuple[float, float]:
         """Place one copy on the copy lane (and shared link) at or after ``issue``."""
         costs = self.costs
-        after = self.done.get(self.first[i], issue)  # its F (OFFLOAD) or its OFFLOAD (RELOAD)
-        ready = max(issue, after)
+        after = self.done[self.first[i]] if isinstance(self.done, list) else self.done.get(self.first[i])
+        ready = max(issue, issue if after is None else after)  # after its F (OFFLOAD) or OFFLOAD (RELOAD)
         direction, per_unit = ("d2h", costs.d2h_time) if self.kind[i] == sem.OFFLOAD else ("h2d", costs.h2d_time)
         lane = "both" if costs.shared_copy_engine else direction
         ready = max(ready, self.engine_free[(rank, lane)])

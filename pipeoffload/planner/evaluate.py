@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass, replace
 
 from pipeoffload.costs import CostModel
-from pipeoffload.errors import ConfigError
 from pipeoffload.ir import ActionKind, Schedule
 from pipeoffload.passes.lower import POLICIES, lower_with_report
 from pipeoffload.placement import Placement
