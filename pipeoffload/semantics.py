@@ -236,31 +236,36 @@ AT_END[[B, I, W]] = True  # compute kinds whose memory effect happens at their e
 
 
 def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> list[float] | None:
-    """``memory_effects`` without a loop for the common case: no R and no copies, and every backward
-    after its activation's only F (and every W after its I). None when that does not hold."""
-    kind = c.kind
-    if np.any((kind == R) | (kind == OFFLOAD) | (kind == RELOAD)):
-        return None
-    index = np.full(len(KINDS) * c.num_stages * c.num_microbatches, -1, dtype=np.int64)
-    keys = c.keys
+    """``memory_effects`` without a loop when every activation's actions come in a valid order:
+    F first; then an R, or an OFFLOAD and its RELOAD, before its one backward (B, or I then W).
+    Each backward then finds exactly the activation's size resident (a recomputed F stores nothing,
+    R or RELOAD bring the size back). None when that order does not hold."""
+    kind, keys = c.kind, c.keys
+    index = np.full(c.num_keys, -1, dtype=np.int64)
     flat = np.arange(len(keys), dtype=np.int64)
     index[keys] = flat
     if np.any(index[keys] != flat):  # a duplicate action
         return None
     stage, mb = c.stage, c.microbatch
-    back = (kind == B) | (kind == I) | (kind == W)
-    own_f = index[c.key_of(F, stage, mb)]
-    if np.any(back & ((own_f < 0) | (own_f > flat))):
-        return None
-    own_i = index[c.key_of(I, stage, mb)]
-    if np.any((kind == W) & ((own_i < 0) | (own_i > flat))) or np.any((kind == B) & (own_i >= 0)):
+    grid = index.reshape(len(KINDS), c.num_stages, c.num_microbatches)
+    touched = np.flatnonzero((kind != F) & (LANE[kind] != SEND) & (LANE[kind] != RECV))
+    ts, tm, here, tk = stage[touched], mb[touched], flat[touched], kind[touched]
+    # where each kind of a touched action's activation is in the flat list (-1: absent)
+    f, b, i, r, off, rel = (grid[code][ts, tm] for code in (F, B, I, R, OFFLOAD, RELOAD))
+    back = np.maximum(b, i)  # the one backward (both present is refused below)
+    ok = (f >= 0) & (f < here) & ~((b >= 0) & (i >= 0))
+    ok &= (tk != W) | ((i >= 0) & (i < here))
+    ok &= (r < 0) | ((f < r) & (r < back) & (off < 0))
+    ok &= (off < 0) | ((f < off) & (off < rel) & (rel < back))
+    ok &= (rel < 0) | (off >= 0)
+    if not np.all(ok):
         return None
     size = np.array([costs.act(s) for s in range(c.num_stages)])
-    held = size[stage]  # what F stored (B, I and W below refer to their own F)
+    held = size[stage]
     keep = held * costs.w_fraction
     out = np.zeros(len(kind))
-    out[kind == F] = held[kind == F]
-    out[kind == B] = -held[kind == B]
-    out[kind == I] = (keep - held)[kind == I]
-    out[kind == W] = -keep[kind == W]
+    for code, values in ((F, np.where(c.recomputed[stage, mb], 0.0, held)), (B, -held), (I, keep - held),
+                         (W, -keep), (R, held), (OFFLOAD, held), (RELOAD, held)):
+        mask = kind == code
+        out[mask] = values[mask]
     return out.tolist()

@@ -324,10 +324,8 @@ class _Simulation:
                     host_memory=host,
                 )
             )
-        rank_of = self.c.rank.tolist()
-        steps = self.c.step.tolist()
-        rows = self.schedule.actions
-        stalls = {rows[rank_of[i]][steps[i]]: seconds for i, seconds in self.stalled}
+        rank_of, steps, rows = self.c.rank, self.c.step, self.schedule.actions
+        stalls = {rows[int(rank_of[i])][int(steps[i])]: seconds for i, seconds in self.stalled}
         return Timeline(self.schedule, self.costs, start, end, makespan, tuple(per_rank), stalls)
 
     def _report_deadlock(self, stuck: list[int]) -> None:

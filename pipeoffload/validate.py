@@ -291,14 +291,19 @@ def _p2p_order_ok(schedule: Schedule) -> bool:
         r = ready.pop()
         b, stop = pointer[r], first_batch[r + 1]
         while b < stop:
-            lo, hi = bounds_list[b], bounds_list[b + 1]
-            for q in range(lo, hi):
-                if sends[q] and keys[q] not in posted:
-                    posted.add(keys[q])
-                    ready.extend(waiting.pop(keys[q], ()))
-            missing = next((keys[q] for q in range(lo, hi) if not sends[q] and keys[q] not in posted), None)
-            if missing is not None:
-                waiting.setdefault(missing, []).append(r)
+            blocked = -1
+            for q in range(bounds_list[b], bounds_list[b + 1]):
+                k = keys[q]
+                if sends[q]:
+                    if k not in posted:
+                        posted.add(k)
+                        woken = waiting.pop(k, None)
+                        if woken:
+                            ready.extend(woken)
+                elif blocked < 0 and k not in posted:  # a partner send is on another rank, never in this batch
+                    blocked = k
+            if blocked >= 0:
+                waiting.setdefault(blocked, []).append(r)
                 break
             b += 1
         pointer[r] = b

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from pipeoffload._perf import gc_paused
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import COMM_KINDS, ActionKind, Schedule
@@ -51,6 +52,12 @@ def lower_with_report(schedule: Schedule, costs: CostModel | None = None, *,
     The report's ``warnings`` hold what the passes could not do (e.g. a budget not met); they are also
     logged unless ``log_warnings`` is False (a search collects them in its own report instead).
     """
+    with gc_paused():  # the passes allocate many small acyclic objects: no cyclic GC passes meanwhile
+        return _lower(schedule, costs, offload, recompute, check, comms, log_warnings)
+
+
+def _lower(schedule: Schedule, costs: CostModel | None, offload: OffloadPolicy | str, recompute: RecomputePolicy | str,
+           check: bool, comms: bool, log_warnings: bool) -> tuple[Schedule, OffloadReport]:
     offload_policy, recompute_policy = OffloadPolicy.parse(offload), RecomputePolicy.parse(recompute)
     check_policies(offload_policy, recompute_policy)
     costs = recompute_policy.apply_to(costs or CostModel())
