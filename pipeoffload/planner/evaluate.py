@@ -105,34 +105,21 @@ def time_lower_bound(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -
     return best
 
 
-V_FAMILIES = ("zb-v", "v-half", "v-min", "1f1b-v", "dualpipe-v")
-# families whose warm-up lasts about two periods (their steady state starts after 2d microbatches)
-_SLOW_WARMUP = V_FAMILIES + ("zb-h1", "zb-h2")
-
-
 def period(choice: ScheduleChoice, d: int, m: int) -> int | None:
-    """Microbatches after which the steady state repeats, or None when not known for this family."""
-    if choice.family == "1f1b":
-        return 1
-    if choice.family == "interleaved-1f1b":
-        return d if m % d == 0 else None  # otherwise its rounds change shape with m
-    if choice.family == "group-interleaved" and choice.group_size:
-        return choice.group_size
-    if choice.family in _SLOW_WARMUP:
-        return d
-    return None
+    """Microbatches after which the steady state repeats (the registry's fact), or None."""
+    return get_spec(choice.family).period(d, m, choice.group_size)
 
 
-def _generate(choice: ScheduleChoice, d: int, m: int, costs: CostModel | None):  # type: ignore[no-untyped-def]
+def _generate(choice: ScheduleChoice, d: int, m: int, costs: CostModel | None) -> Schedule:
     options: dict[str, object] = {"group_size": choice.group_size} if choice.group_size is not None else {}
-    if costs is not None and "costs" in get_spec(choice.family).options():
+    if costs is not None and "costs" in get_spec(choice.family).options:
         options["costs"] = costs  # cost-aware families place W by the real stage times
     return generate(choice.family, d, m, choice.stages_per_rank, **options)
 
 
 def placement_of(choice: ScheduleChoice, d: int) -> Placement:
-    """The family's stage -> rank map for d ranks (loop or V)."""
-    return _generate(choice, d, 1, None).placement
+    """The family's stage -> rank map for d ranks (loop or V), from the registry."""
+    return get_spec(choice.family).placement_for(d, choice.stages_per_rank)
 
 
 def _summary(timeline: Timeline, extrapolated: bool = False, warnings: tuple[str, ...] = ()) -> SimSummary:
@@ -171,7 +158,7 @@ def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
     p = period(choice, d, m)
     if p:
         p = p * math.ceil(d / p)  # latency-bound pipelines can alternate with a cycle of up to d microbatches
-    m1 = _small_size(m, d, p, 2 if choice.family in _SLOW_WARMUP else 1) if p else None
+    m1 = _small_size(m, d, p, get_spec(choice.family).warmup_periods) if p else None
     if not extrapolate or m1 is None:
         return _full(choice, d, m, costs)
     assert p is not None

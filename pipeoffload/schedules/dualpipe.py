@@ -14,7 +14,6 @@ from collections import deque
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.placement import Placement
-from pipeoffload.schedules import register
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 
@@ -91,7 +90,6 @@ def _rank_order(d: int, m: int, rank: int) -> list[Action]:
     return r.order
 
 
-@register("dualpipe-v", "DualPipeV: V placement, forward/backward pairs (overlapped in MoE runtimes), d+1/2 rank units")
 def dualpipe_v(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2) -> Schedule:
     """DualPipeV (DeepSeek-V3's DualPipe folded onto half the ranks).
 

@@ -22,7 +22,6 @@ from math import gcd
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.placement import Placement
-from pipeoffload.schedules import register
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 
@@ -71,12 +70,6 @@ def rank_order(rank: int, num_ranks: int, num_microbatches: int, stages_per_rank
     return slots
 
 
-@register(
-    "group-interleaved",
-    "PipeOffload's interleaved 1F1B: g microbatches pass each stage back to back; "
-    "peak g(v-1)+d units, I/W split (or --backward full)",
-    aliases=("pipeoffload",),
-)
 def group_interleaved(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2, *,
                       group_size: int | None = None, backward: str = "split") -> Schedule:
     """Group-interleaved 1F1B on loop placement (stage c d + i on rank i).

@@ -25,7 +25,6 @@ from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.placement import Placement
-from pipeoffload.schedules import register
 from pipeoffload.schedules.zero_bubble import Filled, fill_weight_passes
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
@@ -174,7 +173,6 @@ def _block_schedule(name: str, d: int, m: int, offsets: Callable[[int, int], Seq
     return Schedule(_best_of(placement, rows, costs).rows, placement, m, name)
 
 
-@register("v-half", "V-shape controllable memory: about half of 1F1B's activation memory, small bubble")
 def v_half(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2, *,
            costs: CostModel | None = None) -> Schedule:
     """V-Half: building block (F chunk0, F chunk1, I chunk1, I chunk0) at slots
@@ -195,7 +193,6 @@ def v_half(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2, *,
     return _block_schedule("v-half", num_ranks, num_microbatches, v_half_offsets, costs)
 
 
-@register("v-min", "V-shape controllable memory: about a third of 1F1B's activation memory")
 def v_min(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2, *,
           costs: CostModel | None = None) -> Schedule:
     """V-Min: building block (F chunk0, F chunk1, I chunk1, I chunk0) at slots
@@ -264,8 +261,6 @@ def zb_v_rows(d: int, m: int, split: bool = True) -> list[list[Action]]:
     return rows
 
 
-@register("zb-v", "zero bubble V: 1F1B's memory (d rank units), near-zero bubble, twice the P2P traffic",
-          aliases=("zbv",))
 def zb_v(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2, *,
          costs: CostModel | None = None) -> Schedule:
     """ZB-V: the zero-bubble order on V placement (two half-depth stages per rank).
@@ -290,7 +285,6 @@ def zb_v(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2, *,
     return Schedule(best.rows, placement, num_microbatches, "zb-v")
 
 
-@register("1f1b-v", "1F1B on V placement (full backward, no I/W split): 1F1B's memory, bubble between 1F1B and ZB-V")
 def one_f_one_b_v(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2) -> Schedule:
     """1F1B-V: ZB-V's forward/backward order with each I and W merged into one full B.
 
