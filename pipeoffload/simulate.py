@@ -14,7 +14,6 @@ Model (see docs/decisions.md):
 """
 from __future__ import annotations
 
-import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -24,11 +23,11 @@ from pipeoffload import semantics as sem
 from pipeoffload._perf import gc_paused
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ScheduleError
+from pipeoffload.intervals import Intervals
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.semantics import coded
 
 K = ActionKind
-_EPS = 1e-12
 _STALL_TOL = 1e-9  # relative: a reload later than its backward by float noise only is not a stall
 _COMPUTE, _SEND, _COPY = sem.COMPUTE, sem.SEND, sem.COPY
 _LIST_KEYS = 1 << 24  # key spaces up to this size index a list; larger ones a dict
@@ -127,28 +126,6 @@ class Timeline:
         return out
 
 
-class _Link:
-    """Busy intervals of one exclusive resource; a copy takes the earliest gap that fits."""
-
-    __slots__ = ("starts", "ends")
-
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-        self.ends: list[float] = []
-
-    def reserve(self, ready: float, duration: float) -> float:
-        i = bisect.bisect_right(self.ends, ready)
-        t = ready
-        while i < len(self.starts):
-            if t + duration <= self.starts[i] + _EPS:
-                break
-            t = max(t, self.ends[i])
-            i += 1
-        self.starts.insert(i, t)
-        self.ends.insert(i, t + duration)
-        return t
-
-
 def simulate(schedule: Schedule, costs: CostModel | None = None) -> Timeline:
     """Simulate ``schedule`` under ``costs`` (uniform unit costs when omitted)."""
     with gc_paused():
@@ -193,7 +170,7 @@ class _Simulation:
         self.stall = [0.0] * n
         self.stalled: list[tuple[int, float]] = []  # (flat index, seconds) of backwards that waited
         self.engine_free: dict[tuple[int, str], float] = defaultdict(float)
-        self.links: dict[tuple[int, str], _Link] = defaultdict(_Link)
+        self.links: dict[tuple[int, str], Intervals] = defaultdict(Intervals)
 
     # ---- main loop ---------------------------------------------------------------------------
     def run(self) -> Timeline:
