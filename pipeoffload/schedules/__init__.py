@@ -131,13 +131,30 @@ def get_spec(name: str) -> ScheduleSpec:
     return spec
 
 
+# Above this many compute actions ``generate`` refuses up front (pass max_actions=None to go ahead):
+# generating, lowering and simulating take about _SECONDS_PER_ACTION each and _BYTES_PER_ACTION of memory.
+MAX_ACTIONS = 2_000_000
+_SECONDS_PER_ACTION = 2e-5  # measured: 1f1b, d = m = 512, generate + lower + simulate on 2 cores
+_BYTES_PER_ACTION = 2000
+
+
+def estimated_actions(spec: ScheduleSpec, num_ranks: int, num_microbatches: int, stages_per_rank: int) -> int:
+    """Compute actions of the schedule: F plus B, or F plus I and W, per stage and microbatch."""
+    passes = 2 if spec.backward == "full" else 3
+    return passes * num_ranks * stages_per_rank * num_microbatches
+
+
 def generate(
     name: str, num_ranks: int, num_microbatches: int, stages_per_rank: int | None = None, **options: Any
 ) -> Schedule:
     """Generate the compute-only schedule ``name`` for the given sizes and family options.
 
     ``stages_per_rank=None`` takes the family's own default (1 for 1f1b, 2 for interleaved and V shapes).
+    A schedule of more than ``max_actions`` compute actions is refused before any work, with its size
+    and an estimate of the time and memory it would take (option ``max_actions``, default
+    ``MAX_ACTIONS``; None: no limit).
     """
+    max_actions = options.pop("max_actions", MAX_ACTIONS)
     spec = get_spec(name)
     if stages_per_rank is None:
         stages_per_rank = spec.default_stages_per_rank()
@@ -149,8 +166,16 @@ def generate(
                        ("stages_per_rank", stages_per_rank)):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
+    size = estimated_actions(spec, num_ranks, num_microbatches, stages_per_rank)
+    if max_actions is not None and size > max_actions:
+        raise ConfigError(
+            f"{spec.name} with num_ranks={num_ranks}, num_microbatches={num_microbatches}, "
+            f"stages_per_rank={stages_per_rank}: about {size:,} actions, above the limit of {max_actions:,} "
+            f"(roughly {size * _SECONDS_PER_ACTION:,.0f} s and {size * _BYTES_PER_ACTION / 1e9:,.0f} GB to generate "
+            "and simulate); use fewer ranks or microbatches (the bubble and peak memory follow closed forms), "
+            "or pass max_actions=None to run it anyway")
     given = {k: v for k, v in options.items() if v is not None}
     return spec.generator(num_ranks, num_microbatches, stages_per_rank, **given)
 
 
-__all__ = ["ScheduleSpec", "generate", "get_spec", "register", "schedule_names", "schedule_specs", "unregister"]
+__all__ = ["MAX_ACTIONS", "ScheduleSpec", "estimated_actions", "generate", "get_spec", "register", "schedule_names", "schedule_specs", "unregister"]
