@@ -148,9 +148,11 @@ class _Replay:
                 clock = start + self.t_b[s]
                 self.end_i[s][a.microbatch] = clock
                 mem -= act[s]
-            else:  # a W pinned in the skeleton
+            elif kind == W:  # a W pinned in the skeleton
                 clock = start + t_w[s]
                 mem -= act[s] * kept
+            else:
+                raise ValueError(f"{a}: the W-filling replay times F, I, B and W only; lower the schedule after it")
             row.append(a)
             pointer += 1
         self.clock[rank], self.mem[rank], self.peak[rank], self.pointer[rank] = clock, mem, peak, pointer
