@@ -21,6 +21,8 @@ from pipeoffload.intervals import EPS, Intervals
 from pipeoffload.ir import Action, ActionKind
 
 K = ActionKind
+_CODE = {kind: code for code, kind in enumerate(ActionKind)}
+_F, _B, _I, _W, _R = (_CODE[k] for k in (K.F, K.B, K.I, K.W, K.R))
 
 
 Lane = Intervals  # a copy engine or a shared host link
@@ -62,44 +64,46 @@ class RankTimeline:
         self.memory = self._baseline(actions, starts, ends, costs, recomputed)
 
     def _baseline(self, actions, starts, ends, costs, recomputed):  # type: ignore[no-untyped-def]
-        """Resident activation units at each point (frees before allocations at equal times)."""
-        where = {t: i for i, t in enumerate(self.point_list)}
-        at: list[int] = []
-        amounts: list[float] = []
-        found: dict[tuple[int, int], Activation] = {}
-        f_end: dict[tuple[int, int], float] = {}
-        per_stage: dict[int, tuple[float, float, float]] = {}
+        """Resident activation units at each point (frees before allocations at equal times), and the
+        activations the pass may move: each backward (B or I) of an activation not recomputed whose F
+        came earlier on the rank."""
+        n = len(actions)
+        points = self.points
+        if not n:
+            self.activations = {}
+            return np.zeros(len(points))
+        kind = np.fromiter((_CODE[a.kind] for a in actions), dtype=np.int64, count=n)
+        stage = np.fromiter((a.stage for a in actions), dtype=np.int64, count=n)
+        start, end = np.asarray(starts, dtype=float), np.asarray(ends, dtype=float)
+        num_stages = int(stage.max()) + 1
+        sizes = [(costs.act(s), costs.d2h(s), costs.h2d(s)) for s in range(num_stages)]
+        size = np.array([x[0] for x in sizes])[stage]
         keep = costs.w_fraction
-        F, B, I, W, R = K.F, K.B, K.I, K.W, K.R  # noqa: E741
-        for p, (a, start, end) in enumerate(zip(actions, starts, ends)):
-            kind, stage = a.kind, a.stage
-            sizes = per_stage.get(stage)
-            if sizes is None:
-                sizes = per_stage[stage] = (costs.act(stage), costs.d2h(stage), costs.h2d(stage))
-            size = sizes[0]
-            if kind is F:
-                key = (stage, a.microbatch)
-                f_end[key] = end
-                if key not in recomputed:
-                    at.append(where[start])
-                    amounts.append(size)
-            elif kind is R:
-                at.append(where[start])
-                amounts.append(size)
-            elif kind is W:
-                at.append(where[end])
-                amounts.append(-size * keep)
-            elif kind is B or kind is I:
-                key = (stage, a.microbatch)
-                at.append(where[end])
-                amounts.append(-size if kind is B else -size * (1.0 - keep))
-                if key not in recomputed and key in f_end:
-                    found[key] = Activation(stage, a.microbatch, size, f_end[key], start, p, sizes[1], sizes[2])
-        self.activations = found
-        delta = np.bincount(np.array(at, dtype=np.int64), weights=np.array(amounts, dtype=float),
-                            minlength=len(self.point_list))
+        is_f = kind == _F
+        if recomputed:
+            dropped = np.fromiter(((a.stage, a.microbatch) in recomputed for a in actions), dtype=bool, count=n)
+            is_f &= ~dropped
+        at_start = is_f | (kind == _R)
+        at_end = (kind == _W) | (kind == _B) | (kind == _I)
+        counted = at_start | at_end
+        amount = np.where(at_start, size, np.where(kind == _W, -size * keep,
+                                                   np.where(kind == _B, -size, -size * (1.0 - keep))))
+        at = np.searchsorted(points, np.where(at_start, start, end))
+        delta = np.bincount(at[counted], weights=amount[counted], minlength=len(points))
         memory = np.cumsum(delta)
         memory[np.abs(memory) < EPS] = 0.0
+        f_end: dict[tuple[int, int], float] = {}
+        found: dict[tuple[int, int], Activation] = {}
+        F, B, I = K.F, K.B, K.I  # noqa: E741
+        for p in np.flatnonzero((kind == _F) | (kind == _B) | (kind == _I)).tolist():
+            a = actions[p]
+            key = (a.stage, a.microbatch)
+            if a.kind is F:
+                f_end[key] = ends[p]
+            elif (a.kind is B or a.kind is I) and key not in recomputed and key in f_end:
+                x = sizes[a.stage]
+                found[key] = Activation(a.stage, a.microbatch, x[0], f_end[key], starts[p], p, x[1], x[2])
+        self.activations = found
         return memory
 
     def off_range(self, d2h_end: float, h2d_start: float) -> tuple[int, int]:
