@@ -158,3 +158,20 @@ def _sequential(schedule: Schedule, costs: CostModel) -> list[float]:
                 amount = 0.0
             out.append(amount)
     return out
+
+
+def test_the_gc_pause_is_scoped_and_restored_when_a_simulation_fails() -> None:
+    import gc
+
+    from pipeoffload.simulate import DeadlockError
+
+    stuck = Schedule.from_rows([[Action(B, 0, 0), Action(F, 0, 0)], [Action(F, 1, 0), Action(B, 1, 0)]])
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            gc.enable() if enabled else gc.disable()
+            with pytest.raises(DeadlockError, match="rank 0 step 0 0B0 waits for 0F0"):
+                simulate(stuck)
+            assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
