@@ -129,7 +129,28 @@ class Timeline:
 def simulate(schedule: Schedule, costs: CostModel | None = None) -> Timeline:
     """Simulate ``schedule`` under ``costs`` (uniform unit costs when omitted)."""
     with gc_paused():
-        return _Simulation(schedule, costs or CostModel()).run()
+        simulation = _Simulation(schedule, costs or CostModel())
+        simulation.run()
+        return simulation.timeline()
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The per-rank figures of a simulation, without per-action times or memory curves."""
+
+    makespan: float
+    busy: tuple[float, ...]
+    peak_activation_units: tuple[float, ...]
+    peak_host_units: tuple[float, ...]
+    stall: tuple[float, ...]
+
+
+def simulate_figures(schedule: Schedule, costs: CostModel | None = None) -> Figures:
+    """What ``simulate`` reports per rank, equal to its figures, for searches that need no timeline."""
+    with gc_paused():
+        simulation = _Simulation(schedule, costs or CostModel())
+        simulation.run()
+        return simulation.figures()
 
 
 class _Simulation:
@@ -173,7 +194,7 @@ class _Simulation:
         self.links: dict[tuple[int, str], Intervals] = defaultdict(Intervals)
 
     # ---- main loop ---------------------------------------------------------------------------
-    def run(self) -> Timeline:
+    def run(self) -> None:
         n = self.schedule.num_ranks
         self.ready = list(range(n))
         self.queued = [True] * n
@@ -184,7 +205,6 @@ class _Simulation:
         stuck = [r for r in range(n) if self.pos[r] < self.offsets[r + 1]]
         if stuck:
             self._report_deadlock(stuck)
-        return self._result()
 
     def _wake(self, key: int) -> None:
         for waiter in self.waiters.pop(key):
@@ -275,7 +295,15 @@ class _Simulation:
         host_deltas = np.where(offload, amount, -amount)[copies]
         return times, deltas, host_times, host_deltas
 
-    def _result(self) -> Timeline:
+    def figures(self) -> Figures:
+        peaks, host = [], []
+        for rank in range(self.schedule.num_ranks):
+            times, deltas, host_times, host_deltas = self._memory_events(rank)
+            peaks.append(_peak(times, deltas))
+            host.append(_peak(host_times, host_deltas))
+        return Figures(max(self.end, default=0.0), tuple(self.busy), tuple(peaks), tuple(host), tuple(self.stall))
+
+    def timeline(self) -> Timeline:
         offsets = self.offsets
         ranks = range(self.schedule.num_ranks)
         start = tuple(tuple(self.start[offsets[r]:offsets[r + 1]]) for r in ranks)
@@ -323,13 +351,26 @@ class _Simulation:
 
 
 def _curve(times: np.ndarray, deltas: np.ndarray) -> tuple[tuple[tuple[float, float], ...], float]:
-    """Cumulative memory after each event, frees before allocations at equal times; and its peak.
+    """Cumulative memory after each event, frees before allocations at equal times; and its peak."""
+    times, levels = _levels(times, deltas)
+    if not len(times):
+        return (), 0.0
+    return tuple(zip(times.tolist(), levels.tolist())), max(0.0, float(levels.max()))
+
+
+def _peak(times: np.ndarray, deltas: np.ndarray) -> float:
+    levels = _levels(times, deltas)[1]
+    return max(0.0, float(levels.max())) if len(levels) else 0.0
+
+
+def _levels(times: np.ndarray, deltas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Event times in order (frees before allocations at equal times) and the level after each.
 
     A level within 1e-9 of zero is float noise and is set to zero. Vectorised; where such noise
     actually occurs (and so changes later sums) the events are summed one by one instead.
     """
     if not len(times):
-        return (), 0.0
+        return times, deltas
     order = np.lexsort((deltas, times))
     times, deltas = times[order], deltas[order]
     levels = np.cumsum(deltas)
@@ -345,5 +386,4 @@ def _curve(times: np.ndarray, deltas: np.ndarray) -> tuple[tuple[tuple[float, fl
         levels = np.asarray(out)
     else:
         levels[tiny] = 0.0
-    peak = max(0.0, float(levels.max()))
-    return tuple(zip(times.tolist(), levels.tolist())), peak
+    return times, levels

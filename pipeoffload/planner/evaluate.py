@@ -18,7 +18,7 @@ from pipeoffload.ir import ActionKind, Schedule
 from pipeoffload.passes.lower import POLICIES, lower_with_report
 from pipeoffload.placement import Placement
 from pipeoffload.schedules import generate, get_spec
-from pipeoffload.simulate import Timeline, simulate
+from pipeoffload.simulate import Timeline, simulate_figures
 
 _TOL = 1e-6
 
@@ -138,8 +138,20 @@ def _summary(timeline: Timeline, extrapolated: bool = False, warnings: tuple[str
 
 
 def _simulated(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> SimSummary:
+    """Simulate the built schedule for its figures only (no per-action timeline: equal figures, faster)."""
     schedule, warnings = _build(choice, d, m, costs)
-    return _summary(simulate(schedule, costs), warnings=warnings)
+    figures = simulate_figures(schedule, costs)
+    added = (ActionKind.OFFLOAD, ActionKind.R)
+    return SimSummary(
+        changed=any(a.kind in added for row in schedule.actions for a in row),
+        makespan=figures.makespan,
+        busy=figures.busy,
+        peak_units=figures.peak_activation_units,
+        host_units=figures.peak_host_units,
+        stall=figures.stall,
+        extrapolated=False,
+        warnings=warnings,
+    )
 
 
 def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
