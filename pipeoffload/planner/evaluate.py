@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from pipeoffload.costs import CostModel
 from pipeoffload.ir import ActionKind, Schedule
@@ -111,10 +112,18 @@ def period(choice: ScheduleChoice, d: int, m: int) -> int | None:
 
 
 def _generate(choice: ScheduleChoice, d: int, m: int, costs: CostModel | None) -> Schedule:
-    options: dict[str, object] = {"group_size": choice.group_size} if choice.group_size is not None else {}
-    if costs is not None and "costs" in get_spec(choice.family).options:
+    cost_aware = costs is not None and "costs" in get_spec(choice.family).options
+    return _generated(choice.family, choice.stages_per_rank, choice.group_size, d, m, costs if cost_aware else None)
+
+
+@lru_cache(maxsize=64)
+def _generated(family: str, v: int, group_size: int | None, d: int, m: int, costs: CostModel | None) -> Schedule:
+    """A family's compute-only schedule, memoised: a schedule's memory-policy variants and its small-size
+    estimates lower the same schedule (generators are pure and schedules immutable, so sharing is safe)."""
+    options: dict[str, object] = {"group_size": group_size} if group_size is not None else {}
+    if costs is not None:
         options["costs"] = costs  # cost-aware families place W by the real stage times
-    return generate(choice.family, d, m, choice.stages_per_rank, **options)
+    return generate(family, d, m, v, **options)
 
 
 def placement_of(choice: ScheduleChoice, d: int) -> Placement:
