@@ -175,3 +175,14 @@ def test_the_gc_pause_is_scoped_and_restored_when_a_simulation_fails() -> None:
             assert gc.isenabled() is enabled
     finally:
         gc.enable() if was else gc.disable()
+
+
+def test_the_cached_coded_form_does_not_travel_with_a_pickled_schedule() -> None:
+    import pickle
+
+    schedule = generate("1f1b", 4, 8)
+    plain = pickle.dumps(schedule)
+    validate(schedule)  # builds and caches the coded form
+    assert pickle.dumps(schedule) == plain
+    again = pickle.loads(plain)
+    assert again == schedule and simulate(again).makespan == simulate(schedule).makespan
