@@ -190,8 +190,8 @@ class _Simulation:
         self.busy = [0.0] * n
         self.stall = [0.0] * n
         self.stalled: list[tuple[int, float]] = []  # (flat index, seconds) of backwards that waited
-        self.engine_free: dict[tuple[int, str], float] = defaultdict(float)
-        self.links: dict[tuple[int, str], Intervals] = defaultdict(Intervals)
+        self.engine_free = [0.0] * (2 * n)  # per rank: one copy engine, or one per direction
+        self.copies = self._copy_resources()
 
     # ---- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -223,8 +223,16 @@ class _Simulation:
             if lane == _SEND:  # posted without blocking
                 starts[i] = ends[i] = done[key] = clock
             elif lane == _COPY:
-                start, end = self._copy(rank, i, clock)
-                starts[i], ends[i], done[key] = start, end, end  # issuing a copy does not occupy the lane
+                # issued at the lane's clock, ready after its F (OFFLOAD) or OFFLOAD (RELOAD), then FIFO on
+                # its engine and in the earliest gap of its host link; it does not occupy the lane
+                t = get(dep)
+                ready = clock if t is None or clock >= t else t
+                engine, link, duration = self.copies[i]
+                if self.engine_free[engine] > ready:
+                    ready = self.engine_free[engine]
+                start = link.reserve(ready, duration) if duration > 0 else ready
+                starts[i], ends[i], done[key] = start, start + duration, start + duration
+                self.engine_free[engine] = start + duration
             else:
                 ready = clock
                 if dep >= 0:
@@ -261,20 +269,19 @@ class _Simulation:
                 self._wake(key)
         self.pos[rank], self.clock[rank], self.busy[rank] = i, clock, busy
 
-    def _copy(self, rank: int, i: int, issue: float) -> tuple[float, float]:
-        """Place one copy on the copy lane (and shared link) at or after ``issue``."""
-        costs = self.costs
-        after = self.done[self.first[i]] if isinstance(self.done, list) else self.done.get(self.first[i])
-        ready = max(issue, issue if after is None else after)  # after its F (OFFLOAD) or OFFLOAD (RELOAD)
-        direction, per_unit = ("d2h", costs.d2h_time) if self.kind[i] == sem.OFFLOAD else ("h2d", costs.h2d_time)
-        lane = "both" if costs.shared_copy_engine else direction
-        ready = max(ready, self.engine_free[(rank, lane)])
-        duration = per_unit * self.amount[i]
-        link_owner = rank // 2 if costs.shared_host_link else rank
-        start = self.links[(link_owner, direction)].reserve(ready, duration) if duration > 0 else ready
-        end = start + duration
-        self.engine_free[(rank, lane)] = end
-        return start, end
+    def _copy_resources(self) -> dict[int, tuple[int, Intervals, float]]:
+        """Per copy action (flat index): its engine slot, its host link and its duration."""
+        costs, c = self.costs, self.c
+        links: dict[tuple[int, str], Intervals] = defaultdict(Intervals)
+        out = {}
+        for i in np.flatnonzero(sem.LANE[c.kind] == sem.COPY).tolist():
+            rank = int(c.rank[i])
+            offload = self.kind[i] == sem.OFFLOAD
+            direction, per_unit = ("d2h", costs.d2h_time) if offload else ("h2d", costs.h2d_time)
+            engine = 2 * rank + (0 if costs.shared_copy_engine or offload else 1)
+            link_owner = rank // 2 if costs.shared_host_link else rank
+            out[i] = (engine, links[(link_owner, direction)], per_unit * self.amount[i])
+        return out
 
     # ---- results -----------------------------------------------------------------------------
     def _memory_events(self, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
