@@ -1,7 +1,8 @@
 """What each action kind means, defined once: its lane, its inputs, its duration and its memory effect.
 
-The validator, the simulator and the copy planner read these rules (and the integer-coded form of a
-schedule below) instead of each restating them. The rules, per kind (see docs/decisions.md):
+The simulator takes each action's inputs, duration and memory amount from here; the validator and
+the offload pass run on the integer-coded form below (the validator's order rules are the "waits
+for" column read as list order on one rank). The rules, per kind (see docs/decisions.md):
 
   kind      lane     waits for (same rank unless a transfer is named)            memory, at which instant
   F         compute  F of the previous stage (its RECV_F when lowered)           + activation at start
@@ -43,7 +44,6 @@ OFFLOAD, RELOAD = CODE[K.OFFLOAD], CODE[K.RELOAD]
 COMPUTE, SEND, RECV, COPY = 0, 1, 2, 3
 LANE = np.array([COMPUTE] * 5 + [SEND, RECV, SEND, RECV] + [COPY, COPY], dtype=np.int8)
 assert len(LANE) == len(KINDS)
-BACKWARDS = (B, I)
 
 
 def durations(costs: CostModel, num_stages: int) -> np.ndarray:

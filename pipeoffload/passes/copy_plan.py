@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeoffload import semantics as sem
 from pipeoffload.costs import CostModel
 from pipeoffload.intervals import EPS, Intervals
 from pipeoffload.ir import Action, ActionKind
 
 K = ActionKind
-_CODE = {kind: code for code, kind in enumerate(ActionKind)}
-_F, _B, _I, _W, _R = (_CODE[k] for k in (K.F, K.B, K.I, K.W, K.R))
+_F, _B, _I, _W, _R = sem.F, sem.B, sem.I, sem.W, sem.R
 
 
 Lane = Intervals  # a copy engine or a shared host link
@@ -72,7 +72,7 @@ class RankTimeline:
         if not n:
             self.activations = {}
             return np.zeros(len(points))
-        kind = np.fromiter((_CODE[a.kind] for a in actions), dtype=np.int64, count=n)
+        kind = np.fromiter((sem.CODE[a.kind] for a in actions), dtype=np.int64, count=n)
         stage = np.fromiter((a.stage for a in actions), dtype=np.int64, count=n)
         start, end = np.asarray(starts, dtype=float), np.asarray(ends, dtype=float)
         num_stages = int(stage.max()) + 1
