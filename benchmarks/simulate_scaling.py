@@ -2,7 +2,9 @@
 
 interleaved-1f1b, v = 2, m = 4d, for d = 4 ... 64. Prints one row per d with the number of actions
 in the lowered schedule and the seconds spent in each phase (process CPU time, best of --repeat).
-Target from the foundation issue: d = 64 (about 200k lowered actions) under 1 s.
+Targets: d = 64 (about 200k lowered actions) under 1 s (foundation issue), then under 0.4 s with the
+integer-coded core (issue #11; 1.2 s before it). The bubble column is the simulated figure: it must not
+change with speed work.
 """
 from __future__ import annotations
 

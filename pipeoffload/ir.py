@@ -101,6 +101,10 @@ class Schedule:
                 f"schedule has {len(self.actions)} rank lists but placement has {self.placement.num_ranks} ranks"
             )
 
+    def __getstate__(self) -> dict:
+        """Pickle the fields only: the integer-coded form cached by ``semantics.coded`` is rebuilt on use."""
+        return {k: v for k, v in self.__dict__.items() if k != "_coded"}
+
     @property
     def num_ranks(self) -> int:
         return self.placement.num_ranks

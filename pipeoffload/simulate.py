@@ -14,19 +14,23 @@ Model (see docs/decisions.md):
 """
 from __future__ import annotations
 
-import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from pipeoffload import semantics as sem
 from pipeoffload._perf import gc_paused
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ScheduleError
-from pipeoffload.ir import COPY_KINDS, Action, ActionKind, Schedule
+from pipeoffload.intervals import Intervals
+from pipeoffload.ir import Action, ActionKind, Schedule
+from pipeoffload.semantics import coded
 
 K = ActionKind
-_EPS = 1e-12
 _STALL_TOL = 1e-9  # relative: a reload later than its backward by float noise only is not a stall
-_COMPUTE, _SEND, _RECV, _COPY = "compute", "send", "recv", "copy"  # roles of a step on the compute lane
+_COMPUTE, _SEND, _COPY = sem.COMPUTE, sem.SEND, sem.COPY
+_LIST_KEYS = 1 << 24  # key spaces up to this size index a list; larger ones a dict
 
 
 class DeadlockError(ScheduleError):
@@ -122,255 +126,202 @@ class Timeline:
         return out
 
 
-class _Link:
-    """Busy intervals of one exclusive resource; a copy takes the earliest gap that fits."""
-
-    __slots__ = ("starts", "ends")
-
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-        self.ends: list[float] = []
-
-    def reserve(self, ready: float, duration: float) -> float:
-        i = bisect.bisect_right(self.ends, ready)
-        t = ready
-        while i < len(self.starts):
-            if t + duration <= self.starts[i] + _EPS:
-                break
-            t = max(t, self.ends[i])
-            i += 1
-        self.starts.insert(i, t)
-        self.ends.insert(i, t + duration)
-        return t
-
-
 def simulate(schedule: Schedule, costs: CostModel | None = None) -> Timeline:
     """Simulate ``schedule`` under ``costs`` (uniform unit costs when omitted)."""
     with gc_paused():
-        return _Simulation(schedule, costs or CostModel()).run()
+        simulation = _Simulation(schedule, costs or CostModel())
+        simulation.run()
+        return simulation.timeline()
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The per-rank figures of a simulation, without per-action times or memory curves."""
+
+    makespan: float
+    busy: tuple[float, ...]
+    peak_activation_units: tuple[float, ...]
+    peak_host_units: tuple[float, ...]
+    stall: tuple[float, ...]
+
+
+def simulate_figures(schedule: Schedule, costs: CostModel | None = None) -> Figures:
+    """What ``simulate`` reports per rank, equal to its figures, for searches that need no timeline."""
+    with gc_paused():
+        simulation = _Simulation(schedule, costs or CostModel())
+        simulation.run()
+        return simulation.figures()
 
 
 class _Simulation:
+    """The event loop over the integer-coded schedule (``semantics.CodedSchedule``).
+
+    Each rank's lane runs as far as its inputs allow; a rank that waits is parked on the key it waits
+    for and woken when that action completes. Memory amounts are known before timing
+    (``semantics.memory_effects``), so the loop only computes times.
+    """
+
     def __init__(self, schedule: Schedule, costs: CostModel) -> None:
         costs.check_stages(schedule.num_stages)
         self.schedule = schedule
         self.costs = costs
-        self.placement = schedule.placement
-        self.lowered = schedule.is_lowered()
-        self.last_stage = schedule.num_stages - 1
+        self.c = c = coded(schedule)
+        inputs = c.inputs(costs.p2p_time)
+        self.kind = c.kind.tolist()
+        self.first = inputs.first.tolist()
+        duration = sem.durations(costs, schedule.num_stages)[c.kind, c.stage]
+        # one tuple per action: the event loop unpacks it instead of indexing eight lists
+        self.ops = list(zip(sem.LANE[c.kind].tolist(), c.keys.tolist(), self.first, inputs.first_delay.tolist(),
+                            inputs.second.tolist(), inputs.second_delay.tolist(), inputs.reload.tolist(),
+                            duration.tolist()))
+        self.amount = sem.memory_effects(c, costs)
         n = schedule.num_ranks
-        self.pos = [0] * n
+        total = len(self.ops)
+        self.offsets = c.offsets.tolist()
+        self.pos = self.offsets[:-1]
         self.clock = [0.0] * n
-        self.start = [[0.0] * len(r) for r in schedule.actions]
-        self.end = [[0.0] * len(r) for r in schedule.actions]
-        self.done: dict[tuple[ActionKind, int, int], float] = {}  # completion time per action key
-        self.waiters: dict[tuple[ActionKind, int, int], list[int]] = defaultdict(list)
+        self.start = [0.0] * total
+        self.end = [0.0] * total
+        # completion time per action key (None: not yet); a list where the key space is small enough
+        self.done: list[float | None] | dict[int, float] = [None] * c.num_keys if c.num_keys <= _LIST_KEYS else {}
+        self.waiters: dict[int, list[int]] = {}
         self.ready: list[int] = []
         self.queued: list[bool] = []
-        self.mem_events: list[list[tuple[float, float]]] = [[] for _ in range(n)]
-        self.host_events: list[list[tuple[float, float]]] = [[] for _ in range(n)]
-        self.resident: dict[tuple[int, int], float] = {}
-        self.on_host: dict[tuple[int, int], float] = {}
         self.busy = [0.0] * n
         self.stall = [0.0] * n
-        self.stalls: dict[Action, float] = {}
-        self._back_kind: dict[tuple[int, int], ActionKind] | None = None
-        self.recomputed = {(a.stage, a.microbatch) for r in schedule.actions for a in r if a.kind == K.R}
-        self.engine_free: dict[tuple[int, str], float] = defaultdict(float)
-        self.links: dict[tuple[int, str], _Link] = defaultdict(_Link)
-
-    # ---- dependencies, resolved once per action ----------------------------------------------
-    def _backward_kind(self, stage: int, mb: int) -> ActionKind:
-        """B or I: which backward (stage, mb) runs; only needed where no RECV_B stands for it."""
-        if self._back_kind is None:
-            self._back_kind = {
-                (a.stage, a.microbatch): a.kind for r in self.schedule.actions for a in r if a.kind in (K.B, K.I)
-            }
-        return self._back_kind.get((stage, mb), K.B)
-
-    def _deps(self, a: Action, rank: int) -> tuple[tuple[tuple[ActionKind, int, int], float], ...]:
-        """(key, delay) pairs: ``a`` may start once every key has completed, plus its delay."""
-        s, mb, kind = a.stage, a.microbatch, a.kind
-        if kind is K.W:
-            return (((K.I, s, mb), 0.0),)
-        if kind == K.R:
-            return (((K.F, s, mb), 0.0),)
-        if kind == K.F:
-            if s == 0:
-                return ()
-            return (self._neighbour((K.F, s - 1, mb), (K.RECV_F, s, mb), rank),)
-        # B or I: its own forward, and the output gradient unless this is the last stage
-        own = ((K.F, s, mb), 0.0)
-        if s == self.last_stage:
-            return (own,)
-        if self.lowered and self.placement.rank_of(s + 1) != rank:
-            return (own, ((K.RECV_B, s, mb), 0.0))
-        grad = (self._backward_kind(s + 1, mb), s + 1, mb)
-        return (own, self._neighbour(grad, (K.RECV_B, s, mb), rank))
-
-    def _neighbour(self, producer: tuple[ActionKind, int, int], recv: tuple[ActionKind, int, int],
-                   rank: int) -> tuple[tuple[ActionKind, int, int], float]:
-        if self.placement.rank_of(producer[1]) == rank:
-            return (producer, 0.0)
-        if self.lowered:
-            return (recv, 0.0)
-        return (producer, self.costs.p2p_time)  # compute-only schedule: implicit transfer
-
-    def _compile(self, rank: int) -> list[tuple]:  # type: ignore[type-arg]
-        """Resolve each step's dependencies and duration once, so the event loop only looks up times."""
-        ops: list[tuple] = []  # type: ignore[type-arg]
-        append = ops.append
-        timers = {K.F: self.costs.f, K.B: self.costs.b, K.I: self.costs.i, K.W: self.costs.w, K.R: self.costs.r}
-        duration: dict[tuple[ActionKind, int], float] = {}
-        deps = self._deps
-        p2p = self.costs.p2p_time
-        SEND_F, SEND_B, RECV_F, RECV_B = K.SEND_F, K.SEND_B, K.RECV_F, K.RECV_B
-        for a in self.schedule.actions[rank]:
-            kind, stage, mb = a.kind, a.stage, a.microbatch
-            key = (kind, stage, mb)
-            if kind is SEND_F or kind is SEND_B:
-                append((a, key, _SEND, (), 0.0, None))
-            elif kind is RECV_F:
-                append((a, key, _RECV, (((SEND_F, stage - 1, mb), p2p),), 0.0, None))
-            elif kind is RECV_B:
-                append((a, key, _RECV, (((SEND_B, stage + 1, mb), p2p),), 0.0, None))
-            elif kind in COPY_KINDS:
-                append((a, key, _COPY, (), 0.0, None))
-            else:
-                time = duration.get((kind, a.stage))
-                if time is None:
-                    time = duration[(kind, a.stage)] = timers[kind](a.stage)
-                reload = (K.RELOAD, stage, mb) if kind is K.B or kind is K.I else None
-                append((a, key, _COMPUTE, deps(a, rank), time, reload))
-        return ops
+        self.stalled: list[tuple[int, float]] = []  # (flat index, seconds) of backwards that waited
+        self.engine_free = [0.0] * (2 * n)  # per rank: one copy engine, or one per direction
+        self.copies = self._copy_resources()
 
     # ---- main loop ---------------------------------------------------------------------------
-    def run(self) -> Timeline:
-        self.ops = [self._compile(rank) for rank in range(self.schedule.num_ranks)]
-        self.ready = list(range(self.schedule.num_ranks))
-        self.queued = [True] * self.schedule.num_ranks
+    def run(self) -> None:
+        n = self.schedule.num_ranks
+        self.ready = list(range(n))
+        self.queued = [True] * n
         while self.ready:
             rank = self.ready.pop()
             self.queued[rank] = False
             self._advance(rank)
-        stuck = [r for r in range(self.schedule.num_ranks) if self.pos[r] < len(self.schedule.actions[r])]
+        stuck = [r for r in range(n) if self.pos[r] < self.offsets[r + 1]]
         if stuck:
             self._report_deadlock(stuck)
-        return self._result()
 
-    def _wake(self, key: tuple[ActionKind, int, int]) -> None:
+    def _wake(self, key: int) -> None:
         for waiter in self.waiters.pop(key):
             if not self.queued[waiter]:
                 self.queued[waiter] = True
                 self.ready.append(waiter)
 
     def _advance(self, rank: int) -> None:
-        """Run this rank's lane as far as dependencies allow, waking ranks that waited on it."""
-        ops = self.ops[rank]
-        done, waiters = self.done, self.waiters
-        starts, ends = self.start[rank], self.end[rank]
-        step, clock, busy = self.pos[rank], self.clock[rank], self.busy[rank]
-        while step < len(ops):
-            a, key, role, deps, duration, reload = ops[step]
-            if role is _COPY:
-                start, end = self._copy(rank, a, clock)
-                starts[step], ends[step], done[key] = start, end, end
-                step += 1
-                if key in waiters:
-                    self._wake(key)
-                continue  # issuing a copy does not occupy the compute lane
-            ready = clock
-            blocked = None
-            for dep, delay in deps:
-                t = done.get(dep)
-                if t is None:
-                    blocked = dep
-                    break
-                if t + delay > ready:
-                    ready = t + delay
-            if blocked is not None:
-                waiters[blocked].append(rank)
-                break
-            if role is _COMPUTE:
-                start = ready
-                if reload is not None:
-                    reload_end = done.get(reload)
-                    if reload_end is not None and reload_end > start + _STALL_TOL * max(1.0, start):
-                        self.stalls[a] = reload_end - start
-                        self.stall[rank] += reload_end - start
-                        start = reload_end
-                end = start + duration
-                busy += duration
-                self._account(rank, a, start, end)
-            else:  # a receive waits from the lane's clock until the data arrives; a send is instant
-                start, end = clock, ready
-            starts[step], ends[step], done[key] = start, end, end
-            clock = end
-            step += 1
+        """Run this rank's lane as far as its inputs allow, waking ranks that waited on it."""
+        ops, done, waiters, starts, ends = self.ops, self.done, self.waiters, self.start, self.end
+        get = done.__getitem__ if isinstance(done, list) else done.get
+        i, stop = self.pos[rank], self.offsets[rank + 1]
+        clock, busy = self.clock[rank], self.busy[rank]
+        while i < stop:
+            lane, key, dep, delay, dep2, delay2, reload, duration = ops[i]
+            if lane == _SEND:  # posted without blocking
+                starts[i] = ends[i] = done[key] = clock
+            elif lane == _COPY:
+                # issued at the lane's clock, ready after its F (OFFLOAD) or OFFLOAD (RELOAD), then FIFO on
+                # its engine and in the earliest gap of its host link; it does not occupy the lane
+                t = get(dep)
+                ready = clock if t is None or clock >= t else t
+                engine, link, duration = self.copies[i]
+                if self.engine_free[engine] > ready:
+                    ready = self.engine_free[engine]
+                start = link.reserve(ready, duration) if duration > 0 else ready
+                starts[i], ends[i], done[key] = start, start + duration, start + duration
+                self.engine_free[engine] = start + duration
+            else:
+                ready = clock
+                if dep >= 0:
+                    t = get(dep)
+                    if t is None:
+                        waiters.setdefault(dep, []).append(rank)
+                        break
+                    if t + delay > ready:
+                        ready = t + delay
+                    if dep2 >= 0:
+                        t = get(dep2)
+                        if t is None:
+                            waiters.setdefault(dep2, []).append(rank)
+                            break
+                        if t + delay2 > ready:
+                            ready = t + delay2
+                if lane == _COMPUTE:
+                    start = ready
+                    if reload >= 0:
+                        reload_end = get(reload)
+                        if reload_end is not None and reload_end > start + _STALL_TOL * max(1.0, start):
+                            self.stalled.append((i, reload_end - start))
+                            self.stall[rank] += reload_end - start
+                            start = reload_end
+                    clock = start + duration
+                    busy += duration
+                    starts[i] = start
+                else:  # a receive waits from the lane's clock until the data arrives
+                    starts[i] = clock
+                    clock = ready
+                ends[i] = done[key] = clock
+            i += 1
             if key in waiters:
                 self._wake(key)
-        self.pos[rank], self.clock[rank], self.busy[rank] = step, clock, busy
+        self.pos[rank], self.clock[rank], self.busy[rank] = i, clock, busy
 
-    def _account(self, rank: int, a: Action, start: float, end: float) -> None:
-        key = (a.stage, a.microbatch)
-        size = self.costs.act(a.stage)
-        events = self.mem_events[rank]
-        if a.kind == K.F:
-            amount = 0.0 if key in self.recomputed else size
-            self.resident[key] = amount
-            events.append((start, amount))
-        elif a.kind == K.R:
-            self.resident[key] = self.resident.get(key, 0.0) + size
-            events.append((start, size))
-        elif a.kind == K.B:
-            events.append((end, -self.resident.pop(key, 0.0)))
-        elif a.kind == K.I:
-            keep = self.resident.get(key, 0.0) * self.costs.w_fraction_of(a.stage)
-            events.append((end, keep - self.resident.get(key, 0.0)))
-            self.resident[key] = keep
-        elif a.kind == K.W:
-            events.append((end, -self.resident.pop(key, 0.0)))
-
-    def _copy(self, rank: int, a: Action, issue: float) -> tuple[float, float]:
-        """Place one copy on the copy lane (and shared link); update device and host memory."""
-        key = (a.stage, a.microbatch)
-        costs = self.costs
-        if a.kind == K.OFFLOAD:
-            direction, per_unit = "d2h", costs.d2h_time
-            amount = self.resident.get(key, 0.0)
-            ready = max(issue, self.done.get((K.F, a.stage, a.microbatch), issue))
-        else:
-            direction, per_unit = "h2d", costs.h2d_time
-            amount = self.on_host.get(key, 0.0)
-            offload_end = self.done.get((K.OFFLOAD, a.stage, a.microbatch), issue)
-            ready = max(issue, offload_end)
-        lane = "both" if costs.shared_copy_engine else direction
-        ready = max(ready, self.engine_free[(rank, lane)])
-        duration = per_unit * amount
-        link_owner = rank // 2 if costs.shared_host_link else rank
-        start = self.links[(link_owner, direction)].reserve(ready, duration) if duration > 0 else ready
-        end = start + duration
-        self.engine_free[(rank, lane)] = end
-        if a.kind == K.OFFLOAD:
-            self.resident[key] = 0.0
-            self.on_host[key] = amount
-            self.mem_events[rank].append((end, -amount))
-            self.host_events[rank].append((start, amount))
-        else:
-            self.resident[key] = self.resident.get(key, 0.0) + amount
-            self.mem_events[rank].append((start, amount))
-            self.host_events[rank].append((end, -self.on_host.pop(key, 0.0)))
-        return start, end
+    def _copy_resources(self) -> dict[int, tuple[int, Intervals, float]]:
+        """Per copy action (flat index): its engine slot, its host link and its duration."""
+        costs, c = self.costs, self.c
+        links: dict[tuple[int, str], Intervals] = defaultdict(Intervals)
+        out = {}
+        for i in np.flatnonzero(sem.LANE[c.kind] == sem.COPY).tolist():
+            rank = int(c.rank[i])
+            offload = self.kind[i] == sem.OFFLOAD
+            direction, per_unit = ("d2h", costs.d2h_time) if offload else ("h2d", costs.h2d_time)
+            engine = 2 * rank + (0 if costs.shared_copy_engine or offload else 1)
+            link_owner = rank // 2 if costs.shared_host_link else rank
+            out[i] = (engine, links[(link_owner, direction)], per_unit * self.amount[i])
+        return out
 
     # ---- results -----------------------------------------------------------------------------
-    def _result(self) -> Timeline:
-        ends = [max(row, default=0.0) for row in self.end]
-        makespan = max(ends, default=0.0)
+    def _memory_events(self, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(times, deltas) of device memory and of host memory on one rank."""
+        lo, hi = self.offsets[rank], self.offsets[rank + 1]
+        kind = self.c.kind[lo:hi]
+        amount = np.asarray(self.amount[lo:hi])
+        start, end = np.asarray(self.start[lo:hi]), np.asarray(self.end[lo:hi])
+        lane = sem.LANE[kind]
+        compute = lane == sem.COMPUTE
+        offload, reload = kind == sem.OFFLOAD, kind == sem.RELOAD
+        at_end = sem.AT_END[kind]
+        device = compute | offload | reload
+        times = np.where(at_end | offload, end, start)[device]
+        deltas = np.where(offload, -amount, amount)[device]
+        copies = offload | reload
+        host_times = np.where(offload, start, end)[copies]
+        host_deltas = np.where(offload, amount, -amount)[copies]
+        return times, deltas, host_times, host_deltas
+
+    def figures(self) -> Figures:
+        peaks, host = [], []
+        for rank in range(self.schedule.num_ranks):
+            times, deltas, host_times, host_deltas = self._memory_events(rank)
+            peaks.append(_peak(times, deltas))
+            host.append(_peak(host_times, host_deltas))
+        return Figures(max(self.end, default=0.0), tuple(self.busy), tuple(peaks), tuple(host), tuple(self.stall))
+
+    def timeline(self) -> Timeline:
+        offsets = self.offsets
+        ranks = range(self.schedule.num_ranks)
+        start = tuple(tuple(self.start[offsets[r]:offsets[r + 1]]) for r in ranks)
+        end = tuple(tuple(self.end[offsets[r]:offsets[r + 1]]) for r in ranks)
+        makespan = max((max(row, default=0.0) for row in end), default=0.0)
         per_rank = []
         v = max(self.schedule.stages_per_rank, 1)
-        for rank in range(self.schedule.num_ranks):
-            memory, peak = _curve(self.mem_events[rank])
-            host, host_peak = _curve(self.host_events[rank])
+        for rank in ranks:
+            times, deltas, host_times, host_deltas = self._memory_events(rank)
+            memory, peak = _curve(times, deltas)
+            host, host_peak = _curve(host_times, host_deltas)
             busy = self.busy[rank]
             per_rank.append(
                 RankResult(
@@ -385,35 +336,61 @@ class _Simulation:
                     host_memory=host,
                 )
             )
-        return Timeline(
-            self.schedule, self.costs, tuple(map(tuple, self.start)), tuple(map(tuple, self.end)),
-            makespan, tuple(per_rank), dict(self.stalls),
-        )
+        rank_of, steps, rows = self.c.rank, self.c.step, self.schedule.actions
+        stalls = {rows[int(rank_of[i])][int(steps[i])]: seconds for i, seconds in self.stalled}
+        return Timeline(self.schedule, self.costs, start, end, makespan, tuple(per_rank), stalls)
 
     def _report_deadlock(self, stuck: list[int]) -> None:
+        rows = self.schedule.actions
         lines = []
         for rank in stuck:
-            a = self.schedule.actions[rank][self.pos[rank]]
-            waits = [str(Action(*k)) for k, ranks in self.waiters.items() if rank in ranks]
+            step = self.pos[rank] - self.offsets[rank]
+            waits = [str(Action(*self.c.action(k))) for k, ranks in self.waiters.items() if rank in ranks]
             owner = ""
             for k in waits:
-                other = self.placement.rank_of(Action.parse(k).stage)
+                other = self.schedule.placement.rank_of(Action.parse(k).stage)
                 if other != rank:
                     owner = f" (rank {other} never reaches it)"
-            lines.append(f"rank {rank} step {self.pos[rank]} {a} waits for {', '.join(waits) or '?'}{owner}")
+            lines.append(f"rank {rank} step {step} {rows[rank][step]} waits for {', '.join(waits) or '?'}{owner}")
         first = stuck[0]
-        raise DeadlockError("deadlock: " + "; ".join(lines), first, self.pos[first],
-                            self.schedule.actions[first][self.pos[first]], self.schedule.actions)
+        step = self.pos[first] - self.offsets[first]
+        raise DeadlockError("deadlock: " + "; ".join(lines), first, step, rows[first][step], rows)
 
 
-def _curve(events: list[tuple[float, float]]) -> tuple[tuple[tuple[float, float], ...], float]:
+def _curve(times: np.ndarray, deltas: np.ndarray) -> tuple[tuple[tuple[float, float], ...], float]:
     """Cumulative memory after each event, frees before allocations at equal times; and its peak."""
-    level, peak = 0.0, 0.0
-    curve = []
-    for t, delta in sorted(events):
-        level += delta
-        if abs(level) < 1e-9:
-            level = 0.0
-        peak = max(peak, level)
-        curve.append((t, level))
-    return tuple(curve), peak
+    times, levels = _levels(times, deltas)
+    if not len(times):
+        return (), 0.0
+    return tuple(zip(times.tolist(), levels.tolist())), max(0.0, float(levels.max()))
+
+
+def _peak(times: np.ndarray, deltas: np.ndarray) -> float:
+    levels = _levels(times, deltas)[1]
+    return max(0.0, float(levels.max())) if len(levels) else 0.0
+
+
+def _levels(times: np.ndarray, deltas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Event times in order (frees before allocations at equal times) and the level after each.
+
+    A level within 1e-9 of zero is float noise and is set to zero. Vectorised; where such noise
+    actually occurs (and so changes later sums) the events are summed one by one instead.
+    """
+    if not len(times):
+        return times, deltas
+    order = np.lexsort((deltas, times))
+    times, deltas = times[order], deltas[order]
+    levels = np.cumsum(deltas)
+    tiny = np.abs(levels) < 1e-9
+    if np.any(tiny & (levels != 0.0)):
+        level = 0.0
+        out = []
+        for delta in deltas.tolist():
+            level += delta
+            if abs(level) < 1e-9:
+                level = 0.0
+            out.append(level)
+        levels = np.asarray(out)
+    else:
+        levels[tiny] = 0.0
+    return times, levels

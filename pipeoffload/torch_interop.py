@@ -27,16 +27,10 @@ from typing import Any
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Schedule
+from pipeoffload.schedules import schedule_specs
 
-# Our family -> torch's schedule class of the same algorithm (for side-by-side benchmarks).
-TORCH_EQUIVALENTS = {
-    "zb-v": "ZBVZeroBubble",
-    "zb-h1": "InterleavedZeroBubble",  # torch's ZB1P; with one stage per rank it is ZB-H1
-    "dualpipe-v": "DualPipeV",
-    "1f1b": "1F1B",
-    "interleaved-1f1b": "Interleaved1F1B",
-    "gpipe": "GPipe",
-}
+# Our family -> torch's schedule class of the same algorithm (for side-by-side benchmarks): a registry fact.
+TORCH_EQUIVALENTS = {spec.name: spec.torch_class for spec in schedule_specs() if spec.torch_class}
 
 _OVERLAP = re.compile(r"^\((?P<subs>[^)]*)\)OVERLAP_F_B$")
 # Torch's FSDP and gradient-sync bookkeeping: no data moves between stages, no compute of ours.

@@ -8,9 +8,13 @@ order. ``check_p2p_order`` dry-runs the comm order with the runtime's p2p semant
 """
 from __future__ import annotations
 
+import numpy as np
+
+from pipeoffload import semantics as sem
 from pipeoffload._perf import gc_paused
 from pipeoffload.errors import ScheduleError
 from pipeoffload.ir import COMM_KINDS, Action, ActionKind, Schedule
+from pipeoffload.semantics import coded
 
 K = ActionKind
 
@@ -29,7 +33,80 @@ def validate(schedule: Schedule) -> None:
     far; each action checks its preconditions against it. A final pass checks completeness.
     """
     with gc_paused():
-        _validate(schedule)
+        if not _proved_valid(schedule):
+            _validate(schedule)
+        if schedule.is_lowered():
+            _check_p2p(schedule)
+
+
+def _check_p2p(schedule: Schedule) -> None:
+    if not _p2p_order_ok(schedule):
+        _check_p2p_order(schedule)  # finds the stuck ranks and reports them
+
+
+def _proved_valid(schedule: Schedule) -> bool:
+    """The rules below, checked on whole arrays of list positions (no comm-order dry run).
+
+    True proves the schedule passes ``_validate``; False means it may not, and ``_validate`` then finds
+    the first violation and reports it. Every rule is "X runs before Y" on one rank, and all of an
+    activation's actions run on its stage's rank, so comparing positions in the rank-ordered flat
+    list decides it; an absent action sits at +inf.
+    """
+    c = coded(schedule)
+    num_stages, num_mb = schedule.num_stages, schedule.num_microbatches
+    if not len(c.kind):
+        return num_mb == 0
+    if c.num_microbatches != num_mb or c.stage.min() < 0 or c.stage.max() >= num_stages or c.microbatch.min() < 0:
+        return False
+    owner = np.asarray(schedule.placement.stage_to_rank, dtype=np.int64)
+    if np.any(owner[c.stage] != c.rank):
+        return False
+    never = len(c.kind)
+    pos = np.full(c.num_keys, never, dtype=np.int64)
+    flat = np.arange(len(c.kind))
+    pos[c.keys] = flat
+    if np.any(pos[c.keys] != flat):  # a key written twice: a duplicate action
+        return False
+    P = pos.reshape(len(sem.KINDS), num_stages, num_mb)
+    has = P < never
+    f, b, i, w, r = P[sem.F], P[sem.B], P[sem.I], P[sem.W], P[sem.R]
+    off, rel = P[sem.OFFLOAD], P[sem.RELOAD]
+    back = np.minimum(b, i)
+    lowered = c.lowered
+    stages = np.arange(num_stages)
+    cross_in = np.zeros(num_stages, dtype=bool)
+    cross_in[1:] = owner[1:] != owner[:-1]
+    cross_out = np.zeros(num_stages, dtype=bool)
+    cross_out[:-1] = owner[:-1] != owner[1:]
+    cin, cout = cross_in[:, None], cross_out[:, None]
+
+    def before(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return x < y
+
+    ok = has[sem.F].all() & ~(has[sem.B] & has[sem.I]).any()
+    ok &= (has[sem.B] | (has[sem.I] & has[sem.W])).all() & (~has[sem.OFFLOAD] | has[sem.RELOAD]).all()
+    # F after the previous stage's F on the same rank, or after its RECV_F
+    same_in = (~cross_in & (stages > 0))
+    ok &= before(f[:-1], f[1:])[same_in[1:]].all()
+    # backwards: after own F, after a RELOAD if offloaded, after the next stage's backward on the same rank
+    for y, present in ((b, has[sem.B]), (i, has[sem.I])):
+        ok &= (before(f, y) | ~present).all()
+        ok &= (~before(off, y) | before(rel, y) | ~present).all()
+        same_out = ~cross_out & (stages < num_stages - 1)
+        ok &= (before(back[1:], y[:-1]) | ~present[:-1])[same_out[:-1]].all()
+    ok &= (before(i, w) | ~has[sem.W]).all()
+    ok &= (before(f, r) & ~before(back, r) & ~before(off, r) | ~has[sem.R]).all()
+    ok &= (before(f, off) & ~before(back, off) & ~before(r, off) | ~has[sem.OFFLOAD]).all()
+    ok &= (before(off, rel) & ~before(back, rel) | ~has[sem.RELOAD]).all()
+    if not lowered:
+        return bool(ok)
+    sf, rf, sb, rb = P[sem.SEND_F], P[sem.RECV_F], P[sem.SEND_B], P[sem.RECV_B]
+    # comm only across ranks, and then complete
+    ok &= (has[sem.SEND_F] == cout).all() & (has[sem.RECV_B] == cout).all()
+    ok &= (has[sem.RECV_F] == cin).all() & (has[sem.SEND_B] == cin).all()
+    ok &= (before(rf, f) | ~cin).all() & (before(f, sf) | ~cout).all()
+    ok &= (before(rb, back) | ~cout).all() & (before(back, sb) | ~cin).all()
+    return bool(ok)
 
 
 def _validate(schedule: Schedule) -> None:
@@ -64,8 +141,6 @@ def _validate(schedule: Schedule) -> None:
                 fail(problem, rank, step)
             state[key] = have | bit
     _check_complete(schedule, state, lowered, cross_in, cross_out, fail)
-    if lowered:
-        check_p2p_order(schedule)
 
 
 def _precondition(kind, stage, mb, have, state, lowered, cross_in, cross_out, owner) -> str | None:  # type: ignore[no-untyped-def]
@@ -180,7 +255,59 @@ def check_p2p_order(schedule: Schedule) -> None:
     ``ScheduleError`` naming every stuck rank if the order can deadlock. (A strict rendezvous, in
     which a send blocks until its receive is posted, would reject GPipe with several stages per rank.)"""
     with gc_paused():
-        _check_p2p_order(schedule)
+        _check_p2p(schedule)
+
+
+def _p2p_order_ok(schedule: Schedule) -> bool:
+    """The dry run of ``check_p2p_order`` on integer keys: True when no rank stays blocked.
+
+    Whether ranks get stuck does not depend on the order ranks are advanced in (posting only ever
+    makes more receives satisfiable), so any order answers it.
+    """
+    c = coded(schedule)
+    lane = sem.LANE[c.kind]
+    comm = (lane == sem.SEND) | (lane == sem.RECV)
+    where = np.flatnonzero(comm)
+    if not len(where):
+        return True
+    kind, stage, mb = c.kind[where], c.stage[where], c.microbatch[where]
+    is_send = lane[where] == sem.SEND
+    # a send is known by its own key; a receive by the key of the send it waits for
+    partner = np.where(kind == sem.RECV_F, c.key_of(sem.SEND_F, stage - 1, mb), c.key_of(sem.SEND_B, stage + 1, mb))
+    key = np.where(is_send, c.keys[where], partner)
+    # batches: maximal runs of consecutive comm actions on one rank
+    rank = c.rank[where]
+    starts = np.ones(len(where), dtype=bool)
+    starts[1:] = (where[1:] != where[:-1] + 1) | (rank[1:] != rank[:-1])
+    bounds = np.append(np.flatnonzero(starts), len(where))
+    batch_rank = rank[bounds[:-1]].tolist()
+    first_batch = np.searchsorted(batch_rank, np.arange(c.num_ranks + 1)).tolist()
+    keys, sends, bounds_list = key.tolist(), is_send.tolist(), bounds.tolist()
+    pointer = first_batch[:-1]
+    posted: set[int] = set()
+    waiting: dict[int, list[int]] = {}
+    ready = list(range(c.num_ranks))
+    while ready:
+        r = ready.pop()
+        b, stop = pointer[r], first_batch[r + 1]
+        while b < stop:
+            blocked = -1
+            for q in range(bounds_list[b], bounds_list[b + 1]):
+                k = keys[q]
+                if sends[q]:
+                    if k not in posted:
+                        posted.add(k)
+                        woken = waiting.pop(k, None)
+                        if woken:
+                            ready.extend(woken)
+                elif blocked < 0 and k not in posted:  # a partner send is on another rank, never in this batch
+                    blocked = k
+            if blocked >= 0:
+                waiting.setdefault(blocked, []).append(r)
+                break
+            b += 1
+        pointer[r] = b
+    return all(pointer[r] == first_batch[r + 1] for r in range(c.num_ranks))
 
 
 def _check_p2p_order(schedule: Schedule) -> None:

@@ -1,4 +1,3 @@
-import os
 from pathlib import Path
 
 import pytest
@@ -12,17 +11,14 @@ def unit_costs() -> CostModel:
     return CostModel.uniform(1.0, 1.0, 1.0)
 
 
-def regen_golden() -> bool:
-    """Set PIPEOFFLOAD_REGEN_GOLDEN=1 to rewrite golden files instead of comparing with them."""
-    return os.environ.get("PIPEOFFLOAD_REGEN_GOLDEN") == "1"
-
-
 GOLDEN = Path(__file__).parent / "golden"
 
 
 def check_golden(filename: str, text: str) -> None:
-    """Compare ``text`` with ``tests/golden/<filename>`` (or rewrite it when regenerating)."""
+    """Compare ``text`` with ``tests/golden/<filename>``; a test never rewrites it.
+
+    After an intended change, regenerate with ``python -m tests.regen_golden`` and review the diff.
+    """
     path = GOLDEN / filename
-    if regen_golden():
-        path.write_text(text)
-    assert path.read_text() == text
+    assert path.exists(), f"{path} is missing: run python -m tests.regen_golden"
+    assert path.read_text() == text, f"{filename} differs; if intended, run python -m tests.regen_golden"

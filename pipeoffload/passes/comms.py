@@ -9,27 +9,8 @@ from __future__ import annotations
 
 from pipeoffload._perf import gc_paused
 from pipeoffload.ir import COMM_KINDS, Action, ActionKind, Schedule
-from pipeoffload.placement import Placement
 
 K = ActionKind
-
-
-def _receives(a: Action, placement: Placement, rank: int) -> list[Action]:
-    last = placement.num_stages - 1
-    if a.kind == K.F and a.stage > 0 and placement.rank_of(a.stage - 1) != rank:
-        return [Action(K.RECV_F, a.stage, a.microbatch)]
-    if a.kind in (K.B, K.I) and a.stage < last and placement.rank_of(a.stage + 1) != rank:
-        return [Action(K.RECV_B, a.stage, a.microbatch)]
-    return []
-
-
-def _sends(a: Action, placement: Placement, rank: int) -> list[Action]:
-    last = placement.num_stages - 1
-    if a.kind == K.F and a.stage < last and placement.rank_of(a.stage + 1) != rank:
-        return [Action(K.SEND_F, a.stage, a.microbatch)]
-    if a.kind in (K.B, K.I) and a.stage > 0 and placement.rank_of(a.stage - 1) != rank:
-        return [Action(K.SEND_B, a.stage, a.microbatch)]
-    return []
 
 
 def add_comms(schedule: Schedule) -> Schedule:
@@ -39,15 +20,31 @@ def add_comms(schedule: Schedule) -> Schedule:
 
 
 def _add_comms(schedule: Schedule) -> Schedule:
-    placement = schedule.placement
+    owner = schedule.placement.stage_to_rank
+    last = len(owner) - 1
+    # per stage: does its input come from / its output go to another rank?
+    cross_in = [s > 0 and owner[s - 1] != owner[s] for s in range(last + 1)]
+    cross_out = [s < last and owner[s + 1] != owner[s] for s in range(last + 1)]
+    F, B, I = K.F, K.B, K.I  # noqa: E741
     rows = []
-    for rank, row in enumerate(schedule.actions):
+    for row in schedule.actions:
         out: list[Action] = []
+        append = out.append
         for a in row:
-            if a.kind in COMM_KINDS:
-                continue
-            out.extend(_receives(a, placement, rank))
-            out.append(a)
-            out.extend(_sends(a, placement, rank))
+            kind = a.kind
+            if kind is F:
+                if cross_in[a.stage]:
+                    append(Action(K.RECV_F, a.stage, a.microbatch))
+                append(a)
+                if cross_out[a.stage]:
+                    append(Action(K.SEND_F, a.stage, a.microbatch))
+            elif kind is B or kind is I:
+                if cross_out[a.stage]:
+                    append(Action(K.RECV_B, a.stage, a.microbatch))
+                append(a)
+                if cross_in[a.stage]:
+                    append(Action(K.SEND_B, a.stage, a.microbatch))
+            elif kind not in COMM_KINDS:
+                append(a)
         rows.append(out)
     return schedule.with_actions(rows)

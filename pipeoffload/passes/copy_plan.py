@@ -16,56 +16,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeoffload import semantics as sem
 from pipeoffload.costs import CostModel
+from pipeoffload.intervals import EPS, Intervals
 from pipeoffload.ir import Action, ActionKind
 
 K = ActionKind
-EPS = 1e-10
+_F, _B, _I, _W, _R = sem.F, sem.B, sem.I, sem.W, sem.R
 
 
-class Lane:
-    """Busy intervals of one exclusive resource (a copy engine or a shared host link)."""
-
-    __slots__ = ("ends", "starts")
-
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-        self.ends: list[float] = []
-
-    def conflict(self, t: float, duration: float) -> tuple[float, float] | None:
-        """The earliest busy interval overlapping [t, t + duration), or None.
-
-        A zero-length copy conflicts only with an interval it would sit strictly inside, because
-        the engine would still be busy when it is issued.
-        """
-        i = bisect.bisect_right(self.ends, t + EPS)
-        if i == len(self.starts):
-            return None
-        start = self.starts[i]
-        limit = t + duration - EPS if duration > 0 else t - EPS
-        return (start, self.ends[i]) if start < limit else None
-
-    def add(self, t: float, duration: float) -> None:
-        if duration <= 0:
-            return
-        i = bisect.bisect_left(self.starts, t)
-        self.starts.insert(i, t)
-        self.ends.insert(i, t + duration)
-
-    def remove(self, t: float, duration: float) -> None:
-        if duration <= 0:
-            return
-        i = bisect.bisect_left(self.starts, t - EPS)
-        del self.starts[i]
-        del self.ends[i]
-
-    def end_at_or_after(self, t: float) -> float | None:
-        i = bisect.bisect_left(self.ends, t - EPS)
-        return self.ends[i] if i < len(self.ends) else None
-
-    def end_at_or_before(self, t: float) -> float | None:
-        i = bisect.bisect_right(self.ends, t + EPS)
-        return self.ends[i - 1] if i else None
+Lane = Intervals  # a copy engine or a shared host link
 
 
 @dataclass(slots=True)
@@ -104,44 +64,46 @@ class RankTimeline:
         self.memory = self._baseline(actions, starts, ends, costs, recomputed)
 
     def _baseline(self, actions, starts, ends, costs, recomputed):  # type: ignore[no-untyped-def]
-        """Resident activation units at each point (frees before allocations at equal times)."""
-        where = {t: i for i, t in enumerate(self.point_list)}
-        at: list[int] = []
-        amounts: list[float] = []
-        found: dict[tuple[int, int], Activation] = {}
-        f_end: dict[tuple[int, int], float] = {}
-        per_stage: dict[int, tuple[float, float, float]] = {}
+        """Resident activation units at each point (frees before allocations at equal times), and the
+        activations the pass may move: each backward (B or I) of an activation not recomputed whose F
+        came earlier on the rank."""
+        n = len(actions)
+        points = self.points
+        if not n:
+            self.activations = {}
+            return np.zeros(len(points))
+        kind = np.fromiter((sem.CODE[a.kind] for a in actions), dtype=np.int64, count=n)
+        stage = np.fromiter((a.stage for a in actions), dtype=np.int64, count=n)
+        start, end = np.asarray(starts, dtype=float), np.asarray(ends, dtype=float)
+        num_stages = int(stage.max()) + 1
+        sizes = [(costs.act(s), costs.d2h(s), costs.h2d(s)) for s in range(num_stages)]
+        size = np.array([x[0] for x in sizes])[stage]
         keep = costs.w_fraction
-        F, B, I, W, R = K.F, K.B, K.I, K.W, K.R  # noqa: E741
-        for p, (a, start, end) in enumerate(zip(actions, starts, ends)):
-            kind, stage = a.kind, a.stage
-            sizes = per_stage.get(stage)
-            if sizes is None:
-                sizes = per_stage[stage] = (costs.act(stage), costs.d2h(stage), costs.h2d(stage))
-            size = sizes[0]
-            if kind is F:
-                key = (stage, a.microbatch)
-                f_end[key] = end
-                if key not in recomputed:
-                    at.append(where[start])
-                    amounts.append(size)
-            elif kind is R:
-                at.append(where[start])
-                amounts.append(size)
-            elif kind is W:
-                at.append(where[end])
-                amounts.append(-size * keep)
-            elif kind is B or kind is I:
-                key = (stage, a.microbatch)
-                at.append(where[end])
-                amounts.append(-size if kind is B else -size * (1.0 - keep))
-                if key not in recomputed and key in f_end:
-                    found[key] = Activation(stage, a.microbatch, size, f_end[key], start, p, sizes[1], sizes[2])
-        self.activations = found
-        delta = np.bincount(np.array(at, dtype=np.int64), weights=np.array(amounts, dtype=float),
-                            minlength=len(self.point_list))
+        is_f = kind == _F
+        if recomputed:
+            dropped = np.fromiter(((a.stage, a.microbatch) in recomputed for a in actions), dtype=bool, count=n)
+            is_f &= ~dropped
+        at_start = is_f | (kind == _R)
+        at_end = (kind == _W) | (kind == _B) | (kind == _I)
+        counted = at_start | at_end
+        amount = np.where(at_start, size, np.where(kind == _W, -size * keep,
+                                                   np.where(kind == _B, -size, -size * (1.0 - keep))))
+        at = np.searchsorted(points, np.where(at_start, start, end))
+        delta = np.bincount(at[counted], weights=amount[counted], minlength=len(points))
         memory = np.cumsum(delta)
         memory[np.abs(memory) < EPS] = 0.0
+        f_end: dict[tuple[int, int], float] = {}
+        found: dict[tuple[int, int], Activation] = {}
+        F, B, I = K.F, K.B, K.I  # noqa: E741
+        for p in np.flatnonzero((kind == _F) | (kind == _B) | (kind == _I)).tolist():
+            a = actions[p]
+            key = (a.stage, a.microbatch)
+            if a.kind is F:
+                f_end[key] = ends[p]
+            elif (a.kind is B or a.kind is I) and key not in recomputed and key in f_end:
+                x = sizes[a.stage]
+                found[key] = Activation(a.stage, a.microbatch, x[0], f_end[key], starts[p], p, x[1], x[2])
+        self.activations = found
         return memory
 
     def off_range(self, d2h_end: float, h2d_start: float) -> tuple[int, int]:
@@ -205,41 +167,58 @@ class CopyGroup:
         return self._lanes[(rank, direction)]
 
     def _next_start(self, rank: int, direction: str, t: float) -> float | None:
+        """The first start at or after ``t`` the simulator reproduces: a grid point or the end of a
+        copy on the engine (or, relaxed, on the shared link)."""
         lanes = self.lanes(rank, direction)
-        options = [self.timelines[rank].grid_ceil(t), lanes[0].end_at_or_after(t)]
-        if self.relaxed:
-            options.append(lanes[1].end_at_or_after(t))
-        found = [x for x in options if x is not None]
-        return min(found) if found else None
+        return _next_start(self.timelines[rank].clocks, lanes[0].ends, lanes[1].ends if self.relaxed else None, t)
 
     def _prev_start(self, rank: int, direction: str, t: float) -> float | None:
         lanes = self.lanes(rank, direction)
-        options = [self.timelines[rank].grid_floor(t), lanes[0].end_at_or_before(t)]
-        if self.relaxed:
-            options.append(lanes[1].end_at_or_before(t))
-        found = [x for x in options if x is not None]
-        return max(found) if found else None
+        return _prev_start(self.timelines[rank].clocks, lanes[0].ends, lanes[1].ends if self.relaxed else None, t)
 
     def earliest(self, rank: int, direction: str, t: float, duration: float, limit: float) -> float | None:
-        """The first valid start >= t (and <= limit) at which the copy fits on all its resources."""
+        """The first valid start >= t (and <= limit) at which the copy fits on all its resources.
+
+        The inner loop of the pass (a search per copy over the free gaps): written with locals.
+        """
         lanes = self.lanes(rank, direction)
-        cursor = self._next_start(rank, direction, t)
-        while cursor is not None and cursor <= limit + EPS:
-            blocked = [c[1] for c in (lane.conflict(cursor, duration) for lane in lanes) if c]
-            if not blocked:
+        clocks, engine = self.timelines[rank].clocks, lanes[0].ends
+        link = lanes[1].ends if self.relaxed else None
+        bound = limit + EPS
+        cursor = _next_start(clocks, engine, link, t)
+        while cursor is not None and cursor <= bound:
+            blocked = None  # the latest end among the intervals the copy would overlap
+            reach = cursor + duration - EPS if duration > 0 else cursor - EPS
+            for lane in lanes:
+                ends = lane.ends
+                i = bisect.bisect_right(ends, cursor + EPS)
+                if i < len(ends) and lane.starts[i] < reach and (blocked is None or ends[i] > blocked):
+                    blocked = ends[i]
+            if blocked is None:
                 return cursor
-            cursor = self._next_start(rank, direction, max(blocked))
+            cursor = _next_start(clocks, engine, link, blocked)
         return None
 
     def latest(self, rank: int, direction: str, t: float, duration: float, lower: float) -> float | None:
         """The last valid start <= t (and >= lower) at which the copy fits on all its resources."""
         lanes = self.lanes(rank, direction)
-        cursor = self._prev_start(rank, direction, t)
-        while cursor is not None and cursor >= lower - EPS:
-            blocked = [c[0] for c in (lane.conflict(cursor, duration) for lane in lanes) if c]
-            if not blocked:
+        clocks, engine = self.timelines[rank].clocks, lanes[0].ends
+        link = lanes[1].ends if self.relaxed else None
+        bound = lower - EPS
+        cursor = _prev_start(clocks, engine, link, t)
+        while cursor is not None and cursor >= bound:
+            blocked = None  # the earliest start among the intervals the copy would overlap
+            reach = cursor + duration - EPS if duration > 0 else cursor - EPS
+            for lane in lanes:
+                ends = lane.ends
+                i = bisect.bisect_right(ends, cursor + EPS)
+                if i < len(ends):
+                    start = lane.starts[i]
+                    if start < reach and (blocked is None or start < blocked):
+                        blocked = start
+            if blocked is None:
                 return cursor
-            cursor = self._prev_start(rank, direction, min(blocked) - duration)
+            cursor = _prev_start(clocks, engine, link, blocked - duration)
         return None
 
     def reserve(self, rank: int, direction: str, t: float, duration: float) -> None:
@@ -302,3 +281,35 @@ class CopyGroup:
             self.reserve(rank, "d2h", d2h, x.d2h)
             placed.append((rank, p))
         return placed, failed
+
+
+def _next_start(clocks: list[float], engine: list[float], link: list[float] | None, t: float) -> float | None:
+    """min(first grid point >= t, first engine end >= t[, first link end >= t]), within EPS."""
+    best = None
+    p = bisect.bisect_left(clocks, t - EPS)
+    if p < len(clocks):
+        best = clocks[p]
+    i = bisect.bisect_left(engine, t - EPS)
+    if i < len(engine) and (best is None or engine[i] < best):
+        best = engine[i]
+    if link is not None:
+        i = bisect.bisect_left(link, t - EPS)
+        if i < len(link) and (best is None or link[i] < best):
+            best = link[i]
+    return best
+
+
+def _prev_start(clocks: list[float], engine: list[float], link: list[float] | None, t: float) -> float | None:
+    """max(last grid point <= t, last engine end <= t[, last link end <= t]), within EPS."""
+    best = None
+    p = bisect.bisect_right(clocks, t + EPS) - 1
+    if p >= 0:
+        best = clocks[p]
+    i = bisect.bisect_right(engine, t + EPS)
+    if i and (best is None or engine[i - 1] > best):
+        best = engine[i - 1]
+    if link is not None:
+        i = bisect.bisect_right(link, t + EPS)
+        if i and (best is None or link[i - 1] > best):
+            best = link[i - 1]
+    return best

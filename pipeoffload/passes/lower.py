@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from pipeoffload._perf import gc_paused
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import COMM_KINDS, ActionKind, Schedule
@@ -24,6 +25,10 @@ from pipeoffload.validate import validate
 
 log = logging.getLogger(__name__)
 K = ActionKind
+
+# The memory policies ``lower`` takes, declared rather than read from its signature (a wrapper
+# without functools.wraps would hide them from the planner).
+POLICIES = ("offload", "recompute")
 
 
 def lower(schedule: Schedule, costs: CostModel | None = None, *, offload: OffloadPolicy | str = "none",
@@ -39,8 +44,20 @@ def lower(schedule: Schedule, costs: CostModel | None = None, *, offload: Offloa
 
 def lower_with_report(schedule: Schedule, costs: CostModel | None = None, *,
                       offload: OffloadPolicy | str = "none", recompute: RecomputePolicy | str = "none",
-                      check: bool = True) -> tuple[Schedule, OffloadReport]:
-    """``lower`` plus the offload pass's report (what was offloaded, what could not be hidden)."""
+                      check: bool = True, comms: bool = True, log_warnings: bool = True
+                      ) -> tuple[Schedule, OffloadReport]:
+    """``lower`` plus the offload pass's report (what was offloaded, what could not be hidden).
+
+    ``comms=False`` stops before SEND/RECV (the simulator times a schedule without them the same way).
+    The report's ``warnings`` hold what the passes could not do (e.g. a budget not met); they are also
+    logged unless ``log_warnings`` is False (a search collects them in its own report instead).
+    """
+    with gc_paused():  # the passes allocate many small acyclic objects: no cyclic GC passes meanwhile
+        return _lower(schedule, costs, offload, recompute, check, comms, log_warnings)
+
+
+def _lower(schedule: Schedule, costs: CostModel | None, offload: OffloadPolicy | str, recompute: RecomputePolicy | str,
+           check: bool, comms: bool, log_warnings: bool) -> tuple[Schedule, OffloadReport]:
     offload_policy, recompute_policy = OffloadPolicy.parse(offload), RecomputePolicy.parse(recompute)
     check_policies(offload_policy, recompute_policy)
     costs = recompute_policy.apply_to(costs or CostModel())
@@ -48,6 +65,11 @@ def lower_with_report(schedule: Schedule, costs: CostModel | None = None, *,
     if check:
         validate(source)
     planned, report = _memory_passes(source, costs, offload_policy, recompute_policy)
+    if log_warnings:
+        for warning in report.warnings:
+            log.warning("%s", warning)
+    if not comms:
+        return planned, report
     lowered = add_comms(planned)
     if check:
         validate(lowered)
@@ -90,7 +112,8 @@ def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
     per_rank = tuple(replace(r, peak_before=before[r.rank]) for r in report.per_rank)
     report = replace(report, per_rank=per_rank, recompute=str(recompute), recomputed=tuple(sorted(recomputed)))
     if report.budget_met is False:
-        log.warning("offload %s: cannot bring every rank to %g activation units; best planned peak %g",
-                    offload, report.budget, report.peak_after)
+        warning = (f"offload {offload}: cannot bring every rank to {report.budget:g} activation units; "
+                   f"best planned peak {report.peak_after:g}")
+        report = replace(report, warnings=(*report.warnings, warning))
     return planned, report
 

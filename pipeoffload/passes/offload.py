@@ -54,6 +54,7 @@ class OffloadReport:
     recompute: str = "none"
     recomputed: tuple[Key, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    warnings: tuple[str, ...] = field(default=())  # what the passes could not do (e.g. a budget not met)
 
     @property
     def offloaded(self) -> int:

@@ -7,11 +7,9 @@ state + the simulated activation peak.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from pipeoffload.planner.evaluate import (
-    V_FAMILIES,
     ScheduleChoice,
     SimSummary,
     lowering_options,
@@ -20,6 +18,7 @@ from pipeoffload.planner.evaluate import (
 )
 from pipeoffload.planner.plans import MemorySplit, Plan, PlanRequest
 from pipeoffload.planner.stagecosts import LayerCosts, Layout, StageCosts, setup_layer_costs, stage_costs
+from pipeoffload.schedules import get_spec
 
 
 def _divisors(n: int) -> list[int]:
@@ -55,21 +54,19 @@ def choices(req: PlanRequest, d: int, m: int) -> list[ScheduleChoice]:
     for family in req.families():
         if d == 1 and family != "1f1b":
             continue
-        if family in ("1f1b", "zb-h1", "zb-h2", "gpipe"):
-            vs: tuple[int, ...] = (1,)
-        elif family in V_FAMILIES:
-            vs = (2,)  # V placement: stages r and 2d-1-r on rank r
-        else:
+        spec = get_spec(family)
+        if spec.fixed_stages_per_rank:
+            vs: tuple[int, ...] = (spec.stages_per_rank,)  # e.g. V placement: stages r and 2d-1-r on rank r
+        elif spec.interleaved:
             vs = tuple(v for v in req.stages_per_rank if v >= 2)
+        else:
+            vs = (1,)
         for v in vs:
             if d * v > req.model.layers:
                 continue
             if family == "interleaved-1f1b" and m % d:
                 continue
-            groups: tuple[int | None, ...] = (None,)
-            if family == "group-interleaved":
-                groups = tuple(sorted({math.ceil(d / 2), d}))
-            for g in groups:
+            for g in spec.group_sizes(d):
                 for offload, recompute in _policies(req, v, d):
                     out.append(ScheduleChoice(family, v, g, offload, recompute))
     return out

@@ -10,20 +10,16 @@ confirms them (``SimSummary.exact``). Tests check all of this against full simul
 """
 from __future__ import annotations
 
-import inspect
-import logging
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from pipeoffload.costs import CostModel
-from pipeoffload.errors import ConfigError
-from pipeoffload.ir import COMM_KINDS, ActionKind
-from pipeoffload.passes.lower import lower
+from pipeoffload.ir import ActionKind, Schedule
+from pipeoffload.passes.lower import POLICIES, lower_with_report
 from pipeoffload.placement import Placement
 from pipeoffload.schedules import generate, get_spec
-from pipeoffload.simulate import Timeline, simulate
+from pipeoffload.simulate import Timeline, simulate_figures
 
 _TOL = 1e-6
 
@@ -65,6 +61,7 @@ class SimSummary:
     extrapolated: bool
     exact: bool = True  # False: an estimate from small sizes, to be confirmed by a full simulation
     changed: bool = False  # the lowering added OFFLOAD or R actions (else the plain schedule's twin)
+    warnings: tuple[str, ...] = ()  # what the memory passes could not do (collected, not logged)
 
     @property
     def bubble_ratio(self) -> float:
@@ -73,26 +70,26 @@ class SimSummary:
 
 
 def lowering_options() -> tuple[str, ...]:
-    """The memory policies ``lower`` accepts in this build (offload/recompute land separately)."""
-    params = inspect.signature(lower).parameters
-    return tuple(p for p in ("offload", "recompute") if p in params)
+    """The memory policies ``lower`` accepts (declared by ``passes.lower.POLICIES``)."""
+    return POLICIES
 
 
-def build(choice: ScheduleChoice, d: int, m: int, costs: CostModel):  # type: ignore[no-untyped-def]
-    """The lowered schedule of ``choice`` for d ranks and m microbatches."""
+def build(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> Schedule:
+    """The schedule of ``choice`` for d ranks and m microbatches, memory passes applied, without SEND/RECV:
+    the simulator models a schedule's transfers implicitly with the same result (tests check it)."""
+    return _build(choice, d, m, costs)[0]
+
+
+def _build(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> tuple[Schedule, tuple[str, ...]]:
+    """``build`` plus the warnings of the memory passes (a policy that cannot meet its target is
+    expected while exploring: the search reports it with the plan instead of logging it)."""
     schedule = _generate(choice, d, m, costs)
-    policies = {k: getattr(choice, k) for k in ("offload", "recompute") if getattr(choice, k) != "none"}
+    policies = {k: getattr(choice, k) for k in POLICIES if getattr(choice, k) != "none"}
     if not policies:
-        return schedule  # the simulator models transfers of a compute-only schedule identically, 2x faster
-    missing = sorted(set(policies) - set(lowering_options()))
-    if missing:
-        raise ConfigError(f"{', '.join(missing)} policies are not available in this build of lower(); "
-                          "use offload/recompute 'none'")
-    with _quiet("pipeoffload.passes"):  # a policy that cannot meet its target is expected while exploring
-        lowered = lower(schedule, costs, check=False, **policies)
-    # Drop SEND/RECV again: the simulator models a schedule's transfers implicitly with the same
-    # result (tests check it) at half the events.
-    return lowered.with_actions([[a for a in row if a.kind not in COMM_KINDS] for row in lowered.actions])
+        return schedule, ()
+    lowered, report = lower_with_report(schedule, costs, check=False, comms=False, log_warnings=False,
+                                        **policies)
+    return lowered, report.warnings
 
 
 def time_lower_bound(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> float:
@@ -109,49 +106,32 @@ def time_lower_bound(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -
     return best
 
 
-V_FAMILIES = ("zb-v", "v-half", "v-min", "1f1b-v", "dualpipe-v")
-# families whose warm-up lasts about two periods (their steady state starts after 2d microbatches)
-_SLOW_WARMUP = V_FAMILIES + ("zb-h1", "zb-h2")
-
-
-@contextmanager
-def _quiet(name: str) -> Iterator[None]:
-    """Raise logger ``name`` to ERROR for the duration (its level is restored afterwards)."""
-    logger = logging.getLogger(name)
-    old = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(old)
-
-
 def period(choice: ScheduleChoice, d: int, m: int) -> int | None:
-    """Microbatches after which the steady state repeats, or None when not known for this family."""
-    if choice.family == "1f1b":
-        return 1
-    if choice.family == "interleaved-1f1b":
-        return d if m % d == 0 else None  # otherwise its rounds change shape with m
-    if choice.family == "group-interleaved" and choice.group_size:
-        return choice.group_size
-    if choice.family in _SLOW_WARMUP:
-        return d
-    return None
+    """Microbatches after which the steady state repeats (the registry's fact), or None."""
+    return get_spec(choice.family).period(d, m, choice.group_size)
 
 
-def _generate(choice: ScheduleChoice, d: int, m: int, costs: CostModel | None):  # type: ignore[no-untyped-def]
-    options: dict[str, object] = {"group_size": choice.group_size} if choice.group_size is not None else {}
-    if costs is not None and "costs" in get_spec(choice.family).options():
+def _generate(choice: ScheduleChoice, d: int, m: int, costs: CostModel | None) -> Schedule:
+    cost_aware = costs is not None and "costs" in get_spec(choice.family).options
+    return _generated(choice.family, choice.stages_per_rank, choice.group_size, d, m, costs if cost_aware else None)
+
+
+@lru_cache(maxsize=64)
+def _generated(family: str, v: int, group_size: int | None, d: int, m: int, costs: CostModel | None) -> Schedule:
+    """A family's compute-only schedule, memoised: a schedule's memory-policy variants and its small-size
+    estimates lower the same schedule (generators are pure and schedules immutable, so sharing is safe)."""
+    options: dict[str, object] = {"group_size": group_size} if group_size is not None else {}
+    if costs is not None:
         options["costs"] = costs  # cost-aware families place W by the real stage times
-    return generate(choice.family, d, m, choice.stages_per_rank, **options)
+    return generate(family, d, m, v, **options)
 
 
 def placement_of(choice: ScheduleChoice, d: int) -> Placement:
-    """The family's stage -> rank map for d ranks (loop or V)."""
-    return _generate(choice, d, 1, None).placement
+    """The family's stage -> rank map for d ranks (loop or V), from the registry."""
+    return get_spec(choice.family).placement_for(d, choice.stages_per_rank)
 
 
-def _summary(timeline: Timeline, extrapolated: bool = False) -> SimSummary:
+def _summary(timeline: Timeline, extrapolated: bool = False, warnings: tuple[str, ...] = ()) -> SimSummary:
     ranks = timeline.per_rank
     added = (ActionKind.OFFLOAD, ActionKind.R)
     return SimSummary(
@@ -162,6 +142,24 @@ def _summary(timeline: Timeline, extrapolated: bool = False) -> SimSummary:
         host_units=tuple(r.peak_host_units for r in ranks),
         stall=tuple(r.stall for r in ranks),
         extrapolated=extrapolated,
+        warnings=warnings,
+    )
+
+
+def _simulated(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> SimSummary:
+    """Simulate the built schedule for its figures only (no per-action timeline: equal figures, faster)."""
+    schedule, warnings = _build(choice, d, m, costs)
+    figures = simulate_figures(schedule, costs)
+    added = (ActionKind.OFFLOAD, ActionKind.R)
+    return SimSummary(
+        changed=any(a.kind in added for row in schedule.actions for a in row),
+        makespan=figures.makespan,
+        busy=figures.busy,
+        peak_units=figures.peak_activation_units,
+        host_units=figures.peak_host_units,
+        stall=figures.stall,
+        extrapolated=False,
+        warnings=warnings,
     )
 
 
@@ -181,13 +179,13 @@ def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
     p = period(choice, d, m)
     if p:
         p = p * math.ceil(d / p)  # latency-bound pipelines can alternate with a cycle of up to d microbatches
-    m1 = _small_size(m, d, p, 2 if choice.family in _SLOW_WARMUP else 1) if p else None
+    m1 = _small_size(m, d, p, get_spec(choice.family).warmup_periods) if p else None
     if not extrapolate or m1 is None:
         return _full(choice, d, m, costs)
     assert p is not None
     if base is not None and base.extrapolated and not choice.periodic():
         return _policy_estimate(choice, d, m, costs, base, min(m1, p * math.ceil((d + 4) / p)))
-    sims = [_summary(simulate(build(choice, d, size, costs), costs)) for size in (m1, m1 + p, m1 + 2 * p)]
+    sims = [_simulated(choice, d, size, costs) for size in (m1, m1 + p, m1 + 2 * p)]
     spent = 3 * m1 + 3 * p
     while not _steady(*sims[-3:]):
         size = m1 + len(sims) * p
@@ -195,7 +193,7 @@ def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
             return _full(choice, d, m, costs)
         if spent + size >= m or size + p > m:
             break  # an estimate from the last window; the caller confirms it before showing it
-        sims.append(_summary(simulate(build(choice, d, size, costs), costs)))
+        sims.append(_simulated(choice, d, size, costs))
         spent += size
     a, b = sims[-2], sims[-1]
     size_b = m1 + (len(sims) - 1) * p
@@ -210,11 +208,12 @@ def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
         extrapolated=True,
         exact=steady and choice.periodic(),
         changed=b.changed,
+        warnings=b.warnings,
     )
 
 
 def _full(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> SimSummary:
-    return _summary(simulate(build(choice, d, m, costs), costs))
+    return _simulated(choice, d, m, costs)
 
 
 def _steady(a: SimSummary, b: SimSummary, c: SimSummary) -> bool:
@@ -228,8 +227,8 @@ def _policy_estimate(choice: ScheduleChoice, d: int, m: int, costs: CostModel, b
                      size: int) -> SimSummary:
     """One small lowering of a choice with offload or cost-driven recompute: its memory, and the time it
     adds to the plain schedule at that size, scaled to m. An estimate, confirmed before it is shown."""
-    one = _summary(simulate(build(choice, d, size, costs), costs))
-    plain = _summary(simulate(build(replace(choice, offload="none", recompute="none"), d, size, costs), costs))
+    one = _simulated(choice, d, size, costs)
+    plain = _simulated(replace(choice, offload="none", recompute="none"), d, size, costs)
     scale = m / size
     return SimSummary(
         makespan=base.makespan + max(0.0, one.makespan - plain.makespan) * scale,
@@ -240,6 +239,7 @@ def _policy_estimate(choice: ScheduleChoice, d: int, m: int, costs: CostModel, b
         extrapolated=True,
         exact=False,
         changed=one.changed,
+        warnings=one.warnings,
     )
 
 

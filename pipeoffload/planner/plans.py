@@ -139,6 +139,15 @@ class SearchResult:
     def pareto(self) -> list[Plan]:
         return pareto_front(self.fitting)
 
+    def warnings(self, n: int = 5) -> list[str]:
+        """What the memory passes could not do for the plans shown (the best ``n`` and the Pareto
+        frontier), each once with its plan: a search collects them instead of logging them."""
+        out: dict[str, None] = {}
+        for plan in self.best(n) + self.pareto():
+            for warning in plan.sim.warnings if plan.sim is not None else ():
+                out[f"{plan.layout} {plan.choice.label()}: {warning}"] = None
+        return list(out)
+
     def best_by_tp(self) -> dict[int, Plan]:
         out: dict[int, Plan] = {}
         for plan in self.fitting:

@@ -4,12 +4,10 @@ from __future__ import annotations
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.placement import Placement
-from pipeoffload.schedules import register
 
 F, B = ActionKind.F, ActionKind.B
 
 
-@register("gpipe", "all forwards, then all backwards; memory grows with microbatches (peak m)")
 def gpipe(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Schedule:
     """GPipe (and looped BFS when stages_per_rank > 1).
 
@@ -27,7 +25,6 @@ def gpipe(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Sc
     return Schedule(tuple(rows), placement, m, "gpipe")
 
 
-@register("1f1b", "one-forward-one-backward (PipeDream-flush); rank r holds at most d-r microbatches")
 def one_f_one_b(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Schedule:
     """1F1B.
 
@@ -52,11 +49,6 @@ def one_f_one_b(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1)
     return Schedule(tuple(rows), placement, m, "1f1b")
 
 
-@register(
-    "interleaved-1f1b",
-    "Megatron interleaved 1F1B: v stages per rank in a loop, bubble / v, memory about 1F1B's",
-    aliases=("interleaved",),
-)
 def interleaved_1f1b(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2) -> Schedule:
     """Megatron-style interleaved 1F1B on loop placement.
 

@@ -14,7 +14,6 @@ from collections import deque
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.placement import Placement
-from pipeoffload.schedules import register
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 
@@ -56,12 +55,12 @@ class _Rank:
 def _rank_order(d: int, m: int, rank: int) -> list[Action]:
     r = _Rank(d, rank)
     first, last, ahead = r.first, r.last, d - rank - 1
-    for _ in range(2 * ahead):  # 1: chunk-0 forwards that fill the V down to the last rank
+    for _ in range(2 * ahead):  # 1: local stage 0 forwards that fill the V down to the last rank
         r.forward(first)
-    for _ in range(rank + 1):  # 2: both chunks' forwards
+    for _ in range(rank + 1):  # 2: both local stages' forwards
         r.forward(first)
         r.forward(last)
-    for _ in range(ahead):  # 3: zero-bubble warm-up on chunk 1
+    for _ in range(ahead):  # 3: zero-bubble warm-up on local stage 1
         r.backward(last, split=True)
         r.weight()
         r.forward(last)
@@ -72,18 +71,18 @@ def _rank_order(d: int, m: int, rank: int) -> list[Action]:
         else:
             r.pair(first, last)
         r.pair(last, first)
-    for _ in range(ahead):  # 5: chunk-1 backwards as the forwards run out
+    for _ in range(ahead):  # 5: local stage 1 backwards as the forwards run out
         r.backward(last, split=False)
         r.pair(last, first)
     half = (rank + 1) // 2
-    for step in range(rank + 1):  # 6: both chunks' backwards, switching to I + W half-way
+    for step in range(rank + 1):  # 6: both local stages' backwards, switching to I + W half-way
         if step == half and rank % 2 == 1:
             r.split = True
         r.backward(last)
         if step == half and rank % 2 == 0:
             r.split = True
         r.backward(first)
-    for _ in range(ahead):  # 7: chunk-0 backwards, each after an owed W
+    for _ in range(ahead):  # 7: local stage 0 backwards, each after an owed W
         r.weight()
         r.backward(first)
     while r.owed_w:  # 8: the remaining W passes
@@ -91,7 +90,6 @@ def _rank_order(d: int, m: int, rank: int) -> list[Action]:
     return r.order
 
 
-@register("dualpipe-v", "DualPipeV: V placement, forward/backward pairs (overlapped in MoE runtimes), d+1/2 rank units")
 def dualpipe_v(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2) -> Schedule:
     """DualPipeV (DeepSeek-V3's DualPipe folded onto half the ranks).
 
@@ -101,7 +99,7 @@ def dualpipe_v(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2) 
     DeepSeek's and torch's implementations require m >= 2d (the number of stages); for fewer
     microbatches this builds the order for 2d and drops the passes of the missing ones (the order
     stays valid: a test checks every m from 1).
-    Peak about d + 1/2 rank units: the pairs keep one more chunk-0 activation than ZB-V. In our IR
+    Peak about d + 1/2 rank units: the pairs keep one more local stage 0 activation than ZB-V. In our IR
     the pairs run back to back, so its bubble here matches ZB-V's with unit costs; its gain (hiding
     MoE all-to-all under the paired pass) is outside this cost model.
     """

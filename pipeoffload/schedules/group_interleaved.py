@@ -22,7 +22,6 @@ from math import gcd
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.placement import Placement
-from pipeoffload.schedules import register
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 
@@ -45,10 +44,10 @@ def _check(num_ranks: int, group_size: int, backward: str) -> None:
 
 
 def rank_order(rank: int, num_ranks: int, num_microbatches: int, stages_per_rank: int,
-               group_size: int) -> list[tuple[int, str, int, int]]:
-    """(slot, pass, local stage, microbatch) for every pass of one rank, sorted by slot.
+               group_size: int) -> list[tuple[int, ActionKind, int, int]]:
+    """(slot, kind, local stage, microbatch) for every pass of one rank, sorted by slot.
 
-    ``pass`` is "F", "B" (the input-gradient backward) or "W".
+    ``kind`` is F, I (the input-gradient backward; a B with ``backward="full"``) or W.
     """
     d, v, g, i = num_ranks, stages_per_rank, group_size, rank
     spacing = -(-default_group_size(d) // g)  # k: groups of one stage are spaced k*3g slots apart
@@ -63,20 +62,14 @@ def rank_order(rank: int, num_ranks: int, num_microbatches: int, stages_per_rank
         q, j = divmod(mb, g)
         base = 3 * g * v * q + 3 * j
         for c in range(v):
-            slots.append((base + offset(c) + i, "F", c, mb))
+            slots.append((base + offset(c) + i, F, c, mb))
             back = base + last_f + 3 * (d - 1 - i) + 1 + offset(v - 1 - c)
-            slots.append((back, "B", c, mb))
-            slots.append((back + 1, "W", c, mb))
+            slots.append((back, I, c, mb))
+            slots.append((back + 1, W, c, mb))
     slots.sort()
     return slots
 
 
-@register(
-    "group-interleaved",
-    "PipeOffload's interleaved 1F1B: g microbatches pass each stage back to back; "
-    "peak g(v-1)+d units, I/W split (or --backward full)",
-    aliases=("pipeoffload",),
-)
 def group_interleaved(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2, *,
                       group_size: int | None = None, backward: str = "split") -> Schedule:
     """Group-interleaved 1F1B on loop placement (stage c d + i on rank i).
@@ -95,9 +88,9 @@ def group_interleaved(num_ranks: int, num_microbatches: int, stages_per_rank: in
         stages = placement.stages_of(rank)
         row = []
         for _, kind, c, mb in rank_order(rank, d, m, v, g):
-            if kind == "F":
+            if kind is F:
                 row.append(Action(F, stages[c], mb))
-            elif kind == "B":
+            elif kind is I:
                 row.append(Action(B if full else I, stages[c], mb))
             elif not full:
                 row.append(Action(W, stages[c], mb))

@@ -1,15 +1,15 @@
-"""V-shape families: rank r holds stages r (chunk 0) and 2d-1-r (chunk 1); the last stage is on rank 0.
+"""V-shape families: rank r holds stages r (local stage 0) and 2d-1-r (local stage 1); the last stage is on rank 0.
 
 - ``zb-v``: zero bubble with 1F1B's memory (d rank units = 2d activation units).
 - ``v-half`` / ``v-min``: the controllable-memory building blocks, about 1/2 and 1/3 of that memory.
 - ``1f1b-v``: ZB-V's order without the I/W split (full B), 1F1B's memory.
 
 V-Half and V-Min start from a repeating *building block*: microbatch k's four passes on rank i sit at
-slots 6k + (offset of F chunk 0, F chunk 1, I chunk 1, I chunk 0), one slot per pass, so every pass
+slots 6k + (offset of F local stage 0, F local stage 1, I local stage 1, I local stage 0), one slot per pass, so every pass
 type repeats every 6 slots and the two free slots per period take the W passes (oldest first). The
 offsets are chosen so that each pass comes one slot after its producer on the neighbouring rank and
 no two passes of a rank share a slot modulo 6. The blocks then go through a *squeeze*: in the
-warm-up (before rank 0's first chunk-0 backward) and the cool-down (after rank 0's last forward)
+warm-up (before rank 0's first local stage 0 backward) and the cool-down (after rank 0's last forward)
 every pass moves to the earliest free slot its inputs allow, as long as no rank goes above the
 block's peak (the highest rank's). The squeezed order of F and I passes is finally replayed in time under the cost model with
 W passes filling the gaps (``zero_bubble.fill_weight_passes``), capped at the block's own peak, and
@@ -25,7 +25,6 @@ from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.placement import Placement
-from pipeoffload.schedules import register
 from pipeoffload.schedules.zero_bubble import Filled, fill_weight_passes
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
@@ -43,7 +42,7 @@ def _two_stages(name: str, stages_per_rank: int) -> None:
 
 
 def v_min_offsets(d: int, rank: int) -> tuple[int, int, int, int]:
-    """Slots of (F chunk 0, F chunk 1, I chunk 1, I chunk 0): the tightest chain, lifespans ~4d slots."""
+    """Slots of (F local stage 0, F local stage 1, I local stage 1, I local stage 0): the tightest chain, lifespans ~4d slots."""
     gap = 2 if d % 3 == 0 else 0  # keeps the four passes apart modulo 6
     return rank, 2 * d - 1 - rank, 2 * d + gap + rank, 4 * d + gap - 1 - rank
 
@@ -87,8 +86,8 @@ def squeeze(grids: list[Grid], m: int, act: Callable[[int], float]) -> list[Grid
 
     Passes are visited in slot order (all ranks). A pass may move to any free slot after its inputs
     (previous-rank forward, next-stage backward, its own F or I) and after the same pass of the
-    previous microbatch. Steady-state passes, between rank 0's first chunk-0 backward and its last
-    chunk-0 forward, keep their slots: the block is already dense there.
+    previous microbatch. Steady-state passes, between rank 0's first local stage 0 backward and its last
+    local stage 0 forward, keep their slots: the block is already dense there.
     """
     length = 1 + max(max(g) for g in grids)
     profiles = [_memory_profile(g, act, length) for g in grids]
@@ -174,15 +173,14 @@ def _block_schedule(name: str, d: int, m: int, offsets: Callable[[int, int], Seq
     return Schedule(_best_of(placement, rows, costs).rows, placement, m, name)
 
 
-@register("v-half", "V-shape controllable memory: about half of 1F1B's activation memory, small bubble")
 def v_half(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2, *,
            costs: CostModel | None = None) -> Schedule:
-    """V-Half: building block (F chunk0, F chunk1, I chunk1, I chunk0) at slots
+    """V-Half: building block (F local stage 0, F local stage 1, I local stage 1, I local stage 0) at slots
     (2i, 3d-2-i, 3d+g+2i-1, 6d+g-2-i) + 6k on rank i, g = 3 for even d (else 0), then squeezed.
 
-    rank r: warm-up = chunk-0 forwards (squeezed forward as far as memory allows) | steady: every 6
-            slots one F and one I per chunk and two W | cool-down: the I chains with W's between.
-    d=4, m=8, first 32 of 53 slots (0.5 per pass; lowercase: chunk 1, the stage 2d-1-r):
+    rank r: warm-up = local stage 0 forwards (squeezed forward as far as memory allows) | steady: every 6
+            slots one F and one I per local stage and two W | cool-down: the I chains with W's between.
+    d=4, m=8, first 32 of 53 slots (0.5 per pass; lowercase: local stage 1, the stage 2d-1-r):
         r0  F0 F1 F2 F3 F4 .  .  f0 i0 w0 f1 i1 w1 f2 .  .  I0 i2 W0 f3 w2 F5 I1 i3 W1 f4 w3 F6 I2 i4 W2 f5 ...
         r1  .  F0 F1 F2 F3 .  f0 .  f1 i0 w0 f2 i1 w1 .  I0 F4 W0 f3 i2 I1 w2 F5 W1 f4 i3 I2 w3 F6 W2 f5 i4 ...
         r2  .  .  F0 F1 F2 f0 .  f1 .  f2 i0 w0 F3 i1 I0 w1 W0 f3 F4 I1 i2 W1 w2 f4 F5 I2 i3 W2 w3 f5 F6 I3 ...
@@ -195,16 +193,15 @@ def v_half(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2, *,
     return _block_schedule("v-half", num_ranks, num_microbatches, v_half_offsets, costs)
 
 
-@register("v-min", "V-shape controllable memory: about a third of 1F1B's activation memory")
 def v_min(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2, *,
           costs: CostModel | None = None) -> Schedule:
-    """V-Min: building block (F chunk0, F chunk1, I chunk1, I chunk0) at slots
+    """V-Min: building block (F local stage 0, F local stage 1, I local stage 1, I local stage 0) at slots
     (i, 2d-1-i, 2d+g+i, 4d+g-1-i) + 6k on rank i, g = 2 when 3 divides d (else 0): every pass
     follows its producer with no slack, so activations live as short as the chain allows.
 
-    rank r: warm-up = chunk-0 forwards until memory is full, chunk-1 forwards on the way back
+    rank r: warm-up = local stage 0 forwards until memory is full, local stage 1 forwards on the way back
             | steady: every 6 slots F F I I and two W | cool-down: the I chains with W's between.
-    d=4, m=8, first 32 of 59 slots (0.5 per pass; lowercase: chunk 1):
+    d=4, m=8, first 32 of 59 slots (0.5 per pass; lowercase: local stage 1):
         r0  F0 F1 F2 .  .  .  .  f0 i0 w0 f1 i1 .  .  .  I0 w1 W0 F3 f2 i2 I1 w2 W1 F4 f3 i3 I2 w3 W2 F5 f4 ...
         r1  .  F0 F1 .  .  .  f0 .  f1 i0 w0 F2 .  .  I0 i1 W0 w1 f2 F3 I1 i2 W1 w2 f3 F4 I2 i3 W2 w3 f4 F5 ...
         r2  .  .  F0 F1 .  f0 .  f1 .  .  i0 w0 F2 I0 W0 .  i1 f2 w1 I1 F3 W1 i2 f3 w2 I2 F4 W2 i3 f4 w3 I3 ...
@@ -264,8 +261,6 @@ def zb_v_rows(d: int, m: int, split: bool = True) -> list[list[Action]]:
     return rows
 
 
-@register("zb-v", "zero bubble V: 1F1B's memory (d rank units), near-zero bubble, twice the P2P traffic",
-          aliases=("zbv",))
 def zb_v(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2, *,
          costs: CostModel | None = None) -> Schedule:
     """ZB-V: the zero-bubble order on V placement (two half-depth stages per rank).
@@ -273,7 +268,7 @@ def zb_v(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2, *,
     rank r (s0 = r, s1 = 2d-1-r): warm-up = 2(d-r)-1 F s0, r x (F s1, F s0), (d-r) x (F s1 I s1 W s1)
             | steady: F s0 I s0 W s0 F s1 I s1 W s1 | cool-down: r x (I s0 I s1), (d-r) x (I s0 W s0),
             then the held W s1 and W s0.
-    d=4, m=8, first 32 of 51 slots (0.5 per pass; lowercase: chunk 1):
+    d=4, m=8, first 32 of 51 slots (0.5 per pass; lowercase: local stage 1):
         r0  F0 F1 F2 F3 F4 F5 F6 f0 i0 w0 f1 i1 w1 f2 i2 w2 f3 i3 w3 F7 I0 W0 f4 i4 w4 I1 W1 f5 i5 w5 I2 W2 ...
         r1  .  F0 F1 F2 F3 F4 f0 F5 f1 i0 w0 f2 i1 w1 f3 i2 w2 F6 I0 W0 f4 i3 w3 F7 I1 W1 f5 i4 w4 I2 W2 f6 ...
         r2  .  .  F0 F1 F2 f0 F3 f1 F4 f2 i0 w0 f3 i1 w1 F5 I0 W0 f4 i2 w2 F6 I1 W1 f5 i3 w3 F7 I2 W2 f6 i4 ...
@@ -290,13 +285,12 @@ def zb_v(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2, *,
     return Schedule(best.rows, placement, num_microbatches, "zb-v")
 
 
-@register("1f1b-v", "1F1B on V placement (full backward, no I/W split): 1F1B's memory, bubble between 1F1B and ZB-V")
 def one_f_one_b_v(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2) -> Schedule:
     """1F1B-V: ZB-V's forward/backward order with each I and W merged into one full B.
 
     rank r (s0 = r, s1 = 2d-1-r): warm-up = 2(d-r)-1 F s0, r x (F s1, F s0), (d-r) x (F s1 B s1)
             | steady: F s0 B s0 F s1 B s1 | cool-down: r x (B s0 B s1), then (d-r) x B s0.
-    d=4, m=8, first 32 of 60 slots (0.5 per slot, a B takes two; lowercase: chunk 1):
+    d=4, m=8, first 32 of 60 slots (0.5 per slot, a B takes two; lowercase: local stage 1):
         r0  F0 F1 F2 F3 F4 F5 F6 f0 b0 .  f1 b1 .  f2 b2 .  f3 b3 .  F7 .  .  .  B0 .  f4 b4 .  .  B1 .  f5 ...
         r1  .  F0 F1 F2 F3 F4 f0 F5 f1 .  b0 .  f2 b1 .  f3 b2 .  F6 .  .  B0 .  f4 b3 .  F7 B1 .  f5 b4 .  ...
         r2  .  .  F0 F1 F2 f0 F3 f1 F4 f2 .  .  b0 .  f3 b1 .  F5 .  B0 .  f4 b2 .  F6 B1 .  f5 b3 .  F7 B2 ...

@@ -27,7 +27,6 @@ from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.placement import Placement
-from pipeoffload.schedules import register
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 _EPS = 1e-9
@@ -149,9 +148,11 @@ class _Replay:
                 clock = start + self.t_b[s]
                 self.end_i[s][a.microbatch] = clock
                 mem -= act[s]
-            else:  # a W pinned in the skeleton
+            elif kind == W:  # a W pinned in the skeleton
                 clock = start + t_w[s]
                 mem -= act[s] * kept
+            else:
+                raise ValueError(f"{a}: the W-filling replay times F, I, B and W only; lower the schedule after it")
             row.append(a)
             pointer += 1
         self.clock[rank], self.mem[rank], self.peak[rank], self.pointer[rank] = clock, mem, peak, pointer
@@ -269,8 +270,6 @@ def zb_h1_rows(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) 
     return rows
 
 
-@register("zb-h1", "zero bubble H1: 1F1B's peak memory (d units), W deferred into the bubbles; bubble ~1/3 of 1F1B's",
-          aliases=("zb1p",))
 def zb_h1(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Schedule:
     """ZB-H1: 1F1B with the backward split into I and W; W passes are held back to fill bubbles.
 
@@ -304,7 +303,6 @@ def zb_h2_warmups(num_ranks: int) -> list[int]:
     return [2 * (num_ranks - r) - 1 for r in range(num_ranks)]
 
 
-@register("zb-h2", "zero bubble H2: about twice 1F1B's memory (2d units), near-zero bubble")
 def zb_h2(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Schedule:
     """ZB-H2: enough warm-up forwards to cover the round trip, W passes fill every remaining gap.
 
@@ -359,8 +357,6 @@ def _warmup_grid(d: int, m: int, limits: Sequence[float], costs: CostModel) -> l
     return sorted(grid)
 
 
-@register("zb", "memory-limited zero bubble: greedy W filling under a per-rank activation limit and a cost model",
-          aliases=("zb-auto",))
 def zb(
     num_ranks: int,
     num_microbatches: int,

@@ -7,7 +7,6 @@ rule and the fix. This module never imports torch, so a bad value is refused in 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import sys
 from dataclasses import asdict, dataclass, fields, replace
@@ -187,8 +186,8 @@ def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) ->
           f"(global_batch/dp); e.g. microbatches={_divisor_near(per_replica, cfg.microbatches)}")
     if cfg.tp > 1:
         _need(cfg.heads % cfg.tp == 0, f"tp={cfg.tp}: must divide heads={cfg.heads}")
-        _need(importlib.util.find_spec("pipeoffload.models.tensor_parallel") is not None,
-              f"tp={cfg.tp}: this installation has no pipeoffload.models.tensor_parallel; use tp=1")
+        _need(cfg.seq_len % cfg.tp == 0,
+              f"seq_len={cfg.seq_len}: sequence parallelism needs it divisible by tp={cfg.tp}")
     _check_tokenizer(cfg.tokenizer)
     if cfg.data and data_exists:
         _need(Path(cfg.data).exists(), f"data={cfg.data!r}: no such file or folder")

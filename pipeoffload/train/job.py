@@ -65,7 +65,7 @@ def gpt_rank(ctx: Any, cfg: TrainConfig, resume_from: str | None) -> dict[str, A
     schedule = lowered_schedule(cfg)
     model = gpt_rank_model(cfg, corpus.vocab_size, schedule, ctx.pp_rank, ctx.device)
     if cfg.tp > 1:
-        apply_tensor_parallel(model, ctx.tp_mesh())
+        apply_tensor_parallel(model, ctx.tp_mesh(), seq_len=cfg.seq_len)
     trainer = Trainer(cfg, ctx, schedule, model, lm_loss, TokenBatches(corpus, cfg), run_dir)
     return trainer.fit(Path(resume_from) if resume_from else None)
 

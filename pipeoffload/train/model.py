@@ -13,9 +13,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from pipeoffload.ir import Schedule
 from pipeoffload.models import GPTConfig, StageModule, even_counts, gpt_layers
+from pipeoffload.models.tensor_parallel import parallelize_gpt_stage
 from pipeoffload.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -81,19 +83,7 @@ def gpt_rank_model(cfg: TrainConfig, vocab: int, schedule: Schedule, pp_rank: in
     return from_layers(layers, schedule, pp_rank)
 
 
-def apply_tensor_parallel(model: RankModel, tp_mesh: object) -> None:
-    """Shard the GPT blocks of each stage over ``tp_mesh`` (``pipeoffload.models.tensor_parallel``)."""
-    try:
-        from pipeoffload.models.tensor_parallel import parallelize_gpt_stage  # type: ignore[import-not-found]
-    except ImportError as err:
-        raise RuntimeError(f"tp>1 needs pipeoffload.models.tensor_parallel.parallelize_gpt_stage ({err})") from None
+def apply_tensor_parallel(model: RankModel, tp_mesh: DeviceMesh, seq_len: int | None = None) -> None:
+    """Shard the GPT blocks of each stage over ``tp_mesh`` (column/row parallel, sequence parallel)."""
     for stage in model.stages.values():
-        parallelize_gpt_stage(stage, tp_mesh)
-
-
-def tensor_parallel_available() -> bool:
-    try:
-        from pipeoffload.models.tensor_parallel import parallelize_gpt_stage  # type: ignore[import-not-found]  # noqa: F401
-    except ImportError:
-        return False
-    return True
+        parallelize_gpt_stage(stage, tp_mesh, seq_len=seq_len)

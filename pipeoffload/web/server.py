@@ -115,7 +115,7 @@ def route(path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, str, byte
     try:
         if path == "/api/families":
             out: Any = [{"name": s.name, "summary": s.summary, "stages_per_rank": s.default_stages_per_rank(),
-                         "options": list(s.options())} for s in schedule_specs()]
+                         "options": list(s.options)} for s in schedule_specs()]
         elif path == "/api/simulate":
             out = simulate_query(query)[2]
         elif path == "/api/chart":

@@ -107,8 +107,6 @@ def test_two_torchrun_nodes_pipeline_only_equal_one_process_bitwise(tmp_path: Pa
         assert max(m["host_bytes"]) > 0  # offload all put activations on the host
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pipeoffload.models.tensor_parallel") is None,
-                    reason="pipeoffload.models.tensor_parallel is not in this build")
 def test_pp_x_tp_close_to_one_process() -> None:
     """2 pipeline x 2 tensor-parallel ranks: the losses within 1e-5 of one process."""
     results = run_ranks(gpt_params, validate(replace(BASE, pp=2, tp=2, nproc=4)))

@@ -1,6 +1,6 @@
 """Golden text forms of small configurations of every classic generator.
 
-Regenerate after an intended change with ``PIPEOFFLOAD_REGEN_GOLDEN=1 pytest tests/unit/test_golden.py``.
+Regenerate after an intended change with ``python -m tests.regen_golden``.
 Families added by other modules keep their own golden tests next to their unit tests.
 """
 

@@ -1,7 +1,7 @@
 """group-interleaved (PipeOffload's interleaved 1F1B): order, validity, memory and bubble formulas.
 
 Uniform costs F = I = W = 1 per stage and zero communication, as the formulas assume.
-Regenerate golden files with ``PIPEOFFLOAD_REGEN_GOLDEN=1 pytest tests/unit/test_group_interleaved.py``.
+Regenerate golden files with ``python -m tests.regen_golden``.
 """
 from __future__ import annotations
 

@@ -103,8 +103,6 @@ def test_tensor_parallel_adds_collective_time_to_f_and_i_only() -> None:
     assert four.time_b is not None and four.time_b < four.time_i + four.time_w  # B overlaps with wgrad
 
 
-needs_policies = pytest.mark.skipif(set(lowering_options()) != {"offload", "recompute"},
-                                    reason="offload/recompute policies not in this build of lower()")
 POLICY_GRID = [(fam, d, v, g, m, pol, k)
                for fam, d, v, g, m, pol, k in itertools.product(
                    ["1f1b", "group-interleaved"], [2, 4, 8], [1, 2, 3], [None, "half", "full"], [32, 48],
@@ -121,7 +119,6 @@ def _size(g: str | None, d: int) -> int | None:
     return None if g is None else ((d + 1) // 2 if g == "half" else d)
 
 
-@needs_policies
 @pytest.mark.parametrize("fam, d, v, g, m, pol, k", POLICY_GRID[::5])
 def test_policy_schedules_bounds_and_estimates(fam: str, d: int, v: int, g: str | None, m: int,
                                                pol: tuple[str, str], k: float) -> None:
@@ -142,7 +139,6 @@ def test_policy_schedules_bounds_and_estimates(fam: str, d: int, v: int, g: str 
         assert fast.host_units == pytest.approx(full.host_units)
 
 
-@needs_policies
 @pytest.mark.parametrize("fam, d, v, g, m, pol, k", POLICY_GRID[1::9])
 def test_schedules_simulate_the_same_without_their_send_and_recv(fam: str, d: int, v: int, g: str | None,
                                                                   m: int, pol: tuple[str, str], k: float) -> None:
@@ -175,3 +171,20 @@ def test_extrapolation_with_real_stage_costs(family: str, v: int, g: int | None,
     assert fast.makespan == pytest.approx(full.makespan, rel=1e-9)
     assert fast.peak_units == pytest.approx(full.peak_units)
     assert 0 <= fast.bubble_ratio < 1
+
+
+def test_lowering_policies_are_declared_not_read_from_a_signature() -> None:
+    assert set(lowering_options()) == {"offload", "recompute"}
+
+
+def test_a_search_collects_pass_warnings_instead_of_muting_the_logger(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    logger = logging.getLogger("pipeoffload.passes")
+    level = logger.level
+    costs = _policy_costs(4, 2, 1.5)
+    with caplog.at_level(logging.WARNING):
+        sim = simulate_choice(ScheduleChoice("group-interleaved", 2, 4, "budget:0", "none"), 4, 16, costs,
+                              extrapolate=False)
+    assert any("cannot bring every rank to 0" in w for w in sim.warnings)
+    assert "cannot bring" not in caplog.text and logger.level == level

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeoffload.cli import main
-from pipeoffload.planner.evaluate import lowering_options, placement_of, simulate_choice
+from pipeoffload.planner.evaluate import placement_of, simulate_choice
 from pipeoffload.planner.hardware import GIB, hardware_preset
 from pipeoffload.planner.presets import model_preset
 from pipeoffload.planner.search import InfeasibleError, PlanRequest, find_plans
@@ -126,8 +126,6 @@ def test_plan_cli_json(capsys) -> None:  # type: ignore[no-untyped-def]
     assert set(first["memory_gib"]) == {"parameters", "optimizer", "activations", "total", "host"}
 
 
-needs_policies = pytest.mark.skipif(set(lowering_options()) != {"offload", "recompute"},
-                                    reason="offload/recompute policies not in this build of lower()")
 
 
 LONG = MODEL.with_(seq=8192)  # activation-heavy: where offload and recompute matter
@@ -145,7 +143,6 @@ def _tight_budget(share: float = 0.5) -> float:
     return smallest.memory.total - share * smallest.memory.activations
 
 
-@needs_policies
 def test_tight_budgets_escalate_to_offload_and_recompute() -> None:
     budget = _tight_budget()
     result = find_plans(_long(budget))
@@ -155,7 +152,6 @@ def test_tight_budgets_escalate_to_offload_and_recompute() -> None:
     assert best.exact  # confirmed by a full simulation
 
 
-@needs_policies
 def test_host_memory_budget_is_respected() -> None:
     free = find_plans(_long(80 * GIB, offload=("auto",), recompute=("none",), escalate=False, prune=False))
     hosts = sorted(p.memory.host for p in free.fitting if p.memory.host > 0)

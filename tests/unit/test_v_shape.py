@@ -148,8 +148,9 @@ def test_dualpipe_v_registry_grid_and_refusals() -> None:
         generate("dualpipe-v", 2, 4, 4)
 
 
-GOLDEN_CASES = [("dualpipe-v", 2, 4, 2), ("dualpipe-v", 4, 8, 2), ("zb-v", 2, 4, 2), ("zb-v", 4, 8, 2), ("v-half", 4, 8, 2), ("v-half", 3, 5, 2),
-                ("v-min", 4, 8, 2), ("v-min", 3, 5, 2), ("1f1b-v", 4, 8, 2)]
+# Orders with a closed form only: v-half and v-min come from a squeeze and a W-filling search, pinned by
+# the memory bounds and bubbles above, not by their current text.
+GOLDEN_CASES = [("dualpipe-v", 2, 4, 2), ("dualpipe-v", 4, 8, 2), ("zb-v", 2, 4, 2), ("zb-v", 4, 8, 2), ("1f1b-v", 4, 8, 2)]
 
 
 @pytest.mark.parametrize("name,d,m,v", GOLDEN_CASES)

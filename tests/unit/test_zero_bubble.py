@@ -194,7 +194,9 @@ def test_registry_grid_for_zero_bubble_families(name: str) -> None:
                 assert all(a.kind in (ActionKind.F, ActionKind.I, ActionKind.W) for r in schedule for a in r)
 
 
-GOLDEN_CASES = [("zb-h1", 4, 6, 1), ("zb-h1", 3, 2, 1), ("zb-h1", 2, 4, 2), ("zb-h2", 4, 8, 1), ("zb-h2", 3, 4, 1), ("zb", 4, 8, 1)]
+# Closed-form orders only: zb-h2 and zb come from a search, pinned by the properties above
+# (makespan bounds, memory limits), not by their current text.
+GOLDEN_CASES = [("zb-h1", 4, 6, 1), ("zb-h1", 3, 2, 1), ("zb-h1", 2, 4, 2)]
 
 
 @pytest.mark.parametrize("name,d,m,v", GOLDEN_CASES)

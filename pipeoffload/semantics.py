@@ -1,0 +1,271 @@
+"""What each action kind means, defined once: its lane, its inputs, its duration and its memory effect.
+
+The simulator takes each action's inputs, duration and memory amount from here; the validator and
+the offload pass run on the integer-coded form below (the validator's order rules are the "waits
+for" column read as list order on one rank). The rules, per kind (see docs/decisions.md):
+
+  kind      lane     waits for (same rank unless a transfer is named)            memory, at which instant
+  F         compute  F of the previous stage (its RECV_F when lowered)           + activation at start
+                                                                                   (nothing if recomputed)
+  B / I     compute  own F; the next stage's backward (its RECV_B when lowered);  B: - all at end
+                     an OFFLOADed activation's RELOAD (the wait is a stall)        I: - (1 - w_fraction) at end
+  W         compute  own I                                                        - the rest at end
+  R         compute  own F                                                        + activation at start
+  SEND_*    send     nothing (posted without blocking; arrives p2p_time later)
+  RECV_F/B  recv     the matching SEND on the neighbouring rank, + p2p_time
+  OFFLOAD   copy     own F; the rank's copy engine (FIFO) and host link          - device copy at copy end
+  RELOAD    copy     own OFFLOAD; the copy engine and host link                  + at copy start
+
+A compute-only schedule (no SEND/RECV) is timed with implicit transfers: a producer on another rank
+adds ``p2p_time``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pipeoffload.ir import ActionKind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pipeoffload.costs import CostModel
+    from pipeoffload.ir import Schedule
+
+K = ActionKind
+KINDS: tuple[ActionKind, ...] = tuple(ActionKind)
+CODE: dict[ActionKind, int] = {kind: code for code, kind in enumerate(KINDS)}
+F, B, I, W, R = (CODE[k] for k in (K.F, K.B, K.I, K.W, K.R))  # noqa: E741
+SEND_F, RECV_F, SEND_B, RECV_B = (CODE[k] for k in (K.SEND_F, K.RECV_F, K.SEND_B, K.RECV_B))
+OFFLOAD, RELOAD = CODE[K.OFFLOAD], CODE[K.RELOAD]
+
+# lanes: where an action runs
+COMPUTE, SEND, RECV, COPY = 0, 1, 2, 3
+LANE = np.array([COMPUTE] * 5 + [SEND, RECV, SEND, RECV] + [COPY, COPY], dtype=np.int8)
+assert len(LANE) == len(KINDS)
+
+
+def durations(costs: CostModel, num_stages: int) -> np.ndarray:
+    """Compute time of each (kind code, stage); zero for comm and copy kinds (copies are timed by size)."""
+    table = np.zeros((len(KINDS), num_stages))
+    for code, lookup in ((F, costs.f), (B, costs.b), (I, costs.i), (W, costs.w), (R, costs.r)):
+        table[code] = [lookup(s) for s in range(num_stages)]
+    return table
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Per action (flat, in rank order): up to two keys it waits for (-1: none) and their delays."""
+
+    first: np.ndarray
+    first_delay: np.ndarray
+    second: np.ndarray
+    second_delay: np.ndarray
+    reload: np.ndarray  # the RELOAD key a backward waits for (-1 for other kinds)
+
+
+class CodedSchedule:
+    """A schedule as flat integer arrays (kind code, stage, microbatch, rank; list order per rank).
+
+    A *key* names one action across ranks: ``(kind * num_stages + stage) * num_microbatches + mb``.
+    Hot loops index lists by keys instead of hashing ``Action`` objects.
+    """
+
+    def __init__(self, schedule: Schedule) -> None:
+        rows = schedule.actions
+        code = CODE
+        self.schedule = schedule
+        self.num_ranks = len(rows)
+        self.num_stages = schedule.num_stages
+        self.num_microbatches = max(schedule.num_microbatches,
+                                    1 + max((a.microbatch for r in rows for a in r), default=-1))
+        self.lengths = np.array([len(r) for r in rows], dtype=np.int64)
+        self.offsets = np.concatenate(([0], np.cumsum(self.lengths)))
+        self.kind = np.array([code[a.kind] for r in rows for a in r], dtype=np.int64)
+        self.stage = np.array([a.stage for r in rows for a in r], dtype=np.int64)
+        self.microbatch = np.array([a.microbatch for r in rows for a in r], dtype=np.int64)
+        self.rank = np.repeat(np.arange(self.num_ranks, dtype=np.int64), self.lengths)
+        self.step = np.arange(len(self.kind), dtype=np.int64) - self.offsets[self.rank]
+
+    @property
+    def num_keys(self) -> int:
+        return len(KINDS) * self.num_stages * self.num_microbatches
+
+    def key_of(self, kind: int | np.ndarray, stage: int | np.ndarray, mb: int | np.ndarray) -> np.ndarray:
+        return (np.asarray(kind) * self.num_stages + stage) * self.num_microbatches + mb
+
+    @cached_property
+    def keys(self) -> np.ndarray:
+        return self.key_of(self.kind, self.stage, self.microbatch)
+
+    def action(self, key: int) -> tuple[ActionKind, int, int]:
+        rest, mb = divmod(int(key), self.num_microbatches)
+        kind, stage = divmod(rest, self.num_stages)
+        return KINDS[kind], stage, mb
+
+    @cached_property
+    def lowered(self) -> bool:
+        return bool(np.any(LANE[self.kind] == SEND) or np.any(LANE[self.kind] == RECV))
+
+    @cached_property
+    def recomputed(self) -> np.ndarray:
+        """Per (stage, microbatch): whether an R re-creates the activation (its F then keeps nothing)."""
+        out = np.zeros((self.num_stages, self.num_microbatches), dtype=bool)
+        mask = self.kind == R
+        out[self.stage[mask], self.microbatch[mask]] = True
+        return out
+
+    def inputs(self, p2p_time: float) -> Inputs:
+        """What each action waits for, from the rules in the module docstring."""
+        kind, stage, mb, rank = self.kind, self.stage, self.microbatch, self.rank
+        owner = np.asarray(self.schedule.placement.stage_to_rank, dtype=np.int64)
+        last = self.num_stages - 1
+        n = len(kind)
+        first, second = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+        first_delay, second_delay = np.zeros(n), np.zeros(n)
+        lowered = self.lowered
+        key = self.key_of
+
+        # F: the previous stage's F (or its RECV_F when lowered and on another rank)
+        sel = (kind == F) & (stage > 0)
+        prev = np.where(sel, stage - 1, 0)
+        cross = sel & (owner[prev] != rank)
+        if lowered:
+            first[sel] = np.where(cross[sel], key(RECV_F, stage[sel], mb[sel]), key(F, prev[sel], mb[sel]))
+        else:
+            first[sel] = key(F, prev[sel], mb[sel])
+            first_delay[cross] = p2p_time
+        # W: own I; R: own F
+        sel = kind == W
+        first[sel] = key(I, stage[sel], mb[sel])
+        sel = kind == R
+        first[sel] = key(F, stage[sel], mb[sel])
+        # B / I: own F, then the next stage's backward (or its RECV_B)
+        back = (kind == B) | (kind == I)
+        first[back] = key(F, stage[back], mb[back])
+        sel = back & (stage < last)
+        nxt = np.where(sel, stage + 1, 0)
+        cross = sel & (owner[nxt] != rank)
+        via_recv = cross & lowered
+        second[via_recv] = key(RECV_B, stage[via_recv], mb[via_recv])
+        direct = sel & ~via_recv
+        grad_kind = np.where(self._has_input_gradient()[nxt[direct], mb[direct]], I, B)
+        second[direct] = key(grad_kind, nxt[direct], mb[direct])
+        second_delay[direct & cross] = p2p_time
+        # receives: the matching send, one transfer later
+        sel = kind == RECV_F
+        first[sel] = key(SEND_F, stage[sel] - 1, mb[sel])
+        first_delay[sel] = p2p_time
+        sel = kind == RECV_B
+        first[sel] = key(SEND_B, stage[sel] + 1, mb[sel])
+        first_delay[sel] = p2p_time
+        # copies: an OFFLOAD starts after its F, a RELOAD after its OFFLOAD (neither blocks the lane)
+        sel = kind == OFFLOAD
+        first[sel] = key(F, stage[sel], mb[sel])
+        sel = kind == RELOAD
+        first[sel] = key(OFFLOAD, stage[sel], mb[sel])
+        reload = np.where(back, key(RELOAD, stage, mb), -1)
+        return Inputs(first, first_delay, second, second_delay, reload)
+
+    def _has_input_gradient(self) -> np.ndarray:
+        """Per (stage, microbatch): whether its backward is an I (else a B is assumed)."""
+        out = np.zeros((self.num_stages, self.num_microbatches), dtype=bool)
+        mask = self.kind == I
+        out[self.stage[mask], self.microbatch[mask]] = True
+        return out
+
+
+def coded(schedule: Schedule) -> CodedSchedule:
+    """The integer-coded form of ``schedule``, built once per schedule object."""
+    cache = schedule.__dict__.get("_coded")
+    if cache is None:
+        cache = CodedSchedule(schedule)
+        object.__setattr__(schedule, "_coded", cache)  # a cache beside the frozen fields, not state
+    return cache
+
+
+def memory_effects(c: CodedSchedule, costs: CostModel) -> list[float]:
+    """Per action (flat order): the activation units it adds to (+) or frees from (-) the device, or for
+    a copy the units it moves. Instants: F and R at their start, B, I and W at their end; an OFFLOAD
+    frees at the end of its copy and a RELOAD allocates at the start of its copy.
+
+    The amounts depend only on each activation's own actions, which all run on its rank in list order,
+    so they are known before any timing.
+    """
+    fast = _memory_effects_in_order(c, costs)
+    if fast is not None:
+        return fast
+    size = [costs.act(s) for s in range(c.num_stages)]
+    keep_fraction = [costs.w_fraction_of(s) for s in range(c.num_stages)]
+    m = c.num_microbatches
+    recomputed = c.recomputed
+    resident: dict[int, float] = {}
+    on_host: dict[int, float] = {}
+    out = [0.0] * len(c.kind)
+    for index, (kind, stage, mb) in enumerate(zip(c.kind.tolist(), c.stage.tolist(), c.microbatch.tolist())):
+        key = stage * m + mb
+        if kind == F:
+            amount = 0.0 if recomputed[stage, mb] else size[stage]
+            resident[key] = amount
+        elif kind == B or kind == W:
+            amount = -resident.pop(key, 0.0)
+        elif kind == I:
+            held = resident.get(key, 0.0)
+            keep = held * keep_fraction[stage]
+            amount = keep - held
+            resident[key] = keep
+        elif kind == R:
+            amount = size[stage]
+            resident[key] = resident.get(key, 0.0) + amount
+        elif kind == OFFLOAD:
+            amount = resident.get(key, 0.0)
+            resident[key] = 0.0
+            on_host[key] = amount
+        elif kind == RELOAD:
+            amount = on_host.pop(key, 0.0)
+            resident[key] = resident.get(key, 0.0) + amount
+        else:
+            continue
+        out[index] = amount
+    return out
+
+
+AT_END = np.zeros(len(KINDS), dtype=bool)
+AT_END[[B, I, W]] = True  # compute kinds whose memory effect happens at their end (F, R: at their start)
+
+
+def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> list[float] | None:
+    """``memory_effects`` without a loop when every activation's actions come in a valid order:
+    F first; then an R, or an OFFLOAD and its RELOAD, before its one backward (B, or I then W).
+    Each backward then finds exactly the activation's size resident (a recomputed F stores nothing,
+    R or RELOAD bring the size back). None when that order does not hold."""
+    kind, keys = c.kind, c.keys
+    index = np.full(c.num_keys, -1, dtype=np.int64)
+    flat = np.arange(len(keys), dtype=np.int64)
+    index[keys] = flat
+    if np.any(index[keys] != flat):  # a duplicate action
+        return None
+    stage, mb = c.stage, c.microbatch
+    grid = index.reshape(len(KINDS), c.num_stages, c.num_microbatches)
+    touched = np.flatnonzero((kind != F) & (LANE[kind] != SEND) & (LANE[kind] != RECV))
+    ts, tm, here, tk = stage[touched], mb[touched], flat[touched], kind[touched]
+    # where each kind of a touched action's activation is in the flat list (-1: absent)
+    f, b, i, r, off, rel = (grid[code][ts, tm] for code in (F, B, I, R, OFFLOAD, RELOAD))
+    back = np.maximum(b, i)  # the one backward (both present is refused below)
+    ok = (f >= 0) & (f < here) & ~((b >= 0) & (i >= 0))
+    ok &= (tk != W) | ((i >= 0) & (i < here))
+    ok &= (r < 0) | ((f < r) & (r < back) & (off < 0))
+    ok &= (off < 0) | ((f < off) & (off < rel) & (rel < back))
+    ok &= (rel < 0) | (off >= 0)
+    if not np.all(ok):
+        return None
+    size = np.array([costs.act(s) for s in range(c.num_stages)])
+    held = size[stage]
+    keep = held * np.array([costs.w_fraction_of(s) for s in range(c.num_stages)])[stage]
+    out = np.zeros(len(kind))
+    for code, values in ((F, np.where(c.recomputed[stage, mb], 0.0, held)), (B, -held), (I, keep - held),
+                         (W, -keep), (R, held), (OFFLOAD, held), (RELOAD, held)):
+        mask = kind == code
+        out[mask] = values[mask]
+    return out.tolist()
