@@ -119,3 +119,16 @@ def test_k_names_the_tp_flag(capsys) -> None:  # type: ignore[no-untyped-def]
 def test_shared_host_link_modes_plan(capsys, mode: str) -> None:  # type: ignore[no-untyped-def]
     assert main(["plan", *SMALL, "--memory", "20", "--no-pareto", "--json", "--shared-host-link", mode]) == 0
     assert json.loads(capsys.readouterr().out)["best"]
+
+
+def test_emitted_config_is_accepted_by_train(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The two ends of one interface: what `plan --emit` writes, `train --config` validates unchanged."""
+    from pipeoffload.train.config import build_config, load_toml, validate
+
+    path = tmp_path / "run.toml"
+    assert main(["plan", *SMALL, "--memory", "20", "--no-pareto", "--emit", str(path)]) == 0
+    emitted = load_toml(path)
+    cfg = validate(build_config(emitted), data_exists=False)
+    assert (cfg.schedule, cfg.pp, cfg.dp, cfg.tp, cfg.microbatches) == (
+        emitted["schedule"], emitted["pp"], emitted["dp"], emitted["tp"], emitted["microbatches"])
+    assert cfg.offload == emitted["offload"] and cfg.recompute == emitted["recompute"]
