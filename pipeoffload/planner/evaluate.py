@@ -19,7 +19,7 @@ from pipeoffload.ir import ActionKind, Schedule
 from pipeoffload.passes.lower import POLICIES, lower_with_report
 from pipeoffload.placement import Placement
 from pipeoffload.schedules import generate, get_spec
-from pipeoffload.simulate import Timeline, simulate_figures
+from pipeoffload.simulator import Timeline, simulate_figures
 
 _TOL = 1e-6
 

@@ -16,7 +16,7 @@ from pipeoffload import generate
 from pipeoffload.costs import CostModel
 from pipeoffload.intervals import EPS
 from pipeoffload.passes.copy_plan import CopyGroup, RankTimeline
-from pipeoffload.simulate import simulate
+from pipeoffload.simulator import simulate
 
 
 def _next_start(clocks, engine, link, t):  # type: ignore[no-untyped-def]
