@@ -23,7 +23,7 @@ from pipeoffload.profiling import profile_stages
 from pipeoffload.runtime import PipelineRunner
 from pipeoffload.runtime.launch import spawn
 from pipeoffload.schedules import generate
-from pipeoffload.simulate import simulate
+from pipeoffload.simulator import simulate
 
 CFG = GPTConfig(vocab=512, seq=128, hidden=256, heads=8, layers=8, flash=False)
 MICROBATCH = 4

@@ -13,7 +13,7 @@ import time
 
 from pipeoffload import generate, simulate
 from pipeoffload.passes.comms import add_comms
-from pipeoffload.validate import validate
+from pipeoffload.validation import validate
 
 
 def measure(d: int, repeat: int) -> dict[str, float]:

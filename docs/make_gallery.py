@@ -18,7 +18,7 @@ from pathlib import Path
 from pipeoffload import ConfigError, generate, lower, simulate
 from pipeoffload.fileio import write_atomic
 from pipeoffload.schedules import schedule_specs
-from pipeoffload.simulate import Timeline
+from pipeoffload.simulator import Timeline
 from pipeoffload.units import MEMORY_UNIT, rank_costs
 from pipeoffload.viz.plot import figure_bytes, timeline_figure
 

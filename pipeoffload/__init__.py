@@ -5,8 +5,8 @@ from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.passes.lower import lower
 from pipeoffload.placement import Placement
 from pipeoffload.schedules import generate, schedule_names
-from pipeoffload.simulate import DeadlockError, Timeline, simulate
-from pipeoffload.validate import validate
+from pipeoffload.simulator import DeadlockError, Timeline, simulate
+from pipeoffload.validation import validate
 
 __version__ = "0.1.0"
 

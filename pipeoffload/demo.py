@@ -12,7 +12,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.fileio import write_atomic
 from pipeoffload.passes.lower import lower
 from pipeoffload.schedules import generate
-from pipeoffload.simulate import Timeline, simulate
+from pipeoffload.simulator import Timeline, simulate
 
 log = logging.getLogger("pipeoffload.demo")
 

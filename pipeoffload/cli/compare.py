@@ -17,7 +17,7 @@ from pipeoffload.cli import simulate as simulate_cli
 from pipeoffload.cli.outputs import file_slug, option_label
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import write_atomic
-from pipeoffload.simulate import Timeline
+from pipeoffload.simulator import Timeline
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import write_atomic
-from pipeoffload.simulate import Timeline
+from pipeoffload.simulator import Timeline
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from pipeoffload.cli.outputs import add_output_args, write_outputs
 from pipeoffload.costs import CostModel, load_cost_model
 from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, OffloadPolicy, RecomputePolicy
-from pipeoffload.simulate import Timeline, simulate
+from pipeoffload.simulator import Timeline, simulate
 from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, TIME_UNIT_HELP, units_dict
 
 

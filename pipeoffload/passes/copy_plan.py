@@ -12,6 +12,8 @@ simulator's processing order, so relaxed plans are checked by simulation (see ``
 from __future__ import annotations
 
 import bisect
+import math
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -166,60 +168,100 @@ class CopyGroup:
         """Every resource such a copy occupies: its engine first, then the pair's link when shared."""
         return self._lanes[(rank, direction)]
 
-    def _next_start(self, rank: int, direction: str, t: float) -> float | None:
-        """The first start at or after ``t`` the simulator reproduces: a grid point or the end of a
-        copy on the engine (or, relaxed, on the shared link)."""
-        lanes = self.lanes(rank, direction)
-        return _next_start(self.timelines[rank].clocks, lanes[0].ends, lanes[1].ends if self.relaxed else None, t)
-
-    def _prev_start(self, rank: int, direction: str, t: float) -> float | None:
-        lanes = self.lanes(rank, direction)
-        return _prev_start(self.timelines[rank].clocks, lanes[0].ends, lanes[1].ends if self.relaxed else None, t)
-
     def earliest(self, rank: int, direction: str, t: float, duration: float, limit: float) -> float | None:
         """The first valid start >= t (and <= limit) at which the copy fits on all its resources.
 
-        The inner loop of the pass (a search per copy over the free gaps): written with locals.
+        The inner loop of the pass: each step is the first valid start at or after the end of the
+        interval that blocked the last one; a lane check is one bisection. On a lone engine (the
+        planner's usual case) a run of intervals whose gaps are too short for the copy, even at
+        the EPS-earliest start, is crossed in one scan instead of a step per interval: an
+        overloaded lane is otherwise walked from each copy's forward to the lane's backlog.
+        Written out with locals (no calls but the bisections); ``tests/unit/test_copy_lanes.py``
+        checks it against the plain step-per-interval search.
         """
-        lanes = self.lanes(rank, direction)
-        clocks, engine = self.timelines[rank].clocks, lanes[0].ends
-        link = lanes[1].ends if self.relaxed else None
-        bound = limit + EPS
-        cursor = _next_start(clocks, engine, link, t)
-        while cursor is not None and cursor <= bound:
-            blocked = None  # the latest end among the intervals the copy would overlap
+        lanes = self._lanes[(rank, direction)]
+        clocks = self.timelines[rank].clocks
+        e_starts, e_ends = lanes[0].starts, lanes[0].ends
+        shared = len(lanes) > 1
+        l_starts, l_ends = (lanes[1].starts, lanes[1].ends) if shared else (e_starts, e_ends)
+        relaxed = self.relaxed
+        n_clocks, bound = len(clocks), limit + EPS
+        n_engine = len(e_ends)
+        skip = not shared and not relaxed and n_engine > 1
+        if skip:  # a gap narrower than ``narrow`` blocks the copy wherever within EPS of the gap's
+            # start it would start; ends more than ``apart`` apart make each step block on the next
+            slack = 3 * EPS + 8 * math.ulp(max(abs(e_ends[-1]), abs(t), abs(duration)))
+            narrow, apart = duration - slack, 2 * EPS + slack
+        query = t
+        while True:
+            low = query - EPS  # the first grid point or engine (relaxed: link) end >= query
+            p = bisect_left(clocks, low)
+            cursor = clocks[p] if p < n_clocks else None
+            i = bisect_left(e_ends, low)
+            if i < len(e_ends) and (cursor is None or e_ends[i] < cursor):
+                cursor = e_ends[i]
+            if relaxed:
+                i = bisect_left(l_ends, low)
+                if i < len(l_ends) and (cursor is None or l_ends[i] < cursor):
+                    cursor = l_ends[i]
+            if cursor is None or cursor > bound:
+                return None
             reach = cursor + duration - EPS if duration > 0 else cursor - EPS
-            for lane in lanes:
-                ends = lane.ends
-                i = bisect.bisect_right(ends, cursor + EPS)
-                if i < len(ends) and lane.starts[i] < reach and (blocked is None or ends[i] > blocked):
-                    blocked = ends[i]
+            high = cursor + EPS
+            blocked = None  # the latest end among the intervals the copy would overlap
+            i = bisect_right(e_ends, high)
+            if i < n_engine and e_starts[i] < reach:
+                blocked = e_ends[i]
+                if skip:  # a run of busy intervals with narrow gaps: each would block the next start
+                    while (i + 1 < n_engine and e_starts[i + 1] - e_ends[i] < narrow
+                           and e_ends[i + 1] - e_ends[i] > apart):
+                        i += 1
+                    blocked = e_ends[i]
+            if shared:
+                i = bisect_right(l_ends, high)
+                if i < len(l_ends) and l_starts[i] < reach and (blocked is None or l_ends[i] > blocked):
+                    blocked = l_ends[i]
             if blocked is None:
                 return cursor
-            cursor = _next_start(clocks, engine, link, blocked)
-        return None
+            query = blocked
 
     def latest(self, rank: int, direction: str, t: float, duration: float, lower: float) -> float | None:
-        """The last valid start <= t (and >= lower) at which the copy fits on all its resources."""
-        lanes = self.lanes(rank, direction)
-        clocks, engine = self.timelines[rank].clocks, lanes[0].ends
-        link = lanes[1].ends if self.relaxed else None
+        """The last valid start <= t (and >= lower) at which the copy fits on all its resources
+        (written out like ``earliest``)."""
+        lanes = self._lanes[(rank, direction)]
+        clocks = self.timelines[rank].clocks
+        e_starts, e_ends = lanes[0].starts, lanes[0].ends
+        shared = len(lanes) > 1
+        l_starts, l_ends = (lanes[1].starts, lanes[1].ends) if shared else (e_starts, e_ends)
+        relaxed = self.relaxed
         bound = lower - EPS
-        cursor = _prev_start(clocks, engine, link, t)
-        while cursor is not None and cursor >= bound:
-            blocked = None  # the earliest start among the intervals the copy would overlap
+        query = t
+        while True:
+            high = query + EPS  # the last grid point or engine (relaxed: link) end <= query
+            p = bisect_right(clocks, high) - 1
+            cursor = clocks[p] if p >= 0 else None
+            i = bisect_right(e_ends, high)
+            if i and (cursor is None or e_ends[i - 1] > cursor):
+                cursor = e_ends[i - 1]
+            if relaxed:
+                i = bisect_right(l_ends, high)
+                if i and (cursor is None or l_ends[i - 1] > cursor):
+                    cursor = l_ends[i - 1]
+            if cursor is None or cursor < bound:
+                return None
             reach = cursor + duration - EPS if duration > 0 else cursor - EPS
-            for lane in lanes:
-                ends = lane.ends
-                i = bisect.bisect_right(ends, cursor + EPS)
-                if i < len(ends):
-                    start = lane.starts[i]
-                    if start < reach and (blocked is None or start < blocked):
-                        blocked = start
+            high = cursor + EPS
+            blocked = None  # the earliest start among the intervals the copy would overlap
+            i = bisect_right(e_ends, high)
+            if i < len(e_ends) and e_starts[i] < reach:
+                blocked = e_starts[i]
+            if shared:
+                i = bisect_right(l_ends, high)
+                if i < len(l_ends) and l_starts[i] < reach and (blocked is None or l_starts[i] < blocked):
+                    blocked = l_starts[i]
             if blocked is None:
                 return cursor
-            cursor = _prev_start(clocks, engine, link, blocked - duration)
-        return None
+            query = blocked - duration
 
     def reserve(self, rank: int, direction: str, t: float, duration: float) -> None:
         for lane in self.lanes(rank, direction):
@@ -282,34 +324,3 @@ class CopyGroup:
             placed.append((rank, p))
         return placed, failed
 
-
-def _next_start(clocks: list[float], engine: list[float], link: list[float] | None, t: float) -> float | None:
-    """min(first grid point >= t, first engine end >= t[, first link end >= t]), within EPS."""
-    best = None
-    p = bisect.bisect_left(clocks, t - EPS)
-    if p < len(clocks):
-        best = clocks[p]
-    i = bisect.bisect_left(engine, t - EPS)
-    if i < len(engine) and (best is None or engine[i] < best):
-        best = engine[i]
-    if link is not None:
-        i = bisect.bisect_left(link, t - EPS)
-        if i < len(link) and (best is None or link[i] < best):
-            best = link[i]
-    return best
-
-
-def _prev_start(clocks: list[float], engine: list[float], link: list[float] | None, t: float) -> float | None:
-    """max(last grid point <= t, last engine end <= t[, last link end <= t]), within EPS."""
-    best = None
-    p = bisect.bisect_right(clocks, t + EPS) - 1
-    if p >= 0:
-        best = clocks[p]
-    i = bisect.bisect_right(engine, t + EPS)
-    if i and (best is None or engine[i - 1] > best):
-        best = engine[i - 1]
-    if link is not None:
-        i = bisect.bisect_right(link, t + EPS)
-        if i and (best is None or link[i - 1] > best):
-            best = link[i - 1]
-    return best

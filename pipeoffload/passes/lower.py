@@ -20,8 +20,8 @@ from pipeoffload.passes.comms import add_comms
 from pipeoffload.passes.offload import OffloadReport, plan_offload
 from pipeoffload.passes.recompute import all_keys, auto_keys, check_policies, first_stage_keys, insert_recompute
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
-from pipeoffload.simulate import simulate
-from pipeoffload.validate import validate
+from pipeoffload.simulator import simulate
+from pipeoffload.validation import validate
 
 log = logging.getLogger(__name__)
 K = ActionKind

@@ -26,7 +26,7 @@ from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.passes.copy_plan import EPS, Activation, RankTimeline
 from pipeoffload.passes.offload_plan import RankState, plan_group
 from pipeoffload.policies import OffloadPolicy
-from pipeoffload.simulate import Timeline, simulate
+from pipeoffload.simulator import Timeline, simulate
 
 log = logging.getLogger(__name__)
 K = ActionKind

@@ -24,7 +24,7 @@ from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.passes.copy_plan import EPS, RankTimeline
 from pipeoffload.passes.offload import OffloadReport, longest_lived_stages
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
-from pipeoffload.simulate import Timeline
+from pipeoffload.simulator import Timeline
 
 K = ActionKind
 Key = tuple[int, int]

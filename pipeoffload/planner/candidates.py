@@ -18,7 +18,11 @@ from pipeoffload.planner.evaluate import (
 )
 from pipeoffload.planner.plans import MemorySplit, Plan, PlanRequest
 from pipeoffload.planner.stagecosts import LayerCosts, Layout, StageCosts, setup_layer_costs, stage_costs
+from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.schedules import get_spec
+
+# ``offload budget`` without a target: filled per layout with what the memory budget leaves
+BUDGET_FROM_MEMORY = OffloadPolicy("budget", budget=float("inf"))
 
 
 def _divisors(n: int) -> list[int]:
@@ -68,7 +72,8 @@ def choices(req: PlanRequest, d: int, m: int) -> list[ScheduleChoice]:
                 continue
             for g in spec.group_sizes(d):
                 for offload, recompute in _policies(req, v, d):
-                    out.append(ScheduleChoice(family, v, g, offload, recompute))
+                    target = BUDGET_FROM_MEMORY if offload == "budget" else OffloadPolicy.parse(offload)
+                    out.append(ScheduleChoice(family, v, g, target, RecomputePolicy.parse(recompute)))
     return out
 
 
@@ -100,11 +105,12 @@ def level(choice: ScheduleChoice) -> int:
     """Escalation level, roughly by growing cost: 0 plain, 1 offload only (free when hidden), 2 recompute
     of the longest-lived stage, 3 offload then recompute down to the budget, 4 offload then recompute
     what could not be hidden, 5 recompute everything."""
-    if choice.recompute == "none":
-        return 0 if choice.offload == "none" else 1
-    if choice.recompute == "auto":
-        return 3 if choice.offload.startswith("budget") else 4
-    return 5 if choice.recompute == f"first:{choice.stages_per_rank}" and choice.stages_per_rank > 1 else 2
+    offload, recompute, v = choice.offload, choice.recompute, choice.stages_per_rank
+    if recompute == RecomputePolicy():
+        return 0 if offload == OffloadPolicy() else 1
+    if recompute == RecomputePolicy("auto"):
+        return 3 if offload.kind == "budget" else 4
+    return 5 if recompute == RecomputePolicy("first", v) and v > 1 else 2
 
 
 def count(skipped: dict[str, int], reason: str, n: int = 1) -> None:
@@ -126,10 +132,10 @@ class Candidate:
 
     def is_base(self) -> bool:
         """No offload and no recompute: the schedule its memory-policy variants are lowered from."""
-        return self.choice.offload == "none" and self.choice.recompute == "none"
+        return self.choice == self.choice.plain()
 
     def base_key(self) -> tuple:
-        return (str(self.layout), replace(self.choice, offload="none", recompute="none"))
+        return (str(self.layout), self.choice.plain())
 
 
 def static_split(req: PlanRequest, layout: Layout, stage: StageCosts) -> tuple[tuple[float, float], ...]:
@@ -157,11 +163,11 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Cand
                                           placement, host_link=req.setup.host_link)
             sc = stages[key]
             static = tuple(sum(x) for x in static_split(req, layout, sc))
-            if choice.offload == "budget":  # what the memory budget leaves for activations, in units
+            if choice.offload == BUDGET_FROM_MEMORY:  # what the memory budget leaves for activations, in units
                 room = max(0.0, min(req.memory_budget - x for x in static)) / sc.unit_bytes
                 if req.activation_budget is not None:
                     room = min(room, req.activation_budget / sc.unit_bytes)
-                choice = replace(choice, offload=f"budget:{room:.4g}")
+                choice = replace(choice, offload=OffloadPolicy("budget", budget=float(f"{room:.4g}")))
             bound = time_lower_bound(choice, layout.pp, m, sc.costs) + dp_sync_time(
                 req, layout, max(sc.params_per_rank))
             out.append(Candidate(layout, choice, m, sc, static, bound))

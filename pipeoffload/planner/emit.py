@@ -35,8 +35,8 @@ def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
     config: dict[str, object] = {"schedule": c.family, "stages_per_rank": c.stages_per_rank}
     if c.group_size is not None:
         config["group_size"] = c.group_size
-    config["offload"] = c.offload
-    config["recompute"] = c.recompute + (",lgd" if lgd else "")
+    config["offload"] = str(c.offload)
+    config["recompute"] = str(c.recompute) + (",lgd" if lgd else "")
     config.update({"pp": layout.pp, "dp": layout.dp, "tp": layout.tp, "microbatches": plan.microbatches,
                    "global_batch": req.global_batch})
     model = req.model
@@ -51,8 +51,9 @@ def config_toml(req: PlanRequest, plan: Plan) -> str:
     lines = [f"# written by pipeoffload plan: {plan.layout} {plan.choice.label()}, "
              f"{plan.tokens_per_second:,.0f} tokens/s predicted, {plan.memory.total / 1024**3:.1f} GiB/GPU",
              f"# model {req.model.name} on {req.gpus} x {req.hardware.name}"]
-    if plan.choice.offload.startswith("budget:") and plan.unit_bytes:
-        units = float(plan.choice.offload[len("budget:"):])
+    offload = plan.choice.offload
+    if offload.kind == "budget" and not offload.rank_units and plan.unit_bytes:
+        units = offload.budget
         lines.append(f"# offload budget:{units:g} is in activation units (one microbatch of the largest stage: "
                      f"{plan.unit_bytes / 1024**3:.3f} GiB here), i.e. {units * plan.unit_bytes / 1024**3:.1f} GiB")
     if not is_gpt_like(req.model):

@@ -18,27 +18,56 @@ from pipeoffload.costs import CostModel
 from pipeoffload.ir import ActionKind, Schedule
 from pipeoffload.passes.lower import POLICIES, lower_with_report
 from pipeoffload.placement import Placement
+from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.schedules import generate, get_spec
-from pipeoffload.simulate import Timeline, simulate_figures
+from pipeoffload.simulator import Timeline, simulate_figures
 
 _TOL = 1e-6
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class ScheduleChoice:
-    """Everything about the pipeline schedule except the layout: family, v, g, offload, recompute."""
+    """Everything about the pipeline schedule except the layout: family, v, g, offload, recompute.
+
+    The policies are typed values; their text forms (``"auto"``, ``"budget:3.5"``, ``"first:1"``)
+    are accepted and parsed once here. Choices order by their text forms, as they always have (the
+    search's tie-breaks depend on it).
+    """
 
     family: str
     stages_per_rank: int = 1
     group_size: int | None = None
-    offload: str = "none"
-    recompute: str = "none"
+    offload: OffloadPolicy = OffloadPolicy()
+    recompute: RecomputePolicy = RecomputePolicy()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "offload", OffloadPolicy.parse(self.offload))
+        object.__setattr__(self, "recompute", RecomputePolicy.parse(self.recompute))
+
+    def _order(self) -> tuple:
+        return (self.family, self.stages_per_rank, self.group_size, str(self.offload), str(self.recompute))
+
+    def __lt__(self, other: ScheduleChoice) -> bool:
+        return self._order() < other._order()
+
+    def __le__(self, other: ScheduleChoice) -> bool:
+        return self._order() <= other._order()
+
+    def __gt__(self, other: ScheduleChoice) -> bool:
+        return self._order() > other._order()
+
+    def __ge__(self, other: ScheduleChoice) -> bool:
+        return self._order() >= other._order()
+
+    def plain(self) -> ScheduleChoice:
+        """The same schedule without memory policies."""
+        return replace(self, offload=OffloadPolicy(), recompute=RecomputePolicy())
 
     def periodic(self) -> bool:
         """Whether the lowered schedule repeats like the compute schedule (tests check the
         extrapolation for these): no offload and no cost-driven recompute. The offload pass places
         copies greedily over the whole step, so its choices can differ with the microbatch count."""
-        return self.offload == "none" and (self.recompute == "none" or self.recompute.startswith("first:"))
+        return self.offload.kind == "none" and (self.recompute == RecomputePolicy() or self.recompute.kind == "first")
 
     def label(self) -> str:
         parts = [self.family, f"v={self.stages_per_rank}"]
@@ -84,7 +113,7 @@ def _build(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> tuple[Sc
     """``build`` plus the warnings of the memory passes (a policy that cannot meet its target is
     expected while exploring: the search reports it with the plan instead of logging it)."""
     schedule = _generate(choice, d, m, costs)
-    policies = {k: getattr(choice, k) for k in POLICIES if getattr(choice, k) != "none"}
+    policies = {k: getattr(choice, k) for k in POLICIES if getattr(choice, k).kind != "none"}
     if not policies:
         return schedule, ()
     lowered, report = lower_with_report(schedule, costs, check=False, comms=False, log_warnings=False,
@@ -228,7 +257,7 @@ def _policy_estimate(choice: ScheduleChoice, d: int, m: int, costs: CostModel, b
     """One small lowering of a choice with offload or cost-driven recompute: its memory, and the time it
     adds to the plain schedule at that size, scaled to m. An estimate, confirmed before it is shown."""
     one = _simulated(choice, d, size, costs)
-    plain = _simulated(replace(choice, offload="none", recompute="none"), d, size, costs)
+    plain = _simulated(choice.plain(), d, size, costs)
     scale = m / size
     return SimSummary(
         makespan=base.makespan + max(0.0, one.makespan - plain.makespan) * scale,

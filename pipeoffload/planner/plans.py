@@ -110,7 +110,7 @@ class Plan:
         return {
             "layout": {"pp": self.layout.pp, "tp": self.layout.tp, "dp": self.layout.dp},
             "schedule": c.family, "stages_per_rank": c.stages_per_rank, "group_size": c.group_size,
-            "offload": c.offload, "recompute": c.recompute, "microbatches": self.microbatches,
+            "offload": str(c.offload), "recompute": str(c.recompute), "microbatches": self.microbatches,
             "step_time_s": self.step_time, "pipeline_time_s": self.pipeline_time,
             "dp_sync_time_s": self.dp_sync_time, "tokens_per_s": self.tokens_per_second, "mfu": self.mfu,
             "memory_gib": {"parameters": self.memory.parameters / GIB, "optimizer": self.memory.optimizer / GIB,

@@ -11,9 +11,9 @@ _HEADER = (f"{'#':>3}  {'layout':<13} {'schedule':<17} {'v':>2} {'g':>3} {'offlo
 def offload_label(plan: Plan, unit_bytes: float | None = None) -> str:
     """The offload policy as shown: a ``budget:X`` target (activation units) in GiB."""
     offload = plan.choice.offload
-    if offload.startswith("budget:") and unit_bytes:
-        return f"{float(offload[7:]) * unit_bytes / GIB:.1f}GiB"
-    return offload
+    if offload.kind == "budget" and not offload.rank_units and unit_bytes:
+        return f"{offload.budget * unit_bytes / GIB:.1f}GiB"
+    return str(offload)
 
 
 def format_plan_row(index: int, plan: Plan) -> str:
@@ -21,7 +21,7 @@ def format_plan_row(index: int, plan: Plan) -> str:
     split = (f"{mem.total / GIB:6.1f} = {mem.parameters / GIB:5.1f} + {mem.optimizer / GIB:4.1f} + "
              f"{mem.activations / GIB:5.1f}")
     return (f"{index:>3}  {str(plan.layout):<13} {c.family:<17} {c.stages_per_rank:>2} "
-            f"{c.group_size if c.group_size is not None else '-':>3} {offload_label(plan, _unit(plan)):<8} {c.recompute:<9} "
+            f"{c.group_size if c.group_size is not None else '-':>3} {offload_label(plan, _unit(plan)):<8} {str(c.recompute):<9} "
             f"{plan.microbatches:>4} {plan.tokens_per_second:>10,.0f} {plan.mfu:>6.1%} {plan.step_time:>7.3f}  "
             f"{split:<28} {mem.host / GIB:>6.1f} {plan.bubble_ratio:>6.1%} {plan.stall_ratio:>6.1%}")
 

@@ -27,6 +27,7 @@ from pipeoffload.placement import Placement
 from pipeoffload.planner.hardware import HardwareSpec
 from pipeoffload.planner.layertime import head_times, layer_times
 from pipeoffload.planner.model import ModelSpec
+from pipeoffload.policies import OffloadPolicy
 
 HOST_LINK_MODES = ("private", "alternating", "serialized")
 
@@ -87,9 +88,11 @@ class TrainingSetup:
         if self.host_link not in HOST_LINK_MODES:
             raise ConfigError(f"host link mode {self.host_link!r}: use one of {', '.join(HOST_LINK_MODES)}")
 
-    def lgd_for(self, offload: str) -> bool:
+    def lgd_for(self, offload: OffloadPolicy | str) -> bool:
         """Whether a candidate with this offload policy uses LGD partial recomputation."""
-        return offload != "none" if self.partial_recompute is None else self.partial_recompute
+        if self.partial_recompute is not None:
+            return self.partial_recompute
+        return OffloadPolicy.parse(offload).kind != "none"
 
 
 def layer_costs(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *, partial_recompute: bool = False,

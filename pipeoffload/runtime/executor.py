@@ -51,7 +51,7 @@ from pipeoffload.runtime.spec import (
 )
 from pipeoffload.runtime.stage import LossFn, PipelineStage
 from pipeoffload.runtime.trace import Trace, TraceRecord
-from pipeoffload.validate import validate
+from pipeoffload.validation import validate
 
 log = logging.getLogger(__name__)
 K = ActionKind

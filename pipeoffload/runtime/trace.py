@@ -11,7 +11,7 @@ from typing import NamedTuple
 from pipeoffload.costs import CostModel
 from pipeoffload.fileio import write_atomic
 from pipeoffload.ir import Action, Schedule
-from pipeoffload.simulate import simulate
+from pipeoffload.simulator import simulate
 
 
 class TraceRecord(NamedTuple):

@@ -39,8 +39,8 @@ def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, 
     plan = best[0]
     c = plan.choice
     chosen: dict[str, Any] = {"pp": plan.layout.pp, "tp": plan.layout.tp, "dp": plan.layout.dp, "schedule": c.family,
-              "stages_per_rank": c.stages_per_rank, "group_size": c.group_size or 0, "offload": c.offload,
-              "recompute": c.recompute, "microbatches": plan.microbatches}
+              "stages_per_rank": c.stages_per_rank, "group_size": c.group_size or 0, "offload": str(c.offload),
+              "recompute": str(c.recompute), "microbatches": plan.microbatches}
     updates = {k: v for k, v in chosen.items() if k not in explicit}
     log.warning("--plan auto chose %s (%.0f tokens/s predicted, %.2f GiB per GPU)",
                 ", ".join(f"{k}={v}" for k, v in chosen.items()), plan.tokens_per_second, plan.memory.total / GIB)

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from pipeoffload.ir import COMPUTE_KINDS, COPY_KINDS, ActionKind
-from pipeoffload.simulate import Timeline
+from pipeoffload.simulator import Timeline
 from pipeoffload.units import MEMORY_UNIT, TIME_UNIT
 
 K = ActionKind

@@ -10,7 +10,7 @@ import json
 from collections.abc import Iterable
 
 from pipeoffload.ir import COMM_KINDS, COPY_KINDS, Action
-from pipeoffload.simulate import Timeline
+from pipeoffload.simulator import Timeline
 from pipeoffload.units import MEMORY_UNIT, TIME_UNIT_HELP
 
 LANES = {"compute": 0, "copy": 1, "comm": 2}

@@ -12,7 +12,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 from pipeoffload.ir import ActionKind
-from pipeoffload.simulate import Timeline
+from pipeoffload.simulator import Timeline
 from pipeoffload.units import MEMORY_UNIT, TIME_UNIT
 from pipeoffload.viz.chartdata import COLOURS, LABELS, ChartData, chart_data
 

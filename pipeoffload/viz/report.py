@@ -8,7 +8,7 @@ import html
 from collections.abc import Sequence
 
 from pipeoffload.ir import ActionKind
-from pipeoffload.simulate import Timeline
+from pipeoffload.simulator import Timeline
 from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, TIME_UNIT_HELP
 from pipeoffload.viz.plot import figure_bytes, timeline_figure
 

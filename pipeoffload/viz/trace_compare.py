@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
-from pipeoffload.simulate import Timeline, simulate
+from pipeoffload.simulator import Timeline, simulate
 from pipeoffload.viz.chrome_trace import SIM_PID_BASE, timeline_trace
 
 K = ActionKind

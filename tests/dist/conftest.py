@@ -11,14 +11,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from workers import Case, equivalence_worker  # noqa: E402
 
 from pipeoffload.runtime.launch import spawn  # noqa: E402
+from pipeoffload.schedules import schedule_specs  # noqa: E402
 
-# Every registered family the runtime supports, with its stages per rank.
-SCHEDULES = [
-    ("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("group-interleaved", 2),
-    ("zb-h1", 1), ("zb-h2", 1), ("zb", 1),
-    ("zb-v", 2), ("v-half", 2), ("v-min", 2), ("1f1b-v", 2), ("dualpipe-v", 2),
-    ("gpipe+iw", 2),  # GPipe with every B split into I then W: I/W on several stages per rank
-]
+# Every registered family (the runtime runs them all) at its default stages per rank, from the
+# registry so that a new family is tested without editing this list; plus GPipe with every B split
+# into I then W (I/W on several stages per rank).
+SCHEDULES = [(spec.name, spec.default_stages_per_rank()) for spec in schedule_specs()] + [("gpipe+iw", 2)]
 POLICIES = ["none", "offload:all", "recompute:first:1"]
 EXTRA = {name: ["offload:first:1"] for name in ("1f1b", "interleaved-1f1b", "group-interleaved")}  # memory test
 CASES = [Case(name, v, policy) for name, v in SCHEDULES for policy in POLICIES + EXTRA.get(name, [])]

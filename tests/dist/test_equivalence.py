@@ -3,7 +3,6 @@ over 3 SGD steps on 2 and 4 gloo ranks; traces equal the schedules; nothing stay
 from __future__ import annotations
 
 import pytest
-
 from conftest import CASES, run_cases
 
 pytestmark = pytest.mark.dist

@@ -1,7 +1,6 @@
 """`pipeoffload train` on several ranks equals one process: PP bitwise (2 torchrun nodes), PP x DP within 1e-6."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys

@@ -7,7 +7,7 @@ the tests in this folder assert on them. The single-process reference is compute
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -98,7 +98,7 @@ def _compare(stages: dict[int, StageModule], starts: dict[int, int], ref_grads: 
     return equal, worst
 
 
-def run_case(rank: int, world: int, case: Case, cfg: GPTConfig, batches: list, ref: Optional[tuple],
+def run_case(rank: int, world: int, case: Case, cfg: GPTConfig, batches: list, ref: tuple | None,
              microbatches: int) -> dict:
     schedule = build_schedule(case, world, microbatches)
     layers = gpt_layers(cfg, seed=0)

@@ -18,7 +18,7 @@ import hashlib, json
 from pipeoffload.costs import CostModel
 from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.schedules import generate
-from pipeoffload.simulate import simulate
+from pipeoffload.simulator import simulate
 from pipeoffload.planner.hardware import GIB, hardware_preset
 from pipeoffload.planner.presets import model_preset
 from pipeoffload.planner.search import PlanRequest, find_plans

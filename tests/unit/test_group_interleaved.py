@@ -10,8 +10,8 @@ import pytest
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import ActionKind as K
 from pipeoffload.schedules import generate
-from pipeoffload.simulate import simulate
-from pipeoffload.validate import validate
+from pipeoffload.simulator import simulate
+from pipeoffload.validation import validate
 from tests.conftest import check_golden
 
 

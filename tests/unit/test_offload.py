@@ -14,7 +14,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.ir import ActionKind as K
 from pipeoffload.passes.lower import lower, lower_with_report
 from pipeoffload.schedules import generate
-from pipeoffload.simulate import simulate
+from pipeoffload.simulator import simulate
 
 
 def _gis(d: int, v: int, g: int, m: int | None = None):  # type: ignore[no-untyped-def]

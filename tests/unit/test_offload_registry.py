@@ -55,7 +55,7 @@ def test_offload_is_hidden_for_every_family(name: str, data: st.DataObject) -> N
     costs = data.draw(cost_models(schedule.num_stages))
     policy = data.draw(st.sampled_from(OFFLOAD))
     lowered, report = lower_with_report(schedule, costs, offload=policy)
-    from pipeoffload.simulate import simulate
+    from pipeoffload.simulator import simulate
 
     base, t = simulate(schedule, costs), simulate(lowered, costs)
     assert t.stall == 0
@@ -75,7 +75,7 @@ def test_recompute_and_offload_combine_for_every_family(name: str, data: st.Data
     offload = data.draw(st.sampled_from(["none", "first:1", "all", "budget:1"]))
     recompute = data.draw(st.sampled_from(RECOMPUTE + (["auto"] if offload != "none" else [])))
     lowered, report = lower_with_report(schedule, costs, offload=offload, recompute=recompute)
-    from pipeoffload.simulate import simulate
+    from pipeoffload.simulator import simulate
 
     costs = RecomputePolicy.parse(recompute).apply_to(costs)
     t = simulate(lowered, costs)

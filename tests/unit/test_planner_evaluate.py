@@ -18,7 +18,7 @@ from pipeoffload.planner.hardware import hardware_preset
 from pipeoffload.planner.presets import model_preset
 from pipeoffload.planner.stagecosts import Layout, layer_costs, partition, stage_costs
 from pipeoffload.schedules import generate, schedule_names
-from pipeoffload.simulate import simulate
+from pipeoffload.simulator import simulate
 
 
 def _costs(stages: int, last: float, p2p: float) -> CostModel:

@@ -10,7 +10,7 @@ from pipeoffload.cli import main  # noqa: E402
 from pipeoffload.planner.measured import load_layer_costs, save_layer_costs  # noqa: E402
 from pipeoffload.profiling import measure_layer_costs, profile_stages, saved_activation_bytes  # noqa: E402
 from pipeoffload.schedules import generate  # noqa: E402
-from pipeoffload.simulate import simulate  # noqa: E402
+from pipeoffload.simulator import simulate  # noqa: E402
 
 
 def _mlp() -> nn.Module:

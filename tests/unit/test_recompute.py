@@ -10,7 +10,7 @@ from pipeoffload.passes.lower import lower, lower_with_report
 from pipeoffload.passes.recompute import insert_recompute
 from pipeoffload.policies import LGD_SAVING, LGD_TIME, RecomputePolicy
 from pipeoffload.schedules import generate
-from pipeoffload.simulate import simulate
+from pipeoffload.simulator import simulate
 
 
 def _keys(schedule, kind):  # type: ignore[no-untyped-def]

@@ -27,8 +27,8 @@ from pipeoffload.schedules import (
     unregister,
 )
 from pipeoffload.semantics import CODE, KINDS, LANE, coded, memory_effects
-from pipeoffload.simulate import simulate
-from pipeoffload.validate import validate
+from pipeoffload.simulator import simulate
+from pipeoffload.validation import validate
 from pipeoffload.viz.chrome_trace import timeline_trace
 from pipeoffload.viz.grid import render_grid
 
@@ -163,7 +163,7 @@ def _sequential(schedule: Schedule, costs: CostModel) -> list[float]:
 def test_the_gc_pause_is_scoped_and_restored_when_a_simulation_fails() -> None:
     import gc
 
-    from pipeoffload.simulate import DeadlockError
+    from pipeoffload.simulator import DeadlockError
 
     stuck = Schedule.from_rows([[Action(B, 0, 0), Action(F, 0, 0)], [Action(F, 1, 0), Action(B, 1, 0)]])
     was = gc.isenabled()
