@@ -272,6 +272,7 @@ class PipelineRunner:
         except Exception as exc:
             raise self._fail(exc, step, index, current) from exc
         trace.peak_bytes = self.store.peak_bytes
+        trace.peak_host_bytes = self.store.peak_host_bytes
         trace.end_bytes = self.store.resident_bytes
         trace.wall = time.perf_counter() - t0
         self.trace = trace

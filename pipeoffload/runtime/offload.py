@@ -134,7 +134,8 @@ class ActivationStore:
         self._dead: list[_Entry] = []  # entries whose last handle autograd dropped, to be reaped
         self._resident = 0
         self.peak_bytes = 0
-        self.host_bytes = 0
+        self.host_bytes = 0  # host bytes of offloaded storages now (buffers held from OFFLOAD to reload/release)
+        self.peak_host_bytes = 0  # highest ``host_bytes`` since ``reset_peak``
 
     # ---- configuration ------------------------------------------------------------------------
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -157,7 +158,9 @@ class ActivationStore:
             self.peak_bytes = self._resident
 
     def reset_peak(self) -> None:
+        """Start a new measurement window (a step): both peaks restart from what is held now."""
         self.peak_bytes = self._resident
+        self.peak_host_bytes = self.host_bytes
 
     def slot_bytes(self, stage: int, microbatch: int) -> int:
         """Device bytes of the storages a slot saved (shared storages counted in full)."""
@@ -235,6 +238,8 @@ class ActivationStore:
             if entry.claims == 0 and entry.state is EntryState.RESIDENT:
                 entry.host = self.copier.pool.acquire(entry.nbytes)
                 self.host_bytes += entry.nbytes
+                if self.host_bytes > self.peak_host_bytes:
+                    self.peak_host_bytes = self.host_bytes
                 entry.token = self.copier.to_host(_byte_view(entry.storage), entry.host)
                 entry.state = EntryState.TO_HOST
                 self._copying.append(entry)

@@ -28,7 +28,7 @@ from pipeoffload.runtime.spec import as_inputs, as_tuple, assemble, split_microb
 from pipeoffload.train import checkpoint
 from pipeoffload.train.config import TrainConfig
 from pipeoffload.train.mesh import RankContext
-from pipeoffload.train.metrics import HostPeak, MetricsFile, SimulatedPeaks, reload_seconds
+from pipeoffload.train.metrics import MetricsFile, SimulatedPeaks, reload_seconds
 from pipeoffload.train.model import RankModel
 from pipeoffload.train.optim import (
     average_gradients,
@@ -40,6 +40,7 @@ from pipeoffload.train.optim import (
 )
 
 log = logging.getLogger(__name__)
+_HEAD = 8  # measurements before the per-stage slot bytes in the gathered vector
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
@@ -60,7 +61,6 @@ class Trainer:
         self.loss_fn, self.batches, self.run_dir = loss_fn, batches, run_dir
         self.runner = PipelineRunner(model.stages, schedule, ctx.pp_rank, group=ctx.pp_group if ctx.pp > 1 else None,
                                      loss_fn=loss_fn, device=ctx.device, timeout=cfg.timeout)
-        self.host = HostPeak(self.runner.store)
         self.named = model.named_parameters()
         self.params = list(self.named.values())
         self.order = self._name_order()
@@ -103,15 +103,7 @@ class Trainer:
         step_s = time.perf_counter() - t0
         self.step = step
         trace = self.runner.trace
-        mine = {
-            "loss": float(loss) if loss is not None and ctx.tp_rank == 0 else None,
-            "peak": trace.peak_bytes if trace else 0, "host": self.host.take(),
-            "stall": reload_seconds(trace) if trace else 0.0,
-            "cuda": torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None,
-            "slots": dict(self.runner.slot_bytes), "pp_rank": ctx.pp_rank, "stop": self.stop_signal,
-        }
-        everyone: list[Any] = [None] * ctx.world
-        dist.all_gather_object(everyone, mine)
+        everyone = self._gather_measurements(loss, trace)
         losses = [r["loss"] for r in everyone if r["loss"] is not None]
         units: dict[int, int] = {}
         for r in everyone:
@@ -130,6 +122,29 @@ class Trainer:
         }
         self._peer_stop = max(r["stop"] for r in everyone)
         return record
+
+    def _gather_measurements(self, loss: torch.Tensor | None, trace: Any) -> list[dict[str, Any]]:
+        """Every rank's measurements of the step, on every rank: one all-gather of a float64 vector
+        (exact for these integers and for a float32 loss), not a pickled object (two collectives)."""
+        ctx = self.ctx
+        has_loss = loss is not None and ctx.tp_rank == 0
+        cuda = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else -1
+        head = [float(has_loss), float(loss) if has_loss else 0.0,  # type: ignore[arg-type]
+                trace.peak_bytes if trace else 0, trace.peak_host_bytes if trace else 0,
+                reload_seconds(trace) if trace else 0.0, cuda, ctx.pp_rank, self.stop_signal]
+        slots = [self.runner.slot_bytes.get(s, -1) for s in range(self.runner.num_stages)]  # -1: not measured here
+        mine = torch.tensor(head + slots, dtype=torch.float64, device=ctx.device)  # NCCL gathers device tensors
+        parts = [torch.empty_like(mine) for _ in range(ctx.world)]
+        dist.all_gather(parts, mine)
+        out = []
+        for row in torch.stack(parts).tolist():
+            flag, value, peak, host, stall, cuda_bytes, pp_rank, stop = row[:_HEAD]
+            out.append({
+                "loss": value if flag else None, "peak": int(peak), "host": int(host), "stall": stall,
+                "cuda": None if cuda_bytes < 0 else int(cuda_bytes), "pp_rank": int(pp_rank), "stop": int(stop),
+                "slots": {s: int(b) for s, b in enumerate(row[_HEAD:]) if b >= 0},
+            })
+        return out
 
     # ---- validation --------------------------------------------------------------------------------
     @torch.no_grad()

@@ -17,26 +17,6 @@ from pipeoffload.fileio import write_atomic
 from pipeoffload.ir import ActionKind, Schedule
 
 
-class HostPeak:
-    """Peak host bytes of offloaded activations during a step, by wrapping the store's ``offload``
-    (the only call that grows them)."""
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        self.peak = 0
-        original = store.offload
-
-        def offload(stage: int, microbatch: int) -> None:
-            original(stage, microbatch)
-            self.peak = max(self.peak, store.host_bytes)
-
-        store.offload = offload
-
-    def take(self) -> int:
-        peak, self.peak = self.peak, self.store.host_bytes
-        return peak
-
-
 def reload_seconds(trace: Any) -> float:
     return sum(r.end - r.start for r in trace.records if r.action.kind == ActionKind.RELOAD)
 

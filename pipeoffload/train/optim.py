@@ -96,11 +96,16 @@ def global_grad_norm(named: dict[str, nn.Parameter], order: dict[str, int], dp_r
     it and its sum, in name order, is independent of how the model is split."""
     squares = torch.zeros(len(order), dtype=torch.float64, device=device)  # on the GPU for NCCL
     if dp_rank == 0:
+        slots, values = [], []
         for name, p in named.items():
             if p.grad is None or (tp_rank != 0 and not is_sharded(p)):
                 continue
             g = local_tensor(p.grad).detach().to(torch.float64)
-            squares[order[name]] += (g * g).sum().to(squares.device)
+            slots.append(order[name])
+            values.append((g * g).sum())
+        if values:  # one scatter, not one indexed add per parameter (each name has its own slot)
+            index = torch.tensor(slots, dtype=torch.long, device=squares.device)
+            squares.index_copy_(0, index, torch.stack(values).to(squares.device))
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(squares)
     return float(squares.sum().sqrt())
