@@ -1,15 +1,27 @@
 """Tokens/s of `pipeoffload train`'s step vs the same GPT and schedule on torch.distributed.pipelining.
 
-Both run on the same spawned gloo ranks, alternating step by step: ours is the whole training step
-of ``pipeoffload.train.loop.Trainer`` (pipeline step, gradient clipping, AdamW, the per-step metrics
-gather); theirs is ``Schedule1F1B``/``ScheduleInterleaved1F1B`` over the same stage modules plus
-AdamW. The median step of each is reported, one run (a shared 2-core machine is noisy).
+Both run on the same spawned gloo ranks (1 intra-op thread each), on the same stage modules (two
+copies with the same initial weights) and the same microbatches, step by step in alternating order
+(ours first on even steps, torch first on odd ones, so neither always runs right after the barrier).
+What each timed step includes:
 
-    python benchmarks/train_throughput.py [--ranks 2] [--steps 20]
+- ours: the whole ``pipeoffload.train.loop.Trainer.train_step``: the pipeline step through
+  ``PipelineRunner`` (activation store with saved-tensor hooks and the per-action trace), the
+  global gradient norm (one all-reduce) and clipping, AdamW, and the per-step all-gather of every
+  rank's measurements (loss, peaks, slot bytes) with the cached simulated peak.
+- torch: ``Schedule1F1B``/``ScheduleInterleaved1F1B.step`` plus AdamW; no gradient norm, no
+  clipping, no metrics (work ours does and theirs does not).
+
+The median step of each is reported, and the median of each part: ours' pipeline step
+(``runner.trace.wall``), its norm+clip+AdamW, its metrics gather; torch's schedule step and AdamW.
+The load average (``os.getloadavg``) before and after is printed: a shared 2-core machine is noisy.
+
+    python benchmarks/train_throughput.py [--ranks 2] [--steps 30]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from dataclasses import replace
@@ -60,47 +72,73 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> list[dict[str
     opt = torch.optim.AdamW(theirs_model.parameters(), lr=cfg.lr)
     holds_first, holds_last = 0 in theirs_model.stages, schedule.num_stages - 1 in theirs_model.stages
 
+    parts: dict[str, list[float]] = {k: [] for k in ("ours", "ours_pipeline", "ours_update", "ours_metrics",
+                                                     "torch", "torch_pipeline", "torch_update")}
+
+    def our_step(step: int) -> None:
+        start = time.perf_counter()
+        record = ours.train_step()
+        total = time.perf_counter() - start
+        if step >= 2:
+            wall = ours.runner.trace.wall  # type: ignore[union-attr]
+            parts["ours"].append(total)
+            parts["ours_pipeline"].append(wall)
+            parts["ours_update"].append(record["step_s"] - wall)
+            parts["ours_metrics"].append(total - record["step_s"])
+
     def their_step(step: int) -> None:
         (tokens, _, _), targets = batches.train(step, 0)
         kwargs: dict[str, Any] = {"target": targets, "losses": []} if holds_last else {}
+        start = time.perf_counter()
         if holds_first:
             sched.step(tokens, **kwargs)
         else:
             sched.step(**kwargs)
+        mid = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        end = time.perf_counter()
+        if step >= 2:  # the first two steps infer shapes and warm up
+            parts["torch"].append(end - start)
+            parts["torch_pipeline"].append(mid - start)
+            parts["torch_update"].append(end - mid)
 
-    times: dict[str, list[float]] = {"ours": [], "torch": []}
     for step in range(steps + 2):
-        for label, fn in (("ours", lambda s=step: ours.train_step()), ("torch", lambda s=step: their_step(s))):
+        order = (our_step, their_step) if step % 2 == 0 else (their_step, our_step)
+        for fn in order:
             dist.barrier()
-            start = time.perf_counter()
-            fn()
-            if step >= 2:  # the first two steps infer shapes and warm up
-                times[label].append(time.perf_counter() - start)
+            fn(step)
     tokens = cfg.global_batch * cfg.seq_len
-    return [{"label": k, "tokens_per_s": tokens / statistics.median(v), "median_step_s": statistics.median(v)}
-            for k, v in times.items()]
+    return [{"label": k, "median_s": statistics.median(v), "tokens_per_s": tokens / statistics.median(v)}
+            for k, v in parts.items()]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
+    load = os.getloadavg()
     print(f"GPT {CFG.layers} blocks, hidden {CFG.hidden}, seq {CFG.seq_len}, global batch {CFG.global_batch}, "
           f"{CFG.microbatches} microbatches, {args.ranks} gloo ranks (1 thread each), median of {args.steps} steps")
+    print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)")
     for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2)):
         cfg = validate(replace(CFG, schedule=schedule, stages_per_rank=v, pp=args.ranks, nproc=args.ranks))
         result = spawn(worker, args.ranks, (cfg, args.steps), timeout=300, deadline=1800)
         if not result.ok:
             raise SystemExit("\n".join(e for e in result.errors if e))
-        rows = {r["label"]: r for r in result.results[0]}
-        ratio = rows["ours"]["tokens_per_s"] / rows["torch"]["tokens_per_s"]
-        print(f"{schedule:17} v={v}: ours {rows['ours']['tokens_per_s']:8.0f} tokens/s "
-              f"({rows['ours']['median_step_s'] * 1e3:.0f} ms/step), torch.distributed.pipelining "
-              f"{rows['torch']['tokens_per_s']:8.0f} tokens/s ({rows['torch']['median_step_s'] * 1e3:.0f} ms/step); "
-              f"ratio ours/torch {ratio:.2f}")
+        for rank, rows in enumerate(result.results):
+            by = {r["label"]: r for r in rows}
+            ms = {k: r["median_s"] * 1e3 for k, r in by.items()}
+            ratio = by["ours"]["tokens_per_s"] / by["torch"]["tokens_per_s"]
+            head = f"{schedule:17} v={v}" if rank == 0 else " " * 21
+            print(f"{head} rank {rank}: ours {by['ours']['tokens_per_s']:6.0f} tokens/s ({ms['ours']:.0f} ms/step = "
+                  f"pipeline {ms['ours_pipeline']:.0f} + norm/clip/AdamW {ms['ours_update']:.1f} + metrics "
+                  f"{ms['ours_metrics']:.1f}), torch.distributed.pipelining {by['torch']['tokens_per_s']:6.0f} "
+                  f"tokens/s ({ms['torch']:.0f} ms/step = pipeline {ms['torch_pipeline']:.0f} + AdamW "
+                  f"{ms['torch_update']:.1f}); ratio ours/torch {ratio:.2f}")
+    load = os.getloadavg()
+    print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 ``Trainer`` drives a ``PipelineRunner`` (the runtime) over this rank's stages. After the runner's
 step the gradients of the data-parallel replicas are averaged (one flat all-reduce per dtype), the
 global norm is clipped (see ``optim.global_grad_norm``: the same bits in every layout), the
-optimizer steps. Each step every rank's measurements are gathered to rank 0, which writes
-``metrics.jsonl`` and draws the progress bar. SIGINT/SIGTERM set a flag; the step in flight
+optimizer steps. Every rank's measurements of the step ride on the norm's all-reduce (one
+collective per step for both); rank 0 writes ``metrics.jsonl`` and draws the progress bar. SIGINT/SIGTERM set a flag; the step in flight
 finishes, all ranks agree at the next gather, save a checkpoint and return.
 """
 from __future__ import annotations
@@ -96,14 +96,14 @@ class Trainer:
         with self._autocast():
             loss = self.runner.step(inputs, targets)
         average_gradients(self.params, ctx.dp_group, ctx.dp)
-        norm = global_grad_norm(self.named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device)
+        board = self._measurements(loss, self.runner.trace)
+        norm = global_grad_norm(self.named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device, riders=board.view(-1))
         clip_gradients(self.params, norm, cfg.clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         step_s = time.perf_counter() - t0
         self.step = step
-        trace = self.runner.trace
-        everyone = self._gather_measurements(loss, trace)
+        everyone = self._rows(board)
         losses = [r["loss"] for r in everyone if r["loss"] is not None]
         units: dict[int, int] = {}
         for r in everyone:
@@ -123,9 +123,11 @@ class Trainer:
         self._peer_stop = max(r["stop"] for r in everyone)
         return record
 
-    def _gather_measurements(self, loss: torch.Tensor | None, trace: Any) -> list[dict[str, Any]]:
-        """Every rank's measurements of the step, on every rank: one all-gather of a float64 vector
-        (exact for these integers and for a float32 loss), not a pickled object (two collectives)."""
+    def _measurements(self, loss: torch.Tensor | None, trace: Any) -> torch.Tensor:
+        """This rank's measurements of the step as row ``rank`` of a (world, width) float64 board of
+        zeros: summed over the world with the gradient norm's all-reduce it becomes every rank's
+        (x + 0 is exact; float64 holds these integers and a float32 loss exactly). One collective
+        per step for the norm and the metrics, no pickled object."""
         ctx = self.ctx
         has_loss = loss is not None and ctx.tp_rank == 0
         cuda = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else -1
@@ -133,11 +135,14 @@ class Trainer:
                 trace.peak_bytes if trace else 0, trace.peak_host_bytes if trace else 0,
                 reload_seconds(trace) if trace else 0.0, cuda, ctx.pp_rank, self.stop_signal]
         slots = [self.runner.slot_bytes.get(s, -1) for s in range(self.runner.num_stages)]  # -1: not measured here
-        mine = torch.tensor(head + slots, dtype=torch.float64, device=ctx.device)  # NCCL gathers device tensors
-        parts = [torch.empty_like(mine) for _ in range(ctx.world)]
-        dist.all_gather(parts, mine)
+        board = torch.zeros(ctx.world, _HEAD + len(slots), dtype=torch.float64)
+        board[ctx.rank] = torch.tensor(head + slots, dtype=torch.float64)
+        return board
+
+    @staticmethod
+    def _rows(board: torch.Tensor) -> list[dict[str, Any]]:
         out = []
-        for row in torch.stack(parts).tolist():
+        for row in board.tolist():
             flag, value, peak, host, stall, cuda_bytes, pp_rank, stop = row[:_HEAD]
             out.append({
                 "loss": value if flag else None, "peak": int(peak), "host": int(host), "stall": stall,
