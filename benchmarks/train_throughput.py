@@ -14,7 +14,10 @@ What each timed step includes:
 
 The median step of each is reported, and the median of each part: ours' pipeline step
 (``runner.trace.wall``), its norm+clip+AdamW, its metrics gather; torch's schedule step and AdamW.
-The load average (``os.getloadavg``) before and after is printed: a shared 2-core machine is noisy.
+The process CPU time per step (``time.process_time``: this rank's threads, gloo's included; waits
+that sleep do not count) is printed too: it is less sensitive to the other load on the machine than
+wall time. The load average (``os.getloadavg``) before and after is printed: a shared 2-core
+machine is noisy.
 
     python benchmarks/train_throughput.py [--ranks 2] [--steps 30]
 """
@@ -72,14 +75,15 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> list[dict[str
     opt = torch.optim.AdamW(theirs_model.parameters(), lr=cfg.lr)
     holds_first, holds_last = 0 in theirs_model.stages, schedule.num_stages - 1 in theirs_model.stages
 
-    parts: dict[str, list[float]] = {k: [] for k in ("ours", "ours_pipeline", "ours_update", "ours_metrics",
-                                                     "torch", "torch_pipeline", "torch_update")}
+    parts: dict[str, list[float]] = {k: [] for k in ("ours", "ours_pipeline", "ours_update", "ours_metrics", "ours_cpu",
+                                                     "torch", "torch_pipeline", "torch_update", "torch_cpu")}
 
     def our_step(step: int) -> None:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         record = ours.train_step()
-        total = time.perf_counter() - start
+        total, cpu = time.perf_counter() - start, time.process_time() - cpu
         if step >= 2:
+            parts["ours_cpu"].append(cpu)
             wall = ours.runner.trace.wall  # type: ignore[union-attr]
             parts["ours"].append(total)
             parts["ours_pipeline"].append(wall)
@@ -89,7 +93,7 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> list[dict[str
     def their_step(step: int) -> None:
         (tokens, _, _), targets = batches.train(step, 0)
         kwargs: dict[str, Any] = {"target": targets, "losses": []} if holds_last else {}
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         if holds_first:
             sched.step(tokens, **kwargs)
         else:
@@ -97,8 +101,9 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> list[dict[str
         mid = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        end = time.perf_counter()
+        end, cpu = time.perf_counter(), time.process_time() - cpu
         if step >= 2:  # the first two steps infer shapes and warm up
+            parts["torch_cpu"].append(cpu)
             parts["torch"].append(end - start)
             parts["torch_pipeline"].append(mid - start)
             parts["torch_update"].append(end - mid)
@@ -136,7 +141,8 @@ def main() -> None:
                   f"pipeline {ms['ours_pipeline']:.0f} + norm/clip/AdamW {ms['ours_update']:.1f} + metrics "
                   f"{ms['ours_metrics']:.1f}), torch.distributed.pipelining {by['torch']['tokens_per_s']:6.0f} "
                   f"tokens/s ({ms['torch']:.0f} ms/step = pipeline {ms['torch_pipeline']:.0f} + AdamW "
-                  f"{ms['torch_update']:.1f}); ratio ours/torch {ratio:.2f}")
+                  f"{ms['torch_update']:.1f}); ratio ours/torch {ratio:.2f}; CPU ms/step of the process: ours "
+                  f"{ms['ours_cpu']:.0f}, torch {ms['torch_cpu']:.0f}")
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from enum import Enum
+from functools import partial
 from typing import Any
 
 import torch
@@ -179,10 +180,7 @@ class ActivationStore:
         if rec is None:
             rec = self._slots[key] = _SlotRecord()
 
-        def pack(t: torch.Tensor) -> Any:
-            return self._pack(key, rec, t)
-
-        return torch.autograd.graph.saved_tensors_hooks(pack, self._unpack)
+        return torch.autograd.graph.saved_tensors_hooks(partial(self._pack, key, rec), self._unpack)
 
     def _pack(self, key: Slot, rec: _SlotRecord, t: torch.Tensor) -> Any:
         if self._dead:  # settle frees first, so that the peak never counts memory already gone
