@@ -7,13 +7,18 @@ What each timed step includes:
 
 - ours: the whole ``pipeoffload.train.loop.Trainer.train_step``: the pipeline step through
   ``PipelineRunner`` (activation store with saved-tensor hooks and the per-action trace), the
-  global gradient norm (one all-reduce) and clipping, AdamW, and the per-step all-gather of every
-  rank's measurements (loss, peaks, slot bytes) with the cached simulated peak.
+  global gradient norm and clipping (one all-reduce over the ranks, which also carries every rank's
+  measurements: loss, peaks, slot bytes), AdamW, and the metrics record (with the cached simulated
+  peak).
 - torch: ``Schedule1F1B``/``ScheduleInterleaved1F1B.step`` plus AdamW; no gradient norm, no
   clipping, no metrics (work ours does and theirs does not).
 
-The median step of each is reported, and the median of each part: ours' pipeline step
-(``runner.trace.wall``), its norm+clip+AdamW, its metrics gather; torch's schedule step and AdamW.
+Every rank leaves a barrier before each timed step, so a step lasts until its slowest rank is done:
+the reported step time is the median over steps of the slowest rank's time (torch's step ends with
+no collective, so one rank's own time would leave out the imbalance that the next step's wait pays;
+ours ends with the norm's all-reduce, which makes every rank wait for the last). Per rank, the
+median of each part is printed: ours' pipeline step (``runner.trace.wall``), its norm+clip+AdamW,
+its metrics record; torch's schedule step and AdamW.
 The process CPU time per step (``time.process_time``: this rank's threads, gloo's included; waits
 that sleep do not count) is printed too: it is less sensitive to the other load on the machine than
 wall time. The load average (``os.getloadavg``) before and after is printed: a shared 2-core
@@ -59,7 +64,7 @@ class TorchStage(nn.Module):
         return out[0] if isinstance(out, tuple) else out
 
 
-def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> list[dict[str, Any]]:
+def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> dict[str, list[float]]:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
     ctx = build_context(1, world, 1, torch.device("cpu"))
@@ -113,9 +118,7 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> list[dict[str
         for fn in order:
             dist.barrier()
             fn(step)
-    tokens = cfg.global_batch * cfg.seq_len
-    return [{"label": k, "median_s": statistics.median(v), "tokens_per_s": tokens / statistics.median(v)}
-            for k, v in parts.items()]
+    return parts
 
 
 def main() -> None:
@@ -132,17 +135,19 @@ def main() -> None:
         result = spawn(worker, args.ranks, (cfg, args.steps), timeout=300, deadline=1800)
         if not result.ok:
             raise SystemExit("\n".join(e for e in result.errors if e))
-        for rank, rows in enumerate(result.results):
-            by = {r["label"]: r for r in rows}
-            ms = {k: r["median_s"] * 1e3 for k, r in by.items()}
-            ratio = by["ours"]["tokens_per_s"] / by["torch"]["tokens_per_s"]
-            head = f"{schedule:17} v={v}" if rank == 0 else " " * 21
-            print(f"{head} rank {rank}: ours {by['ours']['tokens_per_s']:6.0f} tokens/s ({ms['ours']:.0f} ms/step = "
-                  f"pipeline {ms['ours_pipeline']:.0f} + norm/clip/AdamW {ms['ours_update']:.1f} + metrics "
-                  f"{ms['ours_metrics']:.1f}), torch.distributed.pipelining {by['torch']['tokens_per_s']:6.0f} "
-                  f"tokens/s ({ms['torch']:.0f} ms/step = pipeline {ms['torch_pipeline']:.0f} + AdamW "
-                  f"{ms['torch_update']:.1f}); ratio ours/torch {ratio:.2f}; CPU ms/step of the process: ours "
-                  f"{ms['ours_cpu']:.0f}, torch {ms['torch_cpu']:.0f}")
+        tokens = cfg.global_batch * cfg.seq_len
+        # All ranks leave the barrier together: a step lasts until its slowest rank is done.
+        step_s = {k: statistics.median(max(col) for col in zip(*(r[k] for r in result.results)))
+                  for k in ("ours", "torch")}
+        print(f"{schedule:17} v={v}: ours {tokens / step_s['ours']:6.0f} tokens/s ({step_s['ours'] * 1e3:.0f} ms/step), "
+              f"torch.distributed.pipelining {tokens / step_s['torch']:6.0f} tokens/s "
+              f"({step_s['torch'] * 1e3:.0f} ms/step); ratio ours/torch {step_s['torch'] / step_s['ours']:.2f}")
+        for rank, parts in enumerate(result.results):
+            ms = {k: statistics.median(v) * 1e3 for k, v in parts.items()}
+            print(f"    rank {rank}: ours {ms['ours']:.0f} ms = pipeline {ms['ours_pipeline']:.0f} + norm/clip/AdamW "
+                  f"{ms['ours_update']:.1f} + metrics {ms['ours_metrics']:.1f}; torch {ms['torch']:.0f} ms = "
+                  f"pipeline {ms['torch_pipeline']:.0f} + AdamW {ms['torch_update']:.1f}; process CPU ms/step: "
+                  f"ours {ms['ours_cpu']:.0f}, torch {ms['torch_cpu']:.0f}")
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
