@@ -40,7 +40,7 @@ from pipeoffload.train.optim import (
 )
 
 log = logging.getLogger(__name__)
-_HEAD = 8  # measurements before the per-stage slot bytes in the gathered vector
+_HEAD = 8  # measurements before the per-stage slot bytes in a row of the measurement board
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 

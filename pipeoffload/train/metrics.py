@@ -1,4 +1,4 @@
-"""Per-step measurements of every rank, gathered to rank 0 and written to ``metrics.jsonl``.
+"""Per-step measurements of every rank (brought to every rank with the gradient norm's all-reduce) and ``metrics.jsonl``.
 
 Keys (see docs/training.md): step, loss, val_loss, lr, grad_norm, tokens_per_s, step_s, and per
 global rank peak_act_bytes (the runtime's measured peak of resident activations), sim_peak_act_bytes
