@@ -1,15 +1,35 @@
 """Tokens/s of `pipeoffload train`'s step vs the same GPT and schedule on torch.distributed.pipelining.
 
-Both run on the same spawned gloo ranks, alternating step by step: ours is the whole training step
-of ``pipeoffload.train.loop.Trainer`` (pipeline step, gradient clipping, AdamW, the per-step metrics
-gather); theirs is ``Schedule1F1B``/``ScheduleInterleaved1F1B`` over the same stage modules plus
-AdamW. The median step of each is reported, one run (a shared 2-core machine is noisy).
+Both run on the same spawned gloo ranks (1 intra-op thread each), on the same stage modules (two
+copies with the same initial weights) and the same microbatches, step by step in alternating order
+(ours first on even steps, torch first on odd ones, so neither always runs right after the barrier).
+What each timed step includes:
 
-    python benchmarks/train_throughput.py [--ranks 2] [--steps 20]
+- ours: the whole ``pipeoffload.train.loop.Trainer.train_step``: the pipeline step through
+  ``PipelineRunner`` (activation store with saved-tensor hooks and the per-action trace), the
+  global gradient norm and clipping (one all-reduce over the ranks, which also carries every rank's
+  measurements: loss, peaks, slot bytes), AdamW, and the metrics record (with the cached simulated
+  peak).
+- torch: ``Schedule1F1B``/``ScheduleInterleaved1F1B.step`` plus AdamW; no gradient norm, no
+  clipping, no metrics (work ours does and theirs does not).
+
+Every rank leaves a barrier before each timed step, so a step lasts until its slowest rank is done:
+the reported step time is the median over steps of the slowest rank's time (torch's step ends with
+no collective, so one rank's own time would leave out the imbalance that the next step's wait pays;
+ours ends with the norm's all-reduce, which makes every rank wait for the last). Per rank, the
+median of each part is printed: ours' pipeline step (``runner.trace.wall``), its norm+clip+AdamW,
+its metrics record; torch's schedule step and AdamW.
+The process CPU time per step (``time.process_time``: this rank's threads, gloo's included; waits
+that sleep do not count) is printed too: it is less sensitive to the other load on the machine than
+wall time. The load average (``os.getloadavg``) before and after is printed: a shared 2-core
+machine is noisy.
+
+    python benchmarks/train_throughput.py [--ranks 2] [--steps 30]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from dataclasses import replace
@@ -44,7 +64,7 @@ class TorchStage(nn.Module):
         return out[0] if isinstance(out, tuple) else out
 
 
-def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> list[dict[str, Any]]:
+def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> dict[str, list[float]]:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
     ctx = build_context(1, world, 1, torch.device("cpu"))
@@ -60,47 +80,76 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> list[dict[str
     opt = torch.optim.AdamW(theirs_model.parameters(), lr=cfg.lr)
     holds_first, holds_last = 0 in theirs_model.stages, schedule.num_stages - 1 in theirs_model.stages
 
+    parts: dict[str, list[float]] = {k: [] for k in ("ours", "ours_pipeline", "ours_update", "ours_metrics", "ours_cpu",
+                                                     "torch", "torch_pipeline", "torch_update", "torch_cpu")}
+
+    def our_step(step: int) -> None:
+        start, cpu = time.perf_counter(), time.process_time()
+        record = ours.train_step()
+        total, cpu = time.perf_counter() - start, time.process_time() - cpu
+        if step >= 2:
+            parts["ours_cpu"].append(cpu)
+            wall = ours.runner.trace.wall  # type: ignore[union-attr]
+            parts["ours"].append(total)
+            parts["ours_pipeline"].append(wall)
+            parts["ours_update"].append(record["step_s"] - wall)
+            parts["ours_metrics"].append(total - record["step_s"])
+
     def their_step(step: int) -> None:
         (tokens, _, _), targets = batches.train(step, 0)
         kwargs: dict[str, Any] = {"target": targets, "losses": []} if holds_last else {}
+        start, cpu = time.perf_counter(), time.process_time()
         if holds_first:
             sched.step(tokens, **kwargs)
         else:
             sched.step(**kwargs)
+        mid = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        end, cpu = time.perf_counter(), time.process_time() - cpu
+        if step >= 2:  # the first two steps infer shapes and warm up
+            parts["torch_cpu"].append(cpu)
+            parts["torch"].append(end - start)
+            parts["torch_pipeline"].append(mid - start)
+            parts["torch_update"].append(end - mid)
 
-    times: dict[str, list[float]] = {"ours": [], "torch": []}
     for step in range(steps + 2):
-        for label, fn in (("ours", lambda s=step: ours.train_step()), ("torch", lambda s=step: their_step(s))):
+        order = (our_step, their_step) if step % 2 == 0 else (their_step, our_step)
+        for fn in order:
             dist.barrier()
-            start = time.perf_counter()
-            fn()
-            if step >= 2:  # the first two steps infer shapes and warm up
-                times[label].append(time.perf_counter() - start)
-    tokens = cfg.global_batch * cfg.seq_len
-    return [{"label": k, "tokens_per_s": tokens / statistics.median(v), "median_step_s": statistics.median(v)}
-            for k, v in times.items()]
+            fn(step)
+    return parts
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
+    load = os.getloadavg()
     print(f"GPT {CFG.layers} blocks, hidden {CFG.hidden}, seq {CFG.seq_len}, global batch {CFG.global_batch}, "
           f"{CFG.microbatches} microbatches, {args.ranks} gloo ranks (1 thread each), median of {args.steps} steps")
+    print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)")
     for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2)):
         cfg = validate(replace(CFG, schedule=schedule, stages_per_rank=v, pp=args.ranks, nproc=args.ranks))
         result = spawn(worker, args.ranks, (cfg, args.steps), timeout=300, deadline=1800)
         if not result.ok:
             raise SystemExit("\n".join(e for e in result.errors if e))
-        rows = {r["label"]: r for r in result.results[0]}
-        ratio = rows["ours"]["tokens_per_s"] / rows["torch"]["tokens_per_s"]
-        print(f"{schedule:17} v={v}: ours {rows['ours']['tokens_per_s']:8.0f} tokens/s "
-              f"({rows['ours']['median_step_s'] * 1e3:.0f} ms/step), torch.distributed.pipelining "
-              f"{rows['torch']['tokens_per_s']:8.0f} tokens/s ({rows['torch']['median_step_s'] * 1e3:.0f} ms/step); "
-              f"ratio ours/torch {ratio:.2f}")
+        tokens = cfg.global_batch * cfg.seq_len
+        # All ranks leave the barrier together: a step lasts until its slowest rank is done.
+        step_s = {k: statistics.median(max(col) for col in zip(*(r[k] for r in result.results)))
+                  for k in ("ours", "torch")}
+        print(f"{schedule:17} v={v}: ours {tokens / step_s['ours']:6.0f} tokens/s ({step_s['ours'] * 1e3:.0f} ms/step), "
+              f"torch.distributed.pipelining {tokens / step_s['torch']:6.0f} tokens/s "
+              f"({step_s['torch'] * 1e3:.0f} ms/step); ratio ours/torch {step_s['torch'] / step_s['ours']:.2f}")
+        for rank, parts in enumerate(result.results):
+            ms = {k: statistics.median(v) * 1e3 for k, v in parts.items()}
+            print(f"    rank {rank}: ours {ms['ours']:.0f} ms = pipeline {ms['ours_pipeline']:.0f} + norm/clip/AdamW "
+                  f"{ms['ours_update']:.1f} + metrics {ms['ours_metrics']:.1f}; torch {ms['torch']:.0f} ms = "
+                  f"pipeline {ms['torch_pipeline']:.0f} + AdamW {ms['torch_update']:.1f}; process CPU ms/step: "
+                  f"ours {ms['ours_cpu']:.0f}, torch {ms['torch_cpu']:.0f}")
+    load = os.getloadavg()
+    print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 
 if __name__ == "__main__":

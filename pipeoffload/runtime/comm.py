@@ -5,7 +5,8 @@ SEND/RECV actions is posted as one batch; sends never block (their works are kep
 end of the step); the rank blocks until every receive of the batch has arrived.
 
 - gloo: each tensor is its own ``isend``/``irecv`` with a tag derived from (direction, stage,
-  microbatch, index), so messages between two ranks match by tag whatever the posting order.
+  microbatch, index), so messages between two ranks match by tag whatever the posting order (the
+  executor posts the next batch's receives early and waits for them at their batch).
 - NCCL: one ``batch_isend_irecv`` per batch (a group call, required so that two ranks exchanging in
   both directions cannot deadlock); NCCL ignores tags and matches in posting order, so
   ``check_fifo`` verifies at set-up that every pair of ranks posts matching sequences.

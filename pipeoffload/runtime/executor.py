@@ -146,6 +146,11 @@ class PipelineRunner:
             K.R: cls._recompute, K.OFFLOAD: cls._offload, K.RELOAD: cls._reload,
         }
         self._program = comm_batches(self.row)
+        # gloo matches messages by tag, so the receives of the next comm batch can be posted as soon
+        # as this one is done: their data then lands while this rank computes (NCCL matches in
+        # posting order, and its batches are group calls: there each batch posts its own).
+        self._prefetch = not getattr(self.transport, "nccl", False)
+        self._next_recvs = _next_receives(self._program) if self._prefetch else {}
         self._reset_state()
 
     def close(self) -> None:
@@ -189,6 +194,7 @@ class PipelineRunner:
         self._inflight: list[tuple[Any, list[torch.Tensor], int]] = []
         self._handoff_pins: dict[tuple[int, int], list[torch.Tensor]] = {}
         self._losses: dict[int, torch.Tensor] = {}
+        self._posted: dict[Action, tuple[list[torch.Tensor], list[Any], list[int]]] = {}  # receives posted early
 
     # ---- specs ------------------------------------------------------------------------------------
     def _ensure_specs(self, mb_inputs: list[tuple] | None) -> None:
@@ -253,11 +259,13 @@ class PipelineRunner:
             current = "shape inference"
             self._ensure_specs(self._mb_inputs)
             current = None
-            for item in self._program:
+            for position, item in enumerate(self._program):
                 begin = clock() - t0
                 current = item
                 if item.__class__ is list:  # a batch of comm actions
                     self._exchange(item)
+                    if position in self._next_recvs:
+                        self._post_early(self._next_recvs[position])
                     end, resident = clock() - t0, store.resident_bytes
                     for a in item:
                         record(TraceRecord(a, begin, end, resident))
@@ -272,6 +280,7 @@ class PipelineRunner:
         except Exception as exc:
             raise self._fail(exc, step, index, current) from exc
         trace.peak_bytes = self.store.peak_bytes
+        trace.peak_host_bytes = self.store.peak_host_bytes
         trace.end_bytes = self.store.resident_bytes
         trace.wall = time.perf_counter() - t0
         self.trace = trace
@@ -289,9 +298,10 @@ class PipelineRunner:
         self._unpin_sent(everything=True)
         self.store.finish()
         leftovers = [s for s, st in self.stages.items() if st.pending()]
-        if leftovers or self._inputs or self._grads or self._outbox:
+        if leftovers or self._inputs or self._grads or self._outbox or self._posted:
             raise RuntimeError(
                 f"step ended with unconsumed state: stages {leftovers} pending, inputs {sorted(self._inputs)}, "
+                f"receives posted early {sorted(map(str, self._posted))}, "
                 f"gradients {sorted(self._grads)}, unsent {sorted(map(str, (Action(*k) for k in self._outbox)))}"
             )
 
@@ -399,21 +409,16 @@ class PipelineRunner:
                 tensors = [t.contiguous() for t in self._outbox.pop((a.kind, s, mb))]
                 peer_rank = placement.rank_of(peer)
                 sends += [(peer_rank, message_tag(direction, s, mb, i, S, M), t) for i, t in enumerate(tensors)]
-            elif a.kind == K.RECV_F:
-                spec = self.specs[s - 1][mb]  # type: ignore[index]
-                bufs = [ts.empty(self.device) for ts in tensor_specs(spec)]
-                peer_rank = placement.rank_of(s - 1)
-                recvs += [(peer_rank, message_tag(0, s - 1, mb, i, S, M), t) for i, t in enumerate(bufs)]
+            else:
+                spec, bufs, peer_rank, tags = self._receive_plan(a)
+                recvs += [(peer_rank, tag, t) for tag, t in zip(tags, bufs)]
                 arrivals.append((a, spec, bufs))
-            else:  # RECV_B
-                spec = self.specs[s][mb]  # type: ignore[index]
-                bufs = [ts.empty(self.device) for ts in grad_specs(spec)]
-                peer_rank = placement.rank_of(s + 1)
-                recvs += [(peer_rank, message_tag(1, s + 1, mb, i, S, M), t) for i, t in enumerate(bufs)]
-                arrivals.append((a, spec, bufs))
+        early = [self._posted.pop(a) for a, _, _ in arrivals if a in self._posted]
         send_works, recv_works = self.transport.post(sends, recvs)
         for (peer, _, t), work in zip(sends, send_works):  # one work per tensor (gloo)
             self._inflight.append((work, [t] if self.store.pin(t) else [], peer))
+        for _, works, peers in early:
+            self.transport.wait(works, peers)
         self.transport.wait(recv_works, [peer for peer, _, _ in recvs])
         for a, spec, bufs in arrivals:
             if a.kind == K.RECV_F:
@@ -422,6 +427,32 @@ class PipelineRunner:
                 self._grads[(a.stage, a.microbatch)] = bufs
         if self._inflight:
             self._unpin_sent()
+
+    def _receive_plan(self, a: Action) -> tuple[Spec, list[torch.Tensor], int, list[int]]:
+        """For RECV_F/RECV_B ``a``: the spec of the value, its buffers, the peer and the message
+        tags; for a receive already posted early, its buffers and no tags (nothing to post)."""
+        S, M = self.num_stages, self.num_microbatches
+        s, mb = a.stage, a.microbatch
+        if a in self._posted:
+            spec_src = self.specs[s - 1 if a.kind == K.RECV_F else s][mb]  # type: ignore[index]
+            return spec_src, self._posted[a][0], -1, []
+        if a.kind == K.RECV_F:
+            spec = self.specs[s - 1][mb]  # type: ignore[index]
+            bufs = [ts.empty(self.device) for ts in tensor_specs(spec)]
+            sender, direction = s - 1, 0
+        else:  # RECV_B
+            spec = self.specs[s][mb]  # type: ignore[index]
+            bufs = [ts.empty(self.device) for ts in grad_specs(spec)]
+            sender, direction = s + 1, 1
+        tags = [message_tag(direction, sender, mb, i, S, M) for i in range(len(bufs))]
+        return spec, bufs, self.schedule.placement.rank_of(sender), tags
+
+    def _post_early(self, actions: list[Action]) -> None:
+        """Post the receives of the next comm batch now (gloo); ``_exchange`` waits for them."""
+        for a in actions:
+            _, bufs, peer, tags = self._receive_plan(a)
+            _, works = self.transport.post([], [(peer, tag, t) for tag, t in zip(tags, bufs)])
+            self._posted[a] = (bufs, list(works), [peer] * len(bufs))
 
     def _unpin_sent(self, everything: bool = False) -> None:
         """Forget sends that completed (their buffers can go) and drop their pins."""
@@ -433,3 +464,14 @@ class PipelineRunner:
             else:
                 still.append((work, pinned, peer))
         self._inflight = still
+
+
+def _next_receives(program: list) -> dict[int, list[Action]]:
+    """Position of each comm batch in ``program`` -> the receives of the next comm batch, if any."""
+    batches = [i for i, item in enumerate(program) if isinstance(item, list)]
+    out = {}
+    for here, there in zip(batches, batches[1:]):
+        recvs = [a for a in program[there] if a.kind in (K.RECV_F, K.RECV_B)]
+        if recvs:
+            out[here] = recvs
+    return out

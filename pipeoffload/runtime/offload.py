@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from enum import Enum
+from functools import partial
 from typing import Any
 
 import torch
@@ -134,7 +135,8 @@ class ActivationStore:
         self._dead: list[_Entry] = []  # entries whose last handle autograd dropped, to be reaped
         self._resident = 0
         self.peak_bytes = 0
-        self.host_bytes = 0
+        self.host_bytes = 0  # host bytes of offloaded storages now (buffers held from OFFLOAD to reload/release)
+        self.peak_host_bytes = 0  # highest ``host_bytes`` since ``reset_peak``
 
     # ---- configuration ------------------------------------------------------------------------
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -157,7 +159,9 @@ class ActivationStore:
             self.peak_bytes = self._resident
 
     def reset_peak(self) -> None:
+        """Start a new measurement window (a step): both peaks restart from what is held now."""
         self.peak_bytes = self._resident
+        self.peak_host_bytes = self.host_bytes
 
     def slot_bytes(self, stage: int, microbatch: int) -> int:
         """Device bytes of the storages a slot saved (shared storages counted in full)."""
@@ -176,10 +180,7 @@ class ActivationStore:
         if rec is None:
             rec = self._slots[key] = _SlotRecord()
 
-        def pack(t: torch.Tensor) -> Any:
-            return self._pack(key, rec, t)
-
-        return torch.autograd.graph.saved_tensors_hooks(pack, self._unpack)
+        return torch.autograd.graph.saved_tensors_hooks(partial(self._pack, key, rec), self._unpack)
 
     def _pack(self, key: Slot, rec: _SlotRecord, t: torch.Tensor) -> Any:
         if self._dead:  # settle frees first, so that the peak never counts memory already gone
@@ -235,6 +236,8 @@ class ActivationStore:
             if entry.claims == 0 and entry.state is EntryState.RESIDENT:
                 entry.host = self.copier.pool.acquire(entry.nbytes)
                 self.host_bytes += entry.nbytes
+                if self.host_bytes > self.peak_host_bytes:
+                    self.peak_host_bytes = self.host_bytes
                 entry.token = self.copier.to_host(_byte_view(entry.storage), entry.host)
                 entry.state = EntryState.TO_HOST
                 self._copying.append(entry)

@@ -28,6 +28,7 @@ class Trace:
     records: list[TraceRecord] = field(default_factory=list)
     peak_bytes: int = 0  # highest resident activation bytes at any moment of the step (not only after actions)
     end_bytes: int = 0  # resident activation bytes after the step (0 unless something leaked)
+    peak_host_bytes: int = 0  # highest host bytes of offloaded activations during the step
     wall: float = 0.0  # seconds the step took on this rank
 
     def actions(self) -> tuple[Action, ...]:
@@ -46,14 +47,15 @@ class Trace:
     def as_dict(self) -> dict:
         return {
             "rank": self.rank, "step": self.step, "peak_bytes": self.peak_bytes, "end_bytes": self.end_bytes,
-            "wall": self.wall,
+            "wall": self.wall, "peak_host_bytes": self.peak_host_bytes,
             "records": [[str(r.action), r.start, r.end, r.resident_bytes] for r in self.records],
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> Trace:
         records = [TraceRecord(Action.parse(a), s, e, b) for a, s, e, b in data["records"]]
-        return cls(data["rank"], data["step"], records, data["peak_bytes"], data["end_bytes"], data["wall"])
+        return cls(data["rank"], data["step"], records, data["peak_bytes"], data["end_bytes"],
+                   data.get("peak_host_bytes", 0), data["wall"])
 
 
 MIB = 1024 * 1024

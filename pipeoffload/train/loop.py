@@ -3,8 +3,8 @@
 ``Trainer`` drives a ``PipelineRunner`` (the runtime) over this rank's stages. After the runner's
 step the gradients of the data-parallel replicas are averaged (one flat all-reduce per dtype), the
 global norm is clipped (see ``optim.global_grad_norm``: the same bits in every layout), the
-optimizer steps. Each step every rank's measurements are gathered to rank 0, which writes
-``metrics.jsonl`` and draws the progress bar. SIGINT/SIGTERM set a flag; the step in flight
+optimizer steps. Every rank's measurements of the step ride on the norm's all-reduce (one
+collective per step for both); rank 0 writes ``metrics.jsonl`` and draws the progress bar. SIGINT/SIGTERM set a flag; the step in flight
 finishes, all ranks agree at the next gather, save a checkpoint and return.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pipeoffload.runtime.spec import as_inputs, as_tuple, assemble, split_microb
 from pipeoffload.train import checkpoint
 from pipeoffload.train.config import TrainConfig
 from pipeoffload.train.mesh import RankContext
-from pipeoffload.train.metrics import HostPeak, MetricsFile, SimulatedPeaks, reload_seconds
+from pipeoffload.train.metrics import MetricsFile, SimulatedPeaks, reload_seconds
 from pipeoffload.train.model import RankModel
 from pipeoffload.train.optim import (
     average_gradients,
@@ -40,6 +40,7 @@ from pipeoffload.train.optim import (
 )
 
 log = logging.getLogger(__name__)
+_HEAD = 8  # measurements before the per-stage slot bytes in a row of the measurement board
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
@@ -60,7 +61,6 @@ class Trainer:
         self.loss_fn, self.batches, self.run_dir = loss_fn, batches, run_dir
         self.runner = PipelineRunner(model.stages, schedule, ctx.pp_rank, group=ctx.pp_group if ctx.pp > 1 else None,
                                      loss_fn=loss_fn, device=ctx.device, timeout=cfg.timeout)
-        self.host = HostPeak(self.runner.store)
         self.named = model.named_parameters()
         self.params = list(self.named.values())
         self.order = self._name_order()
@@ -96,22 +96,14 @@ class Trainer:
         with self._autocast():
             loss = self.runner.step(inputs, targets)
         average_gradients(self.params, ctx.dp_group, ctx.dp)
-        norm = global_grad_norm(self.named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device)
+        board = self._measurements(loss, self.runner.trace)
+        norm = global_grad_norm(self.named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device, riders=board.view(-1))
         clip_gradients(self.params, norm, cfg.clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         step_s = time.perf_counter() - t0
         self.step = step
-        trace = self.runner.trace
-        mine = {
-            "loss": float(loss) if loss is not None and ctx.tp_rank == 0 else None,
-            "peak": trace.peak_bytes if trace else 0, "host": self.host.take(),
-            "stall": reload_seconds(trace) if trace else 0.0,
-            "cuda": torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else None,
-            "slots": dict(self.runner.slot_bytes), "pp_rank": ctx.pp_rank, "stop": self.stop_signal,
-        }
-        everyone: list[Any] = [None] * ctx.world
-        dist.all_gather_object(everyone, mine)
+        everyone = self._rows(board)
         losses = [r["loss"] for r in everyone if r["loss"] is not None]
         units: dict[int, int] = {}
         for r in everyone:
@@ -130,6 +122,34 @@ class Trainer:
         }
         self._peer_stop = max(r["stop"] for r in everyone)
         return record
+
+    def _measurements(self, loss: torch.Tensor | None, trace: Any) -> torch.Tensor:
+        """This rank's measurements of the step as row ``rank`` of a (world, width) float64 board of
+        zeros: summed over the world with the gradient norm's all-reduce it becomes every rank's
+        (x + 0 is exact; float64 holds these integers and a float32 loss exactly). One collective
+        per step for the norm and the metrics, no pickled object."""
+        ctx = self.ctx
+        has_loss = loss is not None and ctx.tp_rank == 0
+        cuda = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else -1
+        head = [float(has_loss), float(loss) if has_loss else 0.0,  # type: ignore[arg-type]
+                trace.peak_bytes if trace else 0, trace.peak_host_bytes if trace else 0,
+                reload_seconds(trace) if trace else 0.0, cuda, ctx.pp_rank, self.stop_signal]
+        slots = [self.runner.slot_bytes.get(s, -1) for s in range(self.runner.num_stages)]  # -1: not measured here
+        board = torch.zeros(ctx.world, _HEAD + len(slots), dtype=torch.float64)
+        board[ctx.rank] = torch.tensor(head + slots, dtype=torch.float64)
+        return board
+
+    @staticmethod
+    def _rows(board: torch.Tensor) -> list[dict[str, Any]]:
+        out = []
+        for row in board.tolist():
+            flag, value, peak, host, stall, cuda_bytes, pp_rank, stop = row[:_HEAD]
+            out.append({
+                "loss": value if flag else None, "peak": int(peak), "host": int(host), "stall": stall,
+                "cuda": None if cuda_bytes < 0 else int(cuda_bytes), "pp_rank": int(pp_rank), "stop": int(stop),
+                "slots": {s: int(b) for s, b in enumerate(row[_HEAD:]) if b >= 0},
+            })
+        return out
 
     # ---- validation --------------------------------------------------------------------------------
     @torch.no_grad()

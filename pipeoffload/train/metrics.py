@@ -1,4 +1,4 @@
-"""Per-step measurements of every rank, gathered to rank 0 and written to ``metrics.jsonl``.
+"""Per-step measurements of every rank (brought to every rank with the gradient norm's all-reduce) and ``metrics.jsonl``.
 
 Keys (see docs/training.md): step, loss, val_loss, lr, grad_norm, tokens_per_s, step_s, and per
 global rank peak_act_bytes (the runtime's measured peak of resident activations), sim_peak_act_bytes
@@ -15,26 +15,6 @@ from typing import Any
 
 from pipeoffload.fileio import write_atomic
 from pipeoffload.ir import ActionKind, Schedule
-
-
-class HostPeak:
-    """Peak host bytes of offloaded activations during a step, by wrapping the store's ``offload``
-    (the only call that grows them)."""
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        self.peak = 0
-        original = store.offload
-
-        def offload(stage: int, microbatch: int) -> None:
-            original(stage, microbatch)
-            self.peak = max(self.peak, store.host_bytes)
-
-        store.offload = offload
-
-    def take(self) -> int:
-        peak, self.peak = self.peak, self.store.host_bytes
-        return peak
 
 
 def reload_seconds(trace: Any) -> float:

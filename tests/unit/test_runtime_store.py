@@ -149,3 +149,24 @@ def test_finish_reports_slots_never_released():
     with pytest.raises(RuntimeError, match=r"\(4, 1\)"):
         store.finish()
     del y
+
+
+def test_peak_host_bytes_keeps_the_highest_host_bytes_until_reset():
+    store = _store()
+    xs = [torch.randn(16, 16, requires_grad=True) for _ in range(2)]
+    totals = []
+    for mb, x in enumerate(xs):
+        with store.saving(0, mb):
+            totals.append((x * 2).exp().sum())
+    one = store.slot_bytes(0, 0)
+    store.reset_peak()
+    store.offload(0, 0)
+    store.offload(0, 1)
+    assert store.host_bytes == store.peak_host_bytes == 2 * one
+    store.reload(0, 0)
+    store.reload(0, 1)
+    assert store.host_bytes == 0 and store.peak_host_bytes == 2 * one  # the peak outlives the reloads
+    store.reset_peak()
+    assert store.peak_host_bytes == 0
+    for total in totals:
+        total.backward()
