@@ -8,7 +8,7 @@ from pipeoffload.schedules import generate, schedule_names
 from pipeoffload.simulator import DeadlockError, Timeline, simulate
 from pipeoffload.validation import validate
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 __all__ = [
     "Action", "ActionKind", "ConfigError", "CostModel", "DeadlockError", "Placement", "Schedule",
