@@ -10,8 +10,8 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
+from pipeoffload.cli.common import OneLineParser
 from pipeoffload.errors import ConfigError, ScheduleError
 
 COMMAND_MODULES = (
@@ -19,15 +19,10 @@ COMMAND_MODULES = (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage too)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="pipeoffload", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="pipeoffload", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name in COMMAND_MODULES:
         importlib.import_module(f"pipeoffload.cli.{name}").add_parser(sub)
     return parser

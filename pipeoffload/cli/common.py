@@ -2,12 +2,20 @@
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Schedule
 from pipeoffload.schedules import generate
 from pipeoffload.units import rank_costs
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line and exit 2 (argparse would print the usage too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def positive_int(text: str) -> int:

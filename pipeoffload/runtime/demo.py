@@ -18,13 +18,13 @@ import json
 import logging
 import os
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from pipeoffload import generate, lower
-from pipeoffload.cli.common import positive_int
+from pipeoffload.cli.common import OneLineParser, positive_int
 from pipeoffload.errors import ConfigError, ScheduleError
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
 from pipeoffload.runtime.executor import PipelineError, PipelineRunner
@@ -68,11 +68,6 @@ def _spawned(rank: int, world: int, args: argparse.Namespace) -> dict:
     return train(rank, world, args)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, exit 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -94,7 +89,7 @@ def _positive_float(text: str) -> float:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = _Parser(prog=PROG, description=(__doc__ or "").splitlines()[0])
+    p = OneLineParser(prog=PROG, description=(__doc__ or "").splitlines()[0])
     p.add_argument("--schedule", default="1f1b")
     p.add_argument("--stages-per-rank", type=positive_int, default=None,
                    help="stages per rank v (default: the family's own default)")
