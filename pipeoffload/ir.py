@@ -102,8 +102,9 @@ class Schedule:
             )
 
     def __getstate__(self) -> dict:
-        """Pickle the fields only: the integer-coded form cached by ``semantics.coded`` is rebuilt on use."""
-        return {k: v for k, v in self.__dict__.items() if k != "_coded"}
+        """Pickle the fields only: caches kept beside them (``semantics.coded``, ``simulator.simulate_once``)
+        are rebuilt on use."""
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
 
     @property
     def num_ranks(self) -> int:
@@ -133,7 +134,10 @@ class Schedule:
         return any(a.kind in COMM_KINDS for r in self.actions for a in r)
 
     def compute_only(self) -> Schedule:
-        """Drop comm and copy actions, leaving what a generator produces."""
+        """Drop comm and copy actions, leaving what a generator produces (``self`` if there are none, so
+        caches kept on a generated schedule carry over)."""
+        if all(a.kind in COMPUTE_KINDS for r in self.actions for a in r):
+            return self
         return self.with_actions([[a for a in r if a.kind in COMPUTE_KINDS] for r in self.actions])
 
     # ---- text form: one line per rank, actions separated by spaces ---------------------------

@@ -134,6 +134,27 @@ def simulate(schedule: Schedule, costs: CostModel | None = None) -> Timeline:
         return simulation.timeline()
 
 
+_SIMULATIONS_KEPT = 8  # cost models per schedule whose timelines ``simulate_once`` remembers
+
+
+def simulate_once(schedule: Schedule, costs: CostModel) -> Timeline:
+    """``simulate``, remembered on the schedule object per cost model (both are immutable values).
+
+    A search lowers several memory policies of one generated schedule, and each lowering starts from
+    the simulation of that same compute-only schedule. The Timeline is shared: treat it as read-only.
+    """
+    kept = schedule.__dict__.get("_simulations")
+    if kept is None:
+        kept = {}
+        object.__setattr__(schedule, "_simulations", kept)  # a cache beside the frozen fields, not state
+    timeline = kept.get(costs)
+    if timeline is None:
+        if len(kept) >= _SIMULATIONS_KEPT:
+            del kept[next(iter(kept))]
+        timeline = kept[costs] = simulate(schedule, costs)
+    return timeline
+
+
 @dataclass(frozen=True)
 class Figures:
     """The per-rank figures of a simulation, without per-action times or memory curves."""
@@ -146,11 +167,22 @@ class Figures:
 
 
 def simulate_figures(schedule: Schedule, costs: CostModel | None = None) -> Figures:
-    """What ``simulate`` reports per rank, equal to its figures, for searches that need no timeline."""
+    """What ``simulate`` reports per rank, equal to its figures, for searches that need no timeline
+    (taken from the timeline ``simulate_once`` kept, when there is one)."""
+    kept = schedule.__dict__.get("_simulations", {}).get(costs or CostModel())
+    if kept is not None:
+        return figures_of(kept)
     with gc_paused():
         simulation = _Simulation(schedule, costs or CostModel())
         simulation.run()
         return simulation.figures()
+
+
+def figures_of(timeline: Timeline) -> Figures:
+    """The per-rank figures of a timeline (equal to what ``simulate_figures`` computes)."""
+    ranks = timeline.per_rank
+    return Figures(timeline.makespan, tuple(r.busy for r in ranks), tuple(r.peak_activation_units for r in ranks),
+                   tuple(r.peak_host_units for r in ranks), tuple(r.stall for r in ranks))
 
 
 class _Simulation:

@@ -21,7 +21,8 @@ import numpy as np
 from pipeoffload import semantics as sem
 from pipeoffload.costs import CostModel
 from pipeoffload.intervals import EPS, Intervals
-from pipeoffload.ir import Action, ActionKind
+from pipeoffload.ir import Action, ActionKind, Schedule
+from pipeoffload.simulator import Timeline
 
 K = ActionKind
 _F, _B, _I, _W, _R = sem.F, sem.B, sem.I, sem.W, sem.R
@@ -131,6 +132,24 @@ class RankTimeline:
         """List position whose issue time is the latest at or before ``t`` (capped at ``limit``)."""
         p = bisect.bisect_right(self.clocks, t + EPS) - 1
         return p if limit is None else min(p, limit)
+
+
+def rank_timelines(schedule: Schedule, timeline: Timeline, costs: CostModel) -> list[RankTimeline]:
+    """Every rank's ``RankTimeline`` of a compute-only ``schedule`` simulated as ``timeline``.
+
+    Remembered on the timeline per cost model: the memory policies lowered from one simulation (a
+    search tries several) plan against the same timelines, which the passes only read.
+    """
+    kept = timeline.__dict__.get("_rank_timelines")
+    if kept is None:
+        kept = {}
+        object.__setattr__(timeline, "_rank_timelines", kept)  # a cache beside the frozen fields, not state
+    key = (id(schedule), costs)
+    if key not in kept:
+        recomputed = {(a.stage, a.microbatch) for row in schedule.actions for a in row if a.kind is K.R}
+        kept[key] = (schedule, [RankTimeline(r, schedule.actions[r], timeline.start[r], timeline.end[r], costs,
+                                             recomputed) for r in range(schedule.num_ranks)])
+    return kept[key][1]
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from pipeoffload.passes.comms import add_comms
 from pipeoffload.passes.offload import OffloadReport, plan_offload
 from pipeoffload.passes.recompute import all_keys, auto_keys, check_policies, first_stage_keys, insert_recompute
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
-from pipeoffload.simulator import simulate
+from pipeoffload.simulator import simulate, simulate_once
 from pipeoffload.validation import validate
 
 log = logging.getLogger(__name__)
@@ -78,12 +78,15 @@ def _lower(schedule: Schedule, costs: CostModel | None, offload: OffloadPolicy |
 
 def _memory_actions_kept(schedule: Schedule, offload: OffloadPolicy, recompute: RecomputePolicy) -> Schedule:
     """Drop comm actions; keep hand-placed OFFLOAD/RELOAD/R unless a policy is to place its own."""
-    hand_placed = any(a.kind in (K.OFFLOAD, K.RELOAD, K.R) for row in schedule.actions for a in row)
+    kinds = {a.kind for row in schedule.actions for a in row}
+    hand_placed = bool(kinds & {K.OFFLOAD, K.RELOAD, K.R})
     if hand_placed and (offload.kind != "none" or recompute.kind != "none"):
         raise ConfigError(
             f"offload={offload}, recompute={recompute}: the schedule already has OFFLOAD/RELOAD/R actions; "
             "pass offload='none' and recompute='none' to keep them, or lower a compute-only schedule"
         )
+    if not kinds & COMM_KINDS:
+        return schedule  # the same object: what is remembered on it (its simulation) carries over
     return schedule.with_actions([[a for a in row if a.kind not in COMM_KINDS] for row in schedule.actions])
 
 
@@ -92,7 +95,7 @@ def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
     if offload.kind == "none" and recompute.kind == "none":
         return source, OffloadReport(str(offload))
     base = source.compute_only()
-    original = simulate(base, costs)
+    original = simulate_once(base, costs)  # the planner lowers several policies of one schedule
     recomputed: set[tuple[int, int]] = set()
     timeline = original
     if recompute.kind in ("first", "all"):

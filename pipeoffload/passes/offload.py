@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from pipeoffload.costs import CostModel
 from pipeoffload.ir import Action, ActionKind, Schedule
-from pipeoffload.passes.copy_plan import EPS, Activation, RankTimeline
+from pipeoffload.passes.copy_plan import EPS, Activation, RankTimeline, rank_timelines
 from pipeoffload.passes.offload_plan import RankState, plan_group
 from pipeoffload.policies import OffloadPolicy
 from pipeoffload.simulator import Timeline, simulate
@@ -103,9 +103,7 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     if policy.kind == "none" and timeline is None:
         return base, OffloadReport(str(policy))
     timeline = timeline if timeline is not None else simulate(base, costs)
-    recomputed = {(a.stage, a.microbatch) for row in base.actions for a in row if a.kind is K.R}
-    timelines = [RankTimeline(r, base.actions[r], timeline.start[r], timeline.end[r], costs, recomputed)
-                 for r in range(base.num_ranks)]
+    timelines = rank_timelines(base, timeline, costs)
     budget = policy.budget_units(base.stages_per_rank) if policy.kind == "budget" else None
     chosen = _candidates(timelines, policy, set(exclude))
     groups = _groups(base.num_ranks, costs.shared_host_link)

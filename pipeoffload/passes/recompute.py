@@ -21,7 +21,7 @@ import numpy as np
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
-from pipeoffload.passes.copy_plan import EPS, RankTimeline
+from pipeoffload.passes.copy_plan import EPS, RankTimeline, rank_timelines
 from pipeoffload.passes.offload import OffloadReport, longest_lived_stages
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.simulator import Timeline
@@ -54,9 +54,7 @@ def insert_recompute(schedule: Schedule, keys: set[Key] | frozenset[Key]) -> Sch
 
 
 def _timelines(schedule: Schedule, timeline: Timeline, costs: CostModel) -> list[RankTimeline]:
-    recomputed = {(a.stage, a.microbatch) for row in schedule.actions for a in row if a.kind is K.R}
-    return [RankTimeline(r, schedule.actions[r], timeline.start[r], timeline.end[r], costs, recomputed)
-            for r in range(schedule.num_ranks)]
+    return rank_timelines(schedule, timeline, costs)
 
 
 def first_stage_keys(schedule: Schedule, timeline: Timeline, costs: CostModel, count: int,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pipeoffload.placement import Placement
 from pipeoffload.planner.evaluate import (
     ScheduleChoice,
     SimSummary,
@@ -126,6 +127,17 @@ class Candidate:
     stage: StageCosts
     static_bytes: tuple[float, ...]  # weights + grads + optimizer, per rank
     time_bound: float  # no simulation of this candidate can give a shorter step
+    # no simulation can give a smaller activation peak, per rank (bytes; see ``activation_floor``)
+    activation_floor: tuple[float, ...] = ()
+
+    def cannot_fit(self, req: PlanRequest) -> bool:
+        """Whether even the activation floor breaks the budgets: then no simulation can fit."""
+        floor = self.activation_floor
+        if not floor:
+            return False
+        over_total = any(s + a > req.memory_budget for s, a in zip(self.static_bytes, floor))
+        over_activations = req.activation_budget is not None and max(floor) > req.activation_budget * (1 + 1e-9)
+        return over_total or over_activations
 
     def key(self) -> tuple:
         return (str(self.layout), self.choice)
@@ -170,8 +182,19 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Cand
                 choice = replace(choice, offload=OffloadPolicy("budget", budget=float(f"{room:.4g}")))
             bound = time_lower_bound(choice, layout.pp, m, sc.costs) + dp_sync_time(
                 req, layout, max(sc.params_per_rank))
-            out.append(Candidate(layout, choice, m, sc, static, bound))
+            floor = activation_floor(choice, placement, sc)
+            out.append(Candidate(layout, choice, m, sc, static, bound, floor))
     return sorted(out, key=Candidate.key)
+
+
+def activation_floor(choice: ScheduleChoice, placement: Placement, stage: StageCosts) -> tuple[float, ...]:
+    """Per rank, activation bytes no schedule, offload or recompute can go below: the largest of its
+    stages' activations, which must be on the device while its backward runs (an offloaded one is
+    reloaded, a recomputed one re-created first). Lowered slightly so that float noise in a simulated
+    peak can never make the bound exceed it; used to skip simulating candidates that cannot fit."""
+    costs = (stage.costs, choice.recompute.apply_to(stage.costs))
+    return tuple(max(min(c.act(s) for c in costs) for s in placement.stages_of(rank)) * stage.unit_bytes
+                 * (1 - 1e-9) for rank in range(placement.num_ranks))
 
 
 def dp_sync_time(req: PlanRequest, layout: Layout, params: float) -> float:

@@ -20,7 +20,7 @@ from pipeoffload.passes.lower import POLICIES, lower_with_report
 from pipeoffload.placement import Placement
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.schedules import generate, get_spec
-from pipeoffload.simulator import Timeline, simulate_figures
+from pipeoffload.simulator import Timeline, figures_of, simulate_figures, simulate_once
 
 _TOL = 1e-6
 
@@ -109,16 +109,17 @@ def build(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> Schedule:
     return _build(choice, d, m, costs)[0]
 
 
-def _build(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> tuple[Schedule, tuple[str, ...]]:
+def _build(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> tuple[Schedule, tuple[str, ...], bool]:
     """``build`` plus the warnings of the memory passes (a policy that cannot meet its target is
-    expected while exploring: the search reports it with the plan instead of logging it)."""
+    expected while exploring: the search reports it with the plan instead of logging it) and whether
+    they added OFFLOAD or R actions."""
     schedule = _generate(choice, d, m, costs)
     policies = {k: getattr(choice, k) for k in POLICIES if getattr(choice, k).kind != "none"}
     if not policies:
-        return schedule, ()
+        return schedule, (), False
     lowered, report = lower_with_report(schedule, costs, check=False, comms=False, log_warnings=False,
                                         **policies)
-    return lowered, report.warnings
+    return lowered, report.warnings, bool(report.offloaded or report.recomputed)
 
 
 def time_lower_bound(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> float:
@@ -176,12 +177,12 @@ def _summary(timeline: Timeline, extrapolated: bool = False, warnings: tuple[str
 
 
 def _simulated(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> SimSummary:
-    """Simulate the built schedule for its figures only (no per-action timeline: equal figures, faster)."""
-    schedule, warnings = _build(choice, d, m, costs)
-    figures = simulate_figures(schedule, costs)
-    added = (ActionKind.OFFLOAD, ActionKind.R)
+    """Simulate the built schedule for its figures. A plain schedule's timeline is kept on it: the
+    lowering of its memory-policy variants starts from that same simulation."""
+    schedule, warnings, changed = _build(choice, d, m, costs)
+    figures = simulate_figures(schedule, costs) if changed else figures_of(simulate_once(schedule, costs))
     return SimSummary(
-        changed=any(a.kind in added for row in schedule.actions for a in row),
+        changed=changed,
         makespan=figures.makespan,
         busy=figures.busy,
         peak_units=figures.peak_activation_units,

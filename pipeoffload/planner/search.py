@@ -133,11 +133,14 @@ class _Search:
                     self._drop(cand.base_key())
                 else:
                     todo.append(cand)
-            jobs = [(self.req, cand, False, self.base_sim.get(cand.base_key())) for cand in todo]
-            results = list(pool.map(_run_job, jobs)) if pool is not None and len(todo) > 1 else [
+            # a variant that cannot fit is not simulated; its base is (its step time bounds the variants)
+            run = [cand for cand in todo if cand.is_base() or not cand.cannot_fit(self.req)]
+            jobs = [(self.req, cand, False, self.base_sim.get(cand.base_key())) for cand in run]
+            results = list(pool.map(_run_job, jobs)) if pool is not None and len(jobs) > 1 else [
                 _run_job(job) for job in jobs]
-            for cand, plan in zip(todo, results):
-                self._done(cand, plan)
+            plans = dict(zip((cand.key() for cand in run), results))
+            for cand in todo:
+                self._done(cand, plans.get(cand.key()))
             self._progress()
         for base in list(self.levels):
             self._drop(base, reason="not needed: a plan without it fits")
@@ -150,16 +153,20 @@ class _Search:
             progress_log.info("searching: %.0f s, %d candidates simulated, %d queued%s", now - self.started,
                               len(self.plans), len(self.queue), best)
 
-    def _done(self, cand: Candidate, plan: Plan) -> None:
+    def _done(self, cand: Candidate, plan: Plan | None) -> None:
+        """Record a simulated candidate (``plan``), or one skipped because it cannot fit (None)."""
         base = cand.base_key()
-        if not cand.is_base() and not plan.sim.changed:
+        if plan is None:
+            count(self.skipped, "cannot fit: weights + optimizer state + the activation its backward needs "
+                                "exceed the budget")
+        elif not cand.is_base() and not plan.sim.changed:
             count(self.skipped, "policy changed nothing (same as the plain schedule)")
         else:
             self.plans[cand.key()] = plan
-        if cand.is_base():
+        if plan is not None and cand.is_base():
             self.base_time[base] = plan.step_time
             self.base_sim[base] = plan.sim
-        if plan.fits and cand.key() in self.plans:
+        if plan is not None and plan.fits and cand.key() in self.plans:
             self._record(plan, base)
         if not (self.req.escalate and base in self.fitted) and not self._pending(base):
             self._release(base)
@@ -251,6 +258,9 @@ def _raise_infeasible(req: PlanRequest, cands: list[Candidate], plans: dict[tupl
     for cand in sorted(cands, key=lambda c: (max(c.static_bytes), c.key())):
         if best is not None and max(cand.static_bytes) >= best.memory.total:
             break
+        floor = max(s + a for s, a in zip(cand.static_bytes, cand.activation_floor)) if cand.activation_floor else 0
+        if best is not None and floor >= best.memory.total:
+            continue  # it cannot need less memory than the best so far
         if cand.key() not in plans:
             plans[cand.key()] = plan = _run(req, cand)
             if _host_ok(req, plan) and better(plan, best):

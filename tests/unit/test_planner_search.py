@@ -161,3 +161,40 @@ def test_host_memory_budget_is_respected() -> None:
     shown = result.best(5) + result.pareto()
     assert shown and all(p.memory.host <= cap for p in shown)
     assert len(result.fitting) < len(free.fitting)
+
+
+def _shown(result) -> list:  # type: ignore[no-untyped-def]
+    return [(str(p.layout), p.choice, p.step_time, p.memory) for p in result.best(5) + result.pareto()]
+
+
+@pytest.mark.parametrize("budget_gib", [8.0, 12.0])
+def test_skipping_candidates_below_the_activation_floor_changes_no_shown_plan(budget_gib: float,
+                                                                            monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Candidates whose weights, optimizer state and one activation exceed the budget are not
+    simulated; the shown plans are those of a search that simulates them."""
+    req = _request(budget_gib)
+    skipping = find_plans(req)
+    from pipeoffload.planner import candidates
+    monkeypatch.setattr(candidates.Candidate, "cannot_fit", lambda self, req: False)
+    simulating = find_plans(req)
+    assert _shown(skipping) == _shown(simulating)
+    assert skipping.evaluated <= simulating.evaluated
+    skipped = sum(n for reason, n in skipping.skipped.items() if reason.startswith("cannot fit"))
+    assert simulating.evaluated - skipping.evaluated <= skipped  # some would have changed nothing
+    assert skipped > 0 or budget_gib > 8.0  # at 8 GiB the floor rules out some (checked: 17 candidates)
+
+
+def test_the_activation_floor_is_below_every_simulated_peak() -> None:
+    """The floor is a bound: no simulated candidate (any family, offload or recompute) goes below it."""
+    from pipeoffload.planner.candidates import enumerate_candidates
+    from pipeoffload.planner.search import _run
+    req = _request(40.0)
+    cands = enumerate_candidates(req, {})
+    checked = 0
+    for cand in cands[::7]:
+        plan = _run(req, cand, exact=True)
+        peaks = [u * cand.stage.unit_bytes for u in plan.sim.peak_units]
+        assert all(p >= f for p, f in zip(peaks, cand.activation_floor)), (cand.choice.label(), peaks)
+        assert min(cand.activation_floor) > 0
+        checked += 1
+    assert checked > 20
