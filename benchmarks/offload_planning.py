@@ -26,13 +26,15 @@ from pipeoffload.passes.offload import plan_offload
 
 def measure(d: int, k: float, repeat: int) -> dict[str, float]:
     costs = CostModel().with_offload_ratio(k)
-    schedule = generate("group-interleaved", d, 4 * d, 2, group_size=d)
-    baseline = simulate(schedule, costs)
     best: dict[str, float] = {}
     for _ in range(repeat):
+        # fresh objects each round: what the passes remember on a schedule or timeline must not be reused
+        schedule = generate("group-interleaved", d, 4 * d, 2, group_size=d)
+        baseline = simulate(schedule, costs)
         clock = time.process_time()
         plan_offload(schedule, costs, "all", timeline=baseline)
         phases = {"plan": time.process_time() - clock}
+        schedule = generate("group-interleaved", d, 4 * d, 2, group_size=d)
         clock = time.process_time()
         lowered, report = lower_with_report(schedule, costs, offload="all")
         phases["lower"] = time.process_time() - clock

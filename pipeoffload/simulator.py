@@ -217,8 +217,6 @@ class _Simulation:
         # completion time per action key (None: not yet); a list where the key space is small enough
         self.done: list[float | None] | dict[int, float] = [None] * c.num_keys if c.num_keys <= _LIST_KEYS else {}
         self.waiters: dict[int, list[int]] = {}
-        self.ready: list[int] = []
-        self.queued: list[bool] = []
         self.busy = [0.0] * n
         self.stall = [0.0] * n
         self.stalled: list[tuple[int, float]] = []  # (flat index, seconds) of backwards that waited
@@ -227,79 +225,77 @@ class _Simulation:
 
     # ---- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
+        """Run each rank's lane as far as its inputs allow; a rank that waits is parked on the key it
+        waits for and queued again (LIFO) when that action completes. One loop, written with locals:
+        it is the inner loop of every simulation."""
         n = self.schedule.num_ranks
-        self.ready = list(range(n))
-        self.queued = [True] * n
-        while self.ready:
-            rank = self.ready.pop()
-            self.queued[rank] = False
-            self._advance(rank)
-        stuck = [r for r in range(n) if self.pos[r] < self.offsets[r + 1]]
-        if stuck:
-            self._report_deadlock(stuck)
-
-    def _wake(self, key: int) -> None:
-        for waiter in self.waiters.pop(key):
-            if not self.queued[waiter]:
-                self.queued[waiter] = True
-                self.ready.append(waiter)
-
-    def _advance(self, rank: int) -> None:
-        """Run this rank's lane as far as its inputs allow, waking ranks that waited on it."""
         ops, done, waiters, starts, ends = self.ops, self.done, self.waiters, self.start, self.end
         get = done.__getitem__ if isinstance(done, list) else done.get
-        i, stop = self.pos[rank], self.offsets[rank + 1]
-        clock, busy = self.clock[rank], self.busy[rank]
-        while i < stop:
-            lane, key, dep, delay, dep2, delay2, reload, duration = ops[i]
-            if lane == _SEND:  # posted without blocking
-                starts[i] = ends[i] = done[key] = clock
-            elif lane == _COPY:
-                # issued at the lane's clock, ready after its F (OFFLOAD) or OFFLOAD (RELOAD), then FIFO on
-                # its engine and in the earliest gap of its host link; it does not occupy the lane
-                t = get(dep)
-                ready = clock if t is None or clock >= t else t
-                engine, link, duration = self.copies[i]
-                if self.engine_free[engine] > ready:
-                    ready = self.engine_free[engine]
-                start = link.reserve(ready, duration) if duration > 0 else ready
-                starts[i], ends[i], done[key] = start, start + duration, start + duration
-                self.engine_free[engine] = start + duration
-            else:
-                ready = clock
-                if dep >= 0:
+        pos, offsets, clocks, busies = self.pos, self.offsets, self.clock, self.busy
+        engine_free, copies, stall, stalled = self.engine_free, self.copies, self.stall, self.stalled
+        ready = list(range(n))
+        queued = [True] * n
+        while ready:
+            rank = ready.pop()
+            queued[rank] = False
+            i, stop = pos[rank], offsets[rank + 1]
+            clock, busy = clocks[rank], busies[rank]
+            while i < stop:
+                lane, key, dep, delay, dep2, delay2, reload, duration = ops[i]
+                if lane == _SEND:  # posted without blocking
+                    starts[i] = ends[i] = done[key] = clock
+                elif lane == _COPY:
+                    # issued at the lane's clock, ready after its F (OFFLOAD) or OFFLOAD (RELOAD), then FIFO on
+                    # its engine and in the earliest gap of its host link; it does not occupy the lane
                     t = get(dep)
-                    if t is None:
-                        waiters.setdefault(dep, []).append(rank)
-                        break
-                    if t + delay > ready:
-                        ready = t + delay
-                    if dep2 >= 0:
-                        t = get(dep2)
+                    at = clock if t is None or clock >= t else t
+                    engine, link, duration = copies[i]
+                    if engine_free[engine] > at:
+                        at = engine_free[engine]
+                    start = link.reserve(at, duration) if duration > 0 else at
+                    starts[i], ends[i], done[key] = start, start + duration, start + duration
+                    engine_free[engine] = start + duration
+                else:
+                    at = clock
+                    if dep >= 0:
+                        t = get(dep)
                         if t is None:
-                            waiters.setdefault(dep2, []).append(rank)
+                            waiters.setdefault(dep, []).append(rank)
                             break
-                        if t + delay2 > ready:
-                            ready = t + delay2
-                if lane == _COMPUTE:
-                    start = ready
-                    if reload >= 0:
-                        reload_end = get(reload)
-                        if reload_end is not None and reload_end > start + _STALL_TOL * max(1.0, start):
-                            self.stalled.append((i, reload_end - start))
-                            self.stall[rank] += reload_end - start
-                            start = reload_end
-                    clock = start + duration
-                    busy += duration
-                    starts[i] = start
-                else:  # a receive waits from the lane's clock until the data arrives
-                    starts[i] = clock
-                    clock = ready
-                ends[i] = done[key] = clock
-            i += 1
-            if key in waiters:
-                self._wake(key)
-        self.pos[rank], self.clock[rank], self.busy[rank] = i, clock, busy
+                        if t + delay > at:
+                            at = t + delay
+                        if dep2 >= 0:
+                            t = get(dep2)
+                            if t is None:
+                                waiters.setdefault(dep2, []).append(rank)
+                                break
+                            if t + delay2 > at:
+                                at = t + delay2
+                    if lane == _COMPUTE:
+                        start = at
+                        if reload >= 0:
+                            reload_end = get(reload)
+                            if reload_end is not None and reload_end > start + _STALL_TOL * max(1.0, start):
+                                stalled.append((i, reload_end - start))
+                                stall[rank] += reload_end - start
+                                start = reload_end
+                        clock = start + duration
+                        busy += duration
+                        starts[i] = start
+                    else:  # a receive waits from the lane's clock until the data arrives
+                        starts[i] = clock
+                        clock = at
+                    ends[i] = done[key] = clock
+                i += 1
+                if key in waiters:
+                    for waiter in waiters.pop(key):
+                        if not queued[waiter]:
+                            queued[waiter] = True
+                            ready.append(waiter)
+            pos[rank], clocks[rank], busies[rank] = i, clock, busy
+        stuck = [r for r in range(n) if pos[r] < offsets[r + 1]]
+        if stuck:
+            self._report_deadlock(stuck)
 
     def _copy_resources(self) -> dict[int, tuple[int, Intervals, float]]:
         """Per copy action (flat index): its engine slot, its host link and its duration."""

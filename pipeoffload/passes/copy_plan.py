@@ -328,18 +328,28 @@ class CopyGroup:
             self.reserve(rank, "h2d", h2d, x.h2d)
             reloads[(rank, x.stage, x.microbatch)] = h2d
         placed = []
+        # Offloads come in order of their forwards, so while copies are only added, an offload of the
+        # same rank and duration cannot start before the previous one did: no start earlier than that
+        # was valid for the previous search, and adding copies makes none valid (the start points are
+        # grid points and engine ends, and a new copy's end lies after its start). A release frees
+        # room, so it forgets these. In relaxed mode a link end is a start point too: no such hint.
+        resume: dict[tuple[int, float], float] = {}
         for rank, x in sorted(chosen, key=lambda rx: (rx[1].f_end, rx[0], rx[1].stage, rx[1].microbatch)):
             h2d = reloads.get((rank, x.stage, x.microbatch))
             if h2d is None:
                 continue
-            d2h = self.earliest(rank, "d2h", x.f_end, x.d2h, h2d - x.d2h)
+            after = resume.get((rank, x.d2h), x.f_end)
+            d2h = self.earliest(rank, "d2h", after if after > x.f_end else x.f_end, x.d2h, h2d - x.d2h)
             p = None if d2h is None else self._placed(rank, x, d2h, h2d)
             if p is None or p.hi <= p.lo:
                 self.release(rank, "h2d", h2d, x.h2d)
                 failed.append((rank, x))
+                resume.clear()
                 continue
             assert d2h is not None
             self.reserve(rank, "d2h", d2h, x.d2h)
+            if not self.relaxed:
+                resume[(rank, x.d2h)] = d2h
             placed.append((rank, p))
         return placed, failed
 

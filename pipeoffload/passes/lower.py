@@ -20,7 +20,7 @@ from pipeoffload.passes.comms import add_comms
 from pipeoffload.passes.offload import OffloadReport, plan_offload
 from pipeoffload.passes.recompute import all_keys, auto_keys, check_policies, first_stage_keys, insert_recompute
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
-from pipeoffload.simulator import simulate, simulate_once
+from pipeoffload.simulator import Timeline, simulate, simulate_once
 from pipeoffload.validation import validate
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,20 @@ def _memory_actions_kept(schedule: Schedule, offload: OffloadPolicy, recompute: 
     return schedule.with_actions([[a for a in row if a.kind not in COMM_KINDS] for row in schedule.actions])
 
 
+def _offload_once(base: Schedule, costs: CostModel, offload: OffloadPolicy, recomputed: set[tuple[int, int]],
+                  timeline: Timeline) -> tuple[Schedule, OffloadReport]:
+    """``plan_offload``, remembered on ``timeline`` (the simulation of ``base``): a search lowers
+    ``offload auto`` with and without ``recompute auto``, whose first offload plans are the same."""
+    kept = timeline.__dict__.get("_offload_plans")
+    if kept is None:
+        kept = {}
+        object.__setattr__(timeline, "_offload_plans", kept)  # a cache beside the frozen fields, not state
+    key = (id(base), costs, offload, frozenset(recomputed))
+    if key not in kept:
+        kept[key] = (base, plan_offload(base, costs, offload, exclude=recomputed, timeline=timeline))
+    return kept[key][1]
+
+
 def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
                    recompute: RecomputePolicy) -> tuple[Schedule, OffloadReport]:
     if offload.kind == "none" and recompute.kind == "none":
@@ -103,7 +117,7 @@ def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
                       else all_keys(base, original, costs, offload))
         base = insert_recompute(base, recomputed)
         timeline = simulate(base, costs)
-    planned, report = plan_offload(base, costs, offload, exclude=recomputed, timeline=timeline)
+    planned, report = _offload_once(base, costs, offload, recomputed, timeline)
     if recompute.kind == "auto":
         offloaded = {(a.stage, a.microbatch) for row in planned.actions for a in row if a.kind is K.OFFLOAD}
         extra = auto_keys(base, timeline, costs, report, offloaded)

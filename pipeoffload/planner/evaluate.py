@@ -146,7 +146,7 @@ def _generate(choice: ScheduleChoice, d: int, m: int, costs: CostModel | None) -
     return _generated(choice.family, choice.stages_per_rank, choice.group_size, d, m, costs if cost_aware else None)
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=256)
 def _generated(family: str, v: int, group_size: int | None, d: int, m: int, costs: CostModel | None) -> Schedule:
     """A family's compute-only schedule, memoised: a schedule's memory-policy variants and its small-size
     estimates lower the same schedule (generators are pure and schedules immutable, so sharing is safe)."""

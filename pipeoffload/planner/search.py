@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
 
+from pipeoffload._perf import gc_paused
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.candidates import Candidate, count, enumerate_candidates, evaluate, level
 from pipeoffload.planner.evaluate import SimSummary, lowering_options, simulate_choice
@@ -27,6 +28,15 @@ PROGRESS_AFTER, PROGRESS_EVERY = 3.0, 5.0  # seconds before the first progress l
 BATCH = 2  # candidates taken from the queue at a time; fixed, so results do not depend on ``workers``
 
 def find_plans(req: PlanRequest) -> SearchResult:
+    """Find the fastest plans that fit ``req.memory_budget``; raise ``InfeasibleError`` if none does
+    (see ``_find_plans``). The cyclic garbage collector is paused meanwhile (and restored): the search
+    allocates many small acyclic objects and keeps its schedules, and each full collection would
+    rescan them all."""
+    with gc_paused():
+        return _find_plans(req)
+
+
+def _find_plans(req: PlanRequest) -> SearchResult:
     """Find the fastest plans that fit ``req.memory_budget``; raise ``InfeasibleError`` if none does.
 
     Candidates are simulated in order of a lower bound on their step time. Offload and recompute only
