@@ -11,7 +11,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
-setup: $(VENV)/.installed
+# the optional compiled loops of the core (pipeoffload/_native.c): without a C compiler the build says
+# so and the package runs the same loops in Python, bitwise equal and slower
+$(VENV)/.native: $(VENV)/.installed pipeoffload/_native.c pipeoffload/_native_build.py
+	$(PY) -m pipeoffload._native_build
+	touch $@
+
+setup: $(VENV)/.installed $(VENV)/.native
 
 demo: setup
 	$(PY) -m pipeoffload.demo
@@ -29,4 +35,4 @@ gpu-check: setup
 	$(PY) benchmarks/gpu_check.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info pipeoffload/_native*.so

@@ -14,7 +14,6 @@ Model (see docs/decisions.md):
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +25,11 @@ from pipeoffload.errors import ScheduleError
 from pipeoffload.intervals import Intervals
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.semantics import coded
+
+try:  # the compiled event loop (``make`` builds it); ``_Simulation._run_python`` is the reference
+    from pipeoffload import _native  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
 
 K = ActionKind
 _STALL_TOL = 1e-9  # relative: a reload later than its backward by float noise only is not a stall
@@ -198,41 +202,75 @@ class _Simulation:
         self.schedule = schedule
         self.costs = costs
         self.c = c = coded(schedule)
-        inputs = c.inputs(costs.p2p_time)
-        self.kind = c.kind.tolist()
-        self.first = inputs.first.tolist()
-        duration = sem.durations(costs, schedule.num_stages)[c.kind, c.stage]
-        # one tuple per action: the event loop unpacks it instead of indexing eight lists
-        self.ops = list(zip(sem.LANE[c.kind].tolist(), c.keys.tolist(), self.first, inputs.first_delay.tolist(),
-                            inputs.second.tolist(), inputs.second_delay.tolist(), inputs.reload.tolist(),
-                            duration.tolist()))
+        self.inputs = c.inputs(costs.p2p_time)
+        self.duration = sem.durations(costs, schedule.num_stages)[c.kind, c.stage]
         self.amount = sem.memory_effects(c, costs)
         n = schedule.num_ranks
-        total = len(self.ops)
+        total = len(c.kind)
         self.offsets = c.offsets.tolist()
         self.pos = self.offsets[:-1]
         self.clock = [0.0] * n
         self.start = [0.0] * total
         self.end = [0.0] * total
-        # completion time per action key (None: not yet); a list where the key space is small enough
-        self.done: list[float | None] | dict[int, float] = [None] * c.num_keys if c.num_keys <= _LIST_KEYS else {}
-        self.waiters: dict[int, list[int]] = {}
+        self.waiters: dict[int, list[int]] = {}  # key -> ranks parked on it
         self.busy = [0.0] * n
         self.stall = [0.0] * n
         self.stalled: list[tuple[int, float]] = []  # (flat index, seconds) of backwards that waited
-        self.engine_free = [0.0] * (2 * n)  # per rank: one copy engine, or one per direction
-        self.copies = self._copy_resources()
+        # per copy action (flat index): its engine (one per rank, or one per direction), host link, duration
+        self.copies, self.num_links = self._copy_resources()
 
     # ---- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
         """Run each rank's lane as far as its inputs allow; a rank that waits is parked on the key it
-        waits for and queued again (LIFO) when that action completes. One loop, written with locals:
-        it is the inner loop of every simulation."""
+        waits for and queued again (LIFO) when that action completes. Compiled when
+        ``pipeoffload._native`` is built (bitwise the same: tests compare), else ``_run_python``."""
+        if _native is not None and self.c.num_keys <= _LIST_KEYS:
+            self._run_native()
+        else:
+            self._run_python()
         n = self.schedule.num_ranks
-        ops, done, waiters, starts, ends = self.ops, self.done, self.waiters, self.start, self.end
+        stuck = [r for r in range(n) if self.pos[r] < self.offsets[r + 1]]
+        if stuck:
+            self._report_deadlock(stuck)
+
+    def _run_native(self) -> None:
+        c, inputs, n, total = self.c, self.inputs, self.schedule.num_ranks, len(self.c.kind)
+        engine, link, length = (np.full(total, -1, dtype=np.int64), np.full(total, -1, dtype=np.int64),
+                                np.zeros(total))
+        for i, (e, k, d) in self.copies.items():
+            engine[i], link[i], length[i] = e, k, d
+        start, end = np.zeros(total), np.zeros(total)
+        busy, stall = np.zeros(n), np.zeros(n)
+        pos, wait = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        i64 = np.int64
+        self.stalled = _native.simulate(
+            total, n, c.num_keys, 2 * n, self.num_links, sem.LANE[c.kind], c.keys.astype(i64, copy=False),
+            inputs.first.astype(i64, copy=False), inputs.first_delay, inputs.second.astype(i64, copy=False),
+            inputs.second_delay, inputs.reload.astype(i64, copy=False), np.ascontiguousarray(self.duration),
+            c.offsets.astype(i64), engine, link, length, start, end, busy, stall, pos, wait)
+        self.start, self.end = start.tolist(), end.tolist()
+        self.busy, self.stall, self.pos = busy.tolist(), stall.tolist(), pos.tolist()
+        for rank, key in enumerate(wait.tolist()):
+            if key >= 0:
+                self.waiters.setdefault(key, []).append(rank)
+
+    def _run_python(self) -> None:
+        """The event loop in Python (the reference for the compiled one), written with locals."""
+        c, inputs = self.c, self.inputs
+        # one tuple per action: the loop unpacks it instead of indexing eight lists
+        ops = list(zip(sem.LANE[c.kind].tolist(), c.keys.tolist(), inputs.first.tolist(),
+                       inputs.first_delay.tolist(), inputs.second.tolist(), inputs.second_delay.tolist(),
+                       inputs.reload.tolist(), self.duration.tolist()))
+        # completion time per action key (None: not yet); a list where the key space is small enough
+        done: list[float | None] | dict[int, float] = [None] * c.num_keys if c.num_keys <= _LIST_KEYS else {}
+        n = self.schedule.num_ranks
+        waiters, starts, ends = self.waiters, self.start, self.end
         get = done.__getitem__ if isinstance(done, list) else done.get
         pos, offsets, clocks, busies = self.pos, self.offsets, self.clock, self.busy
-        engine_free, copies, stall, stalled = self.engine_free, self.copies, self.stall, self.stalled
+        stall, stalled = self.stall, self.stalled
+        engine_free = [0.0] * (2 * n)
+        links = [Intervals() for _ in range(self.num_links)]
+        copies = {i: (e, links[k], d) for i, (e, k, d) in self.copies.items()}
         ready = list(range(n))
         queued = [True] * n
         while ready:
@@ -293,23 +331,22 @@ class _Simulation:
                             queued[waiter] = True
                             ready.append(waiter)
             pos[rank], clocks[rank], busies[rank] = i, clock, busy
-        stuck = [r for r in range(n) if pos[r] < offsets[r + 1]]
-        if stuck:
-            self._report_deadlock(stuck)
 
-    def _copy_resources(self) -> dict[int, tuple[int, Intervals, float]]:
-        """Per copy action (flat index): its engine slot, its host link and its duration."""
+    def _copy_resources(self) -> tuple[dict[int, tuple[int, int, float]], int]:
+        """Per copy action (flat index): its engine slot, its host link's number and its duration;
+        and the number of host links."""
         costs, c = self.costs, self.c
-        links: dict[tuple[int, str], Intervals] = defaultdict(Intervals)
+        links: dict[tuple[int, str], int] = {}
         out = {}
+        kinds = c.kind.tolist()
         for i in np.flatnonzero(sem.LANE[c.kind] == sem.COPY).tolist():
             rank = int(c.rank[i])
-            offload = self.kind[i] == sem.OFFLOAD
+            offload = kinds[i] == sem.OFFLOAD
             direction, per_unit = ("d2h", costs.d2h_time) if offload else ("h2d", costs.h2d_time)
             engine = 2 * rank + (0 if costs.shared_copy_engine or offload else 1)
-            link_owner = rank // 2 if costs.shared_host_link else rank
-            out[i] = (engine, links[(link_owner, direction)], per_unit * self.amount[i])
-        return out
+            link = links.setdefault((rank // 2 if costs.shared_host_link else rank, direction), len(links))
+            out[i] = (engine, link, per_unit * self.amount[i])
+        return out, len(links)
 
     # ---- results -----------------------------------------------------------------------------
     def _memory_events(self, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -24,6 +24,11 @@ from pipeoffload.intervals import EPS, Intervals
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.simulator import Timeline
 
+try:  # the compiled searches (``make`` builds them); the Python methods below are the reference
+    from pipeoffload import _native  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the build
+    _native = None
+
 K = ActionKind
 _F, _B, _I, _W, _R = sem.F, sem.B, sem.I, sem.W, sem.R
 
@@ -182,12 +187,32 @@ class CopyGroup:
                 engine = shared if costs.shared_copy_engine else Lane()
                 self._engine[(rank, direction)] = engine
                 self._lanes[(rank, direction)] = [engine, links[direction]] if costs.shared_host_link else [engine]
+        # what the compiled searches take: grid points, engine lane, link lane (the engine's if none), shared
+        self._search: dict[tuple[int, str], tuple[list[float], list[float], list[float], list[float], list[float], bool]] = {}
+        for (rank, direction), lanes in self._lanes.items():
+            link = lanes[-1]
+            self._search[(rank, direction)] = (self.timelines[rank].clocks, lanes[0].starts, lanes[0].ends,
+                                               link.starts, link.ends, len(lanes) > 1)
 
     def lanes(self, rank: int, direction: str) -> list[Lane]:
         """Every resource such a copy occupies: its engine first, then the pair's link when shared."""
         return self._lanes[(rank, direction)]
 
     def earliest(self, rank: int, direction: str, t: float, duration: float, limit: float) -> float | None:
+        """The first valid start >= t (and <= limit) at which the copy fits on all its resources
+        (compiled when ``pipeoffload._native`` is built, else ``_earliest_python``)."""
+        if _native is None:
+            return self._earliest_python(rank, direction, t, duration, limit)
+        return _native.earliest(*self._search[(rank, direction)], self.relaxed, t, duration, limit)
+
+    def latest(self, rank: int, direction: str, t: float, duration: float, lower: float) -> float | None:
+        """The last valid start <= t (and >= lower) at which the copy fits on all its resources
+        (compiled when ``pipeoffload._native`` is built, else ``_latest_python``)."""
+        if _native is None:
+            return self._latest_python(rank, direction, t, duration, lower)
+        return _native.latest(*self._search[(rank, direction)], self.relaxed, t, duration, lower)
+
+    def _earliest_python(self, rank: int, direction: str, t: float, duration: float, limit: float) -> float | None:
         """The first valid start >= t (and <= limit) at which the copy fits on all its resources.
 
         The inner loop of the pass: each step is the first valid start at or after the end of the
@@ -244,9 +269,9 @@ class CopyGroup:
                 return cursor
             query = blocked
 
-    def latest(self, rank: int, direction: str, t: float, duration: float, lower: float) -> float | None:
+    def _latest_python(self, rank: int, direction: str, t: float, duration: float, lower: float) -> float | None:
         """The last valid start <= t (and >= lower) at which the copy fits on all its resources
-        (written out like ``earliest``)."""
+        (written out like ``_earliest_python``)."""
         lanes = self._lanes[(rank, direction)]
         clocks = self.timelines[rank].clocks
         e_starts, e_ends = lanes[0].starts, lanes[0].ends
