@@ -90,15 +90,15 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result_dict(timeline, report), indent=1))
     else:
         print(format_summary(timeline))
-        if report.policy != "none" or report.recompute != "none":
+        if report.policy.kind != "none" or report.recompute != RecomputePolicy():
             print(report.summary())
     return 0
 
 
 def report_dict(report) -> dict:  # type: ignore[no-untyped-def]
     return {
-        "policy": report.policy,
-        "recompute": report.recompute,
+        "policy": str(report.policy),
+        "recompute": str(report.recompute),
         "recomputed": len(report.recomputed),
         "unhidden": len(report.unhidden),
         "planned_peak_before": report.peak_before,
