@@ -162,7 +162,7 @@ def cost_model_from_dict(data: dict, where: str = "cost file") -> CostModel:
     a per-stage list too. Unknown keys are refused with the list of valid ones."""
     data = dict(data.get("costs", data))
     fmt = data.pop("format", COSTS_FORMAT)
-    for note in ("device", "source", "comment"):  # descriptive keys the profiler writes
+    for note in ("device", "source", "comment", "time_unit"):  # descriptive keys (see cost_file_time_unit)
         data.pop(note, None)
     if fmt != COSTS_FORMAT:
         raise ConfigError(f"{where}: format {fmt!r}, expected {COSTS_FORMAT!r}")
@@ -185,8 +185,26 @@ def cost_model_from_dict(data: dict, where: str = "cost file") -> CostModel:
         raise ConfigError(f"{where}: {err}") from None
 
 
+TIME_UNIT_KEY = "time_unit"
+
+
+def cost_file_time_unit(data: dict, where: str = "cost file") -> str:
+    """The time unit of a cost file's numbers: its ``time_unit`` ("s" or "t"); without one, "s" for the
+    profiler's files (they name their ``device``: measured seconds) and "t" for hand-written ones."""
+    data = data.get("costs", data)
+    unit = data.get(TIME_UNIT_KEY, "s" if "device" in data else "t")
+    if unit not in ("s", "t"):
+        raise ConfigError(f"{where}: time_unit {unit!r}: use \"s\" (seconds) or \"t\" (the CLI's unit)")
+    return str(unit)
+
+
 def load_cost_model(path: str) -> CostModel:
     """Read a cost model from JSON (``.json``) or TOML (anything else)."""
+    return load_cost_file(path)[0]
+
+
+def load_cost_file(path: str) -> tuple[CostModel, str]:
+    """A cost file's model and the time unit of its numbers (``cost_file_time_unit``)."""
     import json
     from pathlib import Path
 
@@ -199,4 +217,5 @@ def load_cost_model(path: str) -> CostModel:
         raise ConfigError(f"--costs {path!r}: {err}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--costs {path!r}: expected an object of CostModel fields")
-    return cost_model_from_dict(data, where=f"--costs {path!r}")
+    where = f"--costs {path!r}"
+    return cost_model_from_dict(data, where=where), cost_file_time_unit(data, where)

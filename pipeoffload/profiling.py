@@ -80,7 +80,7 @@ class Profile:
 
         options = {"w_fraction": "measured", **cost_model_options}
         data = cost_model_to_dict(self.cost_model(**options))
-        write_atomic(path, json.dumps({**data, "device": self.device}, indent=1) + "\n")
+        write_atomic(path, json.dumps({**data, "time_unit": "s", "device": self.device}, indent=1) + "\n")
 
 
 def _sync(device: torch.device) -> None:

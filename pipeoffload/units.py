@@ -7,6 +7,7 @@
   pictures' defaults the times are **per rank**: the forward of one microbatch through all of a
   rank's layers, split evenly over its stages, so the work of a step does not change with
   ``stages_per_rank``. With default costs one time unit is one rank's forward of one microbatch.
+  Measured costs (a profiler's cost file, the planner) are in seconds, written ``s``.
 """
 from __future__ import annotations
 
@@ -16,12 +17,22 @@ MEMORY_UNIT = "rank units"
 MEMORY_UNIT_HELP = "rank units: one microbatch's saved activations for all of a rank's layers"
 TIME_UNIT = "t"
 TIME_UNIT_HELP = "t: the cost model's time unit; by default one rank's forward of one microbatch (--time-f 1)"
+SECONDS = "s"
+SECONDS_HELP = "s: seconds"
+TIME_UNITS = (TIME_UNIT, SECONDS)
 
 
-def units_dict(time_unit: str = TIME_UNIT_HELP) -> dict[str, str]:
-    """What the numbers of a report are in; every JSON output carries it under ``units``."""
+def time_unit_help(time_unit: str = TIME_UNIT) -> str:
+    """The one-line explanation of a time unit symbol (``t`` or ``s``) that outputs print."""
+    return {TIME_UNIT: TIME_UNIT_HELP, SECONDS: SECONDS_HELP}.get(time_unit, f"{time_unit}: the cost model's time unit")
+
+
+def units_dict(time_unit: str = TIME_UNIT) -> dict[str, str]:
+    """What the numbers of a report are in; every JSON output carries it under ``units``.
+    ``time_unit`` is the symbol (``t`` or ``s``)."""
     return {
-        "time": time_unit,
+        "time_unit": time_unit,
+        "time": time_unit_help(time_unit),
         "memory": MEMORY_UNIT_HELP,
         "activation_units": "one microbatch's saved activations for one stage (rank units x stages_per_rank)",
         "fields": "*_rank_units in rank units; peak_activation_units and peak_host_units in activation units; "

@@ -64,11 +64,11 @@ def run_spec(spec: str, common: str = "") -> Row:
         for flag in ("plot", "trace", "report", "json"):
             if getattr(args, flag, None):
                 raise ConfigError(f"--{flag} is not used inside compare; use compare's own -o/--plots/--json")
-        timeline, report = simulate_cli.simulate_from_args(args)
+        timeline, report, unit = simulate_cli.simulate_with_unit(args)
     except ConfigError as err:
         raise ConfigError(f"{spec!r}: {str(err).splitlines()[0]}") from None
     return Row(option_label(parser, args, timeline), shlex.join(["pipeoffload", "simulate", *argv]), timeline,
-               simulate_cli.result_dict(timeline, report))
+               simulate_cli.result_dict(timeline, report, unit))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -96,21 +96,31 @@ def compare_rows(specs: list[str], common: str = "") -> list[Row]:
     return out
 
 
+def time_unit(rows: list[Row]) -> str:
+    """The rows' one time unit (``t``, or ``s`` from measured cost files); they share one time axis."""
+    units = sorted({r.result["units"]["time_unit"] for r in rows})
+    if len(units) > 1:
+        raise ConfigError(f"the schedules mix time units ({' and '.join(units)}): their charts share one time axis; "
+                          "give every schedule cost files in the same unit (or none)")
+    return units[0]
+
+
 def run(args: argparse.Namespace) -> int:
     for path, what in ((Path(args.output).parent, "-o"), (Path(args.plots) if args.plots else None, "--plots")):
         if path is not None and not path.resolve().is_dir():
             raise ConfigError(f"{what}: folder {path} does not exist; create it first")
     rows = compare_rows(args.specs, args.common)
+    unit = time_unit(rows)
     from pipeoffload.viz.plot import figure_bytes, timeline_figure
     from pipeoffload.viz.report import html_report
 
     xmax = max(r.timeline.makespan for r in rows)
-    pictures = [figure_bytes(timeline_figure(r.timeline, xmax=xmax), dpi=100) for r in rows]
+    pictures = [figure_bytes(timeline_figure(r.timeline, xmax=xmax, time_unit=unit), dpi=100) for r in rows]
     if args.plots:
         for row, png in zip(rows, pictures):
             write_atomic(Path(args.plots) / f"{file_slug(row.label)}.png", png)
     page = html_report([r.timeline for r in rows], title=f"pipeoffload compare: {len(rows)} schedules",
-                       pictures=pictures, labels=[r.label for r in rows], commands=[r.command for r in rows])
+                       pictures=pictures, labels=[r.label for r in rows], commands=[r.command for r in rows], time_unit=unit)
     write_atomic(args.output, page)
     log.info("wrote %s", args.output)
     if args.json:
@@ -118,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         for index, row in enumerate(rows, 1):
             t = row.timeline
-            print(f"{index}. {row.label}: makespan {t.makespan:.4g} t, bubble {t.bubble_ratio:.1%}, "
+            print(f"{index}. {row.label}: makespan {t.makespan:.4g} {unit}, bubble {t.bubble_ratio:.1%}, "
                   f"device peak {t.peak_rank_units:.3g} rank units")
         print(f"wrote {args.output}")
     return 0

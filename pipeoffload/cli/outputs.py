@@ -9,6 +9,7 @@ from pathlib import Path
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import write_atomic
 from pipeoffload.simulator import Timeline
+from pipeoffload.units import TIME_UNIT
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +21,8 @@ def add_output_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--report", metavar="FILE", help="self-contained HTML report")
 
 
-def write_outputs(args: argparse.Namespace, timelines: Sequence[Timeline]) -> None:
+def write_outputs(args: argparse.Namespace, timelines: Sequence[Timeline], time_unit: str = TIME_UNIT) -> None:
+    """``--plot/--trace/--report`` of ``timelines``, their times labelled ``time_unit`` (``t`` or ``s``)."""
     # Check every destination before writing any, so a bad one leaves nothing half done.
     for flag in ("plot", "trace", "report"):
         path = getattr(args, flag, None)
@@ -32,17 +34,17 @@ def write_outputs(args: argparse.Namespace, timelines: Sequence[Timeline]) -> No
     if args.plot:
         from pipeoffload.viz.plot import figure_bytes, timeline_figure
 
-        write_atomic(args.plot, figure_bytes(timeline_figure(timelines[0]), fmt))
+        write_atomic(args.plot, figure_bytes(timeline_figure(timelines[0], time_unit=time_unit), fmt))
         log.info("wrote %s", args.plot)
     if args.trace:
         from pipeoffload.viz.chrome_trace import timeline_trace_json
 
-        write_atomic(args.trace, timeline_trace_json(timelines[0]))
+        write_atomic(args.trace, timeline_trace_json(timelines[0], time_unit))
         log.info("wrote %s", args.trace)
     if args.report:
         from pipeoffload.viz.report import html_report
 
-        write_atomic(args.report, html_report(timelines))
+        write_atomic(args.report, html_report(timelines, time_unit=time_unit))
         log.info("wrote %s", args.report)
 
 

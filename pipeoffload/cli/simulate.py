@@ -14,11 +14,11 @@ from pipeoffload.cli.common import (
     schedule_from_args,
 )
 from pipeoffload.cli.outputs import add_output_args, write_outputs
-from pipeoffload.costs import CostModel, load_cost_model
+from pipeoffload.costs import CostModel, load_cost_file
 from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, OffloadPolicy, RecomputePolicy
 from pipeoffload.simulator import Timeline, simulate
-from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, TIME_UNIT_HELP, units_dict
+from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, time_unit_help, units_dict
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_schedule_args(parser)
     add_cost_args(parser)
     parser.add_argument("--costs", metavar="FILE", help="cost model from a JSON/TOML file (the profiler's "
-                        "Profile.save or hand-written CostModel fields); replaces --time-f/-i/-w and --p2p-time")
+                        "Profile.save or hand-written CostModel fields); replaces --time-f/-i/-w and --p2p-time; "
+                        "its times are in seconds (s) when it says time_unit = \"s\" or is the profiler's")
     add_memory_args(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object (stable field names)")
     add_output_args(parser)
@@ -61,17 +62,26 @@ def memory_costs(args: argparse.Namespace, costs: CostModel) -> CostModel:
 
 def simulate_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """(timeline, offload report) for parsed ``simulate`` flags; shared by compare and the playground."""
+    timeline, report, _ = simulate_with_unit(args)
+    return timeline, report
+
+
+def simulate_with_unit(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """(timeline, offload report, time unit): the unit is the cost file's (``s`` for measured seconds)
+    with ``--costs``, else the CLI's ``t``."""
     offload, recompute = OffloadPolicy.parse(args.offload), RecomputePolicy.parse(args.recompute)
     options = {"group_size": args.group_size, "backward": args.backward}
     generated = schedule_from_args(args, **options)
-    base = load_cost_model(args.costs) if getattr(args, "costs", None) else \
-        costs_from_args(args, generated.stages_per_rank)
+    if getattr(args, "costs", None):
+        base, unit = load_cost_file(args.costs)
+    else:
+        base, unit = costs_from_args(args, generated.stages_per_rank), TIME_UNIT
     costs = memory_costs(args, base)
     schedule, report = lower_with_report(generated, costs, offload=offload, recompute=recompute)
-    return simulate(schedule, costs), report
+    return simulate(schedule, costs), report, unit
 
 
-def result_dict(timeline: Timeline, report) -> dict:  # type: ignore[no-untyped-def]
+def result_dict(timeline: Timeline, report, time_unit: str = TIME_UNIT) -> dict:  # type: ignore[no-untyped-def]
     """The object ``simulate --json`` prints: the timeline's numbers, their units, the policy report."""
     out = timeline.as_dict()
     v = max(timeline.schedule.stages_per_rank, 1)
@@ -79,26 +89,26 @@ def result_dict(timeline: Timeline, report) -> dict:  # type: ignore[no-untyped-
     for rank in out["per_rank"]:
         rank["peak_host_rank_units"] = rank["peak_host_units"] / v
     out["offload_report"] = report_dict(report)
-    out["units"] = units_dict()
+    out["units"] = units_dict(time_unit)
     return out
 
 
 def run(args: argparse.Namespace) -> int:
-    timeline, report = simulate_from_args(args)
-    write_outputs(args, [timeline])
+    timeline, report, unit = simulate_with_unit(args)
+    write_outputs(args, [timeline], unit)
     if args.json:
-        print(json.dumps(result_dict(timeline, report), indent=1))
+        print(json.dumps(result_dict(timeline, report, unit), indent=1))
     else:
-        print(format_summary(timeline))
-        if report.policy != "none" or report.recompute != "none":
+        print(format_summary(timeline, unit))
+        if report.policy.kind != "none" or report.recompute != RecomputePolicy():
             print(report.summary())
     return 0
 
 
 def report_dict(report) -> dict:  # type: ignore[no-untyped-def]
     return {
-        "policy": report.policy,
-        "recompute": report.recompute,
+        "policy": str(report.policy),
+        "recompute": str(report.recompute),
         "recomputed": len(report.recomputed),
         "unhidden": len(report.unhidden),
         "planned_peak_before": report.peak_before,
@@ -108,19 +118,19 @@ def report_dict(report) -> dict:  # type: ignore[no-untyped-def]
     }
 
 
-def format_summary(timeline: Timeline) -> str:
+def format_summary(timeline: Timeline, time_unit: str = TIME_UNIT) -> str:
     s = timeline.schedule
     v = max(s.stages_per_rank, 1)
     lines = [
         f"{s.name}: ranks={s.num_ranks} microbatches={s.num_microbatches} stages_per_rank={s.stages_per_rank} "
         f"placement={s.placement.kind}",
-        f"makespan {timeline.makespan:g} {TIME_UNIT}   bubble {timeline.bubble_ratio:.2%}   "
+        f"makespan {timeline.makespan:g} {time_unit}   bubble {timeline.bubble_ratio:.2%}   "
         f"peak {timeline.peak_rank_units:g} {MEMORY_UNIT} ({timeline.peak_activation_units:g} activation units)"
-        + (f"   stall {timeline.stall:g} {TIME_UNIT}" if timeline.stall else ""),
-        f"rank  busy({TIME_UNIT})  bubble  peak(device)  peak(host)  stall({TIME_UNIT})   [memory in {MEMORY_UNIT}]",
+        + (f"   stall {timeline.stall:g} {time_unit}" if timeline.stall else ""),
+        f"rank  busy({time_unit})  bubble  peak(device)  peak(host)  stall({time_unit})   [memory in {MEMORY_UNIT}]",
     ]
     for r in timeline.per_rank:
         lines.append(f"{r.rank:4d} {r.busy:8g} {r.bubble_ratio:7.2%} {r.peak_rank_units:13g} "
                      f"{r.peak_host_units / v:11g} {r.stall:9g}")
-    lines.append(f"units: {TIME_UNIT_HELP}; {MEMORY_UNIT_HELP}")
+    lines.append(f"units: {time_unit_help(time_unit)}; {MEMORY_UNIT_HELP}")
     return "\n".join(lines)

@@ -107,7 +107,7 @@ def _offload_once(base: Schedule, costs: CostModel, offload: OffloadPolicy, reco
 def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
                    recompute: RecomputePolicy) -> tuple[Schedule, OffloadReport]:
     if offload.kind == "none" and recompute.kind == "none":
-        return source, OffloadReport(str(offload))
+        return source, OffloadReport(offload)
     base = source.compute_only()
     original = simulate_once(base, costs)  # the planner lowers several policies of one schedule
     recomputed: set[tuple[int, int]] = set()
@@ -127,7 +127,7 @@ def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
             planned, report = plan_offload(base, costs, offload, exclude=recomputed)
     before = {r.rank: r.peak_activation_units for r in original.per_rank}
     per_rank = tuple(replace(r, peak_before=before[r.rank]) for r in report.per_rank)
-    report = replace(report, per_rank=per_rank, recompute=str(recompute), recomputed=tuple(sorted(recomputed)))
+    report = replace(report, per_rank=per_rank, recompute=recompute, recomputed=tuple(sorted(recomputed)))
     if report.budget_met is False:
         warning = (f"offload {offload}: cannot bring every rank to {report.budget:g} activation units; "
                    f"best planned peak {report.peak_after:g}")

@@ -25,7 +25,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.passes.copy_plan import EPS, Activation, RankTimeline, rank_timelines
 from pipeoffload.passes.offload_plan import RankState, plan_group
-from pipeoffload.policies import OffloadPolicy
+from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.simulator import Timeline, simulate
 
 log = logging.getLogger(__name__)
@@ -46,15 +46,23 @@ class RankOffloadReport:
 
 @dataclass(frozen=True)
 class OffloadReport:
-    """What the offload pass did; planned numbers (the simulator gives the final ones)."""
+    """What the offload pass did; planned numbers (the simulator gives the final ones).
 
-    policy: str
+    The policies are typed values, like ``ScheduleChoice``'s; text forms are accepted and parsed once
+    here, and ``str()`` gives them back for outputs.
+    """
+
+    policy: OffloadPolicy = OffloadPolicy()
     per_rank: tuple[RankOffloadReport, ...] = ()
     budget: float | None = None  # per-rank target in activation units, for budget policies
-    recompute: str = "none"
+    recompute: RecomputePolicy = RecomputePolicy()
     recomputed: tuple[Key, ...] = ()
     notes: tuple[str, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())  # what the passes could not do (e.g. a budget not met)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", OffloadPolicy.parse(self.policy))
+        object.__setattr__(self, "recompute", RecomputePolicy.parse(self.recompute))
 
     @property
     def offloaded(self) -> int:
@@ -78,10 +86,10 @@ class OffloadReport:
 
     def summary(self) -> str:
         parts = []
-        if self.policy != "none":
+        if self.policy.kind != "none":
             parts.append(f"offload {self.policy}: {self.offloaded} activations offloaded, {len(self.unhidden)} "
                          "could not be hidden by the copy lane")
-        if self.recompute != "none":
+        if self.recompute != RecomputePolicy():
             parts.append(f"recompute {self.recompute}: {len(self.recomputed)} activations")
         parts.append(f"planned peak {self.peak_before:g} -> {self.peak_after:g} activation units")
         if self.budget is not None:
@@ -101,7 +109,7 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     policy = OffloadPolicy.parse(policy)
     base = schedule.compute_only()
     if policy.kind == "none" and timeline is None:
-        return base, OffloadReport(str(policy))
+        return base, OffloadReport(policy)
     timeline = timeline if timeline is not None else simulate(base, costs)
     timelines = rank_timelines(base, timeline, costs)
     budget = policy.budget_units(base.stages_per_rank) if policy.kind == "budget" else None
@@ -121,7 +129,7 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
         states, peaks = _shared_link_plans(base, costs, states, peaks, plan_all(relaxed=True), groups)
     rows = [_emit(states[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
-        str(policy),
+        policy,
         tuple(RankOffloadReport(r, len(s.placed), tuple(s.unhidden), s.too_short,
                                 float(timelines[r].memory.max()) if len(timelines[r].memory) else 0.0,
                                 peaks[r], tuple(s.memory.tolist()))

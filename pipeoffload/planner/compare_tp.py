@@ -7,7 +7,8 @@ sequence parallelism. ``compare_tp`` runs two planner searches and reports both 
 - ``pp``: the fastest TP = 1 plan (any schedule, offload and recompute policies);
 - the baseline: ``tp8-interleaved`` (TP = 8, interleaved 1F1B, or 1F1B when the pipeline has one
   rank, no offload, recompute only where nothing else fits) or ``best`` (the fastest plan with
-  2 <= TP <= 8, any schedule and policy).
+  2 <= TP <= 8, any schedule and policy). Outputs name the baseline as it ran
+  (``Comparison.baseline_label``): a TP8 plan that does not interleave is not called interleaved.
 
 Activation memory is the paper's metric: peak minus memory at iteration start, i.e. the worst rank's
 simulated activation peak (``Plan.memory.activations``).
@@ -38,6 +39,17 @@ class Comparison:
         if self.pp is None or self.tp is None:
             return None
         return self.pp.tokens_per_second / self.tp.tokens_per_second
+
+    @property
+    def baseline_label(self) -> str:
+        """The baseline as it ran: ``tp8-interleaved`` only when its plan interleaves (a one-rank
+        pipeline cannot, so TP8 then runs 1F1B and is named so)."""
+        plan = self.tp
+        if self.baseline != "tp8-interleaved" or plan is None or plan.choice.family == "interleaved-1f1b":
+            return self.baseline
+        if plan.layout.pp == 1:
+            return f"tp8 ({plan.choice.family}: interleaving needs PP > 1)"
+        return f"tp8 ({plan.choice.family}: the fastest TP8 plan that fits)"
 
 
 def baseline_request(req: PlanRequest, baseline: str) -> PlanRequest:
@@ -93,13 +105,17 @@ def format_comparison(cmp: Comparison, req: PlanRequest) -> str:
     model, hw = req.model, req.hardware
     lines = [f"{model.name} ({model.total_params() / 1e9:.1f}B, seq {model.seq}) on {req.gpus} x {hw.name} "
              f"({hw.network}); global batch {req.global_batch}; budget {req.memory_budget / GIB:.1f} GiB/GPU",
-             f"{'plan':<26} {'tokens/s':>10} {'MFU':>6} {'act GiB':>8} {'total GiB':>9} {'host GiB':>8}  layout and schedule"]
-    for label, plan, err in (("PP + offload", cmp.pp, cmp.pp_error), (f"baseline {cmp.baseline}", cmp.tp, cmp.tp_error)):
+             ""]
+    rows = (("PP + offload", cmp.pp, cmp.pp_error), (f"baseline {cmp.baseline_label}", cmp.tp, cmp.tp_error))
+    w = max(26, *(len(label) for label, _, _ in rows))
+    lines[1] = (f"{'plan':<{w}} {'tokens/s':>10} {'MFU':>6} {'act GiB':>8} {'total GiB':>9} {'host GiB':>8}  "
+                "layout and schedule")
+    for label, plan, err in rows:
         if plan is None:
-            lines.append(f"{label:<26} does not fit: {err}")
+            lines.append(f"{label:<{w}} does not fit: {err}")
             continue
         mem = plan.memory
-        lines.append(f"{label:<26} {plan.tokens_per_second:>10,.0f} {plan.mfu:>6.1%} {mem.activations / GIB:>8.1f} "
+        lines.append(f"{label:<{w}} {plan.tokens_per_second:>10,.0f} {plan.mfu:>6.1%} {mem.activations / GIB:>8.1f} "
                      f"{mem.total / GIB:>9.1f} {mem.host / GIB:>8.1f}  {_describe(plan)}")
     if cmp.speedup is not None and cmp.pp is not None and cmp.tp is not None:
         act = cmp.pp.memory.activations / max(cmp.tp.memory.activations, 1.0)
@@ -109,6 +125,6 @@ def format_comparison(cmp: Comparison, req: PlanRequest) -> str:
 
 
 def comparison_as_dict(cmp: Comparison) -> dict:
-    return {"baseline": cmp.baseline, "pp": cmp.pp.as_dict() if cmp.pp else None,
+    return {"baseline": cmp.baseline_label, "baseline_option": cmp.baseline, "pp": cmp.pp.as_dict() if cmp.pp else None,
             "tp": cmp.tp.as_dict() if cmp.tp else None, "speedup": cmp.speedup,
             "pp_error": cmp.pp_error or None, "tp_error": cmp.tp_error or None}

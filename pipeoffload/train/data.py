@@ -5,7 +5,9 @@ Sources: a text file, a folder of text files (sorted, recursively), a pre-tokeni
 preprocessors), both memory-mapped. Without ``--data`` the standard library's own ``.py`` sources
 (a sorted, size-capped subset) serve as real text present on every machine with Python.
 
-The last ``val_fraction`` of the tokens is held out for validation. Training sequences are the
+The last ``val_fraction`` is held out for validation: of the tokens with the byte tokenizer or a
+token file; of the text with a BPE, split before the BPE is trained on the training part only (so
+the validation text cannot shape the vocabulary) and each part tokenized on its own. Training sequences are the
 non-overlapping windows of ``seq_len + 1`` tokens of the rest, visited in an order drawn from
 ``seed`` (a new permutation per epoch). Step ``t`` reads the ``global_batch`` windows at positions
 ``t*global_batch ...`` of that stream and data-parallel replica ``r`` the ``r``-th slice of them,
@@ -61,6 +63,13 @@ def text_files(data: str) -> list[Path]:
 
 def read_text(data: str) -> str:
     return "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in text_files(data))
+
+
+def split_text(text: str, val_fraction: float) -> tuple[str, str]:
+    """(training text, validation tail): the last ``val_fraction`` of the characters is held out.
+    Decided from the config alone, before any tokenizer exists, so the BPE never sees the tail."""
+    cut = int(len(text) * (1 - val_fraction))
+    return text[:cut], text[cut:]
 
 
 def is_token_file(data: str) -> bool:
@@ -141,25 +150,30 @@ def load_token_file(data: str) -> np.ndarray:
     return arr
 
 
-def tokenize(data: str, tokenizer: Tokenizer) -> np.ndarray:
+def tokenize(data: str, tokenizer: Tokenizer, val_fraction: float) -> tuple[np.ndarray, int | None]:
+    """The token stream and where its validation tail starts (None: the last ``val_fraction`` of the
+    tokens, the byte tokenizer's split). A BPE encodes the training text and the validation tail
+    separately, at the text split it was trained with."""
     if isinstance(tokenizer, ByteTokenizer):
-        return np.frombuffer(read_text(data).encode("utf-8"), dtype=np.uint8).astype(np.uint16)
-    ids = tokenizer.encode(read_text(data))
-    return np.asarray(ids, dtype=np.int32 if tokenizer.vocab_size > 65535 else np.uint16)
+        return np.frombuffer(read_text(data).encode("utf-8"), dtype=np.uint8).astype(np.uint16), None
+    train, val = (tokenizer.encode(part) for part in split_text(read_text(data), val_fraction))
+    return np.asarray(train + val, dtype=np.int32 if tokenizer.vocab_size > 65535 else np.uint16), len(train)
 
 
 @dataclass
 class Corpus:
-    """The token stream split into training windows and a held-out validation tail."""
+    """The token stream split into training windows and a held-out validation tail, which starts at
+    ``split`` when given (a BPE corpus, split as text) or else at the last ``val_fraction`` of the tokens."""
 
     tokens: np.ndarray
     vocab_size: int
     seq_len: int
     val_fraction: float
+    split: int | None = None
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
-        self.val_start = int(n * (1 - self.val_fraction))
+        self.val_start = int(n * (1 - self.val_fraction)) if self.split is None else self.split
         self.num_train = (self.val_start - 1) // self.seq_len
         self.num_val = (n - self.val_start - 1) // self.seq_len
         if self.num_train < 1 or self.num_val < 1:
@@ -216,12 +230,13 @@ def load_corpus(data: str, tokenizer_spec: str, run_dir: Path, seq_len: int, val
         vocab = int(tokens.max()) + 1
         return Corpus(tokens, vocab, seq_len, val_fraction), None
     tokenizer = load_tokenizer(tokenizer_spec, run_dir)
-    tokens = tokenize(data, tokenizer)
-    return Corpus(tokens, tokenizer.vocab_size, seq_len, val_fraction), tokenizer
+    tokens, split = tokenize(data, tokenizer, val_fraction)
+    return Corpus(tokens, tokenizer.vocab_size, seq_len, val_fraction, split), tokenizer
 
 
-def prepare(data: str, tokenizer_spec: str, run_dir: Path) -> None:
-    """Launcher-side preparation: train the BPE once (saved in the run) so every rank loads the same."""
+def prepare(data: str, tokenizer_spec: str, run_dir: Path, val_fraction: float) -> None:
+    """Launcher-side preparation: train the BPE once (saved in the run) so every rank loads the same,
+    on the training text only (``val_fraction`` decides the held-out tail, as ``load_corpus`` does)."""
     if tokenizer_spec == "byte" or is_token_file(data):
         return
     path = run_dir / "tokenizer.json"
@@ -229,4 +244,4 @@ def prepare(data: str, tokenizer_spec: str, run_dir: Path) -> None:
         return
     vocab = int(tokenizer_spec.partition(":")[2])
     log.info("training a byte-level BPE with %d tokens on the training text", vocab)
-    train_bpe(read_text(data), vocab, path)
+    train_bpe(split_text(read_text(data), val_fraction)[0], vocab, path)

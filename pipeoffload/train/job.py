@@ -99,7 +99,7 @@ def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True) -> t
         if not resume:
             for stale in (run_dir / "metrics.jsonl",):
                 stale.unlink(missing_ok=True)
-        prepare(cfg.data, cfg.tokenizer, run_dir)
+        prepare(cfg.data, cfg.tokenizer, run_dir, cfg.val_fraction)
     return cfg, ckpt
 
 

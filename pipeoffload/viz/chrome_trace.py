@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from pipeoffload.ir import COMM_KINDS, COPY_KINDS, Action
 from pipeoffload.simulator import Timeline
-from pipeoffload.units import MEMORY_UNIT, TIME_UNIT_HELP
+from pipeoffload.units import MEMORY_UNIT, TIME_UNIT, time_unit_help
 
 LANES = {"compute": 0, "copy": 1, "comm": 2}
 SIM_PID_BASE = 1000  # simulated ranks' process ids, below a measured run's 0..d-1 in `trace compare`
@@ -58,8 +58,9 @@ def counter_events(pid: int, name: str, key: str, curve: Iterable[tuple[float, f
 
 
 def timeline_trace(timeline: Timeline, scale: float = 1e6, pid_base: int = 0, label: str = "simulated",
-                   sort_base: int = 0) -> dict:
-    """The simulated timeline as a Chrome trace object; one time unit becomes ``scale`` microseconds."""
+                   sort_base: int = 0, time_unit: str = TIME_UNIT) -> dict:
+    """The simulated timeline as a Chrome trace object; one time unit (``time_unit``: ``t`` or ``s``)
+    becomes ``scale`` microseconds."""
     events: list[dict] = []
     v = max(timeline.schedule.stages_per_rank, 1)
     for rank in range(timeline.schedule.num_ranks):
@@ -70,9 +71,9 @@ def timeline_trace(timeline: Timeline, scale: float = 1e6, pid_base: int = 0, la
         if result.peak_host_units:
             events += counter_events(pid, f"host memory ({MEMORY_UNIT})", MEMORY_UNIT, result.host_memory, scale,
                                      1 / v)
-    other = timeline.as_dict() | {"per_rank": None, "time_unit": f"{TIME_UNIT_HELP}; 1 unit = {scale:g} us here"}
+    other = timeline.as_dict() | {"per_rank": None, "time_unit": f"{time_unit_help(time_unit)}; 1 unit = {scale:g} us here"}
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 
-def timeline_trace_json(timeline: Timeline) -> str:
-    return json.dumps(timeline_trace(timeline))
+def timeline_trace_json(timeline: Timeline, time_unit: str = TIME_UNIT) -> str:
+    return json.dumps(timeline_trace(timeline, time_unit=time_unit))

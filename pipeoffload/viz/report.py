@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from pipeoffload.ir import ActionKind
 from pipeoffload.simulator import Timeline
-from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, TIME_UNIT_HELP
+from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, time_unit_help
 from pipeoffload.viz.plot import figure_bytes, timeline_figure
 
 _STYLE = """
@@ -57,10 +57,10 @@ def _summary_row(index: int, label: str, command: str, t: Timeline) -> str:
     return f"<tr data-row='{index}'>" + "".join(cells) + "</tr>"
 
 
-def _rank_table(t: Timeline) -> str:
+def _rank_table(t: Timeline, time_unit: str) -> str:
     v = max(t.schedule.stages_per_rank, 1)
-    head = (f"<tr><th>rank</th><th>busy ({TIME_UNIT})</th><th>bubble</th><th>device peak ({MEMORY_UNIT})</th>"
-            f"<th>host peak ({MEMORY_UNIT})</th><th>stall ({TIME_UNIT})</th></tr>")
+    head = (f"<tr><th>rank</th><th>busy ({time_unit})</th><th>bubble</th><th>device peak ({MEMORY_UNIT})</th>"
+            f"<th>host peak ({MEMORY_UNIT})</th><th>stall ({time_unit})</th></tr>")
     rows = "".join(
         f"<tr><td>{r.rank}</td><td>{r.busy:.4g}</td><td>{r.bubble_ratio:.2%}</td><td>{r.peak_rank_units:.3g}</td>"
         f"<td>{r.peak_host_units / v:.3g}</td><td>{r.stall:.3g}</td></tr>"
@@ -71,31 +71,32 @@ def _rank_table(t: Timeline) -> str:
 
 def html_report(timelines: Sequence[Timeline], title: str = "pipeoffload report", note: str = "",
                 pictures: Sequence[bytes] | None = None, labels: Sequence[str] | None = None,
-                commands: Sequence[str] | None = None, time_unit_help: str = TIME_UNIT_HELP) -> str:
+                commands: Sequence[str] | None = None, time_unit: str = TIME_UNIT) -> str:
     """The page. ``labels`` name the rows (default: ``timeline_label``), ``commands`` are shown verbatim;
-    ``pictures`` are PNGs already drawn (drawn here, on one shared time axis, when omitted)."""
+    ``pictures`` are PNGs already drawn (drawn here, on one shared time axis, when omitted); times are
+    labelled ``time_unit`` (``t``, or ``s`` for seconds)."""
     labels = _distinct(list(labels) if labels is not None else [timeline_label(t) for t in timelines])
     commands = list(commands) if commands is not None else [""] * len(timelines)
     xmax = max((t.makespan for t in timelines), default=0.0)
     head = ("<tr><th class='label'>schedule and options</th><th class='label'>command</th>"
-            f"<th>makespan ({TIME_UNIT})</th><th>bubble</th><th>device peak ({MEMORY_UNIT})</th>"
-            f"<th>host peak ({MEMORY_UNIT})</th><th>stall ({TIME_UNIT})</th><th>offloaded</th><th>recomputed</th></tr>")
+            f"<th>makespan ({time_unit})</th><th>bubble</th><th>device peak ({MEMORY_UNIT})</th>"
+            f"<th>host peak ({MEMORY_UNIT})</th><th>stall ({time_unit})</th><th>offloaded</th><th>recomputed</th></tr>")
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
              f"<p class='note'>{html.escape(note)}</p>" if note else "",
              "<table id='summary'>" + head
              + "".join(_summary_row(i + 1, labels[i], commands[i], t) for i, t in enumerate(timelines)) + "</table>",
-             f"<p class='note'>Units: {html.escape(time_unit_help)}; {html.escape(MEMORY_UNIT_HELP)}. "
+             f"<p class='note'>Units: {html.escape(time_unit_help(time_unit))}; {html.escape(MEMORY_UNIT_HELP)}. "
              "Peaks are the worst rank's; offloaded and recomputed count activations (stage, microbatch). "
              "Charts share one time axis.</p>"]
     for index, t in enumerate(timelines):
-        raw = pictures[index] if pictures is not None else figure_bytes(timeline_figure(t, xmax=xmax), dpi=100)
+        raw = pictures[index] if pictures is not None else figure_bytes(timeline_figure(t, xmax=xmax, time_unit=time_unit), dpi=100)
         png = base64.b64encode(raw).decode()
         parts.append(f"<h2 id='row-{index + 1}'>{index + 1}. {html.escape(labels[index])}</h2>")
         if commands[index]:
             parts.append(f"<p><code>{html.escape(commands[index])}</code></p>")
         parts.append(f"<img alt='timeline and memory of {html.escape(labels[index])}' "
                      f"src='data:image/png;base64,{png}'>")
-        parts.append(_rank_table(t))
+        parts.append(_rank_table(t, time_unit))
     parts.append("</body></html>")
     return "".join(parts)

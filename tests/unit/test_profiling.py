@@ -92,8 +92,10 @@ def test_profile_measures_what_w_keeps_per_stage_and_saves_a_cost_file(tmp_path,
     assert costs.stage_w_fraction == (1.0, last.w_fraction) and costs.w_fraction == 1.0
     path = tmp_path / "costs.json"
     profile.save(str(path))
+    assert json.loads(path.read_text())["time_unit"] == "s"
     assert main(["simulate", "zb-h1", "-d", "2", "-m", "4", "--costs", str(path), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["makespan"] > 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["makespan"] > 0 and data["units"]["time_unit"] == "s"  # measured seconds, labelled so
 
 
 def test_measured_layer_costs_round_trip_and_drive_plan(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

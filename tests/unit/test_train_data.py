@@ -51,7 +51,7 @@ def test_pretokenized_npy_is_memory_mapped_and_trains(tmp_path: Path) -> None:
 def test_byte_tokenizer_round_trip_and_prepare_is_a_no_op(tmp_path: Path) -> None:
     tok = ByteTokenizer()
     assert tok.decode(tok.encode("héllo")) == "héllo"
-    prepare("", "byte", tmp_path)
+    prepare("", "byte", tmp_path, 0.05)
     assert not list(tmp_path.iterdir())
 
 
@@ -62,3 +62,48 @@ def test_raw_uint16_bin_is_memory_mapped(tmp_path: Path) -> None:
     assert tok is None and corpus.vocab_size == 300 and len(corpus.tokens) == 5_000
     x, y = corpus.batch(np.array([0, 1]))
     assert x.shape == (2, 16) and np.array_equal(x[0], np.arange(16)) and np.array_equal(y[0], np.arange(1, 17))
+
+
+LEAK_BIGRAMS = ("zq", "qx", "xj", "jv", "vw", "wk")  # the tail word's pairs; none occurs in the training text
+
+
+def test_bpe_is_trained_on_the_training_text_only(tmp_path: Path) -> None:
+    train = "the quick brown fox jumps over the lazy dog\n" * 300
+    tail = "zqxjvwk " * 300  # 2400 of 15600 characters: inside the last 20 %
+    path = tmp_path / "text.txt"
+    path.write_text(train + tail)
+    prepare(str(path), "bpe:400", tmp_path, 0.2)
+    vocab = json.loads((tmp_path / "tokenizer.json").read_text())["model"]["vocab"]
+    assert not [t for t in vocab if any(b in t for b in LEAK_BIGRAMS)]  # the validation word left no merge
+    corpus, tok = load_corpus(str(path), "bpe:400", tmp_path, 16, 0.2)
+    assert tok is not None and len(tok.encode(" zqxjvwk")) >= 6
+    text = train + tail
+    cut = int(len(text) * 0.8)  # the validation tail: the last 20 % of the text, split before tokenizing
+    assert corpus.val_start == len(tok.encode(text[:cut]))
+    assert tok.decode([int(t) for t in corpus.tokens[corpus.val_start:]]) == text[cut:]
+
+
+def test_byte_corpus_splits_the_tokens_as_before(tmp_path: Path) -> None:
+    path = tmp_path / "text.txt"
+    path.write_text("héllo wörld, " * 500)
+    corpus, tok = load_corpus(str(path), "byte", tmp_path, 16, 0.1)
+    raw = path.read_text().encode("utf-8")
+    assert isinstance(tok, ByteTokenizer) and bytes(corpus.tokens.astype(np.uint8)) == raw
+    assert corpus.val_start == int(len(raw) * 0.9)
+
+
+def test_bpe_run_resumes_bit_identically(tmp_path: Path) -> None:
+    text = tmp_path / "text.txt"
+    text.write_text("pack my box with five dozen liquor jugs\n" * 400 + "sphinx of black quartz judge my vow\n" * 40)
+    runs = {}
+    for name, extra in (("full", []), ("stopped", ["--stop-at", "1"])):
+        runs[name] = tmp_path / name
+        done = pipeoffload("train", *TINY, "--data", str(text), "--tokenizer", "bpe:300", "--save-every", "1",
+                           "--out", str(runs[name]), *extra)
+        assert done.returncode == 0, done.stderr
+    done = pipeoffload("train", "--resume", str(runs["stopped"]), "--stop-at", "0")
+    assert done.returncode == 0, done.stderr
+    rows = {name: [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            for name, run in runs.items()}
+    assert len(rows["full"]) == 2 and [(r["loss"], r["val_loss"]) for r in rows["stopped"]] == [(r["loss"], r["val_loss"]) for r in rows["full"]]
+    assert (runs["stopped"] / "tokenizer.json").read_bytes() == (runs["full"] / "tokenizer.json").read_bytes()
