@@ -5,6 +5,7 @@
  * results are bitwise equal. tests/unit/test_native.py compares the two on random inputs.
  *
  *   earliest, latest  <-  passes/copy_plan.py  CopyGroup._earliest_python / _latest_python
+ *   place, pack       <-  passes/copy_plan.py  CopyGroup._place_python / _pack_python
  *   simulate          <-  simulator.py         _Simulation._run_python (and intervals.Intervals.reserve)
  *
  * Lists passed in are Python lists of floats (copy lanes and grid points); nothing is copied.
@@ -61,15 +62,30 @@ static int lists_ok(PyObject *const *lists, int n) {
     return 1;
 }
 
-static PyObject *earliest(PyObject *self, PyObject *args) {
-    PyObject *clocks, *e_starts, *e_ends, *l_starts, *l_ends;
-    int shared, relaxed;
-    double t, duration, limit;
-    if (!PyArg_ParseTuple(args, "OOOOOppddd", &clocks, &e_starts, &e_ends, &l_starts, &l_ends, &shared, &relaxed,
-                          &t, &duration, &limit))
-        return NULL;
-    PyObject *const lists[] = {clocks, e_starts, e_ends, l_starts, l_ends};
-    if (!lists_ok(lists, 5)) return NULL;
+/* One copy's resources, as CopyGroup._search holds them: grid points, engine lane, link lane (the
+   engine's when the host link is not shared), whether the link is shared. */
+typedef struct { PyObject *clocks, *e_starts, *e_ends, *l_starts, *l_ends; int shared; } Lanes;
+
+static int unpack_lanes(PyObject *tuple, Lanes *out) {
+    if (!PyTuple_Check(tuple) || PyTuple_GET_SIZE(tuple) != 6) {
+        PyErr_SetString(PyExc_TypeError, "lanes: expected (clocks, e_starts, e_ends, l_starts, l_ends, shared)");
+        return 0;
+    }
+    out->clocks = PyTuple_GET_ITEM(tuple, 0);
+    out->e_starts = PyTuple_GET_ITEM(tuple, 1);
+    out->e_ends = PyTuple_GET_ITEM(tuple, 2);
+    out->l_starts = PyTuple_GET_ITEM(tuple, 3);
+    out->l_ends = PyTuple_GET_ITEM(tuple, 4);
+    out->shared = PyObject_IsTrue(PyTuple_GET_ITEM(tuple, 5));
+    PyObject *const lists[] = {out->clocks, out->e_starts, out->e_ends, out->l_starts, out->l_ends};
+    return out->shared >= 0 && lists_ok(lists, 5);
+}
+
+/* CopyGroup._earliest_python: 1 and *out set, or 0 (None) */
+static int find_earliest(const Lanes *ln, int relaxed, double t, double duration, double limit, double *out) {
+    PyObject *clocks = ln->clocks, *e_starts = ln->e_starts, *e_ends = ln->e_ends;
+    PyObject *l_starts = ln->l_starts, *l_ends = ln->l_ends;
+    int shared = ln->shared;
     Py_ssize_t n_clocks = PyList_GET_SIZE(clocks), n_engine = PyList_GET_SIZE(e_ends);
     Py_ssize_t n_link = PyList_GET_SIZE(l_ends);
     double bound = limit + EPS, narrow = 0.0, apart = 0.0;
@@ -101,7 +117,7 @@ static PyObject *earliest(PyObject *self, PyObject *args) {
                 found = 1;
             }
         }
-        if (!found || cursor > bound) Py_RETURN_NONE;
+        if (!found || cursor > bound) return 0;
         double reach = duration > 0 ? cursor + duration - EPS : cursor - EPS;
         double high = cursor + EPS;
         int is_blocked = 0;
@@ -124,20 +140,16 @@ static PyObject *earliest(PyObject *self, PyObject *args) {
                 is_blocked = 1;
             }
         }
-        if (!is_blocked) return PyFloat_FromDouble(cursor);
+        if (!is_blocked) { *out = cursor; return 1; }
         query = blocked;
     }
 }
 
-static PyObject *latest(PyObject *self, PyObject *args) {
-    PyObject *clocks, *e_starts, *e_ends, *l_starts, *l_ends;
-    int shared, relaxed;
-    double t, duration, lower;
-    if (!PyArg_ParseTuple(args, "OOOOOppddd", &clocks, &e_starts, &e_ends, &l_starts, &l_ends, &shared, &relaxed,
-                          &t, &duration, &lower))
-        return NULL;
-    PyObject *const lists[] = {clocks, e_starts, e_ends, l_starts, l_ends};
-    if (!lists_ok(lists, 5)) return NULL;
+/* CopyGroup._latest_python: 1 and *out set, or 0 (None) */
+static int find_latest(const Lanes *ln, int relaxed, double t, double duration, double lower, double *out) {
+    PyObject *clocks = ln->clocks, *e_starts = ln->e_starts, *e_ends = ln->e_ends;
+    PyObject *l_starts = ln->l_starts, *l_ends = ln->l_ends;
+    int shared = ln->shared;
     Py_ssize_t n_engine = PyList_GET_SIZE(e_ends), n_link = PyList_GET_SIZE(l_ends);
     double bound = lower - EPS;
     double query = t;
@@ -158,7 +170,7 @@ static PyObject *latest(PyObject *self, PyObject *args) {
                 found = 1;
             }
         }
-        if (!found || cursor < bound) Py_RETURN_NONE;
+        if (!found || cursor < bound) return 0;
         double reach = duration > 0 ? cursor + duration - EPS : cursor - EPS;
         high = cursor + EPS;
         int is_blocked = 0;
@@ -175,9 +187,217 @@ static PyObject *latest(PyObject *self, PyObject *args) {
                 is_blocked = 1;
             }
         }
-        if (!is_blocked) return PyFloat_FromDouble(cursor);
+        if (!is_blocked) { *out = cursor; return 1; }
         query = blocked - duration;
     }
+}
+
+static PyObject *earliest(PyObject *self, PyObject *args) {
+    PyObject *tuple;
+    int relaxed;
+    double t, duration, limit, out;
+    Lanes ln;
+    if (!PyArg_ParseTuple(args, "O!pddd", &PyTuple_Type, &tuple, &relaxed, &t, &duration, &limit)) return NULL;
+    if (!unpack_lanes(tuple, &ln)) return NULL;
+    if (find_earliest(&ln, relaxed, t, duration, limit, &out)) return PyFloat_FromDouble(out);
+    Py_RETURN_NONE;
+}
+
+static PyObject *latest(PyObject *self, PyObject *args) {
+    PyObject *tuple;
+    int relaxed;
+    double t, duration, lower, out;
+    Lanes ln;
+    if (!PyArg_ParseTuple(args, "O!pddd", &PyTuple_Type, &tuple, &relaxed, &t, &duration, &lower)) return NULL;
+    if (!unpack_lanes(tuple, &ln)) return NULL;
+    if (find_latest(&ln, relaxed, t, duration, lower, &out)) return PyFloat_FromDouble(out);
+    Py_RETURN_NONE;
+}
+
+/* intervals.Intervals.add / remove on the engine lane, and the link lane when shared (CopyGroup.reserve) */
+static int add_interval(PyObject *starts, PyObject *ends, double t, double duration) {
+    if (duration <= 0) return 0;
+    Py_ssize_t i = bisect_left(starts, t);
+    PyObject *a = PyFloat_FromDouble(t), *b = PyFloat_FromDouble(t + duration);
+    int bad = !a || !b || PyList_Insert(starts, i, a) < 0 || PyList_Insert(ends, i, b) < 0;
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return bad ? -1 : 0;
+}
+
+static int remove_interval(PyObject *starts, PyObject *ends, double t, double duration) {
+    if (duration <= 0) return 0;
+    Py_ssize_t i = bisect_left(starts, t - EPS);
+    if (i >= PyList_GET_SIZE(starts)) {
+        PyErr_SetString(PyExc_IndexError, "release: no such copy on the lane");
+        return -1;
+    }
+    if (PyList_SetSlice(starts, i, i + 1, NULL) < 0 || PyList_SetSlice(ends, i, i + 1, NULL) < 0) return -1;
+    return 0;
+}
+
+static int reserve(const Lanes *ln, double t, double duration) {
+    if (add_interval(ln->e_starts, ln->e_ends, t, duration) < 0) return -1;
+    return ln->shared ? add_interval(ln->l_starts, ln->l_ends, t, duration) : 0;
+}
+
+static int release(const Lanes *ln, double t, double duration) {
+    if (remove_interval(ln->e_starts, ln->e_ends, t, duration) < 0) return -1;
+    return ln->shared ? remove_interval(ln->l_starts, ln->l_ends, t, duration) : 0;
+}
+
+/* copy_plan.RankTimeline.off_range */
+static void off_range(PyObject *points, double d2h_end, double h2d_start, Py_ssize_t *lo, Py_ssize_t *hi) {
+    *lo = bisect_left(points, d2h_end - EPS);
+    *hi = bisect_right(points, h2d_start + EPS) - 1;
+}
+
+/* CopyGroup.place: (d2h, h2d, lo, hi) or None */
+static PyObject *place(PyObject *self, PyObject *args) {
+    PyObject *o_d2h, *o_h2d, *points;
+    int relaxed;
+    double f_end, deadline, d2h_time, h2d_time, d2h, h2d;
+    Lanes down, up;
+    if (!PyArg_ParseTuple(args, "O!O!O!pdddd", &PyTuple_Type, &o_d2h, &PyTuple_Type, &o_h2d, &PyList_Type, &points,
+                          &relaxed, &f_end, &deadline, &d2h_time, &h2d_time))
+        return NULL;
+    if (!unpack_lanes(o_d2h, &down) || !unpack_lanes(o_h2d, &up)) return NULL;
+    if (!find_earliest(&down, relaxed, f_end, d2h_time, deadline - h2d_time - d2h_time, &d2h)) Py_RETURN_NONE;
+    if (reserve(&down, d2h, d2h_time) < 0) return NULL;
+    if (!find_latest(&up, relaxed, deadline - h2d_time, h2d_time, d2h + d2h_time, &h2d)) {
+        if (release(&down, d2h, d2h_time) < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    if (reserve(&up, h2d, h2d_time) < 0) return NULL;
+    Py_ssize_t lo, hi;
+    off_range(points, d2h + d2h_time, h2d, &lo, &hi);
+    return Py_BuildValue("(ddnn)", d2h, h2d, lo, hi);
+}
+
+/* CopyGroup._pack_python on arrays: per pick its rank's slot in ``ranks`` ((d2h lanes, h2d lanes,
+   points) per slot), forward end, deadline, copy times; the two processing orders. Returns
+   (placed: [(pick, d2h, h2d, lo, hi)], failed: [pick]) in the order the Python version lists them. */
+static PyObject *pack(PyObject *self, PyObject *args) {
+    PyObject *ranks, *o_slot, *o_f_end, *o_deadline, *o_d2h, *o_h2d, *o_order1, *o_order2;
+    int relaxed;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!O!O!O!p", &PyTuple_Type, &ranks, &PyList_Type, &o_slot, &PyList_Type,
+                          &o_f_end, &PyList_Type, &o_deadline, &PyList_Type, &o_d2h, &PyList_Type, &o_h2d,
+                          &PyList_Type, &o_order1, &PyList_Type, &o_order2, &relaxed))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(o_slot), n_slots = PyTuple_GET_SIZE(ranks);
+    PyObject *placed = PyList_New(0), *failed = PyList_New(0), *result = NULL;
+    Lanes *down = PyMem_Calloc(n_slots ? n_slots : 1, sizeof(Lanes));
+    Lanes *up = PyMem_Calloc(n_slots ? n_slots : 1, sizeof(Lanes));
+    PyObject **points = PyMem_Calloc(n_slots ? n_slots : 1, sizeof(PyObject *));
+    Py_ssize_t *slot = PyMem_Calloc(n ? n : 1, sizeof(Py_ssize_t));
+    double *f_end = PyMem_Calloc(n ? n : 1, sizeof(double)), *deadline = PyMem_Calloc(n ? n : 1, sizeof(double));
+    double *d2h = PyMem_Calloc(n ? n : 1, sizeof(double)), *h2d = PyMem_Calloc(n ? n : 1, sizeof(double));
+    double *reload = PyMem_Calloc(n ? n : 1, sizeof(double));
+    char *reloaded = PyMem_Calloc(n ? n : 1, 1);
+    /* the ``resume`` hint of the Python version: per slot, a few (duration, start) pairs */
+    enum { HINTS = 16 };
+    double *hint_time = PyMem_Calloc((n_slots ? n_slots : 1) * HINTS, sizeof(double));
+    double *hint_start = PyMem_Calloc((n_slots ? n_slots : 1) * HINTS, sizeof(double));
+    int *hints = PyMem_Calloc(n_slots ? n_slots : 1, sizeof(int));
+    if (!placed || !failed || !down || !up || !points || !slot || !f_end || !deadline || !d2h || !h2d || !reload
+        || !reloaded || !hint_time || !hint_start || !hints) {
+        PyErr_NoMemory();
+        goto finally;
+    }
+    if (PyList_GET_SIZE(o_f_end) != n || PyList_GET_SIZE(o_deadline) != n || PyList_GET_SIZE(o_d2h) != n
+        || PyList_GET_SIZE(o_h2d) != n || PyList_GET_SIZE(o_order1) != n || PyList_GET_SIZE(o_order2) != n) {
+        PyErr_SetString(PyExc_ValueError, "pack: per-pick lists differ in length");
+        goto finally;
+    }
+    for (Py_ssize_t k = 0; k < n_slots; k++) {
+        PyObject *entry = PyTuple_GET_ITEM(ranks, k);
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3 || !PyList_Check(PyTuple_GET_ITEM(entry, 2))) {
+            PyErr_SetString(PyExc_TypeError, "pack: ranks must hold (d2h lanes, h2d lanes, points)");
+            goto finally;
+        }
+        if (!unpack_lanes(PyTuple_GET_ITEM(entry, 0), &down[k]) || !unpack_lanes(PyTuple_GET_ITEM(entry, 1), &up[k]))
+            goto finally;
+        points[k] = PyTuple_GET_ITEM(entry, 2);
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        slot[j] = PyLong_AsSsize_t(PyList_GET_ITEM(o_slot, j));
+        f_end[j] = item(o_f_end, j);
+        deadline[j] = item(o_deadline, j);
+        d2h[j] = item(o_d2h, j);
+        h2d[j] = item(o_h2d, j);
+        if (PyErr_Occurred()) goto finally;
+        if (slot[j] < 0 || slot[j] >= n_slots) {
+            PyErr_SetString(PyExc_IndexError, "pack: rank slot out of range");
+            goto finally;
+        }
+    }
+    for (Py_ssize_t q = 0; q < n; q++) { /* reloads, latest deadline first, each as late as it can go */
+        Py_ssize_t j = PyLong_AsSsize_t(PyList_GET_ITEM(o_order1, q));
+        if (j < 0 || j >= n) { PyErr_SetString(PyExc_IndexError, "pack: order out of range"); goto finally; }
+        double start;
+        if (!find_latest(&up[slot[j]], relaxed, deadline[j] - h2d[j], h2d[j], f_end[j] + d2h[j], &start)) {
+            PyObject *index = PyLong_FromSsize_t(j);
+            if (!index || PyList_Append(failed, index) < 0) { Py_XDECREF(index); goto finally; }
+            Py_DECREF(index);
+            continue;
+        }
+        if (reserve(&up[slot[j]], start, h2d[j]) < 0) goto finally;
+        reload[j] = start;
+        reloaded[j] = 1;
+    }
+    for (Py_ssize_t q = 0; q < n; q++) { /* offloads in order of their forwards, each as early as it can go */
+        Py_ssize_t j = PyLong_AsSsize_t(PyList_GET_ITEM(o_order2, q));
+        if (j < 0 || j >= n) { PyErr_SetString(PyExc_IndexError, "pack: order out of range"); goto finally; }
+        if (!reloaded[j]) continue;
+        Py_ssize_t k = slot[j];
+        double after = f_end[j];
+        for (int h = 0; h < hints[k]; h++)
+            if (hint_time[k * HINTS + h] == d2h[j]) { after = hint_start[k * HINTS + h]; break; }
+        double start;
+        Py_ssize_t lo = 0, hi = 0;
+        int ok = find_earliest(&down[k], relaxed, after > f_end[j] ? after : f_end[j], d2h[j], reload[j] - d2h[j],
+                               &start);
+        if (ok) off_range(points[k], start + d2h[j], reload[j], &lo, &hi);
+        if (!ok || hi <= lo) {
+            if (release(&up[k], reload[j], h2d[j]) < 0) goto finally;
+            PyObject *index = PyLong_FromSsize_t(j);
+            if (!index || PyList_Append(failed, index) < 0) { Py_XDECREF(index); goto finally; }
+            Py_DECREF(index);
+            for (Py_ssize_t z = 0; z < n_slots; z++) hints[z] = 0;
+            continue;
+        }
+        if (reserve(&down[k], start, d2h[j]) < 0) goto finally;
+        if (!relaxed) {
+            int h = 0;
+            while (h < hints[k] && hint_time[k * HINTS + h] != d2h[j]) h++;
+            if (h < HINTS) {
+                hint_time[k * HINTS + h] = d2h[j];
+                hint_start[k * HINTS + h] = start;
+                if (h == hints[k]) hints[k] += 1;
+            }
+        }
+        PyObject *entry = Py_BuildValue("(nddnn)", j, start, reload[j], lo, hi);
+        if (!entry || PyList_Append(placed, entry) < 0) { Py_XDECREF(entry); goto finally; }
+        Py_DECREF(entry);
+    }
+    result = PyTuple_Pack(2, placed, failed);
+finally:
+    Py_XDECREF(placed);
+    Py_XDECREF(failed);
+    PyMem_Free(down);
+    PyMem_Free(up);
+    PyMem_Free(points);
+    PyMem_Free(slot);
+    PyMem_Free(f_end);
+    PyMem_Free(deadline);
+    PyMem_Free(d2h);
+    PyMem_Free(h2d);
+    PyMem_Free(reload);
+    PyMem_Free(reloaded);
+    PyMem_Free(hint_time);
+    PyMem_Free(hint_start);
+    PyMem_Free(hints);
+    return result;
 }
 
 
@@ -411,6 +631,8 @@ finally:
 static PyMethodDef methods[] = {
     {"earliest", earliest, METH_VARARGS, "CopyGroup.earliest on plain lists (see copy_plan.py)."},
     {"latest", latest, METH_VARARGS, "CopyGroup.latest on plain lists (see copy_plan.py)."},
+    {"place", place, METH_VARARGS, "CopyGroup.place on lanes (see copy_plan.py)."},
+    {"pack", pack, METH_VARARGS, "CopyGroup.pack on arrays (see copy_plan.py)."},
     {"simulate", simulate, METH_VARARGS, "The simulator's event loop on arrays (see simulator.py)."},
     {NULL, NULL, 0, NULL},
 };
