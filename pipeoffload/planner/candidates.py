@@ -53,11 +53,11 @@ def layouts(req: PlanRequest, skipped: dict[str, int]) -> list[Layout]:
     return out
 
 
-def choices(req: PlanRequest, d: int, m: int) -> list[ScheduleChoice]:
-    """Schedule families, stages per rank, group sizes and memory policies for d ranks, m microbatches."""
+def choices(req: PlanRequest, pp: int, m: int) -> list[ScheduleChoice]:
+    """Schedule families, stages per rank, group sizes and memory policies for pp ranks, m microbatches."""
     out: list[ScheduleChoice] = []
     for family in req.families():
-        if d == 1 and family != "1f1b":
+        if pp == 1 and family != "1f1b":
             continue
         spec = get_spec(family)
         if spec.fixed_stages_per_rank:
@@ -67,18 +67,18 @@ def choices(req: PlanRequest, d: int, m: int) -> list[ScheduleChoice]:
         else:
             vs = (1,)
         for v in vs:
-            if d * v > req.model.layers:
+            if pp * v > req.model.layers:
                 continue
-            if family == "interleaved-1f1b" and m % d:
+            if family == "interleaved-1f1b" and m % pp:
                 continue
-            for g in spec.group_sizes(d):
-                for offload, recompute in _policies(req, v, d):
+            for g in spec.group_sizes(pp):
+                for offload, recompute in _policies(req, v, pp):
                     target = BUDGET_FROM_MEMORY if offload == "budget" else OffloadPolicy.parse(offload)
                     out.append(ScheduleChoice(family, v, g, target, RecomputePolicy.parse(recompute)))
     return out
 
 
-def _policies(req: PlanRequest, v: int, d: int) -> list[tuple[str, str]]:
+def _policies(req: PlanRequest, v: int, pp: int) -> list[tuple[str, str]]:
     """(offload, recompute) pairs to try, in escalation order (see ``level``). By default: neither;
     ``offload auto`` (the lowest peak the copy lane can hide: it never makes a backward wait);
     ``recompute first:1`` (the longest-lived stage of each rank); ``offload budget:X`` with
@@ -86,7 +86,7 @@ def _policies(req: PlanRequest, v: int, d: int) -> list[tuple[str, str]]:
     activations to X units, X being what the memory budget leaves; filled in per layout as
     ``budget``) and ``offload auto`` with ``recompute auto`` (recompute what could not be hidden),
     which reaches lower when X cannot be met exactly; and ``recompute first:v`` (every stage)."""
-    if d == 1:
+    if pp == 1:
         return [("none", "none")]
     supported = lowering_options()
     if req.offload is None and req.recompute is None:

@@ -1,12 +1,15 @@
 """Simulate one schedule choice cheaply: generate, lower, simulate, and extrapolate over microbatches.
 
 A pipeline schedule with uniform-per-microbatch costs is periodic once warmed up: adding one period of
-P microbatches (at least d: the family's period rounded up) adds a constant time and leaves the memory
-peaks unchanged. So a step of m microbatches is simulated at small sizes m1, m1+P, m1+2P, ... with the
+P microbatches (at least pp: the family's period rounded up) adds a constant time and leaves the
+memory peaks unchanged. So a step of m microbatches is simulated at small sizes m1, m1+P, m1+2P, ... with the
 same remainder mod P until two periods add the same time and the peaks settle, and its makespan is
 extrapolated linearly; if that would cost more than m itself, m is simulated. The offload pass places
 copies greedily over the whole step, so schedules with offload are estimates until a full simulation
 confirms them (``SimSummary.exact``). Tests check all of this against full simulations.
+
+Vocabulary: ``pp`` is the layout's pipeline-parallel size, which is the schedule's number of ranks
+(``num_ranks`` in the core; the paper's d); ``m`` is the number of microbatches per step.
 """
 from __future__ import annotations
 
@@ -103,17 +106,17 @@ def lowering_options() -> tuple[str, ...]:
     return POLICIES
 
 
-def build(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> Schedule:
-    """The schedule of ``choice`` for d ranks and m microbatches, memory passes applied, without SEND/RECV:
+def build(choice: ScheduleChoice, pp: int, m: int, costs: CostModel) -> Schedule:
+    """The schedule of ``choice`` for pp ranks and m microbatches, memory passes applied, without SEND/RECV:
     the simulator models a schedule's transfers implicitly with the same result (tests check it)."""
-    return _build(choice, d, m, costs)[0]
+    return _build(choice, pp, m, costs)[0]
 
 
-def _build(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> tuple[Schedule, tuple[str, ...], bool]:
+def _build(choice: ScheduleChoice, pp: int, m: int, costs: CostModel) -> tuple[Schedule, tuple[str, ...], bool]:
     """``build`` plus the warnings of the memory passes (a policy that cannot meet its target is
     expected while exploring: the search reports it with the plan instead of logging it) and whether
     they added OFFLOAD or R actions."""
-    schedule = _generate(choice, d, m, costs)
+    schedule = _generate(choice, pp, m, costs)
     policies = {k: getattr(choice, k) for k in POLICIES if getattr(choice, k).kind != "none"}
     if not policies:
         return schedule, (), False
@@ -122,13 +125,13 @@ def _build(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> tuple[Sc
     return lowered, report.warnings, bool(report.offloaded or report.recomputed)
 
 
-def time_lower_bound(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> float:
+def time_lower_bound(choice: ScheduleChoice, pp: int, m: int, costs: CostModel) -> float:
     """A makespan no simulation of ``choice`` can beat: the busiest rank's compute plus the forward
     time of the stages before its first stage (it cannot start earlier). Used to prune the search.
     Recomputation is not counted: which activations a policy recomputes depends on the schedule."""
-    placement = placement_of(choice, d)
+    placement = placement_of(choice, pp)
     best = 0.0
-    for rank in range(d):
+    for rank in range(pp):
         stages = placement.stages_of(rank)
         fill = sum(costs.f(s) for s in range(min(stages)))
         busy = m * sum(costs.f(s) + costs.b(s) for s in stages)
@@ -136,29 +139,29 @@ def time_lower_bound(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -
     return best
 
 
-def period(choice: ScheduleChoice, d: int, m: int) -> int | None:
+def period(choice: ScheduleChoice, pp: int, m: int) -> int | None:
     """Microbatches after which the steady state repeats (the registry's fact), or None."""
-    return get_spec(choice.family).period(d, m, choice.group_size)
+    return get_spec(choice.family).period(pp, m, choice.group_size)
 
 
-def _generate(choice: ScheduleChoice, d: int, m: int, costs: CostModel | None) -> Schedule:
+def _generate(choice: ScheduleChoice, pp: int, m: int, costs: CostModel | None) -> Schedule:
     cost_aware = costs is not None and "costs" in get_spec(choice.family).options
-    return _generated(choice.family, choice.stages_per_rank, choice.group_size, d, m, costs if cost_aware else None)
+    return _generated(choice.family, choice.stages_per_rank, choice.group_size, pp, m, costs if cost_aware else None)
 
 
 @lru_cache(maxsize=256)
-def _generated(family: str, v: int, group_size: int | None, d: int, m: int, costs: CostModel | None) -> Schedule:
+def _generated(family: str, v: int, group_size: int | None, pp: int, m: int, costs: CostModel | None) -> Schedule:
     """A family's compute-only schedule, memoised: a schedule's memory-policy variants and its small-size
     estimates lower the same schedule (generators are pure and schedules immutable, so sharing is safe)."""
     options: dict[str, object] = {"group_size": group_size} if group_size is not None else {}
     if costs is not None:
         options["costs"] = costs  # cost-aware families place W by the real stage times
-    return generate(family, d, m, v, **options)
+    return generate(family, pp, m, v, **options)
 
 
-def placement_of(choice: ScheduleChoice, d: int) -> Placement:
-    """The family's stage -> rank map for d ranks (loop or V), from the registry."""
-    return get_spec(choice.family).placement_for(d, choice.stages_per_rank)
+def placement_of(choice: ScheduleChoice, pp: int) -> Placement:
+    """The family's stage -> rank map for pp ranks (loop or V), from the registry."""
+    return get_spec(choice.family).placement_for(pp, choice.stages_per_rank)
 
 
 def _summary(timeline: Timeline, extrapolated: bool = False, warnings: tuple[str, ...] = ()) -> SimSummary:
@@ -176,10 +179,10 @@ def _summary(timeline: Timeline, extrapolated: bool = False, warnings: tuple[str
     )
 
 
-def _simulated(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> SimSummary:
+def _simulated(choice: ScheduleChoice, pp: int, m: int, costs: CostModel) -> SimSummary:
     """Simulate the built schedule for its figures. A plain schedule's timeline is kept on it: the
     lowering of its memory-policy variants starts from that same simulation."""
-    schedule, warnings, changed = _build(choice, d, m, costs)
+    schedule, warnings, changed = _build(choice, pp, m, costs)
     figures = simulate_figures(schedule, costs) if changed else figures_of(simulate_once(schedule, costs))
     return SimSummary(
         changed=changed,
@@ -193,7 +196,7 @@ def _simulated(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> SimS
     )
 
 
-def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
+def simulate_choice(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, *,
                     extrapolate: bool = True, fallback: bool = True, base: SimSummary | None = None) -> SimSummary:
     """Simulate ``choice`` with m microbatches, through small sizes where the schedule repeats.
 
@@ -206,24 +209,24 @@ def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
     the offload pass never delays compute by design, so its step time is the base's plus any
     difference seen at that size.
     """
-    p = period(choice, d, m)
+    p = period(choice, pp, m)
     if p:
-        p = p * math.ceil(d / p)  # latency-bound pipelines can alternate with a cycle of up to d microbatches
-    m1 = _small_size(m, d, p, get_spec(choice.family).warmup_periods) if p else None
+        p = p * math.ceil(pp / p)  # latency-bound pipelines can alternate with a cycle of up to pp microbatches
+    m1 = _small_size(m, pp, p, get_spec(choice.family).warmup_periods) if p else None
     if not extrapolate or m1 is None:
-        return _full(choice, d, m, costs)
+        return _full(choice, pp, m, costs)
     assert p is not None
     if base is not None and base.extrapolated and not choice.periodic():
-        return _policy_estimate(choice, d, m, costs, base, min(m1, p * math.ceil((d + 4) / p)))
-    sims = [_simulated(choice, d, size, costs) for size in (m1, m1 + p, m1 + 2 * p)]
+        return _policy_estimate(choice, pp, m, costs, base, min(m1, p * math.ceil((pp + 4) / p)))
+    sims = [_simulated(choice, pp, size, costs) for size in (m1, m1 + p, m1 + 2 * p)]
     spent = 3 * m1 + 3 * p
     while not _steady(*sims[-3:]):
         size = m1 + len(sims) * p
         if fallback and (spent + size >= m or size + p > m):
-            return _full(choice, d, m, costs)
+            return _full(choice, pp, m, costs)
         if spent + size >= m or size + p > m:
             break  # an estimate from the last window; the caller confirms it before showing it
-        sims.append(_simulated(choice, d, size, costs))
+        sims.append(_simulated(choice, pp, size, costs))
         spent += size
     a, b = sims[-2], sims[-1]
     size_b = m1 + (len(sims) - 1) * p
@@ -242,8 +245,8 @@ def simulate_choice(choice: ScheduleChoice, d: int, m: int, costs: CostModel, *,
     )
 
 
-def _full(choice: ScheduleChoice, d: int, m: int, costs: CostModel) -> SimSummary:
-    return _simulated(choice, d, m, costs)
+def _full(choice: ScheduleChoice, pp: int, m: int, costs: CostModel) -> SimSummary:
+    return _simulated(choice, pp, m, costs)
 
 
 def _steady(a: SimSummary, b: SimSummary, c: SimSummary) -> bool:
@@ -253,12 +256,12 @@ def _steady(a: SimSummary, b: SimSummary, c: SimSummary) -> bool:
             and _same(b.host_units, c.host_units))
 
 
-def _policy_estimate(choice: ScheduleChoice, d: int, m: int, costs: CostModel, base: SimSummary,
+def _policy_estimate(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, base: SimSummary,
                      size: int) -> SimSummary:
     """One small lowering of a choice with offload or cost-driven recompute: its memory, and the time it
     adds to the plain schedule at that size, scaled to m. An estimate, confirmed before it is shown."""
-    one = _simulated(choice, d, size, costs)
-    plain = _simulated(choice.plain(), d, size, costs)
+    one = _simulated(choice, pp, size, costs)
+    plain = _simulated(choice.plain(), pp, size, costs)
     scale = m / size
     return SimSummary(
         makespan=base.makespan + max(0.0, one.makespan - plain.makespan) * scale,
@@ -273,10 +276,10 @@ def _policy_estimate(choice: ScheduleChoice, d: int, m: int, costs: CostModel, b
     )
 
 
-def _small_size(m: int, d: int, p: int, warmup: int = 1) -> int | None:
+def _small_size(m: int, pp: int, p: int, warmup: int = 1) -> int | None:
     """Smallest m1 >= ``warmup`` periods with m1 = m mod p, or None when simulating m itself is about
     as cheap as three small sizes."""
-    floor = max(warmup * p, 2 * d + 8)  # short pipelines can settle only after ~10 microbatches
+    floor = max(warmup * p, 2 * pp + 8)  # short pipelines can settle only after ~10 microbatches
     m1 = m - ((m - floor) // p) * p if m > floor else m
     return m1 if 3 * m1 + 3 * p < m else None
 
