@@ -22,7 +22,7 @@ from pipeoffload.ir import ActionKind, Schedule
 from pipeoffload.passes.lower import POLICIES, lower_with_report
 from pipeoffload.placement import Placement
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
-from pipeoffload.schedules import generate, get_spec
+from pipeoffload.schedules import ScheduleSpec, generate, get_spec
 from pipeoffload.simulator import Timeline, figures_of, simulate_figures, simulate_once
 
 _TOL = 1e-6
@@ -63,8 +63,12 @@ class ScheduleChoice:
         return self._order() >= other._order()
 
     def plain(self) -> ScheduleChoice:
-        """The same schedule without memory policies."""
-        return replace(self, offload=OffloadPolicy(), recompute=RecomputePolicy())
+        """The same schedule without memory policies (made once: the search asks for it often)."""
+        made = self.__dict__.get("_plain")
+        if made is None:
+            made = replace(self, offload=OffloadPolicy(), recompute=RecomputePolicy())
+            object.__setattr__(self, "_plain", made)  # a cache beside the frozen fields, not state
+        return made
 
     def periodic(self) -> bool:
         """Whether the lowered schedule repeats like the compute schedule (tests check the
@@ -161,7 +165,13 @@ def _generated(family: str, v: int, group_size: int | None, pp: int, m: int, cos
 
 def placement_of(choice: ScheduleChoice, pp: int) -> Placement:
     """The family's stage -> rank map for pp ranks (loop or V), from the registry."""
-    return get_spec(choice.family).placement_for(pp, choice.stages_per_rank)
+    return _placement(get_spec(choice.family), pp, choice.stages_per_rank)
+
+
+@lru_cache(maxsize=1024)
+def _placement(spec: ScheduleSpec, pp: int, stages_per_rank: int) -> Placement:
+    """Memoised on the spec itself (not its name), so a family registered again is not confused."""
+    return spec.placement_for(pp, stages_per_rank)
 
 
 def _summary(timeline: Timeline, extrapolated: bool = False, warnings: tuple[str, ...] = ()) -> SimSummary:
