@@ -9,6 +9,7 @@ import random
 import shlex
 import shutil
 import sysconfig
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +28,8 @@ def test_the_compiled_loops_are_built_where_there_is_a_compiler() -> None:
     compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[0]
     if shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler}): the package runs its Python loops")
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        pytest.skip("no Python headers: the package runs its Python loops")
     assert native is not None, "pipeoffload._native is missing: run `make setup`"
 
 
