@@ -269,3 +269,135 @@ def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> list[float] 
         mask = kind == code
         out[mask] = values[mask]
     return out.tolist()
+
+
+# ---- the same rules, one action at a time ----------------------------------------------------------
+# For code that places, replays or runs actions one by one: the generators' replays, the comm pass and
+# the runtime's dispatch. ``tests/unit/test_semantics_scalar.py`` checks these against the arrays above
+# (``CodedSchedule.inputs``, ``memory_effects``) on every registered family.
+
+# A producer: (the kinds that can fill the role, the stage). The next stage's backward is (I, B): its
+# I when that backward is split, else its B; code that keeps one end time per backward reads either.
+Producer = tuple[tuple[ActionKind, ...], int]
+_GRADIENT = (K.I, K.B)
+
+
+def unknown_kind(kind: object, who: str) -> ValueError:
+    """The one error for a kind a consumer of these rules has no rule or handler for."""
+    known = ", ".join(k.value for k in KINDS)
+    return ValueError(f"action kind {kind!s}: {who} has no rule for it (kinds with rules: {known}); "
+                      "define it in pipeoffload/semantics.py and in every consumer before using it")
+
+
+def producers(kind: ActionKind, stage: int, num_stages: int) -> tuple[Producer, ...]:
+    """What an action of ``kind`` on ``stage`` waits for, same microbatch, in a compute-only schedule.
+
+    In the order ``CodedSchedule.inputs`` lists them (first, second). A producer on another rank adds a
+    transfer (``p2p_time``); in a lowered schedule the consumer's receive stands in for it
+    (``receive_of``). The RELOAD a backward may stall on is not listed (``STALLS_ON_RELOAD``).
+    """
+    if kind is K.F:
+        return (((K.F,), stage - 1),) if stage > 0 else ()
+    if kind is K.B or kind is K.I:
+        own: Producer = ((K.F,), stage)
+        return (own, (_GRADIENT, stage + 1)) if stage < num_stages - 1 else (own,)
+    if kind is K.W:
+        return (((K.I,), stage),)
+    if kind is K.R or kind is K.OFFLOAD:
+        return (((K.F,), stage),)
+    if kind is K.RELOAD:
+        return (((K.OFFLOAD,), stage),)
+    if kind is K.SEND_F or kind is K.SEND_B:
+        return ()
+    if kind is K.RECV_F:
+        return (((K.SEND_F,), stage - 1),)
+    if kind is K.RECV_B:
+        return (((K.SEND_B,), stage + 1),)
+    raise unknown_kind(kind, "semantics.producers")
+
+
+# Compute kinds whose cross-stage input travels as (send posted by the producing stage after its
+# action, receive posted by the consuming stage before its action), both named by their own stage.
+_CARRIERS: dict[ActionKind, tuple[ActionKind, ActionKind]] = {
+    K.F: (K.SEND_F, K.RECV_F), K.B: (K.SEND_B, K.RECV_B), K.I: (K.SEND_B, K.RECV_B),
+}
+STALLS_ON_RELOAD = frozenset({K.B, K.I})  # backwards wait for their activation's RELOAD (a stall)
+
+
+def receive_of(kind: ActionKind) -> ActionKind | None:
+    """The receive that carries ``kind``'s input from another rank (None: its inputs are all local)."""
+    if LANE[CODE[kind]] != COMPUTE:
+        raise ValueError(f"action kind {kind!s}: only compute kinds have a receive (lane {_LANE_NAMES[LANE[CODE[kind]]]})")
+    pair = _CARRIERS.get(kind)
+    return None if pair is None else pair[1]
+
+
+def consumers(kind: ActionKind, stage: int, num_stages: int) -> tuple[tuple[ActionKind, int], ...]:
+    """The compute actions (kind, stage) that wait for ``kind`` on ``stage``: ``producers`` read backwards."""
+    out = []
+    for other in (stage - 1, stage, stage + 1):
+        if 0 <= other < num_stages:
+            out += [(k, other) for k in KINDS if LANE[CODE[k]] == COMPUTE
+                    and any(kind in kinds and s == stage for kinds, s in producers(k, other, num_stages))]
+    return tuple(out)
+
+
+def transfers(kind: ActionKind, stage: int, stage_to_rank: tuple[int, ...]
+              ) -> tuple[tuple[ActionKind, ...], tuple[ActionKind, ...]]:
+    """(receives before, sends after) an action of ``kind`` on ``stage``, each at ``stage``, where a
+    producer or consumer of it is on another rank: RECV_F before an F whose input is elsewhere, SEND_F
+    after it when the next stage is elsewhere; RECV_B before a B/I whose output gradient comes from
+    elsewhere, SEND_B after it when the previous stage is elsewhere. Other kinds: none."""
+    lane = LANE[CODE[kind]]
+    if lane != COMPUTE:
+        if lane == COPY or lane == SEND or lane == RECV:
+            return (), ()
+        raise unknown_kind(kind, "semantics.transfers")
+    n, here = len(stage_to_rank), stage_to_rank[stage]
+    receives = tuple(dict.fromkeys(_CARRIERS[kind][1] for _, s in producers(kind, stage, n) if stage_to_rank[s] != here))
+    sends = tuple(dict.fromkeys(_CARRIERS[k][0] for k, s in consumers(kind, stage, n) if stage_to_rank[s] != here))
+    return receives, sends
+
+
+# The kinds after which nothing of a (stage, microbatch) activation is left on the device: B, and W
+# (the part I kept). The runtime drops the activation's saved tensors after them.
+ENDS_ACTIVATION = frozenset({K.B, K.W})
+
+
+def memory_delta(kind: ActionKind, size: float, w_fraction: float, recomputed: bool = False) -> float:
+    """Activation units an action of ``kind`` adds (+) to or frees (-) from its rank's device, for an
+    activation of ``size`` units in a valid order; the instant is ``AT_END`` (else its start; a copy's
+    at its copy end / start). F: + size (nothing when ``recomputed``: an R re-creates it); R: + size;
+    B: - size; I: - (1 - w_fraction) of it; W: - the w_fraction part; OFFLOAD: - size; RELOAD: + size;
+    SEND/RECV: nothing."""
+    if kind is K.F:
+        return 0.0 if recomputed else size
+    if kind is K.B:
+        return -size
+    if kind is K.I:
+        return -(size * (1.0 - w_fraction))
+    if kind is K.W:
+        return -(size * w_fraction)
+    if kind is K.R or kind is K.RELOAD:
+        return size
+    if kind is K.OFFLOAD:
+        return -size
+    if kind in _COMM_KINDS:
+        return 0.0
+    raise unknown_kind(kind, "semantics.memory_delta")
+
+
+_COMM_KINDS = frozenset(k for k in KINDS if LANE[CODE[k]] in (SEND, RECV))
+_LANE_NAMES = {COMPUTE: "compute", SEND: "send", RECV: "receive", COPY: "copy"}
+
+
+def lane_of(kind: ActionKind) -> int:
+    """The lane code (COMPUTE, SEND, RECV, COPY) of ``kind``."""
+    code = CODE.get(kind)
+    if code is None:
+        raise unknown_kind(kind, "semantics.LANE")
+    return int(LANE[code])
+
+
+def lane_name(kind: ActionKind) -> str:
+    return _LANE_NAMES[lane_of(kind)]
