@@ -401,3 +401,19 @@ def lane_of(kind: ActionKind) -> int:
 
 def lane_name(kind: ActionKind) -> str:
     return _LANE_NAMES[lane_of(kind)]
+
+
+def peer_stage(kind: ActionKind, stage: int, num_stages: int) -> int:
+    """The stage at the other end of a transfer: a receive's sender (its producer), a send's
+    receiver (the stage whose receive waits for it)."""
+    lane = lane_of(kind)
+    if lane == RECV:
+        return producers(kind, stage, num_stages)[0][1]
+    if lane == SEND:
+        for receive in _COMM_KINDS:
+            for other in (stage - 1, stage + 1):
+                if LANE[CODE[receive]] == RECV and 0 <= other < num_stages \
+                        and producers(receive, other, num_stages) == (((kind,), stage),):
+                    return other
+    raise ValueError(f"action kind {kind!s} on stage {stage}: not a transfer between stages 0..{num_stages - 1} "
+                     f"(lane {_LANE_NAMES[lane]})")

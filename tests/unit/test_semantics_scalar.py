@@ -146,6 +146,14 @@ def test_transfers_are_the_receives_and_sends_the_lowered_rule_names(name: str, 
             named_sends |= {int(lowered.key_of(sem.CODE[k], stage, mb)) for k in sends}
     assert named_receives == waited_receives
     assert named_sends == waited_sends
+    # peer_stage: a receive's sender and a send's receiver are the two ends of one inputs.first edge
+    n = schedule.num_stages
+    for i in range(len(lowered.kind)):
+        if int(lowered.kind[i]) in receive_codes:
+            receive, stage, _ = lowered.action(int(lowered.keys[i]))
+            send, send_stage, _ = lowered.action(int(inputs.first[i]))
+            assert sem.peer_stage(receive, stage, n) == send_stage
+            assert sem.peer_stage(send, send_stage, n) == stage
 
 
 @pytest.mark.parametrize("name,schedule,costs", [c for c in CASES if c[0].endswith(("offload", "recompute"))],
