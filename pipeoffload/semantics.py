@@ -326,8 +326,8 @@ STALLS_ON_RELOAD = frozenset({K.B, K.I})  # backwards wait for their activation'
 
 def receive_of(kind: ActionKind) -> ActionKind | None:
     """The receive that carries ``kind``'s input from another rank (None: its inputs are all local)."""
-    if LANE[CODE[kind]] != COMPUTE:
-        raise ValueError(f"action kind {kind!s}: only compute kinds have a receive (lane {_LANE_NAMES[LANE[CODE[kind]]]})")
+    if lane_of(kind) != COMPUTE:
+        raise ValueError(f"action kind {kind!s}: only compute kinds have a receive (lane {lane_name(kind)})")
     pair = _CARRIERS.get(kind)
     return None if pair is None else pair[1]
 
@@ -335,10 +335,11 @@ def receive_of(kind: ActionKind) -> ActionKind | None:
 def consumers(kind: ActionKind, stage: int, num_stages: int) -> tuple[tuple[ActionKind, int], ...]:
     """The compute actions (kind, stage) that wait for ``kind`` on ``stage``: ``producers`` read backwards."""
     out = []
-    for other in (stage - 1, stage, stage + 1):
-        if 0 <= other < num_stages:
-            out += [(k, other) for k in KINDS if LANE[CODE[k]] == COMPUTE
-                    and any(kind in kinds and s == stage for kinds, s in producers(k, other, num_stages))]
+    for consumer, offset in _CONSUMED_BY.get(kind, ()):
+        other = stage + offset
+        if 0 <= other < num_stages and any(kind in kinds and s == stage
+                                           for kinds, s in producers(consumer, other, num_stages)):
+            out.append((consumer, other))
     return tuple(out)
 
 
@@ -348,11 +349,8 @@ def transfers(kind: ActionKind, stage: int, stage_to_rank: tuple[int, ...]
     producer or consumer of it is on another rank: RECV_F before an F whose input is elsewhere, SEND_F
     after it when the next stage is elsewhere; RECV_B before a B/I whose output gradient comes from
     elsewhere, SEND_B after it when the previous stage is elsewhere. Other kinds: none."""
-    lane = LANE[CODE[kind]]
-    if lane != COMPUTE:
-        if lane == COPY or lane == SEND or lane == RECV:
-            return (), ()
-        raise unknown_kind(kind, "semantics.transfers")
+    if lane_of(kind) != COMPUTE:
+        return (), ()
     n, here = len(stage_to_rank), stage_to_rank[stage]
     receives = tuple(dict.fromkeys(_CARRIERS[kind][1] for _, s in producers(kind, stage, n) if stage_to_rank[s] != here))
     sends = tuple(dict.fromkeys(_CARRIERS[k][0] for k, s in consumers(kind, stage, n) if stage_to_rank[s] != here))
@@ -387,16 +385,36 @@ def memory_delta(kind: ActionKind, size: float, w_fraction: float, recomputed: b
     raise unknown_kind(kind, "semantics.memory_delta")
 
 
-_COMM_KINDS = frozenset(k for k in KINDS if LANE[CODE[k]] in (SEND, RECV))
+_LANE_OF = {kind: int(LANE[CODE[kind]]) for kind in KINDS}  # LANE as plain ints, for scalar code
+_COMM_KINDS = frozenset(k for k in KINDS if _LANE_OF[k] in (SEND, RECV))
+_COMPUTE_KINDS = tuple(k for k in KINDS if _LANE_OF[k] == COMPUTE)
 _LANE_NAMES = {COMPUTE: "compute", SEND: "send", RECV: "receive", COPY: "copy"}
+
+
+def _consumed_by() -> dict[ActionKind, list[tuple[ActionKind, int]]]:
+    """Per kind, the compute kinds that can wait for it and their stage offset, read off ``producers``
+    in the middle of a long pipeline (``consumers`` checks each against the real boundaries); ordered
+    by offset, then kind."""
+    middle = 2  # stage 2 of 5: every producer of it is a real stage
+    out: dict[ActionKind, list[tuple[ActionKind, int]]] = {}
+    for offset in (-1, 0, 1):
+        for consumer in _COMPUTE_KINDS:
+            for kinds, stage in producers(consumer, middle, 2 * middle + 1):
+                for kind in kinds:
+                    if middle - stage == offset:
+                        out.setdefault(kind, []).append((consumer, offset))
+    return out
+
+
+_CONSUMED_BY = _consumed_by()
 
 
 def lane_of(kind: ActionKind) -> int:
     """The lane code (COMPUTE, SEND, RECV, COPY) of ``kind``."""
-    code = CODE.get(kind)
-    if code is None:
+    lane = _LANE_OF.get(kind)
+    if lane is None:
         raise unknown_kind(kind, "semantics.LANE")
-    return int(LANE[code])
+    return lane
 
 
 def lane_name(kind: ActionKind) -> str:
@@ -412,7 +430,7 @@ def peer_stage(kind: ActionKind, stage: int, num_stages: int) -> int:
     if lane == SEND:
         for receive in _COMM_KINDS:
             for other in (stage - 1, stage + 1):
-                if LANE[CODE[receive]] == RECV and 0 <= other < num_stages \
+                if _LANE_OF[receive] == RECV and 0 <= other < num_stages \
                         and producers(receive, other, num_stages) == (((kind,), stage),):
                     return other
     raise ValueError(f"action kind {kind!s} on stage {stage}: not a transfer between stages 0..{num_stages - 1} "

@@ -195,6 +195,10 @@ def test_consumers_read_producers_backwards() -> None:
         for stage in range(n):
             for consumer, consumer_stage in sem.consumers(kind, stage, n):
                 assert any(kind in kinds and s == stage for kinds, s in sem.producers(consumer, consumer_stage, n))
+            for kinds, producer_stage in sem.producers(kind, stage, n):  # and none is missing
+                for producer in kinds:
+                    if sem.lane_of(producer) == sem.COMPUTE:
+                        assert (kind, stage) in sem.consumers(producer, producer_stage, n)
     assert sem.consumers(K.F, 1, n) == ((K.B, 1), (K.I, 1), (K.R, 1), (K.F, 2))
     assert sem.consumers(K.I, 1, n) == ((K.B, 0), (K.I, 0), (K.W, 1))
 
