@@ -45,6 +45,8 @@ def _add_comms(schedule: Schedule) -> Schedule:
         for a in row:
             per_stage = plan.get(a.kind)
             if per_stage is None:  # a comm action: replaced by the ones inserted here
+                if sem.lane_of(a.kind) not in (sem.SEND, sem.RECV):
+                    raise sem.unknown_kind(a.kind, "add_comms")
                 continue
             around = per_stage[a.stage]
             if around is None:
