@@ -269,3 +269,166 @@ def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> list[float] 
         mask = kind == code
         out[mask] = values[mask]
     return out.tolist()
+
+
+# ---- the same rules, one action at a time ----------------------------------------------------------
+# For code that places, replays or runs actions one by one: the generators' replays (zero_bubble,
+# v_shape), the comm pass and the runtime's dispatch. ``tests/unit/test_semantics_scalar.py`` checks
+# them against the arrays above (``CodedSchedule.inputs``, ``memory_effects``) on every family.
+
+_LANE_OF = {kind: int(LANE[CODE[kind]]) for kind in KINDS}  # LANE as plain ints, for scalar code
+_LANE_NAMES = {COMPUTE: "compute", SEND: "send", RECV: "receive", COPY: "copy"}
+_COMPUTE_KINDS = tuple(k for k in KINDS if _LANE_OF[k] == COMPUTE)
+_COMM_KINDS = frozenset(k for k in KINDS if _LANE_OF[k] in (SEND, RECV))
+
+# A producer: (the kinds that can fill the role, the stage). The next stage's backward is (I, B): its
+# I when that backward is split, else its B; code that keeps one end time per backward reads either.
+Producer = tuple[tuple[ActionKind, ...], int]
+_GRADIENT = (K.I, K.B)
+
+# Compute kinds whose cross-stage input travels as (send posted by the producing stage after its
+# action, receive posted by the consuming stage before its action), both named by their own stage.
+_CARRIERS: dict[ActionKind, tuple[ActionKind, ActionKind]] = {
+    K.F: (K.SEND_F, K.RECV_F), K.B: (K.SEND_B, K.RECV_B), K.I: (K.SEND_B, K.RECV_B),
+}
+STALLS_ON_RELOAD = frozenset({K.B, K.I})  # backwards wait for their activation's RELOAD (a stall)
+
+# The kinds after which nothing of a (stage, microbatch) activation is left on the device: B, and W
+# (the part I kept). The runtime drops the activation's saved tensors after them.
+ENDS_ACTIVATION = frozenset({K.B, K.W})
+
+
+def unknown_kind(kind: object, who: str) -> ValueError:
+    """The one error for a kind a consumer of these rules has no rule for."""
+    known = ", ".join(k.value for k in KINDS)
+    return ValueError(f"action kind {kind!s}: {who} has no rule for it (kinds with rules: {known}); "
+                      "define it in pipeoffload/semantics.py and in every consumer before using it")
+
+
+def lane_of(kind: ActionKind) -> int:
+    """The lane code (COMPUTE, SEND, RECV, COPY) of ``kind``."""
+    lane = _LANE_OF.get(kind)
+    if lane is None:
+        raise unknown_kind(kind, "semantics.LANE")
+    return lane
+
+
+def lane_name(kind: ActionKind) -> str:
+    return _LANE_NAMES[lane_of(kind)]
+
+
+def producers(kind: ActionKind, stage: int, num_stages: int) -> tuple[Producer, ...]:
+    """What an action of ``kind`` on ``stage`` waits for, same microbatch, in a compute-only schedule.
+
+    In the order ``CodedSchedule.inputs`` lists them (first, second). A producer on another rank adds a
+    transfer (``p2p_time``); in a lowered schedule the consumer's receive stands in for it
+    (``receive_of``). The RELOAD a backward may stall on is not listed (``STALLS_ON_RELOAD``).
+    """
+    if kind is K.F:
+        return (((K.F,), stage - 1),) if stage > 0 else ()
+    if kind is K.B or kind is K.I:
+        own: Producer = ((K.F,), stage)
+        return (own, (_GRADIENT, stage + 1)) if stage < num_stages - 1 else (own,)
+    if kind is K.W:
+        return (((K.I,), stage),)
+    if kind is K.R or kind is K.OFFLOAD:
+        return (((K.F,), stage),)
+    if kind is K.RELOAD:
+        return (((K.OFFLOAD,), stage),)
+    if kind is K.SEND_F or kind is K.SEND_B:
+        return ()
+    if kind is K.RECV_F:
+        return (((K.SEND_F,), stage - 1),)
+    if kind is K.RECV_B:
+        return (((K.SEND_B,), stage + 1),)
+    raise unknown_kind(kind, "semantics.producers")
+
+
+def _consumed_by() -> dict[ActionKind, list[tuple[ActionKind, int]]]:
+    """Per kind, the compute kinds that can wait for it and their stage offset, read off ``producers``
+    in the middle of a long pipeline (``consumers`` checks each against the real boundaries); ordered
+    by offset, then kind."""
+    middle = 2  # stage 2 of 5: every producer of it is a real stage
+    out: dict[ActionKind, list[tuple[ActionKind, int]]] = {}
+    for offset in (-1, 0, 1):
+        for consumer in _COMPUTE_KINDS:
+            for kinds, stage in producers(consumer, middle, 2 * middle + 1):
+                for kind in kinds:
+                    if middle - stage == offset:
+                        out.setdefault(kind, []).append((consumer, offset))
+    return out
+
+
+_CONSUMED_BY = _consumed_by()
+
+
+def consumers(kind: ActionKind, stage: int, num_stages: int) -> tuple[tuple[ActionKind, int], ...]:
+    """The compute actions (kind, stage) that wait for ``kind`` on ``stage``: ``producers`` read backwards."""
+    out = []
+    for consumer, offset in _CONSUMED_BY.get(kind, ()):
+        other = stage + offset
+        if 0 <= other < num_stages and any(kind in kinds and s == stage
+                                           for kinds, s in producers(consumer, other, num_stages)):
+            out.append((consumer, other))
+    return tuple(out)
+
+
+def receive_of(kind: ActionKind) -> ActionKind | None:
+    """The receive that carries ``kind``'s input from another rank (None: its inputs are all local)."""
+    if lane_of(kind) != COMPUTE:
+        raise ValueError(f"action kind {kind!s}: only compute kinds have a receive (lane {lane_name(kind)})")
+    pair = _CARRIERS.get(kind)
+    return None if pair is None else pair[1]
+
+
+def transfers(kind: ActionKind, stage: int, stage_to_rank: tuple[int, ...]
+              ) -> tuple[tuple[ActionKind, ...], tuple[ActionKind, ...]]:
+    """(receives before, sends after) an action of ``kind`` on ``stage``, each at ``stage``, where a
+    producer or consumer of it is on another rank: RECV_F before an F whose input is elsewhere, SEND_F
+    after it when the next stage is elsewhere; RECV_B before a B/I whose output gradient comes from
+    elsewhere, SEND_B after it when the previous stage is elsewhere. Other kinds: none."""
+    if lane_of(kind) != COMPUTE:
+        return (), ()
+    n, here = len(stage_to_rank), stage_to_rank[stage]
+    receives = tuple(dict.fromkeys(_CARRIERS[kind][1] for _, s in producers(kind, stage, n) if stage_to_rank[s] != here))
+    sends = tuple(dict.fromkeys(_CARRIERS[k][0] for k, s in consumers(kind, stage, n) if stage_to_rank[s] != here))
+    return receives, sends
+
+
+def peer_stage(kind: ActionKind, stage: int, num_stages: int) -> int:
+    """The stage at the other end of a transfer: a receive's sender (its producer), a send's
+    receiver (the stage whose receive waits for it)."""
+    lane = lane_of(kind)
+    if lane == RECV:
+        return producers(kind, stage, num_stages)[0][1]
+    if lane == SEND:
+        for receive in (k for k in KINDS if _LANE_OF[k] == RECV):
+            for other in (stage - 1, stage + 1):
+                if 0 <= other < num_stages and producers(receive, other, num_stages) == (((kind,), stage),):
+                    return other
+    raise ValueError(f"action kind {kind!s} on stage {stage}: not a transfer between stages 0..{num_stages - 1} "
+                     f"(lane {_LANE_NAMES[lane]})")
+
+
+def memory_delta(kind: ActionKind, size: float, w_fraction: float, recomputed: bool = False) -> float:
+    """Activation units an action of ``kind`` adds (+) to or frees (-) from its rank's device, for an
+    activation of ``size`` units in a valid order; the instant is ``AT_END`` (else its start; a copy's
+    at its copy end / start). F: + size (nothing when ``recomputed``: an R re-creates it); R: + size;
+    B: - size; I: - (1 - w_fraction) of it; W: - the w_fraction part; OFFLOAD: - size; RELOAD: + size;
+    SEND/RECV: nothing. (``memory_effects`` computes I as ``size * w_fraction - size``: equal up to
+    rounding; this form is the one the W-filling replay has always used.)"""
+    if kind is K.F:
+        return 0.0 if recomputed else size
+    if kind is K.B:
+        return -size
+    if kind is K.I:
+        return -(size * (1.0 - w_fraction))
+    if kind is K.W:
+        return -(size * w_fraction)
+    if kind is K.R or kind is K.RELOAD:
+        return size
+    if kind is K.OFFLOAD:
+        return -size
+    if kind in _COMM_KINDS:
+        return 0.0
+    raise unknown_kind(kind, "semantics.memory_delta")

@@ -29,11 +29,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeoffload import semantics as sem
 from pipeoffload.errors import ConfigError
-from pipeoffload.ir import COMM_KINDS, Action, ActionKind, Schedule
+from pipeoffload.ir import Action, Schedule
 
 log = logging.getLogger(__name__)
-K = ActionKind
 
 Message = tuple[int, int, torch.Tensor]  # (peer rank in the pipeline group, tag, tensor)
 _MAX_TENSORS = 64  # tensors per boundary message, part of the tag space
@@ -57,19 +57,18 @@ def check_tag_space(num_stages: int, num_microbatches: int) -> None:
 def check_fifo(schedule: Schedule) -> None:
     """Raise ``ConfigError`` unless, for every ordered pair of ranks, the sender posts its messages
     in the order the receiver posts the matching receives (needed where tags are ignored: NCCL)."""
-    placement = schedule.placement
+    placement, n = schedule.placement, schedule.num_stages
     sent: dict[tuple[int, int], list[tuple]] = {}
     received: dict[tuple[int, int], list[tuple]] = {}
     for rank, row in enumerate(schedule.actions):
         for a in row:
-            if a.kind == K.SEND_F:
-                sent.setdefault((rank, placement.rank_of(a.stage + 1)), []).append(("F", a.stage, a.microbatch))
-            elif a.kind == K.SEND_B:
-                sent.setdefault((rank, placement.rank_of(a.stage - 1)), []).append(("B", a.stage, a.microbatch))
-            elif a.kind == K.RECV_F:
-                received.setdefault((placement.rank_of(a.stage - 1), rank), []).append(("F", a.stage - 1, a.microbatch))
-            elif a.kind == K.RECV_B:
-                received.setdefault((placement.rank_of(a.stage + 1), rank), []).append(("B", a.stage + 1, a.microbatch))
+            lane = sem.lane_of(a.kind)
+            if lane == sem.SEND:  # a message is named by its send: (kind, stage, microbatch)
+                peer = placement.rank_of(sem.peer_stage(a.kind, a.stage, n))
+                sent.setdefault((rank, peer), []).append((a.kind, a.stage, a.microbatch))
+            elif lane == sem.RECV:
+                ((send,), sender), = sem.producers(a.kind, a.stage, n)
+                received.setdefault((placement.rank_of(sender), rank), []).append((send, sender, a.microbatch))
     for pair, order in sent.items():
         if received.get(pair) != order:
             raise ConfigError(
@@ -284,16 +283,16 @@ class LoopbackTransport:
 
 def peer_of(a: Action, schedule: Schedule) -> int:
     """The rank on the other side of comm action ``a``."""
-    neighbour = a.stage + 1 if a.kind in (K.SEND_F, K.RECV_B) else a.stage - 1
-    return schedule.placement.rank_of(neighbour)
+    return schedule.placement.rank_of(sem.peer_stage(a.kind, a.stage, schedule.num_stages))
 
 
 def comm_batches(row: Sequence[Action]) -> list:
-    """The rank's program: compute/copy actions as they are, each maximal run of consecutive comm
-    actions as one list (posted together)."""
+    """The rank's program: compute/copy actions as they are, each maximal run of consecutive send and
+    receive actions (``semantics.LANE``) as one list (posted together)."""
+    comm = {k for k in sem.KINDS if sem.lane_of(k) in (sem.SEND, sem.RECV)}
     out: list = []
     for a in row:
-        if a.kind in COMM_KINDS:
+        if a.kind in comm:
             if out and isinstance(out[-1], list):
                 out[-1].append(a)
             else:

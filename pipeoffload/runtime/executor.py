@@ -2,8 +2,12 @@
 
 ``PipelineRunner.step`` splits the batch into microbatches, runs the rank's action list (the same
 lowered list the simulator reads), and returns the mean loss on the rank holding the last stage.
-Each run of consecutive comm actions is one batch (see ``comm``); F/B/I/W/R go to the stages;
-OFFLOAD/RELOAD go to the activation store. Every action is recorded in a ``Trace``.
+Each action goes where its lane in ``semantics.LANE`` says: each run of consecutive send/receive
+actions is one batch (see ``comm``), the peer stage of each from ``semantics.peer_stage``; compute
+kinds (F/B/I/W/R) go to the stages and copy kinds (OFFLOAD/RELOAD) to the activation store, through
+a handler table keyed by kind. A kind semantics defines but the table lacks is refused when the
+runner is built, by name. After the kinds in ``semantics.ENDS_ACTIVATION`` (B, W) the activation's
+saved tensors are released. Every action is recorded in a ``Trace``.
 
 Values between stages: a stage's output for microbatch ``mb`` goes to the next stage's inputs,
 either through SEND_F/RECV_F or, when both stages are on this rank, directly (detached, so each
@@ -22,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipeoffload import semantics as sem
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.models.split import stage_modules
@@ -55,6 +60,24 @@ from pipeoffload.validation import validate
 
 log = logging.getLogger(__name__)
 K = ActionKind
+Handler = Callable[["PipelineRunner", Action], None]
+
+# The wire side of each transfer kind: message direction in the tag (0: an activation, 1: its gradient).
+_DIRECTION = {K.SEND_F: 0, K.RECV_F: 0, K.SEND_B: 1, K.RECV_B: 1}
+_SENDS = frozenset(k for k in sem.KINDS if sem.lane_of(k) == sem.SEND)
+_RECEIVES = frozenset(k for k in sem.KINDS if sem.lane_of(k) == sem.RECV)
+
+
+def check_handled(row: Sequence[Action], handlers: Mapping[ActionKind, Handler], rank: int) -> None:
+    """Refuse, by name, a kind on this rank's list that the runtime does not run: compute and copy
+    kinds need a handler, send and receive kinds a message direction (``_DIRECTION``)."""
+    for kind, example in {a.kind: a for a in reversed(row)}.items():
+        comm = kind in _SENDS or kind in _RECEIVES
+        if not (kind in _DIRECTION if comm else kind in handlers):
+            raise ConfigError(
+                f"rank {rank}: the schedule has {sem.lane_name(kind)} actions of kind {kind} (e.g. {example}), which "
+                "pipeoffload.semantics defines but the runtime has no handler for; add one to "
+                "PipelineRunner's handler table, or run a schedule without them")
 
 
 def schedule_fingerprint(schedule: Schedule) -> str:
@@ -141,10 +164,14 @@ class PipelineRunner:
         # Unbound functions, not bound methods: a runner must not refer to itself (a cycle would keep
         # it, and its transport's heartbeat thread, alive until the cyclic collector runs).
         cls = type(self)
-        self._handlers: dict[ActionKind, Callable[[PipelineRunner, Action], None]] = {
+        self._handlers: dict[ActionKind, Handler] = {
             K.F: cls._forward, K.B: cls._backward, K.I: cls._backward_input, K.W: cls._backward_weight,
             K.R: cls._recompute, K.OFFLOAD: cls._offload, K.RELOAD: cls._reload,
         }
+        check_handled(self.row, self._handlers, rank)
+        # the stage at the other end of each transfer of this rank (semantics.peer_stage)
+        self._peer_stage = {(a.kind, a.stage): sem.peer_stage(a.kind, a.stage, self.num_stages)
+                            for a in self.row if a.kind in _DIRECTION}
         self._program = comm_batches(self.row)
         # gloo matches messages by tag, so the receives of the next comm batch can be posted as soon
         # as this one is done: their data then lands while this rank computes (NCCL matches in
@@ -364,22 +391,28 @@ class PipelineRunner:
             self._outbox[(K.SEND_B, s, mb)] = full
 
     def _backward(self, a: Action) -> None:
-        s, mb = a.stage, a.microbatch
-        stage = self.stages[s]
-        grads = None if stage.is_last else self._grads.pop((s, mb))
-        in_grads = stage.backward(mb, grads)
-        self.store.release(s, mb)
-        self._route_input_grads(s, mb, in_grads)
+        self._input_gradient(a, self.stages[a.stage].backward)
 
     def _backward_input(self, a: Action) -> None:
+        self._input_gradient(a, self.stages[a.stage].backward_input)
+
+    def _input_gradient(self, a: Action, run: Callable[[int, Any], list]) -> None:
+        """B or I: run it on the output gradient, release the activation if that ends it, send on the
+        input gradient."""
         s, mb = a.stage, a.microbatch
-        stage = self.stages[s]
-        grads = None if stage.is_last else self._grads.pop((s, mb))
-        self._route_input_grads(s, mb, stage.backward_input(mb, grads))
+        grads = None if self.stages[s].is_last else self._grads.pop((s, mb))
+        in_grads = run(mb, grads)
+        self._release_if_ended(a)
+        self._route_input_grads(s, mb, in_grads)
 
     def _backward_weight(self, a: Action) -> None:
         self.stages[a.stage].backward_weight(a.microbatch)
-        self.store.release(a.stage, a.microbatch)
+        self._release_if_ended(a)
+
+    def _release_if_ended(self, a: Action) -> None:
+        """Drop the activation's saved tensors after a kind that leaves nothing of it (B, or W after I)."""
+        if a.kind in sem.ENDS_ACTIVATION:
+            self.store.release(a.stage, a.microbatch)
 
     def _recompute(self, a: Action) -> None:
         self.stages[a.stage].recompute(a.microbatch)
@@ -404,8 +437,8 @@ class PipelineRunner:
         sends, recvs, arrivals = [], [], []
         for a in batch:
             s, mb = a.stage, a.microbatch
-            if a.kind == K.SEND_F or a.kind == K.SEND_B:
-                direction, peer = (0, s + 1) if a.kind == K.SEND_F else (1, s - 1)
+            if a.kind in _SENDS:
+                direction, peer = _DIRECTION[a.kind], self._peer_stage[(a.kind, s)]
                 tensors = [t.contiguous() for t in self._outbox.pop((a.kind, s, mb))]
                 peer_rank = placement.rank_of(peer)
                 sends += [(peer_rank, message_tag(direction, s, mb, i, S, M), t) for i, t in enumerate(tensors)]
@@ -436,14 +469,13 @@ class PipelineRunner:
         if a in self._posted:
             spec_src = self.specs[s - 1 if a.kind == K.RECV_F else s][mb]  # type: ignore[index]
             return spec_src, self._posted[a][0], -1, []
-        if a.kind == K.RECV_F:
-            spec = self.specs[s - 1][mb]  # type: ignore[index]
+        sender, direction = self._peer_stage[(a.kind, s)], _DIRECTION[a.kind]
+        if a.kind == K.RECV_F:  # the sender's output
+            spec = self.specs[sender][mb]  # type: ignore[index]
             bufs = [ts.empty(self.device) for ts in tensor_specs(spec)]
-            sender, direction = s - 1, 0
-        else:  # RECV_B
+        else:  # RECV_B: the gradient of this stage's output
             spec = self.specs[s][mb]  # type: ignore[index]
             bufs = [ts.empty(self.device) for ts in grad_specs(spec)]
-            sender, direction = s + 1, 1
         tags = [message_tag(direction, sender, mb, i, S, M) for i in range(len(bufs))]
         return spec, bufs, self.schedule.placement.rank_of(sender), tags
 
@@ -471,7 +503,7 @@ def _next_receives(program: list) -> dict[int, list[Action]]:
     batches = [i for i, item in enumerate(program) if isinstance(item, list)]
     out = {}
     for here, there in zip(batches, batches[1:]):
-        recvs = [a for a in program[there] if a.kind in (K.RECV_F, K.RECV_B)]
+        recvs = [a for a in program[there] if a.kind in _RECEIVES]
         if recvs:
             out[here] = recvs
     return out

@@ -14,13 +14,14 @@ every pass moves to the earliest free slot its inputs allow, as long as no rank 
 block's peak (the highest rank's). The squeezed order of F and I passes is finally replayed in time under the cost model with
 W passes filling the gaps (``zero_bubble.fill_weight_passes``), capped at the block's own peak, and
 the better of that and the squeezed order as it stands is returned. Memory counts as the simulator
-counts it: F allocates, W frees (``w_fraction = 1``: I frees nothing).
+counts it (``semantics.memory_delta`` with ``w_fraction = 1``: F allocates, I frees nothing, W frees).
 """
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from pipeoffload import semantics as sem
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
@@ -31,6 +32,7 @@ F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E74
 _UNIT = CostModel.uniform(0.5, 0.5, 0.5)  # two half-depth stages per rank: a rank's work per microbatch is 3
 _EPS = 1e-9
 Grid = dict[int, Action]  # slot -> pass, one per rank
+_W_FRACTION = 1.0  # the blocks and the squeeze count memory with I freeing nothing and W all of it
 
 
 def _two_stages(name: str, stages_per_rank: int) -> None:
@@ -85,10 +87,16 @@ def squeeze(grids: list[Grid], m: int, act: Callable[[int], float]) -> list[Grid
     (the highest rank's: a rank below it may rise up to it).
 
     Passes are visited in slot order (all ranks). A pass may move to any free slot after its inputs
-    (previous-rank forward, next-stage backward, its own F or I) and after the same pass of the
-    previous microbatch. Steady-state passes, between rank 0's first local stage 0 backward and its last
-    local stage 0 forward, keep their slots: the block is already dense there.
+    (``semantics.producers``: previous-stage forward, next-stage backward, its own F or I) and after
+    the same pass of the previous microbatch; memory moves with it (``semantics.memory_delta``).
+    Steady-state passes, between rank 0's first local stage 0 backward and its last local stage 0
+    forward, keep their slots: the block is already dense there.
     """
+    num_stages = 2 * len(grids)
+    rules = _Rules(num_stages, act)
+    unknown = sorted({a.kind for g in grids for a in g.values()} - rules.delta.keys())
+    if unknown:
+        raise ValueError(f"squeeze moves F, I and W passes only, not {', '.join(map(str, unknown))}")
     length = 1 + max(max(g) for g in grids)
     profiles = [_memory_profile(g, act, length) for g in grids]
     peak = max(max(p) for p in profiles)
@@ -96,7 +104,7 @@ def squeeze(grids: list[Grid], m: int, act: Callable[[int], float]) -> list[Grid
     order = {F: 0, I: 1, W: 2}
     visits = sorted(((slot, rank, order[a.kind], a) for rank, g in enumerate(grids) for slot, a in g.items()),
                     key=lambda v: v[:3])
-    last_stage, phase = 2 * len(grids) - 1, "warm-up"
+    phase = "warm-up"
     for _, rank, _, a in visits:
         if (a.kind, a.stage, a.microbatch) == (I, 0, 0):
             phase = "steady"
@@ -104,36 +112,41 @@ def squeeze(grids: list[Grid], m: int, act: Callable[[int], float]) -> list[Grid
             if (a.kind, a.stage, a.microbatch) == (F, 0, m - 1):
                 phase = "cool-down"
             continue
-        earliest = 1 + max((where[k][1] for k in _inputs(a, last_stage) if k in where), default=-1)
-        _move_earlier(grids[rank], profiles[rank], where, a, earliest, peak, act)
+        earliest = 1 + max((where[k][1] for k in rules.inputs(a) if k in where), default=-1)
+        _move_earlier(grids[rank], profiles[rank], where, a, earliest, peak, rules.delta[a.kind][a.stage])
     return grids
 
 
-def _inputs(a: Action, last_stage: int) -> list[tuple[ActionKind, int, int]]:
-    s, mb = a.stage, a.microbatch
-    keys = [(a.kind, s, mb - 1)] if mb > 0 else []
-    if a.kind == F and s > 0:
-        keys.append((F, s - 1, mb))
-    elif a.kind == I:
-        keys.append((F, s, mb))
-        if s < last_stage:
-            keys.append((I, s + 1, mb))
-    elif a.kind == W:
-        keys.append((I, s, mb))
-    return keys
+class _Rules:
+    """The squeeze's per (kind, stage) tables, from ``semantics`` once: memory effect and producers."""
+
+    def __init__(self, num_stages: int, act: Callable[[int], float]) -> None:
+        stages = range(num_stages)
+        self.delta = {k: [sem.memory_delta(k, act(s), _W_FRACTION) for s in stages] for k in (F, I, W)}
+        # the next stage's backward is named under both kinds; the one the grids hold counts
+        self.producers = {k: [[(kind, p) for kinds, p in sem.producers(k, s, num_stages) for kind in kinds]
+                              for s in stages] for k in (F, I, W)}
+
+    def inputs(self, a: Action) -> list[tuple[ActionKind, int, int]]:
+        """The passes ``a`` must follow: its producers and the same pass of the previous microbatch
+        (the block's order)."""
+        s, mb = a.stage, a.microbatch
+        keys = [(a.kind, s, mb - 1)] if mb > 0 else []
+        keys += [(kind, stage, mb) for kind, stage in self.producers[a.kind][s]]
+        return keys
 
 
 def _move_earlier(grid: Grid, profile: list[float], where: dict, a: Action, earliest: int, peak: float,
-                  act: Callable[[int], float]) -> None:
+                  delta: float) -> None:
+    """Move ``a`` to the first free slot from ``earliest`` on where an allocation (``delta`` > 0) keeps
+    the profile within ``peak``."""
     key = (a.kind, a.stage, a.microbatch)
     current = where[key][1]
     for slot in range(earliest, current):
         if slot in grid:
             continue
-        size = act(a.stage)
-        if a.kind == F and max(profile[slot:current]) + size > peak + _EPS:
+        if delta > 0.0 and max(profile[slot:current]) + delta > peak + _EPS:
             continue
-        delta = size if a.kind == F else (-size if a.kind == W else 0.0)
         for t in range(slot, current):
             profile[t] += delta
         del grid[current]
@@ -143,11 +156,16 @@ def _move_earlier(grid: Grid, profile: list[float], where: dict, a: Action, earl
 
 
 def _memory_profile(grid: Grid, act: Callable[[int], float], length: int) -> list[float]:
+    """Resident activation units after each slot (``semantics.memory_delta`` of each pass)."""
     level, out = 0.0, []
+    deltas: dict[tuple[ActionKind, int], float] = {}
     for slot in range(length):
         a = grid.get(slot)
         if a is not None:
-            level += act(a.stage) if a.kind == F else (-act(a.stage) if a.kind == W else 0.0)
+            delta = deltas.get((a.kind, a.stage))
+            if delta is None:
+                delta = deltas[(a.kind, a.stage)] = sem.memory_delta(a.kind, act(a.stage), _W_FRACTION)
+            level += delta
         out.append(level)
     return out
 

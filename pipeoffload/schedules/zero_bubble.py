@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipeoffload import semantics as sem
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
@@ -68,38 +69,38 @@ class _Replay:
                  limits: Sequence[float], overfill: float, pool: ActionPool | None) -> None:
         self.skeleton, self.limits, self.overfill = skeleton, limits, overfill
         self.make = pool or Action
-        stages = range(placement.num_stages)
-        self.rank_of = [placement.rank_of(s) for s in stages]
-        self.t_f, self.t_i, self.t_w = [costs.f(s) for s in stages], [costs.i(s) for s in stages], [
-            costs.w(s) for s in stages]
-        self.t_b = [costs.b(s) for s in stages]
-        self.act = [costs.act(s) for s in stages]
-        self.kept = costs.w_fraction  # part of an activation that W (not I) frees
-        self.p2p = costs.p2p_time
+        num_stages = placement.num_stages
+        stages = range(num_stages)
+        self.rank_of = list(placement.stage_to_rank)
+        time = sem.durations(costs, num_stages)
+        self.t_f, self.t_i, self.t_w, self.t_b = (time[sem.CODE[k]].tolist() for k in (F, I, W, B))
+        # memory per stage from the shared rule; w_fraction is the one number the search plans with
+        kept = costs.w_fraction
+        self.grow_f, self.free_i, self.free_w, self.free_b = (
+            [sem.memory_delta(k, costs.act(s), kept) for s in stages] for k in (F, I, W, B))
         n, m = placement.num_ranks, 1 + max((a.microbatch for r in skeleton for a in r), default=0)
+        # end times of the timed passes: the F's, and each stage's backward (its I, or its B)
         self.end_f: list[list[float | None]] = [[None] * m for _ in stages]
         self.end_i: list[list[float | None]] = [[None] * m for _ in stages]
+        ends = {F: self.end_f, I: self.end_i, B: self.end_i}
+        # per kind and stage, what it waits for (semantics.producers): (their end times, stage, its rank);
+        # a producer on another rank adds p2p_time
+        self.waits: dict[ActionKind, list[tuple[tuple[list[list[float | None]], int, int], ...]]] = {
+            kind: [tuple((ends[kinds[0]], p, self.rank_of[p]) for kinds, p in sem.producers(kind, s, num_stages))
+                   for s in stages]
+            for kind in (F, I, B, W)
+        }
+        self.p2p = costs.p2p_time
         self.pointer, self.clock = [0] * n, [0.0] * n
         self.mem, self.peak = [0.0] * n, [0.0] * n
         self.pending: list[deque[tuple[int, int]]] = [deque() for _ in range(n)]
-        self.pinned = any(a.kind == W for r in skeleton for a in r)
+        kinds = {a.kind for r in skeleton for a in r}
+        unknown = sorted(kinds - self.waits.keys())
+        if unknown:  # never timed as another kind
+            raise ValueError(f"the W-filling replay times F, I, B and W only, not {', '.join(map(str, unknown))}; "
+                             "lower the schedule after it")
+        self.pinned = W in kinds
         self.rows: list[list[Action]] = [[] for _ in range(n)]
-
-    def ready(self, a: Action, rank: int) -> float | None:
-        """When ``a``'s inputs are on ``rank``, or None while its producer has not been placed."""
-        s, mb = a.stage, a.microbatch
-        if a.kind == F:
-            if s == 0:
-                return 0.0
-            t = self.end_f[s - 1][mb]
-            return None if t is None else t + (0.0 if self.rank_of[s - 1] == rank else self.p2p)
-        if a.kind == W:
-            return self.clock[rank]
-        own = self.end_f[s][mb]
-        if own is None or s == len(self.end_f) - 1:
-            return own
-        t = self.end_i[s + 1][mb]
-        return None if t is None else max(own, t + (0.0 if self.rank_of[s + 1] == rank else self.p2p))
 
     def advance(self, rank: int) -> bool:
         """Place as much of ``rank``'s skeleton as its dependencies allow; True if anything moved.
@@ -107,21 +108,31 @@ class _Replay:
         Written with locals for speed: this loop runs once per action of every ``zb`` candidate.
         """
         order, pending, row = self.skeleton[rank], self.pending[rank], self.rows[rank]
-        limit, act, t_w, kept, make = self.limits[rank] + _EPS, self.act, self.t_w, self.kept, self.make
+        limit, t_w, make, waits, p2p = self.limits[rank] + _EPS, self.t_w, self.make, self.waits, self.p2p
+        grow_f, free_i, free_w, free_b = self.grow_f, self.free_i, self.free_w, self.free_b
         clock, mem, peak, pointer = self.clock[rank], self.mem[rank], self.peak[rank], self.pointer[rank]
         start_pointer, start_w = pointer, len(row)
         while pointer < len(order):
             a = order[pointer]
             kind, s = a.kind, a.stage
             if kind == F:  # make room: W passes free what their I kept
-                while pending and mem + act[s] > limit:
+                while pending and mem + grow_f[s] > limit:
                     ws, wmb = pending.popleft()
                     row.append(make(W, ws, wmb))
                     clock += t_w[ws]
-                    mem -= act[ws] * kept
-            self.clock[rank] = clock
-            ready = self.ready(a, rank)
-            if ready is None:
+                    mem += free_w[ws]
+            # ready: when a's inputs are on this rank (-1 while a producer is not placed yet)
+            ready, mb = 0.0, a.microbatch
+            for ends, producer_stage, owner in waits[kind][s]:
+                end = ends[producer_stage][mb]
+                if end is None:
+                    ready = -1.0
+                    break
+                if owner != rank:
+                    end += p2p
+                if end > ready:
+                    ready = end
+            if ready < 0.0:
                 break
             while pending:  # fill the idle gap before ``a`` with W passes
                 gap = ready - clock
@@ -131,28 +142,26 @@ class _Replay:
                 ws, wmb = pending.popleft()
                 row.append(make(W, ws, wmb))
                 clock += t_w[ws]
-                mem -= act[ws] * kept
+                mem += free_w[ws]
             start = clock if clock > ready else ready
             if kind == F:
-                mem += act[s]
+                mem += grow_f[s]
                 peak = mem if mem > peak else peak
                 clock = start + self.t_f[s]
-                self.end_f[s][a.microbatch] = clock
+                self.end_f[s][mb] = clock
             elif kind == I:
                 clock = start + self.t_i[s]
-                self.end_i[s][a.microbatch] = clock
-                mem -= act[s] * (1.0 - kept)
+                self.end_i[s][mb] = clock
+                mem += free_i[s]
                 if not self.pinned:
-                    pending.append((s, a.microbatch))
+                    pending.append((s, mb))
             elif kind == B:  # a full backward: the upstream stage waits for it like for an I
                 clock = start + self.t_b[s]
-                self.end_i[s][a.microbatch] = clock
-                mem -= act[s]
+                self.end_i[s][mb] = clock
+                mem += free_b[s]
             elif kind == W:  # a W pinned in the skeleton
                 clock = start + t_w[s]
-                mem -= act[s] * kept
-            else:
-                raise ValueError(f"{a}: the W-filling replay times F, I, B and W only; lower the schedule after it")
+                mem += free_w[s]
             row.append(a)
             pointer += 1
         self.clock[rank], self.mem[rank], self.peak[rank], self.pointer[rank] = clock, mem, peak, pointer
