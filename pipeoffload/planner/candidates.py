@@ -162,6 +162,7 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Cand
     for layout in layouts(req, skipped):
         m = req.global_batch // (layout.dp * req.model.microbatch)
         stages: dict[tuple, StageCosts] = {}
+        bounds: dict[tuple, tuple[float, tuple[float, ...]]] = {}  # a schedule's policy variants share them
         for choice in choices(req, layout.pp, m):
             lgd = req.setup.lgd_for(choice.offload)  # LGD with offload, as the reference does
             lc = per_layer.get((layout.tp, lgd))
@@ -180,9 +181,11 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Cand
                 if req.activation_budget is not None:
                     room = min(room, req.activation_budget / sc.unit_bytes)
                 choice = replace(choice, offload=OffloadPolicy("budget", budget=float(f"{room:.4g}")))
-            bound = time_lower_bound(choice, layout.pp, m, sc.costs) + dp_sync_time(
-                req, layout, max(sc.params_per_rank))
-            floor = activation_floor(choice, placement, sc)
+            if (key, choice.recompute) not in bounds:
+                bounds[(key, choice.recompute)] = (
+                    time_lower_bound(choice, layout.pp, m, sc.costs) + dp_sync_time(req, layout, max(sc.params_per_rank)),
+                    activation_floor(choice, placement, sc))
+            bound, floor = bounds[(key, choice.recompute)]
             out.append(Candidate(layout, choice, m, sc, static, bound, floor))
     return sorted(out, key=Candidate.key)
 
