@@ -163,6 +163,13 @@ def _generated(family: str, v: int, group_size: int | None, pp: int, m: int, cos
     return generate(family, pp, m, v, **options)
 
 
+def clear_caches() -> None:
+    """Forget the schedules (and the simulations and offload plans kept on them) and placements that
+    searches remembered: a benchmark timing repeated searches in one process calls it between runs."""
+    _generated.cache_clear()
+    _placement.cache_clear()
+
+
 def placement_of(choice: ScheduleChoice, pp: int) -> Placement:
     """The family's stage -> rank map for pp ranks (loop or V), from the registry."""
     return _placement(get_spec(choice.family), pp, choice.stages_per_rank)
