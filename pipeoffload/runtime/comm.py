@@ -109,10 +109,12 @@ class Transport:
         self._key = f"pipeoffload/{'-'.join(map(str, group_ranks))}/{next(_RUNNER_IDS)}"
         self.beat_interval = min(1.0, max(0.05, timeout / 20))
         self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
         if self._store is not None:
-            threading.Thread(target=_heartbeat, args=(self._store, f"{self._key}/beat/{self.rank}",
-                                                      self.beat_interval, self._stop),
-                             name="pipeoffload-heartbeat", daemon=True).start()
+            self._beat = threading.Thread(target=_heartbeat, args=(self._store, f"{self._key}/beat/{self.rank}",
+                                                                   self.beat_interval, self._stop),
+                                          name="pipeoffload-heartbeat", daemon=True)
+            self._beat.start()
 
     def __del__(self) -> None:
         stop = getattr(self, "_stop", None)
@@ -120,8 +122,13 @@ class Transport:
             stop.set()
 
     def close(self) -> None:
-        """Stop the heartbeat (peers that time out later will name this rank as silent)."""
+        """Stop the heartbeat and wait for its thread (peers that time out later will name this rank as
+        silent). Joined, so that no thread is inside a store call when the process group is destroyed
+        or the process exits (a C++ store call cut off at exit aborts the process)."""
         self._stop.set()
+        beat = self._beat
+        if beat is not None and beat.is_alive() and beat is not threading.current_thread():
+            beat.join(timeout=max(5.0, 4 * self.beat_interval))
 
     def global_rank(self, rank: int) -> int:
         return self._global[rank]
@@ -135,8 +142,19 @@ class Transport:
             return [], list(works)  # NCCL: one group call; waiting on its works covers the sends too
         pg = self._pg
         assert pg is not None, "gloo transport without a process group"
-        send_works = [pg.send([t], p, tag) for p, tag, t in sends]
-        recv_works = [pg.recv([t], p, tag) for p, tag, t in recvs]
+        send_works, recv_works = [], []
+        # gloo raises while posting, not only while waiting, when the peer's connection is already
+        # closed (a killed rank): named like a failed wait
+        for p, tag, t in sends:
+            try:
+                send_works.append(pg.send([t], p, tag))
+            except Exception as exc:  # noqa: BLE001 - re-raised with the peer named
+                raise self._peer_error(exc, p, "a message to") from exc
+        for p, tag, t in recvs:
+            try:
+                recv_works.append(pg.recv([t], p, tag))
+            except Exception as exc:  # noqa: BLE001 - re-raised with the peer named
+                raise self._peer_error(exc, p, "a message from") from exc
         return send_works, recv_works
 
     def wait(self, works: Sequence[Any], peers: Sequence[int] | None = None, what: str = "a message from") -> None:

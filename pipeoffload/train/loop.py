@@ -272,6 +272,7 @@ class Trainer:
             restore()
             if bar is not None:
                 bar.close()
+        self.runner.close()  # its heartbeat thread ends before the process group is destroyed
         return {"rank": ctx.rank, "step": self.step, "history": self.history if ctx.is_main else [],
                 "interrupted": stopped, "saved_at": saved_at}
 
