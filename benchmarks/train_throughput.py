@@ -10,8 +10,10 @@ What each timed step includes:
   global gradient norm and clipping (one all-reduce over the ranks, which also carries every rank's
   measurements: loss, peaks, slot bytes), AdamW, and the metrics record (with the cached simulated
   peak).
-- torch: ``Schedule1F1B``/``ScheduleInterleaved1F1B.step`` plus AdamW; no gradient norm, no
-  clipping, no metrics (work ours does and theirs does not).
+- torch: ``Schedule1F1B``/``ScheduleInterleaved1F1B.step``, the same global-norm clipping done the way
+  a ``torch.distributed.pipelining`` user does it (each rank's squared gradient norm, one all-reduce
+  over the pipeline ranks, ``clip_grad_norm_``'s scaling), and AdamW; no metrics (ours gathers its
+  measurements on the norm's all-reduce). ``--no-clip`` turns clipping off on both sides.
 
 Every rank leaves a barrier before each timed step, so a step lasts until its slowest rank is done:
 the reported step time is the median over steps of the slowest rank's time (torch's step ends with
@@ -104,6 +106,13 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> dict[str, lis
         else:
             sched.step(**kwargs)
         mid = time.perf_counter()
+        if cfg.clip > 0:  # global-norm clipping across the pipeline ranks, as a pipelining user writes it
+            grads = [p.grad for p in theirs_model.parameters() if p.grad is not None]
+            squares = torch.stack([g.detach().pow(2).sum() for g in grads]).sum().reshape(1)
+            dist.all_reduce(squares, group=ctx.pp_group)
+            scale = cfg.clip / (float(squares.sqrt()) + 1e-6)
+            if scale < 1:
+                torch._foreach_mul_(grads, scale)
         opt.step()
         opt.zero_grad(set_to_none=True)
         end, cpu = time.perf_counter(), time.process_time() - cpu
@@ -125,13 +134,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--no-clip", action="store_true", help="no gradient clipping on either side")
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"GPT {CFG.layers} blocks, hidden {CFG.hidden}, seq {CFG.seq_len}, global batch {CFG.global_batch}, "
-          f"{CFG.microbatches} microbatches, {args.ranks} gloo ranks (1 thread each), median of {args.steps} steps")
+          f"{CFG.microbatches} microbatches, {args.ranks} gloo ranks (1 thread each), median of {args.steps} steps, "
+          f"{'no clipping' if args.no_clip else f'global-norm clipping at {CFG.clip:g} on both sides'}")
     print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)")
     for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2)):
-        cfg = validate(replace(CFG, schedule=schedule, stages_per_rank=v, pp=args.ranks, nproc=args.ranks))
+        cfg = validate(replace(CFG, schedule=schedule, stages_per_rank=v, pp=args.ranks, nproc=args.ranks,
+                               clip=0.0 if args.no_clip else CFG.clip))
         result = spawn(worker, args.ranks, (cfg, args.steps), timeout=300, deadline=1800)
         if not result.ok:
             raise SystemExit("\n".join(e for e in result.errors if e))
@@ -146,7 +158,7 @@ def main() -> None:
             ms = {k: statistics.median(v) * 1e3 for k, v in parts.items()}
             print(f"    rank {rank}: ours {ms['ours']:.0f} ms = pipeline {ms['ours_pipeline']:.0f} + norm/clip/AdamW "
                   f"{ms['ours_update']:.1f} + metrics {ms['ours_metrics']:.1f}; torch {ms['torch']:.0f} ms = "
-                  f"pipeline {ms['torch_pipeline']:.0f} + AdamW {ms['torch_update']:.1f}; process CPU ms/step: "
+                  f"pipeline {ms['torch_pipeline']:.0f} + norm/clip/AdamW {ms['torch_update']:.1f}; process CPU ms/step: "
                   f"ours {ms['ours_cpu']:.0f}, torch {ms['torch_cpu']:.0f}")
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
