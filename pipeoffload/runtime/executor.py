@@ -282,6 +282,7 @@ class PipelineRunner:
         record, clock, store, handlers = trace.records.append, time.perf_counter, self.store, self._handlers
         index, current = 0, None  # current: the action running (or a phase name), for error messages
         t0 = clock()
+        trace.epoch = time.time()  # the step start on the wall clock ranks share (trace.epoch)
         try:
             current = "shape inference"
             self._ensure_specs(self._mb_inputs)

@@ -30,6 +30,9 @@ class Trace:
     end_bytes: int = 0  # resident activation bytes after the step (0 unless something leaked)
     peak_host_bytes: int = 0  # highest host bytes of offloaded activations during the step
     wall: float = 0.0  # seconds the step took on this rank
+    # the wall clock (time.time) at this rank's step start: the records' times are seconds after it, so
+    # ranks on one machine (or on NTP-synced machines, to their clocks' agreement) share one time axis
+    epoch: float = 0.0
 
     def actions(self) -> tuple[Action, ...]:
         return tuple(r.action for r in self.records)
@@ -47,7 +50,7 @@ class Trace:
     def as_dict(self) -> dict:
         return {
             "rank": self.rank, "step": self.step, "peak_bytes": self.peak_bytes, "end_bytes": self.end_bytes,
-            "wall": self.wall, "peak_host_bytes": self.peak_host_bytes,
+            "wall": self.wall, "peak_host_bytes": self.peak_host_bytes, "epoch": self.epoch,
             "records": [[str(r.action), r.start, r.end, r.resident_bytes] for r in self.records],
         }
 
@@ -55,31 +58,45 @@ class Trace:
     def from_dict(cls, data: dict) -> Trace:
         records = [TraceRecord(Action.parse(a), s, e, b) for a, s, e, b in data["records"]]
         return cls(data["rank"], data["step"], records, data["peak_bytes"], data["end_bytes"],
-                   data.get("peak_host_bytes", 0), data["wall"])
+                   data.get("peak_host_bytes", 0), data["wall"], data.get("epoch", 0.0))
 
 
 MIB = 1024 * 1024
 
 
+def shared_clock_offsets(traces: Sequence[Trace]) -> dict[int, float] | None:
+    """Per rank, seconds from the earliest rank's step start to its own (``Trace.epoch``), so that all
+    ranks share one time axis; None when a trace has no epoch (written by an older version)."""
+    if not traces or any(t.epoch <= 0 for t in traces):
+        return None
+    first = min(t.epoch for t in traces)
+    return {t.rank: t.epoch - first for t in traces}
+
+
 def chrome_events(traces: Iterable[Trace], label: str = "measured") -> list[dict]:
     """Chrome trace events of a measured step: one named process per rank with a compute, a copy and a
     comm lane, one box per action (its list index in ``args``, so the schedule can be rebuilt from the
-    file), and a counter of resident activation memory in MiB. Each rank's clock starts at its step."""
+    file), and a counter of resident activation memory in MiB. Ranks share one clock (each shifted by
+    its step start on the wall clock, see ``shared_clock_offsets``); without epochs each rank's clock
+    starts at its own step."""
     from pipeoffload.viz.chrome_trace import LANES, lane_of, process_events
 
+    traces = list(traces)
+    offsets = shared_clock_offsets(traces) or {}
     events: list[dict] = []
     for trace in traces:
         pid = trace.rank
+        shift = offsets.get(trace.rank, 0.0)
         events += process_events(pid, f"{label} rank {trace.rank} (step {trace.step})", trace.rank)
         for index, r in enumerate(trace.records):
             events.append({
                 "name": str(r.action), "cat": r.action.kind.value, "ph": "X", "pid": pid,
-                "tid": LANES[lane_of(r.action)], "ts": r.start * 1e6, "dur": max(r.end - r.start, 0.0) * 1e6,
+                "tid": LANES[lane_of(r.action)], "ts": (shift + r.start) * 1e6, "dur": max(r.end - r.start, 0.0) * 1e6,
                 "args": {"action": str(r.action), "index": index, "rank": trace.rank,
                          "stage": r.action.stage, "microbatch": r.action.microbatch},
             })
             events.append({
-                "name": "device activation memory (MiB)", "ph": "C", "pid": pid, "ts": r.end * 1e6,
+                "name": "device activation memory (MiB)", "ph": "C", "pid": pid, "ts": (shift + r.end) * 1e6,
                 "args": {"MiB": r.resident_bytes / MIB},
             })
     return events
@@ -88,7 +105,10 @@ def chrome_events(traces: Iterable[Trace], label: str = "measured") -> list[dict
 def write_chrome_trace(traces: Iterable[Trace], path: str) -> None:
     """The measured step as a Chrome/Perfetto trace, written atomically; per-rank peaks in ``otherData``."""
     traces = list(traces)
+    shared = shared_clock_offsets(traces) is not None
     other = {"kind": "pipeoffload measured trace", "time_unit": "s (1 s = 1e6 us in the events)",
+             "clock": "shared: each rank's events start at its step start on the wall clock" if shared
+             else "per rank: each rank's events start at its own step start",
              "peak_bytes": {t.rank: t.peak_bytes for t in traces}, "wall_s": {t.rank: t.wall for t in traces}}
     write_atomic(path, json.dumps({"traceEvents": chrome_events(traces), "displayTimeUnit": "ms",
                                    "otherData": other}))

@@ -61,3 +61,25 @@ def test_trace_compare_rejects_what_is_not_a_trace(tmp_path: Path, capsys) -> No
     assert main(["trace", "compare", str(bad)]) == 2
     assert "no actions" in capsys.readouterr().err
     assert main(["trace", "compare", str(tmp_path / "missing.json")]) == 2
+
+
+def test_ranks_share_one_clock_from_their_step_starts(measured, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Each rank's records count from its own step start; its wall-clock start (``epoch``) puts the ranks
+    on one time axis, so a rank that started 0.25 s later is drawn 0.25 s to the right."""
+    from dataclasses import replace
+
+    from pipeoffload.runtime.trace import Trace, chrome_events
+    _, trace = measured
+    assert trace.epoch > 1.6e9  # a real wall-clock time was recorded at the step start
+    early = replace(trace, rank=0, epoch=1000.0)
+    late = replace(trace, rank=1, epoch=1000.25)
+    events = chrome_events([early, late])
+    first = {r: min(e["ts"] for e in events if e["ph"] == "X" and e["pid"] == r) for r in (0, 1)}
+    assert first[1] - first[0] == pytest.approx(0.25e6)
+    assert Trace.from_dict(late.as_dict()).epoch == 1000.25
+    path = tmp_path / "two.json"
+    write_chrome_trace([early, late], str(path))
+    assert json.loads(path.read_text())["otherData"]["clock"].startswith("shared")
+    unsynced = [replace(early, epoch=0.0), late]  # an older trace without epochs: each rank from its own start
+    old = chrome_events(unsynced)
+    assert min(e["ts"] for e in old if e["ph"] == "X" and e["pid"] == 1) == pytest.approx(first[0])
