@@ -151,6 +151,8 @@ def rank_timelines(schedule: Schedule, timeline: Timeline, costs: CostModel) -> 
         object.__setattr__(timeline, "_rank_timelines", kept)  # a cache beside the frozen fields, not state
     key = (id(schedule), costs)
     if key not in kept:
+        if len(kept) >= 4:  # one schedule per timeline in practice; bounded all the same
+            del kept[next(iter(kept))]
         recomputed = {(a.stage, a.microbatch) for row in schedule.actions for a in row if a.kind is K.R}
         kept[key] = (schedule, [RankTimeline(r, schedule.actions[r], timeline.start[r], timeline.end[r], costs,
                                              recomputed) for r in range(schedule.num_ranks)])

@@ -100,8 +100,13 @@ def _offload_once(base: Schedule, costs: CostModel, offload: OffloadPolicy, reco
         object.__setattr__(timeline, "_offload_plans", kept)  # a cache beside the frozen fields, not state
     key = (id(base), costs, offload, frozenset(recomputed))
     if key not in kept:
+        if len(kept) >= _OFFLOAD_PLANS_KEPT:
+            del kept[next(iter(kept))]
         kept[key] = (base, plan_offload(base, costs, offload, exclude=recomputed, timeline=timeline))
     return kept[key][1]
+
+
+_OFFLOAD_PLANS_KEPT = 8  # per simulated timeline: a search tries a few policies on one schedule
 
 
 def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
