@@ -151,3 +151,18 @@ def test_budget_that_cannot_be_met_is_reported(caplog: pytest.LogCaptureFixture)
     assert report.budget_met is False and "cannot bring every rank" in caplog.text
     assert t.peak_activation_units == report.peak_after > 1 and t.stall == 0
     assert "NOT met" in report.summary()
+
+
+def test_lowering_one_schedule_again_gives_what_a_fresh_copy_gives() -> None:
+    """What lowering remembers on a schedule (its simulation, rank timelines, first offload plan) changes
+    no result: each policy lowered after others on one object equals it lowered on a fresh copy."""
+    costs = CostModel(d2h_time=0.9, h2d_time=0.9, w_fraction=0.5)
+    shared = generate("group-interleaved", 4, 12, 2, group_size=2)
+    policies = [("auto", "none"), ("auto", "auto"), ("budget:2", "auto"), ("all", "none"), ("auto", "auto"),
+                ("none", "first:1")]
+    for offload, recompute in policies:
+        again = lower_with_report(shared, costs, offload=offload, recompute=recompute, log_warnings=False)
+        fresh_schedule = generate("group-interleaved", 4, 12, 2, group_size=2)
+        fresh = lower_with_report(fresh_schedule, costs, offload=offload, recompute=recompute, log_warnings=False)
+        assert again[0].to_text() == fresh[0].to_text(), (offload, recompute)
+        assert again[1] == fresh[1], (offload, recompute)
