@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from pipeoffload.cli import main as cli_main
-from pipeoffload.passes.copy_plan import _native
+from pipeoffload.native import compiled as _native
 from pipeoffload.planner.evaluate import clear_caches, lowering_options
 from pipeoffload.planner.hardware import hardware_preset
 from pipeoffload.planner.presets import model_preset

@@ -640,4 +640,16 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "pipeoffload._native",
                                     "Compiled inner loops of the pure core (optional).", -1, methods};
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+#ifndef PIPEOFFLOAD_SOURCE_DIGEST
+#define PIPEOFFLOAD_SOURCE_DIGEST "unknown"
+#endif
+
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *m = PyModule_Create(&module);
+    /* the SHA-256 of the _native.c it was built from: native.py ignores a build from another source */
+    if (m && PyModule_AddStringConstant(m, "SOURCE_DIGEST", PIPEOFFLOAD_SOURCE_DIGEST) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

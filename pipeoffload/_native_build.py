@@ -6,6 +6,7 @@ which give bitwise the same results, only slower. Nothing is downloaded.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import subprocess
@@ -19,6 +20,11 @@ SOURCE = Path(__file__).with_name("_native.c")
 FLAGS = ["-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-std=c99"]
 
 
+def source_digest(path: Path = SOURCE) -> str:
+    """SHA-256 of the C source: built into the module, checked when it is loaded (``native.py``)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def target() -> Path:
     return SOURCE.with_name("_native" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
 
@@ -30,7 +36,8 @@ def build(quiet: bool = False) -> bool:
     include = sysconfig.get_paths()["include"]
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         built = Path(tmp) / out.name
-        command = [*compiler, *FLAGS, f"-I{include}", str(SOURCE), "-o", str(built), "-lm"]
+        digest = f'-DPIPEOFFLOAD_SOURCE_DIGEST="{source_digest()}"'
+        command = [*compiler, *FLAGS, digest, f"-I{include}", str(SOURCE), "-o", str(built), "-lm"]
         try:
             result = subprocess.run(command, capture_output=True, text=True)
         except OSError as err:

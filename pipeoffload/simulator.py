@@ -24,12 +24,8 @@ from pipeoffload.costs import CostModel
 from pipeoffload.errors import ScheduleError
 from pipeoffload.intervals import Intervals
 from pipeoffload.ir import Action, ActionKind, Schedule
+from pipeoffload.native import compiled as _native  # None unless ``make`` built them (Python: the reference)
 from pipeoffload.semantics import coded
-
-try:  # the compiled event loop (``make`` builds it); ``_Simulation._run_python`` is the reference
-    from pipeoffload import _native  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the build
-    _native = None
 
 K = ActionKind
 _STALL_TOL = 1e-9  # relative: a reload later than its backward by float noise only is not a stall
@@ -243,6 +239,7 @@ class _Simulation:
         busy, stall = np.zeros(n), np.zeros(n)
         pos, wait = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         i64 = np.int64
+        assert _native is not None  # run() calls this only when the compiled loops are there
         self.stalled = _native.simulate(
             total, n, c.num_keys, 2 * n, self.num_links, sem.LANE[c.kind], c.keys.astype(i64, copy=False),
             inputs.first.astype(i64, copy=False), inputs.first_delay, inputs.second.astype(i64, copy=False),

@@ -22,12 +22,8 @@ from pipeoffload import semantics as sem
 from pipeoffload.costs import CostModel
 from pipeoffload.intervals import EPS, Intervals
 from pipeoffload.ir import Action, ActionKind, Schedule
+from pipeoffload.native import compiled as _native  # None unless ``make`` built them (Python: the reference)
 from pipeoffload.simulator import Timeline
-
-try:  # the compiled searches (``make`` builds them); the Python methods below are the reference
-    from pipeoffload import _native  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on the build
-    _native = None
 
 K = ActionKind
 _F, _B, _I, _W, _R = sem.F, sem.B, sem.I, sem.W, sem.R

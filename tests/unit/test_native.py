@@ -149,3 +149,17 @@ def test_compiled_place_and_pack_equal_the_python_ones(costs: CostModel, relaxed
         assert _lane_state(compiled) == _lane_state(python)
         failures += len(packed[1])
     assert failures or costs.d2h_time < 1  # the overloaded lane makes packing fail (checked: it does)
+
+
+@needs_native
+def test_a_module_built_from_another_source_is_not_used(monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    """After a checkout changes _native.c, the old build could compute something else: it is ignored
+    (Python loops, a warning naming the fix) until `make setup` rebuilds it."""
+    import pipeoffload._native as built  # type: ignore[import-not-found]
+
+    from pipeoffload import native
+    assert native._load() is built  # the build matches its source
+    monkeypatch.setattr(built, "SOURCE_DIGEST", "0" * 64)
+    with caplog.at_level("WARNING", logger="pipeoffload.native"):
+        assert native._load() is None
+    assert "make setup" in caplog.text
