@@ -476,7 +476,7 @@ static PyObject *simulate(PyObject *self, PyObject *args) {
     Py_buffer views[N_BUFFERS];
     int got = 0;
     PyObject *result = NULL, *stalled = NULL;
-    double *done = NULL, *engine_free = NULL;
+    double *done = NULL, *engine_free = NULL, *clocks = NULL;
     char *is_done = NULL, *queued = NULL;
     Py_ssize_t *head = NULL, *tail = NULL, *next = NULL, *ready = NULL;
     Link *links = NULL;
@@ -501,13 +501,13 @@ static PyObject *simulate(PyObject *self, PyObject *args) {
     queued = PyMem_Calloc(n_ranks ? n_ranks : 1, 1);
     engine_free = PyMem_Calloc(n_engines ? n_engines : 1, sizeof(double));
     links = PyMem_Calloc(n_links ? n_links : 1, sizeof(Link));
-    if (!stalled || !done || !is_done || !head || !tail || !next || !ready || !queued || !engine_free || !links) {
+    clocks = PyMem_Calloc(n_ranks ? n_ranks : 1, sizeof(double));
+    if (!stalled || !done || !is_done || !head || !tail || !next || !ready || !queued || !engine_free || !links
+        || !clocks) {
         PyErr_NoMemory();
         goto finally;
     }
     for (Py_ssize_t k = 0; k < n_keys; k++) head[k] = -1;
-    double *clocks = PyMem_Calloc(n_ranks ? n_ranks : 1, sizeof(double));
-    if (!clocks) { PyErr_NoMemory(); goto finally; }
     Py_ssize_t n_ready = 0;
     for (Py_ssize_t r = 0; r < n_ranks; r++) {
         ready[n_ready++] = r;
@@ -539,11 +539,10 @@ static PyObject *simulate(PyObject *self, PyObject *args) {
                 long long d = dep[i];
                 double at = (!is_done[d] || clock >= done[d]) ? clock : done[d];
                 long long e = engine_of[i];
-                double length = copy_duration[i], start = at;
+                double length = copy_duration[i];
                 if (engine_free[e] > at) at = engine_free[e];
-                start = at;
+                double start = at;
                 if (length > 0 && link_reserve(&links[link_of[i]], at, length, &start) < 0) {
-                    PyMem_Free(clocks);
                     PyErr_NoMemory();
                     goto finally;
                 }
@@ -572,7 +571,6 @@ static PyObject *simulate(PyObject *self, PyObject *args) {
                             PyObject *entry = Py_BuildValue("(nd)", i, reload_end - start);
                             if (!entry || PyList_Append(stalled, entry) < 0) {
                                 Py_XDECREF(entry);
-                                PyMem_Free(clocks);
                                 goto finally;
                             }
                             Py_DECREF(entry);
@@ -605,7 +603,6 @@ static PyObject *simulate(PyObject *self, PyObject *args) {
         busies[rank] = busy;
     }
 #undef WAIT_ON
-    PyMem_Free(clocks);
     result = stalled;
     stalled = NULL;
 finally:
@@ -625,6 +622,7 @@ finally:
     PyMem_Free(ready);
     PyMem_Free(queued);
     PyMem_Free(engine_free);
+    PyMem_Free(clocks);
     return result;
 }
 

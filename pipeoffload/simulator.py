@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeoffload import semantics as sem
-from pipeoffload._perf import gc_paused
+from pipeoffload._perf import gc_paused, recalled, remembered
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ScheduleError
 from pipeoffload.intervals import Intervals
@@ -143,16 +143,7 @@ def simulate_once(schedule: Schedule, costs: CostModel) -> Timeline:
     A search lowers several memory policies of one generated schedule, and each lowering starts from
     the simulation of that same compute-only schedule. The Timeline is shared: treat it as read-only.
     """
-    kept = schedule.__dict__.get("_simulations")
-    if kept is None:
-        kept = {}
-        object.__setattr__(schedule, "_simulations", kept)  # a cache beside the frozen fields, not state
-    timeline = kept.get(costs)
-    if timeline is None:
-        if len(kept) >= _SIMULATIONS_KEPT:
-            del kept[next(iter(kept))]
-        timeline = kept[costs] = simulate(schedule, costs)
-    return timeline
+    return remembered(schedule, "_simulations", costs, lambda: simulate(schedule, costs), _SIMULATIONS_KEPT)
 
 
 @dataclass(frozen=True)
@@ -169,7 +160,7 @@ class Figures:
 def simulate_figures(schedule: Schedule, costs: CostModel | None = None) -> Figures:
     """What ``simulate`` reports per rank, equal to its figures, for searches that need no timeline
     (taken from the timeline ``simulate_once`` kept, when there is one)."""
-    kept = schedule.__dict__.get("_simulations", {}).get(costs or CostModel())
+    kept = recalled(schedule, "_simulations", costs or CostModel())
     if kept is not None:
         return figures_of(kept)
     with gc_paused():
@@ -212,8 +203,7 @@ class _Simulation:
         self.busy = [0.0] * n
         self.stall = [0.0] * n
         self.stalled: list[tuple[int, float]] = []  # (flat index, seconds) of backwards that waited
-        # per copy action (flat index): its engine (one per rank, or one per direction), host link, duration
-        self.copies, self.num_links = self._copy_resources()
+        self.copies, self.num_links = self._copy_resources()  # (engine, link, duration) per action
 
     # ---- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -231,10 +221,7 @@ class _Simulation:
 
     def _run_native(self) -> None:
         c, inputs, n, total = self.c, self.inputs, self.schedule.num_ranks, len(self.c.kind)
-        engine, link, length = (np.full(total, -1, dtype=np.int64), np.full(total, -1, dtype=np.int64),
-                                np.zeros(total))
-        for i, (e, k, d) in self.copies.items():
-            engine[i], link[i], length[i] = e, k, d
+        engine, link, length = self.copies
         start, end = np.zeros(total), np.zeros(total)
         busy, stall = np.zeros(n), np.zeros(n)
         pos, wait = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
@@ -267,7 +254,8 @@ class _Simulation:
         stall, stalled = self.stall, self.stalled
         engine_free = [0.0] * (2 * n)
         links = [Intervals() for _ in range(self.num_links)]
-        copies = {i: (e, links[k], d) for i, (e, k, d) in self.copies.items()}
+        engine, link, length = (x.tolist() for x in self.copies)  # Python numbers in the loop
+        copies = {i: (engine[i], links[link[i]], length[i]) for i in np.flatnonzero(self.copies[0] >= 0).tolist()}
         ready = list(range(n))
         queued = [True] * n
         while ready:
@@ -329,21 +317,19 @@ class _Simulation:
                             ready.append(waiter)
             pos[rank], clocks[rank], busies[rank] = i, clock, busy
 
-    def _copy_resources(self) -> tuple[dict[int, tuple[int, int, float]], int]:
-        """Per copy action (flat index): its engine slot, its host link's number and its duration;
-        and the number of host links."""
+    def _copy_resources(self) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], int]:
+        """Per action (flat index): its copy engine slot, its host link's number and its copy duration
+        (-1, -1, 0 for actions that are not copies); and the number of host links. One engine per rank,
+        or one per direction; with a shared host link ranks 2p and 2p+1 share one link per direction."""
         costs, c = self.costs, self.c
-        links: dict[tuple[int, str], int] = {}
-        out = {}
-        kinds = c.kind.tolist()
-        for i in np.flatnonzero(sem.LANE[c.kind] == sem.COPY).tolist():
-            rank = int(c.rank[i])
-            offload = kinds[i] == sem.OFFLOAD
-            direction, per_unit = ("d2h", costs.d2h_time) if offload else ("h2d", costs.h2d_time)
-            engine = 2 * rank + (0 if costs.shared_copy_engine or offload else 1)
-            link = links.setdefault((rank // 2 if costs.shared_host_link else rank, direction), len(links))
-            out[i] = (engine, link, per_unit * self.amount[i])
-        return out, len(links)
+        copy, offload = sem.LANE[c.kind] == sem.COPY, c.kind == sem.OFFLOAD
+        separate = 0 if costs.shared_copy_engine else 1
+        engine = np.where(copy, 2 * c.rank + np.where(offload, 0, separate), -1)
+        owner = c.rank // 2 if costs.shared_host_link else c.rank
+        link = np.where(copy, 2 * owner + np.where(offload, 0, 1), -1)
+        per_unit = np.where(offload, costs.d2h_time, costs.h2d_time)
+        length = np.where(copy, per_unit * np.asarray(self.amount, dtype=float), 0.0)
+        return (engine.astype(np.int64), link.astype(np.int64), length), 2 * (int(owner.max(initial=0)) + 1)
 
     # ---- results -----------------------------------------------------------------------------
     def _memory_events(self, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

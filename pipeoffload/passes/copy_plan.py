@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeoffload import semantics as sem
+from pipeoffload._perf import remembered
 from pipeoffload.costs import CostModel
 from pipeoffload.intervals import EPS, Intervals
 from pipeoffload.ir import Action, ActionKind, Schedule
@@ -141,18 +142,12 @@ def rank_timelines(schedule: Schedule, timeline: Timeline, costs: CostModel) -> 
     Remembered on the timeline per cost model: the memory policies lowered from one simulation (a
     search tries several) plan against the same timelines, which the passes only read.
     """
-    kept = timeline.__dict__.get("_rank_timelines")
-    if kept is None:
-        kept = {}
-        object.__setattr__(timeline, "_rank_timelines", kept)  # a cache beside the frozen fields, not state
-    key = (id(schedule), costs)
-    if key not in kept:
-        if len(kept) >= 4:  # one schedule per timeline in practice; bounded all the same
-            del kept[next(iter(kept))]
+    def make() -> tuple[Schedule, list[RankTimeline]]:  # the schedule too: it keeps its id valid
         recomputed = {(a.stage, a.microbatch) for row in schedule.actions for a in row if a.kind is K.R}
-        kept[key] = (schedule, [RankTimeline(r, schedule.actions[r], timeline.start[r], timeline.end[r], costs,
-                                             recomputed) for r in range(schedule.num_ranks)])
-    return kept[key][1]
+        return schedule, [RankTimeline(r, schedule.actions[r], timeline.start[r], timeline.end[r], costs, recomputed)
+                          for r in range(schedule.num_ranks)]
+
+    return remembered(timeline, "_rank_timelines", (id(schedule), costs), make, keep=4)[1]
 
 
 @dataclass(slots=True)
@@ -177,15 +172,13 @@ class CopyGroup:
         self.timelines = {tl.rank: tl for tl in timelines}
         self.relaxed = relaxed and costs.shared_host_link
         links = {"d2h": Lane(), "h2d": Lane()}
-        self._engine: dict[tuple[int, str], Lane] = {}
         self._lanes: dict[tuple[int, str], list[Lane]] = {}
         for rank in self.timelines:
             shared = Lane()
             for direction in ("d2h", "h2d"):
                 engine = shared if costs.shared_copy_engine else Lane()
-                self._engine[(rank, direction)] = engine
                 self._lanes[(rank, direction)] = [engine, links[direction]] if costs.shared_host_link else [engine]
-        # what the compiled searches take: grid points, engine lane, link lane (the engine's if none), shared
+        # what the searches read: grid points, engine lane, link lane (the engine's if none), shared
         self._search: dict[tuple[int, str], tuple[list[float], list[float], list[float], list[float], list[float], bool]] = {}
         for (rank, direction), lanes in self._lanes.items():
             link = lanes[-1]
@@ -221,11 +214,7 @@ class CopyGroup:
         Written out with locals (no calls but the bisections); ``tests/unit/test_copy_lanes.py``
         checks it against the plain step-per-interval search.
         """
-        lanes = self._lanes[(rank, direction)]
-        clocks = self.timelines[rank].clocks
-        e_starts, e_ends = lanes[0].starts, lanes[0].ends
-        shared = len(lanes) > 1
-        l_starts, l_ends = (lanes[1].starts, lanes[1].ends) if shared else (e_starts, e_ends)
+        clocks, e_starts, e_ends, l_starts, l_ends, shared = self._search[(rank, direction)]
         relaxed = self.relaxed
         n_clocks, bound = len(clocks), limit + EPS
         n_engine = len(e_ends)
@@ -270,11 +259,7 @@ class CopyGroup:
     def _latest_python(self, rank: int, direction: str, t: float, duration: float, lower: float) -> float | None:
         """The last valid start <= t (and >= lower) at which the copy fits on all its resources
         (written out like ``_earliest_python``)."""
-        lanes = self._lanes[(rank, direction)]
-        clocks = self.timelines[rank].clocks
-        e_starts, e_ends = lanes[0].starts, lanes[0].ends
-        shared = len(lanes) > 1
-        l_starts, l_ends = (lanes[1].starts, lanes[1].ends) if shared else (e_starts, e_ends)
+        clocks, e_starts, e_ends, l_starts, l_ends, shared = self._search[(rank, direction)]
         relaxed = self.relaxed
         bound = lower - EPS
         query = t

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from pipeoffload._perf import gc_paused
+from pipeoffload._perf import gc_paused, remembered
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import COMM_KINDS, ActionKind, Schedule
@@ -94,16 +94,10 @@ def _offload_once(base: Schedule, costs: CostModel, offload: OffloadPolicy, reco
                   timeline: Timeline) -> tuple[Schedule, OffloadReport]:
     """``plan_offload``, remembered on ``timeline`` (the simulation of ``base``): a search lowers
     ``offload auto`` with and without ``recompute auto``, whose first offload plans are the same."""
-    kept = timeline.__dict__.get("_offload_plans")
-    if kept is None:
-        kept = {}
-        object.__setattr__(timeline, "_offload_plans", kept)  # a cache beside the frozen fields, not state
     key = (id(base), costs, offload, frozenset(recomputed))
-    if key not in kept:
-        if len(kept) >= _OFFLOAD_PLANS_KEPT:
-            del kept[next(iter(kept))]
-        kept[key] = (base, plan_offload(base, costs, offload, exclude=recomputed, timeline=timeline))
-    return kept[key][1]
+    planned = remembered(timeline, "_offload_plans", key, keep=_OFFLOAD_PLANS_KEPT,  # base kept: its id stays valid
+                         make=lambda: (base, plan_offload(base, costs, offload, exclude=recomputed, timeline=timeline)))
+    return planned[1]
 
 
 _OFFLOAD_PLANS_KEPT = 8  # per simulated timeline: a search tries a few policies on one schedule

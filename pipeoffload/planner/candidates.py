@@ -130,14 +130,18 @@ class Candidate:
     # no simulation can give a smaller activation peak, per rank (bytes; see ``activation_floor``)
     activation_floor: tuple[float, ...] = ()
 
+    @property
+    def least_memory(self) -> float:
+        """Bytes on the worst rank no simulation can go below: static memory plus the activation floor."""
+        return max((s + a for s, a in zip(self.static_bytes, self.activation_floor)), default=0.0)
+
     def cannot_fit(self, req: PlanRequest) -> bool:
         """Whether even the activation floor breaks the budgets: then no simulation can fit."""
         floor = self.activation_floor
         if not floor:
             return False
-        over_total = any(s + a > req.memory_budget for s, a in zip(self.static_bytes, floor))
         over_activations = req.activation_budget is not None and max(floor) > req.activation_budget * (1 + 1e-9)
-        return over_total or over_activations
+        return self.least_memory > req.memory_budget or over_activations
 
     def key(self) -> tuple:
         return (str(self.layout), self.choice)

@@ -28,15 +28,6 @@ PROGRESS_AFTER, PROGRESS_EVERY = 3.0, 5.0  # seconds before the first progress l
 BATCH = 2  # candidates taken from the queue at a time; fixed, so results do not depend on ``workers``
 
 def find_plans(req: PlanRequest) -> SearchResult:
-    """Find the fastest plans that fit ``req.memory_budget``; raise ``InfeasibleError`` if none does
-    (see ``_find_plans``). The cyclic garbage collector is paused meanwhile (and restored): the search
-    allocates many small acyclic objects and keeps its schedules, and each full collection would
-    rescan them all."""
-    with gc_paused():
-        return _find_plans(req)
-
-
-def _find_plans(req: PlanRequest) -> SearchResult:
     """Find the fastest plans that fit ``req.memory_budget``; raise ``InfeasibleError`` if none does.
 
     Candidates are simulated in order of a lower bound on their step time. Offload and recompute only
@@ -47,8 +38,17 @@ def _find_plans(req: PlanRequest) -> SearchResult:
     plan of its TP size), so the Pareto frontier is that of the simulated plans; with
     ``req.exact_frontier`` a candidate is also
     kept while it could join the frontier (no fitting plan that is at least as fast needs no more
-    memory than the candidate's weights and optimizer state alone).
+    memory than the candidate's weights and optimizer state alone). A variant whose ``least_memory``
+    breaks the budget is counted as "cannot fit" without a simulation.
+
+    The cyclic garbage collector is paused meanwhile (and restored): the search allocates many small
+    acyclic objects and keeps its schedules, and each full collection would rescan them all.
     """
+    with gc_paused():
+        return _find_plans(req)
+
+
+def _find_plans(req: PlanRequest) -> SearchResult:
     start = time.perf_counter()
     skipped: dict[str, int] = {}
     cands = enumerate_candidates(req, skipped)
@@ -268,8 +268,7 @@ def _raise_infeasible(req: PlanRequest, cands: list[Candidate], plans: dict[tupl
     for cand in sorted(cands, key=lambda c: (max(c.static_bytes), c.key())):
         if best is not None and max(cand.static_bytes) >= best.memory.total:
             break
-        floor = max(s + a for s, a in zip(cand.static_bytes, cand.activation_floor)) if cand.activation_floor else 0
-        if best is not None and floor >= best.memory.total:
+        if best is not None and cand.least_memory >= best.memory.total:
             continue  # it cannot need less memory than the best so far
         if cand.key() not in plans:
             plans[cand.key()] = plan = _run(req, cand)
