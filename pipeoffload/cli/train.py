@@ -111,10 +111,13 @@ def run(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "0") == "0":
         print(to_toml(cfg), end="", flush=True)
     from pipeoffload.train.job import train
-    from pipeoffload.train.launch import RankFailure
+    from pipeoffload.train.launch import Interrupted, RankFailure
 
     try:
         result = train(cfg, args.resume, verbose=args.verbose)
+    except Interrupted as err:  # SIGINT/SIGTERM before the ranks could save (start-up, a stuck rank)
+        print(f"pipeoffload train: {err}", file=sys.stderr)
+        return 128 + err.signum
     except RankFailure as err:
         print(f"pipeoffload train: {'error' if err.config else 'failed'}: {err}", file=sys.stderr)
         return 2 if err.config else 1

@@ -173,24 +173,30 @@ class Transport:
                 raise self._peer_error(exc, peer, what) from exc
 
     def _peer_error(self, exc: Exception, peer: int, what: str) -> PeerError:
+        """Ranks are named by their global number (the pipeline group's rank differs with dp/tp)."""
         text = " ".join(str(exc).split()).split(". This is typically")[0]
+        g = self.global_name(peer)
         if "timed out" not in text.lower() and "timeout" not in text.lower():
             if self.first_failure() is not None:
-                return PeerError(f"lost the connection to rank {peer}, which exited after the failure below "
-                                 f"({text[:160]})", peer)
-            return PeerError(f"lost the connection to rank {peer}: rank {peer} is dead or exited ({text[:160]})", peer)
-        silent = self.silent_ranks()
+                return PeerError(f"lost the connection to rank {g}, which exited after the failure below "
+                                 f"({text[:160]})", g)
+            return PeerError(f"lost the connection to rank {g}: rank {g} is dead or exited ({text[:160]})", g)
+        silent = [self.global_name(r) for r in self.silent_ranks()]
         if silent:
             names = ", ".join(map(str, silent))
             return PeerError(
-                f"waited {self.seconds:g} s for {what} rank {peer}; rank(s) {names} stopped responding "
+                f"waited {self.seconds:g} s for {what} rank {g}; rank(s) {names} stopped responding "
                 f"(no heartbeat): rank {names} is stuck or dead", silent[0])
         return PeerError(
-            f"waited {self.seconds:g} s for {what} rank {peer}; every rank is still alive, so rank {peer} is itself "
-            "waiting or computing for longer than the timeout (raise timeout=)", peer)
+            f"waited {self.seconds:g} s for {what} rank {g}; every rank is still alive, so rank {g} is itself "
+            "waiting or computing for longer than the timeout (raise timeout=)", g)
+
+    def global_name(self, rank: int) -> int:
+        """The global rank of pipeline-group rank ``rank`` (itself when out of the group's range)."""
+        return self._global[rank] if 0 <= rank < len(self._global) else rank
 
     def silent_ranks(self) -> list[int]:
-        """Ranks whose heartbeat does not move over a few beat intervals (at least 1.5 s): stopped or
+        """Pipeline-group ranks whose heartbeat does not move over a few beat intervals (at least 1.5 s): stopped or
         dead processes."""
         if self._store is None:
             return []

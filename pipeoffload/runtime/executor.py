@@ -333,6 +333,12 @@ class PipelineRunner:
                 f"gradients {sorted(self._grads)}, unsent {sorted(map(str, (Action(*k) for k in self._outbox)))}"
             )
 
+    def _who(self) -> str:
+        """This rank as errors name it: by its global number when that differs from the pipeline's."""
+        name = getattr(self.transport, "global_name", None)
+        g = name(self.rank) if name is not None else self.rank
+        return f"pipeline rank {self.rank}" if g == self.rank else f"rank {g} (pipeline rank {self.rank})"
+
     def _fail(self, exc: Exception, step: int, index: int, action: Any) -> PipelineError:
         if isinstance(action, Action):
             where = f"step {step}, action #{index} {action}"
@@ -342,7 +348,7 @@ class PipelineRunner:
         else:
             where = f"step {step}, {action or 'end of step'}"
             action = None
-        message = f"pipeline rank {self.rank} failed at {where}: {type(exc).__name__}: {exc}"
+        message = f"{self._who()} failed at {where}: {type(exc).__name__}: {exc}"
         first = self.transport.first_failure()
         if first is not None and first != message:
             message += f"\n  first failure in the pipeline: {first}"

@@ -3,18 +3,21 @@
 ``run_ranks(fn, cfg)`` calls ``fn(ctx)`` on every rank with the process group and the device mesh
 set up: under torchrun (``RANK``/``WORLD_SIZE`` in the environment) in this process, with
 ``cfg.nproc > 1`` in that many spawned processes (``pipeoffload.runtime.launch.spawn``: gloo on CPU),
-else in this process as a one-rank group. The launcher forwards SIGINT/SIGTERM to spawned ranks,
-which finish their step, save and exit.
+else in this process as a one-rank group. The launcher supervises spawned ranks (see
+``runtime.launch.spawn``): a failed, killed or stopped rank ends the run within ``GRACE`` seconds,
+naming it; SIGINT/SIGTERM are forwarded to the ranks, which finish their step, save and exit (or
+are killed ``STOP_GRACE`` seconds later: ``Interrupted``); ranks die with the launcher.
 """
 from __future__ import annotations
 
 import datetime
 import logging
-import multiprocessing as mp
 import os
 import signal
+import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,8 @@ from pipeoffload.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 RankFn = Callable[..., Any]
+GRACE = 5.0  # seconds the other ranks get to exit (naming the failure themselves) once one has failed
+STOP_GRACE = 10.0  # seconds the ranks get to save and exit after SIGINT/SIGTERM
 LOG_FORMAT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
 
 
@@ -61,8 +66,15 @@ def _rank_entry(rank: int, world: int, fn: RankFn, cfg: TrainConfig, args: tuple
     if _cuda() and (dist.get_backend() == "nccl" or world == 1):  # one GPU per local rank
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    ctx = build_context(cfg.dp, cfg.pp, cfg.tp, device)
-    return fn(ctx, cfg, *args)
+    log.info("rank %d of %d: pid %d on %s", rank, world, os.getpid(), socket.gethostname())
+    ctx = build_context(cfg.dp, cfg.pp, cfg.tp, device, timeout=cfg.timeout)
+    try:
+        return fn(ctx, cfg, *args)
+    except BaseException as exc:  # train.log keeps every rank's own error (the launcher shows one)
+        log.error("%s: %s", type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+        raise
+    finally:
+        ctx.close()
 
 
 def _cuda() -> bool:
@@ -79,6 +91,14 @@ def run_ranks(fn: RankFn, cfg: TrainConfig, args: tuple = (), *, verbose: bool =
     if cfg.world > 1:
         return _spawned(fn, cfg, args, verbose)
     return [_single(fn, cfg, args, verbose)]
+
+
+class Interrupted(RuntimeError):
+    """The run was stopped by SIGINT/SIGTERM before its ranks could finish (e.g. during start-up)."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.signum = signum
 
 
 class RankFailure(RuntimeError):
@@ -115,8 +135,11 @@ def _torchrun(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
         run_dir = Path(cfg.out) if cfg.out else None
         setup_logging(rank, run_dir, verbose)
         torch.manual_seed(cfg.seed)
-        ctx = build_context(cfg.dp, cfg.pp, cfg.tp, device)
-        return fn(ctx, cfg, *args)
+        ctx = build_context(cfg.dp, cfg.pp, cfg.tp, device, timeout=cfg.timeout)
+        try:
+            return fn(ctx, cfg, *args)
+        finally:
+            ctx.close()
     finally:
         dist.destroy_process_group()
 
@@ -124,30 +147,27 @@ def _torchrun(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
 def _spawned(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> list[Any]:
     from pipeoffload.runtime.launch import spawn
 
-    def forward(signum: int, _frame: Any) -> None:  # the ranks save and exit; we wait for them
-        for child in mp.active_children():
-            if child.pid:
-                os.kill(child.pid, signal.SIGTERM)
+    result = spawn(_rank_entry, cfg.world, (fn, cfg, args, verbose), timeout=cfg.timeout,
+                   deadline=10 * 365 * 86400.0, backend="nccl" if _cuda() else "gloo", grace=GRACE,
+                   forward_signals=True, stop_grace=STOP_GRACE)
+    if result.ok:
+        return result.results
+    if result.interrupted:
+        name = signal.Signals(result.interrupted).name
+        raise Interrupted(result.interrupted, f"interrupted ({name}) before the ranks could save; the last "
+                                              "checkpoint, if any, is intact")
+    message = result.summary()
+    _note_in_log(cfg, message)
+    raise RankFailure(message)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+
+def _note_in_log(cfg: TrainConfig, message: str) -> None:
+    """The launcher's verdict as the last line of the run's ``train.log``."""
+    path = Path(cfg.out) / "train.log" if cfg.out else None
+    if path is None or not path.parent.is_dir():
+        return
     try:
-        result = spawn(_rank_entry, cfg.world, (fn, cfg, args, verbose), timeout=cfg.timeout,
-                       deadline=10 * 365 * 86400.0, backend="nccl" if _cuda() else "gloo")
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    if not result.ok:
-        raise RankFailure(_first_error(result.errors, result.exitcodes))
-    return result.results
-
-
-def _first_error(errors: list[str | None], codes: list[int | None]) -> str:
-    """The most informative failure: a rank's own error before peers' consequences."""
-    found = [(r, e) for r, e in enumerate(errors) if e]
-    if not found:
-        return f"ranks exited with codes {codes}"
-    for r, e in found:  # a ConfigError anywhere is the user's problem: say it
-        if e.startswith("ConfigError"):
-            return f"rank {r}: {e.splitlines()[0]}"
-    r, e = found[0]
-    return f"rank {r}: {e.splitlines()[0]}"
+        with open(path, "a") as fh:
+            fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [launcher] ERROR run failed: {message}\n")
+    except OSError:
+        pass

@@ -95,9 +95,12 @@ class Trainer:
         t0 = time.perf_counter()
         with self._autocast():
             loss = self.runner.step(inputs, targets)
-        average_gradients(self.params, ctx.dp_group, ctx.dp)
+        with ctx.collective(f"averaging the gradients of step {step} over the data-parallel group"):
+            average_gradients(self.params, ctx.dp_group, ctx.dp)
         board = self._measurements(loss, self.runner.trace)
-        norm = global_grad_norm(self.named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device, riders=board.view(-1))
+        with ctx.collective(f"reducing the gradient norm of step {step} over every rank"):
+            norm = global_grad_norm(self.named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device,
+                                    riders=board.view(-1))
         clip_gradients(self.params, norm, cfg.clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -161,7 +164,7 @@ class Trainer:
         for m in modules:
             m.eval()
         try:
-            with self._autocast():
+            with self._autocast(), ctx.collective(f"evaluating after step {self.step} (pipeline forward)"):
                 for inputs, targets in self.batches.val(ctx.dp_rank):
                     for value in self._forward_only(inputs, targets):
                         total += value
@@ -171,7 +174,8 @@ class Trainer:
                 m.train()
         contrib = torch.tensor([total / count if count and ctx.tp_rank == 0 else 0.0], dtype=torch.float64,
                                device=ctx.device)  # NCCL reduces device tensors only
-        dist.all_reduce(contrib)
+        with ctx.collective(f"reducing the validation loss after step {self.step}"):
+            dist.all_reduce(contrib)
         return float(contrib[0]) / ctx.dp
 
     def _forward_only(self, inputs: Any, targets: Any) -> list[float]:
@@ -213,15 +217,18 @@ class Trainer:
 
     # ---- the run -----------------------------------------------------------------------------------
     def resume(self, path: Path) -> None:
-        info = checkpoint.load(path, self.named, self.opt, self.ctx.rank, self.ctx.world)
+        with self.ctx.collective(f"loading checkpoint {path.name}"):
+            info = checkpoint.load(path, self.named, self.opt, self.ctx.rank, self.ctx.world)
         self.step = int(info["step"])
         log.info("resumed from %s at step %d", path, self.step)
 
     def save(self) -> Path:
         assert self.run_dir is not None
-        path = checkpoint.save(self.run_dir, self.step, self.cfg, self.named, self.opt, self.ctx.rank,
-                               self.ctx.world, {})
-        log.info("saved checkpoint %s", path)
+        with self.ctx.collective(f"saving the checkpoint of step {self.step}"):
+            path = checkpoint.save(self.run_dir, self.step, self.cfg, self.named, self.opt, self.ctx.rank,
+                                   self.ctx.world, {})
+        if self.ctx.is_main:
+            log.info("saved checkpoint %s", path)
         return path
 
     def _install_signals(self) -> Callable[[], None]:
@@ -259,9 +266,10 @@ class Trainer:
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix_str(_postfix(record))
-                log.info("step %d loss %.4f%s lr %.3g tokens/s %.0f peak act %s", record["step"], record["loss"],
-                         "" if record["val_loss"] is None else f" val {record['val_loss']:.4f}", record["lr"],
-                         record["tokens_per_s"], max(record["peak_act_bytes"]))
+                if ctx.is_main:  # one line per step in train.log (every rank has the same record)
+                    log.info("step %d loss %.4f%s lr %.3g tokens/s %.0f peak act %s", record["step"], record["loss"],
+                             "" if record["val_loss"] is None else f" val {record['val_loss']:.4f}", record["lr"],
+                             record["tokens_per_s"], max(record["peak_act_bytes"]))
                 stopped = self._peer_stop
                 if self.run_dir and (self.step % cfg.save_every == 0 or self.step == end or stopped):
                     self.save()

@@ -2,14 +2,27 @@
 
 Global rank = (dp_index * pp + pp_index) * tp + tp_index: tensor-parallel peers are adjacent (on one
 node under torchrun's usual numbering), then pipeline ranks, then data-parallel replicas.
+
+Every group of the mesh gets the run's timeout (``init_device_mesh`` would otherwise give its
+sub-groups torch's default of 30 minutes, so a data-parallel all-reduce with a stopped peer never
+failed). A heartbeat per rank in the default store lets a failed collective name the peer that
+stopped responding by its global rank (``RankContext.peer_failure``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import datetime
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -27,6 +40,7 @@ class RankContext:
     dp_group: Any
     pp_group: Any
     tp_group: Any
+    heartbeat: Heartbeat | None = field(default=None, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -34,6 +48,89 @@ class RankContext:
 
     def tp_mesh(self) -> Any:
         return self.mesh["tp"]
+
+    def close(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.close()
+
+    @contextlib.contextmanager
+    def collective(self, what: str) -> Iterator[None]:
+        """Run a collective of the training loop; a failure (a timeout, a lost peer) is re-raised as
+        ``PeerFailure`` naming this rank, ``what`` was being done and the silent ranks."""
+        from pipeoffload.runtime.executor import PipelineError
+
+        try:
+            yield
+        except (PipelineError, PeerFailure):
+            raise
+        except RuntimeError as exc:
+            if not _is_peer_error(exc):
+                raise
+            raise self.peer_failure(exc, what) from exc
+
+    def peer_failure(self, exc: BaseException, what: str) -> PeerFailure:
+        text = " ".join(str(exc).split()).split(". This is typically")[0][:200]
+        silent = self.heartbeat.silent() if self.heartbeat is not None else []
+        if silent:
+            names = ", ".join(map(str, silent))
+            why = f"rank(s) {names} stopped responding (no heartbeat): rank {silent[0]} is stuck or dead"
+        else:
+            why = "a peer exited or failed first (see its error)"
+        return PeerFailure(f"rank {self.rank} failed while {what}: {why} ({text})", silent)
+
+
+class PeerFailure(RuntimeError):
+    """A collective of the training loop failed because a peer is stuck or gone; ``silent``: the
+    global ranks whose heartbeat stopped."""
+
+    def __init__(self, message: str, silent: list[int]) -> None:
+        super().__init__(message)
+        self.silent = silent
+
+
+def _is_peer_error(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(w in text for w in ("timed out", "timeout", "connection", "broken pipe", "peer"))
+
+
+class Heartbeat:
+    """A counter per global rank in the default store, bumped by a thread; ranks whose counter does
+    not move over a few intervals are silent (stopped or dead)."""
+
+    def __init__(self, rank: int, world: int, interval: float) -> None:
+        from pipeoffload.runtime.comm import _default_store, _heartbeat
+
+        self.rank, self.world, self.interval = rank, world, interval
+        self._store = _default_store()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self._store is not None:
+            self._thread = threading.Thread(target=_heartbeat, args=(self._store, self._key(rank), interval, self._stop),
+                                            name="pipeoffload-rank-heartbeat", daemon=True)
+            self._thread.start()
+
+    @staticmethod
+    def _key(rank: int) -> str:
+        return f"pipeoffload/world/beat/{rank}"
+
+    def silent(self) -> list[int]:
+        if self._store is None:
+            return []
+        keys = [self._key(r) for r in range(self.world)]
+        try:
+            before = [self._store.add(k, 0) for k in keys]
+            time.sleep(max(3 * self.interval, 1.5))  # a loaded machine may delay a beat or two
+            after = [self._store.add(k, 0) for k in keys]
+        except Exception:  # noqa: BLE001 - best effort: the store may be gone with a dead peer
+            log.debug("could not read heartbeats", exc_info=True)
+            return []
+        return [r for r, (b, a) in enumerate(zip(before, after)) if a == b and r != self.rank]
+
+    def close(self) -> None:
+        """Stop beating and join the thread (no store call may be cut off by the group's destruction)."""
+        self._stop.set()
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout=max(5.0, 4 * self.interval))
 
 
 def coordinates(rank: int, pp: int, tp: int) -> tuple[int, int, int]:
@@ -43,14 +140,29 @@ def coordinates(rank: int, pp: int, tp: int) -> tuple[int, int, int]:
     return dp_index, pp_index, tp_index
 
 
-def build_context(dp: int, pp: int, tp: int, device: torch.device) -> RankContext:
-    """The mesh over the initialised default process group (its size must be dp*pp*tp)."""
+def group_options(timeout: float) -> Any:
+    """Process-group options of the default group's backend carrying ``timeout`` (seconds)."""
+    backend = str(dist.get_backend())
+    opts = dist.ProcessGroupNCCL.Options() if "nccl" in backend else \
+        dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    opts._timeout = datetime.timedelta(seconds=timeout)
+    return backend, opts
+
+
+def build_context(dp: int, pp: int, tp: int, device: torch.device, timeout: float | None = None) -> RankContext:
+    """The mesh over the initialised default process group (its size must be dp*pp*tp); with
+    ``timeout`` every group of the mesh bounds its waits by it (else torch's default)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != dp * pp * tp:
         raise RuntimeError(f"world size {world} != dp*pp*tp = {dp}*{pp}*{tp}")
-    mesh = init_device_mesh(device.type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
+    override: Any = None
+    if timeout is not None:
+        override = {name: group_options(timeout) for name in ("dp", "pp", "tp")}
+    mesh = init_device_mesh(device.type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"),
+                            backend_override=override)
     d, p, t = coordinates(rank, pp, tp)
+    beat = Heartbeat(rank, world, min(1.0, max(0.05, (timeout or 120.0) / 20))) if world > 1 else None
     return RankContext(rank, world, device, dp, pp, tp, d, p, t, mesh,
-                       mesh["dp"].get_group(), mesh["pp"].get_group(), mesh["tp"].get_group())
+                       mesh["dp"].get_group(), mesh["pp"].get_group(), mesh["tp"].get_group(), beat)

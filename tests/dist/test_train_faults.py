@@ -1,0 +1,111 @@
+"""Faults of a running `pipeoffload train` (4 gloo ranks): a stopped or killed rank, Ctrl-C, a killed
+launcher. Every process must exit within --timeout plus a few seconds, naming the rank by its global
+number; nothing may be left running or behind."""
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from faults import Run, alive, kill_quietly, wait_dead
+
+pytestmark = pytest.mark.dist
+
+TIMEOUT = 20  # --timeout: generous for start-up on a loaded 2-core machine
+BOUND = TIMEOUT + 10  # every process gone this long after the fault (the issue's promise)
+
+
+@pytest.mark.parametrize("how,rank,layout", [
+    ("stop", 1, ["--pp", "2", "--dp", "2"]),  # its pipeline peer 0 and its data-parallel peer 3 wait on it
+    ("kill", 2, ["--pp", "2", "--dp", "2"]),
+    ("stop", 3, ["--pp", "2", "--tp", "2"]),  # a tensor-parallel peer
+])
+def test_a_stopped_or_killed_rank_ends_the_run_naming_it(tmp_path: Path, how: str, rank: int, layout: list[str]) -> None:
+    run = Run(tmp_path, tmp_path / "run", "--nproc", "4", *layout, "--steps", "100000", "--save-every", "100000",
+              "--timeout", str(TIMEOUT))
+    run.wait_steps(2)
+    pids = run.pids()
+    assert sorted(pids) == [0, 1, 2, 3], run.output()
+    hit = time.monotonic()
+    kill_quietly(pids[rank]) if how == "kill" else __import__("os").kill(pids[rank], signal.SIGSTOP)
+    code = run.wait()
+    took = time.monotonic() - hit
+    try:
+        assert code == 1, run.output()
+        assert took < BOUND, (took, run.output())
+        assert not [p for p in pids.values() if alive(p)], run.output()
+        last = run.last_error_line()
+        assert f"rank {rank} " in last and ("stopped" if how == "stop" else "SIGKILL") in last, run.output()
+        assert "Traceback" not in run.stderr.read_text(), run.output()
+        assert not run.store_folders()
+        log = (run.out / "train.log").read_text()
+        assert "[launcher] ERROR run failed" in log and f"rank {rank} " in log.splitlines()[-1]
+    finally:
+        for p in pids.values():
+            kill_quietly(p)
+
+
+def test_ctrl_c_with_a_stopped_rank_stops_everything(tmp_path: Path) -> None:
+    """The hang of the issue: one rank stopped, then Ctrl-C. The ranks cannot finish their step, so
+    the launcher kills them after its 10 s grace: exit 130, 'interrupted'."""
+    run = Run(tmp_path, tmp_path / "run", "--nproc", "4", "--pp", "2", "--dp", "2", "--steps", "100000",
+              "--save-every", "100000", "--timeout", "300")
+    run.wait_steps(2)
+    pids = run.pids()
+    __import__("os").kill(pids[1], signal.SIGSTOP)
+    time.sleep(1)
+    hit = run.signal(signal.SIGINT)
+    code = run.wait()
+    took = time.monotonic() - hit
+    try:
+        assert code == 130, run.output()
+        assert took < 25, (took, run.output())  # the launcher's grace is 10 s
+        assert "interrupted" in run.last_error_line(), run.output()
+        assert "Traceback" not in run.stderr.read_text(), run.output()
+        assert not [p for p in pids.values() if alive(p)], run.output()
+    finally:
+        for p in pids.values():
+            kill_quietly(p)
+
+
+def test_ctrl_c_saves_and_exits_130(tmp_path: Path) -> None:
+    run = Run(tmp_path, tmp_path / "run", "--nproc", "2", "--pp", "2", "--steps", "100000", "--save-every", "100000")
+    run.wait_steps(2)
+    run.signal(signal.SIGINT)
+    code = run.wait()
+    assert code == 130, run.output()
+    out = run.stdout.read_text()
+    assert "interrupted" in out and "--resume" in out, run.output()
+    assert "Traceback" not in run.stderr.read_text() and "KeyboardInterrupt" not in run.stderr.read_text()
+
+
+def test_sigterm_during_start_up_says_interrupted(tmp_path: Path) -> None:
+    run = Run(tmp_path, tmp_path / "run", "--nproc", "2", "--pp", "2", "--steps", "100000")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (run.out / "train.log").is_file():  # ranks are starting
+        time.sleep(0.05)
+    run.signal(signal.SIGTERM)
+    code = run.wait()
+    assert code == 128 + signal.SIGTERM, run.output()
+    assert "interrupted" in run.last_error_line() and "codes" not in run.last_error_line(), run.output()
+    assert "Traceback" not in run.stderr.read_text(), run.output()
+
+
+def test_killing_the_launcher_ends_its_ranks_and_leaves_no_store_folder(tmp_path: Path) -> None:
+    run = Run(tmp_path, tmp_path / "run", "--nproc", "4", "--pp", "2", "--dp", "2", "--steps", "100000",
+              "--save-every", "100000")
+    run.wait_steps(2)
+    pids = run.pids()
+    assert run.store_folders()  # the spawned ranks' FileStore folder, under this run's TMPDIR
+    run.proc.kill()
+    run.proc.wait()
+    try:
+        assert wait_dead(list(pids.values()), 10) == []
+        steps = run.steps()
+        time.sleep(2)
+        assert run.steps() == steps  # nobody trains on, unsupervised
+        assert not run.store_folders()
+    finally:
+        for p in pids.values():
+            kill_quietly(p)
