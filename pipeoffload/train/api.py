@@ -25,6 +25,7 @@ ranks are spawned processes. The run directory gets metrics.jsonl, checkpoints a
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,14 +58,17 @@ def train_model(cfg: TrainConfig, layers: Callable[[], Sequence[Any]], loss_fn: 
     from pipeoffload.train import checkpoint
     from pipeoffload.train.job import prepare_run
     from pipeoffload.train.launch import run_ranks, under_torchrun
+    from pipeoffload.train.runlock import RunLock
 
     cfg = validate(cfg, data_exists=False, gpt=False)
     ckpt = None
-    if cfg.out or resume:
-        cfg, ckpt = prepare_run(cfg, resume, is_main=not under_torchrun() or _rank0())
-    del checkpoint
-    results = run_ranks(_user_rank, cfg, (layers, loss_fn, batches, stage_modules, counts,
-                                          str(ckpt) if ckpt else None), verbose=verbose)
+    main = not under_torchrun() or _rank0()
+    with RunLock(Path(cfg.out)) if cfg.out and main else contextlib.nullcontext():  # one run per directory
+        if cfg.out or resume:
+            cfg, ckpt = prepare_run(cfg, resume, is_main=main)
+        del checkpoint
+        results = run_ranks(_user_rank, cfg, (layers, loss_fn, batches, stage_modules, counts,
+                                              str(ckpt) if ckpt else None), verbose=verbose)
     return results[0]  # type: ignore[no-any-return]
 
 

@@ -5,6 +5,7 @@ tokenizer when asked), verifies a checkpoint to resume from, and only then start
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import replace
@@ -18,6 +19,7 @@ from pipeoffload.fileio import write_atomic
 from pipeoffload.train import checkpoint
 from pipeoffload.train.config import TrainConfig, schedule_options, to_toml
 from pipeoffload.train.launch import under_torchrun
+from pipeoffload.train.runlock import RunLock
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +112,13 @@ def train(cfg: TrainConfig, resume: str | None = None, verbose: bool = False) ->
     from pipeoffload.train.launch import run_ranks
 
     main = not under_torchrun() or os.environ.get("RANK") == "0"
-    cfg, ckpt = prepare_run(cfg, resume, is_main=main)
-    if under_torchrun() and not main:
-        _wait_for(Path(cfg.out) / "config.toml", cfg.timeout)
-    results = run_ranks(gpt_rank, cfg, (str(ckpt) if ckpt else None,), verbose=verbose)
+    if not cfg.out:
+        cfg = replace(cfg, out=default_out())
+    with RunLock(Path(cfg.out)) if main else contextlib.nullcontext():  # one run per run directory
+        cfg, ckpt = prepare_run(cfg, resume, is_main=main)
+        if under_torchrun() and not main:
+            _wait_for(Path(cfg.out) / "config.toml", cfg.timeout)
+        results = run_ranks(gpt_rank, cfg, (str(ckpt) if ckpt else None,), verbose=verbose)
     first = results[0]
     first["out"] = cfg.out
     return first  # type: ignore[no-any-return]

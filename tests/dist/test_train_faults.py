@@ -109,3 +109,19 @@ def test_killing_the_launcher_ends_its_ranks_and_leaves_no_store_folder(tmp_path
     finally:
         for p in pids.values():
             kill_quietly(p)
+
+
+def test_a_second_run_on_the_same_out_is_refused(tmp_path: Path) -> None:
+    first = Run(tmp_path, tmp_path / "run", "--nproc", "2", "--pp", "2", "--steps", "100000", "--seed", "0")
+    first.wait_steps(2)
+    try:
+        second = Run(tmp_path / "b", tmp_path / "run", "--nproc", "2", "--pp", "2", "--steps", "100000",
+                     "--seed", "1")
+        assert second.wait() == 2, second.output()
+        lines = second.stderr.read_text().strip().splitlines()
+        assert len(lines) == 1 and f"pid {first.proc.pid} on host" in lines[0], second.output()
+        assert "seed = 0" in (first.out / "config.toml").read_text()  # nothing of the second run written
+        assert first.proc.poll() is None
+    finally:
+        first.signal(signal.SIGTERM)
+        first.wait()
