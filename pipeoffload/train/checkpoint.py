@@ -67,9 +67,9 @@ def verify(path: Path) -> dict[str, Any]:
                           "checkpoint; delete it to resume from the previous one")
     try:
         manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError) as err:
+    except (ValueError, UnicodeDecodeError) as err:
         raise ConfigError(f"checkpoint {str(path)!r}: {MANIFEST} is corrupted ({err})") from None
+    files = _check_manifest(manifest, path)
     for name, digest in files.items():
         f = path / name
         if not f.is_file():
@@ -78,6 +78,35 @@ def verify(path: Path) -> dict[str, Any]:
             raise ConfigError(f"checkpoint {str(path)!r}: file {name} does not match its checksum (corrupted or "
                               "truncated); delete the checkpoint to resume from the previous one")
     return manifest  # type: ignore[no-any-return]
+
+
+def _check_manifest(manifest: Any, path: Path) -> dict[str, str]:
+    """The structure ``save`` writes, and every file a checkpoint of ``world`` ranks must have listed
+    (an edited manifest must not hide a deleted shard)."""
+    def bad(what: str) -> ConfigError:
+        return ConfigError(f"checkpoint {str(path)!r}: {MANIFEST} is not a pipeoffload manifest ({what}); "
+                           "delete the checkpoint to resume from the previous one")
+
+    if not isinstance(manifest, dict):
+        raise bad(f"a JSON {type(manifest).__name__}, not an object")
+    for key, kind in (("step", int), ("world", int), ("files", dict), ("fingerprint", dict)):
+        value = manifest.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise bad(f"key {key!r} is {value!r}, not {'an integer' if kind is int else 'an object'}")
+    if manifest["step"] < 0 or manifest["world"] < 1:
+        raise bad(f"step={manifest['step']}, world={manifest['world']}")
+    files = manifest["files"]
+    for name, digest in files.items():
+        if not isinstance(digest, str) or "/" in name or name in ("", ".", ".."):
+            raise bad(f"files entry {name!r}: {digest!r}")
+    world = manifest["world"]
+    needed = [".metadata", "trainer.json"] + [f"__{r}_0.distcp" for r in range(world)]
+    needed += [f"rng-rank{r}.pt" for r in range(world)]
+    for name in needed:
+        if name not in files:
+            raise ConfigError(f"checkpoint {str(path)!r}: {MANIFEST} does not list {name}, which a checkpoint of "
+                              f"{world} ranks has: edited or incomplete; delete it to resume from the previous one")
+    return files
 
 
 def check_compatible(manifest: dict[str, Any], cfg: TrainConfig, path: Path) -> None:
@@ -109,11 +138,26 @@ def optim_state(named: dict[str, Any], opt: Any) -> dict[str, Any]:
 
 
 def rng_state() -> dict[str, Any]:
+    """Every random-number state of this process as tensors only (``torch.load(weights_only=True)``
+    reads them back: a checkpoint folder cannot run code)."""
     import torch
 
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    kind, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
+    version, internal, gauss_next = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy.key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
+        "numpy.rest": torch.tensor([pos, has_gauss], dtype=torch.int64),
+        "numpy.gauss": torch.tensor([gauss], dtype=torch.float64),
+        "python.version": torch.tensor([version], dtype=torch.int64),
+        "python.internal": torch.tensor(internal, dtype=torch.int64),
+        "python.gauss": torch.tensor([0.0 if gauss_next is None else gauss_next, gauss_next is not None],
+                                     dtype=torch.float64),
+    }
+    assert kind == "MT19937"
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        for i, t in enumerate(torch.cuda.get_rng_state_all()):
+            state[f"cuda.{i}"] = t
     return state
 
 
@@ -121,10 +165,34 @@ def set_rng_state(state: dict[str, Any]) -> None:
     import torch
 
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    rest = state["numpy.rest"].tolist()
+    np.random.set_state(("MT19937", state["numpy.key"].numpy().astype(np.uint32), int(rest[0]), int(rest[1]),
+                         float(state["numpy.gauss"][0])))
+    gauss, has = state["python.gauss"].tolist()
+    random.setstate((int(state["python.version"][0]), tuple(int(x) for x in state["python.internal"].tolist()),
+                     gauss if has else None))
+    cuda = [state[k] for k in sorted(k for k in state if k.startswith("cuda."))]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def load_rng(path: Path) -> dict[str, Any] | None:
+    """The states saved in ``path``, read as plain tensors; ``None`` (with a warning) for a file of
+    the old pickled format, which is not unpickled because that could run code."""
+    import pickle
+
+    import torch
+
+    try:
+        state: dict[str, Any] = torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, TypeError) as err:
+        log.warning("%s holds random-number states in the old pickled format, which is not loaded (it could run "
+                    "code): they start from the seed (%s)", path, str(err).strip().splitlines()[0][:120])
+        return None
+    if not isinstance(state, dict) or "torch" not in state or "python.internal" not in state:
+        log.warning("%s holds no random-number states of this format: they start from the seed", path)
+        return None
+    return state
 
 
 # ---- save / load (collective: every rank calls) ----------------------------------------------------
@@ -165,7 +233,6 @@ def save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any], opt:
 
 def load(path: Path, named: dict[str, Any], opt: Any, rank: int, world: int) -> dict[str, Any]:
     """Load into this rank's parameters and optimizer state (DCP reshards); returns ``trainer.json``."""
-    import torch
     import torch.distributed.checkpoint as dcp
 
     state = {**model_state(named), **optim_state(named, opt)}
@@ -177,7 +244,9 @@ def load(path: Path, named: dict[str, Any], opt: Any, rank: int, world: int) -> 
     info: dict[str, Any] = json.loads((path / "trainer.json").read_text())
     rng_file = path / f"rng-rank{rank}.pt"
     if info.get("world") == world and rng_file.is_file():
-        set_rng_state(torch.load(rng_file, weights_only=False))
+        state = load_rng(rng_file)
+        if state is not None:
+            set_rng_state(state)
     else:
         log.warning("checkpoint written by %s ranks, now %d: random-number states start from the seed",
                     info.get("world"), world)

@@ -86,6 +86,36 @@ def test_corrupted_checkpoint_is_refused_with_exit_2(runs: dict[str, Path], tmp_
     assert ("checksum" in lines[0]) if damage == "truncate" else ("manifest.json" in lines[0])
 
 
+@pytest.mark.parametrize("edit,named", [
+    (lambda m: [], "JSON list"),
+    (lambda m: {**m, "files": list(m["files"])}, "'files'"),
+    (lambda m: {**m, "step": str(m["step"])}, "'step'"),
+    (lambda m: {**m, "files": {k: v for k, v in m["files"].items() if k != "__0_0.distcp"}}, "__0_0.distcp"),
+])
+def test_a_malformed_or_edited_manifest_is_refused_in_one_line(runs: dict[str, Path], tmp_path: Path, edit,
+                                                                named: str) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(runs["stopped"], run)
+    last = list_checkpoints(run)[-1]
+    manifest = json.loads((last / "manifest.json").read_text())
+    if named == "__0_0.distcp":
+        (last / named).unlink()  # a deleted shard, hidden by the edited manifest
+    (last / "manifest.json").write_text(json.dumps(edit(manifest)))
+    done = cli("--resume", str(run))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "manifest.json" in lines[0] and named in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_random_states_are_tensors_loaded_without_unpickling_code(runs: dict[str, Path]) -> None:
+    import torch
+
+    rng = list_checkpoints(runs["stopped"])[-1] / "rng-rank0.pt"
+    state = torch.load(rng, weights_only=True)  # raises for anything but tensors and plain containers
+    assert all(isinstance(v, torch.Tensor) for v in state.values())
+
+
 def test_sigterm_saves_a_complete_checkpoint_and_exits(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "pipeoffload", "train", *SMALL, "--steps", "500",
