@@ -244,9 +244,9 @@ def load(path: Path, named: dict[str, Any], opt: Any, rank: int, world: int) -> 
     info: dict[str, Any] = json.loads((path / "trainer.json").read_text())
     rng_file = path / f"rng-rank{rank}.pt"
     if info.get("world") == world and rng_file.is_file():
-        state = load_rng(rng_file)
-        if state is not None:
-            set_rng_state(state)
+        saved = load_rng(rng_file)
+        if saved is not None:
+            set_rng_state(saved)
     else:
         log.warning("checkpoint written by %s ranks, now %d: random-number states start from the seed",
                     info.get("world"), world)
