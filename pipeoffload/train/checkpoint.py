@@ -11,6 +11,7 @@ The data position is the step number (see ``data``); the LR schedule is a functi
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -196,26 +197,101 @@ def load_rng(path: Path) -> dict[str, Any] | None:
 
 
 # ---- save / load (collective: every rank calls) ----------------------------------------------------
+class SaveError(RuntimeError):
+    """A checkpoint could not be written (every rank raises it); the partial save was removed."""
+
+
+_OK, _FAILED, _DISK_FULL = 0.0, 1.0, 2.0
+MARGIN = 1.1  # a save needs this times its estimated size free (DCP's metadata, file-system blocks)
+
+
+def state_bytes(state: dict[str, Any]) -> int:
+    """Bytes of this rank's tensors in ``state`` (a DTensor counts its local shard)."""
+    from pipeoffload.train.optim import local_tensor
+
+    return sum(local_tensor(v).numel() * local_tensor(v).element_size() for v in state.values()
+               if hasattr(v, "element_size"))
+
+
+def checkpoint_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file()) if path.is_dir() else 0
+
+
+def estimated_bytes(run_dir: Path, total_state_bytes: int) -> int:
+    """What the next save will take: the previous checkpoint's size, or the state's bytes summed over
+    the ranks before the first (replicas are written once, so that over-counts with dp > 1)."""
+    found = list_checkpoints(run_dir)
+    return checkpoint_bytes(found[-1]) if found else total_state_bytes
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps: DCP gathers the ranks' errors) is ENOSPC."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    text = f"{exc} {getattr(exc, 'failures', '')!r}"
+    return "No space left on device" in text or "Errno 28" in text
+
+
+def _agree(code: float, device: Any) -> float:
+    """The worst outcome over every rank (a collective: also a barrier)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([code], dtype=torch.float64, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return float(flag[0])
+
+
+def _attempt(work: Any) -> tuple[float, BaseException | None]:
+    try:
+        work()
+    except Exception as exc:  # noqa: BLE001 - every rank learns of it through _agree, then all raise
+        return (_DISK_FULL if _disk_full(exc) else _FAILED), exc
+    return _OK, None
+
+
 def save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any], opt: Any, rank: int, world: int,
          extra: dict[str, Any]) -> Path:
-    """Write the checkpoint of ``step`` atomically and keep the newest ``cfg.keep``."""
+    """Write the checkpoint of ``step`` atomically and keep the newest ``cfg.keep``.
+
+    Free space is checked first (``estimated_bytes``); a save that fails on any rank (a full disk,
+    above all) is removed on every rank's behalf, and every rank raises ``SaveError`` saying what
+    happened: the last complete checkpoint stays as it was."""
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     final = step_dir(run_dir, step)
     tmp = final.parent / f".tmp-{final.name}"
-    if rank == 0:
-        final.parent.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else None
+    state = {**model_state(named), **optim_state(named, opt)}
+    total = torch.tensor([float(state_bytes(state))], dtype=torch.float64, device=device)
+    dist.all_reduce(total)
+    need = int(MARGIN * estimated_bytes(run_dir, int(total[0]))) + (64 << 10)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(final.parent).free
+    if _agree(_DISK_FULL if free < need else _OK, device) != _OK:
+        raise SaveError(_message(run_dir, step, True, need, free))
+
+    def prepare() -> None:
         for stale in final.parent.glob(".tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
-    dist.barrier()
-    state = {**model_state(named), **optim_state(named, opt)}
-    dcp.save(state, checkpoint_id=str(tmp))
-    torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
-    dist.barrier()
-    if rank == 0:
+
+    code, exc = _attempt(prepare) if rank == 0 else (_OK, None)
+    _check(_agree(code, device), exc, run_dir, step, tmp, rank)
+
+    def write() -> None:
+        dcp.save(state, checkpoint_id=str(tmp))
+        torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
+
+    code, exc = _attempt(write)
+    _check(_agree(code, device), exc, run_dir, step, tmp, rank)
+
+    def finish() -> None:
         layout = {k: getattr(cfg, k) for k in LAYOUT_KEYS}
         write_atomic(tmp / "trainer.json", json.dumps({"step": step, "world": world, "layout": layout, **extra}))
         files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
@@ -227,8 +303,36 @@ def save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any], opt:
         tmp.rename(final)
         for old in list_checkpoints(run_dir)[:-cfg.keep]:
             shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
+
+    code, exc = _attempt(finish) if rank == 0 else (_OK, None)
+    _check(_agree(code, device), exc, run_dir, step, tmp, rank)
     return final
+
+
+def _check(code: float, exc: BaseException | None, run_dir: Path, step: int, tmp: Path, rank: int) -> None:
+    """After an agreement: on any failure, rank 0 removes the partial save and every rank raises."""
+    if code == _OK:
+        return
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    detail = ""
+    if exc is not None and code != _DISK_FULL:
+        detail = f": {type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+    free = shutil.disk_usage(run_dir).free if run_dir.is_dir() else 0
+    raise SaveError(_message(run_dir, step, code == _DISK_FULL, None, free) + detail) from exc
+
+
+def _message(run_dir: Path, step: int, disk_full: bool, need: int | None, free: int) -> str:
+    found = list_checkpoints(run_dir)
+    last = f"the last complete checkpoint is {found[-1].name}" if found else "no complete checkpoint yet"
+    mib = 1 << 20
+    if disk_full:
+        what = (f"disk full: the checkpoint of step {step} needs about {need / mib:.1f} MiB under "
+                f"{run_dir / 'checkpoints'} and {free / mib:.1f} MiB are free" if need is not None else
+                f"disk full while saving the checkpoint of step {step} under {run_dir / 'checkpoints'} "
+                f"({free / mib:.1f} MiB free); the partial save was removed")
+        return f"{what}; {last}; free some space, then continue with: pipeoffload train --resume {run_dir}"
+    return f"saving the checkpoint of step {step} failed (the partial save was removed; {last})"
 
 
 def load(path: Path, named: dict[str, Any], opt: Any, rank: int, world: int) -> dict[str, Any]:

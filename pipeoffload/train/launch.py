@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipeoffload.errors import ConfigError
 from pipeoffload.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ def setup_logging(rank: int, run_dir: Path | None, verbose: bool = False) -> Non
     err = logging.StreamHandler(sys.stderr)
     err.setLevel(logging.INFO if verbose else logging.WARNING)
     err.setFormatter(fmt)
+    err.addFilter(lambda record: not getattr(record, "file_only", False))  # the launcher reports those
     root.addHandler(err)
     if run_dir is not None and run_dir.is_dir():
         fh = logging.FileHandler(run_dir / "train.log")
@@ -71,7 +73,8 @@ def _rank_entry(rank: int, world: int, fn: RankFn, cfg: TrainConfig, args: tuple
     try:
         return fn(ctx, cfg, *args)
     except BaseException as exc:  # train.log keeps every rank's own error (the launcher shows one)
-        log.error("%s: %s", type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+        log.error("%s: %s", type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+                  extra={"file_only": True})
         raise
     finally:
         ctx.close()
@@ -118,6 +121,11 @@ def _single(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
                                 timeout=datetime.timedelta(seconds=cfg.timeout))
         try:
             return _rank_entry(0, 1, fn, cfg, args, verbose)
+        except ConfigError:
+            raise
+        except Exception as exc:  # reported like a spawned rank's failure: one line, no traceback
+            text = str(exc).strip()
+            raise RankFailure(f"rank 0: {type(exc).__name__}: {text.splitlines()[0] if text else ''}") from exc
         finally:
             dist.destroy_process_group()
             del torch

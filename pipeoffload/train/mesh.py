@@ -58,10 +58,11 @@ class RankContext:
         """Run a collective of the training loop; a failure (a timeout, a lost peer) is re-raised as
         ``PeerFailure`` naming this rank, ``what`` was being done and the silent ranks."""
         from pipeoffload.runtime.executor import PipelineError
+        from pipeoffload.train.checkpoint import SaveError
 
         try:
             yield
-        except (PipelineError, PeerFailure):
+        except (PipelineError, PeerFailure, SaveError):
             raise
         except RuntimeError as exc:
             if not _is_peer_error(exc):
