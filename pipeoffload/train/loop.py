@@ -44,6 +44,10 @@ _HEAD = 8  # measurements before the per-stage slot bytes in a row of the measur
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
+class NonFiniteError(RuntimeError):
+    """The loss or the gradient norm was not finite more often than allowed."""
+
+
 class BatchSource(Protocol):
     """What the loop reads: the step's inputs and targets for one data-parallel replica."""
 
@@ -68,6 +72,7 @@ class Trainer:
         self.sim = SimulatedPeaks(self.runner.schedule)
         self.step = 0
         self.stop_signal = 0
+        self.skipped = 0  # steps whose optimizer step was skipped for a non-finite loss or norm
         self.history: list[dict[str, Any]] = []
 
     def _name_order(self) -> dict[str, int]:
@@ -101,13 +106,17 @@ class Trainer:
         with ctx.collective(f"reducing the gradient norm of step {step} over every rank"):
             norm = global_grad_norm(self.named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device,
                                     riders=board.view(-1))
-        clip_gradients(self.params, norm, cfg.clip)
-        self.opt.step()
+        everyone = self._rows(board)
+        losses = [r["loss"] for r in everyone if r["loss"] is not None]
+        finite = math.isfinite(norm) and all(math.isfinite(x) for x in losses)  # the same on every rank
+        if finite:
+            clip_gradients(self.params, norm, cfg.clip)
+            self.opt.step()
+        else:
+            self._nonfinite(step, math.fsum(losses) / len(losses), norm)
         self.opt.zero_grad(set_to_none=True)
         step_s = time.perf_counter() - t0
         self.step = step
-        everyone = self._rows(board)
-        losses = [r["loss"] for r in everyone if r["loss"] is not None]
         units: dict[int, int] = {}
         for r in everyone:
             for s, b in r["slots"].items():
@@ -125,6 +134,19 @@ class Trainer:
         }
         self._peer_stop = max(r["stop"] for r in everyone)
         return record
+
+    def _nonfinite(self, step: int, loss: float, norm: float) -> None:
+        """A non-finite loss or gradient norm: the optimizer does not step; past the allowed number of
+        skipped steps (``skip_nonfinite``) the run stops before anything non-finite is saved."""
+        self.skipped += 1
+        allowed = int(getattr(self.cfg, "skip_nonfinite", 0))
+        what = f"step {step}: loss {loss:g}, gradient norm {norm:g}: not finite"
+        if self.skipped > allowed:
+            raise NonFiniteError(f"{what}; stopped without saving it (the last checkpoint, if any, is intact); lower "
+                                 f"--lr or raise --clip, or allow skipped steps with --skip-nonfinite N "
+                                 f"({self.skipped - 1} of {allowed} allowed were skipped)")
+        if self.ctx.is_main:
+            log.warning("%s: the optimizer step was skipped (%d of %d allowed)", what, self.skipped, allowed)
 
     def _measurements(self, loss: torch.Tensor | None, trace: Any) -> torch.Tensor:
         """This rank's measurements of the step as row ``rank`` of a (world, width) float64 board of
@@ -222,8 +244,21 @@ class Trainer:
         self.step = int(info["step"])
         log.info("resumed from %s at step %d", path, self.step)
 
+    def _check_finite_parameters(self) -> None:
+        """Refuse to save non-finite weights (an optimizer step can overflow with finite inputs)."""
+        from pipeoffload.train.optim import local_tensor
+
+        bad = any(not bool(torch.isfinite(local_tensor(p.detach())).all()) for p in self.params)
+        flag = torch.tensor([float(bad)], dtype=torch.float64, device=self.ctx.device)
+        with self.ctx.collective(f"checking the parameters of step {self.step}"):
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag[0] > 0:
+            raise NonFiniteError(f"step {self.step}: the parameters are not finite after the optimizer step; stopped "
+                                 "without saving them (the last checkpoint, if any, is intact); lower --lr")
+
     def save(self) -> Path:
         assert self.run_dir is not None
+        self._check_finite_parameters()
         with self.ctx.collective(f"saving the checkpoint of step {self.step}"):
             path = checkpoint.save(self.run_dir, self.step, self.cfg, self.named, self.opt, self.ctx.rank,
                                    self.ctx.world, {})
@@ -260,6 +295,9 @@ class Trainer:
                 record = self.train_step()
                 if self.step % cfg.eval_every == 0 or self.step in (1, cfg.steps):
                     record["val_loss"] = self.evaluate()
+                    if not math.isfinite(record["val_loss"]):
+                        raise NonFiniteError(f"step {self.step}: validation loss {record['val_loss']:g} is not finite: "
+                                             "the parameters overflowed; stopped without saving them; lower --lr")
                 self.history.append(record)
                 if metrics:
                     metrics.write(record)
