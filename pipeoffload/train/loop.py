@@ -326,8 +326,13 @@ class Trainer:
 def _progress(cfg: TrainConfig, ctx: RankContext, initial: int, total: int) -> Any:
     if not (cfg.progress and ctx.is_main):
         return None
+    import threading
+
     from tqdm import tqdm
 
+    # tqdm's default lock includes a multiprocessing semaphore, which a spawned rank ending with
+    # os._exit never releases: the launcher then warned about a leaked semaphore. One process draws.
+    tqdm.set_lock(threading.RLock())
     return tqdm(total=total, initial=initial, file=sys.stderr, desc="train", dynamic_ncols=True, leave=True)
 
 
