@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeoffload.errors import ConfigError
 from pipeoffload.train.config import TrainConfig, validate
 
 
@@ -61,6 +62,8 @@ def train_model(cfg: TrainConfig, layers: Callable[[], Sequence[Any]], loss_fn: 
     from pipeoffload.train.runlock import RunLock
 
     cfg = validate(cfg, data_exists=False, gpt=False)
+    if cfg.world > 1 and not under_torchrun():
+        _check_importable(layers=layers, loss_fn=loss_fn, batches=batches)
     ckpt = None
     main = not under_torchrun() or _rank0()
     with RunLock(Path(cfg.out)) if cfg.out and main else contextlib.nullcontext():  # one run per directory
@@ -70,6 +73,21 @@ def train_model(cfg: TrainConfig, layers: Callable[[], Sequence[Any]], loss_fn: 
         results = run_ranks(_user_rank, cfg, (layers, loss_fn, batches, stage_modules, counts,
                                               str(ckpt) if ckpt else None), verbose=verbose)
     return results[0]  # type: ignore[no-any-return]
+
+
+def _check_importable(**callables: Any) -> None:
+    """Spawned ranks receive each callable by reference (pickled by name): a lambda or a function
+    defined inside another cannot be sent; say so before any rank starts."""
+    import pickle
+
+    for name, fn in callables.items():
+        try:
+            pickle.dumps(fn)
+        except (pickle.PicklingError, AttributeError, TypeError) as err:
+            label = getattr(fn, "__qualname__", type(fn).__name__)
+            raise ConfigError(f"{name}={label!r} cannot be sent to the spawned ranks ({str(err).splitlines()[0]}): "
+                              "it must be importable, i.e. defined at the top level of a module (not a lambda or a "
+                              "function defined inside another)") from None
 
 
 def _rank0() -> bool:

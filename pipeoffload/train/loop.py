@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from pipeoffload.ir import Schedule
 from pipeoffload.runtime import PipelineRunner
-from pipeoffload.runtime.spec import as_inputs, as_tuple, assemble, split_microbatches, tensor_specs
+from pipeoffload.runtime.spec import TensorSpec, as_inputs, assemble, flatten, split_microbatches, tensor_specs
 from pipeoffload.train import checkpoint
 from pipeoffload.train.config import TrainConfig
 from pipeoffload.train.mesh import RankContext
@@ -212,7 +212,7 @@ class Trainer:
         peer = lambda r: dist.get_global_rank(ctx.pp_group, r)  # noqa: E731
         out: list[float] = []
         for mb in range(m):
-            values: tuple = ()
+            values: list = []
             for s in range(runner.num_stages):
                 if placement.rank_of(s) != me:
                     continue
@@ -230,10 +230,13 @@ class Trainer:
                     target = mb_targets[mb]
                     out.append(float(self.loss_fn(result, target if len(target) > 1 else target[0])))
                     continue
-                values = as_tuple(result)
+                # the runner's own boundary format: the output's leaves (any pytree: tuple, dict, ...)
+                # against the spec, only tensor leaves on the wire
+                values, _tree = flatten(result)
                 if placement.rank_of(s + 1) != me:
-                    for v in values:
-                        if isinstance(v, torch.Tensor):
+                    spec = specs[s][mb]
+                    for v, sp in zip(values, spec.leaves):
+                        if isinstance(sp, TensorSpec):
                             dist.send(v.contiguous(), dst=peer(placement.rank_of(s + 1)), group=ctx.pp_group)
         return out
 

@@ -26,3 +26,53 @@ def gpt_params(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     result["params"] = {n: local_tensor(p).detach().clone() for n, p in trainer.named.items()}
     result["coords"] = (ctx.dp_rank, ctx.pp_rank, ctx.tp_rank)
     return result
+
+
+# ---- train_model with values that are not plain tensors between stages -----------------------------
+class _ToDict(__import__("torch").nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        import torch
+
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: Any) -> dict[str, Any]:
+        return {"h": self.lin(x), "skip": x}
+
+
+class _FromDict(__import__("torch").nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        import torch
+
+        self.lin = torch.nn.Linear(8, 4)
+
+    def forward(self, d: dict[str, Any]) -> Any:
+        return self.lin(d["h"] + d["skip"])
+
+
+def dict_layers() -> list[Any]:
+    import torch
+
+    torch.manual_seed(0)
+    return [_ToDict(), _FromDict()]
+
+
+class RandomBatches:
+    tokens_per_sample = 1
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+
+    def _batch(self, seed: int) -> tuple[Any, Any]:
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(self.cfg.global_batch // self.cfg.dp, 8, generator=g), \
+            torch.randint(0, 4, (self.cfg.global_batch // self.cfg.dp,), generator=g)
+
+    def train(self, step: int, dp_rank: int) -> tuple[Any, Any]:
+        return self._batch(1000 * step + dp_rank)
+
+    def val(self, dp_rank: int) -> list[tuple[Any, Any]]:
+        return [self._batch(10**6 + dp_rank)]
