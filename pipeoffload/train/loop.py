@@ -139,7 +139,7 @@ class Trainer:
         """A non-finite loss or gradient norm: the optimizer does not step; past the allowed number of
         skipped steps (``skip_nonfinite``) the run stops before anything non-finite is saved."""
         self.skipped += 1
-        allowed = int(getattr(self.cfg, "skip_nonfinite", 0))
+        allowed = _skip_allowed(self.cfg)
         what = f"step {step}: loss {loss:g}, gradient norm {norm:g}: not finite"
         if self.skipped > allowed:
             raise NonFiniteError(f"{what}; stopped without saving it (the last checkpoint, if any, is intact); lower "
@@ -324,6 +324,15 @@ class Trainer:
         self.runner.close()  # its heartbeat thread ends before the process group is destroyed
         return {"rank": ctx.rank, "step": self.step, "history": self.history if ctx.is_main else [],
                 "interrupted": stopped, "saved_at": saved_at}
+
+
+def _skip_allowed(cfg: Any) -> int:
+    """``skip_nonfinite`` of the config (its optimizer section, or a flat key), 0 where it has none."""
+    for holder in (getattr(cfg, "optim", None), cfg):
+        value = getattr(holder, "skip_nonfinite", None)
+        if isinstance(value, int):
+            return value
+    return 0
 
 
 def _progress(cfg: TrainConfig, ctx: RankContext, initial: int, total: int) -> Any:
