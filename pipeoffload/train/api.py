@@ -14,7 +14,7 @@
     def batches(cfg): return Batches()
 
     if __name__ == "__main__":
-        cfg = TrainConfig(schedule="1f1b", pp=2, dp=2, nproc=4, microbatches=4, global_batch=32, steps=50)
+        cfg = TrainConfig.build(schedule="1f1b", pp=2, dp=2, nproc=4, microbatches=4, global_batch=32, steps=50)
         train_model(cfg, layers, torch.nn.functional.cross_entropy, batches)
 
 ``layers`` returns the whole model as a list of modules, split into ``pp * stages_per_rank``
@@ -43,7 +43,7 @@ def _user_rank(ctx: Any, cfg: TrainConfig, build: Callable[[], Sequence[Any]], l
     modules = [m.to(ctx.device) for m in build()]
     model = from_stage_modules(modules, schedule, ctx.pp_rank) if stage_modules else \
         from_layers(modules, schedule, ctx.pp_rank, counts)
-    run_dir = Path(cfg.out) if cfg.out else None
+    run_dir = Path(cfg.run.out) if cfg.run.out else None
     trainer = Trainer(cfg, ctx, schedule, model, loss_fn, batches(cfg), run_dir)
     return trainer.fit(Path(resume_from) if resume_from else None)
 
@@ -58,9 +58,9 @@ def train_model(cfg: TrainConfig, layers: Callable[[], Sequence[Any]], loss_fn: 
     from pipeoffload.train.job import prepare_run
     from pipeoffload.train.launch import run_ranks, under_torchrun
 
-    cfg = validate(cfg, data_exists=False, gpt=False)
+    cfg = validate(cfg.updated(model="own"), data_exists=False, gpt=False)  # config.toml records the kind
     ckpt = None
-    if cfg.out or resume:
+    if cfg.run.out or resume:
         cfg, ckpt = prepare_run(cfg, resume, is_main=not under_torchrun() or _rank0())
     del checkpoint
     results = run_ranks(_user_rank, cfg, (layers, loss_fn, batches, stage_modules, counts,

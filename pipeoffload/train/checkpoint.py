@@ -23,12 +23,19 @@ import numpy as np
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import write_atomic
-from pipeoffload.train.config import FINGERPRINT_KEYS, TrainConfig, fingerprint, fingerprint_hash
+from pipeoffload.train.config import (
+    FINGERPRINT_KEYS,
+    LAYOUT_KEYS,
+    TrainConfig,
+    default_of,
+    fingerprint,
+    fingerprint_hash,
+    layout,
+)
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-LAYOUT_KEYS = ("pp", "dp", "tp", "schedule", "stages_per_rank", "zero")
 
 
 def step_dir(run_dir: Path, step: int) -> Path:
@@ -85,9 +92,12 @@ def check_compatible(manifest: dict[str, Any], cfg: TrainConfig, path: Path) -> 
     saved = manifest.get("fingerprint", {})
     mine = fingerprint(cfg)
     for key in FINGERPRINT_KEYS:
-        if saved.get(key) != mine[key]:
+        theirs = saved.get(key, default_of(key))  # a key newer than the checkpoint had its default then
+        if key == "data" and theirs:  # an older run stored the path as given; now it is stored resolved
+            theirs = str(Path(theirs).resolve())
+        if theirs != mine[key]:
             raise ConfigError(
-                f"checkpoint {str(path)!r} has {key}={saved.get(key)!r} but this run has {key}={mine[key]!r}; "
+                f"checkpoint {str(path)!r} has {key}={theirs!r} but this run has {key}={mine[key]!r}; "
                 f"only the layout ({', '.join(LAYOUT_KEYS)}) and run options may change on resume"
             )
 
@@ -130,7 +140,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # ---- save / load (collective: every rank calls) ----------------------------------------------------
 def save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any], opt: Any, rank: int, world: int,
          extra: dict[str, Any]) -> Path:
-    """Write the checkpoint of ``step`` atomically and keep the newest ``cfg.keep``."""
+    """Write the checkpoint of ``step`` atomically and keep the newest ``cfg.checkpoint.keep``."""
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -148,16 +158,16 @@ def save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any], opt:
     torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
     dist.barrier()
     if rank == 0:
-        layout = {k: getattr(cfg, k) for k in LAYOUT_KEYS}
-        write_atomic(tmp / "trainer.json", json.dumps({"step": step, "world": world, "layout": layout, **extra}))
+        shape = layout(cfg)
+        write_atomic(tmp / "trainer.json", json.dumps({"step": step, "world": world, "layout": shape, **extra}))
         files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         manifest = {"step": step, "fingerprint": fingerprint(cfg), "fingerprint_hash": fingerprint_hash(cfg),
-                    "layout": layout, "world": world, "files": files}
+                    "layout": shape, "world": world, "files": files}
         write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1))
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
-        for old in list_checkpoints(run_dir)[:-cfg.keep]:
+        for old in list_checkpoints(run_dir)[:-cfg.checkpoint.keep]:
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return final

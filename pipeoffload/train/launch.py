@@ -2,7 +2,7 @@
 
 ``run_ranks(fn, cfg)`` calls ``fn(ctx)`` on every rank with the process group and the device mesh
 set up: under torchrun (``RANK``/``WORLD_SIZE`` in the environment) in this process, with
-``cfg.nproc > 1`` in that many spawned processes (``pipeoffload.runtime.launch.spawn``: gloo on CPU),
+``cfg.parallel.nproc > 1`` in that many spawned processes (``pipeoffload.runtime.launch.spawn``: gloo on CPU),
 else in this process as a one-rank group. The launcher forwards SIGINT/SIGTERM to spawned ranks,
 which finish their step, save and exit.
 """
@@ -54,14 +54,14 @@ def _rank_entry(rank: int, world: int, fn: RankFn, cfg: TrainConfig, args: tuple
 
     from pipeoffload.train.mesh import build_context
 
-    run_dir = Path(cfg.out) if cfg.out else None
+    run_dir = Path(cfg.run.out) if cfg.run.out else None
     setup_logging(rank, run_dir, verbose)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.run.seed)
     device = torch.device("cpu")
     if _cuda() and (dist.get_backend() == "nccl" or world == 1):  # one GPU per local rank
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    ctx = build_context(cfg.dp, cfg.pp, cfg.tp, device)
+    ctx = build_context(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, device)
     return fn(ctx, cfg, *args)
 
 
@@ -95,7 +95,7 @@ def _single(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
 
     with tempfile.TemporaryDirectory(prefix="pipeoffload-") as folder:
         dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=cfg.timeout))
+                                timeout=datetime.timedelta(seconds=cfg.run.timeout))
         try:
             return _rank_entry(0, 1, fn, cfg, args, verbose)
         finally:
@@ -110,12 +110,12 @@ def _torchrun(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
     from pipeoffload.runtime.launch import init_from_env
     from pipeoffload.train.mesh import build_context
 
-    rank, world, device = init_from_env(timeout=cfg.timeout)
+    rank, world, device = init_from_env(timeout=cfg.run.timeout)
     try:
-        run_dir = Path(cfg.out) if cfg.out else None
+        run_dir = Path(cfg.run.out) if cfg.run.out else None
         setup_logging(rank, run_dir, verbose)
-        torch.manual_seed(cfg.seed)
-        ctx = build_context(cfg.dp, cfg.pp, cfg.tp, device)
+        torch.manual_seed(cfg.run.seed)
+        ctx = build_context(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, device)
         return fn(ctx, cfg, *args)
     finally:
         dist.destroy_process_group()
@@ -131,7 +131,7 @@ def _spawned(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> list[A
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        result = spawn(_rank_entry, cfg.world, (fn, cfg, args, verbose), timeout=cfg.timeout,
+        result = spawn(_rank_entry, cfg.world, (fn, cfg, args, verbose), timeout=cfg.run.timeout,
                        deadline=10 * 365 * 86400.0, backend="nccl" if _cuda() else "gloo")
     finally:
         for s, h in previous.items():

@@ -60,7 +60,7 @@ class Trainer:
         self.cfg, self.ctx, self.schedule, self.model = cfg, ctx, schedule, model
         self.loss_fn, self.batches, self.run_dir = loss_fn, batches, run_dir
         self.runner = PipelineRunner(model.stages, schedule, ctx.pp_rank, group=ctx.pp_group if ctx.pp > 1 else None,
-                                     loss_fn=loss_fn, device=ctx.device, timeout=cfg.timeout)
+                                     loss_fn=loss_fn, device=ctx.device, timeout=cfg.run.timeout)
         self.named = model.named_parameters()
         self.params = list(self.named.values())
         self.order = self._name_order()
@@ -98,7 +98,7 @@ class Trainer:
         average_gradients(self.params, ctx.dp_group, ctx.dp)
         board = self._measurements(loss, self.runner.trace)
         norm = global_grad_norm(self.named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device, riders=board.view(-1))
-        clip_gradients(self.params, norm, cfg.clip)
+        clip_gradients(self.params, norm, cfg.optim.clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         step_s = time.perf_counter() - t0
@@ -110,7 +110,7 @@ class Trainer:
             for s, b in r["slots"].items():
                 units[s] = max(units.get(s, 0), b)
         sim = self.sim(units)
-        samples = cfg.global_batch * self.batches.tokens_per_sample
+        samples = cfg.data.global_batch * self.batches.tokens_per_sample
         record = {
             "step": step, "loss": math.fsum(losses) / len(losses), "val_loss": None, "lr": lr, "grad_norm": norm,
             "tokens_per_s": samples / step_s, "step_s": step_s,
@@ -244,14 +244,14 @@ class Trainer:
             self.resume(resume_from)
         metrics = MetricsFile(self.run_dir / "metrics.jsonl", self.step if resume_from else None) \
             if ctx.is_main and self.run_dir else None
-        end = min(cfg.steps, cfg.stop_at) if cfg.stop_at else cfg.steps
-        bar = _progress(cfg, ctx, self.step, cfg.steps)
+        end = min(cfg.run.steps, cfg.run.stop_at) if cfg.run.stop_at else cfg.run.steps
+        bar = _progress(cfg, ctx, self.step, cfg.run.steps)
         restore = self._install_signals()
         saved_at, stopped = -1, 0
         try:
             while self.step < end:
                 record = self.train_step()
-                if self.step % cfg.eval_every == 0 or self.step in (1, cfg.steps):
+                if self.step % cfg.metrics.eval_every == 0 or self.step in (1, cfg.run.steps):
                     record["val_loss"] = self.evaluate()
                 self.history.append(record)
                 if metrics:
@@ -263,7 +263,7 @@ class Trainer:
                          "" if record["val_loss"] is None else f" val {record['val_loss']:.4f}", record["lr"],
                          record["tokens_per_s"], max(record["peak_act_bytes"]))
                 stopped = self._peer_stop
-                if self.run_dir and (self.step % cfg.save_every == 0 or self.step == end or stopped):
+                if self.run_dir and (self.step % cfg.checkpoint.save_every == 0 or self.step == end or stopped):
                     self.save()
                     saved_at = self.step
                 if stopped:
@@ -278,7 +278,7 @@ class Trainer:
 
 
 def _progress(cfg: TrainConfig, ctx: RankContext, initial: int, total: int) -> Any:
-    if not (cfg.progress and ctx.is_main):
+    if not (cfg.metrics.progress and ctx.is_main):
         return None
     from tqdm import tqdm
 

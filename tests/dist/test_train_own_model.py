@@ -26,3 +26,12 @@ def test_own_model_example_trains_and_checkpoints_by_layer_name(tmp_path: Path) 
     keys = set(dcp.FileSystemReader(str(tmp_path / "run" / "checkpoints" / "step-000020")).read_metadata()
                .state_dict_metadata)
     assert {"model.layers.0.weight", "model.layers.4.bias", "optim.layers.2.weight.exp_avg"} <= keys
+    import tomllib
+
+    saved = tomllib.loads((tmp_path / "run" / "config.toml").read_text())
+    assert saved["model"] == {"source": "own"}  # the model kind, not GPT keys that do not apply
+    for command in (["train", "--resume"], ["generate"]):  # the CLI cannot rebuild the user's model: say so
+        refused = subprocess.run([sys.executable, "-m", "pipeoffload", *command, str(tmp_path / "run")],
+                                 capture_output=True, text=True, timeout=120)
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode == 2 and len(lines) == 1 and "train_model" in lines[0], refused.stderr

@@ -16,10 +16,10 @@ def gpt_params(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     from pipeoffload.train.model import apply_tensor_parallel, gpt_rank_model
     from pipeoffload.train.optim import local_tensor
 
-    corpus, _ = load_corpus(cfg.data, cfg.tokenizer, Path("."), cfg.seq_len, cfg.val_fraction)
+    corpus, _ = load_corpus(cfg.data.path, cfg.data.tokenizer, Path("."), cfg.model.seq_len, cfg.data.val_fraction)
     schedule = lowered_schedule(cfg)
     model = gpt_rank_model(cfg, corpus.vocab_size, schedule, ctx.pp_rank, ctx.device)
-    if cfg.tp > 1:
+    if cfg.parallel.tp > 1:
         apply_tensor_parallel(model, ctx.tp_mesh())
     trainer = Trainer(cfg, ctx, schedule, model, lm_loss, TokenBatches(corpus, cfg), None)
     result = trainer.fit()
