@@ -50,19 +50,20 @@ def resolve(args: argparse.Namespace) -> tuple[Any, list[str]]:
     elif args.extend:
         raise ConfigError("--extend: only with --resume RUN_DIR (it accepts a new --steps for a resumed run)")
     from_file = load_toml(args.config) if args.config else {}
-    flags = flags_given(args)
+    given = flags_given(args)
+    if args.resume:
+        changes = overrides(saved, {**from_file, **given})
+        if changes:
+            notes.append(f"overriding {Path(args.resume) / 'config.toml'}: {', '.join(changes)}")
+        _check_steps(args, saved, {**from_file, **given})
+    if args.config:
+        changes = overrides(from_file, given)
+        if changes:
+            notes.append(f"flags overriding {args.config}: {', '.join(changes)}")
+    flags = dict(given)
     if "schedule" in flags:  # a new family brings its own v and g, not the file's
         flags.setdefault("stages_per_rank", 0)
         flags.setdefault("group_size", 0)
-    if args.resume:
-        changes = overrides(saved, {**from_file, **flags})
-        if changes:
-            notes.append(f"overriding {Path(args.resume) / 'config.toml'}: {', '.join(changes)}")
-        _check_steps(args, saved, {**from_file, **flags})
-    if args.config:
-        changes = overrides(from_file, flags)
-        if changes:
-            notes.append(f"flags overriding {args.config}: {', '.join(changes)}")
     layers = [saved, {"out": args.resume} if args.resume else {}, from_file, flags]
     cfg = build_config(*layers)
     if args.plan == "auto":

@@ -30,6 +30,7 @@ else:  # pragma: no cover - py3.10
 
 DEFAULT_TIMEOUT = 120.0  # seconds: a loaded 2-core CPU machine can take tens of seconds for one step
 MAX_TIMEOUT = 7 * 86400.0  # a week: beyond it (inf, 1e300) the process group's timedelta overflows
+MIN_TIMEOUT = 1.0  # below a second, starting the ranks alone times out
 
 
 def key(default: Any, help: str, *, flat: str = "", saved: bool = True, metavar: str = "") -> Any:
@@ -408,7 +409,9 @@ def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) ->
     _check_layout(cfg)
     _check_tokenizer(cfg.data.tokenizer)
     if cfg.data.path and data_exists:
-        _need(Path(cfg.data.path).exists(), f"data={cfg.data.path!r}: no such file or folder")
+        path = Path(cfg.data.path)
+        _need(path.exists(), f"data={cfg.data.path!r}: no such file or folder")
+        _need(path.is_file() or path.is_dir(), f"data={cfg.data.path!r}: not a regular file or a folder")
     if cfg.data.path:  # stored resolved: --resume from another directory finds it
         cfg = replace(cfg, data=replace(cfg.data, path=str(Path(cfg.data.path).resolve())))
     OffloadPolicy.parse(cfg.schedule.offload)
@@ -427,14 +430,23 @@ def _check_model(cfg: TrainConfig, gpt: bool) -> None:
     _need(m.source == "gpt", f"model={m.source!r}: not supported yet; use model='gpt'")
     _need(m.dtype == "fp32", f"dtype={m.dtype!r}: not supported yet; use dtype='fp32'")
     _need(m.hidden % m.heads == 0, f"hidden={m.hidden}: must be divisible by heads={m.heads}")
+    for flat in _NOT_GPT:  # keys of the other families: silently ignoring one would train another model
+        value = cfg.get(flat)
+        _need(value == default_of(flat), f"{flat}={value!r}: not used by model='gpt' (only by the llama family, "
+                                         f"not supported yet); leave it at {default_of(flat)!r}")
+
+
+_NOT_GPT = ("kv_heads", "ffn_hidden", "vocab", "rope_theta", "tie_embeddings")
 
 
 def _check_numbers(cfg: TrainConfig) -> None:
+    _need(cfg.run.seed < 2**63, f"seed={cfg.run.seed}: must be < 2**63 (a 64-bit integer)")
     _need(cfg.parallel.zero in (0, 1),
           f"zero={cfg.parallel.zero}: must be 0 or 1 (1: ZeroRedundancyOptimizer over the dp group)")
     _need(cfg.optim.lr > 0, f"lr={cfg.optim.lr}: must be > 0")
-    _need(0 < cfg.run.timeout <= MAX_TIMEOUT,
-          f"timeout={cfg.run.timeout:g}: must be in (0, {MAX_TIMEOUT:g}] seconds (a week); e.g. --timeout 600")
+    _need(MIN_TIMEOUT <= cfg.run.timeout <= MAX_TIMEOUT,
+          f"timeout={cfg.run.timeout:g}: must be >= {MIN_TIMEOUT:g} and <= {MAX_TIMEOUT:g} seconds (a week); "
+          "e.g. --timeout 600")
     _need(cfg.optim.clip >= 0, f"clip={cfg.optim.clip}: must be >= 0 (0 turns clipping off)")
     _need(cfg.optim.weight_decay >= 0, f"weight_decay={cfg.optim.weight_decay}: must be >= 0")
     _need(0 < cfg.data.val_fraction < 0.5, f"val_fraction={cfg.data.val_fraction}: must be in (0, 0.5)")
@@ -452,16 +464,21 @@ def _check_layout(cfg: TrainConfig) -> None:
     _need(gb % p.dp == 0, f"global_batch={gb}: must be divisible by dp={p.dp} (sequences per replica)")
     per_replica = gb // p.dp
     mb = cfg.schedule.microbatches
-    _need(per_replica % mb == 0,
-          f"microbatches={mb}: must divide the {per_replica} sequences per replica "
-          f"(global_batch/dp); e.g. microbatches={_divisor_near(per_replica, mb)}")
+    if per_replica % mb:  # (the suggestion is computed only when needed: it searches)
+        raise ConfigError(f"microbatches={mb}: must divide the {per_replica} sequences per replica "
+                          f"(global_batch/dp); e.g. microbatches={_divisor_near(per_replica, mb)}")
     if p.tp > 1:
         _need(m.heads % p.tp == 0, f"tp={p.tp}: must divide heads={m.heads}")
         _need(m.seq_len % p.tp == 0, f"seq_len={m.seq_len}: sequence parallelism needs it divisible by tp={p.tp}")
 
 
 def _divisor_near(n: int, want: int) -> int:
-    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - want), d))
+    """The divisor of ``n`` nearest ``want`` (the smaller on a tie), searched outwards a bounded distance."""
+    for delta in range(min(max(n, want), 100_000)):
+        for d in (want - delta, want + delta):
+            if 1 <= d <= n and n % d == 0:
+                return d
+    return 1
 
 
 def _check_tokenizer(text: str) -> None:

@@ -80,9 +80,11 @@ def default_out() -> str:
 def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True) -> tuple[TrainConfig, Path | None]:
     """Create the run directory (rank 0 / the launcher) and find the checkpoint to resume from."""
     from pipeoffload.train.data import prepare
+    from pipeoffload.train.preflight import check_run
 
     if not cfg.run.out:
         cfg = cfg.updated(out=default_out())
+    check_run(cfg, own_model=cfg.model.source == "own")  # data, memory, --out: before anything is written
     run_dir = Path(cfg.run.out)
     ckpt: Path | None = None
     if not resume and checkpoint.list_checkpoints(run_dir):

@@ -159,3 +159,41 @@ def test_validation_never_imports_torch() -> None:
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_relative_data_path_is_stored_resolved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--resume from another directory must find the data: config.toml holds the absolute path."""
+    (tmp_path / "corpus.txt").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    cfg = validate(TrainConfig.build(data="corpus.txt"))
+    assert cfg.data.path == str(tmp_path / "corpus.txt")
+    assert f'path = "{tmp_path / "corpus.txt"}"' in to_toml(cfg)
+
+
+def test_overrides_of_the_saved_config_and_of_the_file_are_listed(tmp_path: Path) -> None:
+    from pipeoffload.cli import build_parser
+    from pipeoffload.cli.train import resolve
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(to_toml(validate(TrainConfig.build(steps=50))))
+    file = tmp_path / "more.toml"
+    file.write_text("[optim]\nlr = 0.001\n[parallel]\npp = 2\nnproc = 2\n")
+    args = build_parser().parse_args(["train", "--resume", str(run), "--config", str(file), "--pp", "1",
+                                      "--nproc", "1"])
+    cfg, notes = resolve(args)
+    assert cfg.optim.lr == 0.001 and cfg.parallel.pp == 1
+    assert notes[0].startswith(f"overriding {run / 'config.toml'}: ") and "lr 0.0003 -> 0.001" in notes[0]
+    assert "pp" not in notes[0]  # the flags set pp back to the saved 1: no change
+    assert notes[1] == f"flags overriding {file}: pp 2 -> 1, nproc 2 -> 1"
+
+
+def test_changing_steps_on_resume_needs_extend(tmp_path: Path) -> None:
+    from pipeoffload.cli import build_parser
+    from pipeoffload.cli.train import resolve
+
+    (tmp_path / "config.toml").write_text(to_toml(validate(TrainConfig.build(steps=50))))
+    with pytest.raises(ConfigError, match="steps=80: the run was made with steps=50.*--extend"):
+        resolve(build_parser().parse_args(["train", "--resume", str(tmp_path), "--steps", "80"]))
+    cfg, _ = resolve(build_parser().parse_args(["train", "--resume", str(tmp_path), "--steps", "80", "--extend"]))
+    assert cfg.run.steps == 80
