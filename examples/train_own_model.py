@@ -57,9 +57,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", default="", help="run directory (checkpoints, metrics.jsonl); default: none")
     args = parser.parse_args(argv)
-    cfg = TrainConfig.build(schedule="1f1b", pp=args.pp, nproc=args.pp, offload="all", microbatches=4, global_batch=64,
-                      steps=args.steps, lr=1e-2, warmup=5, eval_every=10, save_every=args.steps, out=args.out,
-                      progress=False)
+    cfg = TrainConfig.build(schedule="1f1b", pp=args.pp, nproc=args.pp, offload="all", microbatches=4,
+                            global_batch=64, steps=args.steps, lr=1e-2, warmup=5, eval_every=10,
+                            save_every=args.steps, out=args.out, progress=False)
     result = train_model(cfg, layers, F.cross_entropy, batches)
     history = result["history"]
     first = next(h["val_loss"] for h in history if h["val_loss"] is not None)

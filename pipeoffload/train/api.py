@@ -50,14 +50,19 @@ def _user_rank(ctx: Any, cfg: TrainConfig, build: Callable[[], Sequence[Any]], l
 
 def train_model(cfg: TrainConfig, layers: Callable[[], Sequence[Any]], loss_fn: Callable[[Any, Any], Any],
                 batches: Callable[[TrainConfig], Any], *, stage_modules: bool = False,
-                counts: Sequence[int] | None = None, resume: str | None = None,
+                counts: Sequence[int] | None = None, resume: str | None = None, extend: bool = False,
                 verbose: bool = False) -> dict[str, Any]:
     """Train on ``cfg.world`` ranks (spawned, under torchrun, or this process); returns rank 0's result
-    (``history``: the metrics records, ``step``, ``interrupted``)."""
+    (``history``: the metrics records, ``step``, ``interrupted``). ``resume=RUN_DIR`` continues that run
+    in its directory from its last checkpoint (``cfg.out`` is set to it); a ``steps`` other than the
+    run's needs ``extend=True``, as ``--extend`` does: it starts a new cosine LR schedule."""
     from pipeoffload.train import checkpoint
     from pipeoffload.train.job import prepare_run
     from pipeoffload.train.launch import run_ranks, under_torchrun
 
+    if resume:
+        cfg = cfg.updated(out=str(resume))
+        _check_resume(cfg, Path(resume), extend)
     cfg = validate(cfg.updated(model="own"), data_exists=False, gpt=False)  # config.toml records the kind
     ckpt = None
     if cfg.run.out or resume:
@@ -66,6 +71,18 @@ def train_model(cfg: TrainConfig, layers: Callable[[], Sequence[Any]], loss_fn: 
     results = run_ranks(_user_rank, cfg, (layers, loss_fn, batches, stage_modules, counts,
                                           str(ckpt) if ckpt else None), verbose=verbose)
     return results[0]  # type: ignore[no-any-return]
+
+
+def _check_resume(cfg: TrainConfig, run: Path, extend: bool) -> None:
+    from pipeoffload.errors import ConfigError
+    from pipeoffload.train.config import build_config, load_saved
+
+    if not (run / "config.toml").is_file():
+        raise ConfigError(f"resume={str(run)!r}: no config.toml there; give the out folder of a run")
+    saved = build_config(load_saved(run))  # (its model is checked by loading the checkpoint into yours)
+    if saved.run.steps != cfg.run.steps and not extend:
+        raise ConfigError(f"steps={cfg.run.steps}: the run was made with steps={saved.run.steps}, which also sets its "
+                          "cosine LR schedule; pass extend=True to start a new LR schedule, or keep steps")
 
 
 def _rank0() -> bool:
