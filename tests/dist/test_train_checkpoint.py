@@ -50,6 +50,26 @@ def test_resume_is_bit_identical(runs: dict[str, Path], tmp_path: Path) -> None:
     assert [m["val_loss"] for m in metrics(run)] == [m["val_loss"] for m in metrics(runs["full"])]
 
 
+def test_a_run_saved_in_the_flat_format_resumes_bit_identically(runs: dict[str, Path], tmp_path: Path) -> None:
+    """A run written before the config had sections: a flat config.toml (with the stop_at that was saved
+    then) and a manifest whose fingerprint lacks the later model keys still resumes, to the same losses."""
+    from pipeoffload.train.config import FINGERPRINT_KEYS, build_config, load_toml
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["stopped"], run)
+    flat = {**load_toml(run / "config.toml"), "stop_at": 2}
+    (run / "config.toml").write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in flat.items()))
+    manifest_path = list_checkpoints(run)[-1] / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    old_keys = FINGERPRINT_KEYS[:FINGERPRINT_KEYS.index("global_batch") + 1]
+    manifest["fingerprint"] = {k: v for k, v in manifest["fingerprint"].items() if k in old_keys}
+    manifest_path.write_text(json.dumps(manifest))
+    assert build_config(load_toml(run / "config.toml")).run.stop_at == 2  # the old file says stop at 2
+    done = cli("--resume", str(run))
+    assert done.returncode == 0, done.stderr
+    assert [m["loss"] for m in metrics(run)] == [m["loss"] for m in metrics(runs["full"])]
+
+
 def test_resume_onto_another_layout_is_resharded(runs: dict[str, Path], tmp_path: Path) -> None:
     """Saved by one process, resumed on 2 pipeline ranks (zb-v, offload all): DCP reshards by name and
     pipeline parallelism is bitwise, so the losses are still those of the uninterrupted run."""
