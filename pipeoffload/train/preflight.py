@@ -26,9 +26,10 @@ GIB = 1024**3
 
 @dataclass(frozen=True)
 class DataFacts:
-    tokens: int  # tokens in the stream (bytes of the text for the byte tokenizer; None-like -1: unknown, BPE)
+    tokens: int  # tokens in the stream (with a BPE: at most this many, the text's bytes)
     vocab: int  # 0: unknown until the BPE is trained
     resident_bytes: int  # what one rank holds of the data while loading it
+    exact: bool = True  # False: ``tokens`` is an upper bound (a BPE merges bytes)
 
 
 def check_run(cfg: TrainConfig, *, own_model: bool = False, available: int | None = None) -> None:
@@ -37,8 +38,7 @@ def check_run(cfg: TrainConfig, *, own_model: bool = False, available: int | Non
     if own_model:
         return
     facts = data_facts(cfg)
-    if facts.tokens >= 0:
-        check_sequences(facts.tokens, cfg)
+    check_sequences(facts.tokens, cfg, at_most=not facts.exact)
     check_memory(cfg, facts, available if available is not None else available_memory())
 
 
@@ -67,7 +67,7 @@ def data_facts(cfg: TrainConfig) -> DataFacts:
         return DataFacts(size, 256, 5 * size)
     if importlib.util.find_spec("tokenizers") is None:
         raise ConfigError(f"tokenizer={cfg.data.tokenizer!r} needs the 'tokenizers' package: pip install tokenizers")
-    return DataFacts(-1, int(cfg.data.tokenizer.partition(":")[2]), 5 * size)
+    return DataFacts(size, int(cfg.data.tokenizer.partition(":")[2]), 5 * size, exact=False)
 
 
 def check_token_file(data: str) -> tuple[int, int]:
@@ -107,14 +107,15 @@ def _load_npy(data: str) -> np.ndarray:
     return arr
 
 
-def check_sequences(tokens: int, cfg: TrainConfig) -> None:
-    """At least one training and one validation sequence (the rule ``data.Corpus`` applies in the ranks)."""
+def check_sequences(tokens: int, cfg: TrainConfig, at_most: bool = False) -> None:
+    """At least one training and one validation sequence (the rule ``data.Corpus`` applies in the ranks);
+    ``at_most``: ``tokens`` is an upper bound, so only a certain failure is refused here."""
     seq, frac = cfg.model.seq_len, cfg.data.val_fraction
     val_start = int(tokens * (1 - frac))
     train, val = (val_start - 1) // seq, (tokens - val_start - 1) // seq
     if train < 1 or val < 1:
-        raise ConfigError(f"data: {tokens} tokens give {train} training and {val} validation sequences of "
-                          f"seq_len={seq}; use more text or a smaller --seq-len")
+        raise ConfigError(f"data: {'at most ' if at_most else ''}{tokens} tokens give {train} training and {val} "
+                          f"validation sequences of seq_len={seq}; use more text or a smaller --seq-len")
 
 
 # ---- memory ----------------------------------------------------------------------------------------

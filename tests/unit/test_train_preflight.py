@@ -60,6 +60,7 @@ CASES = [  # (flags, words the one line must contain); {tmp} is the test's folde
     (["--data", "{tmp}/float.npy"], ["float.npy", "integers", "float64"]),
     (["--data", "{tmp}/matrix.npy"], ["matrix.npy", "flat array", "(100, 100)"]),
     (["--data", "{tmp}/tiny.txt"], ["tokens give", "--seq-len"]),
+    (["--data", "{tmp}/tiny.txt", "--tokenizer", "bpe:300"], ["at most 9 tokens give", "--seq-len"]),
     (["--data", "{tmp}/no_text"], ["no text files"]),
     (["--out", "{tmp}/a_file"], ["out=", "not a folder"]),
     (["--eval-batches", "100000000"], ["needs at least", "GiB", "eval_batches=100000000"]),
@@ -119,3 +120,11 @@ def test_refusals_do_not_import_torch(tmp_path: Path) -> None:
             "assert 'torch' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_parameter_count_is_the_reference_gpts() -> None:
+    from pipeoffload.train.model import full_gpt
+    from pipeoffload.train.preflight import gpt_parameters
+
+    cfg = validate(TrainConfig.build(layers=3, hidden=96, heads=4, seq_len=40))
+    assert gpt_parameters(cfg, 300) == sum(p.numel() for p in full_gpt(cfg, 300).parameters())
