@@ -34,7 +34,6 @@ import argparse
 import os
 import statistics
 import time
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -50,7 +49,7 @@ from pipeoffload.train.loop import Trainer
 from pipeoffload.train.mesh import build_context
 from pipeoffload.train.model import gpt_rank_model
 
-CFG = TrainConfig(layers=6, hidden=128, heads=4, seq_len=128, global_batch=16, microbatches=8, steps=1000,
+CFG = TrainConfig.build(layers=6, hidden=128, heads=4, seq_len=128, global_batch=16, microbatches=8, steps=1000,
                   warmup=5, lr=1e-3, progress=False)
 
 
@@ -70,16 +69,16 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> dict[str, lis
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
     ctx = build_context(1, world, 1, torch.device("cpu"))
-    corpus, _ = load_corpus("", "byte", None, cfg.seq_len, cfg.val_fraction)  # type: ignore[arg-type]
+    corpus, _ = load_corpus("", "byte", None, cfg.model.seq_len, cfg.data.val_fraction)  # type: ignore[arg-type]
     batches = TokenBatches(corpus, cfg)
     schedule = lowered_schedule(cfg)
     ours = Trainer(cfg, ctx, schedule, gpt_rank_model(cfg, 256, schedule, rank, ctx.device), lm_loss, batches, None)
     theirs_model = gpt_rank_model(cfg, 256, schedule, rank, ctx.device)
     stages = [PipelineStage(TorchStage(m), s, schedule.num_stages, ctx.device, group=ctx.pp_group)
               for s, m in sorted(theirs_model.stages.items())]
-    sched = Schedule1F1B(stages[0], cfg.microbatches, loss_fn=lm_loss) if cfg.stages_per_rank == 1 else \
-        ScheduleInterleaved1F1B(stages, cfg.microbatches, loss_fn=lm_loss)
-    opt = torch.optim.AdamW(theirs_model.parameters(), lr=cfg.lr)
+    sched = Schedule1F1B(stages[0], cfg.schedule.microbatches, loss_fn=lm_loss) if cfg.schedule.stages_per_rank == 1 else \
+        ScheduleInterleaved1F1B(stages, cfg.schedule.microbatches, loss_fn=lm_loss)
+    opt = torch.optim.AdamW(theirs_model.parameters(), lr=cfg.optim.lr)
     holds_first, holds_last = 0 in theirs_model.stages, schedule.num_stages - 1 in theirs_model.stages
 
     parts: dict[str, list[float]] = {k: [] for k in ("ours", "ours_pipeline", "ours_update", "ours_metrics", "ours_cpu",
@@ -106,11 +105,11 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> dict[str, lis
         else:
             sched.step(**kwargs)
         mid = time.perf_counter()
-        if cfg.clip > 0:  # global-norm clipping across the pipeline ranks, as a pipelining user writes it
+        if cfg.optim.clip > 0:  # global-norm clipping across the pipeline ranks, as a pipelining user writes it
             grads = [p.grad for p in theirs_model.parameters() if p.grad is not None]
             squares = torch.stack([g.detach().pow(2).sum() for g in grads]).sum().reshape(1)
             dist.all_reduce(squares, group=ctx.pp_group)
-            scale = cfg.clip / (float(squares.sqrt()) + 1e-6)
+            scale = cfg.optim.clip / (float(squares.sqrt()) + 1e-6)
             if scale < 1:
                 torch._foreach_mul_(grads, scale)
         opt.step()
@@ -137,17 +136,17 @@ def main() -> None:
     parser.add_argument("--no-clip", action="store_true", help="no gradient clipping on either side")
     args = parser.parse_args()
     load = os.getloadavg()
-    print(f"GPT {CFG.layers} blocks, hidden {CFG.hidden}, seq {CFG.seq_len}, global batch {CFG.global_batch}, "
-          f"{CFG.microbatches} microbatches, {args.ranks} gloo ranks (1 thread each), median of {args.steps} steps, "
-          f"{'no clipping' if args.no_clip else f'global-norm clipping at {CFG.clip:g} on both sides'}")
+    print(f"GPT {CFG.model.layers} blocks, hidden {CFG.model.hidden}, seq {CFG.model.seq_len}, global batch {CFG.data.global_batch}, "
+          f"{CFG.schedule.microbatches} microbatches, {args.ranks} gloo ranks (1 thread each), median of {args.steps} steps, "
+          f"{'no clipping' if args.no_clip else f'global-norm clipping at {CFG.optim.clip:g} on both sides'}")
     print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)")
     for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2)):
-        cfg = validate(replace(CFG, schedule=schedule, stages_per_rank=v, pp=args.ranks, nproc=args.ranks,
-                               clip=0.0 if args.no_clip else CFG.clip))
+        cfg = validate(CFG.updated(schedule=schedule, stages_per_rank=v, pp=args.ranks, nproc=args.ranks,
+                               clip=0.0 if args.no_clip else CFG.optim.clip))
         result = spawn(worker, args.ranks, (cfg, args.steps), timeout=300, deadline=1800)
         if not result.ok:
             raise SystemExit("\n".join(e for e in result.errors if e))
-        tokens = cfg.global_batch * cfg.seq_len
+        tokens = cfg.data.global_batch * cfg.model.seq_len
         # All ranks leave the barrier together: a step lasts until its slowest rank is done.
         step_s = {k: statistics.median(max(col) for col in zip(*(r[k] for r in result.results)))
                   for k in ("ours", "torch")}

@@ -40,11 +40,11 @@ class Blobs:
         return x, (x @ self.proj).argmax(dim=1)
 
     def train(self, step: int, dp_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-        share = self.cfg.global_batch // self.cfg.dp
-        return self._batch(1000 + step * self.cfg.dp + dp_rank, share)
+        share = self.cfg.data.global_batch // self.cfg.parallel.dp
+        return self._batch(1000 + step * self.cfg.parallel.dp + dp_rank, share)
 
     def val(self, dp_rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [self._batch(-1 - dp_rank, self.cfg.global_batch // self.cfg.dp)]
+        return [self._batch(-1 - dp_rank, self.cfg.data.global_batch // self.cfg.parallel.dp)]
 
 
 def batches(cfg: TrainConfig) -> Blobs:
@@ -57,9 +57,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", default="", help="run directory (checkpoints, metrics.jsonl); default: none")
     args = parser.parse_args(argv)
-    cfg = TrainConfig(schedule="1f1b", pp=args.pp, nproc=args.pp, offload="all", microbatches=4, global_batch=64,
-                      steps=args.steps, lr=1e-2, warmup=5, eval_every=10, save_every=args.steps, out=args.out,
-                      progress=False)
+    cfg = TrainConfig.build(schedule="1f1b", pp=args.pp, nproc=args.pp, offload="all", microbatches=4,
+                            global_batch=64, steps=args.steps, lr=1e-2, warmup=5, eval_every=10,
+                            save_every=args.steps, out=args.out, progress=False)
     result = train_model(cfg, layers, F.cross_entropy, batches)
     history = result["history"]
     first = next(h["val_loss"] for h in history if h["val_loss"] is not None)

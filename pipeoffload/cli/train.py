@@ -1,7 +1,7 @@
 """``pipeoffload train``: train the reference GPT (or a planned layout) on text with any schedule.
 
-Flags override ``--config run.toml`` (keys = flags with ``-`` as ``_``). The whole configuration is
-validated here, before any rank starts; see docs/training.md for every flag.
+Flags override ``--config run.toml``; both are derived from the sections of ``pipeoffload.train.config``.
+The whole configuration is validated here, before any rank starts; see docs/training.md for every flag.
 """
 from __future__ import annotations
 
@@ -9,50 +9,16 @@ import argparse
 import sys
 from typing import Any
 
-FLAGS: list[tuple[str, Any, str]] = [
-    # (flag, type, help)
-    ("--schedule", str, "schedule family (see `pipeoffload schedules`; default 1f1b)"),
-    ("--stages-per-rank", int, "stages per pipeline rank v (default: the family's own)"),
-    ("--group-size", int, "group size g of group-interleaved (default: the family's)"),
-    ("--offload", str, "offload policy: none | all | first:K | auto | budget:X (default none)"),
-    ("--recompute", str, "recompute policy: none | all | first:K | auto [,lgd] (default none)"),
-    ("--offload-ratio", float, "k for the offload placement cost model (default: the default cost model)"),
-    ("--pp", int, "pipeline-parallel size (default 1)"),
-    ("--dp", int, "data-parallel size (default 1)"),
-    ("--tp", int, "tensor-parallel size (default 1)"),
-    ("--zero", int, "1: shard the optimizer state over the dp group (ZeroRedundancyOptimizer)"),
-    ("--microbatches", int, "microbatches per step per replica (default 4)"),
-    ("--global-batch", int, "sequences per optimizer step over all dp replicas (default 8)"),
-    ("--steps", int, "optimizer steps; also the length of the cosine LR schedule (default 100)"),
-    ("--stop-at", int, "save and stop after this step (resume later); 0: run all steps"),
-    ("--seed", int, "seeds weights, data order and every random-number generator (default 0)"),
-    ("--layers", int, "GPT blocks (default 4)"),
-    ("--hidden", int, "GPT hidden size (default 64)"),
-    ("--heads", int, "attention heads (default 4)"),
-    ("--seq-len", int, "tokens per sequence (default 64)"),
-    ("--data", str, "text file, folder of text files, or .npy/.bin tokens (default: stdlib sources)"),
-    ("--tokenizer", str, "byte | bpe:N (BPE trained offline on the data, saved in the run; default byte)"),
-    ("--nproc", int, "spawn this many local ranks (default: torchrun's env, else one process)"),
-    ("--out", str, "run directory (default runs/<timestamp>)"),
-    ("--timeout", float, "seconds bounding every wait between ranks (default 120)"),
-    ("--eval-every", int, "validation loss every N steps (default 50)"),
-    ("--eval-batches", int, "held-out batches per validation (default 2)"),
-    ("--save-every", int, "checkpoint every N steps and at the end (default 100)"),
-    ("--keep", int, "checkpoints kept (default 2)"),
-    ("--lr", float, "peak learning rate of AdamW (default 3e-4)"),
-    ("--warmup", int, "linear warm-up steps before the cosine decay (default 20)"),
-    ("--clip", float, "gradient clipping by the global norm (default 1.0; 0: off)"),
-]
-
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from pipeoffload.train.config import add_flags
+
     parser = sub.add_parser("train", help="train a GPT on text with any pipeline schedule, offload and layout")
     parser.add_argument("--config", metavar="TOML", help="run.toml (e.g. from `pipeoffload plan --emit`)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
-    for flag, kind, text in FLAGS:
-        metavar = {int: "N", float: "X"}.get(kind, "TEXT")
-        parser.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--extend", action="store_true",
+                        help="with --resume and a new --steps: accept a new cosine LR schedule over the new steps")
+    add_flags(parser)
     plan = parser.add_argument_group("planner")
     plan.add_argument("--plan", choices=["auto"], help="auto: ask the planner for the layout and schedule")
     plan.add_argument("--memory", type=float, metavar="GIB", help="per-GPU memory budget for --plan auto")
@@ -62,34 +28,61 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def config_from_args(args: argparse.Namespace) -> Any:
     """The validated ``TrainConfig``: defaults < run dir's config (resume) < --config < flags."""
+    return resolve(args)[0]
+
+
+def resolve(args: argparse.Namespace) -> tuple[Any, list[str]]:
+    """The validated config and notes on what overrode what (printed as TOML comments)."""
     from pathlib import Path
 
     from pipeoffload.errors import ConfigError
-    from pipeoffload.train.config import build_config, load_toml, validate
+    from pipeoffload.train.config import build_config, flags_given, load_saved, load_toml, overrides, validate
 
-    layers: list[dict[str, Any]] = []
+    saved: dict[str, Any] = {}
+    notes: list[str] = []
     if args.resume:
-        saved = Path(args.resume) / "config.toml"
-        if not saved.is_file():
+        if not (Path(args.resume) / "config.toml").is_file():
             raise ConfigError(f"--resume {args.resume!r}: no config.toml there; give the run directory of a run")
-        layers.append(load_toml(saved))
-        layers.append({"out": args.resume})
+        saved = load_saved(args.resume)
+        if saved.get("model") == "own":
+            raise ConfigError(f"--resume {args.resume!r}: the run trained your own model (train_model), which the "
+                              f"CLI cannot rebuild; continue it with train_model(cfg, ..., resume={args.resume!r})")
+    elif args.extend:
+        raise ConfigError("--extend: only with --resume RUN_DIR (it accepts a new --steps for a resumed run)")
+    from_file = load_toml(args.config) if args.config else {}
+    given = flags_given(args)
+    if args.resume:
+        changes = overrides(saved, {**from_file, **given})
+        if changes:
+            notes.append(f"overriding {Path(args.resume) / 'config.toml'}: {', '.join(changes)}")
+        _check_steps(args, saved, {**from_file, **given})
     if args.config:
-        layers.append(load_toml(args.config))
-    flags = {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag, _, _ in FLAGS}
-    if args.no_progress:
-        flags["progress"] = False
-    if flags["schedule"] is not None and flags["stages_per_rank"] is None:
-        flags["stages_per_rank"] = 0  # a new family brings its own default v, not the file's
-    if flags["schedule"] is not None and flags["group_size"] is None:
-        flags["group_size"] = 0
-    layers.append(flags)
+        changes = overrides(from_file, given)
+        if changes:
+            notes.append(f"flags overriding {args.config}: {', '.join(changes)}")
+    flags = dict(given)
+    if "schedule" in flags:  # a new family brings its own v and g, not the file's
+        flags.setdefault("stages_per_rank", 0)
+        flags.setdefault("group_size", 0)
+    layers = [saved, {"out": args.resume} if args.resume else {}, from_file, flags]
     cfg = build_config(*layers)
     if args.plan == "auto":
         from pipeoffload.train.plan import planned_config
 
-        cfg = planned_config(cfg, args.memory, args.gpu, explicit={k for k, v in flags.items() if v is not None})
-    return validate(cfg)
+        cfg = planned_config(cfg, args.memory, args.gpu, explicit=set(flags))
+    return validate(cfg), notes
+
+
+def _check_steps(args: argparse.Namespace, saved: dict[str, Any], given: dict[str, Any]) -> None:
+    """``steps`` also sets the cosine LR schedule: changing it on resume is a new schedule, so only with --extend."""
+    from pipeoffload.errors import ConfigError
+    from pipeoffload.train.config import build_config
+
+    old, new = build_config(saved).run.steps, build_config(saved, given).run.steps
+    if new != old and not args.extend:
+        raise ConfigError(f"steps={new}: the run was made with steps={old}, which also sets its cosine LR schedule; "
+                          f"a new value is a new LR schedule (the learning rate jumps at the resume): add --extend "
+                          f"to accept that, or --stop-at N to stop early on the same schedule")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,18 +91,19 @@ def run(args: argparse.Namespace) -> int:
     from pipeoffload.errors import ConfigError
     from pipeoffload.train.config import to_toml
 
-    cfg = config_from_args(args)
+    cfg, notes = resolve(args)
     if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        if not cfg.out:
+        if not cfg.run.out:
             raise ConfigError("under torchrun give --out (a folder every node shares): ranks must agree on it")
         world = int(os.environ["WORLD_SIZE"])
         if world != cfg.world:
             raise ConfigError(f"torchrun started {world} processes but dp*pp*tp = {cfg.world}; make them equal")
-    elif "RANK" not in os.environ and cfg.world > 1 and not cfg.nproc:
-        raise ConfigError(f"dp*pp*tp = {cfg.dp}*{cfg.pp}*{cfg.tp} = {cfg.world} ranks: pass --nproc {cfg.world} "
+    elif "RANK" not in os.environ and cfg.world > 1 and not cfg.parallel.nproc:
+        p = cfg.parallel
+        raise ConfigError(f"dp*pp*tp = {p.dp}*{p.pp}*{p.tp} = {cfg.world} ranks: pass --nproc {cfg.world} "
                           "to spawn them here, or start under torchrun")
     if os.environ.get("RANK", "0") == "0":
-        print(to_toml(cfg), end="", flush=True)
+        print("".join(f"# {note}\n" for note in notes) + to_toml(cfg), end="", flush=True)
     from pipeoffload.train.job import train
     from pipeoffload.train.launch import Interrupted, RankFailure
 

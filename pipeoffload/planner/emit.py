@@ -1,10 +1,13 @@
 """Write a plan as a train config (``pipeoffload train --config run.toml``).
 
-Flat TOML whose keys are the train flags with ``-`` replaced by ``_`` (the shared train-config
-schema): schedule, stages_per_rank, group_size (group-interleaved only), offload, recompute (with
-``,lgd`` when the plan used LGD partial recomputation), microbatches, global_batch, pp, dp, tp, nproc,
-and the reference GPT's layers/hidden/heads/seq_len when the model is GPT-shaped (multi-head
-attention, FFN 4h, GeLU), since that is the model the train command builds.
+The train config's sections (``pipeoffload.train.config``, which this layer does not import; a test
+reads what is written here with train's own reader): ``[schedule]`` family, stages_per_rank,
+group_size (group-interleaved only), offload, recompute, microbatches; ``[parallel]`` pp, dp, tp,
+nproc; ``[data]`` global_batch; and ``[model]`` layers/hidden/heads/seq_len of the reference GPT
+when the model is GPT-shaped (multi-head attention, FFN 4h, GeLU), since that is the model the train
+command builds. ``plan_config`` gives the same keys flat (the train flags with ``-`` as ``_``).
+The recompute policy is written as the plan's table shows it: the planner's memory model assumes
+LGD partial recomputation with offload (a GPU kernel choice), which ``train`` does not perform.
 """
 from __future__ import annotations
 
@@ -31,12 +34,11 @@ def _toml_value(value: object) -> str:
 def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
     """The train-config keys of ``plan`` (in the schema's order)."""
     c, layout = plan.choice, plan.layout
-    lgd = req.setup.lgd_for(c.offload) and req.measured is None
     config: dict[str, object] = {"schedule": c.family, "stages_per_rank": c.stages_per_rank}
     if c.group_size is not None:
         config["group_size"] = c.group_size
     config["offload"] = str(c.offload)
-    config["recompute"] = str(c.recompute) + (",lgd" if lgd else "")
+    config["recompute"] = str(c.recompute)
     config.update({"pp": layout.pp, "dp": layout.dp, "tp": layout.tp, "microbatches": plan.microbatches,
                    "global_batch": req.global_batch})
     model = req.model
@@ -45,6 +47,24 @@ def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
                        "seq_len": model.seq})
     config["nproc"] = layout.gpus
     return config
+
+
+# flat key -> (section, key) of the train config
+SECTIONS = {"schedule": ("schedule", "family"), "stages_per_rank": ("schedule", "stages_per_rank"),
+            "group_size": ("schedule", "group_size"), "offload": ("schedule", "offload"),
+            "recompute": ("schedule", "recompute"), "microbatches": ("schedule", "microbatches"),
+            "pp": ("parallel", "pp"), "dp": ("parallel", "dp"), "tp": ("parallel", "tp"),
+            "nproc": ("parallel", "nproc"), "global_batch": ("data", "global_batch"),
+            "layers": ("model", "layers"), "hidden": ("model", "hidden"), "heads": ("model", "heads"),
+            "seq_len": ("model", "seq_len")}
+
+
+def _sections(config: dict[str, object]) -> list[str]:
+    tables: dict[str, list[str]] = {}
+    for flat, value in config.items():
+        section, name = SECTIONS[flat]
+        tables.setdefault(section, []).append(f"{name} = {_toml_value(value)}")
+    return [line for section, rows in tables.items() for line in ("", f"[{section}]", *rows)]
 
 
 def config_toml(req: PlanRequest, plan: Plan) -> str:
@@ -58,7 +78,10 @@ def config_toml(req: PlanRequest, plan: Plan) -> str:
                      f"{plan.unit_bytes / 1024**3:.3f} GiB here), i.e. {units * plan.unit_bytes / 1024**3:.1f} GiB")
     if not is_gpt_like(req.model):
         lines.append("# the model is not GPT-shaped: layers/hidden/heads/seq_len left to the train defaults")
-    lines += [f"{key} = {_toml_value(value)}" for key, value in plan_config(req, plan).items()]
+    if req.setup.lgd_for(offload) and req.measured is None:
+        lines.append("# memory predicted with LGD partial recomputation (LayerNorm, GeLU, dropout recomputed in "
+                     "the backward), which train does not perform: expect more activation memory")
+    lines += _sections(plan_config(req, plan))
     return "\n".join(lines) + "\n"
 
 

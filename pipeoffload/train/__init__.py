@@ -1,13 +1,25 @@
 """``pipeoffload train``: configuration, data, device mesh, the loop, checkpoints and metrics.
 
-``TrainConfig`` and ``validate`` are torch-free; the rest imports torch when used. For your own
+``TrainConfig`` (its sections) and ``validate`` are torch-free; the rest imports torch when used. For your own
 model: ``train_model`` (see ``pipeoffload.train.api``).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from pipeoffload.train.config import TrainConfig, build_config, validate
+from pipeoffload.train.config import (
+    CheckpointConfig,
+    DataConfig,
+    MetricsConfig,
+    ModelConfig,
+    OptimConfig,
+    ParallelConfig,
+    RunConfig,
+    ScheduleConfig,
+    TrainConfig,
+    build_config,
+    validate,
+)
 
 
 def __getattr__(name: str) -> Any:  # the torch-side API, imported on first use
@@ -22,4 +34,5 @@ def __getattr__(name: str) -> Any:  # the torch-side API, imported on first use
     raise AttributeError(name)
 
 
-__all__ = ["TrainConfig", "Trainer", "build_config", "train_model", "validate"]
+__all__ = ["CheckpointConfig", "DataConfig", "MetricsConfig", "ModelConfig", "OptimConfig", "ParallelConfig",
+           "RunConfig", "ScheduleConfig", "TrainConfig", "Trainer", "build_config", "train_model", "validate"]

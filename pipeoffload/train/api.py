@@ -14,7 +14,7 @@
     def batches(cfg): return Batches()
 
     if __name__ == "__main__":
-        cfg = TrainConfig(schedule="1f1b", pp=2, dp=2, nproc=4, microbatches=4, global_batch=32, steps=50)
+        cfg = TrainConfig.build(schedule="1f1b", pp=2, dp=2, nproc=4, microbatches=4, global_batch=32, steps=50)
         train_model(cfg, layers, torch.nn.functional.cross_entropy, batches)
 
 ``layers`` returns the whole model as a list of modules, split into ``pp * stages_per_rank``
@@ -45,34 +45,50 @@ def _user_rank(ctx: Any, cfg: TrainConfig, build: Callable[[], Sequence[Any]], l
     modules = [m.to(ctx.device) for m in build()]
     model = from_stage_modules(modules, schedule, ctx.pp_rank) if stage_modules else \
         from_layers(modules, schedule, ctx.pp_rank, counts)
-    run_dir = Path(cfg.out) if cfg.out else None
+    run_dir = Path(cfg.run.out) if cfg.run.out else None
     trainer = Trainer(cfg, ctx, schedule, model, loss_fn, batches(cfg), run_dir)
     return trainer.fit(Path(resume_from) if resume_from else None)
 
 
 def train_model(cfg: TrainConfig, layers: Callable[[], Sequence[Any]], loss_fn: Callable[[Any, Any], Any],
                 batches: Callable[[TrainConfig], Any], *, stage_modules: bool = False,
-                counts: Sequence[int] | None = None, resume: str | None = None,
+                counts: Sequence[int] | None = None, resume: str | None = None, extend: bool = False,
                 verbose: bool = False) -> dict[str, Any]:
     """Train on ``cfg.world`` ranks (spawned, under torchrun, or this process); returns rank 0's result
-    (``history``: the metrics records, ``step``, ``interrupted``)."""
+    (``history``: the metrics records, ``step``, ``interrupted``). ``resume=RUN_DIR`` continues that run
+    in its directory from its last checkpoint (``cfg.out`` is set to it); a ``steps`` other than the
+    run's needs ``extend=True``, as ``--extend`` does: it starts a new cosine LR schedule."""
     from pipeoffload.train import checkpoint
     from pipeoffload.train.job import prepare_run
     from pipeoffload.train.launch import run_ranks, under_torchrun
     from pipeoffload.train.runlock import RunLock
 
-    cfg = validate(cfg, data_exists=False, gpt=False)
+    if resume:
+        cfg = cfg.updated(out=str(resume))
+        _check_resume(cfg, Path(resume), extend)
+    cfg = validate(cfg.updated(model="own"), data_exists=False, gpt=False)  # config.toml records the kind
     if cfg.world > 1 and not under_torchrun():
         _check_importable(layers=layers, loss_fn=loss_fn, batches=batches)
     ckpt = None
     main = not under_torchrun() or _rank0()
-    with RunLock(Path(cfg.out)) if cfg.out and main else contextlib.nullcontext():  # one run per directory
-        if cfg.out or resume:
+    with RunLock(Path(cfg.run.out)) if cfg.run.out and main else contextlib.nullcontext():  # one run per directory
+        if cfg.run.out or resume:
             cfg, ckpt = prepare_run(cfg, resume, is_main=main)
         del checkpoint
         results = run_ranks(_user_rank, cfg, (layers, loss_fn, batches, stage_modules, counts,
                                               str(ckpt) if ckpt else None), verbose=verbose)
     return results[0]  # type: ignore[no-any-return]
+
+
+def _check_resume(cfg: TrainConfig, run: Path, extend: bool) -> None:
+    from pipeoffload.train.config import build_config, load_saved
+
+    if not (run / "config.toml").is_file():
+        raise ConfigError(f"resume={str(run)!r}: no config.toml there; give the out folder of a run")
+    saved = build_config(load_saved(run))  # (its model is checked by loading the checkpoint into yours)
+    if saved.run.steps != cfg.run.steps and not extend:
+        raise ConfigError(f"steps={cfg.run.steps}: the run was made with steps={saved.run.steps}, which also sets its "
+                          "cosine LR schedule; pass extend=True to start a new LR schedule, or keep steps")
 
 
 def _check_importable(**callables: Any) -> None:

@@ -24,12 +24,19 @@ import numpy as np
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import write_atomic
-from pipeoffload.train.config import FINGERPRINT_KEYS, TrainConfig, fingerprint, fingerprint_hash
+from pipeoffload.train.config import (
+    FINGERPRINT_KEYS,
+    LAYOUT_KEYS,
+    TrainConfig,
+    default_of,
+    fingerprint,
+    fingerprint_hash,
+    layout,
+)
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-LAYOUT_KEYS = ("pp", "dp", "tp", "schedule", "stages_per_rank", "zero")
 
 
 def step_dir(run_dir: Path, step: int) -> Path:
@@ -115,9 +122,12 @@ def check_compatible(manifest: dict[str, Any], cfg: TrainConfig, path: Path) -> 
     saved = manifest.get("fingerprint", {})
     mine = fingerprint(cfg)
     for key in FINGERPRINT_KEYS:
-        if saved.get(key) != mine[key]:
+        theirs = saved.get(key, default_of(key))  # a key newer than the checkpoint had its default then
+        if key == "data" and theirs:  # an older run stored the path as given; now it is stored resolved
+            theirs = str(Path(theirs).resolve())
+        if theirs != mine[key]:
             raise ConfigError(
-                f"checkpoint {str(path)!r} has {key}={saved.get(key)!r} but this run has {key}={mine[key]!r}; "
+                f"checkpoint {str(path)!r} has {key}={theirs!r} but this run has {key}={mine[key]!r}; "
                 f"only the layout ({', '.join(LAYOUT_KEYS)}) and run options may change on resume"
             )
 
@@ -255,7 +265,7 @@ def _attempt(work: Any) -> tuple[float, BaseException | None]:
 
 def save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any], opt: Any, rank: int, world: int,
          extra: dict[str, Any]) -> Path:
-    """Write the checkpoint of ``step`` atomically and keep the newest ``cfg.keep``.
+    """Write the checkpoint of ``step`` atomically and keep the newest ``cfg.checkpoint.keep``.
 
     Free space is checked first (``estimated_bytes``); a save that fails on any rank (a full disk,
     above all) is removed on every rank's behalf, and every rank raises ``SaveError`` saying what
@@ -292,16 +302,16 @@ def save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any], opt:
     _check(_agree(code, device), exc, run_dir, step, tmp, rank)
 
     def finish() -> None:
-        layout = {k: getattr(cfg, k) for k in LAYOUT_KEYS}
-        write_atomic(tmp / "trainer.json", json.dumps({"step": step, "world": world, "layout": layout, **extra}))
+        shape = layout(cfg)
+        write_atomic(tmp / "trainer.json", json.dumps({"step": step, "world": world, "layout": shape, **extra}))
         files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         manifest = {"step": step, "fingerprint": fingerprint(cfg), "fingerprint_hash": fingerprint_hash(cfg),
-                    "layout": layout, "world": world, "files": files}
+                    "layout": shape, "world": world, "files": files}
         write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1))
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
-        for old in list_checkpoints(run_dir)[:-cfg.keep]:
+        for old in list_checkpoints(run_dir)[:-cfg.checkpoint.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
     code, exc = _attempt(finish) if rank == 0 else (_OK, None)

@@ -1,15 +1,23 @@
-"""The training configuration: one flat record, read from TOML and flags, validated before any rank starts.
+"""The training configuration: nested sections, each key's default and help written once, here.
 
-Keys are the ``pipeoffload train`` flags with ``-`` replaced by ``_`` (the interface shared with
-``pipeoffload plan --emit``). ``validate`` raises ``ConfigError`` with one line naming the key, the
-rule and the fix. This module never imports torch, so a bad value is refused in milliseconds.
+``TrainConfig`` holds one frozen dataclass per section (``model``, ``data``, ``parallel``,
+``schedule``, ``optim``, ``checkpoint``, ``metrics``, ``run``). Everything else is derived from the
+fields: the ``pipeoffload train`` flags (``add_flags``; a field's flag is ``--`` + its *flat key*
+with ``_`` as ``-``), the TOML file (one table per section: ``[parallel] pp = 2``) and the help
+text with its default. The flat key of a field is its name, except where the section makes the name
+redundant (``schedule.family`` is ``schedule``, ``data.path`` is ``data``, ``model.source`` is
+``model``); flat keys at the top level of a TOML file are read too (the format before sections,
+still in old runs' ``config.toml``). ``validate`` raises ``ConfigError`` with one line naming the
+key, the rule and the fix. This module never imports torch, so a bad value is refused in milliseconds.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import math
 import sys
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,70 +29,214 @@ else:  # pragma: no cover - py3.10
     import tomli as tomllib
 
 DEFAULT_TIMEOUT = 120.0  # seconds: a loaded 2-core CPU machine can take tens of seconds for one step
+MAX_TIMEOUT = 7 * 86400.0  # a week: beyond it (inf, 1e300) the process group's timedelta overflows
+MIN_TIMEOUT = 1.0  # below a second, starting the ranks alone times out
+
+
+def key(default: Any, help: str, *, flat: str = "", saved: bool = True, metavar: str = "") -> Any:
+    """A config field: its default, its help (the flag's and the docs'), and optionally its flat key
+    (when it differs from the field name) and ``saved=False`` for per-invocation options that a
+    resumed run must not inherit from ``config.toml``."""
+    return field(default=default, metadata={"help": help, "flat": flat, "saved": saved, "metavar": metavar})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    source: str = key("gpt", "gpt (the reference GPT) | llama | hf:DIR (a local Hugging Face folder); "
+                             "'own' marks a run of train_model", flat="model", metavar="NAME")
+    layers: int = key(4, "transformer blocks")
+    hidden: int = key(64, "hidden size")
+    heads: int = key(4, "attention heads")
+    kv_heads: int = key(0, "key/value heads of grouped-query attention (0: = heads)")
+    ffn_hidden: int = key(0, "feed-forward hidden size (0: the family's default, 4*hidden for gpt)")
+    vocab: int = key(0, "vocabulary size (0: the tokenizer's)")
+    rope_theta: float = key(10000.0, "RoPE base frequency (llama)")
+    tie_embeddings: bool = key(False, "share the weights of the token embedding and the output head")
+    seq_len: int = key(64, "tokens per sequence")
+    dtype: str = key("fp32", "fp32 | bf16 (bf16 autocast; fp32 master weights and optimizer state)")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    path: str = key("", "text file, folder of text files, or .npy/.bin tokens (default: the stdlib's sources)",
+                    flat="data", metavar="PATH")
+    tokenizer: str = key("byte", "byte | bpe:N (BPE trained offline on the data, saved in the run)")
+    val_fraction: float = key(0.05, "share of the tokens held out for validation (the tail)")
+    global_batch: int = key(8, "sequences per optimizer step over all dp replicas")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    pp: int = key(1, "pipeline-parallel size")
+    dp: int = key(1, "data-parallel size")
+    tp: int = key(1, "tensor-parallel size")
+    zero: int = key(0, "1: shard the optimizer state over the dp group (ZeroRedundancyOptimizer)")
+    nproc: int = key(0, "spawn this many local ranks (0: torchrun's env, else one process)")
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    family: str = key("1f1b", "schedule family (see `pipeoffload schedules`)", flat="schedule", metavar="NAME")
+    stages_per_rank: int = key(0, "stages per pipeline rank v (0: the family's own; a new --schedule resets it)")
+    group_size: int = key(0, "group size g of group-interleaved (0: the family's)")
+    microbatches: int = key(4, "microbatches per step per replica; must divide global_batch/dp")
+    offload: str = key("none", "offload policy: none | all | first:K | auto | budget:X")
+    recompute: str = key("none", "recompute policy: none | all | first:K | auto, with ,lgd for partial")
+    offload_ratio: float = key(0.0, "k of the offload placement cost model (0: the default cost model)")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = key(3e-4, "peak learning rate of AdamW (betas 0.9, 0.95)")
+    warmup: int = key(20, "linear warm-up steps before the cosine decay")
+    min_lr_ratio: float = key(0.1, "the cosine decays to this fraction of lr at --steps")
+    weight_decay: float = key(0.1, "AdamW weight decay")
+    clip: float = key(1.0, "clip gradients to this global norm (0: off)")
+    skip_nonfinite: int = key(0, "non-finite steps (loss or gradient norm) skipped before the run stops")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    save_every: int = key(100, "checkpoint every N steps and at the end")
+    keep: int = key(2, "checkpoints kept")
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    eval_every: int = key(50, "validation loss every N steps (and after step 1 and the last)")
+    eval_batches: int = key(2, "held-out batches (of global_batch sequences) per validation")
+    progress: bool = key(True, "the progress bar", saved=False)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    steps: int = key(100, "optimizer steps; also the length of the cosine LR schedule")
+    stop_at: int = key(0, "save and stop after this step though --steps sets the schedule (0: run all steps)",
+                       saved=False)
+    seed: int = key(0, "seeds the weights, the data order and every random-number generator")
+    out: str = key("", "run directory (default runs/<timestamp>)", metavar="DIR")
+    timeout: float = key(DEFAULT_TIMEOUT, "seconds bounding every wait between ranks")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    # pipeline
-    schedule: str = "1f1b"
-    stages_per_rank: int = 0  # 0: the family's own default
-    group_size: int = 0  # group-interleaved only; 0: the family's default
-    offload: str = "none"
-    recompute: str = "none"
-    offload_ratio: float = 0.0  # k for the placement pass's cost model; 0: the default cost model
-    # parallelism
-    pp: int = 1
-    dp: int = 1
-    tp: int = 1
-    zero: int = 0
-    # batch and steps
-    microbatches: int = 4
-    global_batch: int = 8
-    steps: int = 100
-    stop_at: int = 0  # stop (save, exit) after this step though `steps` sets the LR schedule; 0: run to the end
-    seed: int = 0
-    # model (reference GPT)
-    layers: int = 4
-    hidden: int = 64
-    heads: int = 4
-    seq_len: int = 64
-    # data
-    data: str = ""
-    tokenizer: str = "byte"
-    val_fraction: float = 0.05
-    eval_batches: int = 2
-    # run
-    nproc: int = 0  # 0: world size from torchrun's env, else one process
-    out: str = ""
-    timeout: float = DEFAULT_TIMEOUT
-    eval_every: int = 50
-    save_every: int = 100
-    keep: int = 2
-    lr: float = 3e-4
-    warmup: int = 20
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    clip: float = 1.0  # global gradient-norm clip; 0: off
-    progress: bool = True
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    run: RunConfig = field(default_factory=RunConfig)
 
     @property
     def world(self) -> int:
-        return self.dp * self.pp * self.tp
+        return self.parallel.dp * self.parallel.pp * self.parallel.tp
+
+    @classmethod
+    def build(cls, **keys: Any) -> TrainConfig:
+        """A config from flat keys: ``TrainConfig.build(pp=2, nproc=2, schedule="zb-v")``."""
+        return build_config(keys)
+
+    def updated(self, **keys: Any) -> TrainConfig:
+        """A copy with these flat keys changed (values coerced and checked like the file's)."""
+        return build_config(self.flat(), keys)
+
+    def get(self, flat: str) -> Any:
+        section, name = KEYS[flat]
+        return getattr(getattr(self, section), name)
+
+    def flat(self) -> dict[str, Any]:
+        return {k: self.get(k) for k in KEYS}
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-KEYS = tuple(f.name for f in fields(TrainConfig))
-_TYPES = {f.name: type(getattr(TrainConfig(), f.name)) for f in fields(TrainConfig)}
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(TrainConfig)  # type: ignore[misc]
+                             if f.default_factory is not MISSING}
+
+
+def _flat_key(f: Field) -> str:
+    return f.metadata.get("flat") or f.name
+
+
+# flat key -> (section, field name), in the order of the sections
+KEYS: dict[str, tuple[str, str]] = {_flat_key(f): (s, f.name) for s, kind in SECTIONS.items() for f in fields(kind)}
+_FIELDS: dict[str, Field] = {_flat_key(f): f for kind in SECTIONS.values() for f in fields(kind)}
+_TYPES = {k: type(f.default) for k, f in _FIELDS.items()}
+UNSAVED = tuple(k for k, f in _FIELDS.items() if not f.metadata["saved"])
 # What makes two runs' checkpoints interchangeable: the model, the data and its order. The layout
 # (pp, dp, tp, schedule, policies, zero) may change on resume: DCP reshards by parameter name.
+# The later model keys compare with their default when an older manifest lacks them.
 FINGERPRINT_KEYS = ("layers", "hidden", "heads", "seq_len", "data", "tokenizer", "val_fraction", "seed",
-                    "global_batch")
+                    "global_batch", "model", "kv_heads", "ffn_hidden", "vocab", "rope_theta", "tie_embeddings")
+LAYOUT_KEYS = ("pp", "dp", "tp", "schedule", "stages_per_rank", "zero")
 
 
-def _coerce(key: str, value: Any) -> Any:
-    kind = _TYPES[key]
+def default_of(flat: str) -> Any:
+    return _FIELDS[flat].default
+
+
+# ---- the flags ---------------------------------------------------------------------------------------
+def flag_of(flat: str) -> str:
+    return "--" + flat.replace("_", "-")
+
+
+def _shown(default: Any) -> str:
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
+def _bool_flag(flat: str) -> str:
+    """A switch: ``--KEY`` turns on what is off by default, ``--no-KEY`` turns off what is on."""
+    return flag_of(flat) if not _FIELDS[flat].default else "--no-" + flat.replace("_", "-")
+
+
+def flag_help(flat: str) -> str:
+    f = _FIELDS[flat]
+    text = f.metadata["help"]
+    if f.type in ("bool", bool):
+        return text if not f.default else f"turn off: {text}"
+    return text if "default" in text else f"{text} (default {_shown(f.default)})"
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per key, one argument group per section; every default is ``None`` (= not given), so
+    the layers under the flags (saved config, --config file, defaults) show through."""
+    for section, kind in SECTIONS.items():
+        group = parser.add_argument_group(section)
+        for f in fields(kind):
+            flat = _flat_key(f)
+            if f.type in ("bool", bool):  # on by default: --no-KEY; off by default: --KEY
+                group.add_argument(_bool_flag(flat), dest=flat, action="store_const", const=not f.default,
+                                   default=None, help=flag_help(flat))
+                continue
+            kind_ = _TYPES[flat]
+            metavar = f.metadata["metavar"] or {int: "N", float: "X"}.get(kind_, "TEXT")
+            group.add_argument(flag_of(flat), dest=flat, type=kind_, default=None, metavar=metavar,
+                               help=flag_help(flat))
+
+
+def flags_given(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in KEYS if getattr(args, k, None) is not None}
+
+
+def flags_markdown() -> str:
+    """The flag table of docs/training.md, derived from the fields (a test keeps the docs equal to it)."""
+    rows = ["| flag | TOML | default | meaning |", "|---|---|---|---|"]
+    for flat, (section, name) in KEYS.items():
+        f = _FIELDS[flat]
+        flag = _bool_flag(flat) if f.type in ("bool", bool) else flag_of(flat)
+        text = f.metadata["help"].replace("|", "\\|")
+        rows.append(f"| `{flag}` | `[{section}] {name}` | {_shown(f.default)} | {text} |")
+    return "\n".join(rows) + "\n"
+
+
+# ---- values and files ----------------------------------------------------------------------------------
+def _coerce(flat: str, value: Any) -> Any:
+    kind = _TYPES[flat]
     if kind is bool:
         if isinstance(value, bool):
             return value
@@ -105,20 +257,45 @@ def _coerce(key: str, value: Any) -> Any:
             except ValueError:
                 pass
     elif kind is float:
+        number: float | None = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
+        if number is not None:
+            if not math.isfinite(number):
+                raise ConfigError(f"{flat}={value!r}: must be a finite number")
+            return number
     elif kind is str:
-        return str(value)
-    raise ConfigError(f"{key}={value!r}: must be {'an integer' if kind is int else kind.__name__}")
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise ConfigError(f"{flat}={value!r}: must be {'an integer' if kind is int else 'a ' + kind.__name__}")
+
+
+def flatten(mapping: dict[str, Any], where: str = "config") -> dict[str, Any]:
+    """Flat keys of a mapping that may hold sections (``{"parallel": {"pp": 2}}``), flat keys
+    (``{"pp": 2}``, the format before sections) or both; an unknown key is refused, naming the valid ones."""
+    out: dict[str, Any] = {}
+    for name, value in mapping.items():
+        if isinstance(value, dict) and name in SECTIONS:
+            names = {f.name: _flat_key(f) for f in fields(SECTIONS[name])}
+            for sub, v in value.items():
+                if sub not in names:
+                    raise ConfigError(f"unknown key {sub!r} in [{name}] of {where}; valid keys: {', '.join(names)}")
+                out[names[sub]] = v
+        elif name in KEYS and not isinstance(value, dict):
+            out[name] = value
+        else:
+            raise ConfigError(f"unknown config key {name!r} in {where}; sections: {', '.join(SECTIONS)}; "
+                              f"keys: {', '.join(KEYS)}")
+    return out
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
-    """The keys of a flat TOML file; unknown keys are refused (a typo must not pass silently)."""
+    """The flat keys of a TOML file (sections or the old flat form); unknown keys are refused."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"--config {str(p)!r}: no such file")
@@ -126,22 +303,78 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         data = tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"--config {str(p)!r}: not valid TOML ({str(err).splitlines()[0]})") from None
-    return data
+    return flatten(data, str(p))
+
+
+def load_saved(run_dir: str | Path) -> dict[str, Any]:
+    """The flat keys a run saved, less the per-invocation ones (an old run's ``stop_at``)."""
+    saved = load_toml(Path(run_dir) / "config.toml")
+    return {k: v for k, v in saved.items() if k not in UNSAVED}
 
 
 def build_config(*layers: dict[str, Any]) -> TrainConfig:
-    """Defaults, then each mapping in turn (TOML, then flags); ``None`` values are skipped."""
+    """Defaults, then each mapping in turn (TOML, then flags; flat or with sections); ``None`` values
+    are skipped."""
     values: dict[str, Any] = {}
     for layer in layers:
-        for key, value in layer.items():
-            if value is None:
+        for flat, value in flatten(layer).items():
+            if value is not None:
+                values[flat] = _coerce(flat, value)
+    parts: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+    for flat, value in values.items():
+        section, name = KEYS[flat]
+        parts[section][name] = value
+    return TrainConfig(**{s: kind(**parts[s]) for s, kind in SECTIONS.items()})
+
+
+def overrides(base: dict[str, Any], top: dict[str, Any]) -> list[str]:
+    """``key old -> new`` for each flat key ``top`` changes in ``base`` (after coercion)."""
+    out = []
+    for flat, value in top.items():
+        if value is None or flat not in base:
+            continue
+        old, new = _coerce(flat, base[flat]), _coerce(flat, value)
+        if old != new:
+            out.append(f"{flat} {old!r} -> {new!r}")
+    return out
+
+
+def to_toml(cfg: TrainConfig) -> str:
+    """The saved form: one table per section, per-invocation keys left out; a model this package does
+    not build (``own``) records only its kind."""
+    lines = ["# pipeoffload train: resolved configuration (flags override; see docs/training.md)"]
+    for section, kind in SECTIONS.items():
+        lines.append(f"\n[{section}]")
+        for f in fields(kind):
+            if not f.metadata["saved"]:
                 continue
-            if key not in _TYPES:
-                raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(KEYS)}")
-            values[key] = _coerce(key, value)
-    return replace(TrainConfig(), **values)
+            if section == "model" and cfg.model.source == "own" and f.name != "source":
+                continue
+            lines.append(f"{f.name} = {_toml_value(getattr(getattr(cfg, section), f.name))}")
+    return "\n".join(lines) + "\n"
 
 
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return repr(value)
+
+
+def fingerprint(cfg: TrainConfig) -> dict[str, Any]:
+    return {k: cfg.get(k) for k in FINGERPRINT_KEYS}
+
+
+def fingerprint_hash(cfg: TrainConfig) -> str:
+    return hashlib.sha256(json.dumps(fingerprint(cfg), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def layout(cfg: TrainConfig) -> dict[str, Any]:
+    return {k: cfg.get(k) for k in LAYOUT_KEYS}
+
+
+# ---- validation ----------------------------------------------------------------------------------------
 def _need(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
@@ -151,55 +384,101 @@ def resolve_stages_per_rank(cfg: TrainConfig) -> TrainConfig:
     """Fill the family's default stages per rank (and check the name)."""
     from pipeoffload.schedules import get_spec
 
-    spec = get_spec(cfg.schedule)  # ConfigError naming the valid families
-    v = cfg.stages_per_rank or spec.default_stages_per_rank()
-    return replace(cfg, schedule=spec.name, stages_per_rank=v)
+    spec = get_spec(cfg.schedule.family)  # ConfigError naming the valid families
+    v = cfg.schedule.stages_per_rank or spec.default_stages_per_rank()
+    return replace(cfg, schedule=replace(cfg.schedule, family=spec.name, stages_per_rank=v))
+
+
+_AT_LEAST_1 = ("pp", "dp", "tp", "microbatches", "global_batch", "steps", "layers", "hidden", "heads", "seq_len",
+               "eval_every", "save_every", "keep", "eval_batches")
+_AT_LEAST_0 = ("stages_per_rank", "group_size", "nproc", "warmup", "seed", "stop_at", "kv_heads", "ffn_hidden",
+               "vocab", "skip_nonfinite")
 
 
 def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) -> TrainConfig:
-    """Check every rule; return the config with defaults resolved. One ``ConfigError`` line per failure."""
+    """Check every rule; return the config with defaults resolved. One ``ConfigError`` line per failure.
+    ``gpt=False``: the model is the caller's (``train_model``), recorded as ``model = "own"``."""
     from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 
-    for key in ("pp", "dp", "tp", "microbatches", "global_batch", "steps", "layers", "hidden", "heads", "seq_len",
-                "eval_every", "save_every", "keep", "eval_batches"):
-        value = getattr(cfg, key)
-        _need(value >= 1, f"{key}={value}: must be >= 1")
-    for key in ("stages_per_rank", "group_size", "nproc", "warmup", "seed", "stop_at"):
-        value = getattr(cfg, key)
-        _need(value >= 0, f"{key}={value}: must be >= 0")
-    _need(cfg.zero in (0, 1), f"zero={cfg.zero}: must be 0 or 1 (1: ZeroRedundancyOptimizer over the dp group)")
-    _need(cfg.lr > 0, f"lr={cfg.lr}: must be > 0")
-    _need(cfg.timeout > 0, f"timeout={cfg.timeout}: must be > 0 seconds")
-    _need(cfg.clip >= 0, f"clip={cfg.clip}: must be >= 0 (0 turns clipping off)")
-    _need(0 < cfg.val_fraction < 0.5, f"val_fraction={cfg.val_fraction}: must be in (0, 0.5)")
-    _need(0 <= cfg.min_lr_ratio <= 1, f"min_lr_ratio={cfg.min_lr_ratio}: must be in [0, 1]")
-    _need(cfg.hidden % cfg.heads == 0, f"hidden={cfg.hidden}: must be divisible by heads={cfg.heads}")
-    if cfg.nproc:
-        _need(cfg.nproc == cfg.world,
-              f"nproc={cfg.nproc}: world size must equal dp*pp*tp = {cfg.dp}*{cfg.pp}*{cfg.tp} = {cfg.world}; "
-              "change --nproc or the layout")
-    _need(cfg.global_batch % cfg.dp == 0,
-          f"global_batch={cfg.global_batch}: must be divisible by dp={cfg.dp} (sequences per replica)")
-    per_replica = cfg.global_batch // cfg.dp
-    _need(per_replica % cfg.microbatches == 0,
-          f"microbatches={cfg.microbatches}: must divide the {per_replica} sequences per replica "
-          f"(global_batch/dp); e.g. microbatches={_divisor_near(per_replica, cfg.microbatches)}")
-    if cfg.tp > 1:
-        _need(cfg.heads % cfg.tp == 0, f"tp={cfg.tp}: must divide heads={cfg.heads}")
-        _need(cfg.seq_len % cfg.tp == 0,
-              f"seq_len={cfg.seq_len}: sequence parallelism needs it divisible by tp={cfg.tp}")
-    _check_tokenizer(cfg.tokenizer)
-    if cfg.data and data_exists:
-        _need(Path(cfg.data).exists(), f"data={cfg.data!r}: no such file or folder")
-    OffloadPolicy.parse(cfg.offload)
-    RecomputePolicy.parse(cfg.recompute)
+    for flat in _AT_LEAST_1:
+        _need(cfg.get(flat) >= 1, f"{flat}={cfg.get(flat)}: must be >= 1")
+    for flat in _AT_LEAST_0:
+        _need(cfg.get(flat) >= 0, f"{flat}={cfg.get(flat)}: must be >= 0")
+    _check_model(cfg, gpt)
+    _check_numbers(cfg)
+    _check_layout(cfg)
+    _check_tokenizer(cfg.data.tokenizer)
+    if cfg.data.path and data_exists:
+        path = Path(cfg.data.path)
+        _need(path.exists(), f"data={cfg.data.path!r}: no such file or folder")
+        _need(path.is_file() or path.is_dir(), f"data={cfg.data.path!r}: not a regular file or a folder")
+    if cfg.data.path:  # stored resolved: --resume from another directory finds it
+        cfg = replace(cfg, data=replace(cfg.data, path=str(Path(cfg.data.path).resolve())))
+    OffloadPolicy.parse(cfg.schedule.offload)
+    RecomputePolicy.parse(cfg.schedule.recompute)
     cfg = resolve_stages_per_rank(cfg)
     _check_schedule(cfg, gpt)
     return cfg
 
 
+def _check_model(cfg: TrainConfig, gpt: bool) -> None:
+    m = cfg.model
+    if not gpt:
+        return
+    _need(m.source != "own", "model='own': this run was made with train_model (your own model), which the CLI "
+                             "cannot rebuild; continue it with train_model(cfg, ..., resume=RUN_DIR)")
+    _need(m.source == "gpt", f"model={m.source!r}: not supported yet; use model='gpt'")
+    _need(m.dtype == "fp32", f"dtype={m.dtype!r}: not supported yet; use dtype='fp32'")
+    _need(m.hidden % m.heads == 0, f"hidden={m.hidden}: must be divisible by heads={m.heads}")
+    for flat in _NOT_GPT:  # keys of the other families: silently ignoring one would train another model
+        value = cfg.get(flat)
+        _need(value == default_of(flat), f"{flat}={value!r}: not used by model='gpt' (only by the llama family, "
+                                         f"not supported yet); leave it at {default_of(flat)!r}")
+
+
+_NOT_GPT = ("kv_heads", "ffn_hidden", "vocab", "rope_theta", "tie_embeddings")
+
+
+def _check_numbers(cfg: TrainConfig) -> None:
+    _need(cfg.run.seed < 2**63, f"seed={cfg.run.seed}: must be < 2**63 (a 64-bit integer)")
+    _need(cfg.parallel.zero in (0, 1),
+          f"zero={cfg.parallel.zero}: must be 0 or 1 (1: ZeroRedundancyOptimizer over the dp group)")
+    _need(cfg.optim.lr > 0, f"lr={cfg.optim.lr}: must be > 0")
+    _need(MIN_TIMEOUT <= cfg.run.timeout <= MAX_TIMEOUT,
+          f"timeout={cfg.run.timeout:g}: must be >= {MIN_TIMEOUT:g} and <= {MAX_TIMEOUT:g} seconds (a week); "
+          "e.g. --timeout 600")
+    _need(cfg.optim.clip >= 0, f"clip={cfg.optim.clip}: must be >= 0 (0 turns clipping off)")
+    _need(cfg.optim.weight_decay >= 0, f"weight_decay={cfg.optim.weight_decay}: must be >= 0")
+    _need(0 < cfg.data.val_fraction < 0.5, f"val_fraction={cfg.data.val_fraction}: must be in (0, 0.5)")
+    _need(0 <= cfg.optim.min_lr_ratio <= 1, f"min_lr_ratio={cfg.optim.min_lr_ratio}: must be in [0, 1]")
+    _need(cfg.schedule.offload_ratio >= 0, f"offload_ratio={cfg.schedule.offload_ratio}: must be >= 0")
+
+
+def _check_layout(cfg: TrainConfig) -> None:
+    p, m = cfg.parallel, cfg.model
+    if p.nproc:
+        _need(p.nproc == cfg.world,
+              f"nproc={p.nproc}: world size must equal dp*pp*tp = {p.dp}*{p.pp}*{p.tp} = {cfg.world}; "
+              "change --nproc or the layout")
+    gb = cfg.data.global_batch
+    _need(gb % p.dp == 0, f"global_batch={gb}: must be divisible by dp={p.dp} (sequences per replica)")
+    per_replica = gb // p.dp
+    mb = cfg.schedule.microbatches
+    if per_replica % mb:  # (the suggestion is computed only when needed: it searches)
+        raise ConfigError(f"microbatches={mb}: must divide the {per_replica} sequences per replica "
+                          f"(global_batch/dp); e.g. microbatches={_divisor_near(per_replica, mb)}")
+    if p.tp > 1:
+        _need(m.heads % p.tp == 0, f"tp={p.tp}: must divide heads={m.heads}")
+        _need(m.seq_len % p.tp == 0, f"seq_len={m.seq_len}: sequence parallelism needs it divisible by tp={p.tp}")
+
+
 def _divisor_near(n: int, want: int) -> int:
-    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - want), d))
+    """The divisor of ``n`` nearest ``want`` (the smaller on a tie), searched outwards a bounded distance."""
+    for delta in range(min(max(n, want), 100_000)):
+        for d in (want - delta, want + delta):
+            if 1 <= d <= n and n % d == 0:
+                return d
+    return 1
 
 
 def _check_tokenizer(text: str) -> None:
@@ -211,7 +490,7 @@ def _check_tokenizer(text: str) -> None:
 
 
 def schedule_options(cfg: TrainConfig) -> dict[str, Any]:
-    return {"group_size": cfg.group_size} if cfg.group_size else {}
+    return {"group_size": cfg.schedule.group_size} if cfg.schedule.group_size else {}
 
 
 def _check_schedule(cfg: TrainConfig, gpt: bool) -> None:
@@ -219,30 +498,11 @@ def _check_schedule(cfg: TrainConfig, gpt: bool) -> None:
     from pipeoffload.passes.lower import lower
     from pipeoffload.schedules import generate
 
-    schedule = generate(cfg.schedule, cfg.pp, cfg.microbatches, cfg.stages_per_rank, **schedule_options(cfg))
-    lower(schedule, offload=cfg.offload, recompute=cfg.recompute)
+    s = cfg.schedule
+    schedule = generate(s.family, cfg.parallel.pp, s.microbatches, s.stages_per_rank, **schedule_options(cfg))
+    lower(schedule, offload=s.offload, recompute=s.recompute)
     stages = schedule.num_stages
-    _need(not gpt or cfg.layers + 2 >= stages,
-          f"layers={cfg.layers}: the GPT's {cfg.layers + 2} layers (embedding, blocks, head) cannot fill "
+    layers = cfg.model.layers
+    _need(not gpt or layers + 2 >= stages,
+          f"layers={layers}: the GPT's {layers + 2} layers (embedding, blocks, head) cannot fill "
           f"{stages} stages (pp*stages_per_rank); use layers >= {stages - 2}")
-
-
-def to_toml(cfg: TrainConfig) -> str:
-    lines = ["# pipeoffload train: resolved configuration (flags override; see docs/training.md)"]
-    for key, value in cfg.as_dict().items():
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, str):
-            text = json.dumps(value)
-        else:
-            text = repr(value)
-        lines.append(f"{key} = {text}")
-    return "\n".join(lines) + "\n"
-
-
-def fingerprint(cfg: TrainConfig) -> dict[str, Any]:
-    return {k: getattr(cfg, k) for k in FINGERPRINT_KEYS}
-
-
-def fingerprint_hash(cfg: TrainConfig) -> str:
-    return hashlib.sha256(json.dumps(fingerprint(cfg), sort_keys=True).encode()).hexdigest()[:16]

@@ -11,7 +11,7 @@ import torch
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.train import checkpoint
-from pipeoffload.train.config import build_config, load_toml
+from pipeoffload.train.config import build_config, load_saved
 from pipeoffload.train.data import ByteTokenizer, load_tokenizer
 from pipeoffload.train.model import full_gpt
 
@@ -21,10 +21,13 @@ def load_model(run_dir: str | Path) -> tuple[torch.nn.Module, object, int]:
     run = Path(run_dir)
     if not (run / "config.toml").is_file():
         raise ConfigError(f"RUN_DIR {str(run)!r}: no config.toml; give the --out folder of `pipeoffload train`")
-    cfg = build_config(load_toml(run / "config.toml"))
-    if cfg.data and Path(cfg.data).suffix in (".npy", ".bin"):
-        raise ConfigError(f"run {str(run)!r} trained on pre-tokenized {cfg.data}: no tokenizer to decode text")
-    tokenizer = load_tokenizer(cfg.tokenizer, run)
+    cfg = build_config(load_saved(run))
+    if cfg.model.source != "gpt":
+        raise ConfigError(f"run {str(run)!r} trained model={cfg.model.source!r} (made with train_model: your own "
+                          "model); generate rebuilds only the reference GPT: sample with your model's code")
+    if cfg.data.path and Path(cfg.data.path).suffix in (".npy", ".bin"):
+        raise ConfigError(f"run {str(run)!r} trained on pre-tokenized {cfg.data.path}: no tokenizer to decode text")
+    tokenizer = load_tokenizer(cfg.data.tokenizer, run)
     ckpt = checkpoint.latest_checkpoint(run)
     checkpoint.verify(ckpt)
     model = full_gpt(cfg, tokenizer.vocab_size)
@@ -35,9 +38,14 @@ def load_model(run_dir: str | Path) -> tuple[torch.nn.Module, object, int]:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process": it is
-        dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
+        try:
+            dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
+        except Exception as err:  # e.g. an older train_model run, whose config.toml did not say so
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ConfigError(f"checkpoint {str(ckpt)!r} does not hold the reference GPT its config.toml describes "
+                              f"({first}); a run made with train_model cannot be sampled here") from None
     model.eval()
-    return model, tokenizer, cfg.seq_len
+    return model, tokenizer, cfg.model.seq_len
 
 
 @torch.no_grad()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import numpy as np
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import write_atomic
 from pipeoffload.train import checkpoint
-from pipeoffload.train.config import TrainConfig, schedule_options, to_toml
+from pipeoffload.train.config import TrainConfig, layout, schedule_options, to_toml
 from pipeoffload.train.launch import under_torchrun
 from pipeoffload.train.runlock import RunLock
 
@@ -29,9 +28,10 @@ def lowered_schedule(cfg: TrainConfig) -> Any:
     from pipeoffload.passes.lower import lower
     from pipeoffload.schedules import generate
 
-    schedule = generate(cfg.schedule, cfg.pp, cfg.microbatches, cfg.stages_per_rank, **schedule_options(cfg))
-    costs = CostModel().with_offload_ratio(cfg.offload_ratio) if cfg.offload_ratio else None
-    return lower(schedule, costs, offload=cfg.offload, recompute=cfg.recompute)
+    s = cfg.schedule
+    schedule = generate(s.family, cfg.parallel.pp, s.microbatches, s.stages_per_rank, **schedule_options(cfg))
+    costs = CostModel().with_offload_ratio(s.offload_ratio) if s.offload_ratio else None
+    return lower(schedule, costs, offload=s.offload, recompute=s.recompute)
 
 
 class TokenBatches:
@@ -39,7 +39,7 @@ class TokenBatches:
 
     def __init__(self, corpus: Any, cfg: TrainConfig) -> None:
         self.corpus, self.cfg = corpus, cfg
-        self.tokens_per_sample = cfg.seq_len
+        self.tokens_per_sample = cfg.model.seq_len
 
     def _torch(self, x: np.ndarray, y: np.ndarray) -> tuple[Any, Any]:
         import torch
@@ -48,11 +48,13 @@ class TokenBatches:
 
     def train(self, step: int, dp_rank: int) -> tuple[Any, Any]:
         c = self.cfg
-        return self._torch(*self.corpus.train_batch(step, c.global_batch, c.seed, c.dp, dp_rank))
+        return self._torch(*self.corpus.train_batch(step, c.data.global_batch, c.run.seed, c.parallel.dp,
+                                                    dp_rank))
 
     def val(self, dp_rank: int) -> list[tuple[Any, Any]]:
         c = self.cfg
-        return [self._torch(x, y) for x, y in self.corpus.val_batches(c.eval_batches, c.global_batch, c.dp, dp_rank)]
+        batches = self.corpus.val_batches(c.metrics.eval_batches, c.data.global_batch, c.parallel.dp, dp_rank)
+        return [self._torch(x, y) for x, y in batches]
 
 
 def gpt_rank(ctx: Any, cfg: TrainConfig, resume_from: str | None) -> dict[str, Any]:
@@ -62,12 +64,12 @@ def gpt_rank(ctx: Any, cfg: TrainConfig, resume_from: str | None) -> dict[str, A
     from pipeoffload.train.loop import Trainer
     from pipeoffload.train.model import apply_tensor_parallel, gpt_rank_model
 
-    run_dir = Path(cfg.out)
-    corpus, _ = load_corpus(cfg.data, cfg.tokenizer, run_dir, cfg.seq_len, cfg.val_fraction)
+    run_dir = Path(cfg.run.out)
+    corpus, _ = load_corpus(cfg.data.path, cfg.data.tokenizer, run_dir, cfg.model.seq_len, cfg.data.val_fraction)
     schedule = lowered_schedule(cfg)
     model = gpt_rank_model(cfg, corpus.vocab_size, schedule, ctx.pp_rank, ctx.device)
-    if cfg.tp > 1:
-        apply_tensor_parallel(model, ctx.tp_mesh(), seq_len=cfg.seq_len)
+    if cfg.parallel.tp > 1:
+        apply_tensor_parallel(model, ctx.tp_mesh(), seq_len=cfg.model.seq_len)
     trainer = Trainer(cfg, ctx, schedule, model, lm_loss, TokenBatches(corpus, cfg), run_dir)
     return trainer.fit(Path(resume_from) if resume_from else None)
 
@@ -80,29 +82,41 @@ def default_out() -> str:
 def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True) -> tuple[TrainConfig, Path | None]:
     """Create the run directory (rank 0 / the launcher) and find the checkpoint to resume from."""
     from pipeoffload.train.data import prepare
+    from pipeoffload.train.preflight import check_run
 
-    if not cfg.out:
-        cfg = replace(cfg, out=default_out())
-    run_dir = Path(cfg.out)
+    if not cfg.run.out:
+        cfg = cfg.updated(out=default_out())
+    check_run(cfg, own_model=cfg.model.source == "own")  # data, memory, --out: before anything is written
+    run_dir = Path(cfg.run.out)
     ckpt: Path | None = None
     if not resume and checkpoint.list_checkpoints(run_dir):
-        raise ConfigError(f"out={cfg.out!r} already holds the checkpoints of a run: continue it with --resume "
-                          f"{cfg.out}, or pick another --out")
+        raise ConfigError(f"out={cfg.run.out!r} already holds the checkpoints of a run: continue it with --resume "
+                          f"{cfg.run.out}, or pick another --out")
     if resume:
         ckpt = checkpoint.latest_checkpoint(Path(resume))
         manifest = checkpoint.verify(ckpt)
         checkpoint.check_compatible(manifest, cfg, ckpt)
-        if manifest["step"] >= cfg.steps:
-            raise ConfigError(f"--resume: checkpoint {ckpt.name} is at step {manifest['step']} and steps={cfg.steps}; "
-                              "pass a larger --steps to train further")
+        if manifest["step"] >= cfg.run.steps:
+            raise ConfigError(f"--resume: the run is finished (checkpoint {ckpt.name}, steps={cfg.run.steps}); to "
+                              "train further pass --steps N --extend (a new cosine LR schedule over N steps)")
+        _note_reshard(manifest, cfg, ckpt)
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(run_dir / "config.toml", to_toml(cfg))
         if not resume:
             for stale in (run_dir / "metrics.jsonl",):
                 stale.unlink(missing_ok=True)
-        prepare(cfg.data, cfg.tokenizer, run_dir, cfg.val_fraction)
+        prepare(cfg.data.path, cfg.data.tokenizer, run_dir, cfg.data.val_fraction)
     return cfg, ckpt
+
+
+def _note_reshard(manifest: dict[str, Any], cfg: TrainConfig, ckpt: Path) -> None:
+    """Say so when the checkpoint was written on another layout (DCP reshards it by parameter name)."""
+    before, now = manifest.get("layout", {}), layout(cfg)
+    changed = [k for k in now if k in before and before[k] != now[k]]
+    if changed:
+        log.warning("resuming %s on another layout: resharding from %s to %s", ckpt.name,
+                    " ".join(f"{k}={before[k]}" for k in changed), " ".join(f"{k}={now[k]}" for k in changed))
 
 
 def train(cfg: TrainConfig, resume: str | None = None, verbose: bool = False) -> dict[str, Any]:
@@ -112,15 +126,15 @@ def train(cfg: TrainConfig, resume: str | None = None, verbose: bool = False) ->
     from pipeoffload.train.launch import run_ranks
 
     main = not under_torchrun() or os.environ.get("RANK") == "0"
-    if not cfg.out:
-        cfg = replace(cfg, out=default_out())
-    with RunLock(Path(cfg.out)) if main else contextlib.nullcontext():  # one run per run directory
+    if not cfg.run.out:
+        cfg = cfg.updated(out=default_out())
+    with RunLock(Path(cfg.run.out)) if main else contextlib.nullcontext():  # one run per run directory
         cfg, ckpt = prepare_run(cfg, resume, is_main=main)
         if under_torchrun() and not main:
-            _wait_for(Path(cfg.out) / "config.toml", cfg.timeout)
+            _wait_for(Path(cfg.run.out) / "config.toml", cfg.run.timeout)
         results = run_ranks(gpt_rank, cfg, (str(ckpt) if ckpt else None,), verbose=verbose)
     first = results[0]
-    first["out"] = cfg.out
+    first["out"] = cfg.run.out
     return first  # type: ignore[no-any-return]
 
 

@@ -2,7 +2,7 @@
 
 ``run_ranks(fn, cfg)`` calls ``fn(ctx)`` on every rank with the process group and the device mesh
 set up: under torchrun (``RANK``/``WORLD_SIZE`` in the environment) in this process, with
-``cfg.nproc > 1`` in that many spawned processes (``pipeoffload.runtime.launch.spawn``: gloo on CPU),
+``cfg.parallel.nproc > 1`` in that many spawned processes (``pipeoffload.runtime.launch.spawn``: gloo on CPU),
 else in this process as a one-rank group. The launcher supervises spawned ranks (see
 ``runtime.launch.spawn``): a failed, killed or stopped rank ends the run within ``GRACE`` seconds,
 naming it; SIGINT/SIGTERM are forwarded to the ranks, which finish their step, save and exit (or
@@ -61,15 +61,15 @@ def _rank_entry(rank: int, world: int, fn: RankFn, cfg: TrainConfig, args: tuple
 
     from pipeoffload.train.mesh import build_context
 
-    run_dir = Path(cfg.out) if cfg.out else None
+    run_dir = Path(cfg.run.out) if cfg.run.out else None
     setup_logging(rank, run_dir, verbose)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.run.seed)
     device = torch.device("cpu")
     if _cuda() and (dist.get_backend() == "nccl" or world == 1):  # one GPU per local rank
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     log.info("rank %d of %d: pid %d on %s", rank, world, os.getpid(), socket.gethostname())
-    ctx = build_context(cfg.dp, cfg.pp, cfg.tp, device, timeout=cfg.timeout)
+    ctx = build_context(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, device, timeout=cfg.run.timeout)
     try:
         return fn(ctx, cfg, *args)
     except BaseException as exc:  # train.log keeps every rank's own error (the launcher shows one)
@@ -118,7 +118,7 @@ def _single(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
 
     with tempfile.TemporaryDirectory(prefix="pipeoffload-") as folder:
         dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=cfg.timeout))
+                                timeout=datetime.timedelta(seconds=cfg.run.timeout))
         try:
             return _rank_entry(0, 1, fn, cfg, args, verbose)
         except ConfigError:
@@ -138,12 +138,12 @@ def _torchrun(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
     from pipeoffload.runtime.launch import init_from_env
     from pipeoffload.train.mesh import build_context
 
-    rank, world, device = init_from_env(timeout=cfg.timeout)
+    rank, world, device = init_from_env(timeout=cfg.run.timeout)
     try:
-        run_dir = Path(cfg.out) if cfg.out else None
+        run_dir = Path(cfg.run.out) if cfg.run.out else None
         setup_logging(rank, run_dir, verbose)
-        torch.manual_seed(cfg.seed)
-        ctx = build_context(cfg.dp, cfg.pp, cfg.tp, device, timeout=cfg.timeout)
+        torch.manual_seed(cfg.run.seed)
+        ctx = build_context(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, device, timeout=cfg.run.timeout)
         try:
             return fn(ctx, cfg, *args)
         finally:
@@ -155,7 +155,7 @@ def _torchrun(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
 def _spawned(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> list[Any]:
     from pipeoffload.runtime.launch import spawn
 
-    result = spawn(_rank_entry, cfg.world, (fn, cfg, args, verbose), timeout=cfg.timeout,
+    result = spawn(_rank_entry, cfg.world, (fn, cfg, args, verbose), timeout=cfg.run.timeout,
                    deadline=10 * 365 * 86400.0, backend="nccl" if _cuda() else "gloo", grace=GRACE,
                    forward_signals=True, stop_grace=STOP_GRACE)
     if result.ok:
@@ -171,7 +171,7 @@ def _spawned(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> list[A
 
 def _note_in_log(cfg: TrainConfig, message: str) -> None:
     """The launcher's verdict as the last line of the run's ``train.log``."""
-    path = Path(cfg.out) / "train.log" if cfg.out else None
+    path = Path(cfg.run.out) / "train.log" if cfg.run.out else None
     if path is None or not path.parent.is_dir():
         return
     try:

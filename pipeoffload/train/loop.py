@@ -64,7 +64,7 @@ class Trainer:
         self.cfg, self.ctx, self.schedule, self.model = cfg, ctx, schedule, model
         self.loss_fn, self.batches, self.run_dir = loss_fn, batches, run_dir
         self.runner = PipelineRunner(model.stages, schedule, ctx.pp_rank, group=ctx.pp_group if ctx.pp > 1 else None,
-                                     loss_fn=loss_fn, device=ctx.device, timeout=cfg.timeout)
+                                     loss_fn=loss_fn, device=ctx.device, timeout=cfg.run.timeout)
         self.named = model.named_parameters()
         self.params = list(self.named.values())
         self.order = self._name_order()
@@ -110,7 +110,7 @@ class Trainer:
         losses = [r["loss"] for r in everyone if r["loss"] is not None]
         finite = math.isfinite(norm) and all(math.isfinite(x) for x in losses)  # the same on every rank
         if finite:
-            clip_gradients(self.params, norm, cfg.clip)
+            clip_gradients(self.params, norm, cfg.optim.clip)
             self.opt.step()
         else:
             self._nonfinite(step, math.fsum(losses) / len(losses), norm)
@@ -122,7 +122,7 @@ class Trainer:
             for s, b in r["slots"].items():
                 units[s] = max(units.get(s, 0), b)
         sim = self.sim(units)
-        samples = cfg.global_batch * self.batches.tokens_per_sample
+        samples = cfg.data.global_batch * self.batches.tokens_per_sample
         record = {
             "step": step, "loss": math.fsum(losses) / len(losses), "val_loss": None, "lr": lr, "grad_norm": norm,
             "tokens_per_s": samples / step_s, "step_s": step_s,
@@ -139,7 +139,7 @@ class Trainer:
         """A non-finite loss or gradient norm: the optimizer does not step; past the allowed number of
         skipped steps (``skip_nonfinite``) the run stops before anything non-finite is saved."""
         self.skipped += 1
-        allowed = _skip_allowed(self.cfg)
+        allowed = self.cfg.optim.skip_nonfinite
         what = f"step {step}: loss {loss:g}, gradient norm {norm:g}: not finite"
         if self.skipped > allowed:
             raise NonFiniteError(f"{what}; stopped without saving it (the last checkpoint, if any, is intact); lower "
@@ -289,14 +289,14 @@ class Trainer:
             self.resume(resume_from)
         metrics = MetricsFile(self.run_dir / "metrics.jsonl", self.step if resume_from else None) \
             if ctx.is_main and self.run_dir else None
-        end = min(cfg.steps, cfg.stop_at) if cfg.stop_at else cfg.steps
-        bar = _progress(cfg, ctx, self.step, cfg.steps)
+        end = min(cfg.run.steps, cfg.run.stop_at) if cfg.run.stop_at else cfg.run.steps
+        bar = _progress(cfg, ctx, self.step, cfg.run.steps)
         restore = self._install_signals()
         saved_at, stopped = -1, 0
         try:
             while self.step < end:
                 record = self.train_step()
-                if self.step % cfg.eval_every == 0 or self.step in (1, cfg.steps):
+                if self.step % cfg.metrics.eval_every == 0 or self.step in (1, cfg.run.steps):
                     record["val_loss"] = self.evaluate()
                     if not math.isfinite(record["val_loss"]):
                         raise NonFiniteError(f"step {self.step}: validation loss {record['val_loss']:g} is not finite: "
@@ -312,7 +312,7 @@ class Trainer:
                              "" if record["val_loss"] is None else f" val {record['val_loss']:.4f}", record["lr"],
                              record["tokens_per_s"], max(record["peak_act_bytes"]))
                 stopped = self._peer_stop
-                if self.run_dir and (self.step % cfg.save_every == 0 or self.step == end or stopped):
+                if self.run_dir and (self.step % cfg.checkpoint.save_every == 0 or self.step == end or stopped):
                     self.save()
                     saved_at = self.step
                 if stopped:
@@ -326,17 +326,8 @@ class Trainer:
                 "interrupted": stopped, "saved_at": saved_at}
 
 
-def _skip_allowed(cfg: Any) -> int:
-    """``skip_nonfinite`` of the config (its optimizer section, or a flat key), 0 where it has none."""
-    for holder in (getattr(cfg, "optim", None), cfg):
-        value = getattr(holder, "skip_nonfinite", None)
-        if isinstance(value, int):
-            return value
-    return 0
-
-
 def _progress(cfg: TrainConfig, ctx: RankContext, initial: int, total: int) -> Any:
-    if not (cfg.progress and ctx.is_main):
+    if not (cfg.metrics.progress and ctx.is_main):
         return None
     import threading
 

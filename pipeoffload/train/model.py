@@ -46,14 +46,15 @@ class RankModel:
 
 
 def gpt_config(cfg: TrainConfig, vocab: int) -> GPTConfig:
-    return GPTConfig(vocab=vocab, seq=cfg.seq_len, hidden=cfg.hidden, heads=cfg.heads, layers=cfg.layers,
+    m = cfg.model
+    return GPTConfig(vocab=vocab, seq=m.seq_len, hidden=m.hidden, heads=m.heads, layers=m.layers,
                      max_offset=0)
 
 
 def full_gpt(cfg: TrainConfig, vocab: int) -> nn.Module:
     """The whole GPT in one process, named as the pipeline ranks name it (``layers.<i>...``)."""
     model = nn.Module()
-    model.layers = StageModule(*gpt_layers(gpt_config(cfg, vocab), seed=cfg.seed))
+    model.layers = StageModule(*gpt_layers(gpt_config(cfg, vocab), seed=cfg.run.seed))
     return model
 
 
@@ -79,7 +80,7 @@ def from_stage_modules(modules: Sequence[nn.Module], schedule: Schedule, pp_rank
 
 
 def gpt_rank_model(cfg: TrainConfig, vocab: int, schedule: Schedule, pp_rank: int, device: torch.device) -> RankModel:
-    layers = [layer.to(device) for layer in gpt_layers(gpt_config(cfg, vocab), seed=cfg.seed)]
+    layers = [layer.to(device) for layer in gpt_layers(gpt_config(cfg, vocab), seed=cfg.run.seed)]
     return from_layers(layers, schedule, pp_rank)
 
 

@@ -13,12 +13,12 @@ from pipeoffload.train.config import TrainConfig
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
     """Learning rate of 1-based ``step``: linear warm-up to ``lr``, then cosine down to ``min_lr_ratio*lr``."""
-    if cfg.warmup and step <= cfg.warmup:
-        return cfg.lr * step / cfg.warmup
-    span = max(1, cfg.steps - cfg.warmup)
-    progress = min(1.0, (step - cfg.warmup) / span)
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
+    if cfg.optim.warmup and step <= cfg.optim.warmup:
+        return cfg.optim.lr * step / cfg.optim.warmup
+    span = max(1, cfg.run.steps - cfg.optim.warmup)
+    progress = min(1.0, (step - cfg.optim.warmup) / span)
+    floor = cfg.optim.lr * cfg.optim.min_lr_ratio
+    return floor + 0.5 * (cfg.optim.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -36,9 +36,9 @@ def make_optimizer(cfg: TrainConfig, params: list[nn.Parameter], dp_group: Any, 
 
     The state is created up front (zeros, step 0: what AdamW creates lazily), so a resumed run loads
     into existing tensors and takes exactly the path of an uninterrupted one."""
-    kwargs: dict[str, Any] = {"lr": cfg.lr, "betas": (0.9, 0.95), "weight_decay": cfg.weight_decay}
+    kwargs: dict[str, Any] = {"lr": cfg.optim.lr, "betas": (0.9, 0.95), "weight_decay": cfg.optim.weight_decay}
     opt: torch.optim.Optimizer
-    if cfg.zero and dp > 1:
+    if cfg.parallel.zero and dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=dp_group, **kwargs)

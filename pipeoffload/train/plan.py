@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from dataclasses import replace
 from typing import Any
 
 from pipeoffload.errors import ConfigError
@@ -23,13 +22,14 @@ def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, 
 
     if memory_gib is None or memory_gib <= 0:
         raise ConfigError("--plan auto needs --memory GIB (> 0): the per-GPU memory budget to plan for")
-    ranks = cfg.nproc or cfg.world
-    vocab = 256 if cfg.tokenizer == "byte" else int(cfg.tokenizer.partition(":")[2])
-    model = ModelSpec(name="gpt", layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads, seq=cfg.seq_len,
+    ranks = cfg.parallel.nproc or cfg.world
+    vocab = 256 if cfg.data.tokenizer == "byte" else int(cfg.data.tokenizer.partition(":")[2])
+    model = ModelSpec(name="gpt", layers=cfg.model.layers, hidden=cfg.model.hidden, heads=cfg.model.heads,
+                      seq=cfg.model.seq_len,
                       vocab=vocab, microbatch=1, flash_attention=False, dropout=False)
     tp_ok = importlib.util.find_spec("pipeoffload.models.tensor_parallel") is not None
     request = PlanRequest(model=model, hardware=hardware_preset(gpu or "a100"), gpus=ranks,
-                          global_batch=cfg.global_batch, memory_budget=memory_gib * GIB,
+                          global_batch=cfg.data.global_batch, memory_budget=memory_gib * GIB,
                           tp_sizes=None if tp_ok else (1,), top=1)
     result = find_plans(request)
     best = result.best(1)
@@ -44,4 +44,4 @@ def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, 
     updates = {k: v for k, v in chosen.items() if k not in explicit}
     log.warning("--plan auto chose %s (%.0f tokens/s predicted, %.2f GiB per GPU)",
                 ", ".join(f"{k}={v}" for k, v in chosen.items()), plan.tokens_per_second, plan.memory.total / GIB)
-    return replace(cfg, nproc=ranks if cfg.nproc else 0, **updates)
+    return cfg.updated(nproc=ranks if cfg.parallel.nproc else 0, **updates)

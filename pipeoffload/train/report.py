@@ -207,7 +207,7 @@ def _table(rows: list[tuple[str, str]], header: tuple[str, str]) -> str:
 
 def report_html(title: str, png: bytes, figures: list[tuple[str, str]], config: dict[str, Any]) -> str:
     image = base64.b64encode(png).decode("ascii")
-    config_rows = [(str(k), json.dumps(v) if not isinstance(v, str) else v) for k, v in config.items()]
+    config_rows = [(k, json.dumps(v) if not isinstance(v, str) else v) for k, v in _flat_rows(config)]
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
@@ -218,6 +218,14 @@ def report_html(title: str, png: bytes, figures: list[tuple[str, str]], config: 
     )
 
 
+def _flat_rows(config: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``section.key`` rows of a config with sections (flat keys of an older run as they are)."""
+    rows: list[tuple[str, Any]] = []
+    for k, v in config.items():
+        rows += [(f"{k}.{k2}", v2) for k2, v2 in v.items()] if isinstance(v, dict) else [(str(k), v)]
+    return rows
+
+
 def write_report(run_dir: str | Path) -> tuple[Path, Path]:
     """Write ``report.png`` and ``report.html`` into ``run_dir``; returns their paths."""
     folder = Path(run_dir)
@@ -226,6 +234,8 @@ def write_report(run_dir: str | Path) -> tuple[Path, Path]:
     metrics = load_metrics(folder / "metrics.jsonl")
     config = load_config(folder / "config.toml")
     schedule = config.get("schedule")
+    if isinstance(schedule, dict):  # the section; an older run's flat key is the family itself
+        schedule = schedule.get("family")
     title = f"pipeoffload run {folder.name}" + (f" ({schedule})" if schedule else "")
     png = figure_png(report_figure(metrics, title))
     png_path = write_atomic(folder / "report.png", png)

@@ -44,10 +44,30 @@ def test_resume_is_bit_identical(runs: dict[str, Path], tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(runs["stopped"], run)
     assert [m["step"] for m in metrics(run)] == [1, 2]
-    done = cli("--resume", str(run), "--stop-at", "0")
+    done = cli("--resume", str(run))  # stop_at belongs to one invocation: not saved, not inherited
     assert done.returncode == 0, done.stderr
     assert metrics(run) and [m["loss"] for m in metrics(run)] == [m["loss"] for m in metrics(runs["full"])]
     assert [m["val_loss"] for m in metrics(run)] == [m["val_loss"] for m in metrics(runs["full"])]
+
+
+def test_a_run_saved_in_the_flat_format_resumes_bit_identically(runs: dict[str, Path], tmp_path: Path) -> None:
+    """A run written before the config had sections: a flat config.toml (with the stop_at that was saved
+    then) and a manifest whose fingerprint lacks the later model keys still resumes, to the same losses."""
+    from pipeoffload.train.config import FINGERPRINT_KEYS, build_config, load_toml
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["stopped"], run)
+    flat = {**load_toml(run / "config.toml"), "stop_at": 2}
+    (run / "config.toml").write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in flat.items()))
+    manifest_path = list_checkpoints(run)[-1] / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    old_keys = FINGERPRINT_KEYS[:FINGERPRINT_KEYS.index("global_batch") + 1]
+    manifest["fingerprint"] = {k: v for k, v in manifest["fingerprint"].items() if k in old_keys}
+    manifest_path.write_text(json.dumps(manifest))
+    assert build_config(load_toml(run / "config.toml")).run.stop_at == 2  # the old file says stop at 2
+    done = cli("--resume", str(run))
+    assert done.returncode == 0, done.stderr
+    assert [m["loss"] for m in metrics(run)] == [m["loss"] for m in metrics(runs["full"])]
 
 
 def test_resume_onto_another_layout_is_resharded(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -55,10 +75,31 @@ def test_resume_onto_another_layout_is_resharded(runs: dict[str, Path], tmp_path
     pipeline parallelism is bitwise, so the losses are still those of the uninterrupted run."""
     run = tmp_path / "run"
     shutil.copytree(runs["stopped"], run)
-    done = cli("--resume", str(run), "--stop-at", "0", "--pp", "2", "--nproc", "2", "--schedule", "zb-v",
-               "--offload", "all")
+    done = cli("--resume", str(run), "--pp", "2", "--nproc", "2", "--schedule", "zb-v", "--offload", "all")
     assert done.returncode == 0, done.stderr
+    assert "resharding from pp=1 schedule=1f1b stages_per_rank=1 to pp=2 schedule=zb-v stages_per_rank=2" \
+        in done.stderr
+    assert "# overriding" in done.stdout and "pp 1 -> 2" in done.stdout  # what the flags changed, listed
     assert [m["loss"] for m in metrics(run)] == [m["loss"] for m in metrics(runs["full"])]
+
+
+def test_a_new_steps_on_resume_needs_extend_and_is_a_new_lr_schedule(runs: dict[str, Path], tmp_path: Path) -> None:
+    """--steps sets the cosine: a finished 4-step run resumed with --steps 6 is refused without --extend;
+    with it the LR of steps 5-6 is that of a 6-step schedule (a documented jump), never silently."""
+    from pipeoffload.train.config import build_config, load_saved
+    from pipeoffload.train.optim import lr_at
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["full"], run)
+    done = cli("--resume", str(run), "--steps", "6")
+    assert done.returncode == 2 and "--extend" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    done = cli("--resume", str(run))
+    assert done.returncode == 2 and "finished" in done.stderr and "--extend" in done.stderr
+    done = cli("--resume", str(run), "--steps", "6", "--extend")
+    assert done.returncode == 0, done.stderr
+    cfg = build_config(load_saved(run))
+    assert cfg.run.steps == 6
+    assert [m["lr"] for m in metrics(run)][4:] == [lr_at(cfg, 5), lr_at(cfg, 6)]
 
 
 def test_checkpoint_of_another_model_is_refused(runs: dict[str, Path], tmp_path: Path) -> None:

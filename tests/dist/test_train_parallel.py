@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from pipeoffload.train.launch import run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.dist
 
-BASE = TrainConfig(layers=2, hidden=32, heads=4, seq_len=32, global_batch=8, microbatches=2, steps=3,
+BASE = TrainConfig.build(layers=2, hidden=32, heads=4, seq_len=32, global_batch=8, microbatches=2, steps=3,
                    eval_every=2, warmup=1, lr=3e-3, progress=False)
 _cache: dict = {}
 
@@ -48,11 +47,11 @@ def flags(cfg: TrainConfig) -> list[str]:
     out = []
     for key in ("layers", "hidden", "heads", "seq_len", "global_batch", "microbatches", "steps", "eval_every",
                 "warmup", "lr"):
-        out += [f"--{key.replace('_', '-')}", str(getattr(cfg, key))]
+        out += [f"--{key.replace('_', '-')}", str(cfg.get(key))]
     return out + ["--no-progress"]
 
 
-PP_DP = replace(BASE, pp=2, dp=2, nproc=4, schedule="interleaved-1f1b")
+PP_DP = BASE.updated(pp=2, dp=2, nproc=4, schedule="interleaved-1f1b")
 
 
 def pp_dp() -> list[dict]:
@@ -108,6 +107,6 @@ def test_two_torchrun_nodes_pipeline_only_equal_one_process_bitwise(tmp_path: Pa
 
 def test_pp_x_tp_close_to_one_process() -> None:
     """2 pipeline x 2 tensor-parallel ranks: the losses within 1e-5 of one process."""
-    results = run_ranks(gpt_params, validate(replace(BASE, pp=2, tp=2, nproc=4)))
+    results = run_ranks(gpt_params, validate(BASE.updated(pp=2, tp=2, nproc=4)))
     got, ref = losses(results[0]["history"]), losses(one_process())
     assert max(abs(x - y) for x, y in zip(got, ref)) < 1e-5

@@ -16,10 +16,10 @@ def gpt_params(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     from pipeoffload.train.model import apply_tensor_parallel, gpt_rank_model
     from pipeoffload.train.optim import local_tensor
 
-    corpus, _ = load_corpus(cfg.data, cfg.tokenizer, Path("."), cfg.seq_len, cfg.val_fraction)
+    corpus, _ = load_corpus(cfg.data.path, cfg.data.tokenizer, Path("."), cfg.model.seq_len, cfg.data.val_fraction)
     schedule = lowered_schedule(cfg)
     model = gpt_rank_model(cfg, corpus.vocab_size, schedule, ctx.pp_rank, ctx.device)
-    if cfg.tp > 1:
+    if cfg.parallel.tp > 1:
         apply_tensor_parallel(model, ctx.tp_mesh())
     trainer = Trainer(cfg, ctx, schedule, model, lm_loss, TokenBatches(corpus, cfg), None)
     result = trainer.fit()
@@ -68,8 +68,8 @@ class RandomBatches:
         import torch
 
         g = torch.Generator().manual_seed(seed)
-        return torch.randn(self.cfg.global_batch // self.cfg.dp, 8, generator=g), \
-            torch.randint(0, 4, (self.cfg.global_batch // self.cfg.dp,), generator=g)
+        return torch.randn(self.cfg.data.global_batch // self.cfg.parallel.dp, 8, generator=g), \
+            torch.randint(0, 4, (self.cfg.data.global_batch // self.cfg.parallel.dp,), generator=g)
 
     def train(self, step: int, dp_rank: int) -> tuple[Any, Any]:
         return self._batch(1000 * step + dp_rank)

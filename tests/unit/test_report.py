@@ -57,3 +57,12 @@ def test_bad_run_dir_one_line_exit_2(tmp_path, capsys, make):
     err = capsys.readouterr().err
     assert err.startswith("pipeoffload report: error: ") and len(err.strip().splitlines()) == 1, err
     assert not (run / "report.html").exists()
+
+
+def test_report_reads_a_config_with_sections(tmp_path):
+    run = tmp_path / "run"
+    _write_run(run)
+    (run / "config.toml").write_text('[schedule]\nfamily = "zb-v"\n\n[parallel]\npp = 2\n')
+    assert main(["report", str(run)]) == 0
+    text = (run / "report.html").read_text()
+    assert "(zb-v)" in text and "parallel.pp" in text and "{" not in text.split("<h2>Config</h2>")[1][:400]

@@ -36,13 +36,13 @@ def test_bad_value_one_line_exit_2_and_no_rank_started(tmp_path: Path, flags: li
 
 
 def test_toml_round_trip_and_flags_override(tmp_path: Path) -> None:
-    cfg = validate(TrainConfig(schedule="zb-v", pp=2, microbatches=4, global_batch=8, layers=4))
-    assert cfg.stages_per_rank == 2  # the family's own default
+    cfg = validate(TrainConfig.build(schedule="zb-v", pp=2, microbatches=4, global_batch=8, layers=4))
+    assert cfg.schedule.stages_per_rank == 2  # the family's own default
     path = tmp_path / "run.toml"
     path.write_text(to_toml(cfg))
     again = build_config(load_toml(path))
     assert again == cfg
-    assert build_config(load_toml(path), {"pp": 4, "steps": None}).pp == 4
+    assert build_config(load_toml(path), {"pp": 4, "steps": None}).parallel.pp == 4
 
 
 def test_unknown_key_and_bad_type_are_named(tmp_path: Path) -> None:
@@ -81,8 +81,119 @@ def test_plan_auto_fills_the_layout_and_keeps_explicit_flags() -> None:
 
     base = ["train", "--plan", "auto", "--memory", "0.2", "--nproc", "2", "--global-batch", "8", "--layers", "4"]
     cfg = config_from_args(build_parser().parse_args(base))
-    assert cfg.world == cfg.nproc == 2 and (cfg.global_batch // cfg.dp) % cfg.microbatches == 0
+    per_replica = cfg.data.global_batch // cfg.parallel.dp
+    assert cfg.world == cfg.parallel.nproc == 2 and per_replica % cfg.schedule.microbatches == 0
     kept = config_from_args(build_parser().parse_args([*base, "--schedule", "1f1b", "--offload", "all"]))
-    assert kept.schedule == "1f1b" and kept.offload == "all" and kept.world == 2
+    assert kept.schedule.family == "1f1b" and kept.schedule.offload == "all" and kept.world == 2
     with pytest.raises(ConfigError, match="--memory"):
         config_from_args(build_parser().parse_args(base[:3] + base[5:]))
+
+
+# ---- configuration from types (sections, derived flags and TOML) -------------------------------------------
+def test_the_file_has_one_table_per_section_and_flags_keep_their_names(tmp_path: Path) -> None:
+    from pipeoffload.cli import build_parser
+    from pipeoffload.cli.train import config_from_args
+
+    path = tmp_path / "run.toml"
+    path.write_text('[parallel]\npp = 2\nnproc = 2\n[schedule]\nfamily = "zb-v"\noffload = "all"\n')
+    args = build_parser().parse_args(["train", "--config", str(path), "--dp", "2", "--nproc", "4", "--steps", "7"])
+    cfg = config_from_args(args)
+    assert (cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.nproc, cfg.run.steps) == (2, 2, 4, 7)
+    assert (cfg.schedule.family, cfg.schedule.offload, cfg.schedule.stages_per_rank) == ("zb-v", "all", 2)
+    text = to_toml(cfg)
+    assert "[parallel]\npp = 2\ndp = 2" in text and '[schedule]\nfamily = "zb-v"' in text
+
+
+def test_an_old_flat_config_still_reads_and_drops_per_invocation_keys(tmp_path: Path) -> None:
+    """config.toml of runs written before the sections: flat keys; its stop_at must not stop a resume."""
+    from pipeoffload.train.config import load_saved
+
+    (tmp_path / "config.toml").write_text('schedule = "1f1b"\npp = 2\nnproc = 2\nsteps = 50\nstop_at = 40\n'
+                                          'data = "x.txt"\nprogress = false\nlayers = 3\n')
+    cfg = build_config(load_saved(tmp_path))
+    assert (cfg.schedule.family, cfg.parallel.pp, cfg.run.steps, cfg.model.layers) == ("1f1b", 2, 50, 3)
+    assert cfg.run.stop_at == 0 and cfg.metrics.progress and cfg.data.path == "x.txt"
+
+
+def test_unknown_keys_in_a_section_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text("[parallel]\npipeline = 2\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'pipeline' in \[parallel\].*valid keys: pp, dp"):
+        load_toml(path)
+    path.write_text("[paralel]\npp = 2\n")
+    with pytest.raises(ConfigError, match="unknown config key 'paralel'"):
+        load_toml(path)
+
+
+def test_every_key_has_a_flag_whose_help_states_its_default() -> None:
+    from pipeoffload.cli import build_parser
+    from pipeoffload.train.config import KEYS, flag_help
+
+    text = build_parser().parse_args(["train"]).__dict__
+    assert set(KEYS) <= set(text)  # one flag per key
+    assert "(default 120)" in flag_help("timeout") and "(default 1f1b)" in flag_help("schedule")
+    assert TrainConfig.build(min_lr_ratio=0.2).optim.min_lr_ratio == 0.2
+
+
+def test_the_docs_flag_table_is_the_derived_one() -> None:
+    from pipeoffload.train.config import flags_markdown
+
+    docs = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
+    assert flags_markdown() in docs
+
+
+@pytest.mark.parametrize("keys, words", [
+    ({"model": "llama"}, ["model='llama'", "not supported yet"]),
+    ({"dtype": "bf16"}, ["dtype='bf16'", "not supported yet"]),
+    ({"model": "own"}, ["train_model", "resume="]),
+])
+def test_agreed_fields_not_wired_yet_are_refused(keys: dict, words: list[str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(TrainConfig.build(**keys))
+    assert all(w in str(err.value) for w in words), err.value
+
+
+def test_validation_never_imports_torch() -> None:
+    code = ("import sys\nfrom pipeoffload.cli import main\nassert main(['train', '--pp', '0']) == 2\n"
+            "assert main(['train', '--pp', '2', '--nproc', '2', '--layers', '1', '--schedule', 'zb-v']) == 2\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_relative_data_path_is_stored_resolved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--resume from another directory must find the data: config.toml holds the absolute path."""
+    (tmp_path / "corpus.txt").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    cfg = validate(TrainConfig.build(data="corpus.txt"))
+    assert cfg.data.path == str(tmp_path / "corpus.txt")
+    assert f'path = "{tmp_path / "corpus.txt"}"' in to_toml(cfg)
+
+
+def test_overrides_of_the_saved_config_and_of_the_file_are_listed(tmp_path: Path) -> None:
+    from pipeoffload.cli import build_parser
+    from pipeoffload.cli.train import resolve
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(to_toml(validate(TrainConfig.build(steps=50))))
+    file = tmp_path / "more.toml"
+    file.write_text("[optim]\nlr = 0.001\n[parallel]\npp = 2\nnproc = 2\n")
+    args = build_parser().parse_args(["train", "--resume", str(run), "--config", str(file), "--pp", "1",
+                                      "--nproc", "1"])
+    cfg, notes = resolve(args)
+    assert cfg.optim.lr == 0.001 and cfg.parallel.pp == 1
+    assert notes[0].startswith(f"overriding {run / 'config.toml'}: ") and "lr 0.0003 -> 0.001" in notes[0]
+    assert "pp" not in notes[0]  # the flags set pp back to the saved 1: no change
+    assert notes[1] == f"flags overriding {file}: pp 2 -> 1, nproc 2 -> 1"
+
+
+def test_changing_steps_on_resume_needs_extend(tmp_path: Path) -> None:
+    from pipeoffload.cli import build_parser
+    from pipeoffload.cli.train import resolve
+
+    (tmp_path / "config.toml").write_text(to_toml(validate(TrainConfig.build(steps=50))))
+    with pytest.raises(ConfigError, match="steps=80: the run was made with steps=50.*--extend"):
+        resolve(build_parser().parse_args(["train", "--resume", str(tmp_path), "--steps", "80"]))
+    cfg, _ = resolve(build_parser().parse_args(["train", "--resume", str(tmp_path), "--steps", "80", "--extend"]))
+    assert cfg.run.steps == 80

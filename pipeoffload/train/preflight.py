@@ -1,0 +1,187 @@
+"""Launch-time checks of ``pipeoffload train``: the data and the memory, before any file is written.
+
+``validate`` (``config``) checks the values; this module checks what they point at, in the launcher,
+before ``config.toml`` or ``train.log`` exist and before any rank starts: a token file that is empty,
+truncated, not an array, of a non-integer dtype, with negative ids or ids implying an absurd
+vocabulary; too little text for one training and one validation sequence; and a run whose memory
+cannot fit on this machine, by a lower bound (weights, gradients and AdamW's state, the held-out
+batches every rank materializes, the text as each rank holds it, one microbatch's activations), so
+a run that is refused could not have run. Torch-free (numpy reads the token file's header and ids).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeoffload.errors import ConfigError
+from pipeoffload.train.config import TrainConfig
+
+MAX_VOCAB = 1 << 20  # 1,048,576: above every vocabulary in use (Llama 3: 128k, Qwen2: 152k)
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class DataFacts:
+    tokens: int  # tokens in the stream (with a BPE: at most this many, the text's bytes)
+    vocab: int  # 0: unknown until the BPE is trained
+    resident_bytes: int  # what one rank holds of the data while loading it
+    exact: bool = True  # False: ``tokens`` is an upper bound (a BPE merges bytes)
+
+
+def check_run(cfg: TrainConfig, *, own_model: bool = False, available: int | None = None) -> None:
+    """Every launch-time check of a validated config (``own_model``: ``train_model``, no data or GPT)."""
+    check_out(cfg.run.out)
+    if own_model:
+        return
+    facts = data_facts(cfg)
+    check_sequences(facts.tokens, cfg, at_most=not facts.exact)
+    check_memory(cfg, facts, available if available is not None else available_memory())
+
+
+def check_out(out: str) -> None:
+    """The run directory is a folder, or can be created as one."""
+    if not out:
+        return
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"out={out!r}: exists and is not a folder; give a folder for the run (--out DIR)")
+    parent = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"out={out!r}: {str(parent)!r} is not a writable folder; choose another --out")
+
+
+# ---- data ------------------------------------------------------------------------------------------
+def data_facts(cfg: TrainConfig) -> DataFacts:
+    from pipeoffload.train.data import is_token_file, text_files
+
+    path = cfg.data.path
+    if is_token_file(path):
+        tokens, top = check_token_file(path)
+        return DataFacts(tokens, top + 1, 0)  # memory-mapped: nothing resident
+    size = sum(p.stat().st_size for p in text_files(path))
+    if cfg.data.tokenizer == "byte":  # one token per byte; each rank holds the text, its bytes and uint16 ids
+        return DataFacts(size, 256, 5 * size)
+    if importlib.util.find_spec("tokenizers") is None:
+        raise ConfigError(f"tokenizer={cfg.data.tokenizer!r} needs the 'tokenizers' package: pip install tokenizers")
+    return DataFacts(size, int(cfg.data.tokenizer.partition(":")[2]), 5 * size, exact=False)
+
+
+def check_token_file(data: str) -> tuple[int, int]:
+    """(number of tokens, largest id) of a ``.npy``/``.bin`` token file; ``ConfigError`` naming the fault."""
+    path = Path(data)
+    size = path.stat().st_size
+    if size == 0:
+        raise ConfigError(f"data={data!r}: the token file is empty")
+    if path.suffix == ".bin":
+        if size % 2:
+            raise ConfigError(f"data={data!r}: {size} bytes is not a whole number of uint16 tokens (2 bytes "
+                              "each); the file is truncated or not a .bin token file")
+        arr: np.ndarray = np.memmap(path, dtype=np.uint16, mode="r")
+    else:
+        arr = _load_npy(data)
+    if arr.size < 2:
+        raise ConfigError(f"data={data!r}: {arr.size} token(s); a token file needs at least a sequence")
+    low, high = int(arr.min()), int(arr.max())
+    if low < 0:
+        raise ConfigError(f"data={data!r}: token id {low} at index {int(np.argmin(arr))}: ids must be >= 0")
+    if high >= MAX_VOCAB:
+        raise ConfigError(f"data={data!r}: token id {high} at index {int(np.argmax(arr))} implies a vocabulary of "
+                          f"{high + 1:,}; ids must be < {MAX_VOCAB:,} (is this a token file?)")
+    return int(arr.size), high
+
+
+def _load_npy(data: str) -> np.ndarray:
+    try:
+        arr = np.load(data, mmap_mode="r", allow_pickle=False)
+    except ValueError as err:  # not an .npy header, or an object array (which would need pickle)
+        raise ConfigError(f"data={data!r}: not a .npy array of integer tokens ({str(err).splitlines()[0]})") from None
+    except (OSError, EOFError) as err:
+        raise ConfigError(f"data={data!r}: cannot read the .npy file ({err})") from None
+    if not isinstance(arr, np.ndarray) or arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+        raise ConfigError(f"data={data!r}: a token file must hold one flat array of integers, got "
+                          f"{getattr(arr, 'dtype', type(arr).__name__)} {getattr(arr, 'shape', '')}")
+    return arr
+
+
+def check_sequences(tokens: int, cfg: TrainConfig, at_most: bool = False) -> None:
+    """At least one training and one validation sequence (the rule ``data.Corpus`` applies in the ranks);
+    ``at_most``: ``tokens`` is an upper bound, so only a certain failure is refused here."""
+    seq, frac = cfg.model.seq_len, cfg.data.val_fraction
+    val_start = int(tokens * (1 - frac))
+    train, val = (val_start - 1) // seq, (tokens - val_start - 1) // seq
+    if train < 1 or val < 1:
+        raise ConfigError(f"data: {'at most ' if at_most else ''}{tokens} tokens give {train} training and {val} "
+                          f"validation sequences of seq_len={seq}; use more text or a smaller --seq-len")
+
+
+# ---- memory ----------------------------------------------------------------------------------------
+def gpt_parameters(cfg: TrainConfig, vocab: int) -> int:
+    """Parameters of the reference GPT (``models.gpt``): embeddings, blocks, final norm and head."""
+    h, m = cfg.model.hidden, cfg.model
+    block = 4 * h * h + 4 * h + 2 * h * 4 * h + 4 * h + h + 4 * h  # attention, MLP (4h) and two LayerNorms
+    return vocab * h + m.seq_len * h + m.layers * block + 2 * h + h * vocab + vocab
+
+
+def model_state_bytes(cfg: TrainConfig, vocab: int) -> int:
+    """fp32 weights and gradients in every replica; AdamW's two moments too, or once shared with ZeRO-1."""
+    p = cfg.parallel
+    return gpt_parameters(cfg, vocab) * (8 * p.dp + 8 * (1 if p.zero else p.dp))
+
+
+def memory_lower_bound(cfg: TrainConfig, facts: DataFacts, local_ranks: int | None = None) -> int:
+    """Bytes the ranks on this machine need at least (fp32): their share of the model state, the
+    held-out batches and data each rank holds, and one microbatch's layer outputs and logits."""
+    p, m = cfg.parallel, cfg.model
+    vocab = m.vocab or facts.vocab or 256
+    world = cfg.world
+    local = local_ranks if local_ranks is not None else _local_ranks(world)
+    per_replica = cfg.data.global_batch // p.dp
+    held_out = cfg.metrics.eval_batches * per_replica * m.seq_len * 16  # int64 inputs and targets, every rank
+    micro = per_replica // cfg.schedule.microbatches
+    activations = p.dp * micro * m.seq_len * (m.layers * m.hidden + 3 * vocab) * 4
+    return (model_state_bytes(cfg, vocab) + activations) * local // world + local * (held_out + facts.resident_bytes)
+
+
+def _local_ranks(world: int) -> int:
+    """Ranks on this machine: all of them when spawned here, torchrun's local share otherwise."""
+    if "LOCAL_WORLD_SIZE" in os.environ:
+        try:
+            return max(1, min(world, int(os.environ["LOCAL_WORLD_SIZE"])))
+        except ValueError:
+            pass
+    return world
+
+
+def available_memory() -> int | None:
+    """Bytes this machine can give (``MemAvailable``; else physical memory); None when unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(cfg: TrainConfig, facts: DataFacts, available: int | None) -> None:
+    if not available:
+        return
+    need = memory_lower_bound(cfg, facts)
+    if need > available:
+        raise ConfigError(
+            f"the run needs at least {_gib(need)} of memory on this machine (estimated: model state "
+            f"{_gib(model_state_bytes(cfg, cfg.model.vocab or facts.vocab or 256))} for layers="
+            f"{cfg.model.layers} hidden={cfg.model.hidden}, held-out batches for eval_batches="
+            f"{cfg.metrics.eval_batches}) but {_gib(available)} are available; make the model or "
+            "--eval-batches smaller")
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:,.1f} GiB" if n < 1e6 * GIB else f"{n / GIB:.3g} GiB"
