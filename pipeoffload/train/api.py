@@ -61,7 +61,6 @@ def train_model(cfg: TrainConfig, layers: Callable[[], Sequence[Any]], loss_fn: 
     from pipeoffload.train import checkpoint
     from pipeoffload.train.job import prepare_run
     from pipeoffload.train.launch import run_ranks, under_torchrun
-    from pipeoffload.train.runlock import RunLock
 
     if resume:
         cfg = cfg.updated(out=str(resume))
@@ -71,9 +70,9 @@ def train_model(cfg: TrainConfig, layers: Callable[[], Sequence[Any]], loss_fn: 
         _check_importable(layers=layers, loss_fn=loss_fn, batches=batches)
     ckpt = None
     main = not under_torchrun() or _rank0()
-    with RunLock(Path(cfg.run.out)) if cfg.run.out and main else contextlib.nullcontext():  # one run per directory
+    with contextlib.ExitStack() as hold:
         if cfg.run.out or resume:
-            cfg, ckpt = prepare_run(cfg, resume, is_main=main)
+            cfg, ckpt = prepare_run(cfg, resume, is_main=main, hold=hold)
         del checkpoint
         results = run_ranks(_user_rank, cfg, (layers, loss_fn, batches, stage_modules, counts,
                                               str(ckpt) if ckpt else None), verbose=verbose)

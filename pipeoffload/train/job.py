@@ -79,8 +79,11 @@ def default_out() -> str:
     return f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True) -> tuple[TrainConfig, Path | None]:
-    """Create the run directory (rank 0 / the launcher) and find the checkpoint to resume from."""
+def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True,
+                hold: contextlib.ExitStack | None = None) -> tuple[TrainConfig, Path | None]:
+    """Create the run directory (rank 0 / the launcher) and find the checkpoint to resume from. With
+    ``hold`` the main process locks the run directory (``RunLock``, released when ``hold`` closes)
+    once the input is checked and before anything is written."""
     from pipeoffload.train.data import prepare
     from pipeoffload.train.preflight import check_run
 
@@ -88,6 +91,8 @@ def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True) -> t
         cfg = cfg.updated(out=default_out())
     check_run(cfg, own_model=cfg.model.source == "own")  # data, memory, --out: before anything is written
     run_dir = Path(cfg.run.out)
+    if hold is not None and is_main:  # one run per run directory
+        hold.enter_context(RunLock(run_dir))
     ckpt: Path | None = None
     if not resume and checkpoint.list_checkpoints(run_dir):
         raise ConfigError(f"out={cfg.run.out!r} already holds the checkpoints of a run: continue it with --resume "
@@ -126,10 +131,8 @@ def train(cfg: TrainConfig, resume: str | None = None, verbose: bool = False) ->
     from pipeoffload.train.launch import run_ranks
 
     main = not under_torchrun() or os.environ.get("RANK") == "0"
-    if not cfg.run.out:
-        cfg = cfg.updated(out=default_out())
-    with RunLock(Path(cfg.run.out)) if main else contextlib.nullcontext():  # one run per run directory
-        cfg, ckpt = prepare_run(cfg, resume, is_main=main)
+    with contextlib.ExitStack() as hold:
+        cfg, ckpt = prepare_run(cfg, resume, is_main=main, hold=hold)
         if under_torchrun() and not main:
             _wait_for(Path(cfg.run.out) / "config.toml", cfg.run.timeout)
         results = run_ranks(gpt_rank, cfg, (str(ckpt) if ckpt else None,), verbose=verbose)

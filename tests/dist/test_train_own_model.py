@@ -27,6 +27,46 @@ def test_own_model_example_trains_and_checkpoints_by_layer_name(tmp_path: Path) 
                .state_dict_metadata)
     assert {"model.layers.0.weight", "model.layers.4.bias", "optim.layers.2.weight.exp_avg"} <= keys
 
+    import tomllib
+
+    saved = tomllib.loads((tmp_path / "run" / "config.toml").read_text())
+    assert saved["model"] == {"source": "own"}  # the model kind, not GPT keys that do not apply
+    for command in (["train", "--resume"], ["generate"]):  # the CLI cannot rebuild the user's model: say so
+        refused = subprocess.run([sys.executable, "-m", "pipeoffload", *command, str(tmp_path / "run")],
+                                 capture_output=True, text=True, timeout=120)
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode == 2 and len(lines) == 1 and "train_model" in lines[0], refused.stderr
+
+
+def _own_config(out: Path, **keys: object) -> object:
+    from pipeoffload.train import TrainConfig
+
+    base = {"schedule": "1f1b", "pp": 2, "nproc": 2, "offload": "all", "microbatches": 4, "global_batch": 64,
+            "steps": 4, "lr": 1e-2, "warmup": 1, "eval_every": 2, "save_every": 2, "out": str(out), "progress": False}
+    return TrainConfig.build(**{**base, **keys})
+
+
+def test_train_model_resumes_its_own_run_bit_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """train_model(..., resume=RUN) continues in RUN: the same losses as an uninterrupted run; a new
+    `steps` needs extend=True (it is a new LR schedule)."""
+    import torch.nn.functional as F
+
+    monkeypatch.syspath_prepend(str(EXAMPLE.parent))  # the spawned ranks inherit the path and import it too
+    from train_own_model import batches, layers
+
+    from pipeoffload.errors import ConfigError
+    from pipeoffload.train import train_model
+
+    full = train_model(_own_config(tmp_path / "full"), layers, F.cross_entropy, batches)
+    part = tmp_path / "part"
+    train_model(_own_config(part, stop_at=2), layers, F.cross_entropy, batches)
+    with pytest.raises(ConfigError, match="extend=True"):
+        train_model(_own_config(part, steps=6), layers, F.cross_entropy, batches, resume=str(part))
+    resumed = train_model(_own_config(tmp_path / "elsewhere"), layers, F.cross_entropy, batches, resume=str(part))
+    assert resumed["step"] == 4 and not (tmp_path / "elsewhere").exists()  # continued in the run's own folder
+    losses = [json.loads(line)["loss"] for line in (part / "metrics.jsonl").read_text().splitlines()]
+    assert losses == [h["loss"] for h in full["history"]]
+
 
 def test_a_dict_crossing_a_stage_boundary_trains_and_evaluates() -> None:
     """A stage returning a dict: the step and the forward-only evaluation both carry it across ranks
@@ -54,41 +94,3 @@ def test_a_lambda_loss_is_refused_before_ranks_start() -> None:
     cfg = TrainConfig.build(schedule="1f1b", pp=2, nproc=2, microbatches=2, global_batch=8, steps=2, progress=False)
     with pytest.raises(ConfigError, match="loss_fn=.*<lambda>.*importable"):
         train_model(cfg, dict_layers, lambda out, y: out.sum(), RandomBatches)
-    import tomllib
-
-    saved = tomllib.loads((tmp_path / "run" / "config.toml").read_text())
-    assert saved["model"] == {"source": "own"}  # the model kind, not GPT keys that do not apply
-    for command in (["train", "--resume"], ["generate"]):  # the CLI cannot rebuild the user's model: say so
-        refused = subprocess.run([sys.executable, "-m", "pipeoffload", *command, str(tmp_path / "run")],
-                                 capture_output=True, text=True, timeout=120)
-        lines = refused.stderr.strip().splitlines()
-        assert refused.returncode == 2 and len(lines) == 1 and "train_model" in lines[0], refused.stderr
-
-
-def _own_config(out: Path, **keys: object) -> object:
-    from pipeoffload.train import TrainConfig
-
-    base = {"schedule": "1f1b", "pp": 2, "nproc": 2, "offload": "all", "microbatches": 4, "global_batch": 64,
-            "steps": 4, "lr": 1e-2, "warmup": 1, "eval_every": 2, "save_every": 2, "out": str(out), "progress": False}
-    return TrainConfig.build(**{**base, **keys})
-
-
-def test_train_model_resumes_its_own_run_bit_identically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """train_model(..., resume=RUN) continues in RUN: the same losses as an uninterrupted run; a new
-    `steps` needs extend=True (it is a new LR schedule)."""
-    import torch.nn.functional as F
-
-    monkeypatch.syspath_prepend(str(EXAMPLE.parent))  # the spawned ranks inherit the path and import it too
-    from train_own_model import batches, layers
-    from pipeoffload.errors import ConfigError
-    from pipeoffload.train import train_model
-
-    full = train_model(_own_config(tmp_path / "full"), layers, F.cross_entropy, batches)
-    part = tmp_path / "part"
-    train_model(_own_config(part, stop_at=2), layers, F.cross_entropy, batches)
-    with pytest.raises(ConfigError, match="extend=True"):
-        train_model(_own_config(part, steps=6), layers, F.cross_entropy, batches, resume=str(part))
-    resumed = train_model(_own_config(tmp_path / "elsewhere"), layers, F.cross_entropy, batches, resume=str(part))
-    assert resumed["step"] == 4 and not (tmp_path / "elsewhere").exists()  # continued in the run's own folder
-    losses = [json.loads(line)["loss"] for line in (part / "metrics.jsonl").read_text().splitlines()]
-    assert losses == [h["loss"] for h in full["history"]]
