@@ -2,40 +2,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
 
-from pipeoffload.costs import CostModel
-from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Schedule
 from pipeoffload.schedules import generate
-from pipeoffload.units import rank_costs
+from pipeoffload.service.argtypes import OneLineParser, non_negative_float, positive_int
 
-
-class OneLineParser(argparse.ArgumentParser):
-    """An argparse parser whose errors are one line and exit 2 (argparse would print the usage too)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
+__all__ = ["OneLineParser", "add_cost_args", "add_schedule_args", "non_negative_float", "positive_int",
+           "schedule_from_args"]
 
 
 def add_schedule_args(parser: argparse.ArgumentParser) -> None:
@@ -60,10 +33,3 @@ def add_cost_args(parser: argparse.ArgumentParser) -> None:
 def schedule_from_args(args: argparse.Namespace, **options: object) -> Schedule:
     microbatches = args.microbatches if args.microbatches is not None else 2 * args.ranks
     return generate(args.name, args.ranks, microbatches, args.stages_per_rank, **options)
-
-
-def costs_from_args(args: argparse.Namespace, stages_per_rank: int = 1) -> CostModel:
-    """The per-rank times of the flags split evenly over a rank's stages (docs/decisions.md, "Units")."""
-    if args.time_f + args.time_i + args.time_w <= 0:
-        raise ConfigError("--time-f + --time-i + --time-w is 0: at least one compute time must be positive")
-    return rank_costs(args.time_f, args.time_i, args.time_w, stages_per_rank, args.p2p_time)

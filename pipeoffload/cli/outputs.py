@@ -48,27 +48,6 @@ def write_outputs(args: argparse.Namespace, timelines: Sequence[Timeline], time_
         log.info("wrote %s", args.report)
 
 
-_OUTPUT_DESTS = frozenset({"plot", "trace", "report", "json", "run", "command", "verbose"})
-
-
-def option_label(parser: argparse.ArgumentParser, args: argparse.Namespace, timeline: Timeline) -> str:
-    """Schedule, resolved sizes, then every option that differs from its default, e.g.
-    ``group-interleaved d=8 m=32 v=2 · group-size 4 · offload all``: no two different runs share one."""
-    s = timeline.schedule
-    parts = [f"{s.name} d={s.num_ranks} m={s.num_microbatches} v={s.stages_per_rank}"]
-    sizes = {"name", "ranks", "microbatches", "stages_per_rank"}
-    for action in parser._actions:  # argparse has no public list of a parser's options
-        dest = action.dest
-        if dest in sizes or dest in _OUTPUT_DESTS or not action.option_strings or dest == "help":
-            continue
-        value = getattr(args, dest, action.default)
-        if value == action.default:
-            continue
-        flag = max(action.option_strings, key=len).lstrip("-")
-        parts.append(flag if value is True else f"{flag} {value}")
-    return " · ".join(parts)
-
-
 def file_slug(label: str) -> str:
     """A file name stem from a label: letters, digits, '.', '-' and '_' only, nothing lost but spacing."""
     out = []
