@@ -2,13 +2,47 @@
 from __future__ import annotations
 
 import argparse
+import math
 
+from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Schedule
+from pipeoffload.planner.cli_args import hardware_from_args, model_from_args
+from pipeoffload.planner.hardware import HardwareSpec
+from pipeoffload.planner.model import ModelSpec
 from pipeoffload.schedules import generate
 from pipeoffload.service.argtypes import OneLineParser, non_negative_float, positive_int
+from pipeoffload.service.checks import checked, int_at_least
 
-__all__ = ["OneLineParser", "add_cost_args", "add_schedule_args", "non_negative_float", "positive_int",
-           "schedule_from_args"]
+__all__ = ["OneLineParser", "add_cost_args", "add_schedule_args", "model_and_hardware", "non_negative_float",
+           "positive_int", "schedule_from_args"]
+
+
+_SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab", "microbatch_size")
+
+
+def model_and_hardware(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec]:
+    """The model and GPU of ``planner.cli_args``'s flags, with every shape flag checked like any other
+    whole-number flag first and a bad ``--hw`` value named in one line."""
+    for name in _SHAPE_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None:
+            checked(f"--{name.replace('_', '-')}", int_at_least, value)
+    for item in getattr(args, "hw", None) or ():
+        _, _, text = item.partition("=")
+        try:
+            number = float(text)
+        except ValueError:
+            continue  # a name or a flag value: the hardware spec checks it
+        if not math.isfinite(number):
+            raise ConfigError(f"--hw {item}: not a finite number")
+    model = model_from_args(args)
+    try:
+        hardware = hardware_from_args(args)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:  # e.g. --hw memory_gib=abc: a number that is not one
+        raise ConfigError(f"--hw {' --hw '.join(args.hw)}: {err}") from None
+    return model, hardware
 
 
 def add_schedule_args(parser: argparse.ArgumentParser) -> None:

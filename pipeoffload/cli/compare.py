@@ -14,7 +14,7 @@ from typing import NoReturn
 from pipeoffload.cli import simulate as simulate_cli
 from pipeoffload.cli.outputs import file_slug
 from pipeoffload.errors import ConfigError
-from pipeoffload.fileio import write_atomic
+from pipeoffload.fileio import check_writable, write_atomic
 from pipeoffload.service import CompareRequest, SimulateRequest, compare, strict_json
 
 log = logging.getLogger(__name__)
@@ -75,9 +75,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for path, what in ((Path(args.output).parent, "-o"), (Path(args.plots) if args.plots else None, "--plots")):
-        if path is not None and not path.resolve().is_dir():
-            raise ConfigError(f"{what}: folder {path} does not exist; create it first")
+    check_writable(args.output, f"-o {args.output}")
+    if args.plots and not Path(args.plots).is_dir():
+        raise ConfigError(f"--plots {args.plots}: folder does not exist; create it first")
     parsed = [parse_spec(spec, args.common) for spec in args.specs]
     result = compare(CompareRequest(tuple(req for req, _ in parsed)), names=[repr(spec) for spec in args.specs])
     rows, commands, unit = result.rows, [command for _, command in parsed], result.time_unit

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from pipeoffload.planner.cli_args import add_hardware_args, add_model_args, hardware_from_args, model_from_args
+from pipeoffload.cli.common import model_and_hardware
+from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.formulas import hideable_fraction
 from pipeoffload.service import OffloadRatioRequest, OffloadRatioResult, offload_ratio, strict_json
 
@@ -23,8 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    model, hardware = model_and_hardware(args)
     result = offload_ratio(OffloadRatioRequest(
-        model_from_args(args), hardware_from_args(args), tp=args.tp, partial_recompute=not args.no_partial_recompute,
+        model, hardware, tp=args.tp, partial_recompute=not args.no_partial_recompute,
         shared_host_link=args.shared_host_link))
     if args.json:
         print(strict_json(result.as_dict(), indent=1))

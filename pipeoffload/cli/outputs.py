@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.fileio import write_atomic
+from pipeoffload.fileio import check_writable, write_atomic
 from pipeoffload.simulator import Timeline
 from pipeoffload.units import TIME_UNIT
 
@@ -21,16 +21,27 @@ def add_output_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--report", metavar="FILE", help="self-contained HTML report")
 
 
-def write_outputs(args: argparse.Namespace, timelines: Sequence[Timeline], time_unit: str = TIME_UNIT) -> None:
-    """``--plot/--trace/--report`` of ``timelines``, their times labelled ``time_unit`` (``t`` or ``s``)."""
-    # Check every destination before writing any, so a bad one leaves nothing half done.
-    for flag in ("plot", "trace", "report"):
+def check_outputs(args: argparse.Namespace, flags: Sequence[str]) -> None:
+    """Refuse every unwritable destination among ``flags`` (e.g. ``plot``, ``output``) before any work."""
+    for flag in flags:
         path = getattr(args, flag, None)
-        if path and not Path(path).parent.resolve().is_dir():
-            raise ConfigError(f"--{flag} {path}: folder {Path(path).parent} does not exist; create it first")
+        if path:
+            check_writable(path, f"--{flag} {path}")
+
+
+def check_output_args(args: argparse.Namespace) -> str:
+    """Check ``--plot/--trace/--report`` before any work, so a bad one leaves nothing half done; return the
+    picture format."""
+    check_outputs(args, ("plot", "trace", "report"))
     fmt = Path(args.plot).suffix.lstrip(".").lower() if args.plot else ""
     if args.plot and fmt not in ("png", "svg", "pdf"):
         raise ConfigError(f"--plot {args.plot}: unknown picture format {fmt!r}; use .png, .svg or .pdf")
+    return fmt
+
+
+def write_outputs(args: argparse.Namespace, timelines: Sequence[Timeline], time_unit: str = TIME_UNIT) -> None:
+    """``--plot/--trace/--report`` of ``timelines``, their times labelled ``time_unit`` (``t`` or ``s``)."""
+    fmt = check_output_args(args)
     if args.plot:
         from pipeoffload.viz.plot import figure_bytes, timeline_figure
 

@@ -5,9 +5,10 @@ import argparse
 import logging
 import sys
 
-from pipeoffload.cli.common import positive_int
+from pipeoffload.cli.common import model_and_hardware, positive_int
 from pipeoffload.errors import ConfigError
-from pipeoffload.planner.cli_args import add_hardware_args, add_model_args, hardware_from_args, model_from_args
+from pipeoffload.fileio import check_writable
+from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.compare_tp import BASELINES
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.measured import load_layer_costs
@@ -107,7 +108,7 @@ def check_tp_flag(args: argparse.Namespace, heads: int, kv_heads: int, ffn: int,
 
 
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
-    model, hw = model_from_args(args), hardware_from_args(args)
+    model, hw = model_and_hardware(args)
     check_tp_flag(args, model.heads, model.num_kv_heads, model.ffn_size, hw.gpus_per_node)
     budget = memory_budget(args, hw.memory_bytes, hw.name)
     if args.host_memory is not None and not args.host_memory > 0:
@@ -140,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{'--baseline' if args.baseline is not None else '--match-memory'} only applies "
                           "with --compare-tp; add --compare-tp")
     req = request_from_args(args)
+    if args.emit:
+        check_writable(args.emit, f"--emit {args.emit}")
     _show_progress()
     if args.compare_tp:
         cmp = compare_tp(CompareTPRequest(req, args.baseline or "tp8-interleaved", match_memory=args.match_memory))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from pipeoffload.cli.common import add_cost_args, add_schedule_args, non_negative_float, positive_int
-from pipeoffload.cli.outputs import add_output_args, write_outputs
+from pipeoffload.cli.outputs import add_output_args, check_output_args, write_outputs
 from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, RecomputePolicy
 from pipeoffload.service import SimulateRequest, simulate, strict_json
 from pipeoffload.service.simulate import BACKWARDS
@@ -53,7 +53,9 @@ def request_from_args(args: argparse.Namespace) -> SimulateRequest:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = simulate(request_from_args(args))
+    request = request_from_args(args)
+    check_output_args(args)
+    result = simulate(request)
     write_outputs(args, [result.timeline], result.time_unit)
     if args.json:
         print(strict_json(result.as_dict(), indent=1))

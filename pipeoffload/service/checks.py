@@ -56,6 +56,14 @@ def checked(name: str, check: Any, value: object, *args: Any) -> Any:
         raise ConfigError(f"{name}: {err}") from None
 
 
+def check_model_shape(model: Any) -> None:
+    """The sizes a ``planner.ModelSpec`` derives (FFN width, KV heads) are whole and positive: a zero would
+    divide by zero deep in the cost formulas, a negative one would give a silently wrong k or plan."""
+    for name, value in (("ffn", model.ffn_size), ("kv_heads", model.num_kv_heads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"model {name}={value!r}: must be an integer >= 1")
+
+
 def strict_json(data: object, indent: int | None = None) -> str:
     """JSON text that every parser accepts: NaN and infinities are an error here, never ``NaN`` in the
     output (inputs are checked to be finite, so one would be a bug, not bad input)."""

@@ -9,7 +9,7 @@ from pipeoffload.planner.formulas import formula1_k, offload_time
 from pipeoffload.planner.hardware import HardwareSpec
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.stagecosts import layer_costs
-from pipeoffload.service.checks import checked, int_at_least
+from pipeoffload.service.checks import check_model_shape, checked, int_at_least
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class OffloadRatioRequest:
 
     def __post_init__(self) -> None:
         checked("tp", int_at_least, self.tp)
+        check_model_shape(self.model)
         m = self.model
         if m.heads % self.tp or m.num_kv_heads % self.tp or m.ffn_size % self.tp:
             raise ConfigError(f"--tp {self.tp}: must divide the model's heads ({m.heads}), KV heads "

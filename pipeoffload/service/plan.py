@@ -11,7 +11,7 @@ from pipeoffload.planner.emit import emit
 from pipeoffload.planner.plans import Plan, PlanRequest, SearchResult
 from pipeoffload.planner.report import format_result, result_as_dict
 from pipeoffload.planner.search import find_plans
-from pipeoffload.service.checks import checked, one_of
+from pipeoffload.service.checks import check_model_shape, checked, one_of
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class PlanResult:
 
 def plan(req: PlanRequest) -> PlanResult:
     """The fastest plans that fit the budget (``InfeasibleError``, a ``ConfigError``, when none does)."""
+    check_model_shape(req.model)
     return PlanResult(find_plans(req))
 
 
@@ -50,6 +51,7 @@ class CompareTPRequest:
 
     def __post_init__(self) -> None:
         checked("baseline", one_of, self.baseline, BASELINES)
+        check_model_shape(self.plan.model)
 
 
 @dataclass(frozen=True)
