@@ -69,15 +69,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="the HTML page (default compare.html)")
     parser.add_argument("--with", dest="common", default="", metavar="FLAGS",
                         help="flags for every schedule, e.g. \"-d 8 -m 32 --offload-ratio 0.5\"")
-    parser.add_argument("--plots", metavar="DIR", help="also write one PNG per schedule here, named by its options")
+    parser.add_argument("--plots", metavar="DIR",
+                        help="also write one PNG per schedule here, named by its options (created if missing)")
     parser.add_argument("--json", action="store_true", help="print the rows as one JSON list")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     check_writable(args.output, f"-o {args.output}")
-    if args.plots and not Path(args.plots).is_dir():
-        raise ConfigError(f"--plots {args.plots}: folder does not exist; create it first")
+    if args.plots and Path(args.plots).exists() and not Path(args.plots).is_dir():
+        raise ConfigError(f"--plots {args.plots}: is a file, not a folder; give a folder (it is created if missing)")
     parsed = [parse_spec(spec, args.common) for spec in args.specs]
     result = compare(CompareRequest(tuple(req for req, _ in parsed)), names=[repr(spec) for spec in args.specs])
     rows, commands, unit = result.rows, [command for _, command in parsed], result.time_unit
@@ -87,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
     timelines = [r.result.timeline for r in rows]
     pictures = [figure_bytes(timeline_figure(t, xmax=result.makespan, time_unit=unit), dpi=100) for t in timelines]
     if args.plots:
+        try:
+            Path(args.plots).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"--plots {args.plots}: cannot create the folder ({err.strerror})") from None
         for row, png in zip(rows, pictures):
             write_atomic(Path(args.plots) / f"{file_slug(row.label)}.png", png)
     page = html_report(timelines, title=f"pipeoffload compare: {len(rows)} schedules",
