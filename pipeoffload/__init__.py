@@ -5,24 +5,41 @@ requests of whole operations (what the CLI and the playground run) with ``run`` 
 ``run(SimulateRequest("zb-v", ranks=8, offload="all")).timeline``; their results and the operations one
 by one are in ``pipeoffload.service``.
 """
+from typing import TYPE_CHECKING
+
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError, ScheduleError
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.passes.lower import lower
 from pipeoffload.placement import Placement
 from pipeoffload.schedules import generate, schedule_names
-from pipeoffload.service import (
-    CompareRequest,
-    CompareTPRequest,
-    OffloadRatioRequest,
-    PlanRequest,
-    SimulateRequest,
-    run,
-)
 from pipeoffload.simulator import DeadlockError, Timeline, simulate
 from pipeoffload.validation import validate
 
+if TYPE_CHECKING:  # for type checkers; at run time ``__getattr__`` below loads them
+    from pipeoffload.service import (
+        CompareRequest,
+        CompareTPRequest,
+        OffloadRatioRequest,
+        PlanRequest,
+        SimulateRequest,
+        run,
+    )
+
 __version__ = "0.2.0.dev0"
+
+# The service's names load on first use: ``import pipeoffload`` stays as light as the core (the service
+# brings the planner with it).
+_SERVICE_NAMES = ("CompareRequest", "CompareTPRequest", "OffloadRatioRequest", "PlanRequest", "SimulateRequest", "run")
+
+
+def __getattr__(name: str) -> object:
+    if name in _SERVICE_NAMES:
+        from pipeoffload import service
+
+        return getattr(service, name)
+    raise AttributeError(f"module 'pipeoffload' has no attribute {name!r}")
+
 
 __all__ = [
     "Action", "ActionKind", "CompareRequest", "CompareTPRequest", "ConfigError", "CostModel", "DeadlockError",

@@ -16,7 +16,8 @@ results give the JSON object the CLI prints with ``--json`` (``as_dict``)::
 
 ``run(request)`` calls the operation a request is for (``pipeoffload.run`` is the same function).
 """
-from typing import overload
+from collections.abc import Callable
+from typing import Any, overload
 
 from pipeoffload.planner.plans import PlanRequest
 from pipeoffload.service.checks import strict_json
@@ -25,7 +26,7 @@ from pipeoffload.service.offload_ratio import OffloadRatioRequest, OffloadRatioR
 from pipeoffload.service.plan import CompareTPRequest, CompareTPResult, PlanResult, compare_tp, plan
 from pipeoffload.service.simulate import SimulateRequest, SimulateResult, simulate
 
-_OPERATIONS: dict[type, object] = {
+_OPERATIONS: dict[type, Callable[[Any], Any]] = {
     SimulateRequest: simulate, CompareRequest: compare, PlanRequest: plan, CompareTPRequest: compare_tp,
     OffloadRatioRequest: offload_ratio,
 }
@@ -47,7 +48,7 @@ def run(request: object) -> object:
     if operation is None:
         raise TypeError(f"{type(request).__name__} is not a service request; use one of "
                         f"{', '.join(t.__name__ for t in _OPERATIONS)}")
-    return operation(request)  # type: ignore[operator]
+    return operation(request)
 
 
 __all__ = [
