@@ -39,8 +39,10 @@ def check_output_args(args: argparse.Namespace) -> str:
     return fmt
 
 
-def write_outputs(args: argparse.Namespace, timelines: Sequence[Timeline], time_unit: str = TIME_UNIT) -> None:
-    """``--plot/--trace/--report`` of ``timelines``, their times labelled ``time_unit`` (``t`` or ``s``)."""
+def write_outputs(args: argparse.Namespace, timelines: Sequence[Timeline], time_unit: str = TIME_UNIT,
+                  commands: Sequence[str] | None = None) -> None:
+    """``--plot/--trace/--report`` of ``timelines``, their times labelled ``time_unit`` (``t`` or ``s``);
+    the report shows ``commands`` (the command line of each timeline) beside its row."""
     fmt = check_output_args(args)
     if args.plot:
         from pipeoffload.viz.plot import figure_bytes, timeline_figure
@@ -55,7 +57,7 @@ def write_outputs(args: argparse.Namespace, timelines: Sequence[Timeline], time_
     if args.report:
         from pipeoffload.viz.report import html_report
 
-        write_atomic(args.report, html_report(timelines, time_unit=time_unit))
+        write_atomic(args.report, html_report(timelines, time_unit=time_unit, commands=commands))
         log.info("wrote %s", args.report)
 
 

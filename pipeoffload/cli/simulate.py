@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from pipeoffload.cli.common import add_cost_args, add_schedule_args, non_negative_float, positive_int
 from pipeoffload.cli.outputs import add_output_args, check_output_args, write_outputs
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     request = request_from_args(args)
     check_output_args(args)
     result = simulate(request)
-    write_outputs(args, [result.timeline], result.time_unit)
+    write_outputs(args, [result.timeline], result.time_unit, commands=[shlex.join(request.command())])
     if args.json:
         print(strict_json(result.as_dict(), indent=1))
     else:

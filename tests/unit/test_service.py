@@ -136,3 +136,9 @@ def test_strict_json_refuses_non_finite_numbers() -> None:
     assert strict_json({"a": 1.5}) == '{"a": 1.5}'
     with pytest.raises(ValueError):
         strict_json({"a": math.nan})
+
+
+def test_simulate_report_shows_the_command_of_its_request(tmp_path: Path) -> None:
+    page = tmp_path / "r.html"
+    code, _, _ = _cli("simulate", "zb-v", "-d", "2", "--offload", "all", "--report", str(page))
+    assert code == 0 and "<code>pipeoffload simulate zb-v --ranks 2 --offload all</code>" in page.read_text()
