@@ -25,6 +25,7 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check pipeoffload tests benchmarks examples
 	$(VENV)/bin/mypy pipeoffload
+	$(VENV)/bin/lint-imports --no-cache  # the layers of docs/architecture.md ([tool.importlinter] in pyproject.toml)
 
 test: lint
 	$(PY) -m pytest -q -x --durations=10

@@ -6,6 +6,7 @@ Time is in arbitrary units (seconds when built from hardware); memory in *activa
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -52,10 +53,15 @@ class CostModel:
     stage_w_fraction: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
+        for name in _NUMBERS:  # inf or nan would make every time and peak after it silently wrong
+            value = getattr(self, name)
+            values = [value] if value is None or isinstance(value, (int, float)) else list(value)
+            if any(v is not None and not (isinstance(v, (int, float)) and math.isfinite(v)) for v in values):
+                raise ConfigError(f"{name}={value!r}: must be a finite number")
         for name in ("time_f", "time_i", "time_w", "time_b", "time_r", "activation"):
             value = getattr(self, name)
             values = [value] if value is None or isinstance(value, (int, float)) else list(value)
-            if any(v is not None and (v < 0 or v != v) for v in values):
+            if any(v is not None and v < 0 for v in values):
                 raise ConfigError(f"{name}={value!r}: times and sizes must be >= 0")
         for name in ("p2p_time", "d2h_time", "h2d_time"):
             if getattr(self, name) < 0:
@@ -148,6 +154,12 @@ _FIELDS = ("time_f", "time_i", "time_w", "time_b", "time_r", "activation", "w_fr
            "partial_recompute_saving", "partial_recompute_time")
 
 
+# every number a cost model holds (scalars or per-stage tuples)
+_NUMBERS = ("time_f", "time_i", "time_w", "time_b", "time_r", "activation", "w_fraction", "activation_bytes",
+            "p2p_time", "d2h_time", "h2d_time", "partial_recompute_saving", "partial_recompute_time",
+            "stage_w_fraction")
+
+
 def cost_model_to_dict(costs: CostModel) -> dict:
     out: dict[str, object] = {"format": COSTS_FORMAT}
     for name in _FIELDS:
@@ -160,7 +172,7 @@ def cost_model_to_dict(costs: CostModel) -> dict:
 def cost_model_from_dict(data: dict, where: str = "cost file") -> CostModel:
     """A ``CostModel`` from a mapping of its fields (scalars or per-stage lists); ``w_fraction`` may be
     a per-stage list too. Unknown keys are refused with the list of valid ones."""
-    data = dict(data.get("costs", data))
+    data = _fields_of(data, where)
     fmt = data.pop("format", COSTS_FORMAT)
     for note in ("device", "source", "comment", "time_unit"):  # descriptive keys (see cost_file_time_unit)
         data.pop(note, None)
@@ -181,17 +193,25 @@ def cost_model_from_dict(data: dict, where: str = "cost file") -> CostModel:
         values["stage_w_fraction"], values["w_fraction"] = wf, max(wf, default=1.0)
     try:
         return CostModel(**values)  # type: ignore[arg-type]
-    except TypeError as err:
+    except (TypeError, ConfigError) as err:
         raise ConfigError(f"{where}: {err}") from None
 
 
 TIME_UNIT_KEY = "time_unit"
 
 
+def _fields_of(data: dict, where: str) -> dict:
+    """The mapping of CostModel fields: ``data`` itself, or its ``costs`` table."""
+    fields = data.get("costs", data)
+    if not isinstance(fields, dict):
+        raise ConfigError(f"{where}: costs = {fields!r}: expected a table of CostModel fields")
+    return dict(fields)
+
+
 def cost_file_time_unit(data: dict, where: str = "cost file") -> str:
     """The time unit of a cost file's numbers: its ``time_unit`` ("s" or "t"); without one, "s" for the
     profiler's files (they name their ``device``: measured seconds) and "t" for hand-written ones."""
-    data = data.get("costs", data)
+    data = _fields_of(data, where)
     unit = data.get(TIME_UNIT_KEY, "s" if "device" in data else "t")
     if unit not in ("s", "t"):
         raise ConfigError(f"{where}: time_unit {unit!r}: use \"s\" (seconds) or \"t\" (the CLI's unit)")
@@ -218,4 +238,10 @@ def load_cost_file(path: str) -> tuple[CostModel, str]:
     if not isinstance(data, dict):
         raise ConfigError(f"--costs {path!r}: expected an object of CostModel fields")
     where = f"--costs {path!r}"
-    return cost_model_from_dict(data, where=where), cost_file_time_unit(data, where)
+    costs, unit = cost_model_from_dict(data, where=where), cost_file_time_unit(data, where)
+    stages = max((len(v) for v in (costs.time_f, costs.time_i, costs.time_w, costs.time_b) if isinstance(v, tuple)),
+                 default=1)
+    if all(costs.f(s) + costs.b(s) <= 0 for s in range(stages)):
+        raise ConfigError(f"{where}: every compute time (time_f, time_i, time_w, time_b) is 0; "
+                          "at least one must be positive")
+    return costs, unit

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # pragma: no cover
-    from pipeoffload.ir import Action
+from pipeoffload.textgrid import render_grid
 
 
 class ConfigError(ValueError):
@@ -24,8 +22,8 @@ class ScheduleError(ValueError):
         reason: str,
         rank: int | None = None,
         step: int | None = None,
-        action: Action | None = None,
-        ranks: Sequence[Sequence[Action]] | None = None,
+        action: object | None = None,  # an ``ir.Action`` (typed loosely: the IR imports this module)
+        ranks: Sequence[Sequence[object]] | None = None,
     ) -> None:
         self.reason = reason
         self.rank = rank
@@ -36,7 +34,5 @@ class ScheduleError(ValueError):
             where = f"rank {rank}, step {step}, action {action}: "
         message = where + reason
         if ranks is not None:
-            from pipeoffload.viz.grid import render_grid
-
             message += "\n" + render_grid(ranks, mark=(rank, step) if rank is not None else None)
         super().__init__(message)

@@ -7,6 +7,7 @@ loops run and a warning says how to rebuild.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 from types import ModuleType
 
@@ -14,8 +15,8 @@ log = logging.getLogger(__name__)
 
 
 def _load() -> ModuleType | None:
-    try:
-        from pipeoffload import _native  # type: ignore[attr-defined]
+    try:  # by name: an extension module that may be absent (and not an import of the package root)
+        _native = importlib.import_module("pipeoffload._native")
     except ImportError:
         return None
     from pipeoffload._native_build import SOURCE, source_digest

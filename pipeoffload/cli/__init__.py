@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import sys
 from collections.abc import Sequence
 
@@ -36,13 +37,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        refuse_non_finite(args)
         return int(args.run(args) or 0)
     except (ConfigError, ScheduleError) as err:
-        first = str(err).splitlines()[0]
-        print(f"pipeoffload {args.command}: error: {first}", file=sys.stderr)
-        return 2
+        return _fail(args, str(err).splitlines()[0], 2)
     except BrokenPipeError:  # e.g. piped into `head`
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: files are written atomically, so nothing is left half done
+        return _fail(args, "interrupted", 130, prefix="")
+    except OSError as err:  # the machine refused (a full disk, a lost file system): not the user's input
+        return _fail(args, f"{err.strerror or err}{f': {err.filename}' if err.filename else ''}", 1)
+
+
+def _fail(args: argparse.Namespace, message: str, code: int, prefix: str = "error: ") -> int:
+    print(f"pipeoffload {args.command}: {prefix}{message}", file=sys.stderr)
+    return code
+
+
+def refuse_non_finite(args: argparse.Namespace) -> None:
+    """No flag may carry inf or nan (``float()`` accepts both): every number after it would be silently
+    wrong. Flags with their own checks refuse them already; this covers every other float flag."""
+    for dest, value in vars(args).items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for item in values:
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ConfigError(f"--{dest.replace('_', '-')} {item}: not a finite number")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,40 +2,47 @@
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+import math
 
-from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Schedule
+from pipeoffload.planner.cli_args import hardware_from_args, model_from_args
+from pipeoffload.planner.hardware import HardwareSpec
+from pipeoffload.planner.model import ModelSpec
 from pipeoffload.schedules import generate
-from pipeoffload.units import rank_costs
+from pipeoffload.service.argtypes import OneLineParser, non_negative_float, positive_int
+from pipeoffload.service.checks import checked, int_at_least
+
+__all__ = ["OneLineParser", "add_cost_args", "add_schedule_args", "model_and_hardware", "non_negative_float",
+           "positive_int", "schedule_from_args"]
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """An argparse parser whose errors are one line and exit 2 (argparse would print the usage too)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+_SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab", "microbatch_size")
 
 
-def positive_int(text: str) -> int:
+def model_and_hardware(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec]:
+    """The model and GPU of ``planner.cli_args``'s flags, with every shape flag checked like any other
+    whole-number flag first and a bad ``--hw`` value named in one line."""
+    for name in _SHAPE_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None:
+            checked(f"--{name.replace('_', '-')}", int_at_least, value)
+    for item in getattr(args, "hw", None) or ():
+        _, _, text = item.partition("=")
+        try:
+            number = float(text)
+        except ValueError:
+            continue  # a name or a flag value: the hardware spec checks it
+        if not math.isfinite(number):
+            raise ConfigError(f"--hw {item}: not a finite number")
+    model = model_from_args(args)
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
+        hardware = hardware_from_args(args)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:  # e.g. --hw memory_gib=abc: a number that is not one
+        raise ConfigError(f"--hw {' --hw '.join(args.hw)}: {err}") from None
+    return model, hardware
 
 
 def add_schedule_args(parser: argparse.ArgumentParser) -> None:
@@ -60,10 +67,3 @@ def add_cost_args(parser: argparse.ArgumentParser) -> None:
 def schedule_from_args(args: argparse.Namespace, **options: object) -> Schedule:
     microbatches = args.microbatches if args.microbatches is not None else 2 * args.ranks
     return generate(args.name, args.ranks, microbatches, args.stages_per_rank, **options)
-
-
-def costs_from_args(args: argparse.Namespace, stages_per_rank: int = 1) -> CostModel:
-    """The per-rank times of the flags split evenly over a rank's stages (docs/decisions.md, "Units")."""
-    if args.time_f + args.time_i + args.time_w <= 0:
-        raise ConfigError("--time-f + --time-i + --time-w is 0: at least one compute time must be positive")
-    return rank_costs(args.time_f, args.time_i, args.time_w, stages_per_rank, args.p2p_time)

@@ -6,18 +6,16 @@ Each argument is one ``simulate`` command line without the ``pipeoffload simulat
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
 from pipeoffload.cli import simulate as simulate_cli
-from pipeoffload.cli.outputs import file_slug, option_label
+from pipeoffload.cli.outputs import file_slug
 from pipeoffload.errors import ConfigError
-from pipeoffload.fileio import write_atomic
-from pipeoffload.simulator import Timeline
+from pipeoffload.fileio import check_writable, write_atomic
+from pipeoffload.service import CompareRequest, SimulateRequest, compare, strict_json
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +38,9 @@ def simulate_parser() -> argparse.ArgumentParser:
     return sub.choices["simulate"]
 
 
-@dataclass(frozen=True)
-class Row:
-    label: str  # schedule, sizes and every non-default option
-    command: str  # the exact command that reproduces the row
-    timeline: Timeline
-    result: dict  # simulate --json's object
-
-
-def run_spec(spec: str, common: str = "") -> Row:
-    """Simulate one comparison argument (``common`` flags apply to every argument, before its own)."""
+def parse_spec(spec: str, common: str = "") -> tuple[SimulateRequest, str]:
+    """One comparison argument (``common`` flags apply to it, before its own) as a request, and the
+    ``pipeoffload simulate`` command that reproduces it."""
     try:
         tokens = shlex.split(spec)
         extra = shlex.split(common)
@@ -58,17 +49,15 @@ def run_spec(spec: str, common: str = "") -> Row:
     if not tokens:
         raise ConfigError("an empty comparison argument: give a schedule, e.g. \"1f1b -d 8\"")
     argv = tokens[:1] + extra + tokens[1:]
-    parser = simulate_parser()
     try:
-        args = parser.parse_args(argv)
+        args = simulate_parser().parse_args(argv)
         for flag in ("plot", "trace", "report", "json"):
             if getattr(args, flag, None):
                 raise ConfigError(f"--{flag} is not used inside compare; use compare's own -o/--plots/--json")
-        timeline, report, unit = simulate_cli.simulate_with_unit(args)
+        request = simulate_cli.request_from_args(args)
     except ConfigError as err:
         raise ConfigError(f"{spec!r}: {str(err).splitlines()[0]}") from None
-    return Row(option_label(parser, args, timeline), shlex.join(["pipeoffload", "simulate", *argv]), timeline,
-               simulate_cli.result_dict(timeline, report, unit))
+    return request, shlex.join(["pipeoffload", "simulate", *argv])
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -80,54 +69,40 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="the HTML page (default compare.html)")
     parser.add_argument("--with", dest="common", default="", metavar="FLAGS",
                         help="flags for every schedule, e.g. \"-d 8 -m 32 --offload-ratio 0.5\"")
-    parser.add_argument("--plots", metavar="DIR", help="also write one PNG per schedule here, named by its options")
+    parser.add_argument("--plots", metavar="DIR",
+                        help="also write one PNG per schedule here, named by its options (created if missing)")
     parser.add_argument("--json", action="store_true", help="print the rows as one JSON list")
     parser.set_defaults(run=run)
 
 
-def compare_rows(specs: list[str], common: str = "") -> list[Row]:
-    rows = [run_spec(spec, common) for spec in specs]
-    seen: dict[str, int] = {}
-    out = []
-    for row in rows:  # the same command twice gets a visible repeat number, not two identical labels
-        seen[row.label] = seen.get(row.label, 0) + 1
-        label = row.label if seen[row.label] == 1 else f"{row.label} (repeat {seen[row.label]})"
-        out.append(Row(label, row.command, row.timeline, row.result))
-    return out
-
-
-def time_unit(rows: list[Row]) -> str:
-    """The rows' one time unit (``t``, or ``s`` from measured cost files); they share one time axis."""
-    units = sorted({r.result["units"]["time_unit"] for r in rows})
-    if len(units) > 1:
-        raise ConfigError(f"the schedules mix time units ({' and '.join(units)}): their charts share one time axis; "
-                          "give every schedule cost files in the same unit (or none)")
-    return units[0]
-
-
 def run(args: argparse.Namespace) -> int:
-    for path, what in ((Path(args.output).parent, "-o"), (Path(args.plots) if args.plots else None, "--plots")):
-        if path is not None and not path.resolve().is_dir():
-            raise ConfigError(f"{what}: folder {path} does not exist; create it first")
-    rows = compare_rows(args.specs, args.common)
-    unit = time_unit(rows)
+    check_writable(args.output, f"-o {args.output}")
+    if args.plots and Path(args.plots).exists() and not Path(args.plots).is_dir():
+        raise ConfigError(f"--plots {args.plots}: is a file, not a folder; give a folder (it is created if missing)")
+    parsed = [parse_spec(spec, args.common) for spec in args.specs]
+    result = compare(CompareRequest(tuple(req for req, _ in parsed)), names=[repr(spec) for spec in args.specs])
+    rows, commands, unit = result.rows, [command for _, command in parsed], result.time_unit
     from pipeoffload.viz.plot import figure_bytes, timeline_figure
     from pipeoffload.viz.report import html_report
 
-    xmax = max(r.timeline.makespan for r in rows)
-    pictures = [figure_bytes(timeline_figure(r.timeline, xmax=xmax, time_unit=unit), dpi=100) for r in rows]
+    timelines = [r.result.timeline for r in rows]
+    pictures = [figure_bytes(timeline_figure(t, xmax=result.makespan, time_unit=unit), dpi=100) for t in timelines]
     if args.plots:
+        try:
+            Path(args.plots).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"--plots {args.plots}: cannot create the folder ({err.strerror})") from None
         for row, png in zip(rows, pictures):
             write_atomic(Path(args.plots) / f"{file_slug(row.label)}.png", png)
-    page = html_report([r.timeline for r in rows], title=f"pipeoffload compare: {len(rows)} schedules",
-                       pictures=pictures, labels=[r.label for r in rows], commands=[r.command for r in rows], time_unit=unit)
+    page = html_report(timelines, title=f"pipeoffload compare: {len(rows)} schedules",
+                       pictures=pictures, labels=[r.label for r in rows], commands=commands, time_unit=unit)
     write_atomic(args.output, page)
     log.info("wrote %s", args.output)
     if args.json:
-        print(json.dumps([{"label": r.label, "command": r.command} | r.result for r in rows], indent=1))
+        print(strict_json([{"label": r.label, "command": c} | r.result.as_dict() for r, c in zip(rows, commands)],
+                          indent=1))
     else:
-        for index, row in enumerate(rows, 1):
-            t = row.timeline
+        for index, (row, t) in enumerate(zip(rows, timelines), 1):
             print(f"{index}. {row.label}: makespan {t.makespan:.4g} {unit}, bubble {t.bubble_ratio:.1%}, "
                   f"device peak {t.peak_rank_units:.3g} rank units")
         print(f"wrote {args.output}")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.fileio import write_atomic
+from pipeoffload.fileio import check_writable, write_atomic
 from pipeoffload.simulator import Timeline
 from pipeoffload.units import TIME_UNIT
 
@@ -21,16 +21,29 @@ def add_output_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--report", metavar="FILE", help="self-contained HTML report")
 
 
-def write_outputs(args: argparse.Namespace, timelines: Sequence[Timeline], time_unit: str = TIME_UNIT) -> None:
-    """``--plot/--trace/--report`` of ``timelines``, their times labelled ``time_unit`` (``t`` or ``s``)."""
-    # Check every destination before writing any, so a bad one leaves nothing half done.
-    for flag in ("plot", "trace", "report"):
+def check_outputs(args: argparse.Namespace, flags: Sequence[str]) -> None:
+    """Refuse every unwritable destination among ``flags`` (e.g. ``plot``, ``output``) before any work."""
+    for flag in flags:
         path = getattr(args, flag, None)
-        if path and not Path(path).parent.resolve().is_dir():
-            raise ConfigError(f"--{flag} {path}: folder {Path(path).parent} does not exist; create it first")
+        if path:
+            check_writable(path, f"--{flag} {path}")
+
+
+def check_output_args(args: argparse.Namespace) -> str:
+    """Check ``--plot/--trace/--report`` before any work, so a bad one leaves nothing half done; return the
+    picture format."""
+    check_outputs(args, ("plot", "trace", "report"))
     fmt = Path(args.plot).suffix.lstrip(".").lower() if args.plot else ""
     if args.plot and fmt not in ("png", "svg", "pdf"):
         raise ConfigError(f"--plot {args.plot}: unknown picture format {fmt!r}; use .png, .svg or .pdf")
+    return fmt
+
+
+def write_outputs(args: argparse.Namespace, timelines: Sequence[Timeline], time_unit: str = TIME_UNIT,
+                  commands: Sequence[str] | None = None) -> None:
+    """``--plot/--trace/--report`` of ``timelines``, their times labelled ``time_unit`` (``t`` or ``s``);
+    the report shows ``commands`` (the command line of each timeline) beside its row."""
+    fmt = check_output_args(args)
     if args.plot:
         from pipeoffload.viz.plot import figure_bytes, timeline_figure
 
@@ -44,29 +57,8 @@ def write_outputs(args: argparse.Namespace, timelines: Sequence[Timeline], time_
     if args.report:
         from pipeoffload.viz.report import html_report
 
-        write_atomic(args.report, html_report(timelines, time_unit=time_unit))
+        write_atomic(args.report, html_report(timelines, time_unit=time_unit, commands=commands))
         log.info("wrote %s", args.report)
-
-
-_OUTPUT_DESTS = frozenset({"plot", "trace", "report", "json", "run", "command", "verbose"})
-
-
-def option_label(parser: argparse.ArgumentParser, args: argparse.Namespace, timeline: Timeline) -> str:
-    """Schedule, resolved sizes, then every option that differs from its default, e.g.
-    ``group-interleaved d=8 m=32 v=2 · group-size 4 · offload all``: no two different runs share one."""
-    s = timeline.schedule
-    parts = [f"{s.name} d={s.num_ranks} m={s.num_microbatches} v={s.stages_per_rank}"]
-    sizes = {"name", "ranks", "microbatches", "stages_per_rank"}
-    for action in parser._actions:  # argparse has no public list of a parser's options
-        dest = action.dest
-        if dest in sizes or dest in _OUTPUT_DESTS or not action.option_strings or dest == "help":
-            continue
-        value = getattr(args, dest, action.default)
-        if value == action.default:
-            continue
-        flag = max(action.option_strings, key=len).lstrip("-")
-        parts.append(flag if value is True else f"{flag} {value}")
-    return " · ".join(parts)
 
 
 def file_slug(label: str) -> str:

@@ -2,20 +2,18 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 
-from pipeoffload.cli.common import positive_int
+from pipeoffload.cli.common import model_and_hardware, positive_int
 from pipeoffload.errors import ConfigError
-from pipeoffload.planner.cli_args import add_hardware_args, add_model_args, hardware_from_args, model_from_args
-from pipeoffload.planner.compare_tp import BASELINES, compare_tp, comparison_as_dict, format_comparison
-from pipeoffload.planner.emit import emit
+from pipeoffload.fileio import check_writable
+from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
+from pipeoffload.planner.compare_tp import BASELINES
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.measured import load_layer_costs
-from pipeoffload.planner.report import format_result, result_as_dict
-from pipeoffload.planner.search import PlanRequest, find_plans
 from pipeoffload.planner.stagecosts import HOST_LINK_MODES, TrainingSetup
+from pipeoffload.service import CompareTPRequest, PlanRequest, compare_tp, plan, strict_json
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +108,7 @@ def check_tp_flag(args: argparse.Namespace, heads: int, kv_heads: int, ffn: int,
 
 
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
-    model, hw = model_from_args(args), hardware_from_args(args)
+    model, hw = model_and_hardware(args)
     check_tp_flag(args, model.heads, model.num_kv_heads, model.ffn_size, hw.gpus_per_node)
     budget = memory_budget(args, hw.memory_bytes, hw.name)
     if args.host_memory is not None and not args.host_memory > 0:
@@ -143,19 +141,19 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{'--baseline' if args.baseline is not None else '--match-memory'} only applies "
                           "with --compare-tp; add --compare-tp")
     req = request_from_args(args)
+    if args.emit:
+        check_writable(args.emit, f"--emit {args.emit}")
     _show_progress()
     if args.compare_tp:
-        cmp = compare_tp(req, args.baseline or "tp8-interleaved", match_memory=args.match_memory)
-        print(json.dumps(comparison_as_dict(cmp), indent=1) if args.json else format_comparison(cmp, req))
-        if args.emit and cmp.pp is not None:
-            print(f"wrote {args.emit} (the PP + offload plan); run it with: {emit(req, cmp.pp, args.emit)}")
+        cmp = compare_tp(CompareTPRequest(req, args.baseline or "tp8-interleaved", match_memory=args.match_memory))
+        print(strict_json(cmp.as_dict(), indent=1) if args.json else cmp.text())
+        command = cmp.emit(args.emit) if args.emit else None
+        if command is not None:
+            print(f"wrote {args.emit} (the PP + offload plan); run it with: {command}")
         return 0
-    result = find_plans(req)
-    if args.json:
-        print(json.dumps(result_as_dict(result, args.top), indent=1))
-    else:
-        print(format_result(result, args.top, pareto=not args.no_pareto))
+    result = plan(req)
+    print(strict_json(result.as_dict(), indent=1) if args.json else result.text(pareto=not args.no_pareto))
     if args.emit:
-        command = emit(req, result.best(1)[0], args.emit)
+        command = result.emit(args.emit)
         print(f"wrote {args.emit}; run it with: {command}", file=sys.stderr if args.json else sys.stdout)
     return 0

@@ -3,12 +3,20 @@ from __future__ import annotations
 
 import argparse
 
-from pipeoffload.cli.common import positive_int
+from pipeoffload.service.argtypes import flag_type
+from pipeoffload.service.checks import int_at_least
+
+
+def _port(text: str) -> int:
+    port = int_at_least(text, 1)
+    if port > 65535:
+        raise ValueError(f"{port} is not a TCP port (1 to 65535)")
+    return port
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("playground", help="interactive schedule and memory explorer in the browser (local)")
-    parser.add_argument("--port", type=positive_int, default=8000, help="port on 127.0.0.1 (default 8000)")
+    parser.add_argument("--port", type=flag_type(_port), default=8000, help="port on 127.0.0.1 (default 8000)")
     parser.set_defaults(run=run)
 
 

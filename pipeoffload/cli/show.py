@@ -5,7 +5,7 @@ import argparse
 
 from pipeoffload.cli.common import add_schedule_args, schedule_from_args
 from pipeoffload.passes.lower import lower
-from pipeoffload.viz.grid import render_grid
+from pipeoffload.textgrid import render_grid
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -2,23 +2,15 @@
 from __future__ import annotations
 
 import argparse
-import json
-from dataclasses import replace
+import shlex
 
-from pipeoffload.cli.common import (
-    add_cost_args,
-    add_schedule_args,
-    costs_from_args,
-    non_negative_float,
-    positive_int,
-    schedule_from_args,
-)
-from pipeoffload.cli.outputs import add_output_args, write_outputs
-from pipeoffload.costs import CostModel, load_cost_file
-from pipeoffload.passes.lower import lower_with_report
-from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, OffloadPolicy, RecomputePolicy
-from pipeoffload.simulator import Timeline, simulate
-from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, time_unit_help, units_dict
+from pipeoffload.cli.common import add_cost_args, add_schedule_args, non_negative_float, positive_int
+from pipeoffload.cli.outputs import add_output_args, check_output_args, write_outputs
+from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, RecomputePolicy
+from pipeoffload.service import SimulateRequest, simulate, strict_json
+from pipeoffload.service.simulate import BACKWARDS
+from pipeoffload.simulator import Timeline
+from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, time_unit_help
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +31,7 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("activation memory (offload, recompute)")
     group.add_argument("--group-size", "-g", type=positive_int, default=None,
                        help="group-interleaved: microbatches per group, 1..ranks (default ceil(ranks/2))")
-    group.add_argument("--backward", choices=("split", "full"), default=None,
+    group.add_argument("--backward", choices=BACKWARDS, default=None,
                        help="group-interleaved: emit I and W (split, default) or one B (full)")
     group.add_argument("--offload", default="none", metavar="POLICY", help=f"offload policy: {OFFLOAD_FORMS}")
     group.add_argument("--recompute", default="none", metavar="POLICY", help=f"recompute policy: {RECOMPUTE_FORMS}")
@@ -51,71 +43,29 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
                        help="one copy engine per direction (default: one engine serves D2H and H2D)")
 
 
-def memory_costs(args: argparse.Namespace, costs: CostModel) -> CostModel:
-    """Apply the host-link flags, the offload ratio and partial recomputation to ``costs``."""
-    costs = replace(costs, shared_host_link=args.shared_host_link or costs.shared_host_link,
-                    shared_copy_engine=costs.shared_copy_engine and not args.separate_copy_engines)
-    if args.offload_ratio:
-        costs = costs.with_offload_ratio(args.offload_ratio)
-    return RecomputePolicy.parse(args.recompute).apply_to(costs)
-
-
-def simulate_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """(timeline, offload report) for parsed ``simulate`` flags; shared by compare and the playground."""
-    timeline, report, _ = simulate_with_unit(args)
-    return timeline, report
-
-
-def simulate_with_unit(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """(timeline, offload report, time unit): the unit is the cost file's (``s`` for measured seconds)
-    with ``--costs``, else the CLI's ``t``."""
-    offload, recompute = OffloadPolicy.parse(args.offload), RecomputePolicy.parse(args.recompute)
-    options = {"group_size": args.group_size, "backward": args.backward}
-    generated = schedule_from_args(args, **options)
-    if getattr(args, "costs", None):
-        base, unit = load_cost_file(args.costs)
-    else:
-        base, unit = costs_from_args(args, generated.stages_per_rank), TIME_UNIT
-    costs = memory_costs(args, base)
-    schedule, report = lower_with_report(generated, costs, offload=offload, recompute=recompute)
-    return simulate(schedule, costs), report, unit
-
-
-def result_dict(timeline: Timeline, report, time_unit: str = TIME_UNIT) -> dict:  # type: ignore[no-untyped-def]
-    """The object ``simulate --json`` prints: the timeline's numbers, their units, the policy report."""
-    out = timeline.as_dict()
-    v = max(timeline.schedule.stages_per_rank, 1)
-    out["peak_host_rank_units"] = timeline.peak_host_units / v  # peak_host_units is in activation units
-    for rank in out["per_rank"]:
-        rank["peak_host_rank_units"] = rank["peak_host_units"] / v
-    out["offload_report"] = report_dict(report)
-    out["units"] = units_dict(time_unit)
-    return out
+def request_from_args(args: argparse.Namespace) -> SimulateRequest:
+    """The service's request for parsed ``simulate`` flags (shared by ``compare``)."""
+    return SimulateRequest(
+        family=args.name, ranks=args.ranks, microbatches=args.microbatches, stages_per_rank=args.stages_per_rank,
+        time_f=args.time_f, time_i=args.time_i, time_w=args.time_w, p2p_time=args.p2p_time, costs_file=args.costs,
+        group_size=args.group_size, backward=args.backward, offload=args.offload, recompute=args.recompute,
+        offload_ratio=args.offload_ratio, shared_host_link=args.shared_host_link,
+        separate_copy_engines=args.separate_copy_engines)
 
 
 def run(args: argparse.Namespace) -> int:
-    timeline, report, unit = simulate_with_unit(args)
-    write_outputs(args, [timeline], unit)
+    request = request_from_args(args)
+    check_output_args(args)
+    result = simulate(request)
+    write_outputs(args, [result.timeline], result.time_unit, commands=[shlex.join(request.command())])
     if args.json:
-        print(json.dumps(result_dict(timeline, report, unit), indent=1))
+        print(strict_json(result.as_dict(), indent=1))
     else:
-        print(format_summary(timeline, unit))
+        print(format_summary(result.timeline, result.time_unit))
+        report = result.report
         if report.policy.kind != "none" or report.recompute != RecomputePolicy():
             print(report.summary())
     return 0
-
-
-def report_dict(report) -> dict:  # type: ignore[no-untyped-def]
-    return {
-        "policy": str(report.policy),
-        "recompute": str(report.recompute),
-        "recomputed": len(report.recomputed),
-        "unhidden": len(report.unhidden),
-        "planned_peak_before": report.peak_before,
-        "planned_peak_after": report.peak_after,
-        "budget": report.budget,
-        "budget_met": report.budget_met,
-    }
 
 
 def format_summary(timeline: Timeline, time_unit: str = TIME_UNIT) -> str:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.fileio import write_atomic
+from pipeoffload.fileio import check_writable, write_atomic
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,7 +36,10 @@ def run_compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"RUN_TRACE {source}: no such file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"RUN_TRACE {source}: not JSON ({err}); expected a Chrome trace from the runtime") from None
+    except OSError as err:  # a folder, a file without read permission
+        raise ConfigError(f"RUN_TRACE {source}: cannot read it ({err.strerror}); give a trace file") from None
     out = Path(args.output) if args.output else source.with_name(source.stem + ".vs-sim.json")
+    check_writable(out, f"-o {out}")
     merged, timeline, run = compare_trace(data)
     write_atomic(out, json.dumps(merged))
     other = merged["otherData"]

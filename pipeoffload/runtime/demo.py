@@ -24,12 +24,12 @@ import torch
 import torch.distributed as dist
 
 from pipeoffload import generate, lower
-from pipeoffload.cli.common import OneLineParser, positive_int
 from pipeoffload.errors import ConfigError, ScheduleError
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
 from pipeoffload.runtime.executor import PipelineError, PipelineRunner
 from pipeoffload.runtime.launch import init_from_env, spawn
 from pipeoffload.runtime.trace import Trace, chrome_events
+from pipeoffload.service.argtypes import OneLineParser, positive_int
 
 PROG = "python -m pipeoffload.runtime"
 

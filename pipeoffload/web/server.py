@@ -1,20 +1,21 @@
 """The playground's server: static files plus a JSON API over ``simulate``, on 127.0.0.1 only.
 
 - ``GET /api/simulate?family=1f1b&ranks=8...`` returns exactly the object ``pipeoffload simulate --json``
-  prints for the same flags (the query is turned into those flags and parsed by the same parser).
+  prints for the same flags: each query parameter is the same-named field of the service's
+  ``SimulateRequest``, checked by the same code as the flag; a parameter given twice is refused.
 - ``GET /api/chart?...`` returns ``{"command", "result", "chart"}``: the command line, that object, and the
   chart data (``viz.chartdata``) in a compact form the front end draws.
 - ``GET /api/families`` lists the schedule families.
-Bad input answers 400 with ``{"error": <the CLI's one-line message>}``; a request bigger than the size
-limit answers 413 before simulating, so one request cannot hold the server for long. ``/api/chart``,
+Bad input answers 400 with ``{"error": <one line naming the parameter, the value and the rule>}``; a
+request bigger than the size limit answers 413 before simulating, so one request cannot hold the server for long. ``/api/chart``,
 which the page uses, sends the same error object with status 200 (and the HTTP status inside), so the
 browser does not log a failed load for a message meant for the user.
 """
 from __future__ import annotations
 
-import json
 import logging
 import shlex
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -22,17 +23,19 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from pipeoffload.errors import ConfigError, ScheduleError
-from pipeoffload.schedules import get_spec, schedule_specs
+from pipeoffload.schedules import schedule_specs
+from pipeoffload.service import SimulateRequest, SimulateResult, simulate, strict_json
+from pipeoffload.service.checks import checked, finite_at_least, int_at_least
 from pipeoffload.viz.chartdata import COLOURS, LABELS, ChartData, chart_data
 
 log = logging.getLogger(__name__)
 
-# Query parameter -> `simulate` flag. Empty values mean "the CLI's default" and are left out.
-PARAMS = {
-    "ranks": "--ranks", "microbatches": "--microbatches", "stages_per_rank": "--stages-per-rank",
-    "group_size": "--group-size", "time_f": "--time-f", "time_i": "--time-i", "time_w": "--time-w",
-    "p2p_time": "--p2p-time", "offload_ratio": "--offload-ratio", "offload": "--offload", "recompute": "--recompute",
-    "backward": "--backward",
+# Query parameter -> how its text becomes a value of the same-named ``SimulateRequest`` field: the checks
+# the CLI's flags use. An empty value means "the default" and is left out.
+PARAMS: dict[str, Callable[[str], Any]] = {
+    "ranks": int_at_least, "microbatches": int_at_least, "stages_per_rank": int_at_least, "group_size": int_at_least,
+    "time_f": finite_at_least, "time_i": finite_at_least, "time_w": finite_at_least, "p2p_time": finite_at_least,
+    "offload_ratio": finite_at_least, "offload": str, "recompute": str, "backward": str,
 }
 MAX_CELLS = 8_192  # ranks x microbatches x stages_per_rank (d=16, m=64, v=4 is 4096): a few seconds at most
 MAX_QUERY = 2_000  # characters
@@ -46,50 +49,45 @@ class RequestError(Exception):
         self.status = status
 
 
-def argv_from_query(query: dict[str, list[str]]) -> list[str]:
-    """The ``simulate`` command line (without ``pipeoffload simulate``) for a query."""
+def request_from_query(query: dict[str, list[str]]) -> SimulateRequest:
+    """The service's request for a query: each parameter at most once, checked like the CLI's flag."""
     unknown = sorted(set(query) - set(PARAMS) - {"family"})
     if unknown:
         raise RequestError(HTTPStatus.BAD_REQUEST, f"unknown parameter(s) {', '.join(unknown)}; "
                            f"known: family, {', '.join(PARAMS)}")
-    family = query.get("family", [""])[0].strip()
-    if not family:
-        raise RequestError(HTTPStatus.BAD_REQUEST, "family is missing: choose a schedule family, e.g. 1f1b")
-    argv = [family]
-    for name, flag in PARAMS.items():
-        value = query.get(name, [""])[0].strip()
-        if value:
-            argv += [flag, value]
-    return argv
+    repeated = sorted(name for name, values in query.items() if len(values) > 1)
+    if repeated:
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"parameter(s) {', '.join(repeated)} given more than once; "
+                           "give each at most once")
+    values: dict[str, Any] = {}
+    for name, parse in PARAMS.items():
+        text = query.get(name, [""])[0].strip()
+        if text:
+            values[name] = checked(name, parse, text)
+    return SimulateRequest(family=query.get("family", [""])[0].strip(), **values)
 
 
-def check_size(args: Any) -> None:
+def check_size(req: SimulateRequest) -> None:
     """Refuse what would take more than a moment, before generating anything."""
     try:
-        v = args.stages_per_rank or get_spec(args.name).default_stages_per_rank()
-    except (ConfigError, KeyError, ValueError):
-        return  # an unknown family: simulate_from_args gives the CLI's message
-    m = args.microbatches if args.microbatches is not None else 2 * args.ranks
-    cells = args.ranks * m * v
+        ranks, m, v = req.sizes()
+    except ConfigError:
+        return  # an unknown family: simulate gives its message
+    cells = ranks * m * v
     if cells > MAX_CELLS:
         raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                           f"ranks x microbatches x stages per rank = {args.ranks} x {m} x {v} = {cells} is over "
+                           f"ranks x microbatches x stages per rank = {ranks} x {m} x {v} = {cells} is over "
                            f"the playground's limit of {MAX_CELLS}; use `pipeoffload simulate` for bigger pipelines")
 
 
-def simulate_query(query: dict[str, list[str]]) -> tuple[list[str], Any, Any]:
-    """(argv, timeline, result object) for a query; RequestError with the CLI's message when it is bad."""
-    from pipeoffload.cli import simulate as simulate_cli
-    from pipeoffload.cli.compare import simulate_parser
-
-    argv = argv_from_query(query)
+def simulate_query(query: dict[str, list[str]]) -> SimulateResult:
+    """The simulation a query asks for; RequestError with the service's one-line message when it is bad."""
     try:
-        args = simulate_parser().parse_args(argv)
-        check_size(args)
-        timeline, report = simulate_cli.simulate_from_args(args)
+        req = request_from_query(query)
+        check_size(req)
+        return simulate(req)
     except (ConfigError, ScheduleError) as err:
         raise RequestError(HTTPStatus.BAD_REQUEST, str(err).splitlines()[0]) from None
-    return argv, timeline, simulate_cli.result_dict(timeline, report)
 
 
 def compact_chart(data: ChartData) -> dict:
@@ -117,18 +115,18 @@ def route(path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, str, byte
             out: Any = [{"name": s.name, "summary": s.summary, "stages_per_rank": s.default_stages_per_rank(),
                          "options": list(s.options)} for s in schedule_specs()]
         elif path == "/api/simulate":
-            out = simulate_query(query)[2]
+            out = simulate_query(query).as_dict()
         elif path == "/api/chart":
-            argv, timeline, result = simulate_query(query)
-            out = {"command": shlex.join(["pipeoffload", "simulate", *argv]), "result": result,
-                   "chart": compact_chart(chart_data(timeline))}
+            result = simulate_query(query)
+            out = {"command": shlex.join(result.request.command()), "result": result.as_dict(),
+                   "chart": compact_chart(chart_data(result.timeline))}
         else:
             raise RequestError(HTTPStatus.NOT_FOUND, f"no such page {path!r}; the playground is at /")
     except RequestError as err:
         # The page's own endpoint answers 200: a message for the user is a normal outcome, not a failed load.
         status = HTTPStatus.OK if path == "/api/chart" else err.status
-        return status, "application/json", json.dumps({"error": str(err), "status": int(err.status)}).encode()
-    return HTTPStatus.OK, "application/json", json.dumps(out).encode()
+        return status, "application/json", strict_json({"error": str(err), "status": int(err.status)}).encode()
+    return HTTPStatus.OK, "application/json", strict_json(out).encode()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -137,7 +135,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         if len(self.path) > MAX_QUERY:
             status, kind, body = (HTTPStatus.REQUEST_URI_TOO_LONG, "application/json",
-                                  json.dumps({"error": f"request longer than {MAX_QUERY} characters"}).encode())
+                                  strict_json({"error": f"request longer than {MAX_QUERY} characters"}).encode())
         else:
             parts = urlsplit(self.path)
             try:
@@ -145,7 +143,7 @@ class Handler(BaseHTTPRequestHandler):
             except Exception as err:  # a bug must not take the page down: answer 500 with the message
                 log.exception("playground request %s failed", self.path)
                 status, kind, body = (HTTPStatus.INTERNAL_SERVER_ERROR, "application/json",
-                                      json.dumps({"error": f"internal error: {err}"}).encode())
+                                      strict_json({"error": f"internal error: {err}"}).encode())
         try:
             self.send_response(status)
             self.send_header("Content-Type", kind)

@@ -28,9 +28,9 @@ from pipeoffload.schedules import (
 )
 from pipeoffload.semantics import CODE, KINDS, LANE, coded, memory_effects
 from pipeoffload.simulator import simulate
+from pipeoffload.textgrid import render_grid
 from pipeoffload.validation import validate
 from pipeoffload.viz.chrome_trace import timeline_trace
-from pipeoffload.viz.grid import render_grid
 
 F, B = ActionKind.F, ActionKind.B
 

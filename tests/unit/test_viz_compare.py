@@ -10,8 +10,7 @@ SPECS = ["1f1b -d 4 -m 8", "group-interleaved -d 4 -m 8 -g 2", "group-interleave
 
 
 def test_compare_page_labels_commands_and_numbers(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    page, plots = tmp_path / "c.html", tmp_path / "plots"
-    plots.mkdir()
+    page, plots = tmp_path / "c.html", tmp_path / "plots" / "new"  # a missing folder is created
     assert main(["compare", *SPECS, "--with", "--offload-ratio 0.5", "-o", str(page), "--plots", str(plots),
                  "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)

@@ -57,16 +57,29 @@ def test_api_returns_exactly_simulate_json(base: str, query: str, argv: list[str
     assert json.loads(body) == json.loads(out)
 
 
-def test_bad_input_is_the_cli_message(base: str) -> None:
-    status, body = _get(f"{base}/api/simulate?family=1f1b&ranks=0")
-    code, _, err = _cli("simulate", "1f1b", "--ranks", "0")
+@pytest.mark.parametrize("param,flag,value", [
+    ("ranks", "--ranks", "0"), ("ranks", "--ranks", "1e"), ("microbatches", "--microbatches", "x"),
+    ("time_f", "--time-f", "inf"), ("p2p_time", "--p2p-time", "nan"), ("offload_ratio", "--offload-ratio", "-1"),
+])
+def test_bad_input_is_the_cli_message(base: str, param: str, flag: str, value: str) -> None:
+    """The same check refuses a value in the query and in the flag, in the same words after the name."""
+    status, body = _get(f"{base}/api/simulate?family=1f1b&{param}={value}")
+    code, _, err = _cli("simulate", "1f1b", f"{flag}={value}")
     assert status == 400 and code == 2
     message = json.loads(body)["error"]
-    assert message in err and "must be >= 1" in message
+    assert message.startswith(f"{param}: ") and err.rstrip().endswith(message.removeprefix(f"{param}: "))
+    assert value in message and len(err.splitlines()) == 1
+
+
+def test_bad_query_is_refused(base: str) -> None:
     status, body = _get(f"{base}/api/chart?family=nope")  # the page's endpoint: 200 with the message
     assert status == 200 and "unknown schedule 'nope'" in json.loads(body)["error"]
     status, body = _get(f"{base}/api/simulate?family=1f1b&colour=red")
     assert status == 400 and "unknown parameter(s) colour" in json.loads(body)["error"]
+    status, body = _get(f"{base}/api/simulate?family=1f1b&ranks=2&ranks=8")  # not silently the first
+    assert status == 400 and "ranks given more than once" in json.loads(body)["error"]
+    status, body = _get(f"{base}/api/simulate?family=--help")  # a name, never a flag of a parser
+    assert status == 400 and "unknown schedule '--help'" in json.loads(body)["error"]
 
 
 def test_large_request_is_refused_with_the_limit(base: str) -> None:

@@ -1,15 +1,15 @@
-"""A step x rank text grid of a schedule, used by error messages and ``pipeoffload show``."""
+"""A step x rank text grid of a schedule's actions, one of its text forms beside ``ir``'s text, CSV and
+JSON: used by ``ScheduleError`` messages and ``pipeoffload show``. It needs nothing but each action's text
+(``str``), so the error type at the bottom of the core can draw it without importing the IR above it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from pipeoffload.ir import Action
 
 _WINDOW = 12  # steps shown either side of a marked step: whole grids of big schedules drown the error
 
 
 def render_grid(
-    ranks: Sequence[Sequence[Action]], mark: tuple[int, int | None] | None = None, window: int | None = None
+    ranks: Sequence[Sequence[object]], mark: tuple[int, int | None] | None = None, window: int | None = None
 ) -> str:
     """Rows are steps, columns ranks. ``mark=(rank, step)`` flags one cell and shows nearby steps only."""
     steps = max((len(r) for r in ranks), default=0)

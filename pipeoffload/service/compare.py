@@ -1,0 +1,64 @@
+"""Compare several simulations on one time axis: each row labelled by what makes it different."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeoffload.errors import ConfigError
+from pipeoffload.service.simulate import SimulateRequest, SimulateResult, simulate
+
+
+@dataclass(frozen=True)
+class CompareRequest:
+    runs: tuple[SimulateRequest, ...]
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ConfigError("nothing to compare: give at least one schedule")
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    label: str  # schedule, sizes and every non-default option; a repeat gets "(repeat N)"
+    result: SimulateResult
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    rows: tuple[CompareRow, ...]
+    time_unit: str  # the rows share one time axis, so one unit
+
+    @property
+    def makespan(self) -> float:
+        return max(r.result.timeline.makespan for r in self.rows)
+
+
+def compare(req: CompareRequest, names: Sequence[str] | None = None) -> CompareResult:
+    """Simulate every run. A failing run's error is prefixed with ``names[i]`` (how the caller
+    named that run, e.g. the command-line argument), or with its position."""
+    results = []
+    for index, run in enumerate(req.runs):
+        try:
+            results.append(simulate(run))
+        except ConfigError as err:
+            name = names[index] if names is not None else f"run {index + 1}"
+            raise ConfigError(f"{name}: {str(err).splitlines()[0]}") from None
+    return CompareResult(_labelled(results), _one_time_unit(results))
+
+
+def _labelled(results: list[SimulateResult]) -> tuple[CompareRow, ...]:
+    seen: dict[str, int] = {}
+    rows = []
+    for result in results:  # the same request twice gets a visible repeat number, not two identical labels
+        label = result.label()
+        seen[label] = seen.get(label, 0) + 1
+        rows.append(CompareRow(label if seen[label] == 1 else f"{label} (repeat {seen[label]})", result))
+    return tuple(rows)
+
+
+def _one_time_unit(results: list[SimulateResult]) -> str:
+    units = sorted({r.time_unit for r in results})
+    if len(units) > 1:
+        raise ConfigError(f"the schedules mix time units ({' and '.join(units)}): their charts share one time axis; "
+                          "give every schedule cost files in the same unit (or none)")
+    return units[0]

@@ -1,0 +1,66 @@
+"""The offload ratio k = (D2H + H2D time of one layer's activations) / (F + I + W time of that layer),
+from the paper's Formula 1 and from the cost model (``pipeoffload k``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeoffload.errors import ConfigError
+from pipeoffload.planner.formulas import formula1_k, offload_time
+from pipeoffload.planner.hardware import HardwareSpec
+from pipeoffload.planner.model import ModelSpec
+from pipeoffload.planner.stagecosts import layer_costs
+from pipeoffload.service.checks import check_model_shape, checked, int_at_least
+
+
+@dataclass(frozen=True)
+class OffloadRatioRequest:
+    model: ModelSpec
+    hardware: HardwareSpec
+    tp: int = 1  # tensor-parallel size for the cost-model k
+    partial_recompute: bool = True  # LGD partial recomputation: ~20 instead of 34 sbh saved per layer
+    shared_host_link: bool = False  # with tp > 1 the TP peer copies at the same time over one PCIe switch
+
+    def __post_init__(self) -> None:
+        checked("tp", int_at_least, self.tp)
+        check_model_shape(self.model)
+        m = self.model
+        if m.heads % self.tp or m.num_kv_heads % self.tp or m.ffn_size % self.tp:
+            raise ConfigError(f"--tp {self.tp}: must divide the model's heads ({m.heads}), KV heads "
+                              f"({m.num_kv_heads}) and FFN width ({m.ffn_size}); use a common divisor")
+
+
+@dataclass(frozen=True)
+class OffloadRatioResult:
+    request: OffloadRatioRequest
+    formula1_k: float  # the paper's Formula 1: 10 B_c / (3 (6h + s) B_o)
+    cost_model_k: float  # the cost model's copy time / compute time of one layer and microbatch
+    layer_compute_s: float  # F + I + W of one layer and microbatch
+    layer_copy_s: float  # D2H + H2D of its saved activations
+    saved_bytes_per_sbh: float  # saved activation bytes per layer in units of s*b*h
+
+    @property
+    def offload_time(self) -> float:
+        return offload_time(self.formula1_k)
+
+    def as_dict(self) -> dict:
+        """The object ``k --json`` prints."""
+        model, hw = self.request.model, self.request.hardware
+        return {
+            "formula1_k": self.formula1_k, "offload_time": self.offload_time, "cost_model_k": self.cost_model_k,
+            "hidden": model.hidden, "seq": model.seq, "B_c_flops": hw.flops, "B_o_bytes_per_s": hw.offload_bandwidth,
+            "saved_bytes_per_sbh": self.saved_bytes_per_sbh, "layer_compute_s": self.layer_compute_s,
+            "layer_copy_s": self.layer_copy_s, "tp": self.request.tp,
+            "gpu": hw.name, "sources": {k: hw.sources.get(k, "") for k in ("achievable_fraction", "d2h_bandwidth")},
+        }
+
+
+def offload_ratio(req: OffloadRatioRequest) -> OffloadRatioResult:
+    model, hw = req.model, req.hardware
+    lc = layer_costs(model, hw, req.tp, partial_recompute=req.partial_recompute)
+    share = 2.0 if req.shared_host_link and hw.shares_pcie_switch and req.tp > 1 else 1.0
+    copy = lc.activation_bytes * share * (1 / hw.d2h_bandwidth + 1 / hw.h2d_bandwidth)
+    compute = lc.time_f + lc.time_i + lc.time_w
+    return OffloadRatioResult(
+        req, formula1_k=formula1_k(model.hidden, model.seq, hw.flops, hw.offload_bandwidth),
+        cost_model_k=copy / compute, layer_compute_s=compute, layer_copy_s=copy,
+        saved_bytes_per_sbh=lc.activation_bytes * req.tp / (model.tokens * model.hidden))

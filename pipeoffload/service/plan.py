@@ -1,0 +1,76 @@
+"""Plan a training job: the planner's search (``PlanRequest`` -> ``PlanResult``) and the comparison of
+PP + offload against a tensor-parallel baseline (``CompareTPRequest`` -> ``CompareTPResult``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeoffload.planner.compare_tp import BASELINES, Comparison, comparison_as_dict, format_comparison
+from pipeoffload.planner.compare_tp import compare_tp as compare_tp_plans
+from pipeoffload.planner.emit import emit
+from pipeoffload.planner.plans import Plan, PlanRequest, SearchResult
+from pipeoffload.planner.report import format_result, result_as_dict
+from pipeoffload.planner.search import find_plans
+from pipeoffload.service.checks import check_model_shape, checked, one_of
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    search: SearchResult
+
+    @property
+    def request(self) -> PlanRequest:
+        return self.search.request
+
+    def best(self) -> Plan:
+        return self.search.best(1)[0]
+
+    def as_dict(self) -> dict:
+        """The object ``plan --json`` prints (the top ``request.top`` plans and the Pareto frontier)."""
+        return result_as_dict(self.search, self.request.top)
+
+    def text(self, pareto: bool = True) -> str:
+        return format_result(self.search, self.request.top, pareto=pareto)
+
+    def emit(self, path: str | Path) -> str:
+        """Write the best plan as a ``pipeoffload train`` config; return the command that runs it."""
+        return emit(self.request, self.best(), path)
+
+
+def plan(req: PlanRequest) -> PlanResult:
+    """The fastest plans that fit the budget (``InfeasibleError``, a ``ConfigError``, when none does)."""
+    check_model_shape(req.model)
+    return PlanResult(find_plans(req))
+
+
+@dataclass(frozen=True)
+class CompareTPRequest:
+    plan: PlanRequest
+    baseline: str = "tp8-interleaved"  # or "best": any TP 2-8
+    match_memory: bool = False  # PP + offload may use no more activation memory than the baseline plan
+
+    def __post_init__(self) -> None:
+        checked("baseline", one_of, self.baseline, BASELINES)
+        check_model_shape(self.plan.model)
+
+
+@dataclass(frozen=True)
+class CompareTPResult:
+    request: CompareTPRequest
+    comparison: Comparison
+
+    def as_dict(self) -> dict:
+        return comparison_as_dict(self.comparison)
+
+    def text(self) -> str:
+        return format_comparison(self.comparison, self.request.plan)
+
+    def emit(self, path: str | Path) -> str | None:
+        """Write the PP + offload plan as a train config (None when no such plan fits)."""
+        pp = self.comparison.pp
+        return None if pp is None else emit(self.request.plan, pp, path)
+
+
+def compare_tp(req: CompareTPRequest) -> CompareTPResult:
+    """PP + offload on TP 1 against the baseline, with the same GPUs, batch and budget."""
+    return CompareTPResult(req, compare_tp_plans(req.plan, req.baseline, match_memory=req.match_memory))

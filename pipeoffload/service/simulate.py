@@ -1,0 +1,168 @@
+"""Simulate one schedule: a typed request (family, sizes, costs, memory policies) and its result.
+
+The CLI's ``simulate`` flags, the playground's query parameters and this request's fields carry the
+same names (``--offload-ratio`` is ``offload_ratio``), and the same checks (``service.checks``) refuse
+the same values.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from pipeoffload.costs import CostModel, load_cost_file
+from pipeoffload.errors import ConfigError
+from pipeoffload.passes.lower import lower_with_report
+from pipeoffload.passes.offload import OffloadReport
+from pipeoffload.policies import OffloadPolicy, RecomputePolicy
+from pipeoffload.schedules import generate, get_spec
+from pipeoffload.service.checks import checked, finite_at_least, int_at_least, one_of
+from pipeoffload.simulator import Timeline
+from pipeoffload.simulator import simulate as simulate_timeline
+from pipeoffload.units import TIME_UNIT, rank_costs, units_dict
+
+BACKWARDS = ("split", "full")
+SIZE_FIELDS = ("family", "ranks", "microbatches", "stages_per_rank")
+FLAG_NAMES = {"costs_file": "costs"}  # a field whose command-line flag has another name
+
+
+@dataclass(frozen=True)
+class SimulateRequest:
+    """One simulation. Costs are per rank and microbatch (all of a rank's layers, split evenly over its
+    stages) in the time unit t, unless ``costs_file`` gives a cost model (its numbers replace the four
+    times). ``offload_ratio`` is the paper's k = (D2H + H2D time of one activation) / (F + I + W time);
+    0 means instant copies. Field order is the order of ``pipeoffload simulate --help``."""
+
+    family: str
+    ranks: int = 4
+    microbatches: int | None = None  # None: 2 * ranks
+    stages_per_rank: int | None = None  # None: the family's default
+    time_f: float = 1.0
+    time_i: float = 1.0
+    time_w: float = 1.0
+    p2p_time: float = 0.0
+    costs_file: str | None = None
+    group_size: int | None = None
+    backward: str | None = None  # group-interleaved: "split" (I and W) or "full" (one B)
+    offload: str = "none"
+    recompute: str = "none"
+    offload_ratio: float = 0.0
+    shared_host_link: bool = False
+    separate_copy_engines: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.family, str) or not self.family.strip():
+            raise ConfigError("family is missing: choose a schedule family, e.g. 1f1b")
+        checked("ranks", int_at_least, self.ranks)
+        for name in ("microbatches", "stages_per_rank", "group_size"):
+            if getattr(self, name) is not None:
+                checked(name, int_at_least, getattr(self, name))
+        for name in ("time_f", "time_i", "time_w", "p2p_time", "offload_ratio"):
+            checked(name, finite_at_least, getattr(self, name))
+        if self.backward is not None:
+            checked("backward", one_of, self.backward, BACKWARDS)
+        OffloadPolicy.parse(self.offload)
+        RecomputePolicy.parse(self.recompute)
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.microbatches if self.microbatches is not None else 2 * self.ranks
+
+    def sizes(self) -> tuple[int, int, int]:
+        """(ranks, microbatches, stages per rank) with the defaults filled in (the family's v)."""
+        v = self.stages_per_rank or get_spec(self.family).default_stages_per_rank()
+        return self.ranks, self.num_microbatches, v
+
+    def options(self) -> list[tuple[str, Any]]:
+        """(flag name, value) of every option that differs from its default, sizes excluded."""
+        out = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name not in SIZE_FIELDS and value != f.default:
+                out.append((FLAG_NAMES.get(f.name, f.name).replace("_", "-"), value))
+        return out
+
+    def command(self) -> list[str]:
+        """The ``pipeoffload simulate`` command line that makes the same request."""
+        argv = ["pipeoffload", "simulate", self.family]
+        for name in ("ranks", "microbatches", "stages_per_rank"):
+            value = getattr(self, name)
+            if value is not None and value != SimulateRequest.__dataclass_fields__[name].default:
+                argv += ["--" + name.replace("_", "-"), str(value)]
+        for flag, value in self.options():
+            argv += [f"--{flag}"] if value is True else [f"--{flag}", str(value)]
+        return argv
+
+
+@dataclass(frozen=True)
+class SimulateResult:
+    request: SimulateRequest
+    timeline: Timeline
+    report: OffloadReport
+    time_unit: str  # "t", or "s" for a cost file in measured seconds
+
+    def label(self) -> str:
+        """Schedule, resolved sizes, then every option that differs from its default, e.g.
+        ``group-interleaved d=8 m=32 v=2 · group-size 4 · offload all``: no two different runs share one."""
+        s = self.timeline.schedule
+        parts = [f"{s.name} d={s.num_ranks} m={s.num_microbatches} v={s.stages_per_rank}"]
+        parts += [flag if value is True else f"{flag} {value}" for flag, value in self.request.options()]
+        return " · ".join(parts)
+
+    def as_dict(self) -> dict:
+        """The object ``simulate --json`` prints and the playground serves: the timeline's numbers, their
+        units, the policy report."""
+        out = self.timeline.as_dict()
+        v = max(self.timeline.schedule.stages_per_rank, 1)
+        out["peak_host_rank_units"] = self.timeline.peak_host_units / v  # peak_host_units: activation units
+        for rank in out["per_rank"]:
+            rank["peak_host_rank_units"] = rank["peak_host_units"] / v
+        out["offload_report"] = report_dict(self.report)
+        out["units"] = units_dict(self.time_unit)
+        return out
+
+
+def report_dict(report: OffloadReport) -> dict:
+    return {
+        "policy": str(report.policy),
+        "recompute": str(report.recompute),
+        "recomputed": len(report.recomputed),
+        "unhidden": len(report.unhidden),
+        "planned_peak_before": report.peak_before,
+        "planned_peak_after": report.peak_after,
+        "budget": report.budget,
+        "budget_met": report.budget_met,
+    }
+
+
+def base_costs(req: SimulateRequest, stages_per_rank: int) -> tuple[CostModel, str]:
+    """The cost model before memory options, and the unit of its times."""
+    if req.costs_file:
+        return load_cost_file(req.costs_file)
+    if req.time_f + req.time_i + req.time_w <= 0:
+        raise ConfigError("--time-f + --time-i + --time-w is 0: at least one compute time must be positive")
+    return rank_costs(req.time_f, req.time_i, req.time_w, stages_per_rank, req.p2p_time), TIME_UNIT
+
+
+def memory_costs(req: SimulateRequest, costs: CostModel) -> CostModel:
+    """Apply the host-link options, the offload ratio and partial recomputation to ``costs``."""
+    costs = replace(costs, shared_host_link=req.shared_host_link or costs.shared_host_link,
+                    shared_copy_engine=costs.shared_copy_engine and not req.separate_copy_engines)
+    if req.offload_ratio:
+        costs = costs.with_offload_ratio(req.offload_ratio)
+    return RecomputePolicy.parse(req.recompute).apply_to(costs)
+
+
+def simulate(req: SimulateRequest) -> SimulateResult:
+    """Generate, lower (offload, recompute, communication) and simulate the requested schedule."""
+    generated = generate(req.family, req.ranks, req.num_microbatches, req.stages_per_rank,
+                         group_size=req.group_size, backward=req.backward)
+    base, unit = base_costs(req, generated.stages_per_rank)
+    costs = memory_costs(req, base)
+    schedule, report = lower_with_report(generated, costs, offload=OffloadPolicy.parse(req.offload),
+                                         recompute=RecomputePolicy.parse(req.recompute))
+    timeline = simulate_timeline(schedule, costs)
+    if not math.isfinite(timeline.makespan):  # finite times whose sum overflows (e.g. --time-f 1e308)
+        raise ConfigError(f"the step time overflows ({timeline.makespan}): the times are too large to add up; "
+                          "give them in a larger time unit (smaller numbers)")
+    return SimulateResult(req, timeline, report, unit)

@@ -1,0 +1,90 @@
+"""Bad input, subcommand by subcommand: exit 2, one line naming the value, nothing on stdout, nothing
+written. Each row is (command line, a piece of the message); grow the table with every flag."""
+from __future__ import annotations
+
+import contextlib
+import io
+import shlex
+from pathlib import Path
+
+import pytest
+
+import pipeoffload.cli.simulate as simulate_cli
+from pipeoffload.cli import main
+
+PLAN = "plan --model llama3-8b --gpus 8 --global-batch 64"
+CASES = [
+    ("simulate 1f1b --time-f inf", "--time-f: inf is not a finite number"),
+    ("simulate 1f1b --p2p-time nan", "--p2p-time: nan is not a finite number"),
+    ("simulate 1f1b --offload all --offload-ratio inf", "--offload-ratio: inf is not a finite number"),
+    ("simulate 1f1b --time-f 1e308", "step time overflows"),
+    ("simulate 1f1b --time-f 0 --time-i 0 --time-w 0", "at least one compute time must be positive"),
+    ("simulate 1f1b --ranks 0", "0 must be >= 1"),
+    ("simulate 1f1b --costs nan.json", "p2p_time=nan: must be a finite number"),
+    ("simulate 1f1b --costs zero.json", "every compute time"),
+    ("simulate 1f1b --costs five.json", "costs = 5: expected a table"),
+    ("simulate 1f1b --plot out.png --trace afolder", "--trace afolder: is a folder"),
+    ("simulate 1f1b --report nofolder/r.html", "folder nofolder does not exist"),
+    ("simulate 1f1b --plot out.gif", "unknown picture format 'gif'"),
+    ("compare 1f1b -o afolder", "-o afolder: is a folder"),
+    ("compare 1f1b '1f1b --time-f nan'", "'1f1b --time-f nan': argument --time-f: nan is not a finite number"),
+    ("compare 1f1b --plots nan.json", "--plots nan.json: is a file, not a folder"),
+    ("compare 1f1b 'nope' --plots new/folder", "'nope': unknown schedule 'nope'"),
+    ("k --model llama3-8b --ffn 0", "--ffn: 0 must be >= 1"),
+    ("k --model llama3-8b --kv-heads 0", "--kv-heads: 0 must be >= 1"),
+    ("k --model llama3-8b --hw memory_gib=abc", "--hw memory_gib=abc: could not convert"),
+    ("k --model llama3-8b --hw d2h_gbps=inf", "--hw d2h_gbps=inf: not a finite number"),
+    ("k --model llama3-8b --offload-bw inf", "--offload-bw inf: not a finite number"),
+    ("k --model llama3-8b --tp 0", "tp: 0 must be >= 1"),
+    (f"{PLAN} --emit afolder", "--emit afolder: is a folder"),
+    (f"{PLAN} --ffn 0", "--ffn: 0 must be >= 1"),
+    (f"{PLAN} --host-memory inf", "--host-memory inf: not a finite number"),
+    (f"{PLAN} --memory nan", "--memory nan"),
+    ("playground --port 70000", "70000 is not a TCP port"),
+    ("trace compare afolder", "RUN_TRACE afolder: cannot read it"),
+    ("trace compare missing.json", "RUN_TRACE missing.json: no such file"),
+]
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "afolder").mkdir()
+    (tmp_path / "nan.json").write_text('{"time_f": 1, "time_b": 2, "p2p_time": NaN}')
+    (tmp_path / "zero.json").write_text('{"time_f": 0, "time_b": 0, "time_w": 0}')
+    (tmp_path / "five.json").write_text('{"costs": 5}')
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _run(command: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(shlex.split(command))
+        except SystemExit as exit_:  # argparse's own errors exit
+            code = int(exit_.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _files(root: Path) -> set[Path]:
+    return {p.relative_to(root) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("command,message", CASES, ids=[c for c, _ in CASES])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(workdir: Path, command: str, message: str) -> None:
+    before = _files(workdir)
+    code, out, err = _run(command)
+    assert code == 2 and out == ""
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert err.startswith(f"pipeoffload {command.split()[0]}: error: ")
+    assert _files(workdir) == before
+
+
+def test_ctrl_c_is_exit_130_in_one_line(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(simulate_cli, "simulate", interrupted)
+    code, out, err = _run("simulate 1f1b --plot out.png")
+    assert (code, out, err) == (130, "", "pipeoffload simulate: interrupted\n")
+    assert not (workdir / "out.png").exists()

@@ -1,0 +1,144 @@
+"""The typed service: requests check their values (with the checks the CLI's flags use), results are what
+the CLI prints, and the command line a request names makes the same request again."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import shlex
+from pathlib import Path
+
+import pytest
+
+import pipeoffload
+from pipeoffload.cli import build_parser, main
+from pipeoffload.cli.simulate import request_from_args
+from pipeoffload.costs import CostModel, load_cost_file
+from pipeoffload.errors import ConfigError
+from pipeoffload.planner.hardware import hardware_preset
+from pipeoffload.planner.presets import model_preset
+from pipeoffload.service import (
+    CompareRequest,
+    OffloadRatioRequest,
+    SimulateRequest,
+    compare,
+    offload_ratio,
+    run,
+    simulate,
+    strict_json,
+)
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exit_:
+            code = int(exit_.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"ranks": 0}, "ranks: 0 must be >= 1"),
+    ({"ranks": True}, "ranks: True is not an integer"),
+    ({"microbatches": 2.5}, "microbatches: 2.5 is not an integer"),
+    ({"time_f": math.inf}, "time_f: inf is not a finite number"),
+    ({"p2p_time": math.nan}, "p2p_time: nan is not a finite number"),
+    ({"offload_ratio": -1.0}, "offload_ratio: -1.0 must be >= 0"),
+    ({"backward": "half"}, "backward: 'half' is not one of split, full"),
+    ({"offload": "bogus"}, "offload policy 'bogus' is not understood"),
+    ({"family": " "}, "family is missing"),
+])
+def test_a_request_refuses_bad_values_when_built(fields: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(")):
+        SimulateRequest(**({"family": "1f1b"} | fields))
+
+
+@pytest.mark.parametrize("argv", [
+    "1f1b -d 4 -m 8",
+    "group-interleaved -d 4 -m 8 -g 2 --offload all --offload-ratio 0.5 --time-w 0.5 --shared-host-link",
+    "zb-v -d 4 --recompute first:1 --p2p-time 0.25 --separate-copy-engines",
+])
+def test_the_result_is_what_the_cli_prints_and_its_command_repeats_it(argv: str) -> None:
+    request = request_from_args(build_parser().parse_args(["simulate", *shlex.split(argv)]))
+    result = simulate(request)
+    code, out, _ = _cli("simulate", *shlex.split(argv), "--json")
+    assert code == 0 and json.loads(out) == result.as_dict()
+    again = request_from_args(build_parser().parse_args(request.command()[1:]))
+    assert again == request
+
+
+def test_labels_name_what_differs_and_repeats_are_numbered() -> None:
+    base = SimulateRequest("group-interleaved", ranks=4, microbatches=8, group_size=2, offload="all")
+    result = compare(CompareRequest((base, base, SimulateRequest("1f1b", ranks=4))))
+    assert [r.label for r in result.rows] == [
+        "group-interleaved d=4 m=8 v=2 · group-size 2 · offload all",
+        "group-interleaved d=4 m=8 v=2 · group-size 2 · offload all (repeat 2)",
+        "1f1b d=4 m=8 v=1",
+    ]
+    assert result.time_unit == "t" and result.makespan == max(r.result.timeline.makespan for r in result.rows)
+
+
+def test_compare_refuses_mixed_time_units(tmp_path: Path) -> None:
+    measured = tmp_path / "measured.json"
+    measured.write_text(json.dumps({"time_f": 1e-3, "time_b": 2e-3, "time_unit": "s"}))
+    with pytest.raises(ConfigError, match="mix time units"):
+        compare(CompareRequest((SimulateRequest("1f1b"), SimulateRequest("1f1b", costs_file=str(measured)))))
+    with pytest.raises(ConfigError, match="^run 2: unknown schedule 'nope'"):
+        compare(CompareRequest((SimulateRequest("1f1b"), SimulateRequest("nope"))))
+
+
+def test_run_carries_out_any_request() -> None:
+    result = pipeoffload.run(pipeoffload.SimulateRequest("1f1b", ranks=2))
+    assert result.timeline.makespan == simulate(SimulateRequest("1f1b", ranks=2)).timeline.makespan
+    k = run(OffloadRatioRequest(model_preset("llama3-8b"), hardware_preset("a100")))
+    assert k.as_dict() == offload_ratio(OffloadRatioRequest(model_preset("llama3-8b"), hardware_preset("a100"))).as_dict()
+    with pytest.raises(TypeError, match="not a service request"):
+        run("1f1b")  # type: ignore[call-overload]
+
+
+def test_offload_ratio_request_checks_tp() -> None:
+    with pytest.raises(ConfigError, match="tp: 0 must be >= 1"):
+        OffloadRatioRequest(model_preset("llama3-8b"), hardware_preset("a100"), tp=0)
+    with pytest.raises(ConfigError, match="--tp 3: must divide"):
+        OffloadRatioRequest(model_preset("llama3-8b"), hardware_preset("a100"), tp=3)
+
+
+@pytest.mark.parametrize("fields", [{"p2p_time": math.nan}, {"time_f": math.inf}, {"time_w": (1.0, math.nan)},
+                                    {"d2h_time": math.inf}, {"activation_bytes": math.nan}, {"time_i": "1"}])
+def test_a_cost_model_refuses_non_finite_numbers(fields: dict) -> None:
+    with pytest.raises(ConfigError, match="must be a finite number"):
+        CostModel(**fields)
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"time_f": 1, "time_b": 2, "p2p_time": NaN}', "p2p_time=nan: must be a finite number"),
+    ('{"time_f": 0, "time_b": 0, "time_w": 0}', "every compute time"),
+    ('{"time_f": [0, 0], "time_i": [0, 0], "time_w": [0, 0]}', "every compute time"),
+    ('{"costs": 5}', "costs = 5: expected a table"),
+    ('[1, 2]', "expected an object"),
+])
+def test_a_cost_file_is_checked_like_the_flags(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "costs.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f"^--costs '{path}': .*{message.replace('[', '.')}"):
+        load_cost_file(str(path))
+
+
+def test_an_overflowing_step_time_is_an_error_not_inf() -> None:
+    with pytest.raises(ConfigError, match="step time overflows"):
+        simulate(SimulateRequest("1f1b", time_f=1e308))
+
+
+def test_strict_json_refuses_non_finite_numbers() -> None:
+    assert strict_json({"a": 1.5}) == '{"a": 1.5}'
+    with pytest.raises(ValueError):
+        strict_json({"a": math.nan})
+
+
+def test_simulate_report_shows_the_command_of_its_request(tmp_path: Path) -> None:
+    page = tmp_path / "r.html"
+    code, _, _ = _cli("simulate", "zb-v", "-d", "2", "--offload", "all", "--report", str(page))
+    assert code == 0 and "<code>pipeoffload simulate zb-v --ranks 2 --offload all</code>" in page.read_text()
