@@ -62,7 +62,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     space.add_argument("--pp", type=_ints, help="pipeline sizes (default: all divisors)")
     space.add_argument("--stages-per-rank", type=_ints, default=(2, 4), help="v for multi-stage families (2,4)")
     space.add_argument("--offload", type=_words, help="offload policies, e.g. none,first:1,all (default: all levels)")
-    space.add_argument("--recompute", type=_words, help="recompute policies, e.g. none,all (default: all levels)")
+    space.add_argument("--recompute", type=_words,
+                       help="recompute policies, e.g. none,all (default: all levels); 'selective' adds Megatron's "
+                            "selective recomputation of the attention core to every plan")
     space.add_argument("--profile", metavar="JSON", help="measured per-layer costs from pipeoffload.profiling (used for the TP size it was measured at)")
     space.add_argument("--exhaustive", action="store_true",
                        help="try every memory policy on every schedule, not only where nothing cheaper fits")
@@ -115,14 +117,18 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     budget = memory_budget(args, hw.memory_bytes, hw.name)
     if args.host_memory is not None and not args.host_memory > 0:
         raise ConfigError(f"--host-memory {args.host_memory:g}: must be > 0 GiB (omit it for no limit)")
+    recompute = args.recompute
+    selective = recompute is not None and "selective" in recompute
+    if selective:
+        recompute = tuple(r for r in recompute if r != "selective") or None
     return PlanRequest(
         model=model, hardware=hw, gpus=args.gpus, global_batch=args.global_batch, memory_budget=budget,
         host_memory_budget=args.host_memory * GIB if args.host_memory is not None else None,
         setup=TrainingSetup(distributed_optimizer=not args.no_distributed_optimizer,
                             partial_recompute=args.partial_recompute, host_link=args.shared_host_link,
-                            sequence_parallel=not args.no_sequence_parallel),
+                            sequence_parallel=not args.no_sequence_parallel, selective_recompute=selective),
         schedules=args.schedules, tp_sizes=args.tp, pp_sizes=args.pp, stages_per_rank=args.stages_per_rank,
-        offload=args.offload, recompute=args.recompute,
+        offload=args.offload, recompute=recompute,
         measured=load_layer_costs(args.profile) if args.profile else None, top=args.top,
         best_per_tp=args.by_tp, exact_frontier=args.exact_frontier, escalate=not args.exhaustive,
         workers=args.jobs,

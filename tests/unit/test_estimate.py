@@ -118,3 +118,14 @@ def test_hf_config_dir(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["layout"]["tp"] == 8
     assert main(["estimate", "--model", f"hf:{tmp_path}/missing", "--global-batch", "8"]) == 2
+
+
+def test_plan_takes_selective_recompute(capsys) -> None:  # type: ignore[no-untyped-def]
+    argv = ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "16", "--no-flash", "--tp", "2",
+            "--pp", "1", "--json", "--no-pareto", "--top", "1"]
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)["best"][0]
+    assert main(argv + ["--recompute", "selective"]) == 0
+    selective = json.loads(capsys.readouterr().out)["best"][0]
+    assert selective["memory_gib"]["activations"] < plain["memory_gib"]["activations"]
+    assert selective["step_time_s"] > plain["step_time_s"]
