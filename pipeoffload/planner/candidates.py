@@ -177,7 +177,8 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Cand
             key = (choice.stages_per_rank, placement, lgd)
             if key not in stages:
                 stages[key] = stage_costs(lc, req.hardware, layout, choice.stages_per_rank, req.model.layers,
-                                          placement, host_link=req.setup.host_link)
+                                          placement, host_link=req.setup.host_link,
+                                          gather_after_p2p=layout.tp > 1 and not req.setup.sequence_parallel)
             sc = stages[key]
             static = tuple(sum(x) for x in static_split(req, layout, sc))
             if choice.offload == BUDGET_FROM_MEMORY:  # what the memory budget leaves for activations, in units

@@ -21,9 +21,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.candidates import dp_sync_time
-from pipeoffload.planner.evaluate import ScheduleChoice, SimSummary, placement_of, simulate_choice
+from pipeoffload.planner.evaluate import ScheduleChoice, SimSummary, build, placement_of, simulate_choice
+from pipeoffload.planner.exchange import lockstep_makespan
 from pipeoffload.planner.hardware import GIB, HardwareSpec
 from pipeoffload.planner.layertime import layer_times
 from pipeoffload.planner.model import ModelSpec
@@ -34,6 +36,7 @@ from pipeoffload.policies import OffloadPolicy
 from pipeoffload.schedules import ScheduleSpec, get_spec
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+P2P_MODES = ("eager", "megatron")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +63,9 @@ class EstimateRequest:
     offload: str = "none"
     partial_recompute: bool | None = None  # LGD: None = with offload only (as ``plan``)
     memory_budget: float | None = None
+    # "eager": sends leave when their data exists (pipeoffload's runtime, the planner's model);
+    # "megatron": Megatron-LM's blocking batched exchanges between steps (``exchange.py``)
+    p2p: str = "eager"
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "dp", "global_batch", "stages_per_rank"):
@@ -69,6 +75,11 @@ class EstimateRequest:
         if self.recompute not in RECOMPUTE_MODES:
             raise ConfigError(f"recompute {self.recompute!r}: use one of {', '.join(RECOMPUTE_MODES)}")
         OffloadPolicy.parse(self.offload)  # one line on a malformed policy
+        if self.p2p not in P2P_MODES:
+            raise ConfigError(f"p2p {self.p2p!r}: use one of {', '.join(P2P_MODES)}")
+        if self.p2p == "megatron" and (self.schedule not in ("1f1b", "interleaved-1f1b") or self.offload != "none"):
+            raise ConfigError(f"p2p 'megatron' times Megatron's own schedules (1f1b, interleaved-1f1b) without "
+                              f"offload, not {self.schedule} with offload {self.offload}; use p2p 'eager'")
         self.check()
 
     def check(self) -> None:
@@ -172,11 +183,11 @@ def estimate(req: EstimateRequest) -> Estimate:
     lgd = req.setup.lgd_for(choice.offload)
     lc = _layer_costs(req, lgd)
     placement = placement_of(choice, req.pp)
-    sc = stage_costs(lc, req.hardware, req.layout, v, req.model.layers, placement)
+    sc = stage_costs(lc, req.hardware, req.layout, v, req.model.layers, placement,
+                     gather_after_p2p=req.tp > 1 and not req.sequence_parallel)
     m = req.microbatches
-    sim = simulate_choice(choice, req.pp, m, sc.costs, extrapolate=choice.periodic(), fallback=True)
-    no_p2p = sim if req.pp == 1 else simulate_choice(
-        choice, req.pp, m, replace(sc.costs, p2p_time=0.0), extrapolate=choice.periodic(), fallback=True)
+    sim = _simulate(req, choice, m, sc.costs)
+    no_p2p = sim if req.pp == 1 else _simulate(req, choice, m, replace(sc.costs, p2p_time=0.0))
     plan_req = _plan_request(req)
     dp_time = dp_sync_time(plan_req, req.layout, max(sc.params_per_rank))
     step = sim.makespan + dp_time
@@ -193,6 +204,15 @@ def estimate(req: EstimateRequest) -> Estimate:
         host_bytes=max(sim.host_units) * sc.unit_bytes, fits=max(memory) <= req.budget * (1 + 1e-12),
         breakdown=breakdown, bubble_ratio=sim.bubble_ratio, layers_per_stage=sc.layers_per_stage,
         warnings=warnings)
+
+
+def _simulate(req: EstimateRequest, choice: ScheduleChoice, m: int, costs: CostModel) -> SimSummary:
+    if req.p2p == "eager" or req.pp == 1:
+        return simulate_choice(choice, req.pp, m, costs, extrapolate=choice.periodic(), fallback=True)
+    schedule = build(choice, req.pp, m, costs)
+    makespan, busy = lockstep_makespan(schedule, costs, interleaved=choice.family != "1f1b")
+    plain = simulate_choice(choice, req.pp, m, costs, extrapolate=choice.periodic(), fallback=True)
+    return replace(plain, makespan=makespan, busy=busy, extrapolated=False)
 
 
 def _model_flops(model: ModelSpec) -> float:

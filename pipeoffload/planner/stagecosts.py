@@ -144,8 +144,13 @@ class StageCosts:
 
 
 def stage_costs(lc: LayerCosts, hw: HardwareSpec, layout: Layout, stages_per_rank: int,
-                layers: int, placement: Placement | None = None, *, host_link: str = "private") -> StageCosts:
-    """Build per-stage costs for ``layout.pp * stages_per_rank`` stages (loop placement unless given)."""
+                layers: int, placement: Placement | None = None, *, host_link: str = "private",
+                gather_after_p2p: bool = False) -> StageCosts:
+    """Build per-stage costs for ``layout.pp * stages_per_rank`` stages (loop placement unless given).
+
+    Each of the ``tp`` ranks of a stage sends its 1/tp of the hidden states (Megatron's scatter/gather
+    optimisation); without sequence parallelism the receiver then all-gathers them over NVLink before
+    use (``gather_after_p2p``), which is part of the transfer's time."""
     d, v = layout.pp, stages_per_rank
     placement = placement or Placement.loop(d, v)
     split = partition(layers, d * v)
@@ -168,7 +173,8 @@ def stage_costs(lc: LayerCosts, hw: HardwareSpec, layout: Layout, stages_per_ran
         time_f=f, time_i=i, time_w=w, time_b=b,
         activation=tuple(x / unit for x in act_bytes),
         activation_bytes=unit,
-        p2p_time=hw.p2p_time(lc.boundary_bytes, in_node) if d > 1 else 0.0,
+        p2p_time=(hw.p2p_time(lc.boundary_bytes, in_node) + (
+            hw.collective_time(lc.boundary_bytes * layout.tp, layout.tp) if gather_after_p2p else 0.0)) if d > 1 else 0.0,
         d2h_time=unit * copy_share / hw.d2h_bandwidth,
         h2d_time=unit * copy_share / hw.h2d_bandwidth,
         shared_copy_engine=True,
