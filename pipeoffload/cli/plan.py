@@ -13,6 +13,7 @@ from pipeoffload.planner.compare_tp import BASELINES, compare_tp, comparison_as_
 from pipeoffload.planner.emit import emit
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.measured import load_layer_costs
+from pipeoffload.planner.published import mfu_warning
 from pipeoffload.planner.report import format_result, result_as_dict
 from pipeoffload.planner.search import PlanRequest, find_plans
 from pipeoffload.planner.stagecosts import HOST_LINK_MODES, TrainingSetup
@@ -157,6 +158,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {args.emit} (the PP + offload plan); run it with: {emit(req, cmp.pp, args.emit)}")
         return 0
     result = find_plans(req)
+    best = result.best(1)
+    warning = mfu_warning(req.hardware, req.model, best[0].mfu) if best else None
+    if warning:
+        print(f"pipeoffload plan: warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(result_as_dict(result, args.top), indent=1))
     else:

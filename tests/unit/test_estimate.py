@@ -129,3 +129,18 @@ def test_plan_takes_selective_recompute(capsys) -> None:  # type: ignore[no-unty
     selective = json.loads(capsys.readouterr().out)["best"][0]
     assert selective["memory_gib"]["activations"] < plain["memory_gib"]["activations"]
     assert selective["step_time_s"] > plain["step_time_s"]
+
+
+def test_plan_warns_above_the_best_published_mfu(capsys) -> None:  # type: ignore[no-untyped-def]
+    argv = ["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "512", "--tp", "4", "--pp", "16",
+            "--schedules", "1f1b", "--offload", "none", "--recompute", "none", "--no-pareto", "--top", "1"]
+    assert main(argv) == 0
+    assert "above the best published 55.2%" in capsys.readouterr().err
+
+
+def test_flash_fraction_sets_the_fused_attention_rate() -> None:
+    slow = estimate(_req(hardware=A100.override(flash_fraction=0.3)))
+    fast = estimate(_req(hardware=A100.override(flash_fraction=0.9)))
+    assert slow.step_seconds > fast.step_seconds
+    with pytest.raises(ConfigError, match="flash_fraction"):
+        A100.override(flash_fraction=1.5)
