@@ -12,6 +12,7 @@ from pipeoffload.planner.estimate import RECOMPUTE_MODES, Estimate, EstimateRequ
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.hfconfig import model_from_hf_config
 from pipeoffload.planner.model import ModelSpec
+from pipeoffload.planner.split import SPLITS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="Megatron's sequence parallelism with TP (default on)")
     job.add_argument("--distributed-optimizer", action="store_true", help="shard the optimizer state over DP")
     job.add_argument("--offload", default="none", help="offload policy: none, auto, all, first:K, budget:X")
+    job.add_argument("--split", choices=SPLITS, default="even",
+                     help="layers over stages: even (Megatron: divisible) or balanced (head weighed; the first/last "
+                          "stage may hold only the embedding/head)")
     job.add_argument("--memory", type=float, metavar="GIB", help="per-GPU budget for 'fits' (default 90%% of the GPU)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
@@ -58,7 +62,7 @@ def request_from_args(args: argparse.Namespace) -> EstimateRequest:
         model=_model(args), hardware=hardware_from_args(args), tp=args.tp, pp=args.pp, dp=args.dp,
         global_batch=args.global_batch, schedule=args.schedule, stages_per_rank=args.stages_per_rank,
         recompute=args.recompute, sequence_parallel=args.sequence_parallel,
-        distributed_optimizer=args.distributed_optimizer, offload=args.offload,
+        distributed_optimizer=args.distributed_optimizer, offload=args.offload, split=args.split,
         memory_budget=args.memory * GIB if args.memory is not None else None)
 
 

@@ -66,6 +66,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     space.add_argument("--recompute", type=_words,
                        help="recompute policies, e.g. none,all (default: all levels); 'selective' adds Megatron's "
                             "selective recomputation of the attention core to every plan")
+    space.add_argument("--split", choices=("even", "balanced"), default="even",
+                       help="layers over stages: even (default) or balanced (head weighed; the first/last stage "
+                            "may hold only the embedding/head)")
     space.add_argument("--profile", metavar="JSON", help="measured per-layer costs from pipeoffload.profiling (used for the TP size it was measured at)")
     space.add_argument("--exhaustive", action="store_true",
                        help="try every memory policy on every schedule, not only where nothing cheaper fits")
@@ -132,7 +135,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         offload=args.offload, recompute=recompute,
         measured=load_layer_costs(args.profile) if args.profile else None, top=args.top,
         best_per_tp=args.by_tp, exact_frontier=args.exact_frontier, escalate=not args.exhaustive,
-        workers=args.jobs,
+        workers=args.jobs, split=args.split,
     )
 
 

@@ -31,7 +31,16 @@ from pipeoffload.planner.layertime import layer_times
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.plans import PlanRequest
 from pipeoffload.planner.published import mfu_warning
-from pipeoffload.planner.stagecosts import LayerCosts, Layout, StageCosts, TrainingSetup, layer_costs, stage_costs
+from pipeoffload.planner.split import SPLITS, layer_split
+from pipeoffload.planner.stagecosts import (
+    LayerCosts,
+    Layout,
+    StageCosts,
+    TrainingSetup,
+    head_weight,
+    layer_costs,
+    stage_costs,
+)
 from pipeoffload.policies import OffloadPolicy
 from pipeoffload.schedules import ScheduleSpec, get_spec
 
@@ -66,6 +75,7 @@ class EstimateRequest:
     # "eager": sends leave when their data exists (pipeoffload's runtime, the planner's model);
     # "megatron": Megatron-LM's blocking batched exchanges between steps (``exchange.py``)
     p2p: str = "eager"
+    split: str = "even"  # "even" (Megatron: layers divisible by the stages) or "balanced" (``split.py``)
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "dp", "global_batch", "stages_per_rank"):
@@ -97,9 +107,15 @@ class EstimateRequest:
         if asked > 1 and asked != v or (asked > 1 and not spec.interleaved and not spec.fixed_stages_per_rank):
             raise ConfigError(f"--stages-per-rank {asked}: schedule {self.schedule} runs {v} stage(s) per rank; "
                               "use an interleaved family such as interleaved-1f1b, or drop the flag")
-        if m.layers % (self.pp * v):
+        if self.split not in SPLITS:
+            raise ConfigError(f"split {self.split!r}: use one of {', '.join(SPLITS)}")
+        if self.split == "balanced" and m.layers < self.pp * v - 2:
+            raise ConfigError(f"--layers {m.layers} cannot fill pp x stages-per-rank = {self.pp} x {v} stages even "
+                              "with an embedding-only and a head-only stage; use fewer stages")
+        if self.split == "even" and m.layers % (self.pp * v):
             raise ConfigError(f"--layers {m.layers} is not divisible by pp x stages-per-rank = {self.pp} x {v}; "
-                              f"pick a layer count divisible by {self.pp * v} or another --pp/--stages-per-rank")
+                              f"pick a layer count divisible by {self.pp * v}, another --pp/--stages-per-rank, "
+                              "or --split balanced")
         per_step = self.dp * m.microbatch
         if self.global_batch % per_step:
             raise ConfigError(f"--global-batch {self.global_batch} is not divisible by dp x microbatch size = "
@@ -171,7 +187,7 @@ class Estimate:
                            "host": self.host_bytes / GIB, "budget": r.budget / GIB},
             "fits": self.fits, "bubble_ratio": self.bubble_ratio,
             "breakdown_seconds": dict(self.breakdown),
-            "layers_per_stage": list(self.layers_per_stage), "warnings": list(self.warnings),
+            "split": r.split, "layers_per_stage": list(self.layers_per_stage), "warnings": list(self.warnings),
         }
 
 
@@ -183,8 +199,9 @@ def estimate(req: EstimateRequest) -> Estimate:
     lgd = req.setup.lgd_for(choice.offload)
     lc = _layer_costs(req, lgd)
     placement = placement_of(choice, req.pp)
+    split = layer_split(req.split, req.model.layers, placement, head_weight(lc))
     sc = stage_costs(lc, req.hardware, req.layout, v, req.model.layers, placement,
-                     gather_after_p2p=req.tp > 1 and not req.sequence_parallel)
+                     gather_after_p2p=req.tp > 1 and not req.sequence_parallel, split=split)
     m = req.microbatches
     sim = _simulate(req, choice, m, sc.costs)
     no_p2p = sim if req.pp == 1 else _simulate(req, choice, m, replace(sc.costs, p2p_time=0.0))
