@@ -8,7 +8,7 @@ import sys
 from pipeoffload.cli.common import positive_int
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args, hardware_from_args, model_from_args
-from pipeoffload.planner.estimate import RECOMPUTE_MODES, Estimate, EstimateRequest, estimate
+from pipeoffload.planner.estimate import P2P_MODES, RECOMPUTE_MODES, Estimate, EstimateRequest, estimate
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.hfconfig import model_from_hf_config
 from pipeoffload.planner.model import ModelSpec
@@ -34,6 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     job.add_argument("--split", choices=SPLITS, default="even",
                      help="layers over stages: even (Megatron: divisible) or balanced (head weighed; the first/last "
                           "stage may hold only the embedding/head)")
+    job.add_argument("--p2p", choices=P2P_MODES, default="eager",
+                     help="point-to-point timing: eager (sends leave when ready; pipeoffload's runtime) or megatron "
+                          "(Megatron-LM's blocking batched exchanges; 1f1b and interleaved-1f1b only)")
     job.add_argument("--memory", type=float, metavar="GIB", help="per-GPU budget for 'fits' (default 90%% of the GPU)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
@@ -62,7 +65,7 @@ def request_from_args(args: argparse.Namespace) -> EstimateRequest:
         model=_model(args), hardware=hardware_from_args(args), tp=args.tp, pp=args.pp, dp=args.dp,
         global_batch=args.global_batch, schedule=args.schedule, stages_per_rank=args.stages_per_rank,
         recompute=args.recompute, sequence_parallel=args.sequence_parallel,
-        distributed_optimizer=args.distributed_optimizer, offload=args.offload, split=args.split,
+        distributed_optimizer=args.distributed_optimizer, offload=args.offload, split=args.split, p2p=args.p2p,
         memory_budget=args.memory * GIB if args.memory is not None else None)
 
 

@@ -88,6 +88,7 @@ SHAPE = ["--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "2048",
     (["--tp", "3"], "--tp 3 must divide the heads (16)"),
     (["--gpu", "b300"], "unknown gpu 'b300'"),
     (["--dp", "5"], "--global-batch 32 is not divisible by dp x microbatch size = 5 x 1"),
+    (["--pp", "4", "--schedule", "zb-v", "--p2p", "megatron"], "p2p 'megatron' times Megatron's own schedules"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(capsys, argv: list, needle: str) -> None:  # type: ignore[no-untyped-def]
     assert main(["estimate", *SHAPE, "--global-batch", "32", *argv]) == 2
@@ -144,3 +145,10 @@ def test_flash_fraction_sets_the_fused_attention_rate() -> None:
     assert slow.step_seconds > fast.step_seconds
     with pytest.raises(ConfigError, match="flash_fraction"):
         A100.override(flash_fraction=1.5)
+
+
+def test_megatron_p2p_is_never_faster_than_eager() -> None:
+    kw = dict(schedule="interleaved-1f1b", stages_per_rank=2, global_batch=64)
+    eager, megatron = estimate(_req(**kw)), estimate(_req(p2p="megatron", **kw))
+    assert megatron.step_seconds >= eager.step_seconds
+    assert megatron.breakdown["pp_comm"] > eager.breakdown["pp_comm"]
