@@ -106,7 +106,7 @@ def narayanan(hw: HardwareSpec, row: tuple, p2p: str = "megatron", interleave: b
     est = estimate(EstimateRequest(
         model=model, hardware=hw, tp=tp, pp=pp, dp=gpus // (tp * pp), global_batch=batch,
         schedule="interleaved-1f1b" if v > 1 else "1f1b", stages_per_rank=v, recompute="full",
-        sequence_parallel=False, p2p=p2p))
+        sequence_parallel=False, p2p=p2p, grad_accumulation="separate"))
     s, h, n, vocab = model.seq, hidden, layers, model.vocab
     flops = 96 * batch * s * n * h * h * (1 + s / (6 * h) + vocab / (16 * n * h))
     return flops / (est.step_seconds * gpus) / 1e12, est

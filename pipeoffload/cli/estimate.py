@@ -8,7 +8,14 @@ import sys
 from pipeoffload.cli.common import positive_int
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args, hardware_from_args, model_from_args
-from pipeoffload.planner.estimate import P2P_MODES, RECOMPUTE_MODES, Estimate, EstimateRequest, estimate
+from pipeoffload.planner.estimate import (
+    GRAD_ACCUMULATION,
+    P2P_MODES,
+    RECOMPUTE_MODES,
+    Estimate,
+    EstimateRequest,
+    estimate,
+)
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.hfconfig import model_from_hf_config
 from pipeoffload.planner.model import ModelSpec
@@ -37,6 +44,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     job.add_argument("--p2p", choices=P2P_MODES, default="eager",
                      help="point-to-point timing: eager (sends leave when ready; pipeoffload's runtime) or megatron "
                           "(Megatron-LM's blocking batched exchanges; 1f1b and interleaved-1f1b only)")
+    job.add_argument("--grad-accumulation", choices=GRAD_ACCUMULATION, default="fused",
+                     help="fused (weight-gradient GEMMs accumulate in place, Megatron's default) or separate (an "
+                          "extra pass over the weights per microbatch: plain PyTorch autograd, 2021 Megatron)")
     job.add_argument("--memory", type=float, metavar="GIB", help="per-GPU budget for 'fits' (default 90%% of the GPU)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
@@ -66,6 +76,7 @@ def request_from_args(args: argparse.Namespace) -> EstimateRequest:
         global_batch=args.global_batch, schedule=args.schedule, stages_per_rank=args.stages_per_rank,
         recompute=args.recompute, sequence_parallel=args.sequence_parallel,
         distributed_optimizer=args.distributed_optimizer, offload=args.offload, split=args.split, p2p=args.p2p,
+        grad_accumulation=args.grad_accumulation,
         memory_budget=args.memory * GIB if args.memory is not None else None)
 
 

@@ -26,6 +26,7 @@ from pipeoffload.errors import ConfigError
 from pipeoffload.planner.candidates import dp_sync_time
 from pipeoffload.planner.evaluate import ScheduleChoice, SimSummary, build, placement_of, simulate_choice
 from pipeoffload.planner.exchange import lockstep_makespan
+from pipeoffload.planner.gemm import elementwise_time
 from pipeoffload.planner.hardware import GIB, HardwareSpec
 from pipeoffload.planner.layertime import layer_times
 from pipeoffload.planner.model import ModelSpec
@@ -46,6 +47,8 @@ from pipeoffload.schedules import ScheduleSpec, get_spec
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 P2P_MODES = ("eager", "megatron")
+GRAD_ACCUMULATION = ("fused", "separate")
+ACCUMULATE_BYTES = 6.0  # per weight and microbatch, 2-byte gradients: read the buffer and the new gradient, write
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +79,10 @@ class EstimateRequest:
     # "megatron": Megatron-LM's blocking batched exchanges between steps (``exchange.py``)
     p2p: str = "eager"
     split: str = "even"  # "even" (Megatron: layers divisible by the stages) or "balanced" (``split.py``)
+    # "fused": weight-gradient GEMMs accumulate into the gradient buffer (Megatron's
+    # --gradient-accumulation-fusion); "separate": autograd adds each microbatch's weight gradient to the
+    # buffer in an extra pass over the weights (2021 Megatron's F.linear; plain PyTorch)
+    grad_accumulation: str = "fused"
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "dp", "global_batch", "stages_per_rank"):
@@ -107,6 +114,8 @@ class EstimateRequest:
         if asked > 1 and asked != v or (asked > 1 and not spec.interleaved and not spec.fixed_stages_per_rank):
             raise ConfigError(f"--stages-per-rank {asked}: schedule {self.schedule} runs {v} stage(s) per rank; "
                               "use an interleaved family such as interleaved-1f1b, or drop the flag")
+        if self.grad_accumulation not in GRAD_ACCUMULATION:
+            raise ConfigError(f"grad accumulation {self.grad_accumulation!r}: use one of {', '.join(GRAD_ACCUMULATION)}")
         if self.split not in SPLITS:
             raise ConfigError(f"split {self.split!r}: use one of {', '.join(SPLITS)}")
         if self.split == "balanced" and m.layers < self.pp * v - 2:
@@ -180,6 +189,7 @@ class Estimate:
             "microbatches": self.microbatches, "global_batch": r.global_batch, "recompute": r.recompute,
             "sequence_parallel": r.sequence_parallel, "flash_attention": r.model.flash_attention,
             "distributed_optimizer": r.distributed_optimizer, "offload": r.offload,
+            "grad_accumulation": r.grad_accumulation, "p2p": r.p2p,
             "step_seconds": self.step_seconds, "mfu": self.mfu, "tflops_per_gpu": self.tflops_per_gpu,
             "tokens_per_second": self.tokens_per_second,
             "memory_gib": {"per_rank": [x / GIB for x in self.memory_per_rank], "worst": self.memory_worst / GIB,
@@ -248,11 +258,24 @@ def _layer_costs(req: EstimateRequest, lgd: bool) -> LayerCosts:
     layer's input (the checkpoint) is kept per microbatch."""
     lc = layer_costs(req.model, req.hardware, req.tp, partial_recompute=lgd,
                      sequence_parallel=req.sequence_parallel, selective_recompute=req.recompute == "selective")
+    if req.grad_accumulation == "separate" and req.microbatches > 1:
+        lc = _separate_accumulation(lc, req.hardware)
     if req.recompute != "full":
         return lc
     checkpoint = req.model.boundary_bytes(req.tp if req.sequence_parallel else 1)
     b = lc.time_b if lc.time_b is not None else lc.time_i + lc.time_w
     return replace(lc, time_b=b + lc.time_f, time_i=lc.time_i + lc.time_f, activation_bytes=checkpoint)
+
+
+def _separate_accumulation(lc: LayerCosts, hw: HardwareSpec) -> LayerCosts:
+    """Every backward adds its weight gradients to the buffer in a memory-bound pass over the weights."""
+    layer = elementwise_time(hw, lc.params * ACCUMULATE_BYTES)
+    head = elementwise_time(hw, lc.head_params * ACCUMULATE_BYTES)
+    hf, hi, hw_ = lc.head_time
+    b = lc.time_b if lc.time_b is not None else lc.time_i + lc.time_w
+    head_b = lc.head_time_b if lc.head_time_b is not None else hi + hw_
+    return replace(lc, time_w=lc.time_w + layer, time_b=b + layer, head_time=(hf, hi, hw_ + head),
+                   head_time_b=head_b + head)
 
 
 def _transient(req: EstimateRequest) -> float:

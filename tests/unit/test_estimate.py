@@ -152,3 +152,11 @@ def test_megatron_p2p_is_never_faster_than_eager() -> None:
     eager, megatron = estimate(_req(**kw)), estimate(_req(p2p="megatron", **kw))
     assert megatron.step_seconds >= eager.step_seconds
     assert megatron.breakdown["pp_comm"] > eager.breakdown["pp_comm"]
+
+
+def test_separate_gradient_accumulation_costs_a_pass_per_microbatch() -> None:
+    fused, separate = estimate(_req()), estimate(_req(grad_accumulation="separate"))
+    assert separate.step_seconds > fused.step_seconds
+    one = dict(pp=1, dp=32, global_batch=64)  # one microbatch per step: nothing to accumulate
+    assert estimate(_req(grad_accumulation="separate", **one)).step_seconds == pytest.approx(
+        estimate(_req(**one)).step_seconds)

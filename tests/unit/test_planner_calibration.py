@@ -93,14 +93,15 @@ def _accuracy_module():  # type: ignore[no-untyped-def]
 
 
 def test_published_rows_through_estimate() -> None:
-    """Every row within 10 % of its step time; the rows not run interleaved (and not the one-microbatch
-    22B step) within 5 % (benchmarks/results/planner_accuracy.txt states the rest)."""
+    """Every row within 10 % of its step time, all but two within 5 % (76.1B interleaved and the
+    one-microbatch 22B step: benchmarks/results/planner_accuracy.txt and docs/planner.md say why)."""
     rows = _accuracy_module().rows(A100)
     assert len(rows) == 17
     errors = {row.name: row.step_error for row in rows}
     assert all(abs(e) <= 0.10 for e in errors.values()), errors
-    plain = {r.name: r.step_error for r in rows if "interleaved" not in r.config and r.name != "22B MFU"}
-    assert len(plain) == 12 and all(abs(e) <= 0.05 for e in plain.values()), plain
+    known = {"76.1B TFLOP/s", "22B MFU"}
+    rest = {k: e for k, e in errors.items() if k not in known}
+    assert len(rest) == 15 and all(abs(e) <= 0.05 for e in rest.values()), rest
 
 
 def test_the_uncalibrated_flat_model_misses_the_same_rows() -> None:
