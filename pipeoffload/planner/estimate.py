@@ -154,7 +154,9 @@ class EstimateRequest:
 
     @property
     def budget(self) -> float:
-        return 0.9 * self.hardware.memory_bytes if self.memory_budget is None else self.memory_budget
+        """Bytes per GPU that decide ``fits``: never above the device (as ``plan``)."""
+        cap = self.hardware.memory_bytes
+        return 0.9 * cap if self.memory_budget is None else min(self.memory_budget, cap)
 
 
 @dataclass(frozen=True)
@@ -249,7 +251,7 @@ def _model_flops(model: ModelSpec) -> float:
 def _plan_request(req: EstimateRequest) -> PlanRequest:
     """The ``PlanRequest`` whose data-parallel accounting (``dp_sync_time``) ``estimate`` shares."""
     return PlanRequest(model=req.model, hardware=req.hardware, gpus=req.layout.gpus,
-                       global_batch=req.global_batch, memory_budget=min(req.budget, req.hardware.memory_bytes),
+                       global_batch=req.global_batch, memory_budget=req.budget,
                        setup=req.setup)
 
 
