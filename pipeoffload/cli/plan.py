@@ -12,6 +12,7 @@ from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.compare_tp import BASELINES
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.measured import load_layer_costs
+from pipeoffload.planner.published import mfu_warning
 from pipeoffload.planner.stagecosts import HOST_LINK_MODES, TrainingSetup
 from pipeoffload.service import CompareTPRequest, PlanRequest, compare_tp, plan, strict_json
 
@@ -60,7 +61,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     space.add_argument("--pp", type=_ints, help="pipeline sizes (default: all divisors)")
     space.add_argument("--stages-per-rank", type=_ints, default=(2, 4), help="v for multi-stage families (2,4)")
     space.add_argument("--offload", type=_words, help="offload policies, e.g. none,first:1,all (default: all levels)")
-    space.add_argument("--recompute", type=_words, help="recompute policies, e.g. none,all (default: all levels)")
+    space.add_argument("--recompute", type=_words,
+                       help="recompute policies, e.g. none,all (default: all levels); 'selective' adds Megatron's "
+                            "selective recomputation of the attention core to every plan")
+    space.add_argument("--split", choices=("even", "balanced"), default="even",
+                       help="layers over stages: even (default) or balanced (head weighed; the first/last stage "
+                            "may hold only the embedding/head)")
     space.add_argument("--profile", metavar="JSON", help="measured per-layer costs from pipeoffload.profiling (used for the TP size it was measured at)")
     space.add_argument("--exhaustive", action="store_true",
                        help="try every memory policy on every schedule, not only where nothing cheaper fits")
@@ -113,17 +119,21 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     budget = memory_budget(args, hw.memory_bytes, hw.name)
     if args.host_memory is not None and not args.host_memory > 0:
         raise ConfigError(f"--host-memory {args.host_memory:g}: must be > 0 GiB (omit it for no limit)")
+    recompute = args.recompute
+    selective = recompute is not None and "selective" in recompute
+    if selective:
+        recompute = tuple(r for r in recompute if r != "selective") or None
     return PlanRequest(
         model=model, hardware=hw, gpus=args.gpus, global_batch=args.global_batch, memory_budget=budget,
         host_memory_budget=args.host_memory * GIB if args.host_memory is not None else None,
         setup=TrainingSetup(distributed_optimizer=not args.no_distributed_optimizer,
                             partial_recompute=args.partial_recompute, host_link=args.shared_host_link,
-                            sequence_parallel=not args.no_sequence_parallel),
+                            sequence_parallel=not args.no_sequence_parallel, selective_recompute=selective),
         schedules=args.schedules, tp_sizes=args.tp, pp_sizes=args.pp, stages_per_rank=args.stages_per_rank,
-        offload=args.offload, recompute=args.recompute,
+        offload=args.offload, recompute=recompute,
         measured=load_layer_costs(args.profile) if args.profile else None, top=args.top,
         best_per_tp=args.by_tp, exact_frontier=args.exact_frontier, escalate=not args.exhaustive,
-        workers=args.jobs,
+        workers=args.jobs, split=args.split,
     )
 
 
@@ -152,6 +162,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {args.emit} (the PP + offload plan); run it with: {command}")
         return 0
     result = plan(req)
+    best = result.search.best(1)
+    warning = mfu_warning(req.hardware, req.model, best[0].mfu) if best else None
+    if warning:
+        print(f"pipeoffload plan: warning: {warning}", file=sys.stderr)
     print(strict_json(result.as_dict(), indent=1) if args.json else result.text(pareto=not args.no_pareto))
     if args.emit:
         command = result.emit(args.emit)

@@ -4,6 +4,7 @@ Pure Python (no torch). ``ModelSpec``/``HardwareSpec`` describe what is trained 
 and ``stage_costs`` turn them into a per-stage ``CostModel``; ``find_plans`` simulates candidate plans.
 """
 from pipeoffload.planner.compare_tp import Comparison, compare_tp
+from pipeoffload.planner.estimate import Estimate, EstimateRequest, estimate
 from pipeoffload.planner.evaluate import ScheduleChoice, simulate_choice
 from pipeoffload.planner.formulas import formula1_k, offload_time
 from pipeoffload.planner.hardware import (
@@ -21,7 +22,7 @@ from pipeoffload.planner.search import find_plans
 from pipeoffload.planner.stagecosts import LayerCosts, Layout, TrainingSetup, layer_costs, stage_costs
 
 __all__ = [
-    "Comparison", "LayerTimes", "NETWORK_PRESETS", "compare_tp", "layer_times",
+    "Comparison", "Estimate", "EstimateRequest", "estimate", "LayerTimes", "NETWORK_PRESETS", "compare_tp", "layer_times",
     "HARDWARE_PRESETS", "HardwareSpec", "InfeasibleError", "LayerCosts", "Layout", "MODEL_PRESETS",
     "ModelSpec", "Plan", "PlanRequest", "ScheduleChoice", "SearchResult", "TrainingSetup", "formula1_k",
     "hardware_preset", "layer_costs", "load_hardware", "model_preset", "offload_time", "find_plans",

@@ -18,7 +18,15 @@ from pipeoffload.planner.evaluate import (
     time_lower_bound,
 )
 from pipeoffload.planner.plans import MemorySplit, Plan, PlanRequest
-from pipeoffload.planner.stagecosts import LayerCosts, Layout, StageCosts, setup_layer_costs, stage_costs
+from pipeoffload.planner.split import layer_split
+from pipeoffload.planner.stagecosts import (
+    LayerCosts,
+    Layout,
+    StageCosts,
+    head_weight,
+    setup_layer_costs,
+    stage_costs,
+)
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.schedules import get_spec
 
@@ -43,7 +51,7 @@ def layouts(req: PlanRequest, skipped: dict[str, int]) -> list[Layout]:
                 f"tp={tp} does not divide the GPUs/heads/kv heads/ffn", 0) + 1
             continue
         for pp in req.pp_sizes or _divisors(req.gpus // tp):
-            if (req.gpus // tp) % pp or pp > model.layers:
+            if (req.gpus // tp) % pp or pp > _max_stages(req):
                 continue
             dp = req.gpus // (tp * pp)
             if req.global_batch % (dp * model.microbatch):
@@ -67,7 +75,7 @@ def choices(req: PlanRequest, pp: int, m: int) -> list[ScheduleChoice]:
         else:
             vs = (1,)
         for v in vs:
-            if pp * v > req.model.layers:
+            if pp * v > _max_stages(req):
                 continue
             if family == "interleaved-1f1b" and m % pp:
                 continue
@@ -112,6 +120,12 @@ def level(choice: ScheduleChoice) -> int:
     if recompute == RecomputePolicy("auto"):
         return 3 if offload.kind == "budget" else 4
     return 5 if recompute == RecomputePolicy("first", v) and v > 1 else 2
+
+
+def _max_stages(req: PlanRequest) -> int:
+    """Stages the layers can fill: one layer each, plus an embedding-only and a head-only stage when the
+    split is balanced."""
+    return req.model.layers + (2 if req.split == "balanced" else 0)
 
 
 def count(skipped: dict[str, int], reason: str, n: int = 1) -> None:
@@ -176,8 +190,11 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Cand
             placement = placement_of(choice, layout.pp)
             key = (choice.stages_per_rank, placement, lgd)
             if key not in stages:
+                split = layer_split(req.split, req.model.layers, placement, head_weight(lc))
                 stages[key] = stage_costs(lc, req.hardware, layout, choice.stages_per_rank, req.model.layers,
-                                          placement, host_link=req.setup.host_link)
+                                          placement, host_link=req.setup.host_link,
+                                          gather_after_p2p=layout.tp > 1 and not req.setup.sequence_parallel,
+                                          split=split)
             sc = stages[key]
             static = tuple(sum(x) for x in static_split(req, layout, sc))
             if choice.offload == BUDGET_FROM_MEMORY:  # what the memory budget leaves for activations, in units

@@ -46,6 +46,9 @@ class HardwareSpec:
     nvlink_latency: float = 15e-6  # seconds per collective or transfer inside a node
     network: str = "ib-hdr"  # name of the inter-node network (see NETWORK_PRESETS)
     internode_latency: float = 10e-6  # seconds per inter-node transfer or collective step
+    # fused (flash) attention's forward rate as a fraction of peak; None: the GEMM curve at the kernel's
+    # intensity (an assumption: docs/planner.md, "Flash attention"; FlashAttention-2 reports 50-73%)
+    flash_fraction: float | None = None
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -63,6 +66,8 @@ class HardwareSpec:
         for key in ("gemm_max_fraction", "hbm_efficiency"):
             if not 0 < getattr(self, key) <= 1:
                 raise ConfigError(f"hardware {key}={getattr(self, key)!r}: must be in (0, 1]")
+        if self.flash_fraction is not None and not 0 < self.flash_fraction <= 1:
+            raise ConfigError(f"hardware flash_fraction={self.flash_fraction!r}: must be in (0, 1] or unset")
         for key in ("gemm_half_intensity", "nvlink_latency", "internode_latency"):
             if not getattr(self, key) >= 0:
                 raise ConfigError(f"hardware {key}={getattr(self, key)!r}: must be >= 0")

@@ -60,6 +60,8 @@ def attention_core_time(model: ModelSpec, hw: HardwareSpec, tp: int) -> float:
     s, d = model.seq, model.head_dim
     flops = model.attention_flops() / tp
     if model.flash_attention:  # fused: the s x s scores never reach HBM
+        if hw.flash_fraction is not None and hw.compute_model != "flat":
+            return flops / (hw.peak_flops * hw.flash_fraction)
         return flops / rate_at_intensity(hw, s * s * d / (2 * s * d))
     batches = model.microbatch * model.heads / tp
     return gemm_time(hw, s, s, d, 2 * batches)

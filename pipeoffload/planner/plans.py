@@ -49,6 +49,7 @@ class PlanRequest:
     exact_frontier: bool = False  # also simulate whatever could join the Pareto frontier (slower)
     workers: int = 1  # worker processes that simulate a batch of candidates in parallel
     best_per_tp: bool = False  # also find the best plan of every TP size exactly (slower)
+    split: str = "even"  # layers over stages: "even" or "balanced" (head weighed; embedding/head-only stages)
 
     def __post_init__(self) -> None:
         for key in ("gpus", "global_batch"):
@@ -62,6 +63,8 @@ class PlanRequest:
                               "use at most the device's memory")
         for name in self.schedules or ():
             get_spec(name)  # unknown names fail here with the list of valid ones
+        if self.split not in ("even", "balanced"):
+            raise ConfigError(f"layer split {self.split!r}: use even or balanced")
 
     def families(self) -> tuple[str, ...]:
         if self.schedules is not None:

@@ -27,6 +27,7 @@ from pipeoffload.placement import Placement
 from pipeoffload.planner.hardware import HardwareSpec
 from pipeoffload.planner.layertime import head_times, layer_times
 from pipeoffload.planner.model import ModelSpec
+from pipeoffload.planner.split import even_split
 from pipeoffload.policies import OffloadPolicy
 
 HOST_LINK_MODES = ("private", "alternating", "serialized")
@@ -125,12 +126,15 @@ def setup_layer_costs(model: ModelSpec, hw: HardwareSpec, tp: int, setup: Traini
 
 def partition(layers: int, stages: int) -> tuple[int, ...]:
     """Layers per stage, as even as possible; the remainder goes to the earliest stages (the last
-    stage already carries the output head)."""
-    if stages > layers:
-        raise ConfigError(f"{stages} stages for {layers} layers: every stage needs a layer; "
-                          "use fewer ranks or stages per rank")
-    base, extra = divmod(layers, stages)
-    return tuple(base + (1 if s < extra else 0) for s in range(stages))
+    stage already carries the output head). ``split.py`` also has the balanced split."""
+    return even_split(layers, stages)
+
+
+def head_weight(lc: LayerCosts) -> float:
+    """The head's forward + backward in units of one layer's (what the balanced split weighs it as)."""
+    layer = lc.time_f + (lc.time_b if lc.time_b is not None else lc.time_i + lc.time_w)
+    head_b = lc.head_time_b if lc.head_time_b is not None else lc.head_time[1] + lc.head_time[2]
+    return (lc.head_time[0] + head_b) / layer if layer > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -144,11 +148,22 @@ class StageCosts:
 
 
 def stage_costs(lc: LayerCosts, hw: HardwareSpec, layout: Layout, stages_per_rank: int,
-                layers: int, placement: Placement | None = None, *, host_link: str = "private") -> StageCosts:
-    """Build per-stage costs for ``layout.pp * stages_per_rank`` stages (loop placement unless given)."""
+                layers: int, placement: Placement | None = None, *, host_link: str = "private",
+                gather_after_p2p: bool = False, split: tuple[int, ...] | None = None) -> StageCosts:
+    """Build per-stage costs for ``layout.pp * stages_per_rank`` stages (loop placement unless given).
+
+    Each of the ``tp`` ranks of a stage sends its 1/tp of the hidden states (Megatron's scatter/gather
+    optimisation); without sequence parallelism the receiver then all-gathers them over NVLink before
+    use (``gather_after_p2p``), which is part of the transfer's time. ``split`` gives the layers of each
+    stage (``split.py``; default: even); a first stage with none holds only the embedding, a last stage
+    with none only the head."""
     d, v = layout.pp, stages_per_rank
     placement = placement or Placement.loop(d, v)
-    split = partition(layers, d * v)
+    if split is None:
+        split = partition(layers, d * v)
+    elif len(split) != d * v or sum(split) != layers or min(split[1:-1], default=1) < 1:
+        raise ConfigError(f"layer split {split}: needs {d * v} stages holding {layers} layers, a layer on every "
+                          "stage but the first and last")
     last = len(split) - 1
     head = [lc.head_time if s == last else (0.0, 0.0, 0.0) for s in range(len(split))]
     f = tuple(n * lc.time_f + head[s][0] for s, n in enumerate(split))
@@ -168,7 +183,8 @@ def stage_costs(lc: LayerCosts, hw: HardwareSpec, layout: Layout, stages_per_ran
         time_f=f, time_i=i, time_w=w, time_b=b,
         activation=tuple(x / unit for x in act_bytes),
         activation_bytes=unit,
-        p2p_time=hw.p2p_time(lc.boundary_bytes, in_node) if d > 1 else 0.0,
+        p2p_time=(hw.p2p_time(lc.boundary_bytes, in_node) + (
+            hw.collective_time(lc.boundary_bytes * layout.tp, layout.tp) if gather_after_p2p else 0.0)) if d > 1 else 0.0,
         d2h_time=unit * copy_share / hw.d2h_bandwidth,
         h2d_time=unit * copy_share / hw.h2d_bandwidth,
         shared_copy_engine=True,

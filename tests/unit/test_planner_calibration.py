@@ -92,17 +92,22 @@ def _accuracy_module():  # type: ignore[no-untyped-def]
     return module
 
 
-def test_every_published_row_is_predicted_within_ten_percent() -> None:
-    rows = _accuracy_module().predictions(A100)
-    assert len(rows) >= 11
-    errors = {row.name: pred / row.measured - 1 for row, pred in rows}
+def test_published_rows_through_estimate() -> None:
+    """Every row within 10 % of its step time, all but two within 5 % (76.1B interleaved and the
+    one-microbatch 22B step: benchmarks/results/planner_accuracy.txt and docs/planner.md say why)."""
+    rows = _accuracy_module().rows(A100)
+    assert len(rows) == 17
+    errors = {row.name: row.step_error for row in rows}
     assert all(abs(e) <= 0.10 for e in errors.values()), errors
+    known = {"76.1B TFLOP/s", "22B MFU"}
+    rest = {k: e for k, e in errors.items() if k not in known}
+    assert len(rest) == 15 and all(abs(e) <= 0.05 for e in rest.values()), rest
 
 
 def test_the_uncalibrated_flat_model_misses_the_same_rows() -> None:
     """The calibration is what brings the rows in: the flat B_c model is off by more than 10 % somewhere."""
-    rows = _accuracy_module().predictions(A100.override(compute_model="flat"))
-    assert max(abs(pred / row.measured - 1) for row, pred in rows) > 0.10
+    rows = _accuracy_module().rows(A100.override(compute_model="flat"))
+    assert max(abs(row.step_error) for row in rows) > 0.10
 
 
 def test_hardware_rejects_bad_calibration_fields() -> None:

@@ -1,0 +1,103 @@
+"""``pipeoffload estimate``: the step time, MFU, memory and time breakdown of one exact layout."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pipeoffload.cli.common import positive_int
+from pipeoffload.errors import ConfigError
+from pipeoffload.planner.cli_args import add_hardware_args, add_model_args, hardware_from_args, model_from_args
+from pipeoffload.planner.estimate import (
+    GRAD_ACCUMULATION,
+    P2P_MODES,
+    RECOMPUTE_MODES,
+    Estimate,
+    EstimateRequest,
+    estimate,
+)
+from pipeoffload.planner.hardware import GIB
+from pipeoffload.planner.hfconfig import model_from_hf_config
+from pipeoffload.planner.model import ModelSpec
+from pipeoffload.planner.split import SPLITS
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("estimate", help="cost of one exact layout (no search): step time, MFU, memory")
+    add_model_args(parser)
+    add_hardware_args(parser)
+    job = parser.add_argument_group("layout and training")
+    for flag in ("tp", "pp", "dp"):
+        job.add_argument(f"--{flag}", type=positive_int, default=1, help=f"{flag.upper()} size (default 1)")
+    job.add_argument("--global-batch", type=positive_int, required=True, help="sequences per optimizer step")
+    job.add_argument("--schedule", default="1f1b", help="schedule family (default 1f1b; see `pipeoffload schedules`)")
+    job.add_argument("--stages-per-rank", type=positive_int, default=1, help="v for interleaved families (default 1)")
+    job.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none",
+                     help="Megatron activation recomputation: none, selective (attention core) or full (every layer)")
+    job.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=True,
+                     help="Megatron's sequence parallelism with TP (default on)")
+    job.add_argument("--distributed-optimizer", action="store_true", help="shard the optimizer state over DP")
+    job.add_argument("--offload", default="none", help="offload policy: none, auto, all, first:K, budget:X")
+    job.add_argument("--split", choices=SPLITS, default="even",
+                     help="layers over stages: even (Megatron: divisible) or balanced (head weighed; the first/last "
+                          "stage may hold only the embedding/head)")
+    job.add_argument("--p2p", choices=P2P_MODES, default="eager",
+                     help="point-to-point timing: eager (sends leave when ready; pipeoffload's runtime) or megatron "
+                          "(Megatron-LM's blocking batched exchanges; 1f1b and interleaved-1f1b only)")
+    job.add_argument("--grad-accumulation", choices=GRAD_ACCUMULATION, default="fused",
+                     help="fused (weight-gradient GEMMs accumulate in place, Megatron's default) or separate (an "
+                          "extra pass over the weights per microbatch: plain PyTorch autograd, 2021 Megatron)")
+    job.add_argument("--memory", type=float, metavar="GIB", help="per-GPU budget for 'fits' (default 90%% of the GPU)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run)
+
+
+def _model(args: argparse.Namespace) -> ModelSpec:
+    if not (args.model or "").startswith("hf:"):
+        return model_from_args(args)
+    spec = model_from_hf_config(args.model[3:])
+    given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab")
+             if getattr(args, k) is not None}
+    if args.microbatch_size is not None:
+        given["microbatch"] = args.microbatch_size
+    spec = spec.with_(**given)
+    if args.no_flash:
+        spec = spec.with_(flash_attention=False)
+    if args.gated_mlp is not None:
+        spec = spec.with_(gated_mlp=args.gated_mlp)
+    return spec
+
+
+def request_from_args(args: argparse.Namespace) -> EstimateRequest:
+    if args.memory is not None and not args.memory > 0:
+        raise ConfigError(f"--memory {args.memory:g}: must be > 0 GiB")
+    return EstimateRequest(
+        model=_model(args), hardware=hardware_from_args(args), tp=args.tp, pp=args.pp, dp=args.dp,
+        global_batch=args.global_batch, schedule=args.schedule, stages_per_rank=args.stages_per_rank,
+        recompute=args.recompute, sequence_parallel=args.sequence_parallel,
+        distributed_optimizer=args.distributed_optimizer, offload=args.offload, split=args.split, p2p=args.p2p,
+        grad_accumulation=args.grad_accumulation,
+        memory_budget=args.memory * GIB if args.memory is not None else None)
+
+
+def format_estimate(e: Estimate) -> str:
+    r = e.request
+    lines = [f"{r.model.name} on {r.layout.gpus} x {r.hardware.name}: TP{r.tp} PP{r.pp} DP{r.dp}, {r.schedule} "
+             f"v={r.stages_for()}, microbatch {r.model.microbatch} x {e.microbatches}, recompute {r.recompute}",
+             f"step {e.step_seconds:.3f} s   MFU {e.mfu:.1%}   {e.tflops_per_gpu:.1f} TFLOP/s per GPU   "
+             f"{e.tokens_per_second:,.0f} tokens/s",
+             f"memory: worst rank {e.memory_worst / GIB:.1f} GiB of {r.budget / GIB:.1f} GiB "
+             f"({'fits' if e.fits else 'DOES NOT FIT'}); per rank "
+             + " ".join(f"{x / GIB:.1f}" for x in e.memory_per_rank)
+             + (f"; host {e.host_bytes / GIB:.1f} GiB" if e.host_bytes else ""),
+             "time on the busiest rank: " + ", ".join(
+                 f"{k.replace('_', ' ')} {v:.3f} s ({v / e.step_seconds:.1%})" for k, v in e.breakdown.items())]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = estimate(request_from_args(args))
+    print(json.dumps(result.as_dict(), indent=1) if args.json else format_estimate(result))
+    for warning in result.warnings:
+        print(f"pipeoffload estimate: warning: {warning}", file=sys.stderr)
+    return 0

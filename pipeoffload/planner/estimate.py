@@ -1,0 +1,323 @@
+"""The cost of one exact layout, no search: "what does my Megatron config do, and what would change?".
+
+``estimate(EstimateRequest) -> Estimate`` builds the same per-stage costs the planner's search builds
+(``stagecosts``), simulates the one schedule asked for (``evaluate.simulate_choice``) and splits the
+step time into parts that add up to it, measured on the critical rank (the busiest one):
+
+- ``compute``: its F/B/I/W/R work without the tensor-parallel collectives inside it;
+- ``tp_comm``: the exposed tensor-parallel collectives of its layers (``layertime``);
+- ``pp_comm``: what point-to-point transfers add to the pipeline (makespan with them minus without);
+- ``bubble``: the rest of the pipeline's idle time on that rank (fill, drain, waits);
+- ``offload_stall``: the time its backwards waited for a reload;
+- ``dp_sync``: the data-parallel gradient reduce (and parameter all-gather) and the optimizer step.
+
+A layout the planner would refuse for memory still gets an answer, with ``fits`` False. Bad input
+(layers not divisible as asked, heads not divisible by TP, a batch not divisible by DP x microbatch
+size) raises ``ConfigError`` with one line naming the value, the constraint and the fix.
+Pure Python (no torch).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from pipeoffload.costs import CostModel
+from pipeoffload.errors import ConfigError
+from pipeoffload.planner.candidates import dp_sync_time
+from pipeoffload.planner.evaluate import ScheduleChoice, SimSummary, build, placement_of, simulate_choice
+from pipeoffload.planner.exchange import lockstep_makespan
+from pipeoffload.planner.gemm import elementwise_time
+from pipeoffload.planner.hardware import GIB, HardwareSpec
+from pipeoffload.planner.layertime import layer_times
+from pipeoffload.planner.model import ModelSpec
+from pipeoffload.planner.plans import PlanRequest
+from pipeoffload.planner.published import mfu_warning
+from pipeoffload.planner.split import SPLITS, layer_split
+from pipeoffload.planner.stagecosts import (
+    LayerCosts,
+    Layout,
+    StageCosts,
+    TrainingSetup,
+    head_weight,
+    layer_costs,
+    stage_costs,
+)
+from pipeoffload.policies import OffloadPolicy
+from pipeoffload.schedules import ScheduleSpec, get_spec
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+P2P_MODES = ("eager", "megatron")
+GRAD_ACCUMULATION = ("fused", "separate")
+ACCUMULATE_BYTES = 6.0  # per weight and microbatch, 2-byte gradients: read the buffer and the new gradient, write
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimateRequest:
+    """One exact training configuration: model, GPU, layout, batch, schedule and memory options.
+
+    ``model.microbatch`` is the microbatch size; ``recompute`` is Megatron's activation
+    recomputation (``selective``: the attention core; ``full``: every layer from its input).
+    ``memory_budget`` (bytes per GPU) only decides ``fits``; None: 90% of the device's memory, as
+    ``plan`` uses by default.
+    """
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    global_batch: int
+    schedule: str = "1f1b"
+    stages_per_rank: int = 1
+    recompute: str = "none"
+    sequence_parallel: bool = True
+    distributed_optimizer: bool = False
+    offload: str = "none"
+    partial_recompute: bool | None = None  # LGD: None = with offload only (as ``plan``)
+    memory_budget: float | None = None
+    # "eager": sends leave when their data exists (pipeoffload's runtime, the planner's model);
+    # "megatron": Megatron-LM's blocking batched exchanges between steps (``exchange.py``)
+    p2p: str = "eager"
+    split: str = "even"  # "even" (Megatron: layers divisible by the stages) or "balanced" (``split.py``)
+    # "fused": weight-gradient GEMMs accumulate into the gradient buffer (Megatron's
+    # --gradient-accumulation-fusion); "separate": autograd adds each microbatch's weight gradient to the
+    # buffer in an extra pass over the weights (2021 Megatron's F.linear; plain PyTorch)
+    grad_accumulation: str = "fused"
+
+    def __post_init__(self) -> None:
+        for key in ("tp", "pp", "dp", "global_batch", "stages_per_rank"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ConfigError(f"recompute {self.recompute!r}: use one of {', '.join(RECOMPUTE_MODES)}")
+        OffloadPolicy.parse(self.offload)  # one line on a malformed policy
+        if self.p2p not in P2P_MODES:
+            raise ConfigError(f"p2p {self.p2p!r}: use one of {', '.join(P2P_MODES)}")
+        if self.p2p == "megatron" and (self.schedule not in ("1f1b", "interleaved-1f1b") or self.offload != "none"):
+            raise ConfigError(f"p2p 'megatron' times Megatron's own schedules (1f1b, interleaved-1f1b) without "
+                              f"offload, not {self.schedule} with offload {self.offload}; use p2p 'eager'")
+        self.check()
+
+    def check(self) -> None:
+        """Megatron's constraints on the layout, each as one line with its fix."""
+        m, tp = self.model, self.tp
+        if m.heads % tp or m.num_kv_heads % tp or m.ffn_size % tp:
+            raise ConfigError(f"--tp {tp} must divide the heads ({m.heads}), KV heads ({m.num_kv_heads}) and "
+                              f"FFN width ({m.ffn_size}); use a divisor such as 1, 2, 4 or 8")
+        if tp > self.hardware.gpus_per_node:
+            raise ConfigError(f"--tp {tp} is above the {self.hardware.gpus_per_node} GPUs per node (tensor "
+                              "parallelism stays inside a node); use a smaller --tp")
+        spec = get_spec(self.schedule)  # an unknown family fails here with the valid names
+        v = self.stages_for(spec)
+        asked = self.stages_per_rank
+        if asked > 1 and asked != v or (asked > 1 and not spec.interleaved and not spec.fixed_stages_per_rank):
+            raise ConfigError(f"--stages-per-rank {asked}: schedule {self.schedule} runs {v} stage(s) per rank; "
+                              "use an interleaved family such as interleaved-1f1b, or drop the flag")
+        if self.grad_accumulation not in GRAD_ACCUMULATION:
+            raise ConfigError(f"grad accumulation {self.grad_accumulation!r}: use one of {', '.join(GRAD_ACCUMULATION)}")
+        if self.split not in SPLITS:
+            raise ConfigError(f"split {self.split!r}: use one of {', '.join(SPLITS)}")
+        if self.split == "balanced" and m.layers < self.pp * v - 2:
+            raise ConfigError(f"--layers {m.layers} cannot fill pp x stages-per-rank = {self.pp} x {v} stages even "
+                              "with an embedding-only and a head-only stage; use fewer stages")
+        if self.split == "even" and m.layers % (self.pp * v):
+            raise ConfigError(f"--layers {m.layers} is not divisible by pp x stages-per-rank = {self.pp} x {v}; "
+                              f"pick a layer count divisible by {self.pp * v}, another --pp/--stages-per-rank, "
+                              "or --split balanced")
+        per_step = self.dp * m.microbatch
+        if self.global_batch % per_step:
+            raise ConfigError(f"--global-batch {self.global_batch} is not divisible by dp x microbatch size = "
+                              f"{self.dp} x {m.microbatch}; use a multiple of {per_step}")
+        if spec.name == "interleaved-1f1b" and self.pp > 1 and self.microbatches % self.pp:
+            raise ConfigError(f"interleaved-1f1b needs the microbatches ({self.microbatches}) to be a multiple of "
+                              f"--pp {self.pp}; change --global-batch or --microbatch-size")
+
+    def stages_for(self, spec: ScheduleSpec | None = None) -> int:
+        """Stages per rank: the family's own for fixed placements (V), else the requested v."""
+        spec = spec or get_spec(self.schedule)
+        return spec.stages_per_rank if spec.fixed_stages_per_rank else self.stages_per_rank
+
+    @property
+    def microbatches(self) -> int:
+        return self.global_batch // (self.dp * self.model.microbatch)
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.pp, self.tp, self.dp)
+
+    @property
+    def setup(self) -> TrainingSetup:
+        return TrainingSetup(distributed_optimizer=self.distributed_optimizer,
+                             partial_recompute=self.partial_recompute, sequence_parallel=self.sequence_parallel,
+                             selective_recompute=self.recompute == "selective")
+
+    @property
+    def budget(self) -> float:
+        """Bytes per GPU that decide ``fits``: never above the device (as ``plan``)."""
+        cap = self.hardware.memory_bytes
+        return 0.9 * cap if self.memory_budget is None else min(self.memory_budget, cap)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Step time, throughput, memory and where the time goes, for one ``EstimateRequest``."""
+
+    request: EstimateRequest
+    step_seconds: float
+    mfu: float
+    tflops_per_gpu: float  # model FLOPs (no recomputation counted) per second per GPU
+    tokens_per_second: float
+    microbatches: int
+    memory_per_rank: tuple[float, ...]  # bytes per pipeline rank: weights, grads, optimizer, activations
+    activation_per_rank: tuple[float, ...]
+    host_bytes: float  # pinned host memory per GPU (offload)
+    fits: bool
+    breakdown: dict[str, float]  # seconds on the critical rank; the parts add up to step_seconds
+    bubble_ratio: float
+    layers_per_stage: tuple[int, ...]
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def memory_worst(self) -> float:
+        return max(self.memory_per_rank)
+
+    def as_dict(self) -> dict:
+        r = self.request
+        return {
+            "model": r.model.name, "gpu": r.hardware.name,
+            "layout": {"tp": r.tp, "pp": r.pp, "dp": r.dp, "gpus": r.layout.gpus},
+            "schedule": r.schedule, "stages_per_rank": r.stages_for(), "microbatch_size": r.model.microbatch,
+            "microbatches": self.microbatches, "global_batch": r.global_batch, "recompute": r.recompute,
+            "sequence_parallel": r.sequence_parallel, "flash_attention": r.model.flash_attention,
+            "distributed_optimizer": r.distributed_optimizer, "offload": r.offload,
+            "grad_accumulation": r.grad_accumulation, "p2p": r.p2p,
+            "step_seconds": self.step_seconds, "mfu": self.mfu, "tflops_per_gpu": self.tflops_per_gpu,
+            "tokens_per_second": self.tokens_per_second,
+            "memory_gib": {"per_rank": [x / GIB for x in self.memory_per_rank], "worst": self.memory_worst / GIB,
+                           "activations_per_rank": [x / GIB for x in self.activation_per_rank],
+                           "host": self.host_bytes / GIB, "budget": r.budget / GIB},
+            "fits": self.fits, "bubble_ratio": self.bubble_ratio,
+            "breakdown_seconds": dict(self.breakdown),
+            "split": r.split, "layers_per_stage": list(self.layers_per_stage), "warnings": list(self.warnings),
+        }
+
+
+def estimate(req: EstimateRequest) -> Estimate:
+    """Simulate ``req``'s exact layout and schedule and account for its step time and memory."""
+    spec = get_spec(req.schedule)
+    v = req.stages_for(spec)
+    choice = ScheduleChoice(spec.name, v, None, OffloadPolicy.parse(req.offload))
+    lgd = req.setup.lgd_for(choice.offload)
+    lc = _layer_costs(req, lgd)
+    placement = placement_of(choice, req.pp)
+    split = layer_split(req.split, req.model.layers, placement, head_weight(lc))
+    sc = stage_costs(lc, req.hardware, req.layout, v, req.model.layers, placement,
+                     gather_after_p2p=req.tp > 1 and not req.sequence_parallel, split=split)
+    m = req.microbatches
+    sim = _simulate(req, choice, m, sc.costs)
+    no_p2p = sim if req.pp == 1 else _simulate(req, choice, m, replace(sc.costs, p2p_time=0.0))
+    plan_req = _plan_request(req)
+    dp_time = dp_sync_time(plan_req, req.layout, max(sc.params_per_rank))
+    step = sim.makespan + dp_time
+    memory, activations = _memory(req, lc, sc, sim)
+    model_flops = m * req.dp * _model_flops(req.model)
+    gpus = req.layout.gpus
+    mfu = model_flops / (step * gpus * req.hardware.peak_flops)
+    breakdown = _breakdown(req, lc, sc, sim, no_p2p, dp_time, placement)
+    warnings = tuple(w for w in (mfu_warning(req.hardware, req.model, mfu),) if w) + sim.warnings
+    return Estimate(
+        request=req, step_seconds=step, mfu=mfu, tflops_per_gpu=model_flops / step / gpus / 1e12,
+        tokens_per_second=req.global_batch * req.model.seq / step, microbatches=m,
+        memory_per_rank=memory, activation_per_rank=activations,
+        host_bytes=max(sim.host_units) * sc.unit_bytes, fits=max(memory) <= req.budget * (1 + 1e-12),
+        breakdown=breakdown, bubble_ratio=sim.bubble_ratio, layers_per_stage=sc.layers_per_stage,
+        warnings=warnings)
+
+
+def _simulate(req: EstimateRequest, choice: ScheduleChoice, m: int, costs: CostModel) -> SimSummary:
+    if req.p2p == "eager" or req.pp == 1:
+        return simulate_choice(choice, req.pp, m, costs, extrapolate=choice.periodic(), fallback=True)
+    schedule = build(choice, req.pp, m, costs)
+    makespan, busy = lockstep_makespan(schedule, costs, interleaved=choice.family != "1f1b")
+    plain = simulate_choice(choice, req.pp, m, costs, extrapolate=choice.periodic(), fallback=True)
+    return replace(plain, makespan=makespan, busy=busy, extrapolated=False)
+
+
+def _model_flops(model: ModelSpec) -> float:
+    return model.model_flops_per_microbatch()
+
+
+def _plan_request(req: EstimateRequest) -> PlanRequest:
+    """The ``PlanRequest`` whose data-parallel accounting (``dp_sync_time``) ``estimate`` shares."""
+    return PlanRequest(model=req.model, hardware=req.hardware, gpus=req.layout.gpus,
+                       global_batch=req.global_batch, memory_budget=req.budget,
+                       setup=req.setup)
+
+
+def _layer_costs(req: EstimateRequest, lgd: bool) -> LayerCosts:
+    """One layer's costs; with full recomputation the backward re-runs the forward first and only the
+    layer's input (the checkpoint) is kept per microbatch."""
+    lc = layer_costs(req.model, req.hardware, req.tp, partial_recompute=lgd,
+                     sequence_parallel=req.sequence_parallel, selective_recompute=req.recompute == "selective")
+    if req.grad_accumulation == "separate" and req.microbatches > 1:
+        lc = _separate_accumulation(lc, req.hardware)
+    if req.recompute != "full":
+        return lc
+    checkpoint = req.model.boundary_bytes(req.tp if req.sequence_parallel else 1)
+    b = lc.time_b if lc.time_b is not None else lc.time_i + lc.time_w
+    return replace(lc, time_b=b + lc.time_f, time_i=lc.time_i + lc.time_f, activation_bytes=checkpoint)
+
+
+def _separate_accumulation(lc: LayerCosts, hw: HardwareSpec) -> LayerCosts:
+    """Every backward adds its weight gradients to the buffer in a memory-bound pass over the weights."""
+    layer = elementwise_time(hw, lc.params * ACCUMULATE_BYTES)
+    head = elementwise_time(hw, lc.head_params * ACCUMULATE_BYTES)
+    hf, hi, hw_ = lc.head_time
+    b = lc.time_b if lc.time_b is not None else lc.time_i + lc.time_w
+    head_b = lc.head_time_b if lc.head_time_b is not None else hi + hw_
+    return replace(lc, time_w=lc.time_w + layer, time_b=b + layer, head_time=(hf, hi, hw_ + head),
+                   head_time_b=head_b + head)
+
+
+def _transient(req: EstimateRequest) -> float:
+    """Full recomputation rebuilds one layer's activations at a time in backward: working memory on
+    top of the checkpoints (the layer's whole activation for one microbatch)."""
+    if req.recompute != "full":
+        return 0.0
+    return layer_costs(req.model, req.hardware, req.tp, sequence_parallel=req.sequence_parallel).activation_bytes
+
+
+def _memory(req: EstimateRequest, lc: LayerCosts, sc: StageCosts,
+            sim: SimSummary) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    s = req.setup
+    shard = req.dp if s.distributed_optimizer else 1
+    transient = _transient(req)
+    acts = tuple(u * sc.unit_bytes + transient for u in sim.peak_units)
+    total = tuple(p * (s.weight_bytes + s.grad_bytes) + p * s.optimizer_bytes / shard + a
+                  for p, a in zip(sc.params_per_rank, acts))
+    return total, acts
+
+
+def _breakdown(req: EstimateRequest, lc: LayerCosts, sc: StageCosts, sim: SimSummary, no_p2p: SimSummary,
+               dp_time: float, placement: object) -> dict[str, float]:
+    """Seconds on the busiest rank, adding up to the step time (see the module docstring)."""
+    rank = max(range(req.pp), key=lambda r: (sim.busy[r], -r))
+    stages = placement.stages_of(rank)  # type: ignore[attr-defined]
+    layers = sum(sc.layers_per_stage[s] for s in stages)
+    t = layer_times(req.model, req.hardware, req.tp, sequence_parallel=req.sequence_parallel)
+    split = get_spec(req.schedule).backward == "split"
+    per_layer = t.detail["comm_f"] * (2 if req.recompute == "full" else 1) + (
+        t.detail["comm_i"] + t.detail["comm_w"] if split else t.detail["comm_b"])
+    tp_comm = min(sim.busy[rank], per_layer * layers * req.microbatches)
+    pp_comm = max(0.0, sim.makespan - no_p2p.makespan)
+    stall = sim.stall[rank]
+    bubble = max(0.0, sim.makespan - pp_comm - sim.busy[rank] - stall)
+    compute = sim.makespan - pp_comm - bubble - stall - tp_comm
+    return {"compute": compute, "bubble": bubble, "tp_comm": tp_comm, "pp_comm": pp_comm,
+            "offload_stall": stall, "dp_sync": dp_time}
+
+
+def check_total(e: Estimate) -> float:
+    """The breakdown's sum minus the step time (zero up to float noise; tests use it)."""
+    return math.fsum(e.breakdown.values()) - e.step_seconds

@@ -1,0 +1,51 @@
+"""A ``ModelSpec`` from a Hugging Face ``config.json`` (standard library only: no transformers, no torch).
+
+Reads the Llama/Mistral/Qwen keys (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
+``num_key_value_heads``, ``intermediate_size``, ``vocab_size``, ``max_position_embeddings``,
+``hidden_act``, ``tie_word_embeddings``) and GPT-2's (``n_layer``, ``n_embd``, ``n_head``,
+``n_positions``). A SiLU/SwiGLU activation means a gated MLP without biases or dropout, as in Llama.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pipeoffload.errors import ConfigError
+from pipeoffload.planner.model import ModelSpec
+
+_KEYS = {  # ModelSpec field -> config.json keys, first found wins
+    "layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "hidden": ("hidden_size", "n_embd", "d_model"),
+    "heads": ("num_attention_heads", "n_head"),
+    "kv_heads": ("num_key_value_heads",),
+    "ffn": ("intermediate_size", "n_inner", "ffn_hidden_size"),
+    "vocab": ("vocab_size",),
+    "seq": ("max_position_embeddings", "n_positions", "seq_length"),
+}
+
+
+def model_from_hf_config(directory: str | Path) -> ModelSpec:
+    """The model described by ``directory/config.json`` (or the file itself)."""
+    path = Path(directory)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"hf:{directory}: cannot read {path} ({err}); give a directory holding config.json") from None
+    values: dict[str, Any] = {}
+    for name, keys in _KEYS.items():
+        found = next((data[k] for k in keys if data.get(k) is not None), None)
+        if found is not None:
+            values[name] = int(found)
+    missing = [k for k in ("layers", "hidden", "heads") if k not in values]
+    if missing:
+        raise ConfigError(f"hf:{directory}: config.json has no {', '.join(missing)} "
+                          f"(looked for {', '.join(_KEYS[missing[0]])}); pass --layers/--hidden/--heads")
+    act = str(data.get("hidden_act", data.get("activation_function", "gelu"))).lower()
+    gated = act in ("silu", "swiglu", "swish")
+    values.setdefault("seq", 2048)
+    return ModelSpec(name=str(data.get("_name_or_path") or data.get("model_type") or path.parent.name),
+                     gated_mlp=gated, dropout=not gated, bias=not gated,
+                     tied_embeddings=bool(data.get("tie_word_embeddings", not gated)), **values)

@@ -1,0 +1,44 @@
+"""Best published training efficiency per GPU and model class: a sanity bound on predictions.
+
+A prediction above every published system on the same GPU and model class is more likely a modelling
+gap than a discovery, so ``plan`` and ``estimate`` warn when they predict it. Figures are model FLOPs
+utilisation (no recomputation counted) as each paper reports it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeoffload.planner.hardware import HardwareSpec
+from pipeoffload.planner.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class Published:
+    gpu: str  # hardware preset name
+    min_params: float  # model class: dense decoder-only transformers of at least this many parameters
+    mfu: float
+    source: str
+
+
+BEST_PUBLISHED = (
+    Published("a100", 100e9, 0.552, "MegaScale (Jiang et al. 2024): 175B on A100s, 55.2% MFU"),
+    Published("a100", 10e9, 0.552, "MegaScale (Jiang et al. 2024): 175B on A100s, 55.2% MFU; Korthikanti "
+                                   "et al. 2022 Table 5: 22B 41.5%, 175B 51.4%"),
+    Published("a100", 0.0, 0.72, "FlashAttention-2 (Dao 2023): GPT-style 1.3B/2.7B on 8 A100s, 72% MFU"),
+)
+
+
+def best_published(hw: HardwareSpec, model: ModelSpec) -> Published | None:
+    """The best published figure for this GPU preset and model size class, if we know one."""
+    params = model.total_params()
+    found = [p for p in BEST_PUBLISHED if p.gpu == hw.name and params >= p.min_params]
+    return max(found, key=lambda p: p.min_params) if found else None
+
+
+def mfu_warning(hw: HardwareSpec, model: ModelSpec, mfu: float) -> str | None:
+    """One line when ``mfu`` is above the best published figure for the GPU and model class."""
+    best = best_published(hw, model)
+    if best is None or mfu <= best.mfu:
+        return None
+    return (f"predicted MFU {mfu:.1%} is above the best published {best.mfu:.1%} for this GPU and model class "
+            f"({best.source}); treat it as an upper bound (docs/planner.md, 'Flash attention')")

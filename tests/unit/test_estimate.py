@@ -1,0 +1,162 @@
+"""``pipeoffload estimate``: one exact layout's step time, memory and breakdown, and its bad input."""
+import json
+import math
+
+import pytest
+
+from pipeoffload.cli import main
+from pipeoffload.errors import ConfigError
+from pipeoffload.planner.estimate import EstimateRequest, check_total, estimate
+from pipeoffload.planner.hardware import GIB, hardware_preset
+from pipeoffload.planner.hfconfig import model_from_hf_config
+from pipeoffload.planner.plans import PlanRequest
+from pipeoffload.planner.presets import model_preset
+from pipeoffload.planner.search import find_plans
+from pipeoffload.planner.stagecosts import TrainingSetup
+
+A100 = hardware_preset("a100")
+GPT13 = model_preset("gpt3-13b").with_(microbatch=2)
+
+
+def _req(**kw: object) -> EstimateRequest:
+    base: dict[str, object] = dict(model=GPT13, hardware=A100, tp=2, pp=4, dp=2, global_batch=64)
+    base.update(kw)
+    return EstimateRequest(**base)  # type: ignore[arg-type]
+
+
+def test_estimate_equals_the_search_on_the_same_single_candidate() -> None:
+    """What users run through ``estimate`` is what ``plan`` scores for that layout and schedule."""
+    plan_req = PlanRequest(model=GPT13, hardware=A100, gpus=16, global_batch=64, memory_budget=A100.memory_bytes,
+                           setup=TrainingSetup(distributed_optimizer=False), schedules=("interleaved-1f1b",),
+                           tp_sizes=(2,), pp_sizes=(4,), stages_per_rank=(2,), offload=("none",),
+                           recompute=("none",), top=1)
+    plan = find_plans(plan_req).best(1)[0]
+    est = estimate(_req(schedule="interleaved-1f1b", stages_per_rank=2, memory_budget=A100.memory_bytes))
+    assert est.step_seconds == pytest.approx(plan.step_time, rel=1e-9)
+    assert est.mfu == pytest.approx(plan.mfu, rel=1e-9)
+    assert est.memory_worst == pytest.approx(plan.memory.total, rel=1e-9)
+
+
+@pytest.mark.parametrize("kw", [{}, {"schedule": "interleaved-1f1b", "stages_per_rank": 2},
+                                {"recompute": "full"}, {"recompute": "selective", "sequence_parallel": False},
+                                {"pp": 1, "dp": 8}])
+def test_the_breakdown_adds_up_to_the_step_time(kw: dict) -> None:
+    est = estimate(_req(**kw))
+    assert all(v >= 0 for v in est.breakdown.values()), est.breakdown
+    assert math.isclose(check_total(est), 0.0, abs_tol=1e-9 * est.step_seconds)
+    assert est.breakdown["tp_comm"] > 0 and est.breakdown["compute"] > 0
+
+
+def test_recompute_modes_trade_memory_for_time() -> None:
+    none, selective, full = (estimate(_req(recompute=r, model=GPT13.with_(flash_attention=False)))
+                             for r in ("none", "selective", "full"))
+    assert none.step_seconds < selective.step_seconds < full.step_seconds
+    assert max(none.activation_per_rank) > max(selective.activation_per_rank) > max(full.activation_per_rank)
+
+
+def test_a_config_that_does_not_fit_still_answers() -> None:
+    est = estimate(_req(pp=1, dp=8, tp=1, memory_budget=20 * GIB))
+    assert not est.fits and est.memory_worst > 20 * GIB and est.step_seconds > 0
+
+
+def test_mfu_above_the_best_published_warns() -> None:
+    low = estimate(_req())
+    assert not low.warnings  # 13B on 16 A100s at this batch stays below the published bound
+    big = estimate(EstimateRequest(model=model_preset("gpt3-175b"), hardware=A100, tp=8, pp=8, dp=1,
+                                   global_batch=512))
+    assert big.mfu > 0.552 and any("best published 55.2%" in w for w in big.warnings)
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"pp": 3}, "--layers 40 is not divisible by pp x stages-per-rank = 3 x 1"),
+    ({"tp": 3}, "--tp 3 must divide the heads (40)"),
+    ({"dp": 3}, "--global-batch 64 is not divisible by dp x microbatch size = 3 x 2"),
+    ({"recompute": "most"}, "recompute 'most'"),
+    ({"stages_per_rank": 2}, "runs 1 stage(s) per rank"),
+])
+def test_bad_requests_are_one_line(kw: dict, needle: str) -> None:
+    with pytest.raises(ConfigError, match=None) as err:
+        _req(**kw)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+SHAPE = ["--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "2048", "--vocab", "50257"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--pp", "5"], "--layers 24 is not divisible"),
+    (["--tp", "3"], "--tp 3 must divide the heads (16)"),
+    (["--gpu", "b300"], "unknown gpu 'b300'"),
+    (["--dp", "5"], "--global-batch 32 is not divisible by dp x microbatch size = 5 x 1"),
+    (["--pp", "4", "--schedule", "zb-v", "--p2p", "megatron"], "p2p 'megatron' times Megatron's own schedules"),
+])
+def test_cli_bad_input_exits_2_with_one_line(capsys, argv: list, needle: str) -> None:  # type: ignore[no-untyped-def]
+    assert main(["estimate", *SHAPE, "--global-batch", "32", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+
+
+def test_cli_json_has_the_documented_fields(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(["estimate", *SHAPE, "--tp", "2", "--pp", "2", "--dp", "2", "--global-batch", "32",
+                 "--schedule", "interleaved-1f1b", "--stages-per-rank", "2", "--recompute", "selective",
+                 "--no-sequence-parallel", "--no-flash", "--distributed-optimizer", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    for key in ("step_seconds", "mfu", "tflops_per_gpu", "memory_gib", "breakdown_seconds", "fits"):
+        assert key in data
+    assert len(data["memory_gib"]["per_rank"]) == 2 and data["memory_gib"]["worst"] == max(data["memory_gib"]["per_rank"])
+    assert set(data["breakdown_seconds"]) == {"compute", "bubble", "tp_comm", "pp_comm", "dp_sync", "offload_stall"}
+    assert data["sequence_parallel"] is False and data["flash_attention"] is False
+
+
+def test_hf_config_dir(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192, "hidden_act": "silu"}))
+    spec = model_from_hf_config(tmp_path)
+    assert (spec.layers, spec.kv_heads, spec.ffn, spec.gated_mlp, spec.bias) == (32, 8, 14336, True, False)
+    assert spec.total_params() == pytest.approx(model_preset("llama3-8b").total_params(), rel=1e-6)
+    assert main(["estimate", "--model", f"hf:{tmp_path}", "--seq", "4096", "--tp", "8", "--global-batch", "8",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["layout"]["tp"] == 8
+    assert main(["estimate", "--model", f"hf:{tmp_path}/missing", "--global-batch", "8"]) == 2
+
+
+def test_plan_takes_selective_recompute(capsys) -> None:  # type: ignore[no-untyped-def]
+    argv = ["plan", "--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "16", "--no-flash", "--tp", "2",
+            "--pp", "1", "--json", "--no-pareto", "--top", "1"]
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)["best"][0]
+    assert main(argv + ["--recompute", "selective"]) == 0
+    selective = json.loads(capsys.readouterr().out)["best"][0]
+    assert selective["memory_gib"]["activations"] < plain["memory_gib"]["activations"]
+    assert selective["step_time_s"] > plain["step_time_s"]
+
+
+def test_plan_warns_above_the_best_published_mfu(capsys) -> None:  # type: ignore[no-untyped-def]
+    argv = ["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "512", "--tp", "4", "--pp", "16",
+            "--schedules", "1f1b", "--offload", "none", "--recompute", "none", "--no-pareto", "--top", "1"]
+    assert main(argv) == 0
+    assert "above the best published 55.2%" in capsys.readouterr().err
+
+
+def test_flash_fraction_sets_the_fused_attention_rate() -> None:
+    slow = estimate(_req(hardware=A100.override(flash_fraction=0.3)))
+    fast = estimate(_req(hardware=A100.override(flash_fraction=0.9)))
+    assert slow.step_seconds > fast.step_seconds
+    with pytest.raises(ConfigError, match="flash_fraction"):
+        A100.override(flash_fraction=1.5)
+
+
+def test_megatron_p2p_is_never_faster_than_eager() -> None:
+    kw = dict(schedule="interleaved-1f1b", stages_per_rank=2, global_batch=64)
+    eager, megatron = estimate(_req(**kw)), estimate(_req(p2p="megatron", **kw))
+    assert megatron.step_seconds >= eager.step_seconds
+    assert megatron.breakdown["pp_comm"] > eager.breakdown["pp_comm"]
+
+
+def test_separate_gradient_accumulation_costs_a_pass_per_microbatch() -> None:
+    fused, separate = estimate(_req()), estimate(_req(grad_accumulation="separate"))
+    assert separate.step_seconds > fused.step_seconds
+    one = dict(pp=1, dp=32, global_batch=64)  # one microbatch per step: nothing to accumulate
+    assert estimate(_req(grad_accumulation="separate", **one)).step_seconds == pytest.approx(
+        estimate(_req(**one)).step_seconds)
