@@ -1,15 +1,21 @@
-"""The offload placement pass: insert OFFLOAD after chosen forwards and RELOAD before their backwards.
+"""The offload placement pass: insert OFFLOAD after chosen forwards and RELOAD before their backwards,
+and for split backwards OFFLOAD_W after the I and RELOAD_W before the W (the second window).
 
 Works on any compute-only schedule (any family, loop or V placement, B or I/W backwards, with or
 without R):
 
-1. simulate the schedule without copies: each activation's lifespan is [end of F, start of its
-   backward], each rank's memory curve is known at every compute start and end;
+1. simulate the schedule without copies: each activation has up to two windows, [end of F, start
+   of its backward] for all of it and [end of I, start of W] for the ``w_fraction`` part W needs;
+   each rank's memory curve is known at every compute start and end;
 2. per rank (per pair of ranks sharing a host link) choose and place the copies
    (``offload_plan``, on the primitives of ``copy_plan``): every reload completes before its
    backward starts, and starts are ones the simulator reproduces exactly, so nothing stalls;
 3. turn the planned times into list positions: each copy goes where the compute action before it
    ends at or before the copy's planned start.
+
+The two windows of an activation are independent candidates: the pass picks, per activation, the
+first, the second, both or neither, by the memory-time each saves (``Activation.value``) for the
+copy-lane time it takes.
 
 What the copy lane cannot hide stays on the device and is reported (``OffloadReport.unhidden``).
 With a shared host link a denser plan is also tried and checked by simulation (see
@@ -21,6 +27,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from pipeoffload import semantics as sem
 from pipeoffload.costs import CostModel
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.passes.copy_plan import EPS, Activation, RankTimeline, rank_timelines
@@ -42,6 +49,9 @@ class RankOffloadReport:
     peak_before: float  # peak without the memory passes (activation units)
     peak_after: float  # planned peak with the offloads placed
     memory: tuple[float, ...] = field(default=(), repr=False, compare=False)  # planned, per timeline point
+    offloaded_after_i: int = 0  # second windows (I -> W) offloaded
+    unhidden_after_i: tuple[Key, ...] = ()  # second windows wanted off the device, not hideable
+    units: tuple[float, float] = (0.0, 0.0)  # activation units moved to host, per window
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,19 @@ class OffloadReport:
         return tuple(k for r in self.per_rank for k in r.unhidden)
 
     @property
+    def offloaded_after_i(self) -> int:
+        return sum(r.offloaded_after_i for r in self.per_rank)
+
+    @property
+    def unhidden_after_i(self) -> tuple[Key, ...]:
+        return tuple(k for r in self.per_rank for k in r.unhidden_after_i)
+
+    @property
+    def units_by_window(self) -> tuple[float, float]:
+        """Activation units copied to host: (F -> backward window, I -> W window)."""
+        return (sum(r.units[0] for r in self.per_rank), sum(r.units[1] for r in self.per_rank))
+
+    @property
     def peak_before(self) -> float:
         return max((r.peak_before for r in self.per_rank), default=0.0)
 
@@ -89,6 +112,9 @@ class OffloadReport:
         if self.policy.kind != "none":
             parts.append(f"offload {self.policy}: {self.offloaded} activations offloaded, {len(self.unhidden)} "
                          "could not be hidden by the copy lane")
+            if self.offloaded_after_i or self.unhidden_after_i:
+                parts.append(f"{self.offloaded_after_i} offloaded between I and W, {len(self.unhidden_after_i)} "
+                             "not hidden there")
         if self.recompute != RecomputePolicy():
             parts.append(f"recompute {self.recompute}: {len(self.recomputed)} activations")
         parts.append(f"planned peak {self.peak_before:g} -> {self.peak_after:g} activation units")
@@ -130,9 +156,11 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     rows = [_emit(states[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
         policy,
-        tuple(RankOffloadReport(r, len(s.placed), tuple(s.unhidden), s.too_short,
-                                float(timelines[r].memory.max()) if len(timelines[r].memory) else 0.0,
-                                peaks[r], tuple(s.memory.tolist()))
+        tuple(RankOffloadReport(r, sum(1 for p in s.placed if p.activation.window == 0), tuple(s.unhidden),
+                                s.too_short, float(timelines[r].memory.max()) if len(timelines[r].memory) else 0.0,
+                                peaks[r], tuple(s.memory.tolist()),
+                                sum(1 for p in s.placed if p.activation.window == 1), tuple(s.unhidden_w),
+                                _units(s))
               for r, s in sorted(states.items())),
         budget,
     )
@@ -151,15 +179,16 @@ def _shared_link_plans(base: Schedule, costs: CostModel, strict: dict[int, RankS
     """
     for _ in range(_REPAIR_ROUNDS):
         timeline = simulate(base.with_actions([_emit(relaxed[r]) for r in range(base.num_ranks)]), costs)
-        late = {(a.stage, a.microbatch) for a in timeline.stalls}
+        late = {(a.stage, a.microbatch, 1 if a.kind is K.W else 0) for a in timeline.stalls}
         if not late:
             break
         for state in relaxed.values():
-            drop = [p for p in state.placed if (p.activation.stage, p.activation.microbatch) in late]
+            drop = [p for p in state.placed if p.activation.ident in late]
             for p in drop:
                 state.placed.remove(p)
                 state.memory[p.lo:p.hi] += p.activation.size
-                state.unhidden.append((p.activation.stage, p.activation.microbatch))
+                (state.unhidden_w if p.activation.window else state.unhidden).append(
+                    (p.activation.stage, p.activation.microbatch))
     else:
         return strict, strict_peaks
     states, peaks = dict(strict), dict(strict_peaks)
@@ -181,14 +210,26 @@ def _groups(num_ranks: int, shared_link: bool) -> list[list[int]]:
 
 
 def _candidates(timelines: list[RankTimeline], policy: OffloadPolicy, exclude: set[Key]) -> dict[int, list[Activation]]:
+    """Per rank, the windows the policy lets the pass move: the first window of every activation not
+    in ``exclude`` (recomputed ones), and the second window (I -> W) of every split backward."""
     out = {}
     for tl in timelines:
         acts = [x for key, x in tl.activations.items() if key not in exclude and policy.kind != "none"]
+        if policy.kind != "none":
+            acts += tl.w_activations.values()
         if policy.kind == "first":
             stages = set(longest_lived_stages(tl.activations.values(), policy.count))
             acts = [x for x in acts if x.stage in stages]
         out[tl.rank] = acts
     return out
+
+
+def _units(state: RankState) -> tuple[float, float]:
+    """Activation units the rank's plan copies to host, per window."""
+    moved = [0.0, 0.0]
+    for p in state.placed:
+        moved[p.activation.window] += p.activation.size
+    return moved[0], moved[1]
 
 
 def longest_lived_stages(activations, count: int, skip: set[int] | frozenset[int] = frozenset()) -> list[int]:  # type: ignore[no-untyped-def]
@@ -200,14 +241,18 @@ def longest_lived_stages(activations, count: int, skip: set[int] | frozenset[int
     return ranked[:count]
 
 
+_WINDOW_KINDS = tuple((offload, reload) for offload, reload, _ in sem.WINDOWS)
+
+
 def _emit(state: RankState) -> list[Action]:
     """The rank's compute list with each planned copy at the position that issues it on time."""
     tl = state.timeline
     copies: list[tuple[int, float, int, int, int, ActionKind]] = []
     for p in state.placed:
         x = p.activation
-        copies.append((tl.position(p.d2h_start), p.d2h_start, 0, x.stage, x.microbatch, K.OFFLOAD))
-        copies.append((tl.position(p.h2d_start, x.back_index), p.h2d_start, 1, x.stage, x.microbatch, K.RELOAD))
+        offload, reload = _WINDOW_KINDS[x.window]
+        copies.append((tl.position(p.d2h_start), p.d2h_start, 0, x.stage, x.microbatch, offload))
+        copies.append((tl.position(p.h2d_start, x.back_index), p.h2d_start, 1, x.stage, x.microbatch, reload))
     copies.sort()
     row: list[Action] = []
     done = 0
