@@ -27,7 +27,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_cost_args(parser)
     parser.add_argument("--costs", metavar="FILE", help="cost model from a JSON/TOML file (the profiler's "
                         "Profile.save or hand-written CostModel fields); replaces --time-f/-i/-w and --p2p-time; "
-                        "its times are in seconds (s) when it says time_unit = \"s\" or is the profiler's")
+                        "its times are in seconds (s) when it says time_unit = \"s\" or is the profiler's; "
+                        "without it w_fraction (the part of an activation W still needs after I) is 1.0, "
+                        "the conservative default: a costs file's w_fraction replaces it")
     add_memory_args(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object (stable field names)")
     add_output_args(parser)
@@ -111,6 +113,9 @@ def report_dict(report) -> dict:  # type: ignore[no-untyped-def]
         "recompute": str(report.recompute),
         "recomputed": len(report.recomputed),
         "unhidden": len(report.unhidden),
+        "offloaded_after_i": report.offloaded_after_i,  # the second window (I -> W)
+        "unhidden_after_i": len(report.unhidden_after_i),
+        "offloaded_units_by_window": list(report.units_by_window),
         "planned_peak_before": report.peak_before,
         "planned_peak_after": report.peak_after,
         "budget": report.budget,

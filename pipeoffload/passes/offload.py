@@ -113,8 +113,9 @@ class OffloadReport:
             parts.append(f"offload {self.policy}: {self.offloaded} activations offloaded, {len(self.unhidden)} "
                          "could not be hidden by the copy lane")
             if self.offloaded_after_i or self.unhidden_after_i:
+                first, second = self.units_by_window
                 parts.append(f"{self.offloaded_after_i} offloaded between I and W, {len(self.unhidden_after_i)} "
-                             "not hidden there")
+                             f"not hidden there; units to host per window: F->I {first:g}, I->W {second:g}")
         if self.recompute != RecomputePolicy():
             parts.append(f"recompute {self.recompute}: {len(self.recomputed)} activations")
         parts.append(f"planned peak {self.peak_before:g} -> {self.peak_after:g} activation units")
@@ -183,7 +184,10 @@ def _shared_link_plans(base: Schedule, costs: CostModel, strict: dict[int, RankS
         if not late:
             break
         for state in relaxed.values():
-            drop = [p for p in state.placed if p.activation.ident in late]
+            gone = {p.activation.ident[:2] for p in state.placed if p.activation.ident in late and not p.activation.window}
+            # a second window that copies nothing needs its first window's host copy: it goes too
+            drop = [p for p in state.placed if p.activation.ident in late
+                    or (p.activation.window and p.activation.d2h == 0.0 and p.activation.ident[:2] in gone)]
             for p in drop:
                 state.placed.remove(p)
                 state.memory[p.lo:p.hi] += p.activation.size
