@@ -25,7 +25,7 @@ filter of three windows and failed when its windows ran out; this pass uses any 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pipeoffload import semantics as sem
 from pipeoffload.costs import CostModel
@@ -140,20 +140,10 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     timeline = timeline if timeline is not None else simulate(base, costs)
     timelines = rank_timelines(base, timeline, costs)
     budget = policy.budget_units(base.stages_per_rank) if policy.kind == "budget" else None
-    chosen = _candidates(timelines, policy, set(exclude))
-    groups = _groups(base.num_ranks, costs.shared_host_link)
-
-    def plan_all(relaxed: bool) -> dict[int, RankState]:
-        states: dict[int, RankState] = {}
-        for members in groups:
-            tls = [timelines[r] for r in members]
-            states.update(plan_group(tls, costs, policy, {r: chosen[r] for r in members}, budget, relaxed).states)
-        return states
-
-    states = plan_all(relaxed=False)
-    peaks = {r: s.exact_peak() for r, s in states.items()}
-    if costs.shared_host_link and policy.kind != "none":
-        states, peaks = _shared_link_plans(base, costs, states, peaks, plan_all(relaxed=True), groups)
+    plan = _Planning(base, timeline, policy, set(exclude), budget, _groups(base.num_ranks, costs.shared_host_link))
+    states, peaks = plan.states(costs)
+    if policy.kind != "none" and costs.d2h_time + costs.h2d_time > 0 and _overloaded(states):
+        states, peaks = plan.best_with_slower_copies(costs, states, peaks)
     rows = [_emit(states[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
         policy,
@@ -166,6 +156,77 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
         budget,
     )
     return base.with_actions(rows), report
+
+
+@dataclass
+class _Planning:
+    """What the plans of one compute-only schedule share; ``states`` plans it for one cost model."""
+
+    base: Schedule
+    timeline: Timeline
+    policy: OffloadPolicy
+    exclude: set[Key]
+    budget: float | None
+    groups: list[list[int]]
+
+    def states(self, costs: CostModel) -> tuple[dict[int, RankState], dict[int, float]]:
+        """Each rank's planned copies and peak when the copies take ``costs``' times."""
+        timelines = rank_timelines(self.base, self.timeline, costs)
+        chosen = _candidates(timelines, self.policy, self.exclude)
+
+        def plan_all(relaxed: bool) -> dict[int, RankState]:
+            states: dict[int, RankState] = {}
+            for members in self.groups:
+                tls = [timelines[r] for r in members]
+                states.update(plan_group(tls, costs, self.policy, {r: chosen[r] for r in members}, self.budget,
+                                         relaxed).states)
+            return states
+
+        states = plan_all(relaxed=False)
+        peaks = {r: s.exact_peak() for r, s in states.items()}
+        if costs.shared_host_link and self.policy.kind != "none":
+            states, peaks = _shared_link_plans(self.base, costs, states, peaks, plan_all(relaxed=True), self.groups)
+        return states, peaks
+
+    def best_with_slower_copies(self, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
+                                ) -> tuple[dict[int, RankState], dict[int, float]]:
+        """Faster copies must never give a higher peak. Where the copy lane is overloaded the plan is
+        a greedy choice that can land worse than the one made for slower copies, so the plans made
+        as if copies took ``_SLOWER`` times longer are simulated with the real times too, and each
+        group of ranks keeps the plan with the lowest simulated peak (then fewest copies) among those
+        that never stall. The compute timeline does not change without stalls, so groups combine."""
+        def simulated(candidate: dict[int, RankState]) -> Timeline:
+            return simulate(self.base.with_actions([_emit(candidate[r]) for r in range(self.base.num_ranks)]), costs)
+
+        def score(t: Timeline, candidate: dict[int, RankState], members: list[int]) -> tuple[bool, float, int]:
+            return (any(t.per_rank[r].stall > 0 for r in members),
+                    max(t.per_rank[r].peak_activation_units for r in members),
+                    sum(len(candidate[r].placed) for r in members))
+
+        own = simulated(states)
+        best = {tuple(m): (score(own, states, m), states) for m in self.groups}
+        for factor in _SLOWER:
+            slower = replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
+            candidate = self.states(slower)[0]
+            t = simulated(candidate)
+            for members in self.groups:
+                key = score(t, candidate, members)
+                if key < best[tuple(members)][0]:
+                    best[tuple(members)] = (key, candidate)
+        mixed = {r: best[tuple(m)][1][r] for m in self.groups for r in m}
+        final = simulated(mixed)
+        if final.stall > 0 or final.peak_activation_units > own.peak_activation_units:
+            return states, peaks
+        return mixed, {r: final.per_rank[r].peak_activation_units for r in mixed}
+
+
+_SLOWER = (1.1, 1.15, 1.25, 1.35, 1.5, 1.75, 2.0)  # copy-time factors whose plans are also tried when the lane is overloaded
+
+
+def _overloaded(states: dict[int, RankState]) -> bool:
+    """The copy lane left at least one wanted window per rank on the device (a few stragglers, as
+    group-interleaved's one in 480 at k = 0.5, do not make the greedy plan worth second-guessing)."""
+    return sum(len(s.unhidden) + len(s.unhidden_w) for s in states.values()) >= len(states)
 
 
 def _shared_link_plans(base: Schedule, costs: CostModel, strict: dict[int, RankState], strict_peaks: dict[int, float],
