@@ -194,7 +194,7 @@ class _Planning:
         a greedy choice that can land worse than the one made for slower copies, so the plans made
         as if copies took ``_SLOWER`` times longer are simulated with the real times too, and each
         group of ranks keeps the plan with the lowest simulated peak (then fewest copies) among those
-        that never stall. The compute timeline does not change without stalls, so groups combine."""
+        that never stall; at an equal peak the plan for the real times stays. The compute timeline does not change without stalls, so groups combine."""
         def simulated(candidate: dict[int, RankState]) -> Timeline:
             return simulate(self.base.with_actions([_emit(candidate[r]) for r in range(self.base.num_ranks)]), costs)
 
@@ -211,7 +211,7 @@ class _Planning:
             t = simulated(candidate)
             for members in self.groups:
                 key = score(t, candidate, members)
-                if key < best[tuple(members)][0]:
+                if key[:2] < best[tuple(members)][0][:2]:  # only a strictly lower peak (or no stall) switches
                     best[tuple(members)] = (key, candidate)
         mixed = {r: best[tuple(m)][1][r] for m in self.groups for r in m}
         final = simulated(mixed)
