@@ -9,6 +9,8 @@ half the layers per stage, so they are timed with half those costs per stage. Ea
 ``bubble ratio / peak rank units`` (rank unit = one microbatch's activations for all layers of a
 rank; 1F1B peaks at d). Torch's orders are read through their compute-only CSV export.
 The last section checks ours against torch where the algorithm matches: no worse on both numbers.
+A section with full offload (k = 0.5, both offload windows: F -> I and I -> W, w_fraction = 1) shows
+what each of our families keeps on the device once PipeOffload's copies are planned.
 Cost-aware generators (zb, zb-v, v-half, v-min) get the profile as their ``costs`` option.
 """
 from __future__ import annotations
@@ -84,9 +86,28 @@ def main(quick: bool = False) -> int:
         failures += len(worse)
         print(f"{ours:<18} vs {theirs:<22} no worse in {len(keys) - len(worse)}/{len(keys)}"
               + ("" if not worse else f"   WORSE at {worse}"))
+    _with_offload(8, 32)
     _generation_times(16 if not quick else 8)
     print(f"\n({time.perf_counter() - started:.1f} s)")
     return 1 if failures else 0
+
+
+def _with_offload(d: int, m: int, k: float = 0.5) -> None:
+    """Each of our families with ``offload all`` at ratio k (uniform profile): bubble and peak rank
+    units without and with offload; the copies of both windows are planned by ``lower``."""
+    from pipeoffload.passes.lower import lower_with_report
+
+    print(f"\n## offload all, k={k} (both windows), d={d}, m={m}, uniform F=I=W=1, w_fraction=1")
+    print(f"{'':<22}{'no offload':>16}{'offload all':>16}{'after I':>9}")
+    for name, (v, build) in OURS.items():
+        costs = CostModel.uniform(*(x / v for x in PROFILES["uniform F=I=W=1"]))
+        schedule = build(d, m, costs)
+        plain = simulate(schedule, costs)
+        copies = costs.with_offload_ratio(k)
+        lowered, report = lower_with_report(schedule, copies, offload="all", log_warnings=False)
+        t = simulate(lowered, copies)
+        print(f"{name:<22}{f'{plain.bubble_ratio:.4f} / {plain.peak_rank_units:<5.3g}':>16}"
+              f"{f'{t.bubble_ratio:.4f} / {t.peak_rank_units:<5.3g}':>16}{report.offloaded_after_i:>9}")
 
 
 def _generation_times(d: int) -> None:

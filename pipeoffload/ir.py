@@ -38,6 +38,9 @@ class ActionKind(str, Enum):
     RECV_B = "RECV_B"
     OFFLOAD = "OFFLOAD"  # start the device->host copy of one (stage, microbatch) activation
     RELOAD = "RELOAD"  # allocate and start the host->device copy back
+    # the second offload window, between I and W: the part of the activation W still needs
+    OFFLOAD_W = "OFFLOAD_W"  # start the device->host copy of what W needs, after I
+    RELOAD_W = "RELOAD_W"  # allocate and start its copy back, before W
 
     def __str__(self) -> str:
         return self.value
@@ -45,7 +48,8 @@ class ActionKind(str, Enum):
 
 COMPUTE_KINDS = frozenset({ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W, ActionKind.R})
 COMM_KINDS = frozenset({ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B})
-COPY_KINDS = frozenset({ActionKind.OFFLOAD, ActionKind.RELOAD})
+COPY_KINDS = frozenset({ActionKind.OFFLOAD, ActionKind.RELOAD, ActionKind.OFFLOAD_W, ActionKind.RELOAD_W})
+OFFLOAD_KINDS = frozenset({ActionKind.OFFLOAD, ActionKind.OFFLOAD_W})  # device -> host, one per window
 
 # Longest names first so that "SEND_F" is not read as "S" + ...; torch's UNSHARD/RESHARD/REDUCE_GRAD
 # are recognised only to give a precise error when importing its CSVs.

@@ -9,12 +9,21 @@ for" column read as list order on one rank). The rules, per kind (see docs/decis
                                                                                    (nothing if recomputed)
   B / I     compute  own F; the next stage's backward (its RECV_B when lowered);  B: - all at end
                      an OFFLOADed activation's RELOAD (the wait is a stall)        I: - (1 - w_fraction) at end
-  W         compute  own I                                                        - the rest at end
+  W         compute  own I; its RELOAD_W when the I -> W window was offloaded      - the rest at end
+                     (the wait is a stall)
   R         compute  own F                                                        + activation at start
   SEND_*    send     nothing (posted without blocking; arrives p2p_time later)
   RECV_F/B  recv     the matching SEND on the neighbouring rank, + p2p_time
   OFFLOAD   copy     own F; the rank's copy engine (FIFO) and host link          - device copy at copy end
   RELOAD    copy     own OFFLOAD; the copy engine and host link                  + at copy start
+  OFFLOAD_W copy     own I; as OFFLOAD (the second window: what W needs)         - that part at copy end
+  RELOAD_W  copy     own OFFLOAD_W; as RELOAD                                    + at copy start
+
+An activation has two offload windows: F -> backward (OFFLOAD/RELOAD: all of it) and, when the
+backward is split, I -> W (OFFLOAD_W/RELOAD_W: the ``w_fraction`` part that W still needs). Each is
+optional; the copy kinds of both windows share the rank's copy engine and host link. When both are
+offloaded the host keeps, from RELOAD to RELOAD_W, the part W needs (``host_copy_kept``): OFFLOAD_W
+then copies nothing (it takes no copy time and frees the device part when the engine reaches it).
 
 A compute-only schedule (no SEND/RECV) is timed with implicit transfers: a producer on another rank
 adds ``p2p_time``.
@@ -39,10 +48,14 @@ CODE: dict[ActionKind, int] = {kind: code for code, kind in enumerate(KINDS)}
 F, B, I, W, R = (CODE[k] for k in (K.F, K.B, K.I, K.W, K.R))  # noqa: E741
 SEND_F, RECV_F, SEND_B, RECV_B = (CODE[k] for k in (K.SEND_F, K.RECV_F, K.SEND_B, K.RECV_B))
 OFFLOAD, RELOAD = CODE[K.OFFLOAD], CODE[K.RELOAD]
+OFFLOAD_W, RELOAD_W = CODE[K.OFFLOAD_W], CODE[K.RELOAD_W]
 
 # lanes: where an action runs
 COMPUTE, SEND, RECV, COPY = 0, 1, 2, 3
-LANE = np.array([COMPUTE] * 5 + [SEND, RECV, SEND, RECV] + [COPY, COPY], dtype=np.int8)
+LANE = np.array([COMPUTE] * 5 + [SEND, RECV, SEND, RECV] + [COPY, COPY] + [COPY, COPY], dtype=np.int8)
+# device -> host copies (the others of lane COPY are host -> device); per kind code
+TO_HOST = np.zeros(len(KINDS), dtype=bool)
+TO_HOST[[OFFLOAD, OFFLOAD_W]] = True
 assert len(LANE) == len(KINDS)
 
 
@@ -62,7 +75,7 @@ class Inputs:
     first_delay: np.ndarray
     second: np.ndarray
     second_delay: np.ndarray
-    reload: np.ndarray  # the RELOAD key a backward waits for (-1 for other kinds)
+    reload: np.ndarray  # the RELOAD key a backward (RELOAD_W key a W) waits for (-1 for other kinds)
 
 
 class CodedSchedule:
@@ -107,6 +120,16 @@ class CodedSchedule:
     @cached_property
     def lowered(self) -> bool:
         return bool(np.any(LANE[self.kind] == SEND) or np.any(LANE[self.kind] == RECV))
+
+    @cached_property
+    def host_copy_kept(self) -> np.ndarray:
+        """Per (stage, microbatch): both windows offloaded, so the host keeps what W needs from the
+        first window's copy and OFFLOAD_W copies nothing."""
+        out = np.zeros((2, self.num_stages, self.num_microbatches), dtype=bool)
+        for row, code in enumerate((OFFLOAD, OFFLOAD_W)):
+            mask = self.kind == code
+            out[row, self.stage[mask], self.microbatch[mask]] = True
+        return out[0] & out[1]
 
     @cached_property
     def recomputed(self) -> np.ndarray:
@@ -165,7 +188,12 @@ class CodedSchedule:
         first[sel] = key(F, stage[sel], mb[sel])
         sel = kind == RELOAD
         first[sel] = key(OFFLOAD, stage[sel], mb[sel])
-        reload = np.where(back, key(RELOAD, stage, mb), -1)
+        # the second window: OFFLOAD_W after its I, RELOAD_W after its OFFLOAD_W
+        sel = kind == OFFLOAD_W
+        first[sel] = key(I, stage[sel], mb[sel])
+        sel = kind == RELOAD_W
+        first[sel] = key(OFFLOAD_W, stage[sel], mb[sel])
+        reload = np.where(back, key(RELOAD, stage, mb), np.where(kind == W, key(RELOAD_W, stage, mb), -1))
         return Inputs(first, first_delay, second, second_delay, reload)
 
     def _has_input_gradient(self) -> np.ndarray:
@@ -218,16 +246,41 @@ def memory_effects(c: CodedSchedule, costs: CostModel) -> list[float]:
         elif kind == R:
             amount = size[stage]
             resident[key] = resident.get(key, 0.0) + amount
-        elif kind == OFFLOAD:
+        elif kind == OFFLOAD or kind == OFFLOAD_W:
             amount = resident.get(key, 0.0)
             resident[key] = 0.0
             on_host[key] = amount
-        elif kind == RELOAD:
+        elif kind == RELOAD or kind == RELOAD_W:
             amount = on_host.pop(key, 0.0)
             resident[key] = resident.get(key, 0.0) + amount
         else:
             continue
         out[index] = amount
+    return out
+
+
+def copy_units(c: CodedSchedule, amounts: list[float] | np.ndarray) -> np.ndarray:
+    """Per action: activation units its copy moves over the host link (0 for non-copies, and for an
+    OFFLOAD_W whose host copy was kept); copy time is this times the per-unit D2H or H2D time."""
+    amount = np.asarray(amounts, dtype=float)
+    moves = np.where(LANE[c.kind] == COPY, amount, 0.0)
+    kept = (c.kind == OFFLOAD_W) & c.host_copy_kept[c.stage, c.microbatch]
+    moves[kept] = 0.0
+    return moves
+
+
+def host_effects(c: CodedSchedule, costs: CostModel, amounts: list[float] | np.ndarray) -> np.ndarray:
+    """Per action: activation units it adds to (+) or frees from (-) host memory. An offload adds at its
+    copy start, a reload frees at its copy end. With the host copy kept (``host_copy_kept``) RELOAD
+    frees only the part W does not need, OFFLOAD_W adds nothing, and RELOAD_W frees the rest."""
+    amount = np.asarray(amounts, dtype=float)
+    out = np.where(TO_HOST[c.kind], amount, np.where(LANE[c.kind] == COPY, -amount, 0.0))
+    kept = c.host_copy_kept[c.stage, c.microbatch]
+    if np.any(kept):
+        fraction = np.array([costs.w_fraction_of(s) for s in range(c.num_stages)])[c.stage]
+        out[kept & (c.kind == OFFLOAD_W)] = 0.0
+        sel = kept & (c.kind == RELOAD)
+        out[sel] = -amount[sel] * (1.0 - fraction[sel])
     return out
 
 
@@ -237,9 +290,10 @@ AT_END[[B, I, W]] = True  # compute kinds whose memory effect happens at their e
 
 def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> list[float] | None:
     """``memory_effects`` without a loop when every activation's actions come in a valid order:
-    F first; then an R, or an OFFLOAD and its RELOAD, before its one backward (B, or I then W).
-    Each backward then finds exactly the activation's size resident (a recomputed F stores nothing,
-    R or RELOAD bring the size back). None when that order does not hold."""
+    F first; then an R, or an OFFLOAD and its RELOAD, before its one backward (B, or I then W); and
+    for a split backward optionally OFFLOAD_W and RELOAD_W between I and W. Each backward then finds
+    exactly the activation's size resident (a recomputed F stores nothing, R or RELOAD bring the size
+    back), and W its ``w_fraction`` part. None when that order does not hold."""
     kind, keys = c.kind, c.keys
     index = np.full(c.num_keys, -1, dtype=np.int64)
     flat = np.arange(len(keys), dtype=np.int64)
@@ -252,12 +306,15 @@ def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> list[float] 
     ts, tm, here, tk = stage[touched], mb[touched], flat[touched], kind[touched]
     # where each kind of a touched action's activation is in the flat list (-1: absent)
     f, b, i, r, off, rel = (grid[code][ts, tm] for code in (F, B, I, R, OFFLOAD, RELOAD))
+    w, off_w, rel_w = (grid[code][ts, tm] for code in (W, OFFLOAD_W, RELOAD_W))
     back = np.maximum(b, i)  # the one backward (both present is refused below)
     ok = (f >= 0) & (f < here) & ~((b >= 0) & (i >= 0))
     ok &= (tk != W) | ((i >= 0) & (i < here))
     ok &= (r < 0) | ((f < r) & (r < back) & (off < 0))
     ok &= (off < 0) | ((f < off) & (off < rel) & (rel < back))
     ok &= (rel < 0) | (off >= 0)
+    ok &= (off_w < 0) | ((i >= 0) & (i < off_w) & (off_w < rel_w) & (rel_w < w))
+    ok &= (rel_w < 0) | (off_w >= 0)
     if not np.all(ok):
         return None
     size = np.array([costs.act(s) for s in range(c.num_stages)])
@@ -265,7 +322,7 @@ def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> list[float] 
     keep = held * np.array([costs.w_fraction_of(s) for s in range(c.num_stages)])[stage]
     out = np.zeros(len(kind))
     for code, values in ((F, np.where(c.recomputed[stage, mb], 0.0, held)), (B, -held), (I, keep - held),
-                         (W, -keep), (R, held), (OFFLOAD, held), (RELOAD, held)):
+                         (W, -keep), (R, held), (OFFLOAD, held), (RELOAD, held), (OFFLOAD_W, keep), (RELOAD_W, keep)):
         mask = kind == code
         out[mask] = values[mask]
     return out.tolist()
@@ -291,7 +348,11 @@ _GRADIENT = (K.I, K.B)
 _CARRIERS: dict[ActionKind, tuple[ActionKind, ActionKind]] = {
     K.F: (K.SEND_F, K.RECV_F), K.B: (K.SEND_B, K.RECV_B), K.I: (K.SEND_B, K.RECV_B),
 }
-STALLS_ON_RELOAD = frozenset({K.B, K.I})  # backwards wait for their activation's RELOAD (a stall)
+# The RELOAD each compute kind waits for, when its window was offloaded (the wait is a stall).
+RELOAD_BEFORE: dict[ActionKind, ActionKind] = {K.B: K.RELOAD, K.I: K.RELOAD, K.W: K.RELOAD_W}
+# Each window's (offload, reload) kinds, and the compute kind that opens it (the copy waits for it).
+WINDOWS: tuple[tuple[ActionKind, ActionKind, ActionKind], ...] = (
+    (K.OFFLOAD, K.RELOAD, K.F), (K.OFFLOAD_W, K.RELOAD_W, K.I))
 
 # The kinds after which nothing of a (stage, microbatch) activation is left on the device: B, and W
 # (the part I kept). The runtime drops the activation's saved tensors after them.
@@ -322,7 +383,8 @@ def producers(kind: ActionKind, stage: int, num_stages: int) -> tuple[Producer, 
 
     In the order ``CodedSchedule.inputs`` lists them (first, second). A producer on another rank adds a
     transfer (``p2p_time``); in a lowered schedule the consumer's receive stands in for it
-    (``receive_of``). The RELOAD a backward may stall on is not listed (``STALLS_ON_RELOAD``).
+    (``receive_of``). The RELOAD a backward (or RELOAD_W a W) may stall on is not listed
+    (``RELOAD_BEFORE``).
     """
     if kind is K.F:
         return (((K.F,), stage - 1),) if stage > 0 else ()
@@ -335,6 +397,10 @@ def producers(kind: ActionKind, stage: int, num_stages: int) -> tuple[Producer, 
         return (((K.F,), stage),)
     if kind is K.RELOAD:
         return (((K.OFFLOAD,), stage),)
+    if kind is K.OFFLOAD_W:
+        return (((K.I,), stage),)
+    if kind is K.RELOAD_W:
+        return (((K.OFFLOAD_W,), stage),)
     if kind is K.SEND_F or kind is K.SEND_B:
         return ()
     if kind is K.RECV_F:
@@ -410,12 +476,37 @@ def peer_stage(kind: ActionKind, stage: int, num_stages: int) -> int:
                      f"(lane {_LANE_NAMES[lane]})")
 
 
+def copy_moves(kind: ActionKind, size: float, w_fraction: float, host_copy_kept: bool = False) -> float:
+    """Units a copy action moves over the host link (``copy_units`` one action at a time): OFFLOAD and
+    RELOAD the activation, OFFLOAD_W and RELOAD_W the ``w_fraction`` part, OFFLOAD_W nothing when the
+    host kept its copy; other kinds nothing."""
+    if lane_of(kind) != COPY:
+        return 0.0
+    if kind is K.OFFLOAD or kind is K.RELOAD:
+        return size
+    return 0.0 if kind is K.OFFLOAD_W and host_copy_kept else size * w_fraction
+
+
+def host_delta(kind: ActionKind, size: float, w_fraction: float, host_copy_kept: bool = False) -> float:
+    """Units a copy adds to (+) or frees from (-) host memory (``host_effects`` one action at a time):
+    offloads add what they move, reloads free it; with the host copy kept RELOAD frees only the part
+    W does not need, OFFLOAD_W adds nothing and RELOAD_W frees W's part."""
+    if lane_of(kind) != COPY:
+        return 0.0
+    if host_copy_kept and kind is K.RELOAD:
+        return -(size * (1.0 - w_fraction))
+    moved = size if kind is K.OFFLOAD or kind is K.RELOAD else size * w_fraction
+    if kind is K.OFFLOAD_W:
+        return 0.0 if host_copy_kept else moved
+    return moved if kind is K.OFFLOAD else -moved
+
+
 def memory_delta(kind: ActionKind, size: float, w_fraction: float, recomputed: bool = False) -> float:
     """Activation units an action of ``kind`` adds (+) to or frees (-) from its rank's device, for an
     activation of ``size`` units in a valid order; the instant is ``AT_END`` (else its start; a copy's
     at its copy end / start). F: + size (nothing when ``recomputed``: an R re-creates it); R: + size;
     B: - size; I: - (1 - w_fraction) of it; W: - the w_fraction part; OFFLOAD: - size; RELOAD: + size;
-    SEND/RECV: nothing. (``memory_effects`` computes I as ``size * w_fraction - size``: equal up to
+    OFFLOAD_W: - the w_fraction part; RELOAD_W: + it; SEND/RECV: nothing. (``memory_effects`` computes I as ``size * w_fraction - size``: equal up to
     rounding; this form is the one the W-filling replay has always used.)"""
     if kind is K.F:
         return 0.0 if recomputed else size
@@ -429,6 +520,10 @@ def memory_delta(kind: ActionKind, size: float, w_fraction: float, recomputed: b
         return size
     if kind is K.OFFLOAD:
         return -size
+    if kind is K.OFFLOAD_W:
+        return -(size * w_fraction)
+    if kind is K.RELOAD_W:
+        return size * w_fraction
     if kind in _COMM_KINDS:
         return 0.0
     raise unknown_kind(kind, "semantics.memory_delta")

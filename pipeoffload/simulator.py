@@ -4,12 +4,13 @@ Model (see docs/decisions.md):
 - Each rank has a compute lane that runs its list in order. F/B/I/W/R take their cost-model time.
   SEND is posted without blocking (the data arrives ``p2p_time`` later); RECV blocks the lane until
   the data has arrived. A compute-only schedule is simulated with implicit transfers of ``p2p_time``.
-- OFFLOAD and RELOAD are *issued* at their list position and run on the rank's copy lane, FIFO. One
+- OFFLOAD and RELOAD (and the second window's OFFLOAD_W after I, RELOAD_W before W) are *issued* at
+  their list position and run on the rank's copy lane, FIFO. One
   copy engine serves both directions unless ``shared_copy_engine`` is off; with ``shared_host_link``
   ranks 2p and 2p+1 share one host link per direction, so their same-direction copies never overlap.
 - Memory (activation units): F allocates at its start; B frees all at its end; I frees the part W
   does not need, W the rest; R re-allocates at its start; OFFLOAD frees the device copy when the copy
-  completes; RELOAD allocates when it starts and its backward waits for it to complete. At equal
+  completes; RELOAD allocates when it starts and its backward (W: its RELOAD_W) waits for it to complete. At equal
   times frees are applied before allocations.
 """
 from __future__ import annotations
@@ -117,6 +118,7 @@ class Timeline:
             "peak_host_units": self.peak_host_units,
             "stall": self.stall,
             "offloaded": sum(1 for r in s.actions for a in r if a.kind == K.OFFLOAD),
+            "offloaded_after_i": sum(1 for r in s.actions for a in r if a.kind == K.OFFLOAD_W),
             "recomputed": sum(1 for r in s.actions for a in r if a.kind == K.R),
             "actions": s.num_actions(),
             "per_rank": [r.as_dict(self.costs.activation_bytes) for r in self.per_rank],
@@ -192,6 +194,7 @@ class _Simulation:
         self.inputs = c.inputs(costs.p2p_time)
         self.duration = sem.durations(costs, schedule.num_stages)[c.kind, c.stage]
         self.amount = sem.memory_effects(c, costs)
+        self.host_amount = sem.host_effects(c, costs, self.amount)
         n = schedule.num_ranks
         total = len(c.kind)
         self.offsets = c.offsets.tolist()
@@ -268,7 +271,7 @@ class _Simulation:
                 if lane == _SEND:  # posted without blocking
                     starts[i] = ends[i] = done[key] = clock
                 elif lane == _COPY:
-                    # issued at the lane's clock, ready after its F (OFFLOAD) or OFFLOAD (RELOAD), then FIFO on
+                    # issued at the lane's clock, ready after its F or I (OFFLOAD, _W) or its offload, then FIFO on
                     # its engine and in the earliest gap of its host link; it does not occupy the lane
                     t = get(dep)
                     at = clock if t is None or clock >= t else t
@@ -322,13 +325,13 @@ class _Simulation:
         (-1, -1, 0 for actions that are not copies); and the number of host links. One engine per rank,
         or one per direction; with a shared host link ranks 2p and 2p+1 share one link per direction."""
         costs, c = self.costs, self.c
-        copy, offload = sem.LANE[c.kind] == sem.COPY, c.kind == sem.OFFLOAD
+        copy, offload = sem.LANE[c.kind] == sem.COPY, sem.TO_HOST[c.kind]
         separate = 0 if costs.shared_copy_engine else 1
         engine = np.where(copy, 2 * c.rank + np.where(offload, 0, separate), -1)
         owner = c.rank // 2 if costs.shared_host_link else c.rank
         link = np.where(copy, 2 * owner + np.where(offload, 0, 1), -1)
         per_unit = np.where(offload, costs.d2h_time, costs.h2d_time)
-        length = np.where(copy, per_unit * np.asarray(self.amount, dtype=float), 0.0)
+        length = np.where(copy, per_unit * sem.copy_units(c, self.amount), 0.0)
         return (engine.astype(np.int64), link.astype(np.int64), length), 2 * (int(owner.max(initial=0)) + 1)
 
     # ---- results -----------------------------------------------------------------------------
@@ -340,14 +343,15 @@ class _Simulation:
         start, end = np.asarray(self.start[lo:hi]), np.asarray(self.end[lo:hi])
         lane = sem.LANE[kind]
         compute = lane == sem.COMPUTE
-        offload, reload = kind == sem.OFFLOAD, kind == sem.RELOAD
+        offload = sem.TO_HOST[kind]
+        reload = (sem.LANE[kind] == sem.COPY) & ~offload
         at_end = sem.AT_END[kind]
         device = compute | offload | reload
         times = np.where(at_end | offload, end, start)[device]
         deltas = np.where(offload, -amount, amount)[device]
         copies = offload | reload
         host_times = np.where(offload, start, end)[copies]
-        host_deltas = np.where(offload, amount, -amount)[copies]
+        host_deltas = self.host_amount[lo:hi][copies]
         return times, deltas, host_times, host_deltas
 
     def figures(self) -> Figures:

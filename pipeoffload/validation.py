@@ -2,7 +2,8 @@
 
 Checks per (stage, microbatch): exactly one F and either one B or one I and one W, in dependency
 order on the owning rank; R only between F and the backward, at most once; OFFLOAD after F and
-before the backward, RELOAD after OFFLOAD and before the backward; each stage's actions on its
+before the backward, RELOAD after OFFLOAD and before the backward; the second window's OFFLOAD_W
+after I and before W, RELOAD_W after OFFLOAD_W and before W; each stage's actions on its
 placement rank; and, for lowered schedules, SEND/RECV present exactly where ranks differ and in
 order. ``check_p2p_order`` dry-runs the comm order with the runtime's p2p semantics.
 """
@@ -22,6 +23,7 @@ K = ActionKind
 _BIT = {kind: 1 << i for i, kind in enumerate(ActionKind)}
 _F, _B, _I, _W, _R = (_BIT[k] for k in (K.F, K.B, K.I, K.W, K.R))
 _OFF, _REL = _BIT[K.OFFLOAD], _BIT[K.RELOAD]
+_OFFW, _RELW = _BIT[K.OFFLOAD_W], _BIT[K.RELOAD_W]
 _SF, _RF, _SB, _RB = (_BIT[k] for k in (K.SEND_F, K.RECV_F, K.SEND_B, K.RECV_B))
 _BACK = _B | _I
 
@@ -71,6 +73,7 @@ def _proved_valid(schedule: Schedule) -> bool:
     has = P < never
     f, b, i, w, r = P[sem.F], P[sem.B], P[sem.I], P[sem.W], P[sem.R]
     off, rel = P[sem.OFFLOAD], P[sem.RELOAD]
+    off_w, rel_w = P[sem.OFFLOAD_W], P[sem.RELOAD_W]
     back = np.minimum(b, i)
     lowered = c.lowered
     stages = np.arange(num_stages)
@@ -98,6 +101,10 @@ def _proved_valid(schedule: Schedule) -> bool:
     ok &= (before(f, r) & ~before(back, r) & ~before(off, r) | ~has[sem.R]).all()
     ok &= (before(f, off) & ~before(back, off) & ~before(r, off) | ~has[sem.OFFLOAD]).all()
     ok &= (before(off, rel) & ~before(back, rel) | ~has[sem.RELOAD]).all()
+    # the second window: OFFLOAD_W after I and before W, RELOAD_W after it and before W
+    ok &= (~has[sem.OFFLOAD_W] | has[sem.RELOAD_W]).all()
+    ok &= (before(i, off_w) & before(off_w, w) | ~has[sem.OFFLOAD_W]).all()
+    ok &= (before(off_w, rel_w) & before(rel_w, w) | ~has[sem.RELOAD_W]).all()
     if not lowered:
         return bool(ok)
     sf, rf, sb, rb = P[sem.SEND_F], P[sem.RECV_F], P[sem.SEND_B], P[sem.RECV_B]
@@ -168,6 +175,8 @@ def _precondition(kind, stage, mb, have, state, lowered, cross_in, cross_out, ow
             return f"W of {here} runs before its I"
         if have & _B:
             return f"{here} has both B and W: use one full backward or the I/W pair"
+        if have & _OFFW and not have & _RELW:
+            return f"{here} was offloaded after its I and its W runs before its RELOAD_W"
     elif kind is K.R:
         if not have & _F or have & _BACK:
             return f"R of {here} must come after its F and before its backward"
@@ -181,6 +190,12 @@ def _precondition(kind, stage, mb, have, state, lowered, cross_in, cross_out, ow
     elif kind is K.RELOAD:
         if not have & _OFF or have & _BACK:
             return f"RELOAD of {here} must come after its OFFLOAD and before its backward"
+    elif kind is K.OFFLOAD_W:
+        if not have & _I or have & _W:
+            return f"OFFLOAD_W of {here} must come after its I and before its W"
+    elif kind is K.RELOAD_W:
+        if not have & _OFFW or have & _W:
+            return f"RELOAD_W of {here} must come after its OFFLOAD_W and before its W"
     else:  # comm
         needed = cross_out[stage] if kind in (K.SEND_F, K.RECV_B) else cross_in[stage]
         if not needed:
@@ -227,6 +242,9 @@ def _check_complete(schedule, state, lowered, cross_in, cross_out, fail) -> None
                      _find(schedule, rank, K.F, stage, mb))
             if have & _OFF and not have & _REL:
                 fail(f"{here} is offloaded but never reloaded", rank, _find(schedule, rank, K.OFFLOAD, stage, mb))
+            if have & _OFFW and not have & _RELW:
+                fail(f"{here} is offloaded after its I but never reloaded (RELOAD_W)", rank,
+                     _find(schedule, rank, K.OFFLOAD_W, stage, mb))
 
 
 def _find(schedule: Schedule, rank: int, kind: ActionKind, stage: int, mb: int) -> int:

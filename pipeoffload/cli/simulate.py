@@ -19,7 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_cost_args(parser)
     parser.add_argument("--costs", metavar="FILE", help="cost model from a JSON/TOML file (the profiler's "
                         "Profile.save or hand-written CostModel fields); replaces --time-f/-i/-w and --p2p-time; "
-                        "its times are in seconds (s) when it says time_unit = \"s\" or is the profiler's")
+                        "its times are in seconds (s) when it says time_unit = \"s\" or is the profiler's; "
+                        "without it w_fraction (the part of an activation W still needs after I) is 1.0, "
+                        "the conservative default: a costs file's w_fraction replaces it")
     add_memory_args(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object (stable field names)")
     add_output_args(parser)

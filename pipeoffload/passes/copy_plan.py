@@ -35,20 +35,28 @@ Lane = Intervals  # a copy engine or a shared host link
 
 @dataclass(slots=True)
 class Activation:
-    """One (stage, microbatch) activation on its rank, with the times the pass plans around."""
+    """One offload window of a (stage, microbatch) activation on its rank, with the times the pass
+    plans around. Window 0 is F -> backward (all of the activation); window 1 is I -> W (the
+    ``w_fraction`` part W still needs: ``size``, ``d2h`` and ``h2d`` are that part's)."""
 
     stage: int
     microbatch: int
     size: float
-    f_end: float  # the earliest a device->host copy can start
-    deadline: float  # start of its backward (I or B): the reload must be complete by then
+    f_end: float  # the earliest a device->host copy can start (end of F; window 1: end of I)
+    deadline: float  # start of its backward (I or B; window 1: W): the reload must be complete by then
     back_index: int  # list position of that backward
     d2h: float
     h2d: float
+    window: int = 0
     value: float = field(init=False)  # memory-time an offload can save: size x the time it could be away
 
     def __post_init__(self) -> None:
         self.value = self.size * max(0.0, self.deadline - self.f_end - self.d2h - self.h2d)
+
+    @property
+    def ident(self) -> tuple[int, int, int]:
+        """(stage, microbatch, window): one candidate of the pass."""
+        return self.stage, self.microbatch, self.window
 
     @property
     def lifespan(self) -> float:
@@ -65,13 +73,14 @@ class RankTimeline:
         self.clocks = [0.0, *ends]  # clocks[p]: issue time of a copy placed before action p
         self.point_list = sorted({0.0, *starts, *ends})
         self.points = np.array(self.point_list)
-        self.activations: dict[tuple[int, int], Activation] = {}
+        self.activations: dict[tuple[int, int], Activation] = {}  # window 0 (F -> backward)
+        self.w_activations: dict[tuple[int, int], Activation] = {}  # window 1 (I -> W), where W needs some
         self.memory = self._baseline(actions, starts, ends, costs, recomputed)
 
     def _baseline(self, actions, starts, ends, costs, recomputed):  # type: ignore[no-untyped-def]
         """Resident activation units at each point (frees before allocations at equal times), and the
-        activations the pass may move: each backward (B or I) of an activation not recomputed whose F
-        came earlier on the rank."""
+        windows the pass may move: each backward (B or I) of an activation not recomputed whose F
+        came earlier on the rank; each W whose I came earlier and that needs a part of it."""
         n = len(actions)
         points = self.points
         if not n:
@@ -83,7 +92,7 @@ class RankTimeline:
         num_stages = int(stage.max()) + 1
         sizes = [(costs.act(s), costs.d2h(s), costs.h2d(s)) for s in range(num_stages)]
         size = np.array([x[0] for x in sizes])[stage]
-        keep = costs.w_fraction
+        keep = np.array([costs.w_fraction_of(s) for s in range(num_stages)])[stage]
         is_f = kind == _F
         if recomputed:
             dropped = np.fromiter(((a.stage, a.microbatch) in recomputed for a in actions), dtype=bool, count=n)
@@ -99,16 +108,28 @@ class RankTimeline:
         memory[np.abs(memory) < EPS] = 0.0
         f_end: dict[tuple[int, int], float] = {}
         found: dict[tuple[int, int], Activation] = {}
-        F, B, I = K.F, K.B, K.I  # noqa: E741
-        for p in np.flatnonzero((kind == _F) | (kind == _B) | (kind == _I)).tolist():
+        i_end: dict[tuple[int, int], float] = {}
+        found_w: dict[tuple[int, int], Activation] = {}
+        F, B, I, W = K.F, K.B, K.I, K.W  # noqa: E741
+        for p in np.flatnonzero((kind == _F) | (kind == _B) | (kind == _I) | (kind == _W)).tolist():
             a = actions[p]
             key = (a.stage, a.microbatch)
             if a.kind is F:
                 f_end[key] = ends[p]
-            elif (a.kind is B or a.kind is I) and key not in recomputed and key in f_end:
+            elif a.kind is W:
+                fraction = costs.w_fraction_of(a.stage)
+                if key in i_end and fraction > 0.0:
+                    x = sizes[a.stage]
+                    found_w[key] = Activation(a.stage, a.microbatch, x[0] * fraction, i_end[key], starts[p], p,
+                                              x[1] * fraction, x[2] * fraction, window=1)
+                continue
+            if a.kind is I:
+                i_end[key] = ends[p]
+            if (a.kind is B or a.kind is I) and key not in recomputed and key in f_end:
                 x = sizes[a.stage]
                 found[key] = Activation(a.stage, a.microbatch, x[0], f_end[key], starts[p], p, x[1], x[2])
         self.activations = found
+        self.w_activations = found_w
         return memory
 
     def off_range(self, d2h_end: float, h2d_start: float) -> tuple[int, int]:
@@ -342,9 +363,9 @@ class CopyGroup:
                       for rank in slots)
         xs = [x for _, x in chosen]
         reloads_first = sorted(range(len(chosen)), key=lambda j: (-xs[j].deadline, chosen[j][0], xs[j].stage,
-                                                                  xs[j].microbatch))
+                                                                  xs[j].microbatch, xs[j].window))
         forwards_first = sorted(range(len(chosen)), key=lambda j: (xs[j].f_end, chosen[j][0], xs[j].stage,
-                                                                   xs[j].microbatch))
+                                                                   xs[j].microbatch, xs[j].window))
         placed, failed = _native.pack(ranks, [slots[rank] for rank, _ in chosen], [x.f_end for x in xs],
                                       [x.deadline for x in xs], [x.d2h for x in xs], [x.h2d for x in xs],
                                       reloads_first, forwards_first, self.relaxed)
@@ -353,15 +374,16 @@ class CopyGroup:
 
     def _pack_python(self, chosen: list[tuple[int, Activation]]
                      ) -> tuple[list[tuple[int, Placed]], list[tuple[int, Activation]]]:
-        reloads: dict[tuple[int, int, int], float] = {}
+        reloads: dict[tuple[int, int, int, int], float] = {}
         failed = []
-        for rank, x in sorted(chosen, key=lambda rx: (-rx[1].deadline, rx[0], rx[1].stage, rx[1].microbatch)):
+        for rank, x in sorted(chosen, key=lambda rx: (-rx[1].deadline, rx[0], rx[1].stage, rx[1].microbatch,
+                                                      rx[1].window)):
             h2d = self.latest(rank, "h2d", x.deadline - x.h2d, x.h2d, x.f_end + x.d2h)
             if h2d is None:
                 failed.append((rank, x))
                 continue
             self.reserve(rank, "h2d", h2d, x.h2d)
-            reloads[(rank, x.stage, x.microbatch)] = h2d
+            reloads[(rank, *x.ident)] = h2d
         placed = []
         # Offloads come in order of their forwards, so while copies are only added, an offload of the
         # same rank and duration cannot start before the previous one did: no start earlier than that
@@ -369,8 +391,9 @@ class CopyGroup:
         # grid points and engine ends, and a new copy's end lies after its start). A release frees
         # room, so it forgets these. In relaxed mode a link end is a start point too: no such hint.
         resume: dict[tuple[int, float], float] = {}
-        for rank, x in sorted(chosen, key=lambda rx: (rx[1].f_end, rx[0], rx[1].stage, rx[1].microbatch)):
-            h2d = reloads.get((rank, x.stage, x.microbatch))
+        for rank, x in sorted(chosen, key=lambda rx: (rx[1].f_end, rx[0], rx[1].stage, rx[1].microbatch,
+                                                      rx[1].window)):
+            h2d = reloads.get((rank, *x.ident))
             if h2d is None:
                 continue
             after = resume.get((rank, x.d2h), x.f_end)

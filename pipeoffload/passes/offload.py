@@ -1,15 +1,21 @@
-"""The offload placement pass: insert OFFLOAD after chosen forwards and RELOAD before their backwards.
+"""The offload placement pass: insert OFFLOAD after chosen forwards and RELOAD before their backwards,
+and for split backwards OFFLOAD_W after the I and RELOAD_W before the W (the second window).
 
 Works on any compute-only schedule (any family, loop or V placement, B or I/W backwards, with or
 without R):
 
-1. simulate the schedule without copies: each activation's lifespan is [end of F, start of its
-   backward], each rank's memory curve is known at every compute start and end;
+1. simulate the schedule without copies: each activation has up to two windows, [end of F, start
+   of its backward] for all of it and [end of I, start of W] for the ``w_fraction`` part W needs;
+   each rank's memory curve is known at every compute start and end;
 2. per rank (per pair of ranks sharing a host link) choose and place the copies
    (``offload_plan``, on the primitives of ``copy_plan``): every reload completes before its
    backward starts, and starts are ones the simulator reproduces exactly, so nothing stalls;
 3. turn the planned times into list positions: each copy goes where the compute action before it
    ends at or before the copy's planned start.
+
+The two windows of an activation are independent candidates: the pass picks, per activation, the
+first, the second, both or neither, by the memory-time each saves (``Activation.value``) for the
+copy-lane time it takes.
 
 What the copy lane cannot hide stays on the device and is reported (``OffloadReport.unhidden``).
 With a shared host link a denser plan is also tried and checked by simulation (see
@@ -19,8 +25,9 @@ filter of three windows and failed when its windows ran out; this pass uses any 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from pipeoffload import semantics as sem
 from pipeoffload.costs import CostModel
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.passes.copy_plan import EPS, Activation, RankTimeline, rank_timelines
@@ -42,6 +49,9 @@ class RankOffloadReport:
     peak_before: float  # peak without the memory passes (activation units)
     peak_after: float  # planned peak with the offloads placed
     memory: tuple[float, ...] = field(default=(), repr=False, compare=False)  # planned, per timeline point
+    offloaded_after_i: int = 0  # second windows (I -> W) offloaded
+    unhidden_after_i: tuple[Key, ...] = ()  # second windows wanted off the device, not hideable
+    units: tuple[float, float] = (0.0, 0.0)  # activation units moved to host, per window
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,19 @@ class OffloadReport:
         return tuple(k for r in self.per_rank for k in r.unhidden)
 
     @property
+    def offloaded_after_i(self) -> int:
+        return sum(r.offloaded_after_i for r in self.per_rank)
+
+    @property
+    def unhidden_after_i(self) -> tuple[Key, ...]:
+        return tuple(k for r in self.per_rank for k in r.unhidden_after_i)
+
+    @property
+    def units_by_window(self) -> tuple[float, float]:
+        """Activation units copied to host: (F -> backward window, I -> W window)."""
+        return (sum(r.units[0] for r in self.per_rank), sum(r.units[1] for r in self.per_rank))
+
+    @property
     def peak_before(self) -> float:
         return max((r.peak_before for r in self.per_rank), default=0.0)
 
@@ -89,6 +112,10 @@ class OffloadReport:
         if self.policy.kind != "none":
             parts.append(f"offload {self.policy}: {self.offloaded} activations offloaded, {len(self.unhidden)} "
                          "could not be hidden by the copy lane")
+            if self.offloaded_after_i or self.unhidden_after_i:
+                first, second = self.units_by_window
+                parts.append(f"{self.offloaded_after_i} offloaded between I and W, {len(self.unhidden_after_i)} "
+                             f"not hidden there; units to host per window: F->I {first:g}, I->W {second:g}")
         if self.recompute != RecomputePolicy():
             parts.append(f"recompute {self.recompute}: {len(self.recomputed)} activations")
         parts.append(f"planned peak {self.peak_before:g} -> {self.peak_after:g} activation units")
@@ -113,30 +140,93 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     timeline = timeline if timeline is not None else simulate(base, costs)
     timelines = rank_timelines(base, timeline, costs)
     budget = policy.budget_units(base.stages_per_rank) if policy.kind == "budget" else None
-    chosen = _candidates(timelines, policy, set(exclude))
-    groups = _groups(base.num_ranks, costs.shared_host_link)
-
-    def plan_all(relaxed: bool) -> dict[int, RankState]:
-        states: dict[int, RankState] = {}
-        for members in groups:
-            tls = [timelines[r] for r in members]
-            states.update(plan_group(tls, costs, policy, {r: chosen[r] for r in members}, budget, relaxed).states)
-        return states
-
-    states = plan_all(relaxed=False)
-    peaks = {r: s.exact_peak() for r, s in states.items()}
-    if costs.shared_host_link and policy.kind != "none":
-        states, peaks = _shared_link_plans(base, costs, states, peaks, plan_all(relaxed=True), groups)
+    plan = _Planning(base, timeline, policy, set(exclude), budget, _groups(base.num_ranks, costs.shared_host_link))
+    states, peaks = plan.states(costs)
+    if policy.kind != "none" and costs.d2h_time + costs.h2d_time > 0 and _overloaded(states):
+        states, peaks = plan.best_with_slower_copies(costs, states, peaks)
     rows = [_emit(states[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
         policy,
-        tuple(RankOffloadReport(r, len(s.placed), tuple(s.unhidden), s.too_short,
-                                float(timelines[r].memory.max()) if len(timelines[r].memory) else 0.0,
-                                peaks[r], tuple(s.memory.tolist()))
+        tuple(RankOffloadReport(r, sum(1 for p in s.placed if p.activation.window == 0), tuple(s.unhidden),
+                                s.too_short, float(timelines[r].memory.max()) if len(timelines[r].memory) else 0.0,
+                                peaks[r], tuple(s.memory.tolist()),
+                                sum(1 for p in s.placed if p.activation.window == 1), tuple(s.unhidden_w),
+                                _units(s))
               for r, s in sorted(states.items())),
         budget,
     )
     return base.with_actions(rows), report
+
+
+@dataclass
+class _Planning:
+    """What the plans of one compute-only schedule share; ``states`` plans it for one cost model."""
+
+    base: Schedule
+    timeline: Timeline
+    policy: OffloadPolicy
+    exclude: set[Key]
+    budget: float | None
+    groups: list[list[int]]
+
+    def states(self, costs: CostModel) -> tuple[dict[int, RankState], dict[int, float]]:
+        """Each rank's planned copies and peak when the copies take ``costs``' times."""
+        timelines = rank_timelines(self.base, self.timeline, costs)
+        chosen = _candidates(timelines, self.policy, self.exclude)
+
+        def plan_all(relaxed: bool) -> dict[int, RankState]:
+            states: dict[int, RankState] = {}
+            for members in self.groups:
+                tls = [timelines[r] for r in members]
+                states.update(plan_group(tls, costs, self.policy, {r: chosen[r] for r in members}, self.budget,
+                                         relaxed).states)
+            return states
+
+        states = plan_all(relaxed=False)
+        peaks = {r: s.exact_peak() for r, s in states.items()}
+        if costs.shared_host_link and self.policy.kind != "none":
+            states, peaks = _shared_link_plans(self.base, costs, states, peaks, plan_all(relaxed=True), self.groups)
+        return states, peaks
+
+    def best_with_slower_copies(self, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
+                                ) -> tuple[dict[int, RankState], dict[int, float]]:
+        """Faster copies must never give a higher peak. Where the copy lane is overloaded the plan is
+        a greedy choice that can land worse than the one made for slower copies, so the plans made
+        as if copies took ``_SLOWER`` times longer are simulated with the real times too, and each
+        group of ranks keeps the plan with the lowest simulated peak (then fewest copies) among those
+        that never stall; at an equal peak the plan for the real times stays. The compute timeline does not change without stalls, so groups combine."""
+        def simulated(candidate: dict[int, RankState]) -> Timeline:
+            return simulate(self.base.with_actions([_emit(candidate[r]) for r in range(self.base.num_ranks)]), costs)
+
+        def score(t: Timeline, candidate: dict[int, RankState], members: list[int]) -> tuple[bool, float, int]:
+            return (any(t.per_rank[r].stall > 0 for r in members),
+                    max(t.per_rank[r].peak_activation_units for r in members),
+                    sum(len(candidate[r].placed) for r in members))
+
+        own = simulated(states)
+        best = {tuple(m): (score(own, states, m), states) for m in self.groups}
+        for factor in _SLOWER:
+            slower = replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
+            candidate = self.states(slower)[0]
+            t = simulated(candidate)
+            for members in self.groups:
+                key = score(t, candidate, members)
+                if key[:2] < best[tuple(members)][0][:2]:  # only a strictly lower peak (or no stall) switches
+                    best[tuple(members)] = (key, candidate)
+        mixed = {r: best[tuple(m)][1][r] for m in self.groups for r in m}
+        final = simulated(mixed)
+        if final.stall > 0 or final.peak_activation_units > own.peak_activation_units:
+            return states, peaks
+        return mixed, {r: final.per_rank[r].peak_activation_units for r in mixed}
+
+
+_SLOWER = (1.1, 1.15, 1.25, 1.35, 1.5, 1.75, 2.0)  # copy-time factors whose plans are also tried when the lane is overloaded
+
+
+def _overloaded(states: dict[int, RankState]) -> bool:
+    """The copy lane left at least one wanted window per rank on the device (a few stragglers, as
+    group-interleaved's one in 480 at k = 0.5, do not make the greedy plan worth second-guessing)."""
+    return sum(len(s.unhidden) + len(s.unhidden_w) for s in states.values()) >= len(states)
 
 
 def _shared_link_plans(base: Schedule, costs: CostModel, strict: dict[int, RankState], strict_peaks: dict[int, float],
@@ -151,15 +241,19 @@ def _shared_link_plans(base: Schedule, costs: CostModel, strict: dict[int, RankS
     """
     for _ in range(_REPAIR_ROUNDS):
         timeline = simulate(base.with_actions([_emit(relaxed[r]) for r in range(base.num_ranks)]), costs)
-        late = {(a.stage, a.microbatch) for a in timeline.stalls}
+        late = {(a.stage, a.microbatch, 1 if a.kind is K.W else 0) for a in timeline.stalls}
         if not late:
             break
         for state in relaxed.values():
-            drop = [p for p in state.placed if (p.activation.stage, p.activation.microbatch) in late]
+            gone = {p.activation.ident[:2] for p in state.placed if p.activation.ident in late and not p.activation.window}
+            # a second window that copies nothing needs its first window's host copy: it goes too
+            drop = [p for p in state.placed if p.activation.ident in late
+                    or (p.activation.window and p.activation.d2h == 0.0 and p.activation.ident[:2] in gone)]
             for p in drop:
                 state.placed.remove(p)
                 state.memory[p.lo:p.hi] += p.activation.size
-                state.unhidden.append((p.activation.stage, p.activation.microbatch))
+                (state.unhidden_w if p.activation.window else state.unhidden).append(
+                    (p.activation.stage, p.activation.microbatch))
     else:
         return strict, strict_peaks
     states, peaks = dict(strict), dict(strict_peaks)
@@ -181,14 +275,26 @@ def _groups(num_ranks: int, shared_link: bool) -> list[list[int]]:
 
 
 def _candidates(timelines: list[RankTimeline], policy: OffloadPolicy, exclude: set[Key]) -> dict[int, list[Activation]]:
+    """Per rank, the windows the policy lets the pass move: the first window of every activation not
+    in ``exclude`` (recomputed ones), and the second window (I -> W) of every split backward."""
     out = {}
     for tl in timelines:
         acts = [x for key, x in tl.activations.items() if key not in exclude and policy.kind != "none"]
+        if policy.kind != "none":
+            acts += tl.w_activations.values()
         if policy.kind == "first":
             stages = set(longest_lived_stages(tl.activations.values(), policy.count))
             acts = [x for x in acts if x.stage in stages]
         out[tl.rank] = acts
     return out
+
+
+def _units(state: RankState) -> tuple[float, float]:
+    """Activation units the rank's plan copies to host, per window."""
+    moved = [0.0, 0.0]
+    for p in state.placed:
+        moved[p.activation.window] += p.activation.size
+    return moved[0], moved[1]
 
 
 def longest_lived_stages(activations, count: int, skip: set[int] | frozenset[int] = frozenset()) -> list[int]:  # type: ignore[no-untyped-def]
@@ -200,14 +306,18 @@ def longest_lived_stages(activations, count: int, skip: set[int] | frozenset[int
     return ranked[:count]
 
 
+_WINDOW_KINDS = tuple((offload, reload) for offload, reload, _ in sem.WINDOWS)
+
+
 def _emit(state: RankState) -> list[Action]:
     """The rank's compute list with each planned copy at the position that issues it on time."""
     tl = state.timeline
     copies: list[tuple[int, float, int, int, int, ActionKind]] = []
     for p in state.placed:
         x = p.activation
-        copies.append((tl.position(p.d2h_start), p.d2h_start, 0, x.stage, x.microbatch, K.OFFLOAD))
-        copies.append((tl.position(p.h2d_start, x.back_index), p.h2d_start, 1, x.stage, x.microbatch, K.RELOAD))
+        offload, reload = _WINDOW_KINDS[x.window]
+        copies.append((tl.position(p.d2h_start), p.d2h_start, 0, x.stage, x.microbatch, offload))
+        copies.append((tl.position(p.h2d_start, x.back_index), p.h2d_start, 1, x.stage, x.microbatch, reload))
     copies.sort()
     row: list[Action] = []
     done = 0

@@ -14,7 +14,7 @@ primitives of ``copy_plan``:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -27,6 +27,7 @@ Key = tuple[int, int]
 
 
 Pick = tuple[int, Activation]
+Ident = tuple[int, int, int, int]  # (rank, stage, microbatch, window)
 
 
 @dataclass
@@ -36,7 +37,8 @@ class RankState:
     timeline: RankTimeline
     memory: np.ndarray
     placed: list[Placed] = field(default_factory=list)
-    unhidden: list[Key] = field(default_factory=list)
+    unhidden: list[Key] = field(default_factory=list)  # window 0 (F -> backward)
+    unhidden_w: list[Key] = field(default_factory=list)  # window 1 (I -> W)
     too_short: int = 0
 
     def peak(self) -> float:
@@ -67,8 +69,8 @@ class _Plan:
         self.group = CopyGroup(timelines, costs, relaxed)
         self.states = {tl.rank: RankState(tl, tl.memory.copy()) for tl in timelines}
 
-    def keys(self) -> set[tuple[int, int, int]]:
-        return {(r, p.activation.stage, p.activation.microbatch) for r, s in self.states.items() for p in s.placed}
+    def keys(self) -> set[Ident]:
+        return {(r, *p.activation.ident) for r, s in self.states.items() for p in s.placed}
 
     def score(self) -> tuple[float, int]:
         """Lower is better: the group's peak, then (for equal peaks) fewer copies."""
@@ -87,8 +89,8 @@ class _Plan:
             if not missed:
                 break
             failed += missed
-            missing = {(r, x.stage, x.microbatch) for r, x in missed}
-            picks = [(r, x) for r, x in picks if (r, x.stage, x.microbatch) not in missing]
+            missing = {(r, *x.ident) for r, x in missed}
+            picks = [(r, x) for r, x in picks if (r, *x.ident) not in missing]
             self.group = CopyGroup(*self.args)
         else:
             log.debug("packing did not settle in %d rounds; some starts may come earlier than planned", _PACK_ROUNDS)
@@ -113,27 +115,88 @@ class _Plan:
                 state.add(p)
         return failed
 
-    def needed(self, targets: dict[int, float]) -> set[tuple[int, int, int]]:
+    def needed(self, targets: dict[int, float]) -> set[Ident]:
         """The offloads needed to keep each rank at its target: drop the least valuable first while
         the peak stays at the target. The plan itself is left as it is."""
         keep = set()
         for rank, state in self.states.items():
             memory = state.memory.copy()
             for p in sorted(state.placed, key=lambda q: (q.activation.value, q.activation.stage,
-                                                         q.activation.microbatch)):
+                                                         q.activation.microbatch, q.activation.window)):
                 window = memory[p.lo:p.hi]
                 if len(window) and window.max() + p.activation.size <= targets[rank] + EPS:
                     window += p.activation.size
                 else:
-                    keep.add((rank, p.activation.stage, p.activation.microbatch))
+                    keep.add((rank, *p.activation.ident))
         return keep
 
 
 def plan_group(timelines: list[RankTimeline], costs: CostModel, policy: OffloadPolicy,
                 candidates: dict[int, list[Activation]], budget: float | None, relaxed: bool) -> _Plan:
+    """The group's plan: the first windows (F -> backward) as ever, then the second windows (I -> W)
+    in the copy-lane time left (or, where that peaks lower, the second windows first: the better of
+    the two per group), then (``auto``, ``budget``) without what the peak does not need."""
+    first = {r: [x for x in xs if x.window == 0] for r, xs in candidates.items()}
+    second = {r: [x for x in xs if x.window == 1] for r, xs in candidates.items()}
+    plan, failed, worth = _first_windows(timelines, costs, first, budget, relaxed)
+    if any(second.values()):  # a split backward: add its second windows, or plan them first if better
+        more, missed = _second_windows(plan, second, budget)
+        worth, failed = worth + more, failed + missed
+        alt, alt_worth, alt_failed = _second_first(timelines, costs, first, second, budget, relaxed)
+        if alt.score() < plan.score():
+            plan, worth, failed = alt, alt_worth, alt_failed
+    if policy.kind in ("auto", "budget"):
+        plan = _pruned(plan, timelines, costs, relaxed, worth, budget)
+    placed = plan.keys()
+    for rank, state in plan.states.items():
+        missing = [x for r, x in failed if r == rank and (r, *x.ident) not in placed]
+        state.unhidden = [(x.stage, x.microbatch) for x in missing if x.window == 0]
+        state.unhidden_w = [(x.stage, x.microbatch) for x in missing if x.window == 1]
+        state.too_short = sum(1 for x in first.get(rank, ()) if x.value <= EPS)
+    return plan
+
+
+def _second_windows(plan: _Plan, second: dict[int, list[Activation]], budget: float | None
+                    ) -> tuple[list[Pick], list[Pick]]:
+    """Add the I -> W windows to ``plan`` where the copy lane has room, most valuable per lane
+    second first. Where the first window was offloaded too, its host copy is still there (kept from
+    RELOAD to W), so the second window's offload copies nothing (``d2h = 0``). Returns (the picks
+    tried, those that did not fit)."""
+    picks = []
+    for rank, xs in second.items():
+        chained = {p.activation.ident[:2] for p in plan.states[rank].placed if p.activation.window == 0}
+        for x in xs:
+            picks.append((rank, replace(x, d2h=0.0) if (x.stage, x.microbatch) in chained else x))
+    worth = _by_density([(r, x) for r, x in picks if x.value > EPS])
+    return worth, plan.greedy(worth, budget)
+
+
+def _second_first(timelines: list[RankTimeline], costs: CostModel, first: dict[int, list[Activation]],
+                  second: dict[int, list[Activation]], budget: float | None, relaxed: bool
+                  ) -> tuple[_Plan, list[Pick], list[Pick]]:
+    """The other order: the I -> W windows first (their own copies), then the first windows of the
+    activations whose second window did not fit. Wins where the first windows are short (warm-up of
+    zero-bubble schedules) and their copies would take the lane from the long I -> W waits.
+    Returns (plan, picks tried, picks that did not fit)."""
+    plan = _Plan(timelines, costs, relaxed)
+    picks = _by_density([(r, x) for r, xs in second.items() for x in xs if x.value > EPS])
+    failed = plan.greedy(picks, budget)
+    taken = {(r, x.stage, x.microbatch) for r, x in picks} - {(r, x.stage, x.microbatch) for r, x in failed}
+    more = [(r, x) for r, x in _priority(first) if x.value > EPS and (r, x.stage, x.microbatch) not in taken]
+    return plan, picks + more, failed + plan.greedy(more, budget)
+
+
+def _by_density(picks: list[Pick]) -> list[Pick]:
+    """Most memory-time saved per second of copy lane first (ties: earlier window, stage, microbatch, rank)."""
+    return sorted(picks, key=lambda rx: (-rx[1].value / max(rx[1].d2h + rx[1].h2d, EPS), rx[1].f_end,
+                                         rx[1].stage, rx[1].microbatch, rx[0]))
+
+
+def _first_windows(timelines: list[RankTimeline], costs: CostModel, candidates: dict[int, list[Activation]],
+                   budget: float | None, relaxed: bool) -> tuple[_Plan, list[Pick], list[Pick]]:
+    """The plan of the F -> backward windows: (plan, picks that did not fit, picks tried)."""
     order = _priority(candidates)
     worth = [(r, x) for r, x in order if x.value > EPS]
-    short = {r: sum(1 for x in xs if x.value <= EPS) for r, xs in candidates.items()}
 
     def fresh() -> _Plan:
         return _Plan(timelines, costs, relaxed)
@@ -147,9 +210,9 @@ def plan_group(timelines: list[RankTimeline], costs: CostModel, policy: OffloadP
             chooser.greedy(worth, None)
             alt = fresh()
             picked = chooser.keys()
-            alt_failed = alt.pack([(r, x) for r, x in worth if (r, x.stage, x.microbatch) in picked])
+            alt_failed = alt.pack([(r, x) for r, x in worth if (r, *x.ident) in picked])
             placed = alt.keys()
-            alt_failed = alt.greedy([(r, x) for r, x in worth if (r, x.stage, x.microbatch) not in placed], None)
+            alt_failed = alt.greedy([(r, x) for r, x in worth if (r, *x.ident) not in placed], None)
             if alt.score() < plan.score():
                 plan, failed = alt, alt_failed
     else:
@@ -157,18 +220,11 @@ def plan_group(timelines: list[RankTimeline], costs: CostModel, policy: OffloadP
         tried_failed = chooser.greedy(worth, budget)
         picked = chooser.keys()
         plan = fresh()
-        failed = plan.pack([(r, x) for r, x in worth if (r, x.stage, x.microbatch) in picked])
+        failed = plan.pack([(r, x) for r, x in worth if (r, *x.ident) in picked])
         failed = plan.greedy(failed, budget) + tried_failed
         if chooser.score() < plan.score():
             plan, failed = chooser, tried_failed
-    if policy.kind in ("auto", "budget"):
-        plan = _pruned(plan, timelines, costs, relaxed, worth, budget)
-    placed = plan.keys()
-    for rank, state in plan.states.items():
-        state.unhidden = [(x.stage, x.microbatch) for r, x in failed
-                          if r == rank and (r, x.stage, x.microbatch) not in placed]
-        state.too_short = short.get(rank, 0)
-    return plan
+    return plan, failed, worth
 
 
 def _pruned(plan: _Plan, timelines: list[RankTimeline], costs: CostModel, relaxed: bool,
@@ -177,10 +233,13 @@ def _pruned(plan: _Plan, timelines: list[RankTimeline], costs: CostModel, relaxe
     original plan if that packing fails or peaks higher."""
     targets = {r: max(s.exact_peak(), budget or 0.0) for r, s in plan.states.items()}
     survivors = plan.needed(targets)
+    # a second window that copies nothing relies on its first window's host copy: keep that too
+    chained = {(r, *x.ident) for r, x in worth if x.window == 1 and x.d2h == 0.0 < x.h2d}
+    survivors |= {(r, stage, mb, 0) for r, stage, mb, window in survivors & chained}
     if survivors == plan.keys():
         return plan
     again = _Plan(timelines, costs, relaxed)
-    if again.pack([(r, x) for r, x in worth if (r, x.stage, x.microbatch) in survivors]):
+    if again.pack([(r, x) for r, x in worth if (r, *x.ident) in survivors]):
         return plan
     peak = max(targets.values())
     return again if max(s.exact_peak() for s in again.states.values()) <= peak + EPS else plan

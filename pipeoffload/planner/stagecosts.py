@@ -61,6 +61,9 @@ class LayerCosts:
     boundary_bytes: float  # hidden states sent to the next stage
     head_time: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (F, I, W) of the output projection
     head_activation_bytes: float = 0.0
+    # what W needs after I (inputs of the linear layers), per layer and for the head; None: all of it
+    w_bytes: float | None = None
+    head_w_bytes: float | None = None
     head_params: float = 0.0
     embedding_params: float = 0.0
     model_flops: float = 0.0  # training FLOPs of one microbatch through the whole model (for MFU)
@@ -112,6 +115,7 @@ def layer_costs(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *, partial_reco
         boundary_bytes=model.boundary_bytes(tp),
         head_time=(hf, hi, hw_), head_time_b=hb,
         head_activation_bytes=model.head_activation_bytes(tp),
+        w_bytes=model.layer_weight_input_bytes(tp), head_w_bytes=model.head_weight_input_bytes(tp),
         head_params=model.head_params() / tp,
         embedding_params=model.embedding_params() / tp,
         model_flops=model.model_flops_per_microbatch(), tp=tp,
@@ -176,6 +180,7 @@ def stage_costs(lc: LayerCosts, hw: HardwareSpec, layout: Layout, stages_per_ran
     act_bytes = [n * lc.activation_bytes + (lc.head_activation_bytes if s == last else 0.0)
                  for s, n in enumerate(split)]
     unit = max(split) * lc.activation_bytes
+    w_fractions = _stage_w_fractions(lc, split, act_bytes)
     in_node = layout.tp * d <= hw.gpus_per_node
     shared = hw.shares_pcie_switch and host_link != "private"
     copy_share = 2.0 if shared and layout.tp > 1 else 1.0
@@ -183,6 +188,7 @@ def stage_costs(lc: LayerCosts, hw: HardwareSpec, layout: Layout, stages_per_ran
         time_f=f, time_i=i, time_w=w, time_b=b,
         activation=tuple(x / unit for x in act_bytes),
         activation_bytes=unit,
+        w_fraction=max(w_fractions, default=1.0), stage_w_fraction=w_fractions,
         p2p_time=(hw.p2p_time(lc.boundary_bytes, in_node) + (
             hw.collective_time(lc.boundary_bytes * layout.tp, layout.tp) if gather_after_p2p else 0.0)) if d > 1 else 0.0,
         d2h_time=unit * copy_share / hw.d2h_bandwidth,
@@ -195,3 +201,16 @@ def stage_costs(lc: LayerCosts, hw: HardwareSpec, layout: Layout, stages_per_ran
         extra = (lc.embedding_params if s == 0 else 0.0) + (lc.head_params if s == last else 0.0)
         params[placement.rank_of(s)] += n * lc.params + extra
     return StageCosts(costs, unit, tuple(params), split)
+
+
+def _stage_w_fractions(lc: LayerCosts, split: list[int] | tuple[int, ...], act_bytes: list[float]) -> tuple[float, ...]:
+    """Per stage, the part of its saved bytes W still needs after I: the inputs of its linear layers
+    (``ModelSpec.layer_weight_input_bytes``, and the head's) over all it saved; 1.0 where unknown."""
+    if lc.w_bytes is None:
+        return tuple(1.0 for _ in split)
+    last = len(split) - 1
+    out = []
+    for s, n in enumerate(split):
+        needed = n * lc.w_bytes + ((lc.head_w_bytes or 0.0) if s == last else 0.0)
+        out.append(min(1.0, needed / act_bytes[s]) if act_bytes[s] > 0 else 1.0)
+    return tuple(out)

@@ -157,9 +157,14 @@ class PipelineRunner:
         check_tag_space(self.num_stages, self.num_microbatches)
         self.row = self.schedule.actions[rank]
         self.recomputed = {(a.stage, a.microbatch) for a in self.row if a.kind == K.R}
+        # slots offloaded in both windows: their RELOAD keeps the host copy for OFFLOAD_W (semantics)
+        windows = {kind: {(a.stage, a.microbatch) for a in self.row if a.kind == kind}
+                   for kind in (K.OFFLOAD, K.OFFLOAD_W)}
+        self._keep_host = windows[K.OFFLOAD] & windows[K.OFFLOAD_W]
         self.specs: dict[int, list[Spec]] | None = self._declared(output_specs)
         self.step_count = 0
         self.slot_bytes: dict[int, int] = {}  # largest bytes one (stage, microbatch) F saved, per stage
+        self.w_bytes: dict[int, int] = {}  # largest bytes one slot still held after its I (what W needs)
         self.trace: Trace | None = None
         # Unbound functions, not bound methods: a runner must not refer to itself (a cycle would keep
         # it, and its transport's heartbeat thread, alive until the cyclic collector runs).
@@ -167,6 +172,7 @@ class PipelineRunner:
         self._handlers: dict[ActionKind, Handler] = {
             K.F: cls._forward, K.B: cls._backward, K.I: cls._backward_input, K.W: cls._backward_weight,
             K.R: cls._recompute, K.OFFLOAD: cls._offload, K.RELOAD: cls._reload,
+            K.OFFLOAD_W: cls._offload, K.RELOAD_W: cls._reload,
         }
         check_handled(self.row, self._handlers, rank)
         # the stage at the other end of each transfer of this rank (semantics.peer_stage)
@@ -409,6 +415,10 @@ class PipelineRunner:
         s, mb = a.stage, a.microbatch
         grads = None if self.stages[s].is_last else self._grads.pop((s, mb))
         in_grads = run(mb, grads)
+        if a.kind is K.I:
+            kept = self.store.slot_bytes(s, mb)
+            if kept > self.w_bytes.get(s, 0):
+                self.w_bytes[s] = kept
         self._release_if_ended(a)
         self._route_input_grads(s, mb, in_grads)
 
@@ -434,7 +444,9 @@ class PipelineRunner:
         self.store.offload(a.stage, a.microbatch)
 
     def _reload(self, a: Action) -> None:
-        self.store.reload(a.stage, a.microbatch)
+        """RELOAD or RELOAD_W (the slot after I holds only what W needs: the same call moves it)."""
+        keep = a.kind is K.RELOAD and (a.stage, a.microbatch) in self._keep_host
+        self.store.reload(a.stage, a.microbatch, keep_host=keep)
 
     # ---- communication ----------------------------------------------------------------------------
     def _exchange(self, batch: list[Action]) -> None:

@@ -23,6 +23,11 @@ OFFLOAD frees at copy completion, RELOAD allocates at its start, release frees.
 
 Storages still needed elsewhere (a pending send, a tensor handed to the next local stage) are
 *pinned*; an offloaded pinned storage is freed when its last pin is dropped.
+
+The second offload window (OFFLOAD_W after I, RELOAD_W before W) is the same offload and reload of
+the slot after ``trim`` left only what W needs. When the slot was offloaded before its I as well, its
+reload keeps the host copy (``reload(..., keep_host=True)``): the bytes W needs are unchanged, so the
+offload after I copies nothing and only releases the device memory.
 """
 from __future__ import annotations
 
@@ -52,7 +57,8 @@ class EntryState(Enum):
 class _Entry:
     """One device storage saved by one or more slots."""
 
-    __slots__ = ("ident", "storage", "nbytes", "slots", "claims", "handles", "state", "host", "token", "pins")
+    __slots__ = ("ident", "storage", "nbytes", "slots", "claims", "handles", "state", "host", "token", "pins",
+                 "keep_host")
 
     def __init__(self, ident: int, storage: torch.UntypedStorage, nbytes: int) -> None:
         self.ident = ident
@@ -65,6 +71,7 @@ class _Entry:
         self.host: torch.Tensor | None = None
         self.token: Any = None
         self.pins = 0
+        self.keep_host = False  # reloaded with its host copy kept (the I -> W window offloads it again)
 
 
 class _Handle:
@@ -233,7 +240,14 @@ class ActivationStore:
         rec.resident = False
         for entry in list(rec.entries.values()):
             entry.claims -= 1
-            if entry.claims == 0 and entry.state is EntryState.RESIDENT:
+            if entry.claims == 0 and entry.state is EntryState.TO_DEVICE and entry.host is not None:
+                self.copier.synchronize(entry.token)  # its I already waited for it: complete
+                self._copying.remove(entry)
+                entry.state = EntryState.RESIDENT
+            if entry.claims == 0 and entry.state is EntryState.RESIDENT and entry.host is not None:
+                entry.keep_host = False  # the host still holds these bytes (kept at reload): no copy
+                self._release_device(entry)
+            elif entry.claims == 0 and entry.state is EntryState.RESIDENT:
                 entry.host = self.copier.pool.acquire(entry.nbytes)
                 self.host_bytes += entry.nbytes
                 if self.host_bytes > self.peak_host_bytes:
@@ -243,8 +257,9 @@ class ActivationStore:
                 self._copying.append(entry)
         self.poll()
 
-    def reload(self, stage: int, microbatch: int) -> None:
-        """Allocate device memory for the slot's offloaded storages and start copying them back."""
+    def reload(self, stage: int, microbatch: int, *, keep_host: bool = False) -> None:
+        """Allocate device memory for the slot's offloaded storages and start copying them back;
+        ``keep_host``: keep the host copies too, for an offload after I that then copies nothing."""
         self._reap()
         rec = self._record(stage, microbatch)
         if rec.resident:
@@ -252,9 +267,11 @@ class ActivationStore:
         rec.resident = True
         for entry in list(rec.entries.values()):
             entry.claims += 1
+            entry.keep_host = keep_host
             if entry.state is EntryState.ON_HOST and entry in self._pinned_free:  # never left the device
                 self._pinned_free.remove(entry)
-                self._drop_host(entry)
+                if not keep_host:
+                    self._drop_host(entry)
                 entry.state = EntryState.RESIDENT
             elif entry.state is EntryState.ON_HOST:
                 entry.storage.resize_(entry.nbytes)
@@ -265,7 +282,10 @@ class ActivationStore:
             elif entry.state is EntryState.TO_HOST:  # reloaded before the device copy was released
                 self.copier.synchronize(entry.token)
                 self._copying.remove(entry)
-                self._drop_host(entry)
+                if keep_host:
+                    entry.token = None
+                else:
+                    self._drop_host(entry)
                 entry.state = EntryState.RESIDENT
         self.poll()
 
@@ -281,7 +301,10 @@ class ActivationStore:
                     self._release_device(entry)
                 else:  # TO_DEVICE
                     entry.state = EntryState.RESIDENT
-                    self._drop_host(entry)
+                    if entry.keep_host:
+                        entry.token = None
+                    else:
+                        self._drop_host(entry)
             self._copying = still
 
     def _release_device(self, entry: _Entry) -> None:
@@ -318,6 +341,7 @@ class ActivationStore:
             rec.nbytes -= entry.nbytes
             del self._entries[ident]
             entry.state = EntryState.DROPPED
+            self._drop_host(entry)  # a host copy kept for W: W does not need these bytes
             entry.storage.resize_(0)
             self._resident -= entry.nbytes
             freed += entry.nbytes

@@ -114,16 +114,29 @@ def write_chrome_trace(traces: Iterable[Trace], path: str) -> None:
                                    "otherData": other}))
 
 
-def simulated_peaks(schedule: Schedule, unit_bytes: Mapping[int, int], w_fraction: float = 1.0) -> list[float]:
+def simulated_peaks(schedule: Schedule, unit_bytes: Mapping[int, int],
+                    w_fraction: float | Mapping[int, float] = 1.0) -> list[float]:
     """The simulator's peak per rank in bytes, with each stage's activation unit set to the bytes
-    the runtime measured for it (``PipelineRunner.slot_bytes`` gathered from every rank)."""
+    the runtime measured for it (``PipelineRunner.slot_bytes`` gathered from every rank). ``w_fraction``:
+    one value, or per stage (``measured_w_fractions``; stages missing take 1.0)."""
     sizes = tuple(float(unit_bytes.get(s, 0)) for s in range(schedule.num_stages))
-    timeline = simulate(schedule, CostModel(activation=sizes, w_fraction=w_fraction))
+    if isinstance(w_fraction, Mapping):
+        per_stage = tuple(min(1.0, float(w_fraction.get(s, 1.0))) for s in range(schedule.num_stages))
+        costs = CostModel(activation=sizes, w_fraction=max(per_stage, default=1.0), stage_w_fraction=per_stage)
+    else:
+        costs = CostModel(activation=sizes, w_fraction=w_fraction)
+    timeline = simulate(schedule, costs)
     return [r.peak_activation_units for r in timeline.per_rank]
 
 
+def measured_w_fractions(unit_bytes: Mapping[int, int], w_bytes: Mapping[int, int]) -> dict[int, float]:
+    """Per stage, the share of a slot's bytes still held after its I (``PipelineRunner.w_bytes`` over
+    ``slot_bytes``): the w_fraction the runtime actually has, for ``simulated_peaks``."""
+    return {s: w_bytes.get(s, 0) / b for s, b in unit_bytes.items() if b > 0 and s in w_bytes}
+
+
 def compare_with_simulation(traces: Sequence[Trace], schedule: Schedule, unit_bytes: Mapping[int, int],
-                            w_fraction: float = 1.0) -> list[dict]:
+                            w_fraction: float | Mapping[int, float] = 1.0) -> list[dict]:
     """Per rank: did it run its list exactly, and its measured vs simulated peak bytes."""
     peaks = simulated_peaks(schedule, unit_bytes, w_fraction)
     out = []

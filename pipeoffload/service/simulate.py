@@ -128,6 +128,9 @@ def report_dict(report: OffloadReport) -> dict:
         "recompute": str(report.recompute),
         "recomputed": len(report.recomputed),
         "unhidden": len(report.unhidden),
+        "offloaded_after_i": report.offloaded_after_i,  # the second window (I -> W)
+        "unhidden_after_i": len(report.unhidden_after_i),
+        "offloaded_units_by_window": list(report.units_by_window),
         "planned_peak_before": report.peak_before,
         "planned_peak_after": report.peak_after,
         "budget": report.budget,

@@ -15,13 +15,14 @@ from pipeoffload.units import MEMORY_UNIT, TIME_UNIT
 
 K = ActionKind
 # Order of the legend; colours are colour-blind friendly and distinct in grey.
-KIND_ORDER = (K.F, K.B, K.I, K.W, K.R, K.OFFLOAD, K.RELOAD)
+KIND_ORDER = (K.F, K.B, K.I, K.W, K.R, K.OFFLOAD, K.RELOAD, K.OFFLOAD_W, K.RELOAD_W)
 COLOURS = {
     K.F: "#4C72B0", K.B: "#DD8452", K.I: "#2A9D8F", K.W: "#8AB17D", K.R: "#8172B3",
-    K.OFFLOAD: "#C44E52", K.RELOAD: "#E377C2",
+    K.OFFLOAD: "#C44E52", K.RELOAD: "#E377C2", K.OFFLOAD_W: "#937860", K.RELOAD_W: "#DA8BC3",
 }
 LABELS = {K.F: "F forward", K.B: "B backward", K.I: "I input grad", K.W: "W weight grad", K.R: "R recompute",
-          K.OFFLOAD: "offload D2H", K.RELOAD: "reload H2D"}
+          K.OFFLOAD: "offload D2H", K.RELOAD: "reload H2D",
+          K.OFFLOAD_W: "offload D2H after I (W's part)", K.RELOAD_W: "reload H2D before W"}
 
 
 @dataclass(frozen=True)

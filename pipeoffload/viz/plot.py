@@ -93,7 +93,7 @@ def _gantt(ax: Any, data: ChartData, lanes: list[tuple[int, str]], width_pt: flo
         centre, h = pos[(box.rank, box.lane)]
         if box.lane == "copy":  # D2H in the upper half of the copy lane, H2D in the lower
             h = h / 2 * 0.9
-            centre += -h / 2 if box.kind == K.OFFLOAD.value else h / 2
+            centre += -h / 2 if box.kind in (K.OFFLOAD.value, K.OFFLOAD_W.value) else h / 2
             colour = COLOURS[K(box.kind)]
         else:
             h *= 0.82

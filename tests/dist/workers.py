@@ -128,6 +128,7 @@ def run_case(rank: int, world: int, case: Case, cfg: GPTConfig, batches: list, r
         opt.step()
         opt.zero_grad()
     out["slot_bytes"] = dict(runner.slot_bytes)
+    out["w_bytes"] = dict(runner.w_bytes)
     out["schedule"] = schedule.to_json()
     out["trace"] = trace.as_dict()
     return out

@@ -70,3 +70,14 @@ def test_invalid_shapes_name_the_constraint() -> None:
         GPT.check_tp(3)
     with pytest.raises(ConfigError, match="unknown model"):
         model_preset("gpt-9")
+
+
+def test_w_fraction_is_the_linear_inputs_over_what_a_layer_saves() -> None:
+    """W needs the inputs of the four linear layers: 2 + 2 + 2 + 8 = 14 sbh of GPT's 34 (20 with LGD)."""
+    flash = GPT.with_(flash_attention=True)
+    assert flash.layer_weight_input_bytes() == 14 * S * B * H
+    assert flash.layer_w_fraction() == pytest.approx(14 / 34)
+    assert flash.layer_w_fraction(partial_recompute=True) == pytest.approx(14 / 20)
+    unfused = GPT.with_(flash_attention=False)  # the s^2 scores are saved but W needs none of them
+    assert unfused.layer_w_fraction() == pytest.approx(14 * S * B * H / unfused.layer_activation_bytes())
+    assert GPT.head_weight_input_bytes(tp=2) == S * B * H

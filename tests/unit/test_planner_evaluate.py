@@ -73,6 +73,11 @@ def test_stage_costs_place_embedding_and_head_and_scale_with_layers() -> None:
     assert c.f(0) == pytest.approx(3 * lc.time_f)
     assert c.f(7) == pytest.approx(3 * lc.time_f + lc.head_time[0])
     assert c.act(0) == 1.0 and c.act(7) == pytest.approx(1 + lc.head_activation_bytes / (3 * lc.activation_bytes))
+    # w_fraction from the shapes: a layer stage's W keeps the linear inputs; the head adds its own
+    assert c.w_fraction_of(0) == pytest.approx(model.layer_w_fraction(tp=2))
+    assert c.w_fraction_of(7) == pytest.approx((3 * lc.w_bytes + lc.head_w_bytes) / (3 * lc.activation_bytes
+                                                                                     + lc.head_activation_bytes))
+    assert c.w_fraction == max(c.w_fraction_of(s) for s in range(8)) < 1.0
     assert sc.unit_bytes == 3 * lc.activation_bytes
     # rank 0 holds stages 0 and 4 (+ embedding); rank 3 holds stages 3 and 7 (+ head)
     assert sc.params_per_rank[0] == pytest.approx(6 * lc.params + lc.embedding_params)

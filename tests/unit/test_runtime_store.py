@@ -55,6 +55,29 @@ def test_offload_releases_the_storage_and_reload_restores_it_exactly():
     assert torch.equal(grad, expected_grad)
 
 
+def test_reload_keeping_the_host_copy_lets_the_second_offload_copy_nothing():
+    """Both windows offloaded: RELOAD keeps the host copy, so OFFLOAD after I only releases the
+    device memory (no new host buffer, no copy) and RELOAD before W brings back the same bytes."""
+    store = _store()
+    x = torch.randn(16, 16, requires_grad=True)
+    with store.saving(0, 0):
+        y = (x * 2).exp()
+        total = y.sum()
+    expected_grad = torch.autograd.grad(total, x, retain_graph=True)[0]
+    storage = y.untyped_storage()
+    nbytes = storage.nbytes()
+    store.offload(0, 0)
+    store.reload(0, 0, keep_host=True)
+    store.poll()
+    assert storage.nbytes() == nbytes and store.host_bytes == nbytes  # the host copy stays
+    store.offload(0, 0)  # the I -> W window: released at once, no second host buffer
+    assert storage.nbytes() == 0 and store.resident_bytes == 0 and store.host_bytes == nbytes
+    store.reload(0, 0)
+    store.poll()
+    assert storage.nbytes() == nbytes and store.host_bytes == 0
+    assert torch.equal(torch.autograd.grad(total, x)[0], expected_grad)
+
+
 def test_unpack_while_offloaded_names_the_slot():
     store = _store()
     x = torch.randn(16, 16, requires_grad=True)

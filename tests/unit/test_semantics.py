@@ -148,10 +148,10 @@ def _sequential(schedule: Schedule, costs: CostModel) -> list[float]:
                 held = resident.get(key, 0.0)
                 amount = held * costs.w_fraction - held
                 resident[key] = held * costs.w_fraction
-            elif k is ActionKind.OFFLOAD:
+            elif k in (ActionKind.OFFLOAD, ActionKind.OFFLOAD_W):  # the second window moves what I left
                 amount = host[key] = resident.get(key, 0.0)
                 resident[key] = 0.0
-            elif k is ActionKind.RELOAD:
+            elif k in (ActionKind.RELOAD, ActionKind.RELOAD_W):
                 amount = host.pop(key, 0.0)
                 resident[key] = resident.get(key, 0.0) + amount
             else:

@@ -14,7 +14,7 @@ import pytest
 from pipeoffload import semantics as sem
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
-from pipeoffload.ir import COMM_KINDS, COMPUTE_KINDS, COPY_KINDS, Action, ActionKind, Schedule
+from pipeoffload.ir import COMM_KINDS, COMPUTE_KINDS, COPY_KINDS, OFFLOAD_KINDS, Action, ActionKind, Schedule
 from pipeoffload.passes.comms import add_comms
 from pipeoffload.passes.lower import lower
 from pipeoffload.placement import Placement
@@ -91,7 +91,7 @@ def _expected_inputs(c: sem.CodedSchedule, i: int) -> tuple[list[int], list[floa
             producer, delay = _resolve(c, kinds, producer_stage, mb), P2P if crosses else 0.0
         keys.append(int(c.key_of(sem.CODE[producer], producer_stage, mb)))
         delays.append(delay)
-    reload = int(c.key_of(sem.RELOAD, stage, mb)) if kind in sem.STALLS_ON_RELOAD else -1
+    reload = int(c.key_of(sem.CODE[sem.RELOAD_BEFORE[kind]], stage, mb)) if kind in sem.RELOAD_BEFORE else -1
     return keys, delays, reload
 
 
@@ -116,7 +116,7 @@ def test_memory_delta_matches_memory_effects(name: str, schedule: Schedule, cost
     for i, amount in enumerate(effects):
         kind, stage, mb = sem.KINDS[c.kind[i]], int(c.stage[i]), int(c.microbatch[i])
         delta = sem.memory_delta(kind, costs.act(stage), costs.w_fraction_of(stage), bool(c.recomputed[stage, mb]))
-        if kind is K.OFFLOAD:  # memory_effects gives a copy's moved units; the device loses them
+        if kind in OFFLOAD_KINDS:  # memory_effects gives a copy's moved units; the device loses them
             delta = -delta
         assert math.isclose(amount, delta, rel_tol=1e-12, abs_tol=1e-12), f"{name}: {kind} {stage} {mb}: {amount} vs {delta}"
 
@@ -156,6 +156,22 @@ def test_transfers_are_the_receives_and_sends_the_lowered_rule_names(name: str, 
             assert sem.peer_stage(send, send_stage, n) == stage
 
 
+@pytest.mark.parametrize("name,schedule,costs", [c for c in CASES if c[0].endswith("offload")],
+                         ids=[c[0] for c in CASES if c[0].endswith("offload")])
+def test_copy_moves_and_host_delta_match_the_arrays(name: str, schedule: Schedule, costs: CostModel) -> None:
+    """``copy_moves`` (units a copy puts on the link) and ``host_delta`` against ``copy_units`` and
+    ``host_effects``: with both windows offloaded OFFLOAD_W moves nothing and the host keeps W's part."""
+    c = sem.coded(schedule)
+    amounts = sem.memory_effects(c, costs)
+    moves, host = sem.copy_units(c, amounts), sem.host_effects(c, costs, amounts)
+    for i in range(len(c.kind)):
+        kind, stage, mb = sem.KINDS[c.kind[i]], int(c.stage[i]), int(c.microbatch[i])
+        kept = bool(c.host_copy_kept[stage, mb])
+        args = (kind, costs.act(stage), costs.w_fraction_of(stage), kept)
+        assert math.isclose(moves[i], sem.copy_moves(*args), rel_tol=1e-12, abs_tol=1e-12), (name, kind, stage, mb)
+        assert math.isclose(host[i], sem.host_delta(*args), rel_tol=1e-12, abs_tol=1e-12), (name, kind, stage, mb)
+
+
 @pytest.mark.parametrize("name,schedule,costs", [c for c in CASES if c[0].endswith(("offload", "recompute"))],
                          ids=[c[0] for c in CASES if c[0].endswith(("offload", "recompute"))])
 def test_ends_activation_is_where_memory_delta_empties_it(name: str, schedule: Schedule, costs: CostModel) -> None:
@@ -173,7 +189,7 @@ def test_ends_activation_is_where_memory_delta_empties_it(name: str, schedule: S
             held[key] = before + sem.memory_delta(a.kind, costs.act(a.stage), costs.w_fraction_of(a.stage),
                                                   key in recomputed)
             # an OFFLOAD empties the device too, but its RELOAD brings the activation back
-            emptied = before > 1e-12 and abs(held[key]) < 1e-12 and a.kind is not K.OFFLOAD
+            emptied = before > 1e-12 and abs(held[key]) < 1e-12 and a.kind not in OFFLOAD_KINDS
             assert emptied == (a.kind in sem.ENDS_ACTIVATION), f"{name}: {a} leaves {held[key]}"
             last[key] = a.kind
         assert set(last.values()) <= sem.ENDS_ACTIVATION, name

@@ -1,0 +1,51 @@
+"""Faster copies never give a higher peak: for a fixed schedule and policy, the simulated device
+peak at a smaller offload ratio k is never above the peak at a larger k (issue #17)."""
+from __future__ import annotations
+
+import pytest
+
+from pipeoffload.costs import CostModel
+from pipeoffload.passes.lower import lower
+from pipeoffload.schedules import generate
+from pipeoffload.simulator import simulate
+
+K_GRID = tuple(round(0.15 * i, 2) for i in range(14))  # 0 .. 1.95
+FAMILIES = [("1f1b", 1, {}), ("interleaved-1f1b", 2, {}), ("group-interleaved", 2, {"group_size": 4}),
+            ("zb-h1", 1, {}), ("zb-v", 2, {})]
+
+
+def _peaks(name: str, v: int, options: dict, shared_link: bool, policy: str) -> list[float]:
+    schedule = generate(name, 8, 24, v, **options)
+    out = []
+    for k in K_GRID:
+        costs = CostModel(shared_host_link=shared_link).with_offload_ratio(k)
+        timeline = simulate(lower(schedule, costs, offload=policy), costs)
+        assert timeline.stall == 0
+        out.append(timeline.peak_activation_units)
+    return out
+
+
+def _violations(peaks: list[float]) -> list[tuple[float, float, float, float]]:
+    return [(K_GRID[i], peaks[i], K_GRID[j], peaks[j]) for i in range(len(peaks)) for j in range(i + 1, len(peaks))
+            if peaks[i] > peaks[j] + 1e-9]
+
+
+@pytest.mark.parametrize("policy", ["all", "auto"])
+@pytest.mark.parametrize("name,v,options", FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_peak_is_monotone_in_k_with_own_links(name: str, v: int, options: dict, policy: str) -> None:
+    peaks = _peaks(name, v, options, False, policy)
+    assert not _violations(peaks), f"{name} {policy}: (k, peak) pairs out of order {_violations(peaks)[:4]}"
+
+
+# With a shared host link the pair's relaxed plan is repaired by simulation (dropping late offloads);
+# for these families that is not monotone in k yet (1f1b and group-interleaved: peak 6 at k = 0.45,
+# 5 at k = 0.6). Strict: the mark must go when they become monotone.
+_NOT_YET = pytest.mark.xfail(strict=True, reason="shared host link: pair plan not monotone in k yet (issue #17)")
+SHARED = [pytest.param(*f, id=f[0], marks=_NOT_YET) if f[0] in ("1f1b", "group-interleaved") else
+          pytest.param(*f, id=f[0]) for f in FAMILIES]
+
+
+@pytest.mark.parametrize("name,v,options", SHARED)
+def test_peak_is_monotone_in_k_with_a_shared_host_link(name: str, v: int, options: dict) -> None:
+    peaks = _peaks(name, v, options, True, "all")
+    assert not _violations(peaks), f"{name}: (k, peak) pairs out of order {_violations(peaks)[:4]}"
