@@ -15,7 +15,8 @@ from pipeoffload.cli.common import OneLineParser
 from pipeoffload.errors import ConfigError, ScheduleError
 
 COMMAND_MODULES = (
-    "schedules", "show", "simulate", "k", "plan", "compare", "trace", "playground", "train", "generate", "report",
+    "schedules", "show", "simulate", "k", "plan", "compare", "trace", "playground", "train", "generate", "export",
+    "report",
 )
 
 

@@ -192,7 +192,7 @@ def llama_layers(shape: LlamaShape, seed: int = 0, *, tie: bool = True, device: 
             head.lm_head.weight = embed.embed_tokens.weight  # type: ignore[union-attr,assignment]
         else:
             with torch.no_grad():
-                head.lm_head.weight.copy_(embed.embed_tokens.weight)  # type: ignore[union-attr,operator]
+                head.lm_head.weight.copy_(embed.embed_tokens.weight)  # type: ignore[union-attr,operator,arg-type]
     if device is not None:
         layers = [layer.to(device) for layer in layers]
     return layers
