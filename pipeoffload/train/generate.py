@@ -1,7 +1,9 @@
-"""Sampling from a run's last checkpoint in one process (whatever layout trained it).
+"""Sampling from a run's last checkpoint or a Hugging Face directory, in one process.
 
-The checkpoint holds the whole model under its single-process names, so DCP loads it into
-``model.full_gpt`` directly (no process group needed).
+A run's checkpoint holds the whole model under its single-process names, so DCP loads it into
+``model.full_gpt`` directly (whatever layout trained it; no process group needed). An ``hf:DIR``
+source is read with ``models.hf``. Generation recomputes the whole context at every token (no
+cache): slower, and the same arithmetic as training's forward.
 """
 from __future__ import annotations
 
@@ -14,6 +16,27 @@ from pipeoffload.train import checkpoint
 from pipeoffload.train.config import build_config, load_saved
 from pipeoffload.train.data import ByteTokenizer, load_tokenizer
 from pipeoffload.train.model import full_gpt
+
+
+def load_hf(path: Path) -> tuple[torch.nn.Module, object, int, int | None]:
+    """(model, tokenizer, context length, end-of-text id) of a checked Hugging Face directory."""
+    from pipeoffload.hfdir import eos_id, open_hf_dir
+    from pipeoffload.models.hf import hf_model
+    from pipeoffload.train.data import BPETokenizer
+
+    hf = open_hf_dir(path)
+    return hf_model(hf).eval(), BPETokenizer(hf.tokenizer), hf.shape.max_positions, eos_id(hf.shape)
+
+
+def load_source(source: str | Path) -> tuple[torch.nn.Module, object, int, int | None]:
+    """(model in eval mode, tokenizer, context length, end-of-text id or None) of a run or ``hf:DIR``."""
+    from pipeoffload.hfdir import parse_source
+
+    hf_path = parse_source(str(source))
+    if hf_path is not None:
+        return load_hf(hf_path)
+    model, tokenizer, seq = load_model(source)
+    return model, tokenizer, seq, None
 
 
 def load_model(run_dir: str | Path) -> tuple[torch.nn.Module, object, int]:
@@ -49,18 +72,30 @@ def load_model(run_dir: str | Path) -> tuple[torch.nn.Module, object, int]:
 
 
 @torch.no_grad()
-def generate_text(run_dir: str | Path, prompt: str, tokens: int, temperature: float = 0.8, seed: int = 0) -> str:
-    model, tokenizer, seq = load_model(run_dir)
-    ids = tokenizer.encode(prompt) or ByteTokenizer().encode("\n")[:1]  # type: ignore[attr-defined]
+def continue_ids(model: torch.nn.Module, ids: list[int], tokens: int, *, context: int, greedy: bool = False,
+                 temperature: float = 0.8, seed: int = 0, eos: int | None = None) -> list[int]:
+    """``ids`` followed by up to ``tokens`` new ones (argmax when ``greedy`` or ``temperature <= 0``;
+    stops after ``eos``)."""
     gen = torch.Generator().manual_seed(seed)
     out = list(ids)
     for _ in range(tokens):
-        context = torch.tensor([out[-seq:]], dtype=torch.long)
-        logits = model.layers(context, None, 0)[0, -1].float()  # type: ignore[operator]
-        if temperature <= 0:
+        window = torch.tensor([out[-context:]], dtype=torch.long)
+        logits = model.layers(window, None, 0)[0, -1].float()  # type: ignore[operator]
+        if greedy or temperature <= 0:
             nxt = int(logits.argmax())
         else:
             probs = torch.softmax(logits / temperature, dim=-1)
             nxt = int(torch.multinomial(probs, 1, generator=gen))
         out.append(nxt)
+        if eos is not None and nxt == eos:
+            break
+    return out
+
+
+def generate_text(source: str | Path, prompt: str, tokens: int, temperature: float = 0.8, seed: int = 0,
+                  greedy: bool = False) -> str:
+    model, tokenizer, context, eos = load_source(source)
+    ids = tokenizer.encode(prompt) or ByteTokenizer().encode("\n")[:1]  # type: ignore[attr-defined]
+    out = continue_ids(model, ids, tokens, context=context, greedy=greedy, temperature=temperature, seed=seed,
+                       eos=eos)
     return tokenizer.decode(out)  # type: ignore[attr-defined,no-any-return]

@@ -1,0 +1,188 @@
+"""Shape of a Llama-family decoder (Llama 2/3, Qwen2, Mistral without sliding window), without torch.
+
+One record for three readers: the trainable model (``models.llama``), the Hugging Face reader and
+writer (``models.hf``) and the planner's presets (``planner.presets``, through ``model_spec``), so a
+model's shapes are written once. ``from_hf`` maps a Hugging Face ``config.json`` onto it and refuses,
+with one line naming the field, anything the model cannot reproduce exactly (sliding windows, mixtures
+of experts, unknown rope types, other activations).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pipeoffload.errors import ConfigError
+
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
+_MOE_FIELDS = ("num_local_experts", "num_experts", "moe_intermediate_size", "num_experts_per_tok")
+
+
+@dataclass(frozen=True)
+class Llama3Scaling:
+    """Llama 3.1's RoPE frequency scaling (``rope_type = "llama3"``)."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_positions: int = 8192
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int = 0  # 0: heads (multi-head attention)
+    ffn_hidden: int = 0  # 0: the Llama rule (8/3 * hidden rounded up to a multiple of 256)
+    head_dim: int = 0  # 0: hidden // heads
+    rope_theta: float = 10000.0
+    rope_scaling: Llama3Scaling | None = None
+    rms_eps: float = 1e-5
+    tie_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2: biases on q, k and v only
+    max_positions: int = 4096
+    architecture: str = "LlamaForCausalLM"
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("vocab", "hidden", "layers", "heads"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"model {key}={value!r}: must be an integer >= 1")
+        if self.head_dim == 0 and self.hidden % self.heads:
+            raise ConfigError(f"model hidden={self.hidden} is not divisible by heads={self.heads}; "
+                              "pick heads that divide hidden")
+        if self.heads % self.n_kv_heads:
+            raise ConfigError(f"model heads={self.heads} is not a multiple of kv_heads={self.n_kv_heads}; "
+                              "pick kv_heads dividing heads")
+        if self.dim_head % 2:
+            raise ConfigError(f"model head_dim={self.dim_head} is odd; rotary embeddings need an even head size")
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def ffn(self) -> int:
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        return 256 * -(-(8 * self.hidden // 3) // 256)
+
+    # ---- Hugging Face config.json --------------------------------------------------------------
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any], where: str = "config.json") -> LlamaShape:
+        """The shape of a Hugging Face ``config.json``; ``ConfigError`` naming the first field we cannot honour."""
+        by_type = {v: k for k, v in ARCHITECTURES.items()}
+        archs = cfg.get("architectures") or ([by_type[cfg["model_type"]]] if cfg.get("model_type") in by_type else [])
+        arch = archs[0] if len(archs) == 1 else None
+        if arch not in ARCHITECTURES:
+            raise ConfigError(f"{where}: architectures={archs!r} is not supported; supported: "
+                              f"{', '.join(ARCHITECTURES)}")
+        _refuse_unsupported(cfg, arch, where)
+        theta, scaling = _rope(cfg, where)
+        try:
+            return cls(
+                vocab=int(cfg["vocab_size"]), hidden=int(cfg["hidden_size"]), layers=int(cfg["num_hidden_layers"]),
+                heads=int(cfg["num_attention_heads"]), kv_heads=int(cfg.get("num_key_value_heads") or 0),
+                ffn_hidden=int(cfg["intermediate_size"]), head_dim=_head_dim(cfg),
+                rope_theta=theta, rope_scaling=scaling, rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+                max_positions=int(cfg.get("max_position_embeddings", 4096)), architecture=arch,
+                bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id"),
+            )
+        except KeyError as err:
+            raise ConfigError(f"{where}: field {err.args[0]} is missing; it is required for {arch}") from None
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"{where}: a shape field is not a number ({err})") from None
+
+    def to_hf(self) -> dict[str, Any]:
+        """A ``config.json`` that transformers reads back into this shape."""
+        model_type = ARCHITECTURES[self.architecture]
+        out: dict[str, Any] = {
+            "architectures": [self.architecture], "model_type": model_type, "vocab_size": self.vocab,
+            "hidden_size": self.hidden, "num_hidden_layers": self.layers, "num_attention_heads": self.heads,
+            "num_key_value_heads": self.n_kv_heads, "intermediate_size": self.ffn, "head_dim": self.dim_head,
+            "hidden_act": "silu", "rms_norm_eps": self.rms_eps, "rope_theta": self.rope_theta,
+            "tie_word_embeddings": self.tie_embeddings, "max_position_embeddings": self.max_positions,
+            "torch_dtype": "float32", "use_cache": True,
+        }
+        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if self.rope_scaling is not None:
+            s = self.rope_scaling
+            rope = {"rope_type": "llama3", "rope_theta": self.rope_theta, "factor": s.factor,
+                    "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
+                    "original_max_position_embeddings": s.original_max_positions}
+            out["rope_scaling"] = dict(rope)
+        out["rope_parameters"] = rope
+        if model_type == "llama":
+            out.update(attention_bias=self.qkv_bias, mlp_bias=False)
+        elif model_type == "mistral":
+            out["sliding_window"] = None
+        else:
+            out.update(use_sliding_window=False, sliding_window=None)
+        for key in ("bos_token_id", "eos_token_id"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+    # ---- the planner's view --------------------------------------------------------------------
+    def model_spec(self, name: str, seq: int) -> Any:
+        """The planner's ``ModelSpec`` of this shape (SwiGLU, no dropout, no biases but Qwen2's)."""
+        from pipeoffload.planner.model import ModelSpec
+
+        return ModelSpec(name=name, layers=self.layers, hidden=self.hidden, heads=self.heads,
+                         kv_heads=self.n_kv_heads, ffn=self.ffn, seq=seq, vocab=self.vocab, gated_mlp=True,
+                         dropout=False, bias=self.qkv_bias, tied_embeddings=self.tie_embeddings)
+
+
+def _head_dim(cfg: dict[str, Any]) -> int:
+    explicit = cfg.get("head_dim")
+    if not explicit or int(explicit) * int(cfg["num_attention_heads"]) == int(cfg["hidden_size"]):
+        return 0  # the default: hidden // heads
+    return int(explicit)
+
+
+def _refuse_unsupported(cfg: dict[str, Any], arch: str, where: str) -> None:
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"{where}: hidden_act={act!r} is not supported; the Llama MLP is SwiGLU ('silu')")
+    for key in _MOE_FIELDS:
+        if cfg.get(key):
+            raise ConfigError(f"{where}: {key}={cfg[key]!r}: mixtures of experts are not supported")
+    window = cfg.get("sliding_window")
+    uses_window = cfg.get("use_sliding_window", arch == "MistralForCausalLM")
+    if window is not None and uses_window:
+        raise ConfigError(f"{where}: sliding_window={window!r} is not supported (attention here is full causal); "
+                          "set it to null if the model was trained without one")
+    if "sliding_attention" in (cfg.get("layer_types") or ()):
+        raise ConfigError(f"{where}: layer_types has 'sliding_attention': sliding windows are not supported")
+    if cfg.get("mlp_bias"):
+        raise ConfigError(f"{where}: mlp_bias=true is not supported")
+    if arch == "LlamaForCausalLM" and cfg.get("attention_bias"):
+        raise ConfigError(f"{where}: attention_bias=true is not supported for LlamaForCausalLM (o_proj bias)")
+    if cfg.get("attention_dropout"):
+        raise ConfigError(f"{where}: attention_dropout={cfg['attention_dropout']!r} is not supported; set it to 0")
+
+
+def _rope(cfg: dict[str, Any], where: str) -> tuple[float, Llama3Scaling | None]:
+    """(theta, scaling) from ``rope_parameters`` (transformers >= 5) or ``rope_theta``/``rope_scaling``."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise ConfigError(f"{where}: rope_type={kind!r} is not supported; supported: 'default', 'llama3'")
+    try:
+        return theta, Llama3Scaling(float(params["factor"]), float(params["low_freq_factor"]),
+                                    float(params["high_freq_factor"]),
+                                    int(params["original_max_position_embeddings"]))
+    except KeyError as err:
+        raise ConfigError(f"{where}: rope field {err.args[0]} is missing for rope_type 'llama3'") from None
