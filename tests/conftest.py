@@ -1,7 +1,10 @@
+import contextlib
+import io
 from pathlib import Path
 
 import pytest
 
+from pipeoffload.cli import main
 from pipeoffload.costs import CostModel
 
 
@@ -22,3 +25,14 @@ def check_golden(filename: str, text: str) -> None:
     path = GOLDEN / filename
     assert path.exists(), f"{path} is missing: run python -m tests.regen_golden"
     assert path.read_text() == text, f"{filename} differs; if intended, run python -m tests.regen_golden"
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    """``pipeoffload ARGV`` in this process: (exit code, stdout, stderr); argparse's own errors exit."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except SystemExit as exit_:
+            code = int(exit_.code or 0)
+    return code, out.getvalue(), err.getvalue()

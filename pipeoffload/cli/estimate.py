@@ -7,7 +7,13 @@ import sys
 
 from pipeoffload.cli.common import positive_int
 from pipeoffload.errors import ConfigError
-from pipeoffload.planner.cli_args import add_hardware_args, add_model_args, hardware_from_args, model_from_args
+from pipeoffload.planner.cli_args import (
+    add_hardware_args,
+    add_model_args,
+    hardware_from_args,
+    model_from_args,
+    with_model_switches,
+)
 from pipeoffload.planner.estimate import (
     GRAD_ACCUMULATION,
     P2P_MODES,
@@ -60,12 +66,7 @@ def _model(args: argparse.Namespace) -> ModelSpec:
              if getattr(args, k) is not None}
     if args.microbatch_size is not None:
         given["microbatch"] = args.microbatch_size
-    spec = spec.with_(**given)
-    if args.no_flash:
-        spec = spec.with_(flash_attention=False)
-    if args.gated_mlp is not None:
-        spec = spec.with_(gated_mlp=args.gated_mlp)
-    return spec
+    return with_model_switches(spec.with_(**given), args)
 
 
 def request_from_args(args: argparse.Namespace) -> EstimateRequest:

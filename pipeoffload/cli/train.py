@@ -88,6 +88,17 @@ def _check_steps(args: argparse.Namespace, saved: dict[str, Any], given: dict[st
 def run(args: argparse.Namespace) -> int:
     import os
 
+    code = _run(args)
+    if "RANK" in os.environ:  # a torchrun rank: its process group is destroyed; skip interpreter teardown
+        from pipeoffload.runtime.launch import exit_rank
+
+        exit_rank(code)
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
+    import os
+
     from pipeoffload.errors import ConfigError
     from pipeoffload.train.config import to_toml
 

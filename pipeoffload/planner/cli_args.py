@@ -57,6 +57,11 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
         given.setdefault("heads", max(1, hidden // 128))
         given.setdefault("layers", 1)
         spec = ModelSpec(name=f"gpt-h{hidden}", **given)
+    return with_model_switches(spec, args)
+
+
+def with_model_switches(spec: ModelSpec, args: argparse.Namespace) -> ModelSpec:
+    """``spec`` with the switches ``--no-flash`` and ``--gated-mlp/--no-gated-mlp`` applied."""
     if args.no_flash:
         spec = spec.with_(flash_attention=False)
     if args.gated_mlp is not None:

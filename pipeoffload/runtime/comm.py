@@ -201,14 +201,7 @@ class Transport:
         if self._store is None:
             return []
         keys = [f"{self._key}/beat/{r}" for r in range(len(self._global))]
-        try:
-            before = [self._store.add(k, 0) for k in keys]
-            time.sleep(max(3 * self.beat_interval, 1.5))  # a loaded machine may delay a beat or two
-            after = [self._store.add(k, 0) for k in keys]
-        except Exception:  # noqa: BLE001 - best effort: the store may be gone with a dead peer
-            log.debug("could not read heartbeats", exc_info=True)
-            return []
-        return [r for r, (b, a) in enumerate(zip(before, after)) if a == b and r != self.rank]
+        return [r for r in unmoved_counters(self._store, keys, self.beat_interval) if r != self.rank]
 
     def broadcast(self, obj: Any, src_rank: int) -> Any:
         box = [obj]
@@ -250,6 +243,19 @@ def _heartbeat(store: Any, key: str, interval: float, stop: threading.Event) -> 
         except Exception:  # noqa: BLE001 - the store went away (a peer hosting it died): stop beating
             return
         stop.wait(interval)
+
+
+def unmoved_counters(store: Any, keys: Sequence[str], interval: float) -> list[int]:
+    """Indices of the heartbeat counters in ``store`` that do not move over a few beat ``interval``s
+    (at least 1.5 s): their ranks are stopped or dead. Best effort: [] when the store cannot be read."""
+    try:
+        before = [store.add(k, 0) for k in keys]
+        time.sleep(max(3 * interval, 1.5))  # a loaded machine may delay a beat or two
+        after = [store.add(k, 0) for k in keys]
+    except Exception:  # noqa: BLE001 - the store may be gone with a dead peer
+        log.debug("could not read heartbeats", exc_info=True)
+        return []
+    return [i for i, (b, a) in enumerate(zip(before, after)) if a == b]
 
 
 def _default_store() -> Any:

@@ -27,7 +27,7 @@ from pipeoffload import generate, lower
 from pipeoffload.errors import ConfigError, ScheduleError
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
 from pipeoffload.runtime.executor import PipelineError, PipelineRunner
-from pipeoffload.runtime.launch import init_from_env, spawn
+from pipeoffload.runtime.launch import exit_rank, init_from_env, spawn
 from pipeoffload.runtime.trace import Trace, chrome_events
 from pipeoffload.service.argtypes import OneLineParser, positive_int
 
@@ -158,10 +158,12 @@ def main(argv: list[str] | None = None) -> None:
         dist.all_gather_object(gathered, out)
         dist.destroy_process_group()
         if rank != 0:
-            return
+            exit_rank(0)
         traces = [Trace.from_dict(r["trace"]) for r in gathered]
     if args.trace:
         with open(args.trace, "w") as fh:
             json.dump({"traceEvents": chrome_events(traces)}, fh)
     if os.environ.get("RANK", "0") == "0":
         print("peak activation bytes per rank:", [t.peak_bytes for t in traces])
+    if not args.spawn:
+        exit_rank(0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import logging
 import multiprocessing as mp
 import os
 import pickle
@@ -27,7 +28,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -35,6 +36,20 @@ import torch.distributed as dist
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 ORPHAN_SIGNAL = signal.SIGUSR2  # sent to a rank when its launcher dies; its handler cleans up and exits
 _POLL = 0.05
+
+
+def exit_rank(code: int) -> NoReturn:
+    """End a torchrun rank that has finished (its process group destroyed): flush the output, then
+    ``os._exit``. Interpreter teardown is skipped because gloo's worker threads may still hold
+    tensors whose release at finalisation aborts the process ("terminate called without an active
+    exception", seen about once in a few hundred runs), which torchrun reports as a failed job."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            pass
+    os._exit(code)
 
 
 def init_from_env(backend: str | None = None, timeout: float = 300.0) -> tuple[int, int, torch.device]:

@@ -14,7 +14,6 @@ import contextlib
 import datetime
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,15 +116,10 @@ class Heartbeat:
     def silent(self) -> list[int]:
         if self._store is None:
             return []
+        from pipeoffload.runtime.comm import unmoved_counters
+
         keys = [self._key(r) for r in range(self.world)]
-        try:
-            before = [self._store.add(k, 0) for k in keys]
-            time.sleep(max(3 * self.interval, 1.5))  # a loaded machine may delay a beat or two
-            after = [self._store.add(k, 0) for k in keys]
-        except Exception:  # noqa: BLE001 - best effort: the store may be gone with a dead peer
-            log.debug("could not read heartbeats", exc_info=True)
-            return []
-        return [r for r, (b, a) in enumerate(zip(before, after)) if a == b and r != self.rank]
+        return [r for r in unmoved_counters(self._store, keys, self.interval) if r != self.rank]
 
     def close(self) -> None:
         """Stop beating and join the thread (no store call may be cut off by the group's destruction)."""

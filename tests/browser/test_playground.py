@@ -1,7 +1,5 @@
 """The playground in a real headless Chromium: loads cleanly, redraws on input, shows the CLI's
 message for bad input, and its numbers are `simulate --json`'s."""
-import contextlib
-import io
 import json
 import threading
 from collections.abc import Iterator
@@ -9,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from pipeoffload.cli import main
 from pipeoffload.web.server import make_server
 from tests.browser.conftest import Console
+from tests.conftest import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -32,15 +30,6 @@ def page(browser: Any, base: str) -> Iterator[tuple[Any, Console]]:
     yield page, console
     page.close()
 
-
-def _cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(argv))
-        except SystemExit as exit_:
-            code = int(exit_.code or 0)
-    return code, out.getvalue(), err.getvalue()
 
 
 def _set(page: Any, name: str, value: str) -> None:
@@ -76,7 +65,7 @@ def test_numbers_on_the_page_are_simulate_json(page: tuple[Any, Console]) -> Non
                         "document.querySelector('#command').textContent.includes('--group-size 2')")
     command = p.inner_text("#command").split()
     assert command[:2] == ["pipeoffload", "simulate"]
-    code, out, err = _cli(*command[1:], "--json")
+    code, out, err = run_cli(*command[1:], "--json")
     assert code == 0, (command, err)
     expected = json.loads(out)
     cells = p.locator("#numbers td[data-key]")
@@ -109,7 +98,7 @@ def test_bad_input_shows_the_cli_message(page: tuple[Any, Console]) -> None:
     p, console = page
     _set(p, "ranks", "0")
     p.wait_for_selector("#error:not([hidden])", timeout=30_000)
-    _, _, err = _cli("simulate", "group-interleaved", "--ranks", "0")
+    _, _, err = run_cli("simulate", "group-interleaved", "--ranks", "0")
     message = p.inner_text("#error")
     # the check behind the CLI's flag, in the same words, named by the field the page sends
     assert message.startswith("ranks: ") and err.rstrip().endswith(message.removeprefix("ranks: "))

@@ -2,8 +2,6 @@
 the CLI prints, and the command line a request names makes the same request again."""
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import shlex
@@ -12,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import pipeoffload
-from pipeoffload.cli import build_parser, main
+from pipeoffload.cli import build_parser
 from pipeoffload.cli.simulate import request_from_args
 from pipeoffload.costs import CostModel, load_cost_file
 from pipeoffload.errors import ConfigError
@@ -28,16 +26,7 @@ from pipeoffload.service import (
     simulate,
     strict_json,
 )
-
-
-def _cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(argv))
-        except SystemExit as exit_:
-            code = int(exit_.code or 0)
-    return code, out.getvalue(), err.getvalue()
+from tests.conftest import run_cli
 
 
 @pytest.mark.parametrize("fields,message", [
@@ -64,7 +53,7 @@ def test_a_request_refuses_bad_values_when_built(fields: dict, message: str) -> 
 def test_the_result_is_what_the_cli_prints_and_its_command_repeats_it(argv: str) -> None:
     request = request_from_args(build_parser().parse_args(["simulate", *shlex.split(argv)]))
     result = simulate(request)
-    code, out, _ = _cli("simulate", *shlex.split(argv), "--json")
+    code, out, _ = run_cli("simulate", *shlex.split(argv), "--json")
     assert code == 0 and json.loads(out) == result.as_dict()
     again = request_from_args(build_parser().parse_args(request.command()[1:]))
     assert again == request
@@ -140,5 +129,5 @@ def test_strict_json_refuses_non_finite_numbers() -> None:
 
 def test_simulate_report_shows_the_command_of_its_request(tmp_path: Path) -> None:
     page = tmp_path / "r.html"
-    code, _, _ = _cli("simulate", "zb-v", "-d", "2", "--offload", "all", "--report", str(page))
+    code, _, _ = run_cli("simulate", "zb-v", "-d", "2", "--offload", "all", "--report", str(page))
     assert code == 0 and "<code>pipeoffload simulate zb-v --ranks 2 --offload all</code>" in page.read_text()

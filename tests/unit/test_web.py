@@ -1,7 +1,5 @@
 """The playground's server without a browser: the JSON API is `simulate --json`, errors are the CLI's
 messages, large requests are refused with the limit, static files are served."""
-import contextlib
-import io
 import json
 import threading
 import urllib.error
@@ -10,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from pipeoffload.cli import main
 from pipeoffload.web.server import MAX_CELLS, make_server
+from tests.conftest import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -32,15 +30,6 @@ def _get(url: str) -> tuple[int, bytes]:
         return err.code, err.read()
 
 
-def _cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(argv))
-        except SystemExit as exit_:  # argparse's own errors exit
-            code = int(exit_.code or 0)
-    return code, out.getvalue(), err.getvalue()
-
 
 @pytest.mark.parametrize("query,argv", [
     ("family=1f1b&ranks=4&microbatches=8", ["1f1b", "-d", "4", "-m", "8"]),
@@ -52,7 +41,7 @@ def _cli(*argv: str) -> tuple[int, str, str]:
 ])
 def test_api_returns_exactly_simulate_json(base: str, query: str, argv: list[str]) -> None:
     status, body = _get(f"{base}/api/simulate?{query}")
-    code, out, _ = _cli("simulate", *argv, "--json")
+    code, out, _ = run_cli("simulate", *argv, "--json")
     assert status == 200 and code == 0
     assert json.loads(body) == json.loads(out)
 
@@ -64,7 +53,7 @@ def test_api_returns_exactly_simulate_json(base: str, query: str, argv: list[str
 def test_bad_input_is_the_cli_message(base: str, param: str, flag: str, value: str) -> None:
     """The same check refuses a value in the query and in the flag, in the same words after the name."""
     status, body = _get(f"{base}/api/simulate?family=1f1b&{param}={value}")
-    code, _, err = _cli("simulate", "1f1b", f"{flag}={value}")
+    code, _, err = run_cli("simulate", "1f1b", f"{flag}={value}")
     assert status == 400 and code == 2
     message = json.loads(body)["error"]
     assert message.startswith(f"{param}: ") and err.rstrip().endswith(message.removeprefix(f"{param}: "))
