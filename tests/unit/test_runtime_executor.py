@@ -169,8 +169,8 @@ def test_an_unmeasured_step_saves_through_no_hooks_and_gives_the_same_numbers(mo
     packs = []
     real_pack = ActivationStore._pack
     monkeypatch.setattr(ActivationStore, "_pack", lambda self, *args: packs.append(1) or real_pack(self, *args))
-    m = 4
-    inputs, targets = sample_batch(CFG, 8, seed=3)
+    m = 2
+    inputs, targets = sample_batch(CFG, 4, seed=3)
     schedule = generate("interleaved-1f1b", 1, m, 2)
     runner, stages = _runner(schedule, measure_memory=False)
     loss = runner.step(inputs, targets)
