@@ -138,9 +138,8 @@ def test_model_tokenizer_ends_each_document_with_eos(tmp_path: Path) -> None:
     import pytest
 
     pytest.importorskip("tokenizers")
-    from tests.hf_fixtures import make_tokenizer
-
     from pipeoffload.train.data import load_tokenizer
+    from tests.hf_fixtures import make_tokenizer
 
     run = tmp_path / "run"
     run.mkdir()
