@@ -96,25 +96,68 @@ def _assert_tied_copies_equal(run: Path) -> None:
     assert start["tie_word_embeddings"] and cfg.model.tie_embeddings
 
 
-def test_llama_from_keys_resumes_bitwise_and_generates(tmp_path: Path) -> None:
-    """--model llama (tied, GQA) in one process: 2 steps, then --resume to 4 equals 4 uninterrupted steps
-    bitwise; the tied copies stay equal; generate reads the run."""
-    from pipeoffload.train.generate import continue_ids, generate_text, load_source
-
-    data = tmp_path / "data.txt"
+@pytest.fixture(scope="module")
+def llama_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[float], list[float]]:
+    """--model llama (tied, GQA) in one process: 4 steps in run a; 2 steps then --resume to 4 in run b."""
+    tmp = tmp_path_factory.mktemp("llama")
+    data = tmp / "data.txt"
     data.write_text(TEXT * 6)
     keys = dict(model="llama", layers=2, hidden=32, heads=4, kv_heads=2, ffn_hidden=48, tie_embeddings=True,
                 rope_theta=500000.0, data=str(data), seq_len=16, global_batch=4, microbatches=2, steps=4,
                 warmup=1, lr=3e-3, eval_every=100, progress=False)
-    whole = train(validate(TrainConfig.build(out=str(tmp_path / "a"), **keys)))["history"]
-    train(validate(TrainConfig.build(out=str(tmp_path / "b"), stop_at=2, **keys)))
-    resumed = train(validate(TrainConfig.build(out=str(tmp_path / "b"), **keys)), resume=str(tmp_path / "b"))
-    assert [r["loss"] for r in whole] == [r["loss"] for r in whole[:2]] + [r["loss"] for r in resumed["history"]]
-    model, tokenizer, context, eos = load_source(tmp_path / "b")
+    whole = train(validate(TrainConfig.build(out=str(tmp / "a"), **keys)))["history"]
+    train(validate(TrainConfig.build(out=str(tmp / "b"), stop_at=2, **keys)))
+    resumed = train(validate(TrainConfig.build(out=str(tmp / "b"), **keys)), resume=str(tmp / "b"))["history"]
+    return tmp / "b", [r["loss"] for r in whole], [r["loss"] for r in whole[:2] + resumed]
+
+
+def test_llama_from_keys_resumes_bitwise_and_generates(llama_runs: tuple[Path, list[float], list[float]]) -> None:
+    """The resumed run's losses equal the uninterrupted run's bitwise; the tied copies stay equal;
+    generate reads the run."""
+    from pipeoffload.train.generate import continue_ids, generate_text, load_source
+
+    run, whole, resumed = llama_runs
+    assert whole == resumed
+    model, tokenizer, context, eos = load_source(run)
     assert torch.equal(model.layers[0].embed_tokens.weight, model.layers[-1].lm_head.weight)
     ids = tokenizer.encode("The quick")  # type: ignore[attr-defined]
     want = tokenizer.decode(continue_ids(model, ids, 6, context=context, greedy=True))  # type: ignore[attr-defined]
-    assert generate_text(tmp_path / "b", "The quick", 6, greedy=True) == want
+    assert generate_text(run, "The quick", 6, greedy=True) == want
+
+
+def test_export_loads_in_transformers_and_continues_as_generate(llama_runs: tuple[Path, list[float], list[float]],
+                                                                tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`pipeoffload export RUN --hf OUT` (safetensors shards + index): transformers loads OUT and its greedy continuation equals
+    `pipeoffload generate RUN --greedy`; OUT is never overwritten; a GPT run is refused in one line."""
+    from tokenizers import Tokenizer
+
+    from pipeoffload.cli import main
+    from pipeoffload.train.config import to_toml
+
+    run = llama_runs[0]
+    out = tmp_path / "hf"
+    assert main(["export", str(run), "--hf", str(out)]) == 0
+    capsys.readouterr()
+    # 9 prompt tokens + 6 stay within the run's seq_len (16), the context generate keeps
+    assert main(["generate", str(run), "--prompt", "The quick", "--tokens", "6", "--greedy"]) == 0
+    ours = capsys.readouterr().out[:-1]
+    ref = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="sdpa").eval()
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    ids = tok.encode("The quick").ids
+    assert ids == list(b"The quick")  # the exported tokenizer is the run's byte tokenizer
+    with torch.no_grad():
+        want = ref.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=6)[0].tolist()
+    assert ours == tok.decode(want) and len(want) == len(ids) + 6
+    assert ref.config.tie_word_embeddings and ref.config.num_key_value_heads == 2
+    capsys.readouterr()
+    assert main(["export", str(run), "--hf", str(out)]) == 2
+    gpt = tmp_path / "gpt"
+    gpt.mkdir()
+    (gpt / "config.toml").write_text(to_toml(TrainConfig.build()))
+    assert main(["export", str(gpt), "--hf", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "already exists" in err[0] and "no Hugging Face architecture" in err[1] and len(err) == 2
+    assert not (tmp_path / "x").exists()
 
 
 def test_bf16_trains_with_fp32_master_weights(tmp_path: Path) -> None:
