@@ -142,8 +142,9 @@ def test_estimate_is_a_service_operation_and_the_cli_prints_its_result() -> None
     argv = "estimate --model gpt3-175b --tp 8 --pp 2 --global-batch 16 --json"
     req = estimate_args(build_parser().parse_args(shlex.split(argv)))
     assert isinstance(req, EstimateRequest)
-    result = run(req)
+    result = pipeoffload.run(req)
     assert isinstance(result, EstimateResult) and not result.estimate.fits
+    assert pipeoffload.EstimateRequest is EstimateRequest
     code, out, _ = run_cli(*shlex.split(argv))
     assert code == 0 and json.loads(out) == json.loads(strict_json(result.as_dict()))
     assert json.loads(out)["fits"] is False and "DOES NOT FIT" in result.text()
