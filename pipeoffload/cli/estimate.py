@@ -7,13 +7,7 @@ import sys
 
 from pipeoffload.cli.common import positive_int
 from pipeoffload.errors import ConfigError
-from pipeoffload.planner.cli_args import (
-    add_hardware_args,
-    add_model_args,
-    hardware_from_args,
-    model_from_args,
-    with_model_switches,
-)
+from pipeoffload.planner.cli_args import add_hardware_args, add_model_args, hardware_from_args, model_from_args
 from pipeoffload.planner.estimate import (
     GRAD_ACCUMULATION,
     P2P_MODES,
@@ -23,8 +17,6 @@ from pipeoffload.planner.estimate import (
     estimate,
 )
 from pipeoffload.planner.hardware import GIB
-from pipeoffload.planner.hfconfig import model_from_hf_config
-from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.split import SPLITS
 
 
@@ -58,22 +50,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def _model(args: argparse.Namespace) -> ModelSpec:
-    if not (args.model or "").startswith("hf:"):
-        return model_from_args(args)
-    spec = model_from_hf_config(args.model[3:])
-    given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab")
-             if getattr(args, k) is not None}
-    if args.microbatch_size is not None:
-        given["microbatch"] = args.microbatch_size
-    return with_model_switches(spec.with_(**given), args)
-
-
 def request_from_args(args: argparse.Namespace) -> EstimateRequest:
     if args.memory is not None and not args.memory > 0:
         raise ConfigError(f"--memory {args.memory:g}: must be > 0 GiB")
     return EstimateRequest(
-        model=_model(args), hardware=hardware_from_args(args), tp=args.tp, pp=args.pp, dp=args.dp,
+        model=model_from_args(args), hardware=hardware_from_args(args), tp=args.tp, pp=args.pp, dp=args.dp,
         global_batch=args.global_batch, schedule=args.schedule, stages_per_rank=args.stages_per_rank,
         recompute=args.recompute, sequence_parallel=args.sequence_parallel,
         distributed_optimizer=args.distributed_optimizer, offload=args.offload, split=args.split, p2p=args.p2p,
