@@ -191,3 +191,40 @@ def test_emit_for_an_hf_dir_names_the_directory_as_the_model_source(tmp_path) ->
     assert "not GPT-shaped" not in path.read_text()
     cfg = build_config(load_toml(path))  # train's own reader takes the file
     assert (cfg.model.source, cfg.model.seq_len) == (f"hf:{folder.resolve()}", 1024)
+
+
+def _hf_dir_with_zero_weights(folder):  # type: ignore[no-untyped-def]
+    """A complete tiny Hugging Face directory without transformers: config.json from a LlamaShape, one
+    safetensors file of zeros with every expected tensor, a tokenizer.json of the same vocabulary."""
+    import math
+    import struct
+
+    from tests.hf_fixtures import make_tokenizer
+
+    from pipeoffload.hfdir import expected_tensors
+    from pipeoffload.llama_config import LlamaShape
+
+    folder.mkdir()
+    tokenizer = make_tokenizer(folder / "tokenizer.json")
+    shape = LlamaShape(vocab=tokenizer.get_vocab_size(), hidden=32, layers=2, heads=4, kv_heads=2, ffn_hidden=64)
+    (folder / "config.json").write_text(json.dumps(shape.to_hf()))
+    header, offset = {}, 0
+    for name, dims in expected_tensors(shape).items():
+        size = 4 * math.prod(dims)
+        header[name] = {"dtype": "F32", "shape": list(dims), "data_offsets": [offset, offset + size]}
+        offset += size
+    table = json.dumps(header).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(table)) + table + bytes(offset))
+
+
+def test_the_emitted_file_of_an_hf_dir_passes_train_validation(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`plan --model hf:DIR --emit` then `train --config`: train's validation (which opens the whole
+    directory: config, tensors, tokenizer) accepts the file and trains that directory's model."""
+    from pipeoffload.train.config import build_config, load_toml, validate
+
+    folder, path = tmp_path / "model", tmp_path / "run.toml"
+    _hf_dir_with_zero_weights(folder)
+    assert main(["plan", "--model", f"hf:{folder}", "--seq", "64", "--gpus", "2", "--global-batch", "4",
+                 "--no-pareto", "--emit", str(path)]) == 0
+    cfg = validate(build_config(load_toml(path)))
+    assert cfg.model.source == f"hf:{folder.resolve()}" and cfg.model.seq_len == 64 and cfg.world == 2
