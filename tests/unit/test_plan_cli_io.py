@@ -199,10 +199,9 @@ def _hf_dir_with_zero_weights(folder):  # type: ignore[no-untyped-def]
     import math
     import struct
 
-    from tests.hf_fixtures import make_tokenizer
-
     from pipeoffload.hfdir import expected_tensors
     from pipeoffload.llama_config import LlamaShape
+    from tests.hf_fixtures import make_tokenizer
 
     folder.mkdir()
     tokenizer = make_tokenizer(folder / "tokenizer.json")
