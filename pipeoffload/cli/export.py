@@ -14,6 +14,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeoffload.cli.common import require_extra
+
+    require_extra("torch")
     from pipeoffload.train.export import export_hf
 
     print(f"wrote {export_hf(args.run_dir, args.hf)}")
