@@ -6,17 +6,11 @@ import argparse
 import sys
 
 from pipeoffload import service
-from pipeoffload.cli.common import checked_hardware, model_and_hardware, positive_int
+from pipeoffload.cli.common import model_and_hardware, positive_int
 from pipeoffload.errors import ConfigError
-from pipeoffload.planner.cli_args import (
-    add_hardware_args,
-    add_model_args,
-    with_model_switches,
-)
+from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.estimate import GRAD_ACCUMULATION, P2P_MODES, RECOMPUTE_MODES, EstimateRequest
-from pipeoffload.planner.hardware import GIB, HardwareSpec
-from pipeoffload.planner.hfconfig import model_from_hf_config
-from pipeoffload.planner.model import ModelSpec
+from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.split import SPLITS
 from pipeoffload.service.checks import strict_json
 
@@ -51,21 +45,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def _model_and_hardware(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec]:
-    if not (args.model or "").startswith("hf:"):
-        return model_and_hardware(args)
-    spec = model_from_hf_config(args.model[3:])
-    given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab")
-             if getattr(args, k) is not None}
-    if args.microbatch_size is not None:
-        given["microbatch"] = args.microbatch_size
-    return with_model_switches(spec.with_(**given), args), checked_hardware(args)
-
-
 def request_from_args(args: argparse.Namespace) -> EstimateRequest:
     if args.memory is not None and not args.memory > 0:
         raise ConfigError(f"--memory {args.memory:g}: must be > 0 GiB")
-    model, hardware = _model_and_hardware(args)
+    model, hardware = model_and_hardware(args)  # hf:DIR too (planner.cli_args.model_from_args)
     return EstimateRequest(
         model=model, hardware=hardware, tp=args.tp, pp=args.pp, dp=args.dp,
         global_batch=args.global_batch, schedule=args.schedule, stages_per_rank=args.stages_per_rank,

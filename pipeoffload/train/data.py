@@ -297,5 +297,8 @@ def prepare(data: str, tokenizer_spec: str, run_dir: Path, val_fraction: float) 
     if path.is_file():
         return
     vocab = int(tokenizer_spec.partition(":")[2])
-    log.info("training a byte-level BPE with %d tokens on the training text", vocab)
-    train_bpe(split_text(read_text(data), val_fraction)[0], vocab, path)
+    text = split_text(read_text(data), val_fraction)[0]
+    log.info("training a byte-level BPE with %d tokens on the training text (%.1f M characters; saved as %s)",
+             vocab, len(text) / 1e6, path)
+    train_bpe(text, vocab, path)
+    log.info("BPE trained")

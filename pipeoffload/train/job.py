@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -172,13 +173,38 @@ def train(cfg: TrainConfig, resume: str | None = None, verbose: bool = False) ->
 
     main = not under_torchrun() or os.environ.get("RANK") == "0"
     with contextlib.ExitStack() as hold:
-        cfg, ckpt = prepare_run(cfg, resume, is_main=main, hold=hold)
+        with _progress_on_stderr(main):
+            cfg, ckpt = prepare_run(cfg, resume, is_main=main, hold=hold)
+            if not under_torchrun():
+                log.info("starting %d ranks (each imports torch and joins the process group; on a busy machine "
+                         "this takes a while); their log: %s", cfg.world, Path(cfg.run.out) / "train.log")
         if under_torchrun() and not main:
             _wait_for(Path(cfg.run.out) / "config.toml", cfg.run.timeout)
         results = run_ranks(rank_fn(cfg), cfg, (str(ckpt) if ckpt else None,), verbose=verbose)
     first = results[0]
     first["out"] = cfg.run.out
     return first  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def _progress_on_stderr(main: bool) -> Any:
+    """While the launcher prepares (a BPE to train, ranks to start: minutes on a big corpus or a busy
+    machine), its INFO lines go to stderr, so the terminal says what is happening; the ranks log
+    through their own handlers (``launch.setup_logging``) afterwards."""
+    logger = logging.getLogger("pipeoffload.train")
+    if not main or logger.handlers:
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("pipeoffload train: %(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _wait_for(path: Path, timeout: float) -> None:

@@ -124,10 +124,13 @@ class Trainer:
         step_s = time.perf_counter() - t0
         self.step = step
         units: dict[int, int] = {}
+        kept: dict[int, int] = {}  # bytes a slot still held after its I: W needs only those
         for r in everyone:
             for s, b in r["slots"].items():
                 units[s] = max(units.get(s, 0), b)
-        sim = self.sim(units)
+            for s, b in r["w"].items():
+                kept[s] = max(kept.get(s, 0), b)
+        sim = self.sim(units, kept)
         samples = cfg.data.global_batch * self.batches.tokens_per_sample
         record = {
             "step": step, "loss": math.fsum(losses) / len(losses), "val_loss": None, "lr": lr, "grad_norm": norm,
@@ -165,7 +168,8 @@ class Trainer:
         head = [float(has_loss), float(loss) if has_loss else 0.0,  # type: ignore[arg-type]
                 trace.peak_bytes if trace else 0, trace.peak_host_bytes if trace else 0,
                 reload_seconds(trace) if trace else 0.0, cuda, ctx.pp_rank, self.stop_signal]
-        slots = [self.runner.slot_bytes.get(s, -1) for s in range(self.runner.num_stages)]  # -1: not measured here
+        n = self.runner.num_stages  # per stage: a slot's bytes, then what one still held after its I (-1: not here)
+        slots = [self.runner.slot_bytes.get(s, -1) for s in range(n)] + [self.runner.w_bytes.get(s, -1) for s in range(n)]
         board = torch.zeros(ctx.world, _HEAD + len(slots), dtype=torch.float64)
         board[ctx.rank] = torch.tensor(head + slots, dtype=torch.float64)
         return board
@@ -175,10 +179,12 @@ class Trainer:
         out = []
         for row in board.tolist():
             flag, value, peak, host, stall, cuda_bytes, pp_rank, stop = row[:_HEAD]
+            n = (len(row) - _HEAD) // 2
             out.append({
                 "loss": value if flag else None, "peak": int(peak), "host": int(host), "stall": stall,
                 "cuda": None if cuda_bytes < 0 else int(cuda_bytes), "pp_rank": int(pp_rank), "stop": int(stop),
-                "slots": {s: int(b) for s, b in enumerate(row[_HEAD:]) if b >= 0},
+                "slots": {s: int(b) for s, b in enumerate(row[_HEAD:_HEAD + n]) if b >= 0},
+                "w": {s: int(b) for s, b in enumerate(row[_HEAD + n:]) if b >= 0},
             })
         return out
 
