@@ -22,7 +22,7 @@ lint: setup
 	$(VENV)/bin/lint-imports --no-cache  # the layers of docs/architecture.md ([tool.importlinter] in pyproject.toml)
 
 test: lint
-	$(PY) -m pytest -q -x --durations=10
+	$(PY) -m pytest -q -x -n 2 --durations=10  # two workers: the 2-core CI machine is otherwise half idle while ranks wait
 
 # On a CUDA machine: tests/gpu, the offload replay benchmark and a 1-GPU training run (< 8 min);
 # writes benchmarks/results/gpu_check.txt. Without CUDA it says so and exits 0.
