@@ -134,13 +134,14 @@ def route(path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, str, byte
     try:
         if path == "/api/families":
             out: Any = [{"name": s.name, "summary": s.summary, "stages_per_rank": s.default_stages_per_rank(),
-                         "options": list(s.options)} for s in schedule_specs()]
+                         "fixed_stages_per_rank": s.fixed_stages_per_rank, "options": list(s.options)}
+                        for s in schedule_specs()]
         elif path == "/api/simulate":
             out = simulate_query(query).as_dict()
         elif path == "/api/chart":
             result = simulate_query(query)
             out = {"command": shlex.join(result.request.command()), "result": result.as_dict(),
-                   "chart": compact_chart(chart_data(result.timeline))}
+                   "chart": compact_chart(chart_data(result.timeline, time_unit=result.time_unit))}
         else:
             raise RequestError(HTTPStatus.NOT_FOUND, f"no such page {path!r}; the playground is at /")
     except RequestError as err:

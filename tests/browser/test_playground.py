@@ -33,16 +33,16 @@ def page(browser: Any, base: str) -> Iterator[tuple[Any, Console]]:
 
 
 def _set(page: Any, name: str, value: str) -> None:
-    if name == "family":
-        page.select_option("[name=family]", value)
+    if name in ("family", "backward"):
+        page.select_option(f"[name={name}]", value)
         return
     page.fill(f"[name={name}]", value)
     page.dispatch_event(f"[name={name}]", "change")
 
 
 def _wait_ranks(page: Any, ranks: int) -> None:
-    page.wait_for_selector(f"#chart svg[data-ranks='{ranks}']:not(.stale)", timeout=30_000)
-    page.wait_for_function("!document.getElementById('chart').classList.contains('stale')", timeout=30_000)
+    # selectors, not wait_for_function: the page's CSP forbids the eval that a JavaScript predicate needs
+    page.wait_for_selector(f"#chart:not(.stale) svg[data-ranks='{ranks}']", timeout=30_000)
 
 
 def test_page_loads_without_console_errors(page: tuple[Any, Console]) -> None:
@@ -61,8 +61,7 @@ def test_numbers_on_the_page_are_simulate_json(page: tuple[Any, Console]) -> Non
     _set(p, "group_size", "2")
     _set(p, "offload", "all")
     _wait_ranks(p, 4)
-    p.wait_for_function("document.querySelector('#command').textContent.includes('--offload all') && "
-                        "document.querySelector('#command').textContent.includes('--group-size 2')")
+    p.wait_for_selector("#command:has-text('--offload all'):has-text('--group-size 2')", timeout=30_000)
     command = p.inner_text("#command").split()
     assert command[:2] == ["pipeoffload", "simulate"]
     code, out, err = run_cli(*command[1:], "--json")
@@ -105,8 +104,94 @@ def test_bad_input_shows_the_cli_message(page: tuple[Any, Console]) -> None:
     _set(p, "ranks", "4")
     p.wait_for_selector("#error[hidden]", state="attached", timeout=30_000)
     _set(p, "offload", "sometimes")
-    p.wait_for_function("document.getElementById('error').textContent.includes('sometimes')", timeout=30_000)
+    p.wait_for_selector("#error:has-text('sometimes')", timeout=30_000)
     assert "valid forms" in p.inner_text("#error")
     _set(p, "offload", "none")
     p.wait_for_selector("#error[hidden]", state="attached", timeout=30_000)
+    assert console.errors == []
+
+
+def _stale(page: Any, selector: str) -> bool:
+    return "stale" in (page.get_attribute(selector, "class") or "")
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("ranks", "1e", "ranks: '1e' is not an integer"), ("ranks", "", "ranks: empty"),
+    ("microbatches", "--", "microbatches: '--' is not an integer"), ("time_f", "", "time_f: empty"),
+])
+def test_a_number_that_does_not_parse_is_an_error_never_the_default(
+        page: tuple[Any, Console], name: str, value: str, message: str) -> None:
+    p, console = page
+    _set(p, "family", "1f1b")
+    _set(p, "ranks", "4")
+    _set(p, "microbatches", "8")
+    _set(p, "time_f", "1")
+    _wait_ranks(p, 4)
+    _set(p, name, value)
+    p.wait_for_selector(f'#error:has-text("{message}")', timeout=30_000)
+    assert _stale(p, "#numbers") and _stale(p, "#chart")  # the old numbers are not shown as the answer
+    _set(p, name, {"ranks": "4", "microbatches": "8", "time_f": "1"}[name])
+    _wait_ranks(p, 4)
+    assert p.is_hidden("#error") and not _stale(p, "#numbers")
+    assert console.errors == []
+
+
+def test_resizing_redraws_without_simulating_again(page: tuple[Any, Console]) -> None:
+    p, console = page
+    _set(p, "ranks", "4")
+    _wait_ranks(p, 4)
+    asked: list[str] = []
+    listener = lambda request: asked.append(request.url) if "/api/" in request.url else None  # noqa: E731
+    p.on("request", listener)
+    width = p.get_attribute("#chart svg", "width")
+    p.set_viewport_size({"width": 900, "height": 1000})
+    p.wait_for_selector(f"#chart svg:not([width='{width}'])", timeout=30_000)
+    p.set_viewport_size({"width": 1300, "height": 1000})
+    p.wait_for_selector(f"#chart svg[width='{width}']", timeout=30_000)
+    p.remove_listener("request", listener)
+    assert asked == [] and not _stale(p, "#chart")
+    assert console.errors == []
+
+
+def test_options_the_family_does_not_take_are_disabled(page: tuple[Any, Console]) -> None:
+    p, console = page
+    _set(p, "family", "group-interleaved")
+    _set(p, "group_size", "2")
+    for name in ("group_size", "stages_per_rank", "backward"):
+        assert p.is_enabled(f"[name={name}]")
+    _set(p, "family", "1f1b")
+    for name in ("group_size", "stages_per_rank", "backward"):
+        assert p.is_disabled(f"[name={name}]")
+    _set(p, "ranks", "3")
+    _wait_ranks(p, 3)  # the g typed for group-interleaved is not sent: 1f1b simulates, no error
+    assert p.is_hidden("#error") and "group-size" not in p.inner_text("#command")
+    assert console.errors == []
+
+
+def test_backward_and_p2p_controls_and_the_state_in_the_url(browser: Any, base: str,
+                                                              page: tuple[Any, Console]) -> None:
+    p, console = page
+    _set(p, "family", "group-interleaved")
+    _set(p, "ranks", "4")
+    _set(p, "microbatches", "8")
+    _set(p, "group_size", "2")
+    _set(p, "backward", "full")
+    _set(p, "p2p_time", "0.5")
+    p.wait_for_selector("#command:has-text('--backward full'):has-text('--p2p-time 0.5')", timeout=30_000)
+    _wait_ranks(p, 4)
+    command = p.inner_text("#command").split()
+    code, out, _ = run_cli(*command[1:], "--json")
+    assert code == 0
+    assert json.loads(p.get_attribute("#numbers td[data-key=makespan]", "data-value") or "null") == \
+        json.loads(out)["makespan"]
+    shared = p.url  # the link a user copies: opening it shows the same state
+    assert "backward=full" in shared and "p2p_time=0.5" in shared
+    other = browser.new_page()
+    other.goto(shared)
+    other.wait_for_selector("#chart:not(.stale) svg[data-ranks='4']", timeout=30_000)
+    assert other.input_value("[name=p2p_time]") == "0.5" and other.input_value("[name=backward]") == "full"
+    assert other.inner_text("#command") == p.inner_text("#command")
+    other.close()
+    _set(p, "backward", "")
+    _set(p, "p2p_time", "0")
     assert console.errors == []

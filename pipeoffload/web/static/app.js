@@ -13,23 +13,41 @@
   const familyNote = document.getElementById("family-note");
   const DEVICE = "#1f4e79", HOST = "#b5651d";
   // [JSON key, heading, unit]: every number says its unit. Host peaks are shown in rank units.
+  // [JSON key, heading, unit]: every number says its unit ("TIME": the server's time unit). Host peaks in rank units.
   const FIELDS = [
-    ["makespan", "makespan", "t"], ["bubble_ratio", "bubble", "%"],
+    ["makespan", "makespan", "TIME"], ["bubble_ratio", "bubble", "%"],
     ["peak_rank_units", "device peak", "rank units"], ["peak_host_rank_units", "host peak", "rank units"],
-    ["stall", "stall", "t"], ["offloaded", "offloaded", "activations"], ["recomputed", "recomputed", "activations"],
+    ["stall", "stall", "TIME"], ["offloaded", "offloaded", "activations"], ["recomputed", "recomputed", "activations"],
     ["actions", "actions", "lowered"],
   ];
-  let families = [], sequence = 0, timer = null, controller = null;
+  // What a family must take for a field to be enabled: a field it does not take is disabled and not sent.
+  const TAKES = {
+    stages_per_rank: (f) => !f.fixed_stages_per_rank,
+    group_size: (f) => f.options.includes("group_size"),
+    backward: (f) => f.options.includes("backward"),
+  };
+  // Shown dimmed while the numbers and chart do not match the inputs (an error, or a request on its way).
+  const STALE = [chartBox, document.getElementById("numbers"), legendEl, summaryLine, commandEl];
+  let families = [], sequence = 0, timer = null, resizeTimer = null, controller = null, last = null;
 
   const fmt = (v) => (typeof v === "number" ? String(Number(v.toPrecision(6))) : String(v));
   const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+  const stale = (on) => STALE.forEach((el) => el.classList.toggle("stale", on));
 
-  function query() {
+  // The query for the form, or the message for a required field left empty. Everything typed is sent as
+  // typed (the server checks it with the CLI's checks), so "1e" or "--" is an error, never the default.
+  function readForm() {
     const params = new URLSearchParams();
     for (const el of form.elements) {
-      if (el.name && el.value.trim() !== "") params.set(el.name, el.value.trim());
+      if (!el.name || el.disabled) continue;
+      const text = el.value.trim();
+      if (text === "") {
+        if (el.required) return {params, error: `${el.name}: empty; give a value (e.g. ${el.defaultValue})`};
+        continue;
+      }
+      params.set(el.name, text);
     }
-    return params;
+    return {params, error: null};
   }
 
   function schedule(delay) {
@@ -40,11 +58,14 @@
   async function refresh() {
     const mine = ++sequence;
     if (controller) controller.abort();
+    const {params, error} = readForm();
+    history.replaceState(null, "", "?" + params.toString());  // the state is the URL: share it
+    if (error) { showError(error); return; }
     controller = new AbortController();
-    chartBox.classList.add("stale");
+    stale(true);
     let response, body;
     try {
-      response = await fetch("/api/chart?" + query().toString(), {signal: controller.signal});
+      response = await fetch("/api/chart?" + params.toString(), {signal: controller.signal});
       body = await response.json();
     } catch (err) {
       if (err.name === "AbortError") return;
@@ -55,28 +76,32 @@
     if (!response.ok || body.error) { showError(body.error || response.statusText); return; }
     errorBox.hidden = true;
     errorBox.textContent = "";
+    last = body;
     render(body);
   }
 
   function showError(message) {
     errorBox.textContent = message;
     errorBox.hidden = false;
+    stale(true);  // the numbers below are for other inputs
   }
 
   function render(body) {
-    const result = body.result, chart = body.chart;
+    const result = body.result, chart = body.chart, unit = chart.time_unit;
+    document.querySelectorAll(".unit").forEach((el) => { el.textContent = unit; });
     summaryLine.textContent = chart.title + " — " + chart.summary;
     commandEl.textContent = body.command;
-    const heads = FIELDS.map(([, head, unit]) => `<th>${esc(head)}${unit && unit !== "%" ? ` (${esc(unit)})` : ""}</th>`);
-    const cells = FIELDS.map(([key, , unit]) => {
+    const unitOf = (u) => (u === "TIME" ? unit : u);
+    const heads = FIELDS.map(([, head, u]) => `<th>${esc(head)}${u !== "%" ? ` (${esc(unitOf(u))})` : ""}</th>`);
+    const cells = FIELDS.map(([key, , u]) => {
       const value = result[key];
-      const shown = unit === "%" ? (100 * value).toFixed(2) + "%" : fmt(value);
+      const shown = u === "%" ? (100 * value).toFixed(2) + "%" : fmt(value);
       return `<td data-key="${key}" data-value="${esc(JSON.stringify(value))}">${esc(shown)}</td>`;
     });
     numbers.innerHTML = `<tr>${heads.join("")}</tr><tr>${cells.join("")}</tr>`;
     legendEl.innerHTML = legend(chart);
     chartBox.innerHTML = svg(chart);
-    chartBox.classList.remove("stale");
+    stale(false);
   }
 
   function shade(colour, index, v) {
@@ -85,13 +110,17 @@
     return "#" + rgb.map((c) => Math.round(c + (255 - c) * amount).toString(16).padStart(2, "0")).join("");
   }
 
+  // Swatches are small SVGs: the page's CSP allows no inline style attributes.
+  const swatch = (fill) => `<svg width="14" height="10"><rect width="14" height="10" fill="${fill}"/></svg>`;
+  const stroke = (colour, dash) => `<svg width="14" height="10"><line x1="0" x2="14" y1="5" y2="5" stroke="${colour}" stroke-width="2"${dash ? ' stroke-dasharray="3 2"' : ""}/></svg>`;
+
   function legend(chart) {
-    const items = chart.kinds.map((k) => `<span><i style="background:${chart.colours[k]}"></i>${esc(chart.labels[k])}</span>`);
+    const items = chart.kinds.map((k) => `<span>${swatch(chart.colours[k])}${esc(chart.labels[k])}</span>`);
     for (let s = 1; s < chart.stages_per_rank; s++) {
-      items.push(`<span><i style="background:${shade(chart.colours.F, s, chart.stages_per_rank)}"></i>lighter: rank's stage ${s + 1} of ${chart.stages_per_rank}</span>`);
+      items.push(`<span>${swatch(shade(chart.colours.F, s, chart.stages_per_rank))}lighter: rank's stage ${s + 1} of ${chart.stages_per_rank}</span>`);
     }
-    items.push(`<span><i class="line" style="border-color:${DEVICE}"></i>device memory</span>`);
-    if (chart.host.some((c) => c.peak > 0)) items.push(`<span><i class="dash" style="border-color:${HOST}"></i>host memory (own scale)</span>`);
+    items.push(`<span>${stroke(DEVICE, false)}device memory</span>`);
+    if (chart.host.some((c) => c.peak > 0)) items.push(`<span>${stroke(HOST, true)}host memory (own scale)</span>`);
     return items.join("");
   }
 
@@ -133,7 +162,7 @@
       if (lane === "copy") { h = copyH / 2; y += computeH + 1 + (kind === "OFFLOAD" ? 0 : h); }
       else fill = shade(fill, stageShade, v);
       const x0 = x(start), w = Math.max(x(end) - x0, 0.5);
-      out.push(`<rect class="box" x="${x0.toFixed(2)}" y="${y}" width="${w.toFixed(2)}" height="${h}" fill="${fill}"><title>${action} on rank ${rank}: ${fmt(start)} to ${fmt(end)} t</title></rect>`);
+      out.push(`<rect class="box" x="${x0.toFixed(2)}" y="${y}" width="${w.toFixed(2)}" height="${h}" fill="${fill}"><title>${action} on rank ${rank}: ${fmt(start)} to ${fmt(end)} ${esc(chart.time_unit)}</title></rect>`);
       const label = String(microbatch);
       if (lane === "compute" && w >= 6 * label.length + 3) {
         out.push(`<text x="${(x0 + w / 2).toFixed(1)}" y="${y + h / 2 + 3}" text-anchor="middle" font-size="8" fill="${stageShade === 0 ? "#fff" : "#111"}" stroke="none" pointer-events="none">${label}</text>`);
@@ -167,7 +196,8 @@
       const note = `peak ${fmt(device.peak)}` + (topHost > 0 ? ` · host ${fmt(host.peak)}` : "");
       out.push(`<text x="${left + plotW + 6}" y="${y0 + panelH / 2 + 3}" fill="${DEVICE}" font-size="9" class="peak">${note}</text>`);
     }
-    axis(memTop + d * panelH + 2, "time (t = one rank's forward of one microbatch)");
+    const unit = chart.time_unit;
+    axis(memTop + d * panelH + 2, `time (${esc(unit)}${unit === "t" ? " = one rank's forward of one microbatch" : ""})`);
     out.push("</svg>");
     return out.join("");
   }
@@ -177,17 +207,32 @@
     families = await response.json();
     familySelect.innerHTML = families.map((f) => `<option value="${esc(f.name)}">${esc(f.name)}</option>`).join("");
     familySelect.value = families.some((f) => f.name === "group-interleaved") ? "group-interleaved" : families[0].name;
+    const shared = new URLSearchParams(location.search);  // a shared link: its state, then the defaults
+    for (const [name, value] of shared) {
+      const el = form.elements.namedItem(name);
+      if (el && el.name) el.value = value;
+    }
+    if (!familySelect.value) familySelect.value = families[0].name;
     noteFamily();
     form.addEventListener("input", () => schedule(150));
-    form.addEventListener("change", () => { noteFamily(); schedule(0); });
+    form.addEventListener("change", (e) => { if (e.target === familySelect) noteFamily(); schedule(0); });
     form.addEventListener("submit", (e) => e.preventDefault());
-    window.addEventListener("resize", () => schedule(200));
+    window.addEventListener("resize", () => {  // only the drawing depends on the width: redraw, do not re-simulate
+      clearTimeout(resizeTimer);
+      resizeTimer = setTimeout(() => { if (last && errorBox.hidden) chartBox.innerHTML = svg(last.chart); }, 100);
+    });
     refresh();
   }
 
   function noteFamily() {
     const f = families.find((x) => x.name === familySelect.value);
-    familyNote.textContent = f ? `${f.name}: ${f.summary} (default v = ${f.stages_per_rank}; options: ${f.options.join(", ") || "none"})` : "";
+    if (!f) { familyNote.textContent = ""; return; }
+    for (const [name, takes] of Object.entries(TAKES)) {
+      const el = form.elements.namedItem(name);
+      el.disabled = !takes(f);
+      el.title = el.disabled ? `${f.name} does not take this option` : "";
+    }
+    familyNote.textContent = `${f.name}: ${f.summary} (default v = ${f.stages_per_rank}; options: ${f.options.join(", ") || "none"})`;
   }
 
   start().catch((err) => showError("could not start: " + err.message));
