@@ -10,7 +10,7 @@ from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, RecomputePolicy
 from pipeoffload.service import SimulateRequest, simulate, strict_json
 from pipeoffload.service.simulate import BACKWARDS, K_DEFAULT_HELP
 from pipeoffload.simulator import Timeline
-from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, time_unit_help
+from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, counted, rank_units, time_unit_help
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -79,7 +79,7 @@ def format_summary(timeline: Timeline, time_unit: str = TIME_UNIT, k: float | No
         f"{s.name}: ranks={s.num_ranks} microbatches={s.num_microbatches} stages_per_rank={s.stages_per_rank} "
         f"placement={s.placement.kind} offload_ratio k={'from the costs file' if k is None else f'{k:g}'}",
         f"makespan {timeline.makespan:g} {time_unit}   bubble {timeline.bubble_ratio:.2%}   "
-        f"peak {timeline.peak_rank_units:g} {MEMORY_UNIT} ({timeline.peak_activation_units:g} activation units)"
+        f"peak {rank_units(timeline.peak_rank_units)} ({counted(timeline.peak_activation_units, 'activation unit')})"
         + (f"   stall {timeline.stall:g} {time_unit}" if timeline.stall else ""),
         f"rank  busy({time_unit})  bubble  peak(device)  peak(host)  stall({time_unit})   [memory in {MEMORY_UNIT}]",
     ]

@@ -32,13 +32,15 @@ TIME_LABELS = {TIME_UNIT: "time (t = one rank's forward of one microbatch)", "s"
 
 
 def timeline_figure(timeline: Timeline, title: str | None = None, memory: bool = True,
-                    time_unit: str = TIME_UNIT, xmax: float | None = None) -> Figure:
+                    time_unit: str = TIME_UNIT, xmax: float | None = None, ymax: float | None = None) -> Figure:
     """The chart of ``timeline``; ``title`` replaces the schedule line (the numbers line stays);
-    ``xmax`` fixes the time axis, so charts of several schedules compare at a glance."""
-    return chart_figure(chart_data(timeline, title, time_unit), memory, xmax)
+    ``xmax`` fixes the time axis and ``ymax`` the device memory scale, so charts of several schedules
+    compare at a glance (a peak of 1 is not drawn as high as a peak of 8)."""
+    return chart_figure(chart_data(timeline, title, time_unit), memory, xmax, ymax)
 
 
-def chart_figure(data: ChartData, memory: bool = True, xmax: float | None = None) -> Figure:
+def chart_figure(data: ChartData, memory: bool = True, xmax: float | None = None,
+                 ymax: float | None = None) -> Figure:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -63,7 +65,7 @@ def chart_figure(data: ChartData, memory: bool = True, xmax: float | None = None
     if memory:
         ax.tick_params(labelbottom=True)
         y -= axis_h + gap + mem_h
-        axes = _memory_panels(fig, data, (_LEFT / _WIDTH, y / height, frac_w, mem_h / height), ax)
+        axes = _memory_panels(fig, data, (_LEFT / _WIDTH, y / height, frac_w, mem_h / height), ax, ymax)
         axes[-1].set_xlabel(xlabel, fontsize=9)
     else:
         ax.set_xlabel(xlabel, fontsize=9)
@@ -122,11 +124,13 @@ def _gantt(ax: Any, data: ChartData, lanes: list[tuple[int, str]], width_pt: flo
         ax.spines[spine].set_visible(False)
 
 
-def _memory_panels(fig: Any, data: ChartData, rect: tuple[float, float, float, float], gantt: Any) -> list[Any]:
-    """One panel per rank, stacked with no gaps, sharing the time axis and one memory scale."""
+def _memory_panels(fig: Any, data: ChartData, rect: tuple[float, float, float, float], gantt: Any,
+                   ymax: float | None = None) -> list[Any]:
+    """One panel per rank, stacked with no gaps, sharing the time axis and one memory scale (at least
+    ``ymax``: the scale of every chart being compared)."""
     left, bottom, width, height = rect
     n = data.ranks
-    top_device = max([c.peak for c in data.device] + [1e-9])
+    top_device = max([c.peak for c in data.device] + [ymax or 0.0, 1e-9])
     top_host = max(c.peak for c in data.host)
     axes, host_axes = [], []
     for rank in range(n):
@@ -157,8 +161,10 @@ def _memory_panels(fig: Any, data: ChartData, rect: tuple[float, float, float, f
         for spine in ("top", "right"):
             ax.spines[spine].set_visible(False)
         axes.append(ax)
-    scale = (f"; host dashed, own scale 0 to {top_host * 1.15:.3g}" if top_host > 0 else "")
-    axes[0].set_title(f"activation memory per rank, {MEMORY_UNIT} (device solid, shared scale{scale})",
+    # The scale named is the top tick's (the highest peak), as the playground names it, not the headroom above it.
+    scale = (f"; host dashed, own scale 0 to {top_host:.3g}" if top_host > 0 else "")
+    axes[0].set_title(f"activation memory per rank, {MEMORY_UNIT} (device solid, shared scale 0 to "
+                      f"{top_device:.3g}{scale})",
                       fontsize=8, loc="left", pad=3)
     return axes
 
