@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--plots {args.plots}: cannot create the folder ({err.strerror})") from None
         for row, png in zip(rows, pictures):
             write_atomic(Path(args.plots) / f"{file_slug(row.label)}.png", png)
-    page = html_report(timelines, title=f"pipeoffload compare: {len(rows)} schedules",
+    shared = f" (every row: {result.shared})" if result.shared else ""
+    page = html_report(timelines, title=f"pipeoffload compare: {len(rows)} schedules{shared}",
                        pictures=pictures, labels=[r.label for r in rows], commands=commands, time_unit=unit)
     write_atomic(args.output, page)
     log.info("wrote %s", args.output)
@@ -108,5 +109,7 @@ def run(args: argparse.Namespace) -> int:
         for index, (row, t) in enumerate(zip(rows, timelines), 1):
             print(f"{index}. {row.label}: makespan {t.makespan:.4g} {unit}, bubble {t.bubble_ratio:.1%}, "
                   f"device peak {rank_units(t.peak_rank_units, 3)}")
+        if result.shared:
+            print(f"every row: {result.shared}")
         print(f"wrote {args.output}")
     return 0

@@ -121,10 +121,15 @@ class SimulateResult:
     def label(self) -> str:
         """Schedule, resolved sizes, then every option that differs from its default, e.g.
         ``group-interleaved d=8 m=32 v=2 · group-size 4 · offload all``: no two different runs share one."""
+        return join_label(*self.label_parts())
+
+    def label_parts(self) -> tuple[list[str], list[str]]:
+        """(schedule name and resolved sizes, every non-default option), e.g. (["zb-v", "d=8", "m=16",
+        "v=2"], ["offload all"]): what ``label`` joins, and what ``compare`` drops when every row shares it."""
         s = self.timeline.schedule
-        parts = [f"{s.name} d={s.num_ranks} m={s.num_microbatches} v={s.stages_per_rank}"]
-        parts += [flag if value is True else f"{flag} {value}" for flag, value in self.request.options()]
-        return " · ".join(parts)
+        sizes = [s.name, f"d={s.num_ranks}", f"m={s.num_microbatches}", f"v={s.stages_per_rank}"]
+        return sizes, [flag if value is True else f"{flag} {value}" for flag, value in self.request.options()]
+
 
     def as_dict(self) -> dict:
         """The object ``simulate --json`` prints and the playground serves: the timeline's numbers, their
@@ -138,6 +143,11 @@ class SimulateResult:
         out["offload_report"] = report_dict(self.report)
         out["units"] = units_dict(self.time_unit)
         return out
+
+
+def join_label(sizes: list[str], options: list[str]) -> str:
+    """``"zb-v d=8 m=16 v=2 · offload all"``: sizes with spaces, then the options with dots."""
+    return " · ".join([" ".join(sizes), *options] if sizes else options)
 
 
 def report_dict(report: OffloadReport) -> dict:
