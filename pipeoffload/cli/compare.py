@@ -88,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
     timelines = [r.result.timeline for r in rows]
     top = max(t.peak_rank_units for t in timelines)  # one memory scale, as one time axis, across the rows
-    pictures = [figure_bytes(timeline_figure(t, xmax=result.makespan, ymax=top, time_unit=unit), dpi=100)
-                for t in timelines]
+    pictures = [figure_bytes(timeline_figure(r.result.timeline, r.result.title(), xmax=result.makespan, ymax=top,
+                                             time_unit=unit), dpi=100) for r in rows]
     if args.plots:
         try:
             Path(args.plots).mkdir(parents=True, exist_ok=True)

@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     request = request_from_args(args)
     check_output_args(args)
     result = simulate(request)
-    write_outputs(args, [result.timeline], result.time_unit, commands=[shlex.join(request.command())])
+    write_outputs(args, [result.timeline], result.time_unit, commands=[shlex.join(request.command())],
+                  title=result.title())
     if args.json:
         print(strict_json(result.as_dict(), indent=1))
     else:

@@ -21,6 +21,7 @@ from pipeoffload.service.checks import checked, finite_at_least, int_at_least, o
 from pipeoffload.simulator import Timeline
 from pipeoffload.simulator import simulate as simulate_timeline
 from pipeoffload.units import TIME_UNIT, rank_costs, units_dict
+from pipeoffload.viz.chartdata import schedule_title
 
 BACKWARDS = ("split", "full")
 # The default offload ratio, so that offloading is never free unless asked for: the paper's Formula 1
@@ -122,6 +123,12 @@ class SimulateResult:
         """Schedule, resolved sizes, then every option that differs from its default, e.g.
         ``group-interleaved d=8 m=32 v=2 · group-size 4 · offload all``: no two different runs share one."""
         return join_label(*self.label_parts())
+
+    def title(self) -> str:
+        """The chart header: schedule and sizes, and the offload ratio k the copies took."""
+        k = self.request.k
+        return schedule_title(self.timeline) + (", copy times from the costs file" if k is None
+                                                else f", offload ratio k={k:g}")
 
     def label_parts(self) -> tuple[list[str], list[str]]:
         """(schedule name and resolved sizes, every non-default option), e.g. (["zb-v", "d=8", "m=16",

@@ -89,6 +89,7 @@ def _gantt(ax: Any, data: ChartData, lanes: list[tuple[int, str]], width_pt: flo
         pos[(rank, lane)] = (cursor + h / 2, h)
         cursor += h
     segments: dict[tuple[float, float, str], list[tuple[float, float]]] = defaultdict(list)
+    ticks: dict[tuple[float, float, str], list[float]] = defaultdict(list)  # instant copies (k = 0)
     scale = width_pt / xmax if xmax > 0 else 0.0
     label_room = _LABEL_PT * 0.62
     for box in data.boxes:
@@ -100,6 +101,9 @@ def _gantt(ax: Any, data: ChartData, lanes: list[tuple[int, str]], width_pt: flo
         else:
             h *= 0.82
             colour = shade(COLOURS[K(box.kind)], box.shade, data.stages_per_rank)
+        if box.lane == "copy" and box.end <= box.start:  # a zero-width bar would vanish: draw a tick
+            ticks[(centre, h, colour)].append(box.start)
+            continue
         segments[(centre, h, colour)].append((box.start, box.end - box.start))
         text = str(box.microbatch)
         if box.lane == "compute" and (box.end - box.start) * scale >= label_room * len(text) + 2:
@@ -107,6 +111,8 @@ def _gantt(ax: Any, data: ChartData, lanes: list[tuple[int, str]], width_pt: flo
                     color="white" if box.shade == 0 else "#111111")
     for (centre, h, colour), spans in segments.items():
         ax.broken_barh(spans, (centre - h / 2, h), facecolors=colour, edgecolor="white", linewidth=0.3)
+    for (centre, h, colour), times in ticks.items():
+        ax.vlines(times, centre - h / 2, centre + h / 2, colors=colour, linewidth=1.0, label="_instant")
     ax.set_ylim(cursor, 0)
     ax.set_xlim(0, xmax if xmax > 0 else 1.0)
     ax.set_yticks([pos[key][0] for key in lanes])
@@ -178,6 +184,9 @@ def _legend(fig: Any, data: ChartData, memory: bool, y: float) -> None:
         for local in range(1, data.stages_per_rank):
             handles.append(Patch(color=shade(COLOURS[K.F], local, data.stages_per_rank),
                                  label=f"lighter: rank's stage {local + 1} of {data.stages_per_rank}"))
+    if any(b.lane == "copy" and b.end <= b.start for b in data.boxes):
+        handles.append(Line2D([], [], color="#555555", marker="|", linestyle="none", markersize=8,
+                              label="tick: instant copy (k = 0)"))
     if memory:
         handles.append(Line2D([], [], color=_DEVICE_COLOUR, label="device memory"))
         if any(c.peak > 0 for c in data.host):

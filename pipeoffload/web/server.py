@@ -141,7 +141,7 @@ def route(path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, str, byte
         elif path == "/api/chart":
             result = simulate_query(query)
             out = {"command": shlex.join(result.request.command()), "result": result.as_dict(),
-                   "chart": compact_chart(chart_data(result.timeline, time_unit=result.time_unit))}
+                   "chart": compact_chart(chart_data(result.timeline, result.title(), result.time_unit))}
         else:
             raise RequestError(HTTPStatus.NOT_FOUND, f"no such page {path!r}; the playground is at /")
     except RequestError as err:

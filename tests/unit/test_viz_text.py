@@ -30,3 +30,15 @@ def test_the_host_scale_named_is_the_highest_host_peak() -> None:
     top_host = max(r["peak_host_rank_units"] for r in result.as_dict()["per_rank"])
     assert top_host > 0
     assert f"own scale 0 to {top_host:.3g})" in _memory_title(timeline_figure(result.timeline))
+
+
+def test_instant_copies_are_drawn_as_ticks_and_the_legend_says_so() -> None:
+    from matplotlib.collections import LineCollection
+
+    result = simulate(SimulateRequest("1f1b", ranks=2, microbatches=4, offload="all", offload_ratio=0))
+    copies = [a for row in result.timeline.schedule.actions for a in row if a.kind.name.startswith(("OFFLOAD", "RELOAD"))]
+    fig = timeline_figure(result.timeline)
+    gantt = fig.axes[0]
+    ticks = sum(len(c.get_segments()) for c in gantt.collections if isinstance(c, LineCollection))
+    assert copies and ticks == len(copies)
+    assert any(t.get_text() == "tick: instant copy (k = 0)" for legend in fig.legends for t in legend.get_texts())

@@ -92,6 +92,7 @@ def test_static_files_and_chart(base: str) -> None:
     status, body = _get(f"{base}/api/chart?family=1f1b&ranks=3&microbatches=4")
     chart = json.loads(body)["chart"]
     assert status == 200 and chart["ranks"] == 3 and len(chart["boxes"]) == 3 * 4 * 2 and len(chart["device"]) == 3
+    assert chart["title"].endswith(", offload ratio k=1.49")  # the header says what the copies cost
     families = json.loads(_get(f"{base}/api/families")[1])
     assert "group-interleaved" in {f["name"] for f in families}
 

@@ -119,6 +119,9 @@
     for (let s = 1; s < chart.stages_per_rank; s++) {
       items.push(`<span>${swatch(shade(chart.colours.F, s, chart.stages_per_rank))}lighter: rank's stage ${s + 1} of ${chart.stages_per_rank}</span>`);
     }
+    if (chart.boxes.some((b) => b[1] === "copy" && b[6] <= b[5])) {
+      items.push(`<span><svg width="14" height="10"><rect x="6" width="2" height="10" fill="#555"/></svg>tick: instant copy (k = 0)</span>`);
+    }
     items.push(`<span>${stroke(DEVICE, false)}device memory</span>`);
     if (chart.host.some((c) => c.peak > 0)) items.push(`<span>${stroke(HOST, true)}host memory (own scale)</span>`);
     return items.join("");
@@ -161,8 +164,9 @@
       let y = rank * rowH, h = computeH, fill = chart.colours[kind];
       if (lane === "copy") { h = copyH / 2; y += computeH + 1 + (kind === "OFFLOAD" ? 0 : h); }
       else fill = shade(fill, stageShade, v);
-      const x0 = x(start), w = Math.max(x(end) - x0, 0.5);
-      out.push(`<rect class="box" x="${x0.toFixed(2)}" y="${y}" width="${w.toFixed(2)}" height="${h}" fill="${fill}"><title>${action} on rank ${rank}: ${fmt(start)} to ${fmt(end)} ${esc(chart.time_unit)}</title></rect>`);
+      const x0 = x(start), instant = lane === "copy" && end <= start;  // k = 0: a tick, not a vanishing bar
+      const w = instant ? 1.5 : Math.max(x(end) - x0, 0.5);
+      out.push(`<rect class="box${instant ? " tick" : ""}" x="${x0.toFixed(2)}" y="${y}" width="${w.toFixed(2)}" height="${h}" fill="${fill}"><title>${action} on rank ${rank}: ${fmt(start)} to ${fmt(end)} ${esc(chart.time_unit)}</title></rect>`);
       const label = String(microbatch);
       if (lane === "compute" && w >= 6 * label.length + 3) {
         out.push(`<text x="${(x0 + w / 2).toFixed(1)}" y="${y + h / 2 + 3}" text-anchor="middle" font-size="8" fill="${stageShade === 0 ? "#fff" : "#111"}" stroke="none" pointer-events="none">${label}</text>`);
