@@ -118,8 +118,9 @@ def compact_chart(data: ChartData) -> dict:
         "makespan": data.makespan, "ranks": data.ranks, "stages_per_rank": data.stages_per_rank,
         "copy_lanes": data.copy_lanes, "kinds": list(data.kinds),
         "colours": {k.value: c for k, c in COLOURS.items()}, "labels": {k.value: n for k, n in LABELS.items()},
-        "box_fields": ["rank", "lane", "kind", "shade", "microbatch", "start", "end", "action"],
-        "boxes": [[b.rank, b.lane, b.kind, b.shade, b.microbatch, b.start, b.end, b.action] for b in data.boxes],
+        "box_fields": ["rank", "lane", "kind", "shade", "microbatch", "start", "end", "action", "stage"],
+        "boxes": [[b.rank, b.lane, b.kind, b.shade, b.microbatch, b.start, b.end, b.action, b.stage]
+                  for b in data.boxes],
         "device": [{"rank": c.rank, "peak": c.peak, "points": c.points} for c in data.device],
         "host": [{"rank": c.rank, "peak": c.peak, "points": c.points} for c in data.host],
     }

@@ -195,3 +195,52 @@ def test_backward_and_p2p_controls_and_the_state_in_the_url(browser: Any, base: 
     _set(p, "backward", "")
     _set(p, "p2p_time", "0")
     assert console.errors == []
+
+
+def test_hover_highlights_a_microbatch_and_the_tooltip_says_what_it_waited_for(page: tuple[Any, Console]) -> None:
+    p, console = page
+    _set(p, "family", "1f1b")
+    _set(p, "ranks", "4")
+    _set(p, "microbatches", "8")
+    _wait_ranks(p, 4)
+    box = p.locator("#chart rect.box[data-rank='1'][data-mb='2']").first
+    box.hover()
+    p.wait_for_selector("#chart svg.highlighting", timeout=30_000)
+    assert p.locator("#chart rect.box.hl").count() == 4 * 2  # microbatch 2's F and B on every rank
+    assert p.locator("#chart rect.box.hl:not([data-mb='2'])").count() == 0
+    text = p.inner_text("#tooltip")
+    assert "on rank 1 (stage 1, microbatch 2)" in text and "waited for: " in text
+    p.mouse.move(1, 1)
+    assert console.errors == []
+
+
+def test_a_large_pipeline_is_drawn_on_a_canvas_zooms_and_exports(page: tuple[Any, Console]) -> None:
+    p, console = page
+    _set(p, "family", "1f1b")
+    _set(p, "ranks", "32")
+    _set(p, "microbatches", "170")  # 10,880 boxes: above the canvas threshold (10,000)
+    p.wait_for_selector("#chart:not(.stale) svg[data-ranks='32'][data-drawn='canvas']", timeout=60_000)
+    assert p.locator("#chart canvas.boxes").count() == 1 and p.locator("#chart rect.box").count() == 0
+    whole = p.get_attribute("#chart svg", "data-view")
+    p.click("#zoom-in")
+    p.wait_for_selector(f"#chart svg:not([data-view='{whole}'])", timeout=30_000)
+    start, end = map(float, (p.get_attribute("#chart svg", "data-view") or "").split(","))
+    assert 0 <= start < end and end - start < float(whole.split(",")[1])  # type: ignore[union-attr]
+    box = p.locator("#chart svg").bounding_box()
+    assert box is not None
+    p.mouse.move(box["x"] + box["width"] / 2, box["y"] + 3)  # rank 0's compute lane, mid-window
+    p.wait_for_selector("#tooltip:not([hidden])", timeout=30_000)
+    assert "on rank 0" in p.inner_text("#tooltip")
+    p.dblclick("#chart svg")
+    p.wait_for_selector(f"#chart svg[data-view='{whole}']", timeout=30_000)
+    with p.expect_download() as download:
+        p.click("#export-svg")
+    exported = open(download.value.path(), encoding="utf-8").read()  # every box of the view, in the SVG
+    assert exported.startswith("<svg") and exported.count('<rect class="box') == 32 * 170 * 2
+    with p.expect_download() as download:
+        p.click("#export-png")
+    assert open(download.value.path(), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    _set(p, "ranks", "4")
+    _set(p, "microbatches", "8")
+    _wait_ranks(p, 4)
+    assert console.errors == []
