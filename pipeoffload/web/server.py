@@ -45,6 +45,9 @@ PARAMS: dict[str, Callable[[str], Any]] = {
     "offload_ratio": finite_at_least, "offload": str, "recompute": str, "backward": str,
 }
 MAX_WORK = 120_000  # schedules.estimated_work: d=64, m=256 of zb-v (v=2) is ~105,000, about 2 s
+# Planning offload makes a simulation about this many times as much work (measured: zb-v, d 16-32, m 64-128,
+# offload all against none: 10 to 13 times as long).
+OFFLOAD_WORK_FACTOR = 12
 MAX_QUERY = 2_000  # characters
 MAX_THREADS = 32  # requests served at once; more wait in the listen queue
 BACKLOG = 1_024  # connections the kernel queues before resetting new ones
@@ -92,6 +95,8 @@ def check_size(req: SimulateRequest) -> None:
     try:
         ranks, m, v = req.sizes()
         work = estimated_work(get_spec(req.family), ranks, m, v)
+        if req.offload.strip() not in ("", "none"):
+            work *= OFFLOAD_WORK_FACTOR
     except ConfigError:
         return  # an unknown family: simulate gives its message
     if work > MAX_WORK:

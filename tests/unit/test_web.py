@@ -80,6 +80,8 @@ def test_large_request_is_refused_with_the_limit(base: str) -> None:
     assert status == 413 and f"{MAX_WORK:,}" in json.loads(body)["error"]
     status, body = _get(f"{base}/api/simulate?family=1f1b&ranks=8192&microbatches=1")  # per-stage work counts
     assert status == 413 and f"{MAX_WORK:,}" in json.loads(body)["error"]
+    status, body = _get(f"{base}/api/simulate?family=zb-v&ranks=64&microbatches=256&offload=all")  # offload counts
+    assert status == 413 and f"{MAX_WORK:,}" in json.loads(body)["error"]
     status, _ = _get(f"{base}/api/simulate?family=1f1b&offload=" + "x" * 3000)
     assert status == 414
 
