@@ -28,6 +28,10 @@ _COMPUTE_ROW, _COPY_ROW = 0.30, 0.16  # lane heights in inches (scaled down beyo
 _HOST_STYLE = (0, (3, 2))
 _DEVICE_COLOUR, _HOST_COLOUR = "#1f4e79", "#b5651d"
 _LABEL_PT = 6.0  # microbatch number font size
+# Above this many boxes (d=32, m=128 of 1f1b has 8,192) single boxes are a barcode: each lane is drawn as
+# a band whose shade is the share of each time slice it is busy, and the legend says so.
+AGGREGATE_ABOVE = 6_000
+_SLICES = 400  # time slices of a band
 TIME_LABELS = {TIME_UNIT: "time (t = one rank's forward of one microbatch)", "s": "time (s)"}
 
 
@@ -57,7 +61,11 @@ def chart_figure(data: ChartData, memory: bool = True, xmax: float | None = None
     frac_w = (_WIDTH - _LEFT - _RIGHT) / _WIDTH
     y = height - top - legend_h - gantt_h
     ax = fig.add_axes((_LEFT / _WIDTH, y / height, frac_w, gantt_h / height))
-    _gantt(ax, data, lanes, (_WIDTH - _LEFT - _RIGHT) * 72, max(xmax or 0.0, data.makespan))
+    span = max(xmax or 0.0, data.makespan)
+    if aggregated(data):
+        _bands(ax, data, lanes, span)
+    else:
+        _gantt(ax, data, lanes, (_WIDTH - _LEFT - _RIGHT) * 72, span)
     fig.text(0.5, 1 - 0.12 / height, data.title, ha="center", va="top", fontsize=11, weight="bold")
     fig.text(0.5, 1 - 0.34 / height, data.summary, ha="center", va="top", fontsize=9)
     _legend(fig, data, memory, (height - top - legend_h / 2) / height)
@@ -79,15 +87,8 @@ def _row_heights(ranks: int) -> dict[str, float]:
 
 
 def _gantt(ax: Any, data: ChartData, lanes: list[tuple[int, str]], width_pt: float, xmax: float) -> None:
-    from matplotlib.ticker import MaxNLocator
-
     # y from the top: rank 0 first; lane heights differ, so positions are cumulative.
-    pos: dict[tuple[int, str], tuple[float, float]] = {}
-    cursor = 0.0
-    for rank, lane in lanes:
-        h = _row_heights(data.ranks)[lane]
-        pos[(rank, lane)] = (cursor + h / 2, h)
-        cursor += h
+    pos, cursor = _lane_positions(data, lanes)
     segments: dict[tuple[float, float, str], list[tuple[float, float]]] = defaultdict(list)
     ticks: dict[tuple[float, float, str], list[float]] = defaultdict(list)  # instant copies (k = 0)
     scale = width_pt / xmax if xmax > 0 else 0.0
@@ -113,6 +114,60 @@ def _gantt(ax: Any, data: ChartData, lanes: list[tuple[int, str]], width_pt: flo
         ax.broken_barh(spans, (centre - h / 2, h), facecolors=colour, edgecolor="white", linewidth=0.3)
     for (centre, h, colour), times in ticks.items():
         ax.vlines(times, centre - h / 2, centre + h / 2, colors=colour, linewidth=1.0, label="_instant")
+    _lane_axes(ax, pos, lanes, cursor, xmax)
+
+
+def aggregated(data: ChartData) -> bool:
+    """Whether the chart draws utilisation bands instead of single boxes."""
+    return len(data.boxes) > AGGREGATE_ABOVE
+
+
+def busy_shares(starts: Any, ends: Any, edges: Any) -> Any:
+    """The share of each slice between consecutive ``edges`` that the intervals cover (0 to 1; copy
+    lanes run two directions, so they can reach 2 and are clipped)."""
+    import numpy as np
+
+    covered = np.clip(edges[:, None] - starts[None, :], 0.0, (ends - starts)[None, :]).sum(axis=1)
+    return np.clip(np.diff(covered) / np.diff(edges), 0.0, 1.0)
+
+
+def _bands(ax: Any, data: ChartData, lanes: list[tuple[int, str]], xmax: float) -> None:
+    import numpy as np
+    from matplotlib.colors import LinearSegmentedColormap
+
+    pos, cursor = _lane_positions(data, lanes)
+    edges = np.linspace(0.0, xmax if xmax > 0 else 1.0, _SLICES + 1)
+    spans: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
+    for box in data.boxes:
+        spans[(box.rank, box.lane)].append((box.start, box.end))
+    maps = {lane: LinearSegmentedColormap.from_list(lane, ["#ffffff", colour]) for lane, colour in _BAND_COLOURS.items()}
+    for key in lanes:
+        centre, h = pos[key]
+        times = np.array(spans.get(key, []), dtype=float).reshape(-1, 2)
+        share = busy_shares(times[:, 0], times[:, 1], edges)
+        ax.imshow(share[None, :], extent=(edges[0], edges[-1], centre + h * 0.45, centre - h * 0.45), aspect="auto",
+                  cmap=maps[key[1]], vmin=0.0, vmax=1.0, interpolation="nearest")
+    _lane_axes(ax, pos, lanes, cursor, xmax)
+
+
+_BAND_COLOURS = {"compute": COLOURS[K.F], "copy": COLOURS[K.OFFLOAD]}
+
+
+def _lane_positions(data: ChartData, lanes: list[tuple[int, str]]) -> tuple[dict[tuple[int, str], tuple[float, float]], float]:
+    """(centre, height) of each lane from the top, and the total height."""
+    pos: dict[tuple[int, str], tuple[float, float]] = {}
+    cursor = 0.0
+    for rank, lane in lanes:
+        h = _row_heights(data.ranks)[lane]
+        pos[(rank, lane)] = (cursor + h / 2, h)
+        cursor += h
+    return pos, cursor
+
+
+def _lane_axes(ax: Any, pos: dict[tuple[int, str], tuple[float, float]], lanes: list[tuple[int, str]],
+               cursor: float, xmax: float) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_ylim(cursor, 0)
     ax.set_xlim(0, xmax if xmax > 0 else 1.0)
     ax.set_yticks([pos[key][0] for key in lanes])
@@ -179,8 +234,15 @@ def _legend(fig: Any, data: ChartData, memory: bool, y: float) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    handles: list[Any] = [Patch(color=COLOURS[K(k)], label=LABELS[K(k)]) for k in data.kinds]
-    if data.stages_per_rank > 1:
+    if aggregated(data):  # bands, not boxes: say what a shade means and why
+        handles: list[Any] = [
+            Patch(color=_BAND_COLOURS["compute"], label=f"compute: darker = busier share of each time slice "
+                  f"({len(data.boxes):,} actions, too many to draw one by one)")]
+        if data.copy_lanes:
+            handles.append(Patch(color=_BAND_COLOURS["copy"], label="copy lane: share of each slice copying"))
+    else:
+        handles = [Patch(color=COLOURS[K(k)], label=LABELS[K(k)]) for k in data.kinds]
+    if data.stages_per_rank > 1 and not aggregated(data):
         for local in range(1, data.stages_per_rank):
             handles.append(Patch(color=shade(COLOURS[K.F], local, data.stages_per_rank),
                                  label=f"lighter: rank's stage {local + 1} of {data.stages_per_rank}"))

@@ -42,3 +42,30 @@ def test_instant_copies_are_drawn_as_ticks_and_the_legend_says_so() -> None:
     ticks = sum(len(c.get_segments()) for c in gantt.collections if isinstance(c, LineCollection))
     assert copies and ticks == len(copies)
     assert any(t.get_text() == "tick: instant copy (k = 0)" for legend in fig.legends for t in legend.get_texts())
+
+
+def test_busy_shares_are_the_covered_part_of_each_slice() -> None:
+    import numpy as np
+
+    from pipeoffload.viz.plot import busy_shares
+
+    shares = busy_shares(np.array([0.0, 2.5]), np.array([1.0, 4.0]), np.array([0.0, 2.0, 4.0]))
+    assert shares.tolist() == [0.5, 0.75]
+
+
+def test_a_chart_of_too_many_boxes_draws_utilisation_bands_and_says_so() -> None:
+    from matplotlib.image import AxesImage
+
+    from pipeoffload.viz.plot import AGGREGATE_ABOVE
+
+    result = simulate(SimulateRequest("1f1b", ranks=4, microbatches=800, offload="all", offload_ratio=0.5))
+    boxes = len([a for row in result.timeline.schedule.actions for a in row])
+    assert boxes > AGGREGATE_ABOVE
+    fig = timeline_figure(result.timeline)
+    gantt = fig.axes[0]
+    assert sum(isinstance(a, AxesImage) for a in gantt.get_images()) == 4 * 2  # a compute and a copy band per rank
+    assert not gantt.collections  # no single boxes
+    texts = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert any("too many to draw one by one" in t for t in texts) and "copy lane: share of each slice copying" in texts
+    small = timeline_figure(simulate(SimulateRequest("1f1b", ranks=2, microbatches=4)).timeline)
+    assert not small.axes[0].get_images() and small.axes[0].collections
