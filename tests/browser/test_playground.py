@@ -244,3 +244,27 @@ def test_a_large_pipeline_is_drawn_on_a_canvas_zooms_and_exports(page: tuple[Any
     _set(p, "microbatches", "8")
     _wait_ranks(p, 4)
     assert console.errors == []
+
+
+def test_a_runs_metrics_show_measured_memory_beside_simulated(page: tuple[Any, Console], tmp_path: Any) -> None:
+    from pipeoffload.train.report import load_metrics
+
+    p, console = page
+    rows = [{"step": 1, "loss": 5.0, "peak_act_bytes": [3 * 2**20, 2 * 2**20], "sim_peak_act_bytes": [3 * 2**20, 2**21]},
+            {"step": 2, "loss": 4.0, "peak_act_bytes": [4 * 2**20, 2 * 2**20], "sim_peak_act_bytes": [3 * 2**20, 2**21]},
+            {"step": 2, "val_loss": 4.5}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    p.set_input_files("#metrics-file", str(path))
+    p.wait_for_selector("#measured svg[data-ranks='2']", timeout=30_000)
+    metrics = load_metrics(path)  # what `pipeoffload report` reads from the same file
+    for kind, key in (("measured", "peak_act_bytes"), ("simulated", "sim_peak_act_bytes")):
+        shown = [float(v or 0) for v in p.locator(f"#measured rect.{kind}").evaluate_all(
+            "els => els.map(e => e.getAttribute('data-bytes'))")]
+        assert shown == metrics.per_rank_max(key)
+    assert p.text_content("#measured text.ratio[data-rank='0']") == "× 1.33333"
+    corrupt = tmp_path / "bad.jsonl"
+    corrupt.write_text('{"step": 1}\n{not json\n')
+    p.set_input_files("#metrics-file", str(corrupt))
+    p.wait_for_selector("#measured-error:has-text('bad.jsonl:2: not a JSON object')", timeout=30_000)
+    assert console.errors == []

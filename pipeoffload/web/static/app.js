@@ -408,6 +408,71 @@
     image.src = URL.createObjectURL(new Blob([text], {type: "image/svg+xml"}));
   }
 
+  // A training run's metrics.jsonl: per rank, the largest measured (peak_act_bytes) and simulated
+  // (sim_peak_act_bytes) activation peak over its rows, as `pipeoffload report` reads them.
+  function perRankMax(rows, key) {
+    const out = [];
+    for (const row of rows) {
+      if (!Array.isArray(row[key])) continue;
+      row[key].forEach((value, rank) => {
+        if (typeof value !== "number" || !isFinite(value)) return;
+        while (out.length <= rank) out.push(0);
+        out[rank] = Math.max(out[rank], value);
+      });
+    }
+    return out;
+  }
+
+  function parseMetrics(text, name) {
+    const rows = [];
+    text.split("\n").forEach((line, i) => {
+      if (!line.trim()) return;
+      let row;
+      try { row = JSON.parse(line); } catch (err) { throw new Error(`${name}:${i + 1}: not a JSON object (${err.message}); the file is corrupt`); }
+      if (row === null || typeof row !== "object" || Array.isArray(row)) throw new Error(`${name}:${i + 1}: expected a JSON object per line`);
+      rows.push(row);
+    });
+    if (!rows.length) throw new Error(`${name} has no metrics yet; run at least one training step first`);
+    return rows;
+  }
+
+  function measuredSvg(measured, simulated) {
+    const MIB = 1048576, ranks = Math.max(measured.length, simulated.length);
+    if (!ranks) return `<p class="note">no memory figures (peak_act_bytes) in this file</p>`;
+    const top = Math.max(1, ...measured, ...simulated) / MIB, barW = 18, gap = 14, left = 60, h = 160;
+    const width = left + ranks * (2 * barW + gap) + 20, y = (v) => 10 + h - (v / MIB / top) * h;
+    const out = [`<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${h + 50}" font-size="10" data-ranks="${ranks}">`];
+    out.push(`<text x="4" y="${10 + h / 2}">MiB</text><text x="${left - 4}" y="14" text-anchor="end">${fmt(top)}</text><text x="${left - 4}" y="${10 + h}" text-anchor="end">0</text>`);
+    for (let r = 0; r < ranks; r++) {
+      const x0 = left + r * (2 * barW + gap);
+      [[measured[r], DEVICE, "measured"], [simulated[r], "#8AB17D", "simulated"]].forEach(([v, colour, kind], i) => {
+        if (v === undefined) return;
+        out.push(`<rect class="${kind}" data-rank="${r}" data-bytes="${v}" x="${x0 + i * barW}" y="${y(v)}" width="${barW - 2}" height="${10 + h - y(v)}" fill="${colour}"/>`);
+      });
+      const ratio = measured[r] !== undefined && simulated[r] ? ` ${fmt(measured[r] / simulated[r])}` : "";
+      out.push(`<text x="${x0 + barW}" y="${h + 24}" text-anchor="middle">rank ${r}</text><text class="ratio" data-rank="${r}" x="${x0 + barW}" y="${h + 38}" text-anchor="middle" fill="#555">${ratio ? "×" + ratio : ""}</text>`);
+    }
+    out.push("</svg>");
+    return `<p class="legend-line">${swatch(DEVICE)} measured (runtime) ${swatch("#8AB17D")} simulated · under each rank: measured / simulated</p>` + out.join("");
+  }
+
+  function loadMetrics(file) {
+    const box = document.getElementById("measured"), err = document.getElementById("measured-error");
+    const reader = new FileReader();
+    reader.onload = () => {
+      try {
+        const rows = parseMetrics(String(reader.result), file.name);
+        box.innerHTML = measuredSvg(perRankMax(rows, "peak_act_bytes"), perRankMax(rows, "sim_peak_act_bytes"));
+        err.hidden = true;
+      } catch (e) {
+        box.innerHTML = "";
+        err.textContent = e.message;
+        err.hidden = false;
+      }
+    };
+    reader.readAsText(file);
+  }
+
   async function start() {
     const response = await fetch("/api/families");
     families = await response.json();
@@ -428,6 +493,7 @@
       resizeTimer = setTimeout(() => { if (last && errorBox.hidden) draw(); }, 100);
     });
     setupInteraction();
+    document.getElementById("metrics-file").addEventListener("change", (e) => { if (e.target.files[0]) loadMetrics(e.target.files[0]); });
     refresh();
   }
 
