@@ -3,21 +3,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 
-.PHONY: demo test lint setup clean gpu-check
+.PHONY: demo test lint setup clean gpu-check wheel
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet $(TORCH)
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,train]"
 	touch $@
 
-# the optional compiled loops of the core (pipeoffload/_native.c): without a C compiler the build says
-# so and the package runs the same loops in Python, bitwise equal and slower
-$(VENV)/.native: $(VENV)/.installed pipeoffload/_native.c pipeoffload/_native_build.py
-	$(PY) -m pipeoffload._native_build
-	touch $@
-
-setup: $(VENV)/.installed $(VENV)/.native
+setup: $(VENV)/.installed
 
 demo: setup
 	$(PY) -m pipeoffload.demo
@@ -35,5 +29,9 @@ test: lint
 gpu-check: setup
 	$(PY) benchmarks/gpu_check.py
 
+# the sdist and the wheel into dist/ (.ci/run installs the wheel in a fresh venv and runs it)
+wheel: setup
+	rm -rf dist && $(PY) -m build --outdir dist . >/dev/null
+
 clean:
-	rm -rf $(VENV) build *.egg-info pipeoffload/_native*.so
+	rm -rf $(VENV) build dist *.egg-info

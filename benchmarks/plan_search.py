@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 from pipeoffload.cli import main as cli_main
-from pipeoffload.native import compiled as _native
 from pipeoffload.planner.evaluate import clear_caches, lowering_options
 from pipeoffload.planner.hardware import hardware_preset
 from pipeoffload.planner.presets import model_preset
@@ -67,8 +66,7 @@ def main() -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     process, inside, output = headline(args.repeat)
     best_line = next((ln for ln in output.splitlines() if ln.strip().startswith("1 ")), "")
-    native = "compiled loops" if _native is not None else "pure-Python loops (pipeoffload._native not built)"
-    lines = [f"# headline: pipeoffload {' '.join(HEADLINE)}  [{native}]",
+    lines = [f"# headline: pipeoffload {' '.join(HEADLINE)}",
              f"#   {process:.2f} CPU s as a fresh process (user + sys, imports included), {inside:.2f} s in-process "
              f"(best of {args.repeat}); best plan: {best_line.strip()}",
              f"# plan_search ({platform.python_implementation()} {platform.python_version()}, {os.cpu_count()} CPUs, "

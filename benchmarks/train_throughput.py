@@ -10,7 +10,7 @@ What each timed step includes:
   global gradient norm and clipping (one all-reduce over the ranks, which also carries every rank's
   measurements: loss, peaks, slot bytes), AdamW, and the metrics record (with the cached simulated
   peak).
-- torch: ``Schedule1F1B``/``ScheduleInterleaved1F1B.step``, the same global-norm clipping done the way
+- torch: ``Schedule1F1B``/``ScheduleInterleaved1F1B``/``ScheduleZBVZeroBubble`` (for zb-v, ``--schedules``) ``.step``, the same global-norm clipping done the way
   a ``torch.distributed.pipelining`` user does it (each rank's squared gradient norm, one all-reduce
   over the pipeline ranks, ``clip_grad_norm_``'s scaling), and AdamW; no metrics (ours gathers its
   measurements on the norm's all-reduce). ``--no-clip`` turns clipping off on both sides.
@@ -21,6 +21,11 @@ no collective, so one rank's own time would leave out the imbalance that the nex
 ours ends with the norm's all-reduce, which makes every rank wait for the last). Per rank, the
 median of each part is printed: ours' pipeline step (``runner.trace.wall``), its norm+clip+AdamW,
 its metrics record; torch's schedule step and AdamW.
+``--measure every`` has ours measure the activation memory on every step, as ``Trainer`` asks by
+default (saved-tensor hooks on every forward, ``metrics.jsonl``'s peak fields filled each step);
+``--measure first`` (the default here) measures on the first step only, as a trainer that logs
+memory now and then would: the other steps run with no hooks (``PipelineRunner.step(measure=False)``)
+on ranks that neither offload nor split the backward. torch measures nothing.
 The process CPU time per step (``time.process_time``: this rank's threads, gloo's included; waits
 that sleep do not count) is printed too: it is less sensitive to the other load on the machine than
 wall time. The load average (``os.getloadavg``) before and after is printed: a shared 2-core
@@ -65,8 +70,8 @@ class TorchStage(nn.Module):
         return out[0] if isinstance(out, tuple) else out
 
 
-def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> dict[str, list[float]]:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str) -> dict[str, list[float]]:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleZBVZeroBubble
 
     ctx = build_context(1, world, 1, torch.device("cpu"))
     corpus, _ = load_corpus("", "byte", None, cfg.model.seq_len, cfg.data.val_fraction)  # type: ignore[arg-type]
@@ -76,8 +81,13 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> dict[str, lis
     theirs_model = gpt_rank_model(cfg, 256, schedule, rank, ctx.device)
     stages = [PipelineStage(TorchStage(m), s, schedule.num_stages, ctx.device, group=ctx.pp_group)
               for s, m in sorted(theirs_model.stages.items())]
-    sched = Schedule1F1B(stages[0], cfg.schedule.microbatches, loss_fn=lm_loss) if cfg.schedule.stages_per_rank == 1 else \
-        ScheduleInterleaved1F1B(stages, cfg.schedule.microbatches, loss_fn=lm_loss)
+    m = cfg.schedule.microbatches
+    if cfg.schedule.family == "zb-v":
+        sched: Any = ScheduleZBVZeroBubble(stages, m, loss_fn=lm_loss)
+    elif cfg.schedule.stages_per_rank == 1:
+        sched = Schedule1F1B(stages[0], m, loss_fn=lm_loss)
+    else:
+        sched = ScheduleInterleaved1F1B(stages, m, loss_fn=lm_loss)
     opt = torch.optim.AdamW(theirs_model.parameters(), lr=cfg.optim.lr)
     holds_first, holds_last = 0 in theirs_model.stages, schedule.num_stages - 1 in theirs_model.stages
 
@@ -85,6 +95,7 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> dict[str, lis
                                                      "torch", "torch_pipeline", "torch_update", "torch_cpu")}
 
     def our_step(step: int) -> None:
+        ours.runner.measure_memory = measure == "every" or step == 0
         start, cpu = time.perf_counter(), time.process_time()
         record = ours.train_step()
         total, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -133,17 +144,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--measure", choices=("first", "every"), default="first",
+                        help="ours measures activation memory on the first step only, or on every step")
+    parser.add_argument("--schedules", nargs="+", default=["1f1b", "interleaved-1f1b"],
+                        choices=["1f1b", "interleaved-1f1b", "zb-v"], help="zb-v: against torch's ScheduleZBVZeroBubble")
     parser.add_argument("--no-clip", action="store_true", help="no gradient clipping on either side")
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"GPT {CFG.model.layers} blocks, hidden {CFG.model.hidden}, seq {CFG.model.seq_len}, global batch {CFG.data.global_batch}, "
           f"{CFG.schedule.microbatches} microbatches, {args.ranks} gloo ranks (1 thread each), median of {args.steps} steps, "
-          f"{'no clipping' if args.no_clip else f'global-norm clipping at {CFG.optim.clip:g} on both sides'}")
+          f"{'no clipping' if args.no_clip else f'global-norm clipping at {CFG.optim.clip:g} on both sides'}, "
+          f"ours measures memory on {'every step' if args.measure == 'every' else 'the first step only'}")
     print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)")
-    for schedule, v in (("1f1b", 1), ("interleaved-1f1b", 2)):
+    for schedule in args.schedules:
+        v = 1 if schedule == "1f1b" else 2
         cfg = validate(CFG.updated(schedule=schedule, stages_per_rank=v, pp=args.ranks, nproc=args.ranks,
                                clip=0.0 if args.no_clip else CFG.optim.clip))
-        result = spawn(worker, args.ranks, (cfg, args.steps), timeout=300, deadline=1800)
+        result = spawn(worker, args.ranks, (cfg, args.steps, args.measure), timeout=300, deadline=1800)
         if not result.ok:
             raise SystemExit("\n".join(e for e in result.errors if e))
         tokens = cfg.data.global_batch * cfg.model.seq_len

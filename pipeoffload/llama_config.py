@@ -186,3 +186,37 @@ def _rope(cfg: dict[str, Any], where: str) -> tuple[float, Llama3Scaling | None]
                                     int(params["original_max_position_embeddings"]))
     except KeyError as err:
         raise ConfigError(f"{where}: rope field {err.args[0]} is missing for rope_type 'llama3'") from None
+
+
+def _planner_seq(shape: LlamaShape) -> int:
+    """The sequence length a preset is planned at unless ``--seq`` says otherwise."""
+    return min(shape.max_positions, 8192)
+
+
+# Well-known Llama-family models, from their published config.json files: the planner's presets
+# (``planner.presets``) are built from this table, so their shapes are those the model trains with.
+PRESETS: dict[str, LlamaShape] = {
+    "llama2-7b": LlamaShape(vocab=32000, hidden=4096, layers=32, heads=32, ffn_hidden=11008, max_positions=4096,
+                            bos_token_id=1, eos_token_id=2),
+    "llama3-8b": LlamaShape(vocab=128256, hidden=4096, layers=32, heads=32, kv_heads=8, ffn_hidden=14336,
+                            rope_theta=500000.0, max_positions=8192, bos_token_id=128000, eos_token_id=128001),
+    "llama3-70b": LlamaShape(vocab=128256, hidden=8192, layers=80, heads=64, kv_heads=8, ffn_hidden=28672,
+                             rope_theta=500000.0, max_positions=8192, bos_token_id=128000, eos_token_id=128001),
+    "llama3-405b": LlamaShape(vocab=128256, hidden=16384, layers=126, heads=128, kv_heads=8, ffn_hidden=53248,
+                              rope_theta=500000.0, rope_scaling=Llama3Scaling(), max_positions=131072,
+                              bos_token_id=128000, eos_token_id=128001),
+    "qwen2.5-0.5b": LlamaShape(vocab=151936, hidden=896, layers=24, heads=14, kv_heads=2, ffn_hidden=4864,
+                               rope_theta=1000000.0, rms_eps=1e-6, tie_embeddings=True, qkv_bias=True,
+                               max_positions=32768, architecture="Qwen2ForCausalLM", eos_token_id=151643),
+    "qwen2.5-7b": LlamaShape(vocab=152064, hidden=3584, layers=28, heads=28, kv_heads=4, ffn_hidden=18944,
+                             rope_theta=1000000.0, rms_eps=1e-6, qkv_bias=True, max_positions=32768,
+                             architecture="Qwen2ForCausalLM", eos_token_id=151643),
+    "mistral-7b": LlamaShape(vocab=32768, hidden=4096, layers=32, heads=32, kv_heads=8, ffn_hidden=14336,
+                             rope_theta=1000000.0, max_positions=32768, architecture="MistralForCausalLM",
+                             bos_token_id=1, eos_token_id=2),
+}
+
+
+def preset_specs() -> dict[str, Any]:
+    """The planner's ``ModelSpec`` of every preset in ``PRESETS``, planned at ``min(max_positions, 8192)``."""
+    return {name: shape.model_spec(name, _planner_seq(shape)) for name, shape in PRESETS.items()}

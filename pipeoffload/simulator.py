@@ -25,7 +25,6 @@ from pipeoffload.costs import CostModel
 from pipeoffload.errors import ScheduleError
 from pipeoffload.intervals import Intervals
 from pipeoffload.ir import Action, ActionKind, Schedule
-from pipeoffload.native import compiled as _native  # None unless ``make`` built them (Python: the reference)
 from pipeoffload.semantics import coded
 
 K = ActionKind
@@ -211,38 +210,15 @@ class _Simulation:
     # ---- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
         """Run each rank's lane as far as its inputs allow; a rank that waits is parked on the key it
-        waits for and queued again (LIFO) when that action completes. Compiled when
-        ``pipeoffload._native`` is built (bitwise the same: tests compare), else ``_run_python``."""
-        if _native is not None and self.c.num_keys <= _LIST_KEYS:
-            self._run_native()
-        else:
-            self._run_python()
+        waits for and queued again (LIFO) when that action completes."""
+        self._loop()
         n = self.schedule.num_ranks
         stuck = [r for r in range(n) if self.pos[r] < self.offsets[r + 1]]
         if stuck:
             self._report_deadlock(stuck)
 
-    def _run_native(self) -> None:
-        c, inputs, n, total = self.c, self.inputs, self.schedule.num_ranks, len(self.c.kind)
-        engine, link, length = self.copies
-        start, end = np.zeros(total), np.zeros(total)
-        busy, stall = np.zeros(n), np.zeros(n)
-        pos, wait = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
-        i64 = np.int64
-        assert _native is not None  # run() calls this only when the compiled loops are there
-        self.stalled = _native.simulate(
-            total, n, c.num_keys, 2 * n, self.num_links, sem.LANE[c.kind], c.keys.astype(i64, copy=False),
-            inputs.first.astype(i64, copy=False), inputs.first_delay, inputs.second.astype(i64, copy=False),
-            inputs.second_delay, inputs.reload.astype(i64, copy=False), np.ascontiguousarray(self.duration),
-            c.offsets.astype(i64), engine, link, length, start, end, busy, stall, pos, wait)
-        self.start, self.end = start.tolist(), end.tolist()
-        self.busy, self.stall, self.pos = busy.tolist(), stall.tolist(), pos.tolist()
-        for rank, key in enumerate(wait.tolist()):
-            if key >= 0:
-                self.waiters.setdefault(key, []).append(rank)
-
-    def _run_python(self) -> None:
-        """The event loop in Python (the reference for the compiled one), written with locals."""
+    def _loop(self) -> None:
+        """The event loop, written with locals (the hottest loop of the package)."""
         c, inputs = self.c, self.inputs
         # one tuple per action: the loop unpacks it instead of indexing eight lists
         ops = list(zip(sem.LANE[c.kind].tolist(), c.keys.tolist(), inputs.first.tolist(),

@@ -12,11 +12,11 @@ import math
 import sys
 from collections.abc import Sequence
 
-from pipeoffload.cli.common import OneLineParser
+from pipeoffload.cli.common import OneLineParser, missing_extra
 from pipeoffload.errors import ConfigError, ScheduleError
 
 COMMAND_MODULES = (
-    "schedules", "show", "simulate", "k", "plan", "estimate", "compare", "trace", "playground", "train", "generate", "report",
+    "schedules", "show", "simulate", "k", "plan", "estimate", "compare", "trace", "playground", "train", "generate", "export", "report",
 )
 
 
@@ -41,6 +41,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args) or 0)
     except (ConfigError, ScheduleError) as err:
         return _fail(args, str(err).splitlines()[0], 2)
+    except ModuleNotFoundError as err:
+        extra = missing_extra(err)
+        if extra is None:
+            raise
+        return _fail(args, extra, 2)
     except BrokenPipeError:  # e.g. piped into `head`
         return 0
     except KeyboardInterrupt:  # Ctrl-C: files are written atomically, so nothing is left half done

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 
 from pipeoffload.errors import ConfigError
@@ -13,8 +14,8 @@ from pipeoffload.schedules import generate
 from pipeoffload.service.argtypes import OneLineParser, non_negative_float, positive_int
 from pipeoffload.service.checks import checked, int_at_least
 
-__all__ = ["OneLineParser", "add_cost_args", "add_schedule_args", "model_and_hardware", "non_negative_float",
-           "positive_int", "schedule_from_args"]
+__all__ = ["EXTRAS", "OneLineParser", "add_cost_args", "add_schedule_args", "model_and_hardware", "non_negative_float",
+           "missing_extra", "positive_int", "require_extra", "schedule_from_args"]
 
 
 _SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab", "microbatch_size")
@@ -27,6 +28,12 @@ def model_and_hardware(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpe
         value = getattr(args, name, None)
         if value is not None:
             checked(f"--{name.replace('_', '-')}", int_at_least, value)
+    hardware = checked_hardware(args)
+    return model_from_args(args), hardware
+
+
+def checked_hardware(args: argparse.Namespace) -> HardwareSpec:
+    """The GPU of ``planner.cli_args``'s hardware flags; a non-finite or malformed ``--hw`` value is one line."""
     for item in getattr(args, "hw", None) or ():
         _, _, text = item.partition("=")
         try:
@@ -35,14 +42,12 @@ def model_and_hardware(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpe
             continue  # a name or a flag value: the hardware spec checks it
         if not math.isfinite(number):
             raise ConfigError(f"--hw {item}: not a finite number")
-    model = model_from_args(args)
     try:
-        hardware = hardware_from_args(args)
+        return hardware_from_args(args)
     except ConfigError:
         raise
     except (ValueError, TypeError) as err:  # e.g. --hw memory_gib=abc: a number that is not one
         raise ConfigError(f"--hw {' --hw '.join(args.hw)}: {err}") from None
-    return model, hardware
 
 
 def add_schedule_args(parser: argparse.ArgumentParser) -> None:
@@ -67,3 +72,27 @@ def add_cost_args(parser: argparse.ArgumentParser) -> None:
 def schedule_from_args(args: argparse.Namespace, **options: object) -> Schedule:
     microbatches = args.microbatches if args.microbatches is not None else 2 * args.ranks
     return generate(args.name, args.ranks, microbatches, args.stages_per_rank, **options)
+
+
+# the packages of each optional extra (pyproject.toml): a command that needs one that is not installed
+# says which extra brings it, in one line, instead of a traceback
+EXTRAS = {"torch": "train", "tokenizers": "train", "safetensors": "train", "tqdm": "train"}
+
+
+def missing_extra(err: ModuleNotFoundError) -> str | None:
+    """The one line for an import of an optional extra's package that is not installed, else None."""
+    top = (err.name or "").partition(".")[0]
+    if top not in EXTRAS or (top != err.name and importlib.util.find_spec(top) is not None):
+        return None  # not an extra's package, or the package is there and only a part of it is missing
+    return extra_line(top)
+
+
+def extra_line(package: str) -> str:
+    extra = EXTRAS[package]
+    return f"this command needs {package} (the '{extra}' extra): pip install 'pipeoffload[{extra}]'"
+
+
+def require_extra(package: str) -> None:
+    """Refuse, before anything is written, a command whose extra is not installed (``ConfigError``)."""
+    if importlib.util.find_spec(package) is None:
+        raise ConfigError(extra_line(package))

@@ -52,6 +52,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeoffload.cli.common import require_extra
+
+    require_extra("torch")
     from pipeoffload.train.generate import generate_text
 
     print(generate_text(args.run_dir, args.prompt, args.tokens, args.temperature, args.seed, args.greedy))

@@ -99,7 +99,10 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import os
 
+    from pipeoffload.cli.common import require_extra
     from pipeoffload.errors import ConfigError
+
+    require_extra("torch")
     from pipeoffload.train.config import to_toml
 
     cfg, notes = resolve(args)

@@ -23,7 +23,6 @@ from pipeoffload._perf import remembered
 from pipeoffload.costs import CostModel
 from pipeoffload.intervals import EPS, Intervals
 from pipeoffload.ir import Action, ActionKind, Schedule
-from pipeoffload.native import compiled as _native  # None unless ``make`` built them (Python: the reference)
 from pipeoffload.simulator import Timeline
 
 K = ActionKind
@@ -211,20 +210,6 @@ class CopyGroup:
         return self._lanes[(rank, direction)]
 
     def earliest(self, rank: int, direction: str, t: float, duration: float, limit: float) -> float | None:
-        """The first valid start >= t (and <= limit) at which the copy fits on all its resources
-        (compiled when ``pipeoffload._native`` is built, else ``_earliest_python``)."""
-        if _native is None:
-            return self._earliest_python(rank, direction, t, duration, limit)
-        return _native.earliest(self._search[(rank, direction)], self.relaxed, t, duration, limit)
-
-    def latest(self, rank: int, direction: str, t: float, duration: float, lower: float) -> float | None:
-        """The last valid start <= t (and >= lower) at which the copy fits on all its resources
-        (compiled when ``pipeoffload._native`` is built, else ``_latest_python``)."""
-        if _native is None:
-            return self._latest_python(rank, direction, t, duration, lower)
-        return _native.latest(self._search[(rank, direction)], self.relaxed, t, duration, lower)
-
-    def _earliest_python(self, rank: int, direction: str, t: float, duration: float, limit: float) -> float | None:
         """The first valid start >= t (and <= limit) at which the copy fits on all its resources.
 
         The inner loop of the pass: each step is the first valid start at or after the end of the
@@ -277,9 +262,9 @@ class CopyGroup:
                 return cursor
             query = blocked
 
-    def _latest_python(self, rank: int, direction: str, t: float, duration: float, lower: float) -> float | None:
+    def latest(self, rank: int, direction: str, t: float, duration: float, lower: float) -> float | None:
         """The last valid start <= t (and >= lower) at which the copy fits on all its resources
-        (written out like ``_earliest_python``)."""
+        (written out like ``earliest``)."""
         clocks, e_starts, e_ends, l_starts, l_ends, shared = self._search[(rank, direction)]
         relaxed = self.relaxed
         bound = lower - EPS
@@ -320,15 +305,7 @@ class CopyGroup:
             lane.remove(t, duration)
 
     def place(self, rank: int, x: Activation) -> Placed | None:
-        """Reserve D2H (earliest) then H2D (latest) for ``x``; None if they do not fit (compiled when
-        ``pipeoffload._native`` is built, else ``_place_python``)."""
-        if _native is None:
-            return self._place_python(rank, x)
-        found = _native.place(self._search[(rank, "d2h")], self._search[(rank, "h2d")],
-                              self.timelines[rank].point_list, self.relaxed, x.f_end, x.deadline, x.d2h, x.h2d)
-        return None if found is None else Placed(x, *found)
-
-    def _place_python(self, rank: int, x: Activation) -> Placed | None:
+        """Reserve D2H (earliest) then H2D (latest) for ``x``; None if they do not fit."""
         d2h = self.earliest(rank, "d2h", x.f_end, x.d2h, x.deadline - x.h2d - x.d2h)
         if d2h is None:
             return None
@@ -353,27 +330,8 @@ class CopyGroup:
         go; then offloads in order of their forwards, each as early as it can go before its reload.
 
         Packing in time order leaves no gaps too short for a copy (the greedy by value can), so a
-        set is hidden whenever any placement of it is. Returns (placed, not placed). Compiled when
-        ``pipeoffload._native`` is built, else ``_pack_python``.
+        set is hidden whenever any placement of it is. Returns (placed, not placed).
         """
-        if _native is None:
-            return self._pack_python(chosen)
-        slots = {rank: k for k, rank in enumerate(sorted({rank for rank, _ in chosen}))}
-        ranks = tuple((self._search[(rank, "d2h")], self._search[(rank, "h2d")], self.timelines[rank].point_list)
-                      for rank in slots)
-        xs = [x for _, x in chosen]
-        reloads_first = sorted(range(len(chosen)), key=lambda j: (-xs[j].deadline, chosen[j][0], xs[j].stage,
-                                                                  xs[j].microbatch, xs[j].window))
-        forwards_first = sorted(range(len(chosen)), key=lambda j: (xs[j].f_end, chosen[j][0], xs[j].stage,
-                                                                   xs[j].microbatch, xs[j].window))
-        placed, failed = _native.pack(ranks, [slots[rank] for rank, _ in chosen], [x.f_end for x in xs],
-                                      [x.deadline for x in xs], [x.d2h for x in xs], [x.h2d for x in xs],
-                                      reloads_first, forwards_first, self.relaxed)
-        return ([(chosen[j][0], Placed(xs[j], d2h, h2d, lo, hi)) for j, d2h, h2d, lo, hi in placed],
-                [chosen[j] for j in failed])
-
-    def _pack_python(self, chosen: list[tuple[int, Activation]]
-                     ) -> tuple[list[tuple[int, Placed]], list[tuple[int, Activation]]]:
         reloads: dict[tuple[int, int, int, int], float] = {}
         failed = []
         for rank, x in sorted(chosen, key=lambda rx: (-rx[1].deadline, rx[0], rx[1].stage, rx[1].microbatch,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.hardware import (
@@ -20,7 +21,8 @@ _SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab", 
 
 def add_model_args(parser: argparse.ArgumentParser, *, require_shape: bool = False) -> None:
     group = parser.add_argument_group("model")
-    group.add_argument("--model", help=f"preset: {', '.join(MODEL_PRESETS)} (flags below override it)")
+    group.add_argument("--model", help=f"preset: {', '.join(MODEL_PRESETS)}; or hf:DIR, the shape in a local "
+                                       "Hugging Face directory's config.json (flags below override it)")
     for flag in _SHAPE_FLAGS:
         group.add_argument("--" + flag.replace("_", "-"), type=int, default=None, metavar="N")
     group.add_argument("--no-flash", action="store_true", help="unfused attention (adds the 5*a*s^2*b term)")
@@ -43,11 +45,15 @@ def add_hardware_args(parser: argparse.ArgumentParser) -> None:
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
-    """A preset with overrides, or a GPT-shaped model (head size 128, FFN 4h) built from the flags."""
+    """A preset or ``hf:DIR`` with overrides, or a GPT-shaped model (head size 128, FFN 4h) built from the flags."""
     given = {k: getattr(args, k) for k in _SHAPE_FLAGS if getattr(args, k) is not None}
     if "microbatch_size" in given:
         given["microbatch"] = given.pop("microbatch_size")
-    if args.model:
+    if args.model and args.model.startswith("hf:"):
+        from pipeoffload.planner.hfconfig import model_from_hf_config
+
+        spec = model_from_hf_config(Path(args.model[3:]).expanduser()).with_(**given)
+    elif args.model:
         spec = model_preset(args.model).with_(**given)
     else:
         missing = [f"--{k}" for k in ("hidden", "seq") if k not in given]

@@ -3,9 +3,10 @@
 The train config's sections (``pipeoffload.train.config``, which this layer does not import; a test
 reads what is written here with train's own reader): ``[schedule]`` family, stages_per_rank,
 group_size (group-interleaved only), offload, recompute, microbatches; ``[parallel]`` pp, dp, tp,
-nproc; ``[data]`` global_batch; and ``[model]`` layers/hidden/heads/seq_len of the reference GPT
-when the model is GPT-shaped (multi-head attention, FFN 4h, GeLU), since that is the model the train
-command builds. ``plan_config`` gives the same keys flat (the train flags with ``-`` as ``_``).
+nproc; ``[data]`` global_batch; and ``[model]`` source = "hf:DIR" and seq_len when the model was read
+from a local Hugging Face directory (train builds it from the same config.json), else
+layers/hidden/heads/seq_len of the reference GPT when the model is GPT-shaped (multi-head attention,
+FFN 4h, GeLU), since that is the model the train command builds. ``plan_config`` gives the same keys flat (the train flags with ``-`` as ``_``).
 The recompute policy is written as the plan's table shows it: the planner's memory model assumes
 LGD partial recomputation with offload (a GPU kernel choice), which ``train`` does not perform.
 """
@@ -42,7 +43,9 @@ def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
     config.update({"pp": layout.pp, "dp": layout.dp, "tp": layout.tp, "microbatches": plan.microbatches,
                    "global_batch": req.global_batch})
     model = req.model
-    if is_gpt_like(model):
+    if model.source:
+        config.update({"source": model.source, "seq_len": model.seq})
+    elif is_gpt_like(model):
         config.update({"layers": model.layers, "hidden": model.hidden, "heads": model.heads,
                        "seq_len": model.seq})
     config["nproc"] = layout.gpus
@@ -56,7 +59,7 @@ SECTIONS = {"schedule": ("schedule", "family"), "stages_per_rank": ("schedule", 
             "pp": ("parallel", "pp"), "dp": ("parallel", "dp"), "tp": ("parallel", "tp"),
             "nproc": ("parallel", "nproc"), "global_batch": ("data", "global_batch"),
             "layers": ("model", "layers"), "hidden": ("model", "hidden"), "heads": ("model", "heads"),
-            "seq_len": ("model", "seq_len")}
+            "seq_len": ("model", "seq_len"), "source": ("model", "source")}
 
 
 def _sections(config: dict[str, object]) -> list[str]:
@@ -76,7 +79,7 @@ def config_toml(req: PlanRequest, plan: Plan) -> str:
         units = offload.budget
         lines.append(f"# offload budget:{units:g} is in activation units (one microbatch of the largest stage: "
                      f"{plan.unit_bytes / 1024**3:.3f} GiB here), i.e. {units * plan.unit_bytes / 1024**3:.1f} GiB")
-    if not is_gpt_like(req.model):
+    if not req.model.source and not is_gpt_like(req.model):
         lines.append("# the model is not GPT-shaped: layers/hidden/heads/seq_len left to the train defaults")
     if req.setup.lgd_for(offload) and req.measured is None:
         lines.append("# memory predicted with LGD partial recomputation (LayerNorm, GeLU, dropout recomputed in "

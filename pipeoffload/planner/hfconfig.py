@@ -1,6 +1,9 @@
 """A ``ModelSpec`` from a Hugging Face ``config.json`` (standard library only: no transformers, no torch).
 
-Reads the Llama/Mistral/Qwen keys (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
+A Llama-family architecture (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``MistralForCausalLM``) is
+read by ``llama_config.LlamaShape.from_hf``, the reader the training side uses, so the planner and the
+trained model see the same shape (and the same refusals). Any other config is read generically: the
+Llama/Mistral/Qwen keys (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
 ``num_key_value_heads``, ``intermediate_size``, ``vocab_size``, ``max_position_embeddings``,
 ``hidden_act``, ``tie_word_embeddings``) and GPT-2's (``n_layer``, ``n_embd``, ``n_head``,
 ``n_positions``). A SiLU/SwiGLU activation means a gated MLP without biases or dropout, as in Llama.
@@ -12,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeoffload.errors import ConfigError
+from pipeoffload.llama_config import ARCHITECTURES, LlamaShape
 from pipeoffload.planner.model import ModelSpec
 
 _KEYS = {  # ModelSpec field -> config.json keys, first found wins
@@ -34,6 +38,10 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
         data: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise ConfigError(f"hf:{directory}: cannot read {path} ({err}); give a directory holding config.json") from None
+    source = f"hf:{(path.parent if path.name == 'config.json' else path).resolve()}"
+    if _is_llama_family(data):
+        shape = LlamaShape.from_hf(data, where=str(path))
+        return shape.model_spec(_name(data, path), shape.max_positions).with_(source=source)
     values: dict[str, Any] = {}
     for name, keys in _KEYS.items():
         found = next((data[k] for k in keys if data.get(k) is not None), None)
@@ -46,6 +54,14 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
     act = str(data.get("hidden_act", data.get("activation_function", "gelu"))).lower()
     gated = act in ("silu", "swiglu", "swish")
     values.setdefault("seq", 2048)
-    return ModelSpec(name=str(data.get("_name_or_path") or data.get("model_type") or path.parent.name),
-                     gated_mlp=gated, dropout=not gated, bias=not gated,
+    return ModelSpec(name=_name(data, path), gated_mlp=gated, dropout=not gated, bias=not gated,
                      tied_embeddings=bool(data.get("tie_word_embeddings", not gated)), **values)
+
+
+def _name(data: dict[str, Any], path: Path) -> str:
+    return str(data.get("_name_or_path") or data.get("model_type") or path.parent.name)
+
+
+def _is_llama_family(data: dict[str, Any]) -> bool:
+    archs = data.get("architectures") or []
+    return any(a in ARCHITECTURES for a in archs) or data.get("model_type") in ARCHITECTURES.values()

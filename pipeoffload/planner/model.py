@@ -53,6 +53,7 @@ class ModelSpec:
     dropout: bool = True
     bias: bool = True
     tied_embeddings: bool = False
+    source: str = ""  # "hf:DIR" when read from a local Hugging Face directory (plan --emit passes it to train)
 
     def __post_init__(self) -> None:
         for key in ("layers", "hidden", "heads", "seq", "vocab", "microbatch", "dtype_bytes"):

@@ -1,24 +1,21 @@
 """Shapes of well-known open models (public configs), as ``ModelSpec`` presets.
 
 GPT-3 sizes follow Table 2.1 of Brown et al. 2020 (2048 context, 50257 vocabulary, learned positions
-ignored); 13B uses hidden 5120 (Megatron's usual rounding of the paper's 5140). Llama-3 shapes follow
-Meta's published configs (SwiGLU, grouped-query attention with 8 KV heads, 128256 vocabulary, no
-biases, no dropout). ``pipeoffload-example`` is the reference repository's quick-start model.
+ignored); 13B uses hidden 5120 (Megatron's usual rounding of the paper's 5140). The Llama family
+(Llama 2/3, Qwen2.5, Mistral) comes from ``llama_config.PRESETS``, the table the trainable model reads
+too (SwiGLU, grouped-query attention, no dropout; q/k/v biases for Qwen2). ``pipeoffload-example`` is
+the reference repository's quick-start model.
 """
 from __future__ import annotations
 
 from pipeoffload.errors import ConfigError
+from pipeoffload.llama_config import preset_specs
 from pipeoffload.planner.model import ModelSpec
 
 
 def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
     return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, seq=2048, vocab=50257,
                      tied_embeddings=True)
-
-
-def _llama3(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
-    return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=8, ffn=ffn, seq=8192,
-                     vocab=128256, gated_mlp=True, dropout=False, bias=False)
 
 
 MODEL_PRESETS: dict[str, ModelSpec] = {
@@ -29,9 +26,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         _gpt3("gpt3-6.7b", 32, 4096, 32),
         _gpt3("gpt3-13b", 40, 5120, 40),
         _gpt3("gpt3-175b", 96, 12288, 96),
-        _llama3("llama3-8b", 32, 4096, 32, 14336),
-        _llama3("llama3-70b", 80, 8192, 64, 28672),
-        _llama3("llama3-405b", 126, 16384, 128, 53248),
+        *preset_specs().values(),
         ModelSpec(name="pipeoffload-example", layers=24, hidden=4096, heads=32, kv_heads=8, ffn=16384,
                   seq=8192, vocab=50257),
     )

@@ -68,6 +68,7 @@ class _Group:
     params: list[torch.nn.Parameter] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
     captured: list[Any] = field(default_factory=list)
+    branch: set[Node] = field(default_factory=set)  # nodes between the parameters and the intermediates
 
 
 @dataclass
@@ -159,6 +160,12 @@ def _needed_by_w(groups: list[_Group], orphans: list[torch.nn.Parameter], parent
     down = lambda n: (c for c, _ in n.next_functions)  # noqa: E731
     nodes: set[Node] = set()
     for group in groups:
+        if len(group.nodes) == 1:
+            # One intermediate: every path from it to the parameters runs through the weight branch
+            # (leaving it anywhere else would reach another input-path node, i.e. another intermediate).
+            nodes |= group.branch
+            nodes.add(group.nodes[0])
+            continue
         targets = [_edge(p).node for p in group.params]
         nodes |= _closure(targets, up) & _closure(group.nodes, down)
     if orphans:
@@ -177,16 +184,18 @@ def _plan(roots: list[Root], inputs: Sequence[torch.Tensor], params: Sequence[to
         node = _edge(p).node
         if node not in parents:
             continue  # not used by this forward: no gradient
-        _, hit, reached_root = _upward([node], parents, input_path)
+        branch, hit, reached_root = _upward([node], parents, input_path)
         if reached_root or not hit:
             orphans.append(p)
             continue
         merged = [groups_by_node[n] for n in hit if n in groups_by_node]
         group = merged[0] if merged else _Group()
+        group.branch |= branch
         for other in merged[1:]:
             if other is group:
                 continue
             group.params.extend(other.params)
+            group.branch |= other.branch
             for n in other.nodes:
                 groups_by_node[n] = group
                 if n not in group.nodes:

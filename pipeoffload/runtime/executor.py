@@ -66,6 +66,9 @@ Handler = Callable[["PipelineRunner", Action], None]
 _DIRECTION = {K.SEND_F: 0, K.RECV_F: 0, K.SEND_B: 1, K.RECV_B: 1}
 _SENDS = frozenset(k for k in sem.KINDS if sem.lane_of(k) == sem.SEND)
 _RECEIVES = frozenset(k for k in sem.KINDS if sem.lane_of(k) == sem.RECV)
+# Kinds that need the activation store whether or not memory is measured: copies move its storages,
+# I releases the ones W does not need (``ActivationStore.trim``).
+_STORE_KINDS = frozenset(k for k in sem.KINDS if sem.lane_of(k) == sem.COPY) | {K.I}
 
 
 def check_handled(row: Sequence[Action], handlers: Mapping[ActionKind, Handler], rank: int) -> None:
@@ -115,6 +118,7 @@ class PipelineRunner:
     ``min_offload_bytes``: smaller saved storages stay on the device. ``output_specs``: optionally
     declare each stage's output spec (list per microbatch, or one for all) instead of inferring it.
     ``transport``: replace the process group (``LoopbackTransport`` replays one rank alone).
+    ``measure_memory``: the default of ``step(..., measure=)``; see ``step``.
     """
 
     def __init__(
@@ -131,6 +135,7 @@ class PipelineRunner:
         output_specs: Mapping[int, Any] | None = None,
         transport: Any = None,
         copier: Any = None,
+        measure_memory: bool = True,
     ) -> None:
         self.schedule = schedule if schedule.is_lowered() or schedule.num_ranks == 1 else lower(schedule)
         validate(self.schedule)
@@ -156,6 +161,10 @@ class PipelineRunner:
             check_fifo(self.schedule)
         check_tag_space(self.num_stages, self.num_microbatches)
         self.row = self.schedule.actions[rank]
+        self.measure_memory = measure_memory
+        # All of this rank's stages or none go through the store: a storage may be saved by two local
+        # slots (a tensor handed to the next stage), and the store may free only what it knows of.
+        self._store_needed = any(a.kind in _STORE_KINDS for a in self.row)
         self.recomputed = {(a.stage, a.microbatch) for a in self.row if a.kind == K.R}
         # slots offloaded in both windows: their RELOAD keeps the host copy for OFFLOAD_W (semantics)
         windows = {kind: {(a.stage, a.microbatch) for a in self.row if a.kind == kind}
@@ -271,9 +280,14 @@ class PipelineRunner:
             )
 
     # ---- the step ---------------------------------------------------------------------------------
-    def step(self, inputs: Any = None, targets: Any = None) -> torch.Tensor | None:
+    def step(self, inputs: Any = None, targets: Any = None, *, measure: bool | None = None) -> torch.Tensor | None:
         """Run one training step (forward and backward of every microbatch); gradients accumulate in
-        the stage modules' parameters. Returns the mean loss on the last stage's rank, else None."""
+        the stage modules' parameters. Returns the mean loss on the last stage's rank, else None.
+
+        ``measure`` (default: the runner's ``measure_memory``): count the activation bytes (the
+        trace's memory fields, ``slot_bytes``, ``w_bytes``). A rank whose actions neither copy nor
+        split the backward runs an unmeasured step with no saved-tensor hooks at all; the trace then
+        says ``measured=False`` and its byte fields are 0. Rows that copy or split always measure."""
         m = self.num_microbatches
         self._mb_inputs = split_microbatches(inputs, m, self.device, "inputs") if 0 in self.stages else None
         last = self.num_stages - 1
@@ -284,6 +298,8 @@ class PipelineRunner:
             self._mb_targets = [t if len(t) > 1 else t[0] for t in split_microbatches(targets, m, self.device, "targets")]
         step, trace = self.step_count, Trace(self.rank, self.step_count)
         self.step_count += 1
+        measure = self.measure_memory if measure is None else measure
+        self.store.active = trace.measured = measure or self._store_needed
         self.store.reset_peak()
         record, clock, store, handlers = trace.records.append, time.perf_counter, self.store, self._handlers
         index, current = 0, None  # current: the action running (or a phase name), for error messages
@@ -436,6 +452,8 @@ class PipelineRunner:
         self._note_slot(a.stage, a.microbatch)
 
     def _note_slot(self, s: int, mb: int) -> None:
+        if not self.store.active:
+            return
         saved = self.store.slot_bytes(s, mb)
         if saved > self.slot_bytes.get(s, 0):
             self.slot_bytes[s] = saved

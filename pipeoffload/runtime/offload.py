@@ -1,7 +1,9 @@
 """The activation store: what autograd saves during a forward, kept per (stage, microbatch) slot,
 and moved to host memory and back when the schedule says OFFLOAD and RELOAD.
 
-Forwards (F, R) run inside ``store.saving(stage, mb)``, which installs ``saved_tensors_hooks``:
+Forwards (F, R) run inside ``store.saving(stage, mb)``, which installs ``saved_tensors_hooks``
+while the store is ``active`` (else autograd keeps what it saves itself, at no cost: a rank that
+neither offloads nor trims after I, in a step that does not measure memory, needs no store):
 
 - pack returns a small handle, never the tensor: a handle that held a tensor with a ``grad_fn``
   that saved it would close a reference cycle (tensor -> node -> saved handle -> tensor) that is
@@ -31,6 +33,7 @@ offload after I copies nothing and only releases the device memory.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 from enum import Enum
@@ -44,6 +47,7 @@ from pipeoffload.runtime.copier import CudaCopier, SyncCopier, make_copier
 log = logging.getLogger(__name__)
 
 Slot = tuple[int, int]  # (stage, microbatch)
+_UNMANAGED = contextlib.nullcontext()  # ``saving`` while the store is inactive: autograd saves as usual
 
 
 class EntryState(Enum):
@@ -144,6 +148,8 @@ class ActivationStore:
         self.peak_bytes = 0
         self.host_bytes = 0  # host bytes of offloaded storages now (buffers held from OFFLOAD to reload/release)
         self.peak_host_bytes = 0  # highest ``host_bytes`` since ``reset_peak``
+        # False: forwards save nothing here (no hooks). Set only between steps, when nothing is held.
+        self.active = True
 
     # ---- configuration ------------------------------------------------------------------------
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -180,8 +186,11 @@ class ActivationStore:
         return list(self._slots)
 
     # ---- saving (forward) -----------------------------------------------------------------------
-    def saving(self, stage: int, microbatch: int) -> torch.autograd.graph.saved_tensors_hooks:
-        """Run a forward inside this to have what it saves managed under slot (stage, microbatch)."""
+    def saving(self, stage: int, microbatch: int) -> contextlib.AbstractContextManager:
+        """Run a forward inside this to have what it saves managed under slot (stage, microbatch)
+        (while the store is ``active``; else a context that does nothing)."""
+        if not self.active:
+            return _UNMANAGED
         key = (stage, microbatch)
         rec = self._slots.get(key)
         if rec is None:
@@ -350,6 +359,8 @@ class ActivationStore:
     # ---- pins -----------------------------------------------------------------------------------
     def pin(self, tensor: torch.Tensor) -> bool:
         """Keep ``tensor``'s storage on the device even if its slot is offloaded; True if managed."""
+        if not self._entries:
+            return False
         entry = self._entries.get(tensor.untyped_storage()._cdata)
         if entry is None:
             return False

@@ -33,6 +33,7 @@ class Trace:
     # the wall clock (time.time) at this rank's step start: the records' times are seconds after it, so
     # ranks on one machine (or on NTP-synced machines, to their clocks' agreement) share one time axis
     epoch: float = 0.0
+    measured: bool = True  # False: the step ran without the activation store; the byte fields are 0
 
     def actions(self) -> tuple[Action, ...]:
         return tuple(r.action for r in self.records)
@@ -51,14 +52,15 @@ class Trace:
         return {
             "rank": self.rank, "step": self.step, "peak_bytes": self.peak_bytes, "end_bytes": self.end_bytes,
             "wall": self.wall, "peak_host_bytes": self.peak_host_bytes, "epoch": self.epoch,
-            "records": [[str(r.action), r.start, r.end, r.resident_bytes] for r in self.records],
+            "measured": self.measured, "records": [[str(r.action), r.start, r.end, r.resident_bytes] for r in self.records],
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> Trace:
         records = [TraceRecord(Action.parse(a), s, e, b) for a, s, e, b in data["records"]]
         return cls(data["rank"], data["step"], records, data["peak_bytes"], data["end_bytes"],
-                   data.get("peak_host_bytes", 0), data["wall"], data.get("epoch", 0.0))
+                   data.get("peak_host_bytes", 0), data["wall"], data.get("epoch", 0.0),
+                   data.get("measured", True))
 
 
 MIB = 1024 * 1024

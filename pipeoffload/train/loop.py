@@ -67,6 +67,8 @@ class Trainer:
                                      loss_fn=loss_fn, device=ctx.device, timeout=cfg.run.timeout)
         self.named = model.named_parameters()
         self.params = list(self.named.values())
+        # a tied head's copy holds the embedding's gradient: the norm counts the shared weight once
+        self.norm_named = {n: p for n, p in self.named.items() if not (model.tied and n == model.tied.names[1])}
         self.order = self._name_order()
         self.opt = make_optimizer(cfg, self.params, ctx.dp_group, ctx.dp)
         self.sim = SimulatedPeaks(self.runner.schedule)
@@ -85,8 +87,9 @@ class Trainer:
 
     # ---- one step ----------------------------------------------------------------------------------
     def _autocast(self) -> Any:
-        if self.ctx.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+        """bf16 autocast with ``dtype=bf16`` (CPU too); the parameters and AdamW's state stay fp32."""
+        if self.cfg.model.dtype == "bf16":
+            return torch.autocast(self.ctx.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def train_step(self) -> dict[str, Any]:
@@ -100,11 +103,14 @@ class Trainer:
         t0 = time.perf_counter()
         with self._autocast():
             loss = self.runner.step(inputs, targets)
+        if self.model.tied is not None:
+            with ctx.collective(f"summing the gradients of the tied embedding and head of step {step}"):
+                self.model.tied.reduce()
         with ctx.collective(f"averaging the gradients of step {step} over the data-parallel group"):
             average_gradients(self.params, ctx.dp_group, ctx.dp)
         board = self._measurements(loss, self.runner.trace)
         with ctx.collective(f"reducing the gradient norm of step {step} over every rank"):
-            norm = global_grad_norm(self.named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device,
+            norm = global_grad_norm(self.norm_named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device,
                                     riders=board.view(-1))
         everyone = self._rows(board)
         losses = [r["loss"] for r in everyone if r["loss"] is not None]
@@ -118,10 +124,13 @@ class Trainer:
         step_s = time.perf_counter() - t0
         self.step = step
         units: dict[int, int] = {}
+        kept: dict[int, int] = {}  # bytes a slot still held after its I: W needs only those
         for r in everyone:
             for s, b in r["slots"].items():
                 units[s] = max(units.get(s, 0), b)
-        sim = self.sim(units)
+            for s, b in r["w"].items():
+                kept[s] = max(kept.get(s, 0), b)
+        sim = self.sim(units, kept)
         samples = cfg.data.global_batch * self.batches.tokens_per_sample
         record = {
             "step": step, "loss": math.fsum(losses) / len(losses), "val_loss": None, "lr": lr, "grad_norm": norm,
@@ -159,7 +168,8 @@ class Trainer:
         head = [float(has_loss), float(loss) if has_loss else 0.0,  # type: ignore[arg-type]
                 trace.peak_bytes if trace else 0, trace.peak_host_bytes if trace else 0,
                 reload_seconds(trace) if trace else 0.0, cuda, ctx.pp_rank, self.stop_signal]
-        slots = [self.runner.slot_bytes.get(s, -1) for s in range(self.runner.num_stages)]  # -1: not measured here
+        n = self.runner.num_stages  # per stage: a slot's bytes, then what one still held after its I (-1: not here)
+        slots = [self.runner.slot_bytes.get(s, -1) for s in range(n)] + [self.runner.w_bytes.get(s, -1) for s in range(n)]
         board = torch.zeros(ctx.world, _HEAD + len(slots), dtype=torch.float64)
         board[ctx.rank] = torch.tensor(head + slots, dtype=torch.float64)
         return board
@@ -169,10 +179,12 @@ class Trainer:
         out = []
         for row in board.tolist():
             flag, value, peak, host, stall, cuda_bytes, pp_rank, stop = row[:_HEAD]
+            n = (len(row) - _HEAD) // 2
             out.append({
                 "loss": value if flag else None, "peak": int(peak), "host": int(host), "stall": stall,
                 "cuda": None if cuda_bytes < 0 else int(cuda_bytes), "pp_rank": int(pp_rank), "stop": int(stop),
-                "slots": {s: int(b) for s, b in enumerate(row[_HEAD:]) if b >= 0},
+                "slots": {s: int(b) for s, b in enumerate(row[_HEAD:_HEAD + n]) if b >= 0},
+                "w": {s: int(b) for s, b in enumerate(row[_HEAD + n:]) if b >= 0},
             })
         return out
 

@@ -2,7 +2,8 @@
 
 Keys (see docs/training.md): step, loss, val_loss, lr, grad_norm, tokens_per_s, step_s, and per
 global rank peak_act_bytes (the runtime's measured peak of resident activations), sim_peak_act_bytes
-(the simulator's peak for the same lowered schedule, with the measured bytes per stage as the unit),
+(the simulator's peak for the same lowered schedule, with the measured bytes per stage as the unit
+and the measured share of a slot kept between I and W),
 host_bytes (peak bytes of offloaded activations on the host), reload_stall_s (seconds spent in
 RELOAD actions: synchronous copies on CPU; on CUDA the wait for a reload happens inside the backward
 that needs it and is not separated), cuda_max_allocated (``torch.cuda.max_memory_allocated`` or null).
@@ -22,19 +23,23 @@ def reload_seconds(trace: Any) -> float:
 
 
 class SimulatedPeaks:
-    """The simulator's peak per pipeline rank for the measured per-stage bytes (cached)."""
+    """The simulator's peak per pipeline rank for the measured per-stage bytes (cached). ``w_bytes``:
+    per stage, the bytes a slot still held after its I (schedules that split B into I and W); the
+    simulator holds that share of the slot until W, as the runtime does."""
 
     def __init__(self, schedule: Schedule) -> None:
         self.schedule = schedule
         self._key: tuple | None = None
         self._peaks: list[float] = []
 
-    def __call__(self, unit_bytes: dict[int, int]) -> list[float]:
-        key = tuple(sorted(unit_bytes.items()))
+    def __call__(self, unit_bytes: dict[int, int], w_bytes: dict[int, int] | None = None) -> list[float]:
+        key = (tuple(sorted(unit_bytes.items())), tuple(sorted((w_bytes or {}).items())))
         if key != self._key:
-            from pipeoffload.runtime.trace import simulated_peaks
+            from pipeoffload.runtime.trace import measured_w_fractions, simulated_peaks
 
-            self._peaks = simulated_peaks(self.schedule, unit_bytes)
+            fractions = measured_w_fractions(unit_bytes, w_bytes or {})
+            # bytes are whole: a share times a slot's bytes may miss the integer by a rounding error
+            self._peaks = [float(round(p)) for p in simulated_peaks(self.schedule, unit_bytes, fractions)]
             self._key = key
         return self._peaks
 

@@ -10,7 +10,17 @@ def test_compare_offload_example(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, str(ROOT / "examples" / "compare_offload.py"), "--ranks", "4",
                              "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "offload=all" in result.stdout and len(list(tmp_path.glob("*.png"))) == 5
+    assert len(list(tmp_path.glob("*.png"))) == 5
+    rows = {(w[0], w[1]): {w[i]: float(w[i + 1].rstrip("%")) for i in (2, 4, 6, 8)}
+            for w in (line.split() for line in result.stdout.splitlines()[1:])}
+    # 1F1B on paper (d = 4, m = 16, F = 1, B = I + W = 2): (m + d - 1) * 3 = 57, busy 48, bubble 1 - 48/57;
+    # the first rank holds d microbatches' activations at its peak
+    assert rows[("1f1b", "offload=none")] == {"makespan": 57.0, "bubble": 15.8, "memory": 4.0, "stall": 0.0}
+    zbv, group = rows[("zb-v", "offload=none")], rows[("group-interleaved", "offload=none")]
+    assert zbv["memory"] == 4.0 and zbv["bubble"] < group["bubble"] < 15.8  # ZB-V: 1F1B's memory, less bubble
+    first, full = rows[("group-interleaved", "offload=first:1")], rows[("group-interleaved", "offload=all")]
+    assert full["memory"] <= first["memory"] < group["memory"] < 4.0  # offload lowers the peak ...
+    assert full["makespan"] == first["makespan"] == group["makespan"] and full["stall"] == 0  # ... at no time
 
 
 def test_demo_simulation_tour(tmp_path: Path) -> None:

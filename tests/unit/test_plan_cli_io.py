@@ -142,3 +142,88 @@ def test_emitted_config_is_accepted_by_train(tmp_path) -> None:  # type: ignore[
     assert (cfg.schedule.family, cfg.parallel.pp, cfg.parallel.dp, cfg.parallel.tp, cfg.schedule.microbatches) == (
         emitted["schedule"], emitted["pp"], emitted["dp"], emitted["tp"], emitted["microbatches"])
     assert cfg.schedule.offload == emitted["offload"] and cfg.schedule.recompute == emitted["recompute"]
+
+
+def _hf_dir(tmp_path, preset: str):  # type: ignore[no-untyped-def]
+    """A local Hugging Face directory holding only the config.json of a preset (planning needs no weights)."""
+    from pipeoffload.llama_config import PRESETS
+
+    folder = tmp_path / preset
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(PRESETS[preset].to_hf()))
+    return folder
+
+
+@pytest.mark.parametrize("preset", ["llama3-8b", "qwen2.5-7b"])
+def test_plan_and_estimate_read_an_hf_dir_as_its_preset(tmp_path, capsys, preset: str) -> None:  # type: ignore[no-untyped-def]
+    """One source for shapes: the planner's Llama-family presets come from llama_config's table and an
+    hf:DIR is read by the same LlamaShape reader (Qwen2's q/k/v biases, tied or not, kv heads)."""
+    from dataclasses import replace
+
+    from pipeoffload.planner.cli_args import add_model_args, model_from_args
+
+    folder = _hf_dir(tmp_path, preset)
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_model_args(parser)
+    spec = model_from_args(parser.parse_args(["--model", f"hf:{folder}", "--seq", "8192"]))
+    assert spec.source == f"hf:{folder.resolve()}"
+    assert replace(spec, name=preset, source="") == model_preset(preset)
+    argv = ["--seq", "2048", "--global-batch", "16", "--json"]
+    for command in (["plan", *argv, "--gpus", "8", "--no-pareto"], ["estimate", *argv, "--tp", "4", "--pp", "2"]):
+        assert main([command[0], "--model", f"hf:{folder}", *command[1:]]) == 0
+        hf_out = json.loads(capsys.readouterr().out)
+        assert main([command[0], "--model", preset, *command[1:]]) == 0
+        preset_out = json.loads(capsys.readouterr().out)
+        key = "best" if command[0] == "plan" else "step_seconds"
+        assert hf_out[key] == preset_out[key]
+
+
+def test_emit_for_an_hf_dir_names_the_directory_as_the_model_source(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pipeoffload.train.config import build_config, load_toml
+
+    folder, path = _hf_dir(tmp_path, "qwen2.5-0.5b"), tmp_path / "run.toml"
+    assert main(["plan", "--model", f"hf:{folder}", "--seq", "1024", "--gpus", "4", "--global-batch", "8",
+                 "--no-pareto", "--emit", str(path)]) == 0
+    model = tomllib.loads(path.read_text())["model"]
+    assert model == {"source": f"hf:{folder.resolve()}", "seq_len": 1024}
+    assert "not GPT-shaped" not in path.read_text()
+    cfg = build_config(load_toml(path))  # train's own reader takes the file
+    assert (cfg.model.source, cfg.model.seq_len) == (f"hf:{folder.resolve()}", 1024)
+
+
+def _hf_dir_with_zero_weights(folder):  # type: ignore[no-untyped-def]
+    """A complete tiny Hugging Face directory without transformers: config.json from a LlamaShape, one
+    safetensors file of zeros with every expected tensor, a tokenizer.json of the same vocabulary."""
+    import math
+    import struct
+
+    from pipeoffload.hfdir import expected_tensors
+    from pipeoffload.llama_config import LlamaShape
+    from tests.hf_fixtures import make_tokenizer
+
+    folder.mkdir()
+    tokenizer = make_tokenizer(folder / "tokenizer.json")
+    shape = LlamaShape(vocab=tokenizer.get_vocab_size(), hidden=32, layers=2, heads=4, kv_heads=2, ffn_hidden=64)
+    (folder / "config.json").write_text(json.dumps(shape.to_hf()))
+    header, offset = {}, 0
+    for name, dims in expected_tensors(shape).items():
+        size = 4 * math.prod(dims)
+        header[name] = {"dtype": "F32", "shape": list(dims), "data_offsets": [offset, offset + size]}
+        offset += size
+    table = json.dumps(header).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(table)) + table + bytes(offset))
+
+
+def test_the_emitted_file_of_an_hf_dir_passes_train_validation(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`plan --model hf:DIR --emit` then `train --config`: train's validation (which opens the whole
+    directory: config, tensors, tokenizer) accepts the file and trains that directory's model."""
+    from pipeoffload.train.config import build_config, load_toml, validate
+
+    folder, path = tmp_path / "model", tmp_path / "run.toml"
+    _hf_dir_with_zero_weights(folder)
+    assert main(["plan", "--model", f"hf:{folder}", "--seq", "64", "--gpus", "2", "--global-batch", "4",
+                 "--no-pareto", "--emit", str(path)]) == 0
+    cfg = validate(build_config(load_toml(path)))
+    assert cfg.model.source == f"hf:{folder.resolve()}" and cfg.model.seq_len == 64 and cfg.world == 2

@@ -151,6 +151,42 @@ def test_offload_on_one_rank_is_a_pure_copy():
     assert stats.d2h_copies == stats.h2d_copies > 0
 
 
+def _with_offload(base: Schedule) -> Schedule:
+    """``base`` (one rank) with every slot offloaded after its F and reloaded before its backward."""
+    rows = []
+    for a in base.actions[0]:
+        if a.kind in (K.B, K.I):
+            rows.append(Action(K.RELOAD, a.stage, a.microbatch))
+        rows.append(a)
+        if a.kind == K.F:
+            rows.append(Action(K.OFFLOAD, a.stage, a.microbatch))
+    return base.with_actions([rows])
+
+
+def test_an_unmeasured_step_saves_through_no_hooks_and_gives_the_same_numbers(monkeypatch):
+    from pipeoffload.runtime.offload import ActivationStore
+
+    packs = []
+    real_pack = ActivationStore._pack
+    monkeypatch.setattr(ActivationStore, "_pack", lambda self, *args: packs.append(1) or real_pack(self, *args))
+    m = 2
+    inputs, targets = sample_batch(CFG, 4, seed=3)
+    schedule = generate("interleaved-1f1b", 1, m, 2)
+    runner, stages = _runner(schedule, measure_memory=False)
+    loss = runner.step(inputs, targets)
+    ref_loss, ref_grads = _reference(m, inputs, targets)
+    assert torch.equal(loss, ref_loss)
+    assert all(torch.equal(p.grad, g) for p, g in zip((p for s in sorted(stages) for p in stages[s].parameters()), ref_grads))
+    assert runner.trace.matches(schedule.actions[0])
+    assert not packs and not runner.trace.measured and runner.trace.peak_bytes == 0 and not runner.slot_bytes
+    runner.step(inputs, targets, measure=True)  # asked for: measured, through the store
+    assert packs and runner.trace.measured and runner.trace.peak_bytes > 0 and runner.slot_bytes
+    # a row that copies needs the store: it measures though not asked to
+    offloading, _ = _runner(_with_offload(schedule), measure_memory=False)
+    offloading.step(inputs, targets)
+    assert offloading.trace.measured and offloading.trace.peak_bytes > 0
+
+
 def test_trace_round_trips_and_exports_chrome_events(tmp_path):
     runner, _ = _runner(generate("1f1b", 1, 2, 1))
     runner.step(*sample_batch(CFG, 4))

@@ -97,3 +97,23 @@ def test_parameters_outside_every_input_path_get_their_gradient_in_w():
         results.append((dx, [p.grad.clone() for p in module.parameters()]))
     (dx_b, g_b), (dx_s, g_s) = results
     assert torch.equal(dx_b, dx_s) and all(torch.equal(a, b) for a, b in zip(g_b, g_s))
+
+
+def test_nodes_w_runs_are_the_paths_from_each_groups_intermediates_to_its_parameters():
+    """The shortcut for one-intermediate groups (the weight branch) finds exactly the nodes on a path
+    from the intermediates to the parameters, as the general two-closure intersection does."""
+    from pipeoffload.runtime import backward as bw
+
+    layers = gpt_layers(CFG, seed=1)[1:4]
+    module = split_layers(layers, [len(layers)], copy_layers=True)[0]
+    (hidden, mask, offset), _ = _inputs(1)
+    out = module(hidden, mask, offset)[0]
+    params = [p for p in module.parameters() if p.requires_grad]
+    groups, orphans, needed = bw._plan([out], [hidden], params)
+    assert not orphans and any(len(g.nodes) == 1 for g in groups)
+    parents = bw._reverse_graph([bw._edge(out).node])
+    general: set = set()
+    for g in groups:
+        up = bw._closure([bw._edge(p).node for p in g.params], parents.__getitem__)
+        general |= up & bw._closure(g.nodes, lambda n: (c for c, _ in n.next_functions))
+    assert needed == general

@@ -57,6 +57,14 @@ def test_p2p_time_delays_receiver() -> None:
         assert t.makespan == 7.0  # F 0-1, arrives 1.5, F 1.5-2.5, B 2.5-4.5, arrives 5, B 5-7
 
 
+def test_a_transfer_still_in_flight_delays_a_rank_that_is_already_free() -> None:
+    """Rank 1 is free at 4.25, after the sender's F1 ended (4) but before its data arrives (4.5):
+    its F1 starts at 4.5, not when the rank came free. Rank 0: F0 0-2, F1 2-4; rank 1: F0 2.5-4.25."""
+    costs = CostModel(time_f=(2.0, 1.75), p2p_time=0.5)
+    t = simulate(Schedule.from_text("0F0 0F1\n1F0 1F1"), costs)
+    assert t.start[1] == (2.5, 4.5) and t.end[1] == (4.25, 6.25)
+
+
 def _offload_everything(schedule: Schedule) -> Schedule:
     """OFFLOAD right after each F, RELOAD right before each backward: the simplest hand placement."""
     rows = []
@@ -146,3 +154,30 @@ def test_simulate_once_remembers_per_cost_model_and_equals_simulate() -> None:
     assert figures_of(first) == simulate_figures(generate("1f1b", 4, 8), slow)  # computed, not remembered
     assert "_simulations" not in pickle.loads(pickle.dumps(schedule)).__dict__
     assert schedule.compute_only() is schedule  # nothing to drop: the same object, caches included
+
+
+def _rank_rows(stdout: str) -> tuple[float, list[tuple[float, str]]]:
+    """(makespan, [(busy, printed bubble)] per rank) from `pipeoffload simulate`'s text."""
+    lines = stdout.splitlines()
+    makespan = float(lines[1].split()[1])
+    header = next(i for i, line in enumerate(lines) if line.startswith("rank "))
+    rows = [line.split() for line in lines[header + 1:] if line.split() and line.split()[0].isdigit()]
+    return makespan, [(float(row[1]), row[2]) for row in rows]
+
+
+def test_simulate_prints_each_ranks_own_bubble() -> None:
+    """Worked out on paper: 1F1B on 2 ranks, 2 microbatches, F = I = W = 1. Rank 1 runs F0 [1,2] B0 [2,4]
+    F1 [4,5] B1 [5,7]; rank 0 F0 F1 [0,2], B0 [4,6] after rank 1's, B1 [7,9]: makespan 9, each rank busy
+    6, so each rank idles a third of the step."""
+    from tests.conftest import run_cli
+    code, out, err = run_cli("simulate", "1f1b", "--ranks", "2", "--microbatches", "2")
+    assert code == 0, err
+    makespan, rows = _rank_rows(out)
+    assert makespan == 9 and rows == [(6.0, "33.33%"), (6.0, "33.33%")]
+    # recomputing rank 0's forwards makes it busier than rank 1: each rank prints its own idle share
+    code, out, err = run_cli("simulate", "1f1b", "--ranks", "4", "--microbatches", "8", "--recompute", "first:1")
+    assert code == 0, err
+    makespan, rows = _rank_rows(out)
+    assert rows[0][0] > rows[-1][0]
+    assert [bubble for _, bubble in rows] == [f"{1 - busy / makespan:.2%}" for busy, _ in rows]
+    assert rows[0][1] != rows[-1][1]
