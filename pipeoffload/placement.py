@@ -21,10 +21,11 @@ class Placement:
         bad = [r for r in self.stage_to_rank if not 0 <= r < self.num_ranks]
         if bad:
             raise ConfigError(f"placement maps stages to ranks {bad} outside 0..{self.num_ranks - 1}")
-        stages_of = tuple(
-            tuple(s for s, r in enumerate(self.stage_to_rank) if r == rank) for rank in range(self.num_ranks)
-        )
-        object.__setattr__(self, "_stages_of", stages_of)
+        # One pass over the stages (not one per rank): a million ranks must not cost ranks x stages.
+        buckets: list[list[int]] = [[] for _ in range(self.num_ranks)]
+        for stage, rank in enumerate(self.stage_to_rank):
+            buckets[rank].append(stage)
+        object.__setattr__(self, "_stages_of", tuple(map(tuple, buckets)))
 
     @property
     def num_stages(self) -> int:

@@ -45,3 +45,13 @@ def rank_costs(f: float, i: float, w: float, stages_per_rank: int, p2p: float = 
     """Per-rank compute times split evenly over a rank's stages (the CLI's and the pictures' convention)."""
     v = max(stages_per_rank, 1)
     return CostModel.uniform(f / v, i / v, w / v, p2p, **kwargs)
+
+
+def counted(value: float, singular: str, plural: str | None = None) -> str:
+    """``value`` and its noun in the right number: "1 rank unit", "4 rank units", "0.5 rank units"."""
+    return f"{value:g} {singular if value == 1 else plural or singular + 's'}"
+
+
+def rank_units(value: float, digits: int = 6) -> str:
+    """An amount of memory in rank units, e.g. "1 rank unit", "2.5 rank units"."""
+    return counted(float(f"{value:.{digits}g}"), MEMORY_UNIT.removesuffix("s"))

@@ -16,6 +16,7 @@ from pipeoffload.cli.outputs import file_slug
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import check_writable, write_atomic
 from pipeoffload.service import CompareRequest, SimulateRequest, compare, strict_json
+from pipeoffload.units import rank_units
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
     from pipeoffload.viz.report import html_report
 
     timelines = [r.result.timeline for r in rows]
-    pictures = [figure_bytes(timeline_figure(t, xmax=result.makespan, time_unit=unit), dpi=100) for t in timelines]
+    top = max(t.peak_rank_units for t in timelines)  # one memory scale, as one time axis, across the rows
+    pictures = [figure_bytes(timeline_figure(r.result.timeline, r.result.title(), xmax=result.makespan, ymax=top,
+                                             time_unit=unit), dpi=100) for r in rows]
     if args.plots:
         try:
             Path(args.plots).mkdir(parents=True, exist_ok=True)
@@ -94,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--plots {args.plots}: cannot create the folder ({err.strerror})") from None
         for row, png in zip(rows, pictures):
             write_atomic(Path(args.plots) / f"{file_slug(row.label)}.png", png)
-    page = html_report(timelines, title=f"pipeoffload compare: {len(rows)} schedules",
+    shared = f" (every row: {result.shared})" if result.shared else ""
+    page = html_report(timelines, title=f"pipeoffload compare: {len(rows)} schedules{shared}",
                        pictures=pictures, labels=[r.label for r in rows], commands=commands, time_unit=unit)
     write_atomic(args.output, page)
     log.info("wrote %s", args.output)
@@ -104,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         for index, (row, t) in enumerate(zip(rows, timelines), 1):
             print(f"{index}. {row.label}: makespan {t.makespan:.4g} {unit}, bubble {t.bubble_ratio:.1%}, "
-                  f"device peak {t.peak_rank_units:.3g} rank units")
+                  f"device peak {rank_units(t.peak_rank_units, 3)}")
+        if result.shared:
+            print(f"every row: {result.shared}")
         print(f"wrote {args.output}")
     return 0

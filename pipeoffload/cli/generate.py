@@ -3,17 +3,50 @@ from __future__ import annotations
 
 import argparse
 
-from pipeoffload.cli.common import positive_int
+from pipeoffload.cli.common import non_negative_float
+from pipeoffload.service.argtypes import flag_type
+from pipeoffload.service.checks import int_at_least
+
+MAX_TOKENS = 65_536  # more would run for hours on a CPU with nothing shown: a typo, not a request
+MAX_SEED = 2**63 - 1  # torch.manual_seed's range
+
+
+def _tokens(text: str) -> int:
+    tokens = int_at_least(text, 1)
+    if tokens > MAX_TOKENS:
+        raise ValueError(f"{tokens} is more than {MAX_TOKENS:,} tokens; generate fewer")
+    return tokens
+
+
+def _seed(text: str) -> int:
+    seed = int_at_least(text, 0)
+    if seed > MAX_SEED:
+        raise ValueError(f"{seed} is above {MAX_SEED} (2**63 - 1); give a smaller seed")
+    return seed
+
+
+def _utf8(text: str) -> str:
+    """The prompt as typed; bytes that are not UTF-8 reach Python as lone surrogates and would fail
+    deep in the tokenizer after loading the model."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        bad = text[err.start].encode("utf-8", "surrogateescape")
+        raise ValueError(f"is not valid UTF-8 (byte 0x{bad.hex()} at character {err.start}); "
+                         "give the prompt as UTF-8 text") from None
+    return text
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("generate", help="continue text from a training run's last checkpoint or hf:DIR")
     parser.add_argument("run_dir", metavar="SRC",
                         help="the --out folder of `pipeoffload train`, or hf:DIR (a local Hugging Face directory)")
-    parser.add_argument("--prompt", default="", help="text to continue")
-    parser.add_argument("--tokens", type=positive_int, default=100, help="tokens to generate (default 100)")
-    parser.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0: greedy")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--prompt", type=flag_type(_utf8), default="", help="text to continue (UTF-8)")
+    parser.add_argument("--tokens", type=flag_type(_tokens), default=100,
+                        help=f"tokens to generate, 1 to {MAX_TOKENS:,} (default 100)")
+    parser.add_argument("--temperature", type=non_negative_float, default=0.8,
+                        help="sampling temperature, finite and >= 0; 0: greedy")
+    parser.add_argument("--seed", type=flag_type(_seed), default=0, help=f"sampling seed, 0 to {MAX_SEED}")
     parser.add_argument("--greedy", action="store_true", help="always take the most likely token (no sampling)")
     parser.set_defaults(run=run)
 

@@ -40,14 +40,15 @@ def check_output_args(args: argparse.Namespace) -> str:
 
 
 def write_outputs(args: argparse.Namespace, timelines: Sequence[Timeline], time_unit: str = TIME_UNIT,
-                  commands: Sequence[str] | None = None) -> None:
+                  commands: Sequence[str] | None = None, title: str | None = None) -> None:
     """``--plot/--trace/--report`` of ``timelines``, their times labelled ``time_unit`` (``t`` or ``s``);
-    the report shows ``commands`` (the command line of each timeline) beside its row."""
+    the report shows ``commands`` (the command line of each timeline) beside its row; ``title`` heads the
+    picture (default: the schedule and sizes)."""
     fmt = check_output_args(args)
     if args.plot:
         from pipeoffload.viz.plot import figure_bytes, timeline_figure
 
-        write_atomic(args.plot, figure_bytes(timeline_figure(timelines[0], time_unit=time_unit), fmt))
+        write_atomic(args.plot, figure_bytes(timeline_figure(timelines[0], title, time_unit=time_unit), fmt))
         log.info("wrote %s", args.plot)
     if args.trace:
         from pipeoffload.viz.chrome_trace import timeline_trace_json

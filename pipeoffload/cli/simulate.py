@@ -8,9 +8,9 @@ from pipeoffload.cli.common import add_cost_args, add_schedule_args, non_negativ
 from pipeoffload.cli.outputs import add_output_args, check_output_args, write_outputs
 from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, RecomputePolicy
 from pipeoffload.service import SimulateRequest, simulate, strict_json
-from pipeoffload.service.simulate import BACKWARDS
+from pipeoffload.service.simulate import BACKWARDS, K_DEFAULT_HELP
 from pipeoffload.simulator import Timeline
-from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, time_unit_help
+from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, counted, rank_units, time_unit_help
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -37,8 +37,9 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
                        help="group-interleaved: emit I and W (split, default) or one B (full)")
     group.add_argument("--offload", default="none", metavar="POLICY", help=f"offload policy: {OFFLOAD_FORMS}")
     group.add_argument("--recompute", default="none", metavar="POLICY", help=f"recompute policy: {RECOMPUTE_FORMS}")
-    group.add_argument("--offload-ratio", type=non_negative_float, default=0.0, metavar="K",
-                       help="the paper's k = (D2H + H2D time of one activation) / (F+I+W time); 0 = instant copies")
+    group.add_argument("--offload-ratio", type=non_negative_float, default=None, metavar="K",
+                       help="the paper's k = (D2H + H2D time of one activation) / (F+I+W time); 0 = instant "
+                            f"copies; {K_DEFAULT_HELP}")
     group.add_argument("--shared-host-link", action="store_true",
                        help="ranks 2p and 2p+1 share one host link (GPUs under one PCIe switch)")
     group.add_argument("--separate-copy-engines", action="store_true",
@@ -59,25 +60,27 @@ def run(args: argparse.Namespace) -> int:
     request = request_from_args(args)
     check_output_args(args)
     result = simulate(request)
-    write_outputs(args, [result.timeline], result.time_unit, commands=[shlex.join(request.command())])
+    write_outputs(args, [result.timeline], result.time_unit, commands=[shlex.join(request.command())],
+                  title=result.title())
     if args.json:
         print(strict_json(result.as_dict(), indent=1))
     else:
-        print(format_summary(result.timeline, result.time_unit))
+        print(format_summary(result.timeline, result.time_unit, request.k))
         report = result.report
         if report.policy.kind != "none" or report.recompute != RecomputePolicy():
             print(report.summary())
     return 0
 
 
-def format_summary(timeline: Timeline, time_unit: str = TIME_UNIT) -> str:
+def format_summary(timeline: Timeline, time_unit: str = TIME_UNIT, k: float | None = None) -> str:
+    """The text report; its header names the offload ratio k the copies took (None: a costs file's)."""
     s = timeline.schedule
     v = max(s.stages_per_rank, 1)
     lines = [
         f"{s.name}: ranks={s.num_ranks} microbatches={s.num_microbatches} stages_per_rank={s.stages_per_rank} "
-        f"placement={s.placement.kind}",
+        f"placement={s.placement.kind} offload_ratio k={'from the costs file' if k is None else f'{k:g}'}",
         f"makespan {timeline.makespan:g} {time_unit}   bubble {timeline.bubble_ratio:.2%}   "
-        f"peak {timeline.peak_rank_units:g} {MEMORY_UNIT} ({timeline.peak_activation_units:g} activation units)"
+        f"peak {rank_units(timeline.peak_rank_units)} ({counted(timeline.peak_activation_units, 'activation unit')})"
         + (f"   stall {timeline.stall:g} {time_unit}" if timeline.stall else ""),
         f"rank  busy({time_unit})  bubble  peak(device)  peak(host)  stall({time_unit})   [memory in {MEMORY_UNIT}]",
     ]

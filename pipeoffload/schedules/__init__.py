@@ -12,6 +12,7 @@ family module.
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,7 @@ class ScheduleSpec:
 
 
 _REGISTRY: dict[str, ScheduleSpec] = {}
+_FILLING = threading.Lock()
 
 
 def register(spec: ScheduleSpec) -> ScheduleSpec:
@@ -103,12 +105,15 @@ def _add(spec: ScheduleSpec) -> None:
 
 
 def _registry() -> dict[str, ScheduleSpec]:
-    """The registry, with the built-in families added on first use."""
+    """The registry, with the built-in families added on first use. The lock makes the first use from
+    many threads at once (the playground's server) fill it exactly once."""
     if not _REGISTRY:
-        from pipeoffload.schedules.families import BUILTIN
+        with _FILLING:
+            if not _REGISTRY:
+                from pipeoffload.schedules.families import BUILTIN
 
-        for spec in BUILTIN:
-            _add(spec)
+                for spec in BUILTIN:
+                    _add(spec)
     return _REGISTRY
 
 
@@ -136,12 +141,22 @@ def get_spec(name: str) -> ScheduleSpec:
 MAX_ACTIONS = 2_000_000
 _SECONDS_PER_ACTION = 2e-5  # measured: 1f1b, d = m = 512, generate + lower + simulate on 2 cores
 _BYTES_PER_ACTION = 2000
+# Work that grows with the stages whatever the microbatches (the communication plan, per-rank memory
+# curves), in actions: measured 1f1b, d = 4096, m = 1 takes as long as about 50 actions per stage.
+_ACTIONS_PER_STAGE = 50
 
 
 def estimated_actions(spec: ScheduleSpec, num_ranks: int, num_microbatches: int, stages_per_rank: int) -> int:
     """Compute actions of the schedule: F plus B, or F plus I and W, per stage and microbatch."""
     passes = 2 if spec.backward == "full" else 3
     return passes * num_ranks * stages_per_rank * num_microbatches
+
+
+def estimated_work(spec: ScheduleSpec, num_ranks: int, num_microbatches: int, stages_per_rank: int) -> int:
+    """All the work generating, lowering and simulating the schedule implies, in actions: its compute
+    actions plus the per-stage work (so a million ranks with one microbatch counts as big)."""
+    return (estimated_actions(spec, num_ranks, num_microbatches, stages_per_rank)
+            + _ACTIONS_PER_STAGE * num_ranks * stages_per_rank)
 
 
 def generate(
@@ -166,11 +181,13 @@ def generate(
                        ("stages_per_rank", stages_per_rank)):
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
-    size = estimated_actions(spec, num_ranks, num_microbatches, stages_per_rank)
+    size = estimated_work(spec, num_ranks, num_microbatches, stages_per_rank)
     if max_actions is not None and size > max_actions:
         raise ConfigError(
             f"{spec.name} with num_ranks={num_ranks}, num_microbatches={num_microbatches}, "
-            f"stages_per_rank={stages_per_rank}: about {size:,} actions, above the limit of {max_actions:,} "
+            f"stages_per_rank={stages_per_rank}: about {size:,} actions of work "
+            f"({estimated_actions(spec, num_ranks, num_microbatches, stages_per_rank):,} actions and "
+            f"{num_ranks * stages_per_rank:,} stages), above the limit of {max_actions:,} "
             f"(roughly {size * _SECONDS_PER_ACTION:,.0f} s and {size * _BYTES_PER_ACTION / 1e9:,.0f} GB to generate "
             "and simulate); use fewer ranks or microbatches (the bubble and peak memory follow closed forms), "
             "or pass max_actions=None to run it anyway")
@@ -178,4 +195,4 @@ def generate(
     return spec.generator(num_ranks, num_microbatches, stages_per_rank, **given)
 
 
-__all__ = ["MAX_ACTIONS", "ScheduleSpec", "estimated_actions", "generate", "get_spec", "register", "schedule_names", "schedule_specs", "unregister"]
+__all__ = ["MAX_ACTIONS", "ScheduleSpec", "estimated_actions", "estimated_work", "generate", "get_spec", "register", "schedule_names", "schedule_specs", "unregister"]

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.service.simulate import SimulateRequest, SimulateResult, simulate
+from pipeoffload.service.simulate import SimulateRequest, SimulateResult, join_label, simulate
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class CompareRequest:
 
 @dataclass(frozen=True)
 class CompareRow:
-    label: str  # schedule, sizes and every non-default option; a repeat gets "(repeat N)"
+    label: str  # schedule, then the sizes and options that not every row shares; a repeat gets "(repeat N)"
     result: SimulateResult
 
 
@@ -27,6 +27,7 @@ class CompareRow:
 class CompareResult:
     rows: tuple[CompareRow, ...]
     time_unit: str  # the rows share one time axis, so one unit
+    shared: str = ""  # the sizes and options every row has (left out of the row labels), e.g. "d=8 m=32"
 
     @property
     def makespan(self) -> float:
@@ -43,17 +44,23 @@ def compare(req: CompareRequest, names: Sequence[str] | None = None) -> CompareR
         except ConfigError as err:
             name = names[index] if names is not None else f"run {index + 1}"
             raise ConfigError(f"{name}: {str(err).splitlines()[0]}") from None
-    return CompareResult(_labelled(results), _one_time_unit(results))
+    rows, shared = _labelled(results)
+    return CompareResult(rows, _one_time_unit(results), shared)
 
 
-def _labelled(results: list[SimulateResult]) -> tuple[CompareRow, ...]:
+def _labelled(results: list[SimulateResult]) -> tuple[tuple[CompareRow, ...], str]:
+    """Rows labelled by the schedule and what differs from the other rows, and what they all share."""
+    parts = [r.label_parts() for r in results]
+    common = set.intersection(*({*sizes[1:], *options} for sizes, options in parts)) if len(parts) > 1 else set()
     seen: dict[str, int] = {}
     rows = []
-    for result in results:  # the same request twice gets a visible repeat number, not two identical labels
-        label = result.label()
+    for result, (sizes, options) in zip(results, parts):  # the same request twice: a visible repeat number
+        label = join_label(sizes[:1] + [p for p in sizes[1:] if p not in common], [p for p in options if p not in common])
         seen[label] = seen.get(label, 0) + 1
         rows.append(CompareRow(label if seen[label] == 1 else f"{label} (repeat {seen[label]})", result))
-    return tuple(rows)
+    sizes, options = parts[0]
+    shared = join_label([p for p in sizes[1:] if p in common], [p for p in options if p in common])
+    return tuple(rows), shared
 
 
 def _one_time_unit(results: list[SimulateResult]) -> str:

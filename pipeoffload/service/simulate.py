@@ -14,14 +14,23 @@ from pipeoffload.costs import CostModel, load_cost_file
 from pipeoffload.errors import ConfigError
 from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.passes.offload import OffloadReport
+from pipeoffload.planner.formulas import formula1_k
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.schedules import generate, get_spec
 from pipeoffload.service.checks import checked, finite_at_least, int_at_least, one_of
 from pipeoffload.simulator import Timeline
 from pipeoffload.simulator import simulate as simulate_timeline
 from pipeoffload.units import TIME_UNIT, rank_costs, units_dict
+from pipeoffload.viz.chartdata import schedule_title
 
 BACKWARDS = ("split", "full")
+# The default offload ratio, so that offloading is never free unless asked for: the paper's Formula 1
+# for a Llama-3-8B-like layer (hidden 4096, sequence 8192) on an A100 with the reference
+# implementation's profiled constants (220 TFLOP/s, 15 GB/s host link), which `pipeoffload k --model
+# llama3-8b` prints too. k > 1: one copy engine cannot hide every copy, as is typical for small hidden sizes.
+DEFAULT_OFFLOAD_RATIO = round(formula1_k(4096, 8192, 220e12, 15e9), 2)  # 1.49
+K_DEFAULT_HELP = (f"default {DEFAULT_OFFLOAD_RATIO}: Formula 1 for a Llama-3-8B-like layer (h=4096, s=8192) "
+                  "on an A100 (220 TFLOP/s, 15 GB/s); a costs file's own copy times when one is given")
 SIZE_FIELDS = ("family", "ranks", "microbatches", "stages_per_rank")
 FLAG_NAMES = {"costs_file": "costs"}  # a field whose command-line flag has another name
 
@@ -31,7 +40,7 @@ class SimulateRequest:
     """One simulation. Costs are per rank and microbatch (all of a rank's layers, split evenly over its
     stages) in the time unit t, unless ``costs_file`` gives a cost model (its numbers replace the four
     times). ``offload_ratio`` is the paper's k = (D2H + H2D time of one activation) / (F + I + W time);
-    0 means instant copies. Field order is the order of ``pipeoffload simulate --help``."""
+    0 means instant copies; None means ``DEFAULT_OFFLOAD_RATIO`` (or a costs file's own copy times). Field order is the order of ``pipeoffload simulate --help``."""
 
     family: str
     ranks: int = 4
@@ -46,7 +55,7 @@ class SimulateRequest:
     backward: str | None = None  # group-interleaved: "split" (I and W) or "full" (one B)
     offload: str = "none"
     recompute: str = "none"
-    offload_ratio: float = 0.0
+    offload_ratio: float | None = None  # None: DEFAULT_OFFLOAD_RATIO, or the costs file's copy times
     shared_host_link: bool = False
     separate_copy_engines: bool = False
 
@@ -58,11 +67,20 @@ class SimulateRequest:
             if getattr(self, name) is not None:
                 checked(name, int_at_least, getattr(self, name))
         for name in ("time_f", "time_i", "time_w", "p2p_time", "offload_ratio"):
-            checked(name, finite_at_least, getattr(self, name))
+            if getattr(self, name) is not None:
+                checked(name, finite_at_least, getattr(self, name))
         if self.backward is not None:
             checked("backward", one_of, self.backward, BACKWARDS)
         OffloadPolicy.parse(self.offload)
         RecomputePolicy.parse(self.recompute)
+
+    @property
+    def k(self) -> float | None:
+        """The offload ratio the simulation uses: the one asked for, else the default (None: a costs
+        file's own copy times)."""
+        if self.offload_ratio is not None:
+            return self.offload_ratio
+        return None if self.costs_file else DEFAULT_OFFLOAD_RATIO
 
     @property
     def num_microbatches(self) -> int:
@@ -104,10 +122,21 @@ class SimulateResult:
     def label(self) -> str:
         """Schedule, resolved sizes, then every option that differs from its default, e.g.
         ``group-interleaved d=8 m=32 v=2 · group-size 4 · offload all``: no two different runs share one."""
+        return join_label(*self.label_parts())
+
+    def title(self) -> str:
+        """The chart header: schedule and sizes, and the offload ratio k the copies took."""
+        k = self.request.k
+        return schedule_title(self.timeline) + (", copy times from the costs file" if k is None
+                                                else f", offload ratio k={k:g}")
+
+    def label_parts(self) -> tuple[list[str], list[str]]:
+        """(schedule name and resolved sizes, every non-default option), e.g. (["zb-v", "d=8", "m=16",
+        "v=2"], ["offload all"]): what ``label`` joins, and what ``compare`` drops when every row shares it."""
         s = self.timeline.schedule
-        parts = [f"{s.name} d={s.num_ranks} m={s.num_microbatches} v={s.stages_per_rank}"]
-        parts += [flag if value is True else f"{flag} {value}" for flag, value in self.request.options()]
-        return " · ".join(parts)
+        sizes = [s.name, f"d={s.num_ranks}", f"m={s.num_microbatches}", f"v={s.stages_per_rank}"]
+        return sizes, [flag if value is True else f"{flag} {value}" for flag, value in self.request.options()]
+
 
     def as_dict(self) -> dict:
         """The object ``simulate --json`` prints and the playground serves: the timeline's numbers, their
@@ -117,9 +146,15 @@ class SimulateResult:
         out["peak_host_rank_units"] = self.timeline.peak_host_units / v  # peak_host_units: activation units
         for rank in out["per_rank"]:
             rank["peak_host_rank_units"] = rank["peak_host_units"] / v
+        out["offload_ratio"] = self.request.k  # null: the costs file's own copy times
         out["offload_report"] = report_dict(self.report)
         out["units"] = units_dict(self.time_unit)
         return out
+
+
+def join_label(sizes: list[str], options: list[str]) -> str:
+    """``"zb-v d=8 m=16 v=2 · offload all"``: sizes with spaces, then the options with dots."""
+    return " · ".join([" ".join(sizes), *options] if sizes else options)
 
 
 def report_dict(report: OffloadReport) -> dict:
@@ -151,8 +186,8 @@ def memory_costs(req: SimulateRequest, costs: CostModel) -> CostModel:
     """Apply the host-link options, the offload ratio and partial recomputation to ``costs``."""
     costs = replace(costs, shared_host_link=req.shared_host_link or costs.shared_host_link,
                     shared_copy_engine=costs.shared_copy_engine and not req.separate_copy_engines)
-    if req.offload_ratio:
-        costs = costs.with_offload_ratio(req.offload_ratio)
+    if req.k is not None:
+        costs = costs.with_offload_ratio(req.k)
     return RecomputePolicy.parse(req.recompute).apply_to(costs)
 
 

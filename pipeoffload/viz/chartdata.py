@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 from pipeoffload.ir import COMPUTE_KINDS, COPY_KINDS, ActionKind
 from pipeoffload.simulator import Timeline
-from pipeoffload.units import MEMORY_UNIT, TIME_UNIT
+from pipeoffload.units import MEMORY_UNIT, TIME_UNIT, counted, rank_units
 
 K = ActionKind
 # Order of the legend; colours are colour-blind friendly and distinct in grey.
@@ -113,7 +113,8 @@ def _curve(rank: int, where: str, events: Iterable[tuple[float, float]], v: int,
 
 def schedule_title(timeline: Timeline) -> str:
     s = timeline.schedule
-    return f"{s.name}: d={s.num_ranks} ranks, m={s.num_microbatches} microbatches, v={s.stages_per_rank} stages/rank"
+    return (f"{s.name}: d={counted(s.num_ranks, 'rank')}, m={counted(s.num_microbatches, 'microbatch', 'microbatches')}, "
+            f"v={counted(s.stages_per_rank, 'stage per rank', 'stages per rank')}")
 
 
 def summary_line(timeline: Timeline, time_unit: str = TIME_UNIT) -> str:
@@ -122,4 +123,5 @@ def summary_line(timeline: Timeline, time_unit: str = TIME_UNIT) -> str:
     v = max(timeline.schedule.stages_per_rank, 1)
     host = f", host peak {timeline.peak_host_units / v:.3g}" if timeline.peak_host_units else ""  # activation -> rank units
     return (f"makespan {timeline.makespan:.4g} {time_unit}, bubble {timeline.bubble_ratio:.1%}, "
-            f"device peak {timeline.peak_rank_units:.3g}{host} {MEMORY_UNIT}{stall}")
+            + (f"device peak {timeline.peak_rank_units:.3g}{host} {MEMORY_UNIT}" if host
+               else f"device peak {rank_units(timeline.peak_rank_units, 3)}") + stall)

@@ -28,17 +28,23 @@ _COMPUTE_ROW, _COPY_ROW = 0.30, 0.16  # lane heights in inches (scaled down beyo
 _HOST_STYLE = (0, (3, 2))
 _DEVICE_COLOUR, _HOST_COLOUR = "#1f4e79", "#b5651d"
 _LABEL_PT = 6.0  # microbatch number font size
+# Above this many boxes (d=32, m=128 of 1f1b has 8,192) single boxes are a barcode: each lane is drawn as
+# a band whose shade is the share of each time slice it is busy, and the legend says so.
+AGGREGATE_ABOVE = 6_000
+_SLICES = 400  # time slices of a band
 TIME_LABELS = {TIME_UNIT: "time (t = one rank's forward of one microbatch)", "s": "time (s)"}
 
 
 def timeline_figure(timeline: Timeline, title: str | None = None, memory: bool = True,
-                    time_unit: str = TIME_UNIT, xmax: float | None = None) -> Figure:
+                    time_unit: str = TIME_UNIT, xmax: float | None = None, ymax: float | None = None) -> Figure:
     """The chart of ``timeline``; ``title`` replaces the schedule line (the numbers line stays);
-    ``xmax`` fixes the time axis, so charts of several schedules compare at a glance."""
-    return chart_figure(chart_data(timeline, title, time_unit), memory, xmax)
+    ``xmax`` fixes the time axis and ``ymax`` the device memory scale, so charts of several schedules
+    compare at a glance (a peak of 1 is not drawn as high as a peak of 8)."""
+    return chart_figure(chart_data(timeline, title, time_unit), memory, xmax, ymax)
 
 
-def chart_figure(data: ChartData, memory: bool = True, xmax: float | None = None) -> Figure:
+def chart_figure(data: ChartData, memory: bool = True, xmax: float | None = None,
+                 ymax: float | None = None) -> Figure:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,7 +61,11 @@ def chart_figure(data: ChartData, memory: bool = True, xmax: float | None = None
     frac_w = (_WIDTH - _LEFT - _RIGHT) / _WIDTH
     y = height - top - legend_h - gantt_h
     ax = fig.add_axes((_LEFT / _WIDTH, y / height, frac_w, gantt_h / height))
-    _gantt(ax, data, lanes, (_WIDTH - _LEFT - _RIGHT) * 72, max(xmax or 0.0, data.makespan))
+    span = max(xmax or 0.0, data.makespan)
+    if aggregated(data):
+        _bands(ax, data, lanes, span)
+    else:
+        _gantt(ax, data, lanes, (_WIDTH - _LEFT - _RIGHT) * 72, span)
     fig.text(0.5, 1 - 0.12 / height, data.title, ha="center", va="top", fontsize=11, weight="bold")
     fig.text(0.5, 1 - 0.34 / height, data.summary, ha="center", va="top", fontsize=9)
     _legend(fig, data, memory, (height - top - legend_h / 2) / height)
@@ -63,7 +73,7 @@ def chart_figure(data: ChartData, memory: bool = True, xmax: float | None = None
     if memory:
         ax.tick_params(labelbottom=True)
         y -= axis_h + gap + mem_h
-        axes = _memory_panels(fig, data, (_LEFT / _WIDTH, y / height, frac_w, mem_h / height), ax)
+        axes = _memory_panels(fig, data, (_LEFT / _WIDTH, y / height, frac_w, mem_h / height), ax, ymax)
         axes[-1].set_xlabel(xlabel, fontsize=9)
     else:
         ax.set_xlabel(xlabel, fontsize=9)
@@ -77,16 +87,10 @@ def _row_heights(ranks: int) -> dict[str, float]:
 
 
 def _gantt(ax: Any, data: ChartData, lanes: list[tuple[int, str]], width_pt: float, xmax: float) -> None:
-    from matplotlib.ticker import MaxNLocator
-
     # y from the top: rank 0 first; lane heights differ, so positions are cumulative.
-    pos: dict[tuple[int, str], tuple[float, float]] = {}
-    cursor = 0.0
-    for rank, lane in lanes:
-        h = _row_heights(data.ranks)[lane]
-        pos[(rank, lane)] = (cursor + h / 2, h)
-        cursor += h
+    pos, cursor = _lane_positions(data, lanes)
     segments: dict[tuple[float, float, str], list[tuple[float, float]]] = defaultdict(list)
+    ticks: dict[tuple[float, float, str], list[float]] = defaultdict(list)  # instant copies (k = 0)
     scale = width_pt / xmax if xmax > 0 else 0.0
     label_room = _LABEL_PT * 0.62
     for box in data.boxes:
@@ -98,6 +102,9 @@ def _gantt(ax: Any, data: ChartData, lanes: list[tuple[int, str]], width_pt: flo
         else:
             h *= 0.82
             colour = shade(COLOURS[K(box.kind)], box.shade, data.stages_per_rank)
+        if box.lane == "copy" and box.end <= box.start:  # a zero-width bar would vanish: draw a tick
+            ticks[(centre, h, colour)].append(box.start)
+            continue
         segments[(centre, h, colour)].append((box.start, box.end - box.start))
         text = str(box.microbatch)
         if box.lane == "compute" and (box.end - box.start) * scale >= label_room * len(text) + 2:
@@ -105,6 +112,62 @@ def _gantt(ax: Any, data: ChartData, lanes: list[tuple[int, str]], width_pt: flo
                     color="white" if box.shade == 0 else "#111111")
     for (centre, h, colour), spans in segments.items():
         ax.broken_barh(spans, (centre - h / 2, h), facecolors=colour, edgecolor="white", linewidth=0.3)
+    for (centre, h, colour), times in ticks.items():
+        ax.vlines(times, centre - h / 2, centre + h / 2, colors=colour, linewidth=1.0, label="_instant")
+    _lane_axes(ax, pos, lanes, cursor, xmax)
+
+
+def aggregated(data: ChartData) -> bool:
+    """Whether the chart draws utilisation bands instead of single boxes."""
+    return len(data.boxes) > AGGREGATE_ABOVE
+
+
+def busy_shares(starts: Any, ends: Any, edges: Any) -> Any:
+    """The share of each slice between consecutive ``edges`` that the intervals cover (0 to 1; copy
+    lanes run two directions, so they can reach 2 and are clipped)."""
+    import numpy as np
+
+    covered = np.clip(edges[:, None] - starts[None, :], 0.0, (ends - starts)[None, :]).sum(axis=1)
+    return np.clip(np.diff(covered) / np.diff(edges), 0.0, 1.0)
+
+
+def _bands(ax: Any, data: ChartData, lanes: list[tuple[int, str]], xmax: float) -> None:
+    import numpy as np
+    from matplotlib.colors import LinearSegmentedColormap
+
+    pos, cursor = _lane_positions(data, lanes)
+    edges = np.linspace(0.0, xmax if xmax > 0 else 1.0, _SLICES + 1)
+    spans: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
+    for box in data.boxes:
+        spans[(box.rank, box.lane)].append((box.start, box.end))
+    maps = {lane: LinearSegmentedColormap.from_list(lane, ["#ffffff", colour]) for lane, colour in _BAND_COLOURS.items()}
+    for key in lanes:
+        centre, h = pos[key]
+        times = np.array(spans.get(key, []), dtype=float).reshape(-1, 2)
+        share = busy_shares(times[:, 0], times[:, 1], edges)
+        ax.imshow(share[None, :], extent=(edges[0], edges[-1], centre + h * 0.45, centre - h * 0.45), aspect="auto",
+                  cmap=maps[key[1]], vmin=0.0, vmax=1.0, interpolation="nearest")
+    _lane_axes(ax, pos, lanes, cursor, xmax)
+
+
+_BAND_COLOURS = {"compute": COLOURS[K.F], "copy": COLOURS[K.OFFLOAD]}
+
+
+def _lane_positions(data: ChartData, lanes: list[tuple[int, str]]) -> tuple[dict[tuple[int, str], tuple[float, float]], float]:
+    """(centre, height) of each lane from the top, and the total height."""
+    pos: dict[tuple[int, str], tuple[float, float]] = {}
+    cursor = 0.0
+    for rank, lane in lanes:
+        h = _row_heights(data.ranks)[lane]
+        pos[(rank, lane)] = (cursor + h / 2, h)
+        cursor += h
+    return pos, cursor
+
+
+def _lane_axes(ax: Any, pos: dict[tuple[int, str], tuple[float, float]], lanes: list[tuple[int, str]],
+               cursor: float, xmax: float) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_ylim(cursor, 0)
     ax.set_xlim(0, xmax if xmax > 0 else 1.0)
     ax.set_yticks([pos[key][0] for key in lanes])
@@ -122,11 +185,13 @@ def _gantt(ax: Any, data: ChartData, lanes: list[tuple[int, str]], width_pt: flo
         ax.spines[spine].set_visible(False)
 
 
-def _memory_panels(fig: Any, data: ChartData, rect: tuple[float, float, float, float], gantt: Any) -> list[Any]:
-    """One panel per rank, stacked with no gaps, sharing the time axis and one memory scale."""
+def _memory_panels(fig: Any, data: ChartData, rect: tuple[float, float, float, float], gantt: Any,
+                   ymax: float | None = None) -> list[Any]:
+    """One panel per rank, stacked with no gaps, sharing the time axis and one memory scale (at least
+    ``ymax``: the scale of every chart being compared)."""
     left, bottom, width, height = rect
     n = data.ranks
-    top_device = max([c.peak for c in data.device] + [1e-9])
+    top_device = max([c.peak for c in data.device] + [ymax or 0.0, 1e-9])
     top_host = max(c.peak for c in data.host)
     axes, host_axes = [], []
     for rank in range(n):
@@ -157,8 +222,10 @@ def _memory_panels(fig: Any, data: ChartData, rect: tuple[float, float, float, f
         for spine in ("top", "right"):
             ax.spines[spine].set_visible(False)
         axes.append(ax)
-    scale = (f"; host dashed, own scale 0 to {top_host * 1.15:.3g}" if top_host > 0 else "")
-    axes[0].set_title(f"activation memory per rank, {MEMORY_UNIT} (device solid, shared scale{scale})",
+    # The scale named is the top tick's (the highest peak), as the playground names it, not the headroom above it.
+    scale = (f"; host dashed, own scale 0 to {top_host:.3g}" if top_host > 0 else "")
+    axes[0].set_title(f"activation memory per rank, {MEMORY_UNIT} (device solid, shared scale 0 to "
+                      f"{top_device:.3g}{scale})",
                       fontsize=8, loc="left", pad=3)
     return axes
 
@@ -167,11 +234,21 @@ def _legend(fig: Any, data: ChartData, memory: bool, y: float) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    handles: list[Any] = [Patch(color=COLOURS[K(k)], label=LABELS[K(k)]) for k in data.kinds]
-    if data.stages_per_rank > 1:
+    if aggregated(data):  # bands, not boxes: say what a shade means and why
+        handles: list[Any] = [
+            Patch(color=_BAND_COLOURS["compute"], label=f"compute: darker = busier share of each time slice "
+                  f"({len(data.boxes):,} actions, too many to draw one by one)")]
+        if data.copy_lanes:
+            handles.append(Patch(color=_BAND_COLOURS["copy"], label="copy lane: share of each slice copying"))
+    else:
+        handles = [Patch(color=COLOURS[K(k)], label=LABELS[K(k)]) for k in data.kinds]
+    if data.stages_per_rank > 1 and not aggregated(data):
         for local in range(1, data.stages_per_rank):
             handles.append(Patch(color=shade(COLOURS[K.F], local, data.stages_per_rank),
                                  label=f"lighter: rank's stage {local + 1} of {data.stages_per_rank}"))
+    if any(b.lane == "copy" and b.end <= b.start for b in data.boxes):
+        handles.append(Line2D([], [], color="#555555", marker="|", linestyle="none", markersize=8,
+                              label="tick: instant copy (k = 0)"))
     if memory:
         handles.append(Line2D([], [], color=_DEVICE_COLOUR, label="device memory"))
         if any(c.peak > 0 for c in data.host):

@@ -10,11 +10,18 @@ Bad input answers 400 with ``{"error": <one line naming the parameter, the value
 request bigger than the size limit answers 413 before simulating, so one request cannot hold the server for long. ``/api/chart``,
 which the page uses, sends the same error object with status 200 (and the HTTP status inside), so the
 browser does not log a failed load for a message meant for the user.
+
+Hardening, for a server any web page the user visits could try to reach: a request whose Host header is
+not this server's own address is refused (a DNS-rebinding page would send its own name); every answer
+carries a Content-Security-Policy (this origin only) and ``nosniff``; at most ``max_threads`` requests are
+served at once, the rest wait in a deep listen queue (not reset); a connection idle for ``idle_timeout``
+seconds (half-open, or a client that never sends) is closed, so idle sockets cannot hold threads.
 """
 from __future__ import annotations
 
 import logging
 import shlex
+import threading
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,7 +30,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from pipeoffload.errors import ConfigError, ScheduleError
-from pipeoffload.schedules import schedule_specs
+from pipeoffload.schedules import estimated_work, get_spec, schedule_specs
 from pipeoffload.service import SimulateRequest, SimulateResult, simulate, strict_json
 from pipeoffload.service.checks import checked, finite_at_least, int_at_least
 from pipeoffload.viz.chartdata import COLOURS, LABELS, ChartData, chart_data
@@ -37,8 +44,23 @@ PARAMS: dict[str, Callable[[str], Any]] = {
     "time_f": finite_at_least, "time_i": finite_at_least, "time_w": finite_at_least, "p2p_time": finite_at_least,
     "offload_ratio": finite_at_least, "offload": str, "recompute": str, "backward": str,
 }
-MAX_CELLS = 8_192  # ranks x microbatches x stages_per_rank (d=16, m=64, v=4 is 4096): a few seconds at most
+MAX_WORK = 120_000  # schedules.estimated_work: d=64, m=256 of zb-v (v=2) is ~105,000, about 2 s
+# Planning offload makes a simulation about this many times as much work (measured: zb-v, d 16-32, m 64-128,
+# offload all against none: 10 to 13 times as long).
+OFFLOAD_WORK_FACTOR = 12
 MAX_QUERY = 2_000  # characters
+MAX_THREADS = 32  # requests served at once; more wait in the listen queue
+BACKLOG = 1_024  # connections the kernel queues before resetting new ones
+IDLE_TIMEOUT_S = 10.0  # a connection silent this long is closed
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+                               "img-src 'self' data: blob:; base-uri 'none'; form-action 'none'; "
+                               "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
 _STATIC = {"/": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascript"),
            "/style.css": ("style.css", "text/css")}
 
@@ -68,16 +90,20 @@ def request_from_query(query: dict[str, list[str]]) -> SimulateRequest:
 
 
 def check_size(req: SimulateRequest) -> None:
-    """Refuse what would take more than a moment, before generating anything."""
+    """Refuse what would take more than a moment, before generating anything: all the work the request
+    implies (its actions and its per-stage work, so many ranks with one microbatch count too)."""
     try:
         ranks, m, v = req.sizes()
+        work = estimated_work(get_spec(req.family), ranks, m, v)
+        if req.offload.strip() not in ("", "none"):
+            work *= OFFLOAD_WORK_FACTOR
     except ConfigError:
         return  # an unknown family: simulate gives its message
-    cells = ranks * m * v
-    if cells > MAX_CELLS:
+    if work > MAX_WORK:
         raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                           f"ranks x microbatches x stages per rank = {ranks} x {m} x {v} = {cells} is over "
-                           f"the playground's limit of {MAX_CELLS}; use `pipeoffload simulate` for bigger pipelines")
+                           f"ranks={ranks}, microbatches={m}, stages per rank={v}: about {work:,} actions of work, "
+                           f"over the playground's limit of {MAX_WORK:,}; use `pipeoffload simulate` for bigger "
+                           "pipelines")
 
 
 def simulate_query(query: dict[str, list[str]]) -> SimulateResult:
@@ -97,8 +123,9 @@ def compact_chart(data: ChartData) -> dict:
         "makespan": data.makespan, "ranks": data.ranks, "stages_per_rank": data.stages_per_rank,
         "copy_lanes": data.copy_lanes, "kinds": list(data.kinds),
         "colours": {k.value: c for k, c in COLOURS.items()}, "labels": {k.value: n for k, n in LABELS.items()},
-        "box_fields": ["rank", "lane", "kind", "shade", "microbatch", "start", "end", "action"],
-        "boxes": [[b.rank, b.lane, b.kind, b.shade, b.microbatch, b.start, b.end, b.action] for b in data.boxes],
+        "box_fields": ["rank", "lane", "kind", "shade", "microbatch", "start", "end", "action", "stage"],
+        "boxes": [[b.rank, b.lane, b.kind, b.shade, b.microbatch, b.start, b.end, b.action, b.stage]
+                  for b in data.boxes],
         "device": [{"rank": c.rank, "peak": c.peak, "points": c.points} for c in data.device],
         "host": [{"rank": c.rank, "peak": c.peak, "points": c.points} for c in data.host],
     }
@@ -113,13 +140,14 @@ def route(path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, str, byte
     try:
         if path == "/api/families":
             out: Any = [{"name": s.name, "summary": s.summary, "stages_per_rank": s.default_stages_per_rank(),
-                         "options": list(s.options)} for s in schedule_specs()]
+                         "fixed_stages_per_rank": s.fixed_stages_per_rank, "options": list(s.options)}
+                        for s in schedule_specs()]
         elif path == "/api/simulate":
             out = simulate_query(query).as_dict()
         elif path == "/api/chart":
             result = simulate_query(query)
             out = {"command": shlex.join(result.request.command()), "result": result.as_dict(),
-                   "chart": compact_chart(chart_data(result.timeline))}
+                   "chart": compact_chart(chart_data(result.timeline, result.title(), result.time_unit))}
         else:
             raise RequestError(HTTPStatus.NOT_FOUND, f"no such page {path!r}; the playground is at /")
     except RequestError as err:
@@ -131,39 +159,83 @@ def route(path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, str, byte
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "pipeoffload-playground"
+    server: PlaygroundServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.idle_timeout)  # a silent client's read raises, closing it
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        if len(self.path) > MAX_QUERY:
-            status, kind, body = (HTTPStatus.REQUEST_URI_TOO_LONG, "application/json",
-                                  strict_json({"error": f"request longer than {MAX_QUERY} characters"}).encode())
-        else:
-            parts = urlsplit(self.path)
-            try:
-                status, kind, body = route(parts.path, parse_qs(parts.query, keep_blank_values=True))
-            except Exception as err:  # a bug must not take the page down: answer 500 with the message
-                log.exception("playground request %s failed", self.path)
-                status, kind, body = (HTTPStatus.INTERNAL_SERVER_ERROR, "application/json",
-                                      strict_json({"error": f"internal error: {err}"}).encode())
+        status, kind, body = self._answer()
         try:
             self.send_response(status)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
+            for name, value in SECURITY_HEADERS.items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
-        except (BrokenPipeError, ConnectionResetError):  # the page moved on and aborted this request
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the page moved on and aborted this request
             log.info("client left before %s was answered", self.path)
+
+    def _answer(self) -> tuple[HTTPStatus, str, bytes]:
+        host = self.headers.get("Host", "")
+        if host.lower() not in self.server.allowed_hosts:
+            return _error(HTTPStatus.FORBIDDEN, f"Host {host!r} is not this playground's address; open "
+                                                f"http://{self.server.allowed_hosts[0]}/")
+        if len(self.path) > MAX_QUERY:
+            return _error(HTTPStatus.REQUEST_URI_TOO_LONG, f"request longer than {MAX_QUERY} characters")
+        parts = urlsplit(self.path)
+        try:
+            return route(parts.path, parse_qs(parts.query, keep_blank_values=True))
+        except Exception as err:  # a bug must not take the page down: answer 500 with the message
+            log.exception("playground request %s failed", self.path)
+            return _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {err}")
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's signature)
         log.info("%s %s", self.address_string(), format % args)
 
 
-def make_server(port: int = 8000, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+def _error(status: HTTPStatus, message: str) -> tuple[HTTPStatus, str, bytes]:
+    return status, "application/json", strict_json({"error": message}).encode()
+
+
+class PlaygroundServer(ThreadingHTTPServer):
+    """One thread per request, at most ``max_threads`` at once: the accept loop waits for a free slot,
+    and the connections behind it wait in the listen queue (``BACKLOG``) instead of being reset."""
+
+    request_queue_size = BACKLOG
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], max_threads: int, idle_timeout: float) -> None:
+        self.idle_timeout = idle_timeout
+        self._slots = threading.BoundedSemaphore(max_threads)
+        super().__init__(address, Handler)
+        port = self.server_address[1]
+        names = dict.fromkeys([address[0], "127.0.0.1", "localhost", "[::1]"])
+        self.allowed_hosts = [f"{name}:{port}" for name in names]
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._slots.acquire()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def make_server(port: int = 8000, host: str = "127.0.0.1", *, max_threads: int = MAX_THREADS,
+                idle_timeout: float = IDLE_TIMEOUT_S) -> PlaygroundServer:
     """A server bound to ``host:port`` (port 0: any free port); call ``serve_forever`` on it."""
     try:
-        server = ThreadingHTTPServer((host, port), Handler)
+        return PlaygroundServer((host, port), max_threads, idle_timeout)
     except OSError as err:
         raise ConfigError(f"--port {port}: cannot listen on {host}:{port} ({err.strerror}); "
                           "pick another port with --port") from None
-    server.daemon_threads = True
-    return server

@@ -33,16 +33,16 @@ def page(browser: Any, base: str) -> Iterator[tuple[Any, Console]]:
 
 
 def _set(page: Any, name: str, value: str) -> None:
-    if name == "family":
-        page.select_option("[name=family]", value)
+    if name in ("family", "backward"):
+        page.select_option(f"[name={name}]", value)
         return
     page.fill(f"[name={name}]", value)
     page.dispatch_event(f"[name={name}]", "change")
 
 
 def _wait_ranks(page: Any, ranks: int) -> None:
-    page.wait_for_selector(f"#chart svg[data-ranks='{ranks}']:not(.stale)", timeout=30_000)
-    page.wait_for_function("!document.getElementById('chart').classList.contains('stale')", timeout=30_000)
+    # selectors, not wait_for_function: the page's CSP forbids the eval that a JavaScript predicate needs
+    page.wait_for_selector(f"#chart:not(.stale) svg[data-ranks='{ranks}']", timeout=30_000)
 
 
 def test_page_loads_without_console_errors(page: tuple[Any, Console]) -> None:
@@ -61,8 +61,7 @@ def test_numbers_on_the_page_are_simulate_json(page: tuple[Any, Console]) -> Non
     _set(p, "group_size", "2")
     _set(p, "offload", "all")
     _wait_ranks(p, 4)
-    p.wait_for_function("document.querySelector('#command').textContent.includes('--offload all') && "
-                        "document.querySelector('#command').textContent.includes('--group-size 2')")
+    p.wait_for_selector("#command:has-text('--offload all'):has-text('--group-size 2')", timeout=30_000)
     command = p.inner_text("#command").split()
     assert command[:2] == ["pipeoffload", "simulate"]
     code, out, err = run_cli(*command[1:], "--json")
@@ -105,8 +104,167 @@ def test_bad_input_shows_the_cli_message(page: tuple[Any, Console]) -> None:
     _set(p, "ranks", "4")
     p.wait_for_selector("#error[hidden]", state="attached", timeout=30_000)
     _set(p, "offload", "sometimes")
-    p.wait_for_function("document.getElementById('error').textContent.includes('sometimes')", timeout=30_000)
+    p.wait_for_selector("#error:has-text('sometimes')", timeout=30_000)
     assert "valid forms" in p.inner_text("#error")
     _set(p, "offload", "none")
     p.wait_for_selector("#error[hidden]", state="attached", timeout=30_000)
+    assert console.errors == []
+
+
+def _stale(page: Any, selector: str) -> bool:
+    return "stale" in (page.get_attribute(selector, "class") or "")
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("ranks", "1e", "ranks: '1e' is not an integer"), ("ranks", "", "ranks: empty"),
+    ("microbatches", "--", "microbatches: '--' is not an integer"), ("time_f", "", "time_f: empty"),
+])
+def test_a_number_that_does_not_parse_is_an_error_never_the_default(
+        page: tuple[Any, Console], name: str, value: str, message: str) -> None:
+    p, console = page
+    _set(p, "family", "1f1b")
+    _set(p, "ranks", "4")
+    _set(p, "microbatches", "8")
+    _set(p, "time_f", "1")
+    _wait_ranks(p, 4)
+    _set(p, name, value)
+    p.wait_for_selector(f'#error:has-text("{message}")', timeout=30_000)
+    assert _stale(p, "#numbers") and _stale(p, "#chart")  # the old numbers are not shown as the answer
+    _set(p, name, {"ranks": "4", "microbatches": "8", "time_f": "1"}[name])
+    _wait_ranks(p, 4)
+    assert p.is_hidden("#error") and not _stale(p, "#numbers")
+    assert console.errors == []
+
+
+def test_resizing_redraws_without_simulating_again(page: tuple[Any, Console]) -> None:
+    p, console = page
+    _set(p, "ranks", "4")
+    _wait_ranks(p, 4)
+    asked: list[str] = []
+    listener = lambda request: asked.append(request.url) if "/api/" in request.url else None  # noqa: E731
+    p.on("request", listener)
+    width = p.get_attribute("#chart svg", "width")
+    p.set_viewport_size({"width": 900, "height": 1000})
+    p.wait_for_selector(f"#chart svg:not([width='{width}'])", timeout=30_000)
+    p.set_viewport_size({"width": 1300, "height": 1000})
+    p.wait_for_selector(f"#chart svg[width='{width}']", timeout=30_000)
+    p.remove_listener("request", listener)
+    assert asked == [] and not _stale(p, "#chart")
+    assert console.errors == []
+
+
+def test_options_the_family_does_not_take_are_disabled(page: tuple[Any, Console]) -> None:
+    p, console = page
+    _set(p, "family", "group-interleaved")
+    _set(p, "group_size", "2")
+    for name in ("group_size", "stages_per_rank", "backward"):
+        assert p.is_enabled(f"[name={name}]")
+    _set(p, "family", "1f1b")
+    for name in ("group_size", "stages_per_rank", "backward"):
+        assert p.is_disabled(f"[name={name}]")
+    _set(p, "ranks", "3")
+    _wait_ranks(p, 3)  # the g typed for group-interleaved is not sent: 1f1b simulates, no error
+    assert p.is_hidden("#error") and "group-size" not in p.inner_text("#command")
+    assert console.errors == []
+
+
+def test_backward_and_p2p_controls_and_the_state_in_the_url(browser: Any, base: str,
+                                                              page: tuple[Any, Console]) -> None:
+    p, console = page
+    _set(p, "family", "group-interleaved")
+    _set(p, "ranks", "4")
+    _set(p, "microbatches", "8")
+    _set(p, "group_size", "2")
+    _set(p, "backward", "full")
+    _set(p, "p2p_time", "0.5")
+    p.wait_for_selector("#command:has-text('--backward full'):has-text('--p2p-time 0.5')", timeout=30_000)
+    _wait_ranks(p, 4)
+    command = p.inner_text("#command").split()
+    code, out, _ = run_cli(*command[1:], "--json")
+    assert code == 0
+    assert json.loads(p.get_attribute("#numbers td[data-key=makespan]", "data-value") or "null") == \
+        json.loads(out)["makespan"]
+    shared = p.url  # the link a user copies: opening it shows the same state
+    assert "backward=full" in shared and "p2p_time=0.5" in shared
+    other = browser.new_page()
+    other.goto(shared)
+    other.wait_for_selector("#chart:not(.stale) svg[data-ranks='4']", timeout=30_000)
+    assert other.input_value("[name=p2p_time]") == "0.5" and other.input_value("[name=backward]") == "full"
+    assert other.inner_text("#command") == p.inner_text("#command")
+    other.close()
+    _set(p, "backward", "")
+    _set(p, "p2p_time", "0")
+    assert console.errors == []
+
+
+def test_hover_highlights_a_microbatch_and_the_tooltip_says_what_it_waited_for(page: tuple[Any, Console]) -> None:
+    p, console = page
+    _set(p, "family", "1f1b")
+    _set(p, "ranks", "4")
+    _set(p, "microbatches", "8")
+    _wait_ranks(p, 4)
+    box = p.locator("#chart rect.box[data-rank='1'][data-mb='2']").first
+    box.hover()
+    p.wait_for_selector("#chart svg.highlighting", timeout=30_000)
+    assert p.locator("#chart rect.box.hl").count() == 4 * 2  # microbatch 2's F and B on every rank
+    assert p.locator("#chart rect.box.hl:not([data-mb='2'])").count() == 0
+    text = p.inner_text("#tooltip")
+    assert "on rank 1 (stage 1, microbatch 2)" in text and "waited for: " in text
+    p.mouse.move(1, 1)
+    assert console.errors == []
+
+
+def test_a_large_pipeline_is_drawn_on_a_canvas_zooms_and_exports(page: tuple[Any, Console]) -> None:
+    p, console = page
+    _set(p, "family", "1f1b")
+    _set(p, "ranks", "32")
+    _set(p, "microbatches", "170")  # 10,880 boxes: above the canvas threshold (10,000)
+    p.wait_for_selector("#chart:not(.stale) svg[data-ranks='32'][data-drawn='canvas']", timeout=60_000)
+    assert p.locator("#chart canvas.boxes").count() == 1 and p.locator("#chart rect.box").count() == 0
+    whole = p.get_attribute("#chart svg", "data-view")
+    p.click("#zoom-in")
+    p.wait_for_selector(f"#chart svg:not([data-view='{whole}'])", timeout=30_000)
+    start, end = map(float, (p.get_attribute("#chart svg", "data-view") or "").split(","))
+    assert 0 <= start < end and end - start < float(whole.split(",")[1])  # type: ignore[union-attr]
+    box = p.locator("#chart svg").bounding_box()
+    assert box is not None
+    p.mouse.move(box["x"] + box["width"] / 2, box["y"] + 3)  # rank 0's compute lane, mid-window
+    p.wait_for_selector("#tooltip:not([hidden])", timeout=30_000)
+    assert "on rank 0" in p.inner_text("#tooltip")
+    p.dblclick("#chart svg")
+    p.wait_for_selector(f"#chart svg[data-view='{whole}']", timeout=30_000)
+    with p.expect_download() as download:
+        p.click("#export-svg")
+    exported = open(download.value.path(), encoding="utf-8").read()  # every box of the view, in the SVG
+    assert exported.startswith("<svg") and exported.count('<rect class="box') == 32 * 170 * 2
+    with p.expect_download() as download:
+        p.click("#export-png")
+    assert open(download.value.path(), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    _set(p, "ranks", "4")
+    _set(p, "microbatches", "8")
+    _wait_ranks(p, 4)
+    assert console.errors == []
+
+
+def test_a_runs_metrics_show_measured_memory_beside_simulated(page: tuple[Any, Console], tmp_path: Any) -> None:
+    from pipeoffload.train.report import load_metrics
+
+    p, console = page
+    rows = [{"step": 1, "loss": 5.0, "peak_act_bytes": [3 * 2**20, 2 * 2**20], "sim_peak_act_bytes": [3 * 2**20, 2**21]},
+            {"step": 2, "loss": 4.0, "peak_act_bytes": [4 * 2**20, 2 * 2**20], "sim_peak_act_bytes": [3 * 2**20, 2**21]},
+            {"step": 2, "val_loss": 4.5}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    p.set_input_files("#metrics-file", str(path))
+    p.wait_for_selector("#measured svg[data-ranks='2']", timeout=30_000)
+    metrics = load_metrics(path)  # what `pipeoffload report` reads from the same file
+    for kind, key in (("measured", "peak_act_bytes"), ("simulated", "sim_peak_act_bytes")):
+        shown = [float(v or 0) for v in p.locator(f"#measured rect.{kind}").evaluate_all(
+            "els => els.map(e => e.getAttribute('data-bytes'))")]
+        assert shown == metrics.per_rank_max(key)
+    assert p.text_content("#measured text.ratio[data-rank='0']") == "× 1.33333"
+    corrupt = tmp_path / "bad.jsonl"
+    corrupt.write_text('{"step": 1}\n{not json\n')
+    p.set_input_files("#metrics-file", str(corrupt))
+    p.wait_for_selector("#measured-error:has-text('bad.jsonl:2: not a JSON object')", timeout=30_000)
     assert console.errors == []

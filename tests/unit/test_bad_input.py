@@ -54,6 +54,13 @@ CASES = [
     ("playground --port 70000", "70000 is not a TCP port"),
     ("trace compare afolder", "RUN_TRACE afolder: cannot read it"),
     ("trace compare missing.json", "RUN_TRACE missing.json: no such file"),
+    ("generate x --temperature nan", "--temperature: nan is not a finite number"),
+    ("generate x --temperature -1", "--temperature: -1.0 must be >= 0"),
+    ("generate x --seed 1e30", "--seed: '1e30' is not an integer"),
+    ("generate x --seed 100000000000000000000000000000", "above 9223372036854775807"),
+    ("generate x --tokens 1e9", "--tokens: '1e9' is not an integer"),
+    ("generate x --tokens 1000000000", "more than 65,536 tokens"),
+    ("generate x --prompt '\udcff\udcfe'", "--prompt: is not valid UTF-8 (byte 0xff at character 0)"),
 ]
 
 

@@ -20,6 +20,8 @@ from pipeoffload.planner.evaluate import ScheduleChoice, period, placement_of, s
 from pipeoffload.schedules import (
     MAX_ACTIONS,
     ScheduleSpec,
+    estimated_actions,
+    estimated_work,
     generate,
     get_spec,
     register,
@@ -102,10 +104,18 @@ def test_declared_facts_match_the_generators() -> None:
 
 
 def test_a_schedule_too_big_to_simulate_is_refused_up_front_with_its_size_and_time() -> None:
-    with pytest.raises(ConfigError, match=r"20,000,000,000 actions, above the limit .* s and .* GB"):
+    with pytest.raises(ConfigError, match=r"\(20,000,000,000 actions and 100,000 stages\), above the limit .* s and .* GB"):
         generate("1f1b", 100_000, 100_000)
     assert 2 * 1000 * 1000 <= MAX_ACTIONS  # d = m = 1000 of 1f1b still runs
     assert generate("1f1b", 2, 3, max_actions=None).num_microbatches == 3
+
+
+def test_the_size_guard_counts_per_stage_work_not_only_actions() -> None:
+    """A million ranks with one microbatch is under the action limit but far over the work it implies."""
+    spec = get_spec("1f1b")
+    assert estimated_actions(spec, 999_999, 1, 1) < MAX_ACTIONS < estimated_work(spec, 999_999, 1, 1)
+    with pytest.raises(ConfigError, match=r"999,999 stages\), above the limit"):
+        generate("1f1b", 999_999, 1)
 
 
 def test_kind_codes_cover_every_action_kind_and_lanes_follow_the_ir() -> None:

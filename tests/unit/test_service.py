@@ -62,11 +62,14 @@ def test_the_result_is_what_the_cli_prints_and_its_command_repeats_it(argv: str)
 def test_labels_name_what_differs_and_repeats_are_numbered() -> None:
     base = SimulateRequest("group-interleaved", ranks=4, microbatches=8, group_size=2, offload="all")
     result = compare(CompareRequest((base, base, SimulateRequest("1f1b", ranks=4))))
-    assert [r.label for r in result.rows] == [
-        "group-interleaved d=4 m=8 v=2 · group-size 2 · offload all",
-        "group-interleaved d=4 m=8 v=2 · group-size 2 · offload all (repeat 2)",
-        "1f1b d=4 m=8 v=1",
+    assert [r.label for r in result.rows] == [  # d=4 m=8 is every row's: said once, not in each label
+        "group-interleaved v=2 · group-size 2 · offload all",
+        "group-interleaved v=2 · group-size 2 · offload all (repeat 2)",
+        "1f1b v=1",
     ]
+    assert result.shared == "d=4 m=8"
+    alone = compare(CompareRequest((base,)))  # one row: nothing to differ from, the whole label
+    assert alone.rows[0].label == "group-interleaved d=4 m=8 v=2 · group-size 2 · offload all" and alone.shared == ""
     assert result.time_unit == "t" and result.makespan == max(r.result.timeline.makespan for r in result.rows)
 
 

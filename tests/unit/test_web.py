@@ -1,14 +1,18 @@
 """The playground's server without a browser: the JSON API is `simulate --json`, errors are the CLI's
 messages, large requests are refused with the limit, static files are served."""
 import json
+import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pipeoffload.web.server import MAX_CELLS, make_server
+from pipeoffload import schedules
+from pipeoffload.web.server import MAX_WORK, PlaygroundServer, make_server
 from tests.conftest import run_cli
 
 
@@ -73,7 +77,11 @@ def test_bad_query_is_refused(base: str) -> None:
 
 def test_large_request_is_refused_with_the_limit(base: str) -> None:
     status, body = _get(f"{base}/api/simulate?family=1f1b&ranks=64&microbatches=4096")
-    assert status == 413 and str(MAX_CELLS) in json.loads(body)["error"]
+    assert status == 413 and f"{MAX_WORK:,}" in json.loads(body)["error"]
+    status, body = _get(f"{base}/api/simulate?family=1f1b&ranks=8192&microbatches=1")  # per-stage work counts
+    assert status == 413 and f"{MAX_WORK:,}" in json.loads(body)["error"]
+    status, body = _get(f"{base}/api/simulate?family=zb-v&ranks=64&microbatches=256&offload=all")  # offload counts
+    assert status == 413 and f"{MAX_WORK:,}" in json.loads(body)["error"]
     status, _ = _get(f"{base}/api/simulate?family=1f1b&offload=" + "x" * 3000)
     assert status == 414
 
@@ -86,6 +94,7 @@ def test_static_files_and_chart(base: str) -> None:
     status, body = _get(f"{base}/api/chart?family=1f1b&ranks=3&microbatches=4")
     chart = json.loads(body)["chart"]
     assert status == 200 and chart["ranks"] == 3 and len(chart["boxes"]) == 3 * 4 * 2 and len(chart["device"]) == 3
+    assert chart["title"].endswith(", offload ratio k=1.49")  # the header says what the copies cost
     families = json.loads(_get(f"{base}/api/families")[1])
     assert "group-interleaved" in {f["name"] for f in families}
 
@@ -96,3 +105,61 @@ def test_port_in_use_is_a_config_error(base: str) -> None:
     port = int(base.rsplit(":", 1)[1])
     with pytest.raises(ConfigError, match="pick another port"):
         make_server(port)
+
+
+def _serve(**options: float) -> tuple[str, PlaygroundServer]:
+    server = make_server(0, **options)  # type: ignore[arg-type]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", server
+
+
+def _stop(server: PlaygroundServer) -> None:
+    server.shutdown()
+    server.server_close()
+
+
+def test_200_concurrent_requests_on_a_fresh_server_all_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh process: the schedule registry fills on the first requests, from many threads at once."""
+    monkeypatch.setattr(schedules, "_REGISTRY", {})
+    url, server = _serve()
+    paths = ["/api/families", "/api/simulate?family=1f1b&ranks=2&microbatches=2", "/api/chart?family=zb-v&ranks=2"]
+    with ThreadPoolExecutor(200) as pool:
+        statuses = list(pool.map(lambda i: _get(url + paths[i % 3])[0], range(200)))
+    _stop(server)
+    assert statuses == [200] * 200
+
+
+def test_every_answer_has_the_security_headers_and_a_foreign_host_is_refused(base: str) -> None:
+    with urllib.request.urlopen(base + "/") as response:
+        headers = response.headers
+    assert "default-src 'none'" in headers["Content-Security-Policy"]
+    assert "script-src 'self'" in headers["Content-Security-Policy"]
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    rebound = urllib.request.Request(base + "/api/families", headers={"Host": "evil.example:80"})
+    try:
+        urllib.request.urlopen(rebound)
+        status, body = 200, b"{}"
+    except urllib.error.HTTPError as err:
+        status, body = err.code, err.read()
+    assert status == 403 and "Host 'evil.example:80'" in json.loads(body)["error"]
+    port = base.rsplit(":", 1)[1]
+    local = urllib.request.Request(base + "/api/families", headers={"Host": f"localhost:{port}"})
+    assert urllib.request.urlopen(local).status == 200
+
+
+def test_idle_connections_are_closed_and_hold_at_most_max_threads() -> None:
+    url, server = _serve(max_threads=2, idle_timeout=0.5)
+    port = int(url.rsplit(":", 1)[1])
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(6)]
+    try:
+        time.sleep(0.2)  # let the server accept what it will
+        serving = [t for t in threading.enumerate() if "process_request_thread" in t.name]
+        assert len(serving) <= 2
+        for sock in idle:  # each is closed by the server (b""), not left open until the client gives up
+            sock.settimeout(30)
+            assert sock.recv(1) == b""
+        assert _get(url + "/api/families")[0] == 200
+    finally:
+        for sock in idle:
+            sock.close()
+        _stop(server)

@@ -13,23 +13,45 @@
   const familyNote = document.getElementById("family-note");
   const DEVICE = "#1f4e79", HOST = "#b5651d";
   // [JSON key, heading, unit]: every number says its unit. Host peaks are shown in rank units.
+  // [JSON key, heading, unit]: every number says its unit ("TIME": the server's time unit). Host peaks in rank units.
   const FIELDS = [
-    ["makespan", "makespan", "t"], ["bubble_ratio", "bubble", "%"],
+    ["makespan", "makespan", "TIME"], ["bubble_ratio", "bubble", "%"],
     ["peak_rank_units", "device peak", "rank units"], ["peak_host_rank_units", "host peak", "rank units"],
-    ["stall", "stall", "t"], ["offloaded", "offloaded", "activations"], ["recomputed", "recomputed", "activations"],
+    ["stall", "stall", "TIME"], ["offloaded", "offloaded", "activations"], ["recomputed", "recomputed", "activations"],
     ["actions", "actions", "lowered"],
   ];
-  let families = [], sequence = 0, timer = null, controller = null;
+  // What a family must take for a field to be enabled: a field it does not take is disabled and not sent.
+  const TAKES = {
+    stages_per_rank: (f) => !f.fixed_stages_per_rank,
+    group_size: (f) => f.options.includes("group_size"),
+    backward: (f) => f.options.includes("backward"),
+  };
+  // Shown dimmed while the numbers and chart do not match the inputs (an error, or a request on its way).
+  const STALE = [chartBox, document.getElementById("numbers"), legendEl, summaryLine, commandEl];
+  let families = [], sequence = 0, timer = null, resizeTimer = null, controller = null, last = null;
+  let view = null;  // [t0, t1]: the time window shown (null: the whole step); zoom with the wheel, pan by dragging
+  let index = null;  // boxes by rank and lane, sorted by start, and by (kind, stage, microbatch): hover and "waited for"
+  const CANVAS_ABOVE = 10000;
+  const tooltip = document.getElementById("tooltip"), viewLine = document.getElementById("view-line");
 
   const fmt = (v) => (typeof v === "number" ? String(Number(v.toPrecision(6))) : String(v));
   const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+  const stale = (on) => STALE.forEach((el) => el.classList.toggle("stale", on));
 
-  function query() {
+  // The query for the form, or the message for a required field left empty. Everything typed is sent as
+  // typed (the server checks it with the CLI's checks), so "1e" or "--" is an error, never the default.
+  function readForm() {
     const params = new URLSearchParams();
     for (const el of form.elements) {
-      if (el.name && el.value.trim() !== "") params.set(el.name, el.value.trim());
+      if (!el.name || el.disabled) continue;
+      const text = el.value.trim();
+      if (text === "") {
+        if (el.required) return {params, error: `${el.name}: empty; give a value (e.g. ${el.defaultValue})`};
+        continue;
+      }
+      params.set(el.name, text);
     }
-    return params;
+    return {params, error: null};
   }
 
   function schedule(delay) {
@@ -40,11 +62,14 @@
   async function refresh() {
     const mine = ++sequence;
     if (controller) controller.abort();
+    const {params, error} = readForm();
+    history.replaceState(null, "", "?" + params.toString());  // the state is the URL: share it
+    if (error) { showError(error); return; }
     controller = new AbortController();
-    chartBox.classList.add("stale");
+    stale(true);
     let response, body;
     try {
-      response = await fetch("/api/chart?" + query().toString(), {signal: controller.signal});
+      response = await fetch("/api/chart?" + params.toString(), {signal: controller.signal});
       body = await response.json();
     } catch (err) {
       if (err.name === "AbortError") return;
@@ -55,28 +80,34 @@
     if (!response.ok || body.error) { showError(body.error || response.statusText); return; }
     errorBox.hidden = true;
     errorBox.textContent = "";
+    last = body;
     render(body);
   }
 
   function showError(message) {
     errorBox.textContent = message;
     errorBox.hidden = false;
+    stale(true);  // the numbers below are for other inputs
   }
 
   function render(body) {
-    const result = body.result, chart = body.chart;
+    const result = body.result, chart = body.chart, unit = chart.time_unit;
+    document.querySelectorAll(".unit").forEach((el) => { el.textContent = unit; });
     summaryLine.textContent = chart.title + " — " + chart.summary;
     commandEl.textContent = body.command;
-    const heads = FIELDS.map(([, head, unit]) => `<th>${esc(head)}${unit && unit !== "%" ? ` (${esc(unit)})` : ""}</th>`);
-    const cells = FIELDS.map(([key, , unit]) => {
+    const unitOf = (u) => (u === "TIME" ? unit : u);
+    const heads = FIELDS.map(([, head, u]) => `<th>${esc(head)}${u !== "%" ? ` (${esc(unitOf(u))})` : ""}</th>`);
+    const cells = FIELDS.map(([key, , u]) => {
       const value = result[key];
-      const shown = unit === "%" ? (100 * value).toFixed(2) + "%" : fmt(value);
+      const shown = u === "%" ? (100 * value).toFixed(2) + "%" : fmt(value);
       return `<td data-key="${key}" data-value="${esc(JSON.stringify(value))}">${esc(shown)}</td>`;
     });
     numbers.innerHTML = `<tr>${heads.join("")}</tr><tr>${cells.join("")}</tr>`;
     legendEl.innerHTML = legend(chart);
-    chartBox.innerHTML = svg(chart);
-    chartBox.classList.remove("stale");
+    view = null;
+    index = buildIndex(chart);
+    draw();
+    stale(false);
   }
 
   function shade(colour, index, v) {
@@ -85,13 +116,20 @@
     return "#" + rgb.map((c) => Math.round(c + (255 - c) * amount).toString(16).padStart(2, "0")).join("");
   }
 
+  // Swatches are small SVGs: the page's CSP allows no inline style attributes.
+  const swatch = (fill) => `<svg width="14" height="10"><rect width="14" height="10" fill="${fill}"/></svg>`;
+  const stroke = (colour, dash) => `<svg width="14" height="10"><line x1="0" x2="14" y1="5" y2="5" stroke="${colour}" stroke-width="2"${dash ? ' stroke-dasharray="3 2"' : ""}/></svg>`;
+
   function legend(chart) {
-    const items = chart.kinds.map((k) => `<span><i style="background:${chart.colours[k]}"></i>${esc(chart.labels[k])}</span>`);
+    const items = chart.kinds.map((k) => `<span>${swatch(chart.colours[k])}${esc(chart.labels[k])}</span>`);
     for (let s = 1; s < chart.stages_per_rank; s++) {
-      items.push(`<span><i style="background:${shade(chart.colours.F, s, chart.stages_per_rank)}"></i>lighter: rank's stage ${s + 1} of ${chart.stages_per_rank}</span>`);
+      items.push(`<span>${swatch(shade(chart.colours.F, s, chart.stages_per_rank))}lighter: rank's stage ${s + 1} of ${chart.stages_per_rank}</span>`);
     }
-    items.push(`<span><i class="line" style="border-color:${DEVICE}"></i>device memory</span>`);
-    if (chart.host.some((c) => c.peak > 0)) items.push(`<span><i class="dash" style="border-color:${HOST}"></i>host memory (own scale)</span>`);
+    if (chart.boxes.some((b) => b[1] === "copy" && b[6] <= b[5])) {
+      items.push(`<span><svg width="14" height="10"><rect x="6" width="2" height="10" fill="#555"/></svg>tick: instant copy (k = 0)</span>`);
+    }
+    items.push(`<span>${stroke(DEVICE, false)}device memory</span>`);
+    if (chart.host.some((c) => c.peak > 0)) items.push(`<span>${stroke(HOST, true)}host memory (own scale)</span>`);
     return items.join("");
   }
 
@@ -104,6 +142,13 @@
     return out;
   }
 
+  function ticksIn(t0, t1) {  // round times between t0 and t1
+    const step = ticks(t1 - t0)[1] || (t1 - t0);
+    const out = [];
+    for (let t = Math.ceil(t0 / step - 1e-9) * step; t <= t1 * (1 + 1e-9); t += step) out.push(Number(t.toPrecision(10)));
+    return out;
+  }
+
   function stepPath(points, x, y) {
     let d = "";
     points.forEach(([t, level], i) => {
@@ -112,37 +157,60 @@
     return d;
   }
 
-  function svg(chart) {
+  // Layout of a chart at the current width and time window; shared by drawing, hit-testing and export.
+  function layout(chart) {
     const width = Math.max(720, chartBox.clientWidth || 1200);
-    const left = 64, right = 96, plotW = width - left - right, d = chart.ranks, v = chart.stages_per_rank;
-    const computeH = d > 8 ? 14 : 20, copyH = chart.copy_lanes ? (d > 8 ? 8 : 10) : 0;
-    const rowH = computeH + copyH + 3, ganttH = d * rowH, panelH = d > 8 ? 26 : 36;
+    const left = 64, right = 96, plotW = width - left - right, d = chart.ranks;
+    const computeH = d > 8 ? (d > 32 ? 8 : 14) : 20, copyH = chart.copy_lanes ? (d > 8 ? (d > 32 ? 5 : 8) : 10) : 0;
+    const rowH = computeH + copyH + (d > 32 ? 1 : 3), ganttH = d * rowH, panelH = d > 8 ? (d > 32 ? 14 : 26) : 36;
     const memTop = ganttH + 44, height = memTop + d * panelH + 44;
-    const span = chart.makespan > 0 ? chart.makespan : 1;
-    const x = (t) => left + (t / span) * plotW;
+    const t0 = view ? view[0] : 0, t1 = view ? view[1] : (chart.makespan > 0 ? chart.makespan : 1);
+    const x = (t) => left + ((t - t0) / (t1 - t0)) * plotW;
+    return {width, left, plotW, d, computeH, copyH, rowH, ganttH, panelH, memTop, height, t0, t1, x};
+  }
+
+  // Where a box sits: [x, y, w, h, fill, instant].
+  function boxGeometry(chart, L, box) {
+    const [rank, lane, kind, stageShade, , start, end] = box;
+    let y = rank * L.rowH, h = L.computeH, fill = chart.colours[kind];
+    if (lane === "copy") { h = L.copyH / 2; y += L.computeH + 1 + (kind === "OFFLOAD" || kind === "OFFLOAD_W" ? 0 : h); }
+    else fill = shade(fill, stageShade, chart.stages_per_rank);
+    const x0 = L.x(start), instant = lane === "copy" && end <= start;  // k = 0: a tick, not a vanishing bar
+    return [x0, y, instant ? 1.5 : Math.max(L.x(end) - x0, 0.5), h, fill, instant];
+  }
+
+  const visible = (L, box) => box[6] >= L.t0 && box[5] <= L.t1;
+
+  // Above CANVAS_ABOVE boxes the Gantt boxes are drawn on a canvas under the SVG (tens of thousands of SVG
+  // elements take seconds per redraw); `forSvg` (export) always writes them into the SVG.
+  function svg(chart, forSvg) {
+    const L = layout(chart), {width, left, plotW, d, computeH, copyH, rowH, ganttH, panelH, memTop, height, x} = L;
+    const onCanvas = !forSvg && chart.boxes.length > CANVAS_ABOVE;
     const out = [];
-    out.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" data-ranks="${d}" data-boxes="${chart.boxes.length}" data-makespan="${chart.makespan}" font-size="10">`);
+    out.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" data-ranks="${d}" data-boxes="${chart.boxes.length}" data-makespan="${chart.makespan}" data-drawn="${onCanvas ? "canvas" : "svg"}" data-view="${fmt(L.t0)},${fmt(L.t1)}" font-size="10" font-family="system-ui,sans-serif">`);
+    out.push(`<defs><clipPath id="plot"><rect x="${left}" y="0" width="${plotW}" height="${height}"/></clipPath></defs>`);
     for (let r = 0; r < d; r++) {
       const y = r * rowH;
-      out.push(`<text x="${left - 6}" y="${y + computeH / 2 + 3}" text-anchor="end">rank ${r}</text>`);
-      if (copyH) out.push(`<text x="${left - 6}" y="${y + computeH + copyH / 2 + 3}" text-anchor="end" fill="#888" font-size="7">copy</text>`);
+      out.push(`<text class="rank-label" data-rank="${r}" x="${left - 6}" y="${y + Math.min(computeH, 10) / 2 + computeH / 2 - 2}" text-anchor="end"${d > 32 ? ' font-size="7"' : ""}>rank ${r}</text>`);
+      if (copyH && d <= 32) out.push(`<text x="${left - 6}" y="${y + computeH + copyH / 2 + 3}" text-anchor="end" fill="#888" font-size="7">copy</text>`);
     }
-    out.push(`<g class="boxes" stroke="#fff" stroke-width="0.3">`);
-    for (const [rank, lane, kind, stageShade, microbatch, start, end, action] of chart.boxes) {
-      let y = rank * rowH, h = computeH, fill = chart.colours[kind];
-      if (lane === "copy") { h = copyH / 2; y += computeH + 1 + (kind === "OFFLOAD" ? 0 : h); }
-      else fill = shade(fill, stageShade, v);
-      const x0 = x(start), w = Math.max(x(end) - x0, 0.5);
-      out.push(`<rect class="box" x="${x0.toFixed(2)}" y="${y}" width="${w.toFixed(2)}" height="${h}" fill="${fill}"><title>${action} on rank ${rank}: ${fmt(start)} to ${fmt(end)} t</title></rect>`);
-      const label = String(microbatch);
-      if (lane === "compute" && w >= 6 * label.length + 3) {
-        out.push(`<text x="${(x0 + w / 2).toFixed(1)}" y="${y + h / 2 + 3}" text-anchor="middle" font-size="8" fill="${stageShade === 0 ? "#fff" : "#111"}" stroke="none" pointer-events="none">${label}</text>`);
+    out.push(`<g class="boxes" stroke="#fff" stroke-width="0.3" clip-path="url(#plot)">`);
+    if (!onCanvas) {
+      for (const box of chart.boxes) {
+        if (!visible(L, box)) continue;
+        const [rank, lane, , stageShade, microbatch] = box;
+        const [x0, y, w, h, fill, instant] = boxGeometry(chart, L, box);
+        out.push(`<rect class="box${instant ? " tick" : ""}" data-rank="${rank}" data-mb="${microbatch}" x="${x0.toFixed(2)}" y="${y}" width="${w.toFixed(2)}" height="${h}" fill="${fill}"/>`);
+        const label = String(microbatch);
+        if (lane === "compute" && w >= 6 * label.length + 3 && h >= 10) {
+          out.push(`<text x="${(x0 + w / 2).toFixed(1)}" y="${y + h / 2 + 3}" text-anchor="middle" font-size="8" fill="${stageShade === 0 ? "#fff" : "#111"}" stroke="none" pointer-events="none">${label}</text>`);
+        }
       }
     }
     out.push("</g>");
     const axis = (y, label) => {
       out.push(`<line x1="${left}" x2="${left + plotW}" y1="${y}" y2="${y}" stroke="#444"/>`);
-      for (const t of ticks(span)) {
+      for (const t of ticksIn(L.t0, L.t1)) {
         out.push(`<line x1="${x(t)}" x2="${x(t)}" y1="${y}" y2="${y + 4}" stroke="#444"/><text x="${x(t)}" y="${y + 14}" text-anchor="middle">${fmt(t)}</text>`);
       }
       if (label) out.push(`<text x="${left + plotW / 2}" y="${y + 30}" text-anchor="middle" font-size="11">${label}</text>`);
@@ -155,21 +223,254 @@
       const y0 = memTop + r * panelH, inner = panelH - 4;
       const yDev = (level) => y0 + panelH - (level / topDevice) * inner;
       out.push(`<line x1="${left}" x2="${left + plotW}" y1="${y0 + panelH}" y2="${y0 + panelH}" stroke="#ccc"/>`);
-      out.push(`<text x="${left - 6}" y="${y0 + panelH / 2 + 3}" text-anchor="end">rank ${r}</text>`);
+      out.push(`<text x="${left - 6}" y="${y0 + panelH / 2 + 3}" text-anchor="end"${d > 32 ? ' font-size="7"' : ""}>rank ${r}</text>`);
       const device = chart.device[r], host = chart.host[r];
       const path = stepPath(device.points, x, yDev);
-      out.push(`<path class="device" data-rank="${r}" d="${path}V${y0 + panelH}H${x(0)}Z" fill="${DEVICE}" fill-opacity="0.15" stroke="none"/>`);
-      out.push(`<path d="${path}" fill="none" stroke="${DEVICE}" stroke-width="1"/>`);
+      out.push(`<g clip-path="url(#plot)"><path class="device" data-rank="${r}" d="${path}V${y0 + panelH}H${x(0)}Z" fill="${DEVICE}" fill-opacity="0.15" stroke="none"/>`);
+      out.push(`<path d="${path}" fill="none" stroke="${DEVICE}" stroke-width="1"/></g>`);
       if (topHost > 0) {
         const yHost = (level) => y0 + panelH - (level / topHost) * inner;
-        out.push(`<path class="host" data-rank="${r}" d="${stepPath(host.points, x, yHost)}" fill="none" stroke="${HOST}" stroke-width="1" stroke-dasharray="4 2"/>`);
+        out.push(`<path class="host" data-rank="${r}" d="${stepPath(host.points, x, yHost)}" fill="none" stroke="${HOST}" stroke-width="1" stroke-dasharray="4 2" clip-path="url(#plot)"/>`);
       }
       const note = `peak ${fmt(device.peak)}` + (topHost > 0 ? ` · host ${fmt(host.peak)}` : "");
       out.push(`<text x="${left + plotW + 6}" y="${y0 + panelH / 2 + 3}" fill="${DEVICE}" font-size="9" class="peak">${note}</text>`);
     }
-    axis(memTop + d * panelH + 2, "time (t = one rank's forward of one microbatch)");
+    const unit = chart.time_unit;
+    axis(memTop + d * panelH + 2, `time (${esc(unit)}${unit === "t" ? " = one rank's forward of one microbatch" : ""})`);
     out.push("</svg>");
     return out.join("");
+  }
+
+  // Draw the current chart in the current window: the SVG, and the boxes on a canvas beneath when many.
+  function draw(highlight) {
+    const chart = last.chart;
+    chartBox.innerHTML = svg(chart, false);
+    viewLine.textContent = view ? `showing ${fmt(view[0])} to ${fmt(view[1])} ${chart.time_unit} of ${fmt(chart.makespan)} (double-click: whole step)` : "wheel: zoom the time axis · drag: pan · hover: highlight a microbatch or a rank";
+    if (chart.boxes.length <= CANVAS_ABOVE) return;
+    const L = layout(chart), canvas = document.createElement("canvas"), ratio = window.devicePixelRatio || 1;
+    canvas.width = L.width * ratio;
+    canvas.height = L.ganttH * ratio;
+    canvas.className = "boxes";
+    canvas.style.width = L.width + "px";  // CSSOM, which the CSP allows (unlike style attributes)
+    canvas.style.height = L.ganttH + "px";
+    const ctx = canvas.getContext("2d");
+    ctx.scale(ratio, ratio);
+    ctx.beginPath();
+    ctx.rect(L.left, 0, L.plotW, L.ganttH);
+    ctx.clip();
+    for (const box of chart.boxes) {
+      if (!visible(L, box)) continue;
+      const [x0, y, w, h, fill] = boxGeometry(chart, L, box);
+      ctx.globalAlpha = highlight && !highlight(box) ? 0.2 : 1;
+      ctx.fillStyle = fill;
+      ctx.fillRect(x0, y, w, h);
+    }
+    chartBox.prepend(canvas);
+  }
+
+  function buildIndex(chart) {
+    const lanes = new Map(), byKey = new Map();
+    chart.boxes.forEach((box) => {
+      const key = box[0] + "/" + box[1];
+      if (!lanes.has(key)) lanes.set(key, []);
+      lanes.get(key).push(box);
+      byKey.set(`${box[2]}/${box[8]}/${box[4]}`, box);
+    });
+    for (const list of lanes.values()) list.sort((a, b) => a[5] - b[5]);
+    return {lanes, byKey, stages: 1 + Math.max(0, ...chart.boxes.map((b) => b[8]))};
+  }
+
+  // The box under the mouse (from the layout, not from SVG elements: works for the canvas too).
+  function boxAt(chart, L, px, py) {
+    const rank = Math.floor(py / L.rowH);
+    if (rank < 0 || rank >= L.d || px < L.left || px > L.left + L.plotW) return null;
+    const lane = py - rank * L.rowH <= L.computeH ? "compute" : "copy";
+    const t = L.t0 + ((px - L.left) / L.plotW) * (L.t1 - L.t0), slack = 2 * (L.t1 - L.t0) / L.plotW;
+    const list = index.lanes.get(rank + "/" + lane) || [];
+    let lo = 0, hi = list.length;
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (list[mid][5] <= t + slack) lo = mid + 1; else hi = mid; }
+    for (let i = lo - 1; i >= 0 && i >= lo - 4; i--) if (list[i][6] + slack >= t) return list[i];
+    return null;
+  }
+
+  // What an action waited for: its input (the previous stage's forward, the next stage's backward, its
+  // own I before W) or its reload, when that ended after the rank was free; else the previous action.
+  function waitedFor(chart, box) {
+    const [rank, lane, kind, , mb, start, , , stage] = box;
+    if (lane === "copy") return kind.startsWith("RELOAD") ? "issued when its backward drew near" : "issued after the action that made it";
+    const deps = [];
+    if (kind === "F" && stage > 0) deps.push(`F/${stage - 1}/${mb}`);
+    if ((kind === "B" || kind === "I") && stage < index.stages - 1) deps.push(`B/${stage + 1}/${mb}`, `I/${stage + 1}/${mb}`);
+    if ((kind === "B" || kind === "I") && stage === index.stages - 1) deps.push(`F/${stage}/${mb}`);
+    if (kind === "W") deps.push(`I/${stage}/${mb}`);
+    deps.push(`RELOAD/${stage}/${mb}`, `RELOAD_W/${stage}/${mb}`);
+    const list = index.lanes.get(rank + "/compute"), at = list.indexOf(box), prev = at > 0 ? list[at - 1] : null;
+    const free = prev ? prev[6] : 0;
+    if (start <= free + 1e-9) return prev ? `the rank: it started when ${prev[7]} ended` : "nothing: the first action";
+    const found = deps.map((k) => index.byKey.get(k)).filter((b) => b && b[6] <= start + 1e-9).sort((a, b) => b[6] - a[6])[0];
+    const idle = fmt(start - free) + " " + chart.time_unit;
+    return found ? `${found[7]} on rank ${found[0]} (ended at ${fmt(found[6])}; the rank idled ${idle})` : `its input (the rank idled ${idle})`;
+  }
+
+  function onHover(event) {
+    if (!last || drag) return;
+    const chart = last.chart, L = layout(chart), rect = chartBox.getBoundingClientRect();
+    const px = event.clientX - rect.left, py = event.clientY - rect.top;
+    const box = boxAt(chart, L, px, py);
+    const rankRow = px < L.left && py < L.ganttH ? Math.floor(py / L.rowH) : null;
+    const key = box ? "mb" + box[4] : rankRow !== null ? "rank" + rankRow : "";
+    if (key !== hovered) {
+      hovered = key;
+      highlight(chart, box ? (b) => b[4] === box[4] : rankRow !== null ? (b) => b[0] === rankRow : null,
+                box ? `[data-mb="${box[4]}"]` : rankRow !== null ? `[data-rank="${rankRow}"]` : null);
+    }
+    if (!box) { tooltip.hidden = true; return; }
+    tooltip.textContent = `${box[7]} on rank ${box[0]} (stage ${box[8]}, microbatch ${box[4]}): ${fmt(box[5])} to ${fmt(box[6])} ${chart.time_unit}\nwaited for: ${waitedFor(chart, box)}`;
+    tooltip.hidden = false;
+    tooltip.style.left = (event.clientX + 12) + "px";
+    tooltip.style.top = (event.clientY + 12) + "px";
+  }
+
+  // One microbatch (across ranks) or one rank highlighted, the rest faded.
+  function highlight(chart, keep, selector) {
+    const svgEl = chartBox.querySelector("svg");
+    if (chart.boxes.length > CANVAS_ABOVE) { draw(keep); return; }
+    svgEl.classList.toggle("highlighting", !!keep);
+    chartBox.querySelectorAll("rect.box.hl").forEach((el) => el.classList.remove("hl"));
+    if (selector) chartBox.querySelectorAll("rect.box" + selector).forEach((el) => el.classList.add("hl"));
+  }
+
+  let hovered = "", drag = null;
+
+  function zoom(factor, aroundPx) {
+    const chart = last.chart, L = layout(chart), full = chart.makespan > 0 ? chart.makespan : 1;
+    const at = L.t0 + ((aroundPx - L.left) / L.plotW) * (L.t1 - L.t0);
+    let span = Math.min(full, Math.max(full / 10000, (L.t1 - L.t0) * factor));
+    let t0 = Math.max(0, Math.min(full - span, at - (at - L.t0) * span / (L.t1 - L.t0)));
+    view = span >= full ? null : [t0, t0 + span];
+    draw();
+  }
+
+  function setupInteraction() {
+    chartBox.addEventListener("mousemove", (e) => {
+      if (drag && last) {
+        const L = layout(last.chart), full = last.chart.makespan, span = L.t1 - L.t0;
+        const dt = ((drag.x - e.clientX) / L.plotW) * span, t0 = Math.max(0, Math.min(full - span, drag.t0 + dt));
+        if (span < full) { view = [t0, t0 + span]; draw(); }
+        return;
+      }
+      onHover(e);
+    });
+    chartBox.addEventListener("mouseleave", () => { tooltip.hidden = true; hovered = ""; if (last) highlight(last.chart, null, null); });
+    chartBox.addEventListener("wheel", (e) => {
+      if (!last) return;
+      e.preventDefault();
+      zoom(e.deltaY < 0 ? 0.8 : 1.25, e.clientX - chartBox.getBoundingClientRect().left);
+    }, {passive: false});
+    chartBox.addEventListener("mousedown", (e) => { if (last) drag = {x: e.clientX, t0: layout(last.chart).t0}; });
+    window.addEventListener("mouseup", () => { drag = null; });
+    chartBox.addEventListener("dblclick", () => { if (last) { view = null; draw(); } });
+    document.getElementById("zoom-in").addEventListener("click", () => last && zoom(0.5, layout(last.chart).left + layout(last.chart).plotW / 2));
+    document.getElementById("zoom-out").addEventListener("click", () => last && zoom(2, layout(last.chart).left + layout(last.chart).plotW / 2));
+    document.getElementById("zoom-reset").addEventListener("click", () => { if (last) { view = null; draw(); } });
+    document.getElementById("export-svg").addEventListener("click", () => last && download(new Blob([svg(last.chart, true)], {type: "image/svg+xml"}), "svg"));
+    document.getElementById("export-png").addEventListener("click", () => last && exportPng());
+  }
+
+  function fileName(ext) {
+    return (last.command.replace(/^pipeoffload simulate /, "").replace(/[^A-Za-z0-9._-]+/g, "_") || "chart") + "." + ext;
+  }
+
+  function download(blob, ext) {
+    const a = document.createElement("a");
+    a.href = URL.createObjectURL(blob);
+    a.download = fileName(ext);
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+  }
+
+  function exportPng() {  // the export SVG drawn on a canvas: the same picture, every box in it
+    const text = svg(last.chart, true), L = layout(last.chart), image = new Image();
+    image.onload = () => {
+      const canvas = document.createElement("canvas");
+      canvas.width = L.width * 2;
+      canvas.height = L.height * 2;
+      const ctx = canvas.getContext("2d");
+      ctx.fillStyle = "#fff";
+      ctx.fillRect(0, 0, canvas.width, canvas.height);
+      ctx.scale(2, 2);
+      ctx.drawImage(image, 0, 0);
+      URL.revokeObjectURL(image.src);
+      canvas.toBlob((blob) => download(blob, "png"), "image/png");
+    };
+    image.src = URL.createObjectURL(new Blob([text], {type: "image/svg+xml"}));
+  }
+
+  // A training run's metrics.jsonl: per rank, the largest measured (peak_act_bytes) and simulated
+  // (sim_peak_act_bytes) activation peak over its rows, as `pipeoffload report` reads them.
+  function perRankMax(rows, key) {
+    const out = [];
+    for (const row of rows) {
+      if (!Array.isArray(row[key])) continue;
+      row[key].forEach((value, rank) => {
+        if (typeof value !== "number" || !isFinite(value)) return;
+        while (out.length <= rank) out.push(0);
+        out[rank] = Math.max(out[rank], value);
+      });
+    }
+    return out;
+  }
+
+  function parseMetrics(text, name) {
+    const rows = [];
+    text.split("\n").forEach((line, i) => {
+      if (!line.trim()) return;
+      let row;
+      try { row = JSON.parse(line); } catch (err) { throw new Error(`${name}:${i + 1}: not a JSON object (${err.message}); the file is corrupt`); }
+      if (row === null || typeof row !== "object" || Array.isArray(row)) throw new Error(`${name}:${i + 1}: expected a JSON object per line`);
+      rows.push(row);
+    });
+    if (!rows.length) throw new Error(`${name} has no metrics yet; run at least one training step first`);
+    return rows;
+  }
+
+  function measuredSvg(measured, simulated) {
+    const MIB = 1048576, ranks = Math.max(measured.length, simulated.length);
+    if (!ranks) return `<p class="note">no memory figures (peak_act_bytes) in this file</p>`;
+    const top = Math.max(1, ...measured, ...simulated) / MIB, barW = 18, gap = 14, left = 60, h = 160;
+    const width = left + ranks * (2 * barW + gap) + 20, y = (v) => 10 + h - (v / MIB / top) * h;
+    const out = [`<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${h + 50}" font-size="10" data-ranks="${ranks}">`];
+    out.push(`<text x="4" y="${10 + h / 2}">MiB</text><text x="${left - 4}" y="14" text-anchor="end">${fmt(top)}</text><text x="${left - 4}" y="${10 + h}" text-anchor="end">0</text>`);
+    for (let r = 0; r < ranks; r++) {
+      const x0 = left + r * (2 * barW + gap);
+      [[measured[r], DEVICE, "measured"], [simulated[r], "#8AB17D", "simulated"]].forEach(([v, colour, kind], i) => {
+        if (v === undefined) return;
+        out.push(`<rect class="${kind}" data-rank="${r}" data-bytes="${v}" x="${x0 + i * barW}" y="${y(v)}" width="${barW - 2}" height="${10 + h - y(v)}" fill="${colour}"/>`);
+      });
+      const ratio = measured[r] !== undefined && simulated[r] ? ` ${fmt(measured[r] / simulated[r])}` : "";
+      out.push(`<text x="${x0 + barW}" y="${h + 24}" text-anchor="middle">rank ${r}</text><text class="ratio" data-rank="${r}" x="${x0 + barW}" y="${h + 38}" text-anchor="middle" fill="#555">${ratio ? "×" + ratio : ""}</text>`);
+    }
+    out.push("</svg>");
+    return `<p class="legend-line">${swatch(DEVICE)} measured (runtime) ${swatch("#8AB17D")} simulated · under each rank: measured / simulated</p>` + out.join("");
+  }
+
+  function loadMetrics(file) {
+    const box = document.getElementById("measured"), err = document.getElementById("measured-error");
+    const reader = new FileReader();
+    reader.onload = () => {
+      try {
+        const rows = parseMetrics(String(reader.result), file.name);
+        box.innerHTML = measuredSvg(perRankMax(rows, "peak_act_bytes"), perRankMax(rows, "sim_peak_act_bytes"));
+        err.hidden = true;
+      } catch (e) {
+        box.innerHTML = "";
+        err.textContent = e.message;
+        err.hidden = false;
+      }
+    };
+    reader.readAsText(file);
   }
 
   async function start() {
@@ -177,17 +478,34 @@
     families = await response.json();
     familySelect.innerHTML = families.map((f) => `<option value="${esc(f.name)}">${esc(f.name)}</option>`).join("");
     familySelect.value = families.some((f) => f.name === "group-interleaved") ? "group-interleaved" : families[0].name;
+    const shared = new URLSearchParams(location.search);  // a shared link: its state, then the defaults
+    for (const [name, value] of shared) {
+      const el = form.elements.namedItem(name);
+      if (el && el.name) el.value = value;
+    }
+    if (!familySelect.value) familySelect.value = families[0].name;
     noteFamily();
     form.addEventListener("input", () => schedule(150));
-    form.addEventListener("change", () => { noteFamily(); schedule(0); });
+    form.addEventListener("change", (e) => { if (e.target === familySelect) noteFamily(); schedule(0); });
     form.addEventListener("submit", (e) => e.preventDefault());
-    window.addEventListener("resize", () => schedule(200));
+    window.addEventListener("resize", () => {  // only the drawing depends on the width: redraw, do not re-simulate
+      clearTimeout(resizeTimer);
+      resizeTimer = setTimeout(() => { if (last && errorBox.hidden) draw(); }, 100);
+    });
+    setupInteraction();
+    document.getElementById("metrics-file").addEventListener("change", (e) => { if (e.target.files[0]) loadMetrics(e.target.files[0]); });
     refresh();
   }
 
   function noteFamily() {
     const f = families.find((x) => x.name === familySelect.value);
-    familyNote.textContent = f ? `${f.name}: ${f.summary} (default v = ${f.stages_per_rank}; options: ${f.options.join(", ") || "none"})` : "";
+    if (!f) { familyNote.textContent = ""; return; }
+    for (const [name, takes] of Object.entries(TAKES)) {
+      const el = form.elements.namedItem(name);
+      el.disabled = !takes(f);
+      el.title = el.disabled ? `${f.name} does not take this option` : "";
+    }
+    familyNote.textContent = `${f.name}: ${f.summary} (default v = ${f.stages_per_rank}; options: ${f.options.join(", ") || "none"})`;
   }
 
   start().catch((err) => showError("could not start: " + err.message));
