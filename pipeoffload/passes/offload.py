@@ -142,7 +142,9 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     budget = policy.budget_units(base.stages_per_rank) if policy.kind == "budget" else None
     plan = _Planning(base, timeline, policy, set(exclude), budget, _groups(base.num_ranks, costs.shared_host_link))
     states, peaks = plan.states(costs)
-    if policy.kind != "none" and costs.d2h_time + costs.h2d_time > 0 and _overloaded(states):
+    # a shared link's plan may not be the one the simulator runs (see ``_shared_link_plans``), so
+    # there the plans for slower copies are always tried; on own links only when a lane is overloaded
+    if policy.kind != "none" and costs.d2h_time + costs.h2d_time > 0 and (costs.shared_host_link or _overloaded(states)):
         states, peaks = plan.best_with_slower_copies(costs, states, peaks)
     rows = [_emit(states[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
