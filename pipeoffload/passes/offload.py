@@ -171,9 +171,12 @@ class _Planning:
     budget: float | None
     groups: list[list[int]]
 
-    def states(self, costs: CostModel) -> tuple[dict[int, RankState], dict[int, float]]:
-        """Each rank's planned copies and peak when the copies take ``costs``' times."""
+    def states(self, costs: CostModel, slower: float = 1.0) -> tuple[dict[int, RankState], dict[int, float]]:
+        """Each rank's planned copies and peak when the copies take ``slower`` x ``costs``' times."""
         timelines = rank_timelines(self.base, self.timeline, costs)
+        if slower != 1.0:
+            timelines = [tl.with_copy_times(slower) for tl in timelines]
+            costs = replace(costs, d2h_time=costs.d2h_time * slower, h2d_time=costs.h2d_time * slower)
         chosen = _candidates(timelines, self.policy, self.exclude)
 
         def plan_all(relaxed: bool) -> dict[int, RankState]:
@@ -208,8 +211,7 @@ class _Planning:
         own = simulated(states)
         best = {tuple(m): (score(own, states, m), states) for m in self.groups}
         for factor in _SLOWER:
-            slower = replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
-            candidate = self.states(slower)[0]
+            candidate = self.states(costs, factor)[0]
             t = simulated(candidate)
             for members in self.groups:
                 key = score(t, candidate, members)
