@@ -13,6 +13,11 @@ torch and CUDA code) are skipped. Put the checkout anywhere and pass it:
     python benchmarks/offload_vs_reference.py --reference /path/to/zb > benchmarks/results/offload_vs_reference.txt
 
 (or set ``PIPEOFFLOAD_REFERENCE``). Without a checkout the script says so and exits 0.
+``--bound`` prints instead a lower bound on the worst rank's peak that any plan has on this
+project's simulator (the pair's warm-up forwards against one D2H link at full speed; no reference
+needed):
+
+    python benchmarks/offload_vs_reference.py --bound >> benchmarks/results/offload_vs_reference.txt
 
 Setting: group-interleaved, v = 2, m = 4d, F = B(I) = W = 1 t per stage (the reference's 1000 "ms"
 units scaled to 1), no P2P time, every activation offloaded (the reference's ``offload_chunk_num``
@@ -36,6 +41,7 @@ plan here reaches the reference's planned peak at larger d: see docs/offload.md.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import importlib
 import io
@@ -105,13 +111,56 @@ def ours(schedule, costs: CostModel):  # type: ignore[no-untyped-def]
     return simulate(lowered, costs), seconds
 
 
+def warmup_bound(schedule, k: float) -> int:  # type: ignore[no-untyped-def]
+    """A lower bound on the worst rank's peak for any plan of ``schedule`` on its own compute timing
+    with two ranks per host link: each pair's D2H link drains at most one activation per copy time
+    (k/2 x 3 t), taken at full speed from the first forward's end in forward-end order; until the
+    pair's first backward, what it has started and not yet drained at a forward's start is resident
+    on one of its two ranks."""
+    timeline = simulate(schedule, CostModel())
+    copy = 1.5 * k
+    worst = 0
+    for pair in range(0, schedule.num_ranks - 1, 2):
+        starts, ends, first_backward = [], [], float("inf")
+        for rank in (pair, pair + 1):
+            for i, a in enumerate(schedule.actions[rank]):
+                if a.kind is ActionKind.F:
+                    starts.append(timeline.start[rank][i])
+                    ends.append(timeline.end[rank][i])
+                elif a.kind in (ActionKind.B, ActionKind.I):
+                    first_backward = min(first_backward, timeline.start[rank][i])
+        starts.sort()
+        drained, free = [], 0.0
+        for end in sorted(ends):
+            free = max(free, end) + copy
+            drained.append(free)
+        # until the pair's first backward nothing frees an activation but its offload completing
+        resident = max(bisect.bisect_right(starts, t) - bisect.bisect_right(drained, t) for t in starts
+                       if t < first_backward)
+        worst = max(worst, -(-resident // 2))
+    return worst
+
+
+def bound_table(ds: list[int], ks: list[float]) -> None:
+    print("lower bound on the worst rank's peak, any plan, this compute timing, two ranks per host link")
+    print(f"{'d':>3} {'g':>3} | " + " ".join(f"{k:>4g}" for k in ks))
+    for d in ds:
+        for g in sorted({d // 2, d}):
+            schedule = generate("group-interleaved", d, 4 * d, 2, group_size=g)
+            print(f"{d:>3} {g:>3} | " + " ".join(f"{warmup_bound(schedule, k):>4}" for k in ks))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reference", type=Path, default=Path(os.environ.get("PIPEOFFLOAD_REFERENCE", "reference/zb")),
                         help="checkout of sail-sg/zero-bubble-pipeline-parallelism (default $PIPEOFFLOAD_REFERENCE)")
     parser.add_argument("--d", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--k", type=float, nargs="+", default=[round(0.1 * i, 1) for i in range(2, 11)])
+    parser.add_argument("--bound", action="store_true", help="print only the lower bound table (no reference needed)")
     args = parser.parse_args(argv)
+    if args.bound:
+        bound_table(args.d, args.k)
+        return 0
     ref = load_reference(args.reference)
     if ref is None:
         print(f"reference checkout not found at {args.reference}: clone sail-sg/zero-bubble-pipeline-parallelism "
