@@ -80,14 +80,20 @@ def load_reference(root: Path) -> dict[str, Any] | None:
             for name in ("graph", "group_interleaved_1f1b", "passes", "offloading")}
 
 
-def reference_plan(ref: dict[str, Any], d: int, v: int, g: int, m: int, k: float):  # type: ignore[no-untyped-def]
-    """(lists with offload nodes or None, planned peak, planned makespan in t, error text)."""
-    graph, gis, passes, offloading = (ref[n] for n in ("graph", "group_interleaved_1f1b", "passes", "offloading"))
+def reference_schedule(ref: dict[str, Any], d: int, v: int, g: int, m: int):  # type: ignore[no-untyped-def]
+    """The reference's group-interleaved lists with times, before offload (its config and lists)."""
+    graph, gis, passes = (ref[n] for n in ("graph", "group_interleaved_1f1b", "passes"))
     config = graph.GraphConfig.basic_config(_UNIT, _UNIT, _UNIT, d, m, v)
     with contextlib.redirect_stdout(io.StringIO()):  # the reference prints its schedules
         order = gis.create_schedule(config, True, None, None, None, g, v)
-        order = passes.add_time(config, passes.add_send_recv_peer_stage(config, order))
-        try:
+        return config, passes.add_time(config, passes.add_send_recv_peer_stage(config, order))
+
+
+def reference_plan(ref: dict[str, Any], config, order, k: float):  # type: ignore[no-untyped-def]
+    """(lists with offload nodes or None, planned peak, planned makespan in t, error text)."""
+    offloading = ref["offloading"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:  # add_offload replaces list items (never the nodes): a copy of the lists per run
             planned = offloading.add_offload(config, [list(r) for r in order], k / 2)
         except AssertionError as e:
             return None, None, None, str(e).split(".")[0] or "assertion"
@@ -177,9 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         for g in sorted({d // 2, d}):
             schedule = generate("group-interleaved", d, m, v, group_size=g)
             base = simulate(schedule, CostModel())
+            config, order = reference_schedule(ref, d, v, g, m)
             for k in args.k:
                 costs = CostModel(shared_host_link=True).with_offload_ratio(k)
-                planned, ref_peak, ref_makespan, error = reference_plan(ref, d, v, g, m, k)
+                planned, ref_peak, ref_makespan, error = reference_plan(ref, config, order, k)
                 if planned is None:
                     ref_cols = f"{'fails':>5} {'':>11} | {'-':>5} {'':>9} {'':>10}"
                 else:
