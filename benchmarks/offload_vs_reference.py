@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="checkout of sail-sg/zero-bubble-pipeline-parallelism (default $PIPEOFFLOAD_REFERENCE)")
     parser.add_argument("--d", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--k", type=float, nargs="+", default=[round(0.1 * i, 1) for i in range(2, 11)])
+    parser.add_argument("--g", type=int, nargs="+", default=None, help="group sizes (default d/2 and d)")
     parser.add_argument("--bound", action="store_true", help="print only the lower bound table (no reference needed)")
     args = parser.parse_args(argv)
     if args.bound:
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
           f" {'stall':>10} | {'peak':>5} {'makespan':>9} {'stall':>5} {'':>6}")
     for d in args.d:
         m = 4 * d
-        for g in sorted({d // 2, d}):
+        for g in args.g or sorted({d // 2, d}):
             schedule = generate("group-interleaved", d, m, v, group_size=g)
             base = simulate(schedule, CostModel())
             config, order = reference_schedule(ref, d, v, g, m)
