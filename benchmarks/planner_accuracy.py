@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python benchmarks/planner_accuracy.py [--save benchmarks/results/planner_accuracy.txt]
      .venv/bin/python benchmarks/planner_accuracy.py --fit   (refit the two GEMM-curve constants)
+     add --before OLD.txt (an earlier results file) for a "before" column: each row's step error there
 
 Every whole-model row runs through ``estimate`` (``pipeoffload.planner.estimate``), the function
 behind ``pipeoffload estimate``, so what users run is what is checked; the per-layer rows of
@@ -36,7 +37,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
-from dataclasses import dataclass, replace
+import re
+from dataclasses import dataclass, fields, replace
 
 from pipeoffload.fileio import write_atomic
 from pipeoffload.planner.estimate import Estimate, EstimateRequest, estimate
@@ -166,34 +168,63 @@ def _breakdown(est: Estimate | None) -> str:
     return " ".join(f"{short} {est.breakdown[k] / est.step_seconds:.1%}" for k, short in parts.items())
 
 
-def report(hw: HardwareSpec) -> str:
+@dataclass(frozen=True, kw_only=True)
+class SlowP2P(HardwareSpec):
+    """The same GPU with every pipeline point-to-point transfer ``p2p_factor`` times as long (sensitivity)."""
+
+    p2p_factor: float = 1.0
+
+    def p2p_time(self, nbytes: float, within_node: bool) -> float:
+        return super().p2p_time(nbytes, within_node) * self.p2p_factor
+
+
+def _fields(hw: HardwareSpec) -> dict:
+    return {f.name: getattr(hw, f.name) for f in fields(hw)}
+
+
+def previous_errors(text: str) -> dict[str, str]:
+    """Each row's step error in an earlier results file (the table's rows only)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        found = re.match(r"(.{20}) .{12} +[\d.]+ +[\d.]+ +([+-][\d.]+%)  (fitted|check)", line)
+        if found:
+            out[found.group(1).strip()] = found.group(2)
+    return out
+
+
+def report(hw: HardwareSpec, before: dict[str, str] | None = None) -> str:
     lines = [f"# planner_accuracy: estimate vs published (a100 preset: gemm_max_fraction={hw.gemm_max_fraction}, "
              f"gemm_half_intensity={hw.gemm_half_intensity}, NVLink busbw {hw.nvlink_bandwidth / 1e9:.0f} GB/s, "
              f"network {hw.network}; p2p as Megatron runs it)",
-             "step err = predicted step time / measured - 1 (per-layer rows: predicted / measured time - 1)",
+             "step err = predicted step time / measured - 1 (per-layer rows: predicted / measured time - 1)"
+             + ("; before = the row's step error in the earlier results file given with --before" if before else ""),
              f"{'row':<20} {'unit':<12} {'measured':>9} {'predicted':>9} {'step err':>8}  {'role':<7} "
-             "source; configuration [bubble, TP, PP comm, DP sync as % of the predicted step]"]
+             + (f"{'before':>7}  " if before else "")
+             + "source; configuration [bubble, TP, PP comm, DP sync as % of the predicted step]"]
     worst = 0.0
     table = rows(hw)
     for r in table:
         if not r.fitted:
             worst = max(worst, abs(r.step_error))
         lines.append(f"{r.name:<20} {r.unit:<12} {r.measured:>9.1f} {r.predicted:>9.2f} {r.step_error:>+8.1%}  "
-                     f"{'fitted' if r.fitted else 'check':<7} {r.source}; {r.config}"
+                     f"{'fitted' if r.fitted else 'check':<7} "
+                     + (f"{before.get(r.name, '-'):>7}  " if before else "") + f"{r.source}; {r.config}"
                      + (f" [{_breakdown(r.estimate)}]" if r.estimate else ""))
     outside = [r.name for r in table if not r.fitted and abs(r.step_error) > TOLERANCE]
     lines.append(f"worst check-row step-time error: {worst:.1%}; outside +-{TOLERANCE:.0%}: "
                  + (", ".join(outside) if outside else "none"))
-    lines += ["", "interleaving: the Narayanan rows the authors ran interleaved, predicted as run, as 1F1B, and with "
-              "eager (overlapped) point-to-point transfers (pipeoffload's own runtime) instead of Megatron's",
-              f"{'row':<8} {'measured':>8} {'as run':>8} {'1F1B':>8} {'eager p2p':>9}"]
+    lines += ["", "interleaving: the Narayanan rows the authors ran interleaved, predicted as run, as 1F1B, with "
+              "eager (overlapped) point-to-point transfers (pipeoffload's own runtime) instead of Megatron's, and as run "
+              "with every point-to-point transfer 2x and 4x as slow (a sensitivity, not a model: TFLOP/s per GPU)",
+              f"{'row':<8} {'measured':>8} {'as run':>8} {'1F1B':>8} {'eager p2p':>9} {'p2p x2':>8} {'p2p x4':>8}"]
     for row in NARAYANAN:
         if not row[9] or row[2] // max(1, row[5] * row[9]) <= 1 and row[1] // (row[5] * row[9]) <= 1:
             continue
         as_run = narayanan(hw, row)[0]
         one = narayanan(hw, row, interleave=False)[0]
         eager = narayanan(hw, row, p2p="eager")[0]
-        lines.append(f"{row[0]:<8} {row[10]:>8.0f} {as_run:>8.1f} {one:>8.1f} {eager:>9.1f}")
+        slow = [narayanan(SlowP2P(**_fields(hw), p2p_factor=f), row)[0] for f in (2.0, 4.0)]
+        lines.append(f"{row[0]:<8} {row[10]:>8.0f} {as_run:>8.1f} {one:>8.1f} {eager:>9.1f} {slow[0]:>8.1f} {slow[1]:>8.1f}")
     flat = replace(hw, compute_model="flat")
     lines += ["", "the uncalibrated model (compute_model=flat: every FLOP at B_c = 220 TFLOP/s, no element-wise time):"]
     for r in rows(flat):
@@ -206,13 +237,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--save", help="also write the report to this file")
     parser.add_argument("--fit", action="store_true", help="fit the GEMM curve on the fitted rows and print it")
+    parser.add_argument("--before", help="an earlier results file: show each row's step error there beside ours")
     args = parser.parse_args()
     hw = hardware_preset("a100")
     if args.fit:
         frac, half = fit(hw)
         print(f"fitted: gemm_max_fraction={frac} gemm_half_intensity={half}")
         hw = replace(hw, gemm_max_fraction=frac, gemm_half_intensity=half)
-    text = report(hw)
+    before = None
+    if args.before:
+        with open(args.before, encoding="utf-8") as f:
+            before = previous_errors(f.read())
+    text = report(hw, before)
     print(text)
     if args.save:
         write_atomic(args.save, text + "\n")

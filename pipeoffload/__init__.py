@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # for type checkers; at run time ``__getattr__`` below loads 
     from pipeoffload.service import (
         CompareRequest,
         CompareTPRequest,
+        EstimateRequest,
         OffloadRatioRequest,
         PlanRequest,
         SimulateRequest,
@@ -30,7 +31,8 @@ __version__ = "0.2.0.dev0"
 
 # The service's names load on first use: ``import pipeoffload`` stays as light as the core (the service
 # brings the planner with it).
-_SERVICE_NAMES = ("CompareRequest", "CompareTPRequest", "OffloadRatioRequest", "PlanRequest", "SimulateRequest", "run")
+_SERVICE_NAMES = ("CompareRequest", "CompareTPRequest", "EstimateRequest", "OffloadRatioRequest", "PlanRequest",
+                  "SimulateRequest", "run")
 
 
 def __getattr__(name: str) -> object:
@@ -43,6 +45,6 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "Action", "ActionKind", "CompareRequest", "CompareTPRequest", "ConfigError", "CostModel", "DeadlockError",
-    "OffloadRatioRequest", "Placement", "PlanRequest", "Schedule", "ScheduleError", "SimulateRequest", "Timeline",
+    "EstimateRequest", "OffloadRatioRequest", "Placement", "PlanRequest", "Schedule", "ScheduleError", "SimulateRequest", "Timeline",
     "generate", "lower", "run", "schedule_names", "simulate", "validate",
 ]

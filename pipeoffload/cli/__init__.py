@@ -16,7 +16,7 @@ from pipeoffload.cli.common import OneLineParser
 from pipeoffload.errors import ConfigError, ScheduleError
 
 COMMAND_MODULES = (
-    "schedules", "show", "simulate", "k", "plan", "estimate", "compare", "trace", "playground", "train", "generate", "report",
+    "schedules", "show", "simulate", "k", "plan", "estimate", "compare", "trace", "playground", "train", "generate", "export", "report",
 )
 
 

@@ -27,6 +27,12 @@ def model_and_hardware(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpe
         value = getattr(args, name, None)
         if value is not None:
             checked(f"--{name.replace('_', '-')}", int_at_least, value)
+    hardware = checked_hardware(args)
+    return model_from_args(args), hardware
+
+
+def checked_hardware(args: argparse.Namespace) -> HardwareSpec:
+    """The GPU of ``planner.cli_args``'s hardware flags; a non-finite or malformed ``--hw`` value is one line."""
     for item in getattr(args, "hw", None) or ():
         _, _, text = item.partition("=")
         try:
@@ -35,14 +41,12 @@ def model_and_hardware(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpe
             continue  # a name or a flag value: the hardware spec checks it
         if not math.isfinite(number):
             raise ConfigError(f"--hw {item}: not a finite number")
-    model = model_from_args(args)
     try:
-        hardware = hardware_from_args(args)
+        return hardware_from_args(args)
     except ConfigError:
         raise
     except (ValueError, TypeError) as err:  # e.g. --hw memory_gib=abc: a number that is not one
         raise ConfigError(f"--hw {' --hw '.join(args.hw)}: {err}") from None
-    return model, hardware
 
 
 def add_schedule_args(parser: argparse.ArgumentParser) -> None:

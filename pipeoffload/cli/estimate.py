@@ -1,31 +1,24 @@
-"""``pipeoffload estimate``: the step time, MFU, memory and time breakdown of one exact layout."""
+"""``pipeoffload estimate``: the step time, MFU, memory and time breakdown of one exact layout (an adapter:
+flags -> ``EstimateRequest`` -> ``service.run`` -> text or strict JSON)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from pipeoffload.cli.common import positive_int
+from pipeoffload import service
+from pipeoffload.cli.common import checked_hardware, model_and_hardware, positive_int
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.cli_args import (
     add_hardware_args,
     add_model_args,
-    hardware_from_args,
-    model_from_args,
     with_model_switches,
 )
-from pipeoffload.planner.estimate import (
-    GRAD_ACCUMULATION,
-    P2P_MODES,
-    RECOMPUTE_MODES,
-    Estimate,
-    EstimateRequest,
-    estimate,
-)
-from pipeoffload.planner.hardware import GIB
+from pipeoffload.planner.estimate import GRAD_ACCUMULATION, P2P_MODES, RECOMPUTE_MODES, EstimateRequest
+from pipeoffload.planner.hardware import GIB, HardwareSpec
 from pipeoffload.planner.hfconfig import model_from_hf_config
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.split import SPLITS
+from pipeoffload.service.checks import strict_json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -58,22 +51,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def _model(args: argparse.Namespace) -> ModelSpec:
+def _model_and_hardware(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec]:
     if not (args.model or "").startswith("hf:"):
-        return model_from_args(args)
+        return model_and_hardware(args)
     spec = model_from_hf_config(args.model[3:])
     given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab")
              if getattr(args, k) is not None}
     if args.microbatch_size is not None:
         given["microbatch"] = args.microbatch_size
-    return with_model_switches(spec.with_(**given), args)
+    return with_model_switches(spec.with_(**given), args), checked_hardware(args)
 
 
 def request_from_args(args: argparse.Namespace) -> EstimateRequest:
     if args.memory is not None and not args.memory > 0:
         raise ConfigError(f"--memory {args.memory:g}: must be > 0 GiB")
+    model, hardware = _model_and_hardware(args)
     return EstimateRequest(
-        model=_model(args), hardware=hardware_from_args(args), tp=args.tp, pp=args.pp, dp=args.dp,
+        model=model, hardware=hardware, tp=args.tp, pp=args.pp, dp=args.dp,
         global_batch=args.global_batch, schedule=args.schedule, stages_per_rank=args.stages_per_rank,
         recompute=args.recompute, sequence_parallel=args.sequence_parallel,
         distributed_optimizer=args.distributed_optimizer, offload=args.offload, split=args.split, p2p=args.p2p,
@@ -81,24 +75,9 @@ def request_from_args(args: argparse.Namespace) -> EstimateRequest:
         memory_budget=args.memory * GIB if args.memory is not None else None)
 
 
-def format_estimate(e: Estimate) -> str:
-    r = e.request
-    lines = [f"{r.model.name} on {r.layout.gpus} x {r.hardware.name}: TP{r.tp} PP{r.pp} DP{r.dp}, {r.schedule} "
-             f"v={r.stages_for()}, microbatch {r.model.microbatch} x {e.microbatches}, recompute {r.recompute}",
-             f"step {e.step_seconds:.3f} s   MFU {e.mfu:.1%}   {e.tflops_per_gpu:.1f} TFLOP/s per GPU   "
-             f"{e.tokens_per_second:,.0f} tokens/s",
-             f"memory: worst rank {e.memory_worst / GIB:.1f} GiB of {r.budget / GIB:.1f} GiB "
-             f"({'fits' if e.fits else 'DOES NOT FIT'}); per rank "
-             + " ".join(f"{x / GIB:.1f}" for x in e.memory_per_rank)
-             + (f"; host {e.host_bytes / GIB:.1f} GiB" if e.host_bytes else ""),
-             "time on the busiest rank: " + ", ".join(
-                 f"{k.replace('_', ' ')} {v:.3f} s ({v / e.step_seconds:.1%})" for k, v in e.breakdown.items())]
-    return "\n".join(lines)
-
-
 def run(args: argparse.Namespace) -> int:
-    result = estimate(request_from_args(args))
-    print(json.dumps(result.as_dict(), indent=1) if args.json else format_estimate(result))
+    result = service.run(request_from_args(args))
+    print(strict_json(result.as_dict(), indent=1) if args.json else result.text())
     for warning in result.warnings:
         print(f"pipeoffload estimate: warning: {warning}", file=sys.stderr)
     return 0

@@ -221,11 +221,30 @@ def activation_floor(choice: ScheduleChoice, placement: Placement, stage: StageC
                  * (1 - 1e-9) for rank in range(placement.num_ranks))
 
 
+# Megatron's mixed-precision optimizer step (bf16 weights, fp32 main gradients and master weights), as
+# bytes of HBM traffic per weight, each pass a memory-bound multi-tensor kernel:
+OPTIMIZER_SHARD_BYTES = (
+    4.0  # gradient norm for clipping: read the fp32 gradient
+    + 28.0  # fused Adam: read master weight, gradient, m, v (16); write master weight, m, v (12)
+    + 6.0  # copy the fp32 master weights to the 2-byte model weights: read 4, write 2
+)
+OPTIMIZER_ZERO_BYTES = 4.0  # zero the fp32 gradient buffer for the next step (every local weight)
+
+
+def optimizer_step_time(req: PlanRequest, layout: Layout, params: float) -> float:
+    """The optimizer step's passes over ``params`` local weights at the streaming-kernel rate (the
+    ``hbm_efficiency`` share of HBM bandwidth that element-wise kernels get); with a distributed
+    optimizer every pass but the gradient zeroing runs on the 1/dp shard."""
+    shard = layout.dp if req.setup.distributed_optimizer else 1
+    hw = req.hardware
+    return params * (OPTIMIZER_SHARD_BYTES / shard + OPTIMIZER_ZERO_BYTES) / (hw.hbm_bandwidth * hw.hbm_efficiency)
+
+
 def dp_sync_time(req: PlanRequest, layout: Layout, params: float) -> float:
     """Gradient reduce (+ parameter all-gather with a distributed optimizer), not overlapped, plus the
-    memory-bound optimizer step (~30 bytes of HBM traffic per local parameter)."""
+    memory-bound optimizer step (``optimizer_step_time``)."""
     s, hw, dp = req.setup, req.hardware, layout.dp
-    step = params * 30 / (dp if s.distributed_optimizer else 1) / hw.hbm_bandwidth
+    step = optimizer_step_time(req, layout, params)
     if dp == 1:
         return step
     bw = hw.collective_bandwidth(dp, layout.tp * layout.pp)

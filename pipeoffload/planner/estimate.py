@@ -91,6 +91,8 @@ class EstimateRequest:
                 raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
         if self.recompute not in RECOMPUTE_MODES:
             raise ConfigError(f"recompute {self.recompute!r}: use one of {', '.join(RECOMPUTE_MODES)}")
+        if self.memory_budget is not None and not (math.isfinite(self.memory_budget) and self.memory_budget > 0):
+            raise ConfigError(f"memory budget {self.memory_budget!r}: must be a finite number of bytes > 0")
         OffloadPolicy.parse(self.offload)  # one line on a malformed policy
         if self.p2p not in P2P_MODES:
             raise ConfigError(f"p2p {self.p2p!r}: use one of {', '.join(P2P_MODES)}")

@@ -114,7 +114,7 @@ def _child(fn: Callable[..., Any], rank: int, world: int, args: tuple, folder: s
     code = 0
     try:
         if launcher:
-            die_with_launcher(launcher, folder)
+            die_with_launcher(launcher, folder, rank)
         # the launcher started us with SIGINT ignored (no traceback from a Ctrl-C during start-up);
         # from here a KeyboardInterrupt is reported like any error
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -134,13 +134,17 @@ def _child(fn: Callable[..., Any], rank: int, world: int, args: tuple, folder: s
     os._exit(code)  # skip interpreter teardown: a peer that died must not hang our exit
 
 
-def die_with_launcher(launcher: int, folder: str, poll: float = 0.5) -> None:
+def die_with_launcher(launcher: int, folder: str, rank: int, poll: float = 0.5) -> None:
     """End this rank when the launcher ``launcher`` (our parent) dies, removing the store ``folder``.
 
     Two ways, because each can miss: the kernel's parent-death signal (Linux), handled in the main
     thread once it runs Python, and a thread that polls our parent pid (a rank blocked in a C++
-    collective runs no Python handler, but the collective releases the GIL)."""
+    collective runs no Python handler, but the collective releases the GIL). A stopped peer (SIGSTOP)
+    handles neither, so each rank records its pid in ``folder`` and the first orphan kills its peers."""
+    _record_pid(folder, rank)
+
     def orphaned(*_: Any) -> None:
+        _kill_peers(folder)
         shutil.rmtree(folder, ignore_errors=True)
         try:
             os.write(2, f"pipeoffload: rank process {os.getpid()}: launcher {launcher} is gone; exiting\n".encode())
@@ -163,6 +167,43 @@ def die_with_launcher(launcher: int, folder: str, poll: float = 0.5) -> None:
     if os.getppid() != launcher:  # it died before the signal was armed
         orphaned()
     threading.Thread(target=watch, name="pipeoffload-launcher-watch", daemon=True).start()
+
+
+def _started(pid: int) -> str:
+    """The process's start time from /proc (clock ticks since boot), '' where unknown: with the pid,
+    it names one process, never a later one that reuses the pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _record_pid(folder: str, rank: int) -> None:
+    pid = os.getpid()
+    try:
+        with open(f"{folder}/pid-{rank}", "w") as fh:
+            fh.write(f"{pid} {_started(pid)}")
+    except OSError:  # the folder is gone with the launcher: orphaned() follows
+        pass
+
+
+def _kill_peers(folder: str) -> None:
+    """SIGKILL every other rank recorded in ``folder`` that is still the same process (SIGKILL ends a
+    stopped process too)."""
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith("pid-")]
+    except OSError:
+        return
+    for name in names:
+        try:
+            with open(os.path.join(folder, name)) as fh:
+                pid_text, started = fh.read().split()
+            pid = int(pid_text)
+            if pid != os.getpid() and started and _started(pid) == started:
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError):  # gone already, or a half-written record
+            pass
 
 
 # ---- the launcher ------------------------------------------------------------------------------------

@@ -12,23 +12,25 @@ results give the JSON object the CLI prints with ``--json`` (``as_dict``)::
 - compare: ``CompareRequest`` (several simulate requests) -> ``CompareResult`` (labelled rows, one time unit)
 - plan: the planner's ``PlanRequest`` -> ``PlanResult``; ``CompareTPRequest`` -> ``CompareTPResult``
 - k: ``OffloadRatioRequest`` -> ``OffloadRatioResult``
-- estimate (one exact layout's step time and memory) belongs here too, beside plan, once the planner has it.
+- estimate: the planner's ``EstimateRequest`` (one exact layout, no search) -> ``EstimateResult``
 
 ``run(request)`` calls the operation a request is for (``pipeoffload.run`` is the same function).
 """
 from collections.abc import Callable
 from typing import Any, overload
 
+from pipeoffload.planner.estimate import EstimateRequest
 from pipeoffload.planner.plans import PlanRequest
 from pipeoffload.service.checks import strict_json
 from pipeoffload.service.compare import CompareRequest, CompareResult, CompareRow, compare
+from pipeoffload.service.estimate import EstimateResult, estimate
 from pipeoffload.service.offload_ratio import OffloadRatioRequest, OffloadRatioResult, offload_ratio
 from pipeoffload.service.plan import CompareTPRequest, CompareTPResult, PlanResult, compare_tp, plan
 from pipeoffload.service.simulate import SimulateRequest, SimulateResult, simulate
 
 _OPERATIONS: dict[type, Callable[[Any], Any]] = {
     SimulateRequest: simulate, CompareRequest: compare, PlanRequest: plan, CompareTPRequest: compare_tp,
-    OffloadRatioRequest: offload_ratio,
+    OffloadRatioRequest: offload_ratio, EstimateRequest: estimate,
 }
 
 
@@ -42,6 +44,8 @@ def run(request: PlanRequest) -> PlanResult: ...
 def run(request: CompareTPRequest) -> CompareTPResult: ...
 @overload
 def run(request: OffloadRatioRequest) -> OffloadRatioResult: ...
+@overload
+def run(request: EstimateRequest) -> EstimateResult: ...
 def run(request: object) -> object:
     """The result of the operation ``request`` is for (e.g. a ``SimulateRequest`` is simulated)."""
     operation = _OPERATIONS.get(type(request))
@@ -52,7 +56,8 @@ def run(request: object) -> object:
 
 
 __all__ = [
-    "CompareRequest", "CompareResult", "CompareRow", "CompareTPRequest", "CompareTPResult", "OffloadRatioRequest",
+    "CompareRequest", "CompareResult", "CompareRow", "CompareTPRequest", "CompareTPResult", "EstimateRequest",
+    "EstimateResult", "OffloadRatioRequest",
     "OffloadRatioResult", "PlanRequest", "PlanResult", "SimulateRequest", "SimulateResult", "compare", "compare_tp",
-    "offload_ratio", "plan", "run", "simulate", "strict_json",
+    "estimate", "offload_ratio", "plan", "run", "simulate", "strict_json",
 ]

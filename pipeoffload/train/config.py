@@ -58,9 +58,11 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    path: str = key("", "text file, folder of text files, or .npy/.bin tokens (default: the stdlib's sources)",
+    path: str = key("", "text file, .jsonl (a text field per line), folder of them, or .npy/.bin tokens "
+                        "(default: the stdlib's sources)",
                     flat="data", metavar="PATH")
-    tokenizer: str = key("byte", "byte | bpe:N (BPE trained offline on the data, saved in the run)")
+    tokenizer: str = key("byte", "byte | bpe:N (BPE trained offline on the data, saved in the run) | hf (set by "
+                                 "model=hf:DIR: the folder's tokenizer.json)")
     val_fraction: float = key(0.05, "share of the tokens held out for validation (the tail)")
     global_batch: int = key(8, "sequences per optimizer step over all dp replicas")
 
@@ -404,7 +406,7 @@ def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) ->
         _need(cfg.get(flat) >= 1, f"{flat}={cfg.get(flat)}: must be >= 1")
     for flat in _AT_LEAST_0:
         _need(cfg.get(flat) >= 0, f"{flat}={cfg.get(flat)}: must be >= 0")
-    _check_model(cfg, gpt)
+    cfg = _check_model(cfg, gpt)
     _check_numbers(cfg)
     _check_layout(cfg)
     _check_tokenizer(cfg.data.tokenizer)
@@ -421,19 +423,73 @@ def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) ->
     return cfg
 
 
-def _check_model(cfg: TrainConfig, gpt: bool) -> None:
+def _check_model(cfg: TrainConfig, gpt: bool) -> TrainConfig:
+    """The model keys of the family ``model.source`` names; an ``hf:DIR`` is checked whole here (torch-free)
+    and its shape keys and tokenizer filled in."""
+    from pipeoffload.train.family import kind
+
     m = cfg.model
+    _need(m.dtype in ("fp32", "bf16"), f"dtype={m.dtype!r}: must be 'fp32' or 'bf16'")
     if not gpt:
-        return
+        return cfg
     _need(m.source != "own", "model='own': this run was made with train_model (your own model), which the CLI "
                              "cannot rebuild; continue it with train_model(cfg, ..., resume=RUN_DIR)")
-    _need(m.source == "gpt", f"model={m.source!r}: not supported yet; use model='gpt'")
-    _need(m.dtype == "fp32", f"dtype={m.dtype!r}: not supported yet; use dtype='fp32'")
+    family = kind(m.source)
+    _need(family in ("gpt", "llama", "hf"), f"model={m.source!r}: must be 'gpt', 'llama' or 'hf:DIR' (a local "
+                                            "Hugging Face folder)")
+    _need(cfg.data.tokenizer != "hf" or family == "hf",
+          "tokenizer='hf': only with model='hf:DIR' (the folder's tokenizer.json); use 'byte' or 'bpe:N'")
+    if family == "hf":
+        return _check_hf(cfg)
     _need(m.hidden % m.heads == 0, f"hidden={m.hidden}: must be divisible by heads={m.heads}")
+    if family == "llama":
+        _check_llama(cfg)
+        return cfg
     for flat in _NOT_GPT:  # keys of the other families: silently ignoring one would train another model
         value = cfg.get(flat)
-        _need(value == default_of(flat), f"{flat}={value!r}: not used by model='gpt' (only by the llama family, "
-                                         f"not supported yet); leave it at {default_of(flat)!r}")
+        _need(value == default_of(flat), f"{flat}={value!r}: not used by model='gpt' (only by the llama family: "
+                                         f"--model llama); leave it at {default_of(flat)!r}")
+    return cfg
+
+
+def _check_llama(cfg: TrainConfig) -> None:
+    from pipeoffload.train.family import shape_from_keys
+
+    m, tok = cfg.model, cfg.data.tokenizer
+    shape = shape_from_keys(m, 256)  # ConfigError naming heads/kv_heads/head size
+    if m.vocab:
+        least = 256 if tok == "byte" else int(tok.partition(":")[2]) if tok.startswith("bpe:") else 1
+        _need(m.vocab >= least, f"vocab={m.vocab}: smaller than the tokenizer's {least} tokens; raise it or leave "
+                                "it at 0 (the tokenizer's)")
+    _check_llama_tp(cfg, shape)
+
+
+def _check_llama_tp(cfg: TrainConfig, shape: Any) -> None:
+    tp = cfg.parallel.tp
+    if tp > 1:
+        _need(shape.n_kv_heads % tp == 0, f"tp={tp}: must divide the {shape.n_kv_heads} key/value heads (kv_heads)")
+        _need(shape.ffn % tp == 0, f"tp={tp}: must divide the MLP width {shape.ffn} (ffn_hidden)")
+
+
+def _check_hf(cfg: TrainConfig) -> TrainConfig:
+    from pipeoffload.hfdir import open_hf_dir
+    from pipeoffload.train.family import SHAPE_KEYS, hf_keys, hf_path
+
+    path = hf_path(cfg.model.source)
+    assert path is not None
+    hf = open_hf_dir(path)  # ConfigError naming the file, field or tensor
+    filled = hf_keys(hf.shape)
+    for flat in SHAPE_KEYS:
+        given = cfg.get(flat)
+        _need(given == default_of(flat) or given == filled[flat],
+              f"{flat}={given!r}: model={cfg.model.source!r} sets {flat}={filled[flat]!r} (its config.json); "
+              f"leave {flag_of(flat)} out")
+    tok = cfg.data.tokenizer
+    _need(tok in ("byte", "hf"), f"tokenizer={tok!r}: model={cfg.model.source!r} brings its own tokenizer "
+                                 "(tokenizer.json); leave --tokenizer out")
+    _check_llama_tp(cfg, hf.shape)
+    resolved = "hf:" + str(hf.path.resolve())
+    return build_config(cfg.flat(), {**filled, "model": resolved, "tokenizer": "hf"})
 
 
 _NOT_GPT = ("kv_heads", "ffn_hidden", "vocab", "rope_theta", "tie_embeddings")
@@ -482,11 +538,12 @@ def _divisor_near(n: int, want: int) -> int:
 
 
 def _check_tokenizer(text: str) -> None:
-    if text == "byte":
+    if text in ("byte", "hf"):
         return
     name, _, arg = text.partition(":")
     ok = name == "bpe" and arg.isdigit() and 257 <= int(arg) <= 65535
-    _need(ok, f"tokenizer={text!r}: must be 'byte' or 'bpe:N' with 257 <= N <= 65535 (e.g. bpe:1024)")
+    _need(ok, f"tokenizer={text!r}: must be 'byte' or 'bpe:N' with 257 <= N <= 65535 (e.g. bpe:1024); "
+              "'hf' (the model folder's) with model='hf:DIR'")
 
 
 def schedule_options(cfg: TrainConfig) -> dict[str, Any]:
@@ -504,5 +561,5 @@ def _check_schedule(cfg: TrainConfig, gpt: bool) -> None:
     stages = schedule.num_stages
     layers = cfg.model.layers
     _need(not gpt or layers + 2 >= stages,
-          f"layers={layers}: the GPT's {layers + 2} layers (embedding, blocks, head) cannot fill "
+          f"layers={layers}: the model's {layers + 2} layers (embedding, blocks, head) cannot fill "
           f"{stages} stages (pp*stages_per_rank); use layers >= {stages - 2}")

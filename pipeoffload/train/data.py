@@ -1,6 +1,7 @@
 """Training text: where it comes from, how it becomes tokens, and which sequences each step reads.
 
-Sources: a text file, a folder of text files (sorted, recursively), a pre-tokenized token file
+Sources: a text file, a ``.jsonl`` file (one JSON object per line, its ``text`` field a document), a
+folder of them (sorted, recursively), a pre-tokenized token file
 (``.npy``: any integer dtype; ``.bin``: raw little-endian uint16 as written by nanoGPT-style
 preprocessors), both memory-mapped. Without ``--data`` the standard library's own ``.py`` sources
 (a sorted, size-capped subset) serve as real text present on every machine with Python.
@@ -12,9 +13,14 @@ non-overlapping windows of ``seq_len + 1`` tokens of the rest, visited in an ord
 ``seed`` (a new permutation per epoch). Step ``t`` reads the ``global_batch`` windows at positions
 ``t*global_batch ...`` of that stream and data-parallel replica ``r`` the ``r``-th slice of them,
 so the data position is the step number alone (nothing else to checkpoint).
+
+Documents (a file, a ``.jsonl`` line) are joined by a newline for the byte and BPE tokenizers; with a
+model's own tokenizer (``hf``: an ``hf:DIR`` run) each document is encoded on its own and followed by
+the model's end-of-sequence token, and the last ``val_fraction`` of the tokens is held out.
 """
 from __future__ import annotations
 
+import json
 import logging
 import sysconfig
 from dataclasses import dataclass
@@ -27,7 +33,7 @@ from pipeoffload.errors import ConfigError
 log = logging.getLogger(__name__)
 
 DEFAULT_TEXT_BYTES = 4_000_000  # stdlib sources read when no --data is given
-TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".text", "")
+TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".text", ".jsonl", "")
 TOKEN_SUFFIXES = (".npy", ".bin")
 
 
@@ -61,8 +67,35 @@ def text_files(data: str) -> list[Path]:
     return files
 
 
+def read_documents(data: str) -> list[str]:
+    """The documents of ``data``: each text file whole, each line of a ``.jsonl`` file its ``text``."""
+    docs: list[str] = []
+    for path in text_files(data):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        docs.extend(jsonl_texts(path, text) if path.suffix == ".jsonl" else [text])
+    return docs
+
+
+def jsonl_texts(path: Path, text: str) -> list[str]:
+    """The ``text`` field of every non-blank line; ``ConfigError`` naming the first bad line."""
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as err:
+            raise ConfigError(f"{path}:{number}: not a JSON object ({err}); a .jsonl file holds one object per line") from None
+        value = record.get("text") if isinstance(record, dict) else None
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}:{number}: no string field 'text' in this line; each line of a .jsonl file "
+                              'must be an object like {"text": "..."}')
+        out.append(value)
+    return out
+
+
 def read_text(data: str) -> str:
-    return "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in text_files(data))
+    return "\n".join(read_documents(data))
 
 
 def split_text(text: str, val_fraction: float) -> tuple[str, str]:
@@ -90,13 +123,15 @@ class ByteTokenizer:
 
 
 class BPETokenizer:
-    """A byte-level BPE from the ``tokenizers`` package, stored as ``tokenizer.json`` in the run."""
+    """A tokenizer of the ``tokenizers`` package, stored as ``tokenizer.json`` in the run (a BPE trained
+    there, or an ``hf:DIR`` model's, whose end-of-sequence id ``eos`` separates documents)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, eos: int | None = None) -> None:
         from tokenizers import Tokenizer
 
         self.inner = Tokenizer.from_file(str(path))
         self.vocab_size = self.inner.get_vocab_size()
+        self.eos = eos
 
     def encode(self, text: str) -> list[int]:
         return self.inner.encode(text).ids
@@ -134,7 +169,19 @@ def load_tokenizer(spec: str, run_dir: Path) -> Tokenizer:
     path = run_dir / "tokenizer.json"
     if not path.is_file():
         raise ConfigError(f"tokenizer={spec!r}: {path} is missing; it is written when the run starts")
+    if spec == "hf":
+        return BPETokenizer(path, _model_eos(run_dir))
     return BPETokenizer(path)
+
+
+def _model_eos(run_dir: Path) -> int | None:
+    """The end-of-sequence id of an ``hf:DIR`` run's model (its copied config.json)."""
+    from pipeoffload.hfdir import eos_id
+    from pipeoffload.llama_config import LlamaShape
+    from pipeoffload.train.family import HF_CONFIG
+
+    path = run_dir / HF_CONFIG
+    return eos_id(LlamaShape.from_hf(json.loads(path.read_text()), str(path)))
 
 
 # ---- tokens ------------------------------------------------------------------------------------------
@@ -156,8 +203,15 @@ def tokenize(data: str, tokenizer: Tokenizer, val_fraction: float) -> tuple[np.n
     separately, at the text split it was trained with."""
     if isinstance(tokenizer, ByteTokenizer):
         return np.frombuffer(read_text(data).encode("utf-8"), dtype=np.uint8).astype(np.uint16), None
+    dtype = np.int32 if tokenizer.vocab_size > 65535 else np.uint16
+    if tokenizer.eos is not None:  # a model's tokenizer: documents end with its EOS; the tail of the tokens held out
+        ids: list[int] = []
+        for doc in read_documents(data):
+            ids.extend(tokenizer.encode(doc))
+            ids.append(tokenizer.eos)
+        return np.asarray(ids, dtype=dtype), None
     train, val = (tokenizer.encode(part) for part in split_text(read_text(data), val_fraction))
-    return np.asarray(train + val, dtype=np.int32 if tokenizer.vocab_size > 65535 else np.uint16), len(train)
+    return np.asarray(train + val, dtype=dtype), len(train)
 
 
 @dataclass
@@ -237,7 +291,7 @@ def load_corpus(data: str, tokenizer_spec: str, run_dir: Path, seq_len: int, val
 def prepare(data: str, tokenizer_spec: str, run_dir: Path, val_fraction: float) -> None:
     """Launcher-side preparation: train the BPE once (saved in the run) so every rank loads the same,
     on the training text only (``val_fraction`` decides the held-out tail, as ``load_corpus`` does)."""
-    if tokenizer_spec == "byte" or is_token_file(data):
+    if tokenizer_spec in ("byte", "hf") or is_token_file(data):  # hf: copied by the launcher (job.prepare_run)
         return
     path = run_dir / "tokenizer.json"
     if path.is_file():

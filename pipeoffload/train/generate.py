@@ -1,21 +1,22 @@
 """Sampling from a run's last checkpoint or a Hugging Face directory, in one process.
 
 A run's checkpoint holds the whole model under its single-process names, so DCP loads it into
-``model.full_gpt`` directly (whatever layout trained it; no process group needed). An ``hf:DIR``
+``model.full_gpt`` (``model.full_llama`` for a Llama-family run) directly (whatever layout trained it; no process group needed). An ``hf:DIR``
 source is read with ``models.hf``. Generation recomputes the whole context at every token (no
 cache): slower, and the same arithmetic as training's forward.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.train import checkpoint
-from pipeoffload.train.config import build_config, load_saved
+from pipeoffload.train.config import TrainConfig, build_config, load_saved
 from pipeoffload.train.data import ByteTokenizer, load_tokenizer
-from pipeoffload.train.model import full_gpt
+from pipeoffload.train.model import full_gpt, full_llama
 
 
 def load_hf(path: Path) -> tuple[torch.nn.Module, object, int, int | None]:
@@ -36,24 +37,35 @@ def load_source(source: str | Path) -> tuple[torch.nn.Module, object, int, int |
     if hf_path is not None:
         return load_hf(hf_path)
     model, tokenizer, seq = load_model(source)
-    return model, tokenizer, seq, None
+    return model, tokenizer, seq, getattr(tokenizer, "eos", None)
 
 
 def load_model(run_dir: str | Path) -> tuple[torch.nn.Module, object, int]:
     """(model in eval mode, tokenizer, sequence length) from the run's config and last checkpoint."""
-    run = Path(run_dir)
+    model, tokenizer, cfg = load_run(Path(run_dir))
+    return model, tokenizer, cfg.model.seq_len
+
+
+def load_run(run: Path) -> tuple[torch.nn.Module, Any, TrainConfig]:
+    """(model in eval mode with the last checkpoint's weights, tokenizer, config) of a run directory."""
+    from pipeoffload.train.family import kind, run_shape
+
     if not (run / "config.toml").is_file():
         raise ConfigError(f"RUN_DIR {str(run)!r}: no config.toml; give the --out folder of `pipeoffload train`")
     cfg = build_config(load_saved(run))
-    if cfg.model.source != "gpt":
+    if cfg.model.source == "own":
         raise ConfigError(f"run {str(run)!r} trained model={cfg.model.source!r} (made with train_model: your own "
-                          "model); generate rebuilds only the reference GPT: sample with your model's code")
+                          "model); generate rebuilds only the gpt and llama models: sample with your model's code")
     if cfg.data.path and Path(cfg.data.path).suffix in (".npy", ".bin"):
         raise ConfigError(f"run {str(run)!r} trained on pre-tokenized {cfg.data.path}: no tokenizer to decode text")
     tokenizer = load_tokenizer(cfg.data.tokenizer, run)
     ckpt = checkpoint.latest_checkpoint(run)
     checkpoint.verify(ckpt)
-    model = full_gpt(cfg, tokenizer.vocab_size)
+    family = kind(cfg.model.source)
+    if family == "gpt":
+        model = full_gpt(cfg, tokenizer.vocab_size)
+    else:
+        model = full_llama(run_shape(cfg.model, tokenizer.vocab_size, run))
     state = {f"model.{n}": p.detach() for n, p in model.named_parameters()}
     import warnings
 
@@ -65,10 +77,10 @@ def load_model(run_dir: str | Path) -> tuple[torch.nn.Module, object, int]:
             dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
         except Exception as err:  # e.g. an older train_model run, whose config.toml did not say so
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise ConfigError(f"checkpoint {str(ckpt)!r} does not hold the reference GPT its config.toml describes "
+            raise ConfigError(f"checkpoint {str(ckpt)!r} does not hold the {family} model its config.toml describes "
                               f"({first}); a run made with train_model cannot be sampled here") from None
     model.eval()
-    return model, tokenizer, cfg.model.seq_len
+    return model, tokenizer, cfg
 
 
 @torch.no_grad()

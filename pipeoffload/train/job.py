@@ -74,6 +74,32 @@ def gpt_rank(ctx: Any, cfg: TrainConfig, resume_from: str | None) -> dict[str, A
     return trainer.fit(Path(resume_from) if resume_from else None)
 
 
+def llama_rank(ctx: Any, cfg: TrainConfig, resume_from: str | None) -> dict[str, Any]:
+    """One rank of a Llama-family run (``--model llama`` or ``hf:DIR``)."""
+    from pipeoffload.hfdir import open_hf_dir
+    from pipeoffload.models import lm_loss
+    from pipeoffload.train.data import load_corpus
+    from pipeoffload.train.family import hf_path, run_shape
+    from pipeoffload.train.loop import Trainer
+    from pipeoffload.train.model import llama_rank_model
+
+    run_dir = Path(cfg.run.out)
+    corpus, _ = load_corpus(cfg.data.path, cfg.data.tokenizer, run_dir, cfg.model.seq_len, cfg.data.val_fraction)
+    schedule = lowered_schedule(cfg)
+    shape = run_shape(cfg.model, corpus.vocab_size, run_dir)
+    path = hf_path(cfg.model.source)
+    hf = open_hf_dir(path, check_tokenizer=False) if path is not None and not resume_from else None
+    model = llama_rank_model(cfg, shape, schedule, ctx, hf, empty=bool(resume_from))
+    trainer = Trainer(cfg, ctx, schedule, model, lm_loss, TokenBatches(corpus, cfg), run_dir)
+    return trainer.fit(Path(resume_from) if resume_from else None)
+
+
+def rank_fn(cfg: TrainConfig) -> Any:
+    from pipeoffload.train.family import kind
+
+    return gpt_rank if kind(cfg.model.source) == "gpt" else llama_rank
+
+
 # ---- launcher ---------------------------------------------------------------------------------------
 def default_out() -> str:
     return f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
@@ -111,8 +137,22 @@ def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True,
         if not resume:
             for stale in (run_dir / "metrics.jsonl",):
                 stale.unlink(missing_ok=True)
+        _copy_model_files(cfg, run_dir)
         prepare(cfg.data.path, cfg.data.tokenizer, run_dir, cfg.data.val_fraction)
     return cfg, ckpt
+
+
+def _copy_model_files(cfg: TrainConfig, run_dir: Path) -> None:
+    """An ``hf:DIR`` run keeps DIR's config.json and tokenizer.json (``generate`` and ``export`` read the run
+    alone); a resumed run keeps its own copies."""
+    from pipeoffload.train.family import HF_CONFIG, hf_path
+
+    path = hf_path(cfg.model.source)
+    if path is None:
+        return
+    for src, dst in (("config.json", HF_CONFIG), ("tokenizer.json", "tokenizer.json")):
+        if not (run_dir / dst).is_file():
+            write_atomic(run_dir / dst, (path / src).read_bytes())
 
 
 def _note_reshard(manifest: dict[str, Any], cfg: TrainConfig, ckpt: Path) -> None:
@@ -135,7 +175,7 @@ def train(cfg: TrainConfig, resume: str | None = None, verbose: bool = False) ->
         cfg, ckpt = prepare_run(cfg, resume, is_main=main, hold=hold)
         if under_torchrun() and not main:
             _wait_for(Path(cfg.run.out) / "config.toml", cfg.run.timeout)
-        results = run_ranks(gpt_rank, cfg, (str(ckpt) if ckpt else None,), verbose=verbose)
+        results = run_ranks(rank_fn(cfg), cfg, (str(ckpt) if ckpt else None,), verbose=verbose)
     first = results[0]
     first["out"] = cfg.run.out
     return first  # type: ignore[no-any-return]

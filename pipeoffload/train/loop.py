@@ -67,6 +67,8 @@ class Trainer:
                                      loss_fn=loss_fn, device=ctx.device, timeout=cfg.run.timeout)
         self.named = model.named_parameters()
         self.params = list(self.named.values())
+        # a tied head's copy holds the embedding's gradient: the norm counts the shared weight once
+        self.norm_named = {n: p for n, p in self.named.items() if not (model.tied and n == model.tied.names[1])}
         self.order = self._name_order()
         self.opt = make_optimizer(cfg, self.params, ctx.dp_group, ctx.dp)
         self.sim = SimulatedPeaks(self.runner.schedule)
@@ -85,8 +87,9 @@ class Trainer:
 
     # ---- one step ----------------------------------------------------------------------------------
     def _autocast(self) -> Any:
-        if self.ctx.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+        """bf16 autocast with ``dtype=bf16`` (CPU too); the parameters and AdamW's state stay fp32."""
+        if self.cfg.model.dtype == "bf16":
+            return torch.autocast(self.ctx.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def train_step(self) -> dict[str, Any]:
@@ -100,11 +103,14 @@ class Trainer:
         t0 = time.perf_counter()
         with self._autocast():
             loss = self.runner.step(inputs, targets)
+        if self.model.tied is not None:
+            with ctx.collective(f"summing the gradients of the tied embedding and head of step {step}"):
+                self.model.tied.reduce()
         with ctx.collective(f"averaging the gradients of step {step} over the data-parallel group"):
             average_gradients(self.params, ctx.dp_group, ctx.dp)
         board = self._measurements(loss, self.runner.trace)
         with ctx.collective(f"reducing the gradient norm of step {step} over every rank"):
-            norm = global_grad_norm(self.named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device,
+            norm = global_grad_norm(self.norm_named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device,
                                     riders=board.view(-1))
         everyone = self._rows(board)
         losses = [r["loss"] for r in everyone if r["loss"] is not None]

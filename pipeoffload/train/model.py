@@ -7,9 +7,11 @@ layout hold the same keys and can be resharded or loaded by a single process.
 """
 from __future__ import annotations
 
+import datetime
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,6 +32,7 @@ class RankModel:
 
     stages: dict[int, nn.Module]
     starts: dict[int, int] | None = None
+    tied: TiedCopies | None = None
 
     def full_name(self, stage: int, local: str) -> str:
         if self.starts is None:
@@ -43,6 +46,50 @@ class RankModel:
 
     def parameters(self) -> list[nn.Parameter]:
         return list(self.named_parameters().values())
+
+
+@dataclass
+class TiedCopies:
+    """The two copies of a tied embedding: the token embedding on the first stage, the output head on
+    the last (``names``). Both start equal; their gradients are summed (as one shared parameter's would
+    be: Megatron's embedding group) before the optimizer, so they stay equal. ``group``: the process
+    group of the two ranks holding them (None when this rank holds both or neither)."""
+
+    names: tuple[str, str]
+    group: Any = None
+    params: list[nn.Parameter] = field(default_factory=list)
+
+    def reduce(self) -> None:
+        from pipeoffload.train.optim import local_tensor
+
+        grads = [local_tensor(p.grad) for p in self.params if p.grad is not None]
+        if len(grads) == 2:
+            total = grads[0] + grads[1]
+            for g in grads:
+                g.copy_(total)
+        elif len(grads) == 1 and self.group is not None:
+            import torch.distributed as dist
+
+            dist.all_reduce(grads[0], group=self.group)
+
+
+def tied_copies(model: RankModel, names: tuple[str, str], schedule: Schedule, ctx: Any, timeout: float) -> TiedCopies:
+    """The tied pair of ``model``; creates one group per (dp, tp) coordinate when the first and last
+    stages sit on different pipeline ranks (every rank calls ``new_group`` for each, in one order)."""
+    import torch.distributed as dist
+
+    first, last = schedule.placement.rank_of(0), schedule.placement.rank_of(schedule.num_stages - 1)
+    named = model.named_parameters()
+    tied = TiedCopies(names, params=[named[n] for n in names if n in named])
+    if first == last or ctx.world == 1:
+        return tied
+    for d in range(ctx.dp):
+        for t in range(ctx.tp):
+            ranks = [(d * ctx.pp + p) * ctx.tp + t for p in (first, last)]
+            group = dist.new_group(ranks, timeout=datetime.timedelta(seconds=timeout))
+            if ctx.rank in ranks:
+                tied.group = group
+    return tied
 
 
 def gpt_config(cfg: TrainConfig, vocab: int) -> GPTConfig:
@@ -88,3 +135,49 @@ def apply_tensor_parallel(model: RankModel, tp_mesh: DeviceMesh, seq_len: int | 
     """Shard the GPT blocks of each stage over ``tp_mesh`` (column/row parallel, sequence parallel)."""
     for stage in model.stages.values():
         parallelize_gpt_stage(stage, tp_mesh, seq_len=seq_len)
+
+
+# ---- the Llama family ---------------------------------------------------------------------------------
+def llama_rank_model(cfg: TrainConfig, shape: Any, schedule: Schedule, ctx: Any, hf: Any = None,
+                     empty: bool = False) -> RankModel:
+    """This rank's stages of the Llama model of ``shape``, tensor-parallel over ``ctx``'s tp mesh when
+    tp > 1. ``hf``: an ``HFDir`` to read the weights from (each rank reads only its own parameters, a
+    tensor-parallel one only its shard); ``empty``: left uninitialised (a checkpoint fills them); else
+    drawn from the seed (the whole model, as the GPT's). Tied embeddings become two copies kept equal
+    (``TiedCopies``)."""
+    from pipeoffload.models.llama import llama_layers, parallelize_llama_stage
+
+    hf_or_empty = hf is not None or empty
+    if not hf_or_empty:
+        layers = llama_layers(shape, seed=cfg.run.seed, tie=False)
+    else:
+        with torch.device("meta"):  # nothing allocated until this rank's stages are chosen
+            layers = llama_layers(shape, init=False, tie=False)
+    model = from_layers(layers, schedule, ctx.pp_rank)
+    for stage in model.stages.values():
+        if not hf_or_empty:
+            stage.to(ctx.device)
+        if ctx.tp > 1:  # every tp rank holds the same weights (or meta tensors): each keeps its shard
+            parallelize_llama_stage(stage, ctx.tp_mesh(), shape, seq_len=cfg.model.seq_len)
+        if hf_or_empty:
+            stage.to_empty(device=ctx.device)
+    if hf is not None:
+        from pipeoffload.models.hf import load_parameters
+
+        load_parameters(hf, model.named_parameters())
+    if shape.tie_embeddings:
+        names = ("layers.0.embed_tokens.weight", f"layers.{shape.layers + 1}.lm_head.weight")
+        model.tied = tied_copies(model, names, schedule, ctx, cfg.run.timeout)
+    return model
+
+
+def full_llama(shape: Any) -> nn.Module:
+    """The whole Llama model in one process (uninitialised: a checkpoint fills it), named as the
+    pipeline ranks name it; a tied head is a copy of its own (both are in the checkpoint)."""
+    from pipeoffload.models.llama import llama_layers
+
+    model = nn.Module()
+    with torch.device("meta"):
+        model.layers = StageModule(*llama_layers(shape, init=False, tie=False))
+    model.to_empty(device="cpu")
+    return model

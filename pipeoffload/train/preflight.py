@@ -38,6 +38,9 @@ def check_run(cfg: TrainConfig, *, own_model: bool = False, available: int | Non
     if own_model:
         return
     facts = data_facts(cfg)
+    if cfg.model.vocab and facts.vocab > cfg.model.vocab:
+        raise ConfigError(f"vocab={cfg.model.vocab}: the data needs {facts.vocab} token ids (its tokenizer or token "
+                          "file); raise --vocab or leave it at 0 (the data's)")
     check_sequences(facts.tokens, cfg, at_most=not facts.exact)
     check_memory(cfg, facts, available if available is not None else available_memory())
 
@@ -62,7 +65,10 @@ def data_facts(cfg: TrainConfig) -> DataFacts:
     if is_token_file(path):
         tokens, top = check_token_file(path)
         return DataFacts(tokens, top + 1, 0)  # memory-mapped: nothing resident
-    size = sum(p.stat().st_size for p in text_files(path))
+    files = text_files(path)
+    size = sum(p.stat().st_size for p in files)
+    if cfg.data.tokenizer == "hf":  # the model's tokenizer: at most one token per byte, plus one EOS per file
+        return DataFacts(size + len(files), cfg.model.vocab, 5 * size, exact=False)
     if cfg.data.tokenizer == "byte":  # one token per byte; each rank holds the text, its bytes and uint16 ids
         return DataFacts(size, 256, 5 * size)
     if importlib.util.find_spec("tokenizers") is None:
@@ -126,10 +132,19 @@ def gpt_parameters(cfg: TrainConfig, vocab: int) -> int:
     return vocab * h + m.seq_len * h + m.layers * block + 2 * h + h * vocab + vocab
 
 
+def model_parameters(cfg: TrainConfig, vocab: int) -> int:
+    """Parameters of the run's model: the reference GPT, or the Llama family's (``train.family``)."""
+    from pipeoffload.train.family import kind, llama_parameters, run_shape
+
+    if kind(cfg.model.source) == "gpt":
+        return gpt_parameters(cfg, vocab)
+    return llama_parameters(run_shape(cfg.model, vocab, None))
+
+
 def model_state_bytes(cfg: TrainConfig, vocab: int) -> int:
     """fp32 weights and gradients in every replica; AdamW's two moments too, or once shared with ZeRO-1."""
     p = cfg.parallel
-    return gpt_parameters(cfg, vocab) * (8 * p.dp + 8 * (1 if p.zero else p.dp))
+    return model_parameters(cfg, vocab) * (8 * p.dp + 8 * (1 if p.zero else p.dp))
 
 
 def memory_lower_bound(cfg: TrainConfig, facts: DataFacts, local_ranks: int | None = None) -> int:

@@ -93,11 +93,13 @@ def test_sigterm_during_start_up_says_interrupted(tmp_path: Path) -> None:
 
 
 def test_killing_the_launcher_ends_its_ranks_and_leaves_no_store_folder(tmp_path: Path) -> None:
+    """One rank is stopped first: it runs no handler, so a live peer must kill it."""
     run = Run(tmp_path, tmp_path / "run", "--nproc", "4", "--pp", "2", "--dp", "2", "--steps", "100000",
               "--save-every", "100000")
     run.wait_steps(2)
     pids = run.pids()
     assert run.store_folders()  # the spawned ranks' FileStore folder, under this run's TMPDIR
+    __import__("os").kill(pids[2], signal.SIGSTOP)
     run.proc.kill()
     run.proc.wait()
     try:

@@ -13,6 +13,7 @@ import pipeoffload.cli.simulate as simulate_cli
 from pipeoffload.cli import main
 
 PLAN = "plan --model llama3-8b --gpus 8 --global-batch 64"
+EST = "estimate --layers 24 --hidden 2048 --heads 16 --seq 2048 --vocab 50257 --global-batch 32"
 CASES = [
     ("simulate 1f1b --time-f inf", "--time-f: inf is not a finite number"),
     ("simulate 1f1b --p2p-time nan", "--p2p-time: nan is not a finite number"),
@@ -40,6 +41,16 @@ CASES = [
     (f"{PLAN} --ffn 0", "--ffn: 0 must be >= 1"),
     (f"{PLAN} --host-memory inf", "--host-memory inf: not a finite number"),
     (f"{PLAN} --memory nan", "--memory nan"),
+    (f"{EST} --pp 5", "--layers 24 is not divisible by pp x stages-per-rank = 5 x 1"),
+    (f"{EST} --pp 4 --schedule interleaved-1f1b --stages-per-rank 4", "--layers 24 is not divisible by pp x "
+                                                                      "stages-per-rank = 4 x 4"),
+    (f"{EST} --tp 3", "--tp 3 must divide the heads (16)"),
+    (f"{EST} --gpu b300", "unknown gpu 'b300'"),
+    (f"{EST} --dp 4 --microbatch-size 3", "--global-batch 32 is not divisible by dp x microbatch size = 4 x 3"),
+    (f"{EST} --memory inf", "--memory inf: not a finite number"),
+    (f"{EST} --memory nan", "--memory nan: not a finite number"),
+    (f"{EST} --hw d2h_gbps=inf", "--hw d2h_gbps=inf: not a finite number"),
+    (f"{EST} --flops nan", "not a finite number"),
     ("playground --port 70000", "70000 is not a TCP port"),
     ("trace compare afolder", "RUN_TRACE afolder: cannot read it"),
     ("trace compare missing.json", "RUN_TRACE missing.json: no such file"),

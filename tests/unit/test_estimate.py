@@ -160,3 +160,19 @@ def test_separate_gradient_accumulation_costs_a_pass_per_microbatch() -> None:
     one = dict(pp=1, dp=32, global_batch=64)  # one microbatch per step: nothing to accumulate
     assert estimate(_req(grad_accumulation="separate", **one)).step_seconds == pytest.approx(
         estimate(_req(**one)).step_seconds)
+
+
+def test_one_microbatch_step_pays_megatrons_optimizer_passes() -> None:
+    """DP 1: dp_sync is the optimizer step alone, 42 bytes per local weight (Adam 28, gradient norm 4,
+    master-to-model copy 6, gradient zeroing 4) at the streaming-kernel share of HBM bandwidth; a
+    distributed optimizer runs all but the zeroing on its 1/dp shard."""
+    from pipeoffload.planner.candidates import optimizer_step_time
+    from pipeoffload.planner.stagecosts import Layout
+
+    est = estimate(_req(pp=1, dp=1, global_batch=2))
+    params = (est.memory_per_rank[0] - est.activation_per_rank[0]) / 18  # 2 + 4 + 12 bytes per weight
+    rate = A100.hbm_bandwidth * A100.hbm_efficiency
+    assert est.breakdown["dp_sync"] == pytest.approx(params * 42 / rate, rel=1e-9)
+    req = PlanRequest(model=GPT13, hardware=A100, gpus=8, global_batch=8, memory_budget=A100.memory_bytes,
+                      setup=TrainingSetup(distributed_optimizer=True))
+    assert optimizer_step_time(req, Layout(1, 2, 4), 1e9) == pytest.approx(1e9 * (38 / 4 + 4) / rate)

@@ -136,3 +136,21 @@ def test_each_rank_reads_only_its_tensors(qwen, monkeypatch) -> None:  # type: i
     block = torch.nn.Linear(64, 96, bias=False)
     hf_module.load_parameters(hf, {"layers.2.mlp.gate_proj.weight": block.weight})
     assert read == ["model.layers.1.mlp.gate_proj.weight"]
+
+
+@pytest.mark.parametrize("edit, flags, fragment", [
+    ({"sliding_window": 4096, "use_sliding_window": True}, [], "sliding_window=4096"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, [], "rope_type='yarn'"),
+    ({}, ["--layers", "7"], "layers=7"),
+    ({}, ["--tokenizer", "bpe:300"], "brings its own tokenizer"),
+    ({}, ["--tp", "4", "--nproc", "4"], "tp=4"),
+])
+def test_train_refuses_a_bad_hf_dir_before_any_rank(qwen, tmp_path, capsys, edit, flags,  # type: ignore[no-untyped-def]
+                                                    fragment) -> None:
+    path = _copy(qwen[0], tmp_path / "m")
+    edit_config(path, **edit)
+    out = tmp_path / "run"
+    assert main(["train", "--model", f"hf:{path}", "--out", str(out), "--steps", "1", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and fragment in err, err
+    assert not out.exists()

@@ -28,6 +28,9 @@ def _strict(text: str) -> object:
     "plan --model llama3-8b --gpus 8 --global-batch 64 --json --top 2",
     "plan --model llama3-8b --gpus 8 --global-batch 64 --compare-tp --json",
     "show 1f1b -d 2 -m 2 --format json",
+    "estimate --model gpt3-13b --tp 2 --pp 4 --dp 2 --global-batch 64 --schedule interleaved-1f1b "
+    "--stages-per-rank 2 --recompute selective --json",
+    "estimate --model gpt3-175b --tp 8 --pp 2 --global-batch 16 --json",  # does not fit: still an answer
 ])
 def test_every_json_output_is_strict(tmp_path: Path, command: str) -> None:
     out = io.StringIO()

@@ -131,3 +131,20 @@ def test_simulate_report_shows_the_command_of_its_request(tmp_path: Path) -> Non
     page = tmp_path / "r.html"
     code, _, _ = run_cli("simulate", "zb-v", "-d", "2", "--offload", "all", "--report", str(page))
     assert code == 0 and "<code>pipeoffload simulate zb-v --ranks 2 --offload all</code>" in page.read_text()
+
+
+def test_estimate_is_a_service_operation_and_the_cli_prints_its_result() -> None:
+    """``run(EstimateRequest)`` is what ``pipeoffload estimate --json`` prints, for a layout that does not
+    fit the budget too (an answer marked not fitting, never a refusal)."""
+    from pipeoffload.cli.estimate import request_from_args as estimate_args
+    from pipeoffload.service import EstimateRequest, EstimateResult
+
+    argv = "estimate --model gpt3-175b --tp 8 --pp 2 --global-batch 16 --json"
+    req = estimate_args(build_parser().parse_args(shlex.split(argv)))
+    assert isinstance(req, EstimateRequest)
+    result = pipeoffload.run(req)
+    assert isinstance(result, EstimateResult) and not result.estimate.fits
+    assert pipeoffload.EstimateRequest is EstimateRequest
+    code, out, _ = run_cli(*shlex.split(argv))
+    assert code == 0 and json.loads(out) == json.loads(strict_json(result.as_dict()))
+    assert json.loads(out)["fits"] is False and "DOES NOT FIT" in result.text()

@@ -143,11 +143,16 @@ def test_the_docs_flag_table_is_the_derived_one() -> None:
 
 
 @pytest.mark.parametrize("keys, words", [
-    ({"model": "llama"}, ["model='llama'", "not supported yet"]),
-    ({"dtype": "bf16"}, ["dtype='bf16'", "not supported yet"]),
+    ({"model": "mamba"}, ["model='mamba'", "'gpt', 'llama' or 'hf:DIR'"]),
+    ({"dtype": "fp16"}, ["dtype='fp16'", "'fp32' or 'bf16'"]),
     ({"model": "own"}, ["train_model", "resume="]),
+    ({"model": "llama", "kv_heads": 3}, ["heads=4", "kv_heads=3"]),
+    ({"model": "llama", "kv_heads": 2, "tp": 4, "nproc": 4}, ["tp=4", "key/value heads"]),
+    ({"model": "llama", "vocab": 100}, ["vocab=100", "256"]),
+    ({"model": "gpt", "tokenizer": "hf"}, ["tokenizer='hf'", "hf:DIR"]),
+    ({"model": "hf:/nonexistent/model"}, ["never downloaded"]),
 ])
-def test_agreed_fields_not_wired_yet_are_refused(keys: dict, words: list[str]) -> None:
+def test_bad_model_keys_are_refused(keys: dict, words: list[str]) -> None:
     with pytest.raises(ConfigError) as err:
         validate(TrainConfig.build(**keys))
     assert all(w in str(err.value) for w in words), err.value

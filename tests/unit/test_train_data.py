@@ -107,3 +107,52 @@ def test_bpe_run_resumes_bit_identically(tmp_path: Path) -> None:
             for name, run in runs.items()}
     assert len(rows["full"]) == 2 and [(r["loss"], r["val_loss"]) for r in rows["stopped"]] == [(r["loss"], r["val_loss"]) for r in rows["full"]]
     assert (runs["stopped"] / "tokenizer.json").read_bytes() == (runs["full"] / "tokenizer.json").read_bytes()
+
+
+def test_jsonl_documents(tmp_path: Path) -> None:
+    """A .jsonl file's `text` fields are the documents (a folder mixes them with text files); a bad line is
+    refused naming the file and line."""
+    import pytest
+
+    from pipeoffload.errors import ConfigError
+    from pipeoffload.train.data import read_documents, read_text
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"text": "first doc", "id": 1}\n\n{"text": "second\\ndoc"}\n')
+    (folder / "b.txt").write_text("plain")
+    assert read_documents(str(folder)) == ["first doc", "second\ndoc", "plain"]
+    assert read_text(str(folder / "a.jsonl")) == "first doc\nsecond\ndoc"
+    corpus, _ = load_corpus(str(folder / "a.jsonl"), "byte", tmp_path, 4, 0.3)
+    assert bytes(corpus.tokens.tolist()) == b"first doc\nsecond\ndoc"
+    (folder / "c.jsonl").write_text('{"text": "ok"}\n{"body": "no text"}\n')
+    with pytest.raises(ConfigError, match=r"c\.jsonl:2: no string field 'text'"):
+        read_documents(str(folder))
+    (folder / "c.jsonl").write_text("not json\n")
+    with pytest.raises(ConfigError, match=r"c\.jsonl:1: not a JSON object"):
+        read_documents(str(folder))
+
+
+def test_model_tokenizer_ends_each_document_with_eos(tmp_path: Path) -> None:
+    """With an hf:DIR run's tokenizer every document (a file, a .jsonl line) is followed by the model's EOS."""
+    import pytest
+
+    pytest.importorskip("tokenizers")
+    from pipeoffload.train.data import load_tokenizer
+    from tests.hf_fixtures import make_tokenizer
+
+    run = tmp_path / "run"
+    run.mkdir()
+    make_tokenizer(run / "tokenizer.json")
+    (run / "hf_config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "intermediate_size": 64, "eos_token_id": 1}))
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["The quick brown fox", "jumps over", "the dog"]))
+    tok = load_tokenizer("hf", run)
+    corpus, _ = load_corpus(str(data), "hf", run, 2, 0.2)
+    ids = corpus.tokens.tolist()
+    want: list[int] = []
+    for t in ["The quick brown fox", "jumps over", "the dog"]:
+        want += tok.encode(t) + [1]
+    assert ids == want and ids.count(1) == 3

@@ -42,6 +42,7 @@ def _token_files(folder: Path) -> dict[str, Path]:
     np.save(folder / "huge.npy", np.array([1] * 5000 + [2_000_000_000], dtype=np.int64))
     np.save(folder / "float.npy", np.linspace(0, 1, 5000))
     np.save(folder / "matrix.npy", np.zeros((100, 100), dtype=np.uint16))
+    np.save(folder / "tokens.npy", np.arange(5000, dtype=np.uint16) % 500)
     return out
 
 
@@ -65,7 +66,7 @@ CASES = [  # (flags, words the one line must contain); {tmp} is the test's folde
     (["--out", "{tmp}/a_file"], ["out=", "not a folder"]),
     (["--eval-batches", "100000000"], ["needs at least", "GiB", "eval_batches=100000000"]),
     (["--layers", "1000000"], ["needs at least", "GiB", "layers=1000000"]),
-    (["--model", "llama"], ["model='llama'", "not supported yet"]),
+    (["--model", "llama", "--vocab", "300", "--data", "{tmp}/tokens.npy"], ["vocab=300", "--vocab"]),
     (["--steps", "5", "--extend"], ["--extend", "--resume"]),
     (["--seed", str(2**63)], ["seed=", "2**63"]),
     (["--kv-heads", "2"], ["kv_heads=2", "not used by model='gpt'"]),

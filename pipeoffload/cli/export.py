@@ -1,0 +1,20 @@
+"""``pipeoffload export RUN_DIR --hf OUT``: a Llama-family run's last checkpoint as a Hugging Face directory."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("export", help="write a run's last checkpoint as a Hugging Face directory")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of a `pipeoffload train` run (llama or "
+                                                           "hf:DIR)")
+    parser.add_argument("--hf", metavar="OUT", required=True,
+                        help="new folder to write (config.json, sharded safetensors with their index, tokenizer.json)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeoffload.train.export import export_hf
+
+    print(f"wrote {export_hf(args.run_dir, args.hf)}")
+    return 0
