@@ -131,6 +131,19 @@ class RankTimeline:
         self.w_activations = found_w
         return memory
 
+    def with_copy_times(self, factor: float) -> RankTimeline:
+        """The same timeline with every copy taking ``factor`` times as long (the compute times,
+        points and baseline memory do not depend on copy times, so they are shared, not rebuilt)."""
+        out = object.__new__(RankTimeline)
+        out.__dict__.update(self.__dict__)
+
+        def scaled(xs: dict[tuple[int, int], Activation]) -> dict[tuple[int, int], Activation]:
+            return {key: Activation(x.stage, x.microbatch, x.size, x.f_end, x.deadline, x.back_index,
+                                    x.d2h * factor, x.h2d * factor, x.window) for key, x in xs.items()}
+
+        out.activations, out.w_activations = scaled(self.activations), scaled(self.w_activations)
+        return out
+
     def off_range(self, d2h_end: float, h2d_start: float) -> tuple[int, int]:
         """Point indices [lo, hi) at which an activation is off the device.
 

@@ -142,7 +142,9 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     budget = policy.budget_units(base.stages_per_rank) if policy.kind == "budget" else None
     plan = _Planning(base, timeline, policy, set(exclude), budget, _groups(base.num_ranks, costs.shared_host_link))
     states, peaks = plan.states(costs)
-    if policy.kind != "none" and costs.d2h_time + costs.h2d_time > 0 and _overloaded(states):
+    # a shared link's plan may not be the one the simulator runs (see ``_shared_link_plans``), so
+    # there the plans for slower copies are always tried; on own links only when a lane is overloaded
+    if policy.kind != "none" and costs.d2h_time + costs.h2d_time > 0 and (costs.shared_host_link or _overloaded(states)):
         states, peaks = plan.best_with_slower_copies(costs, states, peaks)
     rows = [_emit(states[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
@@ -169,9 +171,12 @@ class _Planning:
     budget: float | None
     groups: list[list[int]]
 
-    def states(self, costs: CostModel) -> tuple[dict[int, RankState], dict[int, float]]:
-        """Each rank's planned copies and peak when the copies take ``costs``' times."""
+    def states(self, costs: CostModel, slower: float = 1.0) -> tuple[dict[int, RankState], dict[int, float]]:
+        """Each rank's planned copies and peak when the copies take ``slower`` x ``costs``' times."""
         timelines = rank_timelines(self.base, self.timeline, costs)
+        if slower != 1.0:
+            timelines = [tl.with_copy_times(slower) for tl in timelines]
+            costs = replace(costs, d2h_time=costs.d2h_time * slower, h2d_time=costs.h2d_time * slower)
         chosen = _candidates(timelines, self.policy, self.exclude)
 
         def plan_all(relaxed: bool) -> dict[int, RankState]:
@@ -206,8 +211,7 @@ class _Planning:
         own = simulated(states)
         best = {tuple(m): (score(own, states, m), states) for m in self.groups}
         for factor in _SLOWER:
-            slower = replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
-            candidate = self.states(slower)[0]
+            candidate = self.states(costs, factor)[0]
             t = simulated(candidate)
             for members in self.groups:
                 key = score(t, candidate, members)

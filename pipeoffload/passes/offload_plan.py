@@ -14,7 +14,7 @@ primitives of ``copy_plan``:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -137,11 +137,16 @@ def plan_group(timelines: list[RankTimeline], costs: CostModel, policy: OffloadP
     in the copy-lane time left (or, where that peaks lower, the second windows first: the better of
     the two per group), then (``auto``, ``budget``) without what the peak does not need."""
     first = {r: [x for x in xs if x.window == 0] for r, xs in candidates.items()}
-    second = {r: [x for x in xs if x.window == 1] for r, xs in candidates.items()}
+    split = any(x.window == 1 for xs in candidates.values() for x in xs)
+    # a second window worth nothing even when it copies nothing on the way out is never placed: drop
+    # it before building picks (group-interleaved's W follows its I at once: thousands of them)
+    second = {r: [x for x in xs if x.window == 1 and x.size * (x.deadline - x.f_end - x.h2d) > EPS]
+              for r, xs in candidates.items()}
     plan, failed, worth = _first_windows(timelines, costs, first, budget, relaxed)
-    if any(second.values()):  # a split backward: add its second windows, or plan them first if better
-        more, missed = _second_windows(plan, second, budget)
-        worth, failed = worth + more, failed + missed
+    if split:  # a split backward: add its second windows, or plan them first if better
+        if any(second.values()):
+            more, missed = _second_windows(plan, second, budget)
+            worth, failed = worth + more, failed + missed
         alt, alt_worth, alt_failed = _second_first(timelines, costs, first, second, budget, relaxed)
         if alt.score() < plan.score():
             plan, worth, failed = alt, alt_worth, alt_failed
@@ -166,9 +171,14 @@ def _second_windows(plan: _Plan, second: dict[int, list[Activation]], budget: fl
     for rank, xs in second.items():
         chained = {p.activation.ident[:2] for p in plan.states[rank].placed if p.activation.window == 0}
         for x in xs:
-            picks.append((rank, replace(x, d2h=0.0) if (x.stage, x.microbatch) in chained else x))
+            picks.append((rank, _without_d2h(x) if (x.stage, x.microbatch) in chained else x))
     worth = _by_density([(r, x) for r, x in picks if x.value > EPS])
     return worth, plan.greedy(worth, budget)
+
+
+def _without_d2h(x: Activation) -> Activation:
+    """``x`` copying nothing on the way out (``dataclasses.replace`` is the pass's slowest call here)."""
+    return Activation(x.stage, x.microbatch, x.size, x.f_end, x.deadline, x.back_index, 0.0, x.h2d, x.window)
 
 
 def _second_first(timelines: list[RankTimeline], costs: CostModel, first: dict[int, list[Activation]],
