@@ -8,15 +8,15 @@ from pipeoffload.service.checks import int_at_least
 
 
 def _port(text: str) -> int:
-    port = int_at_least(text, 1)
+    port = int_at_least(text, 0)
     if port > 65535:
-        raise ValueError(f"{port} is not a TCP port (1 to 65535)")
+        raise ValueError(f"{port} is not a TCP port (1 to 65535, or 0 for any free one)")
     return port
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("playground", help="interactive schedule and memory explorer in the browser (local)")
-    parser.add_argument("--port", type=flag_type(_port), default=8000, help="port on 127.0.0.1 (default 8000)")
+    parser.add_argument("--port", type=flag_type(_port), default=8000, help="port on 127.0.0.1 (default 8000; 0: any free port)")
     parser.set_defaults(run=run)
 
 
@@ -25,10 +25,8 @@ def run(args: argparse.Namespace) -> int:
 
     server = make_server(args.port)
     print(f"pipeoffload playground on http://127.0.0.1:{server.server_address[1]}/  (Ctrl-C stops it)", flush=True)
-    try:
+    try:  # Ctrl-C: `main` says "interrupted" and exits 130, as every long command does
         server.serve_forever()
-    except KeyboardInterrupt:
-        print("stopped")
     finally:
         server.server_close()
     return 0

@@ -106,3 +106,20 @@ def test_ctrl_c_is_exit_130_in_one_line(workdir: Path, monkeypatch: pytest.Monke
     code, out, err = _run("simulate 1f1b --plot out.png")
     assert (code, out, err) == (130, "", "pipeoffload simulate: interrupted\n")
     assert not (workdir / "out.png").exists()
+
+
+def test_ctrl_c_stops_the_playground_with_exit_130(tmp_path: Path) -> None:
+    """A real SIGINT to a serving playground (port 0: any free port): exit 130, one line, no traceback."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "pipeoffload", "playground", "--port", "0"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and "playground on http://127.0.0.1:" in proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and err == "pipeoffload playground: interrupted\n", err
