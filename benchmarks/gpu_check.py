@@ -5,7 +5,9 @@
 3. a 1-GPU training run of the reference GPT through the runtime itself (``PipelineRunner`` on one
    rank, interleaved-1f1b with 2 stages) with offload ``none`` vs ``all``: step time,
    ``torch.cuda.max_memory_allocated``, and the copy GB/s the store achieved next to the peak of a
-   pinned-memory ``cudaMemcpy`` measured here on the same GPU.
+   pinned-memory ``cudaMemcpy`` measured here on the same GPU;
+4. the same for the Llama-family model (GQA, SwiGLU, RoPE) in bf16 autocast with fp32 weights, as
+   ``train --model llama --dtype bf16`` runs it.
 
 Prints one table and writes it to ``benchmarks/results/gpu_check.txt``. Without CUDA it says so and
 exits 0 (``--device cpu`` runs part 3 tiny, as the test suite does, and writes nowhere unless ``--out``).
@@ -13,6 +15,7 @@ exits 0 (``--device cpu`` runs part 3 tiny, as the test suite does, and writes n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import statistics
 import subprocess
@@ -42,10 +45,15 @@ class TrainSize:
     steps: int = 4
     warmup: int = 2
     dtype: str = "bfloat16"
+    model: str = "gpt"  # or "llama": fp32 weights under bf16 autocast when dtype is bfloat16
 
 
 TINY = TrainSize(hidden=32, heads=2, layers=2, seq=16, vocab=64, batch=8, microbatches=4, steps=2, warmup=1,
                  dtype="float32")
+LLAMA = TrainSize(hidden=2048, heads=16, layers=8, seq=4096, vocab=32000, batch=16, microbatches=8, steps=4,
+                  warmup=2, dtype="bfloat16", model="llama")
+TINY_LLAMA = TrainSize(hidden=32, heads=4, layers=2, seq=16, vocab=64, batch=8, microbatches=4, steps=2, warmup=1,
+                       dtype="bfloat16", model="llama")
 
 
 @dataclass
@@ -127,15 +135,20 @@ def train_once(size: TrainSize, offload: str, device_name: str) -> dict[str, Any
 
     device = torch.device(device_name)
     cuda = device.type == "cuda"
-    cfg = GPTConfig(vocab=size.vocab, seq=size.seq, hidden=size.hidden, heads=size.heads, layers=size.layers,
-                    flash=cuda)
     schedule = lower(generate("interleaved-1f1b", 1, size.microbatches, 2), offload=offload)
-    layers = [layer.to(device=device, dtype=getattr(torch, size.dtype)) for layer in gpt_layers(cfg, seed=0)]
+    autocast: Any = contextlib.nullcontext()
+    if size.model == "llama":
+        layers, inputs, targets = _llama(size, device)
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+    else:
+        cfg = GPTConfig(vocab=size.vocab, seq=size.seq, hidden=size.hidden, heads=size.heads, layers=size.layers,
+                        flash=cuda)
+        layers = [layer.to(device=device, dtype=getattr(torch, size.dtype)) for layer in gpt_layers(cfg, seed=0)]
+        # flash attention takes no padding mask: unpadded batches on CUDA
+        inputs, targets = sample_batch(cfg, size.batch, seed=0, padded=not cuda)
     stages = build_rank_stages(layers, even_counts(len(layers), schedule.num_stages), schedule.placement, 0)
     runner = PipelineRunner(stages, schedule, 0, loss_fn=lm_loss, device=device)
     opt = torch.optim.SGD([p for m in stages.values() for p in m.parameters()], lr=1e-3)
-    # flash attention takes no padding mask: unpadded batches on CUDA
-    (tokens, mask, offset), targets = sample_batch(cfg, size.batch, seed=0, padded=not cuda)
     times, losses = [], []
     for step in range(size.warmup + size.steps):
         if step == size.warmup:
@@ -144,7 +157,8 @@ def train_once(size: TrainSize, offload: str, device_name: str) -> dict[str, Any
                 torch.cuda.synchronize(device)
                 torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
-        loss = runner.step((tokens, mask, offset), targets)
+        with autocast:
+            loss = runner.step(inputs, targets)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if cuda:
@@ -155,11 +169,28 @@ def train_once(size: TrainSize, offload: str, device_name: str) -> dict[str, Any
             losses.append(float(loss))
     stats = runner.store.copier.stats
     return {
-        "offload": offload, "step_s": statistics.median(times), "losses": losses,
+        "model": size.model, "offload": offload, "step_s": statistics.median(times), "losses": losses,
         "max_allocated": torch.cuda.max_memory_allocated(device) if cuda else None,
         "store_peak": runner.trace.peak_bytes if runner.trace else 0,
         "d2h_gbps": stats.gbps("d2h"), "h2d_gbps": stats.gbps("h2d"),
     }
+
+
+def _llama(size: TrainSize, device: Any) -> tuple[list[Any], tuple[Any, None, int], Any]:
+    """A Llama-family model (GQA: a quarter of the heads for keys and values) with fp32 weights, and
+    one batch of random tokens (no padding: the causal SDPA path)."""
+    import torch
+
+    from pipeoffload.llama_config import LlamaShape
+    from pipeoffload.models.llama import llama_layers
+
+    shape = LlamaShape(vocab=size.vocab, hidden=size.hidden, layers=size.layers, heads=size.heads,
+                       kv_heads=max(1, size.heads // 4), max_positions=size.seq)
+    layers = llama_layers(shape, seed=0, tie=False, device=device)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, size.vocab, (size.batch, size.seq), generator=gen).to(device)
+    targets = torch.randint(0, size.vocab, (size.batch, size.seq), generator=gen).to(device)
+    return layers, (tokens, None, 0), targets
 
 
 def compare_offload(table: Table, size: TrainSize, device: str, peak: dict[str, float] | None) -> list[dict]:
@@ -172,14 +203,15 @@ def compare_offload(table: Table, size: TrainSize, device: str, peak: dict[str, 
             copies = f", copies D2H {r['d2h_gbps']:.1f} / H2D {r['h2d_gbps']:.1f} GB/s"
             if peak:
                 copies += f" (pinned memcpy peak {peak['d2h']:.1f} / {peak['h2d']:.1f} GB/s)"
-        table.add(f"train {device} offload={r['offload']}", f"{r['step_s']:.3f} s/step",
+        table.add(f"train {r['model']} {size.dtype} {device} offload={r['offload']}", f"{r['step_s']:.3f} s/step",
                   f"{mem}, store peak {r['store_peak'] / 2**30:.2f} GiB{copies}")
     none, full = rows
     if full["step_s"] > 0 and none["step_s"] > 0:
         saved = ""
         if none["max_allocated"] and full["max_allocated"]:
             saved = f", max_allocated all/none {full['max_allocated'] / none['max_allocated']:.2f}"
-        table.add("train offload all vs none", f"{full['step_s'] / none['step_s']:.2f}x step time", saved.lstrip(", "))
+        table.add(f"train {size.model} offload all vs none", f"{full['step_s'] / none['step_s']:.2f}x step time",
+                  saved.lstrip(", "))
     return rows
 
 
@@ -210,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     peak = pinned_memcpy_gbps() if cuda else None
     if peak:
         table.add("pinned memcpy peak", f"D2H {peak['d2h']:.1f} GB/s", f"H2D {peak['h2d']:.1f} GB/s (256 MiB, best of 5)")
-    size = TrainSize() if cuda else TINY
-    compare_offload(table, size, device, peak)
+    for size in (TrainSize(), LLAMA) if cuda else (TINY, TINY_LLAMA):
+        compare_offload(table, size, device, peak)
     table.add("total", f"{time.monotonic() - begin:.0f} s", "")
     text = table.render()
     if notes:

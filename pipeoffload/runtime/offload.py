@@ -9,7 +9,9 @@ neither offloads nor trims after I, in a step that does not measure memory, need
   that saved it would close a reference cycle (tensor -> node -> saved handle -> tensor) that is
   invisible to Python's collector and would never be freed. The handle holds a *detached* alias.
 - parameters and buffers are excluded by storage identity: autograd saves views such as
-  ``weight.t()`` that are not ``nn.Parameter`` objects but share the parameter's storage.
+  ``weight.t()`` that are not ``nn.Parameter`` objects but share the parameter's storage. Casts of a
+  parameter (autocast's bf16 weights, cached for the whole step and shared by every microbatch) are
+  excluded too, found through their autograd history.
 - the unit moved is a *storage*: views sharing one storage are one entry, stored once. A storage
   may belong to several slots (a tensor handed between two stages on the same rank); it leaves the
   device only when no slot that still counts as resident refers to it.
@@ -48,6 +50,25 @@ log = logging.getLogger(__name__)
 
 Slot = tuple[int, int]  # (stage, microbatch)
 _UNMANAGED = contextlib.nullcontext()  # ``saving`` while the store is inactive: autograd saves as usual
+
+
+def _cast_of_parameter(t: torch.Tensor, parameters: set[int] | frozenset[int], depth: int = 8) -> bool:
+    """Whether ``t`` is a cast or view of one of the ``parameters`` (their storages' data pointers)
+    alone, such as autocast's bf16 copy of a weight. Autocast caches that copy for the whole step and
+    hands it to every microbatch's forward, so it belongs to no slot: offloading it with one
+    microbatch would free what the next one is about to use. (A stage's received input is a leaf
+    too, but not a parameter: its views stay managed.)"""
+    fn = t.grad_fn
+    for _ in range(depth):
+        if fn is None:
+            return False
+        if type(fn).__name__ == "AccumulateGrad":
+            return _local(getattr(fn, "variable")).untyped_storage().data_ptr() in parameters  # noqa: B009 - untyped
+        inputs = [f for f, _ in fn.next_functions if f is not None]
+        if len(inputs) != 1:
+            return False
+        fn = inputs[0]
+    return False
 
 
 class EntryState(Enum):
@@ -206,7 +227,8 @@ class ActivationStore:
             return t.detach()
         storage = local.untyped_storage()
         nbytes = storage.nbytes()
-        if nbytes < self.min_bytes or storage.data_ptr() in self._excluded or not storage.resizable():
+        if (nbytes < self.min_bytes or storage.data_ptr() in self._excluded or not storage.resizable()
+                or _cast_of_parameter(t, self._excluded)):
             return t.detach()
         ident = storage._cdata
         entry = self._entries.get(ident)

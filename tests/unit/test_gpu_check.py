@@ -39,6 +39,16 @@ def test_training_comparison_runs_tiny_on_cpu(tmp_path, capsys):
     out = tmp_path / "gpu_check.txt"
     assert gpu_check.main(["--device", "cpu", "--out", str(out)]) == 0
     text = out.read_text()
-    assert "train cpu offload=none" in text and "train cpu offload=all" in text
+    for model, dtype in (("gpt", "float32"), ("llama", "bfloat16")):
+        assert f"train {model} {dtype} cpu offload=none" in text and f"train {model} {dtype} cpu offload=all" in text
+        assert f"train {model} offload all vs none" in text
     assert "x step time" in text and "copies D2H" in text
     assert text in capsys.readouterr().out
+
+
+def test_llama_bf16_run_keeps_fp32_weights_and_offload_changes_no_loss():
+    """The Llama part: bf16 autocast over fp32 weights; offload all moves memory, not arithmetic."""
+    none, full = (gpu_check.train_once(gpu_check.TINY_LLAMA, offload, "cpu") for offload in ("none", "all"))
+    assert none["losses"] == full["losses"] and len(none["losses"]) == 3
+    assert all(loss == loss for loss in none["losses"])  # finite: not NaN
+    assert full["store_peak"] < none["store_peak"]
