@@ -52,23 +52,33 @@ Slot = tuple[int, int]  # (stage, microbatch)
 _UNMANAGED = contextlib.nullcontext()  # ``saving`` while the store is inactive: autograd saves as usual
 
 
-def _cast_of_parameter(t: torch.Tensor, parameters: set[int] | frozenset[int], depth: int = 8) -> bool:
-    """Whether ``t`` is a cast or view of one of the ``parameters`` (their storages' data pointers)
-    alone, such as autocast's bf16 copy of a weight. Autocast caches that copy for the whole step and
-    hands it to every microbatch's forward, so it belongs to no slot: offloading it with one
-    microbatch would free what the next one is about to use. (A stage's received input is a leaf
-    too, but not a parameter: its views stay managed.)"""
+_VIEW_NODES = frozenset({"TBackward0", "TransposeBackward0", "ViewBackward0", "UnsafeViewBackward0",
+                         "PermuteBackward0", "ExpandBackward0", "SliceBackward0", "SelectBackward0",
+                         "UnsqueezeBackward0", "SqueezeBackward0", "AsStridedBackward0", "AliasBackward0"})
+
+
+def _cast_of_parameter(t: torch.Tensor, parameters: set[int] | frozenset[int]) -> bool:
+    """Whether ``t`` is (a view of) autocast's cached low-precision copy of one of the ``parameters``
+    (their storages' data pointers). Autocast caches that copy for the whole step and hands it to
+    every microbatch's forward, so it belongs to no slot: offloading it with one microbatch would
+    free what the next one is about to use. Asked only under autocast with its cache on; anything else
+    computed from a parameter is made anew per microbatch and stays managed."""
     fn = t.grad_fn
-    for _ in range(depth):
-        if fn is None:
-            return False
-        if type(fn).__name__ == "AccumulateGrad":
-            return _local(getattr(fn, "variable")).untyped_storage().data_ptr() in parameters  # noqa: B009 - untyped
-        inputs = [f for f, _ in fn.next_functions if f is not None]
-        if len(inputs) != 1:
-            return False
-        fn = inputs[0]
-    return False
+    while fn is not None and type(fn).__name__ in _VIEW_NODES:
+        fn = fn.next_functions[0][0]
+    if fn is None or type(fn).__name__ != "ToCopyBackward0":
+        return False
+    source = fn.next_functions[0][0]
+    if source is None or type(source).__name__ != "AccumulateGrad":
+        return False
+    return _local(getattr(source, "variable")).untyped_storage().data_ptr() in parameters  # noqa: B009 - untyped
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except (TypeError, RuntimeError):  # a device type autocast does not know
+        return False
 
 
 class EntryState(Enum):
@@ -217,9 +227,11 @@ class ActivationStore:
         if rec is None:
             rec = self._slots[key] = _SlotRecord()
 
-        return torch.autograd.graph.saved_tensors_hooks(partial(self._pack, key, rec), self._unpack)
+        # read here, outside any op: while an op runs (and packs), autocast reports itself off
+        cached_casts = torch.is_autocast_cache_enabled() and _autocast_on(self.device.type)
+        return torch.autograd.graph.saved_tensors_hooks(partial(self._pack, key, rec, cached_casts), self._unpack)
 
-    def _pack(self, key: Slot, rec: _SlotRecord, t: torch.Tensor) -> Any:
+    def _pack(self, key: Slot, rec: _SlotRecord, cached_casts: bool, t: torch.Tensor) -> Any:
         if self._dead:  # settle frees first, so that the peak never counts memory already gone
             self._reap()
         local = _local(t)  # a DTensor (tensor parallelism): manage the storage of its local shard
@@ -228,7 +240,7 @@ class ActivationStore:
         storage = local.untyped_storage()
         nbytes = storage.nbytes()
         if (nbytes < self.min_bytes or storage.data_ptr() in self._excluded or not storage.resizable()
-                or _cast_of_parameter(t, self._excluded)):
+                or (cached_casts and _cast_of_parameter(t, self._excluded))):
             return t.detach()
         ident = storage._cdata
         entry = self._entries.get(ident)
