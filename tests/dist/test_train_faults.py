@@ -3,6 +3,7 @@ launcher. Every process must exit within --timeout plus a few seconds, naming th
 number; nothing may be left running or behind."""
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ def test_a_stopped_or_killed_rank_ends_the_run_naming_it(tmp_path: Path, how: st
     pids = run.pids()
     assert sorted(pids) == [0, 1, 2, 3], run.output()
     hit = time.monotonic()
-    kill_quietly(pids[rank]) if how == "kill" else __import__("os").kill(pids[rank], signal.SIGSTOP)
+    kill_quietly(pids[rank]) if how == "kill" else os.kill(pids[rank], signal.SIGSTOP)
     code = run.wait()
     took = time.monotonic() - hit
     try:
@@ -53,7 +54,7 @@ def test_ctrl_c_with_a_stopped_rank_stops_everything(tmp_path: Path) -> None:
               "--save-every", "100000", "--timeout", "300")
     run.wait_steps(2)
     pids = run.pids()
-    __import__("os").kill(pids[1], signal.SIGSTOP)
+    os.kill(pids[1], signal.SIGSTOP)
     time.sleep(1)
     hit = run.signal(signal.SIGINT)
     code = run.wait()
@@ -99,7 +100,7 @@ def test_killing_the_launcher_ends_its_ranks_and_leaves_no_store_folder(tmp_path
     run.wait_steps(2)
     pids = run.pids()
     assert run.store_folders()  # the spawned ranks' FileStore folder, under this run's TMPDIR
-    __import__("os").kill(pids[2], signal.SIGSTOP)
+    os.kill(pids[2], signal.SIGSTOP)
     run.proc.kill()
     run.proc.wait()
     try:
