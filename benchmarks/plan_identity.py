@@ -1,0 +1,112 @@
+"""Outputs that a speed change must leave byte-identical: plan tables and simulations over a grid.
+
+Run: .venv/bin/python benchmarks/plan_identity.py --record /tmp/before.json   (before a change)
+     .venv/bin/python benchmarks/plan_identity.py --check /tmp/before.json    (after it: exit 1 on a difference)
+     --digest FILE writes one line per case (its sha256) for benchmarks/results/plan_identity.txt.
+
+Each case runs the CLI in this process (``pipeoffload.cli.main``) and keeps its stdout and exit code:
+``plan`` as text and as ``--json`` for a few requests (the headline, a shared host link, ``--by-tp``, an
+infeasible budget, small models), and ``simulate --json`` for every schedule family x offload
+none/all/auto x a few (d, m, k), with and without ``--shared-host-link``. Speed work may change no plan
+and no figure, so the comparison is exact.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import sys
+import time
+from pathlib import Path
+
+from pipeoffload.cli import main as cli_main
+from pipeoffload.planner.evaluate import clear_caches
+from pipeoffload.schedules import schedule_names
+
+HEADLINE = ["--model", "llama3-70b", "--gpu", "h100", "--gpus", "64", "--global-batch", "512", "--memory", "80"]
+PLANS = {
+    "headline": HEADLINE,
+    "shared-link": ["--model", "llama3-70b", "--gpu", "h100", "--gpus", "32", "--global-batch", "128",
+                    "--memory", "80", "--shared-host-link"],
+    "by-tp": ["--model", "gpt3-13b", "--gpu", "a100", "--gpus", "16", "--global-batch", "128", "--by-tp"],
+    "infeasible": ["--model", "llama3-70b", "--gpu", "h100", "--gpus", "8", "--global-batch", "64", "--memory", "20"],
+    "small": ["--model", "llama3-8b", "--gpu", "a100", "--gpus", "8", "--global-batch", "64"],
+    "qwen-shared": ["--model", "qwen2.5-7b", "--gpu", "a100", "--gpus", "8", "--global-batch", "32",
+                    "--shared-host-link"],
+    "gpt3-175b": ["--model", "gpt3-175b", "--gpu", "a100", "--gpus", "64", "--global-batch", "128"],
+    "budget-tight": ["--model", "llama3-70b", "--gpu", "h100", "--gpus", "32", "--global-batch", "128",
+                     "--memory", "48"],
+}
+SIZES = [  # (d, m, k, shared host link)
+    (4, 8, 0.5, False),
+    (8, 32, 0.5, False),
+    (8, 32, 1.5, False),
+    (8, 32, 0.5, True),
+    (16, 64, 1.0, True),
+]
+
+
+def cases(quick: bool) -> dict[str, list[str]]:
+    """Case name -> argv. ``quick`` leaves out the three slowest plan requests."""
+    out: dict[str, list[str]] = {}
+    for name, argv in PLANS.items():
+        if quick and name in ("headline", "gpt3-175b", "shared-link"):
+            continue
+        out[f"plan {name}"] = ["plan", *argv]
+        out[f"plan {name} --json"] = ["plan", *argv, "--json"]
+    for family in schedule_names():
+        for d, m, k, shared in SIZES:
+            for policy in ("none", "all", "auto"):
+                argv = ["simulate", family, "-d", str(d), "-m", str(m), "--offload", policy,
+                        "--offload-ratio", str(k), "--json"]
+                if shared:
+                    argv.append("--shared-host-link")
+                out[" ".join(argv[1:])] = argv
+    return out
+
+
+def run(argv: list[str], cold: bool) -> str:
+    """The command's exit code, stdout and stderr as one text."""
+    if cold:
+        clear_caches()
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli_main(argv)
+    return f"exit {code}\n{out.getvalue()}\n--- stderr\n{err.getvalue()}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", help="write every case's output to this JSON file")
+    parser.add_argument("--check", help="compare every case's output with this recorded JSON file")
+    parser.add_argument("--digest", help="write 'sha256  case' lines to this file")
+    parser.add_argument("--quick", action="store_true", help="leave out the slowest plan requests")
+    parser.add_argument("--only", help="run only the cases whose name contains this text")
+    args = parser.parse_args()
+    outputs: dict[str, str] = {}
+    for name, argv in cases(args.quick).items():
+        if args.only and args.only not in name:
+            continue
+        cpu = time.process_time()
+        # a --json plan request follows its text request: cached candidates are the text run's own
+        outputs[name] = run(argv, cold=not name.endswith("--json") or not name.startswith("plan"))
+        print(f"{time.process_time() - cpu:7.2f} s  {name}", file=sys.stderr)
+    if args.record:
+        Path(args.record).write_text(json.dumps(outputs, indent=1, sort_keys=True))
+    if args.digest:
+        Path(args.digest).write_text("".join(f"{hashlib.sha256(text.encode()).hexdigest()[:16]}  {name}\n"
+                                             for name, text in sorted(outputs.items())))
+    if args.check:
+        recorded = json.loads(Path(args.check).read_text())
+        different = [name for name, text in outputs.items() if recorded.get(name) != text]
+        for name in different:
+            print(f"DIFFERENT: {name}")
+        print(f"{len(outputs) - len(different)} of {len(outputs)} cases identical")
+        return 1 if different else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
