@@ -242,6 +242,7 @@ class CopyGroup:
             # start it would start; ends more than ``apart`` apart make each step block on the next
             slack = 3 * EPS + 8 * math.ulp(max(abs(e_ends[-1]), abs(t), abs(duration)))
             narrow, apart = duration - slack, 2 * EPS + slack
+            beyond = bound + EPS  # a blocking end past this leaves no start <= bound + EPS: None
         query = t
         while True:
             low = query - EPS  # the first grid point or engine (relaxed: link) end >= query
@@ -262,8 +263,9 @@ class CopyGroup:
             i = bisect_right(e_ends, high)
             if i < n_engine and e_starts[i] < reach:
                 blocked = e_ends[i]
-                if skip:  # a run of busy intervals with narrow gaps: each would block the next start
-                    while (i + 1 < n_engine and e_starts[i + 1] - e_ends[i] < narrow
+                if skip:  # a run of busy intervals with narrow gaps: each would block the next start;
+                    # the scan stops past ``beyond`` (the next step's start would be past ``limit`` anyway)
+                    while (i + 1 < n_engine and e_ends[i] <= beyond and e_starts[i + 1] - e_ends[i] < narrow
                            and e_ends[i + 1] - e_ends[i] > apart):
                         i += 1
                     blocked = e_ends[i]
@@ -310,11 +312,15 @@ class CopyGroup:
             query = blocked - duration
 
     def reserve(self, rank: int, direction: str, t: float, duration: float) -> None:
-        for lane in self.lanes(rank, direction):
-            lane.add(t, duration)
+        if duration <= 0:
+            return
+        for lane in self._lanes[(rank, direction)]:
+            i = bisect_left(lane.starts, t)  # ``Intervals.add``, written out: the pass's most frequent call
+            lane.starts.insert(i, t)
+            lane.ends.insert(i, t + duration)
 
     def release(self, rank: int, direction: str, t: float, duration: float) -> None:
-        for lane in self.lanes(rank, direction):
+        for lane in self._lanes[(rank, direction)]:
             lane.remove(t, duration)
 
     def place(self, rank: int, x: Activation) -> Placed | None:
@@ -335,7 +341,9 @@ class CopyGroup:
         self.release(rank, "h2d", p.h2d_start, p.activation.h2d)
 
     def _placed(self, rank: int, x: Activation, d2h: float, h2d: float) -> Placed:
-        lo, hi = self.timelines[rank].off_range(d2h + x.d2h, h2d)
+        points = self.timelines[rank].point_list  # ``RankTimeline.off_range``, written out
+        lo = bisect_left(points, d2h + x.d2h - EPS)
+        hi = bisect_right(points, h2d + EPS) - 1
         return Placed(x, d2h, h2d, lo, hi)
 
     def pack(self, chosen: list[tuple[int, Activation]]) -> tuple[list[tuple[int, Placed]], list[tuple[int, Activation]]]:

@@ -200,8 +200,15 @@ class _Planning:
         as if copies took ``_SLOWER`` times longer are simulated with the real times too, and each
         group of ranks keeps the plan with the lowest simulated peak (then fewest copies) among those
         that never stall; at an equal peak the plan for the real times stays. The compute timeline does not change without stalls, so groups combine."""
+        runs: dict[tuple, Timeline] = {}  # what fixes the emitted lists -> their simulation
+
         def simulated(candidate: dict[int, RankState]) -> Timeline:
-            return simulate(self.base.with_actions([_emit(candidate[r]) for r in range(self.base.num_ranks)]), costs)
+            # plans for different copy times can emit the same lists: each distinct schedule is simulated once
+            ranks = range(self.base.num_ranks)
+            key = tuple(_emitted_key(candidate[r]) for r in ranks)
+            if key not in runs:
+                runs[key] = simulate(self.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
+            return runs[key]
 
         def score(t: Timeline, candidate: dict[int, RankState], members: list[int]) -> tuple[bool, float, int]:
             return (any(t.per_rank[r].stall > 0 for r in members),
@@ -313,22 +320,34 @@ def longest_lived_stages(activations, count: int, skip: set[int] | frozenset[int
 _WINDOW_KINDS = tuple((offload, reload) for offload, reload, _ in sem.WINDOWS)
 
 
-def _emit(state: RankState) -> list[Action]:
-    """The rank's compute list with each planned copy at the position that issues it on time."""
+def _copy_order(state: RankState) -> list[tuple[int, float, int, int, int, int]]:
+    """The rank's planned copies as (list position, planned start, direction, stage, microbatch,
+    window), in the order ``_emit`` inserts them: this order alone fixes the emitted list."""
     tl = state.timeline
-    copies: list[tuple[int, float, int, int, int, ActionKind]] = []
+    copies = []
     for p in state.placed:
         x = p.activation
-        offload, reload = _WINDOW_KINDS[x.window]
-        copies.append((tl.position(p.d2h_start), p.d2h_start, 0, x.stage, x.microbatch, offload))
-        copies.append((tl.position(p.h2d_start, x.back_index), p.h2d_start, 1, x.stage, x.microbatch, reload))
+        copies.append((tl.position(p.d2h_start), p.d2h_start, 0, x.stage, x.microbatch, x.window))
+        copies.append((tl.position(p.h2d_start, x.back_index), p.h2d_start, 1, x.stage, x.microbatch, x.window))
     copies.sort()
+    return copies
+
+
+def _emitted_key(state: RankState) -> tuple[tuple[int, int, int, int, int], ...]:
+    """What decides the rank's emitted list (equal keys, equal lists), cheaper to compare than the list."""
+    return tuple((position, direction, stage, microbatch, window)
+                 for position, _, direction, stage, microbatch, window in _copy_order(state))
+
+
+def _emit(state: RankState) -> list[Action]:
+    """The rank's compute list with each planned copy at the position that issues it on time."""
+    actions = state.timeline.actions
     row: list[Action] = []
     done = 0
-    for position, _, _, stage, microbatch, kind in copies:
+    for position, _, direction, stage, microbatch, window in _copy_order(state):
         if position > done:
-            row.extend(tl.actions[done:position])
+            row.extend(actions[done:position])
             done = position
-        row.append(Action(kind, stage, microbatch))
-    row.extend(tl.actions[done:])
+        row.append(Action(_WINDOW_KINDS[window][direction], stage, microbatch))
+    row.extend(actions[done:])
     return row

@@ -68,3 +68,34 @@ def strict_json(data: object, indent: int | None = None) -> str:
     """JSON text that every parser accepts: NaN and infinities are an error here, never ``NaN`` in the
     output (inputs are checked to be finite, so one would be a bug, not bad input)."""
     return json.dumps(data, indent=indent, allow_nan=False)
+
+
+# The size guard of ``simulate`` (and the playground): ``schedules.generate`` refuses schedules whose
+# actions and per-stage work exceed ``schedules.MAX_ACTIONS``; planning offload multiplies that work. Per
+# compute action, the offload pass plans each activation's windows a few times over (pack, greedy,
+# the other window order, pruning); where the copy lane cannot hide every copy (k above 1 on one copy
+# engine) or a host link is shared, it also plans again for seven slower copy times and simulates
+# each plan. Measured (interleaved-1f1b, d=64, v=2, m=256, 2 cores): see OFFLOAD_WORK_* below.
+OFFLOAD_WORK_HIDDEN = 3  # the lane hides the copies (k <= 1, own host link): about 3x the work without offload
+OFFLOAD_WORK_OVERLOADED = 40  # an overloaded lane or a shared host link: the slower-copy plans too
+
+
+def offload_work_factor(offload: str, k: float | None, shared_host_link: bool) -> int:
+    """How many times the work of generating and simulating a schedule its offload planning adds up to
+    (1 without offload); ``k`` None means copy times from a costs file (assumed overloaded)."""
+    if offload.strip() in ("", "none"):
+        return 1
+    if shared_host_link or k is None or k > 1.0:
+        return OFFLOAD_WORK_OVERLOADED
+    return OFFLOAD_WORK_HIDDEN
+
+
+def check_work(actions: int, factor: int, limit: int, what: str) -> None:
+    """Refuse, before any work, a request whose ``actions`` of work times ``factor`` exceed ``limit``: one
+    line naming the sizes (``what``), the estimate, the limit and the fix."""
+    work = actions * factor
+    if work > limit:
+        planning = f" (x{factor} for planning offload)" if factor > 1 else ""
+        raise ConfigError(f"{what}: about {work:,} actions of work{planning}, above the limit of {limit:,}; "
+                          "use fewer ranks or microbatches, or a smaller offload ratio k (copies the lane can "
+                          "hide are planned once)")

@@ -16,8 +16,8 @@ from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.passes.offload import OffloadReport
 from pipeoffload.planner.formulas import formula1_k
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
-from pipeoffload.schedules import generate, get_spec
-from pipeoffload.service.checks import checked, finite_at_least, int_at_least, one_of
+from pipeoffload.schedules import MAX_ACTIONS, estimated_work, generate, get_spec
+from pipeoffload.service.checks import check_work, checked, finite_at_least, int_at_least, offload_work_factor, one_of
 from pipeoffload.simulator import Timeline
 from pipeoffload.simulator import simulate as simulate_timeline
 from pipeoffload.units import TIME_UNIT, rank_costs, units_dict
@@ -191,8 +191,21 @@ def memory_costs(req: SimulateRequest, costs: CostModel) -> CostModel:
     return RecomputePolicy.parse(req.recompute).apply_to(costs)
 
 
+def check_size(req: SimulateRequest, limit: int = MAX_ACTIONS) -> None:
+    """Refuse before any work what would take long: the schedule's actions and per-stage work (as
+    ``generate`` counts them) times what planning its offload adds (``checks.offload_work_factor``)."""
+    ranks, m, v = req.sizes()
+    factor = offload_work_factor(req.offload, req.k, req.shared_host_link)
+    if factor == 1:
+        return  # ``generate`` refuses what is too large without offload, in its own words
+    check_work(estimated_work(get_spec(req.family), ranks, m, v), factor, limit,
+               f"{req.family} with ranks={ranks}, microbatches={m}, stages per rank={v}, offload {req.offload}, "
+               f"k={'from the costs file' if req.k is None else f'{req.k:g}'}")
+
+
 def simulate(req: SimulateRequest) -> SimulateResult:
     """Generate, lower (offload, recompute, communication) and simulate the requested schedule."""
+    check_size(req)
     generated = generate(req.family, req.ranks, req.num_microbatches, req.stages_per_rank,
                          group_size=req.group_size, backward=req.backward)
     base, unit = base_costs(req, generated.stages_per_rank)
