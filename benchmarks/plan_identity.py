@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import io
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -67,14 +68,26 @@ def cases(quick: bool) -> dict[str, list[str]]:
     return out
 
 
+# what a plan prints about its own run time, the one part of an output that may differ between runs
+_ELAPSED = [(re.compile(r"in [0-9.,]+ s = [0-9,]+ candidates/s"), "in (elapsed) s = (rate) candidates/s"),
+            (re.compile(r'"seconds": [0-9.e+-]+'), '"seconds": (elapsed)'),
+            (re.compile(r"^.*planner\.progress: searching.*\n", re.MULTILINE), "")]  # progress lines
+
+
+def masked(text: str) -> str:
+    for pattern, replacement in _ELAPSED:
+        text = pattern.sub(replacement, text)
+    return text
+
+
 def run(argv: list[str], cold: bool) -> str:
-    """The command's exit code, stdout and stderr as one text."""
+    """The command's exit code, stdout and stderr as one text (its run time masked)."""
     if cold:
         clear_caches()
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli_main(argv)
-    return f"exit {code}\n{out.getvalue()}\n--- stderr\n{err.getvalue()}"
+    return masked(f"exit {code}\n{out.getvalue()}\n--- stderr\n{err.getvalue()}")
 
 
 def main() -> int:
@@ -99,7 +112,7 @@ def main() -> int:
         Path(args.digest).write_text("".join(f"{hashlib.sha256(text.encode()).hexdigest()[:16]}  {name}\n"
                                              for name, text in sorted(outputs.items())))
     if args.check:
-        recorded = json.loads(Path(args.check).read_text())
+        recorded = {name: masked(text) for name, text in json.loads(Path(args.check).read_text()).items()}
         different = [name for name, text in outputs.items() if recorded.get(name) != text]
         for name in different:
             print(f"DIFFERENT: {name}")
