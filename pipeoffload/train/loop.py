@@ -28,7 +28,6 @@ import torch.distributed as dist
 
 from pipeoffload.ir import Schedule
 from pipeoffload.runtime import PipelineRunner
-from pipeoffload.runtime.spec import TensorSpec, as_inputs, assemble, flatten, split_microbatches, tensor_specs
 from pipeoffload.train import checkpoint
 from pipeoffload.train.config import TrainConfig
 from pipeoffload.train.mesh import RankContext
@@ -217,7 +216,8 @@ class Trainer:
     # ---- validation --------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean validation loss: a forward-only pass of the held-out batches through the pipeline."""
+        """Mean validation loss: the held-out batches through the runner's forward-only schedule
+        (``PipelineRunner.evaluate``: the same interpreter, transport and failure handling as a step)."""
         ctx = self.ctx
         total, count = 0.0, 0
         modules = [m for m in self.model.stages.values()]
@@ -226,8 +226,8 @@ class Trainer:
         try:
             with self._autocast(), ctx.collective(f"evaluating after step {self.step} (pipeline forward)"):
                 for inputs, targets in self.batches.val(ctx.dp_rank):
-                    for value in self._forward_only(inputs, targets):
-                        total += value
+                    for value in self.runner.evaluate(inputs, targets) or []:  # losses on the last stage's rank
+                        total += float(value)
                         count += 1
         finally:
             for m in modules:
@@ -237,46 +237,6 @@ class Trainer:
         with ctx.collective(f"reducing the validation loss after step {self.step}"):
             dist.all_reduce(contrib)
         return float(contrib[0]) / ctx.dp
-
-    def _forward_only(self, inputs: Any, targets: Any) -> list[float]:
-        """Run every microbatch through the stages in order; losses on the last stage's rank."""
-        runner, ctx = self.runner, self.ctx
-        placement, m, specs = runner.schedule.placement, runner.num_microbatches, runner.specs
-        assert specs is not None, "evaluate() after the first training step (boundary specs are known then)"
-        last = runner.num_stages - 1
-        mb_inputs = split_microbatches(inputs, m, runner.device, "inputs")
-        mb_targets = split_microbatches(targets, m, runner.device, "targets")
-        me = ctx.pp_rank
-        peer = lambda r: dist.get_global_rank(ctx.pp_group, r)  # noqa: E731
-        out: list[float] = []
-        for mb in range(m):
-            values: list = []
-            for s in range(runner.num_stages):
-                if placement.rank_of(s) != me:
-                    continue
-                if s == 0:
-                    args = mb_inputs[mb]
-                elif placement.rank_of(s - 1) == me:
-                    args = as_inputs(values, specs[s - 1][mb])
-                else:
-                    bufs = [ts.empty(runner.device) for ts in tensor_specs(specs[s - 1][mb])]
-                    for b in bufs:
-                        dist.recv(b, src=peer(placement.rank_of(s - 1)), group=ctx.pp_group)
-                    args = assemble(specs[s - 1][mb], bufs)
-                result = runner.stages[s].module(*args)
-                if s == last:
-                    target = mb_targets[mb]
-                    out.append(float(self.loss_fn(result, target if len(target) > 1 else target[0])))
-                    continue
-                # the runner's own boundary format: the output's leaves (any pytree: tuple, dict, ...)
-                # against the spec, only tensor leaves on the wire
-                values, _tree = flatten(result)
-                if placement.rank_of(s + 1) != me:
-                    spec = specs[s][mb]
-                    for v, sp in zip(values, spec.leaves):
-                        if isinstance(sp, TensorSpec):
-                            dist.send(v.contiguous(), dst=peer(placement.rank_of(s + 1)), group=ctx.pp_group)
-        return out
 
     # ---- the run -----------------------------------------------------------------------------------
     def resume(self, path: Path) -> None:

@@ -114,3 +114,19 @@ def norm_reduce_sizes(ctx: Any, cfg: TrainConfig, run_dir: str) -> dict[str, Any
     finally:
         dist.all_reduce, loop.global_grad_norm = real_reduce, real_norm  # type: ignore[assignment]
     return {**result, "sizes": sizes, "slots": len(trainer.order)}
+
+
+class _FailsInEval(__import__("torch").nn.Linear):
+    """A layer that trains but raises when evaluated (model.eval())."""
+
+    def forward(self, x: Any) -> Any:
+        if not self.training:
+            raise RuntimeError("this layer cannot evaluate")
+        return super().forward(x)
+
+
+def eval_failing_layers() -> list[Any]:
+    import torch
+
+    torch.manual_seed(0)
+    return [torch.nn.Linear(8, 8), _FailsInEval(8, 4)]
