@@ -247,13 +247,13 @@
   }
 
   // Layout of a chart at the current width and time window; shared by drawing, hit-testing and export.
-  function layout(chart) {
+  function layout(chart, win = view) {
     const width = Math.max(720, chartBox.clientWidth || 1200);
     const left = 64, right = 96, plotW = width - left - right, d = chart.ranks;
     const computeH = d > 8 ? (d > 32 ? 8 : 14) : 20, copyH = chart.copy_lanes ? (d > 8 ? (d > 32 ? 5 : 8) : 10) : 0;
     const rowH = computeH + copyH + (d > 32 ? 1 : 3), ganttH = d * rowH, panelH = d > 8 ? (d > 32 ? 14 : 26) : 36;
     const memTop = ganttH + 44, height = memTop + d * panelH + 44;
-    const t0 = view ? view[0] : 0, t1 = view ? view[1] : (chart.makespan > 0 ? chart.makespan : 1);
+    const t0 = win ? win[0] : 0, t1 = win ? win[1] : (chart.makespan > 0 ? chart.makespan : 1);
     const x = (t) => left + ((t - t0) / (t1 - t0)) * plotW;
     return {width, left, plotW, d, computeH, copyH, rowH, ganttH, panelH, memTop, height, t0, t1, x};
   }
@@ -272,18 +272,19 @@
 
   // Above CANVAS_ABOVE boxes the Gantt boxes are drawn on a canvas under the SVG (tens of thousands of SVG
   // elements take seconds per redraw); `forSvg` (export) always writes them into the SVG.
-  function svg(chart, forSvg) {
-    const L = layout(chart), {width, left, plotW, d, computeH, copyH, rowH, ganttH, panelH, memTop, height, x} = L;
+  // `win`: the time window (the playground's zoom unless given); `clip`: the clip path's id, one per chart on the page.
+  function svg(chart, forSvg, win = view, clip = "plot") {
+    const L = layout(chart, win), {width, left, plotW, d, computeH, copyH, rowH, ganttH, panelH, memTop, height, x} = L;
     const onCanvas = !forSvg && chart.boxes.length > CANVAS_ABOVE;
     const out = [];
     out.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" data-ranks="${d}" data-boxes="${chart.boxes.length}" data-makespan="${chart.makespan}" data-drawn="${onCanvas ? "canvas" : "svg"}" data-view="${fmt(L.t0)},${fmt(L.t1)}" font-size="10" font-family="system-ui,sans-serif">`);
-    out.push(`<defs><clipPath id="plot"><rect x="${left}" y="0" width="${plotW}" height="${height}"/></clipPath></defs>`);
+    out.push(`<defs><clipPath id="${clip}"><rect x="${left}" y="0" width="${plotW}" height="${height}"/></clipPath></defs>`);
     for (let r = 0; r < d; r++) {
       const y = r * rowH;
       out.push(`<text class="rank-label" data-rank="${r}" x="${left - 6}" y="${y + Math.min(computeH, 10) / 2 + computeH / 2 - 2}" text-anchor="end"${d > 32 ? ' font-size="7"' : ""}>rank ${r}</text>`);
       if (copyH && d <= 32) out.push(`<text x="${left - 6}" y="${y + computeH + copyH / 2 + 3}" text-anchor="end" fill="#888" font-size="7">copy</text>`);
     }
-    out.push(`<g class="boxes" stroke="#fff" stroke-width="0.3" clip-path="url(#plot)">`);
+    out.push(`<g class="boxes" stroke="#fff" stroke-width="0.3" clip-path="url(#${clip})">`);
     if (!onCanvas) {
       for (const box of chart.boxes) {
         if (!visible(L, box)) continue;
@@ -315,11 +316,11 @@
       out.push(`<text x="${left - 6}" y="${y0 + panelH / 2 + 3}" text-anchor="end"${d > 32 ? ' font-size="7"' : ""}>rank ${r}</text>`);
       const device = chart.device[r], host = chart.host[r];
       const path = stepPath(device.points, x, yDev);
-      out.push(`<g clip-path="url(#plot)"><path class="device" data-rank="${r}" d="${path}V${y0 + panelH}H${x(0)}Z" fill="${DEVICE}" fill-opacity="0.15" stroke="none"/>`);
+      out.push(`<g clip-path="url(#${clip})"><path class="device" data-rank="${r}" d="${path}V${y0 + panelH}H${x(0)}Z" fill="${DEVICE}" fill-opacity="0.15" stroke="none"/>`);
       out.push(`<path d="${path}" fill="none" stroke="${DEVICE}" stroke-width="1"/></g>`);
       if (topHost > 0) {
         const yHost = (level) => y0 + panelH - (level / topHost) * inner;
-        out.push(`<path class="host" data-rank="${r}" d="${stepPath(host.points, x, yHost)}" fill="none" stroke="${HOST}" stroke-width="1" stroke-dasharray="4 2" clip-path="url(#plot)"/>`);
+        out.push(`<path class="host" data-rank="${r}" d="${stepPath(host.points, x, yHost)}" fill="none" stroke="${HOST}" stroke-width="1" stroke-dasharray="4 2" clip-path="url(#${clip})"/>`);
       }
       const note = `peak ${fmt(device.peak)}` + (topHost > 0 ? ` · host ${fmt(host.peak)}` : "");
       out.push(`<text x="${left + plotW + 6}" y="${y0 + panelH / 2 + 3}" fill="${DEVICE}" font-size="9" class="peak">${note}</text>`);
@@ -562,6 +563,52 @@
     reader.readAsText(file);
   }
 
+  // ---- a runtime trace beside its simulation ----------------------------------------------------------
+  const MAX_TRACE_BYTES = 33554432;  // the server's MAX_TRACE_BYTES (32 MiB)
+  let traceResult = null;
+
+  // The file goes to this playground's server, which reads it with `pipeoffload trace compare`'s code and
+  // simulates the run's schedule with its own measured durations; a wrong file answers one line.
+  async function loadTrace(file) {
+    const err = document.getElementById("trace-error"), box = document.getElementById("trace-charts");
+    const fail = (message) => { err.textContent = `${file.name}: ${message}`; err.hidden = false; box.classList.add("stale"); };
+    if (file.size > MAX_TRACE_BYTES) {
+      fail(`${file.size.toLocaleString("en")} bytes, over the playground's limit of ${MAX_TRACE_BYTES.toLocaleString("en")}; use pipeoffload trace compare`);
+      return;
+    }
+    let body;
+    try {
+      const response = await fetch("/api/trace", {method: "POST", body: file});
+      body = await response.json();
+    } catch (e) {
+      fail("cannot reach the playground server: " + e.message);
+      return;
+    }
+    if (body.error) { fail(body.error); return; }
+    err.hidden = true;
+    err.textContent = "";
+    box.classList.remove("stale");
+    traceResult = body;
+    drawTrace();
+  }
+
+  function drawTrace() {
+    const t = traceResult, box = document.getElementById("trace-charts");
+    if (!t) return;
+    const ms = (s) => fmt(1000 * s) + " ms";
+    const rows = t.per_rank.map((r) => `<tr data-rank="${r.rank}"><td>${r.rank}</td><td class="measured-end">${esc(ms(r.measured_end_s))}</td>` +
+      `<td class="simulated-end">${esc(ms(r.simulated_end_s))}</td><td class="measured-peak">${t.has_memory ? esc(fmt(r.measured_peak_mib)) : "—"}</td>` +
+      `<td class="simulated-peak">${esc(fmt(r.simulated_peak_rank_units))}</td></tr>`);
+    const win = [0, Math.max(t.measured.makespan, t.simulated.makespan) || 1];  // one time axis for both
+    box.innerHTML = `<p class="summary">${esc(t.measured.title)}: measured step ${esc(ms(t.measured_step_s))}, ` +
+      `simulated with its own measured durations ${esc(ms(t.simulated_makespan_s))}</p>` +
+      `<table class="trace-table"><tr><th>rank</th><th>measured end</th><th>simulated end</th><th>measured peak (MiB)</th>` +
+      `<th>simulated peak (rank units)</th></tr>${rows.join("")}</table>` +
+      `<div class="legend">${legend(t.measured)}</div>` +
+      `<h3>measured (${esc(t.measured.summary)})</h3><div id="trace-measured">${svg(t.measured, true, win, "trace-measured-plot")}</div>` +
+      `<h3>simulated (${esc(t.simulated.summary)})</h3><div id="trace-simulated">${svg(t.simulated, true, win, "trace-simulated-plot")}</div>`;
+  }
+
   async function start() {
     const response = await fetch("/api/families");
     families = await response.json();
@@ -574,10 +621,11 @@
     form.addEventListener("submit", (e) => e.preventDefault());
     window.addEventListener("resize", () => {  // only the drawing depends on the width: redraw, do not re-simulate
       clearTimeout(resizeTimer);
-      resizeTimer = setTimeout(() => { if (last && errorBox.hidden) draw(); }, 100);
+      resizeTimer = setTimeout(() => { if (last && errorBox.hidden) draw(); drawTrace(); }, 100);
     });
     setupInteraction();
     document.getElementById("metrics-file").addEventListener("change", (e) => { if (e.target.files[0]) loadMetrics(e.target.files[0]); });
+    document.getElementById("trace-file").addEventListener("change", (e) => { if (e.target.files[0]) loadTrace(e.target.files[0]); });
     refresh();
   }
 
