@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from pipeoffload.runtime.copier import CudaCopier, SyncCopier, make_copier
+from pipeoffload.runtime.copier import Copier, make_copier
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class ActivationStore:
         exclude: Iterable[torch.Tensor] = (),
         *,
         min_bytes: int = 4096,
-        copier: SyncCopier | CudaCopier | None = None,
+        copier: Copier | None = None,
     ) -> None:
         self.device = _normalise(torch.device(device))
         self.min_bytes = min_bytes
