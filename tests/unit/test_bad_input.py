@@ -54,6 +54,13 @@ CASES = [
     ("playground --port 70000", "70000 is not a TCP port"),
     ("trace compare afolder", "RUN_TRACE afolder: cannot read it"),
     ("trace compare missing.json", "RUN_TRACE missing.json: no such file"),
+    ("trace compare five.json", "not a Chrome trace: expected an object with a 'traceEvents' list"),
+    ("trace", "give an action: compare"),
+    ("export missing --hf out", "RUN_DIR 'missing': no config.toml"),
+    ("generate missing", "RUN_DIR 'missing': no config.toml"),
+    ("train --out nan.json", "out='nan.json': exists and is not a folder"),
+    ("report afolder", "'afolder/metrics.jsonl' does not exist"),
+    ("show 1f1b --ranks 999999 -m 1", "above the limit"),
     ("generate x --temperature nan", "--temperature: nan is not a finite number"),
     ("generate x --temperature -1", "--temperature: -1.0 must be >= 0"),
     ("generate x --seed 1e30", "--seed: '1e30' is not an integer"),
@@ -123,3 +130,16 @@ def test_ctrl_c_stops_the_playground_with_exit_130(tmp_path: Path) -> None:
     finally:
         proc.kill()
     assert proc.returncode == 130 and err == "pipeoffload playground: interrupted\n", err
+
+
+def test_a_wrong_run_dir_is_refused_before_torch_is_imported(tmp_path: Path) -> None:
+    """export and generate check RUN_DIR first: importing torch takes seconds, a typo must answer at once."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pipeoffload.cli import main; "
+            "codes = [main(['export', 'missing', '--hf', 'out']), main(['generate', 'missing'])]; "
+            "print(codes, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[2, 2] False", done.stdout + done.stderr
+    assert done.stderr.count("no config.toml") == 2 and list(tmp_path.iterdir()) == []
