@@ -615,8 +615,9 @@
     familySelect.innerHTML = families.map((f) => `<option value="${esc(f.name)}">${esc(f.name)}</option>`).join("");
     applyUrl();  // a shared link: its state, then the defaults
     // New inputs: a new step, shown whole (a window the link gave is for the link's inputs).
-    form.addEventListener("input", () => { pendingView = null; schedule(150); });
-    form.addEventListener("change", (e) => { pendingView = null; if (e.target === familySelect) noteFamily(); schedule(0); });
+    const newInputs = () => { pendingView = null; clearTimeout(viewTimer); };
+    form.addEventListener("input", () => { newInputs(); schedule(150); });
+    form.addEventListener("change", (e) => { newInputs(); if (e.target === familySelect) noteFamily(); schedule(0); });
     window.addEventListener("popstate", onPopState);
     form.addEventListener("submit", (e) => e.preventDefault());
     window.addEventListener("resize", () => {  // only the drawing depends on the width: redraw, do not re-simulate
