@@ -79,6 +79,9 @@ def load_measured(data: Any) -> MeasuredRun:
     for number, e in enumerate(events):
         if not isinstance(e, dict):
             raise ConfigError(f"trace event {number} is {type(e).__name__}; expected an object")
+        if e.get("name") == "process_name" and str((e.get("args") or {}).get("name", "")).startswith("simulated"):
+            raise ConfigError("this trace holds a simulated timeline (`pipeoffload simulate --trace`, or the output of "
+                              "`trace compare`), not a run's measured step; give the trace a run wrote")
         if e.get("ph") == "C" and e.get("name") == MEMORY_COUNTER:
             level = (e.get("args") or {}).get("MiB") if isinstance(e.get("args"), dict) else None
             counters.append((e.get("pid"), _number(e, "ts", f"trace event {number}") / 1e6,

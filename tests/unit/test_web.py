@@ -175,6 +175,16 @@ def _post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple
         return err.code, json.loads(err.read())
 
 
+def test_a_simulated_trace_is_not_taken_for_a_run(base: str, tmp_path: Path) -> None:
+    """`simulate --trace` writes the same layout with lanes where a run has ranks: named, not misread."""
+    trace = tmp_path / "sim.json"
+    assert run_cli("simulate", "1f1b", "-d", "2", "-m", "4", "--trace", str(trace))[0] == 0
+    status, answer = _post(base + "/api/trace", trace.read_bytes())
+    assert status == 200 and "this trace holds a simulated timeline" in answer["error"]
+    code, _, err = run_cli("trace", "compare", str(trace), "-o", str(tmp_path / "merged.json"))
+    assert code == 2 and "this trace holds a simulated timeline" in err and not (tmp_path / "merged.json").exists()
+
+
 @pytest.mark.parametrize("body,expected", [
     (b"", "the file is not JSON (Expecting value at line 1 column 1)"),
     (b"\xff\xfe{", "the file is not UTF-8 text"),
