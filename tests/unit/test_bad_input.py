@@ -21,6 +21,8 @@ CASES = [
     ("simulate 1f1b --time-f 1e308", "step time overflows"),
     ("simulate 1f1b --time-f 0 --time-i 0 --time-w 0", "at least one compute time must be positive"),
     ("simulate 1f1b --ranks 0", "0 must be >= 1"),
+    ("simulate 1f1b --offload budget:1e999rank --json", "inf must be a finite number >= 0"),
+    ("simulate 1f1b --offload budget:inf", "inf must be a finite number >= 0"),
     ("simulate 1f1b --costs nan.json", "p2p_time=nan: must be a finite number"),
     ("simulate 1f1b --costs zero.json", "every compute time"),
     ("simulate 1f1b --costs five.json", "costs = 5: expected a table"),

@@ -65,6 +65,11 @@ def test_bad_input_is_the_cli_message(base: str, param: str, flag: str, value: s
     assert value in message and len(err.splitlines()) == 1
 
 
+def test_an_infinite_offload_budget_is_refused_not_a_500(base: str) -> None:
+    status, body = _get(f"{base}/api/simulate?family=1f1b&offload=budget:1e999rank")
+    assert status == 400 and "'budget:1e999rank': inf must be a finite number >= 0" in json.loads(body)["error"]
+
+
 def test_bad_query_is_refused(base: str) -> None:
     status, body = _get(f"{base}/api/chart?family=nope")  # the page's endpoint: 200 with the message
     assert status == 200 and "unknown schedule 'nope'" in json.loads(body)["error"]
