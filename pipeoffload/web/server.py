@@ -169,11 +169,10 @@ def _strict_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON (strict JSON has no NaN or Infinity)")
 
 
-def trace_answer(body: bytes) -> dict:
-    """The measured step of a runtime trace beside its simulation with the run's own durations: what
-    ``pipeoffload trace compare`` computes, as the playground's charts. RequestError for a wrong file."""
+def _trace_json(body: bytes) -> Any:
+    """The uploaded file as strict JSON; RequestError saying what the file is instead."""
     try:
-        data = json.loads(body.decode("utf-8"), parse_constant=_strict_constant)
+        return json.loads(body.decode("utf-8"), parse_constant=_strict_constant)
     except UnicodeDecodeError:
         raise RequestError(HTTPStatus.BAD_REQUEST, f"the file is not UTF-8 text; {TRACE_HINT}") from None
     except json.JSONDecodeError as err:
@@ -184,6 +183,12 @@ def trace_answer(body: bytes) -> dict:
                                                    f"column {err.colno}); {TRACE_HINT}") from None
     except (ValueError, RecursionError) as err:
         raise RequestError(HTTPStatus.BAD_REQUEST, f"the file is not strict JSON ({err}); {TRACE_HINT}") from None
+
+
+def trace_answer(body: bytes) -> dict:
+    """The measured step of a runtime trace beside its simulation with the run's own durations: what
+    ``pipeoffload trace compare`` computes, as the playground's charts. RequestError for a wrong file."""
+    data = _trace_json(body)
     try:
         run = load_measured(data)
         actions = sum(len(row) for row in run.rows)
