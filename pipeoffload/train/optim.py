@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipeoffload.runtime.offload import local_tensor as local_tensor  # DTensor.to_local(), one definition
 from pipeoffload.train.config import TrainConfig
 
 
@@ -19,11 +20,6 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     progress = min(1.0, (step - cfg.optim.warmup) / span)
     floor = cfg.optim.lr * cfg.optim.min_lr_ratio
     return floor + 0.5 * (cfg.optim.lr - floor) * (1 + math.cos(math.pi * progress))
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard, or the tensor itself."""
-    return t._local_tensor if hasattr(t, "_local_tensor") else t  # type: ignore[no-any-return]
 
 
 def is_sharded(t: torch.Tensor) -> bool:
