@@ -1,9 +1,10 @@
 """Checkpoints with ``torch.distributed.checkpoint`` (DCP), written atomically, verified before use.
 
 Layout of ``RUN/checkpoints/step-000100/``: DCP's files (``.metadata`` and one ``*.distcp`` per
-writing rank) holding ``model.<full name>`` and ``optim.<full name>.<state>`` under the names the
-whole model has in one process (so DCP reshards them onto any layout, and one process can load
-them), ``rng-rank<r>.pt`` (every random-number state of rank ``r``), ``trainer.json`` (step, layout)
+writing rank) holding ``model.<full name>``, ``optim.state.<full name>.<state>`` and
+``optim.param_groups.<full name>.<option>`` (torch's ``get_state_dict``, optimizer flattened) under
+the names the whole model has in one process (so DCP reshards them onto any layout, and one process
+can load them; a checkpoint of the older ``optim.<full name>.<state>`` keys still loads), ``rng-rank<r>.pt`` (every random-number state of rank ``r``), ``trainer.json`` (step, layout)
 and ``manifest.json`` (config fingerprint, step, sha256 of every other file). A checkpoint is written
 to ``.tmp-step-000100/`` and renamed once the manifest is in place: a folder named ``step-*`` is
 always complete; a leftover ``.tmp-*`` is an interrupted write and is removed at the next save.
@@ -133,18 +134,64 @@ def check_compatible(manifest: dict[str, Any], cfg: TrainConfig, path: Path) -> 
 
 
 # ---- state dicts ------------------------------------------------------------------------------------
-def model_state(named: dict[str, Any]) -> dict[str, Any]:
-    return {f"model.{n}": p.detach() for n, p in named.items()}
+def holder(named: dict[str, Any]) -> Any:
+    """A module whose parameters are this rank's, at their full single-process names (``named``'s
+    keys): torch's state-dict API (``get_state_dict``) takes fully-qualified names from a module,
+    and a pipeline rank holds only its stages (their own names are local: ``0.attn.weight``)."""
+    from torch import nn
+
+    root = nn.Module()
+    for name, p in named.items():
+        *path, leaf = name.split(".")
+        module = root
+        for part in path:
+            if part not in module._modules:
+                module.add_module(part, nn.Module())
+            module = module._modules[part]  # type: ignore[assignment]
+        module.register_parameter(leaf, p)
+    return root
 
 
-def optim_state(named: dict[str, Any], opt: Any) -> dict[str, Any]:
+def _options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # flattened: every optimizer entry is keyed by its parameter's name (``state.<name>.exp_avg``,
+    # ``param_groups.<name>.lr``), so a checkpoint reshards onto other pipeline layouts
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def train_state(named: dict[str, Any], opt: Any) -> dict[str, Any]:
+    """``model.<name>`` and ``optim.state.<name>.<key>`` / ``optim.param_groups.<name>.<key>`` of this
+    rank, from ``get_state_dict`` (which creates AdamW's state if no step made it yet)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     from pipeoffload.train.optim import local_opt
 
-    state = local_opt(opt).state
-    out = {}
-    for n, p in named.items():
-        for key, value in state.get(p, {}).items():
-            out[f"optim.{n}.{key}"] = value
+    model, optim = get_state_dict(holder(named), local_opt(opt), options=_options())
+    return {**{f"model.{k}": v for k, v in model.items()}, **{f"optim.{k}": v for k, v in optim.items()}}
+
+
+def set_train_state(named: dict[str, Any], opt: Any, state: dict[str, Any]) -> None:
+    """Put ``state`` (as ``train_state`` keys it, loaded by DCP) into the parameters and the optimizer."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    from pipeoffload.train.optim import local_opt
+
+    model = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+    optim = {k[len("optim."):]: v for k, v in state.items() if k.startswith("optim.")}
+    set_state_dict(holder(named), local_opt(opt), model_state_dict=model, optim_state_dict=optim, options=_options())
+
+
+def _old_keys(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` under the keys a checkpoint written before ``get_state_dict`` has (``optim.<name>.<key>``,
+    no parameter groups: they keep this run's values), when ``path`` is one; else ``state``."""
+    import torch.distributed.checkpoint as dcp
+
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    if any(k.startswith("optim.state.") for k in saved) or not any(k.startswith("optim.") for k in saved):
+        return state
+    out = {k: v for k, v in state.items() if k.startswith("model.")}
+    out.update({"optim." + k[len("optim.state."):]: v for k, v in state.items() if k.startswith("optim.state.")})
     return out
 
 
@@ -277,7 +324,7 @@ def save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any], opt:
     final = step_dir(run_dir, step)
     tmp = final.parent / f".tmp-{final.name}"
     device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else None
-    state = {**model_state(named), **optim_state(named, opt)}
+    state = train_state(named, opt)
     total = torch.tensor([float(state_bytes(state))], dtype=torch.float64, device=device)
     dist.all_reduce(total)
     need = int(MARGIN * estimated_bytes(run_dir, int(total[0]))) + (64 << 10)
@@ -349,9 +396,10 @@ def load(path: Path, named: dict[str, Any], opt: Any, rank: int, world: int) -> 
     """Load into this rank's parameters and optimizer state (DCP reshards); returns ``trainer.json``."""
     import torch.distributed.checkpoint as dcp
 
-    state = {**model_state(named), **optim_state(named, opt)}
+    state = train_state(named, opt)
     try:
-        dcp.load(state, checkpoint_id=str(path))
+        dcp.load(_old_keys(path, state), checkpoint_id=str(path))  # the tensors of ``state``, filled in place
+        set_train_state(named, opt, state)
     except Exception as err:  # DCP's errors are long; keep the first line and say what to do
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"checkpoint {str(path)!r} cannot be loaded onto this layout: {first}") from err

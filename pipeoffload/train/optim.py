@@ -30,32 +30,20 @@ def is_sharded(t: torch.Tensor) -> bool:
 def make_optimizer(cfg: TrainConfig, params: list[nn.Parameter], dp_group: Any, dp: int) -> torch.optim.Optimizer:
     """AdamW, or ``ZeroRedundancyOptimizer`` wrapping it (optimizer state sharded over the dp group).
 
-    The state is created up front (zeros, step 0: what AdamW creates lazily), so a resumed run loads
-    into existing tensors and takes exactly the path of an uninterrupted one."""
+    AdamW creates its state at the first step; a resumed run's is created and filled by
+    ``checkpoint.load`` (torch's ``set_state_dict``) before the first step, so it takes exactly the
+    path of an uninterrupted run."""
     kwargs: dict[str, Any] = {"lr": cfg.optim.lr, "betas": (0.9, 0.95), "weight_decay": cfg.optim.weight_decay}
-    opt: torch.optim.Optimizer
     if cfg.parallel.zero and dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=dp_group, **kwargs)
-    else:
-        opt = torch.optim.AdamW(params, **kwargs)  # type: ignore[arg-type]
-    for p in local_params(opt):
-        local_opt(opt).state[p] = {
-            "step": torch.tensor(0.0),
-            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
-        }
-    return opt
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=dp_group, **kwargs)
+    return torch.optim.AdamW(params, **kwargs)  # type: ignore[arg-type]
 
 
 def local_opt(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer holding this rank's state (ZeRO's local shard optimizer, or ``opt``)."""
     return getattr(opt, "optim", opt)
-
-
-def local_params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [p for g in local_opt(opt).param_groups for p in g["params"]]
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
