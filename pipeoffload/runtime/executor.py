@@ -33,12 +33,14 @@ from pipeoffload.models.split import stage_modules
 from pipeoffload.passes.lower import lower
 from pipeoffload.runtime.comm import (
     LoopbackTransport,
+    ProcessGroupTransport,
     Transport,
     check_fifo,
     check_tag_space,
     comm_batches,
     message_tag,
 )
+from pipeoffload.runtime.copier import Copier
 from pipeoffload.runtime.offload import ActivationStore
 from pipeoffload.runtime.spec import (
     Spec,
@@ -133,8 +135,8 @@ class PipelineRunner:
         timeout: float = 300.0,
         min_offload_bytes: int = 4096,
         output_specs: Mapping[int, Any] | None = None,
-        transport: Any = None,
-        copier: Any = None,
+        transport: Transport | None = None,
+        copier: Copier | None = None,
         measure_memory: bool = True,
     ) -> None:
         self.schedule = schedule if schedule.is_lowered() or schedule.num_ranks == 1 else lower(schedule)
@@ -157,7 +159,7 @@ class PipelineRunner:
             for s, m in modules.items()
         }
         self.transport = transport if transport is not None else self._default_transport(group, timeout)
-        if getattr(self.transport, "nccl", False):
+        if self.transport.matches_in_posting_order:
             check_fifo(self.schedule)
         check_tag_space(self.num_stages, self.num_microbatches)
         self.row = self.schedule.actions[rank]
@@ -191,18 +193,16 @@ class PipelineRunner:
         # gloo matches messages by tag, so the receives of the next comm batch can be posted as soon
         # as this one is done: their data then lands while this rank computes (NCCL matches in
         # posting order, and its batches are group calls: there each batch posts its own).
-        self._prefetch = not getattr(self.transport, "nccl", False)
+        self._prefetch = not self.transport.matches_in_posting_order
         self._next_recvs = _next_receives(self._program) if self._prefetch else {}
         self._reset_state()
 
     def close(self) -> None:
         """Stop the transport's heartbeat (also done when the runner is garbage)."""
-        close = getattr(self.transport, "close", None)
-        if close is not None:
-            close()
+        self.transport.close()
 
     # ---- set-up helpers ---------------------------------------------------------------------------
-    def _default_transport(self, group: dist.ProcessGroup | None, timeout: float) -> Any:
+    def _default_transport(self, group: dist.ProcessGroup | None, timeout: float) -> Transport:
         if self.schedule.num_ranks == 1:
             return LoopbackTransport(self.device)
         if not dist.is_initialized():
@@ -216,7 +216,7 @@ class PipelineRunner:
                 f"process group has {size} ranks but the schedule has {self.schedule.num_ranks}; "
                 "give a group with one process per pipeline rank"
             )
-        return Transport(group, timeout, self.device)
+        return ProcessGroupTransport(group, timeout, self.device)
 
     def _declared(self, output_specs: Mapping[int, Any] | None) -> dict[int, list[Spec]] | None:
         if output_specs is None:
@@ -357,8 +357,7 @@ class PipelineRunner:
 
     def _who(self) -> str:
         """This rank as errors name it: by its global number when that differs from the pipeline's."""
-        name = getattr(self.transport, "global_name", None)
-        g = name(self.rank) if name is not None else self.rank
+        g = self.transport.global_name(self.rank)
         return f"pipeline rank {self.rank}" if g == self.rank else f"rank {g} (pipeline rank {self.rank})"
 
     def _fail(self, exc: Exception, step: int, index: int, action: Any) -> PipelineError:

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from pipeoffload.runtime.copier import CudaCopier, SyncCopier, make_copier
+from pipeoffload.runtime.copier import Copier, make_copier
 
 try:  # torch built without distributed support has no DTensor, hence no sharded tensors to unwrap
     from torch.distributed.tensor import DTensor as _DTensor
@@ -174,7 +174,7 @@ class ActivationStore:
         exclude: Iterable[torch.Tensor] = (),
         *,
         min_bytes: int = 4096,
-        copier: SyncCopier | CudaCopier | None = None,
+        copier: Copier | None = None,
     ) -> None:
         self.device = _normalise(torch.device(device))
         self.min_bytes = min_bytes

@@ -209,6 +209,25 @@ def test_fifo_check_accepts_lowered_classics_and_rejects_crossed_orders():
         check_fifo(schedule.with_actions(rows))
 
 
+class _PostingOrderLoopback(LoopbackTransport):
+    """A transport that declares NCCL's matching rule: messages match in posting order."""
+
+    matches_in_posting_order = True
+
+
+def test_runner_checks_posting_order_when_its_transport_declares_it():
+    schedule = generate("gpipe", 2, 2, 1)
+    rows = [list(r) for r in schedule.actions]
+    rows[1][0], rows[1][1] = rows[1][1], rows[1][0]  # rank 1 runs microbatch 1 first: valid, receives crossed
+    crossed = lower(schedule.with_actions(rows))
+    layers = gpt_layers(CFG, seed=0)
+    stages = build_rank_stages(layers, even_counts(len(layers), 2), crossed.placement, 0)
+    cpu = torch.device("cpu")
+    PipelineRunner(stages, crossed, 0, loss_fn=lm_loss, transport=LoopbackTransport(cpu)).close()  # tags: fine
+    with pytest.raises(ConfigError, match="posting order"):
+        PipelineRunner(stages, crossed, 0, loss_fn=lm_loss, transport=_PostingOrderLoopback(cpu))
+
+
 def test_gpu_replay_benchmark_runs_on_cpu_with_tiny_sizes():
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import gpu_offload_replay
