@@ -317,6 +317,14 @@ def save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any], opt:
     Free space is checked first (``estimated_bytes``); a save that fails on any rank (a full disk,
     above all) is removed on every rank's behalf, and every rank raises ``SaveError`` saying what
     happened: the last complete checkpoint stays as it was."""
+    return start_save(run_dir, step, cfg, named, opt, rank, world, extra).wait()
+
+
+def start_save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any], opt: Any, rank: int, world: int,
+               extra: dict[str, Any], background: Any = None) -> PendingSave:
+    """``save`` up to the write of the shards; ``background``: a gloo process group of every rank on
+    which ``dcp.async_save`` writes them in a thread, from a copy of the state taken now (else they
+    are written before this returns). ``PendingSave.wait`` completes the checkpoint."""
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -340,30 +348,90 @@ def save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any], opt:
 
     code, exc = _attempt(prepare) if rank == 0 else (_OK, None)
     _check(_agree(code, device), exc, run_dir, step, tmp, rank)
+    pending = PendingSave(run_dir, step, cfg, rank, world, extra, device)
 
     def write() -> None:
-        dcp.save(state, checkpoint_id=str(tmp))
         torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
+        if background is None:
+            dcp.save(state, checkpoint_id=str(tmp))
+        else:
+            pending.future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=background)
 
     code, exc = _attempt(write)
     _check(_agree(code, device), exc, run_dir, step, tmp, rank)
+    return pending
 
-    def finish() -> None:
+
+class PendingSave:
+    """A checkpoint whose files are written (or, with ``future``, being written in the background).
+    ``wait`` (collective) waits for every rank's write, then rank 0 writes ``trainer.json`` and the
+    manifest and renames the folder: until then it is a ``.tmp-*`` folder, which no resume reads and
+    the next save removes, so a run stopped mid-write leaves no half checkpoint."""
+
+    def __init__(self, run_dir: Path, step: int, cfg: TrainConfig, rank: int, world: int, extra: dict[str, Any],
+                 device: Any) -> None:
+        self.run_dir, self.step, self.cfg, self.rank, self.world = run_dir, step, cfg, rank, world
+        self.extra, self.device = extra, device
+        self.final = step_dir(run_dir, step)
+        self.tmp = self.final.parent / f".tmp-{self.final.name}"
+        self.future: Any = None
+
+    def wait(self) -> Path:
+        if self.future is not None:
+            code, exc = _attempt(self.future.result)
+            _check(_agree(code, self.device), exc, self.run_dir, self.step, self.tmp, self.rank)
+        code, exc = _attempt(self._finish) if self.rank == 0 else (_OK, None)
+        _check(_agree(code, self.device), exc, self.run_dir, self.step, self.tmp, self.rank)
+        if self.future is not None and self.rank == 0:
+            log.info("saved checkpoint %s (written in the background)", self.final)
+        return self.final
+
+    def _finish(self) -> None:
+        cfg, tmp, final = self.cfg, self.tmp, self.final
         shape = layout(cfg)
-        write_atomic(tmp / "trainer.json", json.dumps({"step": step, "world": world, "layout": shape, **extra}))
+        write_atomic(tmp / "trainer.json", json.dumps({"step": self.step, "world": self.world, "layout": shape,
+                                                       **self.extra}))
         files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-        manifest = {"step": step, "fingerprint": fingerprint(cfg), "fingerprint_hash": fingerprint_hash(cfg),
-                    "layout": shape, "world": world, "files": files}
+        manifest = {"step": self.step, "fingerprint": fingerprint(cfg), "fingerprint_hash": fingerprint_hash(cfg),
+                    "layout": shape, "world": self.world, "files": files}
         write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1))
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
-        for old in list_checkpoints(run_dir)[:-cfg.checkpoint.keep]:
+        for old in list_checkpoints(self.run_dir)[:-cfg.checkpoint.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
-    code, exc = _attempt(finish) if rank == 0 else (_OK, None)
-    _check(_agree(code, device), exc, run_dir, step, tmp, rank)
-    return final
+
+class Saver:
+    """The run's saves: synchronous, or (``cfg.checkpoint.async_save``) written in the background
+    while the next steps run, at most one at a time. Every rank calls ``save`` and ``wait`` at the
+    same points (collectives); the writer thread's collectives use a gloo group of their own, so
+    they never interleave with the training's on the same group."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.pending: PendingSave | None = None
+        self._group: Any = None
+
+    def save(self, run_dir: Path, step: int, named: dict[str, Any], opt: Any, rank: int, world: int,
+             extra: dict[str, Any]) -> Path | None:
+        """The checkpoint's folder once complete; ``None`` while it is written in the background."""
+        self.wait()  # the previous background save completes (and is checked) before the next begins
+        if not self.cfg.checkpoint.async_save:
+            return save(run_dir, step, self.cfg, named, opt, rank, world, extra)
+        if self._group is None:
+            import datetime
+
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.cfg.run.timeout))
+        self.pending = start_save(run_dir, step, self.cfg, named, opt, rank, world, extra, background=self._group)
+        return None
+
+    def wait(self) -> Path | None:
+        """Complete the background save, if one is in flight; its folder."""
+        pending, self.pending = self.pending, None
+        return pending.wait() if pending is not None else None
 
 
 def _check(code: float, exc: BaseException | None, run_dir: Path, step: int, tmp: Path, rank: int) -> None:

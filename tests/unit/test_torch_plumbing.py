@@ -110,3 +110,27 @@ def test_a_checkpoint_with_the_older_optimizer_keys_still_loads(one_rank: None, 
     fresh = _tiny(1)
     checkpoint.load(tmp_path, fresh[0], fresh[1], 0, 1)
     assert _same(saved, fresh)
+
+
+def test_a_background_save_becomes_a_checkpoint_only_when_awaited(one_rank: None, tmp_path: Path) -> None:
+    """--async-save: the shards are written by dcp.async_save from a copy taken at the save; until
+    ``wait`` the checkpoint is a .tmp folder that nothing resumes from (a crash then leaves no half
+    checkpoint), and the steps after the save do not change what it holds."""
+    from pipeoffload.train import checkpoint
+    from pipeoffload.train.config import TrainConfig
+
+    cfg = TrainConfig.build(async_save=True)
+    named, opt = saved = _tiny(0)
+    expected = _tiny(0)  # the same state, untouched
+    saver = checkpoint.Saver(cfg)
+    assert saver.save(tmp_path, 1, named, opt, 0, 1, {}) is None
+    assert checkpoint.list_checkpoints(tmp_path) == [] and (tmp_path / "checkpoints" / ".tmp-step-000001").is_dir()
+    for p in named.values():  # the next step runs while the write may be in flight
+        p.grad = torch.ones_like(p)
+    saved[1].step()
+    path = saver.wait()
+    assert path == checkpoint.step_dir(tmp_path, 1) and checkpoint.list_checkpoints(tmp_path) == [path]
+    checkpoint.verify(path)
+    fresh = _tiny(1)
+    checkpoint.load(path, fresh[0], fresh[1], 0, 1)
+    assert _same(expected, fresh) and not _same(saved, fresh)
