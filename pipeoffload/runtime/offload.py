@@ -46,6 +46,11 @@ import torch
 
 from pipeoffload.runtime.copier import Copier, make_copier
 
+try:  # torch built without distributed support has no DTensor, hence no sharded tensors to unwrap
+    from torch.distributed.tensor import DTensor as _DTensor
+except ImportError:  # pragma: no cover
+    _DTensor = None  # type: ignore[assignment,misc]
+
 log = logging.getLogger(__name__)
 
 Slot = tuple[int, int]  # (stage, microbatch)
@@ -71,7 +76,7 @@ def _cast_of_parameter(t: torch.Tensor, parameters: set[int] | frozenset[int]) -
     source = fn.next_functions[0][0]
     if source is None or type(source).__name__ != "AccumulateGrad":
         return False
-    return _local(getattr(source, "variable")).untyped_storage().data_ptr() in parameters  # noqa: B009 - untyped
+    return local_tensor(getattr(source, "variable")).untyped_storage().data_ptr() in parameters  # noqa: B009 - untyped
 
 
 def _autocast_on(device_type: str) -> bool:
@@ -144,10 +149,16 @@ def _normalise(device: torch.device) -> torch.device:
     return device
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor holding the data: a DTensor's local shard, else the tensor itself."""
-    local = getattr(t, "_local_tensor", None)
-    return local if isinstance(local, torch.Tensor) else t
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding the data: a DTensor's local shard (``to_local()``), else the tensor itself.
+
+    Without grad mode ``to_local()`` hands back the shard itself, not a differentiable view: writes
+    through it (gradient averaging, clipping) land in the DTensor, and a pack hook adds no autograd node."""
+    if _DTensor is not None and isinstance(t, _DTensor):
+        with torch.no_grad():
+            return t.to_local()
+    return t
+
 
 
 def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -186,7 +197,7 @@ class ActivationStore:
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
         """Never manage storages of these tensors (parameters, buffers): they are not activations."""
         for t in tensors:
-            t = _local(t)
+            t = local_tensor(t)
             if t.device.type != "meta":
                 self._excluded.add(t.untyped_storage().data_ptr())
 
@@ -234,7 +245,7 @@ class ActivationStore:
     def _pack(self, key: Slot, rec: _SlotRecord, cached_casts: bool, t: torch.Tensor) -> Any:
         if self._dead:  # settle frees first, so that the peak never counts memory already gone
             self._reap()
-        local = _local(t)  # a DTensor (tensor parallelism): manage the storage of its local shard
+        local = local_tensor(t)  # a DTensor (tensor parallelism): manage the storage of its local shard
         if local.device != self.device or local.layout != torch.strided:
             return t.detach()
         storage = local.untyped_storage()

@@ -101,6 +101,8 @@ class OptimConfig:
 class CheckpointConfig:
     save_every: int = key(100, "checkpoint every N steps and at the end")
     keep: int = key(2, "checkpoints kept")
+    async_save: bool = key(False, "write checkpoints in the background (dcp.async_save) while the next steps run; "
+                                  "a checkpoint appears once complete, at the latest at the next save or the end")
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ class Trainer:
         self.norm_named = {n: p for n, p in self.named.items() if not (model.tied and n == model.tied.names[1])}
         self.order = self._name_order()
         self.opt = make_optimizer(cfg, self.params, ctx.dp_group, ctx.dp)
+        self.saver = checkpoint.Saver(cfg)
         self.sim = SimulatedPeaks(self.runner.schedule)
         self.step = 0
         self.stop_signal = 0
@@ -257,14 +258,16 @@ class Trainer:
             raise NonFiniteError(f"step {self.step}: the parameters are not finite after the optimizer step; stopped "
                                  "without saving them (the last checkpoint, if any, is intact); lower --lr")
 
-    def save(self) -> Path:
+    def save(self) -> Path | None:
         assert self.run_dir is not None
         self._check_finite_parameters()
         with self.ctx.collective(f"saving the checkpoint of step {self.step}"):
-            path = checkpoint.save(self.run_dir, self.step, self.cfg, self.named, self.opt, self.ctx.rank,
-                                   self.ctx.world, {})
+            path = self.saver.save(self.run_dir, self.step, self.named, self.opt, self.ctx.rank, self.ctx.world, {})
         if self.ctx.is_main:
-            log.info("saved checkpoint %s", path)
+            if path is None:
+                log.info("writing the checkpoint of step %d in the background", self.step)
+            else:
+                log.info("saved checkpoint %s", path)
         return path
 
     def _install_signals(self) -> Callable[[], None]:
@@ -318,6 +321,8 @@ class Trainer:
                 logger.close()
             if bar is not None:
                 bar.close()
+        with ctx.collective("completing the checkpoint written in the background"):
+            self.saver.wait()
         self.runner.close()  # its heartbeat thread ends before the process group is destroyed
         return {"rank": ctx.rank, "step": self.step, "history": list(self.history) if ctx.is_main else [],
                 "interrupted": stopped, "saved_at": saved_at}
