@@ -162,7 +162,7 @@ class Candidate:
 
     def is_base(self) -> bool:
         """No offload and no recompute: the schedule its memory-policy variants are lowered from."""
-        return self.choice == self.choice.plain()
+        return self.choice.is_plain()
 
     def base_key(self) -> tuple:
         return (str(self.layout), self.choice.plain())

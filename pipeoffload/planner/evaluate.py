@@ -28,6 +28,9 @@ from pipeoffload.simulator import Timeline, figures_of, simulate_figures, simula
 _TOL = 1e-6
 
 
+_NO_OFFLOAD, _NO_RECOMPUTE = OffloadPolicy(), RecomputePolicy()
+
+
 @dataclass(frozen=True)
 class ScheduleChoice:
     """Everything about the pipeline schedule except the layout: family, v, g, offload, recompute.
@@ -63,12 +66,12 @@ class ScheduleChoice:
         return self._order() >= other._order()
 
     def plain(self) -> ScheduleChoice:
-        """The same schedule without memory policies (made once: the search asks for it often)."""
-        made = self.__dict__.get("_plain")
-        if made is None:
-            made = replace(self, offload=OffloadPolicy(), recompute=RecomputePolicy())
-            object.__setattr__(self, "_plain", made)  # a cache beside the frozen fields, not state
-        return made
+        """The same schedule without memory policies."""
+        return self if self.is_plain() else replace(self, offload=OffloadPolicy(), recompute=RecomputePolicy())
+
+    def is_plain(self) -> bool:
+        """No offload and no recompute."""
+        return self.offload == _NO_OFFLOAD and self.recompute == _NO_RECOMPUTE
 
     def periodic(self) -> bool:
         """Whether the lowered schedule repeats like the compute schedule (tests check the

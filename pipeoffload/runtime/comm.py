@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -85,7 +85,43 @@ class PeerError(RuntimeError):
         self.peer = peer
 
 
-class Transport:
+class Transport(Protocol):
+    """What the runner needs to exchange messages with the other pipeline ranks.
+
+    ``matches_in_posting_order`` is the one capability that changes how the runner drives it: true
+    when messages between two ranks match in the order they were posted rather than by tag (NCCL).
+    The runner then checks at set-up that every pair of ranks posts matching sequences
+    (``check_fifo``) and posts each batch's receives with the batch instead of early.
+    """
+
+    matches_in_posting_order: bool
+
+    def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[list[Any], list[Any]]:
+        """Post one batch; return the send and the receive works."""
+
+    def wait(self, works: Sequence[Any], peers: Sequence[int] | None = None, what: str = "a message from") -> None:
+        """Block until ``works`` complete, bounded; a failure names the peer (``PeerError``)."""
+
+    def broadcast(self, obj: Any, src_rank: int) -> Any:
+        """``obj`` of pipeline rank ``src_rank``, on every rank."""
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every pipeline rank's ``obj``, in rank order."""
+
+    def global_name(self, rank: int) -> int:
+        """The global rank of pipeline rank ``rank`` (what errors print)."""
+
+    def record_failure(self, message: str) -> None:
+        """Make ``message`` the pipeline's first failure, unless one is recorded already."""
+
+    def first_failure(self) -> str | None:
+        """The first failure any rank recorded, if any."""
+
+    def close(self) -> None:
+        """Release what the transport holds (threads, connections)."""
+
+
+class ProcessGroupTransport:
     """Posts batches of sends/receives on a process group and waits for receives, bounded.
 
     A heartbeat thread bumps a counter per rank in the process group's store; when a wait times out,
@@ -99,6 +135,7 @@ class Transport:
         self.device = device
         self.backend = dist.get_backend(group)
         self.nccl = device.type == "cuda" and "nccl" in str(self.backend)
+        self.matches_in_posting_order = self.nccl
         group_ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
         self._global = list(group_ranks)
         self.rank = dist.get_rank(group)
@@ -269,7 +306,7 @@ class LoopbackTransport:
     """For replaying one rank alone: sends go nowhere, receives are filled with plausible values
     (small random floats, zeros otherwise), so one device can run one rank's real schedule."""
 
-    nccl = False
+    matches_in_posting_order = False
 
     def __init__(self, device: torch.device, seed: int = 0) -> None:
         self.device = device
@@ -309,6 +346,9 @@ class LoopbackTransport:
 
     def first_failure(self) -> str | None:
         return None
+
+    def global_name(self, rank: int) -> int:
+        return rank
 
 
 def peer_of(a: Action, schedule: Schedule) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -70,6 +70,30 @@ class HostPool:
     def release(self, buf: torch.Tensor) -> None:
         self.in_use_bytes -= buf.numel()
         self._free[buf.numel()].append(buf)
+
+
+class Copier(Protocol):
+    """What the activation store needs from a copy engine: start a copy in either direction and get a
+    token; ask whether it is done, make compute wait for it, or block on it. Host buffers come from
+    ``pool``; bytes and seconds per direction accumulate in ``stats``."""
+
+    pool: HostPool
+    stats: CopyStats
+
+    def to_host(self, device_bytes: torch.Tensor, host: torch.Tensor) -> Any:
+        """Start copying ``device_bytes`` into ``host``; return a token for the copy."""
+
+    def to_device(self, host: torch.Tensor, device_bytes: torch.Tensor) -> Any:
+        """Start copying ``host`` into ``device_bytes``; return a token for the copy."""
+
+    def done(self, token: Any) -> bool:
+        """Whether the copy has completed (never blocks)."""
+
+    def wait_on_compute(self, token: Any) -> None:
+        """Make later compute wait for the copy, without blocking the host."""
+
+    def synchronize(self, token: Any) -> None:
+        """Block the host until the copy is complete."""
 
 
 class SyncCopier:
@@ -184,7 +208,7 @@ class CudaCopier:
             self._count(token)
 
 
-def make_copier(device: torch.device, **options: Any) -> SyncCopier | CudaCopier:
+def make_copier(device: torch.device, **options: Any) -> Copier:
     """The copy engine for ``device``: CUDA streams on GPUs, synchronous copies elsewhere."""
     if device.type == "cuda":
         return CudaCopier(device, **options)

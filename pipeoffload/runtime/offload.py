@@ -44,7 +44,12 @@ from typing import Any
 
 import torch
 
-from pipeoffload.runtime.copier import CudaCopier, SyncCopier, make_copier
+from pipeoffload.runtime.copier import Copier, make_copier
+
+try:  # torch built without distributed support has no DTensor, hence no sharded tensors to unwrap
+    from torch.distributed.tensor import DTensor as _DTensor
+except ImportError:  # pragma: no cover
+    _DTensor = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +76,7 @@ def _cast_of_parameter(t: torch.Tensor, parameters: set[int] | frozenset[int]) -
     source = fn.next_functions[0][0]
     if source is None or type(source).__name__ != "AccumulateGrad":
         return False
-    return _local(getattr(source, "variable")).untyped_storage().data_ptr() in parameters  # noqa: B009 - untyped
+    return local_tensor(getattr(source, "variable")).untyped_storage().data_ptr() in parameters  # noqa: B009 - untyped
 
 
 def _autocast_on(device_type: str) -> bool:
@@ -144,10 +149,16 @@ def _normalise(device: torch.device) -> torch.device:
     return device
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor holding the data: a DTensor's local shard, else the tensor itself."""
-    local = getattr(t, "_local_tensor", None)
-    return local if isinstance(local, torch.Tensor) else t
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding the data: a DTensor's local shard (``to_local()``), else the tensor itself.
+
+    Without grad mode ``to_local()`` hands back the shard itself, not a differentiable view: writes
+    through it (gradient averaging, clipping) land in the DTensor, and a pack hook adds no autograd node."""
+    if _DTensor is not None and isinstance(t, _DTensor):
+        with torch.no_grad():
+            return t.to_local()
+    return t
+
 
 
 def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -163,7 +174,7 @@ class ActivationStore:
         exclude: Iterable[torch.Tensor] = (),
         *,
         min_bytes: int = 4096,
-        copier: SyncCopier | CudaCopier | None = None,
+        copier: Copier | None = None,
     ) -> None:
         self.device = _normalise(torch.device(device))
         self.min_bytes = min_bytes
@@ -186,7 +197,7 @@ class ActivationStore:
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
         """Never manage storages of these tensors (parameters, buffers): they are not activations."""
         for t in tensors:
-            t = _local(t)
+            t = local_tensor(t)
             if t.device.type != "meta":
                 self._excluded.add(t.untyped_storage().data_ptr())
 
@@ -234,7 +245,7 @@ class ActivationStore:
     def _pack(self, key: Slot, rec: _SlotRecord, cached_casts: bool, t: torch.Tensor) -> Any:
         if self._dead:  # settle frees first, so that the peak never counts memory already gone
             self._reap()
-        local = _local(t)  # a DTensor (tensor parallelism): manage the storage of its local shard
+        local = local_tensor(t)  # a DTensor (tensor parallelism): manage the storage of its local shard
         if local.device != self.device or local.layout != torch.strided:
             return t.detach()
         storage = local.untyped_storage()
@@ -252,8 +263,24 @@ class ActivationStore:
             rec.nbytes += nbytes
             entry.slots.add(key)
             entry.claims += 1
+            if entry.state is not EntryState.RESIDENT:
+                self._reclaim(entry)
         entry.handles += 1
         return _Handle(self, entry, t.detach())
+
+    def _reclaim(self, entry: _Entry) -> None:
+        """A slot saves a storage that another slot's OFFLOAD sent away while a pin kept it on the device
+        (a tensor handed to the next stage on this rank): it is resident again, for the new slot."""
+        if entry.state is EntryState.TO_HOST:
+            self.copier.synchronize(entry.token)
+            self._copying.remove(entry)
+        elif entry.state is EntryState.ON_HOST and entry in self._pinned_free:
+            self._pinned_free.remove(entry)
+        else:  # its device memory is gone: nothing a forward could have just used
+            raise RuntimeError(f"a forward saved a storage of slot(s) {sorted(entry.slots)} (stage, microbatch) "
+                               f"that is {entry.state.value}")
+        self._drop_host(entry)
+        entry.state = EntryState.RESIDENT
 
     def _unpack(self, handle: Any) -> torch.Tensor:
         if not isinstance(handle, _Handle):

@@ -1,9 +1,10 @@
 """Checkpoints with ``torch.distributed.checkpoint`` (DCP), written atomically, verified before use.
 
 Layout of ``RUN/checkpoints/step-000100/``: DCP's files (``.metadata`` and one ``*.distcp`` per
-writing rank) holding ``model.<full name>`` and ``optim.<full name>.<state>`` under the names the
-whole model has in one process (so DCP reshards them onto any layout, and one process can load
-them), ``rng-rank<r>.pt`` (every random-number state of rank ``r``), ``trainer.json`` (step, layout)
+writing rank) holding ``model.<full name>``, ``optim.state.<full name>.<state>`` and
+``optim.param_groups.<full name>.<option>`` (torch's ``get_state_dict``, optimizer flattened) under
+the names the whole model has in one process (so DCP reshards them onto any layout, and one process
+can load them; a checkpoint of the older ``optim.<full name>.<state>`` keys still loads), ``rng-rank<r>.pt`` (every random-number state of rank ``r``), ``trainer.json`` (step, layout)
 and ``manifest.json`` (config fingerprint, step, sha256 of every other file). A checkpoint is written
 to ``.tmp-step-000100/`` and renamed once the manifest is in place: a folder named ``step-*`` is
 always complete; a leftover ``.tmp-*`` is an interrupted write and is removed at the next save.
@@ -133,18 +134,64 @@ def check_compatible(manifest: dict[str, Any], cfg: TrainConfig, path: Path) -> 
 
 
 # ---- state dicts ------------------------------------------------------------------------------------
-def model_state(named: dict[str, Any]) -> dict[str, Any]:
-    return {f"model.{n}": p.detach() for n, p in named.items()}
+def holder(named: dict[str, Any]) -> Any:
+    """A module whose parameters are this rank's, at their full single-process names (``named``'s
+    keys): torch's state-dict API (``get_state_dict``) takes fully-qualified names from a module,
+    and a pipeline rank holds only its stages (their own names are local: ``0.attn.weight``)."""
+    from torch import nn
+
+    root = nn.Module()
+    for name, p in named.items():
+        *path, leaf = name.split(".")
+        module = root
+        for part in path:
+            if part not in module._modules:
+                module.add_module(part, nn.Module())
+            module = module._modules[part]  # type: ignore[assignment]
+        module.register_parameter(leaf, p)
+    return root
 
 
-def optim_state(named: dict[str, Any], opt: Any) -> dict[str, Any]:
+def _options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # flattened: every optimizer entry is keyed by its parameter's name (``state.<name>.exp_avg``,
+    # ``param_groups.<name>.lr``), so a checkpoint reshards onto other pipeline layouts
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def train_state(named: dict[str, Any], opt: Any) -> dict[str, Any]:
+    """``model.<name>`` and ``optim.state.<name>.<key>`` / ``optim.param_groups.<name>.<key>`` of this
+    rank, from ``get_state_dict`` (which creates AdamW's state if no step made it yet)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     from pipeoffload.train.optim import local_opt
 
-    state = local_opt(opt).state
-    out = {}
-    for n, p in named.items():
-        for key, value in state.get(p, {}).items():
-            out[f"optim.{n}.{key}"] = value
+    model, optim = get_state_dict(holder(named), local_opt(opt), options=_options())
+    return {**{f"model.{k}": v for k, v in model.items()}, **{f"optim.{k}": v for k, v in optim.items()}}
+
+
+def set_train_state(named: dict[str, Any], opt: Any, state: dict[str, Any]) -> None:
+    """Put ``state`` (as ``train_state`` keys it, loaded by DCP) into the parameters and the optimizer."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    from pipeoffload.train.optim import local_opt
+
+    model = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
+    optim = {k[len("optim."):]: v for k, v in state.items() if k.startswith("optim.")}
+    set_state_dict(holder(named), local_opt(opt), model_state_dict=model, optim_state_dict=optim, options=_options())
+
+
+def _old_keys(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` under the keys a checkpoint written before ``get_state_dict`` has (``optim.<name>.<key>``,
+    no parameter groups: they keep this run's values), when ``path`` is one; else ``state``."""
+    import torch.distributed.checkpoint as dcp
+
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    if any(k.startswith("optim.state.") for k in saved) or not any(k.startswith("optim.") for k in saved):
+        return state
+    out = {k: v for k, v in state.items() if k.startswith("model.")}
+    out.update({"optim." + k[len("optim.state."):]: v for k, v in state.items() if k.startswith("optim.state.")})
     return out
 
 
@@ -270,6 +317,14 @@ def save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any], opt:
     Free space is checked first (``estimated_bytes``); a save that fails on any rank (a full disk,
     above all) is removed on every rank's behalf, and every rank raises ``SaveError`` saying what
     happened: the last complete checkpoint stays as it was."""
+    return start_save(run_dir, step, cfg, named, opt, rank, world, extra).wait()
+
+
+def start_save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any], opt: Any, rank: int, world: int,
+               extra: dict[str, Any], background: Any = None) -> PendingSave:
+    """``save`` up to the write of the shards; ``background``: a gloo process group of every rank on
+    which ``dcp.async_save`` writes them in a thread, from a copy of the state taken now (else they
+    are written before this returns). ``PendingSave.wait`` completes the checkpoint."""
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -277,7 +332,7 @@ def save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any], opt:
     final = step_dir(run_dir, step)
     tmp = final.parent / f".tmp-{final.name}"
     device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else None
-    state = {**model_state(named), **optim_state(named, opt)}
+    state = train_state(named, opt)
     total = torch.tensor([float(state_bytes(state))], dtype=torch.float64, device=device)
     dist.all_reduce(total)
     need = int(MARGIN * estimated_bytes(run_dir, int(total[0]))) + (64 << 10)
@@ -293,30 +348,90 @@ def save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any], opt:
 
     code, exc = _attempt(prepare) if rank == 0 else (_OK, None)
     _check(_agree(code, device), exc, run_dir, step, tmp, rank)
+    pending = PendingSave(run_dir, step, cfg, rank, world, extra, device)
 
     def write() -> None:
-        dcp.save(state, checkpoint_id=str(tmp))
         torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
+        if background is None:
+            dcp.save(state, checkpoint_id=str(tmp))
+        else:
+            pending.future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=background)
 
     code, exc = _attempt(write)
     _check(_agree(code, device), exc, run_dir, step, tmp, rank)
+    return pending
 
-    def finish() -> None:
+
+class PendingSave:
+    """A checkpoint whose files are written (or, with ``future``, being written in the background).
+    ``wait`` (collective) waits for every rank's write, then rank 0 writes ``trainer.json`` and the
+    manifest and renames the folder: until then it is a ``.tmp-*`` folder, which no resume reads and
+    the next save removes, so a run stopped mid-write leaves no half checkpoint."""
+
+    def __init__(self, run_dir: Path, step: int, cfg: TrainConfig, rank: int, world: int, extra: dict[str, Any],
+                 device: Any) -> None:
+        self.run_dir, self.step, self.cfg, self.rank, self.world = run_dir, step, cfg, rank, world
+        self.extra, self.device = extra, device
+        self.final = step_dir(run_dir, step)
+        self.tmp = self.final.parent / f".tmp-{self.final.name}"
+        self.future: Any = None
+
+    def wait(self) -> Path:
+        if self.future is not None:
+            code, exc = _attempt(self.future.result)
+            _check(_agree(code, self.device), exc, self.run_dir, self.step, self.tmp, self.rank)
+        code, exc = _attempt(self._finish) if self.rank == 0 else (_OK, None)
+        _check(_agree(code, self.device), exc, self.run_dir, self.step, self.tmp, self.rank)
+        if self.future is not None and self.rank == 0:
+            log.info("saved checkpoint %s (written in the background)", self.final)
+        return self.final
+
+    def _finish(self) -> None:
+        cfg, tmp, final = self.cfg, self.tmp, self.final
         shape = layout(cfg)
-        write_atomic(tmp / "trainer.json", json.dumps({"step": step, "world": world, "layout": shape, **extra}))
+        write_atomic(tmp / "trainer.json", json.dumps({"step": self.step, "world": self.world, "layout": shape,
+                                                       **self.extra}))
         files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-        manifest = {"step": step, "fingerprint": fingerprint(cfg), "fingerprint_hash": fingerprint_hash(cfg),
-                    "layout": shape, "world": world, "files": files}
+        manifest = {"step": self.step, "fingerprint": fingerprint(cfg), "fingerprint_hash": fingerprint_hash(cfg),
+                    "layout": shape, "world": self.world, "files": files}
         write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1))
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
-        for old in list_checkpoints(run_dir)[:-cfg.checkpoint.keep]:
+        for old in list_checkpoints(self.run_dir)[:-cfg.checkpoint.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
-    code, exc = _attempt(finish) if rank == 0 else (_OK, None)
-    _check(_agree(code, device), exc, run_dir, step, tmp, rank)
-    return final
+
+class Saver:
+    """The run's saves: synchronous, or (``cfg.checkpoint.async_save``) written in the background
+    while the next steps run, at most one at a time. Every rank calls ``save`` and ``wait`` at the
+    same points (collectives); the writer thread's collectives use a gloo group of their own, so
+    they never interleave with the training's on the same group."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.pending: PendingSave | None = None
+        self._group: Any = None
+
+    def save(self, run_dir: Path, step: int, named: dict[str, Any], opt: Any, rank: int, world: int,
+             extra: dict[str, Any]) -> Path | None:
+        """The checkpoint's folder once complete; ``None`` while it is written in the background."""
+        self.wait()  # the previous background save completes (and is checked) before the next begins
+        if not self.cfg.checkpoint.async_save:
+            return save(run_dir, step, self.cfg, named, opt, rank, world, extra)
+        if self._group is None:
+            import datetime
+
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.cfg.run.timeout))
+        self.pending = start_save(run_dir, step, self.cfg, named, opt, rank, world, extra, background=self._group)
+        return None
+
+    def wait(self) -> Path | None:
+        """Complete the background save, if one is in flight; its folder."""
+        pending, self.pending = self.pending, None
+        return pending.wait() if pending is not None else None
 
 
 def _check(code: float, exc: BaseException | None, run_dir: Path, step: int, tmp: Path, rank: int) -> None:
@@ -349,9 +464,10 @@ def load(path: Path, named: dict[str, Any], opt: Any, rank: int, world: int) -> 
     """Load into this rank's parameters and optimizer state (DCP reshards); returns ``trainer.json``."""
     import torch.distributed.checkpoint as dcp
 
-    state = {**model_state(named), **optim_state(named, opt)}
+    state = train_state(named, opt)
     try:
-        dcp.load(state, checkpoint_id=str(path))
+        dcp.load(_old_keys(path, state), checkpoint_id=str(path))  # the tensors of ``state``, filled in place
+        set_train_state(named, opt, state)
     except Exception as err:  # DCP's errors are long; keep the first line and say what to do
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"checkpoint {str(path)!r} cannot be loaded onto this layout: {first}") from err

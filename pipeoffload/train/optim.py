@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipeoffload.runtime.offload import local_tensor as local_tensor  # DTensor.to_local(), one definition
 from pipeoffload.train.config import TrainConfig
 
 
@@ -21,11 +22,6 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     return floor + 0.5 * (cfg.optim.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard, or the tensor itself."""
-    return t._local_tensor if hasattr(t, "_local_tensor") else t  # type: ignore[no-any-return]
-
-
 def is_sharded(t: torch.Tensor) -> bool:
     placements = getattr(t, "placements", None)
     return placements is not None and any(p.is_shard() for p in placements)
@@ -34,32 +30,20 @@ def is_sharded(t: torch.Tensor) -> bool:
 def make_optimizer(cfg: TrainConfig, params: list[nn.Parameter], dp_group: Any, dp: int) -> torch.optim.Optimizer:
     """AdamW, or ``ZeroRedundancyOptimizer`` wrapping it (optimizer state sharded over the dp group).
 
-    The state is created up front (zeros, step 0: what AdamW creates lazily), so a resumed run loads
-    into existing tensors and takes exactly the path of an uninterrupted one."""
+    AdamW creates its state at the first step; a resumed run's is created and filled by
+    ``checkpoint.load`` (torch's ``set_state_dict``) before the first step, so it takes exactly the
+    path of an uninterrupted run."""
     kwargs: dict[str, Any] = {"lr": cfg.optim.lr, "betas": (0.9, 0.95), "weight_decay": cfg.optim.weight_decay}
-    opt: torch.optim.Optimizer
     if cfg.parallel.zero and dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        opt = ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=dp_group, **kwargs)
-    else:
-        opt = torch.optim.AdamW(params, **kwargs)  # type: ignore[arg-type]
-    for p in local_params(opt):
-        local_opt(opt).state[p] = {
-            "step": torch.tensor(0.0),
-            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
-        }
-    return opt
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=dp_group, **kwargs)
+    return torch.optim.AdamW(params, **kwargs)  # type: ignore[arg-type]
 
 
 def local_opt(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer holding this rank's state (ZeRO's local shard optimizer, or ``opt``)."""
     return getattr(opt, "optim", opt)
-
-
-def local_params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [p for g in local_opt(opt).param_groups for p in g["params"]]
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
@@ -88,16 +72,12 @@ def average_gradients(params: list[nn.Parameter], dp_group: Any, dp: int) -> Non
 
 
 def global_grad_norm(named: dict[str, nn.Parameter], order: dict[str, int], dp_rank: int, tp_rank: int,
-                     device: torch.device | None = None, riders: torch.Tensor | None = None) -> float:
+                     device: torch.device | None = None) -> float:
     """The gradient norm over the whole model, the same value on every rank of every layout.
 
     Each parameter's squared norm (float64) goes into a slot of one vector indexed by its full name
     (one replica contributes, once per tensor-parallel shard); one all-reduce over the world fills
-    it and its sum, in name order, is independent of how the model is split.
-
-    ``riders``: a float64 vector summed over the world by the same all-reduce (in place), so that a
-    caller's per-step gather costs no collective of its own; the norm's slots come first and are
-    summed exactly as without it."""
+    it and its sum, in name order, is independent of how the model is split."""
     squares = torch.zeros(len(order), dtype=torch.float64, device=device)  # on the GPU for NCCL
     if dp_rank == 0:
         slots, values = [], []
@@ -110,15 +90,9 @@ def global_grad_norm(named: dict[str, nn.Parameter], order: dict[str, int], dp_r
         if values:  # one scatter, not one indexed add per parameter (each name has its own slot)
             index = torch.tensor(slots, dtype=torch.long, device=squares.device)
             squares.index_copy_(0, index, torch.stack(values).to(squares.device))
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return float(squares.sum().sqrt())
-    if riders is None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(squares)
-        return float(squares.sum().sqrt())
-    both = torch.cat([squares, riders.to(squares.device)])
-    dist.all_reduce(both)
-    riders.copy_(both[len(order):])
-    return float(both[:len(order)].sum().sqrt())
+    return float(squares.sum().sqrt())
 
 
 def clip_gradients(params: list[nn.Parameter], norm: float, max_norm: float) -> None:

@@ -31,10 +31,11 @@ def metrics(run: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A 4-step run, and the same run stopped after step 2."""
+    """A 4-step run, and the same run stopped after step 2, its checkpoints written in the background
+    (``--async-save``: every resume below starts from one, to the synchronous run's losses)."""
     base = tmp_path_factory.mktemp("ckpt")
     full, stopped = base / "full", base / "stopped"
-    for out, extra in ((full, []), (stopped, ["--stop-at", "2"])):
+    for out, extra in ((full, []), (stopped, ["--stop-at", "2", "--async-save"])):
         done = cli(*SMALL, "--steps", "4", "--out", str(out), *extra)
         assert done.returncode == 0, done.stderr
     return {"full": full, "stopped": stopped}
@@ -48,6 +49,21 @@ def test_resume_is_bit_identical(runs: dict[str, Path], tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert metrics(run) and [m["loss"] for m in metrics(run)] == [m["loss"] for m in metrics(runs["full"])]
     assert [m["val_loss"] for m in metrics(run)] == [m["val_loss"] for m in metrics(runs["full"])]
+
+
+def test_resume_saving_in_the_background_completes_the_last_save_at_the_end(runs: dict[str, Path],
+                                                                           tmp_path: Path) -> None:
+    """--async-save on resume too: the losses of the uninterrupted synchronous run, and the last
+    checkpoint (saved at the end, awaited before the run returns) complete and verified."""
+    run = tmp_path / "run"
+    shutil.copytree(runs["stopped"], run)
+    assert [p.name for p in list_checkpoints(run)] == ["step-000002"]
+    done = cli("--resume", str(run), "--async-save")
+    assert done.returncode == 0, done.stderr
+    assert [m["loss"] for m in metrics(run)] == [m["loss"] for m in metrics(runs["full"])]
+    assert [p.name for p in list_checkpoints(run)] == ["step-000002", "step-000004"]
+    verify(list_checkpoints(run)[-1])
+    assert not list((run / "checkpoints").glob(".tmp-*"))
 
 
 def test_a_run_saved_in_the_flat_format_resumes_bit_identically(runs: dict[str, Path], tmp_path: Path) -> None:

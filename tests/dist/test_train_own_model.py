@@ -25,7 +25,7 @@ def test_own_model_example_trains_and_checkpoints_by_layer_name(tmp_path: Path) 
 
     keys = set(dcp.FileSystemReader(str(tmp_path / "run" / "checkpoints" / "step-000020")).read_metadata()
                .state_dict_metadata)
-    assert {"model.layers.0.weight", "model.layers.4.bias", "optim.layers.2.weight.exp_avg"} <= keys
+    assert {"model.layers.0.weight", "model.layers.4.bias", "optim.state.layers.2.weight.exp_avg"} <= keys
 
     import tomllib
 

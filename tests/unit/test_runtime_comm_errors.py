@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
-from pipeoffload.runtime.comm import PeerError, Transport  # noqa: E402
+from pipeoffload.runtime.comm import PeerError, ProcessGroupTransport  # noqa: E402
 
 GLOO_CLOSED = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
                "[127.0.0.1]:51414. This is typically caused by a remote worker crashing.")
@@ -32,7 +32,7 @@ def transport():  # type: ignore[no-untyped-def]
         dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=0, world_size=1,
                                 timeout=datetime.timedelta(seconds=30))
         try:
-            made = Transport(None, 5.0, torch.device("cpu"))
+            made = ProcessGroupTransport(None, 5.0, torch.device("cpu"))
             made._pg = _ClosedPeer()  # type: ignore[assignment]
             yield made
             made.close()
