@@ -121,6 +121,8 @@ class PipelineRunner:
     declare each stage's output spec (list per microbatch, or one for all) instead of inferring it.
     ``transport``: replace the process group (``LoopbackTransport`` replays one rank alone).
     ``measure_memory``: the default of ``step(..., measure=)``; see ``step``.
+    ``on_stage_gradients(stage)``: called once per step and local stage, right after the stage's
+    last B or W, when its parameters' gradients are final (a data-parallel reduction starts there).
     """
 
     def __init__(
@@ -138,6 +140,7 @@ class PipelineRunner:
         transport: Transport | None = None,
         copier: Copier | None = None,
         measure_memory: bool = True,
+        on_stage_gradients: Callable[[int], None] | None = None,
     ) -> None:
         self.schedule = schedule if schedule.is_lowered() or schedule.num_ranks == 1 else lower(schedule)
         validate(self.schedule)
@@ -190,6 +193,11 @@ class PipelineRunner:
         self._peer_stage = {(a.kind, a.stage): sem.peer_stage(a.kind, a.stage, self.num_stages)
                             for a in self.row if a.kind in _DIRECTION}
         self._program = comm_batches(self.row)
+        # the program position of each local stage's last B or W of a step: its gradients are final
+        # there (what a data-parallel reduction can start from, while the rank runs its other work)
+        self.on_stage_gradients = on_stage_gradients
+        last = {a.stage: i for i, a in enumerate(self._program) if a.__class__ is not list and a.kind in (K.B, K.W)}
+        self._gradients_final = {i: stage for stage, i in last.items()}
         # gloo matches messages by tag, so the receives of the next comm batch can be posted as soon
         # as this one is done: their data then lands while this rank computes (NCCL matches in
         # posting order, and its batches are group calls: there each batch posts its own).
@@ -322,6 +330,8 @@ class PipelineRunner:
                     index += len(item)
                 else:
                     handlers[item.kind](self, item)
+                    if self.on_stage_gradients is not None and position in self._gradients_final:
+                        self.on_stage_gradients(self._gradients_final[position])
                     store.poll()
                     record(TraceRecord(item, begin, clock() - t0, store.resident_bytes))
                     index += 1
