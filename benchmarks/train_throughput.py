@@ -7,18 +7,17 @@ What each timed step includes:
 
 - ours: the whole ``pipeoffload.train.loop.Trainer.train_step``: the pipeline step through
   ``PipelineRunner`` (activation store with saved-tensor hooks and the per-action trace), the
-  global gradient norm and clipping (one all-reduce over the ranks, which also carries every rank's
-  measurements: loss, peaks, slot bytes), AdamW, and the metrics record (with the cached simulated
-  peak).
+  global gradient norm and clipping (one all-reduce over the ranks), AdamW, the all-reduce that
+  gathers every rank's measurements (loss, stop flag; on measured steps peaks and slot bytes), and
+  the metrics record (with the cached simulated peak).
 - torch: ``Schedule1F1B``/``ScheduleInterleaved1F1B``/``ScheduleZBVZeroBubble`` (for zb-v, ``--schedules``) ``.step``, the same global-norm clipping done the way
   a ``torch.distributed.pipelining`` user does it (each rank's squared gradient norm, one all-reduce
-  over the pipeline ranks, ``clip_grad_norm_``'s scaling), and AdamW; no metrics (ours gathers its
-  measurements on the norm's all-reduce). ``--no-clip`` turns clipping off on both sides.
+  over the pipeline ranks, ``clip_grad_norm_``'s scaling), and AdamW; no metrics. ``--no-clip`` turns clipping off on both sides.
 
 Every rank leaves a barrier before each timed step, so a step lasts until its slowest rank is done:
 the reported step time is the median over steps of the slowest rank's time (torch's step ends with
 no collective, so one rank's own time would leave out the imbalance that the next step's wait pays;
-ours ends with the norm's all-reduce, which makes every rank wait for the last). Per rank, the
+ours ends with the measurements' all-reduce, which makes every rank wait for the last). Per rank, the
 median of each part is printed: ours' pipeline step (``runner.trace.wall``), its norm+clip+AdamW,
 its metrics record; torch's schedule step and AdamW.
 ``--measure every`` has ours measure the activation memory on every step, as ``Trainer`` asks by
@@ -95,9 +94,8 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str) ->
                                                      "torch", "torch_pipeline", "torch_update", "torch_cpu")}
 
     def our_step(step: int) -> None:
-        ours.runner.measure_memory = measure == "every" or step == 0
         start, cpu = time.perf_counter(), time.process_time()
-        record = ours.train_step()
+        record = ours.train_step(measure=measure == "every" or step == 0)
         total, cpu = time.perf_counter() - start, time.process_time() - cpu
         if step >= 2:
             parts["ours_cpu"].append(cpu)

@@ -13,6 +13,7 @@ stored, for T times the stage's forward time of extra backward work (``lgd`` = t
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from pipeoffload.costs import CostModel
@@ -161,6 +162,7 @@ def _float(text: str, whole: str, forms: str) -> float:
         value = float(text)
     except ValueError:
         raise ConfigError(f"{whole!r}: {text!r} is not a number; valid forms: {forms}") from None
-    if not value >= 0:
-        raise ConfigError(f"{whole!r}: {value} must be >= 0; valid forms: {forms}")
+    if not 0 <= value < math.inf:  # typed: an infinite budget would print as Infinity in --json (the planner's
+        # own "no budget" sentinel is inf, so only what is typed is refused)
+        raise ConfigError(f"{whole!r}: {value} must be a finite number >= 0; valid forms: {forms}")
     return value

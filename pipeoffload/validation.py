@@ -5,7 +5,9 @@ order on the owning rank; R only between F and the backward, at most once; OFFLO
 before the backward, RELOAD after OFFLOAD and before the backward; the second window's OFFLOAD_W
 after I and before W, RELOAD_W after OFFLOAD_W and before W; each stage's actions on its
 placement rank; and, for lowered schedules, SEND/RECV present exactly where ranks differ and in
-order. ``check_p2p_order`` dry-runs the comm order with the runtime's p2p semantics.
+order. ``check_p2p_order`` dry-runs the comm order with the runtime's p2p semantics. A forward-only
+schedule (evaluation: ``validate(..., forward_only=True)``) has exactly one F per (stage,
+microbatch), with its SEND_F/RECV_F when lowered, and nothing else.
 """
 from __future__ import annotations
 
@@ -28,15 +30,16 @@ _SF, _RF, _SB, _RB = (_BIT[k] for k in (K.SEND_F, K.RECV_F, K.SEND_B, K.RECV_B))
 _BACK = _B | _I
 
 
-def validate(schedule: Schedule) -> None:
+def validate(schedule: Schedule, *, forward_only: bool = False) -> None:
     """Raise ``ScheduleError`` (rank, step, action and the marked grid) at the first violation.
 
     One pass over every rank's list keeps a bit set of what each (stage, microbatch) has done so
     far; each action checks its preconditions against it. A final pass checks completeness.
+    ``forward_only``: the schedule of an evaluation (F and its comms only, no backward).
     """
     with gc_paused():
-        if not _proved_valid(schedule):
-            _validate(schedule)
+        if forward_only or not _proved_valid(schedule):
+            _validate(schedule, forward_only)
         if schedule.is_lowered():
             _check_p2p(schedule)
 
@@ -116,7 +119,10 @@ def _proved_valid(schedule: Schedule) -> bool:
     return bool(ok)
 
 
-def _validate(schedule: Schedule) -> None:
+_FORWARD_KINDS = frozenset({K.F, K.SEND_F, K.RECV_F})
+
+
+def _validate(schedule: Schedule, forward_only: bool = False) -> None:
     rows = schedule.actions
     placement = schedule.placement
     num_stages, num_mb = placement.num_stages, schedule.num_microbatches
@@ -143,11 +149,13 @@ def _validate(schedule: Schedule) -> None:
             bit = _BIT[kind]
             if have & bit:
                 fail(f"duplicate {a}", rank, step)
+            if forward_only and kind not in _FORWARD_KINDS:
+                fail(f"{a} in a forward-only schedule: it has F, SEND_F and RECV_F actions only", rank, step)
             problem = _precondition(kind, stage, mb, have, state, lowered, cross_in, cross_out, owner)
             if problem:
                 fail(problem, rank, step)
             state[key] = have | bit
-    _check_complete(schedule, state, lowered, cross_in, cross_out, fail)
+    _check_complete(schedule, state, lowered, cross_in, cross_out, fail, forward_only)
 
 
 def _precondition(kind, stage, mb, have, state, lowered, cross_in, cross_out, owner) -> str | None:  # type: ignore[no-untyped-def]
@@ -223,19 +231,23 @@ class _Here:
         return f"stage {self.stage}, microbatch {self.mb}"
 
 
-def _check_complete(schedule, state, lowered, cross_in, cross_out, fail) -> None:  # type: ignore[no-untyped-def]
+def _check_complete(schedule, state, lowered, cross_in, cross_out, fail,  # type: ignore[no-untyped-def]
+                    forward_only=False) -> None:
     placement = schedule.placement
     for stage in range(placement.num_stages):
         rank = placement.rank_of(stage)
         expect = _F
         if lowered:
-            expect |= (_RF | _SB if cross_in[stage] else 0) | (_SF | _RB if cross_out[stage] else 0)
+            back = 0 if forward_only else 1
+            expect |= (_RF | _SB * back if cross_in[stage] else 0) | (_SF | _RB * back if cross_out[stage] else 0)
         for mb in range(schedule.num_microbatches):
             have = state.get((stage, mb), 0)
             here = _Here(stage, mb)
             if expect & ~have:
                 missing = [k.value for k in ActionKind if expect & _BIT[k] and not have & _BIT[k]]
                 fail(f"{here} has no {'/'.join(missing)} on rank {rank}", rank, _last_step(schedule, rank))
+            if forward_only:
+                continue
             if not have & _B and (have & (_I | _W)) != (_I | _W):
                 what = "I" if have & _W else ("W" if have & _I else "B (or I and W)")
                 fail(f"{here} has no {what}: every F needs one B, or one I and one W", rank,

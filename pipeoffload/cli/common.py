@@ -92,6 +92,16 @@ def extra_line(package: str) -> str:
     return f"this command needs {package} (the '{extra}' extra): pip install 'pipeoffload[{extra}]'"
 
 
+def require_run_dir(run_dir: str) -> None:
+    """A run directory has its config.toml: checked before torch is imported (seconds), so a typo in
+    RUN_DIR answers at once, in the words the loader would use."""
+    from pathlib import Path
+
+    run = Path(run_dir)
+    if not (run / "config.toml").is_file():
+        raise ConfigError(f"RUN_DIR {str(run)!r}: no config.toml; give the --out folder of `pipeoffload train`")
+
+
 def require_extra(package: str) -> None:
     """Refuse, before anything is written, a command whose extra is not installed (``ConfigError``)."""
     if importlib.util.find_spec(package) is None:

@@ -14,8 +14,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeoffload.cli.common import require_extra
+    from pipeoffload.cli.common import require_extra, require_run_dir
 
+    require_run_dir(args.run_dir)
     require_extra("torch")
     from pipeoffload.train.export import export_hf
 

@@ -18,12 +18,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     compare.add_argument("-o", "--output", metavar="FILE",
                          help="the merged trace (default: RUN_TRACE with .vs-sim.json)")
     compare.set_defaults(run=run_compare)
-    parser.set_defaults(run=lambda args: _usage(parser))
+    parser.set_defaults(run=_no_action)
 
 
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
+def _no_action(args: argparse.Namespace) -> int:
+    raise ConfigError("give an action: compare (pipeoffload trace compare RUN_TRACE; see pipeoffload trace --help)")
 
 
 def run_compare(args: argparse.Namespace) -> int:

@@ -116,6 +116,9 @@ def _run(args: argparse.Namespace) -> int:
         p = cfg.parallel
         raise ConfigError(f"dp*pp*tp = {p.dp}*{p.pp}*{p.tp} = {cfg.world} ranks: pass --nproc {cfg.world} "
                           "to spawn them here, or start under torchrun")
+    from pipeoffload.train.preflight import check_out
+
+    check_out(cfg.run.out)  # a bad --out is one line, not the configuration and then the error
     if os.environ.get("RANK", "0") == "0":
         print("".join(f"# {note}\n" for note in notes) + to_toml(cfg), end="", flush=True)
     from pipeoffload.train.job import train

@@ -30,6 +30,7 @@ from pipeoffload import semantics as sem
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.models.split import stage_modules
+from pipeoffload.passes.forward import forward_only
 from pipeoffload.passes.lower import lower
 from pipeoffload.runtime.comm import (
     LoopbackTransport,
@@ -203,6 +204,7 @@ class PipelineRunner:
         # posting order, and its batches are group calls: there each batch posts its own).
         self._prefetch = not self.transport.matches_in_posting_order
         self._next_recvs = _next_receives(self._program) if self._prefetch else {}
+        self._eval: tuple[list, dict[int, list[Action]]] | None = None  # evaluate's program, built on first use
         self._reset_state()
 
     def close(self) -> None:
@@ -297,19 +299,64 @@ class PipelineRunner:
         split the backward runs an unmeasured step with no saved-tensor hooks at all; the trace then
         says ``measured=False`` and its byte fields are 0. Rows that copy or split always measure."""
         m = self.num_microbatches
-        self._mb_inputs = split_microbatches(inputs, m, self.device, "inputs") if 0 in self.stages else None
-        last = self.num_stages - 1
-        self._mb_targets = None
-        if last in self.stages:
-            if targets is None:
-                raise ConfigError(f"rank {self.rank} holds the last stage: pass targets to step(inputs, targets)")
-            self._mb_targets = [t if len(t) > 1 else t[0] for t in split_microbatches(targets, m, self.device, "targets")]
+        self._split(inputs, targets, "step")
         step, trace = self.step_count, Trace(self.rank, self.step_count)
         self.step_count += 1
         measure = self.measure_memory if measure is None else measure
         self.store.active = trace.measured = measure or self._store_needed
         self.store.reset_peak()
-        record, clock, store, handlers = trace.records.append, time.perf_counter, self.store, self._handlers
+        self._run(self._program, self._next_recvs, self._handlers, trace, f"step {step}", step)
+        trace.peak_bytes = self.store.peak_bytes
+        trace.peak_host_bytes = self.store.peak_host_bytes
+        trace.end_bytes = self.store.resident_bytes
+        self.trace = trace
+        if self._mb_targets is None:
+            return None
+        total = self._losses[0]
+        for mb in range(1, m):
+            total = total + self._losses[mb]
+        self._losses.clear()
+        return total
+
+    @torch.no_grad()
+    def evaluate(self, inputs: Any = None, targets: Any = None) -> list[torch.Tensor] | None:
+        """Forward only, without autograd: each microbatch's loss (not divided by the number of
+        microbatches) on the last stage's rank, else None. Runs the forward-only schedule of this
+        runner's schedule (``passes.forward.forward_only``: the same placement and F order) through
+        the same interpreter, transport and failure handling as ``step``; nothing is saved, so the
+        activation store is not involved. Put the modules in eval mode first if they need it."""
+        if self._eval is None:
+            program = comm_batches(forward_only(self.schedule).actions[self.rank])
+            self._eval = program, _next_receives(program) if self._prefetch else {}
+        m = self.num_microbatches
+        self._split(inputs, targets, "evaluate")
+        active, self.store.active = self.store.active, False
+        try:
+            self._run(*self._eval, {K.F: type(self)._forward_eval}, Trace(self.rank, self.step_count),
+                      f"the evaluation after step {self.step_count - 1}", self.step_count - 1)
+        finally:
+            self.store.active = active
+        if self._mb_targets is None:
+            return None
+        losses = [self._losses[mb] for mb in range(m)]
+        self._losses.clear()
+        return losses
+
+    def _split(self, inputs: Any, targets: Any, caller: str) -> None:
+        """The microbatches of the batch this rank needs: inputs on stage 0's rank, targets on the last's."""
+        m = self.num_microbatches
+        self._mb_inputs = split_microbatches(inputs, m, self.device, "inputs") if 0 in self.stages else None
+        self._mb_targets = None
+        if self.num_stages - 1 in self.stages:
+            if targets is None:
+                raise ConfigError(f"rank {self.rank} holds the last stage: pass targets to {caller}(inputs, targets)")
+            self._mb_targets = [t if len(t) > 1 else t[0] for t in split_microbatches(targets, m, self.device, "targets")]
+
+    def _run(self, program: list, next_recvs: dict[int, list[Action]], handlers: Mapping[ActionKind, Handler],
+             trace: Trace, label: str, step: int) -> None:
+        """Interpret ``program`` (this rank's actions, comms in batches) into ``trace``; a failure
+        becomes a ``PipelineError`` naming ``label`` (e.g. "step 3") and the action."""
+        record, clock, store = trace.records.append, time.perf_counter, self.store
         index, current = 0, None  # current: the action running (or a phase name), for error messages
         t0 = clock()
         trace.epoch = time.time()  # the step start on the wall clock ranks share (trace.epoch)
@@ -317,13 +364,13 @@ class PipelineRunner:
             current = "shape inference"
             self._ensure_specs(self._mb_inputs)
             current = None
-            for position, item in enumerate(self._program):
+            for position, item in enumerate(program):
                 begin = clock() - t0
                 current = item
                 if item.__class__ is list:  # a batch of comm actions
                     self._exchange(item)
-                    if position in self._next_recvs:
-                        self._post_early(self._next_recvs[position])
+                    if position in next_recvs:
+                        self._post_early(next_recvs[position])
                     end, resident = clock() - t0, store.resident_bytes
                     for a in item:
                         record(TraceRecord(a, begin, end, resident))
@@ -338,19 +385,8 @@ class PipelineRunner:
             current = None
             self._finish_step()
         except Exception as exc:
-            raise self._fail(exc, step, index, current) from exc
-        trace.peak_bytes = self.store.peak_bytes
-        trace.peak_host_bytes = self.store.peak_host_bytes
-        trace.end_bytes = self.store.resident_bytes
+            raise self._fail(exc, label, step, index, current) from exc
         trace.wall = time.perf_counter() - t0
-        self.trace = trace
-        if self._mb_targets is None:
-            return None
-        total = self._losses[0]
-        for mb in range(1, m):
-            total = total + self._losses[mb]
-        self._losses.clear()
-        return total
 
     def _finish_step(self) -> None:
         for work, _tensors, peer in self._inflight:
@@ -370,14 +406,14 @@ class PipelineRunner:
         g = self.transport.global_name(self.rank)
         return f"pipeline rank {self.rank}" if g == self.rank else f"rank {g} (pipeline rank {self.rank})"
 
-    def _fail(self, exc: Exception, step: int, index: int, action: Any) -> PipelineError:
+    def _fail(self, exc: Exception, label: str, step: int, index: int, action: Any) -> PipelineError:
         if isinstance(action, Action):
-            where = f"step {step}, action #{index} {action}"
+            where = f"{label}, action #{index} {action}"
         elif isinstance(action, list):  # a comm batch: name all of it, it fails as one
-            where = f"step {step}, actions #{index}-{index + len(action) - 1} [{' '.join(map(str, action))}]"
+            where = f"{label}, actions #{index}-{index + len(action) - 1} [{' '.join(map(str, action))}]"
             action = action[0]
         else:
-            where = f"step {step}, {action or 'end of step'}"
+            where = f"{label}, {action or 'end of step'}"
             action = None
         message = f"{self._who()} failed at {where}: {type(exc).__name__}: {exc}"
         first = self.transport.first_failure()
@@ -414,6 +450,25 @@ class PipelineRunner:
             pins = [t for t in flatten(inputs)[0] if isinstance(t, torch.Tensor) and self.store.pin(t)]
             if pins:
                 self._handoff_pins[(s + 1, mb)] = pins
+        else:
+            self._outbox[(K.SEND_F, s, mb)] = [v for v, sp in zip(leaves, spec.leaves) if isinstance(sp, TensorSpec)]
+
+    def _forward_eval(self, a: Action) -> None:
+        """F of an evaluation: the module alone (no saving, no loss scaling); the value goes on as in ``_forward``."""
+        s, mb = a.stage, a.microbatch
+        stage = self.stages[s]
+        args = self._mb_inputs[mb] if s == 0 else self._inputs.pop((s, mb))  # type: ignore[index]
+        out = stage.module(*args)
+        if stage.is_last:
+            if stage.loss_fn is None:
+                raise ValueError(f"stage {s} is the last stage but no loss_fn was given")
+            self._losses[mb] = stage.loss_fn(out, self._mb_targets[mb])  # type: ignore[index]
+            return
+        leaves, tree = flatten(out)
+        spec = self.specs[s][mb]  # type: ignore[index]
+        check_values(leaves, tree, spec, f"output of stage {s}, microbatch {mb}")
+        if self._local(s + 1):
+            self._inputs[(s + 1, mb)] = as_inputs(leaves, spec)
         else:
             self._outbox[(K.SEND_F, s, mb)] = [v for v, sp in zip(leaves, spec.leaves) if isinstance(sp, TensorSpec)]
 

@@ -110,6 +110,12 @@ class MetricsConfig:
     eval_every: int = key(50, "validation loss every N steps (and after step 1 and the last)")
     eval_batches: int = key(2, "held-out batches (of global_batch sequences) per validation")
     progress: bool = key(True, "the progress bar", saved=False)
+    log_every: int = key(1, "a metrics record (and its memory measurement) every N steps; the last step, and "
+                            "every step with a validation loss, always")
+    tensorboard: bool = key(False, "also write TensorBoard event files to RUN_DIR/tensorboard "
+                                   "(pip install 'pipeoffload[tensorboard]')")
+    keep_records: int = key(1000, "metrics records kept in memory and returned by train_model (the whole run is "
+                                  "in metrics.jsonl)", saved=False)
 
 
 @dataclass(frozen=True)
@@ -379,6 +385,15 @@ def layout(cfg: TrainConfig) -> dict[str, Any]:
 
 
 # ---- validation ----------------------------------------------------------------------------------------
+def _installed(package: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(package) is not None
+    except ValueError:  # sys.modules holds None for it: an import of it fails
+        return False
+
+
 def _need(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
@@ -394,7 +409,7 @@ def resolve_stages_per_rank(cfg: TrainConfig) -> TrainConfig:
 
 
 _AT_LEAST_1 = ("pp", "dp", "tp", "microbatches", "global_batch", "steps", "layers", "hidden", "heads", "seq_len",
-               "eval_every", "save_every", "keep", "eval_batches")
+               "eval_every", "save_every", "keep", "eval_batches", "log_every", "keep_records")
 _AT_LEAST_0 = ("stages_per_rank", "group_size", "nproc", "warmup", "seed", "stop_at", "kv_heads", "ffn_hidden",
                "vocab", "skip_nonfinite")
 
@@ -420,6 +435,9 @@ def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) ->
         cfg = replace(cfg, data=replace(cfg.data, path=str(Path(cfg.data.path).resolve())))
     OffloadPolicy.parse(cfg.schedule.offload)
     RecomputePolicy.parse(cfg.schedule.recompute)
+    if cfg.metrics.tensorboard:
+        _need(_installed("tensorboard"), "tensorboard=true: the tensorboard package is not installed; "
+                                         "pip install 'pipeoffload[tensorboard]', or leave out --tensorboard")
     cfg = resolve_stages_per_rank(cfg)
     _check_schedule(cfg, gpt)
     return cfg

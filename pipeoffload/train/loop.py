@@ -4,9 +4,12 @@
 data-parallel replicas are averaged per stage as soon as the runner has run the stage's last
 backward (one flat all-reduce per dtype, in the background; awaited after the runner's step), the
 global norm is clipped (see ``optim.global_grad_norm``: the same bits in every layout), the
-optimizer steps. Every rank's measurements of the step ride on the norm's all-reduce (one
-collective per step for both); rank 0 writes ``metrics.jsonl`` and draws the progress bar. SIGINT/SIGTERM set a flag; the step in flight
-finishes, all ranks agree at the next gather, save a checkpoint and return.
+optimizer steps. Every rank's measurements of the step come to every rank with one all-reduce of
+their own: the loss and the stop flag each step, the memory and timings only on steps that are
+logged (``log_every``; the activation memory is measured only then). Rank 0 hands each logged record
+to the run's ``MetricsLogger``s (``metrics.jsonl``, TensorBoard) and draws the progress bar; the
+last ``keep_records`` records stay in memory (``history``). SIGINT/SIGTERM set a flag; the step in
+flight finishes, all ranks agree at the next gather, save a checkpoint and return.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import math
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,11 +29,10 @@ import torch.distributed as dist
 
 from pipeoffload.ir import Schedule
 from pipeoffload.runtime import PipelineRunner
-from pipeoffload.runtime.spec import TensorSpec, as_inputs, assemble, flatten, split_microbatches, tensor_specs
 from pipeoffload.train import checkpoint
 from pipeoffload.train.config import TrainConfig
 from pipeoffload.train.mesh import RankContext
-from pipeoffload.train.metrics import MetricsFile, SimulatedPeaks, reload_seconds
+from pipeoffload.train.metrics import MetricsLogger, SimulatedPeaks, make_loggers, reload_seconds
 from pipeoffload.train.model import RankModel
 from pipeoffload.train.optim import (
     OverlappedAverage,
@@ -42,7 +45,8 @@ from pipeoffload.train.optim import (
 )
 
 log = logging.getLogger(__name__)
-_HEAD = 8  # measurements before the per-stage slot bytes in a row of the measurement board
+_BRIEF = 3  # measurements of every step: has a loss, the loss, the stop signal
+_HEAD = 8  # measurements of a logged step before the per-stage slot bytes in a row of the board
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
@@ -84,7 +88,8 @@ class Trainer:
         self.step = 0
         self.stop_signal = 0
         self.skipped = 0  # steps whose optimizer step was skipped for a non-finite loss or norm
-        self.history: list[dict[str, Any]] = []
+        self.history: deque[dict[str, Any]] = deque(maxlen=cfg.metrics.keep_records)  # the last logged records
+        self._peer_stop = 0
 
     def _name_order(self) -> dict[str, int]:
         """Index of every parameter of the whole model (names from all ranks, sorted)."""
@@ -101,17 +106,19 @@ class Trainer:
             return torch.autocast(self.ctx.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def train_step(self) -> dict[str, Any]:
+    def train_step(self, measure: bool = True) -> dict[str, Any]:
+        """One optimizer step. ``measure``: measure the activation memory and return the full record
+        (a logged step); else the record has the step, losses, lr, norm and timings only."""
         cfg, ctx = self.cfg, self.ctx
         step = self.step + 1
         lr = lr_at(cfg, step)
         set_lr(self.opt, lr)
         inputs, targets = self.batches.train(step - 1, ctx.dp_rank)
-        if ctx.device.type == "cuda":
+        if measure and ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
         t0 = time.perf_counter()
         with self._autocast():
-            loss = self.runner.step(inputs, targets)
+            loss = self.runner.step(inputs, targets, measure=measure)
         if self.model.tied is not None:
             with ctx.collective(f"summing the gradients of the tied embedding and head of step {step}"):
                 self.model.tied.reduce()
@@ -119,11 +126,10 @@ class Trainer:
             if self.grad_mean is not None:
                 self.grad_mean.wait()
             average_gradients(self.late_params, ctx.dp_group, ctx.dp)
-        board = self._measurements(loss, self.runner.trace)
         with ctx.collective(f"reducing the gradient norm of step {step} over every rank"):
-            norm = global_grad_norm(self.norm_named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device,
-                                    riders=board.view(-1))
-        everyone = self._rows(board)
+            norm = global_grad_norm(self.norm_named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device)
+        with ctx.collective(f"gathering the measurements of step {step} from every rank"):
+            everyone = self._rows(self._gather(self._measurements(loss, self.runner.trace if measure else None)))
         losses = [r["loss"] for r in everyone if r["loss"] is not None]
         finite = math.isfinite(norm) and all(math.isfinite(x) for x in losses)  # the same on every rank
         if finite:
@@ -134,6 +140,16 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         step_s = time.perf_counter() - t0
         self.step = step
+        self._peer_stop = max(r["stop"] for r in everyone)
+        samples = cfg.data.global_batch * self.batches.tokens_per_sample
+        record = {"step": step, "loss": math.fsum(losses) / len(losses), "val_loss": None, "lr": lr, "grad_norm": norm,
+                  "tokens_per_s": samples / step_s, "step_s": step_s}
+        if measure:
+            record.update(self._memory(everyone))
+        return record
+
+    def _memory(self, everyone: list[dict[str, Any]]) -> dict[str, Any]:
+        """The memory fields of a logged record, per global rank (measured and simulated)."""
         units: dict[int, int] = {}
         kept: dict[int, int] = {}  # bytes a slot still held after its I: W needs only those
         for r in everyone:
@@ -142,18 +158,13 @@ class Trainer:
             for s, b in r["w"].items():
                 kept[s] = max(kept.get(s, 0), b)
         sim = self.sim(units, kept)
-        samples = cfg.data.global_batch * self.batches.tokens_per_sample
-        record = {
-            "step": step, "loss": math.fsum(losses) / len(losses), "val_loss": None, "lr": lr, "grad_norm": norm,
-            "tokens_per_s": samples / step_s, "step_s": step_s,
+        return {
             "peak_act_bytes": [r["peak"] for r in everyone],
             "sim_peak_act_bytes": [sim[r["pp_rank"]] for r in everyone],
             "host_bytes": [r["host"] for r in everyone],
             "reload_stall_s": [r["stall"] for r in everyone],
             "cuda_max_allocated": None if everyone[0]["cuda"] is None else [r["cuda"] for r in everyone],
         }
-        self._peer_stop = max(r["stop"] for r in everyone)
-        return record
 
     def _nonfinite(self, step: int, loss: float, norm: float) -> None:
         """A non-finite loss or gradient norm: the optimizer does not step; past the allowed number of
@@ -170,39 +181,54 @@ class Trainer:
 
     def _measurements(self, loss: torch.Tensor | None, trace: Any) -> torch.Tensor:
         """This rank's measurements of the step as row ``rank`` of a (world, width) float64 board of
-        zeros: summed over the world with the gradient norm's all-reduce it becomes every rank's
-        (x + 0 is exact; float64 holds these integers and a float32 loss exactly). One collective
-        per step for the norm and the metrics, no pickled object."""
+        zeros: summed over the world by ``_gather`` it becomes every rank's (x + 0 is exact; float64
+        holds these integers and a float32 loss exactly). ``trace``: a measured step's, or None (only
+        the loss and the stop signal)."""
         ctx = self.ctx
         has_loss = loss is not None and ctx.tp_rank == 0
-        cuda = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else -1
-        head = [float(has_loss), float(loss) if has_loss else 0.0,  # type: ignore[arg-type]
-                trace.peak_bytes if trace else 0, trace.peak_host_bytes if trace else 0,
-                reload_seconds(trace) if trace else 0.0, cuda, ctx.pp_rank, self.stop_signal]
-        n = self.runner.num_stages  # per stage: a slot's bytes, then what one still held after its I (-1: not here)
-        slots = [self.runner.slot_bytes.get(s, -1) for s in range(n)] + [self.runner.w_bytes.get(s, -1) for s in range(n)]
-        board = torch.zeros(ctx.world, _HEAD + len(slots), dtype=torch.float64)
-        board[ctx.rank] = torch.tensor(head + slots, dtype=torch.float64)
+        row = [float(has_loss), float(loss) if has_loss else 0.0, self.stop_signal]  # type: ignore[arg-type]
+        if trace is not None:
+            cuda = torch.cuda.max_memory_allocated(ctx.device) if ctx.device.type == "cuda" else -1
+            row += [trace.peak_bytes, trace.peak_host_bytes, reload_seconds(trace), cuda, ctx.pp_rank]
+            n = self.runner.num_stages  # per stage: a slot's bytes, then what one still held after its I (-1: not here)
+            row += [self.runner.slot_bytes.get(s, -1) for s in range(n)] + \
+                [self.runner.w_bytes.get(s, -1) for s in range(n)]
+        board = torch.zeros(ctx.world, len(row), dtype=torch.float64)
+        board[ctx.rank] = torch.tensor(row, dtype=torch.float64)
         return board
+
+    def _gather(self, board: torch.Tensor) -> torch.Tensor:
+        """Every rank's rows: one all-reduce of the board, a collective of its own (the gradient
+        norm's all-reduce carries the norm only)."""
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return board
+        on_device = board.to(self.ctx.device)  # NCCL reduces device tensors only
+        dist.all_reduce(on_device)
+        return on_device.cpu()
 
     @staticmethod
     def _rows(board: torch.Tensor) -> list[dict[str, Any]]:
         out = []
         for row in board.tolist():
-            flag, value, peak, host, stall, cuda_bytes, pp_rank, stop = row[:_HEAD]
-            n = (len(row) - _HEAD) // 2
-            out.append({
-                "loss": value if flag else None, "peak": int(peak), "host": int(host), "stall": stall,
-                "cuda": None if cuda_bytes < 0 else int(cuda_bytes), "pp_rank": int(pp_rank), "stop": int(stop),
-                "slots": {s: int(b) for s, b in enumerate(row[_HEAD:_HEAD + n]) if b >= 0},
-                "w": {s: int(b) for s, b in enumerate(row[_HEAD + n:]) if b >= 0},
-            })
+            flag, value, stop = row[:_BRIEF]
+            r: dict[str, Any] = {"loss": value if flag else None, "stop": int(stop)}
+            if len(row) > _BRIEF:
+                peak, host, stall, cuda_bytes, pp_rank = row[_BRIEF:_HEAD]
+                n = (len(row) - _HEAD) // 2
+                r.update({
+                    "peak": int(peak), "host": int(host), "stall": stall,
+                    "cuda": None if cuda_bytes < 0 else int(cuda_bytes), "pp_rank": int(pp_rank),
+                    "slots": {s: int(b) for s, b in enumerate(row[_HEAD:_HEAD + n]) if b >= 0},
+                    "w": {s: int(b) for s, b in enumerate(row[_HEAD + n:]) if b >= 0},
+                })
+            out.append(r)
         return out
 
     # ---- validation --------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean validation loss: a forward-only pass of the held-out batches through the pipeline."""
+        """Mean validation loss: the held-out batches through the runner's forward-only schedule
+        (``PipelineRunner.evaluate``: the same interpreter, transport and failure handling as a step)."""
         ctx = self.ctx
         total, count = 0.0, 0
         modules = [m for m in self.model.stages.values()]
@@ -211,8 +237,8 @@ class Trainer:
         try:
             with self._autocast(), ctx.collective(f"evaluating after step {self.step} (pipeline forward)"):
                 for inputs, targets in self.batches.val(ctx.dp_rank):
-                    for value in self._forward_only(inputs, targets):
-                        total += value
+                    for value in self.runner.evaluate(inputs, targets) or []:  # losses on the last stage's rank
+                        total += float(value)
                         count += 1
         finally:
             for m in modules:
@@ -222,46 +248,6 @@ class Trainer:
         with ctx.collective(f"reducing the validation loss after step {self.step}"):
             dist.all_reduce(contrib)
         return float(contrib[0]) / ctx.dp
-
-    def _forward_only(self, inputs: Any, targets: Any) -> list[float]:
-        """Run every microbatch through the stages in order; losses on the last stage's rank."""
-        runner, ctx = self.runner, self.ctx
-        placement, m, specs = runner.schedule.placement, runner.num_microbatches, runner.specs
-        assert specs is not None, "evaluate() after the first training step (boundary specs are known then)"
-        last = runner.num_stages - 1
-        mb_inputs = split_microbatches(inputs, m, runner.device, "inputs")
-        mb_targets = split_microbatches(targets, m, runner.device, "targets")
-        me = ctx.pp_rank
-        peer = lambda r: dist.get_global_rank(ctx.pp_group, r)  # noqa: E731
-        out: list[float] = []
-        for mb in range(m):
-            values: list = []
-            for s in range(runner.num_stages):
-                if placement.rank_of(s) != me:
-                    continue
-                if s == 0:
-                    args = mb_inputs[mb]
-                elif placement.rank_of(s - 1) == me:
-                    args = as_inputs(values, specs[s - 1][mb])
-                else:
-                    bufs = [ts.empty(runner.device) for ts in tensor_specs(specs[s - 1][mb])]
-                    for b in bufs:
-                        dist.recv(b, src=peer(placement.rank_of(s - 1)), group=ctx.pp_group)
-                    args = assemble(specs[s - 1][mb], bufs)
-                result = runner.stages[s].module(*args)
-                if s == last:
-                    target = mb_targets[mb]
-                    out.append(float(self.loss_fn(result, target if len(target) > 1 else target[0])))
-                    continue
-                # the runner's own boundary format: the output's leaves (any pytree: tuple, dict, ...)
-                # against the spec, only tensor leaves on the wire
-                values, _tree = flatten(result)
-                if placement.rank_of(s + 1) != me:
-                    spec = specs[s][mb]
-                    for v, sp in zip(values, spec.leaves):
-                        if isinstance(sp, TensorSpec):
-                            dist.send(v.contiguous(), dst=peer(placement.rank_of(s + 1)), group=ctx.pp_group)
-        return out
 
     # ---- the run -----------------------------------------------------------------------------------
     def resume(self, path: Path) -> None:
@@ -312,30 +298,27 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         if resume_from is not None:
             self.resume(resume_from)
-        metrics = MetricsFile(self.run_dir / "metrics.jsonl", self.step if resume_from else None) \
-            if ctx.is_main and self.run_dir else None
+        loggers: list[MetricsLogger] = make_loggers(self.run_dir, cfg.metrics.tensorboard,
+                                                    self.step if resume_from else None) if ctx.is_main else []
         end = min(cfg.run.steps, cfg.run.stop_at) if cfg.run.stop_at else cfg.run.steps
         bar = _progress(cfg, ctx, self.step, cfg.run.steps)
         restore = self._install_signals()
         saved_at, stopped = -1, 0
         try:
             while self.step < end:
-                record = self.train_step()
-                if self.step % cfg.metrics.eval_every == 0 or self.step in (1, cfg.run.steps):
+                step = self.step + 1
+                evaluating = step % cfg.metrics.eval_every == 0 or step in (1, cfg.run.steps)
+                logged = evaluating or step % cfg.metrics.log_every == 0 or step == end
+                record = self.train_step(measure=logged)
+                if evaluating:
                     record["val_loss"] = self.evaluate()
                     if not math.isfinite(record["val_loss"]):
                         raise NonFiniteError(f"step {self.step}: validation loss {record['val_loss']:g} is not finite: "
                                              "the parameters overflowed; stopped without saving them; lower --lr")
-                self.history.append(record)
-                if metrics:
-                    metrics.write(record)
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix_str(_postfix(record))
-                if ctx.is_main:  # one line per step in train.log (every rank has the same record)
-                    log.info("step %d loss %.4f%s lr %.3g tokens/s %.0f peak act %s", record["step"], record["loss"],
-                             "" if record["val_loss"] is None else f" val {record['val_loss']:.4f}", record["lr"],
-                             record["tokens_per_s"], max(record["peak_act_bytes"]))
+                if logged:
+                    self._log(record, loggers, bar)
                 stopped = self._peer_stop
                 if self.run_dir and (self.step % cfg.checkpoint.save_every == 0 or self.step == end or stopped):
                     self.save()
@@ -344,13 +327,26 @@ class Trainer:
                     break
         finally:
             restore()
+            for logger in loggers:
+                logger.close()
             if bar is not None:
                 bar.close()
         with ctx.collective("completing the checkpoint written in the background"):
             self.saver.wait()
         self.runner.close()  # its heartbeat thread ends before the process group is destroyed
-        return {"rank": ctx.rank, "step": self.step, "history": self.history if ctx.is_main else [],
+        return {"rank": ctx.rank, "step": self.step, "history": list(self.history) if ctx.is_main else [],
                 "interrupted": stopped, "saved_at": saved_at}
+
+    def _log(self, record: dict[str, Any], loggers: list[MetricsLogger], bar: Any) -> None:
+        self.history.append(record)
+        for logger in loggers:
+            logger.log(record)
+        if bar is not None:
+            bar.set_postfix_str(_postfix(record))
+        if self.ctx.is_main:  # one line per logged step in train.log (every rank has the same record)
+            log.info("step %d loss %.4f%s lr %.3g tokens/s %.0f peak act %s", record["step"], record["loss"],
+                     "" if record["val_loss"] is None else f" val {record['val_loss']:.4f}", record["lr"],
+                     record["tokens_per_s"], max(record["peak_act_bytes"]))
 
 
 def _progress(cfg: TrainConfig, ctx: RankContext, initial: int, total: int) -> Any:

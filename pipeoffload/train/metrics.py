@@ -1,4 +1,7 @@
-"""Per-step measurements of every rank (brought to every rank with the gradient norm's all-reduce) and ``metrics.jsonl``.
+"""Per-step measurements of every rank and the loggers that write them: ``metrics.jsonl`` and TensorBoard.
+
+The loop brings every rank's measurements to every rank with one all-reduce of its own (not the
+gradient norm's) and hands the record to each ``MetricsLogger`` on rank 0.
 
 Keys (see docs/training.md): step, loss, val_loss, lr, grad_norm, tokens_per_s, step_s, and per
 global rank peak_act_bytes (the runtime's measured peak of resident activations), sim_peak_act_bytes
@@ -11,8 +14,9 @@ that needs it and is not separated), cuda_max_allocated (``torch.cuda.max_memory
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pipeoffload.fileio import write_atomic
 from pipeoffload.ir import ActionKind, Schedule
@@ -44,8 +48,17 @@ class SimulatedPeaks:
         return self._peaks
 
 
-class MetricsFile:
-    """``metrics.jsonl`` of a run (rank 0 only); on resume, lines after the checkpoint are dropped."""
+class MetricsLogger(Protocol):
+    """Where rank 0 writes each logged step's record (the keys above)."""
+
+    def log(self, record: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class JsonlLogger:
+    """``metrics.jsonl`` of a run: one JSON object per logged step; on resume, lines after the
+    checkpoint are dropped, and a new run starts the file afresh."""
 
     def __init__(self, path: Path, resume_step: int | None) -> None:
         self.path = path
@@ -56,9 +69,50 @@ class MetricsFile:
         elif resume_step is None and path.exists():
             path.unlink()
 
-    def write(self, record: dict[str, Any]) -> None:
+    def log(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as fh:
             fh.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoardLogger:
+    """Event files under ``folder`` (``torch.utils.tensorboard``): one scalar per number of the record
+    at its step, a per-rank list as ``KEY/rankR``; null values are left out. On resume the events
+    after the checkpoint are purged (``purge_step``), as ``metrics.jsonl`` drops its lines."""
+
+    def __init__(self, folder: Path, resume_step: int | None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        if resume_step is None and folder.exists():
+            shutil.rmtree(folder)
+        self.writer = SummaryWriter(log_dir=str(folder),
+                                    purge_step=None if resume_step is None else resume_step + 1)
+
+    def log(self, record: dict[str, Any]) -> None:
+        step = int(record["step"])
+        for name, value in record.items():
+            if name == "step" or value is None:
+                continue
+            if isinstance(value, list):
+                for rank, v in enumerate(value):
+                    self.writer.add_scalar(f"{name}/rank{rank}", v, step)
+            else:
+                self.writer.add_scalar(name, value, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def make_loggers(run_dir: Path | None, tensorboard: bool, resume_step: int | None) -> list[MetricsLogger]:
+    """The run's loggers (rank 0 only): ``metrics.jsonl`` always, TensorBoard when asked; none without a run directory."""
+    if run_dir is None:
+        return []
+    loggers: list[MetricsLogger] = [JsonlLogger(run_dir / "metrics.jsonl", resume_step)]
+    if tensorboard:
+        loggers.append(TensorBoardLogger(run_dir / "tensorboard", resume_step))
+    return loggers
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

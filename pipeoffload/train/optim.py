@@ -111,16 +111,12 @@ def _scatter_mean(flat: torch.Tensor, grads: list[torch.Tensor], dp: int) -> Non
 
 
 def global_grad_norm(named: dict[str, nn.Parameter], order: dict[str, int], dp_rank: int, tp_rank: int,
-                     device: torch.device | None = None, riders: torch.Tensor | None = None) -> float:
+                     device: torch.device | None = None) -> float:
     """The gradient norm over the whole model, the same value on every rank of every layout.
 
     Each parameter's squared norm (float64) goes into a slot of one vector indexed by its full name
     (one replica contributes, once per tensor-parallel shard); one all-reduce over the world fills
-    it and its sum, in name order, is independent of how the model is split.
-
-    ``riders``: a float64 vector summed over the world by the same all-reduce (in place), so that a
-    caller's per-step gather costs no collective of its own; the norm's slots come first and are
-    summed exactly as without it."""
+    it and its sum, in name order, is independent of how the model is split."""
     squares = torch.zeros(len(order), dtype=torch.float64, device=device)  # on the GPU for NCCL
     if dp_rank == 0:
         slots, values = [], []
@@ -133,15 +129,9 @@ def global_grad_norm(named: dict[str, nn.Parameter], order: dict[str, int], dp_r
         if values:  # one scatter, not one indexed add per parameter (each name has its own slot)
             index = torch.tensor(slots, dtype=torch.long, device=squares.device)
             squares.index_copy_(0, index, torch.stack(values).to(squares.device))
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return float(squares.sum().sqrt())
-    if riders is None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(squares)
-        return float(squares.sum().sqrt())
-    both = torch.cat([squares, riders.to(squares.device)])
-    dist.all_reduce(both)
-    riders.copy_(both[len(order):])
-    return float(both[:len(order)].sum().sqrt())
+    return float(squares.sum().sqrt())
 
 
 def clip_gradients(params: list[nn.Parameter], norm: float, max_norm: float) -> None:

@@ -86,8 +86,8 @@ def chart_data(timeline: Timeline, title: str | None = None, time_unit: str = TI
             boxes.append(Box(rank, lane, action.kind.value, action.stage, action.microbatch,
                              schedule.placement.local_index(action.stage), start, end, str(action)))
     present = {b.kind for b in boxes}
-    device = tuple(_curve(r.rank, "device", r.memory, v, timeline.makespan) for r in timeline.per_rank)
-    host = tuple(_curve(r.rank, "host", r.host_memory, v, timeline.makespan) for r in timeline.per_rank)
+    device = tuple(memory_curve(r.rank, "device", r.memory, v, timeline.makespan) for r in timeline.per_rank)
+    host = tuple(memory_curve(r.rank, "host", r.host_memory, v, timeline.makespan) for r in timeline.per_rank)
     return ChartData(
         title=title or schedule_title(timeline), summary=summary_line(timeline, time_unit), time_unit=time_unit,
         memory_unit=MEMORY_UNIT, makespan=timeline.makespan, ranks=schedule.num_ranks, stages_per_rank=v,
@@ -96,8 +96,9 @@ def chart_data(timeline: Timeline, title: str | None = None, time_unit: str = TI
     )
 
 
-def _curve(rank: int, where: str, events: Iterable[tuple[float, float]], v: int, makespan: float) -> Curve:
-    """Settle each instant to its last level (a free and an allocation at the same time are no dip)."""
+def memory_curve(rank: int, where: str, events: Iterable[tuple[float, float]], v: float, makespan: float) -> Curve:
+    """Levels divided by ``v``, from 0 at time 0 to ``makespan``; each instant settled to its last level (a
+    free and an allocation at the same time are no dip)."""
     points: list[tuple[float, float]] = [(0.0, 0.0)]
     for t, level in events:
         value = level / v

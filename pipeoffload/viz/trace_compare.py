@@ -8,52 +8,108 @@ are free, so differences point at waits the cost model does not have.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
-from pipeoffload.ir import Action, ActionKind, Schedule
+from pipeoffload.ir import COMPUTE_KINDS, COPY_KINDS, Action, ActionKind, Schedule
 from pipeoffload.simulator import Timeline, simulate
+from pipeoffload.units import counted
+from pipeoffload.viz.chartdata import KIND_ORDER, Box, ChartData, Curve, memory_curve
 from pipeoffload.viz.chrome_trace import SIM_PID_BASE, timeline_trace
 
 K = ActionKind
+MIB = 2**20
+
+
+# The runtime's memory counter (``runtime.trace.chrome_events``): resident activation MiB after each action.
+MEMORY_COUNTER = "device activation memory (MiB)"
 
 
 @dataclass(frozen=True)
 class MeasuredRun:
     rows: tuple[tuple[tuple[Action, float, float], ...], ...]  # per rank: (action, start s, end s) in list order
     events: tuple[dict, ...]  # the run's own Chrome events, kept as they are
+    # per rank: (time s, resident activation bytes) after each action, from the memory counter; empty if absent
+    memory: tuple[tuple[tuple[float, float], ...], ...] = ()
 
     @property
     def schedule(self) -> Schedule:
         return Schedule.from_rows([[a for a, _, _ in row] for row in self.rows], name="measured run")
 
 
-def load_measured(data: dict) -> MeasuredRun:
-    """Read a runtime trace (``runtime.trace.write_chrome_trace`` or the older one-process layout)."""
+def _number(event: dict, key: str, where: str) -> float:
+    value = event.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{where}: {key!r} is {value!r}; expected a finite number >= 0 (microseconds)")
+    return float(value)
+
+
+def _span(number: int, e: dict) -> tuple[int, float, Action, float, float]:
+    """(rank, list index, action, start s, end s) of one 'X' event, or ConfigError naming it."""
+    where = f"trace event {number} ({str(e.get('name'))[:40]!r})"
+    args = e.get("args") or {}
+    if not isinstance(args, dict):
+        raise ConfigError(f"{where}: 'args' is not an object")
+    name = args.get("action", e.get("name", ""))
+    try:
+        action = Action.parse(name) if isinstance(name, str) else Action.parse(repr(name))
+        rank = int(args["rank"]) if "rank" in args else int(e.get("tid", 0))  # old layout: one thread per rank
+        index = float(args.get("index", 0))
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{where}: {str(err).splitlines()[0]}") from None
+    if rank < 0 or not math.isfinite(index):
+        raise ConfigError(f"{where}: rank {rank} and list index {index} must be a rank >= 0 and a finite index")
+    start = _number(e, "ts", where)
+    return rank, index, action, start / 1e6, (start + _number(e, "dur", where)) / 1e6
+
+
+def load_measured(data: Any) -> MeasuredRun:
+    """Read a runtime trace (``runtime.trace.write_chrome_trace``, ``python -m pipeoffload.runtime --trace``,
+    or the older one-process layout); ConfigError with one line for anything else."""
     events = data.get("traceEvents") if isinstance(data, dict) else None
     if not isinstance(events, list):
         raise ConfigError("not a Chrome trace: expected an object with a 'traceEvents' list")
     by_rank: dict[int, list[tuple[float, int, Action, float, float]]] = defaultdict(list)
-    for e in events:
+    rank_of_pid: dict[Any, int] = {}
+    counters: list[tuple[Any, float, float]] = []  # (pid, time s, MiB)
+    for number, e in enumerate(events):
+        if not isinstance(e, dict):
+            raise ConfigError(f"trace event {number} is {type(e).__name__}; expected an object")
+        if e.get("name") == "process_name" and str((e.get("args") or {}).get("name", "")).startswith("simulated"):
+            raise ConfigError("this trace holds a simulated timeline (`pipeoffload simulate --trace`, or the output of "
+                              "`trace compare`), not a run's measured step; give the trace a run wrote")
+        if e.get("ph") == "C" and e.get("name") == MEMORY_COUNTER:
+            level = (e.get("args") or {}).get("MiB") if isinstance(e.get("args"), dict) else None
+            counters.append((e.get("pid"), _number(e, "ts", f"trace event {number}") / 1e6,
+                             _number({"MiB": level}, "MiB", f"trace event {number}")))
         if e.get("ph") != "X":
             continue
-        args = e.get("args") or {}
-        try:
-            action = Action.parse(args.get("action", e.get("name", "")))
-        except ValueError as err:
-            raise ConfigError(f"trace event {e.get('name')!r}: {err}") from None
-        rank = int(args["rank"]) if "rank" in args else int(e.get("tid", 0))  # old layout: one thread per rank
-        start, end = e["ts"] / 1e6, (e["ts"] + e.get("dur", 0.0)) / 1e6
-        by_rank[rank].append((float(args.get("index", 0)), len(by_rank[rank]), action, start, end))
+        rank, index, action, start, end = _span(number, e)
+        if rank_of_pid.setdefault(e.get("pid"), rank) != rank:
+            rank_of_pid[e.get("pid")] = -1  # the old layout: one process for every rank, no per-rank counter
+        by_rank[rank].append((index, len(by_rank[rank]), action, start, end))
     if not by_rank:
         raise ConfigError("the trace has no actions: expected 'X' events named like 0F3 (a pipeoffload runtime trace)")
     if sorted(by_rank) != list(range(len(by_rank))):
-        raise ConfigError(f"the trace has ranks {sorted(by_rank)}; expected 0..{len(by_rank) - 1}")
+        raise ConfigError(f"the trace has ranks {sorted(by_rank)[:8]}; expected 0..{len(by_rank) - 1}")
     rows = tuple(tuple((a, s, e) for *_, a, s, e in sorted(by_rank[r], key=lambda x: (x[0], x[3], x[1])))
                  for r in range(len(by_rank)))
-    return MeasuredRun(rows, tuple(events))
+    try:
+        Schedule.from_rows([[a for a, _, _ in row] for row in rows])
+    except ValueError as err:  # e.g. stages 0 and 2 but no 1: not a run's whole schedule
+        raise ConfigError(f"the trace's actions are not a schedule: {str(err).splitlines()[0]}") from None
+    memory: list[list[tuple[float, float]]] = [[] for _ in rows]
+    for pid, t, mib in counters:
+        rank = rank_of_pid.get(pid, -1)
+        if rank >= 0:
+            memory[rank].append((t, mib * MIB))
+    if not any(memory):
+        memory = []
+    return MeasuredRun(rows, tuple(events), tuple(tuple(sorted(m)) for m in memory))
 
 
 def measured_costs(run: MeasuredRun, num_stages: int) -> CostModel:
@@ -96,3 +152,31 @@ def compare_trace(data: dict) -> tuple[dict, Timeline, MeasuredRun]:
     }
     merged = {"traceEvents": list(run.events) + sim["traceEvents"], "displayTimeUnit": "ms", "otherData": other}
     return merged, timeline, run
+
+
+def measured_chart(run: MeasuredRun) -> ChartData:
+    """The measured step as chart data: every compute and copy action at its measured time (seconds, on
+    the trace's shared clock, as Perfetto shows it) and each rank's resident activation memory in MiB
+    from the trace's memory counter (an empty curve when the trace has none)."""
+    schedule = run.schedule
+    boxes = [Box(rank, "copy" if a.kind in COPY_KINDS else "compute", a.kind.value, a.stage, a.microbatch,
+                 schedule.placement.local_index(a.stage), start, end, str(a))
+             for rank, row in enumerate(run.rows) for a, start, end in row
+             if a.kind in COMPUTE_KINDS or a.kind in COPY_KINDS]
+    ends = [end for row in run.rows for _, _, end in row] + [t for m in run.memory for t, _ in m]
+    makespan = max(ends, default=0.0)
+    memory = run.memory or tuple(() for _ in run.rows)
+    device = tuple(memory_curve(r, "device", memory[r], MIB, makespan) for r in range(len(run.rows)))
+    host = tuple(Curve(r, "host", ((0.0, 0.0),), 0.0, 0.0) for r in range(len(run.rows)))
+    present = {b.kind for b in boxes}
+    peak = max((c.peak for c in device), default=0.0)
+    title = (f"measured run: d={counted(schedule.num_ranks, 'rank')}, "
+             f"m={counted(schedule.num_microbatches, 'microbatch', 'microbatches')}, "
+             f"v={counted(schedule.stages_per_rank, 'stage per rank', 'stages per rank')}")
+    summary = (f"last action ends at {makespan:.4g} s, device peak {peak:.4g} MiB" if run.memory
+               else f"last action ends at {makespan:.4g} s; the trace has no memory counter")
+    return ChartData(title=title, summary=summary, time_unit="s", memory_unit="MiB", makespan=makespan,
+                     ranks=schedule.num_ranks, stages_per_rank=max(schedule.stages_per_rank, 1),
+                     copy_lanes=any(b.lane == "copy" for b in boxes),
+                     kinds=tuple(k.value for k in KIND_ORDER if k.value in present),
+                     boxes=tuple(boxes), device=device, host=host)

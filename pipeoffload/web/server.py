@@ -6,6 +6,10 @@
 - ``GET /api/chart?...`` returns ``{"command", "result", "chart"}``: the command line, that object, and the
   chart data (``viz.chartdata``) in a compact form the front end draws.
 - ``GET /api/families`` lists the schedule families.
+- ``POST /api/trace`` with a runtime trace (the Chrome trace JSON ``python -m pipeoffload.runtime --trace`` or
+  ``runtime.write_chrome_trace`` writes) as the body returns the measured step and its simulation with the
+  run's own durations, read by the code ``pipeoffload trace compare`` uses (``viz.trace_compare``), as two
+  compact charts and a per-rank table. The body is at most ``MAX_TRACE_BYTES`` and strict JSON.
 Bad input answers 400 with ``{"error": <one line naming the parameter, the value and the rule>}``; a
 request bigger than the size limit answers 413 before simulating, so one request cannot hold the server for long. ``/api/chart``,
 which the page uses, sends the same error object with status 200 (and the HTTP status inside), so the
@@ -19,6 +23,7 @@ seconds (half-open, or a client that never sends) is closed, so idle sockets can
 """
 from __future__ import annotations
 
+import json
 import logging
 import shlex
 import threading
@@ -34,6 +39,7 @@ from pipeoffload.schedules import estimated_work, get_spec, schedule_specs
 from pipeoffload.service import SimulateRequest, SimulateResult, simulate, strict_json
 from pipeoffload.service.checks import checked, finite_at_least, int_at_least
 from pipeoffload.viz.chartdata import COLOURS, LABELS, ChartData, chart_data
+from pipeoffload.viz.trace_compare import compare_trace, load_measured, measured_chart
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,8 @@ MAX_WORK = 120_000  # schedules.estimated_work: d=64, m=256 of zb-v (v=2) is ~10
 # offload all against none: 10 to 13 times as long).
 OFFLOAD_WORK_FACTOR = 12
 MAX_QUERY = 2_000  # characters
+MAX_TRACE_BYTES = 32 * 2**20  # a runtime trace's body; app.js refuses a bigger file before sending it
+TRACE_HINT = "expected the Chrome trace JSON of a run (python -m pipeoffload.runtime --trace FILE)"
 MAX_THREADS = 32  # requests served at once; more wait in the listen queue
 BACKLOG = 1_024  # connections the kernel queues before resetting new ones
 IDLE_TIMEOUT_S = 10.0  # a connection silent this long is closed
@@ -157,6 +165,52 @@ def route(path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, str, byte
     return HTTPStatus.OK, "application/json", strict_json(out).encode()
 
 
+def _strict_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (strict JSON has no NaN or Infinity)")
+
+
+def _trace_json(body: bytes) -> Any:
+    """The uploaded file as strict JSON; RequestError saying what the file is instead."""
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=_strict_constant)
+    except UnicodeDecodeError:
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"the file is not UTF-8 text; {TRACE_HINT}") from None
+    except json.JSONDecodeError as err:
+        if err.msg == "Extra data" and body.lstrip().startswith(b"{"):
+            raise RequestError(HTTPStatus.BAD_REQUEST, "the file has one JSON object per line, like a run's "
+                               f"metrics.jsonl (load that with the metrics.jsonl button); {TRACE_HINT}") from None
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"the file is not JSON ({err.msg} at line {err.lineno} "
+                                                   f"column {err.colno}); {TRACE_HINT}") from None
+    except (ValueError, RecursionError) as err:
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"the file is not strict JSON ({err}); {TRACE_HINT}") from None
+
+
+def trace_answer(body: bytes) -> dict:
+    """The measured step of a runtime trace beside its simulation with the run's own durations: what
+    ``pipeoffload trace compare`` computes, as the playground's charts. RequestError for a wrong file."""
+    data = _trace_json(body)
+    try:
+        run = load_measured(data)
+        actions = sum(len(row) for row in run.rows)
+        largest = max(max(a.stage, a.microbatch) for row in run.rows for a, _, _ in row)
+        if actions > MAX_WORK:
+            raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the trace has {actions:,} actions, over the "
+                               f"playground's limit of {MAX_WORK:,}; use `pipeoffload trace compare`")
+        if largest >= actions:  # a run has every stage and microbatch in some action
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"an action numbers a stage or microbatch {largest:,} but the "
+                               f"trace has only {actions:,} actions, so it is not a whole run; {TRACE_HINT}")
+        merged, timeline, run = compare_trace(data)
+    except (ConfigError, ScheduleError) as err:
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"{str(err).splitlines()[0]}; {TRACE_HINT}") from None
+    measured, other = measured_chart(run), merged["otherData"]
+    simulated = chart_data(timeline, "simulated with the run's measured durations", "s")
+    rows = [r | {"measured_peak_mib": measured.device[r["rank"]].peak,
+                 "simulated_peak_rank_units": simulated.device[r["rank"]].peak} for r in other["per_rank"]]
+    return {"ranks": timeline.schedule.num_ranks, "measured_step_s": other["measured_step_s"],
+            "simulated_makespan_s": other["simulated_makespan_s"], "has_memory": bool(run.memory),
+            "per_rank": rows, "measured": compact_chart(measured), "simulated": compact_chart(simulated)}
+
+
 class Handler(BaseHTTPRequestHandler):
     server_version = "pipeoffload-playground"
     server: PlaygroundServer
@@ -166,7 +220,12 @@ class Handler(BaseHTTPRequestHandler):
         self.connection.settimeout(self.server.idle_timeout)  # a silent client's read raises, closing it
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        status, kind, body = self._answer()
+        self._send(*self._answer())
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self._send(*self._answer_post())
+
+    def _send(self, status: HTTPStatus, kind: str, body: bytes) -> None:
         try:
             self.send_response(status)
             self.send_header("Content-Type", kind)
@@ -179,11 +238,40 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the page moved on and aborted this request
             log.info("client left before %s was answered", self.path)
 
-    def _answer(self) -> tuple[HTTPStatus, str, bytes]:
+    def _foreign_host(self) -> tuple[HTTPStatus, str, bytes] | None:
         host = self.headers.get("Host", "")
         if host.lower() not in self.server.allowed_hosts:
             return _error(HTTPStatus.FORBIDDEN, f"Host {host!r} is not this playground's address; open "
                                                 f"http://{self.server.allowed_hosts[0]}/")
+        return None
+
+    def _answer_post(self) -> tuple[HTTPStatus, str, bytes]:
+        """A runtime trace to draw. A body that is not read (refused before reading) closes the connection."""
+        refused = self._foreign_host()
+        if refused or urlsplit(self.path).path != "/api/trace":
+            self.close_connection = True
+            return refused or _error(HTTPStatus.NOT_FOUND, f"no POST at {self.path[:80]!r}; POST a trace to /api/trace")
+        length = self.headers.get("Content-Length", "")
+        if not length.isdigit():
+            self.close_connection = True
+            return _error(HTTPStatus.LENGTH_REQUIRED, "give the trace's size in Content-Length")
+        if int(length) > MAX_TRACE_BYTES:
+            self.close_connection = True
+            return _error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the file is {int(length):,} bytes, over the "
+                          f"playground's limit of {MAX_TRACE_BYTES:,}; use `pipeoffload trace compare`")
+        body = self.rfile.read(int(length))
+        try:
+            return HTTPStatus.OK, "application/json", strict_json(trace_answer(body)).encode()
+        except RequestError as err:  # answered 200 like /api/chart: a message for the user, not a failed load
+            return HTTPStatus.OK, "application/json", strict_json({"error": str(err), "status": int(err.status)}).encode()
+        except Exception as err:  # a bug must not take the page down
+            log.exception("playground trace upload failed")
+            return _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {err}")
+
+    def _answer(self) -> tuple[HTTPStatus, str, bytes]:
+        refused = self._foreign_host()
+        if refused:
+            return refused
         if len(self.path) > MAX_QUERY:
             return _error(HTTPStatus.REQUEST_URI_TOO_LONG, f"request longer than {MAX_QUERY} characters")
         parts = urlsplit(self.path)

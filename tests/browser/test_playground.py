@@ -268,3 +268,69 @@ def test_a_runs_metrics_show_measured_memory_beside_simulated(page: tuple[Any, C
     p.set_input_files("#metrics-file", str(corrupt))
     p.wait_for_selector("#measured-error:has-text('bad.jsonl:2: not a JSON object')", timeout=30_000)
     assert console.errors == []
+
+
+def _view(p: Any) -> str:
+    return p.get_attribute("#chart:not(.stale) svg", "data-view") or ""
+
+
+def _url_view(url: str) -> str | None:
+    from urllib.parse import parse_qs, urlsplit
+
+    return parse_qs(urlsplit(url).query).get("view", [None])[0]
+
+
+def test_the_zoom_window_is_in_the_url_for_links_reload_and_history(browser: Any, base: str) -> None:
+    p = browser.new_page(viewport={"width": 1300, "height": 1000})
+    console = Console(p)
+    p.goto(base + "/?family=1f1b&ranks=4&microbatches=8")
+    p.wait_for_selector("#chart:not(.stale) svg[data-ranks='4'] rect.box", timeout=30_000)
+    whole = _view(p)
+    assert _url_view(p.url) is None
+    p.click("#zoom-in")
+    p.wait_for_url(lambda url: _url_view(url) is not None, timeout=30_000)
+    first = _view(p)
+    assert first != whole and _url_view(p.url) == first
+    p.click("#zoom-in")
+    p.wait_for_url(lambda url: _url_view(url) not in (None, first), timeout=30_000)
+    second = _view(p)
+    assert _url_view(p.url) == second
+    shared = browser.new_page(viewport={"width": 1300, "height": 1000})  # a link opens the same window
+    shared.goto(p.url)
+    shared.wait_for_selector(f"#chart:not(.stale) svg[data-ranks='4'][data-view='{second}']", timeout=30_000)
+    assert "showing" in shared.inner_text("#view-line")
+    shared.close()
+    p.reload()
+    p.wait_for_selector(f"#chart:not(.stale) svg[data-view='{second}']", timeout=30_000)
+    for move, expected in ((p.go_back, first), (p.go_back, whole), (p.go_forward, first)):
+        move()
+        p.wait_for_selector(f"#chart:not(.stale) svg[data-ranks='4'][data-view='{expected}']", timeout=30_000)
+    assert p.input_value("[name=ranks]") == "4" and p.is_hidden("#error")
+    assert console.errors == []
+    p.close()
+
+
+def test_a_bad_zoom_window_in_the_url_falls_back_to_the_whole_step(browser: Any, base: str) -> None:
+    from urllib.parse import quote
+
+    p = browser.new_page(viewport={"width": 1300, "height": 1000})
+    console = Console(p)
+    charts: list[str] = []
+    p.on("request", lambda r: charts.append(r.url) if "/api/chart" in r.url else None)
+    query = base + "/?family=1f1b&ranks=4&microbatches=8"
+    p.goto(query + "&view=2.5,7")  # a window typed into a link by hand
+    p.wait_for_selector("#chart:not(.stale) svg[data-view='2.5,7']", timeout=30_000)
+    p.goto(query)
+    p.wait_for_selector("#chart:not(.stale) svg[data-ranks='4']", timeout=30_000)
+    whole = _view(p)
+    charts.clear()
+    bad_views = ("abc", "7,2.5", "0,1e9", "1,Infinity", "0,1e-9")  # not numbers, reversed, outside, too narrow
+    for bad in bad_views:
+        p.goto(query + "&view=" + quote(bad, safe=","))
+        p.wait_for_selector(f"#chart:not(.stale) svg[data-view='{whole}']", timeout=30_000)
+        assert "showing the whole step" in p.inner_text("#view-line"), bad
+        assert _url_view(p.url) is None and p.is_hidden("#error"), bad
+    p.wait_for_timeout(400)  # past the window's settle time: nothing more was asked for
+    assert len(charts) == len(bad_views), charts  # one simulation per load, no loop
+    assert console.errors == []
+    p.close()

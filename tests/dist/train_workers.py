@@ -76,3 +76,57 @@ class RandomBatches:
 
     def val(self, dp_rank: int) -> list[tuple[Any, Any]]:
         return [self._batch(10**6 + dp_rank)]
+
+
+def norm_reduce_sizes(ctx: Any, cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
+    """Train ``dict_layers`` (metrics into ``run_dir``) with a spy on ``torch.distributed.all_reduce``:
+    the history, the element counts of the all-reduces made inside the gradient norm, and the number
+    of parameter names (its slots)."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from pipeoffload.train import loop
+    from pipeoffload.train.job import lowered_schedule
+    from pipeoffload.train.model import from_layers
+
+    schedule = lowered_schedule(cfg)
+    model = from_layers([m.to(ctx.device) for m in dict_layers()], schedule, ctx.pp_rank)
+    trainer = loop.Trainer(cfg, ctx, schedule, model, F.cross_entropy, RandomBatches(cfg), Path(run_dir))
+    sizes: list[int] = []
+    inside = [False]
+    real_reduce, real_norm = dist.all_reduce, loop.global_grad_norm
+
+    def spy_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if inside[0]:
+            sizes.append(tensor.numel())
+        return real_reduce(tensor, *args, **kwargs)
+
+    def spy_norm(*args: Any, **kwargs: Any) -> float:
+        inside[0] = True
+        try:
+            return real_norm(*args, **kwargs)
+        finally:
+            inside[0] = False
+
+    dist.all_reduce, loop.global_grad_norm = spy_reduce, spy_norm  # type: ignore[assignment]
+    try:
+        result = trainer.fit()
+    finally:
+        dist.all_reduce, loop.global_grad_norm = real_reduce, real_norm  # type: ignore[assignment]
+    return {**result, "sizes": sizes, "slots": len(trainer.order)}
+
+
+class _FailsInEval(__import__("torch").nn.Linear):
+    """A layer that trains but raises when evaluated (model.eval())."""
+
+    def forward(self, x: Any) -> Any:
+        if not self.training:
+            raise RuntimeError("this layer cannot evaluate")
+        return super().forward(x)
+
+
+def eval_failing_layers() -> list[Any]:
+    import torch
+
+    torch.manual_seed(0)
+    return [torch.nn.Linear(8, 8), _FailsInEval(8, 4)]

@@ -21,6 +21,8 @@ CASES = [
     ("simulate 1f1b --time-f 1e308", "step time overflows"),
     ("simulate 1f1b --time-f 0 --time-i 0 --time-w 0", "at least one compute time must be positive"),
     ("simulate 1f1b --ranks 0", "0 must be >= 1"),
+    ("simulate 1f1b --offload budget:1e999rank --json", "inf must be a finite number >= 0"),
+    ("simulate 1f1b --offload budget:inf", "inf must be a finite number >= 0"),
     ("simulate 1f1b --costs nan.json", "p2p_time=nan: must be a finite number"),
     ("simulate 1f1b --costs zero.json", "every compute time"),
     ("simulate 1f1b --costs five.json", "costs = 5: expected a table"),
@@ -54,6 +56,13 @@ CASES = [
     ("playground --port 70000", "70000 is not a TCP port"),
     ("trace compare afolder", "RUN_TRACE afolder: cannot read it"),
     ("trace compare missing.json", "RUN_TRACE missing.json: no such file"),
+    ("trace compare five.json", "not a Chrome trace: expected an object with a 'traceEvents' list"),
+    ("trace", "give an action: compare"),
+    ("export missing --hf out", "RUN_DIR 'missing': no config.toml"),
+    ("generate missing", "RUN_DIR 'missing': no config.toml"),
+    ("train --out nan.json", "out='nan.json': exists and is not a folder"),
+    ("report afolder", "'afolder/metrics.jsonl' does not exist"),
+    ("show 1f1b --ranks 999999 -m 1", "above the limit"),
     ("generate x --temperature nan", "--temperature: nan is not a finite number"),
     ("generate x --temperature -1", "--temperature: -1.0 must be >= 0"),
     ("generate x --seed 1e30", "--seed: '1e30' is not an integer"),
@@ -123,3 +132,16 @@ def test_ctrl_c_stops_the_playground_with_exit_130(tmp_path: Path) -> None:
     finally:
         proc.kill()
     assert proc.returncode == 130 and err == "pipeoffload playground: interrupted\n", err
+
+
+def test_a_wrong_run_dir_is_refused_before_torch_is_imported(tmp_path: Path) -> None:
+    """export and generate check RUN_DIR first: importing torch takes seconds, a typo must answer at once."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pipeoffload.cli import main; "
+            "codes = [main(['export', 'missing', '--hf', 'out']), main(['generate', 'missing'])]; "
+            "print(codes, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[2, 2] False", done.stdout + done.stderr
+    assert done.stderr.count("no config.toml") == 2 and list(tmp_path.iterdir()) == []

@@ -42,7 +42,7 @@ def test_every_json_output_is_strict(tmp_path: Path, command: str) -> None:
 
 @pytest.mark.parametrize("command", [
     "simulate 1f1b --time-f inf --json", "simulate 1f1b --time-f 1e308 --json", "simulate 1f1b --p2p-time nan --json",
-    "simulate 1f1b --offload all --offload-ratio inf --json",
+    "simulate 1f1b --offload all --offload-ratio inf --json", "simulate 1f1b --offload budget:1e999 --json",
 ])
 def test_what_would_print_nan_or_infinity_is_refused_in_one_line(command: str) -> None:
     out, err = io.StringIO(), io.StringIO()

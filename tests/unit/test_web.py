@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -62,6 +63,11 @@ def test_bad_input_is_the_cli_message(base: str, param: str, flag: str, value: s
     message = json.loads(body)["error"]
     assert message.startswith(f"{param}: ") and err.rstrip().endswith(message.removeprefix(f"{param}: "))
     assert value in message and len(err.splitlines()) == 1
+
+
+def test_an_infinite_offload_budget_is_refused_not_a_500(base: str) -> None:
+    status, body = _get(f"{base}/api/simulate?family=1f1b&offload=budget:1e999rank")
+    assert status == 400 and "'budget:1e999rank': inf must be a finite number >= 0" in json.loads(body)["error"]
 
 
 def test_bad_query_is_refused(base: str) -> None:
@@ -163,3 +169,62 @@ def test_idle_connections_are_closed_and_hold_at_most_max_threads() -> None:
         for sock in idle:
             sock.close()
         _stop(server)
+
+
+def _post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_a_simulated_trace_is_not_taken_for_a_run(base: str, tmp_path: Path) -> None:
+    """`simulate --trace` writes the same layout with lanes where a run has ranks: named, not misread."""
+    trace = tmp_path / "sim.json"
+    assert run_cli("simulate", "1f1b", "-d", "2", "-m", "4", "--trace", str(trace))[0] == 0
+    status, answer = _post(base + "/api/trace", trace.read_bytes())
+    assert status == 200 and "this trace holds a simulated timeline" in answer["error"]
+    code, _, err = run_cli("trace", "compare", str(trace), "-o", str(tmp_path / "merged.json"))
+    assert code == 2 and "this trace holds a simulated timeline" in err and not (tmp_path / "merged.json").exists()
+
+
+@pytest.mark.parametrize("body,expected", [
+    (b"", "the file is not JSON (Expecting value at line 1 column 1)"),
+    (b"\xff\xfe{", "the file is not UTF-8 text"),
+    (b'{"traceEvents": [{"ph": "X", "name": "0F0", "ts": NaN}]}', "the file is not strict JSON (NaN is not JSON"),
+    (b'{"traceEvents": [{"ph": "X", "name": "0F0", "ts": Infinity}]}', "not strict JSON (Infinity is not JSON"),
+    (b'{"step": 1, "loss": 5.0}\n{"step": 2}\n', "one JSON object per line, like a run's metrics.jsonl"),
+    (b'{"traceEvents": 5}', "not a Chrome trace: expected an object with a 'traceEvents' list"),
+    (b'{"traceEvents": [5]}', "trace event 0 is int; expected an object"),
+    (b'{"traceEvents": [{"ph": "X", "name": "hello", "ts": 0}]}', "trace event 0 ('hello'): cannot parse action 'hello'"),
+    (b'{"traceEvents": [{"ph": "X", "name": "0F0", "ts": "soon"}]}', "'ts' is 'soon'; expected a finite number >= 0"),
+    (b'{"traceEvents": [{"ph": "X", "name": "0F0", "ts": 0}, {"ph": "X", "name": "2F0", "ts": 1}]}',
+     "the trace's actions are not a schedule: stages used are not 0..S-1"),
+    (b'{"traceEvents": [{"ph": "X", "name": "0F99999", "ts": 0}]}', "is not a whole run"),
+    (b'{"traceEvents": [{"ph": "X", "name": "0B0", "ts": 0}, {"ph": "X", "name": "0F0", "ts": 1}]}',
+     "deadlock: rank 0 step 0 0B0 waits for 0F0"),
+    (b"[" * 100_000, "the file is not strict JSON"),
+])
+def test_a_wrong_trace_file_is_one_line_naming_the_fault(base: str, body: bytes, expected: str) -> None:
+    """Answered 200 with the error (the page's own endpoint, like /api/chart), never a 500 or a traceback."""
+    status, answer = _post(base + "/api/trace", body)
+    assert status == 200 and answer["status"] in (400, 413), answer
+    assert expected in answer["error"] and "\n" not in answer["error"], answer
+    assert "python -m pipeoffload.runtime --trace FILE" in answer["error"]
+
+
+def test_trace_uploads_are_bounded_and_only_at_their_address(base: str) -> None:
+    from pipeoffload.web.server import MAX_TRACE_BYTES
+
+    port = int(base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:  # refused before the body is sent
+        sock.sendall(f"POST /api/trace HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                     f"Content-Length: {MAX_TRACE_BYTES + 1}\r\n\r\n".encode())
+        reply = sock.makefile("rb").read().decode()
+    assert reply.startswith("HTTP/1.0 413") and f"limit of {MAX_TRACE_BYTES:,}" in reply
+    assert _post(base + "/api/simulate", b"{}")[0] == 404
+    assert _post(base + "/api/trace", b"{}", {"Host": "evil.example:80"})[0] == 403
+    script = (Path(__file__).parents[2] / "pipeoffload" / "web" / "static" / "app.js").read_text()
+    assert f"const MAX_TRACE_BYTES = {MAX_TRACE_BYTES};" in script  # the page refuses what the server would

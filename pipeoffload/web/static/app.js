@@ -30,6 +30,10 @@
   const STALE = [chartBox, document.getElementById("numbers"), legendEl, summaryLine, commandEl];
   let families = [], sequence = 0, timer = null, resizeTimer = null, controller = null, last = null;
   let view = null;  // [t0, t1]: the time window shown (null: the whole step); zoom with the wheel, pan by dragging
+  // The URL's `view=T0,T1` (text as given), applied to the next chart that arrives; `viewNote` says why a
+  // link's window was not used. A window is in the URL once the user stops zooming (`VIEW_SETTLE` ms).
+  let pendingView = null, viewNote = "", viewTimer = null, lastQuery = null;
+  const VIEW_SETTLE = 300, MIN_SPAN = 1e-4;  // the narrowest window: this share of the step
   let index = null;  // boxes by rank and lane, sorted by start, and by (kind, stage, microbatch): hover and "waited for"
   const CANVAS_ABOVE = 10000;
   const tooltip = document.getElementById("tooltip"), viewLine = document.getElementById("view-line");
@@ -63,7 +67,7 @@
     const mine = ++sequence;
     if (controller) controller.abort();
     const {params, error} = readForm();
-    history.replaceState(null, "", "?" + params.toString());  // the state is the URL: share it
+    history.replaceState(null, "", urlFor(params, pendingView));  // the state is the URL: share it
     if (error) { showError(error); return; }
     controller = new AbortController();
     stale(true);
@@ -81,6 +85,7 @@
     errorBox.hidden = true;
     errorBox.textContent = "";
     last = body;
+    lastQuery = params.toString();
     render(body);
   }
 
@@ -104,11 +109,95 @@
     });
     numbers.innerHTML = `<tr>${heads.join("")}</tr><tr>${cells.join("")}</tr>`;
     legendEl.innerHTML = legend(chart);
-    view = null;
     index = buildIndex(chart);
+    applyPendingView(chart);
     draw();
     stale(false);
   }
+
+  // ---- the zoom window in the URL -------------------------------------------------------------------
+  const fmtView = (v) => `${fmt(v[0])},${fmt(v[1])}`;
+
+  // "?query&view=T0,T1": the comma left as it is, so the link stays readable.
+  function urlFor(params, v) {
+    const parts = [params.toString()];
+    if (typeof v === "string") parts.push("view=" + encodeURIComponent(v).replace(/%2C/gi, ","));
+    else if (v) parts.push("view=" + fmtView(v));
+    return "?" + parts.filter(Boolean).join("&");
+  }
+
+  // The window a URL's text names in a step of length `makespan`, or null with the reason: two finite
+  // numbers, the first below the second, both inside the step, not narrower than zooming allows.
+  function parseView(text, makespan) {
+    const full = makespan > 0 ? makespan : 1, number = /^[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?$/i;
+    const parts = String(text).split(",");
+    if (parts.length !== 2 || !parts.every((p) => number.test(p.trim()))) return {error: "not two numbers T0,T1"};
+    const [a, b] = parts.map(Number), slack = full * 1e-6;  // the URL keeps 6 significant digits
+    if (!(a < b)) return {error: "T0 is not below T1"};
+    if (a < -slack || b > full + slack) return {error: `outside the step (0 to ${fmt(full)})`};
+    const t0 = Math.max(0, a), t1 = Math.min(full, b);
+    if (t1 - t0 < full * MIN_SPAN * (1 - 1e-6)) return {error: "narrower than the zoom allows"};
+    return {view: t0 <= 0 && t1 >= full ? null : [t0, t1]};
+  }
+
+  function applyPendingView(chart) {
+    const wanted = pendingView;
+    pendingView = null;
+    view = null;
+    viewNote = "";
+    if (wanted === null) return;
+    const parsed = parseView(wanted, chart.makespan);
+    if (parsed.error) viewNote = `the link's zoom window view=${wanted} is ${parsed.error}; showing the whole step`;
+    else view = parsed.view;
+    history.replaceState(history.state, "", withView(view));  // a bad window leaves the URL: no loop
+  }
+
+  function withView(v) {
+    const params = new URLSearchParams(location.search);
+    params.delete("view");
+    return urlFor(params, v);
+  }
+
+  // The window changed (zoom, pan, reset): redraw now, and once it settles make it a history entry, so
+  // that back and forward step through windows and a reload or a shared link reopens this one.
+  function viewChanged() {
+    viewNote = "";
+    draw();
+    clearTimeout(viewTimer);
+    viewTimer = setTimeout(() => {
+      const url = withView(view);
+      if (url !== location.search) history.pushState(null, "", url);
+    }, VIEW_SETTLE);
+  }
+
+  // Back or forward: the form and the window of that entry; simulate again only if the inputs differ.
+  function onPopState() {
+    clearTimeout(viewTimer);
+    applyUrl();
+    const {params, error} = readForm();
+    if (!error && last && errorBox.hidden && params.toString() === lastQuery) {
+      applyPendingView(last.chart);
+      draw();
+      return;
+    }
+    refresh();
+  }
+
+  // The form's values and the pending window from the URL; a field the URL leaves out takes its default.
+  function applyUrl() {
+    const shared = new URLSearchParams(location.search);
+    for (const el of form.elements) {
+      if (!el.name) continue;
+      if (shared.has(el.name)) el.value = shared.get(el.name);
+      else if (el === familySelect) el.value = defaultFamily();
+      else el.value = el.tagName === "SELECT" ? "" : el.defaultValue;
+    }
+    if (!familySelect.value) familySelect.value = families[0].name;  // a family this server does not have
+    pendingView = shared.has("view") ? shared.get("view") : null;
+    noteFamily();
+  }
+
+  const defaultFamily = () => (families.some((f) => f.name === "group-interleaved") ? "group-interleaved" : families[0].name);
 
   function shade(colour, index, v) {
     const amount = v > 1 ? 0.55 * index / (v - 1) : 0;
@@ -158,13 +247,13 @@
   }
 
   // Layout of a chart at the current width and time window; shared by drawing, hit-testing and export.
-  function layout(chart) {
+  function layout(chart, win = view) {
     const width = Math.max(720, chartBox.clientWidth || 1200);
     const left = 64, right = 96, plotW = width - left - right, d = chart.ranks;
     const computeH = d > 8 ? (d > 32 ? 8 : 14) : 20, copyH = chart.copy_lanes ? (d > 8 ? (d > 32 ? 5 : 8) : 10) : 0;
     const rowH = computeH + copyH + (d > 32 ? 1 : 3), ganttH = d * rowH, panelH = d > 8 ? (d > 32 ? 14 : 26) : 36;
     const memTop = ganttH + 44, height = memTop + d * panelH + 44;
-    const t0 = view ? view[0] : 0, t1 = view ? view[1] : (chart.makespan > 0 ? chart.makespan : 1);
+    const t0 = win ? win[0] : 0, t1 = win ? win[1] : (chart.makespan > 0 ? chart.makespan : 1);
     const x = (t) => left + ((t - t0) / (t1 - t0)) * plotW;
     return {width, left, plotW, d, computeH, copyH, rowH, ganttH, panelH, memTop, height, t0, t1, x};
   }
@@ -183,18 +272,19 @@
 
   // Above CANVAS_ABOVE boxes the Gantt boxes are drawn on a canvas under the SVG (tens of thousands of SVG
   // elements take seconds per redraw); `forSvg` (export) always writes them into the SVG.
-  function svg(chart, forSvg) {
-    const L = layout(chart), {width, left, plotW, d, computeH, copyH, rowH, ganttH, panelH, memTop, height, x} = L;
+  // `win`: the time window (the playground's zoom unless given); `clip`: the clip path's id, one per chart on the page.
+  function svg(chart, forSvg, win = view, clip = "plot") {
+    const L = layout(chart, win), {width, left, plotW, d, computeH, copyH, rowH, ganttH, panelH, memTop, height, x} = L;
     const onCanvas = !forSvg && chart.boxes.length > CANVAS_ABOVE;
     const out = [];
     out.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" data-ranks="${d}" data-boxes="${chart.boxes.length}" data-makespan="${chart.makespan}" data-drawn="${onCanvas ? "canvas" : "svg"}" data-view="${fmt(L.t0)},${fmt(L.t1)}" font-size="10" font-family="system-ui,sans-serif">`);
-    out.push(`<defs><clipPath id="plot"><rect x="${left}" y="0" width="${plotW}" height="${height}"/></clipPath></defs>`);
+    out.push(`<defs><clipPath id="${clip}"><rect x="${left}" y="0" width="${plotW}" height="${height}"/></clipPath></defs>`);
     for (let r = 0; r < d; r++) {
       const y = r * rowH;
       out.push(`<text class="rank-label" data-rank="${r}" x="${left - 6}" y="${y + Math.min(computeH, 10) / 2 + computeH / 2 - 2}" text-anchor="end"${d > 32 ? ' font-size="7"' : ""}>rank ${r}</text>`);
       if (copyH && d <= 32) out.push(`<text x="${left - 6}" y="${y + computeH + copyH / 2 + 3}" text-anchor="end" fill="#888" font-size="7">copy</text>`);
     }
-    out.push(`<g class="boxes" stroke="#fff" stroke-width="0.3" clip-path="url(#plot)">`);
+    out.push(`<g class="boxes" stroke="#fff" stroke-width="0.3" clip-path="url(#${clip})">`);
     if (!onCanvas) {
       for (const box of chart.boxes) {
         if (!visible(L, box)) continue;
@@ -226,11 +316,11 @@
       out.push(`<text x="${left - 6}" y="${y0 + panelH / 2 + 3}" text-anchor="end"${d > 32 ? ' font-size="7"' : ""}>rank ${r}</text>`);
       const device = chart.device[r], host = chart.host[r];
       const path = stepPath(device.points, x, yDev);
-      out.push(`<g clip-path="url(#plot)"><path class="device" data-rank="${r}" d="${path}V${y0 + panelH}H${x(0)}Z" fill="${DEVICE}" fill-opacity="0.15" stroke="none"/>`);
+      out.push(`<g clip-path="url(#${clip})"><path class="device" data-rank="${r}" d="${path}V${y0 + panelH}H${x(0)}Z" fill="${DEVICE}" fill-opacity="0.15" stroke="none"/>`);
       out.push(`<path d="${path}" fill="none" stroke="${DEVICE}" stroke-width="1"/></g>`);
       if (topHost > 0) {
         const yHost = (level) => y0 + panelH - (level / topHost) * inner;
-        out.push(`<path class="host" data-rank="${r}" d="${stepPath(host.points, x, yHost)}" fill="none" stroke="${HOST}" stroke-width="1" stroke-dasharray="4 2" clip-path="url(#plot)"/>`);
+        out.push(`<path class="host" data-rank="${r}" d="${stepPath(host.points, x, yHost)}" fill="none" stroke="${HOST}" stroke-width="1" stroke-dasharray="4 2" clip-path="url(#${clip})"/>`);
       }
       const note = `peak ${fmt(device.peak)}` + (topHost > 0 ? ` · host ${fmt(host.peak)}` : "");
       out.push(`<text x="${left + plotW + 6}" y="${y0 + panelH / 2 + 3}" fill="${DEVICE}" font-size="9" class="peak">${note}</text>`);
@@ -245,7 +335,7 @@
   function draw(highlight) {
     const chart = last.chart;
     chartBox.innerHTML = svg(chart, false);
-    viewLine.textContent = view ? `showing ${fmt(view[0])} to ${fmt(view[1])} ${chart.time_unit} of ${fmt(chart.makespan)} (double-click: whole step)` : "wheel: zoom the time axis · drag: pan · hover: highlight a microbatch or a rank";
+    viewLine.textContent = viewNote || (view ? `showing ${fmt(view[0])} to ${fmt(view[1])} ${chart.time_unit} of ${fmt(chart.makespan)} (double-click: whole step)` : "wheel: zoom the time axis · drag: pan · hover: highlight a microbatch or a rank");
     if (chart.boxes.length <= CANVAS_ABOVE) return;
     const L = layout(chart), canvas = document.createElement("canvas"), ratio = window.devicePixelRatio || 1;
     canvas.width = L.width * ratio;
@@ -345,10 +435,10 @@
   function zoom(factor, aroundPx) {
     const chart = last.chart, L = layout(chart), full = chart.makespan > 0 ? chart.makespan : 1;
     const at = L.t0 + ((aroundPx - L.left) / L.plotW) * (L.t1 - L.t0);
-    let span = Math.min(full, Math.max(full / 10000, (L.t1 - L.t0) * factor));
+    let span = Math.min(full, Math.max(full * MIN_SPAN, (L.t1 - L.t0) * factor));
     let t0 = Math.max(0, Math.min(full - span, at - (at - L.t0) * span / (L.t1 - L.t0)));
     view = span >= full ? null : [t0, t0 + span];
-    draw();
+    viewChanged();
   }
 
   function setupInteraction() {
@@ -356,7 +446,7 @@
       if (drag && last) {
         const L = layout(last.chart), full = last.chart.makespan, span = L.t1 - L.t0;
         const dt = ((drag.x - e.clientX) / L.plotW) * span, t0 = Math.max(0, Math.min(full - span, drag.t0 + dt));
-        if (span < full) { view = [t0, t0 + span]; draw(); }
+        if (span < full) { view = [t0, t0 + span]; viewChanged(); }
         return;
       }
       onHover(e);
@@ -369,10 +459,10 @@
     }, {passive: false});
     chartBox.addEventListener("mousedown", (e) => { if (last) drag = {x: e.clientX, t0: layout(last.chart).t0}; });
     window.addEventListener("mouseup", () => { drag = null; });
-    chartBox.addEventListener("dblclick", () => { if (last) { view = null; draw(); } });
+    chartBox.addEventListener("dblclick", () => { if (last) { view = null; viewChanged(); } });
     document.getElementById("zoom-in").addEventListener("click", () => last && zoom(0.5, layout(last.chart).left + layout(last.chart).plotW / 2));
     document.getElementById("zoom-out").addEventListener("click", () => last && zoom(2, layout(last.chart).left + layout(last.chart).plotW / 2));
-    document.getElementById("zoom-reset").addEventListener("click", () => { if (last) { view = null; draw(); } });
+    document.getElementById("zoom-reset").addEventListener("click", () => { if (last) { view = null; viewChanged(); } });
     document.getElementById("export-svg").addEventListener("click", () => last && download(new Blob([svg(last.chart, true)], {type: "image/svg+xml"}), "svg"));
     document.getElementById("export-png").addEventListener("click", () => last && exportPng());
   }
@@ -473,27 +563,70 @@
     reader.readAsText(file);
   }
 
+  // ---- a runtime trace beside its simulation ----------------------------------------------------------
+  const MAX_TRACE_BYTES = 33554432;  // the server's MAX_TRACE_BYTES (32 MiB)
+  let traceResult = null;
+
+  // The file goes to this playground's server, which reads it with `pipeoffload trace compare`'s code and
+  // simulates the run's schedule with its own measured durations; a wrong file answers one line.
+  async function loadTrace(file) {
+    const err = document.getElementById("trace-error"), box = document.getElementById("trace-charts");
+    const fail = (message) => { err.textContent = `${file.name}: ${message}`; err.hidden = false; box.classList.add("stale"); };
+    if (file.size > MAX_TRACE_BYTES) {
+      fail(`${file.size.toLocaleString("en")} bytes, over the playground's limit of ${MAX_TRACE_BYTES.toLocaleString("en")}; use pipeoffload trace compare`);
+      return;
+    }
+    let body;
+    try {
+      const response = await fetch("/api/trace", {method: "POST", body: file});
+      body = await response.json();
+    } catch (e) {
+      fail("cannot reach the playground server: " + e.message);
+      return;
+    }
+    if (body.error) { fail(body.error); return; }
+    err.hidden = true;
+    err.textContent = "";
+    box.classList.remove("stale");
+    traceResult = body;
+    drawTrace();
+  }
+
+  function drawTrace() {
+    const t = traceResult, box = document.getElementById("trace-charts");
+    if (!t) return;
+    const ms = (s) => fmt(1000 * s) + " ms";
+    const rows = t.per_rank.map((r) => `<tr data-rank="${r.rank}"><td>${r.rank}</td><td class="measured-end">${esc(ms(r.measured_end_s))}</td>` +
+      `<td class="simulated-end">${esc(ms(r.simulated_end_s))}</td><td class="measured-peak">${t.has_memory ? esc(fmt(r.measured_peak_mib)) : "—"}</td>` +
+      `<td class="simulated-peak">${esc(fmt(r.simulated_peak_rank_units))}</td></tr>`);
+    const win = [0, Math.max(t.measured.makespan, t.simulated.makespan) || 1];  // one time axis for both
+    box.innerHTML = `<p class="summary">${esc(t.measured.title)}: measured step ${esc(ms(t.measured_step_s))}, ` +
+      `simulated with its own measured durations ${esc(ms(t.simulated_makespan_s))}</p>` +
+      `<table class="trace-table"><tr><th>rank</th><th>measured end</th><th>simulated end</th><th>measured peak (MiB)</th>` +
+      `<th>simulated peak (rank units)</th></tr>${rows.join("")}</table>` +
+      `<div class="legend">${legend(t.measured)}</div>` +
+      `<h3>measured (${esc(t.measured.summary)})</h3><div id="trace-measured">${svg(t.measured, true, win, "trace-measured-plot")}</div>` +
+      `<h3>simulated (${esc(t.simulated.summary)})</h3><div id="trace-simulated">${svg(t.simulated, true, win, "trace-simulated-plot")}</div>`;
+  }
+
   async function start() {
     const response = await fetch("/api/families");
     families = await response.json();
     familySelect.innerHTML = families.map((f) => `<option value="${esc(f.name)}">${esc(f.name)}</option>`).join("");
-    familySelect.value = families.some((f) => f.name === "group-interleaved") ? "group-interleaved" : families[0].name;
-    const shared = new URLSearchParams(location.search);  // a shared link: its state, then the defaults
-    for (const [name, value] of shared) {
-      const el = form.elements.namedItem(name);
-      if (el && el.name) el.value = value;
-    }
-    if (!familySelect.value) familySelect.value = families[0].name;
-    noteFamily();
-    form.addEventListener("input", () => schedule(150));
-    form.addEventListener("change", (e) => { if (e.target === familySelect) noteFamily(); schedule(0); });
+    applyUrl();  // a shared link: its state, then the defaults
+    // New inputs: a new step, shown whole (a window the link gave is for the link's inputs).
+    const newInputs = () => { pendingView = null; clearTimeout(viewTimer); };
+    form.addEventListener("input", () => { newInputs(); schedule(150); });
+    form.addEventListener("change", (e) => { newInputs(); if (e.target === familySelect) noteFamily(); schedule(0); });
+    window.addEventListener("popstate", onPopState);
     form.addEventListener("submit", (e) => e.preventDefault());
     window.addEventListener("resize", () => {  // only the drawing depends on the width: redraw, do not re-simulate
       clearTimeout(resizeTimer);
-      resizeTimer = setTimeout(() => { if (last && errorBox.hidden) draw(); }, 100);
+      resizeTimer = setTimeout(() => { if (last && errorBox.hidden) draw(); drawTrace(); }, 100);
     });
     setupInteraction();
     document.getElementById("metrics-file").addEventListener("change", (e) => { if (e.target.files[0]) loadMetrics(e.target.files[0]); });
+    document.getElementById("trace-file").addEventListener("change", (e) => { if (e.target.files[0]) loadTrace(e.target.files[0]); });
     refresh();
   }
 
