@@ -263,8 +263,24 @@ class ActivationStore:
             rec.nbytes += nbytes
             entry.slots.add(key)
             entry.claims += 1
+            if entry.state is not EntryState.RESIDENT:
+                self._reclaim(entry)
         entry.handles += 1
         return _Handle(self, entry, t.detach())
+
+    def _reclaim(self, entry: _Entry) -> None:
+        """A slot saves a storage that another slot's OFFLOAD sent away while a pin kept it on the device
+        (a tensor handed to the next stage on this rank): it is resident again, for the new slot."""
+        if entry.state is EntryState.TO_HOST:
+            self.copier.synchronize(entry.token)
+            self._copying.remove(entry)
+        elif entry.state is EntryState.ON_HOST and entry in self._pinned_free:
+            self._pinned_free.remove(entry)
+        else:  # its device memory is gone: nothing a forward could have just used
+            raise RuntimeError(f"a forward saved a storage of slot(s) {sorted(entry.slots)} (stage, microbatch) "
+                               f"that is {entry.state.value}")
+        self._drop_host(entry)
+        entry.state = EntryState.RESIDENT
 
     def _unpack(self, handle: Any) -> torch.Tensor:
         if not isinstance(handle, _Handle):

@@ -1,7 +1,7 @@
 """The run report: loss curves and per-rank activation memory of a training run, as one PNG and one
 self-contained HTML page (the PNG embedded as a data URI, a table of key figures, the config).
 
-Reads ``RUN_DIR/metrics.jsonl`` (one JSON object per optimizer step or eval, see docs) and
+Reads ``RUN_DIR/metrics.jsonl`` (one JSON object per logged optimizer step, see docs) and
 ``RUN_DIR/config.toml``; writes ``RUN_DIR/report.png`` and ``RUN_DIR/report.html``. Pure core: no
 torch; matplotlib is imported when drawing.
 """

@@ -19,7 +19,8 @@ Hardening, for a server any web page the user visits could try to reach: a reque
 not this server's own address is refused (a DNS-rebinding page would send its own name); every answer
 carries a Content-Security-Policy (this origin only) and ``nosniff``; at most ``max_threads`` requests are
 served at once, the rest wait in a deep listen queue (not reset); a connection idle for ``idle_timeout``
-seconds (half-open, or a client that never sends) is closed, so idle sockets cannot hold threads.
+seconds (half-open, or a client that never sends) is closed, so idle sockets cannot hold threads; an upload's
+body must arrive within ``BODY_DEADLINES`` idle timeouts (a trickling sender is answered 408).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import json
 import logging
 import shlex
 import threading
+import time
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -60,6 +62,7 @@ TRACE_HINT = "expected the Chrome trace JSON of a run (python -m pipeoffload.run
 MAX_THREADS = 32  # requests served at once; more wait in the listen queue
 BACKLOG = 1_024  # connections the kernel queues before resetting new ones
 IDLE_TIMEOUT_S = 10.0  # a connection silent this long is closed
+BODY_DEADLINES = 6  # an upload's whole body must arrive within this many idle timeouts (60 s)
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
                                "img-src 'self' data: blob:; base-uri 'none'; form-action 'none'; "
@@ -259,7 +262,11 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return _error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the file is {int(length):,} bytes, over the "
                           f"playground's limit of {MAX_TRACE_BYTES:,}; use `pipeoffload trace compare`")
-        body = self.rfile.read(int(length))
+        body = self._read_body(int(length))
+        if body is None:
+            self.close_connection = True
+            return _error(HTTPStatus.REQUEST_TIMEOUT, f"the upload took over {BODY_DEADLINES:g} x "
+                          f"{self.server.idle_timeout:g} s; send the file at once")
         try:
             return HTTPStatus.OK, "application/json", strict_json(trace_answer(body)).encode()
         except RequestError as err:  # answered 200 like /api/chart: a message for the user, not a failed load
@@ -267,6 +274,21 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as err:  # a bug must not take the page down
             log.exception("playground trace upload failed")
             return _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"internal error: {err}")
+
+    def _read_body(self, length: int) -> bytes | None:
+        """The body, or None when it trickles in past its deadline: the idle timeout bounds each read, this
+        bounds the whole upload, so a slow sender cannot hold a thread for long."""
+        deadline = time.monotonic() + BODY_DEADLINES * self.server.idle_timeout
+        chunks, left = [], length
+        while left > 0:
+            if time.monotonic() > deadline:
+                return None
+            chunk = self.rfile.read1(min(left, 1 << 16))
+            if not chunk:
+                break  # the client closed early: what came is a truncated file, answered as such
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
 
     def _answer(self) -> tuple[HTTPStatus, str, bytes]:
         refused = self._foreign_host()

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from train_workers import RandomBatches, dict_layers, norm_reduce_sizes  # noqa: E402
+from train_workers import logged_and_spied  # noqa: E402
 
 from pipeoffload.train.config import TrainConfig, validate  # noqa: E402
 
@@ -24,34 +24,35 @@ def _jsonl(run: Path) -> list[dict]:
 
 
 def test_log_every_skips_records_not_training_and_tensorboard_equals_the_jsonl(tmp_path: Path) -> None:
-    """One run logs every step to metrics.jsonl and TensorBoard; one logs every 3rd step (so measures
-    memory only then) and keeps 2 in memory, under a spy: the same bits at the common steps, and the gradient norm's
-    all-reduce holds the norm's slots only (the measurements have their own)."""
+    """In one spawn of 2 ranks: a run logs every step to metrics.jsonl and TensorBoard; a second logs
+    every 3rd step (so measures memory only then) and keeps 2 records in memory, under a spy: the same
+    bits at the common steps, and the gradient norm's all-reduce holds the norm's slots only (the
+    measurements have their own)."""
     import numpy as np
-    import torch.nn.functional as F
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from pipeoffload.train import train_model
     from pipeoffload.train.launch import run_ranks
 
-    every = train_model(TrainConfig.build(**BASE, out=str(tmp_path / "every"), tensorboard=True), dict_layers,
-                        F.cross_entropy, RandomBatches)
-    (tmp_path / "sparse").mkdir()
-    cfg = validate(TrainConfig.build(**BASE, log_every=3, keep_records=2), data_exists=False, gpt=False)
-    spied = run_ranks(norm_reduce_sizes, cfg, (str(tmp_path / "sparse"),))
-    for rank in spied:
-        assert rank["step"] == 5 and rank["sizes"] == [rank["slots"]] * 5, rank
-    sparse = spied[0]["history"]
-    assert [h["step"] for h in _jsonl(tmp_path / "sparse")] == [1, 3, 5]  # 1: its validation loss
+    every_dir, sparse_dir = tmp_path / "every", tmp_path / "sparse"
+    every_dir.mkdir()
+    sparse_dir.mkdir()
+    cfg = validate(TrainConfig.build(**BASE, tensorboard=True), data_exists=False, gpt=False)
+    sparse_cfg = validate(TrainConfig.build(**BASE, log_every=3, keep_records=2), data_exists=False, gpt=False)
+    ranks = run_ranks(logged_and_spied, cfg, (str(every_dir), sparse_cfg, str(sparse_dir)))
+    for rank in ranks:
+        assert rank["second"]["step"] == 5 and rank["sizes"] == [rank["slots"]] * 5, rank
+        assert rank["measured"] == [True, False, True, False, True]  # memory measured on logged steps only
+    every, sparse = ranks[0]["first"]["history"], ranks[0]["second"]["history"]
+    assert [h["step"] for h in _jsonl(sparse_dir)] == [1, 3, 5]  # 1: its validation loss
     assert [h["step"] for h in sparse] == [3, 5]  # in memory: the last keep_records
-    by_step = {h["step"]: h for h in every["history"]}
+    by_step = {h["step"]: h for h in every}
     for h in sparse:
         assert h == {**by_step[h["step"]], "tokens_per_s": h["tokens_per_s"], "step_s": h["step_s"]}
-    assert not (tmp_path / "sparse" / "tensorboard").exists()
+    assert not (sparse_dir / "tensorboard").exists()
 
-    records = _jsonl(tmp_path / "every")
-    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
-    events = EventAccumulator(str(tmp_path / "every" / "tensorboard"))
+    records = _jsonl(every_dir)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5] and records == every
+    events = EventAccumulator(str(every_dir / "tensorboard"))
     events.Reload()
     for key in ("loss", "grad_norm", "lr", "val_loss", "peak_act_bytes/rank1", "sim_peak_act_bytes/rank0"):
         name, _, rank = key.partition("/rank")

@@ -78,11 +78,7 @@ class RandomBatches:
         return [self._batch(10**6 + dp_rank)]
 
 
-def norm_reduce_sizes(ctx: Any, cfg: TrainConfig, run_dir: str) -> dict[str, Any]:
-    """Train ``dict_layers`` (metrics into ``run_dir``) with a spy on ``torch.distributed.all_reduce``:
-    the history, the element counts of the all-reduces made inside the gradient norm, and the number
-    of parameter names (its slots)."""
-    import torch.distributed as dist
+def _dict_trainer(ctx: Any, cfg: TrainConfig, run_dir: str) -> Any:
     import torch.nn.functional as F
 
     from pipeoffload.train import loop
@@ -91,7 +87,21 @@ def norm_reduce_sizes(ctx: Any, cfg: TrainConfig, run_dir: str) -> dict[str, Any
 
     schedule = lowered_schedule(cfg)
     model = from_layers([m.to(ctx.device) for m in dict_layers()], schedule, ctx.pp_rank)
-    trainer = loop.Trainer(cfg, ctx, schedule, model, F.cross_entropy, RandomBatches(cfg), Path(run_dir))
+    return loop.Trainer(cfg, ctx, schedule, model, F.cross_entropy, RandomBatches(cfg), Path(run_dir))
+
+
+def logged_and_spied(ctx: Any, cfg: TrainConfig, run_dir: str, spied_cfg: TrainConfig,
+                     spied_dir: str) -> dict[str, Any]:
+    """Train ``dict_layers`` twice in the same ranks (one spawn): with ``cfg`` into ``run_dir``, then
+    with ``spied_cfg`` into ``spied_dir`` under a spy on ``torch.distributed.all_reduce``. Returns
+    both results, the element counts of the all-reduces made inside the gradient norm during the
+    second, the number of parameter names (the norm's slots), and whether each step measured memory."""
+    import torch.distributed as dist
+
+    from pipeoffload.train import loop
+
+    first = _dict_trainer(ctx, cfg, run_dir).fit()
+    trainer = _dict_trainer(ctx, spied_cfg, spied_dir)
     sizes: list[int] = []
     inside = [False]
     real_reduce, real_norm = dist.all_reduce, loop.global_grad_norm
@@ -108,12 +118,20 @@ def norm_reduce_sizes(ctx: Any, cfg: TrainConfig, run_dir: str) -> dict[str, Any
         finally:
             inside[0] = False
 
+    measured: list[bool] = []
+    real_step = trainer.runner.step
+
+    def spy_step(*args: Any, measure: bool | None = None) -> Any:
+        measured.append(bool(measure))
+        return real_step(*args, measure=measure)
+
+    trainer.runner.step = spy_step
     dist.all_reduce, loop.global_grad_norm = spy_reduce, spy_norm  # type: ignore[assignment]
     try:
-        result = trainer.fit()
+        second = trainer.fit()
     finally:
         dist.all_reduce, loop.global_grad_norm = real_reduce, real_norm  # type: ignore[assignment]
-    return {**result, "sizes": sizes, "slots": len(trainer.order)}
+    return {"first": first, "second": second, "sizes": sizes, "slots": len(trainer.order), "measured": measured}
 
 
 class _FailsInEval(__import__("torch").nn.Linear):

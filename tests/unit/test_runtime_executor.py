@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from pipeoffload import ConfigError, Schedule, generate, lower
 from pipeoffload.ir import Action, ActionKind
@@ -207,6 +208,31 @@ def test_fifo_check_accepts_lowered_classics_and_rejects_crossed_orders():
     rows[0][sends[0]], rows[0][sends[1]] = rows[0][sends[1]], rows[0][sends[0]]
     with pytest.raises(ConfigError, match="posting order"):
         check_fifo(schedule.with_actions(rows))
+
+
+@pytest.mark.parametrize("family", ["interleaved-1f1b", "zb-v"])
+def test_offload_all_on_one_rank_with_a_tensor_handed_between_local_stages(family):
+    """Stage 1 saves stage 0's output (handed over on this rank), which stage 0's ReLU saved too: the
+    OFFLOAD of stage 0 before stage 1's forward must not take it from stage 1 (it did: 'used while
+    offloaded' at stage 1's backward)."""
+    def stages() -> dict[int, nn.Module]:
+        torch.manual_seed(0)
+        return {0: nn.Sequential(nn.Linear(32, 32), nn.ReLU()), 1: nn.Linear(32, 32)}
+
+    def mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return ((out - target) ** 2).mean()
+
+    x, y = torch.randn(8, 32, generator=torch.Generator().manual_seed(1)), torch.zeros(8, 32)
+    results = []
+    for offload in ("none", "all"):
+        modules = stages()
+        schedule = lower(generate(family, 1, 4, 2), offload=offload)
+        runner = PipelineRunner(modules, schedule, 0, loss_fn=mse, min_offload_bytes=0)
+        loss = runner.step(x, y)
+        assert runner.trace.end_bytes == 0 and runner.store.host_bytes == 0
+        results.append((loss, [p.grad for m in modules.values() for p in m.parameters()]))
+    (loss0, grads0), (loss1, grads1) = results
+    assert torch.equal(loss0, loss1) and all(torch.equal(a, b) for a, b in zip(grads0, grads1))
 
 
 class _PostingOrderLoopback(LoopbackTransport):

@@ -1,6 +1,7 @@
 """The playground's server without a browser: the JSON API is `simulate --json`, errors are the CLI's
 messages, large requests are refused with the limit, static files are served."""
 import json
+import select
 import socket
 import threading
 import time
@@ -228,3 +229,24 @@ def test_trace_uploads_are_bounded_and_only_at_their_address(base: str) -> None:
     assert _post(base + "/api/trace", b"{}", {"Host": "evil.example:80"})[0] == 403
     script = (Path(__file__).parents[2] / "pipeoffload" / "web" / "static" / "app.js").read_text()
     assert f"const MAX_TRACE_BYTES = {MAX_TRACE_BYTES};" in script  # the page refuses what the server would
+
+
+def test_a_trickled_upload_is_cut_off_at_its_deadline() -> None:
+    """Each read waits at most the idle timeout; the whole body has BODY_DEADLINES of them, so a sender
+    that keeps the connection alive one byte at a time cannot hold a thread for long."""
+    from pipeoffload.web.server import BODY_DEADLINES
+
+    url, server = _serve(idle_timeout=0.3)
+    port = int(url.rsplit(":", 1)[1])
+    reply = b""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(f"POST /api/trace HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 1000\r\n\r\n".encode())
+            for _ in range(int(BODY_DEADLINES * 0.3 / 0.1) + 50):  # 1 byte every 0.1 s, past the deadline
+                if select.select([sock], [], [], 0.1)[0]:  # the answer came: stop sending
+                    break
+                sock.sendall(b" ")
+            reply = sock.makefile("rb").read()  # the server closes after answering
+    finally:
+        _stop(server)
+    assert reply.startswith(b"HTTP/1.0 408") and b"send the file at once" in reply, reply
