@@ -305,7 +305,8 @@ class PipelineRunner:
         measure = self.measure_memory if measure is None else measure
         self.store.active = trace.measured = measure or self._store_needed
         self.store.reset_peak()
-        self._run(self._program, self._next_recvs, self._handlers, trace, f"step {step}", step)
+        self._run(self._program, self._next_recvs, self._handlers, trace, f"step {step}", step,
+                  self._gradients_final)
         trace.peak_bytes = self.store.peak_bytes
         trace.peak_host_bytes = self.store.peak_host_bytes
         trace.end_bytes = self.store.resident_bytes
@@ -353,10 +354,12 @@ class PipelineRunner:
             self._mb_targets = [t if len(t) > 1 else t[0] for t in split_microbatches(targets, m, self.device, "targets")]
 
     def _run(self, program: list, next_recvs: dict[int, list[Action]], handlers: Mapping[ActionKind, Handler],
-             trace: Trace, label: str, step: int) -> None:
+             trace: Trace, label: str, step: int, final: Mapping[int, int] | None = None) -> None:
         """Interpret ``program`` (this rank's actions, comms in batches) into ``trace``; a failure
-        becomes a ``PipelineError`` naming ``label`` (e.g. "step 3") and the action."""
+        becomes a ``PipelineError`` naming ``label`` (e.g. "step 3") and the action. ``final``: the
+        positions after which a stage's gradients are final (``on_stage_gradients``)."""
         record, clock, store = trace.records.append, time.perf_counter, self.store
+        ready = final if final and self.on_stage_gradients is not None else {}
         index, current = 0, None  # current: the action running (or a phase name), for error messages
         t0 = clock()
         trace.epoch = time.time()  # the step start on the wall clock ranks share (trace.epoch)
@@ -377,8 +380,8 @@ class PipelineRunner:
                     index += len(item)
                 else:
                     handlers[item.kind](self, item)
-                    if self.on_stage_gradients is not None and position in self._gradients_final:
-                        self.on_stage_gradients(self._gradients_final[position])
+                    if position in ready:
+                        self.on_stage_gradients(ready[position])  # type: ignore[misc]
                     store.poll()
                     record(TraceRecord(item, begin, clock() - t0, store.resident_bytes))
                     index += 1

@@ -284,3 +284,7 @@ def test_each_stage_reports_its_final_gradients_once_after_its_last_backward(nam
             assert all(torch.equal(g, p.grad) for g, p in zip(grads, stages[s].parameters()))
         for m in stages.values():
             m.zero_grad(set_to_none=True)
+    seen.clear()
+    runner._gradients_final = {i: min(stages) for i in range(64)}  # whatever positions the training program has
+    runner.evaluate(inputs, targets)  # forward only (a program of its own): no gradients, no call
+    assert seen == []
