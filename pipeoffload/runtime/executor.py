@@ -122,6 +122,8 @@ class PipelineRunner:
     declare each stage's output spec (list per microbatch, or one for all) instead of inferring it.
     ``transport``: replace the process group (``LoopbackTransport`` replays one rank alone).
     ``measure_memory``: the default of ``step(..., measure=)``; see ``step``.
+    ``on_stage_gradients(stage)``: called once per step and local stage, right after the stage's
+    last B or W, when its parameters' gradients are final (a data-parallel reduction starts there).
     """
 
     def __init__(
@@ -139,6 +141,7 @@ class PipelineRunner:
         transport: Transport | None = None,
         copier: Copier | None = None,
         measure_memory: bool = True,
+        on_stage_gradients: Callable[[int], None] | None = None,
     ) -> None:
         self.schedule = schedule if schedule.is_lowered() or schedule.num_ranks == 1 else lower(schedule)
         validate(self.schedule)
@@ -191,6 +194,11 @@ class PipelineRunner:
         self._peer_stage = {(a.kind, a.stage): sem.peer_stage(a.kind, a.stage, self.num_stages)
                             for a in self.row if a.kind in _DIRECTION}
         self._program = comm_batches(self.row)
+        # the program position of each local stage's last B or W of a step: its gradients are final
+        # there (what a data-parallel reduction can start from, while the rank runs its other work)
+        self.on_stage_gradients = on_stage_gradients
+        last = {a.stage: i for i, a in enumerate(self._program) if a.__class__ is not list and a.kind in (K.B, K.W)}
+        self._gradients_final = {i: stage for stage, i in last.items()}
         # gloo matches messages by tag, so the receives of the next comm batch can be posted as soon
         # as this one is done: their data then lands while this rank computes (NCCL matches in
         # posting order, and its batches are group calls: there each batch posts its own).
@@ -297,7 +305,8 @@ class PipelineRunner:
         measure = self.measure_memory if measure is None else measure
         self.store.active = trace.measured = measure or self._store_needed
         self.store.reset_peak()
-        self._run(self._program, self._next_recvs, self._handlers, trace, f"step {step}", step)
+        self._run(self._program, self._next_recvs, self._handlers, trace, f"step {step}", step,
+                  self._gradients_final)
         trace.peak_bytes = self.store.peak_bytes
         trace.peak_host_bytes = self.store.peak_host_bytes
         trace.end_bytes = self.store.resident_bytes
@@ -345,10 +354,12 @@ class PipelineRunner:
             self._mb_targets = [t if len(t) > 1 else t[0] for t in split_microbatches(targets, m, self.device, "targets")]
 
     def _run(self, program: list, next_recvs: dict[int, list[Action]], handlers: Mapping[ActionKind, Handler],
-             trace: Trace, label: str, step: int) -> None:
+             trace: Trace, label: str, step: int, final: Mapping[int, int] | None = None) -> None:
         """Interpret ``program`` (this rank's actions, comms in batches) into ``trace``; a failure
-        becomes a ``PipelineError`` naming ``label`` (e.g. "step 3") and the action."""
+        becomes a ``PipelineError`` naming ``label`` (e.g. "step 3") and the action. ``final``: the
+        positions after which a stage's gradients are final (``on_stage_gradients``)."""
         record, clock, store = trace.records.append, time.perf_counter, self.store
+        ready = final if final and self.on_stage_gradients is not None else {}
         index, current = 0, None  # current: the action running (or a phase name), for error messages
         t0 = clock()
         trace.epoch = time.time()  # the step start on the wall clock ranks share (trace.epoch)
@@ -369,6 +380,8 @@ class PipelineRunner:
                     index += len(item)
                 else:
                     handlers[item.kind](self, item)
+                    if position in ready:
+                        self.on_stage_gradients(ready[position])  # type: ignore[misc]
                     store.poll()
                     record(TraceRecord(item, begin, clock() - t0, store.resident_bytes))
                     index += 1

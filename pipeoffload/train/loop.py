@@ -1,7 +1,8 @@
 """The training loop of one rank: pipeline step, data-parallel average, clip, AdamW, metrics, eval, checkpoints.
 
-``Trainer`` drives a ``PipelineRunner`` (the runtime) over this rank's stages. After the runner's
-step the gradients of the data-parallel replicas are averaged (one flat all-reduce per dtype), the
+``Trainer`` drives a ``PipelineRunner`` (the runtime) over this rank's stages. The gradients of the
+data-parallel replicas are averaged per stage as soon as the runner has run the stage's last
+backward (one flat all-reduce per dtype, in the background; awaited after the runner's step), the
 global norm is clipped (see ``optim.global_grad_norm``: the same bits in every layout), the
 optimizer steps. Every rank's measurements of the step come to every rank with one all-reduce of
 their own: the loss and the stop flag each step, the memory and timings only on steps that are
@@ -34,6 +35,7 @@ from pipeoffload.train.mesh import RankContext
 from pipeoffload.train.metrics import MetricsLogger, SimulatedPeaks, make_loggers, reload_seconds
 from pipeoffload.train.model import RankModel
 from pipeoffload.train.optim import (
+    OverlappedAverage,
     average_gradients,
     clip_gradients,
     global_grad_norm,
@@ -67,9 +69,15 @@ class Trainer:
                  batches: BatchSource, run_dir: Path | None) -> None:
         self.cfg, self.ctx, self.schedule, self.model = cfg, ctx, schedule, model
         self.loss_fn, self.batches, self.run_dir = loss_fn, batches, run_dir
-        self.runner = PipelineRunner(model.stages, schedule, ctx.pp_rank, group=ctx.pp_group if ctx.pp > 1 else None,
-                                     loss_fn=loss_fn, device=ctx.device, timeout=cfg.run.timeout)
         self.named = model.named_parameters()
+        # the data-parallel mean of each stage's gradients starts after its last B/W (see OverlappedAverage);
+        # a tied embedding's copies are averaged after their sum across pipeline ranks
+        self.late_params = [p for n, p in self.named.items() if model.tied and n in model.tied.names]
+        self.grad_mean = OverlappedAverage({s: list(m.parameters()) for s, m in model.stages.items()}, ctx.dp_group,
+                                           ctx.dp, later=self.late_params) if ctx.dp > 1 else None
+        self.runner = PipelineRunner(model.stages, schedule, ctx.pp_rank, group=ctx.pp_group if ctx.pp > 1 else None,
+                                     loss_fn=loss_fn, device=ctx.device, timeout=cfg.run.timeout,
+                                     on_stage_gradients=self.grad_mean.launch if self.grad_mean else None)
         self.params = list(self.named.values())
         # a tied head's copy holds the embedding's gradient: the norm counts the shared weight once
         self.norm_named = {n: p for n, p in self.named.items() if not (model.tied and n == model.tied.names[1])}
@@ -115,7 +123,9 @@ class Trainer:
             with ctx.collective(f"summing the gradients of the tied embedding and head of step {step}"):
                 self.model.tied.reduce()
         with ctx.collective(f"averaging the gradients of step {step} over the data-parallel group"):
-            average_gradients(self.params, ctx.dp_group, ctx.dp)
+            if self.grad_mean is not None:
+                self.grad_mean.wait()
+            average_gradients(self.late_params, ctx.dp_group, ctx.dp)
         with ctx.collective(f"reducing the gradient norm of step {step} over every rank"):
             norm = global_grad_norm(self.norm_named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device)
         with ctx.collective(f"gathering the measurements of step {step} from every rank"):

@@ -1,7 +1,9 @@
-"""Optimizer, learning-rate schedule, data-parallel gradient averaging and global-norm clipping."""
+"""Optimizer, learning-rate schedule, data-parallel gradient averaging (overlapped with the step) and
+global-norm clipping."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -55,20 +57,57 @@ def average_gradients(params: list[nn.Parameter], dp_group: Any, dp: int) -> Non
     """Mean of the replicas' gradients: one flat all-reduce per dtype, so every replica gets the same bits."""
     if dp == 1:
         return
+    for grads in _by_dtype(params).values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=dp_group)
+        _scatter_mean(flat, grads, dp)
+
+
+class OverlappedAverage:
+    """The data-parallel mean of each stage's gradients, started while the step still runs.
+
+    The runtime calls ``launch(stage)`` right after the stage's last B or W of the step
+    (``PipelineRunner(on_stage_gradients=...)``): its gradients are final, and their all-reduce
+    (one flat tensor per dtype, ``async_op``) proceeds while the rank computes its other stages and
+    exchanges activations. ``wait`` completes them, so it runs once per step, after the runner's
+    step. Parameters in ``later`` (a tied embedding's copies, whose gradients are first summed
+    across pipeline ranks) are left to ``average_gradients`` after that sum, as before."""
+
+    def __init__(self, stage_params: dict[int, list[nn.Parameter]], dp_group: Any, dp: int,
+                 later: Sequence[nn.Parameter] = ()) -> None:
+        skip = {id(p) for p in later}
+        self.stage_params = {s: [p for p in ps if id(p) not in skip] for s, ps in stage_params.items()}
+        self.dp_group, self.dp = dp_group, dp
+        self._inflight: list[tuple[Any, torch.Tensor, list[torch.Tensor]]] = []
+
+    def launch(self, stage: int) -> None:
+        for grads in _by_dtype(self.stage_params[stage]).values():
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            self._inflight.append((dist.all_reduce(flat, group=self.dp_group, async_op=True), flat, grads))
+
+    def wait(self) -> None:
+        inflight, self._inflight = self._inflight, []
+        for work, flat, grads in inflight:
+            work.wait()
+            _scatter_mean(flat, grads, self.dp)
+
+
+def _by_dtype(params: list[nn.Parameter]) -> dict[torch.dtype, list[torch.Tensor]]:
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for p in params:
         if p.grad is not None:
             g = local_tensor(p.grad)
             by_dtype.setdefault(g.dtype, []).append(g)
-    for grads in by_dtype.values():
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=dp_group)
-        flat.div_(dp)
-        offset = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[offset:offset + n].view_as(g))
-            offset += n
+    return by_dtype
+
+
+def _scatter_mean(flat: torch.Tensor, grads: list[torch.Tensor], dp: int) -> None:
+    flat.div_(dp)
+    offset = 0
+    for g in grads:
+        n = g.numel()
+        g.copy_(flat[offset:offset + n].view_as(g))
+        offset += n
 
 
 def global_grad_norm(named: dict[str, nn.Parameter], order: dict[str, int], dp_rank: int, tp_rank: int,

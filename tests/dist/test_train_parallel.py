@@ -118,3 +118,14 @@ def test_split_backward_measured_peak_equals_simulated() -> None:
     cfg = BASE.updated(pp=2, nproc=2, schedule="zb-h1", steps=1, global_batch=4)
     record = run_ranks(gpt_params, validate(cfg))[0]["history"][-1]
     assert record["peak_act_bytes"] == [int(x) for x in record["sim_peak_act_bytes"]]
+
+
+def test_dp_replicas_with_split_backward_bitwise_equal_and_close_to_one_process() -> None:
+    """2 data-parallel replicas, zb-h1 (split backward: each stage's mean starts after its last W,
+    overlapped with the rest of the step): the replicas hold the same bits, the losses those of one
+    process within 1e-6."""
+    results = run_ranks(gpt_params, validate(BASE.updated(dp=2, nproc=2, schedule="zb-h1")))
+    a, b = results[0]["params"], results[1]["params"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    got, ref = losses(results[0]["history"]), losses(one_process())
+    assert max(abs(x - y) for x, y in zip(got, ref)) < 1e-6

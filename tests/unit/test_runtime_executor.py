@@ -264,3 +264,27 @@ def test_gpu_replay_benchmark_runs_on_cpu_with_tiny_sizes():
     none, full = rows
     assert none["end_bytes"] == 0 and full["end_bytes"] == 0
     assert 0 < full["store_peak_mb"] < none["store_peak_mb"]
+
+
+@pytest.mark.parametrize("name, v", [("zb-v", 2), ("interleaved-1f1b", 2)])
+def test_each_stage_reports_its_final_gradients_once_after_its_last_backward(name, v):
+    """The hook a data-parallel reduction starts from: once per stage and step, right after the
+    stage's last B or W (with a split backward: after the last W, not after an I), with the
+    gradients the step ends with."""
+    inputs, targets = sample_batch(CFG, 8, seed=1)
+    schedule = generate(name, 1, 2, v)
+    seen: list[tuple[int, list[torch.Tensor]]] = []
+    runner, stages = _runner(schedule, on_stage_gradients=lambda s: seen.append(
+        (s, [p.grad.clone() for p in stages[s].parameters()])))
+    for _ in range(2):
+        seen.clear()
+        runner.step(inputs, targets)
+        assert sorted(s for s, _ in seen) == sorted(stages)
+        for s, grads in seen:  # a hook after an I, or before the stage's last W, sees partial gradients
+            assert all(torch.equal(g, p.grad) for g, p in zip(grads, stages[s].parameters()))
+        for m in stages.values():
+            m.zero_grad(set_to_none=True)
+    seen.clear()
+    runner._gradients_final = {i: min(stages) for i in range(64)}  # whatever positions the training program has
+    runner.evaluate(inputs, targets)  # forward only (a program of its own): no gradients, no call
+    assert seen == []
