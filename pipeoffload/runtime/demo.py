@@ -14,7 +14,6 @@ activation bytes; ``--trace out.json`` writes a Chrome trace of the last step of
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -28,7 +27,7 @@ from pipeoffload.errors import ConfigError, ScheduleError
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
 from pipeoffload.runtime.executor import PipelineError, PipelineRunner
 from pipeoffload.runtime.launch import exit_rank, init_from_env, spawn
-from pipeoffload.runtime.trace import Trace, chrome_events
+from pipeoffload.runtime.trace import Trace, write_chrome_trace
 from pipeoffload.service.argtypes import OneLineParser, positive_int
 
 PROG = "python -m pipeoffload.runtime"
@@ -161,8 +160,7 @@ def main(argv: list[str] | None = None) -> None:
             exit_rank(0)
         traces = [Trace.from_dict(r["trace"]) for r in gathered]
     if args.trace:
-        with open(args.trace, "w") as fh:
-            json.dump({"traceEvents": chrome_events(traces)}, fh)
+        write_chrome_trace(traces, args.trace)
     if os.environ.get("RANK", "0") == "0":
         print("peak activation bytes per rank:", [t.peak_bytes for t in traces])
     if not args.spawn:

@@ -1,6 +1,8 @@
 """The runtime runs under torchrun (environment rendezvous), not only under our spawn helper."""
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
@@ -15,11 +17,12 @@ def test_torchrun_two_ranks(tmp_path):
            "-m", "pipeoffload.runtime", "--schedule", "interleaved-1f1b", "--stages-per-rank", "2",
            "--steps", "2", "--trace", str(trace)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={"OMP_NUM_THREADS": "1",
-                          **__import__("os").environ})
+                          **os.environ})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "step 1 loss" in done.stderr + done.stdout
     assert "peak activation bytes per rank" in done.stdout
-    assert trace.exists() and trace.stat().st_size > 0
+    data = json.loads(trace.read_text())  # written atomically, with each rank's true peak beside the events
+    assert set(data["otherData"]["peak_bytes"]) == {"0", "1"} and data["traceEvents"]
 
 
 def test_torch_multiprocessing_spawn(tmp_path):
