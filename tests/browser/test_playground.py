@@ -1,24 +1,13 @@
 """The playground in a real headless Chromium: loads cleanly, redraws on input, shows the CLI's
 message for bad input, and its numbers are `simulate --json`'s."""
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from pipeoffload.web.server import make_server
 from tests.browser.conftest import Console
 from tests.conftest import run_cli
-
-
-@pytest.fixture(scope="module")
-def base() -> Iterator[str]:
-    server = make_server(0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
 
 
 @pytest.fixture(scope="module")

@@ -2,15 +2,12 @@
 run (2 gloo ranks, a 2-layer GPT, one step, everything offloaded), read by `pipeoffload trace compare`'s
 code on the server; a wrong file shows one line and the page keeps working."""
 import json
-import threading
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pipeoffload.web.server import make_server
 from tests.browser.conftest import Console
 from tests.conftest import run_cli
 
@@ -26,15 +23,6 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("run") / "trace.json"
     main([*RUN, "--trace", str(path)])
     return path
-
-
-@pytest.fixture(scope="module")
-def base() -> Iterator[str]:
-    server = make_server(0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
 
 
 def _post(base: str, body: bytes) -> dict:
