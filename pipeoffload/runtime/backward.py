@@ -15,6 +15,9 @@ I/W split (zero-bubble style) without touching the user's model:
   gradient) are *orphans*: W computes them from the stage outputs, i.e. a full backward for them.
 - The job also lists the nodes W will execute, so that the caller can release, right after I,
   every saved activation only the input path needed (what makes W's memory smaller than B's).
+- Each parameter's gradient accumulator (the ``AccumulateGrad`` node its edges end at) is found once
+  and held (``GradAccumulators``, owned by the stage), as DDP holds them: finding it costs a
+  ``view_as`` per parameter, which I and W would otherwise pay twice per microbatch.
 
 Gradients are accumulated into ``param.grad`` exactly as ``AccumulateGrad`` does (assign, then add).
 All passes call the autograd engine directly (what ``torch.autograd.backward``/``grad`` call after
@@ -63,9 +66,25 @@ def backward_full(roots: Sequence[Root], grads: Sequence[torch.Tensor | None], i
     return [x.grad for x in inputs]
 
 
+class GradAccumulators:
+    """Each parameter's ``AccumulateGrad`` node, found once and held. Holding it keeps it the node
+    autograd uses for that parameter in every later graph (a tensor refers to its accumulator only
+    weakly and makes a new one when none is alive), so the cached edge stays the right one."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[torch.nn.Parameter, Node] = {}
+
+    def node(self, p: torch.nn.Parameter) -> Node:
+        node = self._nodes.get(p)
+        if node is None:
+            node = self._nodes[p] = get_gradient_edge(p).node
+        return node
+
+
 @dataclass
 class _Group:
     params: list[torch.nn.Parameter] = field(default_factory=list)
+    targets: list[Node] = field(default_factory=list)  # the params' accumulators, in the same order
     nodes: list[Node] = field(default_factory=list)
     captured: list[Any] = field(default_factory=list)
     branch: set[Node] = field(default_factory=set)  # nodes between the parameters and the intermediates
@@ -153,7 +172,7 @@ def _closure(starts: Sequence[Node], step: Any) -> set[Node]:
     return seen
 
 
-def _needed_by_w(groups: list[_Group], orphans: list[torch.nn.Parameter], parents: dict[Node, list[Node]]) -> set[Node]:
+def _needed_by_w(groups: list[_Group], orphans: list[Node], parents: dict[Node, list[Node]]) -> set[Node]:
     """Nodes W executes: on a path from a group's intermediates to its parameters, or (orphans) on
     any path from the outputs to an orphan parameter."""
     up = parents.__getitem__
@@ -166,27 +185,30 @@ def _needed_by_w(groups: list[_Group], orphans: list[torch.nn.Parameter], parent
             nodes |= group.branch
             nodes.add(group.nodes[0])
             continue
-        targets = [_edge(p).node for p in group.params]
-        nodes |= _closure(targets, up) & _closure(group.nodes, down)
+        nodes |= _closure(group.targets, up) & _closure(group.nodes, down)
     if orphans:
-        nodes |= _closure([_edge(p).node for p in orphans], up)
+        nodes |= _closure(orphans, up)
     return nodes
 
 
-def _plan(roots: list[Root], inputs: Sequence[torch.Tensor], params: Sequence[torch.nn.Parameter]) -> tuple[list[_Group], list[torch.nn.Parameter], set[Node]]:
+def _plan(roots: list[Root], inputs: Sequence[torch.Tensor], params: Sequence[torch.nn.Parameter],
+          accumulators: GradAccumulators | None = None) -> tuple[list[_Group], list[torch.nn.Parameter], set[Node]]:
+    accumulators = accumulators or GradAccumulators()
     root_nodes = [_edge(r).node for r in roots]
     parents = _reverse_graph(root_nodes)
     input_nodes = [_edge(x).node for x in inputs]
     input_path, _, _ = _upward(input_nodes, parents, set())
     groups_by_node: dict[Node, _Group] = {}
     orphans: list[torch.nn.Parameter] = []
+    orphan_nodes: list[Node] = []
     for p in params:
-        node = _edge(p).node
+        node = accumulators.node(p)
         if node not in parents:
             continue  # not used by this forward: no gradient
         branch, hit, reached_root = _upward([node], parents, input_path)
         if reached_root or not hit:
             orphans.append(p)
+            orphan_nodes.append(node)
             continue
         merged = [groups_by_node[n] for n in hit if n in groups_by_node]
         group = merged[0] if merged else _Group()
@@ -195,30 +217,33 @@ def _plan(roots: list[Root], inputs: Sequence[torch.Tensor], params: Sequence[to
             if other is group:
                 continue
             group.params.extend(other.params)
+            group.targets.extend(other.targets)
             group.branch |= other.branch
             for n in other.nodes:
                 groups_by_node[n] = group
                 if n not in group.nodes:
                     group.nodes.append(n)
         group.params.append(p)
+        group.targets.append(node)
         for n in hit:
             if n not in group.nodes:
                 group.nodes.append(n)
             groups_by_node[n] = group
     unique = list({id(g): g for g in groups_by_node.values()}.values())
-    return unique, orphans, _needed_by_w(unique, orphans, parents)
+    return unique, orphans, _needed_by_w(unique, orphan_nodes, parents)
 
 
 def backward_input(
     roots: Sequence[Root], grads: Sequence[torch.Tensor | None], inputs: Sequence[torch.Tensor],
-    params: Sequence[torch.nn.Parameter],
+    params: Sequence[torch.nn.Parameter], accumulators: GradAccumulators | None = None,
 ) -> tuple[list[torch.Tensor | None], WeightJob]:
-    """I: gradients of ``inputs`` only; returns them and the job W will run."""
+    """I: gradients of ``inputs`` only; returns them and the job W will run. ``accumulators``: the
+    caller's cache of the parameters' accumulators (a fresh one per call without it)."""
     roots, grads = list(roots), list(grads)
     params = [p for p in params if p.requires_grad]
     if not inputs or not roots:
         return [None] * len(inputs), WeightJob([], params if roots else [], roots, grads)
-    groups, orphans, needed = _plan(roots, inputs, params)
+    groups, orphans, needed = _plan(roots, inputs, params, accumulators)
     hooks = []
     try:
         for group in groups:
@@ -261,7 +286,7 @@ def backward_weight(job: WeightJob) -> None:
             if len(group.nodes) > 1:
                 for node, grads in zip(group.nodes, group.captured):
                     hooks.append(node.register_prehook(lambda _g, fixed=grads: fixed))
-            targets = [get_gradient_edge(p) for p in group.params]
+            targets = [GradientEdge(node, 0) for node in group.targets]
             # Keep the graph: groups may share input-path segments; it is freed with the last reference.
             dws = _engine(edges, seeds, targets, retain=True, accumulate=False)
         finally:

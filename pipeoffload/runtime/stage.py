@@ -22,7 +22,14 @@ import torch
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
-from pipeoffload.runtime.backward import Root, WeightJob, backward_full, backward_input, backward_weight
+from pipeoffload.runtime.backward import (
+    GradAccumulators,
+    Root,
+    WeightJob,
+    backward_full,
+    backward_input,
+    backward_weight,
+)
 from pipeoffload.runtime.offload import ActivationStore
 from pipeoffload.runtime.spec import flatten
 
@@ -67,6 +74,7 @@ class PipelineStage:
         self.device = store.device
         self._mb: dict[int, _Microbatch] = {}
         self._saved_attrs: dict[str, tuple[str, ...]] = {}  # autograd node class -> saved-tensor attributes
+        self._accumulators = GradAccumulators()  # the parameters' AccumulateGrad nodes, for I and W
         self.trim_after_input = trim_after_input
 
     @property
@@ -153,7 +161,7 @@ class PipelineStage:
         released (``trim_after_input``)."""
         state = self._mb[mb]
         roots, grads = self._roots_and_grads(state, grads)
-        in_grads, state.job = backward_input(roots, grads, state.grad_inputs, self.params)
+        in_grads, state.job = backward_input(roots, grads, state.grad_inputs, self.params, self._accumulators)
         state.roots = []
         state.grad_inputs = []
         if self.trim_after_input:

@@ -117,3 +117,31 @@ def test_nodes_w_runs_are_the_paths_from_each_groups_intermediates_to_its_parame
         up = bw._closure([bw._edge(p).node for p in g.params], parents.__getitem__)
         general |= up & bw._closure(g.nodes, lambda n: (c for c, _ in n.next_functions))
     assert needed == general
+
+
+def test_the_parameters_accumulators_are_found_once_per_stage_not_per_microbatch(monkeypatch):
+    """Finding a parameter's AccumulateGrad costs a view_as; the stage holds them (as DDP does), so a
+    later microbatch's I and W look up none, and the numbers stay those of the full backward."""
+    from pipeoffload.runtime import backward as bw
+
+    layers = gpt_layers(CFG, seed=1)[2:4]
+    stage, reference = _stage(1, layers), _stage(1, layers)
+    args, _ = _inputs(1)
+    lookups = []
+    real = bw.get_gradient_edge
+    monkeypatch.setattr(bw, "get_gradient_edge", lambda t: lookups.append(t) or real(t))
+    params = {id(p) for p in stage.params}
+    for mb in range(2):
+        lookups.clear()
+        torch.manual_seed(mb)  # dropout: the same masks in both stages
+        out = stage.forward(mb, args)
+        stage.backward_input(mb, [torch.ones_like(out[0])])
+        stage.backward_weight(mb)
+        stage.store.release(1, mb)
+        torch.manual_seed(mb)
+        ref_out = reference.forward(mb, args)
+        reference.backward(mb, [torch.ones_like(ref_out[0])])
+        reference.store.release(1, mb)
+        found = sum(id(t) in params for t in lookups)
+        assert found == (len(params) if mb == 0 else 0)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(stage.params, reference.params))
