@@ -11,6 +11,7 @@ They can also be declared.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +63,10 @@ class Spec:
 
     def build(self, leaves: Sequence[Any]) -> tuple:
         """The value tuple with ``leaves`` in place of the spec's leaves."""
-        return tree_unflatten(list(leaves), self.tree)  # type: ignore[no-any-return]
+        tree = self.tree
+        if tree.type is tuple and tree.num_nodes == tree.num_leaves + 1:  # a flat tuple: no pytree walk
+            return tuple(leaves)
+        return tree_unflatten(list(leaves), tree)  # type: ignore[no-any-return]
 
     def __reduce__(self) -> tuple:
         # Specs are broadcast between ranks: pickle the structure as JSON where pytree can (pickling
@@ -86,9 +90,23 @@ def as_tuple(values: Any) -> tuple:
     return values if isinstance(values, tuple) else (values,)
 
 
+_SCALARS = (int, float, bool, str, type(None))
+
+
 def flatten(values: Any) -> tuple[list[Any], TreeSpec]:
-    """Leaves and structure of a stage's value tuple (a single value counts as a 1-tuple)."""
-    return tree_flatten(as_tuple(values))
+    """Leaves and structure of a stage's value tuple (a single value counts as a 1-tuple). A flat
+    tuple of plain tensors and scalars (what most stages pass) skips the pytree walk, which costs
+    more than the rest of a small action's bookkeeping."""
+    values = as_tuple(values)
+    if all(type(v) is torch.Tensor or type(v) in _SCALARS for v in values):
+        return list(values), _flat_tree(len(values))
+    return tree_flatten(values)
+
+
+@functools.lru_cache(maxsize=32)
+def _flat_tree(n: int) -> TreeSpec:
+    """The structure of a flat ``n``-tuple of leaves (what ``tree_flatten`` gives for one)."""
+    return tree_structure(tuple(range(n)))
 
 
 def _leaf_spec(v: Any) -> Leaf:

@@ -44,3 +44,25 @@ class Holder:
 def test_opaque_object_holding_tensors_is_refused():
     with pytest.raises(ConfigError, match="type Holder holds tensors"):
         spec_of((torch.ones(2), Holder(torch.ones(2))))
+
+
+def test_a_flat_tuple_skips_the_pytree_walk_and_gives_what_the_walk_gives(monkeypatch):
+    """Most stages pass a flat tuple of tensors and scalars: flattening it (twice per forward) must not
+    pay for torch's pytree walk, and the result is the walk's, so specs compare equal either way."""
+    from torch.utils._pytree import tree_flatten
+
+    from pipeoffload.runtime import spec as spec_module
+
+    h = torch.ones(2, 3, requires_grad=True)
+    flat_values = [(h, None, 0), h, (h, 1.5, "x", True)]
+    expected = [tree_flatten(v if isinstance(v, tuple) else (v,)) for v in flat_values]
+    walks = []
+    monkeypatch.setattr(spec_module, "tree_flatten", lambda v: walks.append(v) or tree_flatten(v))
+    for values, (leaves, tree) in zip(flat_values, expected):
+        got_leaves, got_tree = flatten(values)
+        assert got_tree == tree and len(got_leaves) == len(leaves) and all(a is b for a, b in zip(got_leaves, leaves))
+        spec = spec_of(values)
+        assert spec.build(got_leaves) == tuple(got_leaves) and spec == Spec(spec.leaves, tree)
+    assert not walks
+    nested = (h, [h, 1])
+    assert flatten(nested)[1] == tree_flatten(nested)[1] and walks == [nested]
