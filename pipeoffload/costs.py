@@ -30,6 +30,9 @@ class CostModel:
     ``partial_recompute_saving`` is the fraction of activation bytes not stored because the backward
     recomputes them (LayerNorm/GeLU/dropout: about 14/34), at ``partial_recompute_time`` times the
     stage's F time of extra work in its backward (I or B); both default to 0 (no partial recompute).
+    ``action_overhead`` is a fixed time added to every compute action (F, B, I, W, R): what the
+    runtime spends per action besides the stage's own compute (dispatch, bookkeeping, the trace),
+    which weighs on small models where actions are short (the profiler measures it; default 0).
     """
 
     time_f: PerStage = 1.0
@@ -51,6 +54,7 @@ class CostModel:
     # backward is all weight gradients); None: ``w_fraction`` for every stage. Passes that take one
     # number use ``w_fraction``; ``from_dict`` sets it to the largest per-stage value (conservative).
     stage_w_fraction: tuple[float, ...] | None = None
+    action_overhead: float = 0.0
 
     def __post_init__(self) -> None:
         for name in _NUMBERS:  # inf or nan would make every time and peak after it silently wrong
@@ -63,7 +67,7 @@ class CostModel:
             values = [value] if value is None or isinstance(value, (int, float)) else list(value)
             if any(v is not None and v < 0 for v in values):
                 raise ConfigError(f"{name}={value!r}: times and sizes must be >= 0")
-        for name in ("p2p_time", "d2h_time", "h2d_time"):
+        for name in ("p2p_time", "d2h_time", "h2d_time", "action_overhead"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be >= 0")
         saving = self.partial_recompute_saving
@@ -79,21 +83,22 @@ class CostModel:
 
     # ---- per-stage lookups -------------------------------------------------------------------
     def f(self, stage: int) -> float:
-        return _at(self.time_f, stage)
+        return _at(self.time_f, stage) + self.action_overhead
 
     def i(self, stage: int) -> float:
-        return _at(self.time_i, stage) + self._partial_extra(stage)
+        return _at(self.time_i, stage) + self._partial_extra(stage) + self.action_overhead
 
     def w(self, stage: int) -> float:
-        return _at(self.time_w, stage)
+        return _at(self.time_w, stage) + self.action_overhead
 
     def b(self, stage: int) -> float:
+        """One action: the overhead counted once, though ``time_b`` defaults to I + W."""
         if self.time_b is None:
-            return self.i(stage) + self.w(stage)
-        return _at(self.time_b, stage) + self._partial_extra(stage)
+            return _at(self.time_i, stage) + self._partial_extra(stage) + _at(self.time_w, stage) + self.action_overhead
+        return _at(self.time_b, stage) + self._partial_extra(stage) + self.action_overhead
 
     def r(self, stage: int) -> float:
-        return self.f(stage) if self.time_r is None else _at(self.time_r, stage)
+        return self.f(stage) if self.time_r is None else _at(self.time_r, stage) + self.action_overhead
 
     def w_fraction_of(self, stage: int) -> float:
         """Part of ``stage``'s activation that W still needs after I."""
@@ -151,13 +156,13 @@ class CostModel:
 COSTS_FORMAT = "pipeoffload-costs/1"
 _FIELDS = ("time_f", "time_i", "time_w", "time_b", "time_r", "activation", "w_fraction", "stage_w_fraction",
            "activation_bytes", "p2p_time", "d2h_time", "h2d_time", "shared_copy_engine", "shared_host_link",
-           "partial_recompute_saving", "partial_recompute_time")
+           "partial_recompute_saving", "partial_recompute_time", "action_overhead")
 
 
 # every number a cost model holds (scalars or per-stage tuples)
 _NUMBERS = ("time_f", "time_i", "time_w", "time_b", "time_r", "activation", "w_fraction", "activation_bytes",
             "p2p_time", "d2h_time", "h2d_time", "partial_recompute_saving", "partial_recompute_time",
-            "stage_w_fraction")
+            "stage_w_fraction", "action_overhead")
 
 
 def cost_model_to_dict(costs: CostModel) -> dict:

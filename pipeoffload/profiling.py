@@ -2,8 +2,10 @@
 
 This is the only planner-side module that imports torch. It measures, on the current device:
 - F: the forward (plus the loss on the last stage);
-- B: the full backward; I: the backward to the stage input only (``torch.autograd.grad`` w.r.t. the
-  input skips weight-gradient GEMMs); W = B - I;
+- B: the full backward; I and W: the backward split as the runtime splits it (``runtime.backward``:
+  I computes the input gradients and keeps the graph, W replays the weight branches), each timed on
+  its own, so that I + W is what the split really costs (more than B: W re-runs the nodes where the
+  weight branches meet the input path, one engine call per parameter group);
 - activation bytes: every tensor autograd saves during F, deduplicated by storage, parameters excluded
   (the quantity the runtime and the simulator count);
 - w_fraction: the share of those bytes W still needs after I (the saved tensors of the graph nodes
@@ -11,6 +13,9 @@ This is the only planner-side module that imports torch. It measures, on the cur
   need no gradient, so its W is a full backward).
 Times are medians over ``repeats`` after ``warmup`` runs. ``Profile.cost_model`` gives a per-stage
 ``CostModel`` for ``simulate``; ``measure_layer_costs`` gives ``LayerCosts`` for ``plan``.
+``measure_action_overhead`` measures the runtime's fixed cost per compute action (``PipelineRunner``
+on one rank with tiny stages, against the same compute called directly), for the cost model's
+``action_overhead``.
 """
 from __future__ import annotations
 
@@ -49,9 +54,10 @@ class Profile:
 
     def cost_model(self, *, p2p_time: float | None = None, p2p_bandwidth: float | None = None,
                    d2h_bandwidth: float | None = None, h2d_bandwidth: float | None = None,
-                   w_fraction: float | str = 1.0) -> CostModel:
+                   w_fraction: float | str = 1.0, action_overhead: float = 0.0) -> CostModel:
         """A per-stage ``CostModel`` in seconds; one activation unit = the largest stage's bytes.
-        ``w_fraction="measured"`` uses each stage's measured share (``stage_w_fraction``)."""
+        ``w_fraction="measured"`` uses each stage's measured share (``stage_w_fraction``).
+        ``action_overhead``: seconds added to every compute action (``measure_action_overhead``)."""
         unit = max(max(s.activation_bytes for s in self.stages), 1)
         if p2p_time is None:
             boundary = max((s.output_bytes for s in self.stages[:-1]), default=0)
@@ -68,6 +74,7 @@ class Profile:
             p2p_time=p2p_time,
             d2h_time=unit / d2h_bandwidth if d2h_bandwidth else 0.0,
             h2d_time=unit / h2d_bandwidth if h2d_bandwidth else 0.0,
+            action_overhead=action_overhead,
         )
 
 
@@ -227,16 +234,25 @@ def profile_module(module: nn.Module, inputs: Any, *, loss_fn: LossFn | None = N
     def backward_all(state: tuple[tuple, Any]) -> None:
         torch.autograd.backward(differentiable(state[1]), grads)
 
-    def backward_input(state: tuple[tuple, Any]) -> None:
-        torch.autograd.grad(differentiable(state[1]), [state[0][i] for i in grad_at], grads, allow_unused=True)
+    from pipeoffload.runtime.backward import GradAccumulators, backward_input, backward_weight
+
+    params = [p for p in module.parameters() if p.requires_grad]
+    accumulators = GradAccumulators()  # held across calls, as the runtime's stage holds them
+
+    def split_input(state: tuple[tuple, Any]) -> Any:
+        return backward_input(differentiable(state[1]), grads, [state[0][i] for i in grad_at], params, accumulators)[1]
+
+    def after_input() -> Any:
+        return split_input(forward_state())
 
     time_f = _timed(lambda: forward(fresh()), device, warmup, repeats)
     time_b = _timed(backward_all, device, warmup, repeats, setup=forward_state)
+    # the first stage has no input gradient (token ids): I is nothing and W is a full backward
+    time_i = _timed(split_input, device, warmup, repeats, setup=forward_state) if grad_at else 0.0
+    time_w = _timed(backward_weight, device, warmup, repeats, setup=after_input) if grad_at else time_b
     _zero_grads(module)
-    # the first stage has no input gradient (token ids): its whole backward is weight gradients
-    time_i = min(_timed(backward_input, device, warmup, repeats, setup=forward_state), time_b) if grad_at else 0.0
     stage = StageProfile(
-        time_f=time_f, time_i=time_i, time_w=max(time_b - time_i, 0.0), time_b=time_b,
+        time_f=time_f, time_i=time_i, time_w=time_w, time_b=time_b,
         activation_bytes=saved_activation_bytes(module, lambda: forward(fresh())),
         output_bytes=0 if loss_fn is not None else _nbytes(output),
         params=sum(p.numel() for p in module.parameters()),
@@ -283,7 +299,52 @@ def measure_layer_costs(block: nn.Module, head: nn.Module, hidden: Any, *, loss_
         activation_bytes=float(layer.activation_bytes), params=float(layer.params),
         boundary_bytes=float(_nbytes(hidden)),
         head_time=(top.time_f, top.time_i, top.time_w), head_activation_bytes=float(top.activation_bytes),
+        time_b=layer.time_b, head_time_b=top.time_b,
         head_params=float(top.params),
         embedding_params=float(sum(p.numel() for p in embedding.parameters())) if embedding is not None else 0.0,
         model_flops=model_flops, source="profile" if tp == 1 else f"profile (tp={tp})", tp=tp,
     )
+
+
+def measure_action_overhead(*, microbatches: int = 8, steps: int = 20, width: int = 16) -> float:
+    """Seconds the runtime spends per compute action besides the stage's own compute, on the CPU:
+    ``PipelineRunner`` runs interleaved 1F1B on one rank over two one-``Linear`` stages (microbatches of
+    one row, so compute is small), against the same forwards and backwards called directly; the
+    difference of the medians over ``steps``, per compute action (dispatch, the stages' bookkeeping,
+    hand-offs between local stages, the trace): the median over ``steps`` paired runs (after three
+    warm-up pairs) of the difference, per compute action. Not below 0."""
+    from pipeoffload.runtime import PipelineRunner
+    from pipeoffload.schedules import generate
+
+    torch.manual_seed(0)
+    modules = [nn.Linear(width, width) for _ in range(2)]
+    inputs, targets = torch.randn(microbatches, width), torch.randn(microbatches, width)
+
+    def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return ((out - target) ** 2).mean()
+
+    runner = PipelineRunner(modules, generate("interleaved-1f1b", 1, microbatches, 2), 0, loss_fn=loss_fn,
+                            measure_memory=False)
+
+    def through_runtime() -> float:
+        runner.step(inputs, targets)
+        return runner.trace.wall  # type: ignore[union-attr]
+
+    def direct() -> float:
+        start = time.perf_counter()
+        for x, t in zip(inputs.split(1), targets.split(1)):  # F, F, B, B as the stages would run them
+            hidden = modules[0](x)
+            boundary = hidden.detach().requires_grad_(True)
+            loss = loss_fn(modules[1](boundary), t) / microbatches
+            torch.autograd.backward([loss])
+            torch.autograd.backward([hidden], [boundary.grad])
+        return time.perf_counter() - start
+
+    try:
+        differences = []
+        for _ in range(steps + 3):
+            runtime = through_runtime()
+            differences.append(runtime - direct())
+    finally:
+        runner.close()
+    return max(statistics.median(differences[3:]), 0.0) / (4 * microbatches)
