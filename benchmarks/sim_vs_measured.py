@@ -62,7 +62,8 @@ def _ping_pong(rank: int, world: int, nbytes: int, repeats: int) -> float:
 
 
 def _run(rank: int, world: int, family: str, v: int, steps: int) -> tuple[list[float], dict[str, list[float]]]:
-    """Step walls of this rank, and its compute actions' durations by kind (after two warm-up steps)."""
+    """Step walls of this rank, and its compute actions' durations by kind (after two warm-up steps);
+    key "comm": per step, the seconds this rank spent in its batches of sends and receives."""
     torch.set_num_threads(1)
     schedule = lower(generate(family, world, MICROBATCHES, v))
     counts = even_counts(len(gpt_layers(CFG)), world * v)
@@ -78,9 +79,13 @@ def _run(rank: int, world: int, family: str, v: int, steps: int) -> tuple[list[f
             p.grad = None
         if n >= 2:
             walls.append(runner.trace.wall)  # type: ignore[union-attr]
+            batches = set()
             for r in runner.trace.records:  # type: ignore[union-attr]
                 if r.action.kind in COMPUTE:
                     kinds[f"{r.action.kind}{r.action.stage}"].append(r.end - r.start)
+                else:  # the actions of one comm batch share their start and end
+                    batches.add((r.start, r.end))
+            kinds["comm"].append(sum(end - start for start, end in batches))
     runner.close()
     return walls, dict(kinds)
 
@@ -133,9 +138,13 @@ def main() -> None:
             print(f"{ranks} ranks {family:<17} v={v}: simulated {with_overhead:.3f} s ({(with_overhead - measured) / measured:+.1%}), "
                   f"without the per-action overhead {without:.3f} s ({(without - measured) / measured:+.1%}), "
                   f"measured {measured:.3f} s; load {load} -> {_load()}", flush=True)
+            comm = [statistics.median(kinds["comm"]) for _, kinds in run.results]
+            print("    in send/receive batches per step, per rank: " + ", ".join(f"{x * 1e3:.0f} ms" for x in comm))
             durations: dict[str, list[float]] = defaultdict(list)
             for _, kinds in run.results:
                 for key, values in kinds.items():
+                    if key == "comm":
+                        continue
                     durations[key] += values
             for key in sorted(durations, key=lambda k: (int(k[1:]), k[0])):
                 kind, stage = ActionKind(key[0]), int(key[1:])
