@@ -31,13 +31,14 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.launcher.api import LaunchConfig
@@ -453,7 +454,8 @@ def spawn(
         sup = _Supervisor(world_size, folder, timeout, deadline, grace, stop_grace)
         main_thread = threading.current_thread() is threading.main_thread()
         handler = sup.on_signal if forward_signals and main_thread else None
-        previous = {s: signal.getsignal(s) for s in _AGENT_SIGNALS + (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
+        watched = _AGENT_SIGNALS + (signal.SIGINT, signal.SIGTERM)
+        previous = {s: h for s in watched if (h := signal.getsignal(s)) is not None} if main_thread else {}
         if handler is not None:
             for s in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(s, handler)
@@ -461,23 +463,34 @@ def spawn(
         try:
             with _agent_signals(), _quiet_agent():
                 results = _run_agent(entry, world_size, folder, sup, handler)
+        except SignalException as exc:  # SIGHUP/SIGQUIT: the agent has stopped the ranks
+            sup.signal, results = int(exc.sigval), {}
+            _wait_exits(sup.pids)
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
-        errors = []
-        for r in range(world_size):
-            epath = f"{folder}/error-{r}.txt"
-            err = open(epath).read() if os.path.exists(epath) else None
-            if r in sup.notes:
-                err = (err or "") + sup.notes[r]
-            elif r in sup.late:
-                err = (err or "") + f"rank {r} still running: killed {sup.why_late()} (stuck or stopped?)"
-            errors.append(err)
-    codes: list[int | None] = [0] * world_size if results else [0 if sup.returned(r) and c is not None and r not in sup.late else c
-                                              for r, c in enumerate(sup.codes)]
+        return _outcome(sup, folder, results, world_size)
+
+
+def _outcome(sup: _Supervisor, folder: str, results: dict[int, bytes], world: int) -> SpawnResult:
+    """What each rank returned, raised or suffered, from the agent's results and the run's folder."""
+    errors: list[str | None] = []
+    for r in range(world):
+        path = f"{folder}/error-{r}.txt"
+        err = Path(path).read_text() if os.path.exists(path) else None
+        if r in sup.notes:
+            err = (err or "") + sup.notes[r]
+        elif r in sup.late:
+            err = (err or "") + f"rank {r} still running: killed {sup.why_late()} (stuck or stopped?)"
+        errors.append(err)
+    if results:
+        codes: list[int | None] = [0] * world
+    else:  # a rank that had returned and was only waiting for the others counts as a success
+        codes = [0 if sup.returned(r) and r not in sup.late else c if c is not None else _exit_code(sup.pids[r])
+                 for r, c in enumerate(sup.codes)] if sup.pids else [None] * world
     seconds = [s or time.monotonic() - sup.start for s in sup.seconds]
-    return SpawnResult(codes, [pickle.loads(results[r]) if r in results else None for r in range(world_size)], errors, seconds, sup.signal, sup.culprit,
-                       list(sup.pids))
+    values = [pickle.loads(results[r]) if r in results else None for r in range(world)]
+    return SpawnResult(codes, values, errors, seconds, sup.signal, sup.culprit, list(sup.pids))
 
 
 _AGENT_SIGNALS = (signal.SIGHUP, signal.SIGQUIT)  # torch's agent stops the ranks on these; SIGINT/SIGTERM are ours
