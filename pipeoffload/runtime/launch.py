@@ -1,22 +1,25 @@
 """Starting pipeline processes: under ``torchrun`` (environment variables) or spawned from Python.
 
-``spawn`` starts one process per rank with the ``spawn`` start method, joins them through a
-``FileStore`` in a private temporary directory (no port to choose, so parallel runs cannot clash),
-runs ``fn(rank, world_size, *args)`` in each, and returns what every rank returned or raised.
+``spawn`` runs ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes started by torch's
+elastic agent (``torch.distributed.elastic``, the machinery behind ``torchrun``): it rendezvouses
+on a port the system picks (parallel runs cannot clash), gives each rank its environment, starts
+the processes and collects what each returned. No restarts (a failed step is not retried).
 
-The launcher supervises (``_Supervisor``): every wait is bounded (``deadline``); once a rank has
-failed the others get ``grace`` seconds; a rank stopped (SIGSTOP) for ``timeout`` seconds is killed
-and blamed; with ``forward_signals`` SIGINT/SIGTERM go to the ranks, which get ``stop_grace``
-seconds to stop (a second signal kills them at once). The ranks die with their launcher: a
-parent-death signal (Linux ``prctl``) plus a thread watching the launcher's pid, either of which
-removes the store folder and exits.
+The agent stops every rank as soon as one fails and tolerates a stopped one, so our supervisor
+(``_Supervisor``) decides when the agent sees the ranks' fate: every wait is bounded (``deadline``);
+once a rank has failed the others get ``grace`` seconds to exit naming the failure themselves; a
+rank stopped (SIGSTOP) for ``timeout`` seconds is killed and blamed; with ``forward_signals``
+SIGINT/SIGTERM go to the ranks, which get ``stop_grace`` seconds to stop (a second signal kills
+them at once). The ranks die with their launcher: a parent-death signal (Linux ``prctl``) plus a
+thread watching the launcher's pid, either of which removes the run's folder and exits.
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
 import datetime
 import logging
-import multiprocessing as mp
 import os
 import pickle
 import shutil
@@ -26,12 +29,19 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+from torch.distributed.launcher.api import LaunchConfig
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 ORPHAN_SIGNAL = signal.SIGUSR2  # sent to a rank when its launcher dies; its handler cleans up and exits
@@ -109,29 +119,32 @@ def _consequence(error: str) -> bool:
 
 
 # ---- inside a rank -----------------------------------------------------------------------------------
-def _child(fn: Callable[..., Any], rank: int, world: int, args: tuple, folder: str, backend: str,
-           timeout: float, threads: int, launcher: int = 0) -> None:
-    code = 0
+def _child(fn: Callable[..., Any], world: int, args: tuple, folder: str, backend: str, timeout: float,
+           threads: int, launcher: int) -> Any:
+    """A rank's entry point, started by torch's elastic agent (``RANK``, ``MASTER_ADDR``/``PORT`` and the
+    agent's store in the environment). Returns ``fn``'s result, which the agent collects; any error is
+    written to ``error-<rank>.txt`` and ends the process at once (exit 1)."""
+    rank = int(os.environ["RANK"])
     try:
-        if launcher:
-            die_with_launcher(launcher, folder, rank)
+        die_with_launcher(launcher, folder, rank)
         # the launcher started us with SIGINT ignored (no traceback from a Ctrl-C during start-up);
         # from here a KeyboardInterrupt is reported like any error
         signal.signal(signal.SIGINT, signal.default_int_handler)
         torch.set_num_threads(threads)
-        dist.init_process_group(backend, init_method=f"file://{folder}/store", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout))
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout))
         result = fn(rank, world, *args)
-        with open(f"{folder}/result-{rank}.pkl", "wb") as fh:
-            pickle.dump(result, fh)
+        open(f"{folder}/done-{rank}", "w").close()
     except BaseException as exc:  # noqa: BLE001 - report anything, then exit non-zero
-        code = 1
         try:
             with open(f"{folder}/error-{rank}.txt", "w") as fh:
                 fh.write(f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}")
         except OSError:  # the folder is gone with the launcher
             pass
-    os._exit(code)  # skip interpreter teardown: a peer that died must not hang our exit
+        os._exit(1)  # skip interpreter teardown: a peer that died must not hang our exit
+    # the agent takes the result and lets us go once every rank has returned; then skip the teardown
+    # too (gloo's threads may still hold tensors whose release at finalisation aborts the process)
+    atexit.register(exit_rank, 0)
+    return pickle.dumps(result)  # plain bytes: torch's queue would move tensors to shared memory
 
 
 def die_with_launcher(launcher: int, folder: str, rank: int, poll: float = 0.5) -> None:
@@ -216,16 +229,40 @@ def _state(pid: int) -> str:
         return ""
 
 
-class _Supervisor:
-    """Watches the rank processes until all have exited or been killed; see the module docstring."""
+def _exit_code(pid: int) -> int | None:
+    """The exit code of our child ``pid`` (negative: killed by that signal), None while it runs. The
+    child is left unreaped (``WNOWAIT``): torch's process context reaps it."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped already by someone else: it exited, how is unknown
+        return 1
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
-    def __init__(self, procs: list[Any], timeout: float, deadline: float, grace: float | None,
+
+def _wait_exits(pids: list[int], limit: float = 5.0) -> None:
+    """Wait (bounded: a process in uninterruptible sleep may outlive SIGKILL) until ``pids`` exit."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end and any(_exit_code(p) is None for p in pids):
+        time.sleep(0.01)
+
+
+class _Supervisor:
+    """Our policy on top of torch's elastic agent, which stops every rank as soon as one fails and
+    tolerates a stopped one: see the module docstring. ``settled`` is asked at each of the agent's
+    monitoring ticks; until it says yes the agent is told the group is healthy."""
+
+    def __init__(self, world: int, folder: str, timeout: float, deadline: float, grace: float | None,
                  stop_grace: float) -> None:
-        self.procs, self.timeout, self.deadline, self.grace, self.stop_grace = procs, timeout, deadline, grace, stop_grace
+        self.folder, self.timeout, self.deadline, self.grace, self.stop_grace = folder, timeout, deadline, grace, stop_grace
+        self.pids: list[int] = []
+        self.codes: list[int | None] = [None] * world
         self.start = time.monotonic()
-        self.seconds = [0.0] * len(procs)
+        self.seconds = [0.0] * world
         self.notes: dict[int, str] = {}  # rank: why the launcher killed it, or how it died
         self.killed: set[int] = set()
+        self.late: set[int] = set()
         self.culprit: int | None = None
         self.failed_at: float | None = None
         self.signal = 0
@@ -234,16 +271,24 @@ class _Supervisor:
         self._stopped_since: dict[int, float] = {}
         self._next_probe = 0.0
 
+    def started(self, pids: list[int]) -> None:
+        self.pids, self.start = pids, time.monotonic()
+        if self.signal:  # a signal came while the agent was starting them
+            self._forward(self.signal)
+
     # signal handler (main thread)
     def on_signal(self, signum: int, _frame: Any) -> None:
         if self.signal:  # a second Ctrl-C: stop waiting
             self.kill_now = True
             return
         self.signal, self.signalled_at = signum, time.monotonic()
-        for p in self.procs:
-            if p.exitcode is None and p.pid:
+        self._forward(signum)
+
+    def _forward(self, signum: int) -> None:
+        for r, pid in enumerate(self.pids):
+            if self.codes[r] is None:
                 try:
-                    os.kill(p.pid, signum)
+                    os.kill(pid, signum)
                 except ProcessLookupError:
                     pass
 
@@ -260,16 +305,20 @@ class _Supervisor:
         if self.culprit is None and not self.signal:
             self.culprit = rank
 
+    def returned(self, rank: int) -> bool:
+        """Whether the rank's function returned (it then waits for the agent to collect every result)."""
+        return os.path.exists(f"{self.folder}/done-{rank}")
+
     def _reap(self, pending: set[int], now: float) -> None:
         for r in list(pending):
-            code = self.procs[r].exitcode
+            code = _exit_code(self.pids[r])
             if code is None:
                 continue
-            self.seconds[r] = now - self.start
+            self.codes[r], self.seconds[r] = code, now - self.start
             pending.discard(r)
             if code < 0 and r not in self.killed:  # killed from outside (OOM killer, kill -9)
                 name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-                self._blame(r, f"rank {r} (pid {self.procs[r].pid}) was killed by signal {name}")
+                self._blame(r, f"rank {r} (pid {self.pids[r]}) was killed by signal {name}")
             if code != 0 and self.failed_at is None:
                 self.failed_at = now
 
@@ -280,12 +329,12 @@ class _Supervisor:
             return
         self._next_probe = now + 0.5
         for r in list(pending):
-            if _state(self.procs[r].pid) != "T":
+            if _state(self.pids[r]) != "T":
                 self._stopped_since.pop(r, None)
                 continue
             since = self._stopped_since.setdefault(r, now)
             if now - since >= self.timeout:
-                self._blame(r, f"rank {r} (pid {self.procs[r].pid}) was stopped (SIGSTOP) for {self.timeout:g} s "
+                self._blame(r, f"rank {r} (pid {self.pids[r]}) was stopped (SIGSTOP) for {self.timeout:g} s "
                                "(--timeout): killed")
                 self._kill(r)
                 if self.failed_at is None:
@@ -293,26 +342,36 @@ class _Supervisor:
 
     def _kill(self, r: int) -> None:
         self.killed.add(r)
-        self.procs[r].kill()
+        try:
+            os.kill(self.pids[r], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
-    def run(self) -> set[int]:
-        """Wait; returns the ranks killed because they did not exit in time."""
-        pending = set(range(len(self.procs)))
-        while pending and not self.kill_now and time.monotonic() < self._limit():
-            now = time.monotonic()
-            self._reap(pending, now)
-            if pending:
-                self._probe_stopped(pending, now)
-            time.sleep(_POLL)
+    def settled(self) -> bool:
+        """True once the agent may take over: every rank returned (it collects the results), or every
+        rank has exited (it reports the failure). Kills the ranks still running past the limit."""
+        if not self.pids:
+            return False
         now = time.monotonic()
+        pending = {r for r, code in enumerate(self.codes) if code is None}
         self._reap(pending, now)
-        late = set(pending)
-        for r in pending:
-            self._kill(r)
-        for r in pending:
-            self.procs[r].join(5)
-            self.seconds[r] = time.monotonic() - self.start
-        return late
+        if self.failed_at is None and all(self.returned(r) for r in pending):
+            return True
+        running = {r for r in pending if not self.returned(r)}  # returned ones wait for the others
+        if running and (self.kill_now or now >= self._limit()):
+            self.late = running
+            for r in sorted(pending):
+                self._kill(r)
+            _wait_exits([self.pids[r] for r in pending])
+            self._reap(pending, time.monotonic())
+        elif running:
+            self._probe_stopped(running, now)
+        if self.failed_at is not None and not running:  # the others returned; only the failed one was left
+            for r in sorted(pending):
+                self._kill(r)
+            _wait_exits([self.pids[r] for r in pending])
+            self._reap(pending, time.monotonic())
+        return not pending
 
     def why_late(self) -> str:
         if self.kill_now:
@@ -322,6 +381,54 @@ class _Supervisor:
         if self.failed_at is not None and self.grace is not None:
             return f"{self.grace:g} s after a rank failed"
         return f"the {self.deadline:.0f} s deadline"
+
+
+class _Agent(LocalElasticAgent):
+    """torch's local elastic agent (rendezvous, worker environment, process start, result collection,
+    shutdown) with our supervision policy (``_Supervisor``) deciding when it sees the ranks' fate."""
+
+    def __init__(self, spec: WorkerSpec, logs: DefaultLogsSpecs, sup: _Supervisor, handler: Any) -> None:
+        super().__init__(spec, logs, start_method="spawn", shutdown_timeout=0, exit_barrier_timeout=30)
+        self.sup, self.handler = sup, handler
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        """Start the processes with SIGINT ignored, which they inherit: a Ctrl-C (sent by the terminal
+        to every process of the foreground group) cannot interrupt their start-up with a traceback;
+        each rank restores it once it can report errors (``_child``)."""
+        main_thread = threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+        try:
+            pids = super()._start_workers(worker_group)
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGINT, self.handler or old)
+        self.sup.started([pids[r] for r in range(len(pids))])
+        return pids
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        if not self.sup.settled():
+            return RunResult(state=WorkerState.HEALTHY)
+        return super()._monitor_workers(worker_group)
+
+
+def _run_agent(entry: tuple, world: int, folder: str, sup: _Supervisor, handler: Any) -> dict[int, Any]:
+    """Rendezvous on this host (a port the system picks) and run ``_child(*entry)`` on ``world`` ranks
+    under ``_Agent``; returns the results by rank, ``{}`` when a rank failed."""
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world, run_id=f"pipeoffload-{os.getpid()}",
+                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0", max_restarts=0,
+                          monitor_interval=_POLL, local_addr="127.0.0.1",
+                          logs_specs=DefaultLogsSpecs(log_dir=f"{folder}/elastic"))
+    params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint, run_id=config.run_id,
+                                  min_nodes=1, max_nodes=1, local_addr=config.local_addr, **config.rdzv_configs)
+    spec = WorkerSpec(role="rank", local_world_size=world, entrypoint=_child, args=entry,
+                      rdzv_handler=rdzv_registry.get_rendezvous_handler(params), max_restarts=0,
+                      monitor_interval=config.monitor_interval, local_addr=config.local_addr)
+    agent = _Agent(spec, config.logs_specs, sup, handler)  # type: ignore[arg-type]
+    try:
+        result = agent.run()
+    finally:
+        spec.rdzv_handler.shutdown()
+    return {} if result.is_failed() else result.return_values
 
 
 def spawn(
@@ -343,48 +450,78 @@ def spawn(
     bounds the whole run (stragglers are killed); ``grace``: once a rank has failed, the others get
     this many seconds to exit before being killed. ``forward_signals``: SIGINT/SIGTERM received here
     are sent to the ranks, which get ``stop_grace`` seconds to exit (``SpawnResult.interrupted``)."""
-    ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="pipeoffload-") as folder:
-        procs = [
-            ctx.Process(target=_child, args=(fn, r, world_size, args, folder, backend, timeout, threads, os.getpid()),
-                        daemon=True)
-            for r in range(world_size)
-        ]
-        sup = _Supervisor(procs, timeout, deadline, grace, stop_grace)
+        sup = _Supervisor(world_size, folder, timeout, deadline, grace, stop_grace)
         main_thread = threading.current_thread() is threading.main_thread()
-        previous: dict[int, Any] = {}
-        if forward_signals and main_thread:
-            previous = {s: signal.signal(s, sup.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        handler = sup.on_signal if forward_signals and main_thread else None
+        watched = _AGENT_SIGNALS + (signal.SIGINT, signal.SIGTERM)
+        previous = {s: h for s in watched if (h := signal.getsignal(s)) is not None} if main_thread else {}
+        if handler is not None:
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, handler)
+        entry = (fn, world_size, args, folder, backend, timeout, threads, os.getpid())
         try:
-            _start(procs, main_thread)
-            sup.start = time.monotonic()
-            late = sup.run()
+            with _agent_signals(), _quiet_agent():
+                results = _run_agent(entry, world_size, folder, sup, handler)
+        except SignalException as exc:  # SIGHUP/SIGQUIT: the agent has stopped the ranks
+            sup.signal, results = int(exc.sigval), {}
+            _wait_exits(sup.pids)
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
-        results, errors = [], []
-        for r in range(world_size):
-            path = f"{folder}/result-{r}.pkl"
-            results.append(pickle.load(open(path, "rb")) if os.path.exists(path) else None)
-            epath = f"{folder}/error-{r}.txt"
-            err = open(epath).read() if os.path.exists(epath) else None
-            if r in sup.notes:
-                err = (err or "") + sup.notes[r]
-            elif r in late:
-                err = (err or "") + f"rank {r} still running: killed {sup.why_late()} (stuck or stopped?)"
-            errors.append(err)
-        codes = [p.exitcode for p in procs]
-    return SpawnResult(codes, results, errors, sup.seconds, sup.signal, sup.culprit, [p.pid or 0 for p in procs])
+        return _outcome(sup, folder, results, world_size)
 
 
-def _start(procs: list[Any], main_thread: bool) -> None:
-    """Start the processes with SIGINT ignored, which they inherit: a Ctrl-C (sent by the terminal
-    to every process of the foreground group) cannot interrupt their start-up with a traceback; each
-    rank restores it once it can report errors (``_child``)."""
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+def _outcome(sup: _Supervisor, folder: str, results: dict[int, bytes], world: int) -> SpawnResult:
+    """What each rank returned, raised or suffered, from the agent's results and the run's folder."""
+    errors: list[str | None] = []
+    for r in range(world):
+        path = f"{folder}/error-{r}.txt"
+        err = Path(path).read_text() if os.path.exists(path) else None
+        if r in sup.notes:
+            err = (err or "") + sup.notes[r]
+        elif r in sup.late:
+            err = (err or "") + f"rank {r} still running: killed {sup.why_late()} (stuck or stopped?)"
+        errors.append(err)
+    if results:
+        codes: list[int | None] = [0] * world
+    else:  # a rank that had returned and was only waiting for the others counts as a success
+        codes = [0 if sup.returned(r) and r not in sup.late else c if c is not None else _exit_code(sup.pids[r])
+                 for r, c in enumerate(sup.codes)] if sup.pids else [None] * world
+    seconds = [s or time.monotonic() - sup.start for s in sup.seconds]
+    values = [pickle.loads(results[r]) if r in results else None for r in range(world)]
+    return SpawnResult(codes, values, errors, seconds, sup.signal, sup.culprit, list(sup.pids))
+
+
+_AGENT_SIGNALS = (signal.SIGHUP, signal.SIGQUIT)  # torch's agent stops the ranks on these; SIGINT/SIGTERM are ours
+
+
+@contextlib.contextmanager
+def _agent_signals() -> Iterator[None]:
+    """torch's process context installs its handlers for the signals named in this variable; leave
+    SIGINT and SIGTERM to us (forwarded to the ranks, which save and return their results)."""
+    key, before = "TORCHELASTIC_SIGNALS_TO_HANDLE", os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
+    os.environ[key] = ",".join(s.name for s in _AGENT_SIGNALS)
     try:
-        for p in procs:
-            p.start()
+        yield
     finally:
-        if old is not None:
-            signal.signal(signal.SIGINT, old)
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
+@contextlib.contextmanager
+def _quiet_agent() -> Iterator[None]:
+    """The agent logs its routine at warning level and a rank's failure with a traceback of its own
+    monitoring; our summary says what matters (one line naming the rank), so its loggers are off."""
+    prefixes = ("torch.distributed.elastic", "torch.multiprocessing")
+    loggers = [logger for name, logger in logging.Logger.manager.loggerDict.items()
+               if name.startswith(prefixes) and isinstance(logger, logging.Logger) and not logger.disabled]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.disabled = False

@@ -2,7 +2,7 @@
 
 ``run_ranks(fn, cfg)`` calls ``fn(ctx)`` on every rank with the process group and the device mesh
 set up: under torchrun (``RANK``/``WORLD_SIZE`` in the environment) in this process, with
-``cfg.parallel.nproc > 1`` in that many spawned processes (``pipeoffload.runtime.launch.spawn``: gloo on CPU),
+``cfg.parallel.nproc > 1`` in that many spawned processes (``pipeoffload.runtime.launch.spawn``: torch's elastic agent; gloo on CPU),
 else in this process as a one-rank group. The launcher supervises spawned ranks (see
 ``runtime.launch.spawn``): a failed, killed or stopped rank ends the run within ``GRACE`` seconds,
 naming it; SIGINT/SIGTERM are forwarded to the ranks, which finish their step, save and exit (or

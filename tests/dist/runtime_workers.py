@@ -59,7 +59,8 @@ def container_worker(rank: int, world: int, microbatches: int = 4, steps: int = 
     ref_modules = _container_modules()
     opt = torch.optim.SGD(modules[rank].parameters(), lr=0.1)
     ref_opt = torch.optim.SGD([p for m in ref_modules for p in m.parameters()], lr=0.1)
-    out: dict[str, Any] = {"loss_diff": [], "grad_diff": []}
+    out: dict[str, Any] = {"loss_diff": [], "grad_diff": [], "tensor": torch.full((2,), float(rank)),
+                           "launcher": {k: os.environ.get(k) for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_MAX_RESTARTS")}}
     for batch, target in _container_batches(steps):
         loss = runner.step(batch, target)
         ref_loss = torch.zeros(())

@@ -1,4 +1,5 @@
-"""Nested containers (dicts, lists) cross stage boundaries: their tensors are sent and get gradients."""
+"""Nested containers (dicts, lists) cross stage boundaries: their tensors are sent and get gradients.
+And the ranks run under torch's elastic agent."""
 from __future__ import annotations
 
 import pytest
@@ -16,3 +17,7 @@ def test_dict_and_list_between_ranks_train_like_one_process():
     assert last["loss_diff"] and max(last["loss_diff"]) < 1e-6, last
     for r in range(2):
         assert max(result.results[r]["grad_diff"]) < 1e-6, (r, result.results[r])
+        # spawn is torch's elastic agent (no restarts); what a rank returns comes back, tensors included
+        launcher = result.results[r]["launcher"]
+        assert launcher["TORCHELASTIC_RUN_ID"] and launcher["TORCHELASTIC_MAX_RESTARTS"] == "0", launcher
+        assert result.results[r]["tensor"].tolist() == [float(r)] * 2
