@@ -164,8 +164,10 @@ def _train(ctx: Any, cfg: TrainConfig, run_dir: Path | None, resume: Path | None
     trainer = Trainer(cfg, ctx, schedule, model, lm_loss, TokenBatches(corpus, cfg), run_dir)
     result = trainer.fit(resume)
     full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in trainer.named.items()}
+    trace = trainer.runner.trace
     return {"losses": [h["loss"] for h in result["history"]], "val": [h["val_loss"] for h in result["history"]],
-            "params": full, "sharded": sorted(n for n, p in trainer.named.items() if hasattr(p, "full_tensor"))}
+            "params": full, "sharded": sorted(n for n, p in trainer.named.items() if hasattr(p, "full_tensor")),
+            "host_bytes": trace.peak_host_bytes if trace is not None else None}
 
 
 def fsdp_cases(ctx: Any, cfg: TrainConfig, run_dir: str, cases: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
