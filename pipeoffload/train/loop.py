@@ -2,8 +2,8 @@
 
 ``Trainer`` drives a ``PipelineRunner`` (the runtime) over this rank's stages. The gradients of the
 data-parallel replicas are averaged per stage as soon as the runner has run the stage's last
-backward (one flat all-reduce per dtype, in the background; awaited after the runner's step), the
-global norm is clipped (see ``optim.global_grad_norm``: the same bits in every layout), the
+backward (one flat all-reduce per dtype, in the background; awaited after the runner's step; with
+``--fsdp`` FSDP2 reduce-scatters them there instead, see ``train.fsdp``), the global norm is clipped (see ``optim.global_grad_norm``: the same bits in every layout), the
 optimizer steps. Every rank's measurements of the step come to every rank with one all-reduce of
 their own: the loss and the stop flag each step, the memory and timings only on steps that are
 logged (``log_every``; the activation memory is measured only then). Rank 0 hands each logged record
