@@ -556,7 +556,7 @@ def _check_layout(cfg: TrainConfig) -> None:
 def _check_fsdp(cfg: TrainConfig) -> None:
     p = cfg.parallel
     _need(p.dp >= 2, f"fsdp=true with dp={p.dp}: FSDP shards over the data-parallel group; use --dp 2 or more, "
-                     "or leave out --fsdp")
+                     "or leave out --fsdp (a resumed run's: --config a TOML with [parallel] fsdp = false)")
     _need(not p.zero, "fsdp=true with zero=1: FSDP already shards the optimizer state; choose one (leave out "
                       "--zero or --fsdp)")
     _need(p.tp == 1, f"fsdp=true with tp={p.tp}: FSDP over tensor-parallel stages (a 2-D mesh) is not supported; "

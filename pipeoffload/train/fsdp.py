@@ -22,6 +22,7 @@ microbatches). The parameters the optimizer and the checkpoints see are the shar
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +37,10 @@ class ShardedStages:
     def __init__(self, stages: Mapping[int, nn.Module], mesh: Any) -> None:
         from torch.distributed.fsdp import fully_shard
 
+        # FSDP warns when a module returns a view: an in-place op on it would drop the pre-backward
+        # hook that all-gathers the weights. Here every stage is all-gathered for the whole step by
+        # ``begin_step``, so that hook has nothing to do (and the runtime changes no output in place).
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
         self.modules: dict[int, Any] = dict(stages)
         for module in self.modules.values():
             # kept unsharded from the step's first F to the stage's last B/W: W needs the parameters
