@@ -55,6 +55,10 @@ def test_fsdp_equals_plain_dp_bitwise_and_one_process(tmp_path_factory: pytest.T
         assert ranks[0][fsdp]["val"] == ranks[0][plain]["val"]
         for r in ranks:
             assert _same_params(r[fsdp]["params"], r[plain]["params"])
+    # clipping ran (norm > clip) on a norm over every replica's shard, as the whole gradients' norm
+    # (float64 sums of the shards' squares: equal to rounding, not necessarily bitwise)
+    plain, fsdp = ranks[0]["plain"]["norms"], ranks[0]["fsdp"]["norms"]
+    assert max(fsdp) > BASE.optim.clip and all(abs(a - b) <= 1e-12 * a for a, b in zip(plain, fsdp))
     ref = losses(one_process())
     got = ranks[0]["fsdp"]["losses"]
     assert len(got) == 3 and max(abs(x - y) for x, y in zip(got, ref)) < 1e-6

@@ -166,6 +166,7 @@ def _train(ctx: Any, cfg: TrainConfig, run_dir: Path | None, resume: Path | None
     full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in trainer.named.items()}
     trace = trainer.runner.trace
     return {"losses": [h["loss"] for h in result["history"]], "val": [h["val_loss"] for h in result["history"]],
+            "norms": [h["grad_norm"] for h in result["history"]],
             "params": full, "sharded": sorted(n for n, p in trainer.named.items() if hasattr(p, "full_tensor")),
             "host_bytes": trace.peak_host_bytes if trace is not None else None}
 
