@@ -207,6 +207,14 @@ class PipelineRunner:
         self._eval: tuple[list, dict[int, list[Action]]] | None = None  # evaluate's program, built on first use
         self._reset_state()
 
+    def refresh_parameters(self) -> None:
+        """The modules' parameters were replaced between steps (FSDP's all-gathered ones, whose storage
+        each all-gather allocates anew): the store leaves the current ones alone, I and W use them."""
+        modules = [stage.module for stage in self.stages.values()]
+        self.store.exclude([t for m in modules for t in (*m.parameters(), *m.buffers())], replace=True)
+        for stage in self.stages.values():
+            stage.params = [p for p in stage.module.parameters() if p.requires_grad]
+
     def close(self) -> None:
         """Stop the transport's heartbeat (also done when the runner is garbage)."""
         self.transport.close()

@@ -194,8 +194,11 @@ class ActivationStore:
         self.active = True
 
     # ---- configuration ------------------------------------------------------------------------
-    def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Never manage storages of these tensors (parameters, buffers): they are not activations."""
+    def exclude(self, tensors: Iterable[torch.Tensor], *, replace: bool = False) -> None:
+        """Never manage storages of these tensors (parameters, buffers): they are not activations.
+        ``replace``: these instead of the ones excluded so far (storages that were reallocated)."""
+        if replace:
+            self._excluded = set()
         for t in tensors:
             t = local_tensor(t)
             if t.device.type != "meta":

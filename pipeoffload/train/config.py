@@ -73,6 +73,9 @@ class ParallelConfig:
     dp: int = key(1, "data-parallel size")
     tp: int = key(1, "tensor-parallel size")
     zero: int = key(0, "1: shard the optimizer state over the dp group (ZeroRedundancyOptimizer)")
+    fsdp: bool = key(False, "shard each stage's weights, gradients and optimizer state over the dp group "
+                            "(FSDP2 fully_shard; gathered for the step, reduce-scattered after the stage's last "
+                            "backward); needs dp >= 2, not with zero, tp > 1 or tie_embeddings")
     nproc: int = key(0, "spawn this many local ranks (0: torchrun's env, else one process)")
 
 
@@ -181,7 +184,7 @@ UNSAVED = tuple(k for k, f in _FIELDS.items() if not f.metadata["saved"])
 # The later model keys compare with their default when an older manifest lacks them.
 FINGERPRINT_KEYS = ("layers", "hidden", "heads", "seq_len", "data", "tokenizer", "val_fraction", "seed",
                     "global_batch", "model", "kv_heads", "ffn_hidden", "vocab", "rope_theta", "tie_embeddings")
-LAYOUT_KEYS = ("pp", "dp", "tp", "schedule", "stages_per_rank", "zero")
+LAYOUT_KEYS = ("pp", "dp", "tp", "schedule", "stages_per_rank", "zero", "fsdp")
 
 
 def default_of(flat: str) -> Any:
@@ -543,9 +546,23 @@ def _check_layout(cfg: TrainConfig) -> None:
     if per_replica % mb:  # (the suggestion is computed only when needed: it searches)
         raise ConfigError(f"microbatches={mb}: must divide the {per_replica} sequences per replica "
                           f"(global_batch/dp); e.g. microbatches={_divisor_near(per_replica, mb)}")
+    if p.fsdp:
+        _check_fsdp(cfg)
     if p.tp > 1:
         _need(m.heads % p.tp == 0, f"tp={p.tp}: must divide heads={m.heads}")
         _need(m.seq_len % p.tp == 0, f"seq_len={m.seq_len}: sequence parallelism needs it divisible by tp={p.tp}")
+
+
+def _check_fsdp(cfg: TrainConfig) -> None:
+    p = cfg.parallel
+    _need(p.dp >= 2, f"fsdp=true with dp={p.dp}: FSDP shards over the data-parallel group; use --dp 2 or more, "
+                     "or leave out --fsdp (a resumed run's: --config a TOML with [parallel] fsdp = false)")
+    _need(not p.zero, "fsdp=true with zero=1: FSDP already shards the optimizer state; choose one (leave out "
+                      "--zero or --fsdp)")
+    _need(p.tp == 1, f"fsdp=true with tp={p.tp}: FSDP over tensor-parallel stages (a 2-D mesh) is not supported; "
+                     "use --tp 1 or leave out --fsdp")
+    _need(not cfg.model.tie_embeddings, "fsdp=true with tie_embeddings=true: the tied copies' sum across pipeline "
+                                        "ranks is not done on FSDP shards; leave out one of them")
 
 
 def _divisor_near(n: int, want: int) -> int:

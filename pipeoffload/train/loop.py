@@ -2,8 +2,8 @@
 
 ``Trainer`` drives a ``PipelineRunner`` (the runtime) over this rank's stages. The gradients of the
 data-parallel replicas are averaged per stage as soon as the runner has run the stage's last
-backward (one flat all-reduce per dtype, in the background; awaited after the runner's step), the
-global norm is clipped (see ``optim.global_grad_norm``: the same bits in every layout), the
+backward (one flat all-reduce per dtype, in the background; awaited after the runner's step; with
+``--fsdp`` FSDP2 reduce-scatters them there instead, see ``train.fsdp``), the global norm is clipped (see ``optim.global_grad_norm``: the same bits in every layout), the
 optimizer steps. Every rank's measurements of the step come to every rank with one all-reduce of
 their own: the loss and the stop flag each step, the memory and timings only on steps that are
 logged (``log_every``; the activation memory is measured only then). Rank 0 hands each logged record
@@ -31,6 +31,7 @@ from pipeoffload.ir import Schedule
 from pipeoffload.runtime import PipelineRunner
 from pipeoffload.train import checkpoint
 from pipeoffload.train.config import TrainConfig
+from pipeoffload.train.fsdp import ShardedStages
 from pipeoffload.train.mesh import RankContext
 from pipeoffload.train.metrics import MetricsLogger, SimulatedPeaks, make_loggers, reload_seconds
 from pipeoffload.train.model import RankModel
@@ -69,15 +70,19 @@ class Trainer:
                  batches: BatchSource, run_dir: Path | None) -> None:
         self.cfg, self.ctx, self.schedule, self.model = cfg, ctx, schedule, model
         self.loss_fn, self.batches, self.run_dir = loss_fn, batches, run_dir
+        # --fsdp: every stage sharded over the dp group (its parameters become DTensor shards, which the
+        # optimizer and the checkpoints see); the loop gathers and reduce-scatters it (see train.fsdp)
+        self.fsdp = ShardedStages(model.stages, ctx.mesh["dp"]) if cfg.parallel.fsdp and ctx.dp > 1 else None
         self.named = model.named_parameters()
         # the data-parallel mean of each stage's gradients starts after its last B/W (see OverlappedAverage);
         # a tied embedding's copies are averaged after their sum across pipeline ranks
         self.late_params = [p for n, p in self.named.items() if model.tied and n in model.tied.names]
         self.grad_mean = OverlappedAverage({s: list(m.parameters()) for s, m in model.stages.items()}, ctx.dp_group,
-                                           ctx.dp, later=self.late_params) if ctx.dp > 1 else None
+                                           ctx.dp, later=self.late_params) if ctx.dp > 1 and not self.fsdp else None
+        reduce = self.fsdp.reduce if self.fsdp else self.grad_mean.launch if self.grad_mean else None
         self.runner = PipelineRunner(model.stages, schedule, ctx.pp_rank, group=ctx.pp_group if ctx.pp > 1 else None,
                                      loss_fn=loss_fn, device=ctx.device, timeout=cfg.run.timeout,
-                                     on_stage_gradients=self.grad_mean.launch if self.grad_mean else None)
+                                     on_stage_gradients=reduce)
         self.params = list(self.named.values())
         # a tied head's copy holds the embedding's gradient: the norm counts the shared weight once
         self.norm_named = {n: p for n, p in self.named.items() if not (model.tied and n == model.tied.names[1])}
@@ -117,6 +122,10 @@ class Trainer:
         if measure and ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
         t0 = time.perf_counter()
+        if self.fsdp is not None:
+            with ctx.collective(f"gathering the sharded parameters for step {step}"):
+                self.fsdp.begin_step()
+            self.runner.refresh_parameters()  # the all-gathered tensors, not the shards, run the step
         with self._autocast():
             loss = self.runner.step(inputs, targets, measure=measure)
         if self.model.tied is not None:
@@ -125,9 +134,12 @@ class Trainer:
         with ctx.collective(f"averaging the gradients of step {step} over the data-parallel group"):
             if self.grad_mean is not None:
                 self.grad_mean.wait()
+            if self.fsdp is not None:
+                self.fsdp.finish()
             average_gradients(self.late_params, ctx.dp_group, ctx.dp)
         with ctx.collective(f"reducing the gradient norm of step {step} over every rank"):
-            norm = global_grad_norm(self.norm_named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device)
+            norm = global_grad_norm(self.norm_named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device,
+                                    dp_sharded=self.fsdp is not None)
         with ctx.collective(f"gathering the measurements of step {step} from every rank"):
             everyone = self._rows(self._gather(self._measurements(loss, self.runner.trace if measure else None)))
         losses = [r["loss"] for r in everyone if r["loss"] is not None]
@@ -243,6 +255,8 @@ class Trainer:
         finally:
             for m in modules:
                 m.train()
+            if self.fsdp is not None:  # the forwards all-gathered the stages: back to the shards
+                self.fsdp.reshard()
         contrib = torch.tensor([total / count if count and ctx.tp_rank == 0 else 0.0], dtype=torch.float64,
                                device=ctx.device)  # NCCL reduces device tensors only
         with ctx.collective(f"reducing the validation loss after step {self.step}"):

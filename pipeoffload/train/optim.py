@@ -111,14 +111,15 @@ def _scatter_mean(flat: torch.Tensor, grads: list[torch.Tensor], dp: int) -> Non
 
 
 def global_grad_norm(named: dict[str, nn.Parameter], order: dict[str, int], dp_rank: int, tp_rank: int,
-                     device: torch.device | None = None) -> float:
+                     device: torch.device | None = None, dp_sharded: bool = False) -> float:
     """The gradient norm over the whole model, the same value on every rank of every layout.
 
     Each parameter's squared norm (float64) goes into a slot of one vector indexed by its full name
-    (one replica contributes, once per tensor-parallel shard); one all-reduce over the world fills
-    it and its sum, in name order, is independent of how the model is split."""
+    (one replica contributes, once per tensor-parallel shard; with ``dp_sharded`` (FSDP) every
+    replica, its shard's squares); one all-reduce over the world fills it and its sum, in name
+    order, is independent of how the model is split."""
     squares = torch.zeros(len(order), dtype=torch.float64, device=device)  # on the GPU for NCCL
-    if dp_rank == 0:
+    if dp_rank == 0 or dp_sharded:
         slots, values = [], []
         for name, p in named.items():
             if p.grad is None or (tp_rank != 0 and not is_sharded(p)):

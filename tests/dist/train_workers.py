@@ -148,3 +148,42 @@ def eval_failing_layers() -> list[Any]:
 
     torch.manual_seed(0)
     return [torch.nn.Linear(8, 8), _FailsInEval(8, 4)]
+
+
+# ---- --fsdp: several runs on one set of 4 ranks (a spawn costs more than a tiny run) -----------------
+def _train(ctx: Any, cfg: TrainConfig, run_dir: Path | None, resume: Path | None = None) -> dict[str, Any]:
+    from pipeoffload.models import lm_loss
+    from pipeoffload.train.data import load_corpus
+    from pipeoffload.train.job import TokenBatches, lowered_schedule
+    from pipeoffload.train.loop import Trainer
+    from pipeoffload.train.model import gpt_rank_model
+
+    corpus, _ = load_corpus(cfg.data.path, cfg.data.tokenizer, Path("."), cfg.model.seq_len, cfg.data.val_fraction)
+    schedule = lowered_schedule(cfg)
+    model = gpt_rank_model(cfg, corpus.vocab_size, schedule, ctx.pp_rank, ctx.device)
+    trainer = Trainer(cfg, ctx, schedule, model, lm_loss, TokenBatches(corpus, cfg), run_dir)
+    result = trainer.fit(resume)
+    full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in trainer.named.items()}
+    trace = trainer.runner.trace
+    return {"losses": [h["loss"] for h in result["history"]], "val": [h["val_loss"] for h in result["history"]],
+            "norms": [h["grad_norm"] for h in result["history"]],
+            "params": full, "sharded": sorted(n for n, p in trainer.named.items() if hasattr(p, "full_tensor")),
+            "host_bytes": trace.peak_host_bytes if trace is not None else None}
+
+
+def fsdp_cases(ctx: Any, cfg: TrainConfig, run_dir: str, cases: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Each case: a name and the flat keys changed from ``cfg`` (``resume_step``: resume from that
+    checkpoint of the case named ``resume_of``); every run on these ranks, one after the other."""
+    from pipeoffload.train.checkpoint import step_dir
+    from pipeoffload.train.config import validate
+
+    out: dict[str, Any] = {}
+    for name, keys in cases:
+        keys = dict(keys)
+        of, at = keys.pop("resume_of", None), keys.pop("resume_step", None)
+        case_cfg = validate(cfg.updated(**keys))
+        where = Path(run_dir) / name
+        where.mkdir(parents=True, exist_ok=True)
+        resume = step_dir(Path(run_dir) / of, at) if of else None
+        out[name] = _train(ctx, case_cfg, where, resume)
+    return out

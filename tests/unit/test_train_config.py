@@ -22,6 +22,7 @@ from pipeoffload.train.data import Corpus, default_text_files
     (["--hidden", "30", "--heads", "4"], ["hidden=30", "heads=4"]),
     (["--tokenizer", "words"], ["tokenizer", "bpe:N"]),
     (["--zero", "2"], ["zero=2"]),
+    (["--fsdp"], ["fsdp=true", "dp=1", "--dp 2"]),
     (["--pp", "2"], ["dp*pp*tp", "--nproc 2"]),
 ])
 def test_bad_value_one_line_exit_2_and_no_rank_started(tmp_path: Path, flags: list[str], words: list[str]) -> None:
@@ -33,6 +34,19 @@ def test_bad_value_one_line_exit_2_and_no_rank_started(tmp_path: Path, flags: li
     assert len(lines) == 1, done.stderr
     assert all(w in lines[0] for w in words), lines[0]
     assert not out.exists()  # nothing was started or written
+
+
+@pytest.mark.parametrize("keys, words", [
+    ({"dp": 2, "zero": 1}, ["fsdp=true with zero=1", "choose one"]),
+    ({"dp": 2, "tp": 2}, ["fsdp=true with tp=2", "--tp 1"]),
+    ({"dp": 2, "model": "llama", "tie_embeddings": True}, ["fsdp=true with tie_embeddings=true"]),
+])
+def test_fsdp_refuses_what_it_does_not_support(keys: dict, words: list[str]) -> None:
+    cfg = TrainConfig.build(fsdp=True, global_batch=8, microbatches=2, **keys)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert all(w in str(err.value) for w in words) and "\n" not in str(err.value), str(err.value)
+    assert validate(cfg.updated(fsdp=False)).parallel.fsdp is False  # the rest of the layout is fine
 
 
 def test_toml_round_trip_and_flags_override(tmp_path: Path) -> None:
