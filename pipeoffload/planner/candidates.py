@@ -204,7 +204,8 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Cand
                 choice = replace(choice, offload=OffloadPolicy("budget", budget=float(f"{room:.4g}")))
             if (key, choice.recompute) not in bounds:
                 bounds[(key, choice.recompute)] = (
-                    time_lower_bound(choice, layout.pp, m, sc.costs) + dp_sync_time(req, layout, max(sc.params_per_rank)),
+                    time_lower_bound(choice, layout.pp, m, sc.costs)
+                    + dp_sync_time(req, layout, max(sc.params_per_rank), placement),
                     activation_floor(choice, placement, sc))
             bound, floor = bounds[(key, choice.recompute)]
             out.append(Candidate(layout, choice, m, sc, static, bound, floor))
@@ -244,22 +245,25 @@ def optimizer_step_time(req: PlanRequest, layout: Layout, params: float) -> floa
     return params * per_weight / (hw.hbm_bandwidth * hw.hbm_efficiency)
 
 
-def embedding_sync_time(req: PlanRequest, layout: Layout) -> float:
+def embedding_sync_time(req: PlanRequest, layout: Layout, placement: Placement | None = None) -> float:
     """A tied word embedding lives on the first stage (lookup) and the last (output head): Megatron
     all-reduces its gradient between the two after the backward, before the optimizer step, which
-    every rank waits for (the gradient norm is reduced over the whole model-parallel group)."""
+    every rank waits for (the gradient norm is reduced over the whole model-parallel group). Nothing
+    when one rank holds both (PP 1, or a V placement: the first and last stage on rank 0)."""
     if layout.pp <= 1 or not req.model.tied_embeddings:
+        return 0.0
+    if placement is not None and placement.rank_of(0) == placement.rank_of(placement.num_stages - 1):
         return 0.0
     nbytes = req.model.embedding_params() / layout.tp * req.setup.grad_bytes
     return 2 * req.hardware.collective_time(nbytes, 2, layout.tp * (layout.pp - 1))
 
 
-def dp_sync_time(req: PlanRequest, layout: Layout, params: float) -> float:
+def dp_sync_time(req: PlanRequest, layout: Layout, params: float, placement: Placement | None = None) -> float:
     """Gradient reduce (+ parameter all-gather with a distributed optimizer), not overlapped, plus the
     memory-bound optimizer step (``optimizer_step_time``) and the tied embedding's gradient all-reduce
     between the first and the last stage (``embedding_sync_time``)."""
     s, hw, dp = req.setup, req.hardware, layout.dp
-    step = optimizer_step_time(req, layout, params) + embedding_sync_time(req, layout)
+    step = optimizer_step_time(req, layout, params) + embedding_sync_time(req, layout, placement)
     if dp == 1:
         return step
     bw = hw.collective_bandwidth(dp, layout.tp * layout.pp)
@@ -276,7 +280,7 @@ def evaluate(req: PlanRequest, cand: Candidate, sim: SimSummary) -> Plan:
     worst = max(range(layout.pp), key=lambda r: (totals[r], -r))
     host = max(sim.host_units) * unit
     memory = MemorySplit(static[worst][0], static[worst][1], sim.peak_units[worst] * unit, host)
-    dp_time = dp_sync_time(req, layout, max(stage.params_per_rank))
+    dp_time = dp_sync_time(req, layout, max(stage.params_per_rank), placement_of(cand.choice, layout.pp))
     step = sim.makespan + dp_time
     tokens = req.global_batch * req.model.seq
     flops = req.global_batch / req.model.microbatch * _model_flops(req)

@@ -198,6 +198,9 @@ def test_tied_embedding_gradient_is_all_reduced_between_first_and_last_stage() -
     assert 2 * A100.collective_time(nbytes, 2, 24) > 2 * nbytes / 2 / A100.nvlink_bandwidth  # over the network
     assert embedding_sync_time(req(untied), across) == 0.0
     assert embedding_sync_time(req(tied), Layout(pp=1, tp=8, dp=8)) == 0.0
+    from pipeoffload.placement import Placement  # a V placement holds the first and last stage on rank 0
+    assert embedding_sync_time(req(tied), across, Placement.v(4)) == 0.0
+    assert embedding_sync_time(req(tied), across, Placement.loop(4, 2)) > 0.0
     assert dp_sync_time(req(tied), across, 1e9) == pytest.approx(
         dp_sync_time(req(untied), across, 1e9) + embedding_sync_time(req(tied), across))
 
