@@ -156,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
     _show_progress()
     if args.compare_tp:
         cmp = compare_tp(CompareTPRequest(req, args.baseline or "tp8-interleaved", match_memory=args.match_memory))
+        for line in cmp.warnings:
+            print(f"pipeoffload plan: warning: {line}", file=sys.stderr)
         print(strict_json(cmp.as_dict(), indent=1) if args.json else cmp.text())
         command = cmp.emit(args.emit) if args.emit else None
         if command is not None:

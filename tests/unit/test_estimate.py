@@ -219,3 +219,15 @@ def test_plan_json_carries_the_mfu_warning_and_says_selective_recompute(capsys) 
     assert data["warnings"] and "best published 55.2%" in out.err
     assert main(args) == 0
     assert "selective recomputation (attention core) on every plan" in capsys.readouterr().out
+
+
+def test_compare_tp_warns_for_a_side_above_the_best_published_mfu(capsys) -> None:  # type: ignore[no-untyped-def]
+    """--compare-tp prints two plans; each one predicted above the best published MFU is warned about
+    (stderr and the JSON's ``warnings``), naming the side."""
+    args = ["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--compare-tp", "--json"]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    data = json.loads(out.out)
+    above = [side for side, key in (("PP + offload", "pp"), ("baseline", "tp")) if data[key]["mfu"] > 0.552]
+    assert above and [w.split(":")[0] for w in data["warnings"]] == above
+    assert all(f"warning: {side}: predicted MFU" in out.err for side in above)
