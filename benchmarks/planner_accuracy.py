@@ -29,8 +29,9 @@ Rows (configuration as we read the papers; what a paper does not state is marked
   after the backward, not overlapped (assumed: the scripts' fp16 without
   --accumulate-allreduce-grads-in-fp32 reduces fp16 gradients, and the PP1 rows' DDP=torch overlaps
   them; both would make those rows faster). Step-time error = measured / predicted TFLOP/s - 1.
-All rows: Megatron's fused (not flash) attention, dropout on, 2-byte activations, no distributed
-optimizer, and Megatron's blocking batched point-to-point exchanges (``p2p="megatron"``, see
+All rows: Megatron's fused (not flash) attention, dropout on, 2-byte activations, tied word
+embeddings (Megatron's GPT: the head reuses the embedding, whose gradient the first and last stage
+all-reduce), no distributed optimizer, and Megatron's blocking batched point-to-point exchanges (``p2p="megatron"``, see
 ``planner/exchange.py``).
 """
 from __future__ import annotations
@@ -41,7 +42,8 @@ import re
 from dataclasses import dataclass, fields, replace
 
 from pipeoffload.fileio import write_atomic
-from pipeoffload.planner.estimate import Estimate, EstimateRequest, estimate
+from pipeoffload.planner.candidates import embedding_sync_time, optimizer_step_time
+from pipeoffload.planner.estimate import Estimate, EstimateRequest, _plan_request, estimate
 from pipeoffload.planner.hardware import HardwareSpec, hardware_preset
 from pipeoffload.planner.layertime import layer_times
 from pipeoffload.planner.model import ModelSpec
@@ -51,7 +53,7 @@ TOLERANCE = 0.05  # the step-time error every row is checked against
 
 def _gpt(layers: int, hidden: int, heads: int, microbatch: int) -> ModelSpec:
     return ModelSpec(name=f"gpt-h{hidden}-l{layers}", layers=layers, hidden=hidden, heads=heads, seq=2048,
-                     vocab=51200, microbatch=microbatch, flash_attention=False)
+                     vocab=51200, microbatch=microbatch, flash_attention=False, tied_embeddings=True)
 
 
 @dataclass(frozen=True)
@@ -225,12 +227,39 @@ def report(hw: HardwareSpec, before: dict[str, str] | None = None) -> str:
         eager = narayanan(hw, row, p2p="eager")[0]
         slow = [narayanan(SlowP2P(**_fields(hw), p2p_factor=f), row)[0] for f in (2.0, 4.0)]
         lines.append(f"{row[0]:<8} {row[10]:>8.0f} {as_run:>8.1f} {one:>8.1f} {eager:>9.1f} {slow[0]:>8.1f} {slow[1]:>8.1f}")
+    lines += ["", "data-parallel gradient reduce (a sensitivity, not the model): the Narayanan rows above reduce fp32 "
+              "gradients after the backward, not overlapped (errs slow); the scripts (examples/sc21: --fp16, no "
+              "--accumulate-allreduce-grads-in-fp32) reduce fp16 gradients, and the PP1 rows (--DDP-impl torch) overlap "
+              "the reduce with the last microbatch's backward. TFLOP/s per GPU (step error): as modelled; with 2-byte "
+              "gradients; and, for the PP1 rows, with the whole reduce hidden (the bound of overlapping it)",
+              f"{'row':<8} {'measured':>8} {'modelled':>16} {'fp16 reduce':>16} {'+ DDP overlap':>16}"]
+    for row in NARAYANAN:
+        tflops, est = narayanan(hw, row)
+        reduce = _dp_reduce_time(est)
+        cells = [tflops, tflops * est.step_seconds / (est.step_seconds - reduce / 2)]
+        if row[5] == 1:
+            cells.append(tflops * est.step_seconds / (est.step_seconds - reduce))
+        text = [f"{x:>7.1f} ({row[10] / x - 1:+5.1%})" for x in cells]
+        lines.append(f"{row[0]:<8} {row[10]:>8.0f} " + " ".join(f"{t:>16}" for t in text))
     flat = replace(hw, compute_model="flat")
     lines += ["", "the uncalibrated model (compute_model=flat: every FLOP at B_c = 220 TFLOP/s, no element-wise time):"]
     for r in rows(flat):
         lines.append(f"  {r.name:<20} measured {r.measured:>6.1f} predicted {r.predicted:>7.2f} "
                      f"(step err {r.step_error:+.1%})")
     return "\n".join(lines)
+
+
+def _dp_reduce_time(est: Estimate) -> float:
+    """The data-parallel gradient reduce in ``est``'s dp_sync (without the optimizer step and the tied
+    embedding's all-reduce)."""
+    req = est.request
+    plan_req = _plan_request(req)
+    s = plan_req.setup
+    # the busiest rank's weights (what dp_sync is charged for), from its static memory
+    local = max(m - a for m, a in zip(est.memory_per_rank, est.activation_per_rank)) / (
+        s.weight_bytes + s.grad_bytes + s.optimizer_bytes / (req.dp if s.distributed_optimizer else 1))
+    return est.breakdown["dp_sync"] - optimizer_step_time(plan_req, req.layout, local) - embedding_sync_time(
+        plan_req, req.layout)
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.compare_tp import BASELINES
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.measured import load_layer_costs
-from pipeoffload.planner.published import mfu_warning
+from pipeoffload.planner.report import plan_warning
 from pipeoffload.planner.stagecosts import HOST_LINK_MODES, TrainingSetup
 from pipeoffload.service import CompareTPRequest, PlanRequest, compare_tp, plan, strict_json
 
@@ -156,14 +156,15 @@ def run(args: argparse.Namespace) -> int:
     _show_progress()
     if args.compare_tp:
         cmp = compare_tp(CompareTPRequest(req, args.baseline or "tp8-interleaved", match_memory=args.match_memory))
+        for line in cmp.warnings:
+            print(f"pipeoffload plan: warning: {line}", file=sys.stderr)
         print(strict_json(cmp.as_dict(), indent=1) if args.json else cmp.text())
         command = cmp.emit(args.emit) if args.emit else None
         if command is not None:
             print(f"wrote {args.emit} (the PP + offload plan); run it with: {command}")
         return 0
     result = plan(req)
-    best = result.search.best(1)
-    warning = mfu_warning(req.hardware, req.model, best[0].mfu) if best else None
+    warning = plan_warning(result.search)
     if warning:
         print(f"pipeoffload plan: warning: {warning}", file=sys.stderr)
     print(strict_json(result.as_dict(), indent=1) if args.json else result.text(pareto=not args.no_pareto))

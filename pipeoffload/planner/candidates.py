@@ -204,7 +204,8 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Cand
                 choice = replace(choice, offload=OffloadPolicy("budget", budget=float(f"{room:.4g}")))
             if (key, choice.recompute) not in bounds:
                 bounds[(key, choice.recompute)] = (
-                    time_lower_bound(choice, layout.pp, m, sc.costs) + dp_sync_time(req, layout, max(sc.params_per_rank)),
+                    time_lower_bound(choice, layout.pp, m, sc.costs)
+                    + dp_sync_time(req, layout, max(sc.params_per_rank), placement),
                     activation_floor(choice, placement, sc))
             bound, floor = bounds[(key, choice.recompute)]
             out.append(Candidate(layout, choice, m, sc, static, bound, floor))
@@ -229,6 +230,9 @@ OPTIMIZER_SHARD_BYTES = (
     + 6.0  # copy the fp32 master weights to the 2-byte model weights: read 4, write 2
 )
 OPTIMIZER_ZERO_BYTES = 4.0  # zero the fp32 gradient buffer for the next step (every local weight)
+# Megatron's DDP divides the whole gradient buffer by the data-parallel size before reducing it
+# (``buffer_.data /= dp``: read 4, write 4), a pass that runs even at DP 1 (every local weight)
+DP_DIVIDE_BYTES = 8.0
 
 
 def optimizer_step_time(req: PlanRequest, layout: Layout, params: float) -> float:
@@ -237,14 +241,29 @@ def optimizer_step_time(req: PlanRequest, layout: Layout, params: float) -> floa
     optimizer every pass but the gradient zeroing runs on the 1/dp shard."""
     shard = layout.dp if req.setup.distributed_optimizer else 1
     hw = req.hardware
-    return params * (OPTIMIZER_SHARD_BYTES / shard + OPTIMIZER_ZERO_BYTES) / (hw.hbm_bandwidth * hw.hbm_efficiency)
+    per_weight = OPTIMIZER_SHARD_BYTES / shard + OPTIMIZER_ZERO_BYTES + DP_DIVIDE_BYTES
+    return params * per_weight / (hw.hbm_bandwidth * hw.hbm_efficiency)
 
 
-def dp_sync_time(req: PlanRequest, layout: Layout, params: float) -> float:
+def embedding_sync_time(req: PlanRequest, layout: Layout, placement: Placement | None = None) -> float:
+    """A tied word embedding lives on the first stage (lookup) and the last (output head): Megatron
+    all-reduces its gradient between the two after the backward, before the optimizer step, which
+    every rank waits for (the gradient norm is reduced over the whole model-parallel group). Nothing
+    when one rank holds both (PP 1, or a V placement: the first and last stage on rank 0)."""
+    if layout.pp <= 1 or not req.model.tied_embeddings:
+        return 0.0
+    if placement is not None and placement.rank_of(0) == placement.rank_of(placement.num_stages - 1):
+        return 0.0
+    nbytes = req.model.embedding_params() / layout.tp * req.setup.grad_bytes
+    return 2 * req.hardware.collective_time(nbytes, 2, layout.tp * (layout.pp - 1))
+
+
+def dp_sync_time(req: PlanRequest, layout: Layout, params: float, placement: Placement | None = None) -> float:
     """Gradient reduce (+ parameter all-gather with a distributed optimizer), not overlapped, plus the
-    memory-bound optimizer step (``optimizer_step_time``)."""
+    memory-bound optimizer step (``optimizer_step_time``) and the tied embedding's gradient all-reduce
+    between the first and the last stage (``embedding_sync_time``)."""
     s, hw, dp = req.setup, req.hardware, layout.dp
-    step = optimizer_step_time(req, layout, params)
+    step = optimizer_step_time(req, layout, params) + embedding_sync_time(req, layout, placement)
     if dp == 1:
         return step
     bw = hw.collective_bandwidth(dp, layout.tp * layout.pp)
@@ -261,7 +280,7 @@ def evaluate(req: PlanRequest, cand: Candidate, sim: SimSummary) -> Plan:
     worst = max(range(layout.pp), key=lambda r: (totals[r], -r))
     host = max(sim.host_units) * unit
     memory = MemorySplit(static[worst][0], static[worst][1], sim.peak_units[worst] * unit, host)
-    dp_time = dp_sync_time(req, layout, max(stage.params_per_rank))
+    dp_time = dp_sync_time(req, layout, max(stage.params_per_rank), placement_of(cand.choice, layout.pp))
     step = sim.makespan + dp_time
     tokens = req.global_batch * req.model.seq
     flops = req.global_batch / req.model.microbatch * _model_flops(req)

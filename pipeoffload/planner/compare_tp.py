@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.plans import GIB, InfeasibleError, Plan, PlanRequest
+from pipeoffload.planner.published import mfu_warning
 from pipeoffload.planner.report import offload_label
 from pipeoffload.planner.search import find_plans
 
@@ -124,7 +125,18 @@ def format_comparison(cmp: Comparison, req: PlanRequest) -> str:
     return "\n".join(lines)
 
 
-def comparison_as_dict(cmp: Comparison) -> dict:
+def comparison_warnings(cmp: Comparison, req: PlanRequest) -> list[str]:
+    """The MFU warning (``published.mfu_warning``) of each side whose prediction is above every published run."""
+    out = []
+    for side, plan in (("PP + offload", cmp.pp), ("baseline", cmp.tp)):
+        warning = mfu_warning(req.hardware, req.model, plan.mfu) if plan is not None else None
+        if warning:
+            out.append(f"{side}: {warning}")
+    return out
+
+
+def comparison_as_dict(cmp: Comparison, req: PlanRequest | None = None) -> dict:
     return {"baseline": cmp.baseline_label, "baseline_option": cmp.baseline, "pp": cmp.pp.as_dict() if cmp.pp else None,
             "tp": cmp.tp.as_dict() if cmp.tp else None, "speedup": cmp.speedup,
-            "pp_error": cmp.pp_error or None, "tp_error": cmp.tp_error or None}
+            "pp_error": cmp.pp_error or None, "tp_error": cmp.tp_error or None} | (
+        {"warnings": comparison_warnings(cmp, req)} if req is not None else {})

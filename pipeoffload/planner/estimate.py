@@ -220,7 +220,7 @@ def estimate(req: EstimateRequest) -> Estimate:
     sim = _simulate(req, choice, m, sc.costs)
     no_p2p = sim if req.pp == 1 else _simulate(req, choice, m, replace(sc.costs, p2p_time=0.0))
     plan_req = _plan_request(req)
-    dp_time = dp_sync_time(plan_req, req.layout, max(sc.params_per_rank))
+    dp_time = dp_sync_time(plan_req, req.layout, max(sc.params_per_rank), placement)
     step = sim.makespan + dp_time
     memory, activations = _memory(req, lc, sc, sim)
     model_flops = m * req.dp * _model_flops(req.model)

@@ -9,7 +9,8 @@ GEMMs (each runs forward, input-gradient (I) and weight-gradient (W) at the same
   FC1 ``[T, h] x [h, f/tp]`` (2f/tp gated), FC2 ``[T, f/tp] x [f/tp, h]``;
   attention core: ``b*a/tp`` score GEMMs ``[s, d] x [d, s]`` and as many ``[s, s] x [s, d]``; its
   backward is twice its forward; flash attention recomputes the scores in backward (+1/2 forward
-  core, FlashAttention-2's 2.5x), Megatron's selective recomputation the whole core (+1 forward).
+  core, FlashAttention-2's 2.5x), Megatron's selective recomputation the whole core (+1 forward; with
+  flash attention Megatron-core checkpoints the fused kernel, which then runs its forward again too).
 Element-wise kernels (bytes moved per token, 2-byte elements, forward; backward moves twice as much):
   LayerNorm 2 x 4h, bias-dropout-residual 2 x 7h (6h without dropout), Q/K/V and context permutes 4h,
   GeLU 4f (SwiGLU 6f), unfused softmax + dropout 9 bytes per score (forward) and 11 (backward);
@@ -97,7 +98,9 @@ def layer_times(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *, sequence_par
     t_ew_f, t_ew_b = elementwise_time(hw, ew_f), elementwise_time(hw, ew_b)
     recompute_core = 0.0
     if not flat and model.flash_attention:
-        recompute_core = 0.5 * core
+        recompute_core = 0.5 * core  # the fused kernel's backward recomputes the scores
+        if selective_recompute:  # Megatron checkpoints the fused kernel too: its forward runs again
+            recompute_core += core
     elif not flat and selective_recompute:  # the score GEMMs, softmax and dropout again in backward
         scores = model.microbatch * model.heads / tp * model.seq ** 2
         recompute_core = core + elementwise_time(hw, (9 if model.dropout else 4) * scores * model.dtype_bytes / 2)
@@ -128,9 +131,55 @@ def _tp_comm(model: ModelSpec, hw: HardwareSpec, tp: int, lin: dict[str, float],
     return 2 * all_reduce, 2 * all_reduce, 0.0, sum(max(0.0, all_reduce - t) for t in column)
 
 
-def head_times(model: ModelSpec, hw: HardwareSpec, tp: int = 1) -> tuple[float, float, float, float]:
-    """(F, I, W, B) of the output projection ``[T, h] x [h, V/tp]`` (vocabulary-parallel), with the
-    all-gather of the final hidden states in F and its reduce-scatter in the backward."""
+def head_times(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *,
+               sequence_parallel: bool = True) -> tuple[float, float, float, float]:
+    """(F, I, W, B) of the output projection ``[T, h] x [h, V/tp]`` (vocabulary-parallel) and the loss.
+
+    Collectives: with sequence parallelism the final hidden states are all-gathered in F and their
+    gradient reduce-scattered in the backward; without it the input is copied to every rank (nothing in
+    F) and its gradient all-reduced in the backward. The loss is Megatron's vocabulary-parallel cross
+    entropy on fp32 logits (``loss_elementwise_bytes``), memory-bound, in F and in the backward's I."""
     t = gemm_time(hw, model.tokens, model.vocab / tp, model.hidden)
     c = hw.collective_time(model.boundary_bytes(1), tp, 1) if tp > 1 else 0.0
-    return t + c, t + c, t, 2 * t + c
+    comm_f, comm_b = (c, c) if sequence_parallel else (0.0, 2 * c)
+    loss_f, loss_b = (elementwise_time(hw, x) for x in loss_elementwise_bytes(model, tp))
+    return t + comm_f + loss_f, t + comm_b + loss_b, t, 2 * t + comm_b + loss_b
+
+
+def loss_elementwise_bytes(model: ModelSpec, tp: int) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of the loss on one rank's ``T x V/tp`` logits, as Megatron-LM's
+    ``vocab_parallel_cross_entropy(output.float(), labels)`` runs it, per logit: cast to fp32 (read the
+    2-byte logit, write 4), max (read 4), subtract the max in place (8), exp in place (8), sum (4),
+    divide by the sum in place (8): the softmax kept for the backward; backward: multiply by the
+    incoming gradient in place (8) and cast back (read 4, write 2). The per-token gathers are small."""
+    logits = model.tokens * model.vocab / tp
+    return logits * (model.dtype_bytes + 36), logits * (12 + model.dtype_bytes)
+
+
+def embedding_times(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *,
+                    sequence_parallel: bool = True) -> tuple[float, float]:
+    """(F, B) of the first stage's embedding, as Megatron-LM's GPT runs it (``embedding_bytes``) plus its
+    collectives: the vocabulary-parallel lookup's all-reduce in F (with or without sequence
+    parallelism) and, with it, the all-gather that is the backward of the scatter to the sequence
+    shards. All of B is weight-gradient work (the token input has no gradient)."""
+    c = hw.collective_time(model.boundary_bytes(1), tp, 1) if tp > 1 else 0.0
+    ew_f, ew_b = embedding_bytes(model, tp, sequence_parallel)
+    return elementwise_time(hw, ew_f) + 2 * c, elementwise_time(hw, ew_b) + (c if sequence_parallel else 0.0)
+
+
+def embedding_bytes(model: ModelSpec, tp: int, sequence_parallel: bool = True) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of the word + position embedding on one of ``tp`` ranks, per element
+    of the ``T x h`` output (2-byte elements): word lookup (read 2, write 2), zeroing the rows of tokens
+    outside the rank's vocabulary shard (2), position lookup (4), their sum (6), the [b, s] -> [s, b]
+    transpose (4), dropout (5; on the sequence shard with sequence parallelism, after a 4-byte copy
+    into it). Backward: dropout (5, sharded as in F), transpose (4), the zeroed rows (2), the two dense
+    embedding-gradient kernels reading the output gradient (2 each), plus writing the word embedding's
+    dense ``V/tp x h`` gradient (2 per weight)."""
+    n = model.tokens * model.hidden
+    scale = model.dtype_bytes / 2
+    shard = tp if sequence_parallel else 1
+    dropout = (5 if model.dropout else 0) / shard + (4 / tp if sequence_parallel and tp > 1 else 0.0)
+    forward = n * (4 + 2 + 4 + 6 + 4 + dropout) * scale
+    backward = (n * ((5 if model.dropout else 0) / shard + 4 + 2 + 4)
+                + 2 * model.vocab * model.hidden / tp) * scale
+    return forward, backward

@@ -18,6 +18,7 @@ FORMAT = "pipeoffload-layer-costs/1"
 def layer_costs_to_dict(lc: LayerCosts) -> dict:
     out = dataclasses.asdict(lc)
     out["head_time"] = list(lc.head_time)
+    out["embedding_time"] = list(lc.embedding_time)
     return {"format": FORMAT, **out}
 
 
@@ -29,6 +30,8 @@ def layer_costs_from_dict(data: dict) -> LayerCosts:
     values = {k: v for k, v in data.items() if k in fields}
     if "head_time" in values:
         values["head_time"] = tuple(float(x) for x in values["head_time"])
+    if "embedding_time" in values:
+        values["embedding_time"] = tuple(float(x) for x in values["embedding_time"])
     try:
         return LayerCosts(**values)
     except TypeError as err:

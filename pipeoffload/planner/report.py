@@ -1,6 +1,7 @@
 """Text and JSON renderings of a planner search (tables of plans, the Pareto frontier, per-TP bests)."""
 from __future__ import annotations
 
+from pipeoffload.planner.published import mfu_warning
 from pipeoffload.planner.search import GIB, Plan, SearchResult
 
 _HEADER = (f"{'#':>3}  {'layout':<13} {'schedule':<17} {'v':>2} {'g':>3} {'offload':<8} {'recompute':<9} "
@@ -42,7 +43,9 @@ def format_result(result: SearchResult, top: int = 5, pareto: bool = True) -> st
         f"{model.name} ({model.total_params() / 1e9:.1f}B params, seq {model.seq}, microbatch {model.microbatch}) "
         f"on {req.gpus} x {hw.name}; global batch {req.global_batch} sequences; "
         f"budget {req.memory_budget / GIB:.1f} GiB/GPU"
-        + (f", host {req.host_memory_budget / GIB:.1f} GiB/GPU" if req.host_memory_budget is not None else ""),
+        + (f", host {req.host_memory_budget / GIB:.1f} GiB/GPU" if req.host_memory_budget is not None else "")
+        + ("; Megatron's selective recomputation (attention core) on every plan"
+           if req.setup.selective_recompute else ""),
         f"searched {result.candidates} candidates ({result.evaluated} simulated) in {result.seconds:.1f} s "
         f"= {rate:.0f} candidates/s" + _skipped(result),
         "",
@@ -65,6 +68,12 @@ def _skipped(result: SearchResult) -> str:
     return "; skipped: " + ", ".join(f"{n} {reason}" for reason, n in sorted(result.skipped.items()))
 
 
+def plan_warning(result: SearchResult) -> str | None:
+    """The MFU warning for the best plan (``published.mfu_warning``), if it is above every published run."""
+    best = result.best(1)
+    return mfu_warning(result.request.hardware, result.request.model, best[0].mfu) if best else None
+
+
 def result_as_dict(result: SearchResult, top: int = 5) -> dict:
     req = result.request
     return {
@@ -78,6 +87,8 @@ def result_as_dict(result: SearchResult, top: int = 5) -> dict:
         "simulated": result.evaluated,
         "seconds": result.seconds,
         "skipped": dict(sorted(result.skipped.items())),
+        "selective_recompute": req.setup.selective_recompute,
+        "warnings": [w for w in (plan_warning(result),) if w],
         "best": [p.as_dict() for p in result.best(top)],
         "pareto": [p.as_dict() for p in result.pareto()],
     } | ({"best_by_tp": {str(tp): p.as_dict() for tp, p in result.best_by_tp().items()}}

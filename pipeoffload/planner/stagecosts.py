@@ -25,7 +25,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.placement import Placement
 from pipeoffload.planner.hardware import HardwareSpec
-from pipeoffload.planner.layertime import head_times, layer_times
+from pipeoffload.planner.layertime import embedding_times, head_times, layer_times
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.split import even_split
 from pipeoffload.policies import OffloadPolicy
@@ -70,6 +70,8 @@ class LayerCosts:
     source: str = "formulas"
     time_b: float | None = None  # full backward (I and W together); None: time_i + time_w
     head_time_b: float | None = None
+    # (F, B) of the first stage's embedding lookup; all of B is weight-gradient work (W)
+    embedding_time: tuple[float, float] = (0.0, 0.0)
     tp: int = 1  # the tensor-parallel size these costs were measured or computed for
 
 
@@ -105,7 +107,8 @@ def layer_costs(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *, partial_reco
     model.check_tp(tp)
     t = layer_times(model, hw, tp, sequence_parallel=sequence_parallel, partial_recompute=partial_recompute,
                     selective_recompute=selective_recompute)
-    hf, hi, hw_, hb = head_times(model, hw, tp)
+    hf, hi, hw_, hb = head_times(model, hw, tp, sequence_parallel=sequence_parallel)
+    ef, eb = embedding_times(model, hw, tp, sequence_parallel=sequence_parallel)
     return LayerCosts(
         time_f=t.f, time_i=t.i, time_w=t.w, time_b=t.b,
         # selective recomputation stores no s^2 attention scores, like a fused kernel
@@ -113,7 +116,7 @@ def layer_costs(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *, partial_reco
         .layer_activation_bytes(tp, partial_recompute),
         params=model.params_per_layer() / tp,
         boundary_bytes=model.boundary_bytes(tp),
-        head_time=(hf, hi, hw_), head_time_b=hb,
+        head_time=(hf, hi, hw_), head_time_b=hb, embedding_time=(ef, eb),
         head_activation_bytes=model.head_activation_bytes(tp),
         w_bytes=model.layer_weight_input_bytes(tp), head_w_bytes=model.head_weight_input_bytes(tp),
         head_params=model.head_params() / tp,
@@ -170,13 +173,15 @@ def stage_costs(lc: LayerCosts, hw: HardwareSpec, layout: Layout, stages_per_ran
                           "stage but the first and last")
     last = len(split) - 1
     head = [lc.head_time if s == last else (0.0, 0.0, 0.0) for s in range(len(split))]
-    f = tuple(n * lc.time_f + head[s][0] for s, n in enumerate(split))
+    ef, eb = lc.embedding_time
+    emb_f, emb_b = [ef if s == 0 else 0.0 for s in range(len(split))], [eb if s == 0 else 0.0 for s in range(len(split))]
+    f = tuple(n * lc.time_f + head[s][0] + emb_f[s] for s, n in enumerate(split))
     i = tuple(n * lc.time_i + head[s][1] for s, n in enumerate(split))
-    w = tuple(n * lc.time_w + head[s][2] for s, n in enumerate(split))
+    w = tuple(n * lc.time_w + head[s][2] + emb_b[s] for s, n in enumerate(split))
     b = None
     if lc.time_b is not None:
         head_b = lc.head_time_b if lc.head_time_b is not None else lc.head_time[1] + lc.head_time[2]
-        b = tuple(n * lc.time_b + (head_b if s == last else 0.0) for s, n in enumerate(split))
+        b = tuple(n * lc.time_b + (head_b if s == last else 0.0) + emb_b[s] for s, n in enumerate(split))
     act_bytes = [n * lc.activation_bytes + (lc.head_activation_bytes if s == last else 0.0)
                  for s, n in enumerate(split)]
     unit = max(split) * lc.activation_bytes

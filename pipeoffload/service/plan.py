@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeoffload.planner.compare_tp import BASELINES, Comparison, comparison_as_dict, format_comparison
+from pipeoffload.planner.compare_tp import (
+    BASELINES,
+    Comparison,
+    comparison_as_dict,
+    comparison_warnings,
+    format_comparison,
+)
 from pipeoffload.planner.compare_tp import compare_tp as compare_tp_plans
 from pipeoffload.planner.emit import emit
 from pipeoffload.planner.plans import Plan, PlanRequest, SearchResult
@@ -59,8 +65,13 @@ class CompareTPResult:
     request: CompareTPRequest
     comparison: Comparison
 
+    @property
+    def warnings(self) -> list[str]:
+        """Each side's MFU warning when it is predicted above the best published figure."""
+        return comparison_warnings(self.comparison, self.request.plan)
+
     def as_dict(self) -> dict:
-        return comparison_as_dict(self.comparison)
+        return comparison_as_dict(self.comparison, self.request.plan)
 
     def text(self) -> str:
         return format_comparison(self.comparison, self.request.plan)

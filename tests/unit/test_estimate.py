@@ -9,6 +9,7 @@ from pipeoffload.errors import ConfigError
 from pipeoffload.planner.estimate import EstimateRequest, check_total, estimate
 from pipeoffload.planner.hardware import GIB, hardware_preset
 from pipeoffload.planner.hfconfig import model_from_hf_config
+from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.plans import PlanRequest
 from pipeoffload.planner.presets import model_preset
 from pipeoffload.planner.search import find_plans
@@ -163,16 +164,70 @@ def test_separate_gradient_accumulation_costs_a_pass_per_microbatch() -> None:
 
 
 def test_one_microbatch_step_pays_megatrons_optimizer_passes() -> None:
-    """DP 1: dp_sync is the optimizer step alone, 42 bytes per local weight (Adam 28, gradient norm 4,
-    master-to-model copy 6, gradient zeroing 4) at the streaming-kernel share of HBM bandwidth; a
-    distributed optimizer runs all but the zeroing on its 1/dp shard."""
+    """DP 1: dp_sync is the optimizer step alone, 50 bytes per local weight (Adam 28, gradient norm 4,
+    master-to-model copy 6, gradient zeroing 4, DDP's division of the gradient buffer by the DP size 8,
+    which runs at DP 1 too) at the streaming-kernel share of HBM bandwidth; a distributed optimizer runs
+    all but the zeroing and the division on its 1/dp shard."""
     from pipeoffload.planner.candidates import optimizer_step_time
     from pipeoffload.planner.stagecosts import Layout
 
     est = estimate(_req(pp=1, dp=1, global_batch=2))
     params = (est.memory_per_rank[0] - est.activation_per_rank[0]) / 18  # 2 + 4 + 12 bytes per weight
     rate = A100.hbm_bandwidth * A100.hbm_efficiency
-    assert est.breakdown["dp_sync"] == pytest.approx(params * 42 / rate, rel=1e-9)
+    assert est.breakdown["dp_sync"] == pytest.approx(params * 50 / rate, rel=1e-9)
     req = PlanRequest(model=GPT13, hardware=A100, gpus=8, global_batch=8, memory_budget=A100.memory_bytes,
                       setup=TrainingSetup(distributed_optimizer=True))
-    assert optimizer_step_time(req, Layout(1, 2, 4), 1e9) == pytest.approx(1e9 * (38 / 4 + 4) / rate)
+    assert optimizer_step_time(req, Layout(1, 2, 4), 1e9) == pytest.approx(1e9 * (38 / 4 + 4 + 8) / rate)
+
+
+def test_tied_embedding_gradient_is_all_reduced_between_first_and_last_stage() -> None:
+    """Megatron all-reduces a tied word embedding's gradient between the first stage (lookup) and the
+    last (head) before the optimizer step: only with PP > 1 and tied embeddings."""
+    from pipeoffload.planner.candidates import dp_sync_time, embedding_sync_time
+    from pipeoffload.planner.stagecosts import Layout
+
+    tied = GPT13.with_(tied_embeddings=True)
+    untied = GPT13.with_(tied_embeddings=False)
+
+    def req(model: ModelSpec) -> PlanRequest:
+        return PlanRequest(model=model, hardware=A100, gpus=64, global_batch=64, memory_budget=A100.memory_bytes)
+
+    nbytes = GPT13.vocab * GPT13.hidden / 8 * 4  # fp32 gradients of the TP8 shard
+    across = Layout(pp=4, tp=8, dp=2)  # first and last stage in different nodes
+    assert embedding_sync_time(req(tied), across) == pytest.approx(2 * A100.collective_time(nbytes, 2, 24))
+    assert 2 * A100.collective_time(nbytes, 2, 24) > 2 * nbytes / 2 / A100.nvlink_bandwidth  # over the network
+    assert embedding_sync_time(req(untied), across) == 0.0
+    assert embedding_sync_time(req(tied), Layout(pp=1, tp=8, dp=8)) == 0.0
+    from pipeoffload.placement import Placement  # a V placement holds the first and last stage on rank 0
+    assert embedding_sync_time(req(tied), across, Placement.v(4)) == 0.0
+    assert embedding_sync_time(req(tied), across, Placement.loop(4, 2)) > 0.0
+    assert dp_sync_time(req(tied), across, 1e9) == pytest.approx(
+        dp_sync_time(req(untied), across, 1e9) + embedding_sync_time(req(tied), across))
+
+
+def test_plan_json_carries_the_mfu_warning_and_says_selective_recompute(capsys) -> None:  # type: ignore[no-untyped-def]
+    """A JSON consumer of ``plan`` sees the warning printed on stderr, and whether selective
+    recomputation was applied to every plan (its recompute column shows only the schedule's policy)."""
+    args = ["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--tp", "8", "--pp", "8",
+            "--top", "1", "--no-pareto", "--schedules", "1f1b,interleaved-1f1b", "--recompute", "selective"]
+    assert main(args + ["--json"]) == 0
+    out = capsys.readouterr()
+    data = json.loads(out.out)
+    assert data["selective_recompute"] is True
+    best = data["best"][0]["mfu"]
+    assert (best > 0.552) == any("best published 55.2%" in w for w in data["warnings"])
+    assert data["warnings"] and "best published 55.2%" in out.err
+    assert main(args) == 0
+    assert "selective recomputation (attention core) on every plan" in capsys.readouterr().out
+
+
+def test_compare_tp_warns_for_a_side_above_the_best_published_mfu(capsys) -> None:  # type: ignore[no-untyped-def]
+    """--compare-tp prints two plans; each one predicted above the best published MFU is warned about
+    (stderr and the JSON's ``warnings``), naming the side."""
+    args = ["plan", "--model", "gpt3-175b", "--gpus", "64", "--global-batch", "64", "--compare-tp", "--json"]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    data = json.loads(out.out)
+    above = [side for side, key in (("PP + offload", "pp"), ("baseline", "tp")) if data[key]["mfu"] > 0.552]
+    assert above and [w.split(":")[0] for w in data["warnings"]] == above
+    assert all(f"warning: {side}: predicted MFU" in out.err for side in above)

@@ -72,7 +72,8 @@ def test_emit_writes_the_recompute_policy_its_table_shows(tmp_path, capsys) -> N
     """With offload the planner's memory assumes LGD; train does not perform it, so the file says what the
     table says (it wrote "none,lgd" under a table saying "none")."""
     path = tmp_path / "run.toml"
-    argv = ["plan", *SMALL, "--memory", "20", "--no-pareto", "--offload", "all", "--json"]
+    # --pp 2: a pipeline, so that the best plan offloads (a one-rank pipeline cannot, and may be faster)
+    argv = ["plan", *SMALL, "--pp", "2", "--memory", "20", "--no-pareto", "--offload", "all", "--json"]
     assert main([*argv, "--emit", str(path)]) == 0
     best = json.loads(capsys.readouterr().out)["best"][0]
     assert best["offload"] != "none"  # the case where LGD is assumed

@@ -70,7 +70,11 @@ def test_stage_costs_place_embedding_and_head_and_scale_with_layers() -> None:
     lc = layer_costs(model, hw, tp=2)
     sc = stage_costs(lc, hw, Layout(pp=4, tp=2, dp=1), 2, model.layers)  # 8 stages of 3 layers
     c = sc.costs
-    assert c.f(0) == pytest.approx(3 * lc.time_f)
+    ef, eb = lc.embedding_time  # the embedding's lookup on the first stage, its gradient in W
+    assert ef > 0 and eb > 0
+    assert c.f(0) == pytest.approx(3 * lc.time_f + ef) and c.f(4) == pytest.approx(3 * lc.time_f)
+    assert c.w(0) == pytest.approx(3 * lc.time_w + eb) and c.i(0) == pytest.approx(3 * lc.time_i)
+    assert c.b(0) == pytest.approx(3 * lc.time_b + eb)
     assert c.f(7) == pytest.approx(3 * lc.time_f + lc.head_time[0])
     assert c.act(0) == 1.0 and c.act(7) == pytest.approx(1 + lc.head_activation_bytes / (3 * lc.activation_bytes))
     # w_fraction from the shapes: a layer stage's W keeps the linear inputs; the head adds its own
