@@ -105,10 +105,11 @@ class Schedule:
                 f"schedule has {len(self.actions)} rank lists but placement has {self.placement.num_ranks} ranks"
             )
 
-    def __getstate__(self) -> dict:
-        """Pickle the fields only: caches kept beside them (``semantics.coded``, ``simulator.simulate_once``)
-        are rebuilt on use."""
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+    def __hash__(self) -> int:
+        """From the shape (placement, sizes, name, list lengths): O(ranks), not O(actions), so a cache
+        keyed by schedules (``_perf.Memo``) looks one up cheaply. Equal schedules have equal shapes;
+        a dict compares the actions of two schedules only when their shapes match."""
+        return hash((self.placement, self.num_microbatches, self.name, tuple(map(len, self.actions))))
 
     @property
     def num_ranks(self) -> int:

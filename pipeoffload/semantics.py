@@ -205,12 +205,8 @@ class CodedSchedule:
 
 
 def coded(schedule: Schedule) -> CodedSchedule:
-    """The integer-coded form of ``schedule``, built once per schedule object."""
-    cache = schedule.__dict__.get("_coded")
-    if cache is None:
-        cache = CodedSchedule(schedule)
-        object.__setattr__(schedule, "_coded", cache)  # a cache beside the frozen fields, not state
-    return cache
+    """The integer-coded form of ``schedule`` (built anew: a caller that needs it twice keeps it)."""
+    return CodedSchedule(schedule)
 
 
 def memory_effects(c: CodedSchedule, costs: CostModel) -> list[float]:
