@@ -91,13 +91,13 @@ class CodedSchedule:
         self.schedule = schedule
         self.num_ranks = len(rows)
         self.num_stages = schedule.num_stages
-        self.num_microbatches = max(schedule.num_microbatches,
-                                    1 + max((a.microbatch for r in rows for a in r), default=-1))
         self.lengths = np.array([len(r) for r in rows], dtype=np.int64)
         self.offsets = np.concatenate(([0], np.cumsum(self.lengths)))
         self.kind = np.array([code[a.kind] for r in rows for a in r], dtype=np.int64)
         self.stage = np.array([a.stage for r in rows for a in r], dtype=np.int64)
         self.microbatch = np.array([a.microbatch for r in rows for a in r], dtype=np.int64)
+        used = 1 + int(self.microbatch.max()) if len(self.microbatch) else 0
+        self.num_microbatches = max(schedule.num_microbatches, used)
         self.rank = np.repeat(np.arange(self.num_ranks, dtype=np.int64), self.lengths)
         self.step = np.arange(len(self.kind), dtype=np.int64) - self.offsets[self.rank]
 
