@@ -139,8 +139,7 @@ class Schedule:
         return any(a.kind in COMM_KINDS for r in self.actions for a in r)
 
     def compute_only(self) -> Schedule:
-        """Drop comm and copy actions, leaving what a generator produces (``self`` if there are none, so
-        caches kept on a generated schedule carry over)."""
+        """Drop comm and copy actions, leaving what a generator produces (``self`` if there are none)."""
         if all(a.kind in COMPUTE_KINDS for r in self.actions for a in r):
             return self
         return self.with_actions([[a for a in r if a.kind in COMPUTE_KINDS] for r in self.actions])
