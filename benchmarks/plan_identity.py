@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 from pipeoffload.cli import main as cli_main
-from pipeoffload.planner.evaluate import clear_caches
 from pipeoffload.schedules import schedule_names
 
 HEADLINE = ["--model", "llama3-70b", "--gpu", "h100", "--gpus", "64", "--global-batch", "512", "--memory", "80"]
@@ -80,10 +79,9 @@ def masked(text: str) -> str:
     return text
 
 
-def run(argv: list[str], cold: bool) -> str:
-    """The command's exit code, stdout and stderr as one text (its run time masked)."""
-    if cold:
-        clear_caches()
+def run(argv: list[str]) -> str:
+    """The command's exit code, stdout and stderr as one text (its run time masked). Each plan starts
+    cold: its search owns its memo."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli_main(argv)
@@ -103,8 +101,7 @@ def main() -> int:
         if args.only and args.only not in name:
             continue
         cpu = time.process_time()
-        # a --json plan request follows its text request: cached candidates are the text run's own
-        outputs[name] = run(argv, cold=not name.endswith("--json") or not name.startswith("plan"))
+        outputs[name] = run(argv)
         print(f"{time.process_time() - cpu:7.2f} s  {name}", file=sys.stderr)
     if args.record:
         Path(args.record).write_text(json.dumps(outputs, indent=1, sort_keys=True))

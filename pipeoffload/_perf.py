@@ -26,24 +26,43 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def remembered(owner: Any, name: str, key: Hashable, make: Callable[[], T], keep: int) -> T:
-    """``make()``, remembered on ``owner`` (an immutable value such as a Schedule or a Timeline) under
-    ``key``, in a dict named ``name`` beside its fields; the ``keep`` most recent keys are kept.
+class Memo:
+    """Results of pure functions, kept by the computation that asks for them again.
 
-    A cache, not state: ``make`` must depend only on ``owner`` and ``key``. Schedules leave such names
-    (they start with ``_``) out when pickled.
+    ``memo(fn, *args)`` is ``fn(*args)``, computed the first time these arguments come and returned
+    again for equal ones: the key is the function and its arguments *by value* (schedules, cost models,
+    policies are hashable immutable values), so an equal schedule built anew finds the same entry and
+    no argument's identity matters. ``fn`` must depend on its arguments only; what it returns is shared,
+    so callers treat it as read-only. The ``keep`` most recently used results per function are kept.
+
+    A search creates one and passes it down to what it calls (``lower_with_report``, ``plan_offload``,
+    ``simulate_choice``); a call given none makes its own, which lives as long as that call. Nothing is
+    stored on the values themselves and nothing is module-global.
     """
-    kept = owner.__dict__.get(name)
-    if kept is None:
-        kept = {}
-        object.__setattr__(owner, name, kept)
-    if key not in kept:
-        if len(kept) >= keep:
-            del kept[next(iter(kept))]
-        kept[key] = make()
-    return kept[key]  # type: ignore[no-any-return]
 
+    __slots__ = ("keep", "_kept")
 
-def recalled(owner: Any, name: str, key: Hashable) -> Any:
-    """What ``remembered`` keeps on ``owner`` under ``name`` and ``key``, or None."""
-    return owner.__dict__.get(name, {}).get(key)
+    def __init__(self, keep: int = 256) -> None:
+        self.keep = keep
+        self._kept: dict[Callable[..., Any], dict[tuple, Any]] = {}
+
+    def __call__(self, fn: Callable[..., T], *args: Hashable) -> T:
+        return self.get((fn, *args), lambda: fn(*args))
+
+    def get(self, key: tuple, make: Callable[[], T]) -> T:
+        """``make()``, kept under ``key``: a tuple whose first item names the computation (a function)
+        and whose others are every value ``make``'s result depends on."""
+        kept = self._kept.setdefault(key[0], {})
+        rest = key[1:]
+        if rest in kept:
+            value = kept.pop(rest)  # re-inserted below: the most recently used come last
+        else:
+            value = make()
+            if len(kept) >= self.keep:
+                del kept[next(iter(kept))]
+        kept[rest] = value
+        return value  # type: ignore[no-any-return]
+
+    def peek(self, fn: Callable[..., T], *args: Hashable) -> T | None:
+        """What ``self(fn, *args)`` would return if it is already known, else None (computes nothing)."""
+        return self._kept.get(fn, {}).get(args)  # type: ignore[no-any-return]

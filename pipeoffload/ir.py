@@ -105,10 +105,11 @@ class Schedule:
                 f"schedule has {len(self.actions)} rank lists but placement has {self.placement.num_ranks} ranks"
             )
 
-    def __getstate__(self) -> dict:
-        """Pickle the fields only: caches kept beside them (``semantics.coded``, ``simulator.simulate_once``)
-        are rebuilt on use."""
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+    def __hash__(self) -> int:
+        """From the shape (placement, sizes, name, list lengths): O(ranks), not O(actions), so a cache
+        keyed by schedules (``_perf.Memo``) looks one up cheaply. Equal schedules have equal shapes;
+        a dict compares the actions of two schedules only when their shapes match."""
+        return hash((self.placement, self.num_microbatches, self.name, tuple(map(len, self.actions))))
 
     @property
     def num_ranks(self) -> int:
@@ -138,8 +139,7 @@ class Schedule:
         return any(a.kind in COMM_KINDS for r in self.actions for a in r)
 
     def compute_only(self) -> Schedule:
-        """Drop comm and copy actions, leaving what a generator produces (``self`` if there are none, so
-        caches kept on a generated schedule carry over)."""
+        """Drop comm and copy actions, leaving what a generator produces (``self`` if there are none)."""
         if all(a.kind in COMPUTE_KINDS for r in self.actions for a in r):
             return self
         return self.with_actions([[a for a in r if a.kind in COMPUTE_KINDS] for r in self.actions])

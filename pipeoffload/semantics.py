@@ -91,13 +91,13 @@ class CodedSchedule:
         self.schedule = schedule
         self.num_ranks = len(rows)
         self.num_stages = schedule.num_stages
-        self.num_microbatches = max(schedule.num_microbatches,
-                                    1 + max((a.microbatch for r in rows for a in r), default=-1))
         self.lengths = np.array([len(r) for r in rows], dtype=np.int64)
         self.offsets = np.concatenate(([0], np.cumsum(self.lengths)))
         self.kind = np.array([code[a.kind] for r in rows for a in r], dtype=np.int64)
         self.stage = np.array([a.stage for r in rows for a in r], dtype=np.int64)
         self.microbatch = np.array([a.microbatch for r in rows for a in r], dtype=np.int64)
+        used = 1 + int(self.microbatch.max()) if len(self.microbatch) else 0
+        self.num_microbatches = max(schedule.num_microbatches, used)
         self.rank = np.repeat(np.arange(self.num_ranks, dtype=np.int64), self.lengths)
         self.step = np.arange(len(self.kind), dtype=np.int64) - self.offsets[self.rank]
 
@@ -205,12 +205,8 @@ class CodedSchedule:
 
 
 def coded(schedule: Schedule) -> CodedSchedule:
-    """The integer-coded form of ``schedule``, built once per schedule object."""
-    cache = schedule.__dict__.get("_coded")
-    if cache is None:
-        cache = CodedSchedule(schedule)
-        object.__setattr__(schedule, "_coded", cache)  # a cache beside the frozen fields, not state
-    return cache
+    """The integer-coded form of ``schedule`` (built anew: a caller that needs it twice keeps it)."""
+    return CodedSchedule(schedule)
 
 
 def memory_effects(c: CodedSchedule, costs: CostModel) -> list[float]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeoffload import semantics as sem
-from pipeoffload._perf import gc_paused, recalled, remembered
+from pipeoffload._perf import gc_paused
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ScheduleError
 from pipeoffload.intervals import Intervals
@@ -135,18 +135,6 @@ def simulate(schedule: Schedule, costs: CostModel | None = None) -> Timeline:
         return simulation.timeline()
 
 
-_SIMULATIONS_KEPT = 8  # cost models per schedule whose timelines ``simulate_once`` remembers
-
-
-def simulate_once(schedule: Schedule, costs: CostModel) -> Timeline:
-    """``simulate``, remembered on the schedule object per cost model (both are immutable values).
-
-    A search lowers several memory policies of one generated schedule, and each lowering starts from
-    the simulation of that same compute-only schedule. The Timeline is shared: treat it as read-only.
-    """
-    return remembered(schedule, "_simulations", costs, lambda: simulate(schedule, costs), _SIMULATIONS_KEPT)
-
-
 @dataclass(frozen=True)
 class Figures:
     """The per-rank figures of a simulation, without per-action times or memory curves."""
@@ -159,11 +147,8 @@ class Figures:
 
 
 def simulate_figures(schedule: Schedule, costs: CostModel | None = None) -> Figures:
-    """What ``simulate`` reports per rank, equal to its figures, for searches that need no timeline
-    (taken from the timeline ``simulate_once`` kept, when there is one)."""
-    kept = recalled(schedule, "_simulations", costs or CostModel())
-    if kept is not None:
-        return figures_of(kept)
+    """What ``simulate`` reports per rank, equal to its figures (``figures_of``), for searches that need
+    no timeline."""
     with gc_paused():
         simulation = _Simulation(schedule, costs or CostModel())
         simulation.run()

@@ -17,7 +17,7 @@ from pipeoffload import semantics as sem
 from pipeoffload._perf import gc_paused
 from pipeoffload.errors import ScheduleError
 from pipeoffload.ir import COMM_KINDS, Action, ActionKind, Schedule
-from pipeoffload.semantics import coded
+from pipeoffload.semantics import CodedSchedule, coded
 
 K = ActionKind
 
@@ -38,18 +38,19 @@ def validate(schedule: Schedule, *, forward_only: bool = False) -> None:
     ``forward_only``: the schedule of an evaluation (F and its comms only, no backward).
     """
     with gc_paused():
-        if forward_only or not _proved_valid(schedule):
+        c = coded(schedule)
+        if forward_only or not _proved_valid(schedule, c):
             _validate(schedule, forward_only)
-        if schedule.is_lowered():
-            _check_p2p(schedule)
+        if c.lowered:
+            _check_p2p(schedule, c)
 
 
-def _check_p2p(schedule: Schedule) -> None:
-    if not _p2p_order_ok(schedule):
+def _check_p2p(schedule: Schedule, c: CodedSchedule) -> None:
+    if not _p2p_order_ok(c):
         _check_p2p_order(schedule)  # finds the stuck ranks and reports them
 
 
-def _proved_valid(schedule: Schedule) -> bool:
+def _proved_valid(schedule: Schedule, c: CodedSchedule) -> bool:
     """The rules below, checked on whole arrays of list positions (no comm-order dry run).
 
     True proves the schedule passes ``_validate``; False means it may not, and ``_validate`` then finds
@@ -57,7 +58,6 @@ def _proved_valid(schedule: Schedule) -> bool:
     activation's actions run on its stage's rank, so comparing positions in the rank-ordered flat
     list decides it; an absent action sits at +inf.
     """
-    c = coded(schedule)
     num_stages, num_mb = schedule.num_stages, schedule.num_microbatches
     if not len(c.kind):
         return num_mb == 0
@@ -285,16 +285,15 @@ def check_p2p_order(schedule: Schedule) -> None:
     ``ScheduleError`` naming every stuck rank if the order can deadlock. (A strict rendezvous, in
     which a send blocks until its receive is posted, would reject GPipe with several stages per rank.)"""
     with gc_paused():
-        _check_p2p(schedule)
+        _check_p2p(schedule, coded(schedule))
 
 
-def _p2p_order_ok(schedule: Schedule) -> bool:
+def _p2p_order_ok(c: CodedSchedule) -> bool:
     """The dry run of ``check_p2p_order`` on integer keys: True when no rank stays blocked.
 
     Whether ranks get stuck does not depend on the order ranks are advanced in (posting only ever
     makes more receives satisfiable), so any order answers it.
     """
-    c = coded(schedule)
     lane = sem.LANE[c.kind]
     comm = (lane == sem.SEND) | (lane == sem.RECV)
     where = np.flatnonzero(comm)

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeoffload import semantics as sem
-from pipeoffload._perf import remembered
 from pipeoffload.costs import CostModel
 from pipeoffload.intervals import EPS, Intervals
 from pipeoffload.ir import Action, ActionKind, Schedule
@@ -170,17 +169,11 @@ class RankTimeline:
 
 
 def rank_timelines(schedule: Schedule, timeline: Timeline, costs: CostModel) -> list[RankTimeline]:
-    """Every rank's ``RankTimeline`` of a compute-only ``schedule`` simulated as ``timeline``.
-
-    Remembered on the timeline per cost model: the memory policies lowered from one simulation (a
-    search tries several) plan against the same timelines, which the passes only read.
-    """
-    def make() -> tuple[Schedule, list[RankTimeline]]:  # the schedule too: it keeps its id valid
-        recomputed = {(a.stage, a.microbatch) for row in schedule.actions for a in row if a.kind is K.R}
-        return schedule, [RankTimeline(r, schedule.actions[r], timeline.start[r], timeline.end[r], costs, recomputed)
-                          for r in range(schedule.num_ranks)]
-
-    return remembered(timeline, "_rank_timelines", (id(schedule), costs), make, keep=4)[1]
+    """Every rank's ``RankTimeline`` of a compute-only ``schedule`` simulated as ``timeline`` (a search
+    keeps them in its ``_perf.Memo`` under the schedule and costs, which determine the timeline)."""
+    recomputed = {(a.stage, a.microbatch) for row in schedule.actions for a in row if a.kind is K.R}
+    return [RankTimeline(r, schedule.actions[r], timeline.start[r], timeline.end[r], costs, recomputed)
+            for r in range(schedule.num_ranks)]
 
 
 @dataclass(slots=True)

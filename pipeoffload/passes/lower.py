@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from pipeoffload._perf import gc_paused, remembered
+from pipeoffload._perf import Memo, gc_paused
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import COMM_KINDS, ActionKind, Schedule
@@ -20,7 +20,7 @@ from pipeoffload.passes.comms import add_comms
 from pipeoffload.passes.offload import OffloadReport, plan_offload
 from pipeoffload.passes.recompute import all_keys, auto_keys, check_policies, first_stage_keys, insert_recompute
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
-from pipeoffload.simulator import Timeline, simulate, simulate_once
+from pipeoffload.simulator import simulate
 from pipeoffload.validation import validate
 
 log = logging.getLogger(__name__)
@@ -44,27 +44,31 @@ def lower(schedule: Schedule, costs: CostModel | None = None, *, offload: Offloa
 
 def lower_with_report(schedule: Schedule, costs: CostModel | None = None, *,
                       offload: OffloadPolicy | str = "none", recompute: RecomputePolicy | str = "none",
-                      check: bool = True, comms: bool = True, log_warnings: bool = True
-                      ) -> tuple[Schedule, OffloadReport]:
+                      check: bool = True, comms: bool = True, log_warnings: bool = True,
+                      memo: Memo | None = None) -> tuple[Schedule, OffloadReport]:
     """``lower`` plus the offload pass's report (what was offloaded, what could not be hidden).
 
     ``comms=False`` stops before SEND/RECV (the simulator times a schedule without them the same way).
     The report's ``warnings`` hold what the passes could not do (e.g. a budget not met); they are also
     logged unless ``log_warnings`` is False (a search collects them in its own report instead).
+    ``memo``: a search that lowers several policies of one schedule passes its own, so that they share
+    the schedule's simulation, its rank timelines and the first offload plan; without one the call
+    keeps them only for itself.
     """
     with gc_paused():  # the passes allocate many small acyclic objects: no cyclic GC passes meanwhile
-        return _lower(schedule, costs, offload, recompute, check, comms, log_warnings)
+        return _lower(schedule, costs, offload, recompute, check, comms, log_warnings,
+                      memo if memo is not None else Memo())
 
 
 def _lower(schedule: Schedule, costs: CostModel | None, offload: OffloadPolicy | str, recompute: RecomputePolicy | str,
-           check: bool, comms: bool, log_warnings: bool) -> tuple[Schedule, OffloadReport]:
+           check: bool, comms: bool, log_warnings: bool, memo: Memo) -> tuple[Schedule, OffloadReport]:
     offload_policy, recompute_policy = OffloadPolicy.parse(offload), RecomputePolicy.parse(recompute)
     check_policies(offload_policy, recompute_policy)
     costs = recompute_policy.apply_to(costs or CostModel())
     source = _memory_actions_kept(schedule, offload_policy, recompute_policy)
     if check:
         validate(source)
-    planned, report = _memory_passes(source, costs, offload_policy, recompute_policy)
+    planned, report = _memory_passes(source, costs, offload_policy, recompute_policy, memo)
     if log_warnings:
         for warning in report.warnings:
             log.warning("%s", warning)
@@ -86,44 +90,40 @@ def _memory_actions_kept(schedule: Schedule, offload: OffloadPolicy, recompute: 
             "pass offload='none' and recompute='none' to keep them, or lower a compute-only schedule"
         )
     if not kinds & COMM_KINDS:
-        return schedule  # the same object: what is remembered on it (its simulation) carries over
+        return schedule
     return schedule.with_actions([[a for a in row if a.kind not in COMM_KINDS] for row in schedule.actions])
 
 
 def _offload_once(base: Schedule, costs: CostModel, offload: OffloadPolicy, recomputed: set[tuple[int, int]],
-                  timeline: Timeline) -> tuple[Schedule, OffloadReport]:
-    """``plan_offload``, remembered on ``timeline`` (the simulation of ``base``): a search lowers
-    ``offload auto`` with and without ``recompute auto``, whose first offload plans are the same."""
-    key = (id(base), costs, offload, frozenset(recomputed))
-    planned = remembered(timeline, "_offload_plans", key, keep=_OFFLOAD_PLANS_KEPT,  # base kept: its id stays valid
-                         make=lambda: (base, plan_offload(base, costs, offload, exclude=recomputed, timeline=timeline)))
-    return planned[1]
-
-
-_OFFLOAD_PLANS_KEPT = 8  # per simulated timeline: a search tries a few policies on one schedule
+                  memo: Memo) -> tuple[Schedule, OffloadReport]:
+    """``plan_offload`` of ``base``, kept in ``memo``: a search lowers ``offload auto`` with and without
+    ``recompute auto``, whose first offload plans are the same."""
+    exclude = frozenset(recomputed)
+    return memo.get((plan_offload, base, costs, offload, exclude),
+                    lambda: plan_offload(base, costs, offload, exclude=exclude, memo=memo))
 
 
 def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
-                   recompute: RecomputePolicy) -> tuple[Schedule, OffloadReport]:
+                   recompute: RecomputePolicy, memo: Memo) -> tuple[Schedule, OffloadReport]:
     if offload.kind == "none" and recompute.kind == "none":
         return source, OffloadReport(offload)
     base = source.compute_only()
-    original = simulate_once(base, costs)  # the planner lowers several policies of one schedule
+    original = memo(simulate, base, costs)  # a search lowers several policies of one schedule
     recomputed: set[tuple[int, int]] = set()
     timeline = original
     if recompute.kind in ("first", "all"):
         recomputed = (first_stage_keys(base, original, costs, recompute.count, offload) if recompute.kind == "first"
                       else all_keys(base, original, costs, offload))
         base = insert_recompute(base, recomputed)
-        timeline = simulate(base, costs)
-    planned, report = _offload_once(base, costs, offload, recomputed, timeline)
+        timeline = memo(simulate, base, costs)
+    planned, report = _offload_once(base, costs, offload, recomputed, memo)
     if recompute.kind == "auto":
         offloaded = {(a.stage, a.microbatch) for row in planned.actions for a in row if a.kind is K.OFFLOAD}
         extra = auto_keys(base, timeline, costs, report, offloaded)
         if extra:
             recomputed |= extra
             base = insert_recompute(base, extra)
-            planned, report = plan_offload(base, costs, offload, exclude=recomputed)
+            planned, report = plan_offload(base, costs, offload, exclude=recomputed, memo=memo)
     before = {r.rank: r.peak_activation_units for r in original.per_rank}
     per_rank = tuple(replace(r, peak_before=before[r.rank]) for r in report.per_rank)
     report = replace(report, per_rank=per_rank, recompute=recompute, recomputed=tuple(sorted(recomputed)))

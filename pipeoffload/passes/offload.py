@@ -28,6 +28,7 @@ import logging
 from dataclasses import dataclass, field, replace
 
 from pipeoffload import semantics as sem
+from pipeoffload._perf import Memo
 from pipeoffload.costs import CostModel
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.passes.copy_plan import EPS, Activation, RankTimeline, rank_timelines
@@ -127,20 +128,22 @@ class OffloadReport:
 # ---- entry point -----------------------------------------------------------------------------------
 def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | str,
                  *, exclude: frozenset[Key] | set[Key] = frozenset(),
-                 timeline: Timeline | None = None) -> tuple[Schedule, OffloadReport]:
+                 timeline: Timeline | None = None, memo: Memo | None = None) -> tuple[Schedule, OffloadReport]:
     """Insert OFFLOAD/RELOAD into a compute-only ``schedule`` (copies already in it are replaced).
 
     ``exclude`` lists (stage, microbatch) activations that must stay put (e.g. recomputed ones);
-    ``timeline`` is the simulation of ``schedule`` under ``costs`` if the caller already has it.
+    ``timeline`` is the simulation of ``schedule`` under ``costs`` if the caller already has it;
+    ``memo`` keeps the simulation and rank timelines for a caller that plans one schedule several times.
     """
     policy = OffloadPolicy.parse(policy)
     base = schedule.compute_only()
     if policy.kind == "none" and timeline is None:
         return base, OffloadReport(policy)
-    timeline = timeline if timeline is not None else simulate(base, costs)
-    timelines = rank_timelines(base, timeline, costs)
+    memo = memo if memo is not None else Memo()
+    simulated = timeline if timeline is not None else memo(simulate, base, costs)
+    timelines = memo.get((rank_timelines, base, costs), lambda: rank_timelines(base, simulated, costs))
     budget = policy.budget_units(base.stages_per_rank) if policy.kind == "budget" else None
-    plan = _Planning(base, timeline, policy, set(exclude), budget, _groups(base.num_ranks, costs.shared_host_link))
+    plan = _Planning(base, timelines, policy, set(exclude), budget, _groups(base.num_ranks, costs.shared_host_link))
     states, peaks = plan.states(costs)
     # a shared link's plan may not be the one the simulator runs (see ``_shared_link_plans``), so
     # there the plans for slower copies are always tried; on own links only when a lane is overloaded
@@ -165,7 +168,7 @@ class _Planning:
     """What the plans of one compute-only schedule share; ``states`` plans it for one cost model."""
 
     base: Schedule
-    timeline: Timeline
+    timelines: list[RankTimeline]  # of the simulation of ``base``, for the real copy times
     policy: OffloadPolicy
     exclude: set[Key]
     budget: float | None
@@ -173,7 +176,7 @@ class _Planning:
 
     def states(self, costs: CostModel, slower: float = 1.0) -> tuple[dict[int, RankState], dict[int, float]]:
         """Each rank's planned copies and peak when the copies take ``slower`` x ``costs``' times."""
-        timelines = rank_timelines(self.base, self.timeline, costs)
+        timelines = self.timelines
         if slower != 1.0:
             timelines = [tl.with_copy_times(slower) for tl in timelines]
             costs = replace(costs, d2h_time=costs.d2h_time * slower, h2d_time=costs.h2d_time * slower)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from pipeoffload._perf import Memo
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.candidates import dp_sync_time
@@ -240,9 +241,10 @@ def estimate(req: EstimateRequest) -> Estimate:
 def _simulate(req: EstimateRequest, choice: ScheduleChoice, m: int, costs: CostModel) -> SimSummary:
     if req.p2p == "eager" or req.pp == 1:
         return simulate_choice(choice, req.pp, m, costs, extrapolate=choice.periodic(), fallback=True)
-    schedule = build(choice, req.pp, m, costs)
+    memo = Memo()  # the schedule built here is the one simulate_choice generates and lowers again
+    schedule = build(choice, req.pp, m, costs, memo)
     makespan, busy = lockstep_makespan(schedule, costs, interleaved=choice.family != "1f1b")
-    plain = simulate_choice(choice, req.pp, m, costs, extrapolate=choice.periodic(), fallback=True)
+    plain = simulate_choice(choice, req.pp, m, costs, extrapolate=choice.periodic(), fallback=True, memo=memo)
     return replace(plain, makespan=makespan, busy=busy, extrapolated=False)
 
 

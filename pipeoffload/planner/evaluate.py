@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
+from pipeoffload._perf import Memo
 from pipeoffload.costs import CostModel
 from pipeoffload.ir import ActionKind, Schedule
 from pipeoffload.passes.lower import POLICIES, lower_with_report
 from pipeoffload.placement import Placement
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
-from pipeoffload.schedules import ScheduleSpec, generate, get_spec
-from pipeoffload.simulator import Timeline, figures_of, simulate_figures, simulate_once
+from pipeoffload.schedules import generate, get_spec
+from pipeoffload.simulator import Timeline, figures_of, simulate, simulate_figures
 
 _TOL = 1e-6
 
@@ -113,22 +113,24 @@ def lowering_options() -> tuple[str, ...]:
     return POLICIES
 
 
-def build(choice: ScheduleChoice, pp: int, m: int, costs: CostModel) -> Schedule:
+def build(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, memo: Memo | None = None) -> Schedule:
     """The schedule of ``choice`` for pp ranks and m microbatches, memory passes applied, without SEND/RECV:
-    the simulator models a schedule's transfers implicitly with the same result (tests check it)."""
-    return _build(choice, pp, m, costs)[0]
+    the simulator models a schedule's transfers implicitly with the same result (tests check it).
+    ``memo``: the caller's, when it builds or simulates related choices (see ``simulate_choice``)."""
+    return _build(choice, pp, m, costs, memo if memo is not None else Memo())[0]
 
 
-def _build(choice: ScheduleChoice, pp: int, m: int, costs: CostModel) -> tuple[Schedule, tuple[str, ...], bool]:
+def _build(choice: ScheduleChoice, pp: int, m: int, costs: CostModel,
+           memo: Memo) -> tuple[Schedule, tuple[str, ...], bool]:
     """``build`` plus the warnings of the memory passes (a policy that cannot meet its target is
     expected while exploring: the search reports it with the plan instead of logging it) and whether
     they added OFFLOAD or R actions."""
-    schedule = _generate(choice, pp, m, costs)
+    schedule = _generate(choice, pp, m, costs, memo)
     policies = {k: getattr(choice, k) for k in POLICIES if getattr(choice, k).kind != "none"}
     if not policies:
         return schedule, (), False
     lowered, report = lower_with_report(schedule, costs, check=False, comms=False, log_warnings=False,
-                                        **policies)
+                                        memo=memo, **policies)
     return lowered, report.warnings, bool(report.offloaded or report.recomputed)
 
 
@@ -151,37 +153,24 @@ def period(choice: ScheduleChoice, pp: int, m: int) -> int | None:
     return get_spec(choice.family).period(pp, m, choice.group_size)
 
 
-def _generate(choice: ScheduleChoice, pp: int, m: int, costs: CostModel | None) -> Schedule:
+def _generate(choice: ScheduleChoice, pp: int, m: int, costs: CostModel | None, memo: Memo) -> Schedule:
     cost_aware = costs is not None and "costs" in get_spec(choice.family).options
-    return _generated(choice.family, choice.stages_per_rank, choice.group_size, pp, m, costs if cost_aware else None)
+    return memo(_generated, choice.family, choice.stages_per_rank, choice.group_size, pp, m,
+                costs if cost_aware else None)
 
 
-@lru_cache(maxsize=256)
 def _generated(family: str, v: int, group_size: int | None, pp: int, m: int, costs: CostModel | None) -> Schedule:
-    """A family's compute-only schedule, memoised: a schedule's memory-policy variants and its small-size
-    estimates lower the same schedule (generators are pure and schedules immutable, so sharing is safe)."""
+    """A family's compute-only schedule (kept in the search's memo: a schedule's memory-policy variants
+    and its small-size estimates lower the same schedule; generators are pure)."""
     options: dict[str, object] = {"group_size": group_size} if group_size is not None else {}
     if costs is not None:
         options["costs"] = costs  # cost-aware families place W by the real stage times
     return generate(family, pp, m, v, **options)
 
 
-def clear_caches() -> None:
-    """Forget the schedules (and the simulations and offload plans kept on them) and placements that
-    searches remembered: a benchmark timing repeated searches in one process calls it between runs."""
-    _generated.cache_clear()
-    _placement.cache_clear()
-
-
 def placement_of(choice: ScheduleChoice, pp: int) -> Placement:
     """The family's stage -> rank map for pp ranks (loop or V), from the registry."""
-    return _placement(get_spec(choice.family), pp, choice.stages_per_rank)
-
-
-@lru_cache(maxsize=1024)
-def _placement(spec: ScheduleSpec, pp: int, stages_per_rank: int) -> Placement:
-    """Memoised on the spec itself (not its name), so a family registered again is not confused."""
-    return spec.placement_for(pp, stages_per_rank)
+    return get_spec(choice.family).placement_for(pp, choice.stages_per_rank)
 
 
 def _summary(timeline: Timeline, extrapolated: bool = False, warnings: tuple[str, ...] = ()) -> SimSummary:
@@ -199,11 +188,12 @@ def _summary(timeline: Timeline, extrapolated: bool = False, warnings: tuple[str
     )
 
 
-def _simulated(choice: ScheduleChoice, pp: int, m: int, costs: CostModel) -> SimSummary:
-    """Simulate the built schedule for its figures. A plain schedule's timeline is kept on it: the
+def _simulated(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, memo: Memo) -> SimSummary:
+    """Simulate the built schedule for its figures. A plain schedule's timeline is kept in ``memo``: the
     lowering of its memory-policy variants starts from that same simulation."""
-    schedule, warnings, changed = _build(choice, pp, m, costs)
-    figures = simulate_figures(schedule, costs) if changed else figures_of(simulate_once(schedule, costs))
+    schedule, warnings, changed = _build(choice, pp, m, costs, memo)
+    kept = memo.peek(simulate, schedule, costs) if changed else memo(simulate, schedule, costs)
+    figures = figures_of(kept) if kept is not None else simulate_figures(schedule, costs)
     return SimSummary(
         changed=changed,
         makespan=figures.makespan,
@@ -217,7 +207,8 @@ def _simulated(choice: ScheduleChoice, pp: int, m: int, costs: CostModel) -> Sim
 
 
 def simulate_choice(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, *,
-                    extrapolate: bool = True, fallback: bool = True, base: SimSummary | None = None) -> SimSummary:
+                    extrapolate: bool = True, fallback: bool = True, base: SimSummary | None = None,
+                    memo: Memo | None = None) -> SimSummary:
     """Simulate ``choice`` with m microbatches, through small sizes where the schedule repeats.
 
     Sizes m1, m1+P, m1+2P, ... are simulated until two consecutive steps of P microbatches add the
@@ -227,26 +218,28 @@ def simulate_choice(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, *
     must confirm with ``extrapolate=False`` before reporting it. ``base``, the extrapolated summary of
     the same schedule without offload, lets an offload-only choice be estimated from one small size:
     the offload pass never delays compute by design, so its step time is the base's plus any
-    difference seen at that size.
+    difference seen at that size. ``memo`` keeps the schedules, simulations and offload plans that
+    related calls share (a search passes its own; without one this call keeps them for itself).
     """
+    memo = memo if memo is not None else Memo()
     p = period(choice, pp, m)
     if p:
         p = p * math.ceil(pp / p)  # latency-bound pipelines can alternate with a cycle of up to pp microbatches
     m1 = _small_size(m, pp, p, get_spec(choice.family).warmup_periods) if p else None
     if not extrapolate or m1 is None:
-        return _full(choice, pp, m, costs)
+        return _full(choice, pp, m, costs, memo)
     assert p is not None
     if base is not None and base.extrapolated and not choice.periodic():
-        return _policy_estimate(choice, pp, m, costs, base, min(m1, p * math.ceil((pp + 4) / p)))
-    sims = [_simulated(choice, pp, size, costs) for size in (m1, m1 + p, m1 + 2 * p)]
+        return _policy_estimate(choice, pp, m, costs, base, min(m1, p * math.ceil((pp + 4) / p)), memo)
+    sims = [_simulated(choice, pp, size, costs, memo) for size in (m1, m1 + p, m1 + 2 * p)]
     spent = 3 * m1 + 3 * p
     while not _steady(*sims[-3:]):
         size = m1 + len(sims) * p
         if fallback and (spent + size >= m or size + p > m):
-            return _full(choice, pp, m, costs)
+            return _full(choice, pp, m, costs, memo)
         if spent + size >= m or size + p > m:
             break  # an estimate from the last window; the caller confirms it before showing it
-        sims.append(_simulated(choice, pp, size, costs))
+        sims.append(_simulated(choice, pp, size, costs, memo))
         spent += size
     a, b = sims[-2], sims[-1]
     size_b = m1 + (len(sims) - 1) * p
@@ -265,8 +258,8 @@ def simulate_choice(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, *
     )
 
 
-def _full(choice: ScheduleChoice, pp: int, m: int, costs: CostModel) -> SimSummary:
-    return _simulated(choice, pp, m, costs)
+def _full(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, memo: Memo) -> SimSummary:
+    return _simulated(choice, pp, m, costs, memo)
 
 
 def _steady(a: SimSummary, b: SimSummary, c: SimSummary) -> bool:
@@ -277,11 +270,11 @@ def _steady(a: SimSummary, b: SimSummary, c: SimSummary) -> bool:
 
 
 def _policy_estimate(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, base: SimSummary,
-                     size: int) -> SimSummary:
+                     size: int, memo: Memo) -> SimSummary:
     """One small lowering of a choice with offload or cost-driven recompute: its memory, and the time it
     adds to the plain schedule at that size, scaled to m. An estimate, confirmed before it is shown."""
-    one = _simulated(choice, pp, size, costs)
-    plain = _simulated(choice.plain(), pp, size, costs)
+    one = _simulated(choice, pp, size, costs, memo)
+    plain = _simulated(choice.plain(), pp, size, costs, memo)
     scale = m / size
     return SimSummary(
         makespan=base.makespan + max(0.0, one.makespan - plain.makespan) * scale,

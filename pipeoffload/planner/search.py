@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
 
-from pipeoffload._perf import gc_paused
+from pipeoffload._perf import Memo, gc_paused
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.candidates import Candidate, count, enumerate_candidates, evaluate, level
 from pipeoffload.planner.evaluate import SimSummary, lowering_options, simulate_choice
@@ -63,9 +63,9 @@ def _find_plans(req: PlanRequest) -> SearchResult:
     by_key = {c.key(): c for c in cands}
     with _pool(req.workers) as pool:
         search.run(pool, batch=BATCH)
-        _confirm(req, by_key, search.plans, pool)
+        _confirm(req, by_key, search.plans, pool, search.memo)
     if not any(p.fits for p in search.plans.values()):
-        _raise_infeasible(req, cands, search.plans)
+        _raise_infeasible(req, cands, search.plans, search.memo)
     ordered = sorted(search.plans.values(), key=Plan.sort_key)
     elapsed = time.perf_counter() - start
     log.info("planner: %d candidates, %d simulated in %.1fs", len(cands), len(search.plans), elapsed)
@@ -73,10 +73,13 @@ def _find_plans(req: PlanRequest) -> SearchResult:
 
 
 class _Search:
-    """The priority queue of candidates, the escalation of memory policies, and the pruning state."""
+    """The priority queue of candidates, the escalation of memory policies, and the pruning state; and
+    the search's memo (schedules, simulations and offload plans its candidates share, see ``_perf.Memo``),
+    which lives as long as the search."""
 
     def __init__(self, req: PlanRequest, skipped: dict[str, int]) -> None:
         self.req, self.skipped = req, skipped
+        self.memo = Memo()
         self.queue: list[tuple[float, tuple, int, Candidate]] = []
         self.levels: dict[tuple, list[list[Candidate]]] = {}  # base key -> variants by escalation level
         self.plans: dict[tuple, Plan] = {}
@@ -147,7 +150,7 @@ class _Search:
             run = [cand for cand in todo if cand.is_base() or not cand.cannot_fit(self.req)]
             jobs = [(self.req, cand, False, self.base_sim.get(cand.base_key())) for cand in run]
             results = list(pool.map(_run_job, jobs)) if pool is not None and len(jobs) > 1 else [
-                _run_job(job) for job in jobs]
+                _run(*job, memo=self.memo) for job in jobs]
             plans = dict(zip((cand.key() for cand in run), results))
             for cand in todo:
                 self._done(cand, plans.get(cand.key()))
@@ -212,17 +215,19 @@ def _pool(workers: int) -> Iterator[Executor | None]:
 
 
 def _run_job(job: tuple) -> Plan:
+    """One candidate in a worker process, with a memo of its own (a memo does not cross processes)."""
     return _run(*job)
 
 
-def _run(req: PlanRequest, cand: Candidate, exact: bool = False, base: SimSummary | None = None) -> Plan:
+def _run(req: PlanRequest, cand: Candidate, exact: bool = False, base: SimSummary | None = None,
+         memo: Memo | None = None) -> Plan:
     sim = simulate_choice(cand.choice, cand.layout.pp, cand.microbatches, cand.stage.costs,
-                          extrapolate=not exact, fallback=cand.choice.periodic(), base=base)
+                          extrapolate=not exact, fallback=cand.choice.periodic(), base=base, memo=memo)
     return evaluate(req, cand, sim)
 
 
 def _confirm(req: PlanRequest, by_key: dict[tuple, Candidate], plans: dict[tuple, Plan],
-             pool: Executor | None = None) -> None:
+             pool: Executor | None = None, memo: Memo | None = None) -> None:
     """Re-simulate at full size every estimated plan that would be shown (the top ``req.top``, the
     Pareto frontier, the best per TP size) until all shown plans are exact."""
     def key(plan: Plan) -> tuple:
@@ -248,7 +253,8 @@ def _confirm(req: PlanRequest, by_key: dict[tuple, Candidate], plans: dict[tuple
             return
         keys = sorted(pending, key=lambda k: (k[0], k[1]))
         jobs = [(req, by_key[k], True) for k in keys]
-        results = pool.map(_run_job, jobs) if pool is not None and len(jobs) > 1 else map(_run_job, jobs)
+        results = (pool.map(_run_job, jobs) if pool is not None and len(jobs) > 1
+                   else [_run(*job, memo=memo) for job in jobs])
         plans.update(zip(keys, results))
 
 
@@ -256,7 +262,7 @@ def _host_ok(req: PlanRequest, plan: Plan) -> bool:
     return req.host_memory_budget is None or plan.memory.host <= req.host_memory_budget
 
 
-def _raise_infeasible(req: PlanRequest, cands: list[Candidate], plans: dict[tuple, Plan]) -> None:
+def _raise_infeasible(req: PlanRequest, cands: list[Candidate], plans: dict[tuple, Plan], memo: Memo) -> None:
     """Find the smallest memory any candidate needs (branch and bound on its static part) and raise."""
     def better(p: Plan, q: Plan | None) -> bool:
         return q is None or (p.memory.total, p.sort_key()) < (q.memory.total, q.sort_key())
@@ -271,7 +277,7 @@ def _raise_infeasible(req: PlanRequest, cands: list[Candidate], plans: dict[tupl
         if best is not None and cand.least_memory >= best.memory.total:
             continue  # it cannot need less memory than the best so far
         if cand.key() not in plans:
-            plans[cand.key()] = plan = _run(req, cand)
+            plans[cand.key()] = plan = _run(req, cand, memo=memo)
             if _host_ok(req, plan) and better(plan, best):
                 best = plan
     if best is None:  # only possible with a host budget

@@ -187,12 +187,12 @@ def test_the_gc_pause_is_scoped_and_restored_when_a_simulation_fails() -> None:
         gc.enable() if was else gc.disable()
 
 
-def test_the_cached_coded_form_does_not_travel_with_a_pickled_schedule() -> None:
+def test_validating_leaves_a_pickled_schedule_as_it_was() -> None:
     import pickle
 
     schedule = generate("1f1b", 4, 8)
     plain = pickle.dumps(schedule)
-    validate(schedule)  # builds and caches the coded form
+    validate(schedule)  # builds the coded form, and keeps nothing of it on the schedule
     assert pickle.dumps(schedule) == plain
     again = pickle.loads(plain)
     assert again == schedule and simulate(again).makespan == simulate(schedule).makespan

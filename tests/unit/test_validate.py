@@ -69,3 +69,11 @@ def test_grid_in_errors_shows_a_window_of_big_schedules() -> None:
 def test_every_lowered_classic_schedule_validates() -> None:
     for name, v in (("gpipe", 2), ("1f1b", 1), ("interleaved-1f1b", 3)):
         validate(lower(generate(name, 4, 8, v)))
+
+
+def test_lower_refuses_a_compute_order_valid_on_each_rank_that_deadlocks_across_ranks() -> None:
+    """Why ``lower`` validates its output in full: the first validation checks orders on one rank only."""
+    cycle = Schedule.from_text("0F0 0B0 0F1 0B1\n1F0 1F1 1B0 1B1\n")  # 0B0 needs 1B0, after 1F1, after 0F1
+    validate(cycle)
+    with pytest.raises(ScheduleError, match="comm order deadlocks"):
+        lower(cycle)
