@@ -65,6 +65,8 @@ class Activation:
 class RankTimeline:
     """One rank's compute actions with their simulated times, grid points and baseline memory."""
 
+    throttle = 0  # warm-up forwards wait for the throttle-th latest offload (``passes.throttle``); 0: never
+
     def __init__(self, rank: int, actions: tuple[Action, ...], starts: tuple[float, ...],
                  ends: tuple[float, ...], costs: CostModel, recomputed: set[tuple[int, int]]) -> None:
         self.rank = rank

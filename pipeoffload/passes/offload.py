@@ -32,6 +32,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.passes.copy_plan import EPS, Activation, RankTimeline, rank_timelines
 from pipeoffload.passes.offload_plan import RankState, plan_group
+from pipeoffload.passes.throttle import throttled_timeline, with_waits
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.simulator import Timeline, simulate
 
@@ -146,6 +147,7 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     # there the plans for slower copies are always tried; on own links only when a lane is overloaded
     if policy.kind != "none" and costs.d2h_time + costs.h2d_time > 0 and (costs.shared_host_link or _overloaded(states)):
         states, peaks = plan.best_with_slower_copies(costs, states, peaks)
+        states, peaks = _throttled_plans(plan, costs, states, peaks)
     rows = [_emit(states[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
         policy,
@@ -170,10 +172,13 @@ class _Planning:
     exclude: set[Key]
     budget: float | None
     groups: list[list[int]]
+    throttle: int = 0  # warm-up forwards wait for the throttle-th latest offload (``passes.throttle``)
 
     def states(self, costs: CostModel, slower: float = 1.0) -> tuple[dict[int, RankState], dict[int, float]]:
         """Each rank's planned copies and peak when the copies take ``slower`` x ``costs``' times."""
         timelines = rank_timelines(self.base, self.timeline, costs)
+        for tl in timelines:
+            tl.throttle = self.throttle
         if slower != 1.0:
             timelines = [tl.with_copy_times(slower) for tl in timelines]
             costs = replace(costs, d2h_time=costs.d2h_time * slower, h2d_time=costs.h2d_time * slower)
@@ -232,6 +237,35 @@ class _Planning:
 
 
 _SLOWER = (1.1, 1.15, 1.25, 1.35, 1.5, 1.75, 2.0)  # copy-time factors whose plans are also tried when the lane is overloaded
+
+
+def _throttled_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
+                     ) -> tuple[dict[int, RankState], dict[int, float]]:
+    """The plan with throttled warm-up forwards (``passes.throttle``) where it is better.
+
+    For each limit of ``_THROTTLES`` in turn, the copies are planned against the compute timing the
+    waits give (when that timing keeps the makespan) and the result is simulated; the first limit whose
+    simulation has no stall, no longer makespan and a lower peak than the plan without waits wins.
+    """
+    ranks = range(plan.base.num_ranks)
+    plain = simulate(plan.base.with_actions([_emit(states[r]) for r in ranks]), costs)
+    for limit in _THROTTLES:
+        timeline = throttled_timeline(plan.base, costs, limit, plan.exclude)
+        if timeline.makespan > plain.makespan + EPS:
+            continue
+        throttled = replace(plan, timeline=timeline, throttle=limit)
+        candidate, candidate_peaks = throttled.states(costs)
+        if costs.d2h_time + costs.h2d_time > 0 and (costs.shared_host_link or _overloaded(candidate)):
+            candidate, candidate_peaks = throttled.best_with_slower_copies(costs, candidate, candidate_peaks)
+        t = simulate(plan.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
+        log.debug("throttle %d: peak %g, makespan %g, stall %g (without: %g, %g)", limit, t.peak_activation_units,
+                  t.makespan, t.stall, plain.peak_activation_units, plain.makespan)
+        if t.stall == 0 and t.makespan <= plain.makespan + EPS and t.peak_activation_units < plain.peak_activation_units - EPS:
+            return candidate, {r: t.per_rank[r].peak_activation_units for r in ranks}
+    return states, peaks
+
+
+_THROTTLES = (1, 2, 3, 4)  # activations in flight per rank a throttled warm-up allows, tried in turn
 
 
 def _overloaded(states: dict[int, RankState]) -> bool:
@@ -350,4 +384,4 @@ def _emit(state: RankState) -> list[Action]:
             done = position
         row.append(Action(_WINDOW_KINDS[window][direction], stage, microbatch))
     row.extend(actions[done:])
-    return row
+    return with_waits(row, state.timeline.throttle) if state.timeline.throttle else row
