@@ -243,13 +243,17 @@ def _throttled_plans(plan: _Planning, costs: CostModel, states: dict[int, RankSt
                      ) -> tuple[dict[int, RankState], dict[int, float]]:
     """The plan with throttled warm-up forwards (``passes.throttle``) where it is better.
 
-    For each limit of ``_THROTTLES`` in turn, the copies are planned against the compute timing the
-    waits give (when that timing keeps the makespan) and the result is simulated; the first limit whose
-    simulation has no stall, no longer makespan and a lower peak than the plan without waits wins.
+    For each limit of ``_THROTTLES`` below the plan's peak, in turn (a throttled warm-up holds about
+    ``limit`` activations, so larger limits cannot lower the peak), the copies are planned against the
+    compute timing the waits give (when that timing keeps the makespan) and the result is simulated;
+    the first limit whose simulation has no stall, no longer makespan and a lower peak than the plan
+    without waits wins.
     """
     ranks = range(plan.base.num_ranks)
     plain = simulate(plan.base.with_actions([_emit(states[r]) for r in ranks]), costs)
     for limit in _THROTTLES:
+        if limit >= plain.peak_activation_units - EPS:  # a throttled warm-up holds about ``limit`` units
+            break
         timeline = throttled_timeline(plan.base, costs, limit, plan.exclude)
         if timeline.makespan > plain.makespan + EPS:
             continue

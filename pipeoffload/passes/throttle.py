@@ -77,8 +77,8 @@ def throttled_timeline(base: Schedule, costs: CostModel, limit: int, exclude: se
         rows.append(with_waits(offloaded, limit))
     helper = simulate(base.with_actions(rows), costs)
     start, end = [], []
-    for rank, row in enumerate(rows):
-        keep = [i for i, a in enumerate(row) if a.kind in COMPUTE_KINDS]
+    for rank, helper_row in enumerate(rows):
+        keep = [i for i, a in enumerate(helper_row) if a.kind in COMPUTE_KINDS]
         start.append(tuple(helper.start[rank][i] for i in keep))
         end.append(tuple(helper.end[rank][i] for i in keep))
     makespan = max((max(r, default=0.0) for r in end), default=0.0)
