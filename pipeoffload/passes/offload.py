@@ -147,7 +147,8 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     # there the plans for slower copies are always tried; on own links only when a lane is overloaded
     if policy.kind != "none" and costs.d2h_time + costs.h2d_time > 0 and (costs.shared_host_link or _overloaded(states)):
         states, peaks = plan.best_with_slower_copies(costs, states, peaks)
-        states, peaks = _throttled_plans(plan, costs, states, peaks)
+        if costs.shared_host_link:  # own links: it lowered some overloaded k but not the next, breaking monotony
+            states, peaks = _throttled_plans(plan, costs, states, peaks)
     rows = [_emit(states[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
         policy,
