@@ -244,16 +244,19 @@ def _throttled_plans(plan: _Planning, costs: CostModel, states: dict[int, RankSt
                      ) -> tuple[dict[int, RankState], dict[int, float]]:
     """The plan with throttled warm-up forwards (``passes.throttle``) where it is better.
 
-    For each limit of ``_THROTTLES`` below the plan's peak, in turn (a throttled warm-up holds about
-    ``limit`` activations, so larger limits cannot lower the peak), the copies are planned against the
+    For each limit L of ``_THROTTLES`` with L + 1 below the plan's peak, in turn (a throttled warm-up
+    still holds the L activations its copies have not drained, or L - 1 and the one being computed,
+    plus a reload before the first backward: L + 1 at best), the copies are planned against the
     compute timing the waits give (when that timing keeps the makespan) and the result is simulated;
     the first limit whose simulation has no stall, no longer makespan and a lower peak than the plan
     without waits wins.
     """
     ranks = range(plan.base.num_ranks)
+    if _THROTTLES[0] + 1 >= max(peaks.values(), default=0.0) - EPS:  # nothing to gain (peaks: the plan's)
+        return states, peaks
     plain = simulate(plan.base.with_actions([_emit(states[r]) for r in ranks]), costs)
     for limit in _THROTTLES:
-        if limit >= plain.peak_activation_units - EPS:  # a throttled warm-up holds about ``limit`` units
+        if limit + 1 >= plain.peak_activation_units - EPS:  # what a throttled warm-up holds, at best: see above
             break
         timeline = throttled_timeline(plan.base, costs, limit, plan.exclude)
         if timeline.makespan > plain.makespan + EPS:
