@@ -70,6 +70,7 @@ class OffloadReport:
     recomputed: tuple[Key, ...] = ()
     notes: tuple[str, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())  # what the passes could not do (e.g. a budget not met)
+    throttle: int = 0  # warm-up forwards wait for their rank's throttle-th latest offload (WAIT); 0: no waits
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", OffloadPolicy.parse(self.policy))
@@ -117,6 +118,8 @@ class OffloadReport:
                 first, second = self.units_by_window
                 parts.append(f"{self.offloaded_after_i} offloaded between I and W, {len(self.unhidden_after_i)} "
                              f"not hidden there; units to host per window: F->I {first:g}, I->W {second:g}")
+        if self.throttle:
+            parts.append(f"warm-up forwards wait for copies (WAIT: each for its rank's offload {self.throttle} back)")
         if self.recompute != RecomputePolicy():
             parts.append(f"recompute {self.recompute}: {len(self.recomputed)} activations")
         parts.append(f"planned peak {self.peak_before:g} -> {self.peak_after:g} activation units")
@@ -159,6 +162,7 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
                                 _units(s))
               for r, s in sorted(states.items())),
         budget,
+        throttle=max((s.timeline.throttle for s in states.values()), default=0),
     )
     return base.with_actions(rows), report
 

@@ -7,7 +7,7 @@ from pipeoffload import generate, simulate
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ScheduleError
 from pipeoffload.ir import Action, ActionKind, Schedule
-from pipeoffload.passes.lower import lower
+from pipeoffload.passes.lower import lower, lower_with_report
 from pipeoffload.passes.throttle import with_waits
 from pipeoffload.validation import validate
 
@@ -53,9 +53,10 @@ def test_throttled_warmup_lowers_the_shared_link_peak():
     link drains them; waiting for the copies takes the peak from 3 to 2 at the same makespan."""
     schedule = generate("1f1b", 4, 8)
     costs = CostModel(shared_host_link=True).with_offload_ratio(0.5)
-    lowered = lower(schedule, costs, offload="all")
+    lowered, report = lower_with_report(schedule, costs, offload="all")
     t = simulate(lowered, costs)
     assert any(a.kind is K.WAIT for row in lowered.actions for a in row)
+    assert report.throttle == 1 and "warm-up forwards wait for copies" in report.summary()
     assert t.peak_activation_units == 2.0 and t.stall == 0.0
     assert t.makespan == simulate(schedule, costs).makespan
     plain = [[a for a in row if a.kind is not K.WAIT] for row in lowered.actions]
