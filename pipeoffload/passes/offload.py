@@ -13,6 +13,10 @@ without R):
 3. turn the planned times into list positions: each copy goes where the compute action before it
    ends at or before the copy's planned start.
 
+On a shared host link the pass also tries a throttled warm-up (``passes.throttle``): WAIT actions hold
+warm-up forwards until their rank's earlier offloads have drained, and the copies are planned against
+that timing; kept only where the simulation shows a lower peak, no stall and no longer makespan.
+
 The two windows of an activation are independent candidates: the pass picks, per activation, the
 first, the second, both or neither, by the memory-time each saves (``Activation.value``) for the
 copy-lane time it takes.
