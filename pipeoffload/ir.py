@@ -6,7 +6,8 @@ Glossary (used everywhere in the package):
   stages_per_rank  the virtual-pipeline degree v
   placement        the stage -> rank map (loop, v, or custom)
   microbatch       index 0..num_microbatches-1
-  action           (kind, stage, microbatch); text form ``{stage}{KIND}{microbatch}``, e.g. ``2F0``
+  action           (kind, stage, microbatch); text form ``{stage}{KIND}{microbatch}``, e.g. ``2F0``,
+                   ``3WAIT5`` (the compute lane waits until the OFFLOAD of stage 3, microbatch 5 is done)
   step             a position in one rank's action list
 
 Comm actions follow ``torch.distributed.pipelining``: ``SEND_F`` is posted by the stage that
@@ -41,6 +42,9 @@ class ActionKind(str, Enum):
     # the second offload window, between I and W: the part of the activation W still needs
     OFFLOAD_W = "OFFLOAD_W"  # start the device->host copy of what W needs, after I
     RELOAD_W = "RELOAD_W"  # allocate and start its copy back, before W
+    # the compute lane waits until the OFFLOAD of (stage, microbatch) has completed: it throttles the
+    # forwards after it to the speed of the host link (zero duration, no memory effect of its own)
+    WAIT = "WAIT"
 
     def __str__(self) -> str:
         return self.value
@@ -50,6 +54,7 @@ COMPUTE_KINDS = frozenset({ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.
 COMM_KINDS = frozenset({ActionKind.SEND_F, ActionKind.RECV_F, ActionKind.SEND_B, ActionKind.RECV_B})
 COPY_KINDS = frozenset({ActionKind.OFFLOAD, ActionKind.RELOAD, ActionKind.OFFLOAD_W, ActionKind.RELOAD_W})
 OFFLOAD_KINDS = frozenset({ActionKind.OFFLOAD, ActionKind.OFFLOAD_W})  # device -> host, one per window
+WAIT_KINDS = frozenset({ActionKind.WAIT})  # the compute lane waits for a copy: placed by lowering, like copies
 
 # Longest names first so that "SEND_F" is not read as "S" + ...; torch's UNSHARD/RESHARD/REDUCE_GRAD
 # are recognised only to give a precise error when importing its CSVs.
@@ -139,7 +144,7 @@ class Schedule:
         return any(a.kind in COMM_KINDS for r in self.actions for a in r)
 
     def compute_only(self) -> Schedule:
-        """Drop comm and copy actions, leaving what a generator produces (``self`` if there are none)."""
+        """Drop comm, copy and wait actions, leaving what a generator produces (``self`` if there are none)."""
         if all(a.kind in COMPUTE_KINDS for r in self.actions for a in r):
             return self
         return self.with_actions([[a for a in r if a.kind in COMPUTE_KINDS] for r in self.actions])

@@ -18,12 +18,19 @@ for" column read as list order on one rank). The rules, per kind (see docs/decis
   RELOAD    copy     own OFFLOAD; the copy engine and host link                  + at copy start
   OFFLOAD_W copy     own I; as OFFLOAD (the second window: what W needs)         - that part at copy end
   RELOAD_W  copy     own OFFLOAD_W; as RELOAD                                    + at copy start
+  WAIT      wait     own OFFLOAD's copy end (the compute lane idles until then)   nothing
 
 An activation has two offload windows: F -> backward (OFFLOAD/RELOAD: all of it) and, when the
 backward is split, I -> W (OFFLOAD_W/RELOAD_W: the ``w_fraction`` part that W still needs). Each is
 optional; the copy kinds of both windows share the rank's copy engine and host link. When both are
 offloaded the host keeps, from RELOAD to RELOAD_W, the part W needs (``host_copy_kept``): OFFLOAD_W
 then copies nothing (it takes no copy time and frees the device part when the engine reaches it).
+
+A WAIT (text ``3WAIT5``) holds the rank's compute lane until the OFFLOAD of (stage, microbatch) has
+completed: zero duration, no memory effect of its own. The lowering pass puts one before a warm-up
+forward so that forwards run no faster than the host link drains them (it lowers the peak where
+forwards would otherwise pile up on the device faster than their copies leave). It waits like a
+receive: from the lane's clock until its input is done. Only the first window has one.
 
 A compute-only schedule (no SEND/RECV) is timed with implicit transfers: a producer on another rank
 adds ``p2p_time``.
@@ -49,10 +56,11 @@ F, B, I, W, R = (CODE[k] for k in (K.F, K.B, K.I, K.W, K.R))  # noqa: E741
 SEND_F, RECV_F, SEND_B, RECV_B = (CODE[k] for k in (K.SEND_F, K.RECV_F, K.SEND_B, K.RECV_B))
 OFFLOAD, RELOAD = CODE[K.OFFLOAD], CODE[K.RELOAD]
 OFFLOAD_W, RELOAD_W = CODE[K.OFFLOAD_W], CODE[K.RELOAD_W]
+WAIT = CODE[K.WAIT]
 
-# lanes: where an action runs
-COMPUTE, SEND, RECV, COPY = 0, 1, 2, 3
-LANE = np.array([COMPUTE] * 5 + [SEND, RECV, SEND, RECV] + [COPY, COPY] + [COPY, COPY], dtype=np.int8)
+# lanes: where an action runs; HOLD: the compute lane waits (for a copy) without computing
+COMPUTE, SEND, RECV, COPY, HOLD = 0, 1, 2, 3, 4
+LANE = np.array([COMPUTE] * 5 + [SEND, RECV, SEND, RECV] + [COPY, COPY] + [COPY, COPY] + [HOLD], dtype=np.int8)
 # device -> host copies (the others of lane COPY are host -> device); per kind code
 TO_HOST = np.zeros(len(KINDS), dtype=bool)
 TO_HOST[[OFFLOAD, OFFLOAD_W]] = True
@@ -193,6 +201,9 @@ class CodedSchedule:
         first[sel] = key(I, stage[sel], mb[sel])
         sel = kind == RELOAD_W
         first[sel] = key(OFFLOAD_W, stage[sel], mb[sel])
+        # a wait: the end of its own OFFLOAD's copy
+        sel = kind == WAIT
+        first[sel] = key(OFFLOAD, stage[sel], mb[sel])
         reload = np.where(back, key(RELOAD, stage, mb), np.where(kind == W, key(RELOAD_W, stage, mb), -1))
         return Inputs(first, first_delay, second, second_delay, reload)
 
@@ -298,7 +309,7 @@ def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> list[float] 
         return None
     stage, mb = c.stage, c.microbatch
     grid = index.reshape(len(KINDS), c.num_stages, c.num_microbatches)
-    touched = np.flatnonzero((kind != F) & (LANE[kind] != SEND) & (LANE[kind] != RECV))
+    touched = np.flatnonzero((kind != F) & (LANE[kind] != SEND) & (LANE[kind] != RECV) & (LANE[kind] != HOLD))
     ts, tm, here, tk = stage[touched], mb[touched], flat[touched], kind[touched]
     # where each kind of a touched action's activation is in the flat list (-1: absent)
     f, b, i, r, off, rel = (grid[code][ts, tm] for code in (F, B, I, R, OFFLOAD, RELOAD))
@@ -330,7 +341,7 @@ def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> list[float] 
 # them against the arrays above (``CodedSchedule.inputs``, ``memory_effects``) on every family.
 
 _LANE_OF = {kind: int(LANE[CODE[kind]]) for kind in KINDS}  # LANE as plain ints, for scalar code
-_LANE_NAMES = {COMPUTE: "compute", SEND: "send", RECV: "receive", COPY: "copy"}
+_LANE_NAMES = {COMPUTE: "compute", SEND: "send", RECV: "receive", COPY: "copy", HOLD: "wait"}
 _COMPUTE_KINDS = tuple(k for k in KINDS if _LANE_OF[k] == COMPUTE)
 _COMM_KINDS = frozenset(k for k in KINDS if _LANE_OF[k] in (SEND, RECV))
 
@@ -363,7 +374,7 @@ def unknown_kind(kind: object, who: str) -> ValueError:
 
 
 def lane_of(kind: ActionKind) -> int:
-    """The lane code (COMPUTE, SEND, RECV, COPY) of ``kind``."""
+    """The lane code (COMPUTE, SEND, RECV, COPY, HOLD) of ``kind``."""
     lane = _LANE_OF.get(kind)
     if lane is None:
         raise unknown_kind(kind, "semantics.LANE")
@@ -397,6 +408,8 @@ def producers(kind: ActionKind, stage: int, num_stages: int) -> tuple[Producer, 
         return (((K.I,), stage),)
     if kind is K.RELOAD_W:
         return (((K.OFFLOAD_W,), stage),)
+    if kind is K.WAIT:
+        return (((K.OFFLOAD,), stage),)
     if kind is K.SEND_F or kind is K.SEND_B:
         return ()
     if kind is K.RECV_F:
@@ -502,7 +515,7 @@ def memory_delta(kind: ActionKind, size: float, w_fraction: float, recomputed: b
     activation of ``size`` units in a valid order; the instant is ``AT_END`` (else its start; a copy's
     at its copy end / start). F: + size (nothing when ``recomputed``: an R re-creates it); R: + size;
     B: - size; I: - (1 - w_fraction) of it; W: - the w_fraction part; OFFLOAD: - size; RELOAD: + size;
-    OFFLOAD_W: - the w_fraction part; RELOAD_W: + it; SEND/RECV: nothing. (``memory_effects`` computes I as ``size * w_fraction - size``: equal up to
+    OFFLOAD_W: - the w_fraction part; RELOAD_W: + it; SEND/RECV and WAIT: nothing. (``memory_effects`` computes I as ``size * w_fraction - size``: equal up to
     rounding; this form is the one the W-filling replay has always used.)"""
     if kind is K.F:
         return 0.0 if recomputed else size
@@ -520,6 +533,6 @@ def memory_delta(kind: ActionKind, size: float, w_fraction: float, recomputed: b
         return -(size * w_fraction)
     if kind is K.RELOAD_W:
         return size * w_fraction
-    if kind in _COMM_KINDS:
+    if kind in _COMM_KINDS or kind is K.WAIT:
         return 0.0
     raise unknown_kind(kind, "semantics.memory_delta")

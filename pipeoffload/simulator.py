@@ -12,6 +12,8 @@ Model (see docs/decisions.md):
   does not need, W the rest; R re-allocates at its start; OFFLOAD frees the device copy when the copy
   completes; RELOAD allocates when it starts and its backward (W: its RELOAD_W) waits for it to complete. At equal
   times frees are applied before allocations.
+- WAIT holds the compute lane, like a receive, from the lane's clock until its OFFLOAD's copy has
+  completed (zero duration, no memory effect); the time it holds is idle time, not a stall.
 """
 from __future__ import annotations
 

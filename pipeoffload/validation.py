@@ -3,7 +3,8 @@
 Checks per (stage, microbatch): exactly one F and either one B or one I and one W, in dependency
 order on the owning rank; R only between F and the backward, at most once; OFFLOAD after F and
 before the backward, RELOAD after OFFLOAD and before the backward; the second window's OFFLOAD_W
-after I and before W, RELOAD_W after OFFLOAD_W and before W; each stage's actions on its
+after I and before W, RELOAD_W after OFFLOAD_W and before W; WAIT after its OFFLOAD (the copy it
+waits for); each stage's actions on its
 placement rank; and, for lowered schedules, SEND/RECV present exactly where ranks differ and in
 order. ``check_p2p_order`` dry-runs the comm order with the runtime's p2p semantics. A forward-only
 schedule (evaluation: ``validate(..., forward_only=True)``) has exactly one F per (stage,
@@ -27,6 +28,7 @@ _F, _B, _I, _W, _R = (_BIT[k] for k in (K.F, K.B, K.I, K.W, K.R))
 _OFF, _REL = _BIT[K.OFFLOAD], _BIT[K.RELOAD]
 _OFFW, _RELW = _BIT[K.OFFLOAD_W], _BIT[K.RELOAD_W]
 _SF, _RF, _SB, _RB = (_BIT[k] for k in (K.SEND_F, K.RECV_F, K.SEND_B, K.RECV_B))
+_WAIT = _BIT[K.WAIT]
 _BACK = _B | _I
 
 
@@ -108,6 +110,8 @@ def _proved_valid(schedule: Schedule, c: CodedSchedule) -> bool:
     ok &= (~has[sem.OFFLOAD_W] | has[sem.RELOAD_W]).all()
     ok &= (before(i, off_w) & before(off_w, w) | ~has[sem.OFFLOAD_W]).all()
     ok &= (before(off_w, rel_w) & before(rel_w, w) | ~has[sem.RELOAD_W]).all()
+    # a wait: after the OFFLOAD whose copy it waits for
+    ok &= (before(off, P[sem.WAIT]) | ~has[sem.WAIT]).all()
     if not lowered:
         return bool(ok)
     sf, rf, sb, rb = P[sem.SEND_F], P[sem.RECV_F], P[sem.SEND_B], P[sem.RECV_B]
@@ -204,6 +208,10 @@ def _precondition(kind, stage, mb, have, state, lowered, cross_in, cross_out, ow
     elif kind is K.RELOAD_W:
         if not have & _OFFW or have & _W:
             return f"RELOAD_W of {here} must come after its OFFLOAD_W and before its W"
+    elif kind is K.WAIT:
+        if not have & _OFF:
+            return (f"WAIT of {here} waits for its OFFLOAD, which does not come before it on this rank "
+                    f"({stage}OFFLOAD{mb}): put the WAIT after the OFFLOAD, or drop it")
     else:  # comm
         needed = cross_out[stage] if kind in (K.SEND_F, K.RECV_B) else cross_in[stage]
         if not needed:

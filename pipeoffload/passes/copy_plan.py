@@ -64,6 +64,8 @@ class Activation:
 class RankTimeline:
     """One rank's compute actions with their simulated times, grid points and baseline memory."""
 
+    throttle = 0  # warm-up forwards wait for the throttle-th latest offload (``passes.throttle``); 0: never
+
     def __init__(self, rank: int, actions: tuple[Action, ...], starts: tuple[float, ...],
                  ends: tuple[float, ...], costs: CostModel, recomputed: set[tuple[int, int]]) -> None:
         self.rank = rank
@@ -129,6 +131,14 @@ class RankTimeline:
         self.activations = found
         self.w_activations = found_w
         return memory
+
+    def with_throttle(self, limit: int) -> RankTimeline:
+        """The same timeline whose warm-up forwards wait for their ``limit``-th latest offload (a shallow
+        copy: everything else is shared)."""
+        out = object.__new__(RankTimeline)
+        out.__dict__.update(self.__dict__)
+        out.throttle = limit
+        return out
 
     def with_copy_times(self, factor: float) -> RankTimeline:
         """The same timeline with every copy taking ``factor`` times as long (the compute times,

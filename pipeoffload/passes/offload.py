@@ -13,6 +13,10 @@ without R):
 3. turn the planned times into list positions: each copy goes where the compute action before it
    ends at or before the copy's planned start.
 
+On a shared host link the pass also tries a throttled warm-up (``passes.throttle``): WAIT actions hold
+warm-up forwards until their rank's earlier offloads have drained, and the copies are planned against
+that timing; kept only where the simulation shows a lower peak, no stall and no longer makespan.
+
 The two windows of an activation are independent candidates: the pass picks, per activation, the
 first, the second, both or neither, by the memory-time each saves (``Activation.value``) for the
 copy-lane time it takes.
@@ -33,6 +37,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.passes.copy_plan import EPS, Activation, RankTimeline, rank_timelines
 from pipeoffload.passes.offload_plan import RankState, plan_group
+from pipeoffload.passes.throttle import throttled_timeline, with_waits
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.simulator import Timeline, simulate
 
@@ -70,6 +75,7 @@ class OffloadReport:
     recomputed: tuple[Key, ...] = ()
     notes: tuple[str, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())  # what the passes could not do (e.g. a budget not met)
+    throttle: int = 0  # warm-up forwards wait for their rank's throttle-th latest offload (WAIT); 0: no waits
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", OffloadPolicy.parse(self.policy))
@@ -117,6 +123,8 @@ class OffloadReport:
                 first, second = self.units_by_window
                 parts.append(f"{self.offloaded_after_i} offloaded between I and W, {len(self.unhidden_after_i)} "
                              f"not hidden there; units to host per window: F->I {first:g}, I->W {second:g}")
+        if self.throttle:
+            parts.append(f"warm-up forwards wait for copies (WAIT: each for its rank's offload {self.throttle} back)")
         if self.recompute != RecomputePolicy():
             parts.append(f"recompute {self.recompute}: {len(self.recomputed)} activations")
         parts.append(f"planned peak {self.peak_before:g} -> {self.peak_after:g} activation units")
@@ -149,6 +157,8 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     # there the plans for slower copies are always tried; on own links only when a lane is overloaded
     if policy.kind != "none" and costs.d2h_time + costs.h2d_time > 0 and (costs.shared_host_link or _overloaded(states)):
         states, peaks = plan.best_with_slower_copies(costs, states, peaks)
+        if costs.shared_host_link:  # own links: it lowered some overloaded k but not the next, breaking monotony
+            states, peaks = _throttled_plans(plan, costs, states, peaks)
     rows = [_emit(states[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
         policy,
@@ -159,6 +169,7 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
                                 _units(s))
               for r, s in sorted(states.items())),
         budget,
+        throttle=max((s.timeline.throttle for s in states.values()), default=0),
     )
     return base.with_actions(rows), report
 
@@ -173,10 +184,13 @@ class _Planning:
     exclude: set[Key]
     budget: float | None
     groups: list[list[int]]
+    throttle: int = 0  # warm-up forwards wait for the throttle-th latest offload (``passes.throttle``)
 
     def states(self, costs: CostModel, slower: float = 1.0) -> tuple[dict[int, RankState], dict[int, float]]:
         """Each rank's planned copies and peak when the copies take ``slower`` x ``costs``' times."""
         timelines = self.timelines
+        if self.throttle:  # copies, not the shared (memoised) timelines: _emit reads the throttle back
+            timelines = [tl.with_throttle(self.throttle) for tl in timelines]
         if slower != 1.0:
             timelines = [tl.with_copy_times(slower) for tl in timelines]
             costs = replace(costs, d2h_time=costs.d2h_time * slower, h2d_time=costs.h2d_time * slower)
@@ -235,6 +249,42 @@ class _Planning:
 
 
 _SLOWER = (1.1, 1.15, 1.25, 1.35, 1.5, 1.75, 2.0)  # copy-time factors whose plans are also tried when the lane is overloaded
+
+
+def _throttled_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
+                     ) -> tuple[dict[int, RankState], dict[int, float]]:
+    """The plan with throttled warm-up forwards (``passes.throttle``) where it is better.
+
+    For each limit L of ``_THROTTLES`` with L + 1 below the plan's peak, in turn (a throttled warm-up
+    still holds the L activations its copies have not drained, or L - 1 and the one being computed,
+    plus a reload before the first backward: L + 1 at best), the copies are planned against the
+    compute timing the waits give (when that timing keeps the makespan) and the result is simulated;
+    the first limit whose simulation has no stall, no longer makespan and a lower peak than the plan
+    without waits wins.
+    """
+    ranks = range(plan.base.num_ranks)
+    if _THROTTLES[0] + 1 >= max(peaks.values(), default=0.0) - EPS:  # nothing to gain (peaks: the plan's)
+        return states, peaks
+    plain = simulate(plan.base.with_actions([_emit(states[r]) for r in ranks]), costs)
+    for limit in _THROTTLES:
+        if limit + 1 >= plain.peak_activation_units - EPS:  # what a throttled warm-up holds, at best: see above
+            break
+        timeline = throttled_timeline(plan.base, costs, limit, plan.exclude)
+        if timeline.makespan > plain.makespan + EPS:
+            continue
+        throttled = replace(plan, timelines=rank_timelines(plan.base, timeline, costs), throttle=limit)
+        candidate, candidate_peaks = throttled.states(costs)
+        if costs.d2h_time + costs.h2d_time > 0 and (costs.shared_host_link or _overloaded(candidate)):
+            candidate, candidate_peaks = throttled.best_with_slower_copies(costs, candidate, candidate_peaks)
+        t = simulate(plan.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
+        log.debug("throttle %d: peak %g, makespan %g, stall %g (without: %g, %g)", limit, t.peak_activation_units,
+                  t.makespan, t.stall, plain.peak_activation_units, plain.makespan)
+        if t.stall == 0 and t.makespan <= plain.makespan + EPS and t.peak_activation_units < plain.peak_activation_units - EPS:
+            return candidate, {r: t.per_rank[r].peak_activation_units for r in ranks}
+    return states, peaks
+
+
+_THROTTLES = (1, 2, 3, 4)  # activations in flight per rank a throttled warm-up allows, tried in turn
 
 
 def _overloaded(states: dict[int, RankState]) -> bool:
@@ -353,4 +403,4 @@ def _emit(state: RankState) -> list[Action]:
             done = position
         row.append(Action(_WINDOW_KINDS[window][direction], stage, microbatch))
     row.extend(actions[done:])
-    return row
+    return with_waits(row, state.timeline.throttle) if state.timeline.throttle else row

@@ -4,7 +4,7 @@
 lowered list the simulator reads), and returns the mean loss on the rank holding the last stage.
 Each action goes where its lane in ``semantics.LANE`` says: each run of consecutive send/receive
 actions is one batch (see ``comm``), the peer stage of each from ``semantics.peer_stage``; compute
-kinds (F/B/I/W/R) go to the stages and copy kinds (OFFLOAD/RELOAD) to the activation store, through
+kinds (F/B/I/W/R) go to the stages and copy kinds (OFFLOAD/RELOAD) and WAIT to the activation store, through
 a handler table keyed by kind. A kind semantics defines but the table lacks is refused when the
 runner is built, by name. After the kinds in ``semantics.ENDS_ACTIVATION`` (B, W) the activation's
 saved tensors are released. Every action is recorded in a ``Trace``.
@@ -187,7 +187,7 @@ class PipelineRunner:
         self._handlers: dict[ActionKind, Handler] = {
             K.F: cls._forward, K.B: cls._backward, K.I: cls._backward_input, K.W: cls._backward_weight,
             K.R: cls._recompute, K.OFFLOAD: cls._offload, K.RELOAD: cls._reload,
-            K.OFFLOAD_W: cls._offload, K.RELOAD_W: cls._reload,
+            K.OFFLOAD_W: cls._offload, K.RELOAD_W: cls._reload, K.WAIT: cls._await_offload,
         }
         check_handled(self.row, self._handlers, rank)
         # the stage at the other end of each transfer of this rank (semantics.peer_stage)
@@ -535,6 +535,10 @@ class PipelineRunner:
 
     def _offload(self, a: Action) -> None:
         self.store.offload(a.stage, a.microbatch)
+
+    def _await_offload(self, a: Action) -> None:
+        """WAIT: hold this rank until the slot's OFFLOAD has completed and its device memory is freed."""
+        self.store.await_offload(a.stage, a.microbatch)
 
     def _reload(self, a: Action) -> None:
         """RELOAD or RELOAD_W (the slot after I holds only what W needs: the same call moves it)."""

@@ -362,6 +362,20 @@ class ActivationStore:
                 entry.state = EntryState.RESIDENT
         self.poll()
 
+    def await_offload(self, stage: int, microbatch: int) -> None:
+        """WAIT: block until the slot's offload copies have completed, then release their device memory.
+
+        The host waits for each copy (``Copier.synchronize``: the copy's CUDA event on GPU, nothing on
+        CPU where copies complete when issued) rather than only making the compute stream wait for it:
+        the memory is freed here, on the host, so it must be free before the next forward allocates,
+        which is what the schedule's WAIT promises (the simulator frees it at the copy's end)."""
+        self._reap()
+        rec = self._record(stage, microbatch)
+        for entry in rec.entries.values():  # after its RELOAD nothing is TO_HOST: the reload waited already
+            if entry.state is EntryState.TO_HOST:
+                self.copier.synchronize(entry.token)
+        self.poll()
+
     def poll(self) -> None:
         """Advance copies that completed: release offloaded device memory, recycle host buffers."""
         self._reap()

@@ -9,20 +9,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from pipeoffload.ir import COMPUTE_KINDS, COPY_KINDS, ActionKind
+from pipeoffload.ir import COMPUTE_KINDS, COPY_KINDS, WAIT_KINDS, ActionKind
 from pipeoffload.simulator import Timeline
 from pipeoffload.units import MEMORY_UNIT, TIME_UNIT, counted, rank_units
 
 K = ActionKind
 # Order of the legend; colours are colour-blind friendly and distinct in grey.
-KIND_ORDER = (K.F, K.B, K.I, K.W, K.R, K.OFFLOAD, K.RELOAD, K.OFFLOAD_W, K.RELOAD_W)
+KIND_ORDER = (K.F, K.B, K.I, K.W, K.R, K.OFFLOAD, K.RELOAD, K.OFFLOAD_W, K.RELOAD_W, K.WAIT)
 COLOURS = {
     K.F: "#4C72B0", K.B: "#DD8452", K.I: "#2A9D8F", K.W: "#8AB17D", K.R: "#8172B3",
     K.OFFLOAD: "#C44E52", K.RELOAD: "#E377C2", K.OFFLOAD_W: "#937860", K.RELOAD_W: "#DA8BC3",
+    K.WAIT: "#CCCCCC",
 }
 LABELS = {K.F: "F forward", K.B: "B backward", K.I: "I input grad", K.W: "W weight grad", K.R: "R recompute",
           K.OFFLOAD: "offload D2H", K.RELOAD: "reload H2D",
-          K.OFFLOAD_W: "offload D2H after I (W's part)", K.RELOAD_W: "reload H2D before W"}
+          K.OFFLOAD_W: "offload D2H after I (W's part)", K.RELOAD_W: "reload H2D before W",
+          K.WAIT: "wait for an offload"}
 
 
 @dataclass(frozen=True)
@@ -74,13 +76,16 @@ class ChartData:
 
 
 def chart_data(timeline: Timeline, title: str | None = None, time_unit: str = TIME_UNIT) -> ChartData:
-    """Every timed compute and copy action once, at its simulated time; every rank's memory curves."""
+    """Every timed compute and copy action once, at its simulated time (and each WAIT that held the
+    compute lane, over the time it held it); every rank's memory curves."""
     schedule = timeline.schedule
     v = max(schedule.stages_per_rank, 1)
     boxes = []
     for rank in range(schedule.num_ranks):
         for action, start, end in timeline.events(rank):
-            if action.kind not in COMPUTE_KINDS and action.kind not in COPY_KINDS:
+            if action.kind not in COMPUTE_KINDS and action.kind not in COPY_KINDS and action.kind not in WAIT_KINDS:
+                continue
+            if action.kind in WAIT_KINDS and end <= start:  # a wait that held nothing: nothing to draw
                 continue
             lane = "copy" if action.kind in COPY_KINDS else "compute"
             boxes.append(Box(rank, lane, action.kind.value, action.stage, action.microbatch,

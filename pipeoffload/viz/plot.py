@@ -139,7 +139,8 @@ def _bands(ax: Any, data: ChartData, lanes: list[tuple[int, str]], xmax: float) 
     edges = np.linspace(0.0, xmax if xmax > 0 else 1.0, _SLICES + 1)
     spans: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
     for box in data.boxes:
-        spans[(box.rank, box.lane)].append((box.start, box.end))
+        if box.kind != K.WAIT.value:  # a wait holds the lane without computing: not busy
+            spans[(box.rank, box.lane)].append((box.start, box.end))
     maps = {lane: LinearSegmentedColormap.from_list(lane, ["#ffffff", colour]) for lane, colour in _BAND_COLOURS.items()}
     for key in lanes:
         centre, h = pos[key]

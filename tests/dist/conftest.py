@@ -20,6 +20,9 @@ SCHEDULES = [(spec.name, spec.default_stages_per_rank()) for spec in schedule_sp
 POLICIES = ["none", "offload:all", "recompute:first:1"]
 EXTRA = {name: ["offload:first:1"] for name in ("1f1b", "interleaved-1f1b", "group-interleaved")}  # memory test
 CASES = [Case(name, v, policy) for name, v in SCHEDULES for policy in POLICIES + EXTRA.get(name, [])]
+# a lowered schedule with WAIT actions: 1F1B's warm-up throttled to two ranks' shared host link at k = 0.5
+WAIT_CASE = Case("1f1b", 1, "offload:all", costs=(("shared_host_link", True), ("offload_ratio", 0.5)))
+CASES.append(WAIT_CASE)
 
 _cache: dict = {}
 

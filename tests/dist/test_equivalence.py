@@ -3,7 +3,10 @@ over 3 SGD steps on 2 and 4 gloo ranks; traces equal the schedules; nothing stay
 from __future__ import annotations
 
 import pytest
-from conftest import CASES, run_cases
+from conftest import CASES, WAIT_CASE, run_cases
+from workers import build_schedule
+
+from pipeoffload.ir import ActionKind
 
 pytestmark = pytest.mark.dist
 
@@ -17,6 +20,12 @@ def _by_case(results):
     world, per_rank = results
     for i, case in enumerate(CASES):
         yield case, [per_rank[r][i] for r in range(world)]
+
+
+def test_a_case_waits_for_copies():
+    """The throttled case really has WAIT actions on 4 ranks (6 microbatches, as the workers run it)."""
+    schedule = build_schedule(WAIT_CASE, 4, 6)
+    assert any(a.kind is ActionKind.WAIT for row in schedule.actions for a in row)
 
 
 def test_loss_equals_single_process(results):

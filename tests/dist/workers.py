@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from pipeoffload import generate, lower
+from pipeoffload.costs import CostModel
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
 from pipeoffload.models.split import StageModule
@@ -28,9 +29,10 @@ class Case:
     stages_per_rank: int
     policy: str = "none"  # "none" or "<offload|recompute>:<policy text>", passed to lower()
     options: tuple = ()
+    costs: tuple = ()  # (CostModel field, value) pairs the policy is planned with; "offload_ratio" sets k
 
     def __str__(self) -> str:
-        return f"{self.schedule}/v{self.stages_per_rank}/{self.policy}"
+        return f"{self.schedule}/v{self.stages_per_rank}/{self.policy}" + "".join(f"/{k}={v}" for k, v in self.costs)
 
 
 def split_backward(schedule: Schedule) -> Schedule:
@@ -53,10 +55,13 @@ def build_schedule(case: Case, world: int, microbatches: int) -> Schedule:
     schedule = generate(name, world, microbatches, case.stages_per_rank, **dict(case.options))
     if case.schedule.endswith("+iw"):
         schedule = split_backward(schedule)
+    costs = CostModel(**{k: v for k, v in case.costs if k != "offload_ratio"})
+    ratio = dict(case.costs).get("offload_ratio")
+    costs = costs if ratio is None else costs.with_offload_ratio(ratio)
     if case.policy == "none":
-        return lower(schedule)
+        return lower(schedule, costs)
     what, _, which = case.policy.partition(":")
-    return lower(schedule, **{what: which})
+    return lower(schedule, costs, **{what: which})
 
 
 def _config(dropout: float = 0.0) -> GPTConfig:

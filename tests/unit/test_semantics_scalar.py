@@ -17,6 +17,7 @@ from pipeoffload.errors import ConfigError
 from pipeoffload.ir import COMM_KINDS, COMPUTE_KINDS, COPY_KINDS, OFFLOAD_KINDS, Action, ActionKind, Schedule
 from pipeoffload.passes.comms import add_comms
 from pipeoffload.passes.lower import lower
+from pipeoffload.passes.throttle import with_waits
 from pipeoffload.placement import Placement
 from pipeoffload.schedules import generate, schedule_specs
 from pipeoffload.schedules.zero_bubble import fill_weight_passes
@@ -54,7 +55,10 @@ def _variants(schedule: Schedule) -> Iterator[tuple[str, Schedule, CostModel]]:
     yield "compute-only", schedule, costs
     yield "comms", add_comms(schedule), costs
     copies = costs.with_offload_ratio(0.5)
-    yield "offload", lower(schedule, copies, offload="all"), copies
+    offloaded = lower(schedule, copies, offload="all")
+    yield "offload", offloaded, copies
+    if schedule.num_ranks == 4:  # WAIT before warm-up forwards (the throttled warm-up's rule, limit 1)
+        yield "waits", offloaded.with_actions([with_waits(row, 1) for row in offloaded.actions]), copies
     yield "recompute", lower(schedule, costs, recompute="first:1"), costs
 
 

@@ -393,6 +393,7 @@
     if ((kind === "B" || kind === "I") && stage < index.stages - 1) deps.push(`B/${stage + 1}/${mb}`, `I/${stage + 1}/${mb}`);
     if ((kind === "B" || kind === "I") && stage === index.stages - 1) deps.push(`F/${stage}/${mb}`);
     if (kind === "W") deps.push(`I/${stage}/${mb}`);
+    if (kind === "WAIT") return `its offload ${stage}OFFLOAD${mb}: the rank waits until that copy has ended`;
     deps.push(`RELOAD/${stage}/${mb}`, `RELOAD_W/${stage}/${mb}`);
     const list = index.lanes.get(rank + "/compute"), at = list.indexOf(box), prev = at > 0 ? list[at - 1] : null;
     const free = prev ? prev[6] : 0;
