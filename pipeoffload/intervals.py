@@ -1,16 +1,15 @@
 """Busy intervals of one exclusive resource (a copy engine or a shared host link).
 
-The one interval structure of the package: the simulator reserves copies on it as they are issued
-(``reserve``: the earliest gap at or after a time), the offload pass searches and books it while
-planning (``conflict``, ``add``, ``remove``, the neighbouring ends). Intervals never overlap and are
-kept sorted, so starts and ends are both sorted lists searched by bisection.
+The interval structure of the offload pass: it searches and books copy lanes while planning
+(``conflict``, ``add``, ``remove``, the neighbouring ends). Intervals never overlap and are kept
+sorted, so starts and ends are both sorted lists searched by bisection. (The simulator needs no
+intervals: its engines and links serve copies in order, so each keeps only the time it is free.)
 """
 from __future__ import annotations
 
 import bisect
 
 EPS = 1e-10  # planning tolerance: times closer than this are the same instant
-RESERVE_EPS = 1e-12  # the simulator's tolerance when fitting a copy into a gap
 
 
 class Intervals:
@@ -19,20 +18,6 @@ class Intervals:
     def __init__(self) -> None:
         self.starts: list[float] = []
         self.ends: list[float] = []
-
-    def reserve(self, ready: float, duration: float) -> float:
-        """Book the earliest gap of ``duration`` starting at or after ``ready``; return its start."""
-        i = bisect.bisect_right(self.ends, ready)
-        t = ready
-        starts, ends = self.starts, self.ends
-        while i < len(starts):
-            if t + duration <= starts[i] + RESERVE_EPS:
-                break
-            t = max(t, ends[i])
-            i += 1
-        starts.insert(i, t)
-        ends.insert(i, t + duration)
-        return t
 
     def conflict(self, t: float, duration: float) -> tuple[float, float] | None:
         """The earliest busy interval overlapping [t, t + duration), or None.

@@ -8,6 +8,9 @@ Model (see docs/decisions.md):
   their list position and run on the rank's copy lane, FIFO. One
   copy engine serves both directions unless ``shared_copy_engine`` is off; with ``shared_host_link``
   ranks 2p and 2p+1 share one host link per direction, so their same-direction copies never overlap.
+  A copy reaches its link when it is issued, its input is ready and its engine is free; a link serves
+  copies in the order they reach it (ties: lower rank, then earlier in the list), each starting when
+  the one before has ended: a copy never overtakes one that reached the link earlier.
 - Memory (activation units): F allocates at its start; B frees all at its end; I frees the part W
   does not need, W the rest; R re-allocates at its start; OFFLOAD frees the device copy when the copy
   completes; RELOAD allocates when it starts and its backward (W: its RELOAD_W) waits for it to complete. At equal
@@ -17,6 +20,8 @@ Model (see docs/decisions.md):
 """
 from __future__ import annotations
 
+import heapq
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +30,6 @@ from pipeoffload import semantics as sem
 from pipeoffload._perf import gc_paused
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ScheduleError
-from pipeoffload.intervals import Intervals
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.semantics import coded
 
@@ -198,7 +202,10 @@ class _Simulation:
     def run(self) -> None:
         """Run each rank's lane as far as its inputs allow; a rank that waits is parked on the key it
         waits for and queued again (LIFO) when that action completes."""
-        self._loop()
+        if self.costs.shared_host_link:
+            self._loop_shared()
+        else:
+            self._loop()
         n = self.schedule.num_ranks
         stuck = [r for r in range(n) if self.pos[r] < self.offsets[r + 1]]
         if stuck:
@@ -219,9 +226,10 @@ class _Simulation:
         pos, offsets, clocks, busies = self.pos, self.offsets, self.clock, self.busy
         stall, stalled = self.stall, self.stalled
         engine_free = [0.0] * (2 * n)
-        links = [Intervals() for _ in range(self.num_links)]
-        engine, link, length = (x.tolist() for x in self.copies)  # Python numbers in the loop
-        copies = {i: (engine[i], links[link[i]], length[i]) for i in np.flatnonzero(self.copies[0] >= 0).tolist()}
+        # own host links: a rank's copies of one direction all pass its engine for that direction, FIFO,
+        # so its link never holds a copy the engine has not already ordered; only the engine is booked
+        engine, length = self.copies[0].tolist(), self.copies[2].tolist()  # Python numbers in the loop
+        copies = {i: (engine[i], length[i]) for i in np.flatnonzero(self.copies[0] >= 0).tolist()}
         ready = list(range(n))
         queued = [True] * n
         while ready:
@@ -235,15 +243,14 @@ class _Simulation:
                     starts[i] = ends[i] = done[key] = clock
                 elif lane == _COPY:
                     # issued at the lane's clock, ready after its F or I (OFFLOAD, _W) or its offload, then FIFO on
-                    # its engine and in the earliest gap of its host link; it does not occupy the lane
+                    # its engine; it does not occupy the lane
                     t = get(dep)
                     at = clock if t is None or clock >= t else t
-                    engine, link, duration = copies[i]
+                    engine, duration = copies[i]
                     if engine_free[engine] > at:
                         at = engine_free[engine]
-                    start = link.reserve(at, duration) if duration > 0 else at
-                    starts[i], ends[i], done[key] = start, start + duration, start + duration
-                    engine_free[engine] = start + duration
+                    starts[i], ends[i], done[key] = at, at + duration, at + duration
+                    engine_free[engine] = at + duration
                 else:
                     at = clock
                     if dep >= 0:
@@ -282,6 +289,134 @@ class _Simulation:
                             queued[waiter] = True
                             ready.append(waiter)
             pos[rank], clocks[rank], busies[rank] = i, clock, busy
+
+    def _loop_shared(self) -> None:
+        """The event loop with shared host links (``_loop`` otherwise): a link is FIFO and causal.
+
+        A lane does not wait for its copies: it queues each on its engine (FIFO) and runs on; a
+        backward whose reload is still queued parks on it. Copies are booked only while no lane can
+        run. Then every event still to come happens at or after the earliest time a queued copy can
+        reach its link (a lane resumes only after a booking, or after what a resumed lane produced),
+        so the copy that reaches its link first (ties: lower rank, then earlier in the list) can be
+        booked: it starts when it arrives or when its link's last copy ends. Bookings therefore go in
+        the order the copies reach their links; a later copy never takes a gap before an earlier one.
+        """
+        c, inputs = self.c, self.inputs
+        ops = list(zip(sem.LANE[c.kind].tolist(), c.keys.tolist(), inputs.first.tolist(),
+                       inputs.first_delay.tolist(), inputs.second.tolist(), inputs.second_delay.tolist(),
+                       inputs.reload.tolist(), self.duration.tolist()))
+        done: list[float | None] | dict[int, float] = [None] * c.num_keys if c.num_keys <= _LIST_KEYS else {}
+        n = self.schedule.num_ranks
+        waiters, starts, ends = self.waiters, self.start, self.end
+        get = done.__getitem__ if isinstance(done, list) else done.get
+        pos, offsets, clocks, busies = self.pos, self.offsets, self.clock, self.busy
+        stall, stalled = self.stall, self.stalled
+        engine, link, length = (x.tolist() for x in self.copies)
+        engine_free = [0.0] * (2 * n)
+        link_free = [0.0] * self.num_links
+        queues: list[deque[int]] = [deque() for _ in range(2 * n)]  # per engine: its queued copies, FIFO
+        unbooked: dict[int, int] = {}  # key of a queued copy -> its flat index
+        heads: list[tuple[float, int]] = []  # (link arrival, flat index) of engine heads whose input is known
+        blocked: dict[int, int] = {}  # key of a queued copy -> the engine head waiting for it as its input
+
+        def arrive(j: int) -> None:
+            """Queue head ``j``: onto ``heads`` when its input is known (starts[j] holds its issue time)."""
+            dep = ops[j][2]
+            if dep in unbooked:
+                blocked[dep] = j
+                return
+            t = get(dep) if dep >= 0 else None
+            at = starts[j]
+            if t is not None and t > at:
+                at = t
+            if engine_free[engine[j]] > at:
+                at = engine_free[engine[j]]
+            heapq.heappush(heads, (at, j))
+
+        ready = list(range(n))
+        queued = [True] * n
+        while True:
+            while ready:
+                rank = ready.pop()
+                queued[rank] = False
+                i, stop = pos[rank], offsets[rank + 1]
+                clock, busy = clocks[rank], busies[rank]
+                while i < stop:
+                    lane, key, dep, delay, dep2, delay2, reload, duration = ops[i]
+                    if lane == _COPY:  # queued; booked when no lane can run (see above)
+                        starts[i] = clock
+                        queue = queues[engine[i]]
+                        queue.append(i)
+                        unbooked[key] = i
+                        if len(queue) == 1:
+                            arrive(i)
+                        i += 1
+                        continue
+                    if lane == _SEND:
+                        starts[i] = ends[i] = done[key] = clock
+                    else:
+                        at = clock
+                        if dep >= 0:
+                            t = get(dep)
+                            if t is None:
+                                waiters.setdefault(dep, []).append(rank)
+                                break
+                            if t + delay > at:
+                                at = t + delay
+                            if dep2 >= 0:
+                                t = get(dep2)
+                                if t is None:
+                                    waiters.setdefault(dep2, []).append(rank)
+                                    break
+                                if t + delay2 > at:
+                                    at = t + delay2
+                        if lane == _COMPUTE:
+                            start = at
+                            if reload >= 0:
+                                if reload in unbooked:
+                                    waiters.setdefault(reload, []).append(rank)
+                                    break
+                                reload_end = get(reload)
+                                if reload_end is not None and reload_end > start + _STALL_TOL * max(1.0, start):
+                                    stalled.append((i, reload_end - start))
+                                    stall[rank] += reload_end - start
+                                    start = reload_end
+                            clock = start + duration
+                            busy += duration
+                            starts[i] = start
+                        else:
+                            starts[i] = clock
+                            clock = at
+                        ends[i] = done[key] = clock
+                    i += 1
+                    if key in waiters:
+                        for waiter in waiters.pop(key):
+                            if not queued[waiter]:
+                                queued[waiter] = True
+                                ready.append(waiter)
+                pos[rank], clocks[rank], busies[rank] = i, clock, busy
+            if not heads:
+                return
+            while heads and not ready:  # book in arrival order until a lane can run again
+                at, j = heapq.heappop(heads)
+                key, duration = ops[j][1], length[j]
+                if duration > 0:
+                    if link_free[link[j]] > at:
+                        at = link_free[link[j]]
+                    link_free[link[j]] = at + duration
+                starts[j], ends[j], done[key] = at, at + duration, at + duration
+                engine_free[engine[j]] = at + duration
+                del unbooked[key]
+                queue = queues[engine[j]]
+                queue.popleft()
+                if queue:
+                    arrive(queue[0])
+                if key in blocked:
+                    arrive(blocked.pop(key))
+                for waiter in waiters.pop(key, ()):
+                    if not queued[waiter]:
+                        queued[waiter] = True
+                        ready.append(waiter)
 
     def _copy_resources(self) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], int]:
         """Per action (flat index): its copy engine slot, its host link's number and its copy duration

@@ -6,8 +6,9 @@ point") and starts when its copy engine (FIFO, as in the simulator) is free. A p
 therefore reproduced exactly by the simulator only if it is a grid point or the end of the copy
 before it on the same engine; the searches return only such starts ("exact" mode), so the
 simulator sees the planned times. On a shared host link, "relaxed" mode also allows a start at the
-end of the partner rank's copy: denser, but which of two such copies goes first then depends on the
-simulator's processing order, so relaxed plans are checked by simulation (see ``offload``).
+end of the partner rank's copy: denser, but the simulator's link serves copies in the order they
+reach it, and such a copy, issued at its rank's last grid point before that end, can reach the link
+before the partner's and go first; so relaxed plans are checked by simulation (see ``offload``).
 """
 from __future__ import annotations
 

@@ -298,8 +298,9 @@ def _shared_link_plans(base: Schedule, costs: CostModel, strict: dict[int, RankS
                        ) -> tuple[dict[int, RankState], dict[int, float]]:
     """Per pair, the better of the exact plan and the denser relaxed plan, checked by simulation.
 
-    A relaxed plan may start a copy when the partner's copy ends; the simulator resolves which goes
-    first by its processing order, so a reload can come late. Offloads whose backward waited are
+    A relaxed plan may start a copy when the partner's copy ends; the simulator's link serves copies
+    in the order they reach it, and the copy can reach it before the partner's (it is issued at an
+    earlier grid point), so a reload can come late. Offloads whose backward waited are
     dropped (and reported unhidden) until a simulation shows no stall; a pair keeps the relaxed plan
     only if it then has a lower simulated peak than its exact plan.
     """
