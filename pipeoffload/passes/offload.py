@@ -274,8 +274,8 @@ def _throttled_plans(plan: _Planning, costs: CostModel, states: dict[int, RankSt
             continue
         throttled = replace(plan, timelines=rank_timelines(plan.base, timeline, costs), throttle=limit)
         candidate, candidate_peaks = throttled.states(costs)
-        if costs.d2h_time + costs.h2d_time > 0 and (costs.shared_host_link or _overloaded(candidate)):
-            candidate, candidate_peaks = throttled.best_with_slower_copies(costs, candidate, candidate_peaks)
+        # called on a shared link with copies that take time only: its slower-copy plans always apply
+        candidate, candidate_peaks = throttled.best_with_slower_copies(costs, candidate, candidate_peaks)
         t = simulate(plan.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
         log.debug("throttle %d: peak %g, makespan %g, stall %g (without: %g, %g)", limit, t.peak_activation_units,
                   t.makespan, t.stall, plain.peak_activation_units, plain.makespan)

@@ -217,8 +217,9 @@ def simulate_choice(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, *
     ``fallback`` simulates m; without it the result is an estimate (``exact`` False) that the caller
     must confirm with ``extrapolate=False`` before reporting it. ``base``, the extrapolated summary of
     the same schedule without offload, lets an offload-only choice be estimated from one small size:
-    the offload pass never delays compute by design, so its step time is the base's plus any
-    difference seen at that size. ``memo`` keeps the schedules, simulations and offload plans that
+    the offload pass never lengthens the step by design (its copies never delay compute; the WAITs
+    of a throttled warm-up are kept only where the step is no longer), so its step time is the base's
+    plus any difference seen at that size. ``memo`` keeps the schedules, simulations and offload plans that
     related calls share (a search passes its own; without one this call keeps them for itself).
     """
     memo = memo if memo is not None else Memo()
