@@ -7,7 +7,13 @@
    ``torch.cuda.max_memory_allocated``, and the copy GB/s the store achieved next to the peak of a
    pinned-memory ``cudaMemcpy`` measured here on the same GPU;
 4. the same for the Llama-family model (GQA, SwiGLU, RoPE) in bf16 autocast with fp32 weights, as
-   ``train --model llama --dtype bf16`` runs it.
+   ``train --model llama --dtype bf16`` runs it, and for zb-v (split backward: the I -> W window);
+   each comparison says whether the losses of offload ``none`` and ``all`` are bitwise equal;
+5. ``pipeoffload train`` itself on the GPU (Llama, bf16, interleaved 1F1B over 2 stages): offload
+   ``none`` and ``all`` (cuda max allocated, measured vs simulated activation peak), and a run stopped
+   at step 3 and resumed, whose losses must equal the straight run's bitwise.
+
+A part that fails is one FAILED row with its error; the others still run.
 
 Prints one table and writes it to ``benchmarks/results/gpu_check.txt``. Without CUDA it says so and
 exits 0 (``--device cpu`` runs part 3 tiny, as the test suite does, and writes nowhere unless ``--out``).
@@ -20,6 +26,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +59,8 @@ TINY = TrainSize(hidden=32, heads=2, layers=2, seq=16, vocab=64, batch=8, microb
                  dtype="float32")
 LLAMA = TrainSize(hidden=2048, heads=16, layers=8, seq=4096, vocab=32000, batch=16, microbatches=8, steps=4,
                   warmup=2, dtype="bfloat16", model="llama")
+DETERMINISTIC = TrainSize(hidden=1024, heads=16, layers=4, seq=1024, vocab=32000, batch=16, microbatches=8,
+                          steps=3, warmup=1, dtype="bfloat16", model="llama")
 TINY_LLAMA = TrainSize(hidden=32, heads=4, layers=2, seq=16, vocab=64, batch=8, microbatches=4, steps=2, warmup=1,
                        dtype="bfloat16", model="llama")
 
@@ -125,7 +134,7 @@ def pinned_memcpy_gbps(nbytes: int = 256 * 2**20, repeats: int = 5) -> dict[str,
     return out
 
 
-def train_once(size: TrainSize, offload: str, device_name: str) -> dict[str, Any]:
+def train_once(size: TrainSize, offload: str, device_name: str, family: str = "interleaved-1f1b") -> dict[str, Any]:
     """Train the reference GPT for ``size.steps`` measured steps on one device through the runtime."""
     import torch
 
@@ -135,7 +144,7 @@ def train_once(size: TrainSize, offload: str, device_name: str) -> dict[str, Any
 
     device = torch.device(device_name)
     cuda = device.type == "cuda"
-    schedule = lower(generate("interleaved-1f1b", 1, size.microbatches, 2), offload=offload)
+    schedule = lower(generate(family, 1, size.microbatches, 2), offload=offload)
     autocast: Any = contextlib.nullcontext()
     if size.model == "llama":
         layers, inputs, targets = _llama(size, device)
@@ -169,7 +178,7 @@ def train_once(size: TrainSize, offload: str, device_name: str) -> dict[str, Any
             losses.append(float(loss))
     stats = runner.store.copier.stats
     return {
-        "model": size.model, "offload": offload, "step_s": statistics.median(times), "losses": losses,
+        "model": size.model, "family": family, "offload": offload, "step_s": statistics.median(times), "losses": losses,
         "max_allocated": torch.cuda.max_memory_allocated(device) if cuda else None,
         "store_peak": runner.trace.peak_bytes if runner.trace else 0,
         "d2h_gbps": stats.gbps("d2h"), "h2d_gbps": stats.gbps("h2d"),
@@ -193,8 +202,9 @@ def _llama(size: TrainSize, device: Any) -> tuple[list[Any], tuple[Any, None, in
     return layers, (tokens, None, 0), targets
 
 
-def compare_offload(table: Table, size: TrainSize, device: str, peak: dict[str, float] | None) -> list[dict]:
-    rows = [train_once(size, offload, device) for offload in ("none", "all")]
+def compare_offload(table: Table, size: TrainSize, device: str, peak: dict[str, float] | None,
+                    family: str = "interleaved-1f1b") -> list[dict]:
+    rows = [train_once(size, offload, device, family) for offload in ("none", "all")]
     for r in rows:
         mem = f"max_allocated {r['max_allocated'] / 2**30:.2f} GiB" if r["max_allocated"] is not None else \
             "max_allocated n/a (cpu)"
@@ -203,16 +213,88 @@ def compare_offload(table: Table, size: TrainSize, device: str, peak: dict[str, 
             copies = f", copies D2H {r['d2h_gbps']:.1f} / H2D {r['h2d_gbps']:.1f} GB/s"
             if peak:
                 copies += f" (pinned memcpy peak {peak['d2h']:.1f} / {peak['h2d']:.1f} GB/s)"
-        table.add(f"train {r['model']} {size.dtype} {device} offload={r['offload']}", f"{r['step_s']:.3f} s/step",
+        table.add(f"train {r['model']} {family} {size.dtype} {device} offload={r['offload']}",
+                  f"{r['step_s']:.3f} s/step",
                   f"{mem}, store peak {r['store_peak'] / 2**30:.2f} GiB{copies}")
     none, full = rows
     if full["step_s"] > 0 and none["step_s"] > 0:
         saved = ""
         if none["max_allocated"] and full["max_allocated"]:
             saved = f", max_allocated all/none {full['max_allocated'] / none['max_allocated']:.2f}"
-        table.add(f"train {size.model} offload all vs none", f"{full['step_s'] / none['step_s']:.2f}x step time",
-                  saved.lstrip(", "))
+        same = "losses bitwise equal" if none["losses"] == full["losses"] else \
+            "losses differ (fused CUDA kernels vary run to run: see the deterministic row)"
+        table.add(f"train {size.model} {family} offload all vs none",
+                  f"{full['step_s'] / none['step_s']:.2f}x step time", f"{saved.lstrip(', ')}, {same}".lstrip(", "))
     return rows
+
+
+def check_deterministic_equality(table: Table, device: str) -> None:
+    """Offload none vs all with deterministic kernels (``train --deterministic``'s): bitwise equal losses,
+    where the fused attention kernels of part 4 differ from run to run by themselves."""
+    from pipeoffload.train.launch import deterministic_kernels
+
+    size = DETERMINISTIC if device.startswith("cuda") else TINY_LLAMA
+    with deterministic_kernels(True):
+        runs = {name: train_once(size, name.split()[0], device)["losses"] for name in ("none", "none again", "all")}
+    repeat = "equal" if runs["none"] == runs["none again"] else "DIFFER"
+    equal = runs["none"] == runs["all"]
+    table.add(f"train {size.model} deterministic kernels: offload all vs none",
+              "losses bitwise equal" if equal else "LOSSES DIFFER",
+              f"none run twice: {repeat}; losses {runs['all'][-1]:.6f} / {runs['none'][-1]:.6f}")
+
+
+# ---- part 5: `pipeoffload train` itself on the GPU -------------------------------------------------
+TRAIN_FLAGS = ["--model", "llama", "--layers", "8", "--hidden", "1024", "--heads", "16", "--kv-heads", "4",
+               "--seq-len", "1024", "--dtype", "bf16", "--schedule", "interleaved-1f1b", "--stages-per-rank", "2",
+               "--global-batch", "16", "--microbatches", "8", "--steps", "6", "--save-every", "3",
+               "--no-progress", "--timeout", "300", "--deterministic"]
+
+
+def _train_cli(out: Path, *extra: str, timeout: float = 240) -> list[dict[str, Any]]:
+    """Run ``pipeoffload train`` as a user does and return its metrics rows (raises on failure)."""
+    import json
+
+    code, log = _run([sys.executable, "-m", "pipeoffload", "train", *extra, "--out", str(out)], timeout)
+    if code != 0:
+        tail = " | ".join(log.strip().splitlines()[-3:])
+        raise RuntimeError(f"train {' '.join(extra[-4:])} exited {code}: {tail}")
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def check_train_cli(table: Table, work: Path) -> None:
+    """`pipeoffload train` on one GPU: offload none vs all, and stop at 3 + resume equal to a straight run."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for offload in ("none", "all"):
+        rows[offload] = _train_cli(work / f"straight-{offload}", *TRAIN_FLAGS, "--offload", offload)
+        last = rows[offload][-1]
+        cuda = last.get("cuda_max_allocated")
+        cuda_text = f"cuda max allocated {max(cuda) / 2**30:.2f} GiB" if cuda else "cuda max allocated n/a"
+        table.add(f"train CLI llama bf16 offload={offload}", f"{last['step_s']:.3f} s/step",
+                  f"{cuda_text}, act peak measured {max(last['peak_act_bytes']) / 2**20:.1f} MiB"
+                  f" / simulated {max(last['sim_peak_act_bytes']) / 2**20:.1f} MiB, loss {last['loss']:.4f}")
+    resumed_dir = work / "resumed-all"
+    _train_cli(resumed_dir, *TRAIN_FLAGS, "--offload", "all", "--stop-at", "3")
+    resumed = _train_cli(resumed_dir, "--resume", str(resumed_dir), "--no-progress", "--deterministic",
+                         timeout=240)
+    straight = {r["step"]: r["loss"] for r in rows["all"]}
+    after = {r["step"]: r["loss"] for r in resumed if r["step"] > 3}
+    equal = bool(after) and all(straight.get(step) == loss for step, loss in after.items())
+    table.add("train CLI stop at 3 + resume vs straight", "bitwise equal" if equal else "DIFFER",
+              f"steps {sorted(after)}: " + ", ".join(f"{after[s]:.6f}/{straight.get(s, float('nan')):.6f}"
+                                                      for s in sorted(after)))
+
+
+def guarded(table: Table, label: str, part: Any, *args: Any) -> Any:
+    """Run one part; a failure becomes one FAILED row (with its traceback printed) and the rest go on."""
+    import traceback
+
+    try:
+        return part(*args)
+    except Exception as exc:  # noqa: BLE001 - one broken part must not hide the others' figures
+        traceback.print_exc()
+        table.add(label, "FAILED", f"{type(exc).__name__}: {exc}"[:300])
+        return None
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -220,6 +302,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu (tiny training run only)")
     p.add_argument("--out", default=None, help=f"write the table here (default on CUDA: {RESULT.relative_to(ROOT)})")
     p.add_argument("--skip-tests", action="store_true", help="skip pytest tests/gpu and the replay benchmark")
+    p.add_argument("--skip-cli", action="store_true", help="skip the `pipeoffload train` runs (part 5)")
     return p.parse_args(argv)
 
 
@@ -237,13 +320,18 @@ def main(argv: list[str] | None = None) -> int:
     table = Table(f"gpu-check on {name}, torch {torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}")
     notes: list[str] = []
     if cuda and not args.skip_tests:
-        check_gpu_tests(table, timeout=150)
-        notes = check_replay(table, timeout=150)
-    peak = pinned_memcpy_gbps() if cuda else None
+        guarded(table, "pytest tests/gpu", check_gpu_tests, table, 150)
+        notes = guarded(table, "gpu_offload_replay.py", check_replay, table, 150) or []
+    peak = guarded(table, "pinned memcpy peak", pinned_memcpy_gbps) if cuda else None
     if peak:
         table.add("pinned memcpy peak", f"D2H {peak['d2h']:.1f} GB/s", f"H2D {peak['h2d']:.1f} GB/s (256 MiB, best of 5)")
-    for size in (TrainSize(), LLAMA) if cuda else (TINY, TINY_LLAMA):
-        compare_offload(table, size, device, peak)
+    gpt, llama = (TrainSize(), LLAMA) if cuda else (TINY, TINY_LLAMA)
+    for size, family in ((gpt, "interleaved-1f1b"), (llama, "interleaved-1f1b"), (gpt, "zb-v")):
+        guarded(table, f"train {size.model} {family}", compare_offload, table, size, device, peak, family)
+    guarded(table, "train llama deterministic kernels", check_deterministic_equality, table, device)
+    if cuda and not args.skip_cli:
+        with tempfile.TemporaryDirectory() as work:
+            guarded(table, "train CLI", check_train_cli, table, Path(work))
     table.add("total", f"{time.monotonic() - begin:.0f} s", "")
     text = table.render()
     if notes:

@@ -127,6 +127,11 @@ class RunConfig:
     stop_at: int = key(0, "save and stop after this step though --steps sets the schedule (0: run all steps)",
                        saved=False)
     seed: int = key(0, "seeds the weights, the data order and every random-number generator")
+    deterministic: bool = key(False, "deterministic kernels on CUDA (torch.use_deterministic_algorithms, the "
+                                     "math attention kernel instead of the fused ones): the same run twice, or "
+                                     "stopped and resumed, gives bitwise the same losses on a GPU; slower and "
+                                     "more memory at long sequences. CPU runs are deterministic without it; "
+                                     "a resumed run keeps it")
     out: str = key("", "run directory (default runs/<timestamp>)", metavar="DIR")
     timeout: float = key(DEFAULT_TIMEOUT, "seconds bounding every wait between ranks")
 

@@ -10,6 +10,7 @@ are killed ``STOP_GRACE`` seconds later: ``Interrupted``); ranks die with the la
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -18,7 +19,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,13 +72,46 @@ def _rank_entry(rank: int, world: int, fn: RankFn, cfg: TrainConfig, args: tuple
     log.info("rank %d of %d: pid %d on %s", rank, world, os.getpid(), socket.gethostname())
     ctx = build_context(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, device, timeout=cfg.run.timeout)
     try:
-        return fn(ctx, cfg, *args)
+        with deterministic_kernels(cfg.run.deterministic):
+            return fn(ctx, cfg, *args)
     except BaseException as exc:  # train.log keeps every rank's own error (the launcher shows one)
         log.error("%s: %s", type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "",
                   extra={"file_only": True})
         raise
     finally:
         ctx.close()
+
+
+@contextlib.contextmanager
+def deterministic_kernels(enabled: bool) -> Iterator[None]:
+    """With ``enabled``, deterministic kernels for the duration (restored after: a one-rank run shares
+    the caller's process).
+
+    CUDA's fused attention backward and cuBLAS's default workspace accumulate in an order that varies
+    from run to run, so on a GPU two identical steps differ in the last bits; the math attention kernel
+    and a fixed cuBLAS workspace make them agree. Entered before the rank's first CUDA work.
+    """
+    import torch
+
+    if not enabled:
+        yield
+        return
+    flags = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
+             torch.backends.cuda.cudnn_sdp_enabled())
+    setters = (torch.backends.cuda.enable_flash_sdp, torch.backends.cuda.enable_mem_efficient_sdp,
+               torch.backends.cuda.enable_cudnn_sdp)
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    for set_flag in setters:
+        set_flag(False)
+    log.info("deterministic kernels: torch.use_deterministic_algorithms(True), math attention")
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic)
+        for set_flag, flag in zip(setters, flags):
+            set_flag(flag)
 
 
 def _cuda() -> bool:
@@ -145,7 +179,8 @@ def _torchrun(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
         torch.manual_seed(cfg.run.seed)
         ctx = build_context(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, device, timeout=cfg.run.timeout)
         try:
-            return fn(ctx, cfg, *args)
+            with deterministic_kernels(cfg.run.deterministic):
+                return fn(ctx, cfg, *args)
         finally:
             ctx.close()
     finally:

@@ -216,3 +216,20 @@ def test_changing_steps_on_resume_needs_extend(tmp_path: Path) -> None:
         resolve(build_parser().parse_args(["train", "--resume", str(tmp_path), "--steps", "80"]))
     cfg, _ = resolve(build_parser().parse_args(["train", "--resume", str(tmp_path), "--steps", "80", "--extend"]))
     assert cfg.run.steps == 80
+
+
+def test_deterministic_kernels_are_asked_for_and_the_callers_state_is_restored():
+    torch = pytest.importorskip("torch")
+    from pipeoffload.train.launch import deterministic_kernels
+
+    cfg = TrainConfig.build(deterministic=True)
+    assert cfg.run.deterministic and "deterministic = true" in to_toml(cfg)  # a resumed run keeps it
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+              torch.backends.cuda.mem_efficient_sdp_enabled())
+    with deterministic_kernels(cfg.run.deterministic):
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.backends.cuda.flash_sdp_enabled() and not torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+            torch.backends.cuda.mem_efficient_sdp_enabled()) == before
+    with deterministic_kernels(False):
+        assert torch.are_deterministic_algorithms_enabled() == before[0]
