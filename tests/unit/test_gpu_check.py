@@ -39,11 +39,26 @@ def test_training_comparison_runs_tiny_on_cpu(tmp_path, capsys):
     out = tmp_path / "gpu_check.txt"
     assert gpu_check.main(["--device", "cpu", "--out", str(out)]) == 0
     text = out.read_text()
-    for model, dtype in (("gpt", "float32"), ("llama", "bfloat16")):
-        assert f"train {model} {dtype} cpu offload=none" in text and f"train {model} {dtype} cpu offload=all" in text
-        assert f"train {model} offload all vs none" in text
+    for model, family, dtype in (("gpt", "interleaved-1f1b", "float32"), ("llama", "interleaved-1f1b", "bfloat16"),
+                                 ("gpt", "zb-v", "float32")):
+        for offload in ("none", "all"):
+            assert f"train {model} {family} {dtype} cpu offload={offload}" in text
+        assert f"train {model} {family} offload all vs none" in text
     assert "x step time" in text and "copies D2H" in text
+    assert "deterministic kernels: offload all vs none  losses bitwise equal" in text
+    assert "FAILED" not in text and "DIFFER" not in text
     assert text in capsys.readouterr().out
+
+
+def test_a_failing_part_is_one_row_and_the_others_still_run(capsys):
+    table = gpu_check.Table("t")
+
+    def broken() -> None:
+        raise RuntimeError("no such kernel")
+
+    assert gpu_check.guarded(table, "part one", broken) is None
+    assert gpu_check.guarded(table, "part two", lambda: 7) == 7
+    assert table.rows == [("part one", "FAILED", "RuntimeError: no such kernel")]
 
 
 def test_llama_bf16_run_keeps_fp32_weights_and_offload_changes_no_loss():
