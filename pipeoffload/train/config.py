@@ -207,16 +207,16 @@ def _shown(default: Any) -> str:
     return f"{default:g}" if isinstance(default, float) else str(default)
 
 
-def _bool_flag(flat: str) -> str:
-    """A switch: ``--KEY`` turns on what is off by default, ``--no-KEY`` turns off what is on."""
-    return flag_of(flat) if not _FIELDS[flat].default else "--no-" + flat.replace("_", "-")
+def _bool_flags(flat: str) -> str:
+    """A switch's two flags, ``--KEY`` and ``--no-KEY``: either can override a config file's value."""
+    return f"`{flag_of(flat)}`, `--no-{flat.replace('_', '-')}`"
 
 
 def flag_help(flat: str) -> str:
     f = _FIELDS[flat]
     text = f.metadata["help"]
     if f.type in ("bool", bool):
-        return text if not f.default else f"turn off: {text}"
+        return f"{text} (default {_shown(f.default)})"
     return text if "default" in text else f"{text} (default {_shown(f.default)})"
 
 
@@ -227,9 +227,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group(section)
         for f in fields(kind):
             flat = _flat_key(f)
-            if f.type in ("bool", bool):  # on by default: --no-KEY; off by default: --KEY
-                group.add_argument(_bool_flag(flat), dest=flat, action="store_const", const=not f.default,
-                                   default=None, help=flag_help(flat))
+            if f.type in ("bool", bool):  # --KEY and --no-KEY
+                group.add_argument(flag_of(flat), dest=flat, action=argparse.BooleanOptionalAction, default=None,
+                                   help=flag_help(flat))
                 continue
             kind_ = _TYPES[flat]
             metavar = f.metadata["metavar"] or {int: "N", float: "X"}.get(kind_, "TEXT")
@@ -246,9 +246,9 @@ def flags_markdown() -> str:
     rows = ["| flag | TOML | default | meaning |", "|---|---|---|---|"]
     for flat, (section, name) in KEYS.items():
         f = _FIELDS[flat]
-        flag = _bool_flag(flat) if f.type in ("bool", bool) else flag_of(flat)
+        flag = _bool_flags(flat) if f.type in ("bool", bool) else f"`{flag_of(flat)}`"
         text = f.metadata["help"].replace("|", "\\|")
-        rows.append(f"| `{flag}` | `[{section}] {name}` | {_shown(f.default)} | {text} |")
+        rows.append(f"| {flag} | `[{section}] {name}` | {_shown(f.default)} | {text} |")
     return "\n".join(rows) + "\n"
 
 

@@ -233,3 +233,19 @@ def test_deterministic_kernels_are_asked_for_and_the_callers_state_is_restored()
             torch.backends.cuda.mem_efficient_sdp_enabled()) == before
     with deterministic_kernels(False):
         assert torch.are_deterministic_algorithms_enabled() == before[0]
+
+
+def test_every_switch_can_be_turned_off_on_the_command_line_over_a_config_file(tmp_path):
+    import argparse
+
+    from pipeoffload.train.config import add_flags, flags_given
+
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    toml = tmp_path / "run.toml"
+    toml.write_text("[checkpoint]\nasync_save = true\n[metrics]\ntensorboard = true\n[run]\ndeterministic = true\n")
+    flags = flags_given(parser.parse_args(["--no-async-save", "--no-tensorboard", "--no-progress"]))
+    cfg = build_config(load_toml(toml), flags)
+    assert (cfg.checkpoint.async_save, cfg.metrics.tensorboard, cfg.metrics.progress) == (False, False, False)
+    assert cfg.run.deterministic  # not given: the file's value shows through
+    assert flags_given(parser.parse_args(["--fsdp"])) == {"fsdp": True}
