@@ -157,8 +157,12 @@ class TrainConfig:
         return build_config(keys)
 
     def updated(self, **keys: Any) -> TrainConfig:
-        """A copy with these flat keys changed (values coerced and checked like the file's)."""
-        return build_config(self.flat(), keys)
+        """A copy with these flat keys changed (values coerced and checked like the file's). A new
+        ``schedule`` without ``stages_per_rank`` takes the new family's own v, as the flag does."""
+        base = self.flat()
+        if keys.get("schedule") not in (None, self.schedule.family) and "stages_per_rank" not in keys:
+            base["stages_per_rank"] = 0
+        return build_config(base, keys)
 
     def get(self, flat: str) -> Any:
         section, name = KEYS[flat]

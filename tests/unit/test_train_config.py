@@ -249,3 +249,13 @@ def test_every_switch_can_be_turned_off_on_the_command_line_over_a_config_file(t
     assert (cfg.checkpoint.async_save, cfg.metrics.tensorboard, cfg.metrics.progress) == (False, False, False)
     assert cfg.run.deterministic  # not given: the file's value shows through
     assert flags_given(parser.parse_args(["--fsdp"])) == {"fsdp": True}
+
+
+def test_a_new_schedule_in_updated_takes_its_own_stages_per_rank():
+    interleaved = validate(TrainConfig.build(schedule="interleaved-1f1b", pp=2, nproc=2, layers=4),
+                           data_exists=False)
+    assert interleaved.schedule.stages_per_rank == 2
+    assert validate(interleaved.updated(schedule="1f1b"), data_exists=False).schedule.stages_per_rank == 1
+    kept = interleaved.updated(schedule="interleaved-1f1b", microbatches=4)
+    assert kept.schedule.stages_per_rank == 2
+    assert interleaved.updated(schedule="zb-v", stages_per_rank=2).schedule.stages_per_rank == 2
