@@ -3,7 +3,10 @@
 Run: .venv/bin/python benchmarks/plan_search.py [--save benchmarks/results/plan_search.txt]
 The headline is the command ``plan --model llama3-70b --gpu h100 --gpus 64 --global-batch 512 --memory 80``
 as a fresh process (CPU seconds, user + sys, best of --repeat; target 2.5 s on a 2-core machine, 7.5 s
-before the fast core) and in-process (each search owns its memo, so each run starts cold); then a few searches with their best plans.
+before the fast core) and in-process (each search owns its memo, so each run starts cold); then where the
+headline's CPU time goes (``--breakdown``: the search and the confirmation of the shown plans, the memory
+passes, the offload pass and its slower-copy plans, full-size lowerings by layout and schedule); then a
+few searches with their best plans.
 """
 from __future__ import annotations
 
@@ -16,8 +19,15 @@ import resource
 import subprocess
 import sys
 import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import pipeoffload.passes.lower as lower_module
+import pipeoffload.passes.offload as offload_module
+import pipeoffload.planner.evaluate as evaluate_module
+import pipeoffload.planner.search as search_module
 from pipeoffload.cli import main as cli_main
 from pipeoffload.planner.evaluate import lowering_options
 from pipeoffload.planner.hardware import hardware_preset
@@ -56,11 +66,84 @@ def headline(repeat: int) -> tuple[float, float, str]:
     return process, inside, out
 
 
+@contextlib.contextmanager
+def _timed(owner: Any, name: str, label: str, calls: Counter[str], cpu: defaultdict[str, float],
+           detail: Callable[..., str | None] | None = None) -> Iterator[None]:
+    """Count the calls and CPU seconds of ``owner.name`` under ``label`` (and under ``detail(*args)``
+    when that gives a text) while the block runs; the attribute is restored after. Nested calls of one
+    label are counted once (outermost)."""
+    original = getattr(owner, name)
+    depth = [0]
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        depth[0] += 1
+        start = time.process_time()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+            if depth[0] == 0:
+                spent = time.process_time() - start
+                keys = [label] + ([extra] if detail is not None and (extra := detail(*args)) else [])
+                for key in keys:
+                    calls[key] += 1
+                    cpu[key] += spent
+
+    setattr(owner, name, wrapper)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def _full_size_label(choice: Any, pp: int, m: int, *_: Any) -> str | None:
+    if choice.is_plain():
+        return None
+    return f"  full-size lowering: PP {pp} m={m} {choice.label()}"
+
+
+def breakdown() -> list[str]:
+    """Where the headline's CPU time goes (one in-process run, cold): the search loop and the
+    confirmation of the shown plans; inside them the memory passes (``lower_with_report``), the offload
+    pass (``plan_offload``) and its plans for slower copies (``best_with_slower_copies``, tried where a
+    copy lane is overloaded); and every full-size simulation of a choice with a memory policy."""
+    calls: Counter[str] = Counter()
+    cpu: defaultdict[str, float] = defaultdict(float)
+    with contextlib.ExitStack() as stack:
+        for owner, name, label, detail in (
+                (search_module._Search, "run", "search loop (simulate candidates in bound order)", None),
+                (search_module, "_confirm", "confirm the shown plans at full size", None),
+                (evaluate_module, "lower_with_report", "memory passes (lower_with_report)", None),
+                (lower_module, "plan_offload", "offload pass (plan_offload)", None),
+                (offload_module._Planning, "best_with_slower_copies", "slower-copy plans (best_with_slower_copies)",
+                 None),
+                (evaluate_module, "_full", "full-size simulations with a memory policy", _full_size_label)):
+            stack.enter_context(_timed(owner, name, label, calls, cpu, detail))
+        start = time.process_time()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            cli_main(HEADLINE)
+        total = time.process_time() - start
+    lines = [f"# where the headline's {total:.2f} CPU s go (in-process, cold; nested: each line includes the "
+             "ones below it that it calls)"]
+    rest_calls, rest_cpu = 0, 0.0
+    for key in sorted(cpu, key=lambda k: (k.startswith("  "), -cpu[k])):
+        if key.startswith("  ") and cpu[key] < 0.01 * total:
+            rest_calls += calls[key]
+            rest_cpu += cpu[key]
+            continue
+        lines.append(f"#   {key:<92} {calls[key]:>4} calls {cpu[key]:>7.2f} s {100 * cpu[key] / total:>5.1f}%")
+    if rest_calls:
+        lines.append(f"#   {'  full-size lowerings under 1% each':<92} {rest_calls:>4} calls {rest_cpu:>7.2f} s "
+                     f"{100 * rest_cpu / total:>5.1f}%")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--save", help="also write the report to this file")
     parser.add_argument("--no-prune", action="store_true", help="simulate every candidate (exhaustive)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of the headline command (best is shown)")
+    parser.add_argument("--breakdown", action="store_true", help="also show where the headline's time goes")
     args = parser.parse_args()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     process, inside, output = headline(args.repeat)
@@ -73,6 +156,8 @@ def main() -> None:
              f"lower() policies: {', '.join(lowering_options()) or 'none'}; prune={not args.no_prune})",
              f"{'model':<12} {'gpu':<5} {'gpus':>4} {'batch':>5} {'cands':>6} {'simulated':>9} {'seconds':>8} "
              f"{'cpu s':>6} {'cands/s':>8} {'sims/s':>7}  best plan"]
+    if args.breakdown:
+        lines[2:2] = breakdown()
     details = []
     for model, gpu, gpus, batch in CASES:
         hw = hardware_preset(gpu)
