@@ -180,6 +180,16 @@ class SlowP2P(HardwareSpec):
         return super().p2p_time(nbytes, within_node) * self.p2p_factor
 
 
+@dataclass(frozen=True, kw_only=True)
+class FixedP2P(HardwareSpec):
+    """The same GPU with ``p2p_extra`` seconds added to every pipeline point-to-point transfer (sensitivity)."""
+
+    p2p_extra: float = 0.0
+
+    def p2p_time(self, nbytes: float, within_node: bool) -> float:
+        return super().p2p_time(nbytes, within_node) + self.p2p_extra
+
+
 def _fields(hw: HardwareSpec) -> dict:
     return {f.name: getattr(hw, f.name) for f in fields(hw)}
 
@@ -227,6 +237,17 @@ def report(hw: HardwareSpec, before: dict[str, str] | None = None) -> str:
         eager = narayanan(hw, row, p2p="eager")[0]
         slow = [narayanan(SlowP2P(**_fields(hw), p2p_factor=f), row)[0] for f in (2.0, 4.0)]
         lines.append(f"{row[0]:<8} {row[10]:>8.0f} {as_run:>8.1f} {one:>8.1f} {eager:>9.1f} {slow[0]:>8.1f} {slow[1]:>8.1f}")
+    extras = (1e-3, 2e-3, 3e-3)
+    lines += ["", "a fixed cost per point-to-point transfer (a sensitivity, not the model: no cost of this size per "
+              "exchange is in the 2021 code, see docs/planner.md): step error of the pipelined Narayanan rows with "
+              "every transfer " + ", ".join(f"{x * 1e3:.0f} ms" for x in extras) + " longer",
+              f"{'row':<8} {'as run':>8} " + " ".join(f"{f'+{x * 1e3:.0f} ms':>8}" for x in extras)]
+    for row in NARAYANAN:
+        if row[5] == 1:
+            continue
+        cells = [row[10] / narayanan(hw, row)[0] - 1] + [
+            row[10] / narayanan(FixedP2P(**_fields(hw), p2p_extra=x), row)[0] - 1 for x in extras]
+        lines.append(f"{row[0]:<8} " + " ".join(f"{c:>+8.1%}" for c in cells))
     lines += ["", "data-parallel gradient reduce (a sensitivity, not the model): the Narayanan rows above reduce fp32 "
               "gradients after the backward, not overlapped (errs slow); the scripts (examples/sc21: --fp16, no "
               "--accumulate-allreduce-grads-in-fp32) reduce fp16 gradients, and the PP1 rows (--DDP-impl torch) overlap "

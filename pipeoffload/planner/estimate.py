@@ -5,7 +5,8 @@
 step time into parts that add up to it, measured on the critical rank (the busiest one):
 
 - ``compute``: its F/B/I/W/R work without the tensor-parallel collectives inside it;
-- ``tp_comm``: the exposed tensor-parallel collectives of its layers (``layertime``);
+- ``tp_comm``: the exposed tensor-parallel collectives of its layers, and of the head and the embedding
+  where it holds them (``layertime``); the all-gather after a scattered transfer is in ``pp_comm``;
 - ``pp_comm``: what point-to-point transfers add to the pipeline (makespan with them minus without);
 - ``bubble``: the rest of the pipeline's idle time on that rank (fill, drain, waits);
 - ``offload_stall``: the time its backwards waited for a reload;
@@ -29,7 +30,7 @@ from pipeoffload.planner.evaluate import ScheduleChoice, SimSummary, build, plac
 from pipeoffload.planner.exchange import lockstep_makespan
 from pipeoffload.planner.gemm import elementwise_time
 from pipeoffload.planner.hardware import GIB, HardwareSpec
-from pipeoffload.planner.layertime import layer_times
+from pipeoffload.planner.layertime import embedding_comm, head_comm, layer_times
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.plans import PlanRequest
 from pipeoffload.planner.published import mfu_warning
@@ -313,13 +314,23 @@ def _breakdown(req: EstimateRequest, lc: LayerCosts, sc: StageCosts, sim: SimSum
     split = get_spec(req.schedule).backward == "split"
     per_layer = t.detail["comm_f"] * (2 if req.recompute == "full" else 1) + (
         t.detail["comm_i"] + t.detail["comm_w"] if split else t.detail["comm_b"])
-    tp_comm = min(sim.busy[rank], per_layer * layers * req.microbatches)
+    per_microbatch = per_layer * layers + _outside_layers_comm(req, stages, len(sc.layers_per_stage))
+    tp_comm = min(sim.busy[rank], per_microbatch * req.microbatches)
     pp_comm = max(0.0, sim.makespan - no_p2p.makespan)
     stall = sim.stall[rank]
     bubble = max(0.0, sim.makespan - pp_comm - sim.busy[rank] - stall)
     compute = sim.makespan - pp_comm - bubble - stall - tp_comm
     return {"compute": compute, "bubble": bubble, "tp_comm": tp_comm, "pp_comm": pp_comm,
             "offload_stall": stall, "dp_sync": dp_time}
+
+
+def _outside_layers_comm(req: EstimateRequest, stages: object, n_stages: int) -> float:
+    """Per microbatch, the collectives of the head (last stage) and the embedding (first stage) among
+    ``stages``: neither is recomputed, and their backward collectives are the same whole or split."""
+    kw = {"sequence_parallel": req.sequence_parallel}
+    held = set(stages)  # type: ignore[call-overload]
+    head = sum(head_comm(req.model, req.hardware, req.tp, **kw)) if n_stages - 1 in held else 0.0
+    return head + (sum(embedding_comm(req.model, req.hardware, req.tp, **kw)) if 0 in held else 0.0)
 
 
 def check_total(e: Estimate) -> float:

@@ -135,15 +135,26 @@ def head_times(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *,
                sequence_parallel: bool = True) -> tuple[float, float, float, float]:
     """(F, I, W, B) of the output projection ``[T, h] x [h, V/tp]`` (vocabulary-parallel) and the loss.
 
-    Collectives: with sequence parallelism the final hidden states are all-gathered in F and their
-    gradient reduce-scattered in the backward; without it the input is copied to every rank (nothing in
-    F) and its gradient all-reduced in the backward. The loss is Megatron's vocabulary-parallel cross
-    entropy on fp32 logits (``loss_elementwise_bytes``), memory-bound, in F and in the backward's I."""
+    Its collectives are ``head_comm``'s. The loss is Megatron's vocabulary-parallel cross entropy on fp32
+    logits (``loss_elementwise_bytes``), memory-bound, in F and in the backward's I."""
     t = gemm_time(hw, model.tokens, model.vocab / tp, model.hidden)
-    c = hw.collective_time(model.boundary_bytes(1), tp, 1) if tp > 1 else 0.0
-    comm_f, comm_b = (c, c) if sequence_parallel else (0.0, 2 * c)
+    comm_f, comm_b = head_comm(model, hw, tp, sequence_parallel=sequence_parallel)
     loss_f, loss_b = (elementwise_time(hw, x) for x in loss_elementwise_bytes(model, tp))
     return t + comm_f + loss_f, t + comm_b + loss_b, t, 2 * t + comm_b + loss_b
+
+
+def head_comm(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *,
+              sequence_parallel: bool = True) -> tuple[float, float]:
+    """(F, backward) tensor-parallel collectives of the head, as Megatron-LM issues them: with sequence
+    parallelism the final hidden states are all-gathered in F and their gradient reduce-scattered in the
+    backward; without it the input is copied to every rank (nothing in F) and its gradient all-reduced
+    in the backward. ``vocab_parallel_cross_entropy`` adds three all-reduces in F of one fp32 value per
+    token (the logits' max, the target's logit, the sum of the exponentials); none in the backward."""
+    if tp <= 1:
+        return 0.0, 0.0
+    c = hw.collective_time(model.boundary_bytes(1), tp, 1)
+    loss = 3 * 2 * hw.collective_time(4.0 * model.tokens, tp, 1)  # an all-reduce is two collectives
+    return (c + loss, c) if sequence_parallel else (loss, 2 * c)
 
 
 def loss_elementwise_bytes(model: ModelSpec, tp: int) -> tuple[float, float]:
@@ -159,12 +170,21 @@ def loss_elementwise_bytes(model: ModelSpec, tp: int) -> tuple[float, float]:
 def embedding_times(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *,
                     sequence_parallel: bool = True) -> tuple[float, float]:
     """(F, B) of the first stage's embedding, as Megatron-LM's GPT runs it (``embedding_bytes``) plus its
-    collectives: the vocabulary-parallel lookup's all-reduce in F (with or without sequence
-    parallelism) and, with it, the all-gather that is the backward of the scatter to the sequence
-    shards. All of B is weight-gradient work (the token input has no gradient)."""
-    c = hw.collective_time(model.boundary_bytes(1), tp, 1) if tp > 1 else 0.0
+    collectives (``embedding_comm``). All of B is weight-gradient work (the token input has no gradient)."""
     ew_f, ew_b = embedding_bytes(model, tp, sequence_parallel)
-    return elementwise_time(hw, ew_f) + 2 * c, elementwise_time(hw, ew_b) + (c if sequence_parallel else 0.0)
+    comm_f, comm_b = embedding_comm(model, hw, tp, sequence_parallel=sequence_parallel)
+    return elementwise_time(hw, ew_f) + comm_f, elementwise_time(hw, ew_b) + comm_b
+
+
+def embedding_comm(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *,
+                   sequence_parallel: bool = True) -> tuple[float, float]:
+    """(F, B) tensor-parallel collectives of the embedding: the vocabulary-parallel lookup's all-reduce
+    in F (with or without sequence parallelism) and, with it, the all-gather in B that is the backward
+    of the scatter to the sequence shards."""
+    if tp <= 1:
+        return 0.0, 0.0
+    c = hw.collective_time(model.boundary_bytes(1), tp, 1)
+    return 2 * c, (c if sequence_parallel else 0.0)
 
 
 def embedding_bytes(model: ModelSpec, tp: int, sequence_parallel: bool = True) -> tuple[float, float]:

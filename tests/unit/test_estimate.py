@@ -231,3 +231,30 @@ def test_compare_tp_warns_for_a_side_above_the_best_published_mfu(capsys) -> Non
     above = [side for side, key in (("PP + offload", "pp"), ("baseline", "tp")) if data[key]["mfu"] > 0.552]
     assert above and [w.split(":")[0] for w in data["warnings"]] == above
     assert all(f"warning: {side}: predicted MFU" in out.err for side in above)
+
+
+@pytest.mark.parametrize("kw", [{}, {"recompute": "full"}, {"sequence_parallel": False},
+                                {"recompute": "selective", "sequence_parallel": False}])
+def test_tp_comm_is_what_the_tensor_parallel_collectives_add_to_the_step(kw: dict) -> None:
+    """With one pipeline stage (no bubble, no point-to-point) making every NVLink collective free
+    removes exactly ``tp_comm`` from the step: the layers' collectives and also the head's (its input
+    all-gather/all-reduce and the vocabulary-parallel cross entropy's three all-reduces) and the
+    embedding's (the vocabulary-parallel lookup's all-reduce), which the step time counts."""
+    req = _req(pp=1, dp=1, global_batch=4, tp=8, **kw)
+    est = estimate(req)
+    free = estimate(EstimateRequest(**{**req.__dict__, "hardware": A100.override(
+        nvlink_bandwidth=1e30, nvlink_latency=0.0)}))
+    assert free.breakdown["tp_comm"] == pytest.approx(0.0, abs=1e-12)
+    assert est.breakdown["tp_comm"] == pytest.approx(est.step_seconds - free.step_seconds, rel=1e-9)
+
+
+def test_tp_comm_counts_the_head_on_the_critical_last_rank() -> None:
+    """With PP > 1 the busiest rank is the last (it holds the head): its ``tp_comm`` is its layers'
+    collectives plus the head's, per microbatch, and not the first stage's embedding's."""
+    from pipeoffload.planner.layertime import head_comm, layer_times
+
+    est = estimate(_req(tp=8, pp=2, dp=1, global_batch=8))
+    t = layer_times(GPT13, A100, 8)
+    layers = GPT13.layers // 2
+    expected = est.microbatches * (layers * (t.detail["comm_f"] + t.detail["comm_b"]) + sum(head_comm(GPT13, A100, 8)))
+    assert est.breakdown["tp_comm"] == pytest.approx(expected, rel=1e-9)

@@ -121,7 +121,8 @@ def test_hardware_rejects_bad_calibration_fields() -> None:
 def test_head_pays_megatrons_fp32_cross_entropy_passes_and_its_collectives() -> None:
     """The head is the logits GEMM plus the loss's memory-bound passes over the T x V/tp fp32 logits
     (38 bytes each in F, 14 in the backward); with sequence parallelism an all-gather in F and a
-    reduce-scatter in B, without it nothing in F and an all-reduce (two of them) in B."""
+    reduce-scatter in B, without it nothing in F and an all-reduce (two of them) in B; and in F always
+    the cross entropy's three all-reduces of one fp32 value per token."""
     from pipeoffload.planner.gemm import elementwise_time, gemm_time
     from pipeoffload.planner.layertime import head_times
 
@@ -129,8 +130,9 @@ def test_head_pays_megatrons_fp32_cross_entropy_passes_and_its_collectives() -> 
     gemm = gemm_time(A100, m.tokens, m.vocab / 8, m.hidden)
     c = A100.collective_time(m.boundary_bytes(1), 8, 1)
     logits = m.tokens * m.vocab / 8
+    loss_comm = 3 * 2 * A100.collective_time(4 * m.tokens, 8, 1)
     f, i, w, b = head_times(m, A100, 8)
-    assert f == pytest.approx(gemm + c + elementwise_time(A100, 38 * logits))
+    assert f == pytest.approx(gemm + c + loss_comm + elementwise_time(A100, 38 * logits))
     assert i == pytest.approx(gemm + c + elementwise_time(A100, 14 * logits)) and w == pytest.approx(gemm)
     assert b == pytest.approx(2 * gemm + c + elementwise_time(A100, 14 * logits))
     f_nosp, i_nosp, _, b_nosp = head_times(m, A100, 8, sequence_parallel=False)
