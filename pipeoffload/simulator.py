@@ -39,6 +39,13 @@ _COMPUTE, _SEND, _COPY = sem.COMPUTE, sem.SEND, sem.COPY
 _LIST_KEYS = 1 << 24  # key spaces up to this size index a list; larger ones a dict
 
 
+class _Pending(dict):  # type: ignore[type-arg]
+    """Completion times by key for key spaces too large for a list: a key not done yet reads None."""
+
+    def __missing__(self, key: int) -> None:
+        return None
+
+
 class DeadlockError(ScheduleError):
     """No rank can make progress; the message lists what every stuck rank waits for."""
 
@@ -213,68 +220,65 @@ class _Simulation:
 
     def _loop(self) -> None:
         """The event loop, written with locals (the hottest loop of the package)."""
-        c, inputs = self.c, self.inputs
-        # one tuple per action: the loop unpacks it instead of indexing eight lists
-        ops = list(zip(sem.LANE[c.kind].tolist(), c.keys.tolist(), inputs.first.tolist(),
-                       inputs.first_delay.tolist(), inputs.second.tolist(), inputs.second_delay.tolist(),
-                       inputs.reload.tolist(), self.duration.tolist()))
-        # completion time per action key (None: not yet); a list where the key space is small enough
-        done: list[float | None] | dict[int, float] = [None] * c.num_keys if c.num_keys <= _LIST_KEYS else {}
+        lanes, keys, first, first_delay, second, second_delay, reloads, durations = self._columns()
+        done = self._done()
         n = self.schedule.num_ranks
         waiters, starts, ends = self.waiters, self.start, self.end
-        get = done.__getitem__ if isinstance(done, list) else done.get
         pos, offsets, clocks, busies = self.pos, self.offsets, self.clock, self.busy
         stall, stalled = self.stall, self.stalled
-        engine_free = [0.0] * (2 * n)
         # own host links: a rank's copies of one direction all pass its engine for that direction, FIFO,
         # so its link never holds a copy the engine has not already ordered; only the engine is booked
-        engine, length = self.copies[0].tolist(), self.copies[2].tolist()  # Python numbers in the loop
-        copies = {i: (engine[i], length[i]) for i in np.flatnonzero(self.copies[0] >= 0).tolist()}
+        engine, length = self.copies[0].tolist(), self.copies[2].tolist()
+        engine_free = [0.0] * (2 * n)
         ready = list(range(n))
         queued = [True] * n
         while ready:
             rank = ready.pop()
             queued[rank] = False
-            i, stop = pos[rank], offsets[rank + 1]
+            stop = offsets[rank + 1]
             clock, busy = clocks[rank], busies[rank]
-            while i < stop:
-                lane, key, dep, delay, dep2, delay2, reload, duration = ops[i]
+            for i in range(pos[rank], stop):  # on a break ``i`` is the action the rank waits at
+                lane, key = lanes[i], keys[i]
                 if lane == _SEND:  # posted without blocking
                     starts[i] = ends[i] = done[key] = clock
                 elif lane == _COPY:
                     # issued at the lane's clock, ready after its F or I (OFFLOAD, _W) or its offload, then FIFO on
                     # its engine; it does not occupy the lane
-                    t = get(dep)
+                    t = done[first[i]]
                     at = clock if t is None or clock >= t else t
-                    engine, duration = copies[i]
-                    if engine_free[engine] > at:
-                        at = engine_free[engine]
+                    slot, duration = engine[i], length[i]
+                    if engine_free[slot] > at:
+                        at = engine_free[slot]
                     starts[i], ends[i], done[key] = at, at + duration, at + duration
-                    engine_free[engine] = at + duration
+                    engine_free[slot] = at + duration
                 else:
                     at = clock
+                    dep = first[i]
                     if dep >= 0:
-                        t = get(dep)
+                        t = done[dep]
                         if t is None:
                             waiters.setdefault(dep, []).append(rank)
                             break
-                        if t + delay > at:
-                            at = t + delay
-                        if dep2 >= 0:
-                            t = get(dep2)
+                        if t + first_delay[i] > at:
+                            at = t + first_delay[i]
+                        dep = second[i]
+                        if dep >= 0:
+                            t = done[dep]
                             if t is None:
-                                waiters.setdefault(dep2, []).append(rank)
+                                waiters.setdefault(dep, []).append(rank)
                                 break
-                            if t + delay2 > at:
-                                at = t + delay2
+                            if t + second_delay[i] > at:
+                                at = t + second_delay[i]
                     if lane == _COMPUTE:
                         start = at
+                        reload = reloads[i]
                         if reload >= 0:
-                            reload_end = get(reload)
-                            if reload_end is not None and reload_end > start + _STALL_TOL * max(1.0, start):
+                            reload_end = done[reload]
+                            if reload_end is not None and reload_end > start + _STALL_TOL * (start if start > 1.0 else 1.0):
                                 stalled.append((i, reload_end - start))
                                 stall[rank] += reload_end - start
                                 start = reload_end
+                        duration = durations[i]
                         clock = start + duration
                         busy += duration
                         starts[i] = start
@@ -282,13 +286,29 @@ class _Simulation:
                         starts[i] = clock
                         clock = at
                     ends[i] = done[key] = clock
-                i += 1
                 if key in waiters:
                     for waiter in waiters.pop(key):
                         if not queued[waiter]:
                             queued[waiter] = True
                             ready.append(waiter)
+            else:
+                i = stop
             pos[rank], clocks[rank], busies[rank] = i, clock, busy
+
+    def _columns(self) -> tuple[list[int], list[int], list[int], list[float], list[int], list[float], list[int],
+                                list[float]]:
+        """Per action, as Python lists the loops index: lane, key, first input, its delay, second input,
+        its delay, the reload a backward waits for, compute duration. (Separate lists, not one tuple
+        per action: a send reads two of them, and no 10^5 tuples are built.)"""
+        c, inputs = self.c, self.inputs
+        return (sem.LANE[c.kind].tolist(), c.keys.tolist(), inputs.first.tolist(), inputs.first_delay.tolist(),
+                inputs.second.tolist(), inputs.second_delay.tolist(), inputs.reload.tolist(), self.duration.tolist())
+
+    def _done(self) -> list[float | None] | _Pending:
+        """Completion time per action key, None until it completes: a list where the key space is small
+        enough, else a dict that answers None for a missing key (both are read as ``done[key]``)."""
+        num_keys = self.c.num_keys
+        return [None] * num_keys if num_keys <= _LIST_KEYS else _Pending()
 
     def _loop_shared(self) -> None:
         """The event loop with shared host links (``_loop`` otherwise): a link is FIFO and causal.
@@ -301,14 +321,10 @@ class _Simulation:
         booked: it starts when it arrives or when its link's last copy ends. Bookings therefore go in
         the order the copies reach their links; a later copy never takes a gap before an earlier one.
         """
-        c, inputs = self.c, self.inputs
-        ops = list(zip(sem.LANE[c.kind].tolist(), c.keys.tolist(), inputs.first.tolist(),
-                       inputs.first_delay.tolist(), inputs.second.tolist(), inputs.second_delay.tolist(),
-                       inputs.reload.tolist(), self.duration.tolist()))
-        done: list[float | None] | dict[int, float] = [None] * c.num_keys if c.num_keys <= _LIST_KEYS else {}
+        lanes, keys, first, first_delay, second, second_delay, reloads, durations = self._columns()
+        done = self._done()
         n = self.schedule.num_ranks
         waiters, starts, ends = self.waiters, self.start, self.end
-        get = done.__getitem__ if isinstance(done, list) else done.get
         pos, offsets, clocks, busies = self.pos, self.offsets, self.clock, self.busy
         stall, stalled = self.stall, self.stalled
         engine, link, length = (x.tolist() for x in self.copies)
@@ -321,11 +337,11 @@ class _Simulation:
 
         def arrive(j: int) -> None:
             """Queue head ``j``: onto ``heads`` when its input is known (starts[j] holds its issue time)."""
-            dep = ops[j][2]
+            dep = first[j]
             if dep in unbooked:
                 blocked[dep] = j
                 return
-            t = get(dep) if dep >= 0 else None
+            t = done[dep] if dep >= 0 else None
             at = starts[j]
             if t is not None and t > at:
                 at = t
@@ -339,10 +355,10 @@ class _Simulation:
             while ready:
                 rank = ready.pop()
                 queued[rank] = False
-                i, stop = pos[rank], offsets[rank + 1]
+                stop = offsets[rank + 1]
                 clock, busy = clocks[rank], busies[rank]
-                while i < stop:
-                    lane, key, dep, delay, dep2, delay2, reload, duration = ops[i]
+                for i in range(pos[rank], stop):  # on a break ``i`` is the action the rank waits at
+                    lane, key = lanes[i], keys[i]
                     if lane == _COPY:  # queued; booked when no lane can run (see above)
                         starts[i] = clock
                         queue = queues[engine[i]]
@@ -350,37 +366,40 @@ class _Simulation:
                         unbooked[key] = i
                         if len(queue) == 1:
                             arrive(i)
-                        i += 1
                         continue
                     if lane == _SEND:
                         starts[i] = ends[i] = done[key] = clock
                     else:
                         at = clock
+                        dep = first[i]
                         if dep >= 0:
-                            t = get(dep)
+                            t = done[dep]
                             if t is None:
                                 waiters.setdefault(dep, []).append(rank)
                                 break
-                            if t + delay > at:
-                                at = t + delay
-                            if dep2 >= 0:
-                                t = get(dep2)
+                            if t + first_delay[i] > at:
+                                at = t + first_delay[i]
+                            dep = second[i]
+                            if dep >= 0:
+                                t = done[dep]
                                 if t is None:
-                                    waiters.setdefault(dep2, []).append(rank)
+                                    waiters.setdefault(dep, []).append(rank)
                                     break
-                                if t + delay2 > at:
-                                    at = t + delay2
+                                if t + second_delay[i] > at:
+                                    at = t + second_delay[i]
                         if lane == _COMPUTE:
                             start = at
+                            reload = reloads[i]
                             if reload >= 0:
                                 if reload in unbooked:
                                     waiters.setdefault(reload, []).append(rank)
                                     break
-                                reload_end = get(reload)
-                                if reload_end is not None and reload_end > start + _STALL_TOL * max(1.0, start):
+                                reload_end = done[reload]
+                                if reload_end is not None and reload_end > start + _STALL_TOL * (start if start > 1.0 else 1.0):
                                     stalled.append((i, reload_end - start))
                                     stall[rank] += reload_end - start
                                     start = reload_end
+                            duration = durations[i]
                             clock = start + duration
                             busy += duration
                             starts[i] = start
@@ -388,18 +407,19 @@ class _Simulation:
                             starts[i] = clock
                             clock = at
                         ends[i] = done[key] = clock
-                    i += 1
                     if key in waiters:
                         for waiter in waiters.pop(key):
                             if not queued[waiter]:
                                 queued[waiter] = True
                                 ready.append(waiter)
+                else:
+                    i = stop
                 pos[rank], clocks[rank], busies[rank] = i, clock, busy
             if not heads:
                 return
             while heads and not ready:  # book in arrival order until a lane can run again
                 at, j = heapq.heappop(heads)
-                key, duration = ops[j][1], length[j]
+                key, duration = keys[j], length[j]
                 if duration > 0:
                     if link_free[link[j]] > at:
                         at = link_free[link[j]]
