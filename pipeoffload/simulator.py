@@ -190,7 +190,7 @@ class _Simulation:
         self.c = c = coded(schedule)
         self.inputs = c.inputs(costs.p2p_time)
         self.duration = sem.durations(costs, schedule.num_stages)[c.kind, c.stage]
-        self.amount = sem.memory_effects(c, costs)
+        self.amount = np.asarray(sem.memory_effects(c, costs), dtype=float)  # converted once, read as an array
         self.host_amount = sem.host_effects(c, costs, self.amount)
         n = schedule.num_ranks
         total = len(c.kind)
@@ -453,29 +453,32 @@ class _Simulation:
         return (engine.astype(np.int64), link.astype(np.int64), length), 2 * (int(owner.max(initial=0)) + 1)
 
     # ---- results -----------------------------------------------------------------------------
-    def _memory_events(self, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(times, deltas) of device memory and of host memory on one rank."""
-        lo, hi = self.offsets[rank], self.offsets[rank + 1]
-        kind = self.c.kind[lo:hi]
-        amount = np.asarray(self.amount[lo:hi])
-        start, end = np.asarray(self.start[lo:hi]), np.asarray(self.end[lo:hi])
+    def _memory_events(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per rank: (times, deltas) of device memory and of host memory. Computed on the whole flat
+        arrays once (not once per rank: the times are converted from lists a single time), then cut
+        at the ranks' bounds; each rank keeps its events in list order."""
+        kind = self.c.kind
+        amount = self.amount
+        start, end = np.array(self.start), np.array(self.end)
         lane = sem.LANE[kind]
-        compute = lane == sem.COMPUTE
         offload = sem.TO_HOST[kind]
-        reload = (sem.LANE[kind] == sem.COPY) & ~offload
-        at_end = sem.AT_END[kind]
-        device = compute | offload | reload
-        times = np.where(at_end | offload, end, start)[device]
-        deltas = np.where(offload, -amount, amount)[device]
+        reload = (lane == sem.COPY) & ~offload
+        device = (lane == sem.COMPUTE) | offload | reload
         copies = offload | reload
+        times = np.where(sem.AT_END[kind] | offload, end, start)[device]
+        deltas = np.where(offload, -amount, amount)[device]
         host_times = np.where(offload, start, end)[copies]
-        host_deltas = self.host_amount[lo:hi][copies]
-        return times, deltas, host_times, host_deltas
+        host_deltas = self.host_amount[copies]
+        # where each rank's events begin in the selected arrays
+        at = np.searchsorted(np.flatnonzero(device), self.offsets).tolist()
+        host_at = np.searchsorted(np.flatnonzero(copies), self.offsets).tolist()
+        return [(times[at[r]:at[r + 1]], deltas[at[r]:at[r + 1]],
+                 host_times[host_at[r]:host_at[r + 1]], host_deltas[host_at[r]:host_at[r + 1]])
+                for r in range(self.schedule.num_ranks)]
 
     def figures(self) -> Figures:
         peaks, host = [], []
-        for rank in range(self.schedule.num_ranks):
-            times, deltas, host_times, host_deltas = self._memory_events(rank)
+        for times, deltas, host_times, host_deltas in self._memory_events():
             peaks.append(_peak(times, deltas))
             host.append(_peak(host_times, host_deltas))
         return Figures(max(self.end, default=0.0), tuple(self.busy), tuple(peaks), tuple(host), tuple(self.stall))
@@ -488,8 +491,7 @@ class _Simulation:
         makespan = max((max(row, default=0.0) for row in end), default=0.0)
         per_rank = []
         v = max(self.schedule.stages_per_rank, 1)
-        for rank in ranks:
-            times, deltas, host_times, host_deltas = self._memory_events(rank)
+        for rank, (times, deltas, host_times, host_deltas) in zip(ranks, self._memory_events()):
             memory, peak = _curve(times, deltas)
             host, host_peak = _curve(host_times, host_deltas)
             busy = self.busy[rank]
