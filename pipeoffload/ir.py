@@ -23,6 +23,8 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from itertools import chain
+from operator import attrgetter
 
 from pipeoffload.placement import Placement
 
@@ -94,6 +96,7 @@ class Action:
         return cls(ActionKind(match.group(2)), int(match.group(1)), int(match.group(3)))
 
 
+_kind_of = attrgetter("kind")
 _set_kind, _set_stage, _set_microbatch = (Action.__dict__[name].__set__ for name in ("kind", "stage", "microbatch"))
 
 
@@ -150,12 +153,16 @@ class Schedule:
     def with_actions(self, actions: Sequence[Sequence[Action]]) -> Schedule:
         return Schedule(tuple(tuple(r) for r in actions), self.placement, self.num_microbatches, self.name)
 
+    def kinds(self) -> Iterator[ActionKind]:
+        """Every action's kind, in rank then list order (a C-level scan: no Python frame per action)."""
+        return map(_kind_of, chain.from_iterable(self.actions))
+
     def is_lowered(self) -> bool:
-        return any(a.kind in COMM_KINDS for r in self.actions for a in r)
+        return not COMM_KINDS.isdisjoint(self.kinds())
 
     def compute_only(self) -> Schedule:
         """Drop comm, copy and wait actions, leaving what a generator produces (``self`` if there are none)."""
-        if all(a.kind in COMPUTE_KINDS for r in self.actions for a in r):
+        if COMPUTE_KINDS.issuperset(self.kinds()):
             return self
         return self.with_actions([[a for a in r if a.kind in COMPUTE_KINDS] for r in self.actions])
 

@@ -182,7 +182,8 @@ class RankTimeline:
 def rank_timelines(schedule: Schedule, timeline: Timeline, costs: CostModel) -> list[RankTimeline]:
     """Every rank's ``RankTimeline`` of a compute-only ``schedule`` simulated as ``timeline`` (a search
     keeps them in its ``_perf.Memo`` under the schedule and costs, which determine the timeline)."""
-    recomputed = {(a.stage, a.microbatch) for row in schedule.actions for a in row if a.kind is K.R}
+    recomputed = ({(a.stage, a.microbatch) for row in schedule.actions for a in row if a.kind is K.R}
+                  if K.R in schedule.kinds() else set())  # the usual case, no R, found by a C-level scan
     return [RankTimeline(r, schedule.actions[r], timeline.start[r], timeline.end[r], costs, recomputed)
             for r in range(schedule.num_ranks)]
 
