@@ -39,6 +39,13 @@ _COMPUTE, _SEND, _COPY = sem.COMPUTE, sem.SEND, sem.COPY
 _LIST_KEYS = 1 << 24  # key spaces up to this size index a list; larger ones a dict
 
 
+class _Pending(dict):  # type: ignore[type-arg]
+    """Completion times by key for key spaces too large for a list: a key not done yet reads None."""
+
+    def __missing__(self, key: int) -> None:
+        return None
+
+
 class DeadlockError(ScheduleError):
     """No rank can make progress; the message lists what every stuck rank waits for."""
 
@@ -183,7 +190,7 @@ class _Simulation:
         self.c = c = coded(schedule)
         self.inputs = c.inputs(costs.p2p_time)
         self.duration = sem.durations(costs, schedule.num_stages)[c.kind, c.stage]
-        self.amount = sem.memory_effects(c, costs)
+        self.amount = np.asarray(sem.memory_effects(c, costs), dtype=float)  # converted once, read as an array
         self.host_amount = sem.host_effects(c, costs, self.amount)
         n = schedule.num_ranks
         total = len(c.kind)
@@ -213,68 +220,65 @@ class _Simulation:
 
     def _loop(self) -> None:
         """The event loop, written with locals (the hottest loop of the package)."""
-        c, inputs = self.c, self.inputs
-        # one tuple per action: the loop unpacks it instead of indexing eight lists
-        ops = list(zip(sem.LANE[c.kind].tolist(), c.keys.tolist(), inputs.first.tolist(),
-                       inputs.first_delay.tolist(), inputs.second.tolist(), inputs.second_delay.tolist(),
-                       inputs.reload.tolist(), self.duration.tolist()))
-        # completion time per action key (None: not yet); a list where the key space is small enough
-        done: list[float | None] | dict[int, float] = [None] * c.num_keys if c.num_keys <= _LIST_KEYS else {}
+        lanes, keys, first, first_delay, second, second_delay, reloads, durations = self._columns()
+        done = self._done()
         n = self.schedule.num_ranks
         waiters, starts, ends = self.waiters, self.start, self.end
-        get = done.__getitem__ if isinstance(done, list) else done.get
         pos, offsets, clocks, busies = self.pos, self.offsets, self.clock, self.busy
         stall, stalled = self.stall, self.stalled
-        engine_free = [0.0] * (2 * n)
         # own host links: a rank's copies of one direction all pass its engine for that direction, FIFO,
         # so its link never holds a copy the engine has not already ordered; only the engine is booked
-        engine, length = self.copies[0].tolist(), self.copies[2].tolist()  # Python numbers in the loop
-        copies = {i: (engine[i], length[i]) for i in np.flatnonzero(self.copies[0] >= 0).tolist()}
+        engine, length = self.copies[0].tolist(), self.copies[2].tolist()
+        engine_free = [0.0] * (2 * n)
         ready = list(range(n))
         queued = [True] * n
         while ready:
             rank = ready.pop()
             queued[rank] = False
-            i, stop = pos[rank], offsets[rank + 1]
+            stop = offsets[rank + 1]
             clock, busy = clocks[rank], busies[rank]
-            while i < stop:
-                lane, key, dep, delay, dep2, delay2, reload, duration = ops[i]
+            for i in range(pos[rank], stop):  # on a break ``i`` is the action the rank waits at
+                lane, key = lanes[i], keys[i]
                 if lane == _SEND:  # posted without blocking
                     starts[i] = ends[i] = done[key] = clock
                 elif lane == _COPY:
                     # issued at the lane's clock, ready after its F or I (OFFLOAD, _W) or its offload, then FIFO on
                     # its engine; it does not occupy the lane
-                    t = get(dep)
+                    t = done[first[i]]
                     at = clock if t is None or clock >= t else t
-                    engine, duration = copies[i]
-                    if engine_free[engine] > at:
-                        at = engine_free[engine]
+                    slot, duration = engine[i], length[i]
+                    if engine_free[slot] > at:
+                        at = engine_free[slot]
                     starts[i], ends[i], done[key] = at, at + duration, at + duration
-                    engine_free[engine] = at + duration
+                    engine_free[slot] = at + duration
                 else:
                     at = clock
+                    dep = first[i]
                     if dep >= 0:
-                        t = get(dep)
+                        t = done[dep]
                         if t is None:
                             waiters.setdefault(dep, []).append(rank)
                             break
-                        if t + delay > at:
-                            at = t + delay
-                        if dep2 >= 0:
-                            t = get(dep2)
+                        if t + first_delay[i] > at:
+                            at = t + first_delay[i]
+                        dep = second[i]
+                        if dep >= 0:
+                            t = done[dep]
                             if t is None:
-                                waiters.setdefault(dep2, []).append(rank)
+                                waiters.setdefault(dep, []).append(rank)
                                 break
-                            if t + delay2 > at:
-                                at = t + delay2
+                            if t + second_delay[i] > at:
+                                at = t + second_delay[i]
                     if lane == _COMPUTE:
                         start = at
+                        reload = reloads[i]
                         if reload >= 0:
-                            reload_end = get(reload)
-                            if reload_end is not None and reload_end > start + _STALL_TOL * max(1.0, start):
+                            reload_end = done[reload]
+                            if reload_end is not None and reload_end > start + _STALL_TOL * (start if start > 1.0 else 1.0):
                                 stalled.append((i, reload_end - start))
                                 stall[rank] += reload_end - start
                                 start = reload_end
+                        duration = durations[i]
                         clock = start + duration
                         busy += duration
                         starts[i] = start
@@ -282,13 +286,29 @@ class _Simulation:
                         starts[i] = clock
                         clock = at
                     ends[i] = done[key] = clock
-                i += 1
                 if key in waiters:
                     for waiter in waiters.pop(key):
                         if not queued[waiter]:
                             queued[waiter] = True
                             ready.append(waiter)
+            else:
+                i = stop
             pos[rank], clocks[rank], busies[rank] = i, clock, busy
+
+    def _columns(self) -> tuple[list[int], list[int], list[int], list[float], list[int], list[float], list[int],
+                                list[float]]:
+        """Per action, as Python lists the loops index: lane, key, first input, its delay, second input,
+        its delay, the reload a backward waits for, compute duration. (Separate lists, not one tuple
+        per action: a send reads two of them, and no 10^5 tuples are built.)"""
+        c, inputs = self.c, self.inputs
+        return (sem.LANE[c.kind].tolist(), c.keys.tolist(), inputs.first.tolist(), inputs.first_delay.tolist(),
+                inputs.second.tolist(), inputs.second_delay.tolist(), inputs.reload.tolist(), self.duration.tolist())
+
+    def _done(self) -> list[float | None] | _Pending:
+        """Completion time per action key, None until it completes: a list where the key space is small
+        enough, else a dict that answers None for a missing key (both are read as ``done[key]``)."""
+        num_keys = self.c.num_keys
+        return [None] * num_keys if num_keys <= _LIST_KEYS else _Pending()
 
     def _loop_shared(self) -> None:
         """The event loop with shared host links (``_loop`` otherwise): a link is FIFO and causal.
@@ -301,14 +321,10 @@ class _Simulation:
         booked: it starts when it arrives or when its link's last copy ends. Bookings therefore go in
         the order the copies reach their links; a later copy never takes a gap before an earlier one.
         """
-        c, inputs = self.c, self.inputs
-        ops = list(zip(sem.LANE[c.kind].tolist(), c.keys.tolist(), inputs.first.tolist(),
-                       inputs.first_delay.tolist(), inputs.second.tolist(), inputs.second_delay.tolist(),
-                       inputs.reload.tolist(), self.duration.tolist()))
-        done: list[float | None] | dict[int, float] = [None] * c.num_keys if c.num_keys <= _LIST_KEYS else {}
+        lanes, keys, first, first_delay, second, second_delay, reloads, durations = self._columns()
+        done = self._done()
         n = self.schedule.num_ranks
         waiters, starts, ends = self.waiters, self.start, self.end
-        get = done.__getitem__ if isinstance(done, list) else done.get
         pos, offsets, clocks, busies = self.pos, self.offsets, self.clock, self.busy
         stall, stalled = self.stall, self.stalled
         engine, link, length = (x.tolist() for x in self.copies)
@@ -321,11 +337,11 @@ class _Simulation:
 
         def arrive(j: int) -> None:
             """Queue head ``j``: onto ``heads`` when its input is known (starts[j] holds its issue time)."""
-            dep = ops[j][2]
+            dep = first[j]
             if dep in unbooked:
                 blocked[dep] = j
                 return
-            t = get(dep) if dep >= 0 else None
+            t = done[dep] if dep >= 0 else None
             at = starts[j]
             if t is not None and t > at:
                 at = t
@@ -339,10 +355,10 @@ class _Simulation:
             while ready:
                 rank = ready.pop()
                 queued[rank] = False
-                i, stop = pos[rank], offsets[rank + 1]
+                stop = offsets[rank + 1]
                 clock, busy = clocks[rank], busies[rank]
-                while i < stop:
-                    lane, key, dep, delay, dep2, delay2, reload, duration = ops[i]
+                for i in range(pos[rank], stop):  # on a break ``i`` is the action the rank waits at
+                    lane, key = lanes[i], keys[i]
                     if lane == _COPY:  # queued; booked when no lane can run (see above)
                         starts[i] = clock
                         queue = queues[engine[i]]
@@ -350,37 +366,40 @@ class _Simulation:
                         unbooked[key] = i
                         if len(queue) == 1:
                             arrive(i)
-                        i += 1
                         continue
                     if lane == _SEND:
                         starts[i] = ends[i] = done[key] = clock
                     else:
                         at = clock
+                        dep = first[i]
                         if dep >= 0:
-                            t = get(dep)
+                            t = done[dep]
                             if t is None:
                                 waiters.setdefault(dep, []).append(rank)
                                 break
-                            if t + delay > at:
-                                at = t + delay
-                            if dep2 >= 0:
-                                t = get(dep2)
+                            if t + first_delay[i] > at:
+                                at = t + first_delay[i]
+                            dep = second[i]
+                            if dep >= 0:
+                                t = done[dep]
                                 if t is None:
-                                    waiters.setdefault(dep2, []).append(rank)
+                                    waiters.setdefault(dep, []).append(rank)
                                     break
-                                if t + delay2 > at:
-                                    at = t + delay2
+                                if t + second_delay[i] > at:
+                                    at = t + second_delay[i]
                         if lane == _COMPUTE:
                             start = at
+                            reload = reloads[i]
                             if reload >= 0:
                                 if reload in unbooked:
                                     waiters.setdefault(reload, []).append(rank)
                                     break
-                                reload_end = get(reload)
-                                if reload_end is not None and reload_end > start + _STALL_TOL * max(1.0, start):
+                                reload_end = done[reload]
+                                if reload_end is not None and reload_end > start + _STALL_TOL * (start if start > 1.0 else 1.0):
                                     stalled.append((i, reload_end - start))
                                     stall[rank] += reload_end - start
                                     start = reload_end
+                            duration = durations[i]
                             clock = start + duration
                             busy += duration
                             starts[i] = start
@@ -388,18 +407,19 @@ class _Simulation:
                             starts[i] = clock
                             clock = at
                         ends[i] = done[key] = clock
-                    i += 1
                     if key in waiters:
                         for waiter in waiters.pop(key):
                             if not queued[waiter]:
                                 queued[waiter] = True
                                 ready.append(waiter)
+                else:
+                    i = stop
                 pos[rank], clocks[rank], busies[rank] = i, clock, busy
             if not heads:
                 return
             while heads and not ready:  # book in arrival order until a lane can run again
                 at, j = heapq.heappop(heads)
-                key, duration = ops[j][1], length[j]
+                key, duration = keys[j], length[j]
                 if duration > 0:
                     if link_free[link[j]] > at:
                         at = link_free[link[j]]
@@ -433,29 +453,32 @@ class _Simulation:
         return (engine.astype(np.int64), link.astype(np.int64), length), 2 * (int(owner.max(initial=0)) + 1)
 
     # ---- results -----------------------------------------------------------------------------
-    def _memory_events(self, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(times, deltas) of device memory and of host memory on one rank."""
-        lo, hi = self.offsets[rank], self.offsets[rank + 1]
-        kind = self.c.kind[lo:hi]
-        amount = np.asarray(self.amount[lo:hi])
-        start, end = np.asarray(self.start[lo:hi]), np.asarray(self.end[lo:hi])
+    def _memory_events(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per rank: (times, deltas) of device memory and of host memory. Computed on the whole flat
+        arrays once (not once per rank: the times are converted from lists a single time), then cut
+        at the ranks' bounds; each rank keeps its events in list order."""
+        kind = self.c.kind
+        amount = self.amount
+        start, end = np.array(self.start), np.array(self.end)
         lane = sem.LANE[kind]
-        compute = lane == sem.COMPUTE
         offload = sem.TO_HOST[kind]
-        reload = (sem.LANE[kind] == sem.COPY) & ~offload
-        at_end = sem.AT_END[kind]
-        device = compute | offload | reload
-        times = np.where(at_end | offload, end, start)[device]
-        deltas = np.where(offload, -amount, amount)[device]
+        reload = (lane == sem.COPY) & ~offload
+        device = (lane == sem.COMPUTE) | offload | reload
         copies = offload | reload
+        times = np.where(sem.AT_END[kind] | offload, end, start)[device]
+        deltas = np.where(offload, -amount, amount)[device]
         host_times = np.where(offload, start, end)[copies]
-        host_deltas = self.host_amount[lo:hi][copies]
-        return times, deltas, host_times, host_deltas
+        host_deltas = self.host_amount[copies]
+        # where each rank's events begin in the selected arrays
+        at = np.searchsorted(np.flatnonzero(device), self.offsets).tolist()
+        host_at = np.searchsorted(np.flatnonzero(copies), self.offsets).tolist()
+        return [(times[at[r]:at[r + 1]], deltas[at[r]:at[r + 1]],
+                 host_times[host_at[r]:host_at[r + 1]], host_deltas[host_at[r]:host_at[r + 1]])
+                for r in range(self.schedule.num_ranks)]
 
     def figures(self) -> Figures:
         peaks, host = [], []
-        for rank in range(self.schedule.num_ranks):
-            times, deltas, host_times, host_deltas = self._memory_events(rank)
+        for times, deltas, host_times, host_deltas in self._memory_events():
             peaks.append(_peak(times, deltas))
             host.append(_peak(host_times, host_deltas))
         return Figures(max(self.end, default=0.0), tuple(self.busy), tuple(peaks), tuple(host), tuple(self.stall))
@@ -468,8 +491,7 @@ class _Simulation:
         makespan = max((max(row, default=0.0) for row in end), default=0.0)
         per_rank = []
         v = max(self.schedule.stages_per_rank, 1)
-        for rank in ranks:
-            times, deltas, host_times, host_deltas = self._memory_events(rank)
+        for rank, (times, deltas, host_times, host_deltas) in zip(ranks, self._memory_events()):
             memory, peak = _curve(times, deltas)
             host, host_peak = _curve(host_times, host_deltas)
             busy = self.busy[rank]

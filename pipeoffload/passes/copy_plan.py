@@ -176,13 +176,14 @@ class RankTimeline:
     def position(self, t: float, limit: int | None = None) -> int:
         """List position whose issue time is the latest at or before ``t`` (capped at ``limit``)."""
         p = bisect.bisect_right(self.clocks, t + EPS) - 1
-        return p if limit is None else min(p, limit)
+        return p if limit is None or p < limit else limit
 
 
 def rank_timelines(schedule: Schedule, timeline: Timeline, costs: CostModel) -> list[RankTimeline]:
     """Every rank's ``RankTimeline`` of a compute-only ``schedule`` simulated as ``timeline`` (a search
     keeps them in its ``_perf.Memo`` under the schedule and costs, which determine the timeline)."""
-    recomputed = {(a.stage, a.microbatch) for row in schedule.actions for a in row if a.kind is K.R}
+    recomputed = ({(a.stage, a.microbatch) for row in schedule.actions for a in row if a.kind is K.R}
+                  if K.R in schedule.kinds() else set())  # the usual case, no R, found by a C-level scan
     return [RankTimeline(r, schedule.actions[r], timeline.start[r], timeline.end[r], costs, recomputed)
             for r in range(schedule.num_ranks)]
 
@@ -359,14 +360,15 @@ class CopyGroup:
         """
         reloads: dict[tuple[int, int, int, int], float] = {}
         failed = []
+        latest, earliest, reserve, release = self.latest, self.earliest, self.reserve, self.release
         for rank, x in sorted(chosen, key=lambda rx: (-rx[1].deadline, rx[0], rx[1].stage, rx[1].microbatch,
                                                       rx[1].window)):
-            h2d = self.latest(rank, "h2d", x.deadline - x.h2d, x.h2d, x.f_end + x.d2h)
+            h2d = latest(rank, "h2d", x.deadline - x.h2d, x.h2d, x.f_end + x.d2h)
             if h2d is None:
                 failed.append((rank, x))
                 continue
-            self.reserve(rank, "h2d", h2d, x.h2d)
-            reloads[(rank, *x.ident)] = h2d
+            reserve(rank, "h2d", h2d, x.h2d)
+            reloads[(rank, x.stage, x.microbatch, x.window)] = h2d
         placed = []
         # Offloads come in order of their forwards, so while copies are only added, an offload of the
         # same rank and duration cannot start before the previous one did: no start earlier than that
@@ -376,19 +378,19 @@ class CopyGroup:
         resume: dict[tuple[int, float], float] = {}
         for rank, x in sorted(chosen, key=lambda rx: (rx[1].f_end, rx[0], rx[1].stage, rx[1].microbatch,
                                                       rx[1].window)):
-            h2d = reloads.get((rank, *x.ident))
+            h2d = reloads.get((rank, x.stage, x.microbatch, x.window))
             if h2d is None:
                 continue
             after = resume.get((rank, x.d2h), x.f_end)
-            d2h = self.earliest(rank, "d2h", after if after > x.f_end else x.f_end, x.d2h, h2d - x.d2h)
+            d2h = earliest(rank, "d2h", after if after > x.f_end else x.f_end, x.d2h, h2d - x.d2h)
             p = None if d2h is None else self._placed(rank, x, d2h, h2d)
             if p is None or p.hi <= p.lo:
-                self.release(rank, "h2d", h2d, x.h2d)
+                release(rank, "h2d", h2d, x.h2d)
                 failed.append((rank, x))
                 resume.clear()
                 continue
             assert d2h is not None
-            self.reserve(rank, "d2h", d2h, x.d2h)
+            reserve(rank, "d2h", d2h, x.d2h)
             if not self.relaxed:
                 resume[(rank, x.d2h)] = d2h
             placed.append((rank, p))

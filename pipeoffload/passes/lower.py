@@ -82,7 +82,7 @@ def _lower(schedule: Schedule, costs: CostModel | None, offload: OffloadPolicy |
 
 def _memory_actions_kept(schedule: Schedule, offload: OffloadPolicy, recompute: RecomputePolicy) -> Schedule:
     """Drop comm actions; keep hand-placed OFFLOAD/RELOAD/R unless a policy is to place its own."""
-    kinds = {a.kind for row in schedule.actions for a in row}
+    kinds = set(schedule.kinds())
     hand_placed = bool(kinds & {K.OFFLOAD, K.RELOAD, K.R})
     if hand_placed and (offload.kind != "none" or recompute.kind != "none"):
         raise ConfigError(

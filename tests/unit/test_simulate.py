@@ -170,3 +170,17 @@ def test_simulate_prints_each_ranks_own_bubble() -> None:
     assert rows[0][0] > rows[-1][0]
     assert [bubble for _, bubble in rows] == [f"{1 - busy / makespan:.2%}" for busy, _ in rows]
     assert rows[0][1] != rows[-1][1]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_key_space_too_large_for_a_list_gives_the_same_timeline(monkeypatch: pytest.MonkeyPatch, shared: bool) -> None:
+    # Above _LIST_KEYS the loops keep completion times in a dict that reads None for a key not done yet.
+    from pipeoffload import simulator
+
+    costs = CostModel(shared_host_link=shared).with_offload_ratio(0.5)
+    schedule = lower(generate("zb-v", 4, 8), costs, offload="all")
+    as_list = simulate(schedule, costs)
+    monkeypatch.setattr(simulator, "_LIST_KEYS", 0)
+    as_dict = simulate(schedule, costs)
+    assert (as_dict.start, as_dict.end, as_dict.per_rank, as_dict.stalls) == (
+        as_list.start, as_list.end, as_list.per_rank, as_list.stalls)
