@@ -388,7 +388,7 @@ def agent_options(agent: type = LocalElasticAgent) -> dict[str, Any]:
     """Keyword arguments for the agent that this torch's ``LocalElasticAgent`` takes: no grace period
     at shutdown (``shutdown_timeout=0``) where it has that argument; torch 2.11 has not, and keeps its
     default grace there."""
-    return {"shutdown_timeout": 0} if "shutdown_timeout" in inspect.signature(agent.__init__).parameters else {}
+    return {"shutdown_timeout": 0} if "shutdown_timeout" in inspect.signature(agent).parameters else {}
 
 
 class _Agent(LocalElasticAgent):
