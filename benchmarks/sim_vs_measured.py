@@ -29,9 +29,11 @@ from pipeoffload.ir import ActionKind
 from pipeoffload.models.gpt import GPTConfig, gpt_layers, lm_loss, sample_batch
 from pipeoffload.models.split import build_rank_stages, even_counts, split_layers
 from pipeoffload.passes.lower import lower
-from pipeoffload.profiling import measure_action_overhead, profile_stages
+from pipeoffload.profiling import measure_action_overhead, profile_stages, replayed_action_times, with_action_times
 from pipeoffload.runtime import PipelineRunner
+from pipeoffload.runtime.comm import LoopbackTransport
 from pipeoffload.runtime.launch import spawn
+from pipeoffload.runtime.spec import spec_of
 from pipeoffload.schedules import generate
 from pipeoffload.simulator import simulate
 
@@ -99,6 +101,25 @@ def _profile(ranks: int, v: int, p2p_time: float, overhead: float) -> CostModel:
     return profile.cost_model(p2p_time=p2p_time, action_overhead=overhead)
 
 
+def _replayed(ranks: int, family: str, v: int, costs: CostModel) -> CostModel:
+    """``costs`` with the F/B/I/W times of every rank's actions replayed alone (``replayed_action_times``)."""
+    torch.set_num_threads(1)
+    schedule = lower(generate(family, ranks, MICROBATCHES, v))
+    counts = even_counts(len(gpt_layers(CFG)), ranks * v)
+    inputs, targets = sample_batch(CFG, MICROBATCH * MICROBATCHES, padded=False)
+    # every boundary's spec, from one microbatch through the whole model (a lone rank cannot infer them)
+    x: tuple = (inputs[0][:MICROBATCH], *inputs[1:])
+    specs = {}
+    for s, module in enumerate(split_layers(gpt_layers(CFG), counts)[:-1]):
+        x = module(*x)
+        specs[s] = spec_of(x)
+    runners = [PipelineRunner(build_rank_stages(gpt_layers(CFG), counts, schedule.placement, r), schedule, r,
+                              loss_fn=lm_loss, measure_memory=False, output_specs=specs,
+                              transport=LoopbackTransport(torch.device("cpu")))
+               for r in range(ranks)]
+    return with_action_times(costs, replayed_action_times(runners, inputs, targets, steps=3, warmup=1))
+
+
 def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -130,13 +151,16 @@ def main() -> None:
             bare = dataclasses.replace(c, action_overhead=0.0)
             without = simulate(lower(schedule, bare), bare).makespan
             load = _load()
+            replay = _replayed(ranks, family, v, c)
+            replayed = simulate(lower(schedule, replay), replay).makespan
             run = spawn(_run, ranks, (family, v, args.steps), deadline=900)
             if not run.ok:
                 raise SystemExit("\n".join(e for e in run.errors if e))
             measured = statistics.median(max(w) for w in zip(*(r[0] for r in run.results)))
-            rows.append((ranks, family, v, with_overhead, without, measured, load, _load()))
+            rows.append((ranks, family, v, with_overhead, without, replayed, measured, load, _load()))
             print(f"{ranks} ranks {family:<17} v={v}: simulated {with_overhead:.3f} s ({(with_overhead - measured) / measured:+.1%}), "
                   f"without the per-action overhead {without:.3f} s ({(without - measured) / measured:+.1%}), "
+                  f"with replayed action times {replayed:.3f} s ({(replayed - measured) / measured:+.1%}), "
                   f"measured {measured:.3f} s; load {load} -> {_load()}", flush=True)
             comm = [statistics.median(kinds["comm"]) for _, kinds in run.results]
             print("    in send/receive batches per step, per rank: " + ", ".join(f"{x * 1e3:.0f} ms" for x in comm))
@@ -149,12 +173,13 @@ def main() -> None:
             for key in sorted(durations, key=lambda k: (int(k[1:]), k[0])):
                 kind, stage = ActionKind(key[0]), int(key[1:])
                 profiled = {ActionKind.F: c.f, ActionKind.B: c.b, ActionKind.I: c.i, ActionKind.W: c.w}[kind](stage)
+                again = {ActionKind.F: replay.f, ActionKind.B: replay.b, ActionKind.I: replay.i, ActionKind.W: replay.w}[kind](stage)
                 print(f"    {key:>4}: runtime {statistics.median(durations[key]) * 1e3:6.2f} ms, "
-                      f"cost model {profiled * 1e3:6.2f} ms")
-    print("\nranks  schedule           v  simulated s  measured s  error   (without overhead)")
-    for ranks, family, v, sim, bare, measured, _, _ in rows:
+                      f"cost model {profiled * 1e3:6.2f} ms, replayed {again * 1e3:6.2f} ms")
+    print("\nranks  schedule           v  simulated s  measured s  error   (without overhead)   replayed s  error")
+    for ranks, family, v, sim, bare, replayed, measured, _, _ in rows:
         print(f"{ranks:>5}  {family:<17} {v:>2} {sim:>11.3f} {measured:>11.3f} {(sim - measured) / measured:>+7.1%}   "
-              f"({bare:.3f} s, {(bare - measured) / measured:+.1%})")
+              f"({bare:.3f} s, {(bare - measured) / measured:+.1%}) {replayed:>11.3f} {(replayed - measured) / measured:>+7.1%}")
 
 
 if __name__ == "__main__":

@@ -15,13 +15,18 @@ Times are medians over ``repeats`` after ``warmup`` runs. ``Profile.cost_model``
 ``CostModel`` for ``simulate``; ``measure_layer_costs`` gives ``LayerCosts`` for ``plan``.
 ``measure_action_overhead`` measures the runtime's fixed cost per compute action (``PipelineRunner``
 on one rank with tiny stages, against the same compute called directly), for the cost model's
-``action_overhead``.
+``action_overhead``. ``replayed_action_times`` measures each stage's F/B/I/W as the runtime runs a
+given schedule (every rank's actions replayed alone, no peer to wait on), and ``with_action_times``
+puts them into a ``CostModel``: what a standalone profile misses (the activation store's hooks on
+ranks that split the backward, the allocator and caches of interleaved microbatches and stages) is in them.
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +35,7 @@ from torch import nn
 
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
+from pipeoffload.ir import ActionKind
 from pipeoffload.planner.stagecosts import LayerCosts
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -348,3 +354,46 @@ def measure_action_overhead(*, microbatches: int = 8, steps: int = 20, width: in
     finally:
         runner.close()
     return max(statistics.median(differences[3:]), 0.0) / (4 * microbatches)
+
+
+_COMPUTE = (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)
+
+
+def replayed_action_times(runners: Sequence[Any], inputs: Any, targets: Any, *, steps: int = 3,
+                          warmup: int = 1) -> dict[tuple[ActionKind, int], float]:
+    """Median seconds of each compute action by (kind, stage) as the runtime runs them: each
+    ``PipelineRunner`` in ``runners`` (one per rank of a schedule, each on a ``LoopbackTransport``:
+    its receives are filled and its sends dropped, so it never waits on a peer) runs ``warmup +
+    steps`` steps alone, one runner after the other, and the durations its trace records after the
+    warm-up count. Unlike ``profile_stages``, which times each stage's F, I and W on their own in a
+    warm loop, these include what the runtime does around the compute on that rank and schedule:
+    the activation store's hooks where the backward is split, the trace, and the allocator and
+    caches of many microbatches and stages alive at once. Gradients are dropped after each step."""
+    samples: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
+    for runner in runners:
+        for n in range(warmup + steps):
+            runner.step(inputs, targets)
+            for stage in runner.stages.values():
+                _zero_grads(stage.module)
+            if n < warmup:
+                continue
+            for r in runner.trace.records:
+                if r.action.kind in _COMPUTE:
+                    samples[(r.action.kind, r.action.stage)].append(r.end - r.start)
+    return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def with_action_times(costs: CostModel, times: Mapping[tuple[ActionKind, int], float]) -> CostModel:
+    """``costs`` with each stage's F, B, I and W times replaced by ``times`` (``replayed_action_times``)
+    where they were measured, and no ``action_overhead`` or partial-recompute time on top (the
+    replayed durations include both; the unmeasured stages keep theirs, folded in)."""
+    n = len(costs.time_f) if isinstance(costs.time_f, tuple) else 1 + max((s for _, s in times), default=0)
+
+    def merged(kind: ActionKind, base: Callable[[int], float]) -> tuple[float, ...]:
+        return tuple(times.get((kind, s), base(s)) for s in range(n))
+
+    return dataclasses.replace(
+        costs, action_overhead=0.0, partial_recompute_time=0.0,
+        time_f=merged(ActionKind.F, costs.f), time_b=merged(ActionKind.B, costs.b),
+        time_i=merged(ActionKind.I, costs.i), time_w=merged(ActionKind.W, costs.w),
+    )

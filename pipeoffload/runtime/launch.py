@@ -19,6 +19,7 @@ import atexit
 import contextlib
 import ctypes
 import datetime
+import inspect
 import logging
 import os
 import pickle
@@ -383,12 +384,19 @@ class _Supervisor:
         return f"the {self.deadline:.0f} s deadline"
 
 
+def agent_options(agent: type = LocalElasticAgent) -> dict[str, Any]:
+    """Keyword arguments for the agent that this torch's ``LocalElasticAgent`` takes: no grace period
+    at shutdown (``shutdown_timeout=0``) where it has that argument; torch 2.11 has not, and keeps its
+    default grace there."""
+    return {"shutdown_timeout": 0} if "shutdown_timeout" in inspect.signature(agent).parameters else {}
+
+
 class _Agent(LocalElasticAgent):
     """torch's local elastic agent (rendezvous, worker environment, process start, result collection,
     shutdown) with our supervision policy (``_Supervisor``) deciding when it sees the ranks' fate."""
 
     def __init__(self, spec: WorkerSpec, logs: DefaultLogsSpecs, sup: _Supervisor, handler: Any) -> None:
-        super().__init__(spec, logs, start_method="spawn", shutdown_timeout=0, exit_barrier_timeout=30)
+        super().__init__(spec, logs, start_method="spawn", exit_barrier_timeout=30, **agent_options())
         self.sup, self.handler = sup, handler
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:

@@ -94,6 +94,9 @@ class EntryState(Enum):
     DROPPED = "dropped"  # released after I: only nodes W never runs refer to it
 
 
+_RESIDENT = EntryState.RESIDENT
+
+
 class _Entry:
     """One device storage saved by one or more slots."""
 
@@ -246,27 +249,31 @@ class ActivationStore:
         return torch.autograd.graph.saved_tensors_hooks(partial(self._pack, key, rec, cached_casts), self._unpack)
 
     def _pack(self, key: Slot, rec: _SlotRecord, cached_casts: bool, t: torch.Tensor) -> Any:
+        # Called for every tensor a forward saves: the common case (a plain tensor, a new storage of
+        # this slot) takes as few Python calls as it can.
         if self._dead:  # settle frees first, so that the peak never counts memory already gone
             self._reap()
-        local = local_tensor(t)  # a DTensor (tensor parallelism): manage the storage of its local shard
-        if local.device != self.device or local.layout != torch.strided:
+        local = t if t.__class__ is torch.Tensor else local_tensor(t)  # a DTensor: manage its local shard
+        if local.layout != torch.strided:  # e.g. sparse: no storage of its own to manage
             return t.detach()
         storage = local.untyped_storage()
         nbytes = storage.nbytes()
-        if (nbytes < self.min_bytes or storage.data_ptr() in self._excluded or not storage.resizable()
+        if (nbytes < self.min_bytes or storage.device != self.device
+                or storage.data_ptr() in self._excluded or not storage.resizable()
                 or (cached_casts and _cast_of_parameter(t, self._excluded))):
             return t.detach()
         ident = storage._cdata
-        entry = self._entries.get(ident)
-        if entry is None:
-            entry = self._entries[ident] = _Entry(ident, storage, nbytes)
-            self._alloc(nbytes)
-        if ident not in rec.entries:
+        entry = rec.entries.get(ident)
+        if entry is None:  # the first save of this storage by this slot
+            entry = self._entries.get(ident)
+            if entry is None:
+                entry = self._entries[ident] = _Entry(ident, storage, nbytes)
+                self._alloc(nbytes)
             rec.entries[ident] = entry
             rec.nbytes += nbytes
             entry.slots.add(key)
             entry.claims += 1
-            if entry.state is not EntryState.RESIDENT:
+            if entry.state is not _RESIDENT:
                 self._reclaim(entry)
         entry.handles += 1
         return _Handle(self, entry, t.detach())
@@ -286,9 +293,11 @@ class ActivationStore:
         entry.state = EntryState.RESIDENT
 
     def _unpack(self, handle: Any) -> torch.Tensor:
-        if not isinstance(handle, _Handle):
-            return handle
+        if handle.__class__ is not _Handle:
+            return handle  # type: ignore[no-any-return]
         entry = handle.entry
+        if entry.state is _RESIDENT:  # the common case first
+            return handle.view
         if entry.state is EntryState.TO_DEVICE:
             self.copier.wait_on_compute(entry.token)
         elif entry.state is EntryState.ON_HOST:

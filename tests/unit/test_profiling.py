@@ -167,3 +167,23 @@ def test_stages_with_mixed_tuple_inputs() -> None:
     assert first.output_bytes == 4 * 8 * 64 * 4  # only the float tensor crosses as activation bytes
     assert first.time_b > 0 and last.time_b > 0
     assert first.activation_bytes >= 4 * 8 * 64 * 4  # at least the Linear input
+
+
+def test_replayed_action_times_cover_every_compute_action_and_replace_the_profiled_ones() -> None:
+    from pipeoffload.costs import CostModel
+    from pipeoffload.ir import ActionKind as K
+    from pipeoffload.profiling import replayed_action_times, with_action_times
+    from pipeoffload.runtime import PipelineRunner
+
+    torch.manual_seed(0)
+    schedule = generate("group-interleaved", 1, 4, 2)  # one rank, two stages, split backward
+    runner = PipelineRunner([nn.Linear(8, 8), nn.Linear(8, 8)], schedule, 0, measure_memory=False,
+                            loss_fn=lambda out, t: ((out - t) ** 2).mean())
+    times = replayed_action_times([runner], torch.randn(4, 8), torch.randn(4, 8), steps=2, warmup=1)
+    assert set(times) == {(k, s) for k in (K.F, K.I, K.W) for s in (0, 1)}
+    assert all(t > 0 for t in times.values())
+    assert all(p.grad is None for stage in runner.stages.values() for p in stage.module.parameters())
+    base = CostModel(time_f=(1.0, 2.0), time_i=(3.0, 4.0), time_w=(5.0, 6.0), action_overhead=0.5)
+    costs = with_action_times(base, {(K.F, 0): 0.25, (K.W, 1): 0.75})
+    assert (costs.f(0), costs.f(1), costs.i(0), costs.w(1), costs.w(0)) == (0.25, 2.5, 3.5, 0.75, 5.5)
+    assert costs.action_overhead == 0.0
