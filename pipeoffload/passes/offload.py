@@ -37,6 +37,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.passes.copy_plan import EPS, Activation, RankTimeline, rank_timelines
 from pipeoffload.passes.offload_plan import RankState, plan_group
+from pipeoffload.passes.slots import SlotPattern, plan_pair, slot_length
 from pipeoffload.passes.throttle import throttled_timeline, with_waits
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.simulator import Timeline, simulate
@@ -159,6 +160,7 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
         states, peaks = plan.best_with_slower_copies(costs, states, peaks)
         if costs.shared_host_link:  # own links: it lowered some overloaded k but not the next, breaking monotony
             states, peaks = _throttled_plans(plan, costs, states, peaks)
+            states, peaks = _slot_plans(plan, costs, states, peaks)
     rows = [_emit(states[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
         policy,
@@ -285,6 +287,72 @@ def _throttled_plans(plan: _Planning, costs: CostModel, states: dict[int, RankSt
 
 
 _THROTTLES = (1, 2, 3, 4)  # activations in flight per rank a throttled warm-up allows, tried in turn
+
+
+def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
+                ) -> tuple[dict[int, RankState], dict[int, float]]:
+    """The alternating-slot plan (``passes.slots``) where it is better than ``states``.
+
+    Each pattern of ``_SLOT_KEEP`` x ``_SLOT_MARGIN`` is planned on the compute timing without waits
+    and on each throttled timing (``_THROTTLES``) that keeps the makespan, and simulated (each
+    distinct emitted schedule once); the variant with the lowest simulated peak, no stall and no
+    longer makespan than the plan without waits replaces ``states`` if its peak is lower.
+    """
+    ranks = range(plan.base.num_ranks)
+    if max(peaks.values(), default=0.0) <= _SLOT_FLOOR + EPS or (plan.budget is not None and
+                                                                 max(peaks.values()) <= plan.budget + EPS):
+        return states, peaks  # a computed activation and a reload: nothing lower to reach; or the budget is met
+    current = simulate(plan.base.with_actions([_emit(states[r]) for r in ranks]), costs)
+    makespan = simulate(plan.base, costs).makespan  # the step without copies: a plan must not lengthen it
+    best: tuple[float, int, dict[int, RankState], Timeline] | None = None
+    seen: set[tuple] = set()
+    for limit in (0, *_THROTTLES):
+        if limit:
+            timeline = throttled_timeline(plan.base, costs, limit, plan.exclude)
+            if timeline.makespan > makespan + EPS:
+                continue
+            timelines = [tl.with_throttle(limit) for tl in rank_timelines(plan.base, timeline, costs)]
+        else:
+            timelines = plan.timelines
+        chosen = _candidates(timelines, plan.policy, plan.exclude)
+        slot = slot_length(chosen)
+        for keep in _SLOT_KEEP:
+            for margin in _SLOT_MARGIN:
+                candidate: dict[int, RankState] = {}
+                for members in plan.groups:
+                    candidate.update(plan_pair([timelines[r] for r in members], {r: chosen[r] for r in members},
+                                               SlotPattern(slot, keep, margin * slot)))
+                key = (limit, *(_emitted_key(candidate[r]) for r in ranks))
+                if key in seen:
+                    continue
+                seen.add(key)
+                t = simulate(plan.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
+                log.debug("slots L=%d keep=%g margin=%g: peak %g, makespan %g, stall %g", limit, keep, margin,
+                          t.peak_activation_units, t.makespan, t.stall)
+                if t.stall == 0 and t.makespan <= makespan + EPS and (
+                        best is None or t.peak_activation_units < best[0] - EPS):
+                    best = (t.peak_activation_units, limit, candidate, t)
+    if best is None or best[0] >= current.peak_activation_units - EPS:
+        return states, peaks
+    _, _, candidate, t = best
+    for state in candidate.values():
+        _report_unplaced(state, _candidates([state.timeline], plan.policy, plan.exclude)[state.timeline.rank])
+    return candidate, {r: t.per_rank[r].peak_activation_units for r in ranks}
+
+
+_SLOT_FLOOR = 2.0  # the lowest peak a shared-link plan reaches: the activation computed and one reload
+_SLOT_KEEP = (0, 1, 2, 3)  # lifespan filters (slot periods) of the slot patterns tried
+_SLOT_MARGIN = (0.0, 1.0)  # reload margins (slots) of the slot patterns tried
+
+
+def _report_unplaced(state: RankState, candidates: list[Activation]) -> None:
+    """What a slot plan left on the device, reported like the packing's: the windows worth moving that
+    it did not place, and the first windows too short to be worth anything."""
+    placed = {p.activation.ident for p in state.placed}
+    missing = [x for x in candidates if x.ident not in placed and x.value > EPS]
+    state.unhidden = [(x.stage, x.microbatch) for x in missing if x.window == 0]
+    state.unhidden_w = [(x.stage, x.microbatch) for x in missing if x.window == 1]
+    state.too_short = sum(1 for x in candidates if x.window == 0 and x.value <= EPS)
 
 
 def _overloaded(states: dict[int, RankState]) -> bool:
