@@ -294,7 +294,7 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
     """The alternating-slot plan (``passes.slots``) where it is better than ``states``.
 
     Each pattern of ``_SLOT_KEEP`` x ``_SLOT_MARGIN`` is planned on the compute timing without waits
-    and on each throttled timing (``_THROTTLES``) that keeps the makespan, and simulated (each
+    and on each throttled timing (``_THROTTLES``), and simulated (each
     distinct emitted schedule once); the variant with the lowest simulated peak, no stall and no
     longer makespan than the plan without waits replaces ``states`` if its peak is lower.
     """
@@ -307,27 +307,26 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
     best: tuple[float, int, dict[int, RankState], Timeline] | None = None
     seen: set[tuple] = set()
     for limit in (0, *_THROTTLES):
-        if limit:
+        if limit:  # even a timing that lengthens the step may not once the slots' copies are in: simulated
             timeline = throttled_timeline(plan.base, costs, limit, plan.exclude)
-            if timeline.makespan > makespan + EPS:
-                continue
             timelines = [tl.with_throttle(limit) for tl in rank_timelines(plan.base, timeline, costs)]
         else:
             timelines = plan.timelines
         chosen = _candidates(timelines, plan.policy, plan.exclude)
         slot = slot_length(chosen)
         for keep in _SLOT_KEEP:
-            for margin in _SLOT_MARGIN:
+            for margin, back_margin in _SLOT_MARGIN:
                 candidate: dict[int, RankState] = {}
+                pattern = SlotPattern(slot, keep, margin * slot, back_margin)
                 for members in plan.groups:
                     candidate.update(plan_pair([timelines[r] for r in members], {r: chosen[r] for r in members},
-                                               SlotPattern(slot, keep, margin * slot)))
+                                               pattern))
                 key = (limit, *(_emitted_key(candidate[r]) for r in ranks))
                 if key in seen:
                     continue
                 seen.add(key)
                 t = simulate(plan.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
-                log.debug("slots L=%d keep=%g margin=%g: peak %g, makespan %g, stall %g", limit, keep, margin,
+                log.debug("slots L=%d %s: peak %g, makespan %g, stall %g", limit, pattern,
                           t.peak_activation_units, t.makespan, t.stall)
                 if t.stall == 0 and t.makespan <= makespan + EPS and (
                         best is None or t.peak_activation_units < best[0] - EPS):
@@ -341,8 +340,8 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
 
 
 _SLOT_FLOOR = 2.0  # the lowest peak a shared-link plan reaches: the activation computed and one reload
-_SLOT_KEEP = (0, 1, 2, 3)  # lifespan filters (slot periods) of the slot patterns tried
-_SLOT_MARGIN = (0.0, 1.0)  # reload margins (slots) of the slot patterns tried
+_SLOT_KEEP = (0, 3)  # lifespan filters (slot periods) of the slot patterns tried: none, the reference's
+_SLOT_MARGIN = ((0.0, False), (1.0, False), (0.0, True))  # reload margins tried: (slots, + the backward's time)
 
 
 def _report_unplaced(state: RankState, candidates: list[Activation]) -> None:

@@ -11,7 +11,9 @@ and one rank's engine alternates D2H, H2D:
     rank 2p+1:  H2D | D2H | H2D | D2H ...                          H2D at o + (2j + 1 - r) T
 
 Offloads take the first free D2H slot at or after their forward ends, in forward order; reloads the
-last free H2D slot that ends ``margin`` before their backward starts, latest backward first. An
+last free H2D slot that ends ``margin`` (and, with ``back_margin``, the backward's own duration, as
+the reference does) before their backward starts, latest backward first. The margins buy slack:
+the simulator runs a copy when its engine and the link are free, which is not always in its slot. An
 activation that lives less than ``keep`` slot periods (2 T) is not offloaded (it would take two slots
 for little), and one whose reload slot would come before its offload slot ends is dropped.
 
@@ -30,11 +32,12 @@ from pipeoffload.passes.offload_plan import RankState
 
 @dataclass(frozen=True)
 class SlotPattern:
-    """One variant of the pattern: slot length, lifespan filter (in slot periods) and reload margin."""
+    """One variant of the pattern: slot length, lifespan filter (in slot periods) and reload margins."""
 
     slot: float  # T: one copy's slot (>= the longest one-way copy of the pair's candidates)
     keep: float  # an activation is offloaded only if it lives more than keep x 2 T
     margin: float  # a reload's slot ends at least this long before its backward starts
+    back_margin: bool = False  # ... and at least the backward's own duration before it
 
 
 def slot_length(candidates: dict[int, list[Activation]]) -> float:
@@ -53,7 +56,7 @@ def plan_pair(timelines: list[RankTimeline], candidates: dict[int, list[Activati
         return states
     origin = min(starts)
     for phase, tl in enumerate(timelines):
-        for x, d2h, h2d in _assign(first.get(tl.rank, []), origin + phase * pattern.slot,
+        for x, d2h, h2d in _assign(tl, first.get(tl.rank, []), origin + phase * pattern.slot,
                                    origin + (1 - phase) * pattern.slot, pattern):
             lo, hi = tl.off_range(d2h + x.d2h, h2d)
             if hi > lo:
@@ -61,11 +64,13 @@ def plan_pair(timelines: list[RankTimeline], candidates: dict[int, list[Activati
     return states
 
 
-def _assign(acts: list[Activation], d2h_origin: float, h2d_origin: float, pattern: SlotPattern
+def _assign(tl: RankTimeline, acts: list[Activation], d2h_origin: float, h2d_origin: float, pattern: SlotPattern
             ) -> list[tuple[Activation, float, float]]:
     """(activation, D2H start, H2D start) for one rank: slot j of a direction starts at origin + 2 j T."""
     period = 2 * pattern.slot
-    chosen = [x for x in acts if x.deadline - pattern.margin - x.f_end > pattern.keep * period + EPS]
+    target = {(x.stage, x.microbatch): x.deadline - pattern.margin
+              - (tl.clocks[x.back_index + 1] - x.deadline if pattern.back_margin else 0.0) for x in acts}
+    chosen = [x for x in acts if target[(x.stage, x.microbatch)] - x.f_end > pattern.keep * period + EPS]
     send: dict[tuple[int, int], int] = {}
     nxt = 0
     for x in chosen:  # forward order: the first free slot at or after the forward's end
@@ -75,7 +80,7 @@ def _assign(acts: list[Activation], d2h_origin: float, h2d_origin: float, patter
     out = []
     top: int | None = None
     for x in sorted(chosen, key=lambda x: (-x.deadline, x.stage, x.microbatch)):  # latest backward first
-        j = math.floor((x.deadline - pattern.margin - pattern.slot - h2d_origin) / period + EPS)
+        j = math.floor((target[(x.stage, x.microbatch)] - pattern.slot - h2d_origin) / period + EPS)
         j = j if top is None else min(j, top)
         d2h = d2h_origin + send[(x.stage, x.microbatch)] * period
         h2d = h2d_origin + j * period
