@@ -29,6 +29,7 @@ filter of three windows and failed when its windows ran out; this pass uses any 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field, replace
 
 from pipeoffload import semantics as sem
@@ -294,7 +295,7 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
     """The alternating-slot plan (``passes.slots``) where it is better than ``states``.
 
     Each pattern of ``_SLOT_KEEP`` x ``_SLOT_MARGIN`` is planned on the compute timing without waits
-    and on each throttled timing (``_THROTTLES``), and simulated (each
+    and on each throttled timing (``_SLOT_THROTTLES``) that could give a lower peak, and simulated (each
     distinct emitted schedule once); the variant with the lowest simulated peak, no stall and no
     longer makespan than the plan without waits replaces ``states`` if its peak is lower.
     """
@@ -306,18 +307,19 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
     makespan = simulate(plan.base, costs).makespan  # the step without copies: a plan must not lengthen it
     best: tuple[float, int, dict[int, RankState], Timeline] | None = None
     seen: set[tuple] = set()
-    for limit in (0, *_THROTTLES):
-        if limit:  # even a timing that lengthens the step may not once the slots' copies are in: simulated
-            timeline = throttled_timeline(plan.base, costs, limit, plan.exclude)
-            timelines = [tl.with_throttle(limit) for tl in rank_timelines(plan.base, timeline, costs)]
-        else:
-            timelines = plan.timelines
-        chosen = _candidates(timelines, plan.policy, plan.exclude)
-        slot = slot_length(chosen)
-        for keep in _SLOT_KEEP:
-            for margin, back_margin in _SLOT_MARGIN:
+    for factor in _SLOT_SLOWER:  # as if copies took factor x longer (a faster link must not do worse)
+        slower = replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
+        for limit in (0, *_SLOT_THROTTLES):
+            if limit + 1 >= min(current.peak_activation_units, best[0] if best else math.inf) - EPS:
+                break  # a throttled warm-up holds L + 1 at best (see ``_throttled_plans``): no lower peak
+            if limit:  # even a timing that lengthens the step may not once the slots' copies are in: simulated
+                timeline = throttled_timeline(plan.base, slower, limit, plan.exclude)
+                timelines = [tl.with_throttle(limit) for tl in rank_timelines(plan.base, timeline, slower)]
+            else:  # the timing without copies does not depend on their times
+                timelines = [tl.with_copy_times(factor) for tl in plan.timelines] if factor != 1.0 else plan.timelines
+            chosen = _candidates(timelines, plan.policy, plan.exclude)
+            for pattern in _slot_patterns(slot_length(chosen)):
                 candidate: dict[int, RankState] = {}
-                pattern = SlotPattern(slot, keep, margin * slot, back_margin)
                 for members in plan.groups:
                     candidate.update(plan_pair([timelines[r] for r in members], {r: chosen[r] for r in members},
                                                pattern))
@@ -326,7 +328,7 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
                     continue
                 seen.add(key)
                 t = simulate(plan.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
-                log.debug("slots L=%d %s: peak %g, makespan %g, stall %g", limit, pattern,
+                log.debug("slots x%g L=%d %s: peak %g, makespan %g, stall %g", factor, limit, pattern,
                           t.peak_activation_units, t.makespan, t.stall)
                 if t.stall == 0 and t.makespan <= makespan + EPS and (
                         best is None or t.peak_activation_units < best[0] - EPS):
@@ -340,8 +342,15 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
 
 
 _SLOT_FLOOR = 2.0  # the lowest peak a shared-link plan reaches: the activation computed and one reload
+_SLOT_THROTTLES = (1, 2, 3, 4, 6, 8)  # warm-up limits the slot plans are tried with (g = d needs the larger)
+_SLOT_SLOWER = (1.0, 1.15)  # copy-time factors the slot plans are made for (see ``best_with_slower_copies``)
 _SLOT_KEEP = (0, 3)  # lifespan filters (slot periods) of the slot patterns tried: none, the reference's
 _SLOT_MARGIN = ((0.0, False), (1.0, False), (0.0, True))  # reload margins tried: (slots, + the backward's time)
+
+
+def _slot_patterns(slot: float) -> list[SlotPattern]:
+    return [SlotPattern(slot, keep, margin * slot, back_margin) for keep in _SLOT_KEEP
+            for margin, back_margin in _SLOT_MARGIN]
 
 
 def _report_unplaced(state: RankState, candidates: list[Activation]) -> None:
