@@ -343,7 +343,7 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
 
 _SLOT_FLOOR = 2.0  # the lowest peak a shared-link plan reaches: the activation computed and one reload
 _SLOT_THROTTLES = (1, 2, 3, 4, 6, 8)  # warm-up limits the slot plans are tried with (g = d needs the larger)
-_SLOT_SLOWER = (1.0, 1.15)  # copy-time factors the slot plans are made for (see ``best_with_slower_copies``)
+_SLOT_SLOWER = (1.0, 1.1, 1.15, 1.25)  # copy-time factors the slot plans are made for (see ``best_with_slower_copies``)
 _SLOT_KEEP = (0, 3)  # lifespan filters (slot periods) of the slot patterns tried: none, the reference's
 _SLOT_MARGIN = ((0.0, False), (1.0, False), (0.0, True))  # reload margins tried: (slots, + the backward's time)
 
