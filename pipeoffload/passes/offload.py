@@ -24,7 +24,8 @@ copy-lane time it takes.
 What the copy lane cannot hide stays on the device and is reported (``OffloadReport.unhidden``).
 With a shared host link a denser plan is also tried and checked by simulation (see
 ``_shared_link_plans``). The reference planner used fixed alternating D2H/H2D windows, a lifespan
-filter of three windows and failed when its windows ran out; this pass uses any free engine time.
+filter of three windows and failed when its windows ran out; this pass uses any free engine time,
+and on a shared host link tries that alternating pattern as one more candidate (``passes.slots``).
 """
 from __future__ import annotations
 
@@ -294,10 +295,11 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
                 ) -> tuple[dict[int, RankState], dict[int, float]]:
     """The alternating-slot plan (``passes.slots``) where it is better than ``states``.
 
-    Each pattern of ``_SLOT_KEEP`` x ``_SLOT_MARGIN`` is planned on the compute timing without waits
-    and on each throttled timing (``_SLOT_THROTTLES``) that could give a lower peak, and simulated (each
+    Each pattern of ``_SLOT_KEEP`` x ``_SLOT_MARGIN`` is planned, for the real copy times and for the
+    slower ones of ``_SLOT_SLOWER``, on the compute timing without waits and on each throttled timing
+    (``_SLOT_THROTTLES``) that could give a lower peak, and simulated with the real times (each
     distinct emitted schedule once); the variant with the lowest simulated peak, no stall and no
-    longer makespan than the plan without waits replaces ``states`` if its peak is lower.
+    longer makespan than the step without copies replaces ``states`` if its peak is lower.
     """
     ranks = range(plan.base.num_ranks)
     if max(peaks.values(), default=0.0) <= _SLOT_FLOOR + EPS or (plan.budget is not None and
