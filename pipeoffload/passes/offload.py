@@ -24,11 +24,13 @@ copy-lane time it takes.
 What the copy lane cannot hide stays on the device and is reported (``OffloadReport.unhidden``).
 With a shared host link a denser plan is also tried and checked by simulation (see
 ``_shared_link_plans``). The reference planner used fixed alternating D2H/H2D windows, a lifespan
-filter of three windows and failed when its windows ran out; this pass uses any free engine time.
+filter of three windows and failed when its windows ran out; this pass uses any free engine time,
+and on a shared host link tries that alternating pattern as one more candidate (``passes.slots``).
 """
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field, replace
 
 from pipeoffload import semantics as sem
@@ -37,6 +39,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.passes.copy_plan import EPS, Activation, RankTimeline, rank_timelines
 from pipeoffload.passes.offload_plan import RankState, plan_group
+from pipeoffload.passes.slots import SlotPattern, plan_pair, slot_length
 from pipeoffload.passes.throttle import throttled_timeline, with_waits
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.simulator import Timeline, simulate
@@ -159,6 +162,7 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
         states, peaks = plan.best_with_slower_copies(costs, states, peaks)
         if costs.shared_host_link:  # own links: it lowered some overloaded k but not the next, breaking monotony
             states, peaks = _throttled_plans(plan, costs, states, peaks)
+            states, peaks = _slot_plans(plan, costs, states, peaks)
     rows = [_emit(states[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
         policy,
@@ -285,6 +289,80 @@ def _throttled_plans(plan: _Planning, costs: CostModel, states: dict[int, RankSt
 
 
 _THROTTLES = (1, 2, 3, 4)  # activations in flight per rank a throttled warm-up allows, tried in turn
+
+
+def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
+                ) -> tuple[dict[int, RankState], dict[int, float]]:
+    """The alternating-slot plan (``passes.slots``) where it is better than ``states``.
+
+    Each pattern of ``_SLOT_KEEP`` x ``_SLOT_MARGIN`` is planned, for the real copy times and for the
+    slower ones of ``_SLOT_SLOWER``, on the compute timing without waits and on each throttled timing
+    (``_SLOT_THROTTLES``) that could give a lower peak, and simulated with the real times (each
+    distinct emitted schedule once); the variant with the lowest simulated peak, no stall and no
+    longer makespan than the step without copies replaces ``states`` if its peak is lower.
+    """
+    ranks = range(plan.base.num_ranks)
+    if max(peaks.values(), default=0.0) <= _SLOT_FLOOR + EPS or (plan.budget is not None and
+                                                                 max(peaks.values()) <= plan.budget + EPS):
+        return states, peaks  # a computed activation and a reload: nothing lower to reach; or the budget is met
+    current = simulate(plan.base.with_actions([_emit(states[r]) for r in ranks]), costs)
+    makespan = simulate(plan.base, costs).makespan  # the step without copies: a plan must not lengthen it
+    best: tuple[float, int, dict[int, RankState], Timeline] | None = None
+    seen: set[tuple] = set()
+    for factor in _SLOT_SLOWER:  # as if copies took factor x longer (a faster link must not do worse)
+        slower = replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
+        for limit in (0, *_SLOT_THROTTLES):
+            if limit + 1 >= min(current.peak_activation_units, best[0] if best else math.inf) - EPS:
+                break  # a throttled warm-up holds L + 1 at best (see ``_throttled_plans``): no lower peak
+            if limit:  # even a timing that lengthens the step may not once the slots' copies are in: simulated
+                timeline = throttled_timeline(plan.base, slower, limit, plan.exclude)
+                timelines = [tl.with_throttle(limit) for tl in rank_timelines(plan.base, timeline, slower)]
+            else:  # the timing without copies does not depend on their times
+                timelines = [tl.with_copy_times(factor) for tl in plan.timelines] if factor != 1.0 else plan.timelines
+            chosen = _candidates(timelines, plan.policy, plan.exclude)
+            for pattern in _slot_patterns(slot_length(chosen)):
+                candidate: dict[int, RankState] = {}
+                for members in plan.groups:
+                    candidate.update(plan_pair([timelines[r] for r in members], {r: chosen[r] for r in members},
+                                               pattern))
+                key = (limit, *(_emitted_key(candidate[r]) for r in ranks))
+                if key in seen:
+                    continue
+                seen.add(key)
+                t = simulate(plan.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
+                log.debug("slots x%g L=%d %s: peak %g, makespan %g, stall %g", factor, limit, pattern,
+                          t.peak_activation_units, t.makespan, t.stall)
+                if t.stall == 0 and t.makespan <= makespan + EPS and (
+                        best is None or t.peak_activation_units < best[0] - EPS):
+                    best = (t.peak_activation_units, limit, candidate, t)
+    if best is None or best[0] >= current.peak_activation_units - EPS:
+        return states, peaks
+    _, _, candidate, t = best
+    for state in candidate.values():
+        _report_unplaced(state, _candidates([state.timeline], plan.policy, plan.exclude)[state.timeline.rank])
+    return candidate, {r: t.per_rank[r].peak_activation_units for r in ranks}
+
+
+_SLOT_FLOOR = 2.0  # the lowest peak a shared-link plan reaches: the activation computed and one reload
+_SLOT_THROTTLES = (1, 2, 3, 4, 6, 8)  # warm-up limits the slot plans are tried with (g = d needs the larger)
+_SLOT_SLOWER = (1.0, 1.1, 1.15, 1.25)  # copy-time factors the slot plans are made for (see ``best_with_slower_copies``)
+_SLOT_KEEP = (0, 3)  # lifespan filters (slot periods) of the slot patterns tried: none, the reference's
+_SLOT_MARGIN = ((0.0, False), (1.0, False), (0.0, True))  # reload margins tried: (slots, + the backward's time)
+
+
+def _slot_patterns(slot: float) -> list[SlotPattern]:
+    return [SlotPattern(slot, keep, margin * slot, back_margin) for keep in _SLOT_KEEP
+            for margin, back_margin in _SLOT_MARGIN]
+
+
+def _report_unplaced(state: RankState, candidates: list[Activation]) -> None:
+    """What a slot plan left on the device, reported like the packing's: the windows worth moving that
+    it did not place, and the first windows too short to be worth anything."""
+    placed = {p.activation.ident for p in state.placed}
+    missing = [x for x in candidates if x.ident not in placed and x.value > EPS]
+    state.unhidden = [(x.stage, x.microbatch) for x in missing if x.window == 0]
+    state.unhidden_w = [(x.stage, x.microbatch) for x in missing if x.window == 1]
+    state.too_short = sum(1 for x in candidates if x.window == 0 and x.value <= EPS)
 
 
 def _overloaded(states: dict[int, RankState]) -> bool:
