@@ -235,12 +235,10 @@ def check_deterministic_equality(table: Table, device: str) -> None:
 
     size = DETERMINISTIC if device.startswith("cuda") else TINY_LLAMA
     with deterministic_kernels(True):
-        runs = {name: train_once(size, name.split()[0], device)["losses"] for name in ("none", "none again", "all")}
-    repeat = "equal" if runs["none"] == runs["none again"] else "DIFFER"
-    equal = runs["none"] == runs["all"]
+        none, none_again, full = (train_once(size, offload, device)["losses"] for offload in ("none", "none", "all"))
     table.add(f"train {size.model} deterministic kernels: offload all vs none",
-              "losses bitwise equal" if equal else "LOSSES DIFFER",
-              f"none run twice: {repeat}; losses {runs['all'][-1]:.6f} / {runs['none'][-1]:.6f}")
+              "losses bitwise equal" if none == full else "LOSSES DIFFER",
+              f"none run twice: {'equal' if none == none_again else 'DIFFER'}; losses {full[-1]:.6f} / {none[-1]:.6f}")
 
 
 # ---- part 5: `pipeoffload train` itself on the GPU -------------------------------------------------

@@ -84,8 +84,9 @@ def _rank_entry(rank: int, world: int, fn: RankFn, cfg: TrainConfig, args: tuple
 
 @contextlib.contextmanager
 def deterministic_kernels(enabled: bool) -> Iterator[None]:
-    """With ``enabled``, deterministic kernels for the duration (restored after: a one-rank run shares
-    the caller's process).
+    """With ``enabled``, deterministic kernels for the duration (torch's flags restored after: a one-rank
+    run shares the caller's process; ``CUBLAS_WORKSPACE_CONFIG`` stays set, as cuBLAS reads it only when
+    it starts).
 
     CUDA's fused attention backward and cuBLAS's default workspace accumulate in an order that varies
     from run to run, so on a GPU two identical steps differ in the last bits; the math attention kernel
