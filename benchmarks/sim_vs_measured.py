@@ -4,11 +4,31 @@ Profiles the pipeline stages of a small GPT in this process (one thread, as each
 builds the ``CostModel`` (P2P time from a measured gloo ping-pong; I and W timed as the runtime
 splits the backward; the runtime's fixed cost per action measured by ``measure_action_overhead``),
 simulates each schedule, then runs it with ``PipelineRunner`` on spawned gloo ranks and compares
-the median step time (slowest rank; ranks leave a barrier before each step). Two predictions are
-printed: with the per-action overhead in the cost model, and without it (what the simulator
-believed before). The runtime runs unmeasured steps (``measure_memory=False``), as training does
-between logged steps. Per kind, the median duration the runtime's trace recorded is printed beside
-the profiled one. The load average before and after each case is printed: a shared machine is noisy.
+the median step time (slowest rank; ranks leave a barrier before each step). The runtime runs
+unmeasured steps (``measure_memory=False``), as training does between logged steps.
+
+Four predictions, none of which sees the measured steps:
+- profile: ``profile_stages``' wall times (each stage alone in a warm loop, in this process);
+- CPU: the same profile read on the thread's CPU clock (``clock=time.thread_time``): the compute
+  itself, which other load on the machine does not stretch; what an idle machine would show;
+- alone: every rank's actions replayed through the runtime on a ``LoopbackTransport``, one rank
+  after the other in this process (``replayed_action_times``);
+- together: the same replay run by every rank at once, in the ranks' own processes, one replayed
+  step right before each measured one (``concurrent_action_times``): the profile taken under the
+  run's concurrency (cores, caches and memory shared with the other ranks and with whatever else
+  runs on the machine at that moment).
+
+Cores. The simulator gives every rank a core of its own. Where the ranks outnumber the cores
+(4 single-thread ranks on a 2-core machine), the profile, CPU and alone predictions are told the
+cores through the work bound: the step is at least every rank's compute divided by the cores, and
+the prediction is the longer of that and the simulated step. The together prediction needs no
+bound (its replayed actions already shared the cores), but it over-states the sharing: every rank
+is busy during a replay, while in the pipeline a rank waiting in a bubble frees its core.
+
+Per action, the runtime's wall and thread-CPU durations are printed beside the profile's and the
+replays': where the runtime's wall exceeds its own CPU time, the rank was off the CPU (other
+processes, the other ranks); where its CPU time exceeds the profile's, the runtime did more work.
+The load average before and after each case is printed: a shared machine is noisy.
 
     .venv/bin/python benchmarks/sim_vs_measured.py [--ranks 2 4] [--steps 6]
 """
@@ -174,6 +194,20 @@ def _cost(costs: CostModel, kind: ActionKind, stage: int) -> float:
     return {ActionKind.F: costs.f, ActionKind.B: costs.b, ActionKind.I: costs.i, ActionKind.W: costs.w}[kind](stage)
 
 
+def _work(schedule: Any, costs: CostModel) -> float:
+    """Seconds of compute of one step summed over every rank (the lowered schedule's F/B/I/W)."""
+    return sum(_cost(costs, a.kind, a.stage) for row in schedule.actions for a in row if a.kind in COMPUTE)
+
+
+def _cores_bound(schedule: Any, costs: CostModel, cores: int) -> float:
+    """The simulated step, or, where the ranks outnumber the cores, the step no shorter than every
+    rank's compute shared by the cores (the work bound: T >= work / cores), whichever is longer.
+    The simulator gives every rank a core of its own; this is what it is told of fewer cores."""
+    lowered = lower(schedule, costs)
+    makespan = simulate(lowered, costs).makespan
+    return makespan if schedule.num_ranks <= cores else max(makespan, _work(lowered, costs) / cores)
+
+
 def _err(sim: float, measured: float) -> str:
     return f"{(sim - measured) / measured:+.1%}"
 
@@ -181,10 +215,12 @@ def _err(sim: float, measured: float) -> str:
 def _case(ranks: int, family: str, v: int, c: CostModel, cpu_costs: CostModel, steps: int) -> tuple:
     """Simulate ``family`` four ways, run it, print the case; returns its table row."""
     schedule = generate(family, ranks, MICROBATCHES, v)
-    profiled = simulate(lower(schedule, c), c).makespan
+    cores = len(os.sched_getaffinity(0))
+    profiled = _cores_bound(schedule, c, cores)
+    on_cpu = _cores_bound(schedule, cpu_costs, cores)
     load = _load()
     replay = _replayed(ranks, family, v, c)
-    alone = simulate(lower(schedule, replay), replay).makespan
+    alone = _cores_bound(schedule, replay, cores)
     run = spawn(_run, ranks, (family, v, steps), deadline=900)
     if not run.ok:
         raise SystemExit("\n".join(e for e in run.errors if e))
@@ -197,8 +233,9 @@ def _case(ranks: int, family: str, v: int, c: CostModel, cpu_costs: CostModel, s
     together = simulate(lower(schedule, together_costs), together_costs).makespan
     after = _load()
     print(f"{ranks} ranks {family:<17} v={v}: measured {measured:.3f} s; simulated with the profile {profiled:.3f} s "
-          f"({_err(profiled, measured)}), replayed alone {alone:.3f} s ({_err(alone, measured)}), replayed together "
-          f"{together:.3f} s ({_err(together, measured)}); load {load} -> {after}", flush=True)
+          f"({_err(profiled, measured)}), its thread CPU {on_cpu:.3f} s ({_err(on_cpu, measured)}), replayed alone "
+          f"{alone:.3f} s ({_err(alone, measured)}), replayed together {together:.3f} s ({_err(together, measured)}); "
+          f"load {load} -> {after}", flush=True)
     comm = [statistics.median(kinds["comm"]) for _, kinds, _ in run.results]
     print("    in send/receive batches per step, per rank: " + ", ".join(f"{x * 1e3:.0f} ms" for x in comm))
     durations: dict[str, list[float]] = defaultdict(list)
@@ -212,7 +249,7 @@ def _case(ranks: int, family: str, v: int, c: CostModel, cpu_costs: CostModel, s
         print(f"    {key:>4}: {statistics.median(durations[key]) * 1e3:6.2f} / {statistics.median(durations['cpu ' + key]) * 1e3:6.2f} | "
               f"{_cost(c, kind, stage) * 1e3:6.2f} / {_cost(cpu_costs, kind, stage) * 1e3:6.2f} | "
               f"{_cost(replay, kind, stage) * 1e3:6.2f} / {_cost(together_costs, kind, stage) * 1e3:6.2f}")
-    return ranks, family, v, profiled, alone, together, measured
+    return ranks, family, v, profiled, on_cpu, alone, together, measured
 
 
 def main() -> None:
@@ -241,10 +278,11 @@ def main() -> None:
         cpu_costs = {v: _profile(ranks, v, p2p, overhead, clock=time.thread_time) for v in vs}
         for family, v in (c for c in CASES if c[0] in args.schedules):
             rows.append(_case(ranks, family, v, costs[v], cpu_costs[v], args.steps))
-    print("\nranks  schedule           v  measured s   profile s  error   alone s  error   together s  error")
-    for ranks, family, v, profiled, alone, together, measured in rows:
+    print("\nranks  schedule           v  measured s   profile s  error   CPU s  error   alone s  error   together s  error")
+    for ranks, family, v, profiled, on_cpu, alone, together, measured in rows:
         print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} {profiled:>11.3f} {_err(profiled, measured):>6} "
-              f"{alone:>9.3f} {_err(alone, measured):>6} {together:>12.3f} {_err(together, measured):>6}")
+              f"{on_cpu:>7.3f} {_err(on_cpu, measured):>6} {alone:>9.3f} {_err(alone, measured):>6} "
+              f"{together:>12.3f} {_err(together, measured):>6}")
 
 
 if __name__ == "__main__":
