@@ -4,22 +4,42 @@ Profiles the pipeline stages of a small GPT in this process (one thread, as each
 builds the ``CostModel`` (P2P time from a measured gloo ping-pong; I and W timed as the runtime
 splits the backward; the runtime's fixed cost per action measured by ``measure_action_overhead``),
 simulates each schedule, then runs it with ``PipelineRunner`` on spawned gloo ranks and compares
-the median step time (slowest rank; ranks leave a barrier before each step). Two predictions are
-printed: with the per-action overhead in the cost model, and without it (what the simulator
-believed before). The runtime runs unmeasured steps (``measure_memory=False``), as training does
-between logged steps. Per kind, the median duration the runtime's trace recorded is printed beside
-the profiled one. The load average before and after each case is printed: a shared machine is noisy.
+the median step time (slowest rank; ranks leave a barrier before each step). The runtime runs
+unmeasured steps (``measure_memory=False``), as training does between logged steps.
+
+Four predictions, none of which sees the measured steps:
+- profile: ``profile_stages``' wall times (each stage alone in a warm loop, in this process);
+- CPU: the same profile read on the thread's CPU clock (``clock=time.thread_time``): the compute
+  itself, which other load on the machine does not stretch; what an idle machine would show;
+- alone: every rank's actions replayed through the runtime on a ``LoopbackTransport``, one rank
+  after the other in this process (``replayed_action_times``);
+- together: the same replay run by every rank at once, in the ranks' own processes, one replayed
+  step right before each measured one (``concurrent_action_times``): the profile taken under the
+  run's concurrency (cores, caches and memory shared with the other ranks and with whatever else
+  runs on the machine at that moment).
+
+Cores. The simulator gives every rank a core of its own. Where the ranks outnumber the cores
+(4 single-thread ranks on a 2-core machine), the profile, CPU and alone predictions are told the
+cores through the work bound: the step is at least every rank's compute divided by the cores, and
+the prediction is the longer of that and the simulated step. The together prediction needs no
+bound (its replayed actions already shared the cores), but it over-states the sharing: every rank
+is busy during a replay, while in the pipeline a rank waiting in a bubble frees its core.
+
+Per action, the runtime's wall and thread-CPU durations are printed beside the profile's and the
+replays': where the runtime's wall exceeds its own CPU time, the rank was off the CPU (other
+processes, the other ranks); where its CPU time exceeds the profile's, the runtime did more work.
+The load average before and after each case is printed: a shared machine is noisy.
 
     .venv/bin/python benchmarks/sim_vs_measured.py [--ranks 2 4] [--steps 6]
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import time
 from collections import defaultdict
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,7 +49,13 @@ from pipeoffload.ir import ActionKind
 from pipeoffload.models.gpt import GPTConfig, gpt_layers, lm_loss, sample_batch
 from pipeoffload.models.split import build_rank_stages, even_counts, split_layers
 from pipeoffload.passes.lower import lower
-from pipeoffload.profiling import measure_action_overhead, profile_stages, replayed_action_times, with_action_times
+from pipeoffload.profiling import (
+    concurrent_action_times,
+    measure_action_overhead,
+    profile_stages,
+    replayed_action_times,
+    with_action_times,
+)
 from pipeoffload.runtime import PipelineRunner
 from pipeoffload.runtime.comm import LoopbackTransport
 from pipeoffload.runtime.launch import spawn
@@ -63,41 +89,86 @@ def _ping_pong(rank: int, world: int, nbytes: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def _run(rank: int, world: int, family: str, v: int, steps: int) -> tuple[list[float], dict[str, list[float]]]:
-    """Step walls of this rank, and its compute actions' durations by kind (after two warm-up steps);
-    key "comm": per step, the seconds this rank spent in its batches of sends and receives."""
+def _specs(counts: list[int]) -> dict[int, Any]:
+    """Every boundary's spec, from one microbatch through the whole model (a replaying rank, on a
+    ``LoopbackTransport``, cannot infer them from its peers)."""
+    inputs, _ = sample_batch(CFG, MICROBATCH * MICROBATCHES, padded=False)
+    x: tuple = (inputs[0][:MICROBATCH], *inputs[1:])
+    specs = {}
+    for s, module in enumerate(split_layers(gpt_layers(CFG), counts)[:-1]):  # with autograd: the specs say
+        x = module(*x)                                                        # which outputs get gradients
+        specs[s] = spec_of(x)
+    return specs
+
+
+def _thread_cpu_per_action(runner: PipelineRunner, sink: dict[str, list[float]], on: list[bool]) -> None:
+    """Wrap ``runner``'s handler table so that each compute action's thread CPU time (this thread
+    only: no waiting, no descheduling, no gloo thread) goes into ``sink["cpu F0"]`` etc. while
+    ``on[0]``. A diagnostic of this benchmark: the trace records wall time only."""
+    def wrapped(handler: Any) -> Any:
+        def run(self: PipelineRunner, a: Any) -> None:
+            cpu = time.thread_time()
+            handler(self, a)
+            if on[0] and a.kind in COMPUTE:
+                sink[f"cpu {a.kind}{a.stage}"].append(time.thread_time() - cpu)
+        return run
+    runner._handlers = {k: wrapped(h) for k, h in runner._handlers.items()}
+
+
+def _durations(trace: Any, sink: dict[str, list[float]]) -> None:
+    """Compute actions' wall durations by kind and stage; key "comm": the seconds spent in batches of
+    sends and receives (the actions of one batch share their start and end)."""
+    batches = set()
+    for r in trace.records:
+        if r.action.kind in COMPUTE:
+            sink[f"{r.action.kind}{r.action.stage}"].append(r.end - r.start)
+        else:
+            batches.add((r.start, r.end))
+    sink["comm"].append(sum(end - start for start, end in batches))
+
+
+def _run(rank: int, world: int, family: str, v: int, steps: int) -> tuple[list[float], dict[str, list[float]],
+                                                                          dict[tuple[ActionKind, int], list[float]]]:
+    """Step walls of this rank and its actions' durations (wall, and thread CPU under "cpu ..."),
+    after two warm-up steps; and its actions' durations replayed on a ``LoopbackTransport`` with every
+    rank replaying at once (``concurrent_action_times``), one replayed step before each measured one
+    so that both see the same machine."""
     torch.set_num_threads(1)
     schedule = lower(generate(family, world, MICROBATCHES, v))
     counts = even_counts(len(gpt_layers(CFG)), world * v)
     stages = build_rank_stages(gpt_layers(CFG), counts, schedule.placement, rank)
     runner = PipelineRunner(stages, schedule, rank, loss_fn=lm_loss, measure_memory=False)
+    alone = PipelineRunner(stages, schedule, rank, loss_fn=lm_loss, measure_memory=False, output_specs=_specs(counts),
+                           transport=LoopbackTransport(torch.device("cpu")))
     inputs, targets = sample_batch(CFG, MICROBATCH * MICROBATCHES, padded=False)
-    walls: list[float] = []
     kinds: dict[str, list[float]] = defaultdict(list)
+    on = [False]
+    _thread_cpu_per_action(runner, kinds, on)
+    walls: list[float] = []
+    replayed: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
     for n in range(steps + 2):
+        for key, values in concurrent_action_times(alone, inputs, targets, barrier=dist.barrier, steps=1,
+                                                   warmup=0 if n else 1).items():
+            replayed[key] += values
         dist.barrier()
+        on[0] = n >= 2
         runner.step(inputs, targets)
         for p in (p for s in stages.values() for p in s.parameters()):
             p.grad = None
         if n >= 2:
             walls.append(runner.trace.wall)  # type: ignore[union-attr]
-            batches = set()
-            for r in runner.trace.records:  # type: ignore[union-attr]
-                if r.action.kind in COMPUTE:
-                    kinds[f"{r.action.kind}{r.action.stage}"].append(r.end - r.start)
-                else:  # the actions of one comm batch share their start and end
-                    batches.add((r.start, r.end))
-            kinds["comm"].append(sum(end - start for start, end in batches))
+            _durations(runner.trace, kinds)
     runner.close()
-    return walls, dict(kinds)
+    return walls, dict(kinds), dict(replayed)
 
 
-def _profile(ranks: int, v: int, p2p_time: float, overhead: float) -> CostModel:
+def _profile(ranks: int, v: int, p2p_time: float, overhead: float, clock: Any = time.perf_counter) -> CostModel:
     torch.set_num_threads(1)
     layers = gpt_layers(CFG)
     stages = split_layers(layers, even_counts(len(layers), ranks * v))
     (tokens, mask, offset), targets = sample_batch(CFG, MICROBATCH, padded=False)
-    profile = profile_stages(stages, (tokens, mask, offset), loss_fn=lm_loss, target=targets, warmup=3, repeats=7)
+    profile = profile_stages(stages, (tokens, mask, offset), loss_fn=lm_loss, target=targets, warmup=3, repeats=7,
+                             clock=clock)
     return profile.cost_model(p2p_time=p2p_time, action_overhead=overhead)
 
 
@@ -107,12 +178,7 @@ def _replayed(ranks: int, family: str, v: int, costs: CostModel) -> CostModel:
     schedule = lower(generate(family, ranks, MICROBATCHES, v))
     counts = even_counts(len(gpt_layers(CFG)), ranks * v)
     inputs, targets = sample_batch(CFG, MICROBATCH * MICROBATCHES, padded=False)
-    # every boundary's spec, from one microbatch through the whole model (a lone rank cannot infer them)
-    x: tuple = (inputs[0][:MICROBATCH], *inputs[1:])
-    specs = {}
-    for s, module in enumerate(split_layers(gpt_layers(CFG), counts)[:-1]):
-        x = module(*x)
-        specs[s] = spec_of(x)
+    specs = _specs(counts)
     runners = [PipelineRunner(build_rank_stages(gpt_layers(CFG), counts, schedule.placement, r), schedule, r,
                               loss_fn=lm_loss, measure_memory=False, output_specs=specs,
                               transport=LoopbackTransport(torch.device("cpu")))
@@ -124,6 +190,68 @@ def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def _cost(costs: CostModel, kind: ActionKind, stage: int) -> float:
+    return {ActionKind.F: costs.f, ActionKind.B: costs.b, ActionKind.I: costs.i, ActionKind.W: costs.w}[kind](stage)
+
+
+def _work(schedule: Any, costs: CostModel) -> float:
+    """Seconds of compute of one step summed over every rank (the lowered schedule's F/B/I/W)."""
+    return sum(_cost(costs, a.kind, a.stage) for row in schedule.actions for a in row if a.kind in COMPUTE)
+
+
+def _cores_bound(schedule: Any, costs: CostModel, cores: int) -> float:
+    """The simulated step, or, where the ranks outnumber the cores, the step no shorter than every
+    rank's compute shared by the cores (the work bound: T >= work / cores), whichever is longer.
+    The simulator gives every rank a core of its own; this is what it is told of fewer cores."""
+    lowered = lower(schedule, costs)
+    makespan = simulate(lowered, costs).makespan
+    return makespan if schedule.num_ranks <= cores else max(makespan, _work(lowered, costs) / cores)
+
+
+def _err(sim: float, measured: float) -> str:
+    return f"{(sim - measured) / measured:+.1%}"
+
+
+def _case(ranks: int, family: str, v: int, c: CostModel, cpu_costs: CostModel, steps: int) -> tuple:
+    """Simulate ``family`` four ways, run it, print the case; returns its table row."""
+    schedule = generate(family, ranks, MICROBATCHES, v)
+    cores = len(os.sched_getaffinity(0))
+    profiled = _cores_bound(schedule, c, cores)
+    on_cpu = _cores_bound(schedule, cpu_costs, cores)
+    load = _load()
+    replay = _replayed(ranks, family, v, c)
+    alone = _cores_bound(schedule, replay, cores)
+    run = spawn(_run, ranks, (family, v, steps), deadline=900)
+    if not run.ok:
+        raise SystemExit("\n".join(e for e in run.errors if e))
+    measured = statistics.median(max(w) for w in zip(*(r[0] for r in run.results)))
+    concurrent: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
+    for _, _, replayed in run.results:
+        for key, values in replayed.items():
+            concurrent[key] += values
+    together_costs = with_action_times(c, {k: statistics.median(x) for k, x in concurrent.items()})
+    together = simulate(lower(schedule, together_costs), together_costs).makespan
+    after = _load()
+    print(f"{ranks} ranks {family:<17} v={v}: measured {measured:.3f} s; simulated with the profile {profiled:.3f} s "
+          f"({_err(profiled, measured)}), its thread CPU {on_cpu:.3f} s ({_err(on_cpu, measured)}), replayed alone "
+          f"{alone:.3f} s ({_err(alone, measured)}), replayed together {together:.3f} s ({_err(together, measured)}); "
+          f"load {load} -> {after}", flush=True)
+    comm = [statistics.median(kinds["comm"]) for _, kinds, _ in run.results]
+    print("    in send/receive batches per step, per rank: " + ", ".join(f"{x * 1e3:.0f} ms" for x in comm))
+    durations: dict[str, list[float]] = defaultdict(list)
+    for _, kinds, _ in run.results:
+        for key, values in kinds.items():
+            if key != "comm":
+                durations[key] += values
+    print("    per action (ms): runtime wall / thread CPU | profile wall / thread CPU | replayed alone / together")
+    for key in sorted((k for k in durations if not k.startswith("cpu")), key=lambda k: (int(k[1:]), k[0])):
+        kind, stage = ActionKind(key[0]), int(key[1:])
+        print(f"    {key:>4}: {statistics.median(durations[key]) * 1e3:6.2f} / {statistics.median(durations['cpu ' + key]) * 1e3:6.2f} | "
+              f"{_cost(c, kind, stage) * 1e3:6.2f} / {_cost(cpu_costs, kind, stage) * 1e3:6.2f} | "
+              f"{_cost(replay, kind, stage) * 1e3:6.2f} / {_cost(together_costs, kind, stage) * 1e3:6.2f}")
+    return ranks, family, v, profiled, on_cpu, alone, together, measured
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
@@ -132,8 +260,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     boundary = MICROBATCH * CFG.seq * CFG.hidden * 4
+    cores = len(os.sched_getaffinity(0))
     print(f"GPT {CFG.layers} blocks, hidden {CFG.hidden}, seq {CFG.seq}, {MICROBATCH} sequences per microbatch, "
-          f"{MICROBATCHES} microbatches; gloo on CPU, 1 thread per rank; {os.cpu_count()} CPUs; torch {torch.__version__}")
+          f"{MICROBATCHES} microbatches; gloo on CPU, 1 thread per rank; {cores} cores; torch {torch.__version__}")
     overhead = measure_action_overhead()
     print(f"runtime's fixed cost per compute action (measure_action_overhead): {overhead * 1e6:.0f} us")
     rows = []
@@ -142,44 +271,18 @@ def main() -> None:
         if not pp.ok:
             raise SystemExit("\n".join(e for e in pp.errors if e))
         p2p = max(pp.results)
-        print(f"{ranks} ranks: P2P one-way for {boundary} B: {p2p * 1e3:.3f} ms")
-        costs = {v: _profile(ranks, v, p2p, overhead) for v in sorted({v for f, v in CASES if f in args.schedules})}
+        print(f"{ranks} ranks, {cores / ranks:g} cores per rank{' (oversubscribed)' if ranks > cores else ''}: "
+              f"P2P one-way for {boundary} B: {p2p * 1e3:.3f} ms")
+        vs = sorted({v for f, v in CASES if f in args.schedules})
+        costs = {v: _profile(ranks, v, p2p, overhead) for v in vs}
+        cpu_costs = {v: _profile(ranks, v, p2p, overhead, clock=time.thread_time) for v in vs}
         for family, v in (c for c in CASES if c[0] in args.schedules):
-            c = costs[v]
-            schedule = generate(family, ranks, MICROBATCHES, v)
-            with_overhead = simulate(lower(schedule, c), c).makespan
-            bare = dataclasses.replace(c, action_overhead=0.0)
-            without = simulate(lower(schedule, bare), bare).makespan
-            load = _load()
-            replay = _replayed(ranks, family, v, c)
-            replayed = simulate(lower(schedule, replay), replay).makespan
-            run = spawn(_run, ranks, (family, v, args.steps), deadline=900)
-            if not run.ok:
-                raise SystemExit("\n".join(e for e in run.errors if e))
-            measured = statistics.median(max(w) for w in zip(*(r[0] for r in run.results)))
-            rows.append((ranks, family, v, with_overhead, without, replayed, measured, load, _load()))
-            print(f"{ranks} ranks {family:<17} v={v}: simulated {with_overhead:.3f} s ({(with_overhead - measured) / measured:+.1%}), "
-                  f"without the per-action overhead {without:.3f} s ({(without - measured) / measured:+.1%}), "
-                  f"with replayed action times {replayed:.3f} s ({(replayed - measured) / measured:+.1%}), "
-                  f"measured {measured:.3f} s; load {load} -> {_load()}", flush=True)
-            comm = [statistics.median(kinds["comm"]) for _, kinds in run.results]
-            print("    in send/receive batches per step, per rank: " + ", ".join(f"{x * 1e3:.0f} ms" for x in comm))
-            durations: dict[str, list[float]] = defaultdict(list)
-            for _, kinds in run.results:
-                for key, values in kinds.items():
-                    if key == "comm":
-                        continue
-                    durations[key] += values
-            for key in sorted(durations, key=lambda k: (int(k[1:]), k[0])):
-                kind, stage = ActionKind(key[0]), int(key[1:])
-                profiled = {ActionKind.F: c.f, ActionKind.B: c.b, ActionKind.I: c.i, ActionKind.W: c.w}[kind](stage)
-                again = {ActionKind.F: replay.f, ActionKind.B: replay.b, ActionKind.I: replay.i, ActionKind.W: replay.w}[kind](stage)
-                print(f"    {key:>4}: runtime {statistics.median(durations[key]) * 1e3:6.2f} ms, "
-                      f"cost model {profiled * 1e3:6.2f} ms, replayed {again * 1e3:6.2f} ms")
-    print("\nranks  schedule           v  simulated s  measured s  error   (without overhead)   replayed s  error")
-    for ranks, family, v, sim, bare, replayed, measured, _, _ in rows:
-        print(f"{ranks:>5}  {family:<17} {v:>2} {sim:>11.3f} {measured:>11.3f} {(sim - measured) / measured:>+7.1%}   "
-              f"({bare:.3f} s, {(bare - measured) / measured:+.1%}) {replayed:>11.3f} {(replayed - measured) / measured:>+7.1%}")
+            rows.append(_case(ranks, family, v, costs[v], cpu_costs[v], args.steps))
+    print("\nranks  schedule           v  measured s   profile s  error   CPU s  error   alone s  error   together s  error")
+    for ranks, family, v, profiled, on_cpu, alone, together, measured in rows:
+        print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} {profiled:>11.3f} {_err(profiled, measured):>6} "
+              f"{on_cpu:>7.3f} {_err(on_cpu, measured):>6} {alone:>9.3f} {_err(alone, measured):>6} "
+              f"{together:>12.3f} {_err(together, measured):>6}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ on one rank with tiny stages, against the same compute called directly), for the
 given schedule (every rank's actions replayed alone, no peer to wait on), and ``with_action_times``
 puts them into a ``CostModel``: what a standalone profile misses (the activation store's hooks on
 ranks that split the backward, the allocator and caches of interleaved microbatches and stages) is in them.
+``concurrent_action_times`` is the same replay run by every rank at once, in the processes that
+will train: the profile under the real run's concurrency (cores, caches and memory shared).
 """
 from __future__ import annotations
 
@@ -102,17 +104,17 @@ def _sync(device: torch.device) -> None:
 
 
 def _timed(fn: Callable[..., object], device: torch.device, warmup: int, repeats: int,
-           setup: Callable[[], object] | None = None) -> float:
+           setup: Callable[[], object] | None = None, clock: Callable[[], float] = time.perf_counter) -> float:
     """Median seconds of ``fn`` (``setup`` runs untimed before each call and its result is passed)."""
     samples = []
     for n in range(warmup + repeats):
         state = setup() if setup else None
         _sync(device)
-        start = time.perf_counter()
+        start = clock()
         fn(state) if setup else fn()  # type: ignore[call-arg]
         _sync(device)
         if n >= warmup:
-            samples.append(time.perf_counter() - start)
+            samples.append(clock() - start)
     return statistics.median(samples)
 
 
@@ -204,10 +206,12 @@ def _nbytes(value: Any) -> int:
 
 def profile_module(module: nn.Module, inputs: Any, *, loss_fn: LossFn | None = None,
                    target: torch.Tensor | None = None, warmup: int = 3,
-                   repeats: int = 5) -> tuple[StageProfile, Any]:
+                   repeats: int = 5, clock: Callable[[], float] = time.perf_counter) -> tuple[StageProfile, Any]:
     """Profile one stage called as ``module(*inputs)`` (a tensor or a tuple of values; the first
     tensor's device is used). Floating-point inputs get gradients (I); other values pass through.
-    Returns the profile and the stage's (detached) output, to feed the next stage."""
+    Returns the profile and the stage's (detached) output, to feed the next stage. ``clock``: what
+    the times are read from; ``time.thread_time`` on the CPU gives this thread's CPU seconds, which
+    other load on the machine does not stretch (meaningless on a GPU, whose work is not the thread's)."""
     args = _as_tuple(inputs)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if not tensors:
@@ -251,11 +255,11 @@ def profile_module(module: nn.Module, inputs: Any, *, loss_fn: LossFn | None = N
     def after_input() -> Any:
         return split_input(forward_state())
 
-    time_f = _timed(lambda: forward(fresh()), device, warmup, repeats)
-    time_b = _timed(backward_all, device, warmup, repeats, setup=forward_state)
+    time_f = _timed(lambda: forward(fresh()), device, warmup, repeats, clock=clock)
+    time_b = _timed(backward_all, device, warmup, repeats, setup=forward_state, clock=clock)
     # the first stage has no input gradient (token ids): I is nothing and W is a full backward
-    time_i = _timed(split_input, device, warmup, repeats, setup=forward_state) if grad_at else 0.0
-    time_w = _timed(backward_weight, device, warmup, repeats, setup=after_input) if grad_at else time_b
+    time_i = _timed(split_input, device, warmup, repeats, setup=forward_state, clock=clock) if grad_at else 0.0
+    time_w = _timed(backward_weight, device, warmup, repeats, setup=after_input, clock=clock) if grad_at else time_b
     _zero_grads(module)
     stage = StageProfile(
         time_f=time_f, time_i=time_i, time_w=time_w, time_b=time_b,
@@ -269,9 +273,10 @@ def profile_module(module: nn.Module, inputs: Any, *, loss_fn: LossFn | None = N
 
 
 def profile_stages(stages: Sequence[nn.Module], inputs: Any, *, loss_fn: LossFn, target: torch.Tensor,
-                   warmup: int = 3, repeats: int = 5) -> Profile:
+                   warmup: int = 3, repeats: int = 5, clock: Callable[[], float] = time.perf_counter) -> Profile:
     """Profile a model split into consecutive stages, feeding each stage the previous one's output.
-    The last stage's F includes ``loss_fn(output, target)``; its backward starts from the loss."""
+    The last stage's F includes ``loss_fn(output, target)``; its backward starts from the loss.
+    ``clock``: as in ``profile_module``."""
     if not stages:
         raise ConfigError("profile_stages: no stages given; pass the model split into a list of modules")
     results = []
@@ -279,7 +284,7 @@ def profile_stages(stages: Sequence[nn.Module], inputs: Any, *, loss_fn: LossFn,
     for n, stage in enumerate(stages):
         last = n == len(stages) - 1
         prof, x = profile_module(stage, x, loss_fn=loss_fn if last else None, target=target if last else None,
-                                 warmup=warmup, repeats=repeats)
+                                 warmup=warmup, repeats=repeats, clock=clock)
         results.append(prof)
     device = next(t.device for t in _as_tuple(inputs) if isinstance(t, torch.Tensor))
     return Profile(tuple(results), str(device))
@@ -359,6 +364,25 @@ def measure_action_overhead(*, microbatches: int = 8, steps: int = 20, width: in
 _COMPUTE = (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)
 
 
+def _replay_samples(runner: Any, inputs: Any, targets: Any, steps: int, warmup: int,
+                    before_step: Callable[[], object] | None = None) -> dict[tuple[ActionKind, int], list[float]]:
+    """Every compute action's duration by (kind, stage), from ``runner``'s traces of ``steps`` steps
+    after ``warmup`` ones; ``before_step()`` runs before each step (e.g. a barrier); gradients dropped."""
+    samples: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
+    for n in range(warmup + steps):
+        if before_step is not None:
+            before_step()
+        runner.step(inputs, targets)
+        for stage in runner.stages.values():
+            _zero_grads(stage.module)
+        if n < warmup:
+            continue
+        for r in runner.trace.records:
+            if r.action.kind in _COMPUTE:
+                samples[(r.action.kind, r.action.stage)].append(r.end - r.start)
+    return samples
+
+
 def replayed_action_times(runners: Sequence[Any], inputs: Any, targets: Any, *, steps: int = 3,
                           warmup: int = 1) -> dict[tuple[ActionKind, int], float]:
     """Median seconds of each compute action by (kind, stage) as the runtime runs them: each
@@ -368,19 +392,27 @@ def replayed_action_times(runners: Sequence[Any], inputs: Any, targets: Any, *, 
     warm-up count. Unlike ``profile_stages``, which times each stage's F, I and W on their own in a
     warm loop, these include what the runtime does around the compute on that rank and schedule:
     the activation store's hooks where the backward is split, the trace, and the allocator and
-    caches of many microbatches and stages alive at once. Gradients are dropped after each step."""
+    caches of many microbatches and stages alive at once. Gradients are dropped after each step.
+    One rank at a time: what the ranks do to each other on shared cores is not in them
+    (``concurrent_action_times`` measures that)."""
     samples: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
     for runner in runners:
-        for n in range(warmup + steps):
-            runner.step(inputs, targets)
-            for stage in runner.stages.values():
-                _zero_grads(stage.module)
-            if n < warmup:
-                continue
-            for r in runner.trace.records:
-                if r.action.kind in _COMPUTE:
-                    samples[(r.action.kind, r.action.stage)].append(r.end - r.start)
+        for key, values in _replay_samples(runner, inputs, targets, steps, warmup).items():
+            samples[key] += values
     return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def concurrent_action_times(runner: Any, inputs: Any, targets: Any, *, barrier: Callable[[], object],
+                            steps: int = 3, warmup: int = 1) -> dict[tuple[ActionKind, int], list[float]]:
+    """This rank's compute-action durations by (kind, stage) while every rank replays at once: each
+    rank calls this with its own ``runner`` on a ``LoopbackTransport`` (no waiting on a peer) and
+    ``barrier`` (e.g. ``torch.distributed.barrier``) starts every replayed step together, so the
+    durations carry what the ranks do to each other on the machine (shared cores, caches, memory
+    bandwidth, clock speed), which ``replayed_action_times``, one rank alone, cannot. Every rank is
+    busy for the whole replay, as a pipeline's ranks are outside its bubbles: where ranks outnumber
+    cores, a real step (whose waiting ranks free their core) sees less contention than this. Returns
+    every sample; gather the ranks' dicts and take medians (``with_action_times``)."""
+    return dict(_replay_samples(runner, inputs, targets, steps, warmup, barrier))
 
 
 def with_action_times(costs: CostModel, times: Mapping[tuple[ActionKind, int], float]) -> CostModel:

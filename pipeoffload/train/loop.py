@@ -137,11 +137,15 @@ class Trainer:
             if self.fsdp is not None:
                 self.fsdp.finish()
             average_gradients(self.late_params, ctx.dp_group, ctx.dp)
+        with ctx.collective(f"gathering the measurements of step {step} from every rank"):
+            # started first and awaited after the norm's: the two all-reduces stay separate collectives
+            # but their rendezvous overlap (one wait on the slowest rank per step, not two)
+            gathered = self._gather(self._measurements(loss, self.runner.trace if measure else None))
         with ctx.collective(f"reducing the gradient norm of step {step} over every rank"):
             norm = global_grad_norm(self.norm_named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device,
                                     dp_sharded=self.fsdp is not None)
         with ctx.collective(f"gathering the measurements of step {step} from every rank"):
-            everyone = self._rows(self._gather(self._measurements(loss, self.runner.trace if measure else None)))
+            everyone = self._rows(gathered())
         losses = [r["loss"] for r in everyone if r["loss"] is not None]
         finite = math.isfinite(norm) and all(math.isfinite(x) for x in losses)  # the same on every rank
         if finite:
@@ -209,14 +213,18 @@ class Trainer:
         board[ctx.rank] = torch.tensor(row, dtype=torch.float64)
         return board
 
-    def _gather(self, board: torch.Tensor) -> torch.Tensor:
-        """Every rank's rows: one all-reduce of the board, a collective of its own (the gradient
-        norm's all-reduce carries the norm only)."""
+    def _gather(self, board: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Start the all-reduce that gives every rank's rows (a collective of its own: the gradient
+        norm's all-reduce carries the norm only); the returned call waits for it and gives the board."""
         if not (dist.is_initialized() and dist.get_world_size() > 1):
-            return board
+            return lambda: board
         on_device = board.to(self.ctx.device)  # NCCL reduces device tensors only
-        dist.all_reduce(on_device)
-        return on_device.cpu()
+        work = dist.all_reduce(on_device, async_op=True)
+
+        def result() -> torch.Tensor:
+            work.wait()  # type: ignore[union-attr]
+            return on_device.cpu()
+        return result
 
     @staticmethod
     def _rows(board: torch.Tensor) -> list[dict[str, Any]]:

@@ -187,3 +187,30 @@ def test_replayed_action_times_cover_every_compute_action_and_replace_the_profil
     costs = with_action_times(base, {(K.F, 0): 0.25, (K.W, 1): 0.75})
     assert (costs.f(0), costs.f(1), costs.i(0), costs.w(1), costs.w(0)) == (0.25, 2.5, 3.5, 0.75, 5.5)
     assert costs.action_overhead == 0.0
+
+
+def test_concurrent_action_times_call_the_barrier_before_every_step_and_keep_every_sample() -> None:
+    from pipeoffload.ir import ActionKind as K
+    from pipeoffload.profiling import concurrent_action_times
+    from pipeoffload.runtime import PipelineRunner
+
+    torch.manual_seed(0)
+    runner = PipelineRunner([nn.Linear(8, 8), nn.Linear(8, 8)], generate("interleaved-1f1b", 1, 4, 2), 0,
+                            measure_memory=False, loss_fn=lambda out, t: ((out - t) ** 2).mean())
+    calls = []
+    times = concurrent_action_times(runner, torch.randn(4, 8), torch.randn(4, 8), barrier=lambda: calls.append(1),
+                                    steps=3, warmup=1)
+    assert len(calls) == 4  # warm-up included: every replayed step starts together
+    assert set(times) == {(k, s) for k in (K.F, K.B) for s in (0, 1)}
+    assert all(len(v) == 3 * 4 for v in times.values())  # 3 steps x 4 microbatches, warm-up left out
+    assert all(p.grad is None for stage in runner.stages.values() for p in stage.module.parameters())
+
+
+def test_profile_reads_the_clock_it_is_given() -> None:
+    ticks = iter(range(10_000))
+    torch.manual_seed(0)
+    stages = [nn.Sequential(nn.Embedding(100, 64), _Block()), nn.Sequential(_Block(), _Head())]
+    tokens = torch.randint(0, 100, (2, 16))
+    profile = profile_stages(stages, tokens, loss_fn=_ce, target=tokens, warmup=0, repeats=1,
+                             clock=lambda: float(next(ticks)))
+    assert all(s.time_f == 1.0 and s.time_b == 1.0 for s in profile.stages)  # one tick per timed call
