@@ -230,9 +230,10 @@ class _Way:
             low = query - EPS  # the first grid point or engine (relaxed: link) end >= query
             p = bisect_left(clocks, low)
             cursor = clocks[p] if p < n_clocks else _INF
-            i = bisect_left(e_ends, low)
+            i = bisect_left(e_ends, low)  # the engine's intervals before i end before the cursor
             if i < n_engine and e_ends[i] < cursor:
                 cursor = e_ends[i]
+            first = i
             if relaxed:
                 l_ends = self.l_ends
                 i = bisect_left(l_ends, low)
@@ -242,7 +243,9 @@ class _Way:
                 return None
             reach = cursor + duration - EPS if duration > 0 else cursor - EPS
             blocked = None  # the latest end among the intervals the copy would overlap
-            i = bisect_right(e_ends, cursor + EPS)
+            i = first  # the first engine interval ending after cursor + EPS (a bisection only if not this one)
+            if i < n_engine and e_ends[i] <= cursor + EPS:
+                i = bisect_right(e_ends, cursor + EPS, i + 1)
             if i < n_engine and e_starts[i] < reach:
                 if not shared and not relaxed and n_engine > 1:
                     if narrow is None:  # a gap narrower than ``narrow`` blocks the copy wherever within EPS
@@ -276,9 +279,10 @@ class _Way:
             high = query + EPS  # the last grid point or engine (relaxed: link) end <= query
             p = bisect_right(clocks, high) - 1
             cursor = clocks[p] if p >= 0 else -_INF
-            i = bisect_right(e_ends, high)
+            i = bisect_right(e_ends, high)  # the engine's intervals before i end by the cursor
             if i and e_ends[i - 1] > cursor:
                 cursor = e_ends[i - 1]
+            first = i
             if relaxed:
                 l_ends = self.l_ends
                 i = bisect_right(l_ends, high)
@@ -288,7 +292,9 @@ class _Way:
                 return None
             reach = cursor + duration - EPS if duration > 0 else cursor - EPS
             blocked = None  # the earliest start among the intervals the copy would overlap
-            i = bisect_right(e_ends, cursor + EPS)
+            i = first  # the first engine interval ending after cursor + EPS (a bisection only if not this one)
+            if i < n_engine and e_ends[i] <= cursor + EPS:
+                i = bisect_right(e_ends, cursor + EPS, i + 1)
             if i < n_engine and e_starts[i] < reach:
                 blocked = e_starts[i]
             if shared:
@@ -390,7 +396,10 @@ class CopyGroup:
         ways = self._rank
         reloads: list[float | None] = [None] * len(chosen)  # by position in ``chosen``
         failed = []
-        for k in sorted(range(len(chosen)), key=lambda k: _reload_order(chosen[k])):
+        # by deadline, latest first (ties: rank, stage, microbatch, window; then the given order)
+        for entry in sorted([(-x.deadline, rank, x.stage, x.microbatch, x.window, k)
+                             for k, (rank, x) in enumerate(chosen)]):
+            k = entry[-1]
             rank, x = chosen[k]
             back = ways[rank][1]
             h2d = back.latest(x.deadline - x.h2d, x.h2d, x.f_end + x.d2h)
@@ -406,7 +415,9 @@ class CopyGroup:
         # grid points and engine ends, and a new copy's end lies after its start). A release frees
         # room, so it forgets these. In relaxed mode a link end is a start point too: no such hint.
         resume: dict[tuple[int, float], float] = {}
-        for k in sorted(range(len(chosen)), key=lambda k: _offload_order(chosen[k])):
+        # by forward end (ties: rank, stage, microbatch, window; then the given order)
+        for entry in sorted([(x.f_end, rank, x.stage, x.microbatch, x.window, k) for k, (rank, x) in enumerate(chosen)]):
+            k = entry[-1]
             h2d = reloads[k]
             if h2d is None:
                 continue
@@ -426,16 +437,6 @@ class CopyGroup:
                 resume[(rank, x.d2h)] = d2h
             placed.append((rank, p))
         return placed, failed
-
-
-def _reload_order(pick: tuple[int, Activation]) -> tuple[float, int, int, int, int]:
-    rank, x = pick
-    return -x.deadline, rank, x.stage, x.microbatch, x.window
-
-
-def _offload_order(pick: tuple[int, Activation]) -> tuple[float, int, int, int, int]:
-    rank, x = pick
-    return x.f_end, rank, x.stage, x.microbatch, x.window
 
 
 def _placed(points: list[float], x: Activation, d2h: float, h2d: float) -> Placed:
