@@ -208,11 +208,12 @@ class _Way:
     (its engine first, then the pair's link when shared; the engine's when no link). The searches'
     inner loops read these attributes, so each search starts with no lookups but the object's."""
 
-    __slots__ = ("clocks", "e_starts", "e_ends", "l_starts", "l_ends", "lanes", "shared", "relaxed")
+    __slots__ = ("books", "clocks", "e_starts", "e_ends", "l_starts", "l_ends", "lanes", "relaxed", "shared")
 
     def __init__(self, clocks: list[float], lanes: list[Lane], relaxed: bool) -> None:
         self.clocks = clocks
         self.lanes = lanes
+        self.books = [(lane.starts, lane.ends) for lane in lanes]
         self.e_starts, self.e_ends = lanes[0].starts, lanes[0].ends
         self.l_starts, self.l_ends = lanes[-1].starts, lanes[-1].ends
         self.shared = len(lanes) > 1
@@ -224,7 +225,8 @@ class _Way:
         relaxed, shared = self.relaxed, self.shared
         n_clocks, n_engine = len(clocks), len(e_ends)
         bound = limit + EPS
-        narrow = None  # set at the first block (a lone engine in exact mode only: see ``CopyGroup.earliest``)
+        lone = not shared and not relaxed  # runs of narrow gaps are crossed in one scan (``CopyGroup.earliest``)
+        narrow = None  # set at the first such scan
         query = t
         while True:
             low = query - EPS  # the first grid point or engine (relaxed: link) end >= query
@@ -247,7 +249,8 @@ class _Way:
             if i < n_engine and e_ends[i] <= cursor + EPS:
                 i = bisect_right(e_ends, cursor + EPS, i + 1)
             if i < n_engine and e_starts[i] < reach:
-                if not shared and not relaxed and n_engine > 1:
+                # (a gap as wide as the copy is wider than ``narrow``: no scan, and no ``slack`` to work out)
+                if lone and i + 1 < n_engine and e_starts[i + 1] - e_ends[i] < duration:
                     if narrow is None:  # a gap narrower than ``narrow`` blocks the copy wherever within EPS
                         # of the gap's start it would start; ends more than ``apart`` apart make each step
                         # block on the next; a blocking end past ``beyond`` leaves no start <= bound + EPS
@@ -309,10 +312,10 @@ class _Way:
     def reserve(self, t: float, duration: float) -> None:
         if duration <= 0:
             return
-        for lane in self.lanes:
-            i = bisect_left(lane.starts, t)  # ``Intervals.add``, written out: the pass's most frequent call
-            lane.starts.insert(i, t)
-            lane.ends.insert(i, t + duration)
+        for starts, ends in self.books:  # ``Intervals.add``, written out: the pass's most frequent call
+            i = bisect_left(starts, t)
+            starts.insert(i, t)
+            ends.insert(i, t + duration)
 
     def release(self, t: float, duration: float) -> None:
         for lane in self.lanes:
