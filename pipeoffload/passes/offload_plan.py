@@ -117,7 +117,7 @@ class _Plan:
             state = self.states[rank]
             if budget is not None:
                 if rank not in over:
-                    over[rank] = state.peak() > budget + EPS
+                    over[rank] = not state.peak() <= budget + EPS
                 if not over[rank]:
                     continue
             p = self.group.place(rank, x)
