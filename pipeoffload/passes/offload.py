@@ -208,7 +208,7 @@ class _Planning:
                 tls = [timelines[r] for r in members]
                 plan = plan_group(tls, costs, self.policy, {r: chosen[r] for r in members}, self.budget, relaxed)
                 states.update(plan.states)
-                peaks.update(plan.peaks())  # the plan's own, already computed when it was scored
+                peaks.update(plan.peaks())  # computed once per plan: one that was scored has them already
             return states, peaks
 
         states, peaks = plan_all(relaxed=False)
