@@ -203,6 +203,128 @@ class Placed:
         return self.d2h_start + self.activation.d2h
 
 
+class _Way:
+    """One rank's copies in one direction: the grid points they may start at and the lanes they book
+    (its engine first, then the pair's link when shared; the engine's when no link). The searches'
+    inner loops read these attributes, so each search starts with no lookups but the object's."""
+
+    __slots__ = ("books", "clocks", "e_starts", "e_ends", "l_starts", "l_ends", "lanes", "relaxed", "shared")
+
+    def __init__(self, clocks: list[float], lanes: list[Lane], relaxed: bool) -> None:
+        self.clocks = clocks
+        self.lanes = lanes
+        self.books = [(lane.starts, lane.ends) for lane in lanes]
+        self.e_starts, self.e_ends = lanes[0].starts, lanes[0].ends
+        self.l_starts, self.l_ends = lanes[-1].starts, lanes[-1].ends
+        self.shared = len(lanes) > 1
+        self.relaxed = relaxed
+
+    def earliest(self, t: float, duration: float, limit: float) -> float | None:
+        """``CopyGroup.earliest`` of this rank and direction."""
+        clocks, e_starts, e_ends = self.clocks, self.e_starts, self.e_ends
+        relaxed, shared = self.relaxed, self.shared
+        n_clocks, n_engine = len(clocks), len(e_ends)
+        bound = limit + EPS
+        lone = not shared and not relaxed  # runs of narrow gaps are crossed in one scan (``CopyGroup.earliest``)
+        narrow = None  # set at the first such scan
+        query = t
+        while True:
+            low = query - EPS  # the first grid point or engine (relaxed: link) end >= query
+            p = bisect_left(clocks, low)
+            cursor = clocks[p] if p < n_clocks else _INF
+            i = bisect_left(e_ends, low)  # the engine's intervals before i end before the cursor
+            if i < n_engine and e_ends[i] < cursor:
+                cursor = e_ends[i]
+            first = i
+            if relaxed:
+                l_ends = self.l_ends
+                i = bisect_left(l_ends, low)
+                if i < len(l_ends) and l_ends[i] < cursor:
+                    cursor = l_ends[i]
+            if cursor > bound:  # also when there is none (infinity)
+                return None
+            reach = cursor + duration - EPS if duration > 0 else cursor - EPS
+            blocked = None  # the latest end among the intervals the copy would overlap
+            i = first  # the first engine interval ending after cursor + EPS (a bisection only if not this one)
+            if i < n_engine and e_ends[i] <= cursor + EPS:
+                i = bisect_right(e_ends, cursor + EPS, i + 1)
+            if i < n_engine and e_starts[i] < reach:
+                # (a gap as wide as the copy is wider than ``narrow``: no scan, and no ``slack`` to work out)
+                if lone and i + 1 < n_engine and e_starts[i + 1] - e_ends[i] < duration:
+                    if narrow is None:  # a gap narrower than ``narrow`` blocks the copy wherever within EPS
+                        # of the gap's start it would start; ends more than ``apart`` apart make each step
+                        # block on the next; a blocking end past ``beyond`` leaves no start <= bound + EPS
+                        slack = 3 * EPS + 8 * math.ulp(max(abs(e_ends[-1]), abs(t), abs(duration)))
+                        narrow, apart, beyond = duration - slack, 2 * EPS + slack, bound + EPS
+                    # a run of busy intervals with narrow gaps: each would block the next start; the scan
+                    # stops past ``beyond`` (the next step's start would be past ``limit`` anyway)
+                    while (i + 1 < n_engine and e_ends[i] <= beyond and e_starts[i + 1] - e_ends[i] < narrow
+                           and e_ends[i + 1] - e_ends[i] > apart):
+                        i += 1
+                blocked = e_ends[i]
+            if shared:
+                l_starts, l_ends = self.l_starts, self.l_ends
+                i = bisect_right(l_ends, cursor + EPS)
+                if i < len(l_ends) and l_starts[i] < reach and (blocked is None or l_ends[i] > blocked):
+                    blocked = l_ends[i]
+            if blocked is None:
+                return cursor
+            query = blocked
+
+    def latest(self, t: float, duration: float, lower: float) -> float | None:
+        """``CopyGroup.latest`` of this rank and direction."""
+        clocks, e_starts, e_ends = self.clocks, self.e_starts, self.e_ends
+        relaxed, shared = self.relaxed, self.shared
+        n_engine = len(e_ends)
+        bound = lower - EPS
+        query = t
+        while True:
+            high = query + EPS  # the last grid point or engine (relaxed: link) end <= query
+            p = bisect_right(clocks, high) - 1
+            cursor = clocks[p] if p >= 0 else -_INF
+            i = bisect_right(e_ends, high)  # the engine's intervals before i end by the cursor
+            if i and e_ends[i - 1] > cursor:
+                cursor = e_ends[i - 1]
+            first = i
+            if relaxed:
+                l_ends = self.l_ends
+                i = bisect_right(l_ends, high)
+                if i and l_ends[i - 1] > cursor:
+                    cursor = l_ends[i - 1]
+            if cursor < bound:  # also when there is none (minus infinity)
+                return None
+            reach = cursor + duration - EPS if duration > 0 else cursor - EPS
+            blocked = None  # the earliest start among the intervals the copy would overlap
+            i = first  # the first engine interval ending after cursor + EPS (a bisection only if not this one)
+            if i < n_engine and e_ends[i] <= cursor + EPS:
+                i = bisect_right(e_ends, cursor + EPS, i + 1)
+            if i < n_engine and e_starts[i] < reach:
+                blocked = e_starts[i]
+            if shared:
+                l_starts, l_ends = self.l_starts, self.l_ends
+                i = bisect_right(l_ends, cursor + EPS)
+                if i < len(l_ends) and l_starts[i] < reach and (blocked is None or l_starts[i] < blocked):
+                    blocked = l_starts[i]
+            if blocked is None:
+                return cursor
+            query = blocked - duration
+
+    def reserve(self, t: float, duration: float) -> None:
+        if duration <= 0:
+            return
+        for starts, ends in self.books:  # ``Intervals.add``, written out: the pass's most frequent call
+            i = bisect_left(starts, t)
+            starts.insert(i, t)
+            ends.insert(i, t + duration)
+
+    def release(self, t: float, duration: float) -> None:
+        for lane in self.lanes:
+            lane.remove(t, duration)
+
+
+_INF = math.inf
+
+
 class CopyGroup:
     """Ranks planned together because they share copy resources (one rank, or a host-link pair)."""
 
@@ -216,12 +338,10 @@ class CopyGroup:
             for direction in ("d2h", "h2d"):
                 engine = shared if costs.shared_copy_engine else Lane()
                 self._lanes[(rank, direction)] = [engine, links[direction]] if costs.shared_host_link else [engine]
-        # what the searches read: grid points, engine lane, link lane (the engine's if none), shared
-        self._search: dict[tuple[int, str], tuple[list[float], list[float], list[float], list[float], list[float], bool]] = {}
-        for (rank, direction), lanes in self._lanes.items():
-            link = lanes[-1]
-            self._search[(rank, direction)] = (self.timelines[rank].clocks, lanes[0].starts, lanes[0].ends,
-                                               link.starts, link.ends, len(lanes) > 1)
+        self._ways = {key: _Way(self.timelines[key[0]].clocks, lanes, self.relaxed) for key, lanes in self._lanes.items()}
+        # per rank: (D2H way, H2D way, grid points): what ``place`` and ``pack`` read
+        self._rank = {rank: (self._ways[(rank, "d2h")], self._ways[(rank, "h2d")], tl.point_list)
+                      for rank, tl in self.timelines.items()}
 
     def lanes(self, rank: int, direction: str) -> list[Lane]:
         """Every resource such a copy occupies: its engine first, then the pair's link when shared."""
@@ -238,118 +358,36 @@ class CopyGroup:
         Written out with locals (no calls but the bisections); ``tests/unit/test_copy_lanes.py``
         checks it against the plain step-per-interval search.
         """
-        clocks, e_starts, e_ends, l_starts, l_ends, shared = self._search[(rank, direction)]
-        relaxed = self.relaxed
-        n_clocks, bound = len(clocks), limit + EPS
-        n_engine = len(e_ends)
-        skip = not shared and not relaxed and n_engine > 1
-        if skip:  # a gap narrower than ``narrow`` blocks the copy wherever within EPS of the gap's
-            # start it would start; ends more than ``apart`` apart make each step block on the next
-            slack = 3 * EPS + 8 * math.ulp(max(abs(e_ends[-1]), abs(t), abs(duration)))
-            narrow, apart = duration - slack, 2 * EPS + slack
-            beyond = bound + EPS  # a blocking end past this leaves no start <= bound + EPS: None
-        query = t
-        while True:
-            low = query - EPS  # the first grid point or engine (relaxed: link) end >= query
-            p = bisect_left(clocks, low)
-            cursor = clocks[p] if p < n_clocks else None
-            i = bisect_left(e_ends, low)
-            if i < len(e_ends) and (cursor is None or e_ends[i] < cursor):
-                cursor = e_ends[i]
-            if relaxed:
-                i = bisect_left(l_ends, low)
-                if i < len(l_ends) and (cursor is None or l_ends[i] < cursor):
-                    cursor = l_ends[i]
-            if cursor is None or cursor > bound:
-                return None
-            reach = cursor + duration - EPS if duration > 0 else cursor - EPS
-            high = cursor + EPS
-            blocked = None  # the latest end among the intervals the copy would overlap
-            i = bisect_right(e_ends, high)
-            if i < n_engine and e_starts[i] < reach:
-                blocked = e_ends[i]
-                if skip:  # a run of busy intervals with narrow gaps: each would block the next start;
-                    # the scan stops past ``beyond`` (the next step's start would be past ``limit`` anyway)
-                    while (i + 1 < n_engine and e_ends[i] <= beyond and e_starts[i + 1] - e_ends[i] < narrow
-                           and e_ends[i + 1] - e_ends[i] > apart):
-                        i += 1
-                    blocked = e_ends[i]
-            if shared:
-                i = bisect_right(l_ends, high)
-                if i < len(l_ends) and l_starts[i] < reach and (blocked is None or l_ends[i] > blocked):
-                    blocked = l_ends[i]
-            if blocked is None:
-                return cursor
-            query = blocked
+        return self._ways[(rank, direction)].earliest(t, duration, limit)
 
     def latest(self, rank: int, direction: str, t: float, duration: float, lower: float) -> float | None:
         """The last valid start <= t (and >= lower) at which the copy fits on all its resources
         (written out like ``earliest``)."""
-        clocks, e_starts, e_ends, l_starts, l_ends, shared = self._search[(rank, direction)]
-        relaxed = self.relaxed
-        bound = lower - EPS
-        query = t
-        while True:
-            high = query + EPS  # the last grid point or engine (relaxed: link) end <= query
-            p = bisect_right(clocks, high) - 1
-            cursor = clocks[p] if p >= 0 else None
-            i = bisect_right(e_ends, high)
-            if i and (cursor is None or e_ends[i - 1] > cursor):
-                cursor = e_ends[i - 1]
-            if relaxed:
-                i = bisect_right(l_ends, high)
-                if i and (cursor is None or l_ends[i - 1] > cursor):
-                    cursor = l_ends[i - 1]
-            if cursor is None or cursor < bound:
-                return None
-            reach = cursor + duration - EPS if duration > 0 else cursor - EPS
-            high = cursor + EPS
-            blocked = None  # the earliest start among the intervals the copy would overlap
-            i = bisect_right(e_ends, high)
-            if i < len(e_ends) and e_starts[i] < reach:
-                blocked = e_starts[i]
-            if shared:
-                i = bisect_right(l_ends, high)
-                if i < len(l_ends) and l_starts[i] < reach and (blocked is None or l_starts[i] < blocked):
-                    blocked = l_starts[i]
-            if blocked is None:
-                return cursor
-            query = blocked - duration
+        return self._ways[(rank, direction)].latest(t, duration, lower)
 
     def reserve(self, rank: int, direction: str, t: float, duration: float) -> None:
-        if duration <= 0:
-            return
-        for lane in self._lanes[(rank, direction)]:
-            i = bisect_left(lane.starts, t)  # ``Intervals.add``, written out: the pass's most frequent call
-            lane.starts.insert(i, t)
-            lane.ends.insert(i, t + duration)
+        self._ways[(rank, direction)].reserve(t, duration)
 
     def release(self, rank: int, direction: str, t: float, duration: float) -> None:
-        for lane in self._lanes[(rank, direction)]:
-            lane.remove(t, duration)
+        self._ways[(rank, direction)].release(t, duration)
 
     def place(self, rank: int, x: Activation) -> Placed | None:
         """Reserve D2H (earliest) then H2D (latest) for ``x``; None if they do not fit."""
-        d2h = self.earliest(rank, "d2h", x.f_end, x.d2h, x.deadline - x.h2d - x.d2h)
+        out, back, points = self._rank[rank]
+        d2h = out.earliest(x.f_end, x.d2h, x.deadline - x.h2d - x.d2h)
         if d2h is None:
             return None
-        self.reserve(rank, "d2h", d2h, x.d2h)
-        h2d = self.latest(rank, "h2d", x.deadline - x.h2d, x.h2d, d2h + x.d2h)
+        out.reserve(d2h, x.d2h)
+        h2d = back.latest(x.deadline - x.h2d, x.h2d, d2h + x.d2h)
         if h2d is None:
-            self.release(rank, "d2h", d2h, x.d2h)
+            out.release(d2h, x.d2h)
             return None
-        self.reserve(rank, "h2d", h2d, x.h2d)
-        return self._placed(rank, x, d2h, h2d)
+        back.reserve(h2d, x.h2d)
+        return _placed(points, x, d2h, h2d)
 
     def unplace(self, rank: int, p: Placed) -> None:
         self.release(rank, "d2h", p.d2h_start, p.activation.d2h)
         self.release(rank, "h2d", p.h2d_start, p.activation.h2d)
-
-    def _placed(self, rank: int, x: Activation, d2h: float, h2d: float) -> Placed:
-        points = self.timelines[rank].point_list  # ``RankTimeline.off_range``, written out
-        lo = bisect_left(points, d2h + x.d2h - EPS)
-        hi = bisect_right(points, h2d + EPS) - 1
-        return Placed(x, d2h, h2d, lo, hi)
 
     def pack(self, chosen: list[tuple[int, Activation]]) -> tuple[list[tuple[int, Placed]], list[tuple[int, Activation]]]:
         """Place a whole set in time order: reloads latest-deadline first, each as late as it can
@@ -358,17 +396,21 @@ class CopyGroup:
         Packing in time order leaves no gaps too short for a copy (the greedy by value can), so a
         set is hidden whenever any placement of it is. Returns (placed, not placed).
         """
-        reloads: dict[tuple[int, int, int, int], float] = {}
+        ways = self._rank
+        reloads: list[float | None] = [None] * len(chosen)  # by position in ``chosen``
         failed = []
-        latest, earliest, reserve, release = self.latest, self.earliest, self.reserve, self.release
-        for rank, x in sorted(chosen, key=lambda rx: (-rx[1].deadline, rx[0], rx[1].stage, rx[1].microbatch,
-                                                      rx[1].window)):
-            h2d = latest(rank, "h2d", x.deadline - x.h2d, x.h2d, x.f_end + x.d2h)
+        # by deadline, latest first (ties: rank, stage, microbatch, window; then the given order)
+        for entry in sorted([(-x.deadline, rank, x.stage, x.microbatch, x.window, k)
+                             for k, (rank, x) in enumerate(chosen)]):
+            k = entry[-1]
+            rank, x = chosen[k]
+            back = ways[rank][1]
+            h2d = back.latest(x.deadline - x.h2d, x.h2d, x.f_end + x.d2h)
             if h2d is None:
                 failed.append((rank, x))
                 continue
-            reserve(rank, "h2d", h2d, x.h2d)
-            reloads[(rank, x.stage, x.microbatch, x.window)] = h2d
+            back.reserve(h2d, x.h2d)
+            reloads[k] = h2d
         placed = []
         # Offloads come in order of their forwards, so while copies are only added, an offload of the
         # same rank and duration cannot start before the previous one did: no start earlier than that
@@ -376,23 +418,33 @@ class CopyGroup:
         # grid points and engine ends, and a new copy's end lies after its start). A release frees
         # room, so it forgets these. In relaxed mode a link end is a start point too: no such hint.
         resume: dict[tuple[int, float], float] = {}
-        for rank, x in sorted(chosen, key=lambda rx: (rx[1].f_end, rx[0], rx[1].stage, rx[1].microbatch,
-                                                      rx[1].window)):
-            h2d = reloads.get((rank, x.stage, x.microbatch, x.window))
+        # by forward end (ties: rank, stage, microbatch, window; then the given order)
+        for entry in sorted([(x.f_end, rank, x.stage, x.microbatch, x.window, k) for k, (rank, x) in enumerate(chosen)]):
+            k = entry[-1]
+            h2d = reloads[k]
             if h2d is None:
                 continue
+            rank, x = chosen[k]
+            out, back, points = ways[rank]
             after = resume.get((rank, x.d2h), x.f_end)
-            d2h = earliest(rank, "d2h", after if after > x.f_end else x.f_end, x.d2h, h2d - x.d2h)
-            p = None if d2h is None else self._placed(rank, x, d2h, h2d)
+            d2h = out.earliest(after if after > x.f_end else x.f_end, x.d2h, h2d - x.d2h)
+            p = None if d2h is None else _placed(points, x, d2h, h2d)
             if p is None or p.hi <= p.lo:
-                release(rank, "h2d", h2d, x.h2d)
+                back.release(h2d, x.h2d)
                 failed.append((rank, x))
                 resume.clear()
                 continue
             assert d2h is not None
-            reserve(rank, "d2h", d2h, x.d2h)
+            out.reserve(d2h, x.d2h)
             if not self.relaxed:
                 resume[(rank, x.d2h)] = d2h
             placed.append((rank, p))
         return placed, failed
 
+
+def _placed(points: list[float], x: Activation, d2h: float, h2d: float) -> Placed:
+    """``x`` placed at these starts, with the range of grid ``points`` it is off the device
+    (``RankTimeline.off_range``, written out)."""
+    lo = bisect_left(points, d2h + x.d2h - EPS)
+    hi = bisect_right(points, h2d + EPS) - 1
+    return Placed(x, d2h, h2d, lo, hi)

@@ -200,18 +200,20 @@ class _Planning:
             costs = replace(costs, d2h_time=costs.d2h_time * slower, h2d_time=costs.h2d_time * slower)
         chosen = _candidates(timelines, self.policy, self.exclude)
 
-        def plan_all(relaxed: bool) -> dict[int, RankState]:
+        def plan_all(relaxed: bool) -> tuple[dict[int, RankState], dict[int, float]]:
+            """Every group's plan: each rank's state and planned (exact) peak."""
             states: dict[int, RankState] = {}
+            peaks: dict[int, float] = {}
             for members in self.groups:
                 tls = [timelines[r] for r in members]
-                states.update(plan_group(tls, costs, self.policy, {r: chosen[r] for r in members}, self.budget,
-                                         relaxed).states)
-            return states
+                plan = plan_group(tls, costs, self.policy, {r: chosen[r] for r in members}, self.budget, relaxed)
+                states.update(plan.states)
+                peaks.update(plan.peaks())  # computed once per plan: one that was scored has them already
+            return states, peaks
 
-        states = plan_all(relaxed=False)
-        peaks = {r: s.exact_peak() for r, s in states.items()}
+        states, peaks = plan_all(relaxed=False)
         if costs.shared_host_link and self.policy.kind != "none":
-            states, peaks = _shared_link_plans(self.base, costs, states, peaks, plan_all(relaxed=True), self.groups)
+            states, peaks = _shared_link_plans(self.base, costs, states, peaks, plan_all(relaxed=True)[0], self.groups)
         return states, peaks
 
     def best_with_slower_copies(self, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]

@@ -68,13 +68,21 @@ class _Plan:
         self.args = (timelines, costs, relaxed)
         self.group = CopyGroup(timelines, costs, relaxed)
         self.states = {tl.rank: RankState(tl, tl.memory.copy()) for tl in timelines}
+        self._peaks: dict[int, float] | None = None  # ``peaks()`` until the plan changes
 
     def keys(self) -> set[Ident]:
         return {(r, *p.activation.ident) for r, s in self.states.items() for p in s.placed}
 
+    def peaks(self) -> dict[int, float]:
+        """Each rank's exact peak, kept until ``pack`` or ``greedy`` changes the plan: the pass compares
+        the same plan's score several times (first windows, second windows, pruning, the caller)."""
+        if self._peaks is None:
+            self._peaks = {r: s.exact_peak() for r, s in self.states.items()}
+        return self._peaks
+
     def score(self) -> tuple[float, int]:
         """Lower is better: the group's peak, then (for equal peaks) fewer copies."""
-        return (max(s.exact_peak() for s in self.states.values()), sum(len(s.placed) for s in self.states.values()))
+        return (max(self.peaks().values()), sum(len(s.placed) for s in self.states.values()))
 
     def pack(self, picks: list[Pick]) -> list[Pick]:
         """Pack ``picks`` into this (empty) plan; returns those that did not fit.
@@ -83,6 +91,7 @@ class _Plan:
         behind it would then start earlier than planned; so the set is packed again without the
         failures until a round places everything it tries (a few rounds when the lane is overloaded).
         """
+        self._peaks = None
         failed: list[Pick] = []
         for _ in range(_PACK_ROUNDS):
             placed, missed = self.group.pack(picks)
@@ -101,11 +110,16 @@ class _Plan:
     def greedy(self, picks: list[Pick], budget: float | None) -> list[Pick]:
         """Place one at a time in the given order; with a budget, keep only offloads that lower an
         over-budget point. Returns the picks that did not fit."""
+        self._peaks = None
         failed = []
+        over: dict[int, bool] = {}  # with a budget: rank -> its peak is above it (until the rank changes)
         for rank, x in picks:
             state = self.states[rank]
-            if budget is not None and state.peak() <= budget + EPS:
-                continue
+            if budget is not None:
+                if rank not in over:
+                    over[rank] = not state.peak() <= budget + EPS
+                if not over[rank]:
+                    continue
             p = self.group.place(rank, x)
             if p is None:
                 failed.append((rank, x))
@@ -113,6 +127,7 @@ class _Plan:
                 self.group.unplace(rank, p)
             else:
                 state.add(p)
+                over.pop(rank, None)
         return failed
 
     def needed(self, targets: dict[int, float]) -> set[Ident]:
@@ -241,7 +256,7 @@ def _pruned(plan: _Plan, timelines: list[RankTimeline], costs: CostModel, relaxe
             worth: list[Pick], budget: float | None) -> _Plan:
     """The plan without redundant offloads, packed again so that every start stays exact; the
     original plan if that packing fails or peaks higher."""
-    targets = {r: max(s.exact_peak(), budget or 0.0) for r, s in plan.states.items()}
+    targets = {r: max(peak, budget or 0.0) for r, peak in plan.peaks().items()}
     survivors = plan.needed(targets)
     # a second window that copies nothing relies on its first window's host copy: keep that too
     chained = {(r, *x.ident) for r, x in worth if x.window == 1 and x.d2h == 0.0 < x.h2d}
@@ -252,7 +267,7 @@ def _pruned(plan: _Plan, timelines: list[RankTimeline], costs: CostModel, relaxe
     if again.pack([(r, x) for r, x in worth if (r, *x.ident) in survivors]):
         return plan
     peak = max(targets.values())
-    return again if max(s.exact_peak() for s in again.states.values()) <= peak + EPS else plan
+    return again if max(again.peaks().values()) <= peak + EPS else plan
 
 
 def _priority(candidates: dict[int, list[Activation]]) -> list[Pick]:
