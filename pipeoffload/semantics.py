@@ -43,11 +43,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeoffload.ir import ActionKind
+from pipeoffload.ir import ActionKind, Schedule
 
 if TYPE_CHECKING:  # pragma: no cover
     from pipeoffload.costs import CostModel
-    from pipeoffload.ir import Schedule
 
 K = ActionKind
 KINDS: tuple[ActionKind, ...] = tuple(ActionKind)
@@ -96,14 +95,28 @@ class CodedSchedule:
     def __init__(self, schedule: Schedule) -> None:
         rows = schedule.actions
         code = CODE
-        self.schedule = schedule
-        self.num_ranks = len(rows)
+        self._set(schedule, np.array([len(r) for r in rows], dtype=np.int64),
+                  np.array([code[a.kind] for r in rows for a in r], dtype=np.int64),
+                  np.array([a.stage for r in rows for a in r], dtype=np.int64),
+                  np.array([a.microbatch for r in rows for a in r], dtype=np.int64))
+
+    @classmethod
+    def of_arrays(cls, schedule: Schedule, lengths: np.ndarray, kind: np.ndarray, stage: np.ndarray,
+                  microbatch: np.ndarray) -> CodedSchedule:
+        """The coded form of ``schedule`` from arrays its builder already has (they must be its actions)."""
+        out = cls.__new__(cls)
+        out._set(schedule, lengths, kind, stage, microbatch)
+        return out
+
+    def _set(self, schedule: Schedule, lengths: np.ndarray, kind: np.ndarray, stage: np.ndarray,
+             microbatch: np.ndarray) -> None:
+        self.rows = schedule.actions  # what this form codes (``coded`` checks it against a schedule's)
+        self.placement = schedule.placement
+        self.num_ranks = len(lengths)
         self.num_stages = schedule.num_stages
-        self.lengths = np.array([len(r) for r in rows], dtype=np.int64)
+        self.lengths = lengths
         self.offsets = np.concatenate(([0], np.cumsum(self.lengths)))
-        self.kind = np.array([code[a.kind] for r in rows for a in r], dtype=np.int64)
-        self.stage = np.array([a.stage for r in rows for a in r], dtype=np.int64)
-        self.microbatch = np.array([a.microbatch for r in rows for a in r], dtype=np.int64)
+        self.kind, self.stage, self.microbatch = kind, stage, microbatch
         used = 1 + int(self.microbatch.max()) if len(self.microbatch) else 0
         self.num_microbatches = max(schedule.num_microbatches, used)
         self.rank = np.repeat(np.arange(self.num_ranks, dtype=np.int64), self.lengths)
@@ -150,7 +163,7 @@ class CodedSchedule:
     def inputs(self, p2p_time: float) -> Inputs:
         """What each action waits for, from the rules in the module docstring."""
         kind, stage, mb, rank = self.kind, self.stage, self.microbatch, self.rank
-        owner = np.asarray(self.schedule.placement.stage_to_rank, dtype=np.int64)
+        owner = np.asarray(self.placement.stage_to_rank, dtype=np.int64)
         last = self.num_stages - 1
         n = len(kind)
         first, second = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
@@ -216,8 +229,21 @@ class CodedSchedule:
 
 
 def coded(schedule: Schedule) -> CodedSchedule:
-    """The integer-coded form of ``schedule`` (built anew: a caller that needs it twice keeps it)."""
+    """The integer-coded form of ``schedule``: the one it carries (``Schedule.coded``) when that codes
+    these very actions, else built anew (a caller that needs it twice keeps it, or ``with_coded``)."""
+    carried = schedule.coded
+    if carried is not None and carried.rows is schedule.actions:
+        return carried
     return CodedSchedule(schedule)
+
+
+def with_coded(schedule: Schedule, form: CodedSchedule | None = None) -> Schedule:
+    """``schedule`` carrying its coded form (``form``, which must code its actions, or built here);
+    ``schedule`` itself when it already carries it."""
+    form = form or coded(schedule)
+    if schedule.coded is form:
+        return schedule
+    return Schedule(schedule.actions, schedule.placement, schedule.num_microbatches, schedule.name, coded=form)
 
 
 def memory_effects(c: CodedSchedule, costs: CostModel) -> list[float]:

@@ -301,8 +301,8 @@ class _Simulation:
         its delay, the reload a backward waits for, compute duration. (Separate lists, not one tuple
         per action: a send reads two of them, and no 10^5 tuples are built.)"""
         c, inputs = self.c, self.inputs
-        return (sem.LANE[c.kind].tolist(), c.keys.tolist(), inputs.first.tolist(), inputs.first_delay.tolist(),
-                inputs.second.tolist(), inputs.second_delay.tolist(), inputs.reload.tolist(), self.duration.tolist())
+        return (sem.LANE[c.kind].tolist(), c.keys.tolist(), inputs.first.tolist(), _floats(inputs.first_delay),
+                inputs.second.tolist(), _floats(inputs.second_delay), inputs.reload.tolist(), self.duration.tolist())
 
     def _done(self) -> list[float | None] | _Pending:
         """Completion time per action key, None until it completes: a list where the key space is small
@@ -527,6 +527,12 @@ class _Simulation:
         first = stuck[0]
         step = self.pos[first] - self.offsets[first]
         raise DeadlockError("deadlock: " + "; ".join(lines), first, step, rows[first][step], rows)
+
+
+def _floats(values: np.ndarray) -> list[float]:
+    """``values.tolist()``; all zeros (the delays without p2p time, or of a lowered schedule's second
+    inputs) as one 0.0 repeated, with no float object made per action."""
+    return values.tolist() if values.any() else [0.0] * len(values)
 
 
 def _curve(times: np.ndarray, deltas: np.ndarray) -> tuple[tuple[tuple[float, float], ...], float]:

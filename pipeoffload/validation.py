@@ -297,54 +297,83 @@ def check_p2p_order(schedule: Schedule) -> None:
 
 
 def _p2p_order_ok(c: CodedSchedule) -> bool:
-    """The dry run of ``check_p2p_order`` on integer keys: True when no rank stays blocked.
+    """The dry run of ``check_p2p_order`` on integer arrays: True when no rank stays blocked.
 
-    Whether ranks get stuck does not depend on the order ranks are advanced in (posting only ever
-    makes more receives satisfiable), so any order answers it.
+    A rank that reaches a batch posts the batch's sends, then blocks until its receives are matched.
+    So a send is posted exactly when its rank has reached the send's batch, and a rank's progress is
+    one number, its frontier: the batch of the first receive it is blocked on (every batch up to it
+    is posted). Only receives need stepping through, each asking whether its send's rank has reached
+    the send's batch. Whether ranks get stuck does not depend on the order ranks are advanced in
+    (posting only ever satisfies more receives), so any order answers it. False may also mean that
+    the schedule repeats a send or posts one off its stage's rank (only the first posting counts);
+    ``_check_p2p_order`` then decides.
     """
-    lane = sem.LANE[c.kind]
-    comm = (lane == sem.SEND) | (lane == sem.RECV)
-    where = np.flatnonzero(comm)
-    if not len(where):
+    receives = _receives_and_their_sends(c)
+    if receives is None:
         return True
-    kind, stage, mb = c.kind[where], c.stage[where], c.microbatch[where]
-    is_send = lane[where] == sem.SEND
-    # a send is known by its own key; a receive by the key of the send it waits for
-    partner = np.where(kind == sem.RECV_F, c.key_of(sem.SEND_F, stage - 1, mb), c.key_of(sem.SEND_B, stage + 1, mb))
-    key = np.where(is_send, c.keys[where], partner)
-    # batches: maximal runs of consecutive comm actions on one rank
-    rank = c.rank[where]
-    starts = np.ones(len(where), dtype=bool)
-    starts[1:] = (where[1:] != where[:-1] + 1) | (rank[1:] != rank[:-1])
-    bounds = np.append(np.flatnonzero(starts), len(where))
-    batch_rank = rank[bounds[:-1]].tolist()
-    first_batch = np.searchsorted(batch_rank, np.arange(c.num_ranks + 1)).tolist()
-    keys, sends, bounds_list = key.tolist(), is_send.tolist(), bounds.tolist()
-    pointer = first_batch[:-1]
-    posted: set[int] = set()
-    waiting: dict[int, list[int]] = {}
-    ready = list(range(c.num_ranks))
+    need, source, batch, rank, end = receives
+    n = c.num_ranks
+    bounds = np.searchsorted(rank, np.arange(n + 1)).tolist()
+    needs, sources, batches = need.tolist(), source.tolist(), batch.tolist()
+    at = bounds[:-1]  # per rank: its next receive to match
+    frontier = [batches[at[r]] if at[r] < bounds[r + 1] else end for r in range(n)]
+    waiting: list[list[int]] = [[] for _ in range(n)]  # per rank: the ranks blocked on one of its sends
+    ready = list(range(n))
     while ready:
         r = ready.pop()
-        b, stop = pointer[r], first_batch[r + 1]
-        while b < stop:
-            blocked = -1
-            for q in range(bounds_list[b], bounds_list[b + 1]):
-                k = keys[q]
-                if sends[q]:
-                    if k not in posted:
-                        posted.add(k)
-                        woken = waiting.pop(k, None)
-                        if woken:
-                            ready.extend(woken)
-                elif blocked < 0 and k not in posted:  # a partner send is on another rank, never in this batch
-                    blocked = k
-            if blocked >= 0:
-                waiting.setdefault(blocked, []).append(r)
-                break
-            b += 1
-        pointer[r] = b
-    return all(pointer[r] == first_batch[r + 1] for r in range(c.num_ranks))
+        q, stop = at[r], bounds[r + 1]
+        while q < stop and frontier[sources[q]] >= needs[q]:
+            q += 1
+        at[r] = q
+        reached = batches[q] if q < stop else end
+        if reached != frontier[r]:
+            frontier[r] = reached
+            if waiting[r]:
+                ready.extend(waiting[r])
+                waiting[r] = []
+        if q < stop:
+            waiting[sources[q]].append(r)
+    return at == bounds[1:]
+
+
+_IS_COMM = (sem.LANE == sem.SEND) | (sem.LANE == sem.RECV)
+_BACKWARD = np.zeros(len(sem.KINDS), dtype=np.int64)  # per kind: 1 for the gradient's transfer
+_BACKWARD[[sem.SEND_B, sem.RECV_B]] = 1
+_TO_SENDER = np.zeros(len(sem.KINDS), dtype=np.int64)  # per kind: a receive's stage -> its sender's
+_TO_SENDER[sem.RECV_F], _TO_SENDER[sem.RECV_B] = -1, 1
+
+
+def _receives_and_their_sends(c: CodedSchedule
+                              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int] | None:
+    """Per receive that can block, in flat order: the batch that posts its send (``end + 1``: none),
+    that batch's rank, the receive's own batch and rank; and ``end``, past every batch. Batches are
+    the maximal runs of comm actions on one rank, numbered in flat order. None without comm actions.
+    A receive whose send comes earlier in its own rank's list, or in the same batch, never blocks
+    and is left out (one whose send comes later there waits on its own rank, which never comes)."""
+    where = np.flatnonzero(_IS_COMM[c.kind])
+    if not len(where):
+        return None
+    kind, rank = c.kind[where], c.rank[where]
+    starts = np.empty(len(where), dtype=bool)
+    starts[0] = True
+    np.not_equal(where[1:], where[:-1] + 1, out=starts[1:])
+    starts[1:] |= rank[1:] != rank[:-1]
+    batch = np.cumsum(starts) - 1
+    end = int(batch[-1]) + 1
+    # a transfer's slot: its direction, the sending stage and the microbatch (one slot: outside)
+    s, m = c.num_stages, c.num_microbatches
+    stage, mb = c.stage[where] + _TO_SENDER[kind], c.microbatch[where]
+    slot = (_BACKWARD[kind] * s + stage) * m + mb
+    slot[(stage < 0) | (stage >= s) | (mb < 0)] = 2 * s * m
+    is_send = sem.LANE[kind] == sem.SEND
+    posted_in = np.full(2 * s * m + 1, end + 1, dtype=np.int64)
+    sends = np.flatnonzero(is_send & (slot < 2 * s * m))[::-1]
+    posted_in[slot[sends]] = batch[sends]  # written last to first: the first posting counts
+    recv = np.flatnonzero(~is_send)
+    need, own_batch, own_rank = posted_in[slot[recv]], batch[recv], rank[recv]
+    source = rank[starts][np.minimum(need, end - 1)]
+    keep = (source != own_rank) | (need > own_batch)
+    return need[keep], source[keep], own_batch[keep], own_rank[keep], end
 
 
 def _check_p2p_order(schedule: Schedule) -> None:

@@ -6,57 +6,72 @@ stage). Between two compute actions a rank then has one run of comm actions, [se
 action, receives for the next], which the runtime posts as one batch. With that grouping a schedule
 whose compute order respects data dependencies cannot deadlock under blocking p2p semantics
 (``validate.check_p2p_order`` proves it for each lowered schedule).
+
+The insertion runs on the integer-coded form (``semantics.CodedSchedule``): the new actions' codes are
+written into widened arrays, the lowered actions are built from them in bulk, and the result carries
+its coded form, so that validating and simulating it do not build that again.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from pipeoffload import semantics as sem
 from pipeoffload._perf import gc_paused
-from pipeoffload.ir import Action, ActionKind, Schedule
+from pipeoffload.ir import Action, Schedule, make_actions
 
-Around = tuple[tuple[ActionKind, ...], tuple[ActionKind, ...]]
+_IS_COMM = (sem.LANE == sem.SEND) | (sem.LANE == sem.RECV)
 
 
 def add_comms(schedule: Schedule) -> Schedule:
-    """Return ``schedule`` with SEND/RECV inserted (existing comm actions are replaced)."""
+    """Return ``schedule`` with SEND/RECV inserted (existing comm actions are replaced), carrying its
+    coded form (``Schedule.coded``)."""
     with gc_paused():
         return _add_comms(schedule)
 
 
-def _plan(stage_to_rank: tuple[int, ...]) -> dict[ActionKind, list[Around | None]]:
-    """Per kind and stage: (receives before, sends after), None where there are none (copies never
-    have any). Send and receive kinds are absent: existing comm actions are dropped. A kind the
-    semantics has no rule for raises here, before any action is placed."""
-    plan: dict[ActionKind, list[Around | None]] = {}
-    for kind in sem.KINDS:
-        lane = sem.lane_of(kind)
-        if lane == sem.SEND or lane == sem.RECV:
-            continue
-        arounds = [sem.transfers(kind, s, stage_to_rank) for s in range(len(stage_to_rank))]
-        plan[kind] = [None if around == ((), ()) else around for around in arounds]
-    return plan
+def _plan(stage_to_rank: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Per (kind code, stage): the kind codes of the receives before such an action and of the sends
+    after it, padded with -1 (arrays kinds x stages x most). Send and receive kinds have none: existing
+    comm actions are dropped. A kind the semantics has no rule for raises here, before any action is
+    placed."""
+    num_stages = len(stage_to_rank)
+    arounds = {(sem.CODE[kind], s): sem.transfers(kind, s, stage_to_rank)
+               for kind in sem.KINDS if sem.lane_of(kind) not in (sem.SEND, sem.RECV) for s in range(num_stages)}
+    most = max((len(side) for around in arounds.values() for side in around), default=0)
+    before = np.full((len(sem.KINDS), num_stages, most), -1, dtype=np.int64)
+    after = before.copy()
+    for (code, s), (receives, sends) in arounds.items():
+        before[code, s, :len(receives)] = [sem.CODE[k] for k in receives]
+        after[code, s, :len(sends)] = [sem.CODE[k] for k in sends]
+    return before, after
 
 
 def _add_comms(schedule: Schedule) -> Schedule:
-    plan = _plan(schedule.placement.stage_to_rank)
-    rows = []
-    for row in schedule.actions:
-        out: list[Action] = []
-        append = out.append
-        for a in row:
-            per_stage = plan.get(a.kind)
-            if per_stage is None:  # a comm action: replaced by the ones inserted here
-                if sem.lane_of(a.kind) not in (sem.SEND, sem.RECV):
-                    raise sem.unknown_kind(a.kind, "add_comms")
-                continue
-            around = per_stage[a.stage]
-            if around is None:
-                append(a)
-                continue
-            before, after = around
-            for kind in before:
-                append(Action(kind, a.stage, a.microbatch))
-            append(a)
-            for kind in after:
-                append(Action(kind, a.stage, a.microbatch))
-        rows.append(out)
-    return schedule.with_actions(rows)
+    c = sem.coded(schedule)
+    before, after = _plan(schedule.placement.stage_to_rank)
+    keep = np.flatnonzero(~_IS_COMM[c.kind])
+    kind, stage = c.kind[keep], c.stage[keep]
+    receives = (before[kind, stage] >= 0).sum(axis=1)
+    sends = (after[kind, stage] >= 0).sum(axis=1)
+    width = 1 + receives + sends
+    at = np.cumsum(width) - width + receives  # where each kept action lands
+    codes = np.repeat(kind, width)
+    for j in range(before.shape[2]):  # the j-th receive before, the j-th send after
+        sel = receives > j
+        codes[at[sel] - receives[sel] + j] = before[kind[sel], stage[sel], j]
+        sel = sends > j
+        codes[at[sel] + 1 + j] = after[kind[sel], stage[sel], j]
+    stages, microbatches = np.repeat(stage, width), np.repeat(c.microbatch[keep], width)
+    lengths = np.bincount(c.rank[keep], weights=width, minlength=c.num_ranks).astype(np.int64)
+    rows = _rows(codes, stages, microbatches, lengths)
+    lowered = Schedule(rows, schedule.placement, schedule.num_microbatches, schedule.name)
+    return sem.with_coded(lowered, sem.CodedSchedule.of_arrays(lowered, lengths, codes, stages, microbatches))
+
+
+def _rows(codes: np.ndarray, stages: np.ndarray, microbatches: np.ndarray, lengths: np.ndarray
+          ) -> tuple[tuple[Action, ...], ...]:
+    """The per-rank action tuples, every action built anew from the arrays (in bulk, which costs about
+    what gathering the kept ones among the new would)."""
+    flat = tuple(make_actions(map(sem.KINDS.__getitem__, codes.tolist()), stages.tolist(), microbatches.tolist()))
+    offsets = np.concatenate(([0], np.cumsum(lengths))).tolist()
+    return tuple(flat[offsets[r]:offsets[r + 1]] for r in range(len(lengths)))

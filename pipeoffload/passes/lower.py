@@ -20,6 +20,7 @@ from pipeoffload.passes.comms import add_comms
 from pipeoffload.passes.offload import OffloadReport, plan_offload
 from pipeoffload.passes.recompute import all_keys, auto_keys, check_policies, first_stage_keys, insert_recompute
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
+from pipeoffload.semantics import with_coded
 from pipeoffload.simulator import simulate
 from pipeoffload.validation import validate
 
@@ -66,7 +67,8 @@ def _lower(schedule: Schedule, costs: CostModel | None, offload: OffloadPolicy |
     check_policies(offload_policy, recompute_policy)
     costs = recompute_policy.apply_to(costs or CostModel())
     source = _memory_actions_kept(schedule, offload_policy, recompute_policy)
-    if check:
+    if check:  # its coded form serves the validation, then ``add_comms`` or the first simulation
+        source = with_coded(source)
         validate(source)
     planned, report = _memory_passes(source, costs, offload_policy, recompute_policy, memo)
     if log_warnings:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pipeoffload._perf import gc_paused
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Schedule
 from pipeoffload.placement import Placement
@@ -192,7 +193,8 @@ def generate(
             "and simulate); use fewer ranks or microbatches (the bubble and peak memory follow closed forms), "
             "or pass max_actions=None to run it anyway")
     given = {k: v for k, v in options.items() if v is not None}
-    return spec.generator(num_ranks, num_microbatches, stages_per_rank, **given)
+    with gc_paused():  # 10^5 new actions, none freed: a cyclic GC pass would only rescan them
+        return spec.generator(num_ranks, num_microbatches, stages_per_rank, **given)
 
 
 __all__ = ["MAX_ACTIONS", "ScheduleSpec", "estimated_actions", "estimated_work", "generate", "get_spec", "register", "schedule_names", "schedule_specs", "unregister"]

@@ -196,3 +196,40 @@ def test_validating_leaves_a_pickled_schedule_as_it_was() -> None:
     assert pickle.dumps(schedule) == plain
     again = pickle.loads(plain)
     assert again == schedule and simulate(again).makespan == simulate(schedule).makespan
+
+
+_CODED_FIELDS = ("kind", "stage", "microbatch", "rank", "step", "lengths", "offsets")
+
+
+@pytest.mark.parametrize("name", ["interleaved-1f1b", "zb-v", "dualpipe-v", "gpipe"])
+def test_the_coded_form_add_comms_builds_by_insertion_is_the_one_built_from_the_actions(name: str) -> None:
+    import numpy as np
+
+    from pipeoffload.passes.comms import add_comms
+    from pipeoffload.semantics import CodedSchedule, with_coded
+
+    schedule = generate(name, 4, 8)
+    for source in (schedule, with_coded(schedule), add_comms(schedule)):  # with its own, or comms to replace
+        lowered = add_comms(source)
+        carried, fresh = lowered.coded, CodedSchedule(lowered)
+        assert carried is not None and coded(lowered) is carried
+        for field in _CODED_FIELDS:
+            assert np.array_equal(getattr(carried, field), getattr(fresh, field)), field
+        assert carried.num_microbatches == fresh.num_microbatches
+
+
+def test_a_carried_coded_form_is_no_part_of_the_value_and_is_used_only_for_its_own_actions() -> None:
+    import dataclasses
+    import pickle
+
+    from pipeoffload.semantics import with_coded
+
+    schedule = generate("1f1b", 4, 8)
+    carrying = with_coded(schedule)
+    assert carrying == schedule and hash(carrying) == hash(schedule) and repr(carrying) == repr(schedule)
+    assert pickle.dumps(carrying) == pickle.dumps(schedule) and pickle.loads(pickle.dumps(carrying)).coded is None
+    assert coded(carrying) is carrying.coded and with_coded(carrying) is carrying
+    rows = [list(r) for r in schedule.actions]
+    rows[0][0], rows[0][1] = rows[0][1], rows[0][0]
+    other = dataclasses.replace(carrying, actions=tuple(map(tuple, rows)))  # carries a form of other actions
+    assert coded(other) is not carrying.coded and coded(other).microbatch[:2].tolist() == [1, 0]

@@ -82,7 +82,7 @@ def _resolve(c: sem.CodedSchedule, kinds: tuple[ActionKind, ...], stage: int, mb
 def _expected_inputs(c: sem.CodedSchedule, i: int) -> tuple[list[int], list[float], int]:
     """Keys and delays action ``i`` waits for, and its RELOAD key, from the scalar rules."""
     kind, stage, mb, rank = sem.KINDS[c.kind[i]], int(c.stage[i]), int(c.microbatch[i]), int(c.rank[i])
-    owner = c.schedule.placement.stage_to_rank
+    owner = c.placement.stage_to_rank
     keys, delays = [], []
     for kinds, producer_stage in sem.producers(kind, stage, c.num_stages):
         lane = sem.lane_of(kind)

@@ -1,7 +1,14 @@
 """The validator, one rule at a time, on schedules written in their own text form."""
+import random
+
 import pytest
 
 from pipeoffload import Placement, Schedule, ScheduleError, generate, lower, validate
+from pipeoffload.ir import Action
+from pipeoffload.ir import ActionKind as K
+from pipeoffload.passes.comms import add_comms
+from pipeoffload.semantics import coded
+from pipeoffload.validation import _check_p2p_order, _p2p_order_ok, _validate
 
 GOOD = [
     "0F0 0B0",
@@ -77,3 +84,47 @@ def test_lower_refuses_a_compute_order_valid_on_each_rank_that_deadlocks_across_
     validate(cycle)
     with pytest.raises(ScheduleError, match="comm order deadlocks"):
         lower(cycle)
+
+
+def _shuffled_comms(rng: random.Random) -> Schedule:
+    """A lowered schedule of a random family whose comm actions were moved, dropped, added or repeated."""
+    name = rng.choice(["1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zb-v", "dualpipe-v"])
+    base = generate(name, rng.choice([2, 3, 4]), rng.choice([1, 2, 4, 6]))
+    rows = [list(r) for r in add_comms(base).actions]
+    comm = [K.SEND_F, K.RECV_F, K.SEND_B, K.RECV_B]
+    for _ in range(rng.choice([1, 2, 4])):
+        row = rows[rng.randrange(len(rows))]
+        move = rng.random()
+        if move < 0.5:  # a comm action a few steps earlier or later (or dropped)
+            steps = [i for i, a in enumerate(row) if a.kind in comm]
+            a = row.pop(rng.choice(steps))
+            if move < 0.45:
+                row.insert(max(0, min(len(row), steps[0] + rng.randint(-4, 4))), a)
+        else:  # an extra comm action anywhere, perhaps a repeat or on a rank not its stage's
+            extra = Action(rng.choice(comm), rng.randrange(base.num_stages), rng.randrange(base.num_microbatches))
+            row.insert(rng.randrange(len(row) + 1), extra)
+    return base.with_actions(rows)
+
+
+def test_the_array_dry_run_agrees_with_the_readable_one() -> None:
+    """``_p2p_order_ok`` (arrays) never passes a comm order the readable dry run finds stuck, and
+    answers like it on every schedule that is otherwise valid (elsewhere a False only costs the
+    readable run)."""
+    rng = random.Random(7)
+    outcomes = set()
+    for _ in range(400):
+        schedule = _shuffled_comms(rng)
+        try:
+            _check_p2p_order(schedule)
+            stuck = False
+        except ScheduleError:
+            stuck = True
+        fast = _p2p_order_ok(coded(schedule))
+        assert not (fast and stuck), schedule.to_text()
+        try:
+            _validate(schedule)
+        except ScheduleError:
+            continue
+        assert fast == (not stuck), schedule.to_text()
+        outcomes.add(stuck)
+    assert outcomes == {True, False}  # both kinds of valid schedule were met
