@@ -309,7 +309,7 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
     makespan = simulate(plan.base, costs).makespan  # the step without copies: a plan must not lengthen it
     best: tuple[float, int, dict[int, RankState], Timeline] | None = None
     seen: set[tuple] = set()
-    for factor in _SLOT_SLOWER:  # as if copies took factor x longer (a faster link must not do worse)
+    for factor in _slot_factors(costs):  # as if copies took factor x longer (a faster link must not do worse)
         slower = replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
         for limit in (0, *_SLOT_THROTTLES):
             if limit + 1 >= min(current.peak_activation_units, best[0] if best else math.inf) - EPS:
@@ -343,9 +343,32 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
     return candidate, {r: t.per_rank[r].peak_activation_units for r in ranks}
 
 
+def _slot_factors(costs: CostModel) -> list[float]:
+    """The copy-time factors the slot plans are made for: ``_SLOT_SLOWER``, then the same factors at
+    the next point above k of the ladder of k (multiples of ``_SLOT_LADDER``).
+
+    So the slot plans at k include every slot plan the pass makes at that next point (the plan for
+    the next larger k, which the simulation at the real copy times then checks): where that point
+    found a lower peak, k keeps it (issue #17: d = 16, g = 16 held 18 units at k = 0.7 and 17 at 0.8,
+    whose winner, made for 1.25 x 0.8, replays at 0.7 with 17 and no stall). Each group of ranks
+    plans ``len(_SLOT_SLOWER)`` more slot variants; factors already in the list are not repeated.
+    """
+    factors = list(_SLOT_SLOWER)
+    k = costs.offload_ratio(0)
+    if not 0.0 < k < math.inf:
+        return factors
+    after = (math.floor(k / _SLOT_LADDER + 1e-9) + 1) * _SLOT_LADDER  # the next ladder point above k
+    for factor in _SLOT_SLOWER:
+        scaled = after * factor / k
+        if all(abs(scaled - f) > 1e-9 for f in factors):
+            factors.append(scaled)
+    return factors
+
+
 _SLOT_FLOOR = 2.0  # the lowest peak a shared-link plan reaches: the activation computed and one reload
 _SLOT_THROTTLES = (1, 2, 3, 4, 6, 8)  # warm-up limits the slot plans are tried with (g = d needs the larger)
 _SLOT_SLOWER = (1.0, 1.1, 1.15, 1.25)  # copy-time factors the slot plans are made for (see ``best_with_slower_copies``)
+_SLOT_LADDER = 0.1  # the step of the ladder of k whose next point's slot plans are also tried (the k grid of the benchmarks)
 _SLOT_KEEP = (0, 3)  # lifespan filters (slot periods) of the slot patterns tried: none, the reference's
 _SLOT_MARGIN = ((0.0, False), (1.0, False), (0.0, True))  # reload margins tried: (slots, + the backward's time)
 
