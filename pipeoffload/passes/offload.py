@@ -162,6 +162,7 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
         states, peaks = plan.best_with_slower_copies(costs, states, peaks)
         if costs.shared_host_link:  # own links: it lowered some overloaded k but not the next, breaking monotony
             states, peaks = _throttled_plans(plan, costs, states, peaks)
+            states, peaks = _next_point_plans(plan, costs, states, peaks)
             states, peaks = _slot_plans(plan, costs, states, peaks)
     rows = [_emit(states[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
@@ -293,6 +294,46 @@ def _throttled_plans(plan: _Planning, costs: CostModel, states: dict[int, RankSt
 _THROTTLES = (1, 2, 3, 4)  # activations in flight per rank a throttled warm-up allows, tried in turn
 
 
+def _next_point(costs: CostModel) -> float | None:
+    """The next point above k (``costs.offload_ratio(0)``) of the ladder of k (multiples of
+    ``_SLOT_LADDER``); None without a finite positive k."""
+    k = costs.offload_ratio(0)
+    if not 0.0 < k < math.inf:
+        return None
+    return (math.floor(k / _SLOT_LADDER + 1e-9) + 1) * _SLOT_LADDER
+
+
+def _next_point_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
+                      ) -> tuple[dict[int, RankState], dict[int, float]]:
+    """The plan of the next larger k, replayed at k, where it is better than ``states`` (shared link).
+
+    The plan steps 1-9 make at the next ladder point above k (copies ``factor`` x slower: the plan
+    and its slower-copy and throttled variants, each chosen by simulation at that point) is
+    simulated with the real copy times; it replaces ``states`` if it has no stall, no longer
+    makespan and a lower peak. With ``_slot_factors`` this keeps, at k, what the next point finds
+    (1F1B, d = 8, m = 24: 7 units at k = 1.25 and 6 at 1.3 by a throttled plan before). Not tried
+    where the plan holds the floor of 2 units or meets a budget.
+    """
+    after = _next_point(costs)
+    top = max(peaks.values(), default=0.0)
+    if after is None or top <= _SLOT_FLOOR + EPS or (plan.budget is not None and top <= plan.budget + EPS):
+        return states, peaks
+    factor = after / costs.offload_ratio(0)
+    slower = replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
+    scaled = replace(plan, timelines=[tl.with_copy_times(factor) for tl in plan.timelines])
+    candidate, candidate_peaks = scaled.states(slower)
+    candidate, candidate_peaks = scaled.best_with_slower_copies(slower, candidate, candidate_peaks)
+    candidate, _ = _throttled_plans(scaled, slower, candidate, candidate_peaks)
+    ranks = range(plan.base.num_ranks)
+    current = simulate(plan.base.with_actions([_emit(states[r]) for r in ranks]), costs)
+    t = simulate(plan.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
+    log.debug("next point %g (x%g): peak %g, makespan %g, stall %g (now: %g, %g)", after, factor,
+              t.peak_activation_units, t.makespan, t.stall, current.peak_activation_units, current.makespan)
+    if t.stall > 0 or t.makespan > current.makespan + EPS or t.peak_activation_units >= current.peak_activation_units - EPS:
+        return states, peaks
+    return candidate, {r: t.per_rank[r].peak_activation_units for r in ranks}
+
+
 def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
                 ) -> tuple[dict[int, RankState], dict[int, float]]:
     """The alternating-slot plan (``passes.slots``) where it is better than ``states``.
@@ -311,7 +352,7 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
     makespan = simulate(plan.base, costs).makespan  # the step without copies: a plan must not lengthen it
     best: tuple[float, int, dict[int, RankState], Timeline] | None = None
     seen: set[tuple] = set()
-    for factor in _SLOT_SLOWER:  # as if copies took factor x longer (a faster link must not do worse)
+    for factor in _slot_factors(costs):  # as if copies took factor x longer (a faster link must not do worse)
         slower = replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
         for limit in (0, *_SLOT_THROTTLES):
             if limit + 1 >= min(current.peak_activation_units, best[0] if best else math.inf) - EPS:
@@ -345,9 +386,31 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
     return candidate, {r: t.per_rank[r].peak_activation_units for r in ranks}
 
 
+def _slot_factors(costs: CostModel) -> list[float]:
+    """The copy-time factors the slot plans are made for: ``_SLOT_SLOWER``, then the same factors at
+    the next point above k of the ladder of k (multiples of ``_SLOT_LADDER``).
+
+    So the slot plans at k include every slot plan the pass makes at that next point (the plan for
+    the next larger k, which the simulation at the real copy times then checks): where that point
+    found a lower peak, k keeps it (issue #17: d = 16, g = 16 held 18 units at k = 0.7 and 17 at 0.8,
+    whose winner, made for 1.25 x 0.8, replays at 0.7 with 17 and no stall). Each group of ranks
+    plans ``len(_SLOT_SLOWER)`` more slot variants; factors already in the list are not repeated.
+    """
+    factors = list(_SLOT_SLOWER)
+    after = _next_point(costs)
+    if after is None:
+        return factors
+    for factor in _SLOT_SLOWER:
+        scaled = after * factor / costs.offload_ratio(0)
+        if all(abs(scaled - f) > 1e-9 for f in factors):
+            factors.append(scaled)
+    return factors
+
+
 _SLOT_FLOOR = 2.0  # the lowest peak a shared-link plan reaches: the activation computed and one reload
 _SLOT_THROTTLES = (1, 2, 3, 4, 6, 8)  # warm-up limits the slot plans are tried with (g = d needs the larger)
 _SLOT_SLOWER = (1.0, 1.1, 1.15, 1.25)  # copy-time factors the slot plans are made for (see ``best_with_slower_copies``)
+_SLOT_LADDER = 0.1  # the step of the ladder of k whose next point's slot plans are also tried (the k grid of the benchmarks)
 _SLOT_KEEP = (0, 3)  # lifespan filters (slot periods) of the slot patterns tried: none, the reference's
 _SLOT_MARGIN = ((0.0, False), (1.0, False), (0.0, True))  # reload margins tried: (slots, + the backward's time)
 

@@ -61,3 +61,31 @@ def test_shared_link_inversions_of_the_benchmark_grids_are_gone(g: int, ks: tupl
         assert timeline.stall == 0
         peaks.append(timeline.peak_activation_units)
     assert peaks[0] <= peaks[1], f"g={g}: peak {peaks[0]:g} at k={ks[0]} above {peaks[1]:g} at k={ks[1]}"
+
+
+# Inversions a finer k grid showed with a shared host link (1F1B, d = 8, m = 24, offload all): 4 units
+# at k = 0.7 and 3 at 0.8 (a slot plan of 0.8), 7 at k = 1.2 and 6 at 1.3 (a throttled plan of 1.3).
+# The pass now also tries, at k, the plans it makes at the next point of its ladder of k (multiples
+# of 0.1) and replays them with the real copy times (``offload._next_point_plans``, ``_slot_factors``).
+@pytest.mark.parametrize("ks", [(0.7, 0.8), (1.2, 1.3)])
+def test_a_faster_link_keeps_the_plan_of_the_next_larger_k(ks: tuple[float, float]) -> None:
+    schedule = generate("1f1b", 8, 24, 1)
+    peaks = []
+    for k in ks:
+        costs = CostModel(shared_host_link=True).with_offload_ratio(k)
+        timeline = simulate(lower(schedule, costs, offload="all"), costs)
+        assert timeline.stall == 0 and timeline.makespan == simulate(schedule, costs).makespan
+        peaks.append(timeline.peak_activation_units)
+    assert peaks[0] <= peaks[1], f"peak {peaks[0]:g} at k={ks[0]} above {peaks[1]:g} at k={ks[1]}"
+
+
+def test_the_slot_plans_at_k_include_those_of_the_next_ladder_point() -> None:
+    """Group-interleaved d = 16, g = 16, m = 64 held 18 units at k = 0.7 and 17 at 0.8: the winner at
+    0.8, a slot plan made for 1.25 x 0.8 = 1.0, replays at 0.7 with 17 and no stall (too slow to plan
+    here: about 20 s). So the factors at 0.7 include 0.8 x each of ``_SLOT_SLOWER``."""
+    from pipeoffload.passes.offload import _SLOT_SLOWER, _slot_factors
+    factors = _slot_factors(CostModel(shared_host_link=True).with_offload_ratio(0.7))
+    for f in _SLOT_SLOWER:
+        assert any(abs(0.7 * x - 0.8 * f) < 1e-9 for x in factors), f
+        assert f in factors
+    assert _slot_factors(CostModel(shared_host_link=True)) == list(_SLOT_SLOWER)  # k = 0: no ladder
