@@ -10,6 +10,9 @@ from pipeoffload.schedules import generate
 from pipeoffload.simulator import simulate
 
 K_GRID = tuple(round(0.15 * i, 2) for i in range(14))  # 0 .. 1.95
+# With a shared host link each lowering also plans the next ladder point's plans (about 2x the CPU), so
+# its property grid is every other point of K_GRID; the finer inversions found are pinned below.
+SHARED_K_GRID = K_GRID[::2]  # 0 .. 1.8
 FAMILIES = [("1f1b", 1, {}), ("interleaved-1f1b", 2, {}), ("group-interleaved", 2, {"group_size": 4}),
             ("zb-h1", 1, {}), ("zb-v", 2, {})]
 
@@ -17,7 +20,7 @@ FAMILIES = [("1f1b", 1, {}), ("interleaved-1f1b", 2, {}), ("group-interleaved", 
 def _peaks(name: str, v: int, options: dict, shared_link: bool, policy: str) -> list[float]:
     schedule = generate(name, 8, 24, v, **options)
     out = []
-    for k in K_GRID:
+    for k in _grid(shared_link):
         costs = CostModel(shared_host_link=shared_link).with_offload_ratio(k)
         timeline = simulate(lower(schedule, costs, offload=policy), costs)
         assert timeline.stall == 0
@@ -25,8 +28,13 @@ def _peaks(name: str, v: int, options: dict, shared_link: bool, policy: str) -> 
     return out
 
 
-def _violations(peaks: list[float]) -> list[tuple[float, float, float, float]]:
-    return [(K_GRID[i], peaks[i], K_GRID[j], peaks[j]) for i in range(len(peaks)) for j in range(i + 1, len(peaks))
+def _grid(shared_link: bool) -> tuple[float, ...]:
+    return SHARED_K_GRID if shared_link else K_GRID
+
+
+def _violations(peaks: list[float], shared_link: bool = False) -> list[tuple[float, float, float, float]]:
+    grid = _grid(shared_link)
+    return [(grid[i], peaks[i], grid[j], peaks[j]) for i in range(len(peaks)) for j in range(i + 1, len(peaks))
             if peaks[i] > peaks[j] + 1e-9]
 
 
@@ -44,7 +52,7 @@ def test_peak_is_monotone_in_k_with_own_links(name: str, v: int, options: dict, 
 @pytest.mark.parametrize("name,v,options", FAMILIES, ids=[f[0] for f in FAMILIES])
 def test_peak_is_monotone_in_k_with_a_shared_host_link(name: str, v: int, options: dict) -> None:
     peaks = _peaks(name, v, options, True, "all")
-    assert not _violations(peaks), f"{name}: (k, peak) pairs out of order {_violations(peaks)[:4]}"
+    assert not _violations(peaks, True), f"{name}: (k, peak) pairs out of order {_violations(peaks, True)[:4]}"
 
 
 # One-unit inversions the benchmark grids showed with a shared host link before the link was
