@@ -240,7 +240,8 @@ def coded(schedule: Schedule) -> CodedSchedule:
 def with_coded(schedule: Schedule, form: CodedSchedule | None = None) -> Schedule:
     """``schedule`` carrying its coded form (``form``, which must code its actions, or built here);
     ``schedule`` itself when it already carries it."""
-    form = form or coded(schedule)
+    if form is None:
+        form = coded(schedule)
     if schedule.coded is form:
         return schedule
     return Schedule(schedule.actions, schedule.placement, schedule.num_microbatches, schedule.name, coded=form)
