@@ -121,7 +121,9 @@ POLICY_GRID = [(fam, d, v, g, m, pol, k)
 
 
 def _policy_costs(d: int, v: int, k: float) -> CostModel:
-    return replace(_costs(d * v, 1.4, 0.1), shared_host_link=d % 2 == 0).with_offload_ratio(k)
+    # Both link models: pairs share a host link at d = 2 and 4, d = 8 has its own links (a shared link's
+    # plans cost about twice the CPU there; test_offload_monotone and test_slots check it at d = 8).
+    return replace(_costs(d * v, 1.4, 0.1), shared_host_link=d < 8).with_offload_ratio(k)
 
 
 def _size(g: str | None, d: int) -> int | None:
