@@ -5,8 +5,10 @@ The headline is the command ``plan --model llama3-70b --gpu h100 --gpus 64 --glo
 as a fresh process (CPU seconds, user + sys, best of --repeat; target 2.5 s on a 2-core machine, 7.5 s
 before the fast core) and in-process (each search owns its memo, so each run starts cold); then where the
 headline's CPU time goes (``--breakdown``: the search and the confirmation of the shown plans, the memory
-passes, the offload pass and its slower-copy plans, full-size lowerings by layout and schedule); then a
-few searches with their best plans.
+passes, the offload pass and its slower-copy plans, full-size lowerings by layout and schedule); with
+``--count``, every simulation the headline's search runs, by what it is for (plain schedules, estimates
+at small sizes, memory policies simulated at full size, confirmations of shown and of other plans), with
+its CPU time and whether the output depends on it; then a few searches with their best plans.
 """
 from __future__ import annotations
 
@@ -138,12 +140,67 @@ def breakdown() -> list[str]:
     return lines
 
 
+def _run_kind(plan: Any, confirm: bool, shown: bool) -> str:
+    if confirm:
+        return "confirm at full size: a shown plan" if shown else "confirm at full size: walked past (not shown)"
+    if plan.choice.is_plain():
+        return "search: plain schedule"
+    return "search: memory policy, full size" if not plan.sim.extrapolated else "search: memory policy, estimate"
+
+
+def count_runs() -> list[str]:
+    """Every ``search._run`` of one cold in-process headline (the search's simulations and the
+    confirmations), by kind: runs, CPU seconds, how many fit, changed nothing, or are shown. The text
+    output prints the number simulated, the number that fit and each skip reason, so every run of the
+    search is visible in it through those counts (issue #19: what an exact pruning could still skip)."""
+    runs: list[tuple[float, bool, Any]] = []
+    original, found = search_module._run, search_module._find_plans
+    results: list[Any] = []
+
+    def run(req: Any, cand: Any, exact: bool = False, base: Any = None, memo: Any = None) -> Any:
+        start = time.process_time()
+        plan = original(req, cand, exact, base, memo)
+        runs.append((time.process_time() - start, exact, plan))
+        return plan
+
+    def find(req: Any) -> Any:
+        results.append(found(req))
+        return results[-1]
+
+    search_module._run, search_module._find_plans = run, find  # type: ignore[assignment]
+    try:
+        start = time.process_time()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            cli_main(HEADLINE)
+        total = time.process_time() - start
+    finally:
+        search_module._run, search_module._find_plans = original, found  # type: ignore[assignment]
+    result = results[-1]
+    shown = {(str(p.layout), p.choice) for p in result.best(5) + result.pareto()}
+    rows: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0, 0, 0])
+    for cpu, confirm, plan in runs:
+        row = rows[_run_kind(plan, confirm, (str(plan.layout), plan.choice) in shown)]
+        row[0] += 1
+        row[1] += cpu
+        row[2] += plan.fits
+        row[3] += not plan.choice.is_plain() and not plan.sim.changed
+        row[4] += (str(plan.layout), plan.choice) in shown
+    lines = [f"# every simulation of the headline (in-process, cold, {total:.2f} CPU s): {result.candidates} candidates, "
+             f"{result.evaluated} simulated plans kept, {len(result.fitting)} fit, {len(shown)} distinct plans shown",
+             f"#   {'kind':<48} {'runs':>5} {'cpu s':>7} {'fit':>4} {'same as plain':>13} {'shown':>5}"]
+    for kind in sorted(rows, key=lambda k: -rows[k][1]):
+        n, cpu, fit, same, seen = rows[kind]
+        lines.append(f"#   {kind:<48} {n:>5.0f} {cpu:>7.2f} {fit:>4.0f} {same:>13.0f} {seen:>5.0f}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--save", help="also write the report to this file")
     parser.add_argument("--no-prune", action="store_true", help="simulate every candidate (exhaustive)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of the headline command (best is shown)")
     parser.add_argument("--breakdown", action="store_true", help="also show where the headline's time goes")
+    parser.add_argument("--count", action="store_true", help="also count the headline's simulations by kind")
     args = parser.parse_args()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     process, inside, output = headline(args.repeat)
@@ -158,6 +215,8 @@ def main() -> None:
              f"{'cpu s':>6} {'cands/s':>8} {'sims/s':>7}  best plan"]
     if args.breakdown:
         lines[2:2] = breakdown()
+    if args.count:
+        lines[2:2] = count_runs()
     details = []
     for model, gpu, gpus, batch in CASES:
         hw = hardware_preset(gpu)

@@ -198,3 +198,26 @@ def test_the_activation_floor_is_below_every_simulated_peak() -> None:
         assert min(cand.activation_floor) > 0
         checked += 1
     assert checked > 20
+
+
+def test_every_simulation_of_the_search_shows_in_its_counts(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The output prints the number of plans simulated and why the others were skipped; each simulation
+    of the search is one of them, and confirmations re-simulate only plans kept. So no simulation can
+    be dropped with the output unchanged (issue #19, docs/decisions.md): the counts would show it."""
+    from pipeoffload.planner import search
+    runs: list[tuple[tuple, bool]] = []
+    original = search._run
+
+    def counted(req, cand, exact=False, base=None, memo=None):  # type: ignore[no-untyped-def]
+        runs.append((cand.key(), exact))
+        return original(req, cand, exact, base, memo)
+
+    monkeypatch.setattr(search, "_run", counted)
+    result = find_plans(PlanRequest(model=MODEL, hardware=HW, gpus=8, global_batch=512, memory_budget=8 * GIB))
+    searched = [key for key, exact in runs if not exact]
+    confirmed = [key for key, exact in runs if exact]
+    assert len(set(searched)) == len(searched)  # no candidate is simulated twice by the search
+    unchanged = result.skipped.get("policy changed nothing (same as the plain schedule)", 0)
+    assert len(searched) == result.evaluated + unchanged
+    kept = {(str(p.layout), p.choice) for p in result.plans}
+    assert confirmed and set(confirmed) <= kept and set(confirmed) <= set(searched)
