@@ -273,8 +273,11 @@ class ActivationStore:
             return t.detach()
         ident = storage._cdata
         entry = rec.entries.get(ident)
+        if entry is not None and entry.storage is None:  # freed by a finaliser since the reap: not this storage
+            self._reap()
+            entry = rec.entries.get(ident)
         if entry is None:  # the first save of this storage by this slot
-            entry = self._entries.get(ident)
+            entry = self._entry_of(ident)
             if entry is None:
                 entry = self._entries[ident] = _Entry(ident, storage, nbytes)
                 self._alloc(nbytes)
@@ -453,23 +456,30 @@ class ActivationStore:
             freed += entry.nbytes
         return freed
 
+    def _entry_of(self, ident: int) -> _Entry | None:
+        """The entry of the storage at address ``ident`` now. An entry whose storage autograd has freed
+        (``_handle_dropped``) may have left its address to a new storage: it is settled first."""
+        if self._dead:
+            self._reap()
+        entry = self._entries.get(ident)
+        if entry is not None and entry.storage is None:  # freed by a finaliser since the reap above
+            self._reap()
+            entry = self._entries.get(ident)
+        return entry
+
     # ---- pins -----------------------------------------------------------------------------------
     def pin(self, tensor: torch.Tensor) -> bool:
         """Keep ``tensor``'s storage on the device even if its slot is offloaded; True if managed."""
-        if self._dead:  # a storage freed since may have left its address to this tensor's
-            self._reap()
         if not self._entries:
             return False
-        entry = self._entries.get(tensor.untyped_storage()._cdata)
+        entry = self._entry_of(tensor.untyped_storage()._cdata)
         if entry is None:
             return False
         entry.pins += 1
         return True
 
     def unpin(self, tensor: torch.Tensor) -> None:
-        if self._dead:
-            self._reap()
-        entry = self._entries.get(tensor.untyped_storage()._cdata)
+        entry = self._entry_of(tensor.untyped_storage()._cdata)
         if entry is None or entry.pins == 0:
             return
         entry.pins -= 1
