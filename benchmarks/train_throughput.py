@@ -27,8 +27,11 @@ memory now and then would: the other steps run with no hooks (``PipelineRunner.s
 on ranks that neither offload nor split the backward. torch measures nothing.
 The process CPU time per step (``time.process_time``: this rank's threads, gloo's included; waits
 that sleep do not count) is printed too: it is less sensitive to the other load on the machine than
-wall time. The load average (``os.getloadavg``) before and after is printed: a shared 2-core
-machine is noisy.
+wall time. So are the minor page faults per step (``getrusage``: the process, its threads
+included), which the load does not change at all: a page fault is a freed block the C library gave
+back to the OS and took again (``pipeoffload.runtime.hostmem``; ``PIPEOFFLOAD_KEEP_FREED_MEMORY=0``
+runs both sides with glibc's default thresholds). The load average (``os.getloadavg``) before and
+after is printed: a shared 2-core machine is noisy.
 
     python benchmarks/train_throughput.py [--ranks 2] [--steps 30]
 """
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import time
 from typing import Any
@@ -91,14 +95,16 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str) ->
     holds_first, holds_last = 0 in theirs_model.stages, schedule.num_stages - 1 in theirs_model.stages
 
     parts: dict[str, list[float]] = {k: [] for k in ("ours", "ours_pipeline", "ours_update", "ours_metrics", "ours_cpu",
-                                                     "torch", "torch_pipeline", "torch_update", "torch_cpu")}
+                                                     "ours_faults", "torch", "torch_pipeline", "torch_update",
+                                                     "torch_cpu", "torch_faults")}
 
     def our_step(step: int) -> None:
-        start, cpu = time.perf_counter(), time.process_time()
+        start, cpu, faults = time.perf_counter(), time.process_time(), _faults()
         record = ours.train_step(measure=measure == "every" or step == 0)
         total, cpu = time.perf_counter() - start, time.process_time() - cpu
         if step >= 2:
             parts["ours_cpu"].append(cpu)
+            parts["ours_faults"].append(_faults() - faults)
             wall = ours.runner.trace.wall  # type: ignore[union-attr]
             parts["ours"].append(total)
             parts["ours_pipeline"].append(wall)
@@ -108,7 +114,7 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str) ->
     def their_step(step: int) -> None:
         (tokens, _, _), targets = batches.train(step, 0)
         kwargs: dict[str, Any] = {"target": targets, "losses": []} if holds_last else {}
-        start, cpu = time.perf_counter(), time.process_time()
+        start, cpu, faults = time.perf_counter(), time.process_time(), _faults()
         if holds_first:
             sched.step(tokens, **kwargs)
         else:
@@ -126,6 +132,7 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str) ->
         end, cpu = time.perf_counter(), time.process_time() - cpu
         if step >= 2:  # the first two steps infer shapes and warm up
             parts["torch_cpu"].append(cpu)
+            parts["torch_faults"].append(_faults() - faults)
             parts["torch"].append(end - start)
             parts["torch_pipeline"].append(mid - start)
             parts["torch_update"].append(end - mid)
@@ -136,6 +143,10 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str) ->
             dist.barrier()
             fn(step)
     return parts
+
+
+def _faults() -> float:
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
 def main() -> None:
@@ -173,7 +184,8 @@ def main() -> None:
             print(f"    rank {rank}: ours {ms['ours']:.0f} ms = pipeline {ms['ours_pipeline']:.0f} + norm/clip/AdamW "
                   f"{ms['ours_update']:.1f} + metrics {ms['ours_metrics']:.1f}; torch {ms['torch']:.0f} ms = "
                   f"pipeline {ms['torch_pipeline']:.0f} + norm/clip/AdamW {ms['torch_update']:.1f}; process CPU ms/step: "
-                  f"ours {ms['ours_cpu']:.0f}, torch {ms['torch_cpu']:.0f}")
+                  f"ours {ms['ours_cpu']:.0f}, torch {ms['torch_cpu']:.0f}; page faults/step: ours "
+                  f"{ms['ours_faults'] / 1e3:.0f}, torch {ms['torch_faults'] / 1e3:.0f}")
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 

@@ -42,6 +42,7 @@ from pipeoffload.runtime.comm import (
     message_tag,
 )
 from pipeoffload.runtime.copier import Copier
+from pipeoffload.runtime.hostmem import keep_freed_memory
 from pipeoffload.runtime.offload import ActivationStore
 from pipeoffload.runtime.spec import (
     Spec,
@@ -155,6 +156,8 @@ class PipelineRunner:
         self.num_stages = placement.num_stages
         self.store = ActivationStore(self.device, min_bytes=min_offload_bytes, copier=copier)
         self.device = self.store.device
+        if self.device.type == "cpu":  # freed activations stay in the process for the next microbatch
+            keep_freed_memory()
         for module in modules.values():
             self.store.exclude(module.parameters())
             self.store.exclude(module.buffers())

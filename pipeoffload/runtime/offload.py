@@ -105,7 +105,8 @@ class _Entry:
 
     def __init__(self, ident: int, storage: torch.UntypedStorage, nbytes: int) -> None:
         self.ident = ident
-        self.storage = storage
+        # None once autograd dropped the last handle of a resident storage (``_handle_dropped``)
+        self.storage: torch.UntypedStorage | None = storage
         self.nbytes = nbytes
         self.handles = 0  # handles autograd still holds; at 0 nothing can use the storage any more
         self.slots: set[Slot] = set()
@@ -162,6 +163,14 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
             return t.to_local()
     return t
 
+
+
+def _live(entry: _Entry) -> torch.UntypedStorage:
+    """The entry's storage; only entries whose last handle is gone (settled by ``_reap`` before any
+    other use) have none."""
+    if entry.storage is None:
+        raise RuntimeError(f"internal error: a storage of slot(s) {sorted(entry.slots)} was used after autograd freed it")
+    return entry.storage
 
 
 def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -264,8 +273,11 @@ class ActivationStore:
             return t.detach()
         ident = storage._cdata
         entry = rec.entries.get(ident)
+        if entry is not None and entry.storage is None:  # freed by a finaliser since the reap: not this storage
+            self._reap()
+            entry = rec.entries.get(ident)
         if entry is None:  # the first save of this storage by this slot
-            entry = self._entries.get(ident)
+            entry = self._entry_of(ident)
             if entry is None:
                 entry = self._entries[ident] = _Entry(ident, storage, nbytes)
                 self._alloc(nbytes)
@@ -334,7 +346,7 @@ class ActivationStore:
                 self.host_bytes += entry.nbytes
                 if self.host_bytes > self.peak_host_bytes:
                     self.peak_host_bytes = self.host_bytes
-                entry.token = self.copier.to_host(_byte_view(entry.storage), entry.host)
+                entry.token = self.copier.to_host(_byte_view(_live(entry)), entry.host)
                 entry.state = EntryState.TO_HOST
                 self._copying.append(entry)
         self.poll()
@@ -356,9 +368,10 @@ class ActivationStore:
                     self._drop_host(entry)
                 entry.state = EntryState.RESIDENT
             elif entry.state is EntryState.ON_HOST:
-                entry.storage.resize_(entry.nbytes)
+                storage = _live(entry)
+                storage.resize_(entry.nbytes)
                 self._alloc(entry.nbytes)
-                entry.token = self.copier.to_device(entry.host, _byte_view(entry.storage))  # type: ignore[arg-type]
+                entry.token = self.copier.to_device(entry.host, _byte_view(storage))  # type: ignore[arg-type]
                 entry.state = EntryState.TO_DEVICE
                 self._copying.append(entry)
             elif entry.state is EntryState.TO_HOST:  # reloaded before the device copy was released
@@ -408,7 +421,7 @@ class ActivationStore:
         if entry.pins:
             self._pinned_free.append(entry)  # freed when its last pin goes
             return
-        entry.storage.resize_(0)
+        _live(entry).resize_(0)
         self._resident -= entry.nbytes
 
     def _drop_host(self, entry: _Entry) -> None:
@@ -438,30 +451,41 @@ class ActivationStore:
             del self._entries[ident]
             entry.state = EntryState.DROPPED
             self._drop_host(entry)  # a host copy kept for W: W does not need these bytes
-            entry.storage.resize_(0)
+            _live(entry).resize_(0)
             self._resident -= entry.nbytes
             freed += entry.nbytes
         return freed
+
+    def _entry_of(self, ident: int) -> _Entry | None:
+        """The entry of the storage at address ``ident`` now. An entry whose storage autograd has freed
+        (``_handle_dropped``) may have left its address to a new storage: it is settled first."""
+        if self._dead:
+            self._reap()
+        entry = self._entries.get(ident)
+        if entry is not None and entry.storage is None:  # freed by a finaliser since the reap above
+            self._reap()
+            entry = self._entries.get(ident)
+        return entry
 
     # ---- pins -----------------------------------------------------------------------------------
     def pin(self, tensor: torch.Tensor) -> bool:
         """Keep ``tensor``'s storage on the device even if its slot is offloaded; True if managed."""
         if not self._entries:
             return False
-        entry = self._entries.get(tensor.untyped_storage()._cdata)
+        entry = self._entry_of(tensor.untyped_storage()._cdata)
         if entry is None:
             return False
         entry.pins += 1
         return True
 
     def unpin(self, tensor: torch.Tensor) -> None:
-        entry = self._entries.get(tensor.untyped_storage()._cdata)
+        entry = self._entry_of(tensor.untyped_storage()._cdata)
         if entry is None or entry.pins == 0:
             return
         entry.pins -= 1
         if entry.pins == 0 and entry in self._pinned_free:
             self._pinned_free.remove(entry)
-            entry.storage.resize_(0)
+            _live(entry).resize_(0)
             self._resident -= entry.nbytes
 
     # ---- release ----------------------------------------------------------------------------------
@@ -487,6 +511,12 @@ class ActivationStore:
         entry.handles -= 1
         if entry.handles == 0:
             self._dead.append(entry)
+            if entry.state is _RESIDENT or entry.state is EntryState.DROPPED:
+                # Nothing can use the bytes any more: let them go now, as autograd would without the
+                # store, not at the next store call. A backward frees each saved tensor once its node
+                # has run; holding them all to its end made its own allocations take fresh pages
+                # (hundreds of page faults per microbatch on CPU). The accounting still settles in ``_reap``.
+                entry.storage = None
 
     def _reap(self) -> None:
         """Forget entries autograd no longer refers to."""

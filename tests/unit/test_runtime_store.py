@@ -115,6 +115,20 @@ def test_backward_frees_saved_tensors_as_it_goes():
     assert store.slots() == []
 
 
+def test_a_storage_goes_as_soon_as_autograd_drops_it_not_at_the_next_store_call():
+    """The store's own reference to a saved storage must not outlive autograd's: a backward frees each
+    node's saved tensors as it runs, and holding them to its end made its allocations take fresh pages."""
+    store = _store()
+    x = torch.randn(16, 16, requires_grad=True)
+    with store.saving(0, 0):
+        total = (x.exp() * 3).sin().sum()  # exp saves its result, sin its input: two storages
+    entries = list(store._entries.values())
+    assert len(entries) == 2 and all(e.storage is not None for e in entries)
+    total.backward()  # no store call until the assertions: nothing has been reaped yet
+    assert [e.storage for e in entries] == [None, None]
+    assert store.resident_bytes == 0 and not store._entries  # the accounting settles as before
+
+
 def test_storage_shared_by_two_slots_leaves_only_when_both_are_offloaded():
     store = _store()
     h = torch.randn(16, 16, requires_grad=True)
