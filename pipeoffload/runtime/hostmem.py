@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 
@@ -30,15 +31,12 @@ M_MMAP_THRESHOLD = -3
 TRIM_THRESHOLD = 256 * 2**20  # free heap top kept in the process
 MMAP_THRESHOLD = 64 * 2**20  # blocks below this come from the heap (and go back to it)
 _USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_")
-_applied: bool | None = None  # once per process: None not tried yet, else whether it took
 
 
+@functools.cache  # malloc's settings belong to the process: tried once
 def keep_freed_memory() -> bool:
     """Raise glibc's trim and mmap thresholds (see the module doc); True if they are raised now."""
-    global _applied
-    if _applied is None:
-        _applied = _apply()
-    return _applied
+    return _apply()
 
 
 def _apply() -> bool:
