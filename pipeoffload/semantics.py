@@ -257,7 +257,18 @@ def memory_effects(c: CodedSchedule, costs: CostModel) -> list[float]:
     """
     fast = _memory_effects_in_order(c, costs)
     if fast is not None:
-        return fast
+        return fast.tolist()
+    return _memory_effects_in_turn(c, costs)
+
+
+def memory_amounts(c: CodedSchedule, costs: CostModel) -> np.ndarray:
+    """``memory_effects`` as a float array (what the simulator reads; no float object per action)."""
+    fast = _memory_effects_in_order(c, costs)
+    return fast if fast is not None else np.asarray(_memory_effects_in_turn(c, costs), dtype=float)
+
+
+def _memory_effects_in_turn(c: CodedSchedule, costs: CostModel) -> list[float]:
+    """``memory_effects`` action by action, for any order."""
     size = [costs.act(s) for s in range(c.num_stages)]
     keep_fraction = [costs.w_fraction_of(s) for s in range(c.num_stages)]
     m = c.num_microbatches
@@ -322,25 +333,29 @@ AT_END = np.zeros(len(KINDS), dtype=bool)
 AT_END[[B, I, W]] = True  # compute kinds whose memory effect happens at their end (F, R: at their start)
 
 
-def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> list[float] | None:
+def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> np.ndarray | None:
     """``memory_effects`` without a loop when every activation's actions come in a valid order:
     F first; then an R, or an OFFLOAD and its RELOAD, before its one backward (B, or I then W); and
     for a split backward optionally OFFLOAD_W and RELOAD_W between I and W. Each backward then finds
     exactly the activation's size resident (a recomputed F stores nothing, R or RELOAD bring the size
-    back), and W its ``w_fraction`` part. None when that order does not hold."""
+    back), and W its ``w_fraction`` part. None when that order does not hold.
+
+    Gathers are one-dimensional (an activation's ``stage * num_microbatches + microbatch``, offset
+    by a kind's block of keys), and each kind's amount is computed on that kind's actions only."""
     kind, keys = c.kind, c.keys
     index = np.full(c.num_keys, -1, dtype=np.int64)
     flat = np.arange(len(keys), dtype=np.int64)
     index[keys] = flat
     if np.any(index[keys] != flat):  # a duplicate action
         return None
-    stage, mb = c.stage, c.microbatch
-    grid = index.reshape(len(KINDS), c.num_stages, c.num_microbatches)
-    touched = np.flatnonzero((kind != F) & (LANE[kind] != SEND) & (LANE[kind] != RECV) & (LANE[kind] != HOLD))
-    ts, tm, here, tk = stage[touched], mb[touched], flat[touched], kind[touched]
+    per_kind = c.num_stages * c.num_microbatches  # keys of one kind: a block of this many
+    lane = LANE[kind]
+    touched = np.flatnonzero((kind != F) & (lane != SEND) & (lane != RECV) & (lane != HOLD))
+    here, tk = flat[touched], kind[touched]
+    activation = keys[touched] - tk * per_kind  # stage * num_microbatches + microbatch
     # where each kind of a touched action's activation is in the flat list (-1: absent)
-    f, b, i, r, off, rel = (grid[code][ts, tm] for code in (F, B, I, R, OFFLOAD, RELOAD))
-    w, off_w, rel_w = (grid[code][ts, tm] for code in (W, OFFLOAD_W, RELOAD_W))
+    f, b, i, r, off, rel, w, off_w, rel_w = (index[code * per_kind + activation]
+                                             for code in (F, B, I, R, OFFLOAD, RELOAD, W, OFFLOAD_W, RELOAD_W))
     back = np.maximum(b, i)  # the one backward (both present is refused below)
     ok = (f >= 0) & (f < here) & ~((b >= 0) & (i >= 0))
     ok &= (tk != W) | ((i >= 0) & (i < here))
@@ -352,14 +367,25 @@ def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> list[float] 
     if not np.all(ok):
         return None
     size = np.array([costs.act(s) for s in range(c.num_stages)])
-    held = size[stage]
-    keep = held * np.array([costs.w_fraction_of(s) for s in range(c.num_stages)])[stage]
+    fraction = np.array([costs.w_fraction_of(s) for s in range(c.num_stages)])
+    recomputed = c.recomputed.ravel()
+    stage, mb = c.stage, c.microbatch
     out = np.zeros(len(kind))
-    for code, values in ((F, np.where(c.recomputed[stage, mb], 0.0, held)), (B, -held), (I, keep - held),
-                         (W, -keep), (R, held), (OFFLOAD, held), (RELOAD, held), (OFFLOAD_W, keep), (RELOAD_W, keep)):
-        mask = kind == code
-        out[mask] = values[mask]
-    return out.tolist()
+    for code in (F, B, I, W, R, OFFLOAD, RELOAD, OFFLOAD_W, RELOAD_W):
+        sel = np.flatnonzero(kind == code)
+        if not len(sel):
+            continue
+        held = size[stage[sel]]  # per action the same operations as on the whole arrays
+        if code == F:
+            out[sel] = np.where(recomputed[keys[sel] - F * per_kind], 0.0, held)
+        elif code == B:
+            out[sel] = -held
+        elif code in (I, W, OFFLOAD_W, RELOAD_W):
+            keep = held * fraction[stage[sel]]
+            out[sel] = keep - held if code == I else -keep if code == W else keep
+        else:  # R, OFFLOAD, RELOAD
+            out[sel] = held
+    return out
 
 
 # ---- the same rules, one action at a time ----------------------------------------------------------

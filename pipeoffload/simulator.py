@@ -180,7 +180,7 @@ class _Simulation:
 
     Each rank's lane runs as far as its inputs allow; a rank that waits is parked on the key it waits
     for and woken when that action completes. Memory amounts are known before timing
-    (``semantics.memory_effects``), so the loop only computes times.
+    (``semantics.memory_amounts``), so the loop only computes times.
     """
 
     def __init__(self, schedule: Schedule, costs: CostModel) -> None:
@@ -190,7 +190,7 @@ class _Simulation:
         self.c = c = coded(schedule)
         self.inputs = c.inputs(costs.p2p_time)
         self.duration = sem.durations(costs, schedule.num_stages)[c.kind, c.stage]
-        self.amount = np.asarray(sem.memory_effects(c, costs), dtype=float)  # converted once, read as an array
+        self.amount = sem.memory_amounts(c, costs)  # an array: no float object per action
         self.host_amount = sem.host_effects(c, costs, self.amount)
         n = schedule.num_ranks
         total = len(c.kind)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, field, replace
 
 from pipeoffload import semantics as sem
@@ -520,12 +521,17 @@ _WINDOW_KINDS = tuple((offload, reload) for offload, reload, _ in sem.WINDOWS)
 def _copy_order(state: RankState) -> list[tuple[int, float, int, int, int, int]]:
     """The rank's planned copies as (list position, planned start, direction, stage, microbatch,
     window), in the order ``_emit`` inserts them: this order alone fixes the emitted list."""
-    tl = state.timeline
-    copies = []
+    clocks = state.timeline.clocks  # ``RankTimeline.position``, written out: two per planned copy
+    offloads, reloads = [], []
     for p in state.placed:
         x = p.activation
-        copies.append((tl.position(p.d2h_start), p.d2h_start, 0, x.stage, x.microbatch, x.window))
-        copies.append((tl.position(p.h2d_start, x.back_index), p.h2d_start, 1, x.stage, x.microbatch, x.window))
+        d2h, h2d, limit = p.d2h_start, p.h2d_start, x.back_index
+        at = bisect_right(clocks, h2d + EPS) - 1
+        offloads.append((bisect_right(clocks, d2h + EPS) - 1, d2h, 0, x.stage, x.microbatch, x.window))
+        reloads.append((at if at < limit else limit, h2d, 1, x.stage, x.microbatch, x.window))
+    # each direction is mostly in order already (copies are placed by forward, reloads follow their
+    # backwards): one list after the other is sorted as a few long runs, not interleaved pairs
+    copies = offloads + reloads
     copies.sort()
     return copies
 
@@ -541,10 +547,11 @@ def _emit(state: RankState) -> list[Action]:
     actions = state.timeline.actions
     row: list[Action] = []
     done = 0
+    new_action = tuple.__new__  # ``Action(...)`` in C (``ir.make_actions``), one per planned copy
     for position, _, direction, stage, microbatch, window in _copy_order(state):
         if position > done:
             row.extend(actions[done:position])
             done = position
-        row.append(Action(_WINDOW_KINDS[window][direction], stage, microbatch))
+        row.append(new_action(Action, (_WINDOW_KINDS[window][direction], stage, microbatch)))
     row.extend(actions[done:])
     return with_waits(row, state.timeline.throttle) if state.timeline.throttle else row
