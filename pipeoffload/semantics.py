@@ -369,7 +369,7 @@ def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> np.ndarray |
     size = np.array([costs.act(s) for s in range(c.num_stages)])
     fraction = np.array([costs.w_fraction_of(s) for s in range(c.num_stages)])
     recomputed = c.recomputed.ravel()
-    stage, mb = c.stage, c.microbatch
+    stage = c.stage
     out = np.zeros(len(kind))
     for code in (F, B, I, W, R, OFFLOAD, RELOAD, OFFLOAD_W, RELOAD_W):
         sel = np.flatnonzero(kind == code)
