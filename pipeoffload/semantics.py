@@ -161,63 +161,67 @@ class CodedSchedule:
         return out
 
     def inputs(self, p2p_time: float) -> Inputs:
-        """What each action waits for, from the rules in the module docstring."""
+        """What each action waits for, from the rules in the module docstring. Each rule runs on the
+        flat indices of its kinds' actions (not on masks over all of them)."""
         kind, stage, mb, rank = self.kind, self.stage, self.microbatch, self.rank
         owner = np.asarray(self.placement.stage_to_rank, dtype=np.int64)
         last = self.num_stages - 1
         n = len(kind)
         first, second = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
         first_delay, second_delay = np.zeros(n), np.zeros(n)
+        reload = np.full(n, -1, dtype=np.int64)
         lowered = self.lowered
         key = self.key_of
+        at = [np.flatnonzero(kind == code) for code in range(len(KINDS))]  # each kind's actions
+
+        def of(code: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            j = at[code]
+            return j, stage[j], mb[j]
 
         # F: the previous stage's F (or its RECV_F when lowered and on another rank)
-        sel = (kind == F) & (stage > 0)
-        prev = np.where(sel, stage - 1, 0)
-        cross = sel & (owner[prev] != rank)
+        j = at[F][stage[at[F]] > 0]
+        s, m = stage[j], mb[j]
+        cross = owner[s - 1] != rank[j]
         if lowered:
-            first[sel] = np.where(cross[sel], key(RECV_F, stage[sel], mb[sel]), key(F, prev[sel], mb[sel]))
+            first[j] = np.where(cross, key(RECV_F, s, m), key(F, s - 1, m))
         else:
-            first[sel] = key(F, prev[sel], mb[sel])
-            first_delay[cross] = p2p_time
-        # W: own I; R: own F
-        sel = kind == W
-        first[sel] = key(I, stage[sel], mb[sel])
-        sel = kind == R
-        first[sel] = key(F, stage[sel], mb[sel])
-        # B / I: own F, then the next stage's backward (or its RECV_B)
-        back = (kind == B) | (kind == I)
-        first[back] = key(F, stage[back], mb[back])
-        sel = back & (stage < last)
-        nxt = np.where(sel, stage + 1, 0)
-        cross = sel & (owner[nxt] != rank)
-        via_recv = cross & lowered
-        second[via_recv] = key(RECV_B, stage[via_recv], mb[via_recv])
-        direct = sel & ~via_recv
-        grad_kind = np.where(self._has_input_gradient()[nxt[direct], mb[direct]], I, B)
-        second[direct] = key(grad_kind, nxt[direct], mb[direct])
-        second_delay[direct & cross] = p2p_time
+            first[j] = key(F, s - 1, m)
+            first_delay[j[cross]] = p2p_time
+        # W: own I, and its RELOAD_W; R: own F
+        j, s, m = of(W)
+        first[j] = key(I, s, m)
+        reload[j] = key(RELOAD_W, s, m)
+        j, s, m = of(R)
+        first[j] = key(F, s, m)
+        # B / I: own F and its RELOAD, then the next stage's backward (or its RECV_B)
+        back = np.concatenate((at[B], at[I]))
+        s, m = stage[back], mb[back]
+        first[back] = key(F, s, m)
+        reload[back] = key(RELOAD, s, m)
+        j = back[s < last]
+        cross = owner[stage[j] + 1] != rank[j]
+        if lowered:
+            via_recv = j[cross]
+            second[via_recv] = key(RECV_B, stage[via_recv], mb[via_recv])
+            direct = j[~cross]
+        else:
+            direct = j
+            second_delay[j[cross]] = p2p_time
+        s, m = stage[direct] + 1, mb[direct]
+        second[direct] = key(np.where(self._has_input_gradient()[s, m], I, B), s, m)
         # receives: the matching send, one transfer later
-        sel = kind == RECV_F
-        first[sel] = key(SEND_F, stage[sel] - 1, mb[sel])
-        first_delay[sel] = p2p_time
-        sel = kind == RECV_B
-        first[sel] = key(SEND_B, stage[sel] + 1, mb[sel])
-        first_delay[sel] = p2p_time
-        # copies: an OFFLOAD starts after its F, a RELOAD after its OFFLOAD (neither blocks the lane)
-        sel = kind == OFFLOAD
-        first[sel] = key(F, stage[sel], mb[sel])
-        sel = kind == RELOAD
-        first[sel] = key(OFFLOAD, stage[sel], mb[sel])
-        # the second window: OFFLOAD_W after its I, RELOAD_W after its OFFLOAD_W
-        sel = kind == OFFLOAD_W
-        first[sel] = key(I, stage[sel], mb[sel])
-        sel = kind == RELOAD_W
-        first[sel] = key(OFFLOAD_W, stage[sel], mb[sel])
-        # a wait: the end of its own OFFLOAD's copy
-        sel = kind == WAIT
-        first[sel] = key(OFFLOAD, stage[sel], mb[sel])
-        reload = np.where(back, key(RELOAD, stage, mb), np.where(kind == W, key(RELOAD_W, stage, mb), -1))
+        j, s, m = of(RECV_F)
+        first[j] = key(SEND_F, s - 1, m)
+        first_delay[j] = p2p_time
+        j, s, m = of(RECV_B)
+        first[j] = key(SEND_B, s + 1, m)
+        first_delay[j] = p2p_time
+        # copies: an OFFLOAD starts after its F, a RELOAD after its OFFLOAD (neither blocks the lane);
+        # the second window: OFFLOAD_W after its I, RELOAD_W after its OFFLOAD_W; a wait: the end of
+        # its own OFFLOAD's copy
+        for code, after in ((OFFLOAD, F), (RELOAD, OFFLOAD), (OFFLOAD_W, I), (RELOAD_W, OFFLOAD_W), (WAIT, OFFLOAD)):
+            j, s, m = of(code)
+            first[j] = key(after, s, m)
         return Inputs(first, first_delay, second, second_delay, reload)
 
     def _has_input_gradient(self) -> np.ndarray:

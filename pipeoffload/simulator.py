@@ -301,8 +301,11 @@ class _Simulation:
         its delay, the reload a backward waits for, compute duration. (Separate lists, not one tuple
         per action: a send reads two of them, and no 10^5 tuples are built.)"""
         c, inputs = self.c, self.inputs
-        return (sem.LANE[c.kind].tolist(), c.keys.tolist(), inputs.first.tolist(), _floats(inputs.first_delay),
-                inputs.second.tolist(), _floats(inputs.second_delay), inputs.reload.tolist(), self.duration.tolist())
+        lanes = sem.LANE[c.kind]
+        # without copies no reload ever completes, so no backward waits for one: -1 (no int per action)
+        reloads = inputs.reload.tolist() if np.any(lanes == sem.COPY) else [-1] * len(lanes)
+        return (lanes.tolist(), c.keys.tolist(), inputs.first.tolist(), _floats(inputs.first_delay),
+                inputs.second.tolist(), _floats(inputs.second_delay), reloads, self.duration.tolist())
 
     def _done(self) -> list[float | None] | _Pending:
         """Completion time per action key, None until it completes: a list where the key space is small
