@@ -161,63 +161,67 @@ class CodedSchedule:
         return out
 
     def inputs(self, p2p_time: float) -> Inputs:
-        """What each action waits for, from the rules in the module docstring."""
+        """What each action waits for, from the rules in the module docstring. Each rule runs on the
+        flat indices of its kinds' actions (not on masks over all of them)."""
         kind, stage, mb, rank = self.kind, self.stage, self.microbatch, self.rank
         owner = np.asarray(self.placement.stage_to_rank, dtype=np.int64)
         last = self.num_stages - 1
         n = len(kind)
         first, second = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
         first_delay, second_delay = np.zeros(n), np.zeros(n)
+        reload = np.full(n, -1, dtype=np.int64)
         lowered = self.lowered
         key = self.key_of
+        at = [np.flatnonzero(kind == code) for code in range(len(KINDS))]  # each kind's actions
+
+        def of(code: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            j = at[code]
+            return j, stage[j], mb[j]
 
         # F: the previous stage's F (or its RECV_F when lowered and on another rank)
-        sel = (kind == F) & (stage > 0)
-        prev = np.where(sel, stage - 1, 0)
-        cross = sel & (owner[prev] != rank)
+        j = at[F][stage[at[F]] > 0]
+        s, m = stage[j], mb[j]
+        cross = owner[s - 1] != rank[j]
         if lowered:
-            first[sel] = np.where(cross[sel], key(RECV_F, stage[sel], mb[sel]), key(F, prev[sel], mb[sel]))
+            first[j] = np.where(cross, key(RECV_F, s, m), key(F, s - 1, m))
         else:
-            first[sel] = key(F, prev[sel], mb[sel])
-            first_delay[cross] = p2p_time
-        # W: own I; R: own F
-        sel = kind == W
-        first[sel] = key(I, stage[sel], mb[sel])
-        sel = kind == R
-        first[sel] = key(F, stage[sel], mb[sel])
-        # B / I: own F, then the next stage's backward (or its RECV_B)
-        back = (kind == B) | (kind == I)
-        first[back] = key(F, stage[back], mb[back])
-        sel = back & (stage < last)
-        nxt = np.where(sel, stage + 1, 0)
-        cross = sel & (owner[nxt] != rank)
-        via_recv = cross & lowered
-        second[via_recv] = key(RECV_B, stage[via_recv], mb[via_recv])
-        direct = sel & ~via_recv
-        grad_kind = np.where(self._has_input_gradient()[nxt[direct], mb[direct]], I, B)
-        second[direct] = key(grad_kind, nxt[direct], mb[direct])
-        second_delay[direct & cross] = p2p_time
+            first[j] = key(F, s - 1, m)
+            first_delay[j[cross]] = p2p_time
+        # W: own I, and its RELOAD_W; R: own F
+        j, s, m = of(W)
+        first[j] = key(I, s, m)
+        reload[j] = key(RELOAD_W, s, m)
+        j, s, m = of(R)
+        first[j] = key(F, s, m)
+        # B / I: own F and its RELOAD, then the next stage's backward (or its RECV_B)
+        back = np.concatenate((at[B], at[I]))
+        s, m = stage[back], mb[back]
+        first[back] = key(F, s, m)
+        reload[back] = key(RELOAD, s, m)
+        j = back[s < last]
+        cross = owner[stage[j] + 1] != rank[j]
+        if lowered:
+            via_recv = j[cross]
+            second[via_recv] = key(RECV_B, stage[via_recv], mb[via_recv])
+            direct = j[~cross]
+        else:
+            direct = j
+            second_delay[j[cross]] = p2p_time
+        s, m = stage[direct] + 1, mb[direct]
+        second[direct] = key(np.where(self._has_input_gradient()[s, m], I, B), s, m)
         # receives: the matching send, one transfer later
-        sel = kind == RECV_F
-        first[sel] = key(SEND_F, stage[sel] - 1, mb[sel])
-        first_delay[sel] = p2p_time
-        sel = kind == RECV_B
-        first[sel] = key(SEND_B, stage[sel] + 1, mb[sel])
-        first_delay[sel] = p2p_time
-        # copies: an OFFLOAD starts after its F, a RELOAD after its OFFLOAD (neither blocks the lane)
-        sel = kind == OFFLOAD
-        first[sel] = key(F, stage[sel], mb[sel])
-        sel = kind == RELOAD
-        first[sel] = key(OFFLOAD, stage[sel], mb[sel])
-        # the second window: OFFLOAD_W after its I, RELOAD_W after its OFFLOAD_W
-        sel = kind == OFFLOAD_W
-        first[sel] = key(I, stage[sel], mb[sel])
-        sel = kind == RELOAD_W
-        first[sel] = key(OFFLOAD_W, stage[sel], mb[sel])
-        # a wait: the end of its own OFFLOAD's copy
-        sel = kind == WAIT
-        first[sel] = key(OFFLOAD, stage[sel], mb[sel])
-        reload = np.where(back, key(RELOAD, stage, mb), np.where(kind == W, key(RELOAD_W, stage, mb), -1))
+        j, s, m = of(RECV_F)
+        first[j] = key(SEND_F, s - 1, m)
+        first_delay[j] = p2p_time
+        j, s, m = of(RECV_B)
+        first[j] = key(SEND_B, s + 1, m)
+        first_delay[j] = p2p_time
+        # copies: an OFFLOAD starts after its F, a RELOAD after its OFFLOAD (neither blocks the lane);
+        # the second window: OFFLOAD_W after its I, RELOAD_W after its OFFLOAD_W; a wait: the end of
+        # its own OFFLOAD's copy
+        for code, after in ((OFFLOAD, F), (RELOAD, OFFLOAD), (OFFLOAD_W, I), (RELOAD_W, OFFLOAD_W), (WAIT, OFFLOAD)):
+            j, s, m = of(code)
+            first[j] = key(after, s, m)
         return Inputs(first, first_delay, second, second_delay, reload)
 
     def _has_input_gradient(self) -> np.ndarray:
@@ -257,7 +261,18 @@ def memory_effects(c: CodedSchedule, costs: CostModel) -> list[float]:
     """
     fast = _memory_effects_in_order(c, costs)
     if fast is not None:
-        return fast
+        return fast.tolist()
+    return _memory_effects_in_turn(c, costs)
+
+
+def memory_amounts(c: CodedSchedule, costs: CostModel) -> np.ndarray:
+    """``memory_effects`` as a float array (what the simulator reads; no float object per action)."""
+    fast = _memory_effects_in_order(c, costs)
+    return fast if fast is not None else np.asarray(_memory_effects_in_turn(c, costs), dtype=float)
+
+
+def _memory_effects_in_turn(c: CodedSchedule, costs: CostModel) -> list[float]:
+    """``memory_effects`` action by action, for any order."""
     size = [costs.act(s) for s in range(c.num_stages)]
     keep_fraction = [costs.w_fraction_of(s) for s in range(c.num_stages)]
     m = c.num_microbatches
@@ -322,25 +337,29 @@ AT_END = np.zeros(len(KINDS), dtype=bool)
 AT_END[[B, I, W]] = True  # compute kinds whose memory effect happens at their end (F, R: at their start)
 
 
-def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> list[float] | None:
+def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> np.ndarray | None:
     """``memory_effects`` without a loop when every activation's actions come in a valid order:
     F first; then an R, or an OFFLOAD and its RELOAD, before its one backward (B, or I then W); and
     for a split backward optionally OFFLOAD_W and RELOAD_W between I and W. Each backward then finds
     exactly the activation's size resident (a recomputed F stores nothing, R or RELOAD bring the size
-    back), and W its ``w_fraction`` part. None when that order does not hold."""
+    back), and W its ``w_fraction`` part. None when that order does not hold.
+
+    Gathers are one-dimensional (an activation's ``stage * num_microbatches + microbatch``, offset
+    by a kind's block of keys), and each kind's amount is computed on that kind's actions only."""
     kind, keys = c.kind, c.keys
     index = np.full(c.num_keys, -1, dtype=np.int64)
     flat = np.arange(len(keys), dtype=np.int64)
     index[keys] = flat
     if np.any(index[keys] != flat):  # a duplicate action
         return None
-    stage, mb = c.stage, c.microbatch
-    grid = index.reshape(len(KINDS), c.num_stages, c.num_microbatches)
-    touched = np.flatnonzero((kind != F) & (LANE[kind] != SEND) & (LANE[kind] != RECV) & (LANE[kind] != HOLD))
-    ts, tm, here, tk = stage[touched], mb[touched], flat[touched], kind[touched]
+    per_kind = c.num_stages * c.num_microbatches  # keys of one kind: a block of this many
+    lane = LANE[kind]
+    touched = np.flatnonzero((kind != F) & (lane != SEND) & (lane != RECV) & (lane != HOLD))
+    here, tk = flat[touched], kind[touched]
+    activation = keys[touched] - tk * per_kind  # stage * num_microbatches + microbatch
     # where each kind of a touched action's activation is in the flat list (-1: absent)
-    f, b, i, r, off, rel = (grid[code][ts, tm] for code in (F, B, I, R, OFFLOAD, RELOAD))
-    w, off_w, rel_w = (grid[code][ts, tm] for code in (W, OFFLOAD_W, RELOAD_W))
+    f, b, i, r, off, rel, w, off_w, rel_w = (index[code * per_kind + activation]
+                                             for code in (F, B, I, R, OFFLOAD, RELOAD, W, OFFLOAD_W, RELOAD_W))
     back = np.maximum(b, i)  # the one backward (both present is refused below)
     ok = (f >= 0) & (f < here) & ~((b >= 0) & (i >= 0))
     ok &= (tk != W) | ((i >= 0) & (i < here))
@@ -352,14 +371,25 @@ def _memory_effects_in_order(c: CodedSchedule, costs: CostModel) -> list[float] 
     if not np.all(ok):
         return None
     size = np.array([costs.act(s) for s in range(c.num_stages)])
-    held = size[stage]
-    keep = held * np.array([costs.w_fraction_of(s) for s in range(c.num_stages)])[stage]
+    fraction = np.array([costs.w_fraction_of(s) for s in range(c.num_stages)])
+    recomputed = c.recomputed.ravel()
+    stage = c.stage
     out = np.zeros(len(kind))
-    for code, values in ((F, np.where(c.recomputed[stage, mb], 0.0, held)), (B, -held), (I, keep - held),
-                         (W, -keep), (R, held), (OFFLOAD, held), (RELOAD, held), (OFFLOAD_W, keep), (RELOAD_W, keep)):
-        mask = kind == code
-        out[mask] = values[mask]
-    return out.tolist()
+    for code in (F, B, I, W, R, OFFLOAD, RELOAD, OFFLOAD_W, RELOAD_W):
+        sel = np.flatnonzero(kind == code)
+        if not len(sel):
+            continue
+        held = size[stage[sel]]  # per action the same operations as on the whole arrays
+        if code == F:
+            out[sel] = np.where(recomputed[keys[sel] - F * per_kind], 0.0, held)
+        elif code == B:
+            out[sel] = -held
+        elif code in (I, W, OFFLOAD_W, RELOAD_W):
+            keep = held * fraction[stage[sel]]
+            out[sel] = keep - held if code == I else -keep if code == W else keep
+        else:  # R, OFFLOAD, RELOAD
+            out[sel] = held
+    return out
 
 
 # ---- the same rules, one action at a time ----------------------------------------------------------

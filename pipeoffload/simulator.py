@@ -180,7 +180,7 @@ class _Simulation:
 
     Each rank's lane runs as far as its inputs allow; a rank that waits is parked on the key it waits
     for and woken when that action completes. Memory amounts are known before timing
-    (``semantics.memory_effects``), so the loop only computes times.
+    (``semantics.memory_amounts``), so the loop only computes times.
     """
 
     def __init__(self, schedule: Schedule, costs: CostModel) -> None:
@@ -190,7 +190,7 @@ class _Simulation:
         self.c = c = coded(schedule)
         self.inputs = c.inputs(costs.p2p_time)
         self.duration = sem.durations(costs, schedule.num_stages)[c.kind, c.stage]
-        self.amount = np.asarray(sem.memory_effects(c, costs), dtype=float)  # converted once, read as an array
+        self.amount = sem.memory_amounts(c, costs)  # an array: no float object per action
         self.host_amount = sem.host_effects(c, costs, self.amount)
         n = schedule.num_ranks
         total = len(c.kind)
@@ -301,8 +301,11 @@ class _Simulation:
         its delay, the reload a backward waits for, compute duration. (Separate lists, not one tuple
         per action: a send reads two of them, and no 10^5 tuples are built.)"""
         c, inputs = self.c, self.inputs
-        return (sem.LANE[c.kind].tolist(), c.keys.tolist(), inputs.first.tolist(), _floats(inputs.first_delay),
-                inputs.second.tolist(), _floats(inputs.second_delay), inputs.reload.tolist(), self.duration.tolist())
+        lanes = sem.LANE[c.kind]
+        # without copies no reload ever completes, so no backward waits for one: -1 (no int per action)
+        reloads = inputs.reload.tolist() if np.any(lanes == sem.COPY) else [-1] * len(lanes)
+        return (lanes.tolist(), c.keys.tolist(), inputs.first.tolist(), _floats(inputs.first_delay),
+                inputs.second.tolist(), _floats(inputs.second_delay), reloads, self.duration.tolist())
 
     def _done(self) -> list[float | None] | _Pending:
         """Completion time per action key, None until it completes: a list where the key space is small

@@ -8,10 +8,13 @@ whose compute order respects data dependencies cannot deadlock under blocking p2
 (``validate.check_p2p_order`` proves it for each lowered schedule).
 
 The insertion runs on the integer-coded form (``semantics.CodedSchedule``): the new actions' codes are
-written into widened arrays, the lowered actions are built from them in bulk, and the result carries
-its coded form, so that validating and simulating it do not build that again.
+written into widened arrays, the comm actions are built from them in bulk (the kept actions are moved,
+not rebuilt), and the result carries its coded form, so that validating and simulating it do not build
+that again.
 """
 from __future__ import annotations
+
+from itertools import chain
 
 import numpy as np
 
@@ -63,15 +66,24 @@ def _add_comms(schedule: Schedule) -> Schedule:
         codes[at[sel] + 1 + j] = after[kind[sel], stage[sel], j]
     stages, microbatches = np.repeat(stage, width), np.repeat(c.microbatch[keep], width)
     lengths = np.bincount(c.rank[keep], weights=width, minlength=c.num_ranks).astype(np.int64)
-    rows = _rows(codes, stages, microbatches, lengths)
+    rows = _rows(schedule, keep, at, codes, stages, microbatches, lengths)
     lowered = Schedule(rows, schedule.placement, schedule.num_microbatches, schedule.name)
     return sem.with_coded(lowered, sem.CodedSchedule.of_arrays(lowered, lengths, codes, stages, microbatches))
 
 
-def _rows(codes: np.ndarray, stages: np.ndarray, microbatches: np.ndarray, lengths: np.ndarray
-          ) -> tuple[tuple[Action, ...], ...]:
-    """The per-rank action tuples, every action built anew from the arrays (in bulk, which costs about
-    what gathering the kept ones among the new would)."""
-    flat = tuple(make_actions(map(sem.KINDS.__getitem__, codes.tolist()), stages.tolist(), microbatches.tolist()))
+def _rows(schedule: Schedule, keep: np.ndarray, at: np.ndarray, codes: np.ndarray, stages: np.ndarray,
+          microbatches: np.ndarray, lengths: np.ndarray) -> tuple[tuple[Action, ...], ...]:
+    """The per-rank action tuples: the kept actions of ``schedule`` (flat indices ``keep``) are the same
+    objects, moved to their new flat positions ``at``; only the comm actions are built (in bulk). The
+    moves run on object arrays, in C: about a tenth of what building every action anew costs."""
+    old = np.fromiter(chain.from_iterable(schedule.actions), dtype=object, count=schedule.num_actions())
+    flat = np.empty(len(codes), dtype=object)
+    flat[at] = old[keep]
+    fresh = np.ones(len(codes), dtype=bool)
+    fresh[at] = False
+    new = np.flatnonzero(fresh)
+    flat[new] = np.fromiter(make_actions(map(sem.KINDS.__getitem__, codes[new].tolist()), stages[new].tolist(),
+                                         microbatches[new].tolist()), dtype=object, count=len(new))
+    actions = flat.tolist()
     offsets = np.concatenate(([0], np.cumsum(lengths))).tolist()
-    return tuple(flat[offsets[r]:offsets[r + 1]] for r in range(len(lengths)))
+    return tuple(tuple(actions[offsets[r]:offsets[r + 1]]) for r in range(len(lengths)))

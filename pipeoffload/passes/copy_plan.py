@@ -49,8 +49,14 @@ class Activation:
     window: int = 0
     value: float = field(init=False)  # memory-time an offload can save: size x the time it could be away
 
-    def __post_init__(self) -> None:
-        self.value = self.size * max(0.0, self.deadline - self.f_end - self.d2h - self.h2d)
+    def __init__(self, stage: int, microbatch: int, size: float, f_end: float, deadline: float, back_index: int,
+                 d2h: float, h2d: float, window: int = 0) -> None:
+        # written out (the dataclass keeps an ``__init__`` it finds): no ``__post_init__`` or ``max``
+        # call per activation, of which the pass builds one per backward
+        self.stage, self.microbatch, self.size, self.f_end, self.deadline = stage, microbatch, size, f_end, deadline
+        self.back_index, self.d2h, self.h2d, self.window = back_index, d2h, h2d, window
+        gap = deadline - f_end - d2h - h2d
+        self.value = size * (gap if gap > 0.0 else 0.0)  # max(0.0, gap), NaN and -0.0 included
 
     @property
     def ident(self) -> tuple[int, int, int]:
@@ -68,7 +74,11 @@ class RankTimeline:
     throttle = 0  # warm-up forwards wait for the throttle-th latest offload (``passes.throttle``); 0: never
 
     def __init__(self, rank: int, actions: tuple[Action, ...], starts: tuple[float, ...],
-                 ends: tuple[float, ...], costs: CostModel, recomputed: set[tuple[int, int]]) -> None:
+                 ends: tuple[float, ...], costs: CostModel, recomputed: set[tuple[int, int]],
+                 codes: tuple[np.ndarray, np.ndarray] | None = None, per_stage: _PerStage | None = None) -> None:
+        """``codes``: the rank's (kind code, stage) arrays, and ``per_stage``: ``_per_stage(costs, ...)``,
+        when the caller has them (``rank_timelines`` takes them from the schedule's coded form, once
+        for every rank); otherwise read from ``actions`` and ``costs``."""
         self.rank = rank
         self.actions = actions
         self.clocks = [0.0, *ends]  # clocks[p]: issue time of a copy placed before action p
@@ -76,9 +86,9 @@ class RankTimeline:
         self.points = np.array(self.point_list)
         self.activations: dict[tuple[int, int], Activation] = {}  # window 0 (F -> backward)
         self.w_activations: dict[tuple[int, int], Activation] = {}  # window 1 (I -> W), where W needs some
-        self.memory = self._baseline(actions, starts, ends, costs, recomputed)
+        self.memory = self._baseline(actions, starts, ends, costs, recomputed, codes, per_stage)
 
-    def _baseline(self, actions, starts, ends, costs, recomputed):  # type: ignore[no-untyped-def]
+    def _baseline(self, actions, starts, ends, costs, recomputed, codes, per_stage):  # type: ignore[no-untyped-def]
         """Resident activation units at each point (frees before allocations at equal times), and the
         windows the pass may move: each backward (B or I) of an activation not recomputed whose F
         came earlier on the rank; each W whose I came earlier and that needs a part of it."""
@@ -87,13 +97,17 @@ class RankTimeline:
         if not n:
             self.activations = {}
             return np.zeros(len(points))
-        kind = np.fromiter((sem.CODE[a.kind] for a in actions), dtype=np.int64, count=n)
-        stage = np.fromiter((a.stage for a in actions), dtype=np.int64, count=n)
+        if codes is None:
+            kind = np.fromiter((sem.CODE[a.kind] for a in actions), dtype=np.int64, count=n)
+            stage = np.fromiter((a.stage for a in actions), dtype=np.int64, count=n)
+        else:
+            kind, stage = codes
+        if per_stage is None:
+            per_stage = _per_stage(costs, int(stage.max()) + 1)
+        sizes, fractions, size_of, keep_of = per_stage
         start, end = np.asarray(starts, dtype=float), np.asarray(ends, dtype=float)
-        num_stages = int(stage.max()) + 1
-        sizes = [(costs.act(s), costs.d2h(s), costs.h2d(s)) for s in range(num_stages)]
-        size = np.array([x[0] for x in sizes])[stage]
-        keep = np.array([costs.w_fraction_of(s) for s in range(num_stages)])[stage]
+        size = size_of[stage]
+        keep = keep_of[stage]
         is_f = kind == _F
         if recomputed:
             dropped = np.fromiter(((a.stage, a.microbatch) in recomputed for a in actions), dtype=bool, count=n)
@@ -111,24 +125,24 @@ class RankTimeline:
         found: dict[tuple[int, int], Activation] = {}
         i_end: dict[tuple[int, int], float] = {}
         found_w: dict[tuple[int, int], Activation] = {}
-        F, B, I, W = K.F, K.B, K.I, K.W  # noqa: E741
-        for p in np.flatnonzero((kind == _F) | (kind == _B) | (kind == _I) | (kind == _W)).tolist():
+        listed = np.flatnonzero((kind == _F) | (kind == _B) | (kind == _I) | (kind == _W))
+        for p, code in zip(listed.tolist(), kind[listed].tolist()):
             a = actions[p]
-            key = (a.stage, a.microbatch)
-            if a.kind is F:
+            key = a[1:]  # (stage, microbatch)
+            if code == _F:
                 f_end[key] = ends[p]
-            elif a.kind is W:
-                fraction = costs.w_fraction_of(a.stage)
+            elif code == _W:
+                fraction = fractions[a.stage]
                 if key in i_end and fraction > 0.0:
                     x = sizes[a.stage]
                     found_w[key] = Activation(a.stage, a.microbatch, x[0] * fraction, i_end[key], starts[p], p,
                                               x[1] * fraction, x[2] * fraction, window=1)
-                continue
-            if a.kind is I:
-                i_end[key] = ends[p]
-            if (a.kind is B or a.kind is I) and key not in recomputed and key in f_end:
-                x = sizes[a.stage]
-                found[key] = Activation(a.stage, a.microbatch, x[0], f_end[key], starts[p], p, x[1], x[2])
+            else:  # B or I
+                if code == _I:
+                    i_end[key] = ends[p]
+                if key not in recomputed and key in f_end:
+                    x = sizes[a.stage]
+                    found[key] = Activation(a.stage, a.microbatch, x[0], f_end[key], starts[p], p, x[1], x[2])
         self.activations = found
         self.w_activations = found_w
         return memory
@@ -184,8 +198,22 @@ def rank_timelines(schedule: Schedule, timeline: Timeline, costs: CostModel) -> 
     keeps them in its ``_perf.Memo`` under the schedule and costs, which determine the timeline)."""
     recomputed = ({(a.stage, a.microbatch) for row in schedule.actions for a in row if a.kind is K.R}
                   if K.R in schedule.kinds() else set())  # the usual case, no R, found by a C-level scan
-    return [RankTimeline(r, schedule.actions[r], timeline.start[r], timeline.end[r], costs, recomputed)
+    c = sem.coded(schedule)  # carried by a validated schedule; else built once here, not per rank
+    bounds = c.offsets.tolist()
+    per_stage = _per_stage(costs, schedule.num_stages)
+    return [RankTimeline(r, schedule.actions[r], timeline.start[r], timeline.end[r], costs, recomputed,
+                         (c.kind[bounds[r]:bounds[r + 1]], c.stage[bounds[r]:bounds[r + 1]]), per_stage)
             for r in range(schedule.num_ranks)]
+
+
+# per stage: (activation units, D2H time, H2D time), the w_fraction, and the units and w_fraction as arrays
+_PerStage = tuple[list[tuple[float, float, float]], list[float], np.ndarray, np.ndarray]
+
+
+def _per_stage(costs: CostModel, num_stages: int) -> _PerStage:
+    sizes = [(costs.act(s), costs.d2h(s), costs.h2d(s)) for s in range(num_stages)]
+    fractions = [costs.w_fraction_of(s) for s in range(num_stages)]
+    return sizes, fractions, np.array([x[0] for x in sizes]), np.array(fractions)
 
 
 @dataclass(slots=True)
@@ -409,7 +437,11 @@ class CopyGroup:
             if h2d is None:
                 failed.append((rank, x))
                 continue
-            back.reserve(h2d, x.h2d)
+            if x.h2d > 0:  # ``back.reserve``, written out (two per activation)
+                for starts, ends in back.books:
+                    i = bisect_left(starts, h2d)
+                    starts.insert(i, h2d)
+                    ends.insert(i, h2d + x.h2d)
             reloads[k] = h2d
         placed = []
         # Offloads come in order of their forwards, so while copies are only added, an offload of the
@@ -428,17 +460,22 @@ class CopyGroup:
             out, back, points = ways[rank]
             after = resume.get((rank, x.d2h), x.f_end)
             d2h = out.earliest(after if after > x.f_end else x.f_end, x.d2h, h2d - x.d2h)
-            p = None if d2h is None else _placed(points, x, d2h, h2d)
-            if p is None or p.hi <= p.lo:
+            if d2h is not None:  # the point range it is off the device (``_placed``, written out)
+                lo = bisect_left(points, d2h + x.d2h - EPS)
+                hi = bisect_right(points, h2d + EPS) - 1
+            if d2h is None or hi <= lo:
                 back.release(h2d, x.h2d)
                 failed.append((rank, x))
                 resume.clear()
                 continue
-            assert d2h is not None
-            out.reserve(d2h, x.d2h)
+            if x.d2h > 0:  # ``out.reserve``, written out
+                for starts, ends in out.books:
+                    i = bisect_left(starts, d2h)
+                    starts.insert(i, d2h)
+                    ends.insert(i, d2h + x.d2h)
             if not self.relaxed:
                 resume[(rank, x.d2h)] = d2h
-            placed.append((rank, p))
+            placed.append((rank, Placed(x, d2h, h2d, lo, hi)))
         return placed, failed
 
 

@@ -31,7 +31,11 @@ from __future__ import annotations
 
 import logging
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, field, replace
+from itertools import chain
+
+import numpy as np
 
 from pipeoffload import semantics as sem
 from pipeoffload._perf import Memo
@@ -164,7 +168,8 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
             states, peaks = _throttled_plans(plan, costs, states, peaks)
             states, peaks = _next_point_plans(plan, costs, states, peaks)
             states, peaks = _slot_plans(plan, costs, states, peaks)
-    rows = [_emit(states[r]) for r in range(base.num_ranks)]
+    orders = [_copy_order(states[r]) for r in range(base.num_ranks)]
+    rows = [_emit(states[r], orders[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
         policy,
         tuple(RankOffloadReport(r, sum(1 for p in s.placed if p.activation.window == 0), tuple(s.unhidden),
@@ -176,7 +181,7 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
         budget,
         throttle=max((s.timeline.throttle for s in states.values()), default=0),
     )
-    return base.with_actions(rows), report
+    return _coded_like(base, base.with_actions(rows), states, orders), report
 
 
 @dataclass
@@ -520,12 +525,17 @@ _WINDOW_KINDS = tuple((offload, reload) for offload, reload, _ in sem.WINDOWS)
 def _copy_order(state: RankState) -> list[tuple[int, float, int, int, int, int]]:
     """The rank's planned copies as (list position, planned start, direction, stage, microbatch,
     window), in the order ``_emit`` inserts them: this order alone fixes the emitted list."""
-    tl = state.timeline
-    copies = []
+    clocks = state.timeline.clocks  # ``RankTimeline.position``, written out: two per planned copy
+    offloads, reloads = [], []
     for p in state.placed:
         x = p.activation
-        copies.append((tl.position(p.d2h_start), p.d2h_start, 0, x.stage, x.microbatch, x.window))
-        copies.append((tl.position(p.h2d_start, x.back_index), p.h2d_start, 1, x.stage, x.microbatch, x.window))
+        d2h, h2d, limit = p.d2h_start, p.h2d_start, x.back_index
+        at = bisect_right(clocks, h2d + EPS) - 1
+        offloads.append((bisect_right(clocks, d2h + EPS) - 1, d2h, 0, x.stage, x.microbatch, x.window))
+        reloads.append((at if at < limit else limit, h2d, 1, x.stage, x.microbatch, x.window))
+    # each direction is mostly in order already (copies are placed by forward, reloads follow their
+    # backwards): one list after the other is sorted as a few long runs, not interleaved pairs
+    copies = offloads + reloads
     copies.sort()
     return copies
 
@@ -536,15 +546,43 @@ def _emitted_key(state: RankState) -> tuple[tuple[int, int, int, int, int], ...]
                  for position, _, direction, stage, microbatch, window in _copy_order(state))
 
 
-def _emit(state: RankState) -> list[Action]:
-    """The rank's compute list with each planned copy at the position that issues it on time."""
+def _emit(state: RankState, order: list[tuple[int, float, int, int, int, int]] | None = None) -> list[Action]:
+    """The rank's compute list with each planned copy at the position that issues it on time
+    (``order``: its ``_copy_order`` when the caller has it)."""
     actions = state.timeline.actions
     row: list[Action] = []
     done = 0
-    for position, _, direction, stage, microbatch, window in _copy_order(state):
+    new_action = tuple.__new__  # ``Action(...)`` in C (``ir.make_actions``), one per planned copy
+    for position, _, direction, stage, microbatch, window in order if order is not None else _copy_order(state):
         if position > done:
             row.extend(actions[done:position])
             done = position
-        row.append(Action(_WINDOW_KINDS[window][direction], stage, microbatch))
+        row.append(new_action(Action, (_WINDOW_KINDS[window][direction], stage, microbatch)))
     row.extend(actions[done:])
     return with_waits(row, state.timeline.throttle) if state.timeline.throttle else row
+
+
+_COPY_CODES = np.array([[sem.CODE[kind] for kind in pair] for pair in _WINDOW_KINDS])  # [window, direction]
+
+
+def _coded_like(base: Schedule, planned: Schedule, states: dict[int, RankState],
+                orders: list[list[tuple[int, float, int, int, int, int]]]) -> Schedule:
+    """``planned`` (``base`` with its ranks' copies ``orders`` emitted) carrying its coded form, made
+    from ``base``'s by inserting the copies' codes where ``_emit`` put them: ``add_comms`` then codes
+    no schedule. ``planned`` as it is when ``base`` carries no form or a rank has waits (``with_waits``)."""
+    form = base.coded
+    if form is None or form.rows is not base.actions or any(s.timeline.throttle for s in states.values()):
+        return planned
+    counts = [len(order) for order in orders]
+    if sum(counts):  # the columns of every copy, rank after rank, each rank's in its emitted order
+        position, _, direction, stage, microbatch, window = zip(*chain.from_iterable(orders))
+        rank = np.repeat(np.arange(len(orders)), counts)
+        # before the action at its position (an equal index keeps the given order: np.insert is stable)
+        at = form.offsets[rank] + np.array(position, dtype=np.int64)
+        kind = np.insert(form.kind, at, _COPY_CODES[np.array(window), np.array(direction)])
+        stages = np.insert(form.stage, at, np.array(stage, dtype=np.int64))
+        microbatches = np.insert(form.microbatch, at, np.array(microbatch, dtype=np.int64))
+    else:
+        kind, stages, microbatches = form.kind, form.stage, form.microbatch
+    lengths = form.lengths + np.array(counts, dtype=np.int64)
+    return sem.with_coded(planned, sem.CodedSchedule.of_arrays(planned, lengths, kind, stages, microbatches))

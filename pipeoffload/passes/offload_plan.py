@@ -60,6 +60,27 @@ class RankState:
         self.memory[p.lo:p.hi] -= p.activation.size
         self.placed.append(p)
 
+    def add_all(self, placed: list[Placed]) -> None:
+        """``add`` each of ``placed`` in turn. Where every amount is a whole number (activation units
+        of uniform stages, the usual case) every partial sum is exact, so the order of the
+        subtractions cannot matter and one cumulative sum gives the same memory as the loop."""
+        if not placed:
+            return
+        sizes = np.array([p.activation.size for p in placed])
+        memory = self.memory
+        if _whole(sizes) and _whole(memory) and float(np.abs(sizes).sum() + np.abs(memory).max()) < _EXACT:
+            lo = np.array([p.lo for p in placed], dtype=np.int64)
+            hi = np.array([p.hi for p in placed], dtype=np.int64)
+            used = lo < hi  # an empty range changes nothing
+            steps = np.zeros(len(memory) + 1)
+            np.add.at(steps, lo[used], sizes[used])
+            np.subtract.at(steps, hi[used], sizes[used])
+            memory -= np.cumsum(steps[:-1])
+            self.placed.extend(placed)
+        else:
+            for p in placed:
+                self.add(p)
+
 
 class _Plan:
     """One candidate plan for a group: its copy resources and each rank's state."""
@@ -103,8 +124,11 @@ class _Plan:
             self.group = CopyGroup(*self.args)
         else:
             log.debug("packing did not settle in %d rounds; some starts may come earlier than planned", _PACK_ROUNDS)
+        by_rank: dict[int, list[Placed]] = {rank: [] for rank in self.states}
         for rank, p in placed:
-            self.states[rank].add(p)
+            by_rank[rank].append(p)
+        for rank, ps in by_rank.items():  # each rank's in the order placed
+            self.states[rank].add_all(ps)
         return failed
 
     def greedy(self, picks: list[Pick], budget: float | None) -> list[Pick]:
@@ -277,3 +301,8 @@ def _priority(candidates: dict[int, list[Activation]]) -> list[Pick]:
 
 
 _PACK_ROUNDS = 16
+_EXACT = 2.0 ** 52  # whole numbers below this, and their sums, are exact in floating point
+
+
+def _whole(values: np.ndarray) -> bool:
+    return bool(np.all(np.isfinite(values)) and np.all(values == np.floor(values)))

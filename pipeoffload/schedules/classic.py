@@ -1,8 +1,10 @@
 """The classic families: GPipe, 1F1B and Megatron's interleaved 1F1B (loop placement, full B)."""
 from __future__ import annotations
 
+import numpy as np
+
 from pipeoffload.errors import ConfigError
-from pipeoffload.ir import Action, ActionKind, Schedule
+from pipeoffload.ir import Action, ActionKind, Schedule, make_actions
 from pipeoffload.placement import Placement
 
 F, B = ActionKind.F, ActionKind.B
@@ -68,24 +70,24 @@ def interleaved_1f1b(num_ranks: int, num_microbatches: int, stages_per_rank: int
         )
     per_round = m // rounds
     placement = Placement.loop(d, v)
+    total = v * m
+    # forward and backward number k of a rank: its local stage and its microbatch (the same for both)
+    k = np.arange(total)
+    local = (k // per_round) % v
+    microbatch = (k // (per_round * v)) * per_round + k % per_round
     rows = []
     for rank in range(d):
-        stages = placement.stages_of(rank)
-
-        def forward(k: int) -> Action:
-            return Action(F, stages[(k // per_round) % v], (k // (per_round * v)) * per_round + k % per_round)
-
-        def backward(k: int) -> Action:
-            local = v - 1 - (k // per_round) % v
-            return Action(B, stages[local], (k // (per_round * v)) * per_round + k % per_round)
-
-        total = v * m
+        stages = np.asarray(placement.stages_of(rank))
         # With one stage per rank this is plain 1F1B (Megatron runs its non-interleaved code path then).
         extra = 2 * (d - 1 - rank) if v > 1 else d - 1 - rank
         warmup = min((v - 1) * per_round + extra, total)
-        order = [forward(k) for k in range(warmup)]
-        for k in range(total - warmup):
-            order += [forward(warmup + k), backward(k)]
-        order += [backward(k) for k in range(total - warmup, total)]
-        rows.append(tuple(order))
+        # the list: forwards 0 .. warmup-1, then (forward warmup + j, backward j) pairs, then the
+        # remaining backwards; as (is a backward, its number k)
+        steady = total - warmup
+        is_b = np.concatenate((np.zeros(warmup, dtype=bool), np.tile([False, True], steady),
+                               np.ones(warmup, dtype=bool)))
+        number = np.concatenate((k[:warmup], np.stack((k[warmup:], k[:steady]), axis=1).ravel(), k[steady:]))
+        stage = np.where(is_b, stages[v - 1 - local[number]], stages[local[number]])
+        kinds = [F] * warmup + [F, B] * steady + [B] * warmup
+        rows.append(tuple(make_actions(kinds, stage.tolist(), microbatch[number].tolist())))
     return Schedule(tuple(rows), placement, m, "interleaved-1f1b")

@@ -233,3 +233,30 @@ def test_a_carried_coded_form_is_no_part_of_the_value_and_is_used_only_for_its_o
     rows[0][0], rows[0][1] = rows[0][1], rows[0][0]
     other = dataclasses.replace(carrying, actions=tuple(map(tuple, rows)))  # carries a form of other actions
     assert coded(other) is not carrying.coded and coded(other).microbatch[:2].tolist() == [1, 0]
+
+
+@pytest.mark.parametrize(("name", "offload", "k", "shared"), [
+    ("interleaved-1f1b", "all", 0.5, False), ("zb", "all", 1.0, False), ("zb-v", "auto", 0.8, True),
+    ("1f1b", "budget:3", 0.5, False), ("dualpipe-v", "all", 1.5, True)])
+def test_the_coded_form_the_offload_pass_builds_by_insertion_is_the_one_built_from_the_actions(
+        name: str, offload: str, k: float, shared: bool) -> None:
+    """The offload pass inserts its copies' codes into the validated source's form (copies of both
+    windows, several at one position, at a rank's end); ``add_comms`` then builds on that form."""
+    import numpy as np
+
+    from pipeoffload.costs import CostModel
+    from pipeoffload.passes.lower import lower_with_report
+    from pipeoffload.semantics import CodedSchedule
+
+    costs = CostModel(shared_host_link=shared).with_offload_ratio(k)
+    planned, report = lower_with_report(generate(name, 4, 12), costs, offload=offload, comms=False,
+                                        log_warnings=False)
+    assert report.offloaded > 0
+    if report.throttle:  # waits are emitted by ``with_waits``: no form is carried then
+        assert planned.coded is None
+        return
+    carried, fresh = planned.coded, CodedSchedule(planned)
+    assert carried is not None and coded(planned) is carried
+    for field in _CODED_FIELDS:
+        assert np.array_equal(getattr(carried, field), getattr(fresh, field)), field
+    assert carried.num_microbatches == fresh.num_microbatches
