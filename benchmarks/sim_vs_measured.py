@@ -2,7 +2,7 @@
 
 Right before each case, profiles the pipeline stages of a small GPT in this process (one thread, as
 each spawned rank has) and measures the machine's concurrency slowdown, builds the ``CostModel``
-(P2P time from a measured gloo ping-pong; I and W timed as the runtime splits the backward; the
+(P2P time from a gloo ping-pong with the other ranks computing; I and W timed as the runtime splits the backward; the
 runtime's fixed cost per action measured by ``measure_action_overhead``), simulates the schedule,
 then runs it with ``PipelineRunner`` on spawned gloo ranks and compares the median step time
 (slowest rank; ranks leave a barrier before each step). The runtime runs unmeasured steps
@@ -49,6 +49,7 @@ from pipeoffload.profiling import (
     contended_costs,
     measure_action_overhead,
     measure_concurrency,
+    measure_p2p_time,
     profile_stages,
     with_action_times,
 )
@@ -64,26 +65,6 @@ MICROBATCH = 2  # sequences per microbatch
 MICROBATCHES = 8
 CASES = [("1f1b", 1), ("interleaved-1f1b", 2), ("group-interleaved", 2), ("zb-v", 2)]
 COMPUTE = (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)
-
-
-def _ping_pong(rank: int, world: int, nbytes: int, repeats: int) -> float:
-    """Mean one-way time of a gloo send/recv of ``nbytes`` between ranks 0 and 1 (the mean: the
-    pipeline's waits add up, and a late wake-up now and then counts in full)."""
-    torch.set_num_threads(1)
-    buf = torch.empty(nbytes // 4)
-    samples = []
-    for n in range(repeats + 2):
-        dist.barrier()
-        start = time.perf_counter()
-        if rank == 0:
-            dist.send(buf, 1)
-            dist.recv(buf, 1)
-        elif rank == 1:
-            dist.recv(buf, 0)
-            dist.send(buf, 0)
-        if n >= 2:
-            samples.append((time.perf_counter() - start) / 2)
-    return statistics.mean(samples)
 
 
 def _specs(counts: list[int]) -> dict[int, Any]:
@@ -247,12 +228,9 @@ def main() -> None:
     print(f"runtime's fixed cost per compute action (measure_action_overhead): {overhead * 1e6:.0f} us")
     rows = []
     for ranks in args.ranks:
-        pp = spawn(_ping_pong, ranks, (boundary, 20), deadline=300)
-        if not pp.ok:
-            raise SystemExit("\n".join(e for e in pp.errors if e))
-        p2p = max(pp.results)
+        p2p = measure_p2p_time(boundary, ranks=ranks)
         print(f"{ranks} ranks, {cores / ranks:g} cores per rank{' (oversubscribed)' if ranks > cores else ''}: "
-              f"P2P one-way for {boundary} B: {p2p * 1e3:.3f} ms")
+              f"P2P one-way for {boundary} B, the other ranks computing (measure_p2p_time): {p2p * 1e3:.3f} ms")
         for family, v in (c for c in CASES if c[0] in args.schedules):
             rows.append(_case(ranks, family, v, p2p, overhead, args.steps))
     print("\nranks  schedule           v  measured s   predicted s  error   profile alone s  error   together s  error")

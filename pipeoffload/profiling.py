@@ -479,9 +479,9 @@ def measure_concurrency(stages: Sequence[nn.Module], inputs: Any, *, loss_fn: Lo
     (``CostModel.concurrency_slowdown``): ``ranks`` spawned processes (``threads`` each, as the
     pipeline's ranks) run one microbatch's forward and backward through ``stages`` in a loop, first
     one of them, then two together, and so on, in ``rounds`` passes up and down (so that a drift of
-    the machine's load falls on every n alike). Factor n = the mean step wall with n computing (the
-    mean: waits add up, so a time slice lost now and then counts in full) over the step alone, read
-    on ``clock``, the clock the profile was read on: ``time.perf_counter`` (the wall alone; factor 1
+    the machine's load falls on every n alike). Factor n = the median step wall with n computing (a
+    step spans many time slices, so the median carries the time-sharing; a burst of other load on
+    the machine does not throw it) over the median step alone, read on ``clock``, the clock the profile was read on: ``time.perf_counter`` (the wall alone; factor 1
     is 1.0) or ``time.thread_time`` (the CPU time alone; factor 1 is then what other load on the
     machine adds to a rank computing alone). It carries what a profile taken alone cannot: more
     ranks than cores (time-sharing), caches and memory bandwidth shared, the machine's load now.
@@ -501,7 +501,7 @@ def measure_concurrency(stages: Sequence[nn.Module], inputs: Any, *, loss_fn: Lo
         for n, values in result.items():
             per_n[n] += values
     alone = statistics.median(cpu if clock is time.thread_time else wall for wall, cpu in per_n[1])
-    return tuple(statistics.mean(wall for wall, _ in per_n[n]) / alone for n in range(1, ranks + 1))
+    return tuple(statistics.median(wall for wall, _ in per_n[n]) / alone for n in range(1, ranks + 1))
 
 
 def _scaled(costs: CostModel, factor: Sequence[float]) -> CostModel:
@@ -556,3 +556,55 @@ def contended_costs(schedule: Any, costs: CostModel, *, iterations: int = 30, to
         if step < tolerance:
             break
     return _scaled(costs, [stretch[placement.rank_of(s)] for s in range(schedule.num_stages)])
+
+
+def _p2p_rank(rank: int, world: int, nbytes: int, seconds: float, busy: bool) -> float | None:
+    """One rank of ``measure_p2p_time``: for ``seconds`` after a barrier, ranks 0 and 1 ping-pong and
+    the others, if ``busy``, multiply matrices. Rank 0 returns the mean one-way seconds."""
+    import torch.distributed as dist
+
+    buf = torch.empty(max(nbytes // 4, 1))
+    dist.barrier()
+    end = time.perf_counter() + seconds
+    samples = []
+    if rank >= 2:
+        a = torch.randn(128, 128)
+        while busy and time.perf_counter() < end:
+            a = torch.tanh(a @ a)
+    else:
+        for n in range(1 << 30):
+            start = time.perf_counter()
+            if rank == 0:  # rank 0 decides when to stop and tells rank 1 in the message's first element
+                buf[0] = float(start < end)
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            else:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            if n >= 2:
+                samples.append((time.perf_counter() - start) / 2)
+            if not buf[0].item():
+                break
+    dist.barrier()
+    return statistics.mean(samples) if rank == 0 and samples else None
+
+
+def measure_p2p_time(nbytes: int, *, ranks: int = 2, seconds: float = 1.0, busy: bool = True) -> float:
+    """Seconds one message of ``nbytes`` takes from one CPU rank to another over gloo (the cost
+    model's ``p2p_time``): ``ranks`` spawned one-thread processes, ranks 0 and 1 in a ping-pong for
+    ``seconds``, the mean one-way time after two warm-ups (the mean: a pipeline's waits add up, so
+    a late wake-up now and then counts in full). ``busy``: the other ranks compute meanwhile, as a
+    pipeline's ranks do while two of them exchange a message; where the ranks outnumber the cores,
+    the receiver then waits for a core to wake up on, which a ping-pong on an idle machine does not
+    show."""
+    from pipeoffload.runtime.launch import spawn
+
+    if ranks < 2 or nbytes < 0 or seconds <= 0:
+        raise ConfigError(f"measure_p2p_time: ranks={ranks}, nbytes={nbytes}, seconds={seconds}; "
+                          "need ranks >= 2, nbytes >= 0 and seconds > 0")
+    run = spawn(_p2p_rank, ranks, (nbytes, seconds, busy), deadline=120 + 2 * seconds)
+    if not run.ok:
+        raise RuntimeError("measure_p2p_time: " + "; ".join(e for e in run.errors if e))
+    if run.results[0] is None:
+        raise RuntimeError(f"measure_p2p_time: no round trip after the warm-ups in {seconds} s; give more seconds")
+    return float(run.results[0])

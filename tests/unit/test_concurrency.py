@@ -13,7 +13,7 @@ from pipeoffload.simulator import simulate
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from pipeoffload.profiling import contended_costs, measure_concurrency  # noqa: E402
+from pipeoffload.profiling import contended_costs, measure_concurrency, measure_p2p_time  # noqa: E402
 
 
 def _makespan(schedule, costs: CostModel) -> float:  # type: ignore[no-untyped-def]
@@ -78,3 +78,10 @@ def test_measure_concurrency_gives_one_factor_per_rank_count_from_one():
     assert len(slowdown) == 2 and slowdown[0] == 1.0 and slowdown[1] > 0
     with pytest.raises(ConfigError, match="ranks"):
         measure_concurrency(stages, torch.randn(8, 32), loss_fn=_square, target=torch.randn(8, 32), ranks=0)
+
+
+def test_p2p_time_is_measured_with_the_other_ranks_busy_and_stops_them():
+    one_way = measure_p2p_time(4096, ranks=3, seconds=0.3)  # rank 2 computes meanwhile
+    assert 0 < one_way < 5.0
+    with pytest.raises(ConfigError, match="ranks"):
+        measure_p2p_time(4096, ranks=1)
