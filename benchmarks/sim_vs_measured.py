@@ -67,7 +67,7 @@ CASES = [("1f1b", 1), ("interleaved-1f1b", 2), ("group-interleaved", 2), ("zb-v"
 COMPUTE = (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)
 
 
-def _specs(counts: list[int]) -> dict[int, Any]:
+def _specs(counts: tuple[int, ...] | list[int]) -> dict[int, Any]:
     """Every boundary's spec, from one microbatch through the whole model (a replaying rank, on a
     ``LoopbackTransport``, cannot infer them from its peers)."""
     inputs, _ = sample_batch(CFG, MICROBATCH * MICROBATCHES, padded=False)
@@ -167,6 +167,12 @@ def _cost(costs: CostModel, kind: ActionKind, stage: int) -> float:
     return {ActionKind.F: costs.f, ActionKind.B: costs.b, ActionKind.I: costs.i, ActionKind.W: costs.w}[kind](stage)
 
 
+def _waits(timeline: Any) -> list[float]:
+    """Per rank, the simulated seconds in communication actions (a receive lasts until its data is in)."""
+    return [sum(end - start for a, start, end in timeline.events(r) if a.kind not in COMPUTE)
+            for r in range(timeline.schedule.num_ranks)]
+
+
 def _err(sim: float, measured: float) -> str:
     return f"{(sim - measured) / measured:+.1%}"
 
@@ -179,7 +185,8 @@ def _case(ranks: int, family: str, v: int, p2p: float, overhead: float, steps: i
     schedule = generate(family, ranks, MICROBATCHES, v)
     alone = simulate(lower(schedule, wall), wall).makespan
     contended = contended_costs(schedule, c)
-    predicted = simulate(lower(schedule, contended), contended).makespan
+    timeline = simulate(lower(schedule, contended), contended)
+    predicted = timeline.makespan
     run = spawn(_run, ranks, (family, v, steps), deadline=900)
     if not run.ok:
         raise SystemExit("\n".join(e for e in run.errors if e))
@@ -197,7 +204,8 @@ def _case(ranks: int, family: str, v: int, p2p: float, overhead: float, steps: i
           f"({_err(alone, measured)}); replayed together {together:.3f} s ({_err(together, measured)}); "
           f"slowdown with 1..{ranks} ranks computing: {slowdown}; load {load} -> {after}", flush=True)
     comm = [statistics.median(kinds["comm"]) for _, kinds, _ in run.results]
-    print("    in send/receive batches per step, per rank: " + ", ".join(f"{x * 1e3:.0f} ms" for x in comm))
+    print("    in send/receive batches per step, per rank: " + ", ".join(f"{x * 1e3:.0f} ms" for x in comm)
+          + "; simulated (waiting in receives): " + ", ".join(f"{x * 1e3:.0f} ms" for x in _waits(timeline)))
     durations: dict[str, list[float]] = defaultdict(list)
     for _, kinds, _ in run.results:
         for key, values in kinds.items():
