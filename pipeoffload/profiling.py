@@ -479,9 +479,10 @@ def measure_concurrency(stages: Sequence[nn.Module], inputs: Any, *, loss_fn: Lo
     (``CostModel.concurrency_slowdown``): ``ranks`` spawned processes (``threads`` each, as the
     pipeline's ranks) run one microbatch's forward and backward through ``stages`` in a loop, first
     one of them, then two together, and so on, in ``rounds`` passes up and down (so that a drift of
-    the machine's load falls on every n alike). Factor n = the median step wall with n computing (a
-    step spans many time slices, so the median carries the time-sharing; a burst of other load on
-    the machine does not throw it) over the median step alone, read on ``clock``, the clock the profile was read on: ``time.perf_counter`` (the wall alone; factor 1
+    the machine's load falls on every n alike). Factor n = the mean step wall with n computing (the
+    mean: a pipeline's step is the sum of its actions, so the time slices a rank loses now and then
+    count in full; under load the walls are skewed and their median is short) over the median step
+    alone, read on ``clock``, the clock the profile was read on: ``time.perf_counter`` (the wall alone; factor 1
     is 1.0) or ``time.thread_time`` (the CPU time alone; factor 1 is then what other load on the
     machine adds to a rank computing alone). It carries what a profile taken alone cannot: more
     ranks than cores (time-sharing), caches and memory bandwidth shared, the machine's load now.
@@ -501,7 +502,7 @@ def measure_concurrency(stages: Sequence[nn.Module], inputs: Any, *, loss_fn: Lo
         for n, values in result.items():
             per_n[n] += values
     alone = statistics.median(cpu if clock is time.thread_time else wall for wall, cpu in per_n[1])
-    return tuple(statistics.median(wall for wall, _ in per_n[n]) / alone for n in range(1, ranks + 1))
+    return tuple(statistics.mean(wall for wall, _ in per_n[n]) / alone for n in range(1, ranks + 1))
 
 
 def _scaled(costs: CostModel, factor: Sequence[float]) -> CostModel:
