@@ -481,8 +481,8 @@ def measure_concurrency(stages: Sequence[nn.Module], inputs: Any, *, loss_fn: Lo
     one of them, then two together, and so on, in ``rounds`` passes up and down (so that a drift of
     the machine's load falls on every n alike). Factor n = the mean step wall with n computing (the
     mean: a pipeline's step is the sum of its actions, so the time slices a rank loses now and then
-    count in full; under load the walls are skewed and their median is short) over the median step
-    alone, read on ``clock``, the clock the profile was read on: ``time.perf_counter`` (the wall alone; factor 1
+    count in full; under load the walls are skewed and their median is short) over the step alone
+    read on ``clock``, the clock the profile was read on: ``time.perf_counter`` (the wall alone; factor 1
     is 1.0) or ``time.thread_time`` (the CPU time alone; factor 1 is then what other load on the
     machine adds to a rank computing alone). It carries what a profile taken alone cannot: more
     ranks than cores (time-sharing), caches and memory bandwidth shared, the machine's load now.
@@ -501,7 +501,9 @@ def measure_concurrency(stages: Sequence[nn.Module], inputs: Any, *, loss_fn: Lo
     for result in run.results:
         for n, values in result.items():
             per_n[n] += values
-    alone = statistics.median(cpu if clock is time.thread_time else wall for wall, cpu in per_n[1])
+    # the CPU time alone as the profile reads it (median); on the wall clock, factor 1 is 1.0 by definition
+    alone = (statistics.median(cpu for _, cpu in per_n[1]) if clock is time.thread_time
+             else statistics.mean(wall for wall, _ in per_n[1]))
     return tuple(statistics.mean(wall for wall, _ in per_n[n]) / alone for n in range(1, ranks + 1))
 
 
