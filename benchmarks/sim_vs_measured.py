@@ -1,34 +1,29 @@
 """Simulated vs measured step time per schedule, with profiled costs (gloo ranks on CPU).
 
-Profiles the pipeline stages of a small GPT in this process (one thread, as each spawned rank has),
-builds the ``CostModel`` (P2P time from a measured gloo ping-pong; I and W timed as the runtime
-splits the backward; the runtime's fixed cost per action measured by ``measure_action_overhead``),
-simulates each schedule, then runs it with ``PipelineRunner`` on spawned gloo ranks and compares
-the median step time (slowest rank; ranks leave a barrier before each step). The runtime runs
-unmeasured steps (``measure_memory=False``), as training does between logged steps.
+Right before each case, profiles the pipeline stages of a small GPT in this process (one thread, as
+each spawned rank has) and measures the machine's concurrency slowdown, builds the ``CostModel``
+(P2P time from a gloo ping-pong with the other ranks computing; I and W timed as the runtime splits the backward; the
+runtime's fixed cost per action measured by ``measure_action_overhead``), simulates the schedule,
+then runs it with ``PipelineRunner`` on spawned gloo ranks and compares the median step time
+(slowest rank; ranks leave a barrier before each step). The runtime runs unmeasured steps
+(``measure_memory=False``), as training does between logged steps.
 
-Four predictions, none of which sees the measured steps:
-- profile: ``profile_stages``' wall times (each stage alone in a warm loop, in this process);
-- CPU: the same profile read on the thread's CPU clock (``clock=time.thread_time``): the compute
-  itself, which other load on the machine does not stretch; what an idle machine would show;
-- alone: every rank's actions replayed through the runtime on a ``LoopbackTransport``, one rank
-  after the other in this process (``replayed_action_times``);
-- together: the same replay run by every rank at once, in the ranks' own processes, one replayed
-  step right before each measured one (``concurrent_action_times``): the profile taken under the
-  run's concurrency (cores, caches and memory shared with the other ranks and with whatever else
-  runs on the machine at that moment).
+The prediction (what a user gets from the profiler): ``profile_stages`` read on the thread's CPU
+clock (the compute itself) and ``measure_concurrency`` on the same clock (1..ranks processes
+computing at once against the CPU time alone: time-sharing where ranks outnumber the cores, shared
+caches, and whatever else loads the machine in these minutes), applied to the schedule by
+``contended_costs`` (each rank stretched by the ranks busy with it in the simulated timeline).
+For comparison, neither seeing the measured steps:
+- the wall-clock profile alone, without the concurrency (the former default: the simulator gives
+  every rank a core of its own);
+- together: every rank's actions replayed through the runtime on a ``LoopbackTransport`` by all
+  ranks at once, in the ranks' own processes, one replayed step right before each measured one
+  (``concurrent_action_times``): the run's own minutes, but every rank busy all the time.
 
-Cores. The simulator gives every rank a core of its own. Where the ranks outnumber the cores
-(4 single-thread ranks on a 2-core machine), the profile, CPU and alone predictions are told the
-cores through the work bound: the step is at least every rank's compute divided by the cores, and
-the prediction is the longer of that and the simulated step. The together prediction needs no
-bound (its replayed actions already shared the cores), but it over-states the sharing: every rank
-is busy during a replay, while in the pipeline a rank waiting in a bubble frees its core.
-
-Per action, the runtime's wall and thread-CPU durations are printed beside the profile's and the
-replays': where the runtime's wall exceeds its own CPU time, the rank was off the CPU (other
-processes, the other ranks); where its CPU time exceeds the profile's, the runtime did more work.
-The load average before and after each case is printed: a shared machine is noisy.
+Per action, the runtime's wall and thread-CPU durations are printed beside the profile's, the
+stretched ones and the replay's: where the runtime's wall exceeds its own CPU time, the rank was off
+the CPU (other processes, the other ranks); where its CPU time exceeds the profile's, the runtime
+did more work. The load average before and after each case is printed: a shared machine is noisy.
 
     .venv/bin/python benchmarks/sim_vs_measured.py [--ranks 2 4] [--steps 6]
 """
@@ -51,9 +46,11 @@ from pipeoffload.models.split import build_rank_stages, even_counts, split_layer
 from pipeoffload.passes.lower import lower
 from pipeoffload.profiling import (
     concurrent_action_times,
+    contended_costs,
     measure_action_overhead,
+    measure_concurrency,
+    measure_p2p_time,
     profile_stages,
-    replayed_action_times,
     with_action_times,
 )
 from pipeoffload.runtime import PipelineRunner
@@ -70,26 +67,7 @@ CASES = [("1f1b", 1), ("interleaved-1f1b", 2), ("group-interleaved", 2), ("zb-v"
 COMPUTE = (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)
 
 
-def _ping_pong(rank: int, world: int, nbytes: int, repeats: int) -> float:
-    """Median one-way time of a gloo send/recv of ``nbytes`` between ranks 0 and 1."""
-    torch.set_num_threads(1)
-    buf = torch.empty(nbytes // 4)
-    samples = []
-    for n in range(repeats + 2):
-        dist.barrier()
-        start = time.perf_counter()
-        if rank == 0:
-            dist.send(buf, 1)
-            dist.recv(buf, 1)
-        elif rank == 1:
-            dist.recv(buf, 0)
-            dist.send(buf, 0)
-        if n >= 2:
-            samples.append((time.perf_counter() - start) / 2)
-    return statistics.median(samples)
-
-
-def _specs(counts: list[int]) -> dict[int, Any]:
+def _specs(counts: tuple[int, ...] | list[int]) -> dict[int, Any]:
     """Every boundary's spec, from one microbatch through the whole model (a replaying rank, on a
     ``LoopbackTransport``, cannot infer them from its peers)."""
     inputs, _ = sample_batch(CFG, MICROBATCH * MICROBATCHES, padded=False)
@@ -162,28 +140,23 @@ def _run(rank: int, world: int, family: str, v: int, steps: int) -> tuple[list[f
     return walls, dict(kinds), dict(replayed)
 
 
-def _profile(ranks: int, v: int, p2p_time: float, overhead: float, clock: Any = time.perf_counter) -> CostModel:
+def _profile(ranks: int, v: int, p2p_time: float, overhead: float) -> tuple[CostModel, CostModel]:
+    """What a user gets: ``profile_stages`` (each stage alone, in this process) on the thread's CPU
+    clock and, right after it, ``measure_concurrency`` on the same clock (the same model's compute
+    on 1..ranks processes at once, against its CPU time alone: time-sharing, shared caches and the
+    machine's load now), in one cost model; and, to compare, the wall-clock profile as it was the
+    default (no concurrency)."""
     torch.set_num_threads(1)
     layers = gpt_layers(CFG)
     stages = split_layers(layers, even_counts(len(layers), ranks * v))
     (tokens, mask, offset), targets = sample_batch(CFG, MICROBATCH, padded=False)
-    profile = profile_stages(stages, (tokens, mask, offset), loss_fn=lm_loss, target=targets, warmup=3, repeats=7,
-                             clock=clock)
-    return profile.cost_model(p2p_time=p2p_time, action_overhead=overhead)
-
-
-def _replayed(ranks: int, family: str, v: int, costs: CostModel) -> CostModel:
-    """``costs`` with the F/B/I/W times of every rank's actions replayed alone (``replayed_action_times``)."""
-    torch.set_num_threads(1)
-    schedule = lower(generate(family, ranks, MICROBATCHES, v))
-    counts = even_counts(len(gpt_layers(CFG)), ranks * v)
-    inputs, targets = sample_batch(CFG, MICROBATCH * MICROBATCHES, padded=False)
-    specs = _specs(counts)
-    runners = [PipelineRunner(build_rank_stages(gpt_layers(CFG), counts, schedule.placement, r), schedule, r,
-                              loss_fn=lm_loss, measure_memory=False, output_specs=specs,
-                              transport=LoopbackTransport(torch.device("cpu")))
-               for r in range(ranks)]
-    return with_action_times(costs, replayed_action_times(runners, inputs, targets, steps=3, warmup=1))
+    wall = profile_stages(stages, (tokens, mask, offset), loss_fn=lm_loss, target=targets, warmup=3, repeats=7)
+    cpu = profile_stages(stages, (tokens, mask, offset), loss_fn=lm_loss, target=targets, warmup=3, repeats=7,
+                         clock=time.thread_time)
+    slowdown = measure_concurrency(stages, (tokens, mask, offset), loss_fn=lm_loss, target=targets, ranks=ranks,
+                                   clock=time.thread_time)
+    return (cpu.cost_model(p2p_time=p2p_time, action_overhead=overhead, concurrency_slowdown=slowdown),
+            wall.cost_model(p2p_time=p2p_time, action_overhead=overhead))
 
 
 def _load() -> str:
@@ -194,33 +167,26 @@ def _cost(costs: CostModel, kind: ActionKind, stage: int) -> float:
     return {ActionKind.F: costs.f, ActionKind.B: costs.b, ActionKind.I: costs.i, ActionKind.W: costs.w}[kind](stage)
 
 
-def _work(schedule: Any, costs: CostModel) -> float:
-    """Seconds of compute of one step summed over every rank (the lowered schedule's F/B/I/W)."""
-    return sum(_cost(costs, a.kind, a.stage) for row in schedule.actions for a in row if a.kind in COMPUTE)
-
-
-def _cores_bound(schedule: Any, costs: CostModel, cores: int) -> float:
-    """The simulated step, or, where the ranks outnumber the cores, the step no shorter than every
-    rank's compute shared by the cores (the work bound: T >= work / cores), whichever is longer.
-    The simulator gives every rank a core of its own; this is what it is told of fewer cores."""
-    lowered = lower(schedule, costs)
-    makespan = simulate(lowered, costs).makespan
-    return makespan if schedule.num_ranks <= cores else max(makespan, _work(lowered, costs) / cores)
+def _waits(timeline: Any) -> list[float]:
+    """Per rank, the simulated seconds in communication actions (a receive lasts until its data is in)."""
+    return [sum(end - start for a, start, end in timeline.events(r) if a.kind not in COMPUTE)
+            for r in range(timeline.schedule.num_ranks)]
 
 
 def _err(sim: float, measured: float) -> str:
     return f"{(sim - measured) / measured:+.1%}"
 
 
-def _case(ranks: int, family: str, v: int, c: CostModel, cpu_costs: CostModel, steps: int) -> tuple:
-    """Simulate ``family`` four ways, run it, print the case; returns its table row."""
-    schedule = generate(family, ranks, MICROBATCHES, v)
-    cores = len(os.sched_getaffinity(0))
-    profiled = _cores_bound(schedule, c, cores)
-    on_cpu = _cores_bound(schedule, cpu_costs, cores)
+def _case(ranks: int, family: str, v: int, p2p: float, overhead: float, steps: int) -> tuple:
+    """Profile, simulate ``family`` (with and without the measured concurrency), run it, print the
+    case; returns its table row. The profile is taken right before the run: the same minutes."""
     load = _load()
-    replay = _replayed(ranks, family, v, c)
-    alone = _cores_bound(schedule, replay, cores)
+    c, wall = _profile(ranks, v, p2p, overhead)
+    schedule = generate(family, ranks, MICROBATCHES, v)
+    alone = simulate(lower(schedule, wall), wall).makespan
+    contended = contended_costs(schedule, c)
+    timeline = simulate(lower(schedule, contended), contended)
+    predicted = timeline.makespan
     run = spawn(_run, ranks, (family, v, steps), deadline=900)
     if not run.ok:
         raise SystemExit("\n".join(e for e in run.errors if e))
@@ -229,27 +195,30 @@ def _case(ranks: int, family: str, v: int, c: CostModel, cpu_costs: CostModel, s
     for _, _, replayed in run.results:
         for key, values in replayed.items():
             concurrent[key] += values
-    together_costs = with_action_times(c, {k: statistics.median(x) for k, x in concurrent.items()})
+    together_costs = with_action_times(wall, {k: statistics.median(x) for k, x in concurrent.items()})
     together = simulate(lower(schedule, together_costs), together_costs).makespan
     after = _load()
-    print(f"{ranks} ranks {family:<17} v={v}: measured {measured:.3f} s; simulated with the profile {profiled:.3f} s "
-          f"({_err(profiled, measured)}), its thread CPU {on_cpu:.3f} s ({_err(on_cpu, measured)}), replayed alone "
-          f"{alone:.3f} s ({_err(alone, measured)}), replayed together {together:.3f} s ({_err(together, measured)}); "
-          f"load {load} -> {after}", flush=True)
+    slowdown = ", ".join(f"{x:.2f}" for x in c.concurrency_slowdown or ())
+    print(f"{ranks} ranks {family:<17} v={v}: measured {measured:.3f} s; simulated with the profile and its measured "
+          f"concurrency {predicted:.3f} s ({_err(predicted, measured)}); the wall-clock profile alone {alone:.3f} s "
+          f"({_err(alone, measured)}); replayed together {together:.3f} s ({_err(together, measured)}); "
+          f"slowdown with 1..{ranks} ranks computing: {slowdown}; load {load} -> {after}", flush=True)
     comm = [statistics.median(kinds["comm"]) for _, kinds, _ in run.results]
-    print("    in send/receive batches per step, per rank: " + ", ".join(f"{x * 1e3:.0f} ms" for x in comm))
+    print("    in send/receive batches per step, per rank: " + ", ".join(f"{x * 1e3:.0f} ms" for x in comm)
+          + "; simulated (waiting in receives): " + ", ".join(f"{x * 1e3:.0f} ms" for x in _waits(timeline)))
     durations: dict[str, list[float]] = defaultdict(list)
     for _, kinds, _ in run.results:
         for key, values in kinds.items():
             if key != "comm":
                 durations[key] += values
-    print("    per action (ms): runtime wall / thread CPU | profile wall / thread CPU | replayed alone / together")
+    print("    per action (ms): runtime wall / thread CPU | profile CPU / wall | CPU with concurrency | replayed together")
     for key in sorted((k for k in durations if not k.startswith("cpu")), key=lambda k: (int(k[1:]), k[0])):
         kind, stage = ActionKind(key[0]), int(key[1:])
-        print(f"    {key:>4}: {statistics.median(durations[key]) * 1e3:6.2f} / {statistics.median(durations['cpu ' + key]) * 1e3:6.2f} | "
-              f"{_cost(c, kind, stage) * 1e3:6.2f} / {_cost(cpu_costs, kind, stage) * 1e3:6.2f} | "
-              f"{_cost(replay, kind, stage) * 1e3:6.2f} / {_cost(together_costs, kind, stage) * 1e3:6.2f}")
-    return ranks, family, v, profiled, on_cpu, alone, together, measured
+        print(f"    {key:>4}: {statistics.median(durations[key]) * 1e3:6.2f} / "
+              f"{statistics.median(durations['cpu ' + key]) * 1e3:6.2f} | {_cost(c, kind, stage) * 1e3:6.2f} / "
+              f"{_cost(wall, kind, stage) * 1e3:6.2f} | "
+              f"{_cost(contended, kind, stage) * 1e3:6.2f} | {_cost(together_costs, kind, stage) * 1e3:6.2f}")
+    return ranks, family, v, predicted, alone, together, measured
 
 
 def main() -> None:
@@ -267,22 +236,17 @@ def main() -> None:
     print(f"runtime's fixed cost per compute action (measure_action_overhead): {overhead * 1e6:.0f} us")
     rows = []
     for ranks in args.ranks:
-        pp = spawn(_ping_pong, ranks, (boundary, 20), deadline=300)
-        if not pp.ok:
-            raise SystemExit("\n".join(e for e in pp.errors if e))
-        p2p = max(pp.results)
+        p2p = measure_p2p_time(boundary, ranks=ranks)
         print(f"{ranks} ranks, {cores / ranks:g} cores per rank{' (oversubscribed)' if ranks > cores else ''}: "
-              f"P2P one-way for {boundary} B: {p2p * 1e3:.3f} ms")
-        vs = sorted({v for f, v in CASES if f in args.schedules})
-        costs = {v: _profile(ranks, v, p2p, overhead) for v in vs}
-        cpu_costs = {v: _profile(ranks, v, p2p, overhead, clock=time.thread_time) for v in vs}
+              f"P2P one-way for {boundary} B, the other ranks computing (measure_p2p_time): {p2p * 1e3:.3f} ms")
         for family, v in (c for c in CASES if c[0] in args.schedules):
-            rows.append(_case(ranks, family, v, costs[v], cpu_costs[v], args.steps))
-    print("\nranks  schedule           v  measured s   profile s  error   CPU s  error   alone s  error   together s  error")
-    for ranks, family, v, profiled, on_cpu, alone, together, measured in rows:
-        print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} {profiled:>11.3f} {_err(profiled, measured):>6} "
-              f"{on_cpu:>7.3f} {_err(on_cpu, measured):>6} {alone:>9.3f} {_err(alone, measured):>6} "
-              f"{together:>12.3f} {_err(together, measured):>6}")
+            rows.append(_case(ranks, family, v, p2p, overhead, args.steps))
+    print("\nranks  schedule           v  measured s   predicted s  error   profile alone s  error   together s  error")
+    for ranks, family, v, predicted, alone, together, measured in rows:
+        print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} {predicted:>13.3f} {_err(predicted, measured):>6} "
+              f"{alone:>17.3f} {_err(alone, measured):>6} {together:>12.3f} {_err(together, measured):>6}")
+    worst = max(abs(p - m) / m for _, _, _, p, _, _, m in rows)
+    print(f"largest error of the prediction: {worst:.1%} (target: within 10% on every row)")
 
 
 if __name__ == "__main__":

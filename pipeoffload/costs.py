@@ -33,6 +33,12 @@ class CostModel:
     ``action_overhead`` is a fixed time added to every compute action (F, B, I, W, R): what the
     runtime spends per action besides the stage's own compute (dispatch, bookkeeping, the trace),
     which weighs on small models where actions are short (the profiler measures it; default 0).
+    ``concurrency_slowdown[n - 1]`` is how many times longer a compute action takes while ``n`` ranks
+    compute at once on the machine than its time here (1.0 for ``n = 1`` with times read on the wall
+    clock; more with CPU times on a loaded machine): cores, caches and memory bandwidth shared by
+    ranks of one host, above all more ranks than cores. The profiler measures it
+    (``measure_concurrency``); ``concurrency(n)`` reads it; ``profiling.contended_costs`` applies it
+    to a schedule. None: every rank has a machine of its own.
     """
 
     time_f: PerStage = 1.0
@@ -55,6 +61,7 @@ class CostModel:
     # number use ``w_fraction``; ``from_dict`` sets it to the largest per-stage value (conservative).
     stage_w_fraction: tuple[float, ...] | None = None
     action_overhead: float = 0.0
+    concurrency_slowdown: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in _NUMBERS:  # inf or nan would make every time and peak after it silently wrong
@@ -80,6 +87,10 @@ class CostModel:
             raise ConfigError(f"w_fraction={self.w_fraction!r}: must be in [0, 1]")
         if self.stage_w_fraction is not None and any(not 0.0 <= x <= 1.0 for x in self.stage_w_fraction):
             raise ConfigError(f"stage_w_fraction={self.stage_w_fraction!r}: every value must be in [0, 1]")
+        if self.concurrency_slowdown is not None and (
+                not self.concurrency_slowdown or any(x <= 0 for x in self.concurrency_slowdown)):
+            raise ConfigError(f"concurrency_slowdown={self.concurrency_slowdown!r}: one factor > 0 per number of "
+                              "ranks computing at once (1, 2, ...)")
 
     # ---- per-stage lookups -------------------------------------------------------------------
     def f(self, stage: int) -> float:
@@ -99,6 +110,16 @@ class CostModel:
 
     def r(self, stage: int) -> float:
         return self.f(stage) if self.time_r is None else _at(self.time_r, stage) + self.action_overhead
+
+    def concurrency(self, ranks: int) -> float:  # ranks >= 1
+        """Slowdown of a compute action while ``ranks`` ranks compute at once; past the measured
+        counts, the last one stretched in proportion (the ranks time-share what was measured)."""
+        measured = self.concurrency_slowdown
+        if not measured:
+            return 1.0
+        if ranks <= len(measured):
+            return measured[ranks - 1]
+        return measured[-1] * ranks / len(measured)
 
     def w_fraction_of(self, stage: int) -> float:
         """Part of ``stage``'s activation that W still needs after I."""
@@ -156,13 +177,13 @@ class CostModel:
 COSTS_FORMAT = "pipeoffload-costs/1"
 _FIELDS = ("time_f", "time_i", "time_w", "time_b", "time_r", "activation", "w_fraction", "stage_w_fraction",
            "activation_bytes", "p2p_time", "d2h_time", "h2d_time", "shared_copy_engine", "shared_host_link",
-           "partial_recompute_saving", "partial_recompute_time", "action_overhead")
+           "partial_recompute_saving", "partial_recompute_time", "action_overhead", "concurrency_slowdown")
 
 
 # every number a cost model holds (scalars or per-stage tuples)
 _NUMBERS = ("time_f", "time_i", "time_w", "time_b", "time_r", "activation", "w_fraction", "activation_bytes",
             "p2p_time", "d2h_time", "h2d_time", "partial_recompute_saving", "partial_recompute_time",
-            "stage_w_fraction", "action_overhead")
+            "stage_w_fraction", "action_overhead", "concurrency_slowdown")
 
 
 def cost_model_to_dict(costs: CostModel) -> dict:

@@ -21,6 +21,11 @@ puts them into a ``CostModel``: what a standalone profile misses (the activation
 ranks that split the backward, the allocator and caches of interleaved microbatches and stages) is in them.
 ``concurrent_action_times`` is the same replay run by every rank at once, in the processes that
 will train: the profile under the real run's concurrency (cores, caches and memory shared).
+``measure_concurrency`` measures, once per machine and rank count, how much longer compute takes
+while n ranks compute at once (``CostModel.concurrency_slowdown``: more ranks than cores, shared
+caches, the machine's load), and ``contended_costs`` applies it to a schedule: each rank's stage
+times stretched by what its compute sees from the ranks busy at the same moments of the simulated
+timeline (the simulator itself gives every rank a machine of its own).
 """
 from __future__ import annotations
 
@@ -62,10 +67,12 @@ class Profile:
 
     def cost_model(self, *, p2p_time: float | None = None, p2p_bandwidth: float | None = None,
                    d2h_bandwidth: float | None = None, h2d_bandwidth: float | None = None,
-                   w_fraction: float | str = 1.0, action_overhead: float = 0.0) -> CostModel:
+                   w_fraction: float | str = 1.0, action_overhead: float = 0.0,
+                   concurrency_slowdown: Sequence[float] | None = None) -> CostModel:
         """A per-stage ``CostModel`` in seconds; one activation unit = the largest stage's bytes.
         ``w_fraction="measured"`` uses each stage's measured share (``stage_w_fraction``).
-        ``action_overhead``: seconds added to every compute action (``measure_action_overhead``)."""
+        ``action_overhead``: seconds added to every compute action (``measure_action_overhead``).
+        ``concurrency_slowdown``: ``measure_concurrency``'s factors (``contended_costs`` applies them)."""
         unit = max(max(s.activation_bytes for s in self.stages), 1)
         if p2p_time is None:
             boundary = max((s.output_bytes for s in self.stages[:-1]), default=0)
@@ -83,6 +90,7 @@ class Profile:
             d2h_time=unit / d2h_bandwidth if d2h_bandwidth else 0.0,
             h2d_time=unit / h2d_bandwidth if h2d_bandwidth else 0.0,
             action_overhead=action_overhead,
+            concurrency_slowdown=tuple(concurrency_slowdown) if concurrency_slowdown else None,
         )
 
 
@@ -362,6 +370,7 @@ def measure_action_overhead(*, microbatches: int = 8, steps: int = 20, width: in
 
 
 _COMPUTE = (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)
+_BUSY = (*_COMPUTE, ActionKind.R)  # what occupies a rank's core
 
 
 def _replay_samples(runner: Any, inputs: Any, targets: Any, steps: int, warmup: int,
@@ -429,3 +438,176 @@ def with_action_times(costs: CostModel, times: Mapping[tuple[ActionKind, int], f
         time_f=merged(ActionKind.F, costs.f), time_b=merged(ActionKind.B, costs.b),
         time_i=merged(ActionKind.I, costs.i), time_w=merged(ActionKind.W, costs.w),
     )
+
+
+def _chain_step(stages: Sequence[nn.Module], inputs: Any, loss_fn: LossFn, target: torch.Tensor) -> None:
+    """One microbatch's forward through every stage, the loss and the backward (gradients dropped)."""
+    out = inputs
+    for stage in stages:
+        out = stage(*_as_tuple(out))
+    loss_fn(out, target).backward()
+    for stage in stages:
+        _zero_grads(stage)
+
+
+def _concurrency_rank(rank: int, world: int, stages: Sequence[nn.Module], inputs: Any, loss_fn: LossFn,
+                      target: torch.Tensor, repeats: int, warmup: int, rounds: int) -> dict[int, list[tuple[float, float]]]:
+    """One rank of ``measure_concurrency``: for n = 1..world (then back, ``rounds`` times), ranks
+    below n run ``_chain_step`` together while the others wait at the barrier; this rank's (wall,
+    thread CPU) seconds of every step after the warm-up, for each n it took part in."""
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    order = [n for r in range(rounds) for n in (range(1, world + 1) if r % 2 == 0 else range(world, 0, -1))]
+    samples: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for n in order:
+        dist.barrier()
+        if rank < n:
+            for k in range(warmup + repeats):
+                wall, cpu = time.perf_counter(), time.thread_time()
+                _chain_step(stages, inputs, loss_fn, target)
+                if k >= warmup:
+                    samples[n].append((time.perf_counter() - wall, time.thread_time() - cpu))
+    dist.barrier()
+    return dict(samples)
+
+
+def measure_concurrency(stages: Sequence[nn.Module], inputs: Any, *, loss_fn: LossFn, target: torch.Tensor,
+                        ranks: int, repeats: int = 6, warmup: int = 2, rounds: int = 2, threads: int = 1,
+                        clock: Callable[[], float] = time.perf_counter) -> tuple[float, ...]:
+    """How much longer compute takes while n = 1..``ranks`` ranks compute at once on this machine
+    (``CostModel.concurrency_slowdown``): ``ranks`` spawned processes (``threads`` each, as the
+    pipeline's ranks) run one microbatch's forward and backward through ``stages`` in a loop, first
+    one of them, then two together, and so on, in ``rounds`` passes up and down (so that a drift of
+    the machine's load falls on every n alike). Factor n = the mean step wall with n computing (the
+    mean: a pipeline's step is the sum of its actions, so the time slices a rank loses now and then
+    count in full; under load the walls are skewed and their median is short) over the step alone
+    read on ``clock``, the clock the profile was read on: ``time.perf_counter`` (the wall alone; factor 1
+    is 1.0) or ``time.thread_time`` (the CPU time alone; factor 1 is then what other load on the
+    machine adds to a rank computing alone). It carries what a profile taken alone cannot: more
+    ranks than cores (time-sharing), caches and memory bandwidth shared, the machine's load now.
+    CPU only (GPU ranks have a device each)."""
+    from pipeoffload.runtime.launch import spawn
+
+    if ranks < 1:
+        raise ConfigError(f"measure_concurrency: ranks={ranks}; must be >= 1")
+    if clock not in (time.perf_counter, time.thread_time):
+        raise ConfigError("measure_concurrency: clock must be time.perf_counter or time.thread_time")
+    run = spawn(_concurrency_rank, ranks, (list(stages), inputs, loss_fn, target, repeats, warmup, rounds),
+                threads=threads, deadline=600)
+    if not run.ok:
+        raise RuntimeError("measure_concurrency: " + "; ".join(e for e in run.errors if e))
+    per_n: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for result in run.results:
+        for n, values in result.items():
+            per_n[n] += values
+    # the CPU time alone as the profile reads it (median); on the wall clock, factor 1 is 1.0 by definition
+    alone = (statistics.median(cpu for _, cpu in per_n[1]) if clock is time.thread_time
+             else statistics.mean(wall for wall, _ in per_n[1]))
+    return tuple(statistics.mean(wall for wall, _ in per_n[n]) / alone for n in range(1, ranks + 1))
+
+
+def _scaled(costs: CostModel, factor: Sequence[float]) -> CostModel:
+    """``costs`` with stage s's compute times (overhead and partial recompute folded in) times factor[s]."""
+    n = len(factor)
+    return dataclasses.replace(
+        costs, action_overhead=0.0, partial_recompute_time=0.0, concurrency_slowdown=None,
+        time_f=tuple(costs.f(s) * factor[s] for s in range(n)), time_i=tuple(costs.i(s) * factor[s] for s in range(n)),
+        time_w=tuple(costs.w(s) * factor[s] for s in range(n)), time_b=tuple(costs.b(s) * factor[s] for s in range(n)),
+        time_r=tuple(costs.r(s) * factor[s] for s in range(n)),
+    )
+
+
+def _harmonic_stretch(busy: list[list[tuple[float, float]]], costs: CostModel) -> list[float]:
+    """Per rank, the slowdown its compute sees: over its busy intervals, the time-weighted harmonic
+    mean of ``costs.concurrency(n)``, n the ranks busy at each moment (work done at speed 1/slowdown)."""
+    edges = sorted({t for intervals in busy for a, b in intervals for t in (a, b)})
+    counts = [sum(any(a <= lo and hi <= b for a, b in intervals) for intervals in busy)
+              for lo, hi in zip(edges, edges[1:])]
+    stretch = []
+    for intervals in busy:
+        time_, work = 0.0, 0.0
+        for (lo, hi), n in zip(zip(edges, edges[1:]), counts):
+            if any(a <= lo and hi <= b for a, b in intervals):
+                time_ += hi - lo
+                work += (hi - lo) / costs.concurrency(n)
+        stretch.append(time_ / work if work else 1.0)
+    return stretch
+
+
+def contended_costs(schedule: Any, costs: CostModel, *, iterations: int = 30, tolerance: float = 1e-3) -> CostModel:
+    """``costs`` for ``schedule`` (compute-only) with ``costs.concurrency_slowdown`` applied: the
+    simulator gives every rank a machine of its own, so each rank's stage times are stretched by the
+    slowdown its compute sees from the ranks busy at the same moments in the simulated timeline, to
+    a fixed point (the stretched timeline gives the stretch; damped). A rank waiting in a bubble
+    loads nobody, which a uniform factor would miss. Unchanged without a measured slowdown."""
+    from pipeoffload.passes.lower import lower
+    from pipeoffload.simulator import simulate
+
+    if not costs.concurrency_slowdown:
+        return costs
+    placement = schedule.placement
+    stretch = [1.0] * schedule.num_ranks
+    for _ in range(iterations):
+        current = _scaled(costs, [stretch[placement.rank_of(s)] for s in range(schedule.num_stages)])
+        timeline = simulate(lower(schedule, current), current)
+        busy = [[(a, b) for act, a, b in timeline.events(r) if act.kind in _BUSY and b > a]
+                for r in range(schedule.num_ranks)]
+        target = _harmonic_stretch(busy, costs)
+        step = max(abs(t - s) / s for t, s in zip(target, stretch))
+        stretch = [(s + t) / 2 for s, t in zip(stretch, target)]
+        if step < tolerance:
+            break
+    return _scaled(costs, [stretch[placement.rank_of(s)] for s in range(schedule.num_stages)])
+
+
+def _p2p_rank(rank: int, world: int, nbytes: int, seconds: float, busy: bool) -> float | None:
+    """One rank of ``measure_p2p_time``: for ``seconds`` after a barrier, ranks 0 and 1 ping-pong and
+    the others, if ``busy``, multiply matrices. Rank 0 returns the mean one-way seconds."""
+    import torch.distributed as dist
+
+    buf = torch.empty(max(nbytes // 4, 1))
+    dist.barrier()
+    end = time.perf_counter() + seconds
+    samples = []
+    if rank >= 2:
+        a = torch.randn(128, 128)
+        while busy and time.perf_counter() < end:
+            a = torch.tanh(a @ a)
+    else:
+        for n in range(1 << 30):
+            start = time.perf_counter()
+            if rank == 0:  # rank 0 decides when to stop and tells rank 1 in the message's first element
+                buf[0] = float(start < end)
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            else:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            if n >= 2:
+                samples.append((time.perf_counter() - start) / 2)
+            if not buf[0].item():
+                break
+    dist.barrier()
+    return statistics.mean(samples) if rank == 0 and samples else None
+
+
+def measure_p2p_time(nbytes: int, *, ranks: int = 2, seconds: float = 1.0, busy: bool = True) -> float:
+    """Seconds one message of ``nbytes`` takes from one CPU rank to another over gloo (the cost
+    model's ``p2p_time``): ``ranks`` spawned one-thread processes, ranks 0 and 1 in a ping-pong for
+    ``seconds``, the mean one-way time after two warm-ups (the mean: a pipeline's waits add up, so
+    a late wake-up now and then counts in full). ``busy``: the other ranks compute meanwhile, as a
+    pipeline's ranks do while two of them exchange a message; where the ranks outnumber the cores,
+    the receiver then waits for a core to wake up on, which a ping-pong on an idle machine does not
+    show."""
+    from pipeoffload.runtime.launch import spawn
+
+    if ranks < 2 or nbytes < 0 or seconds <= 0:
+        raise ConfigError(f"measure_p2p_time: ranks={ranks}, nbytes={nbytes}, seconds={seconds}; "
+                          "need ranks >= 2, nbytes >= 0 and seconds > 0")
+    run = spawn(_p2p_rank, ranks, (nbytes, seconds, busy), deadline=120 + 2 * seconds)
+    if not run.ok:
+        raise RuntimeError("measure_p2p_time: " + "; ".join(e for e in run.errors if e))
+    if run.results[0] is None:
+        raise RuntimeError(f"measure_p2p_time: no round trip after the warm-ups in {seconds} s; give more seconds")
+    return float(run.results[0])
