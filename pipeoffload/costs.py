@@ -38,7 +38,8 @@ class CostModel:
     clock; more with CPU times on a loaded machine): cores, caches and memory bandwidth shared by
     ranks of one host, above all more ranks than cores. The profiler measures it
     (``measure_concurrency``); ``concurrency(n)`` reads it; ``profiling.contended_costs`` applies it
-    to a schedule. None: every rank has a machine of its own.
+    to a schedule; ``simulate`` itself does not, and cost files do not carry it. None: every rank
+    has a machine of its own.
     """
 
     time_f: PerStage = 1.0
@@ -177,7 +178,10 @@ class CostModel:
 COSTS_FORMAT = "pipeoffload-costs/1"
 _FIELDS = ("time_f", "time_i", "time_w", "time_b", "time_r", "activation", "w_fraction", "stage_w_fraction",
            "activation_bytes", "p2p_time", "d2h_time", "h2d_time", "shared_copy_engine", "shared_host_link",
-           "partial_recompute_saving", "partial_recompute_time", "action_overhead", "concurrency_slowdown")
+           "partial_recompute_saving", "partial_recompute_time", "action_overhead")
+# not a cost-file key: ``simulate`` does not apply it (``profiling.contended_costs`` does, for one schedule),
+# so a file that carried it would promise what `pipeoffload simulate --costs` does not do
+_IN_MEMORY_ONLY = ("concurrency_slowdown",)
 
 
 # every number a cost model holds (scalars or per-stage tuples)
@@ -205,6 +209,9 @@ def cost_model_from_dict(data: dict, where: str = "cost file") -> CostModel:
     if fmt != COSTS_FORMAT:
         raise ConfigError(f"{where}: format {fmt!r}, expected {COSTS_FORMAT!r}")
     unknown = sorted(set(data) - set(_FIELDS))
+    if set(unknown) & set(_IN_MEMORY_ONLY):
+        raise ConfigError(f"{where}: {', '.join(sorted(set(unknown) & set(_IN_MEMORY_ONLY)))} is not applied by "
+                          "simulate; apply it with profiling.contended_costs and remove it from the file")
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; valid: {', '.join(_FIELDS)}")
     values: dict[str, object] = {}

@@ -1,6 +1,8 @@
 """The measured slowdown of ranks computing at once (more ranks than cores, shared caches) in the cost
-model, in a cost file, and applied to a schedule's simulation (``contended_costs``)."""
+model (not in cost files), and applied to a schedule's simulation (``contended_costs``)."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -26,10 +28,13 @@ def test_slowdown_is_read_per_rank_count_and_stretched_past_the_measured_ones():
     assert CostModel().concurrency(4) == 1.0  # none measured: a machine per rank
 
 
-def test_slowdown_round_trips_through_a_cost_file_and_is_checked():
+def test_slowdown_stays_out_of_cost_files_and_is_checked():
+    # simulate does not apply it, so a cost file (what `simulate --costs` reads) must not carry it
     costs = CostModel(time_f=(1.0, 2.0), concurrency_slowdown=(1.0, 1.5, 2.25))
-    assert cost_model_from_dict(cost_model_to_dict(costs)) == costs
-    assert cost_model_from_dict({"time_f": 1.0}).concurrency_slowdown is None  # older files still load
+    assert "concurrency_slowdown" not in cost_model_to_dict(costs)
+    assert cost_model_from_dict(cost_model_to_dict(costs)) == replace(costs, concurrency_slowdown=None)
+    with pytest.raises(ConfigError, match="concurrency_slowdown is not applied by simulate"):
+        cost_model_from_dict({"time_f": 1.0, "concurrency_slowdown": [1.0, 1.5]})
     for bad in ((), (1.0, 0.0), (1.0, -2.0)):
         with pytest.raises(ConfigError, match="concurrency_slowdown"):
             CostModel(concurrency_slowdown=bad)
