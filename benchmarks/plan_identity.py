@@ -2,7 +2,8 @@
 
 Run: .venv/bin/python benchmarks/plan_identity.py --record /tmp/before.json   (before a change)
      .venv/bin/python benchmarks/plan_identity.py --check /tmp/before.json    (after it: exit 1 on a difference)
-     --digest FILE writes one line per case (its sha256) for benchmarks/results/plan_identity.txt.
+     --digest FILE writes one line per case (its sha256) for benchmarks/results/plan_identity.txt, and
+     --check benchmarks/results/plan_identity.txt compares with those digests (no recorded JSON needed).
 
 Each case runs the CLI in this process (``pipeoffload.cli.main``) and keeps its stdout and exit code:
 ``plan`` as text and as ``--json`` for a few requests (the headline, a shared host link, ``--by-tp``, an
@@ -88,10 +89,22 @@ def run(argv: list[str]) -> str:
     return masked(f"exit {code}\n{out.getvalue()}\n--- stderr\n{err.getvalue()}")
 
 
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def recorded_digests(text: str) -> dict[str, str]:
+    """Each case's digest from a --record JSON file or from a --digest file ('sha256  case' lines)."""
+    if text.lstrip().startswith("{"):
+        return {name: digest(masked(output)) for name, output in json.loads(text).items()}
+    return {name: value for value, _, name in (line.partition("  ") for line in text.splitlines() if line)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", help="write every case's output to this JSON file")
-    parser.add_argument("--check", help="compare every case's output with this recorded JSON file")
+    parser.add_argument("--check", help="compare every case's output with this recorded JSON file, or with "
+                                        "the digests of a --digest file (benchmarks/results/plan_identity.txt)")
     parser.add_argument("--digest", help="write 'sha256  case' lines to this file")
     parser.add_argument("--quick", action="store_true", help="leave out the slowest plan requests")
     parser.add_argument("--only", help="run only the cases whose name contains this text")
@@ -106,11 +119,10 @@ def main() -> int:
     if args.record:
         Path(args.record).write_text(json.dumps(outputs, indent=1, sort_keys=True))
     if args.digest:
-        Path(args.digest).write_text("".join(f"{hashlib.sha256(text.encode()).hexdigest()[:16]}  {name}\n"
-                                             for name, text in sorted(outputs.items())))
+        Path(args.digest).write_text("".join(f"{digest(text)}  {name}\n" for name, text in sorted(outputs.items())))
     if args.check:
-        recorded = {name: masked(text) for name, text in json.loads(Path(args.check).read_text()).items()}
-        different = [name for name, text in outputs.items() if recorded.get(name) != text]
+        recorded = recorded_digests(Path(args.check).read_text())
+        different = [name for name, text in outputs.items() if recorded.get(name) != digest(text)]
         for name in different:
             print(f"DIFFERENT: {name}")
         print(f"{len(outputs) - len(different)} of {len(outputs)} cases identical")

@@ -26,6 +26,7 @@ CASES = [
     ("simulate 1f1b --costs nan.json", "p2p_time=nan: must be a finite number"),
     ("simulate 1f1b --costs zero.json", "every compute time"),
     ("simulate 1f1b --costs five.json", "costs = 5: expected a table"),
+    ("simulate 1f1b --costs contended.json", "concurrency_slowdown is not applied by simulate"),
     ("simulate 1f1b --plot out.png --trace afolder", "--trace afolder: is a folder"),
     ("simulate 1f1b --report nofolder/r.html", "folder nofolder does not exist"),
     ("simulate 1f1b --plot out.gif", "unknown picture format 'gif'"),
@@ -79,6 +80,7 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "nan.json").write_text('{"time_f": 1, "time_b": 2, "p2p_time": NaN}')
     (tmp_path / "zero.json").write_text('{"time_f": 0, "time_b": 0, "time_w": 0}')
     (tmp_path / "five.json").write_text('{"costs": 5}')
+    (tmp_path / "contended.json").write_text('{"time_f": 1, "concurrency_slowdown": [1.0, 1.5]}')
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
