@@ -259,10 +259,7 @@ def memory_effects(c: CodedSchedule, costs: CostModel) -> list[float]:
     The amounts depend only on each activation's own actions, which all run on its rank in list order,
     so they are known before any timing.
     """
-    fast = _memory_effects_in_order(c, costs)
-    if fast is not None:
-        return fast.tolist()
-    return _memory_effects_in_turn(c, costs)
+    return memory_amounts(c, costs).tolist()
 
 
 def memory_amounts(c: CodedSchedule, costs: CostModel) -> np.ndarray:

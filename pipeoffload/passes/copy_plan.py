@@ -437,11 +437,7 @@ class CopyGroup:
             if h2d is None:
                 failed.append((rank, x))
                 continue
-            if x.h2d > 0:  # ``back.reserve``, written out (two per activation)
-                for starts, ends in back.books:
-                    i = bisect_left(starts, h2d)
-                    starts.insert(i, h2d)
-                    ends.insert(i, h2d + x.h2d)
+            back.reserve(h2d, x.h2d)
             reloads[k] = h2d
         placed = []
         # Offloads come in order of their forwards, so while copies are only added, an offload of the
@@ -460,22 +456,16 @@ class CopyGroup:
             out, back, points = ways[rank]
             after = resume.get((rank, x.d2h), x.f_end)
             d2h = out.earliest(after if after > x.f_end else x.f_end, x.d2h, h2d - x.d2h)
-            if d2h is not None:  # the point range it is off the device (``_placed``, written out)
-                lo = bisect_left(points, d2h + x.d2h - EPS)
-                hi = bisect_right(points, h2d + EPS) - 1
-            if d2h is None or hi <= lo:
+            p = None if d2h is None else _placed(points, x, d2h, h2d)
+            if p is None or p.hi <= p.lo:
                 back.release(h2d, x.h2d)
                 failed.append((rank, x))
                 resume.clear()
                 continue
-            if x.d2h > 0:  # ``out.reserve``, written out
-                for starts, ends in out.books:
-                    i = bisect_left(starts, d2h)
-                    starts.insert(i, d2h)
-                    ends.insert(i, d2h + x.d2h)
+            out.reserve(p.d2h_start, x.d2h)
             if not self.relaxed:
-                resume[(rank, x.d2h)] = d2h
-            placed.append((rank, Placed(x, d2h, h2d, lo, hi)))
+                resume[(rank, x.d2h)] = p.d2h_start
+            placed.append((rank, p))
         return placed, failed
 
 
