@@ -6,10 +6,11 @@ end of the step); the rank blocks until every receive of the batch has arrived.
 
 - gloo: each tensor is its own ``isend``/``irecv`` with a tag derived from (direction, stage,
   microbatch, index), so messages between two ranks match by tag whatever the posting order. Each
-  batch posts its receives with its sends, right before it waits: a receive posted earlier (the
-  next batch's, as soon as this one is done) had gloo write the message on the sender's main thread
-  at its send and read it on the receiver's gloo thread during the receiver's compute, which cost
-  wall time on 2 busy cores (``benchmarks/results/train_throughput.txt``, 2026-12-05).
+  batch posts its receives with its sends, right before it waits. Posting the next batch's
+  receives as soon as one was done was slower in paired runs on 2 busy cores
+  (``benchmarks/results/train_throughput.txt``, 2026-12-05): gloo writes a message inline in the
+  sender's send call when the receive is already posted, and reads it on the receiver's gloo thread
+  while the receiver computes; posted with the batch, that copy falls in the receiver's wait.
 - NCCL: one ``batch_isend_irecv`` per batch (a group call, required so that two ranks exchanging in
   both directions cannot deadlock); NCCL ignores tags and matches in posting order, so
   ``check_fifo`` verifies at set-up that every pair of ranks posts matching sequences.
