@@ -625,18 +625,22 @@ def measure_p2p_time(nbytes: int, *, ranks: int = 2, seconds: float = 1.0, busy:
 class MessageCosts:
     """What the runtime's messages cost, measured on its own transport (``measure_message_costs``).
 
-    ``message_time``: seconds a rank's lane spends per SEND or RECV whose data is already there (the
-    cost model's ``message_time``); ``p2p_time``: seconds from a send leaving its lane to a waiting
+    ``message_time``: seconds a rank's lane spends per SEND or RECV besides waiting (the cost model's
+    ``message_time``; read from batches of sends only); ``p2p_time``: seconds from a send leaving its lane to a waiting
     receiver's lane taking it up (the cost model's ``p2p_time``: the transfer, the receiving thread's
     wake-up, a core to wake up on); ``samples``: how many messages gave each; ``measured_step`` and
     ``simulated_step``: the synthetic pipeline's step (median, slowest rank) and its simulation with
-    these two figures and the runtime's own compute walls, a check of the model on the run measured."""
+    these two figures and the runtime's own compute walls, a check of the model on the run measured;
+    ``fitted_p2p_time``: the ``p2p_time`` at which that simulation takes the measured step (with this
+    ``message_time``; 0 if it is already as long): what the transfers cost that pipeline in effect,
+    where a delay now and then on its critical path weighs more than the mean says."""
 
     message_time: float
     p2p_time: float
     samples: tuple[int, int]
     measured_step: float
     simulated_step: float
+    fitted_p2p_time: float
 
 
 _Record = tuple[str, int, int, float, float]  # (kind, stage, microbatch, start, end): seconds on the machine's clock
@@ -684,32 +688,30 @@ def _message_rank(rank: int, world: int, family: str, v: int, microbatches: int,
 
 def _message_samples(step: Sequence[Sequence[_Record]]) -> tuple[list[float], list[tuple[float, float]]]:
     """From one step's records of every rank (a comm batch's actions share their start and end): per
-    comm action of a batch that waited for nothing (each of its receives' sends had left before it
-    began), the batch's seconds per action; and per receive alone in a batch that began before its
-    send's batch, (send batch start, receive batch end): a receiver waiting, the transfer in between."""
-    sends = {(kind, stage, mb): (start, end) for kind, stage, mb, start, end in
+    send of a batch of sends only (nothing to wait for: the lane's own cost), the batch's seconds per
+    send; and per receive alone in a batch that began before its send's batch, (send batch start,
+    receive batch end): a receiver waiting, the transfer in between. (A receive whose send left
+    before it began may still be in flight, so it gives neither.)"""
+    sends = {(kind, stage, mb): start for kind, stage, mb, start, _ in
              (r for records in step for r in records) if kind in ("SEND_F", "SEND_B")}
     peer = {"RECV_F": ("SEND_F", -1), "RECV_B": ("SEND_B", 1)}
-    batches: dict[tuple[int, float, float], list[tuple[float, float] | None]] = defaultdict(list)
+    batches: dict[tuple[int, float, float], list[float | None]] = defaultdict(list)  # send starts; None: a send
     for rank, records in enumerate(step):
         for kind, stage, mb, start, end in records:
             if kind in peer:
                 send, offset = peer[kind]
-                batches[(rank, start, end)].append(sends.get((send, stage + offset, mb)))
+                batches[(rank, start, end)].append(sends.get((send, stage + offset, mb), -math.inf))
             elif kind in ("SEND_F", "SEND_B"):
-                batches[(rank, start, end)].append((-math.inf, -math.inf))  # a send waits for nothing
-    ready: list[float] = []
+                batches[(rank, start, end)].append(None)
+    posted: list[float] = []
     waited: list[tuple[float, float]] = []
-    for (_, start, end), matched in batches.items():
-        known = [m for m in matched if m is not None]
-        if len(known) < len(matched):
-            continue
-        if all(m[1] <= start for m in known):
-            ready += [(end - start) / len(matched)] * len(matched)
-        receives = [m for m in known if m[0] != -math.inf]
-        if len(receives) == 1 and receives[0][0] > start:
-            waited.append((receives[0][0], end))
-    return ready, waited
+    for (_, start, end), members in batches.items():
+        receives = [m for m in members if m is not None]
+        if not receives:
+            posted += [(end - start) / len(members)] * len(members)
+        elif len(receives) == 1 and receives[0] > start:
+            waited.append((receives[0], end))
+    return posted, waited
 
 
 def measure_message_costs(nbytes: int, *, ranks: int = 2, family: str = "1f1b", v: int = 1, microbatches: int = 8,
@@ -719,10 +721,10 @@ def measure_message_costs(nbytes: int, *, ranks: int = 2, family: str = "1f1b", 
     tags, posting, receives posted early, waits, hand-offs, what a ping-pong does not exercise) over
     synthetic stages whose boundary messages are ``nbytes`` (``depth`` ``Linear(width, width)`` + tanh
     each: the cores are busy between messages, as a pipeline's are). The ranks' traces share the
-    machine's clock. ``message_time``: the median seconds per action of the comm batches whose
-    receives' data had been sent before they began (the lane's own cost); ``p2p_time``: the mean, over
-    receives that began waiting before their send was posted, of the time from the send's batch start
-    to the receive's end, less the sender's and the receiver's lane costs (the mean: waits add up;
+    machine's clock. ``message_time``: the median seconds per send of the batches of sends only (what
+    the lane itself spends: nothing to wait for); ``p2p_time``: the mean, over receives that began
+    waiting before their send was posted, of the time from the send's batch start to the receive's
+    end, less the sender's and the receiver's lane costs (the mean: waits add up;
     the ranks' wake-ups are skewed). Both are this machine's and this rank count's, independent of the
     model that will be simulated; ``MessageCosts`` also gives the synthetic step simulated with them."""
     from pipeoffload.passes.lower import lower
@@ -737,16 +739,16 @@ def measure_message_costs(nbytes: int, *, ranks: int = 2, family: str = "1f1b", 
     run = spawn(_message_rank, ranks, (family, v, microbatches, rows, width, depth, steps, warmup), deadline=600)
     if not run.ok:
         raise RuntimeError("measure_message_costs: " + "; ".join(e for e in run.errors if e))
-    ready: list[float] = []
+    posted: list[float] = []
     waited: list[tuple[float, float]] = []
     for step in zip(*(records for _, records in run.results)):
-        r, w = _message_samples(step)
-        ready += r
+        p, w = _message_samples(step)
+        posted += p
         waited += w
-    if not ready or not waited:
-        raise RuntimeError(f"measure_message_costs: no message {'ready' if not ready else 'waited for'} in "
-                           f"{steps} steps; give more steps")
-    message_time = statistics.median(ready)
+    if not posted or not waited:
+        raise RuntimeError(f"measure_message_costs: no {'batch of sends only' if not posted else 'receive waiting'}"
+                           f" in {steps} steps of {family}; give more steps or another family")
+    message_time = statistics.median(posted)
     # the sender's lane posts first (``message_time``), then the transfer, then the receiver's lane
     p2p_time = max(statistics.mean(end - start - 2 * message_time for start, end in waited), 0.0)
     measured = statistics.median(max(step) for step in zip(*(walls for walls, _ in run.results)))
@@ -759,5 +761,15 @@ def measure_message_costs(nbytes: int, *, ranks: int = 2, family: str = "1f1b", 
     costs = CostModel(time_f=tuple(statistics.mean(times[("F", s)]) for s in range(n)),
                       time_b=tuple(statistics.mean(times[("B", s)]) for s in range(n)),
                       time_i=0.0, time_w=0.0, p2p_time=p2p_time, message_time=message_time)
-    simulated = simulate(lower(schedule, costs), costs).makespan
-    return MessageCosts(message_time, p2p_time, (len(ready), len(waited)), measured, simulated)
+    lowered = lower(schedule, costs)
+
+    def step(p2p: float) -> float:
+        return simulate(lowered, dataclasses.replace(costs, p2p_time=p2p)).makespan
+
+    low, high = 0.0, measured  # the simulated step grows with p2p_time
+    if step(0.0) >= measured:
+        high = 0.0
+    while high - low > 1e-7:
+        mid = (low + high) / 2
+        low, high = (mid, high) if step(mid) < measured else (low, mid)
+    return MessageCosts(message_time, p2p_time, (len(posted), len(waited)), measured, step(p2p_time), high)

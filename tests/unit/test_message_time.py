@@ -76,18 +76,20 @@ def test_simulate_with_a_cost_file_applies_the_message_time(tmp_path):
     assert makespan(0.25) == pytest.approx(makespan(0.0) + 4 * 0.25)
 
 
-def test_message_samples_split_ready_batches_from_waiting_receivers():
-    torch = pytest.importorskip("torch")  # noqa: F841 - profiling imports torch
+def test_message_samples_take_the_lane_from_sends_alone_and_the_transfer_from_waiting_receivers():
+    pytest.importorskip("torch")  # profiling imports torch
     from pipeoffload.profiling import _message_samples
 
-    # rank 0 sends F0 at 1.0 (batch 1.0-1.2) and waits for B0 from 2.0; rank 1 was waiting for F0
-    # since 0.5 and gets it at 1.7, sends B0 at 3.0 (its batch 3.0-3.1, alone)
-    rank0 = [("F", 0, 0, 0.0, 1.0), ("SEND_F", 0, 0, 1.0, 1.2), ("RECV_B", 0, 0, 2.0, 3.6), ("B", 0, 0, 3.6, 4.0)]
-    rank1 = [("RECV_F", 1, 0, 0.5, 1.7), ("F", 1, 0, 1.7, 2.0), ("B", 1, 0, 2.0, 3.0), ("SEND_B", 1, 0, 3.0, 3.1)]
-    ready, waited = _message_samples([rank0, rank1])
-    # ready: rank 0's send batch (0.2) and rank 1's (0.1); rank 0's receive began after nothing was
-    # sent (B0 left at 3.0): it waited
-    assert sorted(ready) == pytest.approx([0.1, 0.2])
+    # rank 0 sends F0 alone (batch 1.0-1.2), then F1 with the receive of B0 (2.0-3.6); rank 1 waited for
+    # F0 since 0.5 and got it at 1.7; it sends B0 alone at 3.0 (3.0-3.1) and gets F1 (sent at 2.0,
+    # possibly still in flight) in a batch of its own from 3.2
+    rank0 = [("F", 0, 0, 0.0, 1.0), ("SEND_F", 0, 0, 1.0, 1.2), ("F", 0, 1, 1.2, 2.0), ("SEND_F", 0, 1, 2.0, 3.6),
+             ("RECV_B", 0, 0, 2.0, 3.6)]
+    rank1 = [("RECV_F", 1, 0, 0.5, 1.7), ("F", 1, 0, 1.7, 2.0), ("B", 1, 0, 2.0, 3.0), ("SEND_B", 1, 0, 3.0, 3.1),
+             ("RECV_F", 1, 1, 3.2, 3.3)]
+    posted, waited = _message_samples([rank0, rank1])
+    assert sorted(posted) == pytest.approx([0.1, 0.2])  # the two batches of sends only
+    # rank 0's receive began (2.0) before B0's send (3.0): it waited; rank 1's second receive gives nothing
     assert sorted(waited) == [(1.0, 1.7), (3.0, 3.6)]  # (send batch start, receive end)
 
 
@@ -98,6 +100,7 @@ def test_measure_message_costs_reads_the_runtimes_traces():
     costs = measure_message_costs(4 * 128 * 8, ranks=2, microbatches=4, depth=1, steps=3, warmup=1)
     assert 0 < costs.message_time < 1.0 and 0 <= costs.p2p_time < 1.0
     assert costs.samples[0] > 0 and costs.samples[1] > 0 and costs.measured_step > 0 and costs.simulated_step > 0
+    assert 0 <= costs.fitted_p2p_time < costs.measured_step
     with pytest.raises(ConfigError, match="ranks"):
         measure_message_costs(4096, ranks=1)
 
