@@ -761,15 +761,24 @@ def measure_message_costs(nbytes: int, *, ranks: int = 2, family: str = "1f1b", 
     costs = CostModel(time_f=tuple(statistics.mean(times[("F", s)]) for s in range(n)),
                       time_b=tuple(statistics.mean(times[("B", s)]) for s in range(n)),
                       time_i=0.0, time_w=0.0, p2p_time=p2p_time, message_time=message_time)
+    simulated = simulate(lower(schedule, costs), costs).makespan
+    return MessageCosts(message_time, p2p_time, (len(posted), len(waited)), measured, simulated,
+                        _fitted_transfer(schedule, costs, measured))
+
+
+def _fitted_transfer(schedule: Any, costs: CostModel, measured: float) -> float:
+    """The ``p2p_time`` at which ``schedule`` simulates to ``measured`` seconds under ``costs`` (bisection:
+    the simulated step grows with it); 0 when it is that long without transfers."""
+    from pipeoffload.passes.lower import lower
+    from pipeoffload.simulator import simulate
+
     lowered = lower(schedule, costs)
 
-    def step(p2p: float) -> float:
+    def makespan(p2p: float) -> float:
         return simulate(lowered, dataclasses.replace(costs, p2p_time=p2p)).makespan
 
-    low, high = 0.0, measured  # the simulated step grows with p2p_time
-    if step(0.0) >= measured:
-        high = 0.0
+    low, high = 0.0, 0.0 if makespan(0.0) >= measured else measured
     while high - low > 1e-7:
         mid = (low + high) / 2
-        low, high = (mid, high) if step(mid) < measured else (low, mid)
-    return MessageCosts(message_time, p2p_time, (len(posted), len(waited)), measured, step(p2p_time), high)
+        low, high = (mid, high) if makespan(mid) < measured else (low, mid)
+    return high

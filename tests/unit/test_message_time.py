@@ -120,3 +120,13 @@ def test_the_general_loop_books_own_host_links_as_the_fast_one_does(family, v, s
     general._loop_shared()
     assert any(a.kind is ActionKind.OFFLOAD for row in schedule.actions for a in row)
     assert fast.start == general.start and fast.end == general.end and fast.stall == general.stall
+
+
+def test_the_fitted_transfer_is_the_p2p_time_that_gives_the_measured_step():
+    pytest.importorskip("torch")  # profiling imports torch
+    from pipeoffload.profiling import _fitted_transfer
+
+    schedule = generate("1f1b", 2, 1)  # two hops on the critical path: 4.0 + 2 * p2p_time
+    costs = replace(COSTS, p2p_time=0.0)
+    assert _fitted_transfer(schedule, costs, 5.0) == pytest.approx(0.5, abs=1e-6)
+    assert _fitted_transfer(schedule, costs, 3.0) == 0.0  # shorter than the compute alone
