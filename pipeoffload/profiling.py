@@ -714,34 +714,72 @@ def _message_samples(step: Sequence[Sequence[_Record]]) -> tuple[list[float], li
     return posted, waited
 
 
-def measure_message_costs(nbytes: int, *, ranks: int = 2, family: str = "1f1b", v: int = 1, microbatches: int = 8,
-                          depth: int = 8, width: int = 128, steps: int = 20, warmup: int = 3) -> MessageCosts:
-    """The runtime's cost per message on CPU ranks over gloo, read from its own traces: ``ranks``
-    spawned one-thread processes run ``family`` with ``PipelineRunner`` (the runtime's transport:
-    tags, posting, receives posted early, waits, hand-offs, what a ping-pong does not exercise) over
-    synthetic stages whose boundary messages are ``nbytes`` (``depth`` ``Linear(width, width)`` + tanh
-    each: the cores are busy between messages, as a pipeline's are). The ranks' traces share the
-    machine's clock. ``message_time``: the median seconds per send of the batches of sends only (what
-    the lane itself spends: nothing to wait for); ``p2p_time``: the mean, over receives that began
-    waiting before their send was posted, of the time from the send's batch start to the receive's
-    end, less the sender's and the receiver's lane costs (the mean: waits add up;
-    the ranks' wake-ups are skewed). Both are this machine's and this rank count's, independent of the
-    model that will be simulated; ``MessageCosts`` also gives the synthetic step simulated with them."""
-    from pipeoffload.passes.lower import lower
+@dataclass(frozen=True)
+class SyntheticRun:
+    """A synthetic pipeline run through the runtime on spawned gloo ranks (``synthetic_run``):
+    ``schedule`` (compute-only), ``measured_step`` (median over steps of the slowest rank's),
+    ``compute`` (a ``CostModel`` of the runtime's own mean compute walls per kind and stage, no
+    transfers: what a simulation of this run needs besides its messages) and ``steps`` (per step,
+    every rank's trace records on the machine's clock)."""
+
+    schedule: Any
+    measured_step: float
+    compute: CostModel
+    steps: tuple[tuple[list[_Record], ...], ...]
+
+
+def synthetic_run(nbytes: int, *, ranks: int = 2, family: str = "1f1b", v: int = 1, microbatches: int = 8,
+                  depth: int = 8, width: int = 128, steps: int = 20, warmup: int = 3) -> SyntheticRun:
+    """Run ``family`` with ``PipelineRunner`` on ``ranks`` spawned one-thread gloo processes (the
+    runtime's own transport) over synthetic stages whose boundary messages are ``nbytes`` (``depth``
+    ``Linear(width, width)`` + tanh each: the cores are busy between messages, as a pipeline's are),
+    ``warmup + steps`` steps; what ``measure_message_costs`` reads, and a run to check a message model on."""
     from pipeoffload.runtime.launch import spawn
     from pipeoffload.schedules import generate
-    from pipeoffload.simulator import simulate
 
     rows = nbytes // (4 * width)
     if ranks < 2 or rows < 1 or steps < 1 or depth < 1:
-        raise ConfigError(f"measure_message_costs: ranks={ranks}, nbytes={nbytes}, steps={steps}, depth={depth}; "
+        raise ConfigError(f"synthetic_run: ranks={ranks}, nbytes={nbytes}, steps={steps}, depth={depth}; "
                           f"need ranks >= 2, nbytes >= {4 * width}, steps >= 1 and depth >= 1")
     run = spawn(_message_rank, ranks, (family, v, microbatches, rows, width, depth, steps, warmup), deadline=600)
     if not run.ok:
-        raise RuntimeError("measure_message_costs: " + "; ".join(e for e in run.errors if e))
+        raise RuntimeError("synthetic_run: " + "; ".join(e for e in run.errors if e))
+    measured = statistics.median(max(step) for step in zip(*(walls for walls, _ in run.results)))
+    times: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for _, records in run.results:
+        for kind, stage, _, start, end in (x for step in records for x in step):
+            times[(kind, stage)].append(end - start)
+    schedule = generate(family, ranks, microbatches, v)
+
+    def mean(kind: str) -> tuple[float, ...]:
+        return tuple(statistics.mean(times[(kind, s)]) if times[(kind, s)] else 0.0 for s in range(schedule.num_stages))
+
+    split = any(kind in ("I", "W") for kind, _ in times)
+    compute = CostModel(time_f=mean("F"), time_i=mean("I"), time_w=mean("W"), time_b=None if split else mean("B"))
+    return SyntheticRun(schedule, measured, compute, tuple(zip(*(records for _, records in run.results))))
+
+
+def measure_message_costs(nbytes: int, *, ranks: int = 2, family: str = "1f1b", v: int = 1, microbatches: int = 8,
+                          depth: int = 8, width: int = 128, steps: int = 20, warmup: int = 3) -> MessageCosts:
+    """The runtime's cost per message on CPU ranks over gloo, read from its own traces: ``synthetic_run``
+    (``PipelineRunner`` on the process group: tags, posting, receives posted early, waits, hand-offs,
+    what a ping-pong does not exercise; the ranks' traces share the machine's clock).
+    ``message_time``: the median seconds per send of the batches of sends only (what the lane itself
+    spends: nothing to wait for); ``p2p_time``: the mean, over receives that began waiting before
+    their send was posted, of the time from the send's batch start to the receive's end, less the
+    sender's and the receiver's lane costs (the mean: waits add up; the ranks' wake-ups are skewed).
+    Both are this machine's and this rank count's, independent of the model that will be simulated;
+    ``MessageCosts`` also gives the synthetic step simulated with them."""
+    from pipeoffload.passes.lower import lower
+    from pipeoffload.simulator import simulate
+
+    if ranks < 2:
+        raise ConfigError(f"measure_message_costs: ranks={ranks}; need ranks >= 2")
+    run = synthetic_run(nbytes, ranks=ranks, family=family, v=v, microbatches=microbatches, depth=depth,
+                        width=width, steps=steps, warmup=warmup)
     posted: list[float] = []
     waited: list[tuple[float, float]] = []
-    for step in zip(*(records for _, records in run.results)):
+    for step in run.steps:
         p, w = _message_samples(step)
         posted += p
         waited += w
@@ -751,19 +789,10 @@ def measure_message_costs(nbytes: int, *, ranks: int = 2, family: str = "1f1b", 
     message_time = statistics.median(posted)
     # the sender's lane posts first (``message_time``), then the transfer, then the receiver's lane
     p2p_time = max(statistics.mean(end - start - 2 * message_time for start, end in waited), 0.0)
-    measured = statistics.median(max(step) for step in zip(*(walls for walls, _ in run.results)))
-    times: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for _, records in run.results:
-        for kind, stage, _, start, end in (x for step in records for x in step):
-            times[(kind, stage)].append(end - start)
-    schedule = generate(family, ranks, microbatches, v)
-    n = schedule.num_stages
-    costs = CostModel(time_f=tuple(statistics.mean(times[("F", s)]) for s in range(n)),
-                      time_b=tuple(statistics.mean(times[("B", s)]) for s in range(n)),
-                      time_i=0.0, time_w=0.0, p2p_time=p2p_time, message_time=message_time)
-    simulated = simulate(lower(schedule, costs), costs).makespan
-    return MessageCosts(message_time, p2p_time, (len(posted), len(waited)), measured, simulated,
-                        _fitted_transfer(schedule, costs, measured))
+    costs = dataclasses.replace(run.compute, p2p_time=p2p_time, message_time=message_time)
+    simulated = simulate(lower(run.schedule, costs), costs).makespan
+    return MessageCosts(message_time, p2p_time, (len(posted), len(waited)), run.measured_step, simulated,
+                        _fitted_transfer(run.schedule, costs, run.measured_step))
 
 
 def _fitted_transfer(schedule: Any, costs: CostModel, measured: float) -> float:
