@@ -762,7 +762,7 @@ def synthetic_run(nbytes: int, *, ranks: int = 2, family: str = "1f1b", v: int =
 def measure_message_costs(nbytes: int, *, ranks: int = 2, family: str = "1f1b", v: int = 1, microbatches: int = 8,
                           depth: int = 8, width: int = 128, steps: int = 20, warmup: int = 3) -> MessageCosts:
     """The runtime's cost per message on CPU ranks over gloo, read from its own traces: ``synthetic_run``
-    (``PipelineRunner`` on the process group: tags, posting, receives posted early, waits, hand-offs,
+    (``PipelineRunner`` on the process group: tags, posting, bounded waits, hand-offs,
     what a ping-pong does not exercise; the ranks' traces share the machine's clock).
     ``message_time``: the median seconds per send of the batches of sends only (what the lane itself
     spends: nothing to wait for); ``p2p_time``: the mean, over receives that began waiting before
