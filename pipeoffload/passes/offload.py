@@ -44,7 +44,7 @@ from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.passes.copy_plan import EPS, Activation, RankTimeline, rank_timelines
 from pipeoffload.passes.offload_plan import RankState, plan_group
 from pipeoffload.passes.slots import SlotPattern, plan_pair, slot_length
-from pipeoffload.passes.throttle import throttled_timeline, with_waits
+from pipeoffload.passes.throttle import eager_warmup, latest_starts, repair, throttled_timeline, with_waits
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.simulator import Timeline, simulate
 
@@ -168,6 +168,7 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
             states, peaks = _throttled_plans(plan, costs, states, peaks)
             states, peaks = _next_point_plans(plan, costs, states, peaks)
             states, peaks = _slot_plans(plan, costs, states, peaks)
+            states, peaks = _repaired_plans(plan, costs, states, peaks)
     orders = [_copy_order(states[r]) for r in range(base.num_ranks)]
     rows = [_emit(states[r], orders[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
@@ -420,6 +421,46 @@ _SLOT_KEEP = (0, 3)  # lifespan filters (slot periods) of the slot patterns trie
 _SLOT_MARGIN = ((0.0, False), (1.0, False), (0.0, True))  # reload margins tried: (slots, + the backward's time)
 
 
+def _repaired_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
+                    ) -> tuple[dict[int, RankState], dict[int, float]]:
+    """One unit below the plan's peak by a repaired throttled warm-up (``throttle.repair``), where it
+    gets there (shared host link).
+
+    With the target P = peak - 1 and the limit L = P: the copies are planned against the compute
+    timing of a warm-up throttled to L (as in ``_throttled_plans``, whatever that timing's makespan),
+    each warm-up offload is issued right after its forward with the waits of L (so the warm-up holds
+    at most L units), and the repair moves single copies and waits until no compute action starts
+    after its latest start in the step without copies and no rank holds more than P. Kept only where
+    the simulation then shows no stall, no longer makespan than the step without copies and the
+    lower peak. Not tried at the floor of 2 units or where a budget is met.
+    """
+    ranks = range(plan.base.num_ranks)
+    top = max(peaks.values(), default=0.0)
+    if top <= _SLOT_FLOOR + EPS or (plan.budget is not None and top <= plan.budget + EPS):
+        return states, peaks
+    current = simulate(plan.base.with_actions([_emit(states[r]) for r in ranks]), costs)
+    target = current.peak_activation_units - 1.0
+    limit = math.floor(target + EPS)
+    if target < _SLOT_FLOOR - EPS or limit < 1:
+        return states, peaks
+    bare = simulate(plan.base, costs)  # the step without copies: its makespan and latest starts
+    timeline = throttled_timeline(plan.base, costs, limit, plan.exclude)
+    throttled = replace(plan, timelines=rank_timelines(plan.base, timeline, costs), throttle=limit)
+    candidate, _ = throttled.states(costs)
+    rows = repair(plan.base, [eager_warmup(_emit(candidate[r]), limit) for r in ranks], costs, target,
+                  latest_starts(plan.base, costs, bare))
+    if rows is None:
+        log.debug("repair to %g: not found", target)
+        return states, peaks
+    t = simulate(plan.base.with_actions(rows), costs)
+    log.debug("repair to %g: peak %g, makespan %g, stall %g", target, t.peak_activation_units, t.makespan, t.stall)
+    if t.stall > 0 or t.makespan > bare.makespan + EPS or t.peak_activation_units >= current.peak_activation_units - EPS:
+        return states, peaks
+    for r in ranks:
+        candidate[r].rows = rows[r]
+    return candidate, {r: t.per_rank[r].peak_activation_units for r in ranks}
+
+
 def _slot_patterns(slot: float) -> list[SlotPattern]:
     return [SlotPattern(slot, keep, margin * slot, back_margin) for keep in _SLOT_KEEP
             for margin, back_margin in _SLOT_MARGIN]
@@ -540,15 +581,19 @@ def _copy_order(state: RankState) -> list[tuple[int, float, int, int, int, int]]
     return copies
 
 
-def _emitted_key(state: RankState) -> tuple[tuple[int, int, int, int, int], ...]:
+def _emitted_key(state: RankState) -> tuple[tuple[int, ...], ...]:
     """What decides the rank's emitted list (equal keys, equal lists), cheaper to compare than the list."""
+    if state.rows is not None:
+        return tuple(state.rows)
     return tuple((position, direction, stage, microbatch, window)
                  for position, _, direction, stage, microbatch, window in _copy_order(state))
 
 
 def _emit(state: RankState, order: list[tuple[int, float, int, int, int, int]] | None = None) -> list[Action]:
     """The rank's compute list with each planned copy at the position that issues it on time
-    (``order``: its ``_copy_order`` when the caller has it)."""
+    (``order``: its ``_copy_order`` when the caller has it); a repaired plan's own list."""
+    if state.rows is not None:
+        return list(state.rows)
     actions = state.timeline.actions
     row: list[Action] = []
     done = 0
@@ -571,7 +616,8 @@ def _coded_like(base: Schedule, planned: Schedule, states: dict[int, RankState],
     from ``base``'s by inserting the copies' codes where ``_emit`` put them: ``add_comms`` then codes
     no schedule. ``planned`` as it is when ``base`` carries no form or a rank has waits (``with_waits``)."""
     form = base.coded
-    if form is None or form.rows is not base.actions or any(s.timeline.throttle for s in states.values()):
+    if form is None or form.rows is not base.actions or any(s.timeline.throttle or s.rows is not None
+                                                             for s in states.values()):
         return planned
     counts = [len(order) for order in orders]
     if sum(counts):  # the columns of every copy, rank after rank, each rank's in its emitted order
