@@ -581,7 +581,7 @@ def _copy_order(state: RankState) -> list[tuple[int, float, int, int, int, int]]
     return copies
 
 
-def _emitted_key(state: RankState) -> tuple[tuple[int, ...], ...]:
+def _emitted_key(state: RankState) -> tuple[object, ...]:
     """What decides the rank's emitted list (equal keys, equal lists), cheaper to compare than the list."""
     if state.rows is not None:
         return tuple(state.rows)

@@ -22,8 +22,8 @@ from collections.abc import Iterator, Sequence
 from pipeoffload import semantics as sem
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ScheduleError
-from pipeoffload.ir import COMPUTE_KINDS, Action, ActionKind, Schedule
 from pipeoffload.intervals import EPS
+from pipeoffload.ir import COMPUTE_KINDS, Action, ActionKind, Schedule
 from pipeoffload.simulator import Timeline, simulate
 
 K = ActionKind
