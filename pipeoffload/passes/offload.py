@@ -424,15 +424,18 @@ _SLOT_MARGIN = ((0.0, False), (1.0, False), (0.0, True))  # reload margins tried
 def _repaired_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
                     ) -> tuple[dict[int, RankState], dict[int, float]]:
     """One unit below the plan's peak by a repaired throttled warm-up (``throttle.repair``), where it
-    gets there (shared host link).
+    gets there (shared host link; step 12 of docs/offload.md).
 
     With the target P = peak - 1 and the limit L = P: the copies are planned against the compute
     timing of a warm-up throttled to L (as in ``_throttled_plans``, whatever that timing's makespan),
     each warm-up offload is issued right after its forward with the waits of L (so the warm-up holds
     at most L units), and the repair moves single copies and waits until no compute action starts
-    after its latest start in the step without copies and no rank holds more than P. Kept only where
-    the simulation then shows no stall, no longer makespan than the step without copies and the
-    lower peak. Not tried at the floor of 2 units or where a budget is met.
+    after its latest start in the step without copies and no rank holds more than P. Tried with the
+    real copy times, then (as step 11 does) with those of the next ladder point above k, the result
+    repaired again at the real times: so where the next point's repair reaches P, k keeps it (d = 8,
+    g = 8: 3 units at k = 0.4 but 4 at 0.39 with the first alone). Kept only where the simulation
+    shows no stall, no longer makespan than the step without copies and the lower peak. Not tried at
+    the floor of 2 units or where a budget is met.
     """
     ranks = range(plan.base.num_ranks)
     top = max(peaks.values(), default=0.0)
@@ -444,21 +447,29 @@ def _repaired_plans(plan: _Planning, costs: CostModel, states: dict[int, RankSta
     if target < _SLOT_FLOOR - EPS or limit < 1:
         return states, peaks
     bare = simulate(plan.base, costs)  # the step without copies: its makespan and latest starts
-    timeline = throttled_timeline(plan.base, costs, limit, plan.exclude)
-    throttled = replace(plan, timelines=rank_timelines(plan.base, timeline, costs), throttle=limit)
-    candidate, _ = throttled.states(costs)
-    rows = repair(plan.base, [eager_warmup(_emit(candidate[r]), limit) for r in ranks], costs, target,
-                  latest_starts(plan.base, costs, bare))
-    if rows is None:
-        log.debug("repair to %g: not found", target)
-        return states, peaks
-    t = simulate(plan.base.with_actions(rows), costs)
-    log.debug("repair to %g: peak %g, makespan %g, stall %g", target, t.peak_activation_units, t.makespan, t.stall)
-    if t.stall > 0 or t.makespan > bare.makespan + EPS or t.peak_activation_units >= current.peak_activation_units - EPS:
-        return states, peaks
-    for r in ranks:
-        candidate[r].rows = rows[r]
-    return candidate, {r: t.per_rank[r].peak_activation_units for r in ranks}
+    latest = latest_starts(plan.base, costs, bare)
+    after = _next_point(costs)
+    for factor in (1.0, *((after / costs.offload_ratio(0),) if after is not None else ())):
+        slower = replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
+        scaled = plan if factor == 1.0 else replace(plan, timelines=[tl.with_copy_times(factor) for tl in plan.timelines])
+        timeline = throttled_timeline(plan.base, slower, limit, plan.exclude)
+        throttled = replace(scaled, timelines=rank_timelines(plan.base, timeline, slower), throttle=limit)
+        candidate, _ = throttled.states(slower)
+        rows = repair(plan.base, [eager_warmup(_emit(candidate[r]), limit) for r in ranks], slower, target, latest)
+        if rows is not None and factor != 1.0:  # the next point's plan, replayed (and mended) at k
+            log.debug("repair to %g (x%g): found, mended at k", target, factor)
+            rows = repair(plan.base, rows, costs, target, latest)
+        if rows is None:
+            log.debug("repair to %g (x%g): not found", target, factor)
+            continue
+        t = simulate(plan.base.with_actions(rows), costs)
+        log.debug("repair to %g (x%g): peak %g, makespan %g, stall %g", target, factor, t.peak_activation_units,
+                  t.makespan, t.stall)
+        if t.stall == 0 and t.makespan <= bare.makespan + EPS and t.peak_activation_units < current.peak_activation_units - EPS:
+            for r in ranks:
+                candidate[r].rows = rows[r]
+            return candidate, {r: t.per_rank[r].peak_activation_units for r in ranks}
+    return states, peaks
 
 
 def _slot_patterns(slot: float) -> list[SlotPattern]:

@@ -153,7 +153,8 @@ def repair(base: Schedule, rows: list[list[Action]], costs: CostModel, peak: flo
 
     Moves, on each rank's copies and waits among its ``_WINDOW`` compute actions up to the earliest
     problem: an OFFLOAD one compute action later or earlier (never before its F, never past an action
-    of the same activation), a WAIT dropped or waiting for the offload issued before or after its own.
+    of the same activation), a WAIT dropped or waiting for the offload issued before or after its own,
+    a forward without a wait made to wait for the first of its rank's copying offloads to end.
     The first move that makes the earliest problem later (or, at the same time, leaves fewer problems)
     is kept; a move never has to be undone, so the search is greedy."""
     score, t = _problems(base, rows, costs, peak, latest)
@@ -216,6 +217,22 @@ def _moves(rows: list[list[Action]], t: Timeline, horizon: float) -> Iterator[tu
                     wait = Action(K.WAIT, *issued[other]) if 0 <= other < len(issued) else None
                     if wait is not None and wait not in row:  # one wait per offload
                         yield rank, [*row[:p], wait, *row[p + 1:]]
+            elif a.kind is K.F:
+                wait = _first_to_drain(row, t.start[rank], t.end[rank], p)
+                if wait is not None:  # (a later wait for the same offload has nothing left to wait for)
+                    yield rank, [*row[:p], wait, *(b for b in row[p:] if b != wait)]
+
+
+def _first_to_drain(row: list[Action], start: Sequence[float], end: Sequence[float], p: int) -> Action | None:
+    """A WAIT for the offload issued before position ``p`` that is still copying when the action at
+    ``p`` starts and ends first (None without one): the shortest wait that frees a unit before it."""
+    waited = {(a.stage, a.microbatch) for a in row[:p] if a.kind is K.WAIT}  # (those after p may move here)
+    copying = [(end[q], a) for q, a in enumerate(row[:p])
+               if a.kind is K.OFFLOAD and end[q] > start[p] and (a.stage, a.microbatch) not in waited]
+    if not copying:
+        return None
+    first = min(copying, key=lambda c: c[0])[1]
+    return Action(K.WAIT, first.stage, first.microbatch)
 
 
 def _shifted(row: list[Action], p: int, step: int) -> list[Action] | None:
