@@ -431,9 +431,9 @@ def _repaired_plans(plan: _Planning, costs: CostModel, states: dict[int, RankSta
     each warm-up offload is issued right after its forward with the waits of L (so the warm-up holds
     at most L units), and the repair moves single copies and waits until no compute action starts
     after its latest start in the step without copies and no rank holds more than P. Tried with the
-    real copy times, then (as step 11 does) with those of the next ladder point above k, the result
-    repaired again at the real times: so where the next point's repair reaches P, k keeps it (d = 8,
-    g = 8: 3 units at k = 0.4 but 4 at 0.39 with the first alone). Kept only where the simulation
+    real copy times, then, for a k off the ladder of k (``_off_ladder_factor``), with those of the
+    ladder point above k, the result repaired again at the real times: so where that point's repair
+    reaches P, k keeps it (d = 8, g = 8: 3 units at k = 0.4 but 4 at 0.39 with the first alone). Kept only where the simulation
     shows no stall, no longer makespan than the step without copies and the lower peak. Not tried at
     the floor of 2 units or where a budget is met.
     """
@@ -448,8 +448,7 @@ def _repaired_plans(plan: _Planning, costs: CostModel, states: dict[int, RankSta
         return states, peaks
     bare = simulate(plan.base, costs)  # the step without copies: its makespan and latest starts
     latest = latest_starts(plan.base, costs, bare)
-    after = _next_point(costs)
-    for factor in (1.0, *((after / costs.offload_ratio(0),) if after is not None else ())):
+    for factor in (1.0, *_off_ladder_factor(costs)):
         slower = replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
         scaled = plan if factor == 1.0 else replace(plan, timelines=[tl.with_copy_times(factor) for tl in plan.timelines])
         timeline = throttled_timeline(plan.base, slower, limit, plan.exclude)
@@ -470,6 +469,19 @@ def _repaired_plans(plan: _Planning, costs: CostModel, states: dict[int, RankSta
                 candidate[r].rows = rows[r]
             return candidate, {r: t.per_rank[r].peak_activation_units for r in ranks}
     return states, peaks
+
+
+def _off_ladder_factor(costs: CostModel) -> tuple[float, ...]:
+    """(next ladder point / k,) for a k off the ladder of k (``_SLOT_LADDER``), () on it or without a
+    finite positive k: step 12 repairs the next point's plan only off the ladder. On the ladder that
+    point's own winner may be a repair of the point after it (group-interleaved d = 8, g = 8: 12 units
+    at k = 1.5 from the plan of 1.6, which 1.4 would not see), so it would turn the cost into a
+    chain up the ladder; off the ladder it makes k keep what the point above found."""
+    after = _next_point(costs)
+    k = costs.offload_ratio(0)
+    if after is None or abs(k / _SLOT_LADDER - round(k / _SLOT_LADDER)) < 1e-9:
+        return ()
+    return (after / k,)
 
 
 def _slot_patterns(slot: float) -> list[SlotPattern]:
