@@ -1,19 +1,30 @@
 """Simulated vs measured step time per schedule, with profiled costs (gloo ranks on CPU).
 
 Right before each case, profiles the pipeline stages of a small GPT in this process (one thread, as
-each spawned rank has) and measures the machine's concurrency slowdown, builds the ``CostModel``
-(P2P time from a gloo ping-pong with the other ranks computing; I and W timed as the runtime splits the backward; the
-runtime's fixed cost per action measured by ``measure_action_overhead``), simulates the schedule,
-then runs it with ``PipelineRunner`` on spawned gloo ranks and compares the median step time
-(slowest rank; ranks leave a barrier before each step). The runtime runs unmeasured steps
-(``measure_memory=False``), as training does between logged steps.
+each spawned rank has), measures the machine's concurrency slowdown and what the runtime's messages
+cost, builds the ``CostModel`` (I and W timed as the runtime splits the backward; the runtime's fixed
+cost per action measured by ``measure_action_overhead``), simulates the schedule, then runs it with
+``PipelineRunner`` on spawned gloo ranks and compares the median step time (slowest rank; ranks
+leave a barrier before each step). The runtime runs unmeasured steps (``measure_memory=False``), as
+training does between logged steps.
 
 The prediction (what a user gets from the profiler): ``profile_stages`` read on the thread's CPU
 clock (the compute itself) and ``measure_concurrency`` on the same clock (1..ranks processes
 computing at once against the CPU time alone: time-sharing where ranks outnumber the cores, shared
 caches, and whatever else loads the machine in these minutes), applied to the schedule by
-``contended_costs`` (each rank stretched by the ranks busy with it in the simulated timeline).
-For comparison, neither seeing the measured steps:
+``contended_costs`` (each rank stretched by the ranks busy with it in the simulated timeline); and
+``measure_message_costs`` (the runtime's own transport on a synthetic 1F1B pipeline of as many
+ranks, read from its traces): the lane's cost per send/receive (``message_time``) and, as
+``p2p_time``, the transfer at which that synthetic pipeline's simulation takes its measured step
+(``fitted_p2p_time``: the mean time from a send to a waiting receiver under-charges it, since a long
+delay now and then on a critical path weighs more than the mean; ``--message-check`` shows both on
+every schedule). Its line prints that synthetic pipeline's step, measured and simulated with the
+mean transfer.
+For comparison, none seeing the measured steps:
+- mean transfer: the same with ``MessageCosts.p2p_time`` (the mean time from a send to a waiting
+  receiver) instead of the fitted one;
+- the former prediction: the same with ``measure_p2p_time``'s gloo ping-pong as ``p2p_time`` and no
+  ``message_time``;
 - the wall-clock profile alone, without the concurrency (the former default: the simulator gives
   every rank a core of its own);
 - together: every rank's actions replayed through the runtime on a ``LoopbackTransport`` by all
@@ -25,7 +36,11 @@ stretched ones and the replay's: where the runtime's wall exceeds its own CPU ti
 the CPU (other processes, the other ranks); where its CPU time exceeds the profile's, the runtime
 did more work. The load average before and after each case is printed: a shared machine is noisy.
 
-    .venv/bin/python benchmarks/sim_vs_measured.py [--ranks 2 4] [--steps 6]
+    .venv/bin/python benchmarks/sim_vs_measured.py [--ranks 2 4] [--steps 6] [--message-check]
+
+``--message-check`` checks the message model alone: synthetic pipelines of each schedule run through
+the runtime and simulated with their own compute walls (the load falls on both alike), with the
+message figures read on synthetic 1F1B, against the ping-pong.
 """
 from __future__ import annotations
 
@@ -34,6 +49,7 @@ import os
 import statistics
 import time
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -49,8 +65,10 @@ from pipeoffload.profiling import (
     contended_costs,
     measure_action_overhead,
     measure_concurrency,
+    measure_message_costs,
     measure_p2p_time,
     profile_stages,
+    synthetic_run,
     with_action_times,
 )
 from pipeoffload.runtime import PipelineRunner
@@ -65,6 +83,7 @@ MICROBATCH = 2  # sequences per microbatch
 MICROBATCHES = 8
 CASES = [("1f1b", 1), ("interleaved-1f1b", 2), ("group-interleaved", 2), ("zb-v", 2)]
 COMPUTE = (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)
+BOUNDARY = MICROBATCH * CFG.seq * CFG.hidden * 4  # bytes of one boundary message
 
 
 def _specs(counts: tuple[int, ...] | list[int]) -> dict[int, Any]:
@@ -140,7 +159,8 @@ def _run(rank: int, world: int, family: str, v: int, steps: int) -> tuple[list[f
     return walls, dict(kinds), dict(replayed)
 
 
-def _profile(ranks: int, v: int, p2p_time: float, overhead: float) -> tuple[CostModel, CostModel]:
+def _profile(ranks: int, v: int, p2p_time: float, overhead: float, message: float,
+             ping_pong: float) -> tuple[CostModel, CostModel]:
     """What a user gets: ``profile_stages`` (each stage alone, in this process) on the thread's CPU
     clock and, right after it, ``measure_concurrency`` on the same clock (the same model's compute
     on 1..ranks processes at once, against its CPU time alone: time-sharing, shared caches and the
@@ -155,8 +175,9 @@ def _profile(ranks: int, v: int, p2p_time: float, overhead: float) -> tuple[Cost
                          clock=time.thread_time)
     slowdown = measure_concurrency(stages, (tokens, mask, offset), loss_fn=lm_loss, target=targets, ranks=ranks,
                                    clock=time.thread_time)
-    return (cpu.cost_model(p2p_time=p2p_time, action_overhead=overhead, concurrency_slowdown=slowdown),
-            wall.cost_model(p2p_time=p2p_time, action_overhead=overhead))
+    return (cpu.cost_model(p2p_time=p2p_time, action_overhead=overhead, message_time=message,
+                           concurrency_slowdown=slowdown),
+            wall.cost_model(p2p_time=ping_pong, action_overhead=overhead))
 
 
 def _load() -> str:
@@ -177,16 +198,21 @@ def _err(sim: float, measured: float) -> str:
     return f"{(sim - measured) / measured:+.1%}"
 
 
-def _case(ranks: int, family: str, v: int, p2p: float, overhead: float, steps: int) -> tuple:
+def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, steps: int) -> tuple:
     """Profile, simulate ``family`` (with and without the measured concurrency), run it, print the
     case; returns its table row. The profile is taken right before the run: the same minutes."""
     load = _load()
-    c, wall = _profile(ranks, v, p2p, overhead)
+    messages = measure_message_costs(BOUNDARY, ranks=ranks)
+    c, wall = _profile(ranks, v, messages.fitted_p2p_time, overhead, messages.message_time, ping_pong)
     schedule = generate(family, ranks, MICROBATCHES, v)
     alone = simulate(lower(schedule, wall), wall).makespan
     contended = contended_costs(schedule, c)
     timeline = simulate(lower(schedule, contended), contended)
     predicted = timeline.makespan
+    former_costs = contended_costs(schedule, replace(c, message_time=0.0, p2p_time=ping_pong))
+    former = simulate(lower(schedule, former_costs), former_costs).makespan
+    direct_costs = contended_costs(schedule, replace(c, p2p_time=messages.p2p_time))
+    direct = simulate(lower(schedule, direct_costs), direct_costs).makespan
     run = spawn(_run, ranks, (family, v, steps), deadline=900)
     if not run.ok:
         raise SystemExit("\n".join(e for e in run.errors if e))
@@ -199,10 +225,19 @@ def _case(ranks: int, family: str, v: int, p2p: float, overhead: float, steps: i
     together = simulate(lower(schedule, together_costs), together_costs).makespan
     after = _load()
     slowdown = ", ".join(f"{x:.2f}" for x in c.concurrency_slowdown or ())
-    print(f"{ranks} ranks {family:<17} v={v}: measured {measured:.3f} s; simulated with the profile and its measured "
-          f"concurrency {predicted:.3f} s ({_err(predicted, measured)}); the wall-clock profile alone {alone:.3f} s "
+    print(f"{ranks} ranks {family:<17} v={v}: measured {measured:.3f} s; simulated with the profile, its measured "
+          f"concurrency and the runtime's message costs {predicted:.3f} s ({_err(predicted, measured)}); with the "
+          f"mean transfer to a waiting receiver instead {direct:.3f} s ({_err(direct, measured)}); with the "
+          f"ping-pong instead (the former prediction) {former:.3f} s ({_err(former, measured)}); "
+          f"the wall-clock profile alone {alone:.3f} s "
           f"({_err(alone, measured)}); replayed together {together:.3f} s ({_err(together, measured)}); "
           f"slowdown with 1..{ranks} ranks computing: {slowdown}; load {load} -> {after}", flush=True)
+    print(f"    the runtime's messages (measure_message_costs): {messages.message_time * 1e3:.2f} ms on the lane per "
+          f"send/receive, {messages.p2p_time * 1e3:.2f} ms from a send to a waiting receiver (ping-pong "
+          f"{ping_pong * 1e3:.2f} ms; {messages.samples[0]} / {messages.samples[1]} messages); its synthetic pipeline "
+          f"measured {messages.measured_step * 1e3:.1f} ms, simulated with them {messages.simulated_step * 1e3:.1f} ms "
+          f"({_err(messages.simulated_step, messages.measured_step)}), the same with a transfer of "
+          f"{messages.fitted_p2p_time * 1e3:.2f} ms (fitted)")
     comm = [statistics.median(kinds["comm"]) for _, kinds, _ in run.results]
     print("    in send/receive batches per step, per rank: " + ", ".join(f"{x * 1e3:.0f} ms" for x in comm)
           + "; simulated (waiting in receives): " + ", ".join(f"{x * 1e3:.0f} ms" for x in _waits(timeline)))
@@ -218,7 +253,32 @@ def _case(ranks: int, family: str, v: int, p2p: float, overhead: float, steps: i
               f"{statistics.median(durations['cpu ' + key]) * 1e3:6.2f} | {_cost(c, kind, stage) * 1e3:6.2f} / "
               f"{_cost(wall, kind, stage) * 1e3:6.2f} | "
               f"{_cost(contended, kind, stage) * 1e3:6.2f} | {_cost(together_costs, kind, stage) * 1e3:6.2f}")
-    return ranks, family, v, predicted, alone, together, measured
+    return ranks, family, v, predicted, direct, former, alone, together, measured
+
+
+def _message_check(ranks: int, families: list[str]) -> None:
+    """The message model alone, on synthetic pipelines (``synthetic_run``) simulated with their own
+    compute walls, so that the machine's load falls on the measured and the simulated step alike: the
+    message figures read on 1F1B (``measure_message_costs``) applied to each schedule, against the ping-pong."""
+    ping_pong = measure_p2p_time(BOUNDARY, ranks=ranks)
+    messages = measure_message_costs(BOUNDARY, ranks=ranks)
+    print(f"{ranks} ranks: ping-pong {ping_pong * 1e3:.2f} ms; the runtime's lane {messages.message_time * 1e3:.2f} ms "
+          f"per send/receive, transfer to a waiting receiver {messages.p2p_time * 1e3:.2f} ms, fitted transfer "
+          f"{messages.fitted_p2p_time * 1e3:.2f} ms (read on synthetic 1f1b)", flush=True)
+    for family, v in (c for c in CASES if c[0] in families):
+        run = synthetic_run(BOUNDARY, ranks=ranks, family=family, v=v, steps=12)
+
+        def step(**fields: float) -> float:
+            costs = replace(run.compute, **fields)
+            return simulate(lower(run.schedule, costs), costs).makespan
+
+        measured = run.measured_step
+        variants = {"ping-pong": step(p2p_time=ping_pong),
+                    "runtime's messages": step(p2p_time=messages.p2p_time, message_time=messages.message_time),
+                    "fitted transfer": step(p2p_time=messages.fitted_p2p_time, message_time=messages.message_time)}
+        print(f"    synthetic {family:<17} v={v}: measured {measured * 1e3:.1f} ms; simulated with its compute walls and "
+              + "; ".join(f"{name} {t * 1e3:.1f} ms ({_err(t, measured)})" for name, t in variants.items())
+              + f"; load {_load()}", flush=True)
 
 
 def main() -> None:
@@ -226,9 +286,14 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--schedules", nargs="+", default=[f for f, _ in CASES], choices=[f for f, _ in CASES])
+    parser.add_argument("--message-check", action="store_true",
+                        help="only check the message model on synthetic pipelines (their own compute walls)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    boundary = MICROBATCH * CFG.seq * CFG.hidden * 4
+    if args.message_check:
+        for ranks in args.ranks:
+            _message_check(ranks, args.schedules)
+        return
     cores = len(os.sched_getaffinity(0))
     print(f"GPT {CFG.layers} blocks, hidden {CFG.hidden}, seq {CFG.seq}, {MICROBATCH} sequences per microbatch, "
           f"{MICROBATCHES} microbatches; gloo on CPU, 1 thread per rank; {cores} cores; torch {torch.__version__}")
@@ -236,16 +301,18 @@ def main() -> None:
     print(f"runtime's fixed cost per compute action (measure_action_overhead): {overhead * 1e6:.0f} us")
     rows = []
     for ranks in args.ranks:
-        p2p = measure_p2p_time(boundary, ranks=ranks)
+        p2p = measure_p2p_time(BOUNDARY, ranks=ranks)
         print(f"{ranks} ranks, {cores / ranks:g} cores per rank{' (oversubscribed)' if ranks > cores else ''}: "
-              f"P2P one-way for {boundary} B, the other ranks computing (measure_p2p_time): {p2p * 1e3:.3f} ms")
+              f"P2P one-way for {BOUNDARY} B, the other ranks computing (measure_p2p_time): {p2p * 1e3:.3f} ms")
         for family, v in (c for c in CASES if c[0] in args.schedules):
             rows.append(_case(ranks, family, v, p2p, overhead, args.steps))
-    print("\nranks  schedule           v  measured s   predicted s  error   profile alone s  error   together s  error")
-    for ranks, family, v, predicted, alone, together, measured in rows:
+    print("\nranks  schedule           v  measured s   predicted s  error    mean transfer s  error   "
+          "with ping-pong s  error   profile alone s  error   together s  error")
+    for ranks, family, v, predicted, direct, former, alone, together, measured in rows:
         print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} {predicted:>13.3f} {_err(predicted, measured):>6} "
+              f"{direct:>18.3f} {_err(direct, measured):>6} {former:>18.3f} {_err(former, measured):>6} "
               f"{alone:>17.3f} {_err(alone, measured):>6} {together:>12.3f} {_err(together, measured):>6}")
-    worst = max(abs(p - m) / m for _, _, _, p, _, _, m in rows)
+    worst = max(abs(row[3] - row[-1]) / row[-1] for row in rows)
     print(f"largest error of the prediction: {worst:.1%} (target: within 10% on every row)")
 
 

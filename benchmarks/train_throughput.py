@@ -12,7 +12,8 @@ What each timed step includes:
   the metrics record (with the cached simulated peak).
 - torch: ``Schedule1F1B``/``ScheduleInterleaved1F1B``/``ScheduleZBVZeroBubble`` (for zb-v, ``--schedules``) ``.step``, the same global-norm clipping done the way
   a ``torch.distributed.pipelining`` user does it (each rank's squared gradient norm, one all-reduce
-  over the pipeline ranks, ``clip_grad_norm_``'s scaling), and AdamW; no metrics. ``--no-clip`` turns clipping off on both sides.
+  over the pipeline ranks, ``clip_grad_norm_``'s scaling), and AdamW with ours' settings (betas, weight
+  decay, the default implementation); no metrics. ``--no-clip`` turns clipping off on both sides.
 
 Every rank leaves a barrier before each timed step, so a step lasts until its slowest rank is done:
 the reported step time is the median over steps of the slowest rank's time (torch's step ends with
@@ -91,7 +92,10 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str) ->
         sched = Schedule1F1B(stages[0], m, loss_fn=lm_loss)
     else:
         sched = ScheduleInterleaved1F1B(stages, m, loss_fn=lm_loss)
-    opt = torch.optim.AdamW(theirs_model.parameters(), lr=cfg.optim.lr)
+    # the same AdamW as ours (pipeoffload.train.optim.make_optimizer: betas, weight decay; torch's default
+    # per-tensor implementation on CPU on both sides), so the update does the same work
+    opt = torch.optim.AdamW(theirs_model.parameters(), lr=cfg.optim.lr, betas=(0.9, 0.95),
+                            weight_decay=cfg.optim.weight_decay)
     holds_first, holds_last = 0 in theirs_model.stages, schedule.num_stages - 1 in theirs_model.stages
 
     parts: dict[str, list[float]] = {k: [] for k in ("ours", "ours_pipeline", "ours_update", "ours_metrics", "ours_cpu",

@@ -33,6 +33,12 @@ class CostModel:
     ``action_overhead`` is a fixed time added to every compute action (F, B, I, W, R): what the
     runtime spends per action besides the stage's own compute (dispatch, bookkeeping, the trace),
     which weighs on small models where actions are short (the profiler measures it; default 0).
+    ``message_time`` is what the runtime's lane spends on each SEND and each RECV action besides the
+    transfer itself (``p2p_time``): posting, matching, the receiving thread's wake-up and hand-off; a
+    message then costs ``message_time`` on the sender's lane, ``p2p_time`` in flight and
+    ``message_time`` on the receiver's lane once it has arrived (a compute-only schedule's implicit
+    transfers take ``p2p_time + 2 * message_time``, on no lane). The profiler measures it on the
+    runtime's own transport (``profiling.measure_message_costs``); default 0.
     ``concurrency_slowdown[n - 1]`` is how many times longer a compute action takes while ``n`` ranks
     compute at once on the machine than its time here (1.0 for ``n = 1`` with times read on the wall
     clock; more with CPU times on a loaded machine): cores, caches and memory bandwidth shared by
@@ -62,6 +68,7 @@ class CostModel:
     # number use ``w_fraction``; ``from_dict`` sets it to the largest per-stage value (conservative).
     stage_w_fraction: tuple[float, ...] | None = None
     action_overhead: float = 0.0
+    message_time: float = 0.0
     concurrency_slowdown: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -75,7 +82,7 @@ class CostModel:
             values = [value] if value is None or isinstance(value, (int, float)) else list(value)
             if any(v is not None and v < 0 for v in values):
                 raise ConfigError(f"{name}={value!r}: times and sizes must be >= 0")
-        for name in ("p2p_time", "d2h_time", "h2d_time", "action_overhead"):
+        for name in ("p2p_time", "d2h_time", "h2d_time", "action_overhead", "message_time"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be >= 0")
         saving = self.partial_recompute_saving
@@ -178,7 +185,7 @@ class CostModel:
 COSTS_FORMAT = "pipeoffload-costs/1"
 _FIELDS = ("time_f", "time_i", "time_w", "time_b", "time_r", "activation", "w_fraction", "stage_w_fraction",
            "activation_bytes", "p2p_time", "d2h_time", "h2d_time", "shared_copy_engine", "shared_host_link",
-           "partial_recompute_saving", "partial_recompute_time", "action_overhead")
+           "partial_recompute_saving", "partial_recompute_time", "action_overhead", "message_time")
 # not a cost-file key: ``simulate`` does not apply it (``profiling.contended_costs`` does, for one schedule),
 # so a file that carried it would promise what `pipeoffload simulate --costs` does not do
 _IN_MEMORY_ONLY = ("concurrency_slowdown",)
@@ -187,7 +194,7 @@ _IN_MEMORY_ONLY = ("concurrency_slowdown",)
 # every number a cost model holds (scalars or per-stage tuples)
 _NUMBERS = ("time_f", "time_i", "time_w", "time_b", "time_r", "activation", "w_fraction", "activation_bytes",
             "p2p_time", "d2h_time", "h2d_time", "partial_recompute_saving", "partial_recompute_time",
-            "stage_w_fraction", "action_overhead", "concurrency_slowdown")
+            "stage_w_fraction", "action_overhead", "message_time", "concurrency_slowdown")
 
 
 def cost_model_to_dict(costs: CostModel) -> dict:

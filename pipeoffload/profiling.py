@@ -26,10 +26,15 @@ while n ranks compute at once (``CostModel.concurrency_slowdown``: more ranks th
 caches, the machine's load), and ``contended_costs`` applies it to a schedule: each rank's stage
 times stretched by what its compute sees from the ranks busy at the same moments of the simulated
 timeline (the simulator itself gives every rank a machine of its own).
+``measure_message_costs`` reads what the runtime's messages cost from its own traces on spawned
+ranks (``PipelineRunner`` on the process group, synthetic stages): the lane's cost per SEND/RECV
+(``CostModel.message_time``) and the time from a send to a waiting receiver (``p2p_time``), both
+charged by the simulator; ``measure_p2p_time``'s ping-pong exercises gloo alone.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from collections import defaultdict
@@ -67,11 +72,12 @@ class Profile:
 
     def cost_model(self, *, p2p_time: float | None = None, p2p_bandwidth: float | None = None,
                    d2h_bandwidth: float | None = None, h2d_bandwidth: float | None = None,
-                   w_fraction: float | str = 1.0, action_overhead: float = 0.0,
+                   w_fraction: float | str = 1.0, action_overhead: float = 0.0, message_time: float = 0.0,
                    concurrency_slowdown: Sequence[float] | None = None) -> CostModel:
         """A per-stage ``CostModel`` in seconds; one activation unit = the largest stage's bytes.
         ``w_fraction="measured"`` uses each stage's measured share (``stage_w_fraction``).
         ``action_overhead``: seconds added to every compute action (``measure_action_overhead``).
+        ``message_time``: seconds of the runtime's lane per SEND and RECV (``measure_message_costs``).
         ``concurrency_slowdown``: ``measure_concurrency``'s factors (``contended_costs`` applies them)."""
         unit = max(max(s.activation_bytes for s in self.stages), 1)
         if p2p_time is None:
@@ -90,6 +96,7 @@ class Profile:
             d2h_time=unit / d2h_bandwidth if d2h_bandwidth else 0.0,
             h2d_time=unit / h2d_bandwidth if h2d_bandwidth else 0.0,
             action_overhead=action_overhead,
+            message_time=message_time,
             concurrency_slowdown=tuple(concurrency_slowdown) if concurrency_slowdown else None,
         )
 
@@ -611,3 +618,196 @@ def measure_p2p_time(nbytes: int, *, ranks: int = 2, seconds: float = 1.0, busy:
     if run.results[0] is None:
         raise RuntimeError(f"measure_p2p_time: no round trip after the warm-ups in {seconds} s; give more seconds")
     return float(run.results[0])
+
+
+
+@dataclass(frozen=True)
+class MessageCosts:
+    """What the runtime's messages cost, measured on its own transport (``measure_message_costs``).
+
+    ``message_time``: seconds a rank's lane spends per SEND or RECV besides waiting (the cost model's
+    ``message_time``; read from batches of sends only); ``p2p_time``: seconds from a send leaving its lane to a waiting
+    receiver's lane taking it up (the cost model's ``p2p_time``: the transfer, the receiving thread's
+    wake-up, a core to wake up on); ``samples``: how many messages gave each; ``measured_step`` and
+    ``simulated_step``: the synthetic pipeline's step (median, slowest rank) and its simulation with
+    these two figures and the runtime's own compute walls, a check of the model on the run measured;
+    ``fitted_p2p_time``: the ``p2p_time`` at which that simulation takes the measured step (with this
+    ``message_time``; 0 if it is already as long): what the transfers cost that pipeline in effect,
+    where a delay now and then on its critical path weighs more than the mean says."""
+
+    message_time: float
+    p2p_time: float
+    samples: tuple[int, int]
+    measured_step: float
+    simulated_step: float
+    fitted_p2p_time: float
+
+
+_Record = tuple[str, int, int, float, float]  # (kind, stage, microbatch, start, end): seconds on the machine's clock
+
+
+def _message_rank(rank: int, world: int, family: str, v: int, microbatches: int, rows: int, width: int, depth: int,
+                  steps: int, warmup: int) -> tuple[list[float], list[list[_Record]]]:
+    """One rank of ``measure_message_costs``: ``PipelineRunner`` on the process group (the runtime's own
+    transport) runs ``family`` over stages of ``depth`` ``Linear(width, width)`` + tanh on ``rows`` rows;
+    this rank's step walls and, per step after ``warmup``, its trace's records on the machine's clock."""
+    import torch.distributed as dist
+
+    from pipeoffload.passes.lower import lower
+    from pipeoffload.runtime import PipelineRunner
+    from pipeoffload.schedules import generate
+
+    torch.manual_seed(0)
+    schedule = lower(generate(family, world, microbatches, v))
+    modules = {s: nn.Sequential(*(m for _ in range(depth) for m in (nn.Linear(width, width), nn.Tanh())))
+               for s in schedule.placement.stages_of(rank)}
+
+    def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return ((out - target) ** 2).mean()
+
+    runner = PipelineRunner(modules, schedule, rank, loss_fn=loss_fn, measure_memory=False)
+    inputs, targets = torch.randn(rows * microbatches, width), torch.randn(rows * microbatches, width)
+    walls: list[float] = []
+    steps_records: list[list[_Record]] = []
+    try:
+        for n in range(warmup + steps):
+            dist.barrier()
+            runner.step(inputs, targets)
+            for module in modules.values():
+                _zero_grads(module)
+            if n >= warmup:
+                trace = runner.trace
+                assert trace is not None
+                walls.append(trace.wall)
+                steps_records.append([(r.action.kind.value, r.action.stage, r.action.microbatch, trace.epoch + r.start,
+                                       trace.epoch + r.end) for r in trace.records])
+    finally:
+        runner.close()
+    return walls, steps_records
+
+
+def _message_samples(step: Sequence[Sequence[_Record]]) -> tuple[list[float], list[tuple[float, float]]]:
+    """From one step's records of every rank (a comm batch's actions share their start and end): per
+    send of a batch of sends only (nothing to wait for: the lane's own cost), the batch's seconds per
+    send; and per receive alone in a batch that began before its send's batch, (send batch start,
+    receive batch end): a receiver waiting, the transfer in between. (A receive whose send left
+    before it began may still be in flight, so it gives neither.)"""
+    sends = {(kind, stage, mb): start for kind, stage, mb, start, _ in
+             (r for records in step for r in records) if kind in ("SEND_F", "SEND_B")}
+    peer = {"RECV_F": ("SEND_F", -1), "RECV_B": ("SEND_B", 1)}
+    batches: dict[tuple[int, float, float], list[float | None]] = defaultdict(list)  # send starts; None: a send
+    for rank, records in enumerate(step):
+        for kind, stage, mb, start, end in records:
+            if kind in peer:
+                send, offset = peer[kind]
+                batches[(rank, start, end)].append(sends.get((send, stage + offset, mb), -math.inf))
+            elif kind in ("SEND_F", "SEND_B"):
+                batches[(rank, start, end)].append(None)
+    posted: list[float] = []
+    waited: list[tuple[float, float]] = []
+    for (_, start, end), members in batches.items():
+        receives = [m for m in members if m is not None]
+        if not receives:
+            posted += [(end - start) / len(members)] * len(members)
+        elif len(receives) == 1 and receives[0] > start:
+            waited.append((receives[0], end))
+    return posted, waited
+
+
+@dataclass(frozen=True)
+class SyntheticRun:
+    """A synthetic pipeline run through the runtime on spawned gloo ranks (``synthetic_run``):
+    ``schedule`` (compute-only), ``measured_step`` (median over steps of the slowest rank's),
+    ``compute`` (a ``CostModel`` of the runtime's own mean compute walls per kind and stage, no
+    transfers: what a simulation of this run needs besides its messages) and ``steps`` (per step,
+    every rank's trace records on the machine's clock)."""
+
+    schedule: Any
+    measured_step: float
+    compute: CostModel
+    steps: tuple[tuple[list[_Record], ...], ...]
+
+
+def synthetic_run(nbytes: int, *, ranks: int = 2, family: str = "1f1b", v: int = 1, microbatches: int = 8,
+                  depth: int = 8, width: int = 128, steps: int = 20, warmup: int = 3) -> SyntheticRun:
+    """Run ``family`` with ``PipelineRunner`` on ``ranks`` spawned one-thread gloo processes (the
+    runtime's own transport) over synthetic stages whose boundary messages are ``nbytes`` (``depth``
+    ``Linear(width, width)`` + tanh each: the cores are busy between messages, as a pipeline's are),
+    ``warmup + steps`` steps; what ``measure_message_costs`` reads, and a run to check a message model on."""
+    from pipeoffload.runtime.launch import spawn
+    from pipeoffload.schedules import generate
+
+    rows = nbytes // (4 * width)
+    if ranks < 2 or rows < 1 or steps < 1 or depth < 1:
+        raise ConfigError(f"synthetic_run: ranks={ranks}, nbytes={nbytes}, steps={steps}, depth={depth}; "
+                          f"need ranks >= 2, nbytes >= {4 * width}, steps >= 1 and depth >= 1")
+    run = spawn(_message_rank, ranks, (family, v, microbatches, rows, width, depth, steps, warmup), deadline=600)
+    if not run.ok:
+        raise RuntimeError("synthetic_run: " + "; ".join(e for e in run.errors if e))
+    measured = statistics.median(max(step) for step in zip(*(walls for walls, _ in run.results)))
+    times: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for _, records in run.results:
+        for kind, stage, _, start, end in (x for step in records for x in step):
+            times[(kind, stage)].append(end - start)
+    schedule = generate(family, ranks, microbatches, v)
+
+    def mean(kind: str) -> tuple[float, ...]:
+        return tuple(statistics.mean(times[(kind, s)]) if times[(kind, s)] else 0.0 for s in range(schedule.num_stages))
+
+    split = any(kind in ("I", "W") for kind, _ in times)
+    compute = CostModel(time_f=mean("F"), time_i=mean("I"), time_w=mean("W"), time_b=None if split else mean("B"))
+    return SyntheticRun(schedule, measured, compute, tuple(zip(*(records for _, records in run.results))))
+
+
+def measure_message_costs(nbytes: int, *, ranks: int = 2, family: str = "1f1b", v: int = 1, microbatches: int = 8,
+                          depth: int = 8, width: int = 128, steps: int = 20, warmup: int = 3) -> MessageCosts:
+    """The runtime's cost per message on CPU ranks over gloo, read from its own traces: ``synthetic_run``
+    (``PipelineRunner`` on the process group: tags, posting, bounded waits, hand-offs,
+    what a ping-pong does not exercise; the ranks' traces share the machine's clock).
+    ``message_time``: the median seconds per send of the batches of sends only (what the lane itself
+    spends: nothing to wait for); ``p2p_time``: the mean, over receives that began waiting before
+    their send was posted, of the time from the send's batch start to the receive's end, less the
+    sender's and the receiver's lane costs (the mean: waits add up; the ranks' wake-ups are skewed).
+    Both are this machine's and this rank count's, independent of the model that will be simulated;
+    ``MessageCosts`` also gives the synthetic step simulated with them."""
+    from pipeoffload.passes.lower import lower
+    from pipeoffload.simulator import simulate
+
+    if ranks < 2:
+        raise ConfigError(f"measure_message_costs: ranks={ranks}; need ranks >= 2")
+    run = synthetic_run(nbytes, ranks=ranks, family=family, v=v, microbatches=microbatches, depth=depth,
+                        width=width, steps=steps, warmup=warmup)
+    posted: list[float] = []
+    waited: list[tuple[float, float]] = []
+    for step in run.steps:
+        p, w = _message_samples(step)
+        posted += p
+        waited += w
+    if not posted or not waited:
+        raise RuntimeError(f"measure_message_costs: no {'batch of sends only' if not posted else 'receive waiting'}"
+                           f" in {steps} steps of {family}; give more steps or another family")
+    message_time = statistics.median(posted)
+    # the sender's lane posts first (``message_time``), then the transfer, then the receiver's lane
+    p2p_time = max(statistics.mean(end - start - 2 * message_time for start, end in waited), 0.0)
+    costs = dataclasses.replace(run.compute, p2p_time=p2p_time, message_time=message_time)
+    simulated = simulate(lower(run.schedule, costs), costs).makespan
+    return MessageCosts(message_time, p2p_time, (len(posted), len(waited)), run.measured_step, simulated,
+                        _fitted_transfer(run.schedule, costs, run.measured_step))
+
+
+def _fitted_transfer(schedule: Any, costs: CostModel, measured: float) -> float:
+    """The ``p2p_time`` at which ``schedule`` simulates to ``measured`` seconds under ``costs`` (bisection:
+    the simulated step grows with it); 0 when it is that long without transfers."""
+    from pipeoffload.passes.lower import lower
+    from pipeoffload.simulator import simulate
+
+    lowered = lower(schedule, costs)
+
+    def makespan(p2p: float) -> float:
+        return simulate(lowered, dataclasses.replace(costs, p2p_time=p2p)).makespan
+
+    low, high = 0.0, 0.0 if makespan(0.0) >= measured else measured
+    while high - low > 1e-7:
+        mid = (low + high) / 2
+        low, high = (mid, high) if makespan(mid) < measured else (low, mid)
+    return high

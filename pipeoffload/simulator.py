@@ -4,6 +4,9 @@ Model (see docs/decisions.md):
 - Each rank has a compute lane that runs its list in order. F/B/I/W/R take their cost-model time.
   SEND is posted without blocking (the data arrives ``p2p_time`` later); RECV blocks the lane until
   the data has arrived. A compute-only schedule is simulated with implicit transfers of ``p2p_time``.
+  With ``message_time`` (the runtime's own cost per message, default 0) a SEND holds its lane for
+  that long before the data leaves, and a RECV holds it that long after the data has arrived; a
+  compute-only schedule's implicit transfers then take ``p2p_time + 2 * message_time``.
 - OFFLOAD and RELOAD (and the second window's OFFLOAD_W after I, RELOAD_W before W) are *issued* at
   their list position and run on the rank's copy lane, FIFO. One
   copy engine serves both directions unless ``shared_copy_engine`` is off; with ``shared_host_link``
@@ -188,8 +191,8 @@ class _Simulation:
         self.schedule = schedule
         self.costs = costs
         self.c = c = coded(schedule)
-        self.inputs = c.inputs(costs.p2p_time)
-        self.duration = sem.durations(costs, schedule.num_stages)[c.kind, c.stage]
+        self.inputs = c.inputs(costs.p2p_time if c.lowered else costs.p2p_time + 2 * costs.message_time)
+        self.duration = _durations(c, costs)
         self.amount = sem.memory_amounts(c, costs)  # an array: no float object per action
         self.host_amount = sem.host_effects(c, costs, self.amount)
         n = schedule.num_ranks
@@ -209,8 +212,8 @@ class _Simulation:
     def run(self) -> None:
         """Run each rank's lane as far as its inputs allow; a rank that waits is parked on the key it
         waits for and queued again (LIFO) when that action completes."""
-        if self.costs.shared_host_link:
-            self._loop_shared()
+        if self.costs.shared_host_link or self.costs.message_time:
+            self._loop_shared()  # the general loop (with own host links it books as ``_loop`` does)
         else:
             self._loop()
         n = self.schedule.num_ranks
@@ -219,7 +222,8 @@ class _Simulation:
             self._report_deadlock(stuck)
 
     def _loop(self) -> None:
-        """The event loop, written with locals (the hottest loop of the package)."""
+        """The event loop, written with locals (the hottest loop of the package); without a shared host
+        link and without ``message_time`` (``_loop_shared`` charges it)."""
         lanes, keys, first, first_delay, second, second_delay, reloads, durations = self._columns()
         done = self._done()
         n = self.schedule.num_ranks
@@ -314,7 +318,9 @@ class _Simulation:
         return [None] * num_keys if num_keys <= _LIST_KEYS else _Pending()
 
     def _loop_shared(self) -> None:
-        """The event loop with shared host links (``_loop`` otherwise): a link is FIFO and causal.
+        """The event loop with shared host links or a ``message_time`` (``_loop`` otherwise): a link is
+        FIFO and causal; a SEND holds its lane for its ``message_time`` and a RECV for its own after the
+        data has arrived.
 
         A lane does not wait for its copies: it queues each on its engine (FIFO) and runs on; a
         backward whose reload is still queued parks on it. Copies are booked only while no lane can
@@ -371,7 +377,9 @@ class _Simulation:
                             arrive(i)
                         continue
                     if lane == _SEND:
-                        starts[i] = ends[i] = done[key] = clock
+                        starts[i] = clock
+                        clock += durations[i]
+                        ends[i] = done[key] = clock
                     else:
                         at = clock
                         dep = first[i]
@@ -408,7 +416,7 @@ class _Simulation:
                             starts[i] = start
                         else:
                             starts[i] = clock
-                            clock = at
+                            clock = at + durations[i]
                         ends[i] = done[key] = clock
                     if key in waiters:
                         for waiter in waiters.pop(key):
@@ -530,6 +538,14 @@ class _Simulation:
         first = stuck[0]
         step = self.pos[first] - self.offsets[first]
         raise DeadlockError("deadlock: " + "; ".join(lines), first, step, rows[first][step], rows)
+
+
+def _durations(c: sem.CodedSchedule, costs: CostModel) -> np.ndarray:
+    """Per action: its compute time; ``message_time`` for a SEND or RECV (0 without one)."""
+    table = sem.durations(costs, c.num_stages)
+    if costs.message_time:
+        table[(sem.LANE == sem.SEND) | (sem.LANE == sem.RECV)] = costs.message_time
+    return table[c.kind, c.stage]
 
 
 def _floats(values: np.ndarray) -> list[float]:
