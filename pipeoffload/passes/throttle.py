@@ -107,7 +107,8 @@ def latest_starts(base: Schedule, costs: CostModel, timeline: Timeline) -> list[
     start that keeps the makespan (each action's successors are the next action of its rank and the
     actions that take its output, with their transfer delays)."""
     form = sem.coded(base)
-    inputs = form.inputs(costs.p2p_time)
+    # the transfer delays the simulator gives a compute-only schedule's implicit messages
+    inputs = form.inputs(costs.p2p_time if form.lowered else costs.p2p_time + 2 * costs.message_time)
     keys = form.keys.tolist()
     start = [x for row in timeline.start for x in row]
     end = [x for row in timeline.end for x in row]

@@ -68,3 +68,16 @@ def test_shared_link_reaches_the_reference_planned_peak_at_g_equal_d() -> None:
     assert report.offloaded == sum(1 for row in lowered.actions for a in row if a.kind is K.OFFLOAD)
     assert report.peak_after == t.peak_activation_units
     assert any(a.kind is K.WAIT for row in lowered.actions for a in row)
+
+
+def test_latest_starts_charge_the_message_costs_as_the_simulator_does() -> None:
+    """With a transfer and a per-message cost, a forward's latest start is still its start when it
+    has no slack (1F1B's first forwards) and never before it anywhere."""
+    schedule = generate("1f1b", 4, 8, 1)
+    costs = CostModel(p2p_time=0.25, message_time=0.1)
+    timeline, by_action = _latest_by_action(schedule, costs)
+    assert all(latest >= start - 1e-9 for start, latest in by_action.values())
+    for rank in range(4):
+        start, latest = by_action[(rank, Action(K.F, rank, 0))]
+        assert abs(latest - start) < 1e-9 and abs(start - rank * 1.45) < 1e-9  # 1 t + 0.25 + 2 x 0.1 per hop
+    assert timeline.makespan == simulate(schedule, costs).makespan
