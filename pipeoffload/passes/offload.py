@@ -44,7 +44,7 @@ from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.passes.copy_plan import EPS, Activation, RankTimeline, rank_timelines
 from pipeoffload.passes.offload_plan import RankState, plan_group
 from pipeoffload.passes.slots import SlotPattern, plan_pair, slot_length
-from pipeoffload.passes.throttle import throttled_timeline, with_waits
+from pipeoffload.passes.throttle import eager_warmup, latest_starts, repair, throttled_timeline, with_waits
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.simulator import Timeline, simulate
 
@@ -168,6 +168,7 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
             states, peaks = _throttled_plans(plan, costs, states, peaks)
             states, peaks = _next_point_plans(plan, costs, states, peaks)
             states, peaks = _slot_plans(plan, costs, states, peaks)
+            states, peaks = _repaired_plans(plan, costs, states, peaks)
     orders = [_copy_order(states[r]) for r in range(base.num_ranks)]
     rows = [_emit(states[r], orders[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
@@ -420,6 +421,69 @@ _SLOT_KEEP = (0, 3)  # lifespan filters (slot periods) of the slot patterns trie
 _SLOT_MARGIN = ((0.0, False), (1.0, False), (0.0, True))  # reload margins tried: (slots, + the backward's time)
 
 
+def _repaired_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
+                    ) -> tuple[dict[int, RankState], dict[int, float]]:
+    """One unit below the plan's peak by a repaired throttled warm-up (``throttle.repair``), where it
+    gets there (shared host link; step 12 of docs/offload.md).
+
+    With the target P = peak - 1 and the limit L = P: the copies are planned against the compute
+    timing of a warm-up throttled to L (as in ``_throttled_plans``, whatever that timing's makespan),
+    each warm-up offload is issued right after its forward with the waits of L (so the warm-up holds
+    at most L units), and the repair moves single copies and waits until no compute action starts
+    after its latest start in the step without copies and no rank holds more than P. Tried with the
+    real copy times, then, for a k off the ladder of k (``_off_ladder_factor``), with those of the
+    ladder point above k, the result repaired again at the real times: so where that point's repair
+    reaches P, k keeps it (d = 8, g = 8: 3 units at k = 0.4 but 4 at 0.39 with the first alone). Kept only where the simulation
+    shows no stall, no longer makespan than the step without copies and the lower peak. Not tried at
+    the floor of 2 units or where a budget is met.
+    """
+    ranks = range(plan.base.num_ranks)
+    top = max(peaks.values(), default=0.0)
+    if top <= _SLOT_FLOOR + EPS or (plan.budget is not None and top <= plan.budget + EPS):
+        return states, peaks
+    current = simulate(plan.base.with_actions([_emit(states[r]) for r in ranks]), costs)
+    target = current.peak_activation_units - 1.0
+    limit = math.floor(target + EPS)
+    if target < _SLOT_FLOOR - EPS or limit < 1:
+        return states, peaks
+    bare = simulate(plan.base, costs)  # the step without copies: its makespan and latest starts
+    latest = latest_starts(plan.base, costs, bare)
+    for factor in (1.0, *_off_ladder_factor(costs)):
+        slower = replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
+        scaled = plan if factor == 1.0 else replace(plan, timelines=[tl.with_copy_times(factor) for tl in plan.timelines])
+        timeline = throttled_timeline(plan.base, slower, limit, plan.exclude)
+        throttled = replace(scaled, timelines=rank_timelines(plan.base, timeline, slower), throttle=limit)
+        candidate, _ = throttled.states(slower)
+        rows = repair(plan.base, [eager_warmup(_emit(candidate[r]), limit) for r in ranks], slower, target, latest)
+        if rows is not None and factor != 1.0:  # the next point's plan, replayed (and mended) at k
+            log.debug("repair to %g (x%g): found, mended at k", target, factor)
+            rows = repair(plan.base, rows, costs, target, latest)
+        if rows is None:
+            log.debug("repair to %g (x%g): not found", target, factor)
+            continue
+        t = simulate(plan.base.with_actions(rows), costs)
+        log.debug("repair to %g (x%g): peak %g, makespan %g, stall %g", target, factor, t.peak_activation_units,
+                  t.makespan, t.stall)
+        if t.stall == 0 and t.makespan <= bare.makespan + EPS and t.peak_activation_units < current.peak_activation_units - EPS:
+            for r in ranks:
+                candidate[r].rows = rows[r]
+            return candidate, {r: t.per_rank[r].peak_activation_units for r in ranks}
+    return states, peaks
+
+
+def _off_ladder_factor(costs: CostModel) -> tuple[float, ...]:
+    """(next ladder point / k,) for a k off the ladder of k (``_SLOT_LADDER``), () on it or without a
+    finite positive k: step 12 repairs the next point's plan only off the ladder. On the ladder that
+    point's own winner may be a repair of the point after it (group-interleaved d = 8, g = 8: 12 units
+    at k = 1.5 from the plan of 1.6, which 1.4 would not see), so it would turn the cost into a
+    chain up the ladder; off the ladder it makes k keep what the point above found."""
+    after = _next_point(costs)
+    k = costs.offload_ratio(0)
+    if after is None or abs(k / _SLOT_LADDER - round(k / _SLOT_LADDER)) < 1e-9:
+        return ()
+    return (after / k,)
+
+
 def _slot_patterns(slot: float) -> list[SlotPattern]:
     return [SlotPattern(slot, keep, margin * slot, back_margin) for keep in _SLOT_KEEP
             for margin, back_margin in _SLOT_MARGIN]
@@ -540,15 +604,19 @@ def _copy_order(state: RankState) -> list[tuple[int, float, int, int, int, int]]
     return copies
 
 
-def _emitted_key(state: RankState) -> tuple[tuple[int, int, int, int, int], ...]:
+def _emitted_key(state: RankState) -> tuple[object, ...]:
     """What decides the rank's emitted list (equal keys, equal lists), cheaper to compare than the list."""
+    if state.rows is not None:
+        return tuple(state.rows)
     return tuple((position, direction, stage, microbatch, window)
                  for position, _, direction, stage, microbatch, window in _copy_order(state))
 
 
 def _emit(state: RankState, order: list[tuple[int, float, int, int, int, int]] | None = None) -> list[Action]:
     """The rank's compute list with each planned copy at the position that issues it on time
-    (``order``: its ``_copy_order`` when the caller has it)."""
+    (``order``: its ``_copy_order`` when the caller has it); a repaired plan's own list."""
+    if state.rows is not None:
+        return list(state.rows)
     actions = state.timeline.actions
     row: list[Action] = []
     done = 0
@@ -571,7 +639,8 @@ def _coded_like(base: Schedule, planned: Schedule, states: dict[int, RankState],
     from ``base``'s by inserting the copies' codes where ``_emit`` put them: ``add_comms`` then codes
     no schedule. ``planned`` as it is when ``base`` carries no form or a rank has waits (``with_waits``)."""
     form = base.coded
-    if form is None or form.rows is not base.actions or any(s.timeline.throttle for s in states.values()):
+    if form is None or form.rows is not base.actions or any(s.timeline.throttle or s.rows is not None
+                                                             for s in states.values()):
         return planned
     counts = [len(order) for order in orders]
     if sum(counts):  # the columns of every copy, rank after rank, each rank's in its emitted order

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeoffload.costs import CostModel
+from pipeoffload.ir import Action
 from pipeoffload.passes.copy_plan import EPS, Activation, CopyGroup, Placed, RankTimeline
 from pipeoffload.policies import OffloadPolicy
 
@@ -40,6 +41,7 @@ class RankState:
     unhidden: list[Key] = field(default_factory=list)  # window 0 (F -> backward)
     unhidden_w: list[Key] = field(default_factory=list)  # window 1 (I -> W)
     too_short: int = 0
+    rows: list[Action] | None = None  # the emitted list itself, where a repair moved copies and waits (``throttle.repair``)
 
     def peak(self) -> float:
         """Peak on the planning grid (conservative where a reload starts between grid points)."""

@@ -16,9 +16,13 @@ the throttled plan only where its simulation has a lower peak, no stall and no l
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterator, Sequence
 
+from pipeoffload import semantics as sem
 from pipeoffload.costs import CostModel
+from pipeoffload.errors import ScheduleError
+from pipeoffload.intervals import EPS
 from pipeoffload.ir import COMPUTE_KINDS, Action, ActionKind, Schedule
 from pipeoffload.simulator import Timeline, simulate
 
@@ -83,3 +87,165 @@ def throttled_timeline(base: Schedule, costs: CostModel, limit: int, exclude: se
         end.append(tuple(helper.end[rank][i] for i in keep))
     makespan = max((max(r, default=0.0) for r in end), default=0.0)
     return Timeline(base, costs, tuple(start), tuple(end), makespan, helper.per_rank, {})
+
+
+# ---- repair of a nearly fitting throttled plan -------------------------------------------------
+# A throttled warm-up with limit L holds at most L activations on a rank while its forwards run, but
+# the one wait rule can delay a forward that has no slack: the pair's link serves its copies in the
+# order they reach it (ties: the lower rank), so at the end of a rank's first chunk the partner's
+# copy it needs may come one copy too late (group-interleaved d = 8, g = 8, k = 0.4: 3 units at
+# 206.2 t, where 206 t is the step without copies). ``repair`` moves single copies and waits of such
+# a plan, one at a time, and keeps each move that pushes the earliest problem (a compute action that
+# starts after its latest start, or a rank above the target peak) later, until none is left.
+
+_WINDOW = 6  # compute actions per rank before the earliest problem whose copies and waits may move
+_BUDGET = 40  # simulations per rank the repair may spend
+
+
+def latest_starts(base: Schedule, costs: CostModel, timeline: Timeline) -> list[list[float]]:
+    """Per rank, per compute action of ``base`` (compute only, simulated as ``timeline``): the latest
+    start that keeps the makespan (each action's successors are the next action of its rank and the
+    actions that take its output, with their transfer delays)."""
+    form = sem.coded(base)
+    # the transfer delays the simulator gives a compute-only schedule's implicit messages
+    inputs = form.inputs(costs.p2p_time if form.lowered else costs.p2p_time + 2 * costs.message_time)
+    keys = form.keys.tolist()
+    start = [x for row in timeline.start for x in row]
+    end = [x for row in timeline.end for x in row]
+    offsets = form.offsets.tolist()
+    index = {key: i for i, key in enumerate(keys)}
+    takers: list[list[tuple[int, float]]] = [[] for _ in keys]
+    for i, (a, da, b, db) in enumerate(zip(inputs.first.tolist(), inputs.first_delay.tolist(),
+                                           inputs.second.tolist(), inputs.second_delay.tolist())):
+        for dep, delay in ((a, da), (b, db)):
+            if dep >= 0 and dep in index:
+                takers[index[dep]].append((i, delay))
+    last = set(offsets[1:])
+    latest = [0.0] * len(keys)
+    for i in sorted(range(len(keys)), key=lambda i: (-start[i], -end[i], -i)):  # every successor first
+        bound = timeline.makespan if i + 1 in last else latest[i + 1]
+        for j, delay in takers[i]:
+            bound = min(bound, latest[j] - delay)
+        latest[i] = bound - (end[i] - start[i])
+    return [latest[offsets[r]:offsets[r + 1]] for r in range(base.num_ranks)]
+
+
+def eager_warmup(row: Sequence[Action], limit: int) -> list[Action]:
+    """A rank's planned list with each warm-up forward's OFFLOAD (where it has one) right after the
+    forward and the waits of ``with_waits(limit)``: the warm-up then holds at most ``limit`` units."""
+    compute = [a for a in row if a.kind in COMPUTE_KINDS]
+    warm = {(compute[p].stage, compute[p].microbatch) for p in warmup_forwards(compute)}
+    moved = {(a.stage, a.microbatch) for a in row if a.kind is K.OFFLOAD and (a.stage, a.microbatch) in warm}
+    out: list[Action] = []
+    for a in row:
+        if a.kind is K.WAIT or (a.kind is K.OFFLOAD and (a.stage, a.microbatch) in moved):
+            continue
+        out.append(a)
+        if a.kind is K.F and (a.stage, a.microbatch) in moved:
+            out.append(Action(K.OFFLOAD, a.stage, a.microbatch))
+    return with_waits(out, limit)
+
+
+def repair(base: Schedule, rows: list[list[Action]], costs: CostModel, peak: float,
+           latest: list[list[float]]) -> list[list[Action]] | None:
+    """``rows`` (``base`` with copies and waits) changed so that no compute action starts after its
+    ``latest`` start and no rank holds more than ``peak`` units, without a stall; None if the moves
+    below do not get there within the budget.
+
+    Moves, on each rank's copies and waits among its ``_WINDOW`` compute actions up to the earliest
+    problem: an OFFLOAD one compute action later or earlier (never before its F, never past an action
+    of the same activation), a WAIT dropped or waiting for the offload issued before or after its own,
+    a forward without a wait made to wait for the first of its rank's copying offloads to end.
+    The first move that makes the earliest problem later (or, at the same time, leaves fewer problems)
+    is kept; a move never has to be undone, so the search is greedy."""
+    score, t = _problems(base, rows, costs, peak, latest)
+    budget = _BUDGET * base.num_ranks
+    while score is not None and t is not None and score[0] < math.inf:
+        for rank, row in _moves(rows, t, score[0]):
+            if budget <= 0:
+                return None
+            budget -= 1
+            candidate = [row if r == rank else x for r, x in enumerate(rows)]
+            found, found_t = _problems(base, candidate, costs, peak, latest)
+            if found is not None and (found[0] > score[0] + EPS or (found[0] > score[0] - EPS and found[1] < score[1])):
+                rows, score, t = candidate, found, found_t
+                break
+        else:
+            return None  # no move helps
+    return rows if score is not None else None
+
+
+def _problems(base: Schedule, rows: list[list[Action]], costs: CostModel, peak: float, latest: list[list[float]]
+              ) -> tuple[tuple[float, int] | None, Timeline | None]:
+    """((time of the earliest problem, or inf; number of problems), simulation) of ``rows``; (None,
+    None) where they stall or are not a valid schedule. Problems: a compute action that starts after
+    its latest start, a memory level above ``peak``."""
+    try:
+        t = simulate(base.with_actions(rows), costs)
+    except ScheduleError:
+        return None, None
+    if t.stall > 0:
+        return None, None
+    times = []
+    for rank, row in enumerate(rows):
+        compute = 0
+        for a, start in zip(row, t.start[rank]):
+            if a.kind in COMPUTE_KINDS:
+                if start > latest[rank][compute] + EPS:
+                    times.append(start)
+                compute += 1
+        times += [at for at, level in t.per_rank[rank].memory if level > peak + EPS]
+    return (min(times, default=math.inf), len(times)), t
+
+
+def _moves(rows: list[list[Action]], t: Timeline, horizon: float) -> Iterator[tuple[int, list[Action]]]:
+    """(rank, changed list) for each move of ``repair`` among the rank's last ``_WINDOW`` compute
+    actions that start at or before ``horizon``."""
+    for rank, row in enumerate(rows):
+        computes = [p for p, a in enumerate(row) if a.kind in COMPUTE_KINDS and t.start[rank][p] <= horizon + EPS]
+        if not computes:
+            continue
+        lo, hi = computes[max(0, len(computes) - 1 - _WINDOW)], computes[-1]
+        for p in range(lo, hi + 1):
+            a = row[p]
+            if a.kind is K.OFFLOAD:
+                yield from ((rank, new) for new in (_shifted(row, p, 1), _shifted(row, p, -1)) if new is not None)
+            elif a.kind is K.WAIT:
+                yield rank, row[:p] + row[p + 1:]
+                issued = [(b.stage, b.microbatch) for b in row[:p] if b.kind is K.OFFLOAD]
+                at = issued.index((a.stage, a.microbatch))
+                for other in (at - 1, at + 1):
+                    wait = Action(K.WAIT, *issued[other]) if 0 <= other < len(issued) else None
+                    if wait is not None and wait not in row:  # one wait per offload
+                        yield rank, [*row[:p], wait, *row[p + 1:]]
+            elif a.kind is K.F:
+                wait = _first_to_drain(row, t.start[rank], t.end[rank], p)
+                if wait is not None:  # (a later wait for the same offload has nothing left to wait for)
+                    yield rank, [*row[:p], wait, *(b for b in row[p:] if b != wait)]
+
+
+def _first_to_drain(row: list[Action], start: Sequence[float], end: Sequence[float], p: int) -> Action | None:
+    """A WAIT for the offload issued before position ``p`` that is still copying when the action at
+    ``p`` starts and ends first (None without one): the shortest wait that frees a unit before it."""
+    waited = {(a.stage, a.microbatch) for a in row[:p] if a.kind is K.WAIT}  # (those after p may move here)
+    copying = [(end[q], a) for q, a in enumerate(row[:p])
+               if a.kind is K.OFFLOAD and end[q] > start[p] and (a.stage, a.microbatch) not in waited]
+    if not copying:
+        return None
+    first = min(copying, key=lambda c: c[0])[1]
+    return Action(K.WAIT, first.stage, first.microbatch)
+
+
+def _shifted(row: list[Action], p: int, step: int) -> list[Action] | None:
+    """``row`` with its copy at ``p`` moved past the next (step 1) or previous (step -1) compute
+    action; None where that would pass an action of the same activation or leave the list."""
+    a = row[p]
+    q = p + step
+    while 0 <= q < len(row) and row[q].kind not in COMPUTE_KINDS:
+        if (row[q].stage, row[q].microbatch) == (a.stage, a.microbatch):
+            return None
+        q += step
+    if not 0 <= q < len(row) or (row[q].stage, row[q].microbatch) == (a.stage, a.microbatch):
+        return None
+    rest = row[:p] + row[p + 1:]  # the compute action is at q - 1 there when q > p: the copy goes after it
+    return [*rest[:q], a, *rest[q:]]
