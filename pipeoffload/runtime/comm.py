@@ -5,12 +5,8 @@ SEND/RECV actions is posted as one batch; sends never block (their works are kep
 end of the step); the rank blocks until every receive of the batch has arrived.
 
 - gloo: each tensor is its own ``isend``/``irecv`` with a tag derived from (direction, stage,
-  microbatch, index), so messages between two ranks match by tag whatever the posting order. Each
-  batch posts its receives with its sends, right before it waits. Posting the next batch's
-  receives as soon as one was done was slower in paired runs on 2 busy cores
-  (``benchmarks/results/train_throughput.txt``, 2026-12-05): gloo writes a message inline in the
-  sender's send call when the receive is already posted, and reads it on the receiver's gloo thread
-  while the receiver computes; posted with the batch, that copy falls in the receiver's wait.
+  microbatch, index), so messages between two ranks match by tag whatever the posting order (the
+  executor posts the next batch's receives early and waits for them at their batch).
 - NCCL: one ``batch_isend_irecv`` per batch (a group call, required so that two ranks exchanging in
   both directions cannot deadlock); NCCL ignores tags and matches in posting order, so
   ``check_fifo`` verifies at set-up that every pair of ranks posts matching sequences.
@@ -95,7 +91,7 @@ class Transport(Protocol):
     ``matches_in_posting_order`` is the one capability that changes how the runner drives it: true
     when messages between two ranks match in the order they were posted rather than by tag (NCCL).
     The runner then checks at set-up that every pair of ranks posts matching sequences
-    (``check_fifo``).
+    (``check_fifo``) and posts each batch's receives with the batch instead of early.
     """
 
     matches_in_posting_order: bool

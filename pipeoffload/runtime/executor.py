@@ -202,7 +202,12 @@ class PipelineRunner:
         self.on_stage_gradients = on_stage_gradients
         last = {a.stage: i for i, a in enumerate(self._program) if a.__class__ is not list and a.kind in (K.B, K.W)}
         self._gradients_final = {i: stage for stage, i in last.items()}
-        self._eval: list | None = None  # evaluate's program, built on first use
+        # gloo matches messages by tag, so the receives of the next comm batch can be posted as soon
+        # as this one is done: their data then lands while this rank computes (NCCL matches in
+        # posting order, and its batches are group calls: there each batch posts its own).
+        self._prefetch = not self.transport.matches_in_posting_order
+        self._next_recvs = _next_receives(self._program) if self._prefetch else {}
+        self._eval: tuple[list, dict[int, list[Action]]] | None = None  # evaluate's program, built on first use
         self._reset_state()
 
     def refresh_parameters(self) -> None:
@@ -252,6 +257,7 @@ class PipelineRunner:
         self._inflight: list[tuple[Any, list[torch.Tensor], int]] = []
         self._handoff_pins: dict[tuple[int, int], list[torch.Tensor]] = {}
         self._losses: dict[int, torch.Tensor] = {}
+        self._posted: dict[Action, tuple[list[torch.Tensor], list[Any], list[int]]] = {}  # receives posted early
 
     # ---- specs ------------------------------------------------------------------------------------
     def _ensure_specs(self, mb_inputs: list[tuple] | None) -> None:
@@ -310,7 +316,7 @@ class PipelineRunner:
         measure = self.measure_memory if measure is None else measure
         self.store.active = trace.measured = measure or self._store_needed
         self.store.reset_peak()
-        self._run(self._program, self._handlers, trace, f"step {step}", step,
+        self._run(self._program, self._next_recvs, self._handlers, trace, f"step {step}", step,
                   self._gradients_final)
         trace.peak_bytes = self.store.peak_bytes
         trace.peak_host_bytes = self.store.peak_host_bytes
@@ -332,12 +338,13 @@ class PipelineRunner:
         the same interpreter, transport and failure handling as ``step``; nothing is saved, so the
         activation store is not involved. Put the modules in eval mode first if they need it."""
         if self._eval is None:
-            self._eval = comm_batches(forward_only(self.schedule).actions[self.rank])
+            program = comm_batches(forward_only(self.schedule).actions[self.rank])
+            self._eval = program, _next_receives(program) if self._prefetch else {}
         m = self.num_microbatches
         self._split(inputs, targets, "evaluate")
         active, self.store.active = self.store.active, False
         try:
-            self._run(self._eval, {K.F: type(self)._forward_eval}, Trace(self.rank, self.step_count),
+            self._run(*self._eval, {K.F: type(self)._forward_eval}, Trace(self.rank, self.step_count),
                       f"the evaluation after step {self.step_count - 1}", self.step_count - 1)
         finally:
             self.store.active = active
@@ -357,7 +364,8 @@ class PipelineRunner:
                 raise ConfigError(f"rank {self.rank} holds the last stage: pass targets to {caller}(inputs, targets)")
             self._mb_targets = [t if len(t) > 1 else t[0] for t in split_microbatches(targets, m, self.device, "targets")]
 
-    def _run(self, program: list, handlers: Mapping[ActionKind, Handler], trace: Trace, label: str, step: int, final: Mapping[int, int] | None = None) -> None:
+    def _run(self, program: list, next_recvs: dict[int, list[Action]], handlers: Mapping[ActionKind, Handler],
+             trace: Trace, label: str, step: int, final: Mapping[int, int] | None = None) -> None:
         """Interpret ``program`` (this rank's actions, comms in batches) into ``trace``; a failure
         becomes a ``PipelineError`` naming ``label`` (e.g. "step 3") and the action. ``final``: the
         positions after which a stage's gradients are final (``on_stage_gradients``)."""
@@ -375,6 +383,8 @@ class PipelineRunner:
                 current = item
                 if item.__class__ is list:  # a batch of comm actions
                     self._exchange(item)
+                    if position in next_recvs:
+                        self._post_early(next_recvs[position])
                     end, resident = clock() - t0, store.resident_bytes
                     for a in item:
                         record(TraceRecord(a, begin, end, resident))
@@ -398,9 +408,10 @@ class PipelineRunner:
         self._unpin_sent(everything=True)
         self.store.finish()
         leftovers = [s for s, st in self.stages.items() if st.pending()]
-        if leftovers or self._inputs or self._grads or self._outbox:
+        if leftovers or self._inputs or self._grads or self._outbox or self._posted:
             raise RuntimeError(
                 f"step ended with unconsumed state: stages {leftovers} pending, inputs {sorted(self._inputs)}, "
+                f"receives posted early {sorted(map(str, self._posted))}, "
                 f"gradients {sorted(self._grads)}, unsent {sorted(map(str, (Action(*k) for k in self._outbox)))}"
             )
 
@@ -554,9 +565,12 @@ class PipelineRunner:
                 spec, bufs, peer_rank, tags = self._receive_plan(a)
                 recvs += [(peer_rank, tag, t) for tag, t in zip(tags, bufs)]
                 arrivals.append((a, spec, bufs))
+        early = [self._posted.pop(a) for a, _, _ in arrivals if a in self._posted]
         send_works, recv_works = self.transport.post(sends, recvs)
         for (peer, _, t), work in zip(sends, send_works):  # one work per tensor (gloo)
             self._inflight.append((work, [t] if self.store.pin(t) else [], peer))
+        for _, works, peers in early:
+            self.transport.wait(works, peers)
         self.transport.wait(recv_works, [peer for peer, _, _ in recvs])
         for a, spec, bufs in arrivals:
             if a.kind == K.RECV_F:
@@ -567,9 +581,13 @@ class PipelineRunner:
             self._unpin_sent()
 
     def _receive_plan(self, a: Action) -> tuple[Spec, list[torch.Tensor], int, list[int]]:
-        """For RECV_F/RECV_B ``a``: the spec of the value, its buffers, the peer and the message tags."""
+        """For RECV_F/RECV_B ``a``: the spec of the value, its buffers, the peer and the message
+        tags; for a receive already posted early, its buffers and no tags (nothing to post)."""
         S, M = self.num_stages, self.num_microbatches
         s, mb = a.stage, a.microbatch
+        if a in self._posted:
+            spec_src = self.specs[s - 1 if a.kind == K.RECV_F else s][mb]  # type: ignore[index]
+            return spec_src, self._posted[a][0], -1, []
         sender, direction = self._peer_stage[(a.kind, s)], _DIRECTION[a.kind]
         if a.kind == K.RECV_F:  # the sender's output
             spec = self.specs[sender][mb]  # type: ignore[index]
@@ -579,6 +597,13 @@ class PipelineRunner:
             bufs = [ts.empty(self.device) for ts in grad_specs(spec)]
         tags = [message_tag(direction, sender, mb, i, S, M) for i in range(len(bufs))]
         return spec, bufs, self.schedule.placement.rank_of(sender), tags
+
+    def _post_early(self, actions: list[Action]) -> None:
+        """Post the receives of the next comm batch now (gloo); ``_exchange`` waits for them."""
+        for a in actions:
+            _, bufs, peer, tags = self._receive_plan(a)
+            _, works = self.transport.post([], [(peer, tag, t) for tag, t in zip(tags, bufs)])
+            self._posted[a] = (bufs, list(works), [peer] * len(bufs))
 
     def _unpin_sent(self, everything: bool = False) -> None:
         """Forget sends that completed (their buffers can go) and drop their pins."""
@@ -591,3 +616,13 @@ class PipelineRunner:
                 still.append((work, pinned, peer))
         self._inflight = still
 
+
+def _next_receives(program: list) -> dict[int, list[Action]]:
+    """Position of each comm batch in ``program`` -> the receives of the next comm batch, if any."""
+    batches = [i for i, item in enumerate(program) if isinstance(item, list)]
+    out = {}
+    for here, there in zip(batches, batches[1:]):
+        recvs = [a for a in program[there] if a.kind in _RECEIVES]
+        if recvs:
+            out[here] = recvs
+    return out

@@ -289,35 +289,3 @@ def test_each_stage_reports_its_final_gradients_once_after_its_last_backward(nam
     runner.evaluate(inputs, targets)  # forward only (a program of its own): no gradients, no call
     assert seen == []
 
-
-class _RecordingLoopback(LoopbackTransport):
-    """Loopback that records each ``post`` call: (number of sends, number of receives)."""
-
-    def __init__(self, device: torch.device) -> None:
-        super().__init__(device)
-        self.calls: list[tuple[int, int]] = []
-
-    def post(self, sends, recvs):
-        self.calls.append((len(sends), len(recvs)))
-        return super().post(sends, recvs)
-
-
-def test_each_comm_batch_posts_its_receives_with_its_sends_once():
-    """One ``post`` per comm batch, holding that batch's sends and receives (gloo matches by tag, but a
-    receive posted ahead of its batch made the sender's send write the message on its main thread)."""
-    from pipeoffload.runtime.comm import comm_batches
-
-    schedule = lower(generate("interleaved-1f1b", 2, 4, 2))
-    layers = gpt_layers(CFG, seed=0)
-    stages = build_rank_stages(layers, even_counts(len(layers), 4), schedule.placement, 1)
-    boundary = (TensorSpec((2, CFG.seq, CFG.hidden), torch.float32, True), TensorSpec((2, CFG.seq), torch.bool, False),
-                Const(1))
-    transport = _RecordingLoopback(torch.device("cpu"))
-    runner = PipelineRunner(stages, schedule, 1, loss_fn=lm_loss, transport=transport,
-                            output_specs={0: boundary, 1: boundary, 2: boundary})
-    runner.step(None, sample_batch(CFG, 8)[1])
-    batches = [item for item in comm_batches(schedule.actions[1]) if isinstance(item, list)]
-    assert len(transport.calls) == len(batches)
-    # a received activation is two tensors (hidden state, mask), a received gradient one
-    assert [r for _, r in transport.calls] == [
-        sum(2 if a.kind == K.RECV_F else 1 for a in batch if a.kind in (K.RECV_F, K.RECV_B)) for batch in batches]
