@@ -47,7 +47,7 @@ from torch import nn
 
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
-from pipeoffload.ir import ActionKind
+from pipeoffload.ir import ActionKind, Schedule
 from pipeoffload.planner.stagecosts import LayerCosts
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -542,7 +542,7 @@ def _harmonic_stretch(busy: list[list[tuple[float, float]]], costs: CostModel) -
     return stretch
 
 
-def contended_costs(schedule: Any, costs: CostModel, *, iterations: int = 30, tolerance: float = 1e-3) -> CostModel:
+def contended_costs(schedule: Schedule, costs: CostModel, *, iterations: int = 30, tolerance: float = 1e-3) -> CostModel:
     """``costs`` for ``schedule`` (compute-only) with ``costs.concurrency_slowdown`` applied: the
     simulator gives every rank a machine of its own, so each rank's stage times are stretched by the
     slowdown its compute sees from the ranks busy at the same moments in the simulated timeline, to
@@ -618,7 +618,6 @@ def measure_p2p_time(nbytes: int, *, ranks: int = 2, seconds: float = 1.0, busy:
     if run.results[0] is None:
         raise RuntimeError(f"measure_p2p_time: no round trip after the warm-ups in {seconds} s; give more seconds")
     return float(run.results[0])
-
 
 
 @dataclass(frozen=True)
@@ -722,7 +721,7 @@ class SyntheticRun:
     transfers: what a simulation of this run needs besides its messages) and ``steps`` (per step,
     every rank's trace records on the machine's clock)."""
 
-    schedule: Any
+    schedule: Schedule
     measured_step: float
     compute: CostModel
     steps: tuple[tuple[list[_Record], ...], ...]
@@ -795,7 +794,7 @@ def measure_message_costs(nbytes: int, *, ranks: int = 2, family: str = "1f1b", 
                         _fitted_transfer(run.schedule, costs, run.measured_step))
 
 
-def _fitted_transfer(schedule: Any, costs: CostModel, measured: float) -> float:
+def _fitted_transfer(schedule: Schedule, costs: CostModel, measured: float) -> float:
     """The ``p2p_time`` at which ``schedule`` simulates to ``measured`` seconds under ``costs`` (bisection:
     the simulated step grows with it); 0 when it is that long without transfers."""
     from pipeoffload.passes.lower import lower

@@ -288,4 +288,3 @@ def test_each_stage_reports_its_final_gradients_once_after_its_last_backward(nam
     runner._gradients_final = {i: min(stages) for i in range(64)}  # whatever positions the training program has
     runner.evaluate(inputs, targets)  # forward only (a program of its own): no gradients, no call
     assert seen == []
-
