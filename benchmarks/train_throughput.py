@@ -28,7 +28,8 @@ memory now and then would: the other steps run with no hooks (``PipelineRunner.s
 on ranks that neither offload nor split the backward. torch measures nothing.
 The process CPU time per step (``time.process_time``: this rank's threads, gloo's included; waits
 that sleep do not count) is printed too: it is less sensitive to the other load on the machine than
-wall time. So are the minor page faults per step (``getrusage``: the process, its threads
+wall time; so is its part after the pipeline step (ours: after ``PipelineRunner.step`` returned; torch:
+after the schedule's step), the norm, clipping and AdamW that both sides do alike. So are the minor page faults per step (``getrusage``: the process, its threads
 included), which the load does not change at all: a page fault is a freed block the C library gave
 back to the OS and took again (``pipeoffload.runtime.hostmem``; ``PIPEOFFLOAD_KEEP_FREED_MEMORY=0``
 runs both sides with glibc's default thresholds). The load average (``os.getloadavg``) before and
@@ -99,15 +100,25 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str) ->
     holds_first, holds_last = 0 in theirs_model.stages, schedule.num_stages - 1 in theirs_model.stages
 
     parts: dict[str, list[float]] = {k: [] for k in ("ours", "ours_pipeline", "ours_update", "ours_metrics", "ours_cpu",
-                                                     "ours_faults", "torch", "torch_pipeline", "torch_update",
-                                                     "torch_cpu", "torch_faults")}
+                                                     "ours_update_cpu", "ours_faults", "torch", "torch_pipeline",
+                                                     "torch_update", "torch_cpu", "torch_update_cpu", "torch_faults")}
+    pipeline_cpu = [0.0]  # process CPU at the end of ours' pipeline step (the runner's step returned)
+    run_pipeline = ours.runner.step
+
+    def timed_pipeline(*args: Any, **kwargs: Any) -> Any:
+        out = run_pipeline(*args, **kwargs)
+        pipeline_cpu[0] = time.process_time()
+        return out
+
+    ours.runner.step = timed_pipeline  # type: ignore[method-assign]
 
     def our_step(step: int) -> None:
         start, cpu, faults = time.perf_counter(), time.process_time(), _faults()
         record = ours.train_step(measure=measure == "every" or step == 0)
-        total, cpu = time.perf_counter() - start, time.process_time() - cpu
+        total, end_cpu = time.perf_counter() - start, time.process_time()
         if step >= 2:
-            parts["ours_cpu"].append(cpu)
+            parts["ours_cpu"].append(end_cpu - cpu)
+            parts["ours_update_cpu"].append(end_cpu - pipeline_cpu[0])
             parts["ours_faults"].append(_faults() - faults)
             wall = ours.runner.trace.wall  # type: ignore[union-attr]
             parts["ours"].append(total)
@@ -123,7 +134,7 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str) ->
             sched.step(tokens, **kwargs)
         else:
             sched.step(**kwargs)
-        mid = time.perf_counter()
+        mid, mid_cpu = time.perf_counter(), time.process_time()
         if cfg.optim.clip > 0:  # global-norm clipping across the pipeline ranks, as a pipelining user writes it
             grads = [p.grad for p in theirs_model.parameters() if p.grad is not None]
             squares = torch.stack([g.detach().pow(2).sum() for g in grads]).sum().reshape(1)
@@ -133,9 +144,10 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str) ->
                 torch._foreach_mul_(grads, scale)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        end, cpu = time.perf_counter(), time.process_time() - cpu
+        end, end_cpu = time.perf_counter(), time.process_time()
         if step >= 2:  # the first two steps infer shapes and warm up
-            parts["torch_cpu"].append(cpu)
+            parts["torch_cpu"].append(end_cpu - cpu)
+            parts["torch_update_cpu"].append(end_cpu - mid_cpu)
             parts["torch_faults"].append(_faults() - faults)
             parts["torch"].append(end - start)
             parts["torch_pipeline"].append(mid - start)
@@ -188,7 +200,8 @@ def main() -> None:
             print(f"    rank {rank}: ours {ms['ours']:.0f} ms = pipeline {ms['ours_pipeline']:.0f} + norm/clip/AdamW "
                   f"{ms['ours_update']:.1f} + metrics {ms['ours_metrics']:.1f}; torch {ms['torch']:.0f} ms = "
                   f"pipeline {ms['torch_pipeline']:.0f} + norm/clip/AdamW {ms['torch_update']:.1f}; process CPU ms/step: "
-                  f"ours {ms['ours_cpu']:.0f}, torch {ms['torch_cpu']:.0f}; page faults/step: ours "
+                  f"ours {ms['ours_cpu']:.0f}, torch {ms['torch_cpu']:.0f} (after the pipeline: ours "
+                  f"{ms['ours_update_cpu']:.1f}, torch {ms['torch_update_cpu']:.1f}); page faults/step: ours "
                   f"{ms['ours_faults'] / 1e3:.0f}, torch {ms['torch_faults'] / 1e3:.0f}")
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

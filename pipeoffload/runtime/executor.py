@@ -254,7 +254,8 @@ class PipelineRunner:
         self._inputs: dict[tuple[int, int], tuple] = {}
         self._grads: dict[tuple[int, int], list] = {}
         self._outbox: dict[tuple[ActionKind, int, int], list[torch.Tensor]] = {}
-        self._inflight: list[tuple[Any, list[torch.Tensor], int]] = []
+        self._inflight: list[tuple[Any, list[torch.Tensor], int]] = []  # sends of pinned tensors, polled
+        self._sent: list[tuple[Any, int]] = []  # the other sends (nothing to unpin): waited at the end of the step
         self._handoff_pins: dict[tuple[int, int], list[torch.Tensor]] = {}
         self._losses: dict[int, torch.Tensor] = {}
         self._posted: dict[Action, tuple[list[torch.Tensor], list[Any], list[int]]] = {}  # receives posted early
@@ -405,6 +406,9 @@ class PipelineRunner:
     def _finish_step(self) -> None:
         for work, _tensors, peer in self._inflight:
             self.transport.wait([work], [peer], "a send to")
+        for work, peer in self._sent:
+            self.transport.wait([work], [peer], "a send to")
+        self._sent.clear()
         self._unpin_sent(everything=True)
         self.store.finish()
         leftovers = [s for s, st in self.stages.items() if st.pending()]
@@ -568,7 +572,10 @@ class PipelineRunner:
         early = [self._posted.pop(a) for a, _, _ in arrivals if a in self._posted]
         send_works, recv_works = self.transport.post(sends, recvs)
         for (peer, _, t), work in zip(sends, send_works):  # one work per tensor (gloo)
-            self._inflight.append((work, [t] if self.store.pin(t) else [], peer))
+            if self.store.pin(t):  # an activation the store manages: unpinned as soon as its send completes
+                self._inflight.append((work, [t], peer))
+            else:  # the work holds the tensor until it is sent; nothing to poll for
+                self._sent.append((work, peer))
         for _, works, peers in early:
             self.transport.wait(works, peers)
         self.transport.wait(recv_works, [peer for peer, _, _ in recvs])
