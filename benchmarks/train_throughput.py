@@ -28,13 +28,18 @@ memory now and then would: the other steps run with no hooks (``PipelineRunner.s
 on ranks that neither offload nor split the backward. torch measures nothing.
 The process CPU time per step (``time.process_time``: this rank's threads, gloo's included; waits
 that sleep do not count) is printed too: it is less sensitive to the other load on the machine than
-wall time. So are the minor page faults per step (``getrusage``: the process, its threads
+wall time; so is its part after the pipeline step (ours: after ``PipelineRunner.step`` returned; torch:
+after the schedule's step), the norm, clipping and AdamW that both sides do alike. So are the minor page faults per step (``getrusage``: the process, its threads
 included), which the load does not change at all: a page fault is a freed block the C library gave
 back to the OS and took again (``pipeoffload.runtime.hostmem``; ``PIPEOFFLOAD_KEEP_FREED_MEMORY=0``
 runs both sides with glibc's default thresholds). The load average (``os.getloadavg``) before and
 after is printed: a shared 2-core machine is noisy.
 
-    python benchmarks/train_throughput.py [--ranks 2] [--steps 30]
+``--messages`` times, per step and rank, each side's posting of messages and its waits for them (wall
+and thread CPU): ours' ``Transport.post``/``wait`` (the runner's Python around gloo's send/recv
+included), torch's ``_batch_p2p``/``_wait_batch_p2p`` (its P2P ops and the same gloo calls).
+
+    python benchmarks/train_throughput.py [--ranks 2] [--steps 30] [--messages]
 """
 from __future__ import annotations
 
@@ -74,7 +79,45 @@ class TorchStage(nn.Module):
         return out[0] if isinstance(out, tuple) else out
 
 
-def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str) -> dict[str, list[float]]:
+class MessageClock:
+    """Per step: the messages posted, and the wall and thread CPU seconds spent posting and waiting for them."""
+
+    def __init__(self) -> None:
+        self.totals = [0.0] * 5  # messages, post wall, post thread CPU, wait wall, wait thread CPU
+
+    def wrap(self, fn: Any, slot: int, count: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                t = self.totals
+                t[0] += count(*args) if count else 0
+                t[slot] += time.perf_counter() - wall
+                t[slot + 1] += time.thread_time() - cpu
+        return timed
+
+    def take(self) -> list[float]:
+        out, self.totals = self.totals, [0.0] * 5
+        return out
+
+
+def time_messages(ours: Trainer) -> tuple[MessageClock, MessageClock]:
+    """Time both sides' posting and waiting: ours' ``Transport.post``/``wait``, torch's ``_batch_p2p`` and
+    ``_wait_batch_p2p`` (what its schedules call for every exchange; private to torch)."""
+    import torch.distributed.pipelining.schedules as their_schedules
+
+    mine, theirs = MessageClock(), MessageClock()
+    transport: Any = ours.runner.transport
+    transport.post = mine.wrap(transport.post, 1, lambda sends, recvs: len(sends) + len(recvs))
+    transport.wait = mine.wrap(transport.wait, 3, None)
+    their_schedules._batch_p2p = theirs.wrap(their_schedules._batch_p2p, 1, lambda ops, *_: len(ops))
+    their_schedules._wait_batch_p2p = theirs.wrap(their_schedules._wait_batch_p2p, 3, None)
+    return mine, theirs
+
+
+def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str,
+           messages: bool = False) -> dict[str, list[float]]:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleZBVZeroBubble
 
     ctx = build_context(1, world, 1, torch.device("cpu"))
@@ -99,21 +142,37 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str) ->
     holds_first, holds_last = 0 in theirs_model.stages, schedule.num_stages - 1 in theirs_model.stages
 
     parts: dict[str, list[float]] = {k: [] for k in ("ours", "ours_pipeline", "ours_update", "ours_metrics", "ours_cpu",
-                                                     "ours_faults", "torch", "torch_pipeline", "torch_update",
-                                                     "torch_cpu", "torch_faults")}
+                                                     "ours_update_cpu", "ours_faults", "torch", "torch_pipeline",
+                                                     "torch_update", "torch_cpu", "torch_update_cpu", "torch_faults")}
+    pipeline_cpu = [0.0]  # process CPU at the end of ours' pipeline step (the runner's step returned)
+    run_pipeline = ours.runner.step
+
+    def timed_pipeline(*args: Any, **kwargs: Any) -> Any:
+        out = run_pipeline(*args, **kwargs)
+        pipeline_cpu[0] = time.process_time()
+        return out
+
+    ours.runner.step = timed_pipeline  # type: ignore[method-assign]
+    clocks = time_messages(ours) if messages else None
 
     def our_step(step: int) -> None:
         start, cpu, faults = time.perf_counter(), time.process_time(), _faults()
         record = ours.train_step(measure=measure == "every" or step == 0)
-        total, cpu = time.perf_counter() - start, time.process_time() - cpu
+        total, end_cpu = time.perf_counter() - start, time.process_time()
         if step >= 2:
-            parts["ours_cpu"].append(cpu)
+            parts["ours_cpu"].append(end_cpu - cpu)
+            parts["ours_update_cpu"].append(end_cpu - pipeline_cpu[0])
             parts["ours_faults"].append(_faults() - faults)
             wall = ours.runner.trace.wall  # type: ignore[union-attr]
             parts["ours"].append(total)
             parts["ours_pipeline"].append(wall)
             parts["ours_update"].append(record["step_s"] - wall)
             parts["ours_metrics"].append(total - record["step_s"])
+        if clocks is not None:
+            taken = clocks[0].take()
+            if step >= 2:
+                for i, value in enumerate(taken):
+                    parts.setdefault(f"ours_msg{i}", []).append(value)
 
     def their_step(step: int) -> None:
         (tokens, _, _), targets = batches.train(step, 0)
@@ -123,7 +182,7 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str) ->
             sched.step(tokens, **kwargs)
         else:
             sched.step(**kwargs)
-        mid = time.perf_counter()
+        mid, mid_cpu = time.perf_counter(), time.process_time()
         if cfg.optim.clip > 0:  # global-norm clipping across the pipeline ranks, as a pipelining user writes it
             grads = [p.grad for p in theirs_model.parameters() if p.grad is not None]
             squares = torch.stack([g.detach().pow(2).sum() for g in grads]).sum().reshape(1)
@@ -133,13 +192,19 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str) ->
                 torch._foreach_mul_(grads, scale)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        end, cpu = time.perf_counter(), time.process_time() - cpu
+        end, end_cpu = time.perf_counter(), time.process_time()
         if step >= 2:  # the first two steps infer shapes and warm up
-            parts["torch_cpu"].append(cpu)
+            parts["torch_cpu"].append(end_cpu - cpu)
+            parts["torch_update_cpu"].append(end_cpu - mid_cpu)
             parts["torch_faults"].append(_faults() - faults)
             parts["torch"].append(end - start)
             parts["torch_pipeline"].append(mid - start)
             parts["torch_update"].append(end - mid)
+        if clocks is not None:
+            taken = clocks[1].take()
+            if step >= 2:
+                for i, value in enumerate(taken):
+                    parts.setdefault(f"torch_msg{i}", []).append(value)
 
     for step in range(steps + 2):
         order = (our_step, their_step) if step % 2 == 0 else (their_step, our_step)
@@ -162,6 +227,8 @@ def main() -> None:
     parser.add_argument("--schedules", nargs="+", default=["1f1b", "interleaved-1f1b"],
                         choices=["1f1b", "interleaved-1f1b", "zb-v"], help="zb-v: against torch's ScheduleZBVZeroBubble")
     parser.add_argument("--no-clip", action="store_true", help="no gradient clipping on either side")
+    parser.add_argument("--messages", action="store_true",
+                        help="also time each side's posting of and waiting for messages (per step, per rank)")
     args = parser.parse_args()
     load = os.getloadavg()
     print(f"GPT {CFG.model.layers} blocks, hidden {CFG.model.hidden}, seq {CFG.model.seq_len}, global batch {CFG.data.global_batch}, "
@@ -173,7 +240,7 @@ def main() -> None:
         v = 1 if schedule == "1f1b" else 2
         cfg = validate(CFG.updated(schedule=schedule, stages_per_rank=v, pp=args.ranks, nproc=args.ranks,
                                clip=0.0 if args.no_clip else CFG.optim.clip))
-        result = spawn(worker, args.ranks, (cfg, args.steps, args.measure), timeout=300, deadline=1800)
+        result = spawn(worker, args.ranks, (cfg, args.steps, args.measure, args.messages), timeout=300, deadline=1800)
         if not result.ok:
             raise SystemExit("\n".join(e for e in result.errors if e))
         tokens = cfg.data.global_batch * cfg.model.seq_len
@@ -188,8 +255,14 @@ def main() -> None:
             print(f"    rank {rank}: ours {ms['ours']:.0f} ms = pipeline {ms['ours_pipeline']:.0f} + norm/clip/AdamW "
                   f"{ms['ours_update']:.1f} + metrics {ms['ours_metrics']:.1f}; torch {ms['torch']:.0f} ms = "
                   f"pipeline {ms['torch_pipeline']:.0f} + norm/clip/AdamW {ms['torch_update']:.1f}; process CPU ms/step: "
-                  f"ours {ms['ours_cpu']:.0f}, torch {ms['torch_cpu']:.0f}; page faults/step: ours "
+                  f"ours {ms['ours_cpu']:.0f}, torch {ms['torch_cpu']:.0f} (after the pipeline: ours "
+                  f"{ms['ours_update_cpu']:.1f}, torch {ms['torch_update_cpu']:.1f}); page faults/step: ours "
                   f"{ms['ours_faults'] / 1e3:.0f}, torch {ms['torch_faults'] / 1e3:.0f}")
+            if args.messages:
+                print("      " + "; ".join(
+                    f"{side} {ms[f'{side}_msg0'] / 1e3:.0f} messages/step: posting {ms[f'{side}_msg1']:.1f} ms "
+                    f"(thread CPU {ms[f'{side}_msg2']:.1f}), waiting {ms[f'{side}_msg3']:.1f} ms "
+                    f"(thread CPU {ms[f'{side}_msg4']:.1f})" for side in ("ours", "torch")))
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 

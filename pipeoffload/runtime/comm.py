@@ -6,7 +6,7 @@ end of the step); the rank blocks until every receive of the batch has arrived.
 
 - gloo: each tensor is its own ``isend``/``irecv`` with a tag derived from (direction, stage,
   microbatch, index), so messages between two ranks match by tag whatever the posting order (the
-  executor posts the next batch's receives early and waits for them at their batch).
+  executor posts all of a step's receives when the step starts and waits for each at its batch).
 - NCCL: one ``batch_isend_irecv`` per batch (a group call, required so that two ranks exchanging in
   both directions cannot deadlock); NCCL ignores tags and matches in posting order, so
   ``check_fifo`` verifies at set-up that every pair of ranks posts matching sequences.

@@ -202,12 +202,14 @@ class PipelineRunner:
         self.on_stage_gradients = on_stage_gradients
         last = {a.stage: i for i, a in enumerate(self._program) if a.__class__ is not list and a.kind in (K.B, K.W)}
         self._gradients_final = {i: stage for stage, i in last.items()}
-        # gloo matches messages by tag, so the receives of the next comm batch can be posted as soon
-        # as this one is done: their data then lands while this rank computes (NCCL matches in
-        # posting order, and its batches are group calls: there each batch posts its own).
+        # gloo matches messages by tag, so every receive of the step is posted when the step starts:
+        # each message then lands in its buffer whenever it arrives, while this rank computes. A
+        # receive posted after its data arrived costs gloo milliseconds (docs/runtime.md); posting
+        # one comm batch ahead still left some late. (NCCL matches in posting order, and its batches
+        # are group calls: there each batch posts its own.)
         self._prefetch = not self.transport.matches_in_posting_order
-        self._next_recvs = _next_receives(self._program) if self._prefetch else {}
-        self._eval: tuple[list, dict[int, list[Action]]] | None = None  # evaluate's program, built on first use
+        self._early = _receives(self._program) if self._prefetch else []
+        self._eval: tuple[list, list[Action]] | None = None  # evaluate's program, built on first use
         self._reset_state()
 
     def refresh_parameters(self) -> None:
@@ -254,7 +256,8 @@ class PipelineRunner:
         self._inputs: dict[tuple[int, int], tuple] = {}
         self._grads: dict[tuple[int, int], list] = {}
         self._outbox: dict[tuple[ActionKind, int, int], list[torch.Tensor]] = {}
-        self._inflight: list[tuple[Any, list[torch.Tensor], int]] = []
+        self._inflight: list[tuple[Any, list[torch.Tensor], int]] = []  # sends of pinned tensors, polled
+        self._sent: list[tuple[Any, int]] = []  # the other sends (nothing to unpin): waited at the end of the step
         self._handoff_pins: dict[tuple[int, int], list[torch.Tensor]] = {}
         self._losses: dict[int, torch.Tensor] = {}
         self._posted: dict[Action, tuple[list[torch.Tensor], list[Any], list[int]]] = {}  # receives posted early
@@ -316,7 +319,7 @@ class PipelineRunner:
         measure = self.measure_memory if measure is None else measure
         self.store.active = trace.measured = measure or self._store_needed
         self.store.reset_peak()
-        self._run(self._program, self._next_recvs, self._handlers, trace, f"step {step}", step,
+        self._run(self._program, self._early, self._handlers, trace, f"step {step}", step,
                   self._gradients_final)
         trace.peak_bytes = self.store.peak_bytes
         trace.peak_host_bytes = self.store.peak_host_bytes
@@ -339,7 +342,7 @@ class PipelineRunner:
         activation store is not involved. Put the modules in eval mode first if they need it."""
         if self._eval is None:
             program = comm_batches(forward_only(self.schedule).actions[self.rank])
-            self._eval = program, _next_receives(program) if self._prefetch else {}
+            self._eval = program, _receives(program) if self._prefetch else []
         m = self.num_microbatches
         self._split(inputs, targets, "evaluate")
         active, self.store.active = self.store.active, False
@@ -364,11 +367,12 @@ class PipelineRunner:
                 raise ConfigError(f"rank {self.rank} holds the last stage: pass targets to {caller}(inputs, targets)")
             self._mb_targets = [t if len(t) > 1 else t[0] for t in split_microbatches(targets, m, self.device, "targets")]
 
-    def _run(self, program: list, next_recvs: dict[int, list[Action]], handlers: Mapping[ActionKind, Handler],
+    def _run(self, program: list, early: list[Action], handlers: Mapping[ActionKind, Handler],
              trace: Trace, label: str, step: int, final: Mapping[int, int] | None = None) -> None:
         """Interpret ``program`` (this rank's actions, comms in batches) into ``trace``; a failure
-        becomes a ``PipelineError`` naming ``label`` (e.g. "step 3") and the action. ``final``: the
-        positions after which a stage's gradients are final (``on_stage_gradients``)."""
+        becomes a ``PipelineError`` naming ``label`` (e.g. "step 3") and the action. ``early``: the
+        receives to post before the first action (gloo: all of them). ``final``: the positions after
+        which a stage's gradients are final (``on_stage_gradients``)."""
         record, clock, store = trace.records.append, time.perf_counter, self.store
         ready = final if final and self.on_stage_gradients is not None else {}
         index, current = 0, None  # current: the action running (or a phase name), for error messages
@@ -377,14 +381,14 @@ class PipelineRunner:
         try:
             current = "shape inference"
             self._ensure_specs(self._mb_inputs)
+            current = "posting the step's receives"
+            self._post_early(early)
             current = None
             for position, item in enumerate(program):
                 begin = clock() - t0
                 current = item
                 if item.__class__ is list:  # a batch of comm actions
                     self._exchange(item)
-                    if position in next_recvs:
-                        self._post_early(next_recvs[position])
                     end, resident = clock() - t0, store.resident_bytes
                     for a in item:
                         record(TraceRecord(a, begin, end, resident))
@@ -405,6 +409,9 @@ class PipelineRunner:
     def _finish_step(self) -> None:
         for work, _tensors, peer in self._inflight:
             self.transport.wait([work], [peer], "a send to")
+        for work, peer in self._sent:
+            self.transport.wait([work], [peer], "a send to")
+        self._sent.clear()
         self._unpin_sent(everything=True)
         self.store.finish()
         leftovers = [s for s, st in self.stages.items() if st.pending()]
@@ -568,7 +575,10 @@ class PipelineRunner:
         early = [self._posted.pop(a) for a, _, _ in arrivals if a in self._posted]
         send_works, recv_works = self.transport.post(sends, recvs)
         for (peer, _, t), work in zip(sends, send_works):  # one work per tensor (gloo)
-            self._inflight.append((work, [t] if self.store.pin(t) else [], peer))
+            if self.store.pin(t):  # an activation the store manages: unpinned as soon as its send completes
+                self._inflight.append((work, [t], peer))
+            else:  # the work holds the tensor until it is sent; nothing to poll for
+                self._sent.append((work, peer))
         for _, works, peers in early:
             self.transport.wait(works, peers)
         self.transport.wait(recv_works, [peer for peer, _, _ in recvs])
@@ -599,7 +609,7 @@ class PipelineRunner:
         return spec, bufs, self.schedule.placement.rank_of(sender), tags
 
     def _post_early(self, actions: list[Action]) -> None:
-        """Post the receives of the next comm batch now (gloo); ``_exchange`` waits for them."""
+        """Post these receives now (gloo); the comm batch of each waits for it (``_exchange``)."""
         for a in actions:
             _, bufs, peer, tags = self._receive_plan(a)
             _, works = self.transport.post([], [(peer, tag, t) for tag, t in zip(tags, bufs)])
@@ -617,12 +627,6 @@ class PipelineRunner:
         self._inflight = still
 
 
-def _next_receives(program: list) -> dict[int, list[Action]]:
-    """Position of each comm batch in ``program`` -> the receives of the next comm batch, if any."""
-    batches = [i for i, item in enumerate(program) if isinstance(item, list)]
-    out = {}
-    for here, there in zip(batches, batches[1:]):
-        recvs = [a for a in program[there] if a.kind in _RECEIVES]
-        if recvs:
-            out[here] = recvs
-    return out
+def _receives(program: list) -> list[Action]:
+    """The receive actions of ``program``'s comm batches, in program order."""
+    return [a for item in program if isinstance(item, list) for a in item if a.kind in _RECEIVES]

@@ -114,22 +114,23 @@ def global_grad_norm(named: dict[str, nn.Parameter], order: dict[str, int], dp_r
                      device: torch.device | None = None, dp_sharded: bool = False) -> float:
     """The gradient norm over the whole model, the same value on every rank of every layout.
 
-    Each parameter's squared norm (float64) goes into a slot of one vector indexed by its full name
-    (one replica contributes, once per tensor-parallel shard; with ``dp_sharded`` (FSDP) every
-    replica, its shard's squares); one all-reduce over the world fills it and its sum, in name
-    order, is independent of how the model is split."""
+    Each parameter's squared norm (accumulated in float64) goes into a slot of one vector indexed by
+    its full name (one replica contributes, once per tensor-parallel shard; with ``dp_sharded``
+    (FSDP) every replica, its shard's squares); one all-reduce over the world fills it and its sum,
+    in name order, is independent of how the model is split. A whole tensor gives the same bits in
+    every layout; a tensor split into shards (FSDP, tensor parallel) agrees to float64 rounding."""
     squares = torch.zeros(len(order), dtype=torch.float64, device=device)  # on the GPU for NCCL
     if dp_rank == 0 or dp_sharded:
-        slots, values = [], []
+        slots, grads = [], []
         for name, p in named.items():
             if p.grad is None or (tp_rank != 0 and not is_sharded(p)):
                 continue
-            g = local_tensor(p.grad).detach().to(torch.float64, copy=True)  # a copy even of a float64 gradient
             slots.append(order[name])
-            values.append(g.mul_(g).sum())  # squared in place: the products of g * g, one allocation fewer
-        if values:  # one scatter, not one indexed add per parameter (each name has its own slot)
+            grads.append(local_tensor(p.grad).detach())
+        if grads:  # one call: float64 accumulation of each tensor's squares, without float64 copies of it
+            norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64)).to(squares.device)
             index = torch.tensor(slots, dtype=torch.long, device=squares.device)
-            squares.index_copy_(0, index, torch.stack(values).to(squares.device))
+            squares.index_copy_(0, index, norms.mul_(norms))  # each name has its own slot: one scatter
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(squares)
     return float(squares.sum().sqrt())

@@ -288,3 +288,82 @@ def test_each_stage_reports_its_final_gradients_once_after_its_last_backward(nam
     runner._gradients_final = {i: min(stages) for i in range(64)}  # whatever positions the training program has
     runner.evaluate(inputs, targets)  # forward only (a program of its own): no gradients, no call
     assert seen == []
+
+
+class _Work:
+    """A send's work as a process group returns it, counting how often the runner polls and waits for it."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+        self.waits = 0
+
+    def is_completed(self) -> bool:
+        self.polls += 1
+        return False
+
+
+class _WorkLoopback(LoopbackTransport):
+    """Loopback that hands back one work per tensor sent (as gloo does) and records the waits on them."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        self.sent: list[_Work] = []
+
+    def post(self, sends, recvs):
+        super().post(sends, recvs)
+        works = [_Work() for _ in sends]
+        self.sent += works
+        return works, []
+
+    def wait(self, works, peers=None, what=""):
+        for w in works:
+            if isinstance(w, _Work):
+                w.waits += 1
+
+
+def test_sends_of_unmanaged_tensors_are_waited_once_at_the_end_of_the_step_and_never_polled():
+    """A send holds nothing of the activation store (an unmeasured step): the runner keeps its work to wait
+    at the end of the step, without polling it after every batch (one call per send and batch, before)."""
+    schedule = lower(generate("1f1b", 2, 4, 1))
+    layers = gpt_layers(CFG, seed=0)
+    stages = build_rank_stages(layers, even_counts(len(layers), 2), schedule.placement, 0)
+    transport = _WorkLoopback(torch.device("cpu"))
+    runner = PipelineRunner(stages, schedule, 0, loss_fn=lm_loss, transport=transport, measure_memory=False)
+    runner.step(sample_batch(CFG, 8)[0])
+    assert len(transport.sent) == 8  # per microbatch, the hidden states and the mask
+    assert [(w.polls, w.waits) for w in transport.sent] == [(0, 1)] * 8
+    runner.close()
+
+
+class _PostLog(LoopbackTransport):
+    """Loopback that records, per post, how many sends and receives it carried."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        self.log: list[tuple[int, int]] = []
+
+    def post(self, sends, recvs):
+        self.log.append((len(sends), len(recvs)))
+        return super().post(sends, recvs)
+
+
+@pytest.mark.parametrize("name, v", [("1f1b", 1), ("interleaved-1f1b", 2)])
+def test_a_tag_matching_transport_gets_every_receive_of_the_step_before_the_first_send(name, v):
+    """gloo matches by tag: all of a step's receives are posted when it starts (a receive posted after its
+    data arrived costs gloo milliseconds), each waited at its batch; one comm batch ahead left some late."""
+    schedule = lower(generate(name, 2, 4, v))
+    layers = gpt_layers(CFG, seed=0)
+    stages = build_rank_stages(layers, even_counts(len(layers), 2 * v), schedule.placement, 1)
+    boundary = (TensorSpec((2, CFG.seq, CFG.hidden), torch.float32, True), TensorSpec((2, CFG.seq), torch.bool, False),
+                Const(1))
+    transport = _PostLog(torch.device("cpu"))
+    runner = PipelineRunner(stages, schedule, 1, loss_fn=lm_loss, transport=transport,
+                            output_specs={s: boundary for s in range(2 * v - 1)})
+    for _ in range(2):
+        transport.log.clear()
+        loss = runner.step(None, sample_batch(CFG, 8)[1])
+        assert torch.isfinite(loss) and runner.trace.matches(schedule.actions[1])
+        first_send = next(i for i, (sends, _) in enumerate(transport.log) if sends)
+        received = sum(r for _, r in transport.log)
+        assert received > 0 and sum(r for _, r in transport.log[:first_send]) == received
+    runner.close()
