@@ -199,20 +199,22 @@ def _err(sim: float, measured: float) -> str:
 
 
 def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, steps: int) -> tuple:
-    """Profile, simulate ``family`` (with and without the measured concurrency), run it, print the
-    case; returns its table row. The profile is taken right before the run: the same minutes."""
+    """Profile, simulate ``family`` (processor sharing; the per-rank stretch; the wall-clock profile
+    alone), run it, print the case; returns its table row. The profile is taken right before the run:
+    the same minutes."""
     load = _load()
     messages = measure_message_costs(BOUNDARY, ranks=ranks)
     c, wall = _profile(ranks, v, messages.fitted_p2p_time, overhead, messages.message_time, ping_pong)
     schedule = generate(family, ranks, MICROBATCHES, v)
     alone = simulate(lower(schedule, wall), wall).makespan
-    contended = contended_costs(schedule, c)
-    timeline = simulate(lower(schedule, contended), contended)
+    shared = replace(c, concurrency_slowdown=None, p2p_time=messages.p2p_time, cores=len(os.sched_getaffinity(0)),
+                     message_cpu=messages.message_cpu)
+    timeline = simulate(lower(schedule, shared), shared)
     predicted = timeline.makespan
+    contended = contended_costs(schedule, c)
+    stretched = simulate(lower(schedule, contended), contended).makespan
     former_costs = contended_costs(schedule, replace(c, message_time=0.0, p2p_time=ping_pong))
     former = simulate(lower(schedule, former_costs), former_costs).makespan
-    direct_costs = contended_costs(schedule, replace(c, p2p_time=messages.p2p_time))
-    direct = simulate(lower(schedule, direct_costs), direct_costs).makespan
     run = spawn(_run, ranks, (family, v, steps), deadline=900)
     if not run.ok:
         raise SystemExit("\n".join(e for e in run.errors if e))
@@ -225,15 +227,17 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
     together = simulate(lower(schedule, together_costs), together_costs).makespan
     after = _load()
     slowdown = ", ".join(f"{x:.2f}" for x in c.concurrency_slowdown or ())
-    print(f"{ranks} ranks {family:<17} v={v}: measured {measured:.3f} s; simulated with the profile, its measured "
-          f"concurrency and the runtime's message costs {predicted:.3f} s ({_err(predicted, measured)}); with the "
-          f"mean transfer to a waiting receiver instead {direct:.3f} s ({_err(direct, measured)}); with the "
-          f"ping-pong instead (the former prediction) {former:.3f} s ({_err(former, measured)}); "
+    print(f"{ranks} ranks {family:<17} v={v}: measured {measured:.3f} s; simulated with the CPU profile, the "
+          f"runtime's message costs and the cores shared (processor sharing) {predicted:.3f} s "
+          f"({_err(predicted, measured)}); with the measured concurrency per rank (contended_costs) and the fitted "
+          f"transfer instead {stretched:.3f} s ({_err(stretched, measured)}); with the ping-pong and no message "
+          f"costs {former:.3f} s ({_err(former, measured)}); "
           f"the wall-clock profile alone {alone:.3f} s "
           f"({_err(alone, measured)}); replayed together {together:.3f} s ({_err(together, measured)}); "
           f"slowdown with 1..{ranks} ranks computing: {slowdown}; load {load} -> {after}", flush=True)
     print(f"    the runtime's messages (measure_message_costs): {messages.message_time * 1e3:.2f} ms on the lane per "
-          f"send/receive, {messages.p2p_time * 1e3:.2f} ms from a send to a waiting receiver (ping-pong "
+          f"send/receive and {messages.message_cpu * 1e3:.2f} ms of CPU on the transport's threads, "
+          f"{messages.p2p_time * 1e3:.2f} ms from a send to a waiting receiver (ping-pong "
           f"{ping_pong * 1e3:.2f} ms; {messages.samples[0]} / {messages.samples[1]} messages); its synthetic pipeline "
           f"measured {messages.measured_step * 1e3:.1f} ms, simulated with them {messages.simulated_step * 1e3:.1f} ms "
           f"({_err(messages.simulated_step, messages.measured_step)}), the same with a transfer of "
@@ -253,7 +257,7 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
               f"{statistics.median(durations['cpu ' + key]) * 1e3:6.2f} | {_cost(c, kind, stage) * 1e3:6.2f} / "
               f"{_cost(wall, kind, stage) * 1e3:6.2f} | "
               f"{_cost(contended, kind, stage) * 1e3:6.2f} | {_cost(together_costs, kind, stage) * 1e3:6.2f}")
-    return ranks, family, v, predicted, direct, former, alone, together, measured
+    return ranks, family, v, predicted, stretched, former, alone, together, measured
 
 
 def _message_check(ranks: int, families: list[str]) -> None:
@@ -306,11 +310,11 @@ def main() -> None:
               f"P2P one-way for {BOUNDARY} B, the other ranks computing (measure_p2p_time): {p2p * 1e3:.3f} ms")
         for family, v in (c for c in CASES if c[0] in args.schedules):
             rows.append(_case(ranks, family, v, p2p, overhead, args.steps))
-    print("\nranks  schedule           v  measured s   predicted s  error    mean transfer s  error   "
+    print("\nranks  schedule           v  measured s   predicted s  error    per-rank stretch s  error   "
           "with ping-pong s  error   profile alone s  error   together s  error")
-    for ranks, family, v, predicted, direct, former, alone, together, measured in rows:
+    for ranks, family, v, predicted, stretched, former, alone, together, measured in rows:
         print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} {predicted:>13.3f} {_err(predicted, measured):>6} "
-              f"{direct:>18.3f} {_err(direct, measured):>6} {former:>18.3f} {_err(former, measured):>6} "
+              f"{stretched:>21.3f} {_err(stretched, measured):>6} {former:>18.3f} {_err(former, measured):>6} "
               f"{alone:>17.3f} {_err(alone, measured):>6} {together:>12.3f} {_err(together, measured):>6}")
     worst = max(abs(row[3] - row[-1]) / row[-1] for row in rows)
     print(f"largest error of the prediction: {worst:.1%} (target: within 10% on every row)")

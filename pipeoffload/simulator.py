@@ -18,6 +18,10 @@ Model (see docs/decisions.md):
   does not need, W the rest; R re-allocates at its start; OFFLOAD frees the device copy when the copy
   completes; RELOAD allocates when it starts and its backward (W: its RELOAD_W) waits for it to complete. At equal
   times frees are applied before allocations.
+- With ``cores`` (CPU ranks sharing a host's cores; default None: a processor per rank) the timeline
+  runs in global time order as processor sharing: the n runnable lanes (computing, or in a message's
+  ``message_time``) and ranks' transports (``message_cpu`` per SEND/RECV) each progress at
+  min(1, cores / n) of their speed; a rank waiting for data loads no core. No offload copies then.
 - WAIT holds the compute lane, like a receive, from the lane's clock until its OFFLOAD's copy has
   completed (zero duration, no memory effect); the time it holds is idle time, not a stall.
 """
