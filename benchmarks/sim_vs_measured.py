@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import time
 from collections import defaultdict
@@ -250,6 +251,12 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
         for key, values in kinds.items():
             if key != "comm":
                 durations[key] += values
+    # the timeline model alone: processor sharing on the run's own thread CPU per action (not a prediction)
+    own = with_action_times(shared, {(ActionKind(k[4]), int(k[5:])): statistics.median(x)
+                                     for k, x in durations.items() if k.startswith("cpu")})
+    own_step = simulate(lower(schedule, own), own).makespan
+    print(f"    processor sharing on the run's own thread CPU per action (the timeline model alone): "
+          f"{own_step:.3f} s ({_err(own_step, measured)})")
     print("    per action (ms): runtime wall / thread CPU | profile CPU / wall | CPU with concurrency | replayed together")
     for key in sorted((k for k in durations if not k.startswith("cpu")), key=lambda k: (int(k[1:]), k[0])):
         kind, stage = ActionKind(key[0]), int(key[1:])
@@ -285,6 +292,51 @@ def _message_check(ranks: int, families: list[str]) -> None:
               + f"; load {_load()}", flush=True)
 
 
+def _table(lines: list[str], start: int) -> dict[str, tuple[float, float]]:
+    """A case's per-action rows from ``start``: key -> (the run's thread CPU, the profile's CPU), seconds."""
+    rows = {}
+    for line in lines[start:]:
+        match = re.match(r"\s+([FBIW]\d+):\s+[\d.]+ /\s+([\d.]+) \|\s+([\d.]+) /", line)
+        if not match:
+            break
+        rows[match[1]] = (float(match[2]) * 1e-3, float(match[3]) * 1e-3)
+    return rows
+
+
+def _from_results(path: str, end: int, message_cpu: float, cores: int) -> None:
+    """Re-simulate the cases of a results file (its first ``end`` lines: one run) with processor
+    sharing: the per-action CPU of the profile and of the run itself, its message lane time, its mean
+    transfer, the given transport CPU per SEND/RECV (seconds) and ``cores``. The timeline model
+    checked on a run already measured (an idle one), the load of now out of it."""
+    try:
+        lines = open(path).read().splitlines()[:end or None]
+    except OSError as err:
+        raise SystemExit(f"--from-results {path!r}: {err}") from None
+    print(f"{path} (lines 1-{len(lines)}): processor sharing on {cores} cores, transport CPU "
+          f"{message_cpu * 1e3:.2f} ms per send/receive, the run's message lane time and mean transfer")
+    print("ranks  schedule           v  measured s   profile CPU s  error   the run's own CPU s  error")
+    for n, line in enumerate(lines):
+        case = re.match(r"(\d+) ranks (\S+)\s+v=(\d+): measured ([\d.]+) s", line)
+        lane = re.search(r"([\d.]+) ms on the lane", lines[n + 1]) if case else None
+        transfer = re.search(r"([\d.]+) ms from a send to a waiting", lines[n + 1]) if case else None
+        if not (case and lane and transfer):
+            continue
+        ranks, family, v, measured = int(case[1]), case[2], int(case[3]), float(case[4])
+        table = _table(lines, n + 4)
+        schedule = generate(family, ranks, MICROBATCHES, v)
+        base = CostModel(time_f=(0.0,) * (ranks * v), time_i=0.0, time_w=0.0, time_b=0.0, cores=cores,
+                         message_time=float(lane[1]) * 1e-3, p2p_time=float(transfer[1]) * 1e-3,
+                         message_cpu=message_cpu)
+        steps = []
+        for column in (1, 0):
+            costs = with_action_times(base, {(ActionKind(k[0]), int(k[1:])): x[column] for k, x in table.items()})
+            if not any(k[0] == "B" for k in table):
+                costs = replace(costs, time_b=None)
+            steps.append(simulate(lower(schedule, costs), costs).makespan)
+        print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} {steps[0]:>15.3f} {_err(steps[0], measured):>6} "
+              f"{steps[1]:>21.3f} {_err(steps[1], measured):>6}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
@@ -292,7 +344,14 @@ def main() -> None:
     parser.add_argument("--schedules", nargs="+", default=[f for f, _ in CASES], choices=[f for f, _ in CASES])
     parser.add_argument("--message-check", action="store_true",
                         help="only check the message model on synthetic pipelines (their own compute walls)")
+    parser.add_argument("--from-results", metavar="FILE",
+                        help="only re-simulate a results file's cases (its first --lines lines) with processor sharing")
+    parser.add_argument("--lines", type=int, default=0, help="with --from-results: lines of FILE to read (0: all)")
+    parser.add_argument("--message-cpu", type=float, default=0.6, help="with --from-results: transport CPU, ms")
     args = parser.parse_args()
+    if args.from_results:
+        _from_results(args.from_results, args.lines, args.message_cpu * 1e-3, len(os.sched_getaffinity(0)))
+        return
     torch.set_num_threads(1)
     if args.message_check:
         for ranks in args.ranks:
