@@ -68,6 +68,7 @@ from pipeoffload.profiling import (
     measure_concurrency,
     measure_message_costs,
     measure_p2p_time,
+    other_load,
     profile_stages,
     synthetic_run,
     with_action_times,
@@ -208,8 +209,9 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
     c, wall = _profile(ranks, v, messages.fitted_p2p_time, overhead, messages.message_time, ping_pong)
     schedule = generate(family, ranks, MICROBATCHES, v)
     alone = simulate(lower(schedule, wall), wall).makespan
-    shared = replace(c, concurrency_slowdown=None, p2p_time=messages.p2p_time, cores=len(os.sched_getaffinity(0)),
-                     message_cpu=messages.message_cpu)
+    cores = len(os.sched_getaffinity(0))
+    shared = replace(c, concurrency_slowdown=None, p2p_time=messages.p2p_time, cores=cores,
+                     message_cpu=messages.message_cpu, other_load=other_load(c.concurrency_slowdown or (1.0,), cores))
     timeline = simulate(lower(schedule, shared), shared)
     predicted = timeline.makespan
     contended = contended_costs(schedule, c)
@@ -237,7 +239,8 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
           f"({_err(alone, measured)}); replayed together {together:.3f} s ({_err(together, measured)}); "
           f"slowdown with 1..{ranks} ranks computing: {slowdown}; load {load} -> {after}", flush=True)
     print(f"    the runtime's messages (measure_message_costs): {messages.message_time * 1e3:.2f} ms on the lane per "
-          f"send/receive and {messages.message_cpu * 1e3:.2f} ms of CPU on the transport's threads, "
+          f"send/receive and {messages.message_cpu * 1e3:.2f} ms of CPU on the transport's threads (other load: "
+          f"{shared.other_load:.2f} runnable threads), "
           f"{messages.p2p_time * 1e3:.2f} ms from a send to a waiting receiver (ping-pong "
           f"{ping_pong * 1e3:.2f} ms; {messages.samples[0]} / {messages.samples[1]} messages); its synthetic pipeline "
           f"measured {messages.measured_step * 1e3:.1f} ms, simulated with them {messages.simulated_step * 1e3:.1f} ms "
@@ -255,8 +258,13 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
     own = with_action_times(shared, {(ActionKind(k[4]), int(k[5:])): statistics.median(x)
                                      for k, x in durations.items() if k.startswith("cpu")})
     own_step = simulate(lower(schedule, own), own).makespan
+    ratios = []
+    for r in range(ranks):  # each rank's compute CPU in the run over the profile's, its actions counted
+        mine = [a for a in schedule.actions[r] if a.kind in COMPUTE]
+        ratios.append(sum(_cost(own, a.kind, a.stage) for a in mine) / sum(_cost(c, a.kind, a.stage) for a in mine))
     print(f"    processor sharing on the run's own thread CPU per action (the timeline model alone): "
-          f"{own_step:.3f} s ({_err(own_step, measured)})")
+          f"{own_step:.3f} s ({_err(own_step, measured)}); the run's compute CPU over the profile's, per rank: "
+          + ", ".join(f"{x:.2f}" for x in ratios))
     print("    per action (ms): runtime wall / thread CPU | profile CPU / wall | CPU with concurrency | replayed together")
     for key in sorted((k for k in durations if not k.startswith("cpu")), key=lambda k: (int(k[1:]), k[0])):
         kind, stage = ActionKind(key[0]), int(key[1:])

@@ -52,7 +52,10 @@ class CostModel:
     at min(1, cores / n) of its speed; a rank waiting for data loads no core. ``message_cpu`` is what
     each SEND and RECV costs its rank's transport thread besides the lane (copies, the socket's
     kernel work, wake-ups): CPU that competes for the cores but holds no lane; charged only with
-    ``cores`` (the profiler measures both: ``measure_message_costs``). No offload copies with ``cores``.
+    ``cores`` (the profiler measures both: ``measure_message_costs``). ``other_load``: threads of other
+    processes runnable on those cores the whole time (the machine's load; ``profiling.other_load``
+    reads it from ``measure_concurrency``): n runnable then progress at min(1, cores / (n + other_load)).
+    No offload copies with ``cores``.
     """
 
     time_f: PerStage = 1.0
@@ -79,6 +82,7 @@ class CostModel:
     concurrency_slowdown: tuple[float, ...] | None = None
     cores: float | None = None
     message_cpu: float = 0.0
+    other_load: float = 0.0
 
     def __post_init__(self) -> None:
         for name in _NUMBERS:  # inf or nan would make every time and peak after it silently wrong
@@ -93,7 +97,8 @@ class CostModel:
                 raise ConfigError(f"{name}={value!r}: times and sizes must be >= 0")
         if self.cores is not None and not self.cores > 0:
             raise ConfigError(f"cores={self.cores!r}: must be > 0 (or None: a processor per rank)")
-        for name in ("p2p_time", "d2h_time", "h2d_time", "action_overhead", "message_time", "message_cpu"):
+        for name in ("p2p_time", "d2h_time", "h2d_time", "action_overhead", "message_time", "message_cpu",
+                     "other_load"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be >= 0")
         saving = self.partial_recompute_saving
@@ -197,8 +202,8 @@ COSTS_FORMAT = "pipeoffload-costs/1"
 _FIELDS = ("time_f", "time_i", "time_w", "time_b", "time_r", "activation", "w_fraction", "stage_w_fraction",
            "activation_bytes", "p2p_time", "d2h_time", "h2d_time", "shared_copy_engine", "shared_host_link",
            "partial_recompute_saving", "partial_recompute_time", "action_overhead", "message_time", "cores",
-           "message_cpu")
-_UNSET = {"message_cpu": 0.0}  # written only when set: files of cost models without them stay as they were
+           "message_cpu", "other_load")
+_UNSET = {"message_cpu": 0.0, "other_load": 0.0}  # written only when set: files of cost models without them stay as they were
 # not a cost-file key: ``simulate`` does not apply it (``profiling.contended_costs`` does, for one schedule),
 # so a file that carried it would promise what `pipeoffload simulate --costs` does not do
 _IN_MEMORY_ONLY = ("concurrency_slowdown",)
@@ -207,7 +212,8 @@ _IN_MEMORY_ONLY = ("concurrency_slowdown",)
 # every number a cost model holds (scalars or per-stage tuples)
 _NUMBERS = ("time_f", "time_i", "time_w", "time_b", "time_r", "activation", "w_fraction", "activation_bytes",
             "p2p_time", "d2h_time", "h2d_time", "partial_recompute_saving", "partial_recompute_time",
-            "stage_w_fraction", "action_overhead", "message_time", "concurrency_slowdown", "cores", "message_cpu")
+            "stage_w_fraction", "action_overhead", "message_time", "concurrency_slowdown", "cores", "message_cpu",
+            "other_load")
 
 
 def cost_model_to_dict(costs: CostModel) -> dict:

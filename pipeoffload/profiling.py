@@ -514,6 +514,16 @@ def measure_concurrency(stages: Sequence[nn.Module], inputs: Any, *, loss_fn: Lo
     return tuple(statistics.mean(wall for wall, _ in per_n[n]) / alone for n in range(1, ranks + 1))
 
 
+def other_load(slowdown: Sequence[float], cores: float) -> float:
+    """Other processes' runnable threads on ``cores`` shared cores (``CostModel.other_load``), read from
+    ``measure_concurrency``'s factors on the thread's CPU clock: with all n = len(slowdown) ranks
+    computing, processor sharing makes each n's wall over its CPU time max(1, (n + load) / cores), so
+    load = cores * factor_n - n (0 where that is below 0: the cores were not all taken)."""
+    if not slowdown or cores <= 0:
+        raise ConfigError(f"other_load: slowdown={tuple(slowdown)!r}, cores={cores!r}; need factors and cores > 0")
+    return max(cores * slowdown[-1] - len(slowdown), 0.0)
+
+
 def _scaled(costs: CostModel, factor: Sequence[float]) -> CostModel:
     """``costs`` with stage s's compute times (overhead and partial recompute folded in) times factor[s]."""
     n = len(factor)

@@ -21,7 +21,8 @@ Model (see docs/decisions.md):
 - With ``cores`` (CPU ranks sharing a host's cores; default None: a processor per rank) the timeline
   runs in global time order as processor sharing: the n runnable lanes (computing, or in a message's
   ``message_time``) and ranks' transports (``message_cpu`` per SEND/RECV) each progress at
-  min(1, cores / n) of their speed; a rank waiting for data loads no core. No offload copies then.
+  min(1, cores / (n + other_load)) of their speed (``other_load``: other processes' runnable threads);
+  a rank waiting for data loads no core. No offload copies then.
 - WAIT holds the compute lane, like a receive, from the lane's clock until its OFFLOAD's copy has
   completed (zero duration, no memory effect); the time it holds is idle time, not a stall.
 """
@@ -460,7 +461,7 @@ class _Simulation:
         """The event loop with ``cores`` (processor sharing; CPU ranks, no copies): in global time
         order, every lane doing work (a compute action, or a SEND's or RECV's ``message_time``) and
         every rank's pending ``message_cpu`` (its transport's own thread) is runnable, and each of the
-        n runnable ones progresses at min(1, cores / n) of its speed. A rank waiting for a receive's
+        n runnable ones progresses at min(1, cores / (n + other_load)) of its speed. A rank waiting for a receive's
         data or in a transfer loads no core. Compute times are wall times here (``busy`` too)."""
         if np.any(sem.LANE[self.c.kind] == sem.COPY):
             raise ScheduleError("cores (processor sharing) models CPU ranks; the schedule has offload copies")
@@ -468,6 +469,7 @@ class _Simulation:
         done = self._done()
         n = self.schedule.num_ranks
         cores, message_cpu = float(self.costs.cores or 1), self.costs.message_cpu if self.c.lowered else 0.0
+        other = self.costs.other_load
         waiters, starts, ends = self.waiters, self.start, self.end
         pos, offsets, busies = self.pos, self.offsets, self.busy
         left = [-1.0] * n  # work left in the lane's current action; -1.0: not working
@@ -523,7 +525,7 @@ class _Simulation:
             runnable = len(working) + len(busy_bg)
             if not runnable and not timers:
                 return
-            rate = min(1.0, cores / runnable) if runnable else 0.0
+            rate = min(1.0, cores / (runnable + other)) if runnable else 0.0
             least = min([left[r] for r in working] + [background[r] for r in busy_bg], default=math.inf)
             until = min(now + least / rate if runnable else math.inf, timers[0][0] if timers else math.inf)
             progress = (until - now) * rate

@@ -66,8 +66,29 @@ def test_cores_is_checked_refuses_copies_and_round_trips_through_a_cost_file():
         CostModel(cores=0)
     with pytest.raises(ConfigError, match="message_cpu"):
         CostModel(message_cpu=-1.0)
+    with pytest.raises(ConfigError, match="other_load"):
+        CostModel(other_load=-1.0)
     with pytest.raises(ScheduleError, match="copies"):
         simulate(Schedule.from_text("0F0 0OFFLOAD0 0RELOAD0 0B0"), replace(UNIT, cores=1).with_offload_ratio(0.5))
-    costs = replace(UNIT, cores=2, message_cpu=1e-3)
+    costs = replace(UNIT, cores=2, message_cpu=1e-3, other_load=0.5)
     assert cost_model_from_dict(cost_model_to_dict(costs)) == costs
     assert "message_cpu" not in cost_model_to_dict(UNIT) and "cores" not in cost_model_to_dict(UNIT)
+
+
+def test_other_load_takes_its_share_of_the_cores():
+    # One rank alone on one core with one other runnable thread: half speed, F0 then B0 take 2 + 4.
+    schedule = generate("1f1b", 1, 1, 1)
+    assert simulate(schedule, replace(UNIT, cores=1)).makespan == pytest.approx(3.0)
+    assert simulate(schedule, replace(UNIT, cores=1, other_load=1.0)).makespan == pytest.approx(6.0)
+    assert simulate(schedule, replace(UNIT, cores=2, other_load=1.0)).makespan == pytest.approx(3.0)  # a core each
+
+
+def test_other_load_is_read_from_the_measured_concurrency():
+    pytest.importorskip("torch")
+    from pipeoffload.profiling import other_load
+
+    assert other_load((1.0, 2.0, 3.5), cores=2) == pytest.approx(4.0)  # 3 ranks at 3.5x: (3 + 4) / 2
+    assert other_load((1.0, 1.02), cores=2) == pytest.approx(0.04)
+    assert other_load((1.0, 0.9), cores=2) == 0.0
+    with pytest.raises(ConfigError, match="other_load"):
+        other_load((), cores=2)
