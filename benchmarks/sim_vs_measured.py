@@ -314,7 +314,8 @@ def _table(lines: list[str], start: int) -> dict[str, tuple[float, float]]:
 def _from_results(path: str, end: int, message_cpu: float, cores: int) -> None:
     """Re-simulate the cases of a results file (its first ``end`` lines: one run) with processor
     sharing: the per-action CPU of the profile and of the run itself, its message lane time, its mean
-    transfer, the given transport CPU per SEND/RECV (seconds) and ``cores``. The timeline model
+    transfer, its measured concurrency as ``other_load``, the given transport CPU per SEND/RECV
+    (seconds) and ``cores``. The timeline model
     checked on a run already measured (an idle one), the load of now out of it."""
     try:
         lines = open(path).read().splitlines()[:end or None]
@@ -322,7 +323,7 @@ def _from_results(path: str, end: int, message_cpu: float, cores: int) -> None:
         raise SystemExit(f"--from-results {path!r}: {err}") from None
     print(f"{path} (lines 1-{len(lines)}): processor sharing on {cores} cores, transport CPU "
           f"{message_cpu * 1e3:.2f} ms per send/receive, the run's message lane time and mean transfer")
-    print("ranks  schedule           v  measured s   profile CPU s  error   the run's own CPU s  error")
+    print("ranks  schedule           v  measured s   profile CPU s  error   the run's own CPU s  error  other load")
     for n, line in enumerate(lines):
         case = re.match(r"(\d+) ranks (\S+)\s+v=(\d+): measured ([\d.]+) s", line)
         lane = re.search(r"([\d.]+) ms on the lane", lines[n + 1]) if case else None
@@ -330,11 +331,13 @@ def _from_results(path: str, end: int, message_cpu: float, cores: int) -> None:
         if not (case and lane and transfer):
             continue
         ranks, family, v, measured = int(case[1]), case[2], int(case[3]), float(case[4])
+        factors = re.search(r"computing: ([\d., ]+);", line)
+        load = other_load([float(x) for x in factors[1].split(",")], cores) if factors else 0.0
         table = _table(lines, n + 4)
         schedule = generate(family, ranks, MICROBATCHES, v)
         base = CostModel(time_f=(0.0,) * (ranks * v), time_i=0.0, time_w=0.0, time_b=0.0, cores=cores,
                          message_time=float(lane[1]) * 1e-3, p2p_time=float(transfer[1]) * 1e-3,
-                         message_cpu=message_cpu)
+                         message_cpu=message_cpu, other_load=load)
         steps = []
         for column in (1, 0):
             costs = with_action_times(base, {(ActionKind(k[0]), int(k[1:])): x[column] for k, x in table.items()})
@@ -342,7 +345,7 @@ def _from_results(path: str, end: int, message_cpu: float, cores: int) -> None:
                 costs = replace(costs, time_b=None)
             steps.append(simulate(lower(schedule, costs), costs).makespan)
         print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} {steps[0]:>15.3f} {_err(steps[0], measured):>6} "
-              f"{steps[1]:>21.3f} {_err(steps[1], measured):>6}")
+              f"{steps[1]:>21.3f} {_err(steps[1], measured):>6} {load:>10.2f}")
 
 
 def main() -> None:
