@@ -48,6 +48,7 @@ import argparse
 import os
 import re
 import statistics
+import sys
 import time
 from collections import defaultdict
 from dataclasses import replace
@@ -311,17 +312,22 @@ def _table(lines: list[str], start: int) -> dict[str, tuple[float, float]]:
     return rows
 
 
-def _from_results(path: str, end: int, message_cpu: float, cores: int) -> None:
-    """Re-simulate the cases of a results file (its first ``end`` lines: one run) with processor
+def _from_results(path: str, span: str, message_cpu: float, cores: int) -> None:
+    """Re-simulate the cases of a results file (its lines ``span``, "FIRST-LAST" from 1: one run) with processor
     sharing: the per-action CPU of the profile and of the run itself, its message lane time, its mean
     transfer, its measured concurrency as ``other_load``, the given transport CPU per SEND/RECV
     (seconds) and ``cores``. The timeline model
     checked on a run already measured (an idle one), the load of now out of it."""
+    match = re.fullmatch(r"(\d+)-(\d+)", span)
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        print(f"sim_vs_measured: --lines {span!r}: give FIRST-LAST, e.g. 1-152", file=sys.stderr)
+        raise SystemExit(2)
     try:
-        lines = open(path).read().splitlines()[:end or None]
+        lines = open(path).read().splitlines()[int(match[1]) - 1:int(match[2])]
     except OSError as err:
-        raise SystemExit(f"--from-results {path!r}: {err}") from None
-    print(f"{path} (lines 1-{len(lines)}): processor sharing on {cores} cores, transport CPU "
+        print(f"sim_vs_measured: --from-results {path!r}: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"{path} (lines {span}): processor sharing on {cores} cores, transport CPU "
           f"{message_cpu * 1e3:.2f} ms per send/receive, the run's message lane time and mean transfer")
     print("ranks  schedule           v  measured s   profile CPU s  error   the run's own CPU s  error  other load")
     for n, line in enumerate(lines):
@@ -356,8 +362,8 @@ def main() -> None:
     parser.add_argument("--message-check", action="store_true",
                         help="only check the message model on synthetic pipelines (their own compute walls)")
     parser.add_argument("--from-results", metavar="FILE",
-                        help="only re-simulate a results file's cases (its first --lines lines) with processor sharing")
-    parser.add_argument("--lines", type=int, default=0, help="with --from-results: lines of FILE to read (0: all)")
+                        help="only re-simulate a results file's cases (its --lines) with processor sharing")
+    parser.add_argument("--lines", default="1-1000000", help="with --from-results: the run's lines of FILE, FIRST-LAST")
     parser.add_argument("--message-cpu", type=float, default=0.6, help="with --from-results: transport CPU, ms")
     args = parser.parse_args()
     if args.from_results:
