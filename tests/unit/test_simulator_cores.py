@@ -3,7 +3,7 @@ from dataclasses import replace
 
 import pytest
 
-from pipeoffload import CostModel, ScheduleError, generate, lower, simulate
+from pipeoffload import CostModel, DeadlockError, ScheduleError, generate, lower, simulate
 from pipeoffload.costs import cost_model_from_dict, cost_model_to_dict
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Schedule
@@ -92,3 +92,9 @@ def test_other_load_is_read_from_the_measured_concurrency():
     assert other_load((1.0, 0.9), cores=2) == 0.0
     with pytest.raises(ConfigError, match="other_load"):
         other_load((), cores=2)
+
+
+def test_a_deadlock_is_reported_as_without_cores():
+    crossing = Schedule.from_text("0F0 0RECV_B0 0B0 0SEND_F0\n1RECV_F0 1F0 1B0 1SEND_B0\n")
+    with pytest.raises(DeadlockError, match=r"rank 0 step 1 0RECV_B0 waits for 1SEND_B0.*rank 1 step 0"):
+        simulate(crossing, replace(UNIT, cores=1, message_cpu=0.5))
