@@ -29,7 +29,11 @@ timeline (the simulator itself gives every rank a machine of its own).
 ``measure_message_costs`` reads what the runtime's messages cost from its own traces on spawned
 ranks (``PipelineRunner`` on the process group, synthetic stages): the lane's cost per SEND/RECV
 (``CostModel.message_time``) and the time from a send to a waiting receiver (``p2p_time``), both
-charged by the simulator; ``measure_p2p_time``'s ping-pong exercises gloo alone.
+charged by the simulator; ``measure_p2p_time``'s ping-pong exercises gloo alone. It also reads the
+CPU its transport's threads take per message (``CostModel.message_cpu``), and ``other_load`` reads the
+machine's other runnable threads from ``measure_concurrency``: with ``CostModel.cores`` the simulator
+shares the cores among the runnable ranks and transports (processor sharing) instead of
+``contended_costs``' per-rank stretch.
 """
 from __future__ import annotations
 
