@@ -219,7 +219,7 @@ class _Simulation:
         """Run each rank's lane as far as its inputs allow; a rank that waits is parked on the key it
         waits for and queued again (LIFO) when that action completes."""
         if self.costs.cores is not None:
-            self._loop_cores()  # processor sharing: a timeline in global time order
+            self._loop_cores(self.costs.cores)  # processor sharing: a timeline in global time order
         elif self.costs.shared_host_link or self.costs.message_time:
             self._loop_shared()  # the general loop (with own host links it books as ``_loop`` does)
         else:
@@ -457,18 +457,19 @@ class _Simulation:
                         queued[waiter] = True
                         ready.append(waiter)
 
-    def _loop_cores(self) -> None:
+    def _loop_cores(self, cores: float) -> None:
         """The event loop with ``cores`` (processor sharing; CPU ranks, no copies): in global time
         order, every lane doing work (a compute action, or a SEND's or RECV's ``message_time``) and
         every rank's pending ``message_cpu`` (its transport's own thread) is runnable, and each of the
-        n runnable ones progresses at min(1, cores / (n + other_load)) of its speed. A rank waiting for a receive's
-        data or in a transfer loads no core. Compute times are wall times here (``busy`` too)."""
+        n runnable ones progresses at min(1, cores / (n + other_load)) of its speed. A rank waiting
+        for a receive's data or in a transfer loads no core. Start and end times are walls (``busy``:
+        the walls of its compute actions)."""
         if np.any(sem.LANE[self.c.kind] == sem.COPY):
             raise ScheduleError("cores (processor sharing) models CPU ranks; the schedule has offload copies")
         lanes, keys, first, first_delay, second, second_delay, _, durations = self._columns()
         done = self._done()
         n = self.schedule.num_ranks
-        cores, message_cpu = float(self.costs.cores or 1), self.costs.message_cpu if self.c.lowered else 0.0
+        message_cpu = self.costs.message_cpu if self.c.lowered else 0.0  # a compute-only schedule has no SEND/RECV
         other = self.costs.other_load
         waiters, starts, ends = self.waiters, self.start, self.end
         pos, offsets, busies = self.pos, self.offsets, self.busy
@@ -539,7 +540,7 @@ class _Simulation:
                     pos[r] += 1
                     ready.append(r)
             for r in busy_bg:
-                background[r] = max(background[r] - progress, 0.0) if background[r] - progress > tolerance else 0.0
+                background[r] = background[r] - progress if background[r] - progress > tolerance else 0.0
             while timers and timers[0][0] <= now:
                 ready.append(heapq.heappop(timers)[1])
 
