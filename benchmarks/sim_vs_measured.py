@@ -46,7 +46,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
+import sys
 import time
 from collections import defaultdict
 from dataclasses import replace
@@ -67,6 +69,7 @@ from pipeoffload.profiling import (
     measure_concurrency,
     measure_message_costs,
     measure_p2p_time,
+    other_load,
     profile_stages,
     synthetic_run,
     with_action_times,
@@ -199,20 +202,23 @@ def _err(sim: float, measured: float) -> str:
 
 
 def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, steps: int) -> tuple:
-    """Profile, simulate ``family`` (with and without the measured concurrency), run it, print the
-    case; returns its table row. The profile is taken right before the run: the same minutes."""
+    """Profile, simulate ``family`` (processor sharing; the per-rank stretch; the wall-clock profile
+    alone), run it, print the case; returns its table row. The profile is taken right before the run:
+    the same minutes."""
     load = _load()
     messages = measure_message_costs(BOUNDARY, ranks=ranks)
     c, wall = _profile(ranks, v, messages.fitted_p2p_time, overhead, messages.message_time, ping_pong)
     schedule = generate(family, ranks, MICROBATCHES, v)
     alone = simulate(lower(schedule, wall), wall).makespan
-    contended = contended_costs(schedule, c)
-    timeline = simulate(lower(schedule, contended), contended)
+    cores = len(os.sched_getaffinity(0))
+    shared = replace(c, concurrency_slowdown=None, p2p_time=messages.p2p_time, cores=cores,
+                     message_cpu=messages.message_cpu, other_load=other_load(c.concurrency_slowdown or (1.0,), cores))
+    timeline = simulate(lower(schedule, shared), shared)
     predicted = timeline.makespan
+    contended = contended_costs(schedule, c)
+    stretched = simulate(lower(schedule, contended), contended).makespan
     former_costs = contended_costs(schedule, replace(c, message_time=0.0, p2p_time=ping_pong))
     former = simulate(lower(schedule, former_costs), former_costs).makespan
-    direct_costs = contended_costs(schedule, replace(c, p2p_time=messages.p2p_time))
-    direct = simulate(lower(schedule, direct_costs), direct_costs).makespan
     run = spawn(_run, ranks, (family, v, steps), deadline=900)
     if not run.ok:
         raise SystemExit("\n".join(e for e in run.errors if e))
@@ -225,15 +231,18 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
     together = simulate(lower(schedule, together_costs), together_costs).makespan
     after = _load()
     slowdown = ", ".join(f"{x:.2f}" for x in c.concurrency_slowdown or ())
-    print(f"{ranks} ranks {family:<17} v={v}: measured {measured:.3f} s; simulated with the profile, its measured "
-          f"concurrency and the runtime's message costs {predicted:.3f} s ({_err(predicted, measured)}); with the "
-          f"mean transfer to a waiting receiver instead {direct:.3f} s ({_err(direct, measured)}); with the "
-          f"ping-pong instead (the former prediction) {former:.3f} s ({_err(former, measured)}); "
+    print(f"{ranks} ranks {family:<17} v={v}: measured {measured:.3f} s; simulated with the CPU profile, the "
+          f"runtime's message costs and the cores shared (processor sharing) {predicted:.3f} s "
+          f"({_err(predicted, measured)}); with the measured concurrency per rank (contended_costs) and the fitted "
+          f"transfer instead {stretched:.3f} s ({_err(stretched, measured)}); with the ping-pong and no message "
+          f"costs {former:.3f} s ({_err(former, measured)}); "
           f"the wall-clock profile alone {alone:.3f} s "
           f"({_err(alone, measured)}); replayed together {together:.3f} s ({_err(together, measured)}); "
           f"slowdown with 1..{ranks} ranks computing: {slowdown}; load {load} -> {after}", flush=True)
     print(f"    the runtime's messages (measure_message_costs): {messages.message_time * 1e3:.2f} ms on the lane per "
-          f"send/receive, {messages.p2p_time * 1e3:.2f} ms from a send to a waiting receiver (ping-pong "
+          f"send/receive and {messages.message_cpu * 1e3:.2f} ms of CPU on the transport's threads (other load: "
+          f"{shared.other_load:.2f} runnable threads), "
+          f"{messages.p2p_time * 1e3:.2f} ms from a send to a waiting receiver (ping-pong "
           f"{ping_pong * 1e3:.2f} ms; {messages.samples[0]} / {messages.samples[1]} messages); its synthetic pipeline "
           f"measured {messages.measured_step * 1e3:.1f} ms, simulated with them {messages.simulated_step * 1e3:.1f} ms "
           f"({_err(messages.simulated_step, messages.measured_step)}), the same with a transfer of "
@@ -246,6 +255,17 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
         for key, values in kinds.items():
             if key != "comm":
                 durations[key] += values
+    # the timeline model alone: processor sharing on the run's own thread CPU per action (not a prediction)
+    own = with_action_times(shared, {(ActionKind(k[4]), int(k[5:])): statistics.median(x)
+                                     for k, x in durations.items() if k.startswith("cpu")})
+    own_step = simulate(lower(schedule, own), own).makespan
+    ratios = []
+    for r in range(ranks):  # each rank's compute CPU in the run over the profile's, its actions counted
+        mine = [a for a in schedule.actions[r] if a.kind in COMPUTE]
+        ratios.append(sum(_cost(own, a.kind, a.stage) for a in mine) / sum(_cost(c, a.kind, a.stage) for a in mine))
+    print(f"    processor sharing on the run's own thread CPU per action (the timeline model alone): "
+          f"{own_step:.3f} s ({_err(own_step, measured)}); the run's compute CPU over the profile's, per rank: "
+          + ", ".join(f"{x:.2f}" for x in ratios))
     print("    per action (ms): runtime wall / thread CPU | profile CPU / wall | CPU with concurrency | replayed together")
     for key in sorted((k for k in durations if not k.startswith("cpu")), key=lambda k: (int(k[1:]), k[0])):
         kind, stage = ActionKind(key[0]), int(key[1:])
@@ -253,7 +273,7 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
               f"{statistics.median(durations['cpu ' + key]) * 1e3:6.2f} | {_cost(c, kind, stage) * 1e3:6.2f} / "
               f"{_cost(wall, kind, stage) * 1e3:6.2f} | "
               f"{_cost(contended, kind, stage) * 1e3:6.2f} | {_cost(together_costs, kind, stage) * 1e3:6.2f}")
-    return ranks, family, v, predicted, direct, former, alone, together, measured
+    return ranks, family, v, predicted, stretched, former, alone, together, measured
 
 
 def _message_check(ranks: int, families: list[str]) -> None:
@@ -281,6 +301,59 @@ def _message_check(ranks: int, families: list[str]) -> None:
               + f"; load {_load()}", flush=True)
 
 
+def _table(lines: list[str], start: int) -> dict[str, tuple[float, float]]:
+    """A case's per-action rows from ``start``: key -> (the run's thread CPU, the profile's CPU), seconds."""
+    rows = {}
+    for line in lines[start:]:
+        match = re.match(r"\s+([FBIW]\d+):\s+[\d.]+ /\s+([\d.]+) \|\s+([\d.]+) /", line)
+        if not match:
+            break
+        rows[match[1]] = (float(match[2]) * 1e-3, float(match[3]) * 1e-3)
+    return rows
+
+
+def _from_results(path: str, span: str, message_cpu: float, cores: int) -> None:
+    """Re-simulate the cases of a results file (its lines ``span``, "FIRST-LAST" from 1: one run) with processor
+    sharing: the per-action CPU of the profile and of the run itself, its message lane time, its mean
+    transfer, its measured concurrency as ``other_load``, the given transport CPU per SEND/RECV
+    (seconds) and ``cores``. The timeline model
+    checked on a run already measured (an idle one), the load of now out of it."""
+    match = re.fullmatch(r"(\d+)-(\d+)", span)
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        print(f"sim_vs_measured: --lines {span!r}: give FIRST-LAST, e.g. 1-152", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        lines = open(path).read().splitlines()[int(match[1]) - 1:int(match[2])]
+    except OSError as err:
+        print(f"sim_vs_measured: --from-results {path!r}: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"{path} (lines {span}): processor sharing on {cores} cores, transport CPU "
+          f"{message_cpu * 1e3:.2f} ms per send/receive, the run's message lane time and mean transfer")
+    print("ranks  schedule           v  measured s   profile CPU s  error   the run's own CPU s  error  other load")
+    for n, line in enumerate(lines):
+        case = re.match(r"(\d+) ranks (\S+)\s+v=(\d+): measured ([\d.]+) s", line)
+        lane = re.search(r"([\d.]+) ms on the lane", lines[n + 1]) if case else None
+        transfer = re.search(r"([\d.]+) ms from a send to a waiting", lines[n + 1]) if case else None
+        if not (case and lane and transfer):
+            continue
+        ranks, family, v, measured = int(case[1]), case[2], int(case[3]), float(case[4])
+        factors = re.search(r"computing: ([\d., ]+);", line)
+        load = other_load([float(x) for x in factors[1].split(",")], cores) if factors else 0.0
+        table = _table(lines, n + 4)
+        schedule = generate(family, ranks, MICROBATCHES, v)
+        base = CostModel(time_f=(0.0,) * (ranks * v), time_i=0.0, time_w=0.0, time_b=0.0, cores=cores,
+                         message_time=float(lane[1]) * 1e-3, p2p_time=float(transfer[1]) * 1e-3,
+                         message_cpu=message_cpu, other_load=load)
+        steps = []
+        for column in (1, 0):
+            costs = with_action_times(base, {(ActionKind(k[0]), int(k[1:])): x[column] for k, x in table.items()})
+            if not any(k[0] == "B" for k in table):
+                costs = replace(costs, time_b=None)
+            steps.append(simulate(lower(schedule, costs), costs).makespan)
+        print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} {steps[0]:>15.3f} {_err(steps[0], measured):>6} "
+              f"{steps[1]:>21.3f} {_err(steps[1], measured):>6} {load:>10.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
@@ -288,7 +361,14 @@ def main() -> None:
     parser.add_argument("--schedules", nargs="+", default=[f for f, _ in CASES], choices=[f for f, _ in CASES])
     parser.add_argument("--message-check", action="store_true",
                         help="only check the message model on synthetic pipelines (their own compute walls)")
+    parser.add_argument("--from-results", metavar="FILE",
+                        help="only re-simulate a results file's cases (its --lines) with processor sharing")
+    parser.add_argument("--lines", default="1-1000000", help="with --from-results: the run's lines of FILE, FIRST-LAST")
+    parser.add_argument("--message-cpu", type=float, default=0.6, help="with --from-results: transport CPU, ms")
     args = parser.parse_args()
+    if args.from_results:
+        _from_results(args.from_results, args.lines, args.message_cpu * 1e-3, len(os.sched_getaffinity(0)))
+        return
     torch.set_num_threads(1)
     if args.message_check:
         for ranks in args.ranks:
@@ -306,11 +386,11 @@ def main() -> None:
               f"P2P one-way for {BOUNDARY} B, the other ranks computing (measure_p2p_time): {p2p * 1e3:.3f} ms")
         for family, v in (c for c in CASES if c[0] in args.schedules):
             rows.append(_case(ranks, family, v, p2p, overhead, args.steps))
-    print("\nranks  schedule           v  measured s   predicted s  error    mean transfer s  error   "
+    print("\nranks  schedule           v  measured s   predicted s  error    per-rank stretch s  error   "
           "with ping-pong s  error   profile alone s  error   together s  error")
-    for ranks, family, v, predicted, direct, former, alone, together, measured in rows:
+    for ranks, family, v, predicted, stretched, former, alone, together, measured in rows:
         print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} {predicted:>13.3f} {_err(predicted, measured):>6} "
-              f"{direct:>18.3f} {_err(direct, measured):>6} {former:>18.3f} {_err(former, measured):>6} "
+              f"{stretched:>21.3f} {_err(stretched, measured):>6} {former:>18.3f} {_err(former, measured):>6} "
               f"{alone:>17.3f} {_err(alone, measured):>6} {together:>12.3f} {_err(together, measured):>6}")
     worst = max(abs(row[3] - row[-1]) / row[-1] for row in rows)
     print(f"largest error of the prediction: {worst:.1%} (target: within 10% on every row)")

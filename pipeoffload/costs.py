@@ -46,6 +46,16 @@ class CostModel:
     (``measure_concurrency``); ``concurrency(n)`` reads it; ``profiling.contended_costs`` applies it
     to a schedule; ``simulate`` itself does not, and cost files do not carry it. None: every rank
     has a machine of its own.
+    ``cores``: the CPU cores the ranks share (CPU ranks on one host; None, the default: every rank has
+    a processor of its own). ``simulate`` then runs a processor-sharing timeline: each of the n
+    runnable lanes (computing, or a SEND's/RECV's ``message_time``) and pending transports progresses
+    at min(1, cores / n) of its speed; a rank waiting for data loads no core. ``message_cpu`` is what
+    each SEND and RECV costs its rank's transport thread besides the lane (copies, the socket's
+    kernel work, wake-ups): CPU that competes for the cores but holds no lane; charged only with
+    ``cores`` (the profiler measures both: ``measure_message_costs``). ``other_load``: threads of other
+    processes runnable on those cores the whole time (the machine's load; ``profiling.other_load``
+    reads it from ``measure_concurrency``): n runnable then progress at min(1, cores / (n + other_load)).
+    No offload copies with ``cores``.
     """
 
     time_f: PerStage = 1.0
@@ -70,6 +80,9 @@ class CostModel:
     action_overhead: float = 0.0
     message_time: float = 0.0
     concurrency_slowdown: tuple[float, ...] | None = None
+    cores: float | None = None
+    message_cpu: float = 0.0
+    other_load: float = 0.0
 
     def __post_init__(self) -> None:
         for name in _NUMBERS:  # inf or nan would make every time and peak after it silently wrong
@@ -82,7 +95,10 @@ class CostModel:
             values = [value] if value is None or isinstance(value, (int, float)) else list(value)
             if any(v is not None and v < 0 for v in values):
                 raise ConfigError(f"{name}={value!r}: times and sizes must be >= 0")
-        for name in ("p2p_time", "d2h_time", "h2d_time", "action_overhead", "message_time"):
+        if self.cores is not None and not self.cores > 0:
+            raise ConfigError(f"cores={self.cores!r}: must be > 0 (or None: a processor per rank)")
+        for name in ("p2p_time", "d2h_time", "h2d_time", "action_overhead", "message_time", "message_cpu",
+                     "other_load"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be >= 0")
         saving = self.partial_recompute_saving
@@ -185,7 +201,9 @@ class CostModel:
 COSTS_FORMAT = "pipeoffload-costs/1"
 _FIELDS = ("time_f", "time_i", "time_w", "time_b", "time_r", "activation", "w_fraction", "stage_w_fraction",
            "activation_bytes", "p2p_time", "d2h_time", "h2d_time", "shared_copy_engine", "shared_host_link",
-           "partial_recompute_saving", "partial_recompute_time", "action_overhead", "message_time")
+           "partial_recompute_saving", "partial_recompute_time", "action_overhead", "message_time", "cores",
+           "message_cpu", "other_load")
+_UNSET = {"message_cpu": 0.0, "other_load": 0.0}  # written only when set: files of cost models without them stay as they were
 # not a cost-file key: ``simulate`` does not apply it (``profiling.contended_costs`` does, for one schedule),
 # so a file that carried it would promise what `pipeoffload simulate --costs` does not do
 _IN_MEMORY_ONLY = ("concurrency_slowdown",)
@@ -194,14 +212,15 @@ _IN_MEMORY_ONLY = ("concurrency_slowdown",)
 # every number a cost model holds (scalars or per-stage tuples)
 _NUMBERS = ("time_f", "time_i", "time_w", "time_b", "time_r", "activation", "w_fraction", "activation_bytes",
             "p2p_time", "d2h_time", "h2d_time", "partial_recompute_saving", "partial_recompute_time",
-            "stage_w_fraction", "action_overhead", "message_time", "concurrency_slowdown")
+            "stage_w_fraction", "action_overhead", "message_time", "concurrency_slowdown", "cores", "message_cpu",
+            "other_load")
 
 
 def cost_model_to_dict(costs: CostModel) -> dict:
     out: dict[str, object] = {"format": COSTS_FORMAT}
     for name in _FIELDS:
         value = getattr(costs, name)
-        if value is not None:
+        if value is not None and (name not in _UNSET or value != _UNSET[name]):
             out[name] = list(value) if isinstance(value, tuple) else value
     return out
 

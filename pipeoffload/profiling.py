@@ -29,7 +29,11 @@ timeline (the simulator itself gives every rank a machine of its own).
 ``measure_message_costs`` reads what the runtime's messages cost from its own traces on spawned
 ranks (``PipelineRunner`` on the process group, synthetic stages): the lane's cost per SEND/RECV
 (``CostModel.message_time``) and the time from a send to a waiting receiver (``p2p_time``), both
-charged by the simulator; ``measure_p2p_time``'s ping-pong exercises gloo alone.
+charged by the simulator; ``measure_p2p_time``'s ping-pong exercises gloo alone. It also reads the
+CPU its transport's threads take per message (``CostModel.message_cpu``), and ``other_load`` reads the
+machine's other runnable threads from ``measure_concurrency``: with ``CostModel.cores`` the simulator
+shares the cores among the runnable ranks and transports (processor sharing) instead of
+``contended_costs``' per-rank stretch.
 """
 from __future__ import annotations
 
@@ -514,6 +518,16 @@ def measure_concurrency(stages: Sequence[nn.Module], inputs: Any, *, loss_fn: Lo
     return tuple(statistics.mean(wall for wall, _ in per_n[n]) / alone for n in range(1, ranks + 1))
 
 
+def other_load(slowdown: Sequence[float], cores: float) -> float:
+    """Other processes' runnable threads on ``cores`` shared cores (``CostModel.other_load``), read from
+    ``measure_concurrency``'s factors on the thread's CPU clock: with all n = len(slowdown) ranks
+    computing, processor sharing makes each n's wall over its CPU time max(1, (n + load) / cores), so
+    load = cores * factor_n - n (0 where that is below 0: the cores were not all taken)."""
+    if not slowdown or cores <= 0:
+        raise ConfigError(f"other_load: slowdown={tuple(slowdown)!r}, cores={cores!r}; need factors and cores > 0")
+    return max(cores * slowdown[-1] - len(slowdown), 0.0)
+
+
 def _scaled(costs: CostModel, factor: Sequence[float]) -> CostModel:
     """``costs`` with stage s's compute times (overhead and partial recompute folded in) times factor[s]."""
     n = len(factor)
@@ -632,7 +646,9 @@ class MessageCosts:
     these two figures and the runtime's own compute walls, a check of the model on the run measured;
     ``fitted_p2p_time``: the ``p2p_time`` at which that simulation takes the measured step (with this
     ``message_time``; 0 if it is already as long): what the transfers cost that pipeline in effect,
-    where a delay now and then on its critical path weighs more than the mean says."""
+    where a delay now and then on its critical path weighs more than the mean says. ``message_cpu``:
+    the CPU seconds per SEND/RECV of the ranks' other threads (the transport's; the cost model's
+    ``message_cpu``, which competes for the cores where ranks share them: ``CostModel.cores``)."""
 
     message_time: float
     p2p_time: float
@@ -640,16 +656,27 @@ class MessageCosts:
     measured_step: float
     simulated_step: float
     fitted_p2p_time: float
+    message_cpu: float = 0.0
 
 
 _Record = tuple[str, int, int, float, float]  # (kind, stage, microbatch, start, end): seconds on the machine's clock
 
 
+def _process_cpu() -> float:
+    """CPU seconds of this process, every thread, user and system."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _message_rank(rank: int, world: int, family: str, v: int, microbatches: int, rows: int, width: int, depth: int,
-                  steps: int, warmup: int) -> tuple[list[float], list[list[_Record]]]:
+                  steps: int, warmup: int) -> tuple[list[float], list[list[_Record]], list[float]]:
     """One rank of ``measure_message_costs``: ``PipelineRunner`` on the process group (the runtime's own
     transport) runs ``family`` over stages of ``depth`` ``Linear(width, width)`` + tanh on ``rows`` rows;
-    this rank's step walls and, per step after ``warmup``, its trace's records on the machine's clock."""
+    this rank's step walls, per step after ``warmup`` its trace's records on the machine's clock, and
+    the CPU seconds its other threads took during each step (the transport's: gloo's I/O thread, the
+    socket's kernel work, the heartbeat), which the main thread's clock and the trace do not see."""
     import torch.distributed as dist
 
     from pipeoffload.passes.lower import lower
@@ -668,13 +695,17 @@ def _message_rank(rank: int, world: int, family: str, v: int, microbatches: int,
     inputs, targets = torch.randn(rows * microbatches, width), torch.randn(rows * microbatches, width)
     walls: list[float] = []
     steps_records: list[list[_Record]] = []
+    others: list[float] = []
     try:
         for n in range(warmup + steps):
             dist.barrier()
+            process, thread = _process_cpu(), time.thread_time()
             runner.step(inputs, targets)
+            process, thread = _process_cpu() - process, time.thread_time() - thread
             for module in modules.values():
                 _zero_grads(module)
             if n >= warmup:
+                others.append(max(process - thread, 0.0))
                 trace = runner.trace
                 assert trace is not None
                 walls.append(trace.wall)
@@ -682,7 +713,7 @@ def _message_rank(rank: int, world: int, family: str, v: int, microbatches: int,
                                        trace.epoch + r.end) for r in trace.records])
     finally:
         runner.close()
-    return walls, steps_records
+    return walls, steps_records, others
 
 
 def _message_samples(step: Sequence[Sequence[_Record]]) -> tuple[list[float], list[tuple[float, float]]]:
@@ -725,6 +756,7 @@ class SyntheticRun:
     measured_step: float
     compute: CostModel
     steps: tuple[tuple[list[_Record], ...], ...]
+    transport_cpu: float = 0.0  # CPU seconds per SEND/RECV on the ranks' other threads (mean over the run)
 
 
 def synthetic_run(nbytes: int, *, ranks: int = 2, family: str = "1f1b", v: int = 1, microbatches: int = 8,
@@ -743,9 +775,9 @@ def synthetic_run(nbytes: int, *, ranks: int = 2, family: str = "1f1b", v: int =
     run = spawn(_message_rank, ranks, (family, v, microbatches, rows, width, depth, steps, warmup), deadline=600)
     if not run.ok:
         raise RuntimeError("synthetic_run: " + "; ".join(e for e in run.errors if e))
-    measured = statistics.median(max(step) for step in zip(*(walls for walls, _ in run.results)))
+    measured = statistics.median(max(step) for step in zip(*(walls for walls, _, _ in run.results)))
     times: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for _, records in run.results:
+    for _, records, _ in run.results:
         for kind, stage, _, start, end in (x for step in records for x in step):
             times[(kind, stage)].append(end - start)
     schedule = generate(family, ranks, microbatches, v)
@@ -755,7 +787,11 @@ def synthetic_run(nbytes: int, *, ranks: int = 2, family: str = "1f1b", v: int =
 
     split = any(kind in ("I", "W") for kind, _ in times)
     compute = CostModel(time_f=mean("F"), time_i=mean("I"), time_w=mean("W"), time_b=None if split else mean("B"))
-    return SyntheticRun(schedule, measured, compute, tuple(zip(*(records for _, records in run.results))))
+    messages = sum(1 for _, records, _ in run.results for step in records for r in step
+                   if r[0].startswith(("SEND", "RECV")))
+    transport = sum(sum(others) for _, _, others in run.results) / max(messages, 1)
+    return SyntheticRun(schedule, measured, compute, tuple(zip(*(records for _, records, _ in run.results))),
+                        transport)
 
 
 def measure_message_costs(nbytes: int, *, ranks: int = 2, family: str = "1f1b", v: int = 1, microbatches: int = 8,
@@ -767,7 +803,9 @@ def measure_message_costs(nbytes: int, *, ranks: int = 2, family: str = "1f1b", 
     spends: nothing to wait for); ``p2p_time``: the mean, over receives that began waiting before
     their send was posted, of the time from the send's batch start to the receive's end, less the
     sender's and the receiver's lane costs (the mean: waits add up; the ranks' wake-ups are skewed).
-    Both are this machine's and this rank count's, independent of the model that will be simulated;
+    ``message_cpu``: the CPU seconds per SEND/RECV that the ranks' other threads took (process CPU less
+    the main thread's), what the transport loads the cores with besides the lanes (``CostModel.cores``).
+    All are this machine's and this rank count's, independent of the model that will be simulated;
     ``MessageCosts`` also gives the synthetic step simulated with them."""
     from pipeoffload.passes.lower import lower
     from pipeoffload.simulator import simulate
@@ -791,7 +829,7 @@ def measure_message_costs(nbytes: int, *, ranks: int = 2, family: str = "1f1b", 
     costs = dataclasses.replace(run.compute, p2p_time=p2p_time, message_time=message_time)
     simulated = simulate(lower(run.schedule, costs), costs).makespan
     return MessageCosts(message_time, p2p_time, (len(posted), len(waited)), run.measured_step, simulated,
-                        _fitted_transfer(run.schedule, costs, run.measured_step))
+                        _fitted_transfer(run.schedule, costs, run.measured_step), run.transport_cpu)
 
 
 def _fitted_transfer(schedule: Schedule, costs: CostModel, measured: float) -> float:

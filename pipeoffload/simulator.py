@@ -18,12 +18,18 @@ Model (see docs/decisions.md):
   does not need, W the rest; R re-allocates at its start; OFFLOAD frees the device copy when the copy
   completes; RELOAD allocates when it starts and its backward (W: its RELOAD_W) waits for it to complete. At equal
   times frees are applied before allocations.
+- With ``cores`` (CPU ranks sharing a host's cores; default None: a processor per rank) the timeline
+  runs in global time order as processor sharing: the n runnable lanes (computing, or in a message's
+  ``message_time``) and ranks' transports (``message_cpu`` per SEND/RECV) each progress at
+  min(1, cores / (n + other_load)) of their speed (``other_load``: other processes' runnable threads);
+  a rank waiting for data loads no core. No offload copies then.
 - WAIT holds the compute lane, like a receive, from the lane's clock until its OFFLOAD's copy has
   completed (zero duration, no memory effect); the time it holds is idle time, not a stall.
 """
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -212,7 +218,9 @@ class _Simulation:
     def run(self) -> None:
         """Run each rank's lane as far as its inputs allow; a rank that waits is parked on the key it
         waits for and queued again (LIFO) when that action completes."""
-        if self.costs.shared_host_link or self.costs.message_time:
+        if self.costs.cores is not None:
+            self._loop_cores(self.costs.cores)  # processor sharing: a timeline in global time order
+        elif self.costs.shared_host_link or self.costs.message_time:
             self._loop_shared()  # the general loop (with own host links it books as ``_loop`` does)
         else:
             self._loop()
@@ -448,6 +456,93 @@ class _Simulation:
                     if not queued[waiter]:
                         queued[waiter] = True
                         ready.append(waiter)
+
+    def _loop_cores(self, cores: float) -> None:
+        """The event loop with ``cores`` (processor sharing; CPU ranks, no copies): in global time
+        order, every lane doing work (a compute action, or a SEND's or RECV's ``message_time``) and
+        every rank's pending ``message_cpu`` (its transport's own thread) is runnable, and each of the
+        n runnable ones progresses at min(1, cores / (n + other_load)) of its speed. A rank waiting
+        for a receive's data or in a transfer loads no core. Start and end times are walls (``busy``:
+        the walls of its compute actions)."""
+        if np.any(sem.LANE[self.c.kind] == sem.COPY):
+            raise ScheduleError("cores (processor sharing) models CPU ranks; the schedule has offload copies")
+        lanes, keys, first, first_delay, second, second_delay, _, durations = self._columns()
+        done = self._done()
+        n = self.schedule.num_ranks
+        message_cpu = self.costs.message_cpu if self.c.lowered else 0.0  # a compute-only schedule has no SEND/RECV
+        other = self.costs.other_load
+        waiters, starts, ends = self.waiters, self.start, self.end
+        pos, offsets, busies = self.pos, self.offsets, self.busy
+        left = [-1.0] * n  # work left in the lane's current action; -1.0: not working
+        background = [0.0] * n  # transport CPU still to run per rank
+        since = [0.0] * n  # when the lane reached its current action
+        timers: list[tuple[float, int]] = []  # (time its data is in, rank)
+        ready = list(range(n))
+        now = 0.0
+
+        def start(rank: int) -> None:
+            """Run ``rank``'s lane at ``now`` as far as it can without doing work; park or time it."""
+            i, stop = pos[rank], offsets[rank + 1]
+            while i < stop:
+                at = now
+                for dep, delay in ((first[i], first_delay[i]), (second[i], second_delay[i])):
+                    if dep < 0:
+                        break
+                    t = done[dep]
+                    if t is None:
+                        waiters.setdefault(dep, []).append(rank)
+                        pos[rank] = i
+                        return
+                    at = max(at, t + delay)
+                if at > now:
+                    heapq.heappush(timers, (at, rank))
+                    pos[rank] = i
+                    return
+                starts[i] = since[rank] if lanes[i] != _COMPUTE else now
+                if lanes[i] in (_SEND, sem.RECV):
+                    background[rank] += message_cpu
+                if durations[i] > 0:
+                    pos[rank], left[rank] = i, durations[i]
+                    return
+                finish(rank, i)
+                i += 1
+            pos[rank] = stop
+
+        def finish(rank: int, i: int) -> None:
+            key = keys[i]
+            ends[i] = done[key] = since[rank] = now
+            if lanes[i] == _COMPUTE:
+                busies[rank] += now - starts[i]
+            for waiter in waiters.pop(key, ()):
+                ready.append(waiter)
+
+        while True:
+            while ready:
+                rank = ready.pop()
+                if left[rank] < 0:  # not already at work (a rank can be woken twice)
+                    start(rank)
+            working = [r for r in range(n) if left[r] > 0]
+            busy_bg = [r for r in range(n) if background[r] > 0]
+            runnable = len(working) + len(busy_bg)
+            if not runnable and not timers:
+                return
+            rate = min(1.0, cores / (runnable + other)) if runnable else 0.0
+            least = min([left[r] for r in working] + [background[r] for r in busy_bg], default=math.inf)
+            until = min(now + least / rate if runnable else math.inf, timers[0][0] if timers else math.inf)
+            progress = (until - now) * rate
+            tolerance = 1e-12 * max(1.0, until)
+            now = until
+            for r in working:
+                left[r] -= progress
+                if left[r] <= tolerance:
+                    left[r] = -1.0
+                    finish(r, pos[r])
+                    pos[r] += 1
+                    ready.append(r)
+            for r in busy_bg:
+                background[r] = background[r] - progress if background[r] - progress > tolerance else 0.0
+            while timers and timers[0][0] <= now:
+                ready.append(heapq.heappop(timers)[1])
 
     def _copy_resources(self) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], int]:
         """Per action (flat index): its copy engine slot, its host link's number and its copy duration
