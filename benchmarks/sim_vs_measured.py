@@ -331,7 +331,7 @@ def _from_results(path: str, span: str, message_cpu: float, cores: int) -> None:
           f"{message_cpu * 1e3:.2f} ms per send/receive, the run's message lane time and mean transfer")
     print("ranks  schedule           v  measured s   profile CPU s  error   the run's own CPU s  error  other load")
     for n, line in enumerate(lines):
-        case = re.match(r"(\d+) ranks (\S+)\s+v=(\d+): measured ([\d.]+) s", line)
+        case = re.match(r"(\d+) ranks (\S+)\s+v=(\d+): measured ([\d.]+) s", line) if n + 1 < len(lines) else None
         lane = re.search(r"([\d.]+) ms on the lane", lines[n + 1]) if case else None
         transfer = re.search(r"([\d.]+) ms from a send to a waiting", lines[n + 1]) if case else None
         if not (case and lane and transfer):
