@@ -71,6 +71,7 @@ from pipeoffload.profiling import (
     measure_p2p_time,
     other_load,
     profile_stages,
+    replayed_action_times,
     synthetic_run,
     with_action_times,
 )
@@ -183,6 +184,27 @@ def _profile(ranks: int, v: int, p2p_time: float, overhead: float, message: floa
             wall.cost_model(p2p_time=ping_pong, action_overhead=overhead))
 
 
+def _replayed_cpu(ranks: int, family: str, v: int) -> dict[tuple[ActionKind, int], float]:
+    """The profile of the stages as the runtime runs them: every rank's actions of ``family`` replayed
+    through ``PipelineRunner`` on a ``LoopbackTransport``, one rank after the other in this process
+    (``replayed_action_times``), each action's median thread CPU. The stage profile misses what the
+    runtime does around the compute (the activation store's hooks in F where the backward is split,
+    microbatches alive at once); this does not."""
+    torch.set_num_threads(1)
+    schedule = lower(generate(family, ranks, MICROBATCHES, v))
+    counts = even_counts(len(gpt_layers(CFG)), ranks * v)
+    specs, cpu = _specs(counts), torch.device("cpu")
+    runners = [PipelineRunner(build_rank_stages(gpt_layers(CFG), counts, schedule.placement, r), schedule, r,
+                              loss_fn=lm_loss, measure_memory=False, output_specs=specs, transport=LoopbackTransport(cpu))
+               for r in range(ranks)]
+    inputs, targets = sample_batch(CFG, MICROBATCH * MICROBATCHES, padded=False)
+    try:
+        return replayed_action_times(runners, inputs, targets, steps=4, warmup=2, clock=time.thread_time)
+    finally:
+        for runner in runners:
+            runner.close()
+
+
 def _load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -211,8 +233,10 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
     schedule = generate(family, ranks, MICROBATCHES, v)
     alone = simulate(lower(schedule, wall), wall).makespan
     cores = len(os.sched_getaffinity(0))
-    shared = replace(c, concurrency_slowdown=None, p2p_time=messages.p2p_time, cores=cores,
+    staged = replace(c, concurrency_slowdown=None, p2p_time=messages.p2p_time, cores=cores,
                      message_cpu=messages.message_cpu, other_load=other_load(c.concurrency_slowdown or (1.0,), cores))
+    profiled = simulate(lower(schedule, staged), staged).makespan
+    shared = with_action_times(staged, _replayed_cpu(ranks, family, v))  # the runtime's own CPU per action
     timeline = simulate(lower(schedule, shared), shared)
     predicted = timeline.makespan
     contended = contended_costs(schedule, c)
@@ -231,9 +255,10 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
     together = simulate(lower(schedule, together_costs), together_costs).makespan
     after = _load()
     slowdown = ", ".join(f"{x:.2f}" for x in c.concurrency_slowdown or ())
-    print(f"{ranks} ranks {family:<17} v={v}: measured {measured:.3f} s; simulated with the CPU profile, the "
-          f"runtime's message costs and the cores shared (processor sharing) {predicted:.3f} s "
-          f"({_err(predicted, measured)}); with the measured concurrency per rank (contended_costs) and the fitted "
+    print(f"{ranks} ranks {family:<17} v={v}: measured {measured:.3f} s; simulated with the runtime's CPU per "
+          f"action (replayed alone), its message costs and the cores shared (processor sharing) {predicted:.3f} s "
+          f"({_err(predicted, measured)}); the same with the stage profile's CPU {profiled:.3f} s "
+          f"({_err(profiled, measured)}); with the measured concurrency per rank (contended_costs) and the fitted "
           f"transfer instead {stretched:.3f} s ({_err(stretched, measured)}); with the ping-pong and no message "
           f"costs {former:.3f} s ({_err(former, measured)}); "
           f"the wall-clock profile alone {alone:.3f} s "
@@ -259,21 +284,24 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
     own = with_action_times(shared, {(ActionKind(k[4]), int(k[5:])): statistics.median(x)
                                      for k, x in durations.items() if k.startswith("cpu")})
     own_step = simulate(lower(schedule, own), own).makespan
-    ratios = []
-    for r in range(ranks):  # each rank's compute CPU in the run over the profile's, its actions counted
-        mine = [a for a in schedule.actions[r] if a.kind in COMPUTE]
-        ratios.append(sum(_cost(own, a.kind, a.stage) for a in mine) / sum(_cost(c, a.kind, a.stage) for a in mine))
+    def ratios(base: CostModel) -> str:  # each rank's compute CPU in the run over base's, its actions counted
+        mine = [[a for a in schedule.actions[r] if a.kind in COMPUTE] for r in range(ranks)]
+        return ", ".join(f"{sum(_cost(own, a.kind, a.stage) for a in m) / sum(_cost(base, a.kind, a.stage) for a in m):.2f}"
+                         for m in mine)
+
     print(f"    processor sharing on the run's own thread CPU per action (the timeline model alone): "
-          f"{own_step:.3f} s ({_err(own_step, measured)}); the run's compute CPU over the profile's, per rank: "
-          + ", ".join(f"{x:.2f}" for x in ratios))
-    print("    per action (ms): runtime wall / thread CPU | profile CPU / wall | CPU with concurrency | replayed together")
+          f"{own_step:.3f} s ({_err(own_step, measured)}); the run's compute CPU per rank over the replay's: "
+          f"{ratios(shared)}; over the stage profile's: {ratios(c)}")
+    print("    per action (ms): runtime wall / thread CPU | replayed alone CPU | profile CPU / wall | CPU with concurrency"
+          " | replayed together")
     for key in sorted((k for k in durations if not k.startswith("cpu")), key=lambda k: (int(k[1:]), k[0])):
         kind, stage = ActionKind(key[0]), int(key[1:])
         print(f"    {key:>4}: {statistics.median(durations[key]) * 1e3:6.2f} / "
-              f"{statistics.median(durations['cpu ' + key]) * 1e3:6.2f} | {_cost(c, kind, stage) * 1e3:6.2f} / "
+              f"{statistics.median(durations['cpu ' + key]) * 1e3:6.2f} | {_cost(shared, kind, stage) * 1e3:6.2f} | "
+              f"{_cost(c, kind, stage) * 1e3:6.2f} / "
               f"{_cost(wall, kind, stage) * 1e3:6.2f} | "
               f"{_cost(contended, kind, stage) * 1e3:6.2f} | {_cost(together_costs, kind, stage) * 1e3:6.2f}")
-    return ranks, family, v, predicted, stretched, former, alone, together, measured
+    return ranks, family, v, predicted, profiled, stretched, former, alone, together, measured
 
 
 def _message_check(ranks: int, families: list[str]) -> None:
@@ -302,10 +330,13 @@ def _message_check(ranks: int, families: list[str]) -> None:
 
 
 def _table(lines: list[str], start: int) -> dict[str, tuple[float, float]]:
-    """A case's per-action rows from ``start``: key -> (the run's thread CPU, the profile's CPU), seconds."""
+    """A case's per-action rows, under the first "per action" header from ``start`` (results files
+    have one to three lines between the case's and its header): key -> (the run's thread CPU, the
+    profile's CPU), seconds."""
+    header = next((n for n in range(start, len(lines)) if lines[n].lstrip().startswith("per action")), len(lines))
     rows = {}
-    for line in lines[start:]:
-        match = re.match(r"\s+([FBIW]\d+):\s+[\d.]+ /\s+([\d.]+) \|\s+([\d.]+) /", line)
+    for line in lines[header + 1:]:
+        match = re.match(r"\s+([FBIW]\d+):\s+[\d.]+ /\s+([\d.]+) \|(?:\s+[\d.]+ \|)?\s+([\d.]+) /", line)
         if not match:
             break
         rows[match[1]] = (float(match[2]) * 1e-3, float(match[3]) * 1e-3)
@@ -339,7 +370,7 @@ def _from_results(path: str, span: str, message_cpu: float, cores: int) -> None:
         ranks, family, v, measured = int(case[1]), case[2], int(case[3]), float(case[4])
         factors = re.search(r"computing: ([\d., ]+);", line)
         load = other_load([float(x) for x in factors[1].split(",")], cores) if factors else 0.0
-        table = _table(lines, n + 4)
+        table = _table(lines, n + 1)
         schedule = generate(family, ranks, MICROBATCHES, v)
         base = CostModel(time_f=(0.0,) * (ranks * v), time_i=0.0, time_w=0.0, time_b=0.0, cores=cores,
                          message_time=float(lane[1]) * 1e-3, p2p_time=float(transfer[1]) * 1e-3,
@@ -386,10 +417,11 @@ def main() -> None:
               f"P2P one-way for {BOUNDARY} B, the other ranks computing (measure_p2p_time): {p2p * 1e3:.3f} ms")
         for family, v in (c for c in CASES if c[0] in args.schedules):
             rows.append(_case(ranks, family, v, p2p, overhead, args.steps))
-    print("\nranks  schedule           v  measured s   predicted s  error    per-rank stretch s  error   "
-          "with ping-pong s  error   profile alone s  error   together s  error")
-    for ranks, family, v, predicted, stretched, former, alone, together, measured in rows:
+    print("\nranks  schedule           v  measured s   predicted s  error   stage profile s  error    per-rank stretch s  "
+          "error   with ping-pong s  error   profile alone s  error   together s  error")
+    for ranks, family, v, predicted, profiled, stretched, former, alone, together, measured in rows:
         print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} {predicted:>13.3f} {_err(predicted, measured):>6} "
+              f"{profiled:>17.3f} {_err(profiled, measured):>6} "
               f"{stretched:>21.3f} {_err(stretched, measured):>6} {former:>18.3f} {_err(former, measured):>6} "
               f"{alone:>17.3f} {_err(alone, measured):>6} {together:>12.3f} {_err(together, measured):>6}")
     worst = max(abs(row[3] - row[-1]) / row[-1] for row in rows)
