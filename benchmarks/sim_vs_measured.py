@@ -8,33 +8,39 @@ cost per action measured by ``measure_action_overhead``), simulates the schedule
 leave a barrier before each step). The runtime runs unmeasured steps (``measure_memory=False``), as
 training does between logged steps.
 
-The prediction (what a user gets from the profiler): ``profile_stages`` read on the thread's CPU
-clock (the compute itself) and ``measure_concurrency`` on the same clock (1..ranks processes
-computing at once against the CPU time alone: time-sharing where ranks outnumber the cores, shared
-caches, and whatever else loads the machine in these minutes), applied to the schedule by
-``contended_costs`` (each rank stretched by the ranks busy with it in the simulated timeline); and
-``measure_message_costs`` (the runtime's own transport on a synthetic 1F1B pipeline of as many
-ranks, read from its traces): the lane's cost per send/receive (``message_time``) and, as
-``p2p_time``, the transfer at which that synthetic pipeline's simulation takes its measured step
-(``fitted_p2p_time``: the mean time from a send to a waiting receiver under-charges it, since a long
-delay now and then on a critical path weighs more than the mean; ``--message-check`` shows both on
-every schedule). Its line prints that synthetic pipeline's step, measured and simulated with the
-mean transfer.
+The prediction (what a user gets from the profiler, every figure measured before the run):
+- compute: each rank's actions replayed through ``PipelineRunner`` on a ``LoopbackTransport``, one
+  rank after the other in this process, each action's thread CPU (``replayed_action_times(...,
+  clock=time.thread_time)``): the stages as the runtime runs them. ``profile_stages`` times each
+  stage's F, I and W alone in a warm loop and misses what the runtime does around them (the
+  activation store's saved-tensor hooks in every F of a split backward, many microbatches alive at
+  once): 1.06-1.37x less CPU per rank on group-interleaved and zb-v (docs/runtime.md);
+- the machine: its cores (``CostModel.cores``) and its other load (``other_load``, from
+  ``measure_concurrency`` on the thread's CPU clock: 1..ranks processes computing at once against
+  the CPU time alone);
+- messages: ``measure_message_costs`` (the runtime's own transport on a synthetic 1F1B pipeline of
+  as many ranks, read from its traces): the lane per send/receive (``message_time``), the mean
+  transfer to a waiting receiver (``p2p_time``) and the transport threads' CPU (``message_cpu``).
+The simulator shares the cores among the runnable ranks and transports (processor sharing).
 For comparison, none seeing the measured steps:
-- mean transfer: the same with ``MessageCosts.p2p_time`` (the mean time from a send to a waiting
-  receiver) instead of the fitted one;
-- the former prediction: the same with ``measure_p2p_time``'s gloo ping-pong as ``p2p_time`` and no
-  ``message_time``;
-- the wall-clock profile alone, without the concurrency (the former default: the simulator gives
-  every rank a core of its own);
+- stage profile: the same with ``profile_stages``' CPU per action (the former prediction);
+- per-rank stretch: ``contended_costs`` (each rank stretched by the measured slowdown with the
+  ranks busy with it) with the fitted transfer (``fitted_p2p_time``);
+- with ping-pong: the same with ``measure_p2p_time``'s gloo ping-pong and no ``message_time``;
+- the wall-clock profile alone, without the concurrency (every rank a core of its own);
 - together: every rank's actions replayed through the runtime on a ``LoopbackTransport`` by all
   ranks at once, in the ranks' own processes, one replayed step right before each measured one
   (``concurrent_action_times``): the run's own minutes, but every rank busy all the time.
+The last column, drift, is the same replay alone once more right after the run over the one before
+it (the rank furthest from 1.0): the machine's own change during the case, which no prediction made
+before the run can see (a drift beyond a few percent makes that row's error the machine's, not the
+model's).
 
-Per action, the runtime's wall and thread-CPU durations are printed beside the profile's, the
-stretched ones and the replay's: where the runtime's wall exceeds its own CPU time, the rank was off
-the CPU (other processes, the other ranks); where its CPU time exceeds the profile's, the runtime
-did more work. The load average before and after each case is printed: a shared machine is noisy.
+Per action, the runtime's wall and thread-CPU durations are printed beside the replay's, the
+profile's, the stretched ones and the concurrent replay's: where the runtime's wall exceeds its own
+CPU time, the rank was off the CPU (other processes, the other ranks); where its CPU time exceeds
+the replay's, the run did more work than the runtime alone (caches shared, the machine slower). The
+load average before and after each case is printed: a shared machine is noisy.
 
     .venv/bin/python benchmarks/sim_vs_measured.py [--ranks 2 4] [--steps 6] [--message-check]
 
@@ -219,6 +225,11 @@ def _waits(timeline: Any) -> list[float]:
             for r in range(timeline.schedule.num_ranks)]
 
 
+def _per_rank(schedule: Any, costs: CostModel) -> list[float]:
+    """Each rank's compute seconds per step under ``costs`` (its F, B, I and W counted)."""
+    return [sum(_cost(costs, a.kind, a.stage) for a in row if a.kind in COMPUTE) for row in schedule.actions]
+
+
 def _err(sim: float, measured: float) -> str:
     return f"{(sim - measured) / measured:+.1%}"
 
@@ -254,6 +265,9 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
     together_costs = with_action_times(wall, {k: statistics.median(x) for k, x in concurrent.items()})
     together = simulate(lower(schedule, together_costs), together_costs).makespan
     after = _load()
+    # the same replay right after the run: not the prediction's, the machine's drift over the case
+    drift = [x / y for x, y in zip(_per_rank(schedule, with_action_times(staged, _replayed_cpu(ranks, family, v))),
+                                   _per_rank(schedule, shared))]
     slowdown = ", ".join(f"{x:.2f}" for x in c.concurrency_slowdown or ())
     print(f"{ranks} ranks {family:<17} v={v}: measured {measured:.3f} s; simulated with the runtime's CPU per "
           f"action (replayed alone), its message costs and the cores shared (processor sharing) {predicted:.3f} s "
@@ -284,14 +298,13 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
     own = with_action_times(shared, {(ActionKind(k[4]), int(k[5:])): statistics.median(x)
                                      for k, x in durations.items() if k.startswith("cpu")})
     own_step = simulate(lower(schedule, own), own).makespan
-    def ratios(base: CostModel) -> str:  # each rank's compute CPU in the run over base's, its actions counted
-        mine = [[a for a in schedule.actions[r] if a.kind in COMPUTE] for r in range(ranks)]
-        return ", ".join(f"{sum(_cost(own, a.kind, a.stage) for a in m) / sum(_cost(base, a.kind, a.stage) for a in m):.2f}"
-                         for m in mine)
+    def ratios(base: CostModel) -> str:  # each rank's compute CPU in the run over base's
+        return ", ".join(f"{x / y:.2f}" for x, y in zip(_per_rank(schedule, own), _per_rank(schedule, base)))
 
     print(f"    processor sharing on the run's own thread CPU per action (the timeline model alone): "
           f"{own_step:.3f} s ({_err(own_step, measured)}); the run's compute CPU per rank over the replay's: "
-          f"{ratios(shared)}; over the stage profile's: {ratios(c)}")
+          f"{ratios(shared)}; over the stage profile's: {ratios(c)}; the replay again after the run over before: "
+          + ", ".join(f"{x:.2f}" for x in drift))
     print("    per action (ms): runtime wall / thread CPU | replayed alone CPU | profile CPU / wall | CPU with concurrency"
           " | replayed together")
     for key in sorted((k for k in durations if not k.startswith("cpu")), key=lambda k: (int(k[1:]), k[0])):
@@ -301,7 +314,7 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
               f"{_cost(c, kind, stage) * 1e3:6.2f} / "
               f"{_cost(wall, kind, stage) * 1e3:6.2f} | "
               f"{_cost(contended, kind, stage) * 1e3:6.2f} | {_cost(together_costs, kind, stage) * 1e3:6.2f}")
-    return ranks, family, v, predicted, profiled, stretched, former, alone, together, measured
+    return ranks, family, v, predicted, profiled, stretched, former, alone, together, measured, max(drift, key=lambda x: abs(x - 1))
 
 
 def _message_check(ranks: int, families: list[str]) -> None:
@@ -418,13 +431,14 @@ def main() -> None:
         for family, v in (c for c in CASES if c[0] in args.schedules):
             rows.append(_case(ranks, family, v, p2p, overhead, args.steps))
     print("\nranks  schedule           v  measured s   predicted s  error   stage profile s  error    per-rank stretch s  "
-          "error   with ping-pong s  error   profile alone s  error   together s  error")
-    for ranks, family, v, predicted, profiled, stretched, former, alone, together, measured in rows:
+          "error   with ping-pong s  error   profile alone s  error   together s  error  drift")
+    for ranks, family, v, predicted, profiled, stretched, former, alone, together, measured, drift in rows:
         print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} {predicted:>13.3f} {_err(predicted, measured):>6} "
               f"{profiled:>17.3f} {_err(profiled, measured):>6} "
               f"{stretched:>21.3f} {_err(stretched, measured):>6} {former:>18.3f} {_err(former, measured):>6} "
-              f"{alone:>17.3f} {_err(alone, measured):>6} {together:>12.3f} {_err(together, measured):>6}")
-    worst = max(abs(row[3] - row[-1]) / row[-1] for row in rows)
+              f"{alone:>17.3f} {_err(alone, measured):>6} {together:>12.3f} {_err(together, measured):>6} "
+              f"{drift:>6.2f}")
+    worst = max(abs(row[3] - row[-2]) / row[-2] for row in rows)
     print(f"largest error of the prediction: {worst:.1%} (target: within 10% on every row)")
 
 
