@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import statistics
 import sys
 import time
@@ -134,10 +135,24 @@ def _durations(trace: Any, sink: dict[str, list[float]]) -> None:
     sink["comm"].append(sum(end - start for start, end in batches))
 
 
+def _preemptions() -> int:
+    """This thread's involuntary context switches so far: each is a time slice lost to another
+    thread, after which its caches are (partly) cold."""
+    with open("/proc/thread-self/status") as status:
+        return next(int(line.split(":")[1]) for line in status if line.startswith("nonvoluntary_ctxt_switches"))
+
+
+def _process_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _run(rank: int, world: int, family: str, v: int, steps: int) -> tuple[list[float], dict[str, list[float]],
                                                                           dict[tuple[ActionKind, int], list[float]]]:
     """Step walls of this rank and its actions' durations (wall, and thread CPU under "cpu ..."),
-    after two warm-up steps; and its actions' durations replayed on a ``LoopbackTransport`` with every
+    after two warm-up steps, with per step the compute thread's involuntary context switches
+    ("preempted") and the CPU seconds of the process's other threads ("threads": gloo's, the
+    heartbeat); and its actions' durations replayed on a ``LoopbackTransport`` with every
     rank replaying at once (``concurrent_action_times``), one replayed step before each measured one
     so that both see the same machine."""
     torch.set_num_threads(1)
@@ -159,7 +174,11 @@ def _run(rank: int, world: int, family: str, v: int, steps: int) -> tuple[list[f
             replayed[key] += values
         dist.barrier()
         on[0] = n >= 2
+        preempted, process, thread = _preemptions(), _process_cpu(), time.thread_time()
         runner.step(inputs, targets)
+        if n >= 2:
+            kinds["preempted"].append(_preemptions() - preempted)
+            kinds["threads"].append((_process_cpu() - process) - (time.thread_time() - thread))
         for p in (p for s in stages.values() for p in s.parameters()):
             p.grad = None
         if n >= 2:
@@ -286,13 +305,16 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
           f"measured {messages.measured_step * 1e3:.1f} ms, simulated with them {messages.simulated_step * 1e3:.1f} ms "
           f"({_err(messages.simulated_step, messages.measured_step)}), the same with a transfer of "
           f"{messages.fitted_p2p_time * 1e3:.2f} ms (fitted)")
-    comm = [statistics.median(kinds["comm"]) for _, kinds, _ in run.results]
-    print("    in send/receive batches per step, per rank: " + ", ".join(f"{x * 1e3:.0f} ms" for x in comm)
-          + "; simulated (waiting in receives): " + ", ".join(f"{x * 1e3:.0f} ms" for x in _waits(timeline)))
+    def median(key: str, scale: float = 1.0) -> str:  # per rank
+        return ", ".join(f"{statistics.median(kinds[key]) * scale:.0f}" for _, kinds, _ in run.results)
+
+    print(f"    in send/receive batches per step, per rank: {median('comm', 1e3)} ms; simulated (waiting in receives): "
+          + ", ".join(f"{x * 1e3:.0f}" for x in _waits(timeline)) + f" ms; the compute thread preempted "
+          f"{median('preempted')} times per step, the other threads' CPU {median('threads', 1e3)} ms per step")
     durations: dict[str, list[float]] = defaultdict(list)
     for _, kinds, _ in run.results:
         for key, values in kinds.items():
-            if key != "comm":
+            if key not in ("comm", "preempted", "threads"):
                 durations[key] += values
     # the timeline model alone: processor sharing on the run's own thread CPU per action (not a prediction)
     own = with_action_times(shared, {(ActionKind(k[4]), int(k[5:])): statistics.median(x)
