@@ -364,23 +364,24 @@ def _message_check(ranks: int, families: list[str]) -> None:
               + f"; load {_load()}", flush=True)
 
 
-def _table(lines: list[str], start: int) -> dict[str, tuple[float, float]]:
+def _table(lines: list[str], start: int) -> dict[str, tuple[float, float, float | None]]:
     """A case's per-action rows, under the first "per action" header from ``start`` (results files
     have one to three lines between the case's and its header): key -> (the run's thread CPU, the
-    profile's CPU), seconds."""
+    stage profile's CPU, the replay's CPU or None where the file has no such column), seconds."""
     header = next((n for n in range(start, len(lines)) if lines[n].lstrip().startswith("per action")), len(lines))
     rows = {}
     for line in lines[header + 1:]:
-        match = re.match(r"\s+([FBIW]\d+):\s+[\d.]+ /\s+([\d.]+) \|(?:\s+[\d.]+ \|)?\s+([\d.]+) /", line)
+        match = re.match(r"\s+([FBIW]\d+):\s+[\d.]+ /\s+([\d.]+) \|(?:\s+([\d.]+) \|)?\s+([\d.]+) /", line)
         if not match:
             break
-        rows[match[1]] = (float(match[2]) * 1e-3, float(match[3]) * 1e-3)
+        rows[match[1]] = (float(match[2]) * 1e-3, float(match[4]) * 1e-3, float(match[3]) * 1e-3 if match[3] else None)
     return rows
 
 
 def _from_results(path: str, span: str, message_cpu: float, cores: int) -> None:
     """Re-simulate the cases of a results file (its lines ``span``, "FIRST-LAST" from 1: one run) with processor
-    sharing: the per-action CPU of the profile and of the run itself, its message lane time, its mean
+    sharing: the per-action CPU of the stage profile, of the replay (files that have it) and of the run
+    itself, its message lane time, its mean
     transfer, its measured concurrency as ``other_load``, the given transport CPU per SEND/RECV
     (seconds) and ``cores``. The timeline model
     checked on a run already measured (an idle one), the load of now out of it."""
@@ -395,7 +396,8 @@ def _from_results(path: str, span: str, message_cpu: float, cores: int) -> None:
         raise SystemExit(2) from None
     print(f"{path} (lines {span}): processor sharing on {cores} cores, transport CPU "
           f"{message_cpu * 1e3:.2f} ms per send/receive, the run's message lane time and mean transfer")
-    print("ranks  schedule           v  measured s   profile CPU s  error   the run's own CPU s  error  other load")
+    print("ranks  schedule           v  measured s   profile CPU s  error   replayed CPU s  error   the run's own CPU s  "
+          "error  other load")
     for n, line in enumerate(lines):
         case = re.match(r"(\d+) ranks (\S+)\s+v=(\d+): measured ([\d.]+) s", line) if n + 1 < len(lines) else None
         lane = re.search(r"([\d.]+) ms on the lane", lines[n + 1]) if case else None
@@ -410,14 +412,19 @@ def _from_results(path: str, span: str, message_cpu: float, cores: int) -> None:
         base = CostModel(time_f=(0.0,) * (ranks * v), time_i=0.0, time_w=0.0, time_b=0.0, cores=cores,
                          message_time=float(lane[1]) * 1e-3, p2p_time=float(transfer[1]) * 1e-3,
                          message_cpu=message_cpu, other_load=load)
-        steps = []
-        for column in (1, 0):
-            costs = with_action_times(base, {(ActionKind(k[0]), int(k[1:])): x[column] for k, x in table.items()})
+        cells = []
+        for column in (1, 2, 0):
+            times = {(ActionKind(k[0]), int(k[1:])): x[column] for k, x in table.items()}
+            known = {key: t for key, t in times.items() if t is not None}
+            if len(known) < len(times):  # a file from before the replay column
+                cells.append(f"{'-':>{16 if column == 2 else 15}} {'-':>6}")
+                continue
+            costs = with_action_times(base, known)
             if not any(k[0] == "B" for k in table):
                 costs = replace(costs, time_b=None)
-            steps.append(simulate(lower(schedule, costs), costs).makespan)
-        print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} {steps[0]:>15.3f} {_err(steps[0], measured):>6} "
-              f"{steps[1]:>21.3f} {_err(steps[1], measured):>6} {load:>10.2f}")
+            step = simulate(lower(schedule, costs), costs).makespan
+            cells.append(f"{step:>{21 if column == 0 else 16 if column == 2 else 15}.3f} {_err(step, measured):>6}")
+        print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} " + " ".join(cells) + f" {load:>10.2f}")
 
 
 def main() -> None:
