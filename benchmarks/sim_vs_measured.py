@@ -14,7 +14,8 @@ The prediction (what a user gets from the profiler, every figure measured before
   clock=time.thread_time)``): the stages as the runtime runs them. ``profile_stages`` times each
   stage's F, I and W alone in a warm loop and misses what the runtime does around them (the
   activation store's saved-tensor hooks in every F of a split backward, many microbatches alive at
-  once): 1.06-1.37x less CPU per rank on group-interleaved and zb-v (docs/runtime.md);
+  once): on group-interleaved and zb-v the replay takes 1.06-1.11x its CPU in all, 1.1-1.4x on
+  some ranks (docs/runtime.md);
 - the machine: its cores (``CostModel.cores``) and its other load (``other_load``, from
   ``measure_concurrency`` on the thread's CPU clock: 1..ranks processes computing at once against
   the CPU time alone);
