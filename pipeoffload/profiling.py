@@ -18,7 +18,8 @@ on one rank with tiny stages, against the same compute called directly), for the
 ``action_overhead``. ``replayed_action_times`` measures each stage's F/B/I/W as the runtime runs a
 given schedule (every rank's actions replayed alone, no peer to wait on), and ``with_action_times``
 puts them into a ``CostModel``: what a standalone profile misses (the activation store's hooks on
-ranks that split the backward, the allocator and caches of interleaved microbatches and stages) is in them.
+ranks that split the backward, the allocator and caches of interleaved microbatches and stages) is in them;
+read on the thread's CPU clock (``clock=time.thread_time``) they are the profile for ``CostModel.cores``.
 ``concurrent_action_times`` is the same replay run by every rank at once, in the processes that
 will train: the profile under the real run's concurrency (cores, caches and memory shared).
 ``measure_concurrency`` measures, once per machine and rank count, how much longer compute takes
@@ -37,12 +38,13 @@ shares the cores among the runnable ranks and transports (processor sharing) ins
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -385,26 +387,63 @@ _BUSY = (*_COMPUTE, ActionKind.R)  # what occupies a rank's core
 
 
 def _replay_samples(runner: Any, inputs: Any, targets: Any, steps: int, warmup: int,
-                    before_step: Callable[[], object] | None = None) -> dict[tuple[ActionKind, int], list[float]]:
-    """Every compute action's duration by (kind, stage), from ``runner``'s traces of ``steps`` steps
-    after ``warmup`` ones; ``before_step()`` runs before each step (e.g. a barrier); gradients dropped."""
+                    before_step: Callable[[], object] | None = None,
+                    clock: Callable[[], float] = time.perf_counter) -> dict[tuple[ActionKind, int], list[float]]:
+    """Every compute action's duration by (kind, stage) over ``steps`` steps after ``warmup`` ones:
+    the trace's wall durations (``time.perf_counter``) or each action's seconds on ``clock`` read
+    around its handler (``time.thread_time``: the replaying thread's CPU); ``before_step()`` runs
+    before each step (e.g. a barrier); gradients dropped."""
     samples: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
-    for n in range(warmup + steps):
-        if before_step is not None:
-            before_step()
-        runner.step(inputs, targets)
-        for stage in runner.stages.values():
-            _zero_grads(stage.module)
-        if n < warmup:
-            continue
-        for r in runner.trace.records:
-            if r.action.kind in _COMPUTE:
-                samples[(r.action.kind, r.action.stage)].append(r.end - r.start)
+    timed: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
+    with _action_clock(runner, clock, timed):
+        for n in range(warmup + steps):
+            if before_step is not None:
+                before_step()
+            timed.clear()
+            runner.step(inputs, targets)
+            for stage in runner.stages.values():
+                _zero_grads(stage.module)
+            if n < warmup:
+                continue
+            if clock is not time.perf_counter:
+                for key, values in timed.items():
+                    samples[key] += values
+                continue
+            for r in runner.trace.records:
+                if r.action.kind in _COMPUTE:
+                    samples[(r.action.kind, r.action.stage)].append(r.end - r.start)
     return samples
 
 
+@contextlib.contextmanager
+def _action_clock(runner: Any, clock: Callable[[], float],
+                  sink: dict[tuple[ActionKind, int], list[float]]) -> Iterator[None]:
+    """While inside, ``runner``'s compute actions put their seconds on ``clock`` into ``sink`` by
+    (kind, stage): its handler table wrapped, since its trace reads the wall clock only. Nothing is
+    wrapped for ``time.perf_counter`` (the trace has it)."""
+    if clock is time.perf_counter:
+        yield
+        return
+    handlers = runner._handlers
+
+    def timed(handler: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+        def run(self: Any, action: Any) -> None:
+            start = clock()
+            handler(self, action)
+            if action.kind in _COMPUTE:
+                sink[(action.kind, action.stage)].append(clock() - start)
+        return run
+
+    runner._handlers = {kind: timed(handler) for kind, handler in handlers.items()}
+    try:
+        yield
+    finally:
+        runner._handlers = handlers
+
+
 def replayed_action_times(runners: Sequence[Any], inputs: Any, targets: Any, *, steps: int = 3,
-                          warmup: int = 1) -> dict[tuple[ActionKind, int], float]:
+                          warmup: int = 1, clock: Callable[[], float] = time.perf_counter
+                          ) -> dict[tuple[ActionKind, int], float]:
     """Median seconds of each compute action by (kind, stage) as the runtime runs them: each
     ``PipelineRunner`` in ``runners`` (one per rank of a schedule, each on a ``LoopbackTransport``:
     its receives are filled and its sends dropped, so it never waits on a peer) runs ``warmup +
@@ -414,10 +453,13 @@ def replayed_action_times(runners: Sequence[Any], inputs: Any, targets: Any, *, 
     the activation store's hooks where the backward is split, the trace, and the allocator and
     caches of many microbatches and stages alive at once. Gradients are dropped after each step.
     One rank at a time: what the ranks do to each other on shared cores is not in them
-    (``concurrent_action_times`` measures that)."""
+    (``concurrent_action_times`` measures that). ``clock``: ``time.perf_counter`` reads the trace's
+    wall durations; any other clock is read around each action, e.g. ``time.thread_time`` (the
+    replaying thread's CPU seconds, which other load on the machine does not stretch: the runtime's
+    counterpart of ``profile_stages(..., clock=time.thread_time)``, for ``CostModel.cores``)."""
     samples: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
     for runner in runners:
-        for key, values in _replay_samples(runner, inputs, targets, steps, warmup).items():
+        for key, values in _replay_samples(runner, inputs, targets, steps, warmup, clock=clock).items():
             samples[key] += values
     return {key: statistics.median(values) for key, values in samples.items()}
 

@@ -1,5 +1,6 @@
 """The torch profiler: saved-activation bytes by hand, stage profiles, cost models, and plan --profile."""
 import json
+import time
 
 import pytest
 
@@ -187,6 +188,51 @@ def test_replayed_action_times_cover_every_compute_action_and_replace_the_profil
     costs = with_action_times(base, {(K.F, 0): 0.25, (K.W, 1): 0.75})
     assert (costs.f(0), costs.f(1), costs.i(0), costs.w(1), costs.w(0)) == (0.25, 2.5, 3.5, 0.75, 5.5)
     assert costs.action_overhead == 0.0
+
+
+class _Ticking(nn.Module):
+    """A Linear whose forward advances ``ticks`` by ``forward`` and whose backward by ``backward``: a
+    clock that moves only while this stage computes."""
+
+    def __init__(self, ticks: list[float], forward: float, backward: float) -> None:
+        super().__init__()
+        self.linear, self.ticks, self.costs = nn.Linear(8, 8), ticks, (forward, backward)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ticks, (forward, backward) = self.ticks, self.costs
+
+        class Tick(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: object, y: torch.Tensor) -> torch.Tensor:
+                return y.view_as(y)
+
+            @staticmethod
+            def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+                ticks[0] += backward
+                return grad
+
+        ticks[0] += forward
+        return Tick.apply(self.linear(x))
+
+
+def test_replayed_action_times_read_each_action_on_the_clock_given() -> None:
+    from pipeoffload.ir import ActionKind as K
+    from pipeoffload.profiling import replayed_action_times
+    from pipeoffload.runtime import PipelineRunner
+
+    torch.manual_seed(0)
+    ticks = [0.0]
+    runner = PipelineRunner([_Ticking(ticks, 2.0, 5.0), _Ticking(ticks, 3.0, 7.0)], generate("interleaved-1f1b", 1, 4, 2),
+                            0, measure_memory=False, loss_fn=_mse)
+    handlers = dict(runner._handlers)
+    times = replayed_action_times([runner], torch.randn(4, 8), torch.randn(4, 8), steps=2, warmup=1,
+                                  clock=lambda: ticks[0])
+    assert times == {(K.F, 0): 2.0, (K.F, 1): 3.0, (K.B, 0): 5.0, (K.B, 1): 7.0}
+    assert runner._handlers == handlers  # the runner is left as it was
+    walls = replayed_action_times([runner], torch.randn(4, 8), torch.randn(4, 8), steps=1, warmup=0)
+    assert set(walls) == set(times) and all(0 < t < 1 for t in walls.values())  # the trace's seconds
+    cpu = replayed_action_times([runner], torch.randn(4, 8), torch.randn(4, 8), steps=1, warmup=0, clock=time.thread_time)
+    assert set(cpu) == set(times) and all(0 < t < 1 for t in cpu.values())
 
 
 def test_concurrent_action_times_call_the_barrier_before_every_step_and_keep_every_sample() -> None:
