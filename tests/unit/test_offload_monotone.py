@@ -59,7 +59,8 @@ def test_peak_is_monotone_in_k_with_a_shared_host_link(name: str, v: int, option
 # causal (group-interleaved, v = 2, m = 32, offload all: g = 4 peaked at 8 at k = 0.7 and 7 at 0.8;
 # g = 8 at 14 at k = 1.4 and 13 at 1.5): the simulator booked a pair's copies in the order it
 # processed the ranks, so the plan made for slower copies was not the one it ran with faster ones.
-@pytest.mark.parametrize("g,ks", [(4, (0.7, 0.8)), (8, (1.4, 1.5))])
+# g = 4 (k = 0.7, 0.8) is checked by test_slots on the same two lowerings (it tests their peaks too).
+@pytest.mark.parametrize("g,ks", [(8, (1.4, 1.5))])
 def test_shared_link_inversions_of_the_benchmark_grids_are_gone(g: int, ks: tuple[float, float]) -> None:
     schedule = generate("group-interleaved", 8, 32, 2, group_size=g)
     peaks = []

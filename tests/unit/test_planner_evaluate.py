@@ -4,8 +4,9 @@ from dataclasses import replace
 
 import pytest
 
+from pipeoffload._perf import Memo
 from pipeoffload.costs import CostModel
-from pipeoffload.passes.lower import lower
+from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.planner.evaluate import (
     ScheduleChoice,
     build,
@@ -136,14 +137,18 @@ def test_policy_schedules_bounds_and_estimates(fam: str, d: int, v: int, g: str 
     costs = _policy_costs(d, v, k)
     choice = ScheduleChoice(fam, v, _size(g, d), *pol)
     base = ScheduleChoice(fam, v, _size(g, d))
-    full = simulate_choice(choice, d, m, costs, extrapolate=False)
+    # One memo (value-keyed results of pure functions) for `full` and `fast`: where `fast` falls back
+    # to simulating m (most cases) it gets `full`'s result instead of repeating the same computation;
+    # its small-size simulations are other keys, computed anew.
+    memo = Memo()
+    full = simulate_choice(choice, d, m, costs, extrapolate=False, memo=memo)
     plain = simulate_choice(base, d, m, costs, extrapolate=False)
     # offload and recompute only add work and waits: the plain schedule's makespan bounds them
     assert full.makespan >= plain.makespan - 1e-9
     assert time_lower_bound(choice, d, m, costs) <= full.makespan + 1e-9
     if pol[1] == "none":  # the offload pass never delays compute
         assert full.makespan == pytest.approx(plain.makespan, rel=1e-12)
-    fast = simulate_choice(choice, d, m, costs, fallback=choice.periodic())
+    fast = simulate_choice(choice, d, m, costs, fallback=choice.periodic(), memo=memo)
     if fast.exact:  # what the planner reports without a confirming full simulation must be exact
         assert fast.makespan == pytest.approx(full.makespan, rel=1e-9)
         assert fast.peak_units == pytest.approx(full.peak_units)
@@ -155,9 +160,13 @@ def test_schedules_simulate_the_same_without_their_send_and_recv(fam: str, d: in
                                                                   m: int, pol: tuple[str, str], k: float) -> None:
     costs = _policy_costs(d, v, k)
     choice = ScheduleChoice(fam, v, _size(g, d), *pol)
-    stripped = simulate(build(choice, d, m, costs), costs)
+    # `lower` reuses `build`'s memory plan (a memo returns a pure function's result for equal inputs):
+    # what is compared is the simulation with and without the SEND/RECV that `lower` adds.
+    memo = Memo()
+    stripped = simulate(build(choice, d, m, costs, memo), costs)
     options = {"group_size": choice.group_size} if choice.group_size else {}
-    lowered = lower(generate(fam, d, m, v, **options), costs, offload=pol[0], recompute=pol[1])
+    lowered = lower_with_report(generate(fam, d, m, v, **options), costs, offload=pol[0], recompute=pol[1],
+                                memo=memo)[0]
     with_comms = simulate(lowered, costs)
     assert stripped.makespan == pytest.approx(with_comms.makespan, rel=1e-12)
     for a, b in zip(stripped.per_rank, with_comms.per_rank):

@@ -1,6 +1,8 @@
 """``python -m pipeoffload.runtime``: flags are checked once, before any rank starts."""
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -12,7 +14,7 @@ from torch import nn
 from pipeoffload import generate
 from pipeoffload.errors import ConfigError
 from pipeoffload.runtime import PipelineRunner
-from pipeoffload.runtime.demo import _lower, check, parse
+from pipeoffload.runtime.demo import _lower, check, main, parse
 
 
 def _run(*flags: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -30,10 +32,22 @@ def _run(*flags: str, timeout: float = 60) -> subprocess.CompletedProcess:
     (("--spawn", "2", "--layers", "1", "--schedule", "zb-v"), "cannot split 3 layers into 4 stages"),
     ((), "run under torchrun or pass --spawn N"),
 ])
-def test_bad_flags_one_line_exit_2(flags, needle):
-    done = _run(*flags)
+def test_bad_flags_one_line_exit_2(flags, needle, monkeypatch):
+    """In this process (``demo.main``, what ``python -m pipeoffload.runtime`` runs): starting Python
+    and torch once per case cost 2-10 s each; the process boundary is the next test's."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_:
+        main(list(flags))
+    assert exit_.value.code == 2, err.getvalue()
+    assert needle in err.getvalue() and len(err.getvalue().strip().splitlines()) == 1, err.getvalue()
+
+
+def test_a_bad_flag_of_the_module_run_is_one_line_exit_2():
+    done = _run("--spawn", "2", "--schedule", "nope")
     assert done.returncode == 2, done.stderr
-    assert needle in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "unknown schedule 'nope'" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "Traceback" not in done.stderr
 
 

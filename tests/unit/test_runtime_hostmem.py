@@ -40,6 +40,13 @@ def test_freed_blocks_are_reused_without_page_faults():
     assert kept["faults"] < default["faults"] / 3  # reused: at most a stray repeat faults again
 
 
-def test_the_user_choice_wins():
-    assert _run("keep", MALLOC_TRIM_THRESHOLD_="131072")["applied"] is False
-    assert _run("keep", PIPEOFFLOAD_KEEP_FREED_MEMORY="0")["applied"] is False
+@pytest.mark.parametrize("name,value", [("MALLOC_TRIM_THRESHOLD_", "131072"), ("PIPEOFFLOAD_KEEP_FREED_MEMORY", "0")])
+def test_the_user_choice_wins(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    """Decided from the environment before malloc is touched: checked here on ``_apply`` (what
+    ``keep_freed_memory`` calls once per process) rather than in a fresh process importing torch."""
+    from pipeoffload.runtime.hostmem import _apply
+
+    for key in [k for k in os.environ if k.startswith("MALLOC_") or k == "PIPEOFFLOAD_KEEP_FREED_MEMORY"]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv(name, value)
+    assert _apply() is False
