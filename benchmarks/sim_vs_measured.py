@@ -35,7 +35,8 @@ For comparison, none seeing the measured steps:
 The last column, drift, is the same replay alone once more right after the run over the one before
 it (the rank furthest from 1.0): the machine's own change during the case, which no prediction made
 before the run can see (a drift beyond a few percent makes that row's error the machine's, not the
-model's).
+model's). A case whose drift is beyond ``--steady`` (10%) is measured again, at most ``--tries`` (3)
+times in all; every attempt stays printed, the table has the last one and the count (tries).
 
 Per action, the runtime's wall and thread-CPU durations are printed beside the replay's, the
 profile's, the stretched ones and the concurrent replay's: where the runtime's wall exceeds its own
@@ -428,11 +429,28 @@ def _from_results(path: str, span: str, message_cpu: float, cores: int) -> None:
         print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} " + " ".join(cells) + f" {load:>10.2f}")
 
 
+def _steady_case(ranks: int, family: str, v: int, p2p: float, overhead: float, steps: int, steady: float,
+                 tries: int) -> tuple[tuple, int]:
+    """``_case`` measured again while its drift (the machine's own change during the case, which no
+    prediction made before the run can see) is beyond ``steady``, at most ``tries`` times in all;
+    every attempt stays printed, the last one is the row. With its number of attempts."""
+    for attempt in range(1, tries + 1):
+        row = _case(ranks, family, v, p2p, overhead, steps)
+        if abs(row[-1] - 1) <= steady:
+            break
+        if attempt < tries:
+            print(f"    drift {row[-1]:.2f} is beyond {steady:.0%}: the machine changed during the case; measured again")
+    return row, attempt
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--schedules", nargs="+", default=[f for f, _ in CASES], choices=[f for f, _ in CASES])
+    parser.add_argument("--steady", type=float, default=0.1,
+                        help="measure a case again while its drift is beyond this fraction (default 0.1)")
+    parser.add_argument("--tries", type=int, default=3, help="at most this many attempts per case (default 3; 1: no retry)")
     parser.add_argument("--message-check", action="store_true",
                         help="only check the message model on synthetic pipelines (their own compute walls)")
     parser.add_argument("--from-results", metavar="FILE",
@@ -459,17 +477,20 @@ def main() -> None:
         print(f"{ranks} ranks, {cores / ranks:g} cores per rank{' (oversubscribed)' if ranks > cores else ''}: "
               f"P2P one-way for {BOUNDARY} B, the other ranks computing (measure_p2p_time): {p2p * 1e3:.3f} ms")
         for family, v in (c for c in CASES if c[0] in args.schedules):
-            rows.append(_case(ranks, family, v, p2p, overhead, args.steps))
+            rows.append(_steady_case(ranks, family, v, p2p, overhead, args.steps, args.steady, args.tries))
     print("\nranks  schedule           v  measured s   predicted s  error   stage profile s  error    per-rank stretch s  "
-          "error   with ping-pong s  error   profile alone s  error   together s  error  drift")
-    for ranks, family, v, predicted, profiled, stretched, former, alone, together, measured, drift in rows:
+          "error   with ping-pong s  error   profile alone s  error   together s  error  drift  tries")
+    for (ranks, family, v, predicted, profiled, stretched, former, alone, together, measured, drift), tries in rows:
         print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} {predicted:>13.3f} {_err(predicted, measured):>6} "
               f"{profiled:>17.3f} {_err(profiled, measured):>6} "
               f"{stretched:>21.3f} {_err(stretched, measured):>6} {former:>18.3f} {_err(former, measured):>6} "
               f"{alone:>17.3f} {_err(alone, measured):>6} {together:>12.3f} {_err(together, measured):>6} "
-              f"{drift:>6.2f}")
-    worst = max(abs(row[3] - row[-2]) / row[-2] for row in rows)
-    print(f"largest error of the prediction: {worst:.1%} (target: within 10% on every row)")
+              f"{drift:>6.2f} {tries:>6}")
+    errors = [abs(row[3] - row[-2]) / row[-2] for row, _ in rows]
+    steady = [e for e, (row, _) in zip(errors, rows) if abs(row[-1] - 1) <= args.steady]
+    print(f"largest error of the prediction: {max(errors):.1%} (target: within 10% on every row); "
+          f"within 10%: {sum(e <= 0.1 for e in errors)} of {len(errors)} rows; rows whose drift stayed within "
+          f"{args.steady:.0%}: {len(steady)}, largest error among them {max(steady, default=0):.1%}")
 
 
 if __name__ == "__main__":
