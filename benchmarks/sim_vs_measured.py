@@ -61,7 +61,7 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -72,6 +72,7 @@ from pipeoffload.models.gpt import GPTConfig, gpt_layers, lm_loss, sample_batch
 from pipeoffload.models.split import build_rank_stages, even_counts, split_layers
 from pipeoffload.passes.lower import lower
 from pipeoffload.profiling import (
+    action_clock,
     concurrent_action_times,
     contended_costs,
     measure_action_overhead,
@@ -96,6 +97,22 @@ MICROBATCH = 2  # sequences per microbatch
 MICROBATCHES = 8
 CASES = [("1f1b", 1), ("interleaved-1f1b", 2), ("group-interleaved", 2), ("zb-v", 2)]
 COMPUTE = (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)
+
+
+class Row(NamedTuple):
+    """One case of the table: the step times in seconds (predicted and its alternatives, measured) and
+    the drift (the replay after the run over the one before, the rank furthest from 1.0)."""
+    ranks: int
+    family: str
+    v: int
+    predicted: float
+    profiled: float
+    stretched: float
+    former: float
+    alone: float
+    together: float
+    measured: float
+    drift: float
 BOUNDARY = MICROBATCH * CFG.seq * CFG.hidden * 4  # bytes of one boundary message
 
 
@@ -109,20 +126,6 @@ def _specs(counts: tuple[int, ...] | list[int]) -> dict[int, Any]:
         x = module(*x)                                                        # which outputs get gradients
         specs[s] = spec_of(x)
     return specs
-
-
-def _thread_cpu_per_action(runner: PipelineRunner, sink: dict[str, list[float]], on: list[bool]) -> None:
-    """Wrap ``runner``'s handler table so that each compute action's thread CPU time (this thread
-    only: no waiting, no descheduling, no gloo thread) goes into ``sink["cpu F0"]`` etc. while
-    ``on[0]``. A diagnostic of this benchmark: the trace records wall time only."""
-    def wrapped(handler: Any) -> Any:
-        def run(self: PipelineRunner, a: Any) -> None:
-            cpu = time.thread_time()
-            handler(self, a)
-            if on[0] and a.kind in COMPUTE:
-                sink[f"cpu {a.kind}{a.stage}"].append(time.thread_time() - cpu)
-        return run
-    runner._handlers = {k: wrapped(h) for k, h in runner._handlers.items()}
 
 
 def _durations(trace: Any, sink: dict[str, list[float]]) -> None:
@@ -166,8 +169,7 @@ def _run(rank: int, world: int, family: str, v: int, steps: int) -> tuple[list[f
                            transport=LoopbackTransport(torch.device("cpu")))
     inputs, targets = sample_batch(CFG, MICROBATCH * MICROBATCHES, padded=False)
     kinds: dict[str, list[float]] = defaultdict(list)
-    on = [False]
-    _thread_cpu_per_action(runner, kinds, on)
+    cpu: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)  # each compute action's thread CPU
     walls: list[float] = []
     replayed: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
     for n in range(steps + 2):
@@ -175,12 +177,15 @@ def _run(rank: int, world: int, family: str, v: int, steps: int) -> tuple[list[f
                                                    warmup=0 if n else 1).items():
             replayed[key] += values
         dist.barrier()
-        on[0] = n >= 2
+        cpu.clear()
         preempted, process, thread = _preemptions(), _process_cpu(), time.thread_time()
-        runner.step(inputs, targets)
+        with action_clock(runner, time.thread_time, cpu):
+            runner.step(inputs, targets)
         if n >= 2:
             kinds["preempted"].append(_preemptions() - preempted)
             kinds["threads"].append((_process_cpu() - process) - (time.thread_time() - thread))
+            for (kind, stage), values in cpu.items():
+                kinds[f"cpu {kind}{stage}"] += values
         for p in (p for s in stages.values() for p in s.parameters()):
             p.grad = None
         if n >= 2:
@@ -255,7 +260,7 @@ def _err(sim: float, measured: float) -> str:
     return f"{(sim - measured) / measured:+.1%}"
 
 
-def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, steps: int) -> tuple:
+def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, steps: int) -> Row:
     """Profile, simulate ``family`` (processor sharing; the per-rank stretch; the wall-clock profile
     alone), run it, print the case; returns its table row. The profile is taken right before the run:
     the same minutes."""
@@ -338,7 +343,8 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
               f"{_cost(c, kind, stage) * 1e3:6.2f} / "
               f"{_cost(wall, kind, stage) * 1e3:6.2f} | "
               f"{_cost(contended, kind, stage) * 1e3:6.2f} | {_cost(together_costs, kind, stage) * 1e3:6.2f}")
-    return ranks, family, v, predicted, profiled, stretched, former, alone, together, measured, max(drift, key=lambda x: abs(x - 1))
+    return Row(ranks, family, v, predicted, profiled, stretched, former, alone, together, measured,
+               max(drift, key=lambda x: abs(x - 1)))
 
 
 def _message_check(ranks: int, families: list[str]) -> None:
@@ -415,31 +421,31 @@ def _from_results(path: str, span: str, message_cpu: float, cores: int) -> None:
                          message_time=float(lane[1]) * 1e-3, p2p_time=float(transfer[1]) * 1e-3,
                          message_cpu=message_cpu, other_load=load)
         cells = []
-        for column in (1, 2, 0):
+        for column, width in ((1, 15), (2, 16), (0, 21)):  # stage profile, replay, the run's own
             times = {(ActionKind(k[0]), int(k[1:])): x[column] for k, x in table.items()}
             known = {key: t for key, t in times.items() if t is not None}
             if len(known) < len(times):  # a file from before the replay column
-                cells.append(f"{'-':>{16 if column == 2 else 15}} {'-':>6}")
+                cells.append(f"{'-':>{width}} {'-':>6}")
                 continue
             costs = with_action_times(base, known)
             if not any(k[0] == "B" for k in table):
                 costs = replace(costs, time_b=None)
             step = simulate(lower(schedule, costs), costs).makespan
-            cells.append(f"{step:>{21 if column == 0 else 16 if column == 2 else 15}.3f} {_err(step, measured):>6}")
+            cells.append(f"{step:>{width}.3f} {_err(step, measured):>6}")
         print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} " + " ".join(cells) + f" {load:>10.2f}")
 
 
 def _steady_case(ranks: int, family: str, v: int, p2p: float, overhead: float, steps: int, steady: float,
-                 tries: int) -> tuple[tuple, int]:
+                 tries: int) -> tuple[Row, int]:
     """``_case`` measured again while its drift (the machine's own change during the case, which no
     prediction made before the run can see) is beyond ``steady``, at most ``tries`` times in all;
     every attempt stays printed, the last one is the row. With its number of attempts."""
     for attempt in range(1, tries + 1):
         row = _case(ranks, family, v, p2p, overhead, steps)
-        if abs(row[-1] - 1) <= steady:
+        if abs(row.drift - 1) <= steady:
             break
         if attempt < tries:
-            print(f"    drift {row[-1]:.2f} is beyond {steady:.0%}: the machine changed during the case; measured again")
+            print(f"    drift {row.drift:.2f} is beyond {steady:.0%}: the machine changed during the case; measured again")
     return row, attempt
 
 
@@ -486,11 +492,11 @@ def main() -> None:
               f"{stretched:>21.3f} {_err(stretched, measured):>6} {former:>18.3f} {_err(former, measured):>6} "
               f"{alone:>17.3f} {_err(alone, measured):>6} {together:>12.3f} {_err(together, measured):>6} "
               f"{drift:>6.2f} {tries:>6}")
-    errors = [abs(row[3] - row[-2]) / row[-2] for row, _ in rows]
-    steady = [e for e, (row, _) in zip(errors, rows) if abs(row[-1] - 1) <= args.steady]
+    errors = [abs(row.predicted - row.measured) / row.measured for row, _ in rows]
+    steady = [e for e, (row, _) in zip(errors, rows) if abs(row.drift - 1) <= args.steady]
     print(f"largest error of the prediction: {max(errors):.1%} (target: within 10% on every row); "
           f"within 10%: {sum(e <= 0.1 for e in errors)} of {len(errors)} rows; rows whose drift stayed within "
-          f"{args.steady:.0%}: {len(steady)}, largest error among them {max(steady, default=0):.1%}")
+          f"{args.steady:.0%}: {len(steady)}" + (f", largest error among them {max(steady):.1%}" if steady else ""))
 
 
 if __name__ == "__main__":

@@ -395,7 +395,7 @@ def _replay_samples(runner: Any, inputs: Any, targets: Any, steps: int, warmup: 
     before each step (e.g. a barrier); gradients dropped."""
     samples: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
     timed: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
-    with _action_clock(runner, clock, timed):
+    with action_clock(runner, clock, timed):
         for n in range(warmup + steps):
             if before_step is not None:
                 before_step()
@@ -416,11 +416,12 @@ def _replay_samples(runner: Any, inputs: Any, targets: Any, steps: int, warmup: 
 
 
 @contextlib.contextmanager
-def _action_clock(runner: Any, clock: Callable[[], float],
-                  sink: dict[tuple[ActionKind, int], list[float]]) -> Iterator[None]:
-    """While inside, ``runner``'s compute actions put their seconds on ``clock`` into ``sink`` by
-    (kind, stage): its handler table wrapped, since its trace reads the wall clock only. Nothing is
-    wrapped for ``time.perf_counter`` (the trace has it)."""
+def action_clock(runner: Any, clock: Callable[[], float],
+                 sink: dict[tuple[ActionKind, int], list[float]]) -> Iterator[None]:
+    """While inside, ``runner``'s compute actions (F, B, I, W) put their seconds on ``clock`` into
+    ``sink`` by (kind, stage), e.g. ``time.thread_time`` (this thread's CPU: no waiting, no
+    descheduling, no gloo thread): its handler table wrapped, since its trace reads the wall clock
+    only. Nothing is wrapped for ``time.perf_counter`` (the trace has it)."""
     if clock is time.perf_counter:
         yield
         return
