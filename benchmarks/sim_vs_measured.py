@@ -32,6 +32,9 @@ For comparison, none seeing the measured steps:
 - together: every rank's actions replayed through the runtime on a ``LoopbackTransport`` by all
   ranks at once, in the ranks' own processes, one replayed step right before each measured one
   (``concurrent_action_times``): the run's own minutes, but every rank busy all the time.
+- paired: the prediction again with the replay alone taken in the run's own seconds: before every
+  measured step each rank replays one step of its actions while the others wait in a barrier
+  (``_replay_alone``), so that machine drift between the profile and the run cannot explain a miss.
 The last column, drift, is the same replay alone once more right after the run over the one before
 it (the rank furthest from 1.0): the machine's own change during the case, which no prediction made
 before the run can see (a drift beyond a few percent makes that row's error the machine's, not the
@@ -106,6 +109,7 @@ class Row(NamedTuple):
     family: str
     v: int
     predicted: float
+    paired: float  # the same, the replay taken between the measured steps (``_replay_alone``)
     profiled: float
     stretched: float
     former: float
@@ -152,14 +156,37 @@ def _process_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _run(rank: int, world: int, family: str, v: int, steps: int) -> tuple[list[float], dict[str, list[float]],
-                                                                          dict[tuple[ActionKind, int], list[float]]]:
+class RankRun(NamedTuple):
+    """What one rank of a measured case returns (every figure after two warm-up steps)."""
+    walls: list[float]  # each measured step's wall on this rank
+    kinds: dict[str, list[float]]  # its actions' wall and thread-CPU durations, preemptions, other threads' CPU
+    together: dict[tuple[ActionKind, int], list[float]]  # replayed with every rank at once
+    alone: dict[tuple[ActionKind, int], list[float]]  # replayed alone, the other ranks waiting
+
+
+def _replay_alone(rank: int, world: int, runner: Any, inputs: Any, targets: Any,
+                  sink: dict[tuple[ActionKind, int], list[float]]) -> None:
+    """One step of each rank's actions replayed on its ``LoopbackTransport`` runner, one rank after the
+    other while the others wait in a barrier (off the CPU): ``replayed_action_times``' thread CPU, taken
+    in the ranks' own processes between measured steps, so that it sees the machine of the minutes
+    the steps run in (this machine's speed wanders by 10-25% over seconds)."""
+    for turn in range(world):
+        dist.barrier()
+        if turn == rank:
+            with action_clock(runner, time.thread_time, sink):
+                runner.step(inputs, targets)
+            for p in (p for s in runner.stages.values() for p in s.module.parameters()):
+                p.grad = None
+    dist.barrier()
+
+
+def _run(rank: int, world: int, family: str, v: int, steps: int) -> RankRun:
     """Step walls of this rank and its actions' durations (wall, and thread CPU under "cpu ..."),
     after two warm-up steps, with per step the compute thread's involuntary context switches
     ("preempted") and the CPU seconds of the process's other threads ("threads": gloo's, the
-    heartbeat); and its actions' durations replayed on a ``LoopbackTransport`` with every
-    rank replaying at once (``concurrent_action_times``), one replayed step before each measured one
-    so that both see the same machine."""
+    heartbeat); and, before each measured step, its actions replayed on a ``LoopbackTransport``
+    twice: alone (``_replay_alone``: each rank in turn) and with every rank replaying at once
+    (``concurrent_action_times``), so that all three see the same machine."""
     torch.set_num_threads(1)
     schedule = lower(generate(family, world, MICROBATCHES, v))
     counts = even_counts(len(gpt_layers(CFG)), world * v)
@@ -172,10 +199,16 @@ def _run(rank: int, world: int, family: str, v: int, steps: int) -> tuple[list[f
     cpu: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)  # each compute action's thread CPU
     walls: list[float] = []
     replayed: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
+    by_turns: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
     for n in range(steps + 2):
         for key, values in concurrent_action_times(alone, inputs, targets, barrier=dist.barrier, steps=1,
                                                    warmup=0 if n else 1).items():
             replayed[key] += values
+        turns: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
+        _replay_alone(rank, world, alone, inputs, targets, turns)
+        if n >= 2:
+            for key, values in turns.items():
+                by_turns[key] += values
         dist.barrier()
         cpu.clear()
         preempted, process, thread = _preemptions(), _process_cpu(), time.thread_time()
@@ -192,7 +225,7 @@ def _run(rank: int, world: int, family: str, v: int, steps: int) -> tuple[list[f
             walls.append(runner.trace.wall)  # type: ignore[union-attr]
             _durations(runner.trace, kinds)
     runner.close()
-    return walls, dict(kinds), dict(replayed)
+    return RankRun(walls, dict(kinds), dict(replayed), dict(by_turns))
 
 
 def _profile(ranks: int, v: int, p2p_time: float, overhead: float, message: float,
@@ -256,6 +289,15 @@ def _per_rank(schedule: Any, costs: CostModel) -> list[float]:
     return [sum(_cost(costs, a.kind, a.stage) for a in row if a.kind in COMPUTE) for row in schedule.actions]
 
 
+def _medians(samples: Any) -> dict[tuple[ActionKind, int], float]:
+    """Each action's median over every rank's samples (an iterable of per-rank dicts)."""
+    pooled: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
+    for per_rank in samples:
+        for key, values in per_rank.items():
+            pooled[key] += values
+    return {key: statistics.median(values) for key, values in pooled.items()}
+
+
 def _err(sim: float, measured: float) -> str:
     return f"{(sim - measured) / measured:+.1%}"
 
@@ -283,13 +325,13 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
     run = spawn(_run, ranks, (family, v, steps), deadline=900)
     if not run.ok:
         raise SystemExit("\n".join(e for e in run.errors if e))
-    measured = statistics.median(max(w) for w in zip(*(r[0] for r in run.results)))
-    concurrent: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
-    for _, _, replayed in run.results:
-        for key, values in replayed.items():
-            concurrent[key] += values
-    together_costs = with_action_times(wall, {k: statistics.median(x) for k, x in concurrent.items()})
+    results: list[RankRun] = run.results
+    measured = statistics.median(max(w) for w in zip(*(r.walls for r in results)))
+    together_costs = with_action_times(wall, _medians(r.together for r in results))
     together = simulate(lower(schedule, together_costs), together_costs).makespan
+    # the prediction's model and messages, with the replay taken between the measured steps
+    paired_costs = with_action_times(staged, _medians(r.alone for r in results))
+    paired = simulate(lower(schedule, paired_costs), paired_costs).makespan
     after = _load()
     # the same replay right after the run: not the prediction's, the machine's drift over the case
     drift = [x / y for x, y in zip(_per_rank(schedule, with_action_times(staged, _replayed_cpu(ranks, family, v))),
@@ -303,6 +345,8 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
           f"costs {former:.3f} s ({_err(former, measured)}); "
           f"the wall-clock profile alone {alone:.3f} s "
           f"({_err(alone, measured)}); replayed together {together:.3f} s ({_err(together, measured)}); "
+          f"the prediction with the replay alone taken between the measured steps {paired:.3f} s "
+          f"({_err(paired, measured)}); "
           f"slowdown with 1..{ranks} ranks computing: {slowdown}; load {load} -> {after}", flush=True)
     print(f"    the runtime's messages (measure_message_costs): {messages.message_time * 1e3:.2f} ms on the lane per "
           f"send/receive and {messages.message_cpu * 1e3:.2f} ms of CPU on the transport's threads (other load: "
@@ -313,14 +357,14 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
           f"({_err(messages.simulated_step, messages.measured_step)}), the same with a transfer of "
           f"{messages.fitted_p2p_time * 1e3:.2f} ms (fitted)")
     def median(key: str, scale: float = 1.0) -> str:  # per rank
-        return ", ".join(f"{statistics.median(kinds[key]) * scale:.0f}" for _, kinds, _ in run.results)
+        return ", ".join(f"{statistics.median(r.kinds[key]) * scale:.0f}" for r in results)
 
     print(f"    in send/receive batches per step, per rank: {median('comm', 1e3)} ms; simulated (waiting in receives): "
           + ", ".join(f"{x * 1e3:.0f}" for x in _waits(timeline)) + f" ms; the compute thread preempted "
           f"{median('preempted')} times per step, the other threads' CPU {median('threads', 1e3)} ms per step")
     durations: dict[str, list[float]] = defaultdict(list)
-    for _, kinds, _ in run.results:
-        for key, values in kinds.items():
+    for r in results:
+        for key, values in r.kinds.items():
             if key not in ("comm", "preempted", "threads"):
                 durations[key] += values
     # the timeline model alone: processor sharing on the run's own thread CPU per action (not a prediction)
@@ -335,15 +379,16 @@ def _case(ranks: int, family: str, v: int, ping_pong: float, overhead: float, st
           f"{ratios(shared)}; over the stage profile's: {ratios(c)}; the replay again after the run over before: "
           + ", ".join(f"{x:.2f}" for x in drift))
     print("    per action (ms): runtime wall / thread CPU | replayed alone CPU | profile CPU / wall | CPU with concurrency"
-          " | replayed together")
+          " | replayed together | replayed alone between the steps")
     for key in sorted((k for k in durations if not k.startswith("cpu")), key=lambda k: (int(k[1:]), k[0])):
         kind, stage = ActionKind(key[0]), int(key[1:])
         print(f"    {key:>4}: {statistics.median(durations[key]) * 1e3:6.2f} / "
               f"{statistics.median(durations['cpu ' + key]) * 1e3:6.2f} | {_cost(shared, kind, stage) * 1e3:6.2f} | "
               f"{_cost(c, kind, stage) * 1e3:6.2f} / "
               f"{_cost(wall, kind, stage) * 1e3:6.2f} | "
-              f"{_cost(contended, kind, stage) * 1e3:6.2f} | {_cost(together_costs, kind, stage) * 1e3:6.2f}")
-    return Row(ranks, family, v, predicted, profiled, stretched, former, alone, together, measured,
+              f"{_cost(contended, kind, stage) * 1e3:6.2f} | {_cost(together_costs, kind, stage) * 1e3:6.2f} | "
+              f"{_cost(paired_costs, kind, stage) * 1e3:6.2f}")
+    return Row(ranks, family, v, predicted, paired, profiled, stretched, former, alone, together, measured,
                max(drift, key=lambda x: abs(x - 1)))
 
 
@@ -359,7 +404,7 @@ def _message_check(ranks: int, families: list[str]) -> None:
     for family, v in (c for c in CASES if c[0] in families):
         run = synthetic_run(BOUNDARY, ranks=ranks, family=family, v=v, steps=12)
 
-        def step(**fields: float) -> float:
+        def step(**fields: Any) -> float:
             costs = replace(run.compute, **fields)
             return simulate(lower(run.schedule, costs), costs).makespan
 
@@ -484,20 +529,24 @@ def main() -> None:
               f"P2P one-way for {BOUNDARY} B, the other ranks computing (measure_p2p_time): {p2p * 1e3:.3f} ms")
         for family, v in (c for c in CASES if c[0] in args.schedules):
             rows.append(_steady_case(ranks, family, v, p2p, overhead, args.steps, args.steady, args.tries))
-    print("\nranks  schedule           v  measured s   predicted s  error   stage profile s  error    per-rank stretch s  "
-          "error   with ping-pong s  error   profile alone s  error   together s  error  drift  tries")
-    for (ranks, family, v, predicted, profiled, stretched, former, alone, together, measured, drift), tries in rows:
-        print(f"{ranks:>5}  {family:<17} {v:>2} {measured:>10.3f} {predicted:>13.3f} {_err(predicted, measured):>6} "
-              f"{profiled:>17.3f} {_err(profiled, measured):>6} "
-              f"{stretched:>21.3f} {_err(stretched, measured):>6} {former:>18.3f} {_err(former, measured):>6} "
-              f"{alone:>17.3f} {_err(alone, measured):>6} {together:>12.3f} {_err(together, measured):>6} "
-              f"{drift:>6.2f} {tries:>6}")
+    print("\nranks  schedule           v  measured s   predicted s  error   replay between steps s  error   "
+          "stage profile s  error    per-rank stretch s  error   with ping-pong s  error   profile alone s  error   "
+          "together s  error  drift  tries")
+    for row, tries in rows:
+        m = row.measured
+        print(f"{row.ranks:>5}  {row.family:<17} {row.v:>2} {m:>10.3f} {row.predicted:>13.3f} {_err(row.predicted, m):>6} "
+              f"{row.paired:>24.3f} {_err(row.paired, m):>6} {row.profiled:>17.3f} {_err(row.profiled, m):>6} "
+              f"{row.stretched:>21.3f} {_err(row.stretched, m):>6} {row.former:>18.3f} {_err(row.former, m):>6} "
+              f"{row.alone:>17.3f} {_err(row.alone, m):>6} {row.together:>12.3f} {_err(row.together, m):>6} "
+              f"{row.drift:>6.2f} {tries:>6}")
     errors = [abs(row.predicted - row.measured) / row.measured for row, _ in rows]
     steady = [e for e, (row, _) in zip(errors, rows) if abs(row.drift - 1) <= args.steady]
     print(f"largest error of the prediction: {max(errors):.1%} (target: within 10% on every row); "
           f"within 10%: {sum(e <= 0.1 for e in errors)} of {len(errors)} rows; rows whose drift stayed within "
           f"{args.steady:.0%}: {len(steady)}" + (f", largest error among them {max(steady):.1%}" if steady else ""))
-
+    paired = [abs(row.paired - row.measured) / row.measured for row, _ in rows]
+    print(f"with the replay taken between the measured steps: largest error {max(paired):.1%}; "
+          f"within 10%: {sum(e <= 0.1 for e in paired)} of {len(paired)} rows")
 
 if __name__ == "__main__":
     main()
