@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -224,6 +224,9 @@ class Corpus:
     seq_len: int
     val_fraction: float
     split: int | None = None
+    # the permutation of the last (epoch, seed) asked for: consecutive steps read the same epoch's
+    _permutation_of: tuple[tuple[int, int], np.ndarray] | None = field(default=None, init=False, repr=False,
+                                                                      compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -250,12 +253,12 @@ class Corpus:
         return np.asarray(out, dtype=np.int64)
 
     def _permutation(self, epoch: int, seed: int) -> np.ndarray:
-        cache = getattr(self, "_perm_cache", None)
-        if cache is None or cache[0] != (epoch, seed):
+        cached = self._permutation_of
+        if cached is None or cached[0] != (epoch, seed):
             perm = np.random.default_rng([seed, epoch]).permutation(self.num_train)
-            self._perm_cache = ((epoch, seed), perm)
+            self._permutation_of = ((epoch, seed), perm)
             return perm
-        return cache[1]
+        return cached[1]
 
     def batch(self, indices: np.ndarray, val: bool = False) -> tuple[np.ndarray, np.ndarray]:
         base = self.val_start if val else 0
