@@ -231,8 +231,8 @@ class Corpus:
     def __post_init__(self) -> None:
         n = len(self.tokens)
         self.val_start = int(n * (1 - self.val_fraction)) if self.split is None else self.split
-        self.num_train = (self.val_start - 1) // self.seq_len
-        self.num_val = (n - self.val_start - 1) // self.seq_len
+        self.num_train = max(0, (self.val_start - 1) // self.seq_len)  # a window needs seq_len + 1 tokens
+        self.num_val = max(0, (n - self.val_start - 1) // self.seq_len)
         if self.num_train < 1 or self.num_val < 1:
             raise ConfigError(
                 f"data: {n} tokens give {self.num_train} training and {self.num_val} validation sequences of "

@@ -83,6 +83,13 @@ def test_data_order_is_seeded_and_sharded_over_replicas() -> None:
     assert len(set(epoch.tolist())) == len(epoch)  # an epoch visits each window once
 
 
+@pytest.mark.parametrize("tokens", [0, 1, 17])
+def test_too_little_text_names_what_it_gives_never_a_negative_count(tokens: int) -> None:
+    with pytest.raises(ConfigError, match=rf"data: {tokens} tokens give 0 training and 0 validation sequences "
+                                          r"of seq_len=16; use more text"):
+        Corpus(np.zeros(tokens, dtype=np.uint16), 251, 16, 0.1)
+
+
 def test_default_text_is_real_python_source() -> None:
     files = default_text_files()
     assert files == sorted(files) and all(f.suffix == ".py" for f in files)
