@@ -220,92 +220,12 @@ class _Simulation:
         waits for and queued again (LIFO) when that action completes."""
         if self.costs.cores is not None:
             self._loop_cores(self.costs.cores)  # processor sharing: a timeline in global time order
-        elif self.costs.shared_host_link or self.costs.message_time:
-            self._loop_shared()  # the general loop (with own host links it books as ``_loop`` does)
         else:
             self._loop()
         n = self.schedule.num_ranks
         stuck = [r for r in range(n) if self.pos[r] < self.offsets[r + 1]]
         if stuck:
             self._report_deadlock(stuck)
-
-    def _loop(self) -> None:
-        """The event loop, written with locals (the hottest loop of the package); without a shared host
-        link and without ``message_time`` (``_loop_shared`` charges it)."""
-        lanes, keys, first, first_delay, second, second_delay, reloads, durations = self._columns()
-        done = self._done()
-        n = self.schedule.num_ranks
-        waiters, starts, ends = self.waiters, self.start, self.end
-        pos, offsets, clocks, busies = self.pos, self.offsets, self.clock, self.busy
-        stall, stalled = self.stall, self.stalled
-        # own host links: a rank's copies of one direction all pass its engine for that direction, FIFO,
-        # so its link never holds a copy the engine has not already ordered; only the engine is booked
-        engine, length = self.copies[0].tolist(), self.copies[2].tolist()
-        engine_free = [0.0] * (2 * n)
-        ready = list(range(n))
-        queued = [True] * n
-        while ready:
-            rank = ready.pop()
-            queued[rank] = False
-            stop = offsets[rank + 1]
-            clock, busy = clocks[rank], busies[rank]
-            for i in range(pos[rank], stop):  # on a break ``i`` is the action the rank waits at
-                lane, key = lanes[i], keys[i]
-                if lane == _SEND:  # posted without blocking
-                    starts[i] = ends[i] = done[key] = clock
-                elif lane == _COPY:
-                    # issued at the lane's clock, ready after its F or I (OFFLOAD, _W) or its offload, then FIFO on
-                    # its engine; it does not occupy the lane
-                    t = done[first[i]]
-                    at = clock if t is None or clock >= t else t
-                    slot, duration = engine[i], length[i]
-                    if engine_free[slot] > at:
-                        at = engine_free[slot]
-                    starts[i], ends[i], done[key] = at, at + duration, at + duration
-                    engine_free[slot] = at + duration
-                else:
-                    at = clock
-                    dep = first[i]
-                    if dep >= 0:
-                        t = done[dep]
-                        if t is None:
-                            waiters.setdefault(dep, []).append(rank)
-                            break
-                        if t + first_delay[i] > at:
-                            at = t + first_delay[i]
-                        dep = second[i]
-                        if dep >= 0:
-                            t = done[dep]
-                            if t is None:
-                                waiters.setdefault(dep, []).append(rank)
-                                break
-                            if t + second_delay[i] > at:
-                                at = t + second_delay[i]
-                    if lane == _COMPUTE:
-                        start = at
-                        reload = reloads[i]
-                        if reload >= 0:
-                            reload_end = done[reload]
-                            if reload_end is not None and reload_end > start + _STALL_TOL * (start if start > 1.0 else 1.0):
-                                stalled.append((i, reload_end - start))
-                                stall[rank] += reload_end - start
-                                start = reload_end
-                        duration = durations[i]
-                        clock = start + duration
-                        busy += duration
-                        starts[i] = start
-                    else:  # a receive waits from the lane's clock until the data arrives
-                        starts[i] = clock
-                        clock = at
-                    ends[i] = done[key] = clock
-                if key in waiters:
-                    for waiter in waiters.pop(key):
-                        if not queued[waiter]:
-                            queued[waiter] = True
-                            ready.append(waiter)
-            else:
-                i = stop
-            pos[rank], clocks[rank], busies[rank] = i, clock, busy
 
     def _columns(self) -> tuple[list[int], list[int], list[int], list[float], list[int], list[float], list[int],
                                 list[float]]:
@@ -325,10 +245,11 @@ class _Simulation:
         num_keys = self.c.num_keys
         return [None] * num_keys if num_keys <= _LIST_KEYS else _Pending()
 
-    def _loop_shared(self) -> None:
-        """The event loop with shared host links or a ``message_time`` (``_loop`` otherwise): a link is
-        FIFO and causal; a SEND holds its lane for its ``message_time`` and a RECV for its own after the
-        data has arrived.
+    def _loop(self) -> None:
+        """The event loop, written with locals (the hottest loop of the package): a link is FIFO and
+        causal; a SEND holds its lane for its ``message_time`` and a RECV for its own after the data
+        has arrived. With own host links a rank's copies of one direction all pass its engine, FIFO,
+        so the link never reorders them; with a shared host link the pair's copies meet on it.
 
         A lane does not wait for its copies: it queues each on its engine (FIFO) and runs on; a
         backward whose reload is still queued parks on it. Copies are booked only while no lane can
@@ -345,6 +266,7 @@ class _Simulation:
         pos, offsets, clocks, busies = self.pos, self.offsets, self.clock, self.busy
         stall, stalled = self.stall, self.stalled
         engine, link, length = (x.tolist() for x in self.copies)
+        shared = self.costs.shared_host_link
         engine_free = [0.0] * (2 * n)
         link_free = [0.0] * self.num_links
         queues: list[deque[int]] = [deque() for _ in range(2 * n)]  # per engine: its queued copies, FIFO
@@ -376,15 +298,24 @@ class _Simulation:
                 clock, busy = clocks[rank], busies[rank]
                 for i in range(pos[rank], stop):  # on a break ``i`` is the action the rank waits at
                     lane, key = lanes[i], keys[i]
-                    if lane == _COPY:  # queued; booked when no lane can run (see above)
-                        starts[i] = clock
-                        queue = queues[engine[i]]
-                        queue.append(i)
-                        unbooked[key] = i
-                        if len(queue) == 1:
-                            arrive(i)
-                        continue
-                    if lane == _SEND:
+                    if lane == _COPY:
+                        if shared:  # queued; booked when no lane can run (see above)
+                            starts[i] = clock
+                            queue = queues[engine[i]]
+                            queue.append(i)
+                            unbooked[key] = i
+                            if len(queue) == 1:
+                                arrive(i)
+                            continue
+                        # an own link: the engine alone orders the rank's copies (FIFO), so it is booked now
+                        t = done[first[i]]  # its F or I (OFFLOAD), or its OFFLOAD (RELOAD): earlier in the list
+                        at = clock if t is None or clock >= t else t
+                        slot = engine[i]
+                        if engine_free[slot] > at:
+                            at = engine_free[slot]
+                        starts[i], ends[i], done[key] = at, at + length[i], at + length[i]
+                        engine_free[slot] = at + length[i]
+                    elif lane == _SEND:
                         starts[i] = clock
                         clock += durations[i]
                         ends[i] = done[key] = clock

@@ -105,23 +105,6 @@ def test_measure_message_costs_reads_the_runtimes_traces():
         measure_message_costs(4096, ranks=1)
 
 
-@pytest.mark.parametrize("family, v, separate", [("1f1b", 1, False), ("interleaved-1f1b", 2, True),
-                                                 ("zb-v", 2, False), ("group-interleaved", 2, True)])
-def test_the_general_loop_books_own_host_links_as_the_fast_one_does(family, v, separate):
-    # a message_time sends the simulation through ``_loop_shared``; with own host links it must time
-    # every action (copies included) as ``_loop`` does
-    from pipeoffload.simulator import _Simulation
-
-    costs = replace(CostModel(time_f=1.0, time_i=0.7, time_w=0.4, p2p_time=0.1).with_offload_ratio(0.8),
-                    shared_copy_engine=not separate)
-    schedule = lower(generate(family, 4, 8, v), costs, offload="all")
-    fast, general = _Simulation(schedule, costs), _Simulation(schedule, costs)
-    fast._loop()
-    general._loop_shared()
-    assert any(a.kind is ActionKind.OFFLOAD for row in schedule.actions for a in row)
-    assert fast.start == general.start and fast.end == general.end and fast.stall == general.stall
-
-
 def test_the_fitted_transfer_is_the_p2p_time_that_gives_the_measured_step():
     pytest.importorskip("torch")  # profiling imports torch
     from pipeoffload.profiling import _fitted_transfer
