@@ -420,12 +420,11 @@ def action_clock(runner: Any, clock: Callable[[], float],
                  sink: dict[tuple[ActionKind, int], list[float]]) -> Iterator[None]:
     """While inside, ``runner``'s compute actions (F, B, I, W) put their seconds on ``clock`` into
     ``sink`` by (kind, stage), e.g. ``time.thread_time`` (this thread's CPU: no waiting, no
-    descheduling, no gloo thread): its handler table wrapped, since its trace reads the wall clock
-    only. Nothing is wrapped for ``time.perf_counter`` (the trace has it)."""
+    descheduling, no gloo thread), through ``PipelineRunner.wrapped_actions``, since its trace reads
+    the wall clock only. Nothing is wrapped for ``time.perf_counter`` (the trace has it)."""
     if clock is time.perf_counter:
         yield
         return
-    handlers = runner._handlers
 
     def timed(handler: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
         def run(self: Any, action: Any) -> None:
@@ -435,11 +434,8 @@ def action_clock(runner: Any, clock: Callable[[], float],
                 sink[(action.kind, action.stage)].append(clock() - start)
         return run
 
-    runner._handlers = {kind: timed(handler) for kind, handler in handlers.items()}
-    try:
+    with runner.wrapped_actions(timed):
         yield
-    finally:
-        runner._handlers = handlers
 
 
 def replayed_action_times(runners: Sequence[Any], inputs: Any, targets: Any, *, steps: int = 3,

@@ -16,10 +16,11 @@ of microbatches, so parameter gradients are those of the mean loss over the batc
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -219,6 +220,18 @@ class PipelineRunner:
         self.store.exclude([t for m in modules for t in (*m.parameters(), *m.buffers())], replace=True)
         for stage in self.stages.values():
             stage.params = [p for p in stage.module.parameters() if p.requires_grad]
+
+    @contextlib.contextmanager
+    def wrapped_actions(self, wrap: Callable[[Handler], Handler]) -> Iterator[None]:
+        """While inside, each action kind's handler ``h(runner, action)`` is replaced by ``wrap(h)``:
+        instrumentation such as a per-action clock (``profiling.action_clock``), with no branch in the
+        interpreter when nobody asks for it. The table is restored on exit."""
+        handlers = self._handlers
+        self._handlers = {kind: wrap(handler) for kind, handler in handlers.items()}
+        try:
+            yield
+        finally:
+            self._handlers = handlers
 
     def close(self) -> None:
         """Stop the transport's heartbeat (also done when the runner is garbage)."""
