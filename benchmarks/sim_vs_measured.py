@@ -100,6 +100,7 @@ MICROBATCH = 2  # sequences per microbatch
 MICROBATCHES = 8
 CASES = [("1f1b", 1), ("interleaved-1f1b", 2), ("group-interleaved", 2), ("zb-v", 2)]
 COMPUTE = (ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W)
+BOUNDARY = MICROBATCH * CFG.seq * CFG.hidden * 4  # bytes of one boundary message
 
 
 class Row(NamedTuple):
@@ -117,7 +118,6 @@ class Row(NamedTuple):
     together: float
     measured: float
     drift: float
-BOUNDARY = MICROBATCH * CFG.seq * CFG.hidden * 4  # bytes of one boundary message
 
 
 def _specs(counts: tuple[int, ...] | list[int]) -> dict[int, Any]:
@@ -169,7 +169,8 @@ def _replay_alone(rank: int, world: int, runner: Any, inputs: Any, targets: Any,
     """One step of each rank's actions replayed on its ``LoopbackTransport`` runner, one rank after the
     other while the others wait in a barrier (off the CPU): ``replayed_action_times``' thread CPU, taken
     in the ranks' own processes between measured steps, so that it sees the machine of the minutes
-    the steps run in (this machine's speed wanders by 10-25% over seconds)."""
+    the steps run in (the drift column shows one replay moving by up to a third within a case). The
+    caller's barrier before its measured step ends the last turn."""
     for turn in range(world):
         dist.barrier()
         if turn == rank:
@@ -177,7 +178,6 @@ def _replay_alone(rank: int, world: int, runner: Any, inputs: Any, targets: Any,
                 runner.step(inputs, targets)
             for p in (p for s in runner.stages.values() for p in s.module.parameters()):
                 p.grad = None
-    dist.barrier()
 
 
 def _run(rank: int, world: int, family: str, v: int, steps: int) -> RankRun:
