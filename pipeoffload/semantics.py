@@ -12,8 +12,10 @@ for" column read as list order on one rank). The rules, per kind (see docs/decis
   W         compute  own I; its RELOAD_W when the I -> W window was offloaded      - the rest at end
                      (the wait is a stall)
   R         compute  own F                                                        + activation at start
-  SEND_*    send     nothing (posted without blocking; arrives p2p_time later)
-  RECV_F/B  recv     the matching SEND on the neighbouring rank, + p2p_time
+  SEND_*    send     nothing (posted without blocking; holds its lane message_time, then arrives
+                     p2p_time later)
+  RECV_F/B  recv     the matching SEND on the neighbouring rank, + p2p_time; then
+                     holds its lane message_time
   OFFLOAD   copy     own F; the rank's copy engine (FIFO) and host link          - device copy at copy end
   RELOAD    copy     own OFFLOAD; the copy engine and host link                  + at copy start
   OFFLOAD_W copy     own I; as OFFLOAD (the second window: what W needs)         - that part at copy end
@@ -33,7 +35,7 @@ forwards would otherwise pile up on the device faster than their copies leave). 
 receive: from the lane's clock until its input is done. Only the first window has one.
 
 A compute-only schedule (no SEND/RECV) is timed with implicit transfers: a producer on another rank
-adds ``p2p_time``.
+adds ``p2p_time + 2 * message_time`` (``message_time`` is 0 unless the profiler measured it).
 """
 from __future__ import annotations
 
@@ -67,10 +69,13 @@ assert len(LANE) == len(KINDS)
 
 
 def durations(costs: CostModel, num_stages: int) -> np.ndarray:
-    """Compute time of each (kind code, stage); zero for comm and copy kinds (copies are timed by size)."""
+    """Lane time of each (kind code, stage): the compute time of a compute kind; ``message_time`` for a
+    SEND or RECV (what the runtime's lane spends on it besides waiting; 0 by default); zero for copy
+    and wait kinds (copies are timed by size)."""
     table = np.zeros((len(KINDS), num_stages))
     for code, lookup in ((F, costs.f), (B, costs.b), (I, costs.i), (W, costs.w), (R, costs.r)):
         table[code] = [lookup(s) for s in range(num_stages)]
+    table[(LANE == SEND) | (LANE == RECV)] = costs.message_time
     return table
 
 

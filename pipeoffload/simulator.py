@@ -198,7 +198,7 @@ class _Simulation:
         self.costs = costs
         self.c = c = coded(schedule)
         self.inputs = c.inputs(costs.p2p_time if c.lowered else costs.p2p_time + 2 * costs.message_time)
-        self.duration = _durations(c, costs)
+        self.duration = sem.durations(costs, c.num_stages)[c.kind, c.stage]
         self.amount = sem.memory_amounts(c, costs)  # an array: no float object per action
         self.host_amount = sem.host_effects(c, costs, self.amount)
         n = schedule.num_ranks
@@ -564,14 +564,6 @@ class _Simulation:
         first = stuck[0]
         step = self.pos[first] - self.offsets[first]
         raise DeadlockError("deadlock: " + "; ".join(lines), first, step, rows[first][step], rows)
-
-
-def _durations(c: sem.CodedSchedule, costs: CostModel) -> np.ndarray:
-    """Per action: its compute time; ``message_time`` for a SEND or RECV (0 without one)."""
-    table = sem.durations(costs, c.num_stages)
-    if costs.message_time:
-        table[(sem.LANE == sem.SEND) | (sem.LANE == sem.RECV)] = costs.message_time
-    return table[c.kind, c.stage]
 
 
 def _floats(values: np.ndarray) -> list[float]:
