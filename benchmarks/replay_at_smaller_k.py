@@ -6,7 +6,15 @@ copies a copy queued behind another starts earlier, so an allocation can move be
 used to follow. This prints, for one shared-link case, the pass's own plan at each k and the plan
 made at ``--at`` simulated at that k (peak in activation units, makespan, stall).
 
+With ``--own-links`` it sweeps own host links instead (one copy engine per rank, the default),
+where a replay is safe by construction (docs/offload.md, "Faster copies than planned"): every
+family at d in ``--ranks``, m = 4d, offload all and auto, a plan made at each k' of ``--made``
+simulated at k' x each of ``FACTORS``; it counts the replays that peak higher than the plan at k'
+on any rank, stall, or lengthen the step, and those whose peak rises as the replay's k grows back
+towards k' is not (peak never falls as copies get faster).
+
     .venv/bin/python benchmarks/replay_at_smaller_k.py [--at 0.5] [--ks 0.42 0.45 0.47 0.49]
+    .venv/bin/python benchmarks/replay_at_smaller_k.py --own-links [--ranks 8 16]
 """
 from __future__ import annotations
 
@@ -17,12 +25,55 @@ from pipeoffload.passes.lower import lower
 from pipeoffload.schedules import generate
 from pipeoffload.simulator import simulate
 
+FAMILIES = [("1f1b", 1, {}), ("interleaved-1f1b", 2, {}), ("group-interleaved", 2, {"group_size": 4}),
+            ("zb-h1", 1, {}), ("zb-v", 2, {})]
+MADE = (0.2, 0.3, 0.5, 0.8, 1.0, 1.3, 1.7, 2.0)
+FACTORS = (0.0, 0.25, 0.5, 0.75, 0.9, 0.97)
+
+
+def own_links(ranks: list[int]) -> None:
+    """Own host links: count the replays with faster copies that are worse than the plan."""
+    print(f"own host links, one copy engine per rank; plans made at k' in {MADE}, replayed at k' x {FACTORS}")
+    print("family              d    m  policy  plans  replays  higher peak  stall  longer step  peak not monotone")
+    total = worse = 0
+    for d in ranks:
+        for name, v, options in FAMILIES:
+            schedule = generate(name, d, 4 * d, v, **options)
+            for policy in ("all", "auto"):
+                counts = [0, 0, 0, 0, 0, 0]  # plans, replays, higher peak, stall, longer step, not monotone
+                for k in MADE:
+                    planned = CostModel().with_offload_ratio(k)
+                    made = lower(schedule, planned, offload=policy)
+                    at_k = simulate(made, planned)
+                    counts[0] += 1
+                    peaks = []
+                    for factor in FACTORS:
+                        replay = simulate(made, CostModel().with_offload_ratio(k * factor))
+                        counts[1] += 1
+                        counts[2] += any(now.peak_activation_units > then.peak_activation_units + 1e-9
+                                         for now, then in zip(replay.per_rank, at_k.per_rank))
+                        counts[3] += replay.stall > at_k.stall + 1e-9
+                        counts[4] += replay.makespan > at_k.makespan + 1e-9
+                        peaks.append(replay.peak_activation_units)
+                    peaks.append(at_k.peak_activation_units)
+                    counts[5] += any(a > b + 1e-9 for a, b in zip(peaks, peaks[1:]))
+                total += counts[1]
+                worse += counts[2] + counts[3] + counts[4]
+                print(f"{name:18s} {d:3d} {4 * d:4d}  {policy:6s} {counts[0]:6d} {counts[1]:8d} {counts[2]:12d} "
+                      f"{counts[3]:6d} {counts[4]:12d} {counts[5]:18d}", flush=True)
+    print(f"{worse} of {total} replays worse than their plan")
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--at", type=float, default=0.5, help="the k the replayed plan is made for")
     parser.add_argument("--ks", type=float, nargs="+", default=[0.42, 0.45, 0.47, 0.49], help="the k it is replayed at")
+    parser.add_argument("--own-links", action="store_true", help="sweep own host links instead (see above)")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[8, 16], help="pipeline sizes d of --own-links")
     args = parser.parse_args()
+    if args.own_links:
+        own_links(args.ranks)
+        return
     schedule = generate("group-interleaved", 8, 32, 2, group_size=8)
     base = CostModel.uniform(1.0, 1.0, 1.0, shared_host_link=True)
     made = lower(schedule, base.with_offload_ratio(args.at), offload="all")
