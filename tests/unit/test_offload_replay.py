@@ -19,14 +19,14 @@ from pipeoffload.passes.lower import lower
 from pipeoffload.schedules import generate
 from pipeoffload.simulator import simulate
 
-FAMILIES = [("1f1b", 1, {}), ("interleaved-1f1b", 2, {}), ("group-interleaved", 2, {"group_size": 2}),
-            ("zb-h1", 1, {}), ("zb-v", 2, {})]
+FAMILIES = [("gpipe", 1, {}), ("1f1b", 1, {}), ("interleaved-1f1b", 2, {}), ("group-interleaved", 2, {"group_size": 2}),
+            ("zb-h1", 1, {}), ("zb-h2", 1, {}), ("zb-v", 2, {}), ("v-min", 2, {})]
 FACTORS = (0.0, 0.25, 0.5, 0.75, 0.9, 0.97, 1.0)  # replay at k = factor x the k the plan was made for
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(family=st.sampled_from(FAMILIES), ranks=st.sampled_from([4, 6, 8]), per_rank=st.sampled_from([2, 3, 4]),
-       k=st.floats(0.1, 2.0), policy=st.sampled_from(["all", "auto", "first:1"]),
+       k=st.floats(0.1, 2.0), policy=st.sampled_from(["all", "auto", "first:1", "budget:2"]),
        w_fraction=st.sampled_from([1.0, 0.5]), time_w=st.sampled_from([1.0, 0.6]))
 def test_a_plan_replayed_with_faster_copies_never_peaks_higher(
         family: tuple, ranks: int, per_rank: int, k: float, policy: str, w_fraction: float, time_w: float) -> None:
