@@ -40,6 +40,9 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--offload-ratio", type=non_negative_float, default=None, metavar="K",
                        help="the paper's k = (D2H + H2D time of one activation) / (F+I+W time); 0 = instant "
                             f"copies; {K_DEFAULT_HELP}")
+    group.add_argument("--plan-ratio", type=non_negative_float, default=None, metavar="K",
+                       help="plan the copies for this k instead and run them at --offload-ratio: a host link "
+                            "faster (smaller k) or slower than planned (default: plan for the k they take)")
     group.add_argument("--shared-host-link", action="store_true",
                        help="ranks 2p and 2p+1 share one host link (GPUs under one PCIe switch)")
     group.add_argument("--separate-copy-engines", action="store_true",
@@ -52,7 +55,7 @@ def request_from_args(args: argparse.Namespace) -> SimulateRequest:
         family=args.name, ranks=args.ranks, microbatches=args.microbatches, stages_per_rank=args.stages_per_rank,
         time_f=args.time_f, time_i=args.time_i, time_w=args.time_w, p2p_time=args.p2p_time, costs_file=args.costs,
         group_size=args.group_size, backward=args.backward, offload=args.offload, recompute=args.recompute,
-        offload_ratio=args.offload_ratio, shared_host_link=args.shared_host_link,
+        offload_ratio=args.offload_ratio, plan_ratio=args.plan_ratio, shared_host_link=args.shared_host_link,
         separate_copy_engines=args.separate_copy_engines)
 
 
@@ -65,20 +68,23 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(strict_json(result.as_dict(), indent=1))
     else:
-        print(format_summary(result.timeline, result.time_unit, request.k))
+        print(format_summary(result.timeline, result.time_unit, request.k, request.plan_ratio))
         report = result.report
         if report.policy.kind != "none" or report.recompute != RecomputePolicy():
             print(report.summary())
     return 0
 
 
-def format_summary(timeline: Timeline, time_unit: str = TIME_UNIT, k: float | None = None) -> str:
-    """The text report; its header names the offload ratio k the copies took (None: a costs file's)."""
+def format_summary(timeline: Timeline, time_unit: str = TIME_UNIT, k: float | None = None,
+                   planned: float | None = None) -> str:
+    """The text report; its header names the offload ratio k the copies took (None: a costs file's)
+    and, where it differs, the one they were planned for."""
     s = timeline.schedule
     v = max(s.stages_per_rank, 1)
     lines = [
         f"{s.name}: ranks={s.num_ranks} microbatches={s.num_microbatches} stages_per_rank={s.stages_per_rank} "
-        f"placement={s.placement.kind} offload_ratio k={'from the costs file' if k is None else f'{k:g}'}",
+        f"placement={s.placement.kind} offload_ratio k={'from the costs file' if k is None else f'{k:g}'}"
+        + (f" (copies planned for k={planned:g})" if planned is not None and planned != k else ""),
         f"makespan {timeline.makespan:g} {time_unit}   bubble {timeline.bubble_ratio:.2%}   "
         f"peak {rank_units(timeline.peak_rank_units)} ({counted(timeline.peak_activation_units, 'activation unit')})"
         + (f"   stall {timeline.stall:g} {time_unit}" if timeline.stall else ""),

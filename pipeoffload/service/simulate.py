@@ -40,7 +40,10 @@ class SimulateRequest:
     """One simulation. Costs are per rank and microbatch (all of a rank's layers, split evenly over its
     stages) in the time unit t, unless ``costs_file`` gives a cost model (its numbers replace the four
     times). ``offload_ratio`` is the paper's k = (D2H + H2D time of one activation) / (F + I + W time);
-    0 means instant copies; None means ``DEFAULT_OFFLOAD_RATIO`` (or a costs file's own copy times). Field order is the order of ``pipeoffload simulate --help``."""
+    0 means instant copies; None means ``DEFAULT_OFFLOAD_RATIO`` (or a costs file's own copy times).
+    ``plan_ratio`` plans the copies for another k than they then take (a host link faster or slower
+    than planned); None plans them for the k they take. Field order is the order of
+    ``pipeoffload simulate --help``."""
 
     family: str
     ranks: int = 4
@@ -56,6 +59,7 @@ class SimulateRequest:
     offload: str = "none"
     recompute: str = "none"
     offload_ratio: float | None = None  # None: DEFAULT_OFFLOAD_RATIO, or the costs file's copy times
+    plan_ratio: float | None = None  # None: the copies are planned for the k they take
     shared_host_link: bool = False
     separate_copy_engines: bool = False
 
@@ -66,7 +70,7 @@ class SimulateRequest:
         for name in ("microbatches", "stages_per_rank", "group_size"):
             if getattr(self, name) is not None:
                 checked(name, int_at_least, getattr(self, name))
-        for name in ("time_f", "time_i", "time_w", "p2p_time", "offload_ratio"):
+        for name in ("time_f", "time_i", "time_w", "p2p_time", "offload_ratio", "plan_ratio"):
             if getattr(self, name) is not None:
                 checked(name, finite_at_least, getattr(self, name))
         if self.backward is not None:
@@ -81,6 +85,11 @@ class SimulateRequest:
         if self.offload_ratio is not None:
             return self.offload_ratio
         return None if self.costs_file else DEFAULT_OFFLOAD_RATIO
+
+    @property
+    def planned_k(self) -> float | None:
+        """The offload ratio the copies are planned for: ``plan_ratio``, else the one they take."""
+        return self.plan_ratio if self.plan_ratio is not None else self.k
 
     @property
     def num_microbatches(self) -> int:
@@ -126,9 +135,7 @@ class SimulateResult:
 
     def title(self) -> str:
         """The chart header: schedule and sizes, and the offload ratio k the copies took."""
-        k = self.request.k
-        return schedule_title(self.timeline) + (", copy times from the costs file" if k is None
-                                                else f", offload ratio k={k:g}")
+        return schedule_title(self.timeline) + ", " + ratio_text(self.request)
 
     def label_parts(self) -> tuple[list[str], list[str]]:
         """(schedule name and resolved sizes, every non-default option), e.g. (["zb-v", "d=8", "m=16",
@@ -147,9 +154,19 @@ class SimulateResult:
         for rank in out["per_rank"]:
             rank["peak_host_rank_units"] = rank["peak_host_units"] / v
         out["offload_ratio"] = self.request.k  # null: the costs file's own copy times
+        out["planned_offload_ratio"] = self.request.planned_k  # what the copies were planned for
         out["offload_report"] = report_dict(self.report)
         out["units"] = units_dict(self.time_unit)
         return out
+
+
+def ratio_text(req: SimulateRequest) -> str:
+    """``offload ratio k=0.5``, ``copy times from the costs file``, and what the copies were planned
+    for when that differs (``offload ratio k=0.5, copies planned for k=1``)."""
+    text = "copy times from the costs file" if req.k is None else f"offload ratio k={req.k:g}"
+    if req.plan_ratio is not None and req.plan_ratio != req.k:
+        text += f", copies planned for k={req.plan_ratio:g}"
+    return text
 
 
 def join_label(sizes: list[str], options: list[str]) -> str:
@@ -182,12 +199,14 @@ def base_costs(req: SimulateRequest, stages_per_rank: int) -> tuple[CostModel, s
     return rank_costs(req.time_f, req.time_i, req.time_w, stages_per_rank, req.p2p_time), TIME_UNIT
 
 
-def memory_costs(req: SimulateRequest, costs: CostModel) -> CostModel:
-    """Apply the host-link options, the offload ratio and partial recomputation to ``costs``."""
+def memory_costs(req: SimulateRequest, costs: CostModel, planned: bool = False) -> CostModel:
+    """Apply the host-link options, the offload ratio (the one the copies are planned for, with
+    ``planned``) and partial recomputation to ``costs``."""
     costs = replace(costs, shared_host_link=req.shared_host_link or costs.shared_host_link,
                     shared_copy_engine=costs.shared_copy_engine and not req.separate_copy_engines)
-    if req.k is not None:
-        costs = costs.with_offload_ratio(req.k)
+    k = req.planned_k if planned else req.k
+    if k is not None:
+        costs = costs.with_offload_ratio(k)
     return RecomputePolicy.parse(req.recompute).apply_to(costs)
 
 
@@ -195,22 +214,24 @@ def check_size(req: SimulateRequest, limit: int = MAX_ACTIONS) -> None:
     """Refuse before any work what would take long: the schedule's actions and per-stage work (as
     ``generate`` counts them) times what planning its offload adds (``checks.offload_work_factor``)."""
     ranks, m, v = req.sizes()
-    factor = offload_work_factor(req.offload, req.k, req.shared_host_link)
+    factor = offload_work_factor(req.offload, req.planned_k, req.shared_host_link)
     if factor == 1:
         return  # ``generate`` refuses what is too large without offload, in its own words
     check_work(estimated_work(get_spec(req.family), ranks, m, v), factor, limit,
                f"{req.family} with ranks={ranks}, microbatches={m}, stages per rank={v}, offload {req.offload}, "
-               f"k={'from the costs file' if req.k is None else f'{req.k:g}'}")
+               f"k={'from the costs file' if req.planned_k is None else f'{req.planned_k:g}'}")
 
 
 def simulate(req: SimulateRequest) -> SimulateResult:
-    """Generate, lower (offload, recompute, communication) and simulate the requested schedule."""
+    """Generate, lower (offload, recompute, communication) and simulate the requested schedule (its
+    copies planned for ``req.planned_k``, simulated at ``req.k``)."""
     check_size(req)
     generated = generate(req.family, req.ranks, req.num_microbatches, req.stages_per_rank,
                          group_size=req.group_size, backward=req.backward)
     base, unit = base_costs(req, generated.stages_per_rank)
     costs = memory_costs(req, base)
-    schedule, report = lower_with_report(generated, costs, offload=OffloadPolicy.parse(req.offload),
+    schedule, report = lower_with_report(generated, memory_costs(req, base, planned=True),
+                                         offload=OffloadPolicy.parse(req.offload),
                                          recompute=RecomputePolicy.parse(req.recompute))
     timeline = simulate_timeline(schedule, costs)
     if not math.isfinite(timeline.makespan):  # finite times whose sum overflows (e.g. --time-f 1e308)

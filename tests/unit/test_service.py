@@ -36,6 +36,7 @@ from tests.conftest import run_cli
     ({"time_f": math.inf}, "time_f: inf is not a finite number"),
     ({"p2p_time": math.nan}, "p2p_time: nan is not a finite number"),
     ({"offload_ratio": -1.0}, "offload_ratio: -1.0 must be >= 0"),
+    ({"plan_ratio": math.inf}, "plan_ratio: inf is not a finite number"),
     ({"backward": "half"}, "backward: 'half' is not one of split, full"),
     ({"offload": "bogus"}, "offload policy 'bogus' is not understood"),
     ({"family": " "}, "family is missing"),
@@ -49,6 +50,7 @@ def test_a_request_refuses_bad_values_when_built(fields: dict, message: str) -> 
     "1f1b -d 4 -m 8",
     "group-interleaved -d 4 -m 8 -g 2 --offload all --offload-ratio 0.5 --time-w 0.5 --shared-host-link",
     "zb-v -d 4 --recompute first:1 --p2p-time 0.25 --separate-copy-engines",
+    "zb-h1 -d 4 -m 8 --offload all --plan-ratio 1 --offload-ratio 0.4",
 ])
 def test_the_result_is_what_the_cli_prints_and_its_command_repeats_it(argv: str) -> None:
     request = request_from_args(build_parser().parse_args(["simulate", *shlex.split(argv)]))
@@ -151,3 +153,27 @@ def test_estimate_is_a_service_operation_and_the_cli_prints_its_result() -> None
     code, out, _ = run_cli(*shlex.split(argv))
     assert code == 0 and json.loads(out) == json.loads(strict_json(result.as_dict()))
     assert json.loads(out)["fits"] is False and "DOES NOT FIT" in result.text()
+
+
+@pytest.mark.parametrize("planned,k", [(1.0, 0.5), (0.5, 0.7)])
+def test_copies_planned_for_another_k_run_at_the_one_asked_for(planned: float, k: float) -> None:
+    """``plan_ratio``: the copies of the plan made for ``planned``, simulated with those of ``k``. A
+    slower link than planned stalls here, where the plan made for it does not."""
+    from dataclasses import replace
+
+    from pipeoffload.passes.lower import lower
+    from pipeoffload.schedules import generate
+    from pipeoffload.simulator import simulate as simulate_timeline
+    request = SimulateRequest("zb-v", ranks=8, microbatches=32, offload="all", offload_ratio=k, plan_ratio=planned)
+    result = simulate(request)
+    costs = CostModel.uniform(0.5, 0.5, 0.5)  # one rank's unit times over its two stages
+    made = lower(generate("zb-v", 8, 32, 2), costs.with_offload_ratio(planned), offload="all")
+    assert result.timeline.as_dict() == simulate_timeline(made, costs.with_offload_ratio(k)).as_dict()
+    assert result.as_dict()["planned_offload_ratio"] == planned and result.as_dict()["offload_ratio"] == k
+    assert f"copies planned for k={planned:g}" in result.title()
+    if planned > k:  # a faster link than planned: no stall, and (own links) no higher peak than planned
+        as_planned = simulate(replace(request, offload_ratio=planned, plan_ratio=None)).timeline
+        assert result.timeline.stall == 0
+        assert result.timeline.peak_activation_units <= as_planned.peak_activation_units
+    else:
+        assert result.timeline.stall > 0 and simulate(replace(request, plan_ratio=None)).timeline.stall == 0
