@@ -75,7 +75,9 @@ class SimulateRequest:
                 checked(name, finite_at_least, getattr(self, name))
         if self.backward is not None:
             checked("backward", one_of, self.backward, BACKWARDS)
-        OffloadPolicy.parse(self.offload)
+        if OffloadPolicy.parse(self.offload).kind == "none" and self.plan_ratio is not None:
+            raise ConfigError(f"plan_ratio {self.plan_ratio:g} plans offload copies, but offload is none: "
+                              "give an offload policy (e.g. --offload all) or drop --plan-ratio")
         RecomputePolicy.parse(self.recompute)
 
     @property

@@ -61,8 +61,8 @@ def test_api_returns_exactly_simulate_json(base: str, query: str, argv: list[str
 ])
 def test_bad_input_is_the_cli_message(base: str, param: str, flag: str, value: str) -> None:
     """The same check refuses a value in the query and in the flag, in the same words after the name."""
-    status, body = _get(f"{base}/api/simulate?family=1f1b&{param}={value}")
-    code, _, err = run_cli("simulate", "1f1b", f"{flag}={value}")
+    status, body = _get(f"{base}/api/simulate?family=1f1b&offload=all&{param}={value}")
+    code, _, err = run_cli("simulate", "1f1b", "--offload", "all", f"{flag}={value}")
     assert status == 400 and code == 2
     message = json.loads(body)["error"]
     assert message.startswith(f"{param}: ") and err.rstrip().endswith(message.removeprefix(f"{param}: "))
