@@ -197,14 +197,16 @@ def _progress_on_stderr(main: bool) -> Any:
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("pipeoffload train: %(message)s"))
-    level = logger.level
+    level, propagate = logger.level, logger.propagate
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    logger.propagate = False  # else the CLI's root handler prints each line a second time
     try:
         yield
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def _wait_for(path: Path, timeout: float) -> None:

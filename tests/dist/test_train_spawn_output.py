@@ -24,6 +24,7 @@ def test_a_spawned_run_ends_cleanly_and_logs_one_line_per_step(tmp_path: Path) -
     assert "leaked semaphore" not in done.stderr and "Warning" not in done.stderr, done.stderr[-2000:]
     said = [line for line in done.stderr.splitlines() if line.startswith("pipeoffload train: ")]
     assert "training a byte-level BPE with 300 tokens" in said[0] and "starting 2 ranks" in said[-1], done.stderr
+    assert sum("starting 2 ranks" in line for line in done.stderr.splitlines()) == 1, done.stderr  # not echoed by the root logger
     log = (run / "train.log").read_text()
     assert [int(s) for s in re.findall(r"\] INFO \S+: step (\d+) loss", log)] == [1, 2, 3], log
     assert sorted(int(r) for r in re.findall(r"rank (\d+) of 2: pid \d+", log)) == [0, 1], log
