@@ -232,8 +232,8 @@ def simulate(req: SimulateRequest) -> SimulateResult:
                          group_size=req.group_size, backward=req.backward)
     base, unit = base_costs(req, generated.stages_per_rank)
     costs = memory_costs(req, base)
-    schedule, report = lower_with_report(generated, memory_costs(req, base, planned=True),
-                                         offload=OffloadPolicy.parse(req.offload),
+    planned = costs if req.plan_ratio is None else memory_costs(req, base, planned=True)
+    schedule, report = lower_with_report(generated, planned, offload=OffloadPolicy.parse(req.offload),
                                          recompute=RecomputePolicy.parse(req.recompute))
     timeline = simulate_timeline(schedule, costs)
     if not math.isfinite(timeline.makespan):  # finite times whose sum overflows (e.g. --time-f 1e308)
