@@ -43,7 +43,8 @@ def run_compare(args: argparse.Namespace) -> int:
     write_atomic(out, json.dumps(merged))
     other = merged["otherData"]
     print(f"{run.schedule.num_ranks} ranks: measured step {other['measured_step_s'] * 1e3:.3f} ms, "
-          f"simulated with its measured durations {other['simulated_makespan_s'] * 1e3:.3f} ms")
+          f"simulated with its measured action durations and free transfers "
+          f"{other['simulated_makespan_s'] * 1e3:.3f} ms (the difference: waits the cost model does not have)")
     for r in other["per_rank"]:
         print(f"  rank {r['rank']}: measured {r['measured_end_s'] * 1e3:.3f} ms, simulated {r['simulated_end_s'] * 1e3:.3f} ms")
     print(f"wrote {out} (open in https://ui.perfetto.dev: measured ranks first, then simulated)")
