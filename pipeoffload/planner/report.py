@@ -46,7 +46,7 @@ def format_result(result: SearchResult, top: int = 5, pareto: bool = True) -> st
         + (f", host {req.host_memory_budget / GIB:.1f} GiB/GPU" if req.host_memory_budget is not None else "")
         + ("; Megatron's selective recomputation (attention core) on every plan"
            if req.setup.selective_recompute else ""),
-        f"searched {result.candidates} candidates ({result.evaluated} simulated) in {result.seconds:.1f} s "
+        f"searched {result.candidates} candidates ({result.evaluated} simulated) in {_seconds(result.seconds)} s "
         f"= {rate:.0f} candidates/s" + _skipped(result),
         "",
         f"best plans that fit ({len(result.fitting)} fit):",
@@ -93,3 +93,8 @@ def result_as_dict(result: SearchResult, top: int = 5) -> dict:
         "pareto": [p.as_dict() for p in result.pareto()],
     } | ({"best_by_tp": {str(tp): p.as_dict() for tp, p in result.best_by_tp().items()}}
          if req.best_per_tp else {})
+
+
+def _seconds(seconds: float) -> str:
+    """``20.3``, or ``0.047`` below a second (not ``0.0`` beside a rate of thousands per second)."""
+    return f"{seconds:.1f}" if seconds >= 1 else f"{seconds:.2g}"

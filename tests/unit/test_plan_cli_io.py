@@ -228,3 +228,13 @@ def test_the_emitted_file_of_an_hf_dir_passes_train_validation(tmp_path) -> None
                  "--no-pareto", "--emit", str(path)]) == 0
     cfg = validate(build_config(load_toml(path)))
     assert cfg.model.source == f"hf:{folder.resolve()}" and cfg.model.seq_len == 64 and cfg.world == 2
+
+
+def test_the_search_time_is_never_printed_as_zero(capsys) -> None:  # type: ignore[no-untyped-def]
+    """A search of well under a second said "in 0.0 s = 3936 candidates/s"."""
+    import re
+
+    assert main(["plan", *SMALL, "--memory", "40", "--no-pareto"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("searched "))
+    seconds = float(re.search(r" in ([0-9.e-]+) s = ", line).group(1))  # type: ignore[union-attr]
+    assert seconds > 0, line
