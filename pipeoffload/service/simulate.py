@@ -77,7 +77,7 @@ class SimulateRequest:
             checked("backward", one_of, self.backward, BACKWARDS)
         if OffloadPolicy.parse(self.offload).kind == "none" and self.plan_ratio is not None:
             raise ConfigError(f"plan_ratio {self.plan_ratio:g} plans offload copies, but offload is none: "
-                              "give an offload policy (e.g. --offload all) or drop --plan-ratio")
+                              "choose an offload policy (e.g. offload all) or leave plan_ratio out")
         RecomputePolicy.parse(self.recompute)
 
     @property
