@@ -59,6 +59,12 @@ def format_result(result: SearchResult, top: int = 5, pareto: bool = True) -> st
         lines += ["", "best plan per tensor-parallel size:", format_table(list(result.best_by_tp().values()))]
     lines += ["", "memory is the worst rank's weights+grads (par), optimizer state (opt) and simulated activation "
               "peak (act); host is pinned host memory per GPU; stall is the worst rank's wait for reloads."]
+    shown = result.best(top) + (result.pareto() if pareto else [])
+    # the guarantee holds where the simulator gives each rank its own link (not the serialized pair)
+    if any(p.choice.offload.kind != "none" for p in shown) and req.setup.host_link != "serialized":
+        lines.append(f"offload copies are planned for the host link's {req.hardware.d2h_bandwidth / 1e9:g} GB/s "
+                     "(--offload-bw): a faster link never raises their peak, a slower one can stall them "
+                     "(docs/offload.md, 'A faster link than planned').")
     return "\n".join(lines)
 
 

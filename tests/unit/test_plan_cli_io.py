@@ -238,3 +238,14 @@ def test_the_search_time_is_never_printed_as_zero(capsys) -> None:  # type: igno
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("searched "))
     seconds = float(re.search(r" in ([0-9.e-]+) s = ", line).group(1))  # type: ignore[union-attr]
     assert seconds > 0, line
+
+
+@pytest.mark.parametrize("link,said", [([], True), (["--shared-host-link", "serialized"], False)])
+def test_offload_plans_say_what_a_faster_or_slower_link_does(capsys, link: list[str], said: bool) -> None:  # type: ignore[no-untyped-def]
+    """Where a shown plan offloads over its own link, the report says a faster link keeps its peak
+    (docs/offload.md, 'A faster link than planned'); a serialized shared link has no such guarantee."""
+    assert main(["plan", *SMALL, "--memory", "12", "--offload", "all", *link]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line[:3].strip().isdigit()]
+    assert any(row[5] == "all" or row[6] == "all" for row in rows)  # a shown plan offloads (g may be "-")
+    assert ("a faster link never raises their peak" in out) is said
