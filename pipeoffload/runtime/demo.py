@@ -58,7 +58,7 @@ def train(rank: int, world: int, args: argparse.Namespace, device: torch.device 
             logging.info("step %d loss %.4f", step, loss.item())
         trace = runner.trace
         assert trace is not None
-        logging.info("rank %d step %d peak activation bytes %d (%.3fs)", rank, step, trace.peak_bytes, trace.wall)
+        logging.info("step %d peak activation bytes %d (%.3fs)", step, trace.peak_bytes, trace.wall)  # [rank r] prefixes it
     runner.close()  # its heartbeat thread ends before the process group is destroyed (not after a failure:
     # a rank that failed exits at once, and its store may be gone with a dead peer)
     return {"rank": rank, "losses": losses, "trace": trace.as_dict() if trace is not None else {}}
