@@ -60,12 +60,19 @@ def format_result(result: SearchResult, top: int = 5, pareto: bool = True) -> st
     lines += ["", "memory is the worst rank's weights+grads (par), optimizer state (opt) and simulated activation "
               "peak (act); host is pinned host memory per GPU; stall is the worst rank's wait for reloads."]
     shown = result.best(top) + (result.pareto() if pareto else [])
-    # the guarantee holds where the simulator gives each rank its own link (not the serialized pair)
-    if any(p.choice.offload.kind != "none" for p in shown) and req.setup.host_link != "serialized":
-        lines.append(f"offload copies are planned for the host link's {req.hardware.d2h_bandwidth / 1e9:g} GB/s "
-                     "(--offload-bw): a faster link never raises their peak, a slower one can stall them "
-                     "(docs/offload.md, 'A faster link than planned').")
+    lines += link_notes(result, shown)
     return "\n".join(lines)
+
+
+def link_notes(result: SearchResult, shown: list[Plan]) -> list[str]:
+    """What a faster or slower host link does to the shown plans that offload; the guarantee holds
+    where the simulator gives each rank its own link (not the serialized pair)."""
+    req = result.request
+    if not any(p.choice.offload.kind != "none" for p in shown) or req.setup.host_link == "serialized":
+        return []
+    return [f"offload copies are planned for the host link's {req.hardware.d2h_bandwidth / 1e9:g} GB/s "
+            "(--offload-bw): a faster link never raises their peak, a slower one can stall them "
+            "(docs/offload.md, 'A faster link than planned')."]
 
 
 def _skipped(result: SearchResult) -> str:
@@ -95,6 +102,7 @@ def result_as_dict(result: SearchResult, top: int = 5) -> dict:
         "skipped": dict(sorted(result.skipped.items())),
         "selective_recompute": req.setup.selective_recompute,
         "warnings": [w for w in (plan_warning(result),) if w],
+        "notes": link_notes(result, result.best(top) + result.pareto()),
         "best": [p.as_dict() for p in result.best(top)],
         "pareto": [p.as_dict() for p in result.pareto()],
     } | ({"best_by_tp": {str(tp): p.as_dict() for tp, p in result.best_by_tp().items()}}

@@ -249,3 +249,6 @@ def test_offload_plans_say_what_a_faster_or_slower_link_does(capsys, link: list[
     rows = [line.split() for line in out.splitlines() if line[:3].strip().isdigit()]
     assert any(row[5] == "all" or row[6] == "all" for row in rows)  # a shown plan offloads (g may be "-")
     assert ("a faster link never raises their peak" in out) is said
+    assert main(["plan", *SMALL, "--memory", "12", "--offload", "all", *link, "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert bool(notes) is said and all("a faster link never raises their peak" in n for n in notes)
