@@ -22,10 +22,16 @@ table shows what it costs (grid points per lowering) and where it is worse than 
     .venv/bin/python benchmarks/replay_at_smaller_k.py [--at 0.5] [--ks 0.42 0.45 0.47 0.49]
     .venv/bin/python benchmarks/replay_at_smaller_k.py --own-links [--ranks 8 16]
     .venv/bin/python benchmarks/replay_at_smaller_k.py --grid
+    .venv/bin/python benchmarks/replay_at_smaller_k.py --figure docs/gallery/faster_link.png
+
+``--figure`` draws the guarantee and its limit: on own links (ZB-V, d = 8, m = 32, offload all) the
+peak of the plans made for k' = 0.5 and 1 at every k they are run at, beside the pass's own plan at
+each k (stalls marked); on a shared host link (the case above) the plan made for 0.5 run at smaller k.
 """
 from __future__ import annotations
 
 import argparse
+import io
 
 from pipeoffload.costs import CostModel
 from pipeoffload.passes.lower import lower, lower_with_report
@@ -98,6 +104,53 @@ def grid_construction() -> None:
     print(f"the construction is worse than the pass's own plan at {worse} of {len(ks)} k, better at {better}")
 
 
+def figure(path: str) -> None:
+    """The picture of docs/offload.md, "A faster link than planned"."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    from pipeoffload.fileio import write_atomic
+
+    fig, (own_ax, shared_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
+    schedule = generate("zb-v", 8, 32, 2)
+    ks = [round(0.05 * i, 2) for i in range(25)]
+    own = [simulate(lower(schedule, c, offload="all"), c).peak_activation_units
+           for c in (CostModel().with_offload_ratio(k) for k in ks)]
+    own_ax.plot(ks, own, color="0.55", lw=1.5, label="the pass's own plan at each k")
+    for made_for, colour in ((0.5, "tab:blue"), (1.0, "tab:red")):
+        made = lower(schedule, CostModel().with_offload_ratio(made_for), offload="all")
+        runs = [simulate(made, CostModel().with_offload_ratio(k)) for k in ks]
+        own_ax.plot(ks, [t.peak_activation_units for t in runs], color=colour, lw=2, ls="--",
+                    label=f"the plan made for k = {made_for:g}")
+        stalled = [(k, t.peak_activation_units) for k, t in zip(ks, runs) if t.stall > 0]
+        if stalled:
+            own_ax.scatter(*zip(*stalled), color=colour, marker="x", zorder=3,
+                           label=f"... stalls (link slower than k = {made_for:g})")
+        own_ax.axvline(made_for, color=colour, lw=0.8, alpha=0.5)
+    own_ax.set(title="own host links: ZB-V d=8 m=32, offload all", xlabel="k the copies take (smaller: faster link)",
+               ylabel="device peak (activation units)")
+    own_ax.legend(fontsize=8, loc="upper left")
+    gi = generate("group-interleaved", 8, 32, 2, group_size=8)
+    base = CostModel.uniform(1.0, 1.0, 1.0, shared_host_link=True)
+    made = lower(gi, base.with_offload_ratio(0.5), offload="all")
+    shared_ks = [0.42, 0.45, 0.47, 0.49, 0.5]
+    shared_ax.plot(shared_ks, [simulate(made, base.with_offload_ratio(k)).peak_activation_units for k in shared_ks],
+                   color="tab:purple", lw=2, ls="--", marker="o", label="the plan made for k = 0.5")
+    shared_ax.set(title="a shared host link: group-interleaved d=8 g=8 m=32", xlabel="k the copies take",
+                  ylabel="device peak (activation units)")
+    shared_ax.legend(fontsize=8)
+    for ax in (own_ax, shared_ax):
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    write_atomic(path, buffer.getvalue())
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--at", type=float, default=0.5, help="the k the replayed plan is made for")
@@ -105,7 +158,11 @@ def main() -> None:
     parser.add_argument("--own-links", action="store_true", help="sweep own host links instead (see above)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 16], help="pipeline sizes d of --own-links")
     parser.add_argument("--grid", action="store_true", help="measure the fixed-grid construction (see above)")
+    parser.add_argument("--figure", metavar="PNG", help="draw the picture of docs/offload.md (see above)")
     args = parser.parse_args()
+    if args.figure:
+        figure(args.figure)
+        return
     if args.grid:
         grid_construction()
         return
