@@ -7,11 +7,11 @@ used to follow. This prints, for one shared-link case, the pass's own plan at ea
 made at ``--at`` simulated at that k (peak in activation units, makespan, stall).
 
 With ``--own-links`` it sweeps own host links instead (one copy engine per rank, the default),
-where a replay is safe by construction (docs/offload.md, "Faster copies than planned"): every
-family at d in ``--ranks``, m = 4d, offload all and auto, a plan made at each k' of ``--made``
-simulated at k' x each of ``FACTORS``; it counts the replays that peak higher than the plan at k'
-on any rank, stall, or lengthen the step, and those whose peak rises as the replay's k grows back
-towards k' is not (peak never falls as copies get faster).
+where a replay is safe by construction (docs/offload.md, "A faster link than planned"): every
+family at d in ``--ranks``, m = 4d, offload all and auto, a plan made at each k' of ``MADE``
+simulated at k' x each of ``FACTORS``. It counts the replays that peak higher than the plan at k'
+on any rank, stall, or lengthen the step, and the plans whose peak does not rise (or stay) at
+every step as the replay's k grows back to k'.
 
 With ``--grid`` it measures the exact construction of docs/offload.md (own links): plans made at
 the points of a fixed grid of k (25 % steps from 0.1, up to the first point whose plan offloads
@@ -34,6 +34,7 @@ import argparse
 import io
 
 from pipeoffload.costs import CostModel
+from pipeoffload.ir import Schedule
 from pipeoffload.passes.lower import lower, lower_with_report
 from pipeoffload.schedules import generate
 from pipeoffload.simulator import simulate
@@ -42,6 +43,12 @@ FAMILIES = [("1f1b", 1, {}), ("interleaved-1f1b", 2, {}), ("group-interleaved", 
             ("zb-h1", 1, {}), ("zb-v", 2, {})]
 MADE = (0.2, 0.3, 0.5, 0.8, 1.0, 1.3, 1.7, 2.0)
 FACTORS = (0.0, 0.25, 0.5, 0.75, 0.9, 0.97)
+
+
+def _shared_link_case() -> tuple[Schedule, CostModel]:
+    """The shared-link counterexample: group-interleaved d = 8, g = 8, m = 32 and its unit costs."""
+    return (generate("group-interleaved", 8, 32, 2, group_size=8),
+            CostModel.uniform(1.0, 1.0, 1.0, shared_host_link=True))
 
 
 def own_links(ranks: list[int]) -> None:
@@ -133,8 +140,7 @@ def figure(path: str) -> None:
     own_ax.set(title="own host links: ZB-V d=8 m=32, offload all", xlabel="k the copies take (smaller: faster link)",
                ylabel="device peak (activation units)")
     own_ax.legend(fontsize=8, loc="upper left")
-    gi = generate("group-interleaved", 8, 32, 2, group_size=8)
-    base = CostModel.uniform(1.0, 1.0, 1.0, shared_host_link=True)
+    gi, base = _shared_link_case()
     made = lower(gi, base.with_offload_ratio(0.5), offload="all")
     shared_ks = [0.42, 0.45, 0.47, 0.49, 0.5]
     shared_ax.plot(shared_ks, [simulate(made, base.with_offload_ratio(k)).peak_activation_units for k in shared_ks],
@@ -169,8 +175,7 @@ def main() -> None:
     if args.own_links:
         own_links(args.ranks)
         return
-    schedule = generate("group-interleaved", 8, 32, 2, group_size=8)
-    base = CostModel.uniform(1.0, 1.0, 1.0, shared_host_link=True)
+    schedule, base = _shared_link_case()
     made = lower(schedule, base.with_offload_ratio(args.at), offload="all")
     own = simulate(made, base.with_offload_ratio(args.at))
     print(f"group-interleaved d=8 v=2 g=8 m=32, offload all, shared host link; the plan made at k={args.at}: "

@@ -251,9 +251,11 @@ class _Simulation:
         has arrived. With own host links a rank's copies of one direction all pass its engine, FIFO,
         so the link never reorders them; with a shared host link the pair's copies meet on it.
 
-        A lane does not wait for its copies: it queues each on its engine (FIFO) and runs on; a
-        backward whose reload is still queued parks on it. Copies are booked only while no lane can
-        run. Then every event still to come happens at or after the earliest time a queued copy can
+        A lane does not wait for its copies. With own host links it books each at once, on its engine
+        (FIFO): the copy starts when it is issued, its input is ready and its engine is free. With a
+        shared host link it queues each on its engine and runs on; a backward whose reload is still
+        queued parks on it. Such copies are booked only while no lane can run. Then every event still
+        to come happens at or after the earliest time a queued copy can
         reach its link (a lane resumes only after a booking, or after what a resumed lane produced),
         so the copy that reaches its link first (ties: lower rank, then earlier in the list) can be
         booked: it starts when it arrives or when its link's last copy ends. Bookings therefore go in

@@ -1,5 +1,5 @@
 """A plan made for slower copies, run with faster ones, never peaks higher (own host links, one copy
-engine per rank, the default): the guarantee of docs/offload.md, "Faster copies than planned".
+engine per rank, the default): the guarantee of docs/offload.md, "A faster link than planned".
 
 The pass issues every copy right after the last compute action that ends at or before its planned
 start, and one copy engine runs a rank's copies in issue order. So in a replay at a smaller k every
