@@ -34,12 +34,17 @@ class OffloadPolicy:
     'auto' (lowest peak the copy lane can hide, with the fewest copies) | 'budget' (the fewest
     copies that bring every rank's peak to ``budget`` activation units, or ``budget`` rank units
     when ``rank_units``).
+
+    ``max_stall``: how much longer, in percent of the step without copies, the plan may make the
+    step for a lower peak (0: copies never make compute wait). Not part of the text form: the
+    ``--max-stall`` option sets it.
     """
 
     kind: str = "none"
     count: int = 0
     budget: float = 0.0
     rank_units: bool = False
+    max_stall: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in ("none", "all", "first", "auto", "budget"):
@@ -48,6 +53,11 @@ class OffloadPolicy:
             raise ConfigError(f"offload first:{self.count}: K must be >= 1; valid forms: {OFFLOAD_FORMS}")
         if self.kind == "budget" and not self.budget >= 0:
             raise ConfigError(f"offload budget:{self.budget}: the target must be >= 0 units")
+        if not (math.isfinite(self.max_stall) and self.max_stall >= 0):
+            raise ConfigError(f"max_stall {self.max_stall!r}: must be a finite percentage >= 0 (e.g. 2 for 2 %)")
+        if self.max_stall > 0 and self.kind == "none":
+            raise ConfigError(f"max_stall {self.max_stall:g} lets offload copies stall, but offload is none: "
+                              "choose an offload policy (e.g. offload all) or leave max_stall out")
 
     @classmethod
     def parse(cls, text: str | OffloadPolicy | None) -> OffloadPolicy:

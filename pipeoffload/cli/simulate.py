@@ -43,6 +43,10 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--plan-ratio", type=non_negative_float, default=None, metavar="K",
                        help="plan the copies for this k instead and run them at --offload-ratio: a host link "
                             "faster (smaller k) or slower than planned (default: plan for the k they take)")
+    group.add_argument("--max-stall", type=non_negative_float, default=0.0, metavar="PCT",
+                       help="let the offload plan make the step up to PCT %% longer than without copies, for a "
+                            "lower peak: plans made for faster copies are tried and run at the real ones "
+                            "(default 0: copies never make compute wait)")
     group.add_argument("--shared-host-link", action="store_true",
                        help="ranks 2p and 2p+1 share one host link (GPUs under one PCIe switch)")
     group.add_argument("--separate-copy-engines", action="store_true",
@@ -55,8 +59,8 @@ def request_from_args(args: argparse.Namespace) -> SimulateRequest:
         family=args.name, ranks=args.ranks, microbatches=args.microbatches, stages_per_rank=args.stages_per_rank,
         time_f=args.time_f, time_i=args.time_i, time_w=args.time_w, p2p_time=args.p2p_time, costs_file=args.costs,
         group_size=args.group_size, backward=args.backward, offload=args.offload, recompute=args.recompute,
-        offload_ratio=args.offload_ratio, plan_ratio=args.plan_ratio, shared_host_link=args.shared_host_link,
-        separate_copy_engines=args.separate_copy_engines)
+        offload_ratio=args.offload_ratio, plan_ratio=args.plan_ratio, max_stall=args.max_stall,
+        shared_host_link=args.shared_host_link, separate_copy_engines=args.separate_copy_engines)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -83,6 +83,7 @@ class OffloadReport:
     notes: tuple[str, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())  # what the passes could not do (e.g. a budget not met)
     throttle: int = 0  # warm-up forwards wait for their rank's throttle-th latest offload (WAIT); 0: no waits
+    copy_time_factor: float = 1.0  # below 1: planned as if copies took this x their time (a stall budget's plan)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", OffloadPolicy.parse(self.policy))
@@ -169,6 +170,11 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
             states, peaks = _next_point_plans(plan, costs, states, peaks)
             states, peaks = _slot_plans(plan, costs, states, peaks)
             states, peaks = _repaired_plans(plan, costs, states, peaks)
+    stalled: _Stalled | None = None
+    if policy.max_stall > 0 and costs.d2h_time + costs.h2d_time > 0 and _may_gain_by_stalling(states, peaks, budget):
+        stalled = _stalling_plan(plan, costs, states, simulated.makespan)
+        if stalled is not None:
+            states, peaks = stalled.states, stalled.peaks
     orders = [_copy_order(states[r]) for r in range(base.num_ranks)]
     rows = [_emit(states[r], orders[r]) for r in range(base.num_ranks)]
     report = OffloadReport(
@@ -180,7 +186,9 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
                                 _units(s))
               for r, s in sorted(states.items())),
         budget,
+        notes=() if stalled is None else (stalled.note(simulated.makespan, policy.max_stall),),
         throttle=max((s.timeline.throttle for s in states.values()), default=0),
+        copy_time_factor=1.0 if stalled is None else stalled.factor,
     )
     return _coded_like(base, base.with_actions(rows), states, orders), report
 
@@ -262,6 +270,66 @@ class _Planning:
 
 
 _SLOWER = (1.1, 1.15, 1.25, 1.35, 1.5, 1.75, 2.0)  # copy-time factors whose plans are also tried when the lane is overloaded
+
+
+@dataclass(frozen=True)
+class _Stalled:
+    """A plan made for faster copies than the real ones, kept under a stall budget."""
+
+    states: dict[int, RankState]
+    peaks: dict[int, float]
+    factor: float  # the copy-time factor it was planned for (< 1)
+    makespan: float  # its simulated step at the real copy times
+
+    def note(self, step: float, max_stall: float) -> str:
+        longer = 100 * (self.makespan / step - 1) if step > 0 else 0.0
+        return (f"copies planned as if they took {self.factor:g}x their time: the step is {longer:.2f} % longer "
+                f"than without copies (stall budget {max_stall:g} %)")
+
+
+def _may_gain_by_stalling(states: dict[int, RankState], peaks: dict[int, float], budget: float | None) -> bool:
+    """Whether a plan that lets copies stall could lower the peak: the lane left something the policy
+    wanted off the device (and a budget, if any, is not met yet)."""
+    if budget is not None and max(peaks.values(), default=0.0) <= budget + EPS:
+        return False
+    return any(s.unhidden or s.unhidden_w for s in states.values())
+
+
+def _stalling_plan(plan: _Planning, costs: CostModel, states: dict[int, RankState], step: float) -> _Stalled | None:
+    """The plan with the lowest peak, among those made as if copies took ``_FASTER`` x their time, that
+    run at the real times within the policy's stall budget: a step at most ``max_stall`` % longer than
+    ``step`` (the schedule's without copies). Ties go to the shorter step; under a budget every peak
+    at or below it counts alike, so the shortest step that meets it wins. None when none beats
+    ``states`` (the plan that never stalls), simulated at the real times too.
+
+    A slower copy than planned delays its reload, and the backward waits for it: the simulator
+    charges that wait (``Timeline.stall``) and shifts everything after it, so each candidate is
+    judged by its simulation, whole (the ranks' plans do not combine once compute moves)."""
+    ranks = range(plan.base.num_ranks)
+    limit = step * (1 + plan.policy.max_stall / 100) + EPS
+    floor = plan.budget if plan.budget is not None else 0.0
+
+    def simulated(candidate: dict[int, RankState]) -> Timeline:
+        return simulate(plan.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
+
+    def key(t: Timeline) -> tuple[float, float]:
+        return (max(t.peak_activation_units, floor), t.makespan)
+
+    own = simulated(states)
+    best_key, best = key(own), None
+    for factor in _FASTER:
+        candidate = plan.states(costs, factor)[0]
+        t = simulated(candidate)
+        if t.makespan > limit:
+            continue
+        k = key(t)
+        if k[0] < best_key[0] - EPS or (abs(k[0] - best_key[0]) <= EPS and k[1] < best_key[1] - EPS):
+            best_key, best = k, _Stalled(candidate, {r: t.per_rank[r].peak_activation_units for r in ranks},
+                                         factor, t.makespan)
+    return best
+
+
+_FASTER = (0.95, 0.9, 0.8, 0.7, 0.6, 0.5)  # copy-time factors whose plans a stall budget tries
 
 
 def _throttled_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]

@@ -80,12 +80,13 @@ OFFLOAD_WORK_HIDDEN = 3  # the lane hides the copies (k <= 1, own host link): ab
 OFFLOAD_WORK_OVERLOADED = 40  # an overloaded lane or a shared host link: the slower-copy plans too
 
 
-def offload_work_factor(offload: str, k: float | None, shared_host_link: bool) -> int:
+def offload_work_factor(offload: str, k: float | None, shared_host_link: bool, max_stall: float = 0.0) -> int:
     """How many times the work of generating and simulating a schedule its offload planning adds up to
-    (1 without offload); ``k`` None means copy times from a costs file (assumed overloaded)."""
+    (1 without offload); ``k`` None means copy times from a costs file (assumed overloaded). A stall
+    budget (``max_stall`` > 0) plans again for six faster copy times, as many as an overloaded lane."""
     if offload.strip() in ("", "none"):
         return 1
-    if shared_host_link or k is None or k > 1.0:
+    if shared_host_link or k is None or k > 1.0 or max_stall > 0:
         return OFFLOAD_WORK_OVERLOADED
     return OFFLOAD_WORK_HIDDEN
 

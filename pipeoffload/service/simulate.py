@@ -42,7 +42,8 @@ class SimulateRequest:
     times). ``offload_ratio`` is the paper's k = (D2H + H2D time of one activation) / (F + I + W time);
     0 means instant copies; None means ``DEFAULT_OFFLOAD_RATIO`` (or a costs file's own copy times).
     ``plan_ratio`` plans the copies for another k than they then take (a host link faster or slower
-    than planned); None plans them for the k they take. Field order is the order of
+    than planned); None plans them for the k they take. ``max_stall`` lets the offload plan make the
+    step up to that many percent longer than without copies, for a lower peak. Field order is the order of
     ``pipeoffload simulate --help``."""
 
     family: str
@@ -60,6 +61,7 @@ class SimulateRequest:
     recompute: str = "none"
     offload_ratio: float | None = None  # None: DEFAULT_OFFLOAD_RATIO, or the costs file's copy times
     plan_ratio: float | None = None  # None: the copies are planned for the k they take
+    max_stall: float = 0.0  # percent of the step without copies the offload plan may add for a lower peak
     shared_host_link: bool = False
     separate_copy_engines: bool = False
 
@@ -70,7 +72,7 @@ class SimulateRequest:
         for name in ("microbatches", "stages_per_rank", "group_size"):
             if getattr(self, name) is not None:
                 checked(name, int_at_least, getattr(self, name))
-        for name in ("time_f", "time_i", "time_w", "p2p_time", "offload_ratio", "plan_ratio"):
+        for name in ("time_f", "time_i", "time_w", "p2p_time", "offload_ratio", "plan_ratio", "max_stall"):
             if getattr(self, name) is not None:
                 checked(name, finite_at_least, getattr(self, name))
         if self.backward is not None:
@@ -78,7 +80,12 @@ class SimulateRequest:
         if OffloadPolicy.parse(self.offload).kind == "none" and self.plan_ratio is not None:
             raise ConfigError(f"plan_ratio {self.plan_ratio:g} plans offload copies, but offload is none: "
                               "choose an offload policy (e.g. offload all) or leave plan_ratio out")
+        self.offload_policy()
         RecomputePolicy.parse(self.recompute)
+
+    def offload_policy(self) -> OffloadPolicy:
+        """The offload policy with its stall budget (``max_stall``)."""
+        return replace(OffloadPolicy.parse(self.offload), max_stall=self.max_stall)
 
     @property
     def k(self) -> float | None:
@@ -189,6 +196,8 @@ def report_dict(report: OffloadReport) -> dict:
         "planned_peak_after": report.peak_after,
         "budget": report.budget,
         "budget_met": report.budget_met,
+        "max_stall": report.policy.max_stall,  # percent of the step without copies the plan may add
+        "copy_time_factor": report.copy_time_factor,  # below 1: planned for faster copies (under max_stall)
     }
 
 
@@ -216,7 +225,7 @@ def check_size(req: SimulateRequest, limit: int = MAX_ACTIONS) -> None:
     """Refuse before any work what would take long: the schedule's actions and per-stage work (as
     ``generate`` counts them) times what planning its offload adds (``checks.offload_work_factor``)."""
     ranks, m, v = req.sizes()
-    factor = offload_work_factor(req.offload, req.planned_k, req.shared_host_link)
+    factor = offload_work_factor(req.offload, req.planned_k, req.shared_host_link, req.max_stall)
     if factor == 1:
         return  # ``generate`` refuses what is too large without offload, in its own words
     check_work(estimated_work(get_spec(req.family), ranks, m, v), factor, limit,
@@ -233,7 +242,7 @@ def simulate(req: SimulateRequest) -> SimulateResult:
     base, unit = base_costs(req, generated.stages_per_rank)
     costs = memory_costs(req, base)
     planned = costs if req.plan_ratio is None else memory_costs(req, base, planned=True)
-    schedule, report = lower_with_report(generated, planned, offload=OffloadPolicy.parse(req.offload),
+    schedule, report = lower_with_report(generated, planned, offload=req.offload_policy(),
                                          recompute=RecomputePolicy.parse(req.recompute))
     timeline = simulate_timeline(schedule, costs)
     if not math.isfinite(timeline.makespan):  # finite times whose sum overflows (e.g. --time-f 1e308)

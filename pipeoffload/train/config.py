@@ -88,6 +88,8 @@ class ScheduleConfig:
     offload: str = key("none", "offload policy: none | all | first:K | auto | budget:X")
     recompute: str = key("none", "recompute policy: none | all | first:K | auto, with ,lgd for partial")
     offload_ratio: float = key(0.0, "k of the offload placement cost model (0: the default cost model)")
+    max_stall: float = key(0.0, "percent the offload plan may lengthen the step for a lower peak (0: never)",
+                           metavar="PCT")
 
 
 @dataclass(frozen=True)
@@ -429,7 +431,7 @@ _AT_LEAST_0 = ("stages_per_rank", "group_size", "nproc", "warmup", "seed", "stop
 def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) -> TrainConfig:
     """Check every rule; return the config with defaults resolved. One ``ConfigError`` line per failure.
     ``gpt=False``: the model is the caller's (``train_model``), recorded as ``model = "own"``."""
-    from pipeoffload.policies import OffloadPolicy, RecomputePolicy
+    from pipeoffload.policies import RecomputePolicy
 
     for flat in _AT_LEAST_1:
         _need(cfg.get(flat) >= 1, f"{flat}={cfg.get(flat)}: must be >= 1")
@@ -445,7 +447,7 @@ def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) ->
         _need(path.is_file() or path.is_dir(), f"data={cfg.data.path!r}: not a regular file or a folder")
     if cfg.data.path:  # stored resolved: --resume from another directory finds it
         cfg = replace(cfg, data=replace(cfg.data, path=str(Path(cfg.data.path).resolve())))
-    OffloadPolicy.parse(cfg.schedule.offload)
+    offload_policy(cfg)
     RecomputePolicy.parse(cfg.schedule.recompute)
     if cfg.metrics.tensorboard:
         _need(_installed("tensorboard"), "tensorboard=true: the tensorboard package is not installed; "
@@ -592,6 +594,13 @@ def _check_tokenizer(text: str) -> None:
               "'hf' (the model folder's) with model='hf:DIR'")
 
 
+def offload_policy(cfg: TrainConfig) -> Any:
+    """The offload policy of ``[schedule]``, with its stall budget (``max_stall``)."""
+    from pipeoffload.policies import OffloadPolicy
+
+    return replace(OffloadPolicy.parse(cfg.schedule.offload), max_stall=cfg.schedule.max_stall)
+
+
 def schedule_options(cfg: TrainConfig) -> dict[str, Any]:
     return {"group_size": cfg.schedule.group_size} if cfg.schedule.group_size else {}
 
@@ -603,7 +612,7 @@ def _check_schedule(cfg: TrainConfig, gpt: bool) -> None:
 
     s = cfg.schedule
     schedule = generate(s.family, cfg.parallel.pp, s.microbatches, s.stages_per_rank, **schedule_options(cfg))
-    lower(schedule, offload=s.offload, recompute=s.recompute)
+    lower(schedule, offload=offload_policy(cfg), recompute=s.recompute)
     stages = schedule.num_stages
     layers = cfg.model.layers
     _need(not gpt or layers + 2 >= stages,

@@ -17,7 +17,7 @@ import numpy as np
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import write_atomic
 from pipeoffload.train import checkpoint
-from pipeoffload.train.config import TrainConfig, layout, schedule_options, to_toml
+from pipeoffload.train.config import TrainConfig, layout, offload_policy, schedule_options, to_toml
 from pipeoffload.train.launch import under_torchrun
 from pipeoffload.train.runlock import RunLock
 
@@ -32,7 +32,7 @@ def lowered_schedule(cfg: TrainConfig) -> Any:
     s = cfg.schedule
     schedule = generate(s.family, cfg.parallel.pp, s.microbatches, s.stages_per_rank, **schedule_options(cfg))
     costs = CostModel().with_offload_ratio(s.offload_ratio) if s.offload_ratio else None
-    return lower(schedule, costs, offload=s.offload, recompute=s.recompute)
+    return lower(schedule, costs, offload=offload_policy(cfg), recompute=s.recompute)
 
 
 class TokenBatches:

@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 PARAMS: dict[str, Callable[[str], Any]] = {
     "ranks": int_at_least, "microbatches": int_at_least, "stages_per_rank": int_at_least, "group_size": int_at_least,
     "time_f": finite_at_least, "time_i": finite_at_least, "time_w": finite_at_least, "p2p_time": finite_at_least,
-    "offload_ratio": finite_at_least, "plan_ratio": finite_at_least, "offload": str, "recompute": str,
+    "offload_ratio": finite_at_least, "plan_ratio": finite_at_least, "max_stall": finite_at_least, "offload": str, "recompute": str,
     "backward": str,
 }
 MAX_WORK = 120_000  # schedules.estimated_work: d=64, m=256 of zb-v (v=2) is ~105,000, about 2 s

@@ -23,6 +23,9 @@ CASES = [Case(name, v, policy) for name, v in SCHEDULES for policy in POLICIES +
 # a lowered schedule with WAIT actions: 1F1B's warm-up throttled to two ranks' shared host link at k = 0.5
 WAIT_CASE = Case("1f1b", 1, "offload:all", costs=(("shared_host_link", True), ("offload_ratio", 0.5)))
 CASES.append(WAIT_CASE)
+# a stall budget's plan: ZB-V's copies planned as if 0.95x as long, run at k = 0.7 (4 ranks: 3.3 % longer)
+STALL_CASE = Case("zb-v", 2, "offload:all", costs=(("offload_ratio", 0.7), ("max_stall", 10.0)))
+CASES.append(STALL_CASE)
 
 _cache: dict = {}
 

@@ -3,7 +3,7 @@ over 3 SGD steps on 2 and 4 gloo ranks; traces equal the schedules; nothing stay
 from __future__ import annotations
 
 import pytest
-from conftest import CASES, WAIT_CASE, run_cases
+from conftest import CASES, STALL_CASE, WAIT_CASE, run_cases
 from workers import build_schedule
 
 from pipeoffload.ir import ActionKind
@@ -26,6 +26,20 @@ def test_a_case_waits_for_copies():
     """The throttled case really has WAIT actions on 4 ranks (6 microbatches, as the workers run it)."""
     schedule = build_schedule(WAIT_CASE, 4, 6)
     assert any(a.kind is ActionKind.WAIT for row in schedule.actions for a in row)
+
+
+def test_a_case_stalls_under_its_budget():
+    """The stall-budget case really runs a plan made for faster copies on 4 ranks (6 microbatches): its
+    simulated step is longer than the schedule's without copies, and its peak lower than the strict plan's."""
+    from dataclasses import replace
+
+    from pipeoffload.costs import CostModel
+    from pipeoffload.simulator import simulate
+    costs = CostModel().with_offload_ratio(0.7)
+    stalled = simulate(build_schedule(STALL_CASE, 4, 6), costs)
+    strict = simulate(build_schedule(replace(STALL_CASE, costs=(("offload_ratio", 0.7),)), 4, 6), costs)
+    assert stalled.stall > 0 and strict.stall == 0
+    assert stalled.peak_activation_units < strict.peak_activation_units
 
 
 def test_loss_equals_single_process(results):

@@ -6,7 +6,7 @@ the tests in this folder assert on them. The single-process reference is compute
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -16,6 +16,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
 from pipeoffload.models.split import StageModule
+from pipeoffload.policies import OffloadPolicy
 from pipeoffload.runtime import PipelineRunner
 
 K = ActionKind
@@ -29,7 +30,8 @@ class Case:
     stages_per_rank: int
     policy: str = "none"  # "none" or "<offload|recompute>:<policy text>", passed to lower()
     options: tuple = ()
-    costs: tuple = ()  # (CostModel field, value) pairs the policy is planned with; "offload_ratio" sets k
+    costs: tuple = ()  # (CostModel field, value) pairs the policy is planned with; "offload_ratio" sets k,
+    # "max_stall" the offload policy's stall budget
 
     def __str__(self) -> str:
         return f"{self.schedule}/v{self.stages_per_rank}/{self.policy}" + "".join(f"/{k}={v}" for k, v in self.costs)
@@ -55,12 +57,15 @@ def build_schedule(case: Case, world: int, microbatches: int) -> Schedule:
     schedule = generate(name, world, microbatches, case.stages_per_rank, **dict(case.options))
     if case.schedule.endswith("+iw"):
         schedule = split_backward(schedule)
-    costs = CostModel(**{k: v for k, v in case.costs if k != "offload_ratio"})
+    costs = CostModel(**{k: v for k, v in case.costs if k not in ("offload_ratio", "max_stall")})
     ratio = dict(case.costs).get("offload_ratio")
     costs = costs if ratio is None else costs.with_offload_ratio(ratio)
     if case.policy == "none":
         return lower(schedule, costs)
     what, _, which = case.policy.partition(":")
+    if what == "offload":  # with the case's stall budget, if any
+        stall = dict(case.costs).get("max_stall", 0.0)
+        return lower(schedule, costs, offload=replace(OffloadPolicy.parse(which), max_stall=stall))
     return lower(schedule, costs, **{what: which})
 
 

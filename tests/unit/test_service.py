@@ -38,6 +38,8 @@ from tests.conftest import run_cli
     ({"offload_ratio": -1.0}, "offload_ratio: -1.0 must be >= 0"),
     ({"plan_ratio": math.inf, "offload": "all"}, "plan_ratio: inf is not a finite number"),
     ({"plan_ratio": 1.0}, "plan_ratio 1 plans offload copies, but offload is none"),
+    ({"max_stall": -0.5, "offload": "all"}, "max_stall: -0.5 must be >= 0"),
+    ({"max_stall": 2.0}, "max_stall 2 lets offload copies stall, but offload is none"),
     ({"backward": "half"}, "backward: 'half' is not one of split, full"),
     ({"offload": "bogus"}, "offload policy 'bogus' is not understood"),
     ({"family": " "}, "family is missing"),
@@ -52,6 +54,7 @@ def test_a_request_refuses_bad_values_when_built(fields: dict, message: str) -> 
     "group-interleaved -d 4 -m 8 -g 2 --offload all --offload-ratio 0.5 --time-w 0.5 --shared-host-link",
     "zb-v -d 4 --recompute first:1 --p2p-time 0.25 --separate-copy-engines",
     "zb-h1 -d 4 -m 8 --offload all --plan-ratio 1 --offload-ratio 0.4",
+    "zb-v -d 4 -m 6 --offload all --offload-ratio 0.7 --max-stall 10",
 ])
 def test_the_result_is_what_the_cli_prints_and_its_command_repeats_it(argv: str) -> None:
     request = request_from_args(build_parser().parse_args(["simulate", *shlex.split(argv)]))

@@ -46,6 +46,8 @@ def _get(url: str) -> tuple[int, bytes]:
      ["zb-v", "-d", "4", "-m", "8", "--recompute", "first:1"]),
     ("family=zb-h1&ranks=4&microbatches=8&offload=all&offload_ratio=0.4&plan_ratio=1",
      ["zb-h1", "-d", "4", "-m", "8", "--offload", "all", "--offload-ratio", "0.4", "--plan-ratio", "1"]),
+    ("family=zb-v&ranks=4&microbatches=6&offload=all&offload_ratio=0.7&max_stall=10",
+     ["zb-v", "-d", "4", "-m", "6", "--offload", "all", "--offload-ratio", "0.7", "--max-stall", "10"]),
 ])
 def test_api_returns_exactly_simulate_json(base: str, query: str, argv: list[str]) -> None:
     status, body = _get(f"{base}/api/simulate?{query}")
@@ -57,7 +59,7 @@ def test_api_returns_exactly_simulate_json(base: str, query: str, argv: list[str
 @pytest.mark.parametrize("param,flag,value", [
     ("ranks", "--ranks", "0"), ("ranks", "--ranks", "1e"), ("microbatches", "--microbatches", "x"),
     ("time_f", "--time-f", "inf"), ("p2p_time", "--p2p-time", "nan"), ("offload_ratio", "--offload-ratio", "-1"),
-    ("plan_ratio", "--plan-ratio", "-2"),
+    ("plan_ratio", "--plan-ratio", "-2"), ("max_stall", "--max-stall", "-1"),
 ])
 def test_bad_input_is_the_cli_message(base: str, param: str, flag: str, value: str) -> None:
     """The same check refuses a value in the query and in the flag, in the same words after the name."""
