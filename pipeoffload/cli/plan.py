@@ -64,6 +64,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     space.add_argument("--recompute", type=_words,
                        help="recompute policies, e.g. none,all (default: all levels); 'selective' adds Megatron's "
                             "selective recomputation of the attention core to every plan")
+    space.add_argument("--max-stall", type=float, default=0.0, metavar="PCT",
+                       help="let offload plans lengthen their schedule's step by up to PCT %% for a lower peak "
+                            "(plans made for faster copies, run at the real ones; default 0: copies never make "
+                            "compute wait)")
     space.add_argument("--split", choices=("even", "balanced"), default="even",
                        help="layers over stages: even (default) or balanced (head weighed; the first/last stage "
                             "may hold only the embedding/head)")
@@ -133,7 +137,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         offload=args.offload, recompute=recompute,
         measured=load_layer_costs(args.profile) if args.profile else None, top=args.top,
         best_per_tp=args.by_tp, exact_frontier=args.exact_frontier, escalate=not args.exhaustive,
-        workers=args.jobs, split=args.split,
+        workers=args.jobs, split=args.split, max_stall=args.max_stall,
     )
 
 

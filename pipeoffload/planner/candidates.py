@@ -83,6 +83,9 @@ def choices(req: PlanRequest, pp: int, m: int) -> list[ScheduleChoice]:
                 for offload, recompute in _policies(req, v, pp):
                     target = BUDGET_FROM_MEMORY if offload == "budget" else OffloadPolicy.parse(offload)
                     out.append(ScheduleChoice(family, v, g, target, RecomputePolicy.parse(recompute)))
+                    if req.max_stall > 0 and target.kind != "none" and recompute == "none":
+                        # the same offload under the stall budget: a level of its own (``level``)
+                        out.append(replace(out[-1], offload=replace(target, max_stall=req.max_stall)))
     return out
 
 
@@ -93,7 +96,8 @@ def _policies(req: PlanRequest, v: int, pp: int) -> list[tuple[str, str]]:
     ``recompute auto`` (the fewest copies, then the fewest recomputations, that bring every rank's
     activations to X units, X being what the memory budget leaves; filled in per layout as
     ``budget``) and ``offload auto`` with ``recompute auto`` (recompute what could not be hidden),
-    which reaches lower when X cannot be met exactly; and ``recompute first:v`` (every stage)."""
+    which reaches lower when X cannot be met exactly; and ``recompute first:v`` (every stage). With
+    ``req.max_stall``, each offload-only pair is also tried under that stall budget (``choices``)."""
     if pp == 1:
         return [("none", "none")]
     supported = lowering_options()
@@ -110,13 +114,17 @@ def _policies(req: PlanRequest, v: int, pp: int) -> list[tuple[str, str]]:
     return pairs or [("none", "none")]
 
 
+MAX_LEVEL = 5  # the highest escalation level of a memory policy (``level``)
+
+
 def level(choice: ScheduleChoice) -> int:
     """Escalation level, roughly by growing cost: 0 plain, 1 offload only (free when hidden), 2 recompute
-    of the longest-lived stage, 3 offload then recompute down to the budget, 4 offload then recompute
-    what could not be hidden, 5 recompute everything."""
+    of the longest-lived stage, or offload only under a stall budget (``max_stall``: at most that much
+    longer; its fit does not stop the escalation, see ``search``), 3 offload then recompute down to the
+    budget, 4 offload then recompute what could not be hidden, 5 recompute everything."""
     offload, recompute, v = choice.offload, choice.recompute, choice.stages_per_rank
     if recompute == RecomputePolicy():
-        return 0 if offload == OffloadPolicy() else 1
+        return 0 if offload == OffloadPolicy() else (2 if offload.max_stall > 0 else 1)
     if recompute == RecomputePolicy("auto"):
         return 3 if offload.kind == "budget" else 4
     return 5 if recompute == RecomputePolicy("first", v) and v > 1 else 2

@@ -2,7 +2,7 @@
 
 The train config's sections (``pipeoffload.train.config``, which this layer does not import; a test
 reads what is written here with train's own reader): ``[schedule]`` family, stages_per_rank,
-group_size (group-interleaved only), offload, recompute, microbatches; ``[parallel]`` pp, dp, tp,
+group_size (group-interleaved only), offload, max_stall (when a stall budget was given), recompute, microbatches; ``[parallel]`` pp, dp, tp,
 nproc; ``[data]`` global_batch; and ``[model]`` source = "hf:DIR" and seq_len when the model was read
 from a local Hugging Face directory (train builds it from the same config.json), else
 layers/hidden/heads/seq_len of the reference GPT when the model is GPT-shaped (multi-head attention,
@@ -39,6 +39,8 @@ def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
     if c.group_size is not None:
         config["group_size"] = c.group_size
     config["offload"] = str(c.offload)
+    if c.offload.max_stall > 0:
+        config["max_stall"] = c.offload.max_stall
     config["recompute"] = str(c.recompute)
     config.update({"pp": layout.pp, "dp": layout.dp, "tp": layout.tp, "microbatches": plan.microbatches,
                    "global_batch": req.global_batch})
@@ -55,6 +57,7 @@ def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
 # flat key -> (section, key) of the train config
 SECTIONS = {"schedule": ("schedule", "family"), "stages_per_rank": ("schedule", "stages_per_rank"),
             "group_size": ("schedule", "group_size"), "offload": ("schedule", "offload"),
+            "max_stall": ("schedule", "max_stall"),
             "recompute": ("schedule", "recompute"), "microbatches": ("schedule", "microbatches"),
             "pp": ("parallel", "pp"), "dp": ("parallel", "dp"), "tp": ("parallel", "tp"),
             "nproc": ("parallel", "nproc"), "global_batch": ("data", "global_batch"),

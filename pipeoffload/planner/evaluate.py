@@ -51,7 +51,8 @@ class ScheduleChoice:
         object.__setattr__(self, "recompute", RecomputePolicy.parse(self.recompute))
 
     def _order(self) -> tuple:
-        return (self.family, self.stages_per_rank, self.group_size, str(self.offload), str(self.recompute))
+        return (self.family, self.stages_per_rank, self.group_size, str(self.offload), self.offload.max_stall,
+                str(self.recompute))
 
     def __lt__(self, other: ScheduleChoice) -> bool:
         return self._order() < other._order()
@@ -84,6 +85,8 @@ class ScheduleChoice:
         if self.group_size is not None:
             parts.append(f"g={self.group_size}")
         parts.append(f"offload={self.offload}")
+        if self.offload.max_stall > 0:
+            parts.append(f"max_stall={self.offload.max_stall:g}%")
         parts.append(f"recompute={self.recompute}")
         return " ".join(parts)
 
@@ -124,14 +127,17 @@ def _build(choice: ScheduleChoice, pp: int, m: int, costs: CostModel,
            memo: Memo) -> tuple[Schedule, tuple[str, ...], bool]:
     """``build`` plus the warnings of the memory passes (a policy that cannot meet its target is
     expected while exploring: the search reports it with the plan instead of logging it) and whether
-    they added OFFLOAD or R actions."""
+    they added OFFLOAD or R actions (under a stall budget: whether the budget changed the plan)."""
     schedule = _generate(choice, pp, m, costs, memo)
     policies = {k: getattr(choice, k) for k in POLICIES if getattr(choice, k).kind != "none"}
     if not policies:
         return schedule, (), False
     lowered, report = lower_with_report(schedule, costs, check=False, comms=False, log_warnings=False,
                                         memo=memo, **policies)
-    return lowered, report.warnings, bool(report.offloaded or report.recomputed)
+    changed = bool(report.offloaded or report.recomputed)
+    if choice.offload.max_stall > 0:  # the same plan as without the budget is that variant's twin
+        changed = changed and report.copy_time_factor < 1
+    return lowered, report.warnings, changed
 
 
 def time_lower_bound(choice: ScheduleChoice, pp: int, m: int, costs: CostModel) -> float:

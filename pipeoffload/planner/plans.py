@@ -1,6 +1,7 @@
 """What the planner is asked (``PlanRequest``) and what it answers (``Plan``, ``SearchResult``)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from pipeoffload.errors import ConfigError
@@ -50,6 +51,7 @@ class PlanRequest:
     workers: int = 1  # worker processes that simulate a batch of candidates in parallel
     best_per_tp: bool = False  # also find the best plan of every TP size exactly (slower)
     split: str = "even"  # layers over stages: "even" or "balanced" (head weighed; embedding/head-only stages)
+    max_stall: float = 0.0  # percent an offload plan may lengthen its schedule's step for a lower peak
 
     def __post_init__(self) -> None:
         for key in ("gpus", "global_batch"):
@@ -65,6 +67,8 @@ class PlanRequest:
             get_spec(name)  # unknown names fail here with the list of valid ones
         if self.split not in ("even", "balanced"):
             raise ConfigError(f"layer split {self.split!r}: use even or balanced")
+        if not (math.isfinite(self.max_stall) and self.max_stall >= 0):
+            raise ConfigError(f"--max-stall {self.max_stall!r}: must be a finite percentage >= 0 (e.g. 2 for 2 %)")
 
     def families(self) -> tuple[str, ...]:
         if self.schedules is not None:
@@ -113,7 +117,7 @@ class Plan:
         return {
             "layout": {"pp": self.layout.pp, "tp": self.layout.tp, "dp": self.layout.dp},
             "schedule": c.family, "stages_per_rank": c.stages_per_rank, "group_size": c.group_size,
-            "offload": str(c.offload), "recompute": str(c.recompute), "microbatches": self.microbatches,
+            "offload": str(c.offload), "max_stall": c.offload.max_stall, "recompute": str(c.recompute), "microbatches": self.microbatches,
             "step_time_s": self.step_time, "pipeline_time_s": self.pipeline_time,
             "dp_sync_time_s": self.dp_sync_time, "tokens_per_s": self.tokens_per_second, "mfu": self.mfu,
             "memory_gib": {"parameters": self.memory.parameters / GIB, "optimizer": self.memory.optimizer / GIB,

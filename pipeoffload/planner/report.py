@@ -10,11 +10,13 @@ _HEADER = (f"{'#':>3}  {'layout':<13} {'schedule':<17} {'v':>2} {'g':>3} {'offlo
 
 
 def offload_label(plan: Plan, unit_bytes: float | None = None) -> str:
-    """The offload policy as shown: a ``budget:X`` target (activation units) in GiB."""
+    """The offload policy as shown: a ``budget:X`` target (activation units) in GiB; ``+2%`` under a
+    stall budget of 2 % (``--max-stall``)."""
     offload = plan.choice.offload
+    stall = f"+{offload.max_stall:g}%" if offload.max_stall > 0 else ""
     if offload.kind == "budget" and not offload.rank_units and unit_bytes:
-        return f"{offload.budget * unit_bytes / GIB:.1f}GiB"
-    return str(offload)
+        return f"{offload.budget * unit_bytes / GIB:.1f}GiB" + stall
+    return str(offload) + stall
 
 
 def format_plan_row(index: int, plan: Plan) -> str:
@@ -45,7 +47,9 @@ def format_result(result: SearchResult, top: int = 5, pareto: bool = True) -> st
         f"budget {req.memory_budget / GIB:.1f} GiB/GPU"
         + (f", host {req.host_memory_budget / GIB:.1f} GiB/GPU" if req.host_memory_budget is not None else "")
         + ("; Megatron's selective recomputation (attention core) on every plan"
-           if req.setup.selective_recompute else ""),
+           if req.setup.selective_recompute else "")
+        + (f"; offload plans may lengthen the step by up to {req.max_stall:g} % (--max-stall)"
+           if req.max_stall > 0 else ""),
         f"searched {result.candidates} candidates ({result.evaluated} simulated) in {_seconds(result.seconds)} s "
         f"= {rate:.0f} candidates/s" + _skipped(result),
         "",
@@ -66,13 +70,20 @@ def format_result(result: SearchResult, top: int = 5, pareto: bool = True) -> st
 
 def link_notes(result: SearchResult, shown: list[Plan]) -> list[str]:
     """What a faster or slower host link does to the shown plans that offload; the guarantee holds
-    where the simulator gives each rank its own link (not the serialized pair)."""
+    where the simulator gives each rank its own link (not the serialized pair), for plans that never
+    stall (not those of a stall budget, which say what they are)."""
     req = result.request
-    if not any(p.choice.offload.kind != "none" for p in shown) or req.setup.host_link == "serialized":
-        return []
-    return [f"offload copies are planned for the host link's {req.hardware.d2h_bandwidth / 1e9:g} GB/s "
-            "(--offload-bw): a faster link never raises their peak, a slower one can stall them "
-            "(docs/offload.md, 'A faster link than planned')."]
+    notes = []
+    strict = [p for p in shown if p.choice.offload.kind != "none" and p.choice.offload.max_stall == 0]
+    if strict and req.setup.host_link != "serialized":
+        notes.append(f"offload copies are planned for the host link's {req.hardware.d2h_bandwidth / 1e9:g} GB/s "
+                     "(--offload-bw): a faster link never raises their peak, a slower one can stall them "
+                     "(docs/offload.md, 'A faster link than planned').")
+    if any(p.choice.offload.max_stall > 0 for p in shown):
+        notes.append(f"offload +{req.max_stall:g}%: copies planned for a faster link than the real one, so that "
+                     f"the step may be up to {req.max_stall:g} % longer for a lower peak (--max-stall; the stall "
+                     "column; docs/offload.md, 'A stall budget').")
+    return notes
 
 
 def _skipped(result: SearchResult) -> str:
@@ -101,6 +112,7 @@ def result_as_dict(result: SearchResult, top: int = 5) -> dict:
         "seconds": result.seconds,
         "skipped": dict(sorted(result.skipped.items())),
         "selective_recompute": req.setup.selective_recompute,
+        "max_stall": req.max_stall,
         "warnings": [w for w in (plan_warning(result),) if w],
         "notes": link_notes(result, result.best(top) + result.pareto()),
         "best": [p.as_dict() for p in result.best(top)],

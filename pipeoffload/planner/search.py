@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from pipeoffload._perf import Memo, gc_paused
 from pipeoffload.errors import ConfigError
-from pipeoffload.planner.candidates import Candidate, count, enumerate_candidates, evaluate, level
+from pipeoffload.planner.candidates import MAX_LEVEL, Candidate, count, enumerate_candidates, evaluate, level
 from pipeoffload.planner.evaluate import SimSummary, lowering_options, simulate_choice
 from pipeoffload.planner.plans import GIB, InfeasibleError, Plan, PlanRequest, SearchResult, pareto_front
 
@@ -97,7 +97,7 @@ class _Search:
         if cand.is_base():
             self._push(cand, cand.time_bound)
         else:
-            levels = self.levels.setdefault(cand.base_key(), [[], [], [], [], []])
+            levels = self.levels.setdefault(cand.base_key(), [[] for _ in range(MAX_LEVEL)])
             levels[level(cand.choice) - 1].append(cand)
 
     def release_orphans(self) -> None:
@@ -173,7 +173,8 @@ class _Search:
             count(self.skipped, "cannot fit: weights + optimizer state + the activation its backward needs "
                                 "exceed the budget")
         elif not cand.is_base() and not plan.sim.changed:
-            count(self.skipped, "policy changed nothing (same as the plain schedule)")
+            count(self.skipped, "stall budget changed nothing (same as the plan without it)"
+                  if cand.choice.offload.max_stall > 0 else "policy changed nothing (same as the plain schedule)")
         else:
             self.plans[cand.key()] = plan
         if plan is not None and cand.is_base():
@@ -185,7 +186,9 @@ class _Search:
             self._release(base)
 
     def _record(self, plan: Plan, base: tuple) -> None:
-        self.fitted.add(base)
+        # a stall budget's plan is an extra: the policies without it escalate as they would without it
+        if plan.choice.offload.max_stall == 0:
+            self.fitted.add(base)
         self.top = sorted(self.top + [plan.step_time])[: self.req.top]
         tp = plan.layout.tp
         self.best_tp[tp] = min(self.best_tp.get(tp, float("inf")), plan.step_time)

@@ -1,6 +1,7 @@
 """The planner search: budget respected, infeasibility explained, deterministic, pruning exact."""
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -221,3 +222,63 @@ def test_every_simulation_of_the_search_shows_in_its_counts(monkeypatch) -> None
     assert len(searched) == result.evaluated + unchanged
     kept = {(str(p.layout), p.choice) for p in result.plans}
     assert confirmed and set(confirmed) <= kept and set(confirmed) <= set(searched)
+
+
+def _stall_request(max_stall: float) -> PlanRequest:
+    """Llama-3-8B on 8 H100s at TP 1, 44 GiB, zero-bubble schedules: where ZB-H1's offload plan that never
+    stalls misses the budget and the plan made for faster copies fits."""
+    return PlanRequest(model=model_preset("llama3-8b"), hardware=hardware_preset("h100"), gpus=8, global_batch=64,
+                       memory_budget=44 * GIB, tp_sizes=(1,), schedules=("zb-v", "zb-h1"), max_stall=max_stall)
+
+
+def test_a_stall_budget_adds_plans_and_removes_none() -> None:
+    """``--max-stall`` adds each offload-only policy once more under the budget, beside (not instead of)
+    the recompute level, and its fit does not stop the escalation: every plan the search shows without
+    it is still found, and the extra ones lengthen their schedule's step by at most the budget."""
+    strict, stalled = find_plans(_stall_request(0.0)), find_plans(_stall_request(5.0))
+    assert not any(p.choice.offload.max_stall for p in strict.fitting)
+    keys = {(p.layout, p.choice, p.microbatches) for p in stalled.fitting}
+    assert all((p.layout, p.choice, p.microbatches) in keys for p in strict.best(5))
+    assert stalled.best(1)[0].step_time <= strict.best(1)[0].step_time
+    extra = [p for p in stalled.fitting if p.choice.offload.max_stall == 5.0]
+    assert extra and all(p.stall_ratio > 0 for p in extra)
+    req = stalled.request
+    for plan in extra:  # the step of the same schedule without copies, simulated at full size
+        lc = setup_layer_costs(req.model, req.hardware, plan.layout.tp, req.setup, req.setup.lgd_for(plan.choice.offload))
+        sc = stage_costs(lc, req.hardware, plan.layout, plan.choice.stages_per_rank, req.model.layers,
+                         placement_of(plan.choice, plan.layout.pp))
+        plain = simulate_choice(plan.choice.plain(), plan.layout.pp, plan.microbatches, sc.costs, extrapolate=False)
+        ours = simulate_choice(plan.choice, plan.layout.pp, plan.microbatches, sc.costs, extrapolate=False)
+        assert plain.makespan < ours.makespan <= plain.makespan * 1.05 + 1e-9
+        assert max(ours.peak_units) < max(simulate_choice(
+            replace(plan.choice, offload=replace(plan.choice.offload, max_stall=0.0)), plan.layout.pp,
+            plan.microbatches, sc.costs, extrapolate=False).peak_units)
+
+
+def test_plan_cli_says_what_a_stall_budget_plan_is(capsys) -> None:  # type: ignore[no-untyped-def]
+    argv = ["plan", "--model", "llama3-8b", "--gpu", "h100", "--gpus", "8", "--global-batch", "64", "--memory", "44",
+            "--tp", "1", "--schedules", "zb-v,zb-h1", "--max-stall", "5", "--no-pareto"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "offload plans may lengthen the step by up to 5 % (--max-stall)" in out.splitlines()[0]
+    assert " auto+5% " in out and "offload +5%: copies planned for a faster link" in out
+    assert main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["max_stall"] == 5 and any(p["max_stall"] == 5 for p in data["best"])
+    assert main([*argv[:-3], "--max-stall", "-1"]) == 2
+    assert "--max-stall -1.0: must be a finite percentage >= 0" in capsys.readouterr().err
+
+
+def test_a_stall_budget_plan_is_emitted_with_its_budget_for_train() -> None:
+    from pipeoffload.planner.emit import plan_config
+    from pipeoffload.train.config import build_config, validate
+
+    result = find_plans(_stall_request(5.0))
+    plan = next(p for p in result.fitting if p.choice.offload.max_stall == 5.0)
+    config = plan_config(result.request, plan)
+    assert config["max_stall"] == 5.0 and config["offload"] == str(plan.choice.offload)
+    # not GPT-shaped, so emitted without the reference GPT's shape: enough blocks for its stages here
+    cfg = validate(build_config({**config, "layers": 32}), data_exists=False)
+    assert cfg.schedule.max_stall == 5.0
+    strict = next(p for p in result.fitting if p.choice.offload.max_stall == 0)
+    assert "max_stall" not in plan_config(result.request, strict)

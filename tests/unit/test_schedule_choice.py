@@ -24,6 +24,7 @@ def test_plain_periodic_and_levels() -> None:
     assert v2.plain() == v2 and v2.periodic() and level(v2) == 0
     assert level(ScheduleChoice("zb-v", 2, None, "auto")) == 1
     assert not ScheduleChoice("zb-v", 2, None, "auto").periodic()
+    assert level(ScheduleChoice("zb-v", 2, None, OffloadPolicy("auto", max_stall=2.0))) == 2
     assert level(ScheduleChoice("zb-v", 2, None, "none", "first:1")) == 2
     assert ScheduleChoice("zb-v", 2, None, "none", "first:1").periodic()
     assert level(ScheduleChoice("zb-v", 2, None, "budget:2", "auto")) == 3
