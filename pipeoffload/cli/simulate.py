@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(strict_json(result.as_dict(), indent=1))
     else:
-        print(format_summary(result.timeline, result.time_unit, request.k, request.plan_ratio))
+        print(format_summary(result.timeline, result.time_unit, request.k, result.planned_k))
         report = result.report
         if report.policy.kind != "none" or report.recompute != RecomputePolicy():
             print(report.summary())

@@ -171,8 +171,9 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
             states, peaks = _slot_plans(plan, costs, states, peaks)
             states, peaks = _repaired_plans(plan, costs, states, peaks)
     stalled: _Stalled | None = None
-    if policy.max_stall > 0 and costs.d2h_time + costs.h2d_time > 0 and _may_gain_by_stalling(states, peaks, budget):
-        stalled = _stalling_plan(plan, costs, states, simulated.makespan)
+    notes: tuple[str, ...] = ()
+    if policy.max_stall > 0:
+        stalled, notes = _under_stall_budget(plan, costs, states, peaks, budget, simulated.makespan)
         if stalled is not None:
             states, peaks = stalled.states, stalled.peaks
     orders = [_copy_order(states[r]) for r in range(base.num_ranks)]
@@ -186,7 +187,7 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
                                 _units(s))
               for r, s in sorted(states.items())),
         budget,
-        notes=() if stalled is None else (stalled.note(simulated.makespan, policy.max_stall),),
+        notes=notes,
         throttle=max((s.timeline.throttle for s in states.values()), default=0),
         copy_time_factor=1.0 if stalled is None else stalled.factor,
     )
@@ -289,10 +290,27 @@ class _Stalled:
 
 def _may_gain_by_stalling(states: dict[int, RankState], peaks: dict[int, float], budget: float | None) -> bool:
     """Whether a plan that lets copies stall could lower the peak: the lane left something the policy
-    wanted off the device (and a budget, if any, is not met yet)."""
+    wanted off the device, hideable or not in its window (``too_short``), and a budget, if any, is
+    not met yet."""
     if budget is not None and max(peaks.values(), default=0.0) <= budget + EPS:
         return False
-    return any(s.unhidden or s.unhidden_w for s in states.values())
+    return any(s.unhidden or s.unhidden_w or s.too_short for s in states.values())
+
+
+def _under_stall_budget(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float],
+                        budget: float | None, step: float) -> tuple[_Stalled | None, tuple[str, ...]]:
+    """The stall budget's plan (None: keep ``states``) and the report's note saying what it did."""
+    max_stall = plan.policy.max_stall
+    if costs.d2h_time + costs.h2d_time <= 0:
+        return None, (f"stall budget {max_stall:g} %: not used, copies take no time",)
+    if not _may_gain_by_stalling(states, peaks, budget):
+        return None, (f"stall budget {max_stall:g} %: not needed, the plan that never stalls leaves nothing "
+                      "the policy wanted on the device",)
+    stalled = _stalling_plan(plan, costs, states, step)
+    if stalled is None:
+        return None, (f"stall budget {max_stall:g} %: no plan made for faster copies "
+                      f"({_FASTER[0]:g}-{_FASTER[-1]:g}x their time) lowers the peak within it",)
+    return stalled, (stalled.note(step, max_stall),)
 
 
 def _stalling_plan(plan: _Planning, costs: CostModel, states: dict[int, RankState], step: float) -> _Stalled | None:

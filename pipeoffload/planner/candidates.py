@@ -84,7 +84,7 @@ def choices(req: PlanRequest, pp: int, m: int) -> list[ScheduleChoice]:
                     target = BUDGET_FROM_MEMORY if offload == "budget" else OffloadPolicy.parse(offload)
                     out.append(ScheduleChoice(family, v, g, target, RecomputePolicy.parse(recompute)))
                     if req.max_stall > 0 and target.kind != "none" and recompute == "none":
-                        # the same offload under the stall budget: a level of its own (``level``)
+                        # the same offload under the stall budget, at level 2 beside recompute first:1 (``level``)
                         out.append(replace(out[-1], offload=replace(target, max_stall=req.max_stall)))
     return out
 

@@ -2,8 +2,9 @@
 
 The train config's sections (``pipeoffload.train.config``, which this layer does not import; a test
 reads what is written here with train's own reader): ``[schedule]`` family, stages_per_rank,
-group_size (group-interleaved only), offload, max_stall (when a stall budget was given), recompute, microbatches; ``[parallel]`` pp, dp, tp,
-nproc; ``[data]`` global_batch; and ``[model]`` source = "hf:DIR" and seq_len when the model was read
+group_size (group-interleaved only), offload, offload_ratio (the k of the plan's layers and link, when
+it offloads), max_stall (a stall budget's plan only), recompute,
+microbatches; ``[parallel]`` pp, dp, tp, nproc; ``[data]`` global_batch; and ``[model]`` source = "hf:DIR" and seq_len when the model was read
 from a local Hugging Face directory (train builds it from the same config.json), else
 layers/hidden/heads/seq_len of the reference GPT when the model is GPT-shaped (multi-head attention,
 FFN 4h, GeLU), since that is the model the train command builds. ``plan_config`` gives the same keys flat (the train flags with ``-`` as ``_``).
@@ -17,6 +18,7 @@ from pathlib import Path
 from pipeoffload.fileio import write_atomic
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.plans import Plan, PlanRequest
+from pipeoffload.planner.stagecosts import setup_layer_costs
 
 
 def is_gpt_like(model: ModelSpec) -> bool:
@@ -39,6 +41,8 @@ def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
     if c.group_size is not None:
         config["group_size"] = c.group_size
     config["offload"] = str(c.offload)
+    if c.offload.kind != "none":  # train plans the copies for the link the plan was made for
+        config["offload_ratio"] = round(offload_ratio(req, plan), 4)
     if c.offload.max_stall > 0:
         config["max_stall"] = c.offload.max_stall
     config["recompute"] = str(c.recompute)
@@ -54,10 +58,20 @@ def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
     return config
 
 
+def offload_ratio(req: PlanRequest, plan: Plan) -> float:
+    """The k of ``plan``'s layers on its GPU and link, as train's cost model takes it (both copies of
+    one layer's activation over that layer's F + I + W time): what ``pipeoffload k`` prints as the
+    cost model's k."""
+    lc = setup_layer_costs(req.model, req.hardware, plan.layout.tp, req.setup, req.setup.lgd_for(plan.choice.offload))
+    hw = req.hardware
+    copy = lc.activation_bytes * (1 / hw.d2h_bandwidth + 1 / hw.h2d_bandwidth)
+    return copy / (lc.time_f + lc.time_i + lc.time_w)
+
+
 # flat key -> (section, key) of the train config
 SECTIONS = {"schedule": ("schedule", "family"), "stages_per_rank": ("schedule", "stages_per_rank"),
             "group_size": ("schedule", "group_size"), "offload": ("schedule", "offload"),
-            "max_stall": ("schedule", "max_stall"),
+            "offload_ratio": ("schedule", "offload_ratio"), "max_stall": ("schedule", "max_stall"),
             "recompute": ("schedule", "recompute"), "microbatches": ("schedule", "microbatches"),
             "pp": ("parallel", "pp"), "dp": ("parallel", "dp"), "tp": ("parallel", "tp"),
             "nproc": ("parallel", "nproc"), "global_batch": ("data", "global_batch"),

@@ -225,7 +225,8 @@ def simulate_choice(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, *
     the same schedule without offload, lets an offload-only choice be estimated from one small size:
     the offload pass never lengthens the step by design (its copies never delay compute; the WAITs
     of a throttled warm-up are kept only where the step is no longer), so its step time is the base's
-    plus any difference seen at that size. ``memo`` keeps the schedules, simulations and offload plans that
+    plus any difference seen at that size; under a stall budget (``max_stall``) that difference is
+    the stall, scaled to m like a recomputation's time. ``memo`` keeps the schedules, simulations and offload plans that
     related calls share (a search passes its own; without one this call keeps them for itself).
     """
     memo = memo if memo is not None else Memo()

@@ -69,6 +69,9 @@ class PlanRequest:
             raise ConfigError(f"layer split {self.split!r}: use even or balanced")
         if not (math.isfinite(self.max_stall) and self.max_stall >= 0):
             raise ConfigError(f"--max-stall {self.max_stall!r}: must be a finite percentage >= 0 (e.g. 2 for 2 %)")
+        if self.max_stall > 0 and self.offload is not None and all(o == "none" for o in self.offload):
+            raise ConfigError(f"--max-stall {self.max_stall:g} lets offload plans stall, but --offload is none: "
+                              "allow an offload policy (e.g. --offload none,auto) or leave --max-stall out")
 
     def families(self) -> tuple[str, ...]:
         if self.schedules is not None:

@@ -80,6 +80,10 @@ class SimulateRequest:
         if OffloadPolicy.parse(self.offload).kind == "none" and self.plan_ratio is not None:
             raise ConfigError(f"plan_ratio {self.plan_ratio:g} plans offload copies, but offload is none: "
                               "choose an offload policy (e.g. offload all) or leave plan_ratio out")
+        if self.plan_ratio is not None and self.max_stall > 0:
+            raise ConfigError(f"plan_ratio {self.plan_ratio:g} with max_stall {self.max_stall:g}: a stall budget "
+                              "plans the copies for faster links itself and judges them at the k they take; "
+                              "use one of the two")
         self.offload_policy()
         RecomputePolicy.parse(self.recompute)
 
@@ -144,7 +148,14 @@ class SimulateResult:
 
     def title(self) -> str:
         """The chart header: schedule and sizes, and the offload ratio k the copies took."""
-        return schedule_title(self.timeline) + ", " + ratio_text(self.request)
+        return schedule_title(self.timeline) + ", " + ratio_text(self.request, self.planned_k)
+
+    @property
+    def planned_k(self) -> float | None:
+        """The offload ratio the copies were planned for: ``request.planned_k``, times the copy-time
+        factor of a stall budget's plan (None: a costs file's own copy times)."""
+        k = self.request.planned_k
+        return None if k is None else k * self.report.copy_time_factor
 
     def label_parts(self) -> tuple[list[str], list[str]]:
         """(schedule name and resolved sizes, every non-default option), e.g. (["zb-v", "d=8", "m=16",
@@ -163,18 +174,22 @@ class SimulateResult:
         for rank in out["per_rank"]:
             rank["peak_host_rank_units"] = rank["peak_host_units"] / v
         out["offload_ratio"] = self.request.k  # null: the costs file's own copy times
-        out["planned_offload_ratio"] = self.request.planned_k  # what the copies were planned for
+        out["planned_offload_ratio"] = self.planned_k  # what the copies were planned for
         out["offload_report"] = report_dict(self.report)
         out["units"] = units_dict(self.time_unit)
         return out
 
 
-def ratio_text(req: SimulateRequest) -> str:
+def ratio_text(req: SimulateRequest, planned: float | None = None) -> str:
     """``offload ratio k=0.5``, ``copy times from the costs file``, and what the copies were planned
-    for when that differs (``offload ratio k=0.5, copies planned for k=1``)."""
+    for when that differs (``offload ratio k=0.5, copies planned for k=1``; ``planned``: the result's,
+    else the request's), and the stall budget if any."""
     text = "copy times from the costs file" if req.k is None else f"offload ratio k={req.k:g}"
-    if req.plan_ratio is not None and req.plan_ratio != req.k:
-        text += f", copies planned for k={req.plan_ratio:g}"
+    planned = req.plan_ratio if planned is None else planned
+    if planned is not None and planned != req.k:
+        text += f", copies planned for k={planned:.3g}"
+    if req.max_stall > 0:
+        text += f", stall budget {req.max_stall:g} %"
     return text
 
 

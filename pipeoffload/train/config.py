@@ -88,8 +88,8 @@ class ScheduleConfig:
     offload: str = key("none", "offload policy: none | all | first:K | auto | budget:X")
     recompute: str = key("none", "recompute policy: none | all | first:K | auto, with ,lgd for partial")
     offload_ratio: float = key(0.0, "k of the offload placement cost model (0: the default cost model)")
-    max_stall: float = key(0.0, "percent the offload plan may lengthen the step for a lower peak (0: never)",
-                           metavar="PCT")
+    max_stall: float = key(0.0, "percent the offload plan may lengthen the step for a lower peak (0: never; "
+                                "needs offload_ratio > 0)", metavar="PCT")
 
 
 @dataclass(frozen=True)
@@ -448,6 +448,9 @@ def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) ->
     if cfg.data.path:  # stored resolved: --resume from another directory finds it
         cfg = replace(cfg, data=replace(cfg.data, path=str(Path(cfg.data.path).resolve())))
     offload_policy(cfg)
+    _need(cfg.schedule.max_stall == 0 or cfg.schedule.offload_ratio > 0,
+          f"max_stall={cfg.schedule.max_stall:g}: needs offload_ratio > 0 (with 0 the copies are planned as instant "
+          "and never stall); give the link's k, e.g. --offload-ratio 0.7 (`pipeoffload k` prints it for a model and GPU)")
     RecomputePolicy.parse(cfg.schedule.recompute)
     if cfg.metrics.tensorboard:
         _need(_installed("tensorboard"), "tensorboard=true: the tensorboard package is not installed; "

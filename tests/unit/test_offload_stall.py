@@ -89,3 +89,43 @@ def test_a_bad_stall_budget_is_refused_by_name(bad: dict, message: str) -> None:
 
     with pytest.raises(ConfigError, match="^" + message):
         OffloadPolicy(**({"kind": "all"} | bad))
+
+
+def test_one_f_one_b_leaves_too_short_activations_that_a_budget_moves() -> None:
+    """1F1B's strict plan leaves activations whose windows are too short for their copies (``too_short``,
+    not ``unhidden``): the budget's search runs there too. d = 8, m = 32: 4 units to 3 at k = 0.68 for a
+    step 0.53 % longer; 6 to 4 at k = 1 with the step unchanged (the plan for copies 0.7x as long)."""
+    from pipeoffload.service import SimulateRequest
+    from pipeoffload.service import simulate as service_simulate
+
+    def run(k: float, max_stall: float):  # type: ignore[no-untyped-def]
+        return service_simulate(SimulateRequest("1f1b", ranks=8, microbatches=32, offload="all", offload_ratio=k,
+                                                max_stall=max_stall))
+
+    strict, stalled = run(0.68, 0.0), run(0.68, 2.0)
+    assert (strict.timeline.peak_activation_units, stalled.timeline.peak_activation_units) == (4, 3)
+    assert stalled.timeline.makespan == pytest.approx(strict.timeline.makespan * 1.0053, rel=1e-3)
+    assert stalled.planned_k == pytest.approx(0.68 * 0.95) and stalled.as_dict()["planned_offload_ratio"] == stalled.planned_k
+    assert "copies planned for k=0.646" in stalled.title() and "stall budget 2 %" in stalled.title()
+    wide = run(1.0, 2.0)
+    assert wide.timeline.peak_activation_units == 4 and wide.timeline.makespan == run(1.0, 0.0).timeline.makespan
+
+
+@pytest.mark.parametrize("k,note", [
+    (0.0, "stall budget 2 %: not used, copies take no time"),
+    (0.7, "stall budget 2 %: no plan made for faster copies (0.95-0.5x their time) lowers the peak within it"),
+])
+def test_the_report_says_what_the_budget_did(k: float, note: str) -> None:
+    _, report, _, _ = _zbv(k, 2.0)
+    assert report.notes == (note,) and report.copy_time_factor == 1.0
+
+
+def test_a_budget_is_not_combined_with_recompute_auto_nor_plan_ratio() -> None:
+    from pipeoffload.errors import ConfigError
+    from pipeoffload.service import SimulateRequest
+
+    with pytest.raises(ConfigError, match="^max_stall 2 with recompute auto: both deal with what the copy lane"):
+        lower(generate("zb-v", 4, 8, 2), ZBV_COSTS.with_offload_ratio(0.7), offload=OffloadPolicy("all", max_stall=2),
+              recompute="auto")
+    with pytest.raises(ConfigError, match="^plan_ratio 0.5 with max_stall 2: a stall budget plans the copies"):
+        SimulateRequest("zb-v", offload="all", offload_ratio=0.7, plan_ratio=0.5, max_stall=2)

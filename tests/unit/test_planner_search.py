@@ -267,6 +267,8 @@ def test_plan_cli_says_what_a_stall_budget_plan_is(capsys) -> None:  # type: ign
     assert data["max_stall"] == 5 and any(p["max_stall"] == 5 for p in data["best"])
     assert main([*argv[:-3], "--max-stall", "-1"]) == 2
     assert "--max-stall -1.0: must be a finite percentage >= 0" in capsys.readouterr().err
+    assert main([*argv[:-3], "--max-stall", "5", "--offload", "none"]) == 2
+    assert "--max-stall 5 lets offload plans stall, but --offload is none" in capsys.readouterr().err
 
 
 def test_a_stall_budget_plan_is_emitted_with_its_budget_for_train() -> None:
@@ -277,8 +279,10 @@ def test_a_stall_budget_plan_is_emitted_with_its_budget_for_train() -> None:
     plan = next(p for p in result.fitting if p.choice.offload.max_stall == 5.0)
     config = plan_config(result.request, plan)
     assert config["max_stall"] == 5.0 and config["offload"] == str(plan.choice.offload)
+    assert config["offload_ratio"] == 2.1378  # the cost model's k of `pipeoffload k --model llama3-8b --gpu h100`
     # not GPT-shaped, so emitted without the reference GPT's shape: enough blocks for its stages here
     cfg = validate(build_config({**config, "layers": 32}), data_exists=False)
     assert cfg.schedule.max_stall == 5.0
     strict = next(p for p in result.fitting if p.choice.offload.max_stall == 0)
     assert "max_stall" not in plan_config(result.request, strict)
+    assert ("offload_ratio" in plan_config(result.request, strict)) == (strict.choice.offload.kind != "none")

@@ -24,6 +24,8 @@ from pipeoffload.train.data import Corpus, default_text_files
     (["--zero", "2"], ["zero=2"]),
     (["--fsdp"], ["fsdp=true", "dp=1", "--dp 2"]),
     (["--pp", "2"], ["dp*pp*tp", "--nproc 2"]),
+    (["--offload", "all", "--max-stall", "5"], ["max_stall=5", "needs offload_ratio > 0", "--offload-ratio"]),
+    (["--max-stall", "5"], ["max_stall 5", "offload is none"]),
 ])
 def test_bad_value_one_line_exit_2_and_no_rank_started(tmp_path: Path, flags: list[str], words: list[str]) -> None:
     out = tmp_path / "run"
@@ -108,6 +110,9 @@ def test_plan_auto_fills_the_layout_and_keeps_explicit_flags() -> None:
     assert kept.schedule.family == "1f1b" and kept.schedule.offload == "all" and kept.world == 2
     with pytest.raises(ConfigError, match="--memory"):
         config_from_args(build_parser().parse_args(base[:3] + base[5:]))
+    # --max-stall goes to the planner and stays only if its plan uses it (this one fits without offload)
+    stall = config_from_args(build_parser().parse_args([*base, "--max-stall", "5"]))
+    assert (stall.schedule.offload, stall.schedule.max_stall, stall.schedule.offload_ratio) == ("none", 0.0, 0.0)
 
 
 # ---- configuration from types (sections, derived flags and TOML) -------------------------------------------
