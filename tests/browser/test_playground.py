@@ -323,3 +323,26 @@ def test_a_bad_zoom_window_in_the_url_falls_back_to_the_whole_step(browser: Any,
     assert len(charts) == len(bad_views), charts  # one simulation per load, no loop
     assert console.errors == []
     p.close()
+
+
+def test_a_stall_budget_and_a_planned_k_are_fields_and_stay_in_a_shared_url(browser: Any, base: str) -> None:
+    """``max_stall`` and ``plan_ratio`` are the page's fields too: a link that has them opens with them,
+    keeps them in its URL, and its numbers are those of the same `simulate` command."""
+    other = browser.new_page(viewport={"width": 1300, "height": 1000})
+    console = Console(other)
+    other.goto(base + "/?family=zb-v&ranks=8&microbatches=32&offload=all&offload_ratio=0.68&max_stall=2")
+    other.wait_for_selector("#chart:not(.stale) svg[data-ranks='8']", timeout=60_000)
+    other.wait_for_selector("#command:has-text('--max-stall 2')", timeout=30_000)
+    assert other.input_value("[name=max_stall]") == "2" and "max_stall=2" in other.url
+    command = other.inner_text("#command").split()
+    code, out, _ = run_cli(*command[1:], "--json")
+    expected = json.loads(out)
+    assert code == 0 and expected["peak_activation_units"] == 3  # the budget's plan (12 units without it)
+    assert json.loads(other.get_attribute("#numbers td[data-key=peak_rank_units]", "data-value") or "null") == 1.5
+    other.fill("[name=max_stall]", "")
+    other.fill("[name=plan_ratio]", "0.5")
+    other.dispatch_event("[name=plan_ratio]", "change")
+    other.wait_for_selector("#command:has-text('--plan-ratio 0.5')", timeout=30_000)
+    assert "plan_ratio=0.5" in other.url and "max_stall" not in other.url
+    assert console.errors == []
+    other.close()

@@ -125,8 +125,16 @@ def test_ctrl_c_stops_the_playground_with_exit_130(tmp_path: Path) -> None:
     import subprocess
     import sys
 
+    def as_a_terminal_starts_it() -> None:
+        # SIGINT at its default and unblocked in the child, whatever this test worker's own state: an
+        # ignored or blocked SIGINT is inherited across exec, and the child would never see the Ctrl-C
+        # (a clean-clone CI run once timed out here after other tests had run in the same worker)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
     proc = subprocess.Popen([sys.executable, "-m", "pipeoffload", "playground", "--port", "0"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_a_terminal_starts_it)
     try:
         assert proc.stdout is not None and "playground on http://127.0.0.1:" in proc.stdout.readline()
         proc.send_signal(signal.SIGINT)
