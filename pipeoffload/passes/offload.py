@@ -125,8 +125,9 @@ class OffloadReport:
     def summary(self) -> str:
         parts = []
         if self.policy.kind != "none":
+            at = "" if self.copy_time_factor == 1 else f" at the planned copy times ({self.copy_time_factor:g}x)"
             parts.append(f"offload {self.policy}: {self.offloaded} activations offloaded, {len(self.unhidden)} "
-                         "could not be hidden by the copy lane")
+                         f"could not be hidden by the copy lane{at}")
             if self.offloaded_after_i or self.unhidden_after_i:
                 first, second = self.units_by_window
                 parts.append(f"{self.offloaded_after_i} offloaded between I and W, {len(self.unhidden_after_i)} "
