@@ -37,7 +37,9 @@ class OffloadPolicy:
 
     ``max_stall``: how much longer, in percent of the step without copies, the plan may make the
     step for a lower peak (0: copies never make compute wait). Not part of the text form: the
-    ``--max-stall`` option sets it.
+    ``--max-stall`` option sets it. ``rank_offsets``: what each rank holds besides activations
+    (weights, optimizer state), in activation units; a stall budget's plans are then compared by
+    each rank's activations plus its offset, the worst rank's total memory (the planner sets it).
     """
 
     kind: str = "none"
@@ -45,6 +47,7 @@ class OffloadPolicy:
     budget: float = 0.0
     rank_units: bool = False
     max_stall: float = 0.0
+    rank_offsets: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in ("none", "all", "first", "auto", "budget"):
@@ -55,6 +58,8 @@ class OffloadPolicy:
             raise ConfigError(f"offload budget:{self.budget}: the target must be >= 0 units")
         if not (math.isfinite(self.max_stall) and self.max_stall >= 0):
             raise ConfigError(f"max_stall {self.max_stall!r}: must be a finite percentage >= 0 (e.g. 2 for 2 %)")
+        if not all(math.isfinite(x) and x >= 0 for x in self.rank_offsets):
+            raise ConfigError(f"rank_offsets {self.rank_offsets!r}: each must be a finite number of units >= 0")
         if self.max_stall > 0 and self.kind == "none":
             raise ConfigError(f"max_stall {self.max_stall:g} lets offload copies stall, but offload is none: "
                               "choose an offload policy (e.g. offload all) or leave max_stall out")

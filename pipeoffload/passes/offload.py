@@ -317,7 +317,8 @@ def _under_stall_budget(plan: _Planning, costs: CostModel, states: dict[int, Ran
 def _stalling_plan(plan: _Planning, costs: CostModel, states: dict[int, RankState], step: float) -> _Stalled | None:
     """The plan with the lowest peak, among those made as if copies took ``_FASTER`` x their time, that
     run at the real times within the policy's stall budget: a step at most ``max_stall`` % longer than
-    ``step`` (the schedule's without copies). Ties go to the shorter step; under a budget every peak
+    ``step`` (the schedule's without copies). The peak is the worst rank's activations plus its
+    ``rank_offsets`` (the planner's memory; without offsets the activation peak). Ties go to the shorter step; under a budget every peak
     at or below it counts alike, so the shortest step that meets it wins. None when none beats
     ``states`` (the plan that never stalls), simulated at the real times too.
 
@@ -327,12 +328,14 @@ def _stalling_plan(plan: _Planning, costs: CostModel, states: dict[int, RankStat
     ranks = range(plan.base.num_ranks)
     limit = step * (1 + plan.policy.max_stall / 100) + EPS
     floor = plan.budget if plan.budget is not None else 0.0
+    offsets = plan.policy.rank_offsets or (0.0,) * plan.base.num_ranks
 
     def simulated(candidate: dict[int, RankState]) -> Timeline:
         return simulate(plan.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
 
     def key(t: Timeline) -> tuple[float, float]:
-        return (max(t.peak_activation_units, floor), t.makespan)
+        peak = max(offsets[r] + t.per_rank[r].peak_activation_units for r in ranks)  # the worst rank's total
+        return (max(peak, floor + max(offsets)), t.makespan)
 
     own = simulated(states)
     best_key, best = key(own), None

@@ -210,6 +210,9 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Cand
                 if req.activation_budget is not None:
                     room = min(room, req.activation_budget / sc.unit_bytes)
                 choice = replace(choice, offload=OffloadPolicy("budget", budget=float(f"{room:.4g}")))
+            if choice.offload.max_stall > 0:  # the budget's plans compared by each rank's total memory
+                offsets = tuple(float(f"{x / sc.unit_bytes:.6g}") for x in static)
+                choice = replace(choice, offload=replace(choice.offload, rank_offsets=offsets))
             if (key, choice.recompute) not in bounds:
                 bounds[(key, choice.recompute)] = (
                     time_lower_bound(choice, layout.pp, m, sc.costs)
