@@ -31,7 +31,6 @@ each k (stalls marked); on a shared host link (the case above) the plan made for
 from __future__ import annotations
 
 import argparse
-import io
 
 from pipeoffload.costs import CostModel
 from pipeoffload.ir import Schedule
@@ -120,6 +119,7 @@ def figure(path: str) -> None:
     from matplotlib.ticker import MaxNLocator
 
     from pipeoffload.fileio import write_atomic
+    from pipeoffload.viz.plot import figure_bytes
 
     fig, (own_ax, shared_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
     schedule = generate("zb-v", 8, 32, 2)
@@ -151,9 +151,7 @@ def figure(path: str) -> None:
     for ax in (own_ax, shared_ax):
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    write_atomic(path, buffer.getvalue())
+    write_atomic(path, figure_bytes(fig, "png", dpi=110))
     print(f"wrote {path}")
 
 

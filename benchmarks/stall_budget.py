@@ -17,7 +17,6 @@ budget, the worst rank's peak in activation units and how much longer the step i
 from __future__ import annotations
 
 import argparse
-import io
 
 from pipeoffload.service import SimulateRequest, simulate
 
@@ -58,6 +57,7 @@ def figure(path: str) -> None:
     from matplotlib.ticker import MaxNLocator
 
     from pipeoffload.fileio import write_atomic
+    from pipeoffload.viz.plot import figure_bytes
 
     ks = [round(0.5 + 0.02 * i, 2) for i in range(26)]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -71,9 +71,7 @@ def figure(path: str) -> None:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    write_atomic(path, buffer.getvalue())
+    write_atomic(path, figure_bytes(fig, "png", dpi=110))
     print(f"wrote {path}")
 
 

@@ -318,9 +318,10 @@ def _stalling_plan(plan: _Planning, costs: CostModel, states: dict[int, RankStat
     """The plan with the lowest peak, among those made as if copies took ``_FASTER`` x their time, that
     run at the real times within the policy's stall budget: a step at most ``max_stall`` % longer than
     ``step`` (the schedule's without copies). The peak is the worst rank's activations plus its
-    ``rank_offsets`` (the planner's memory; without offsets the activation peak). Ties go to the shorter step; under a budget every peak
-    at or below it counts alike, so the shortest step that meets it wins. None when none beats
-    ``states`` (the plan that never stalls), simulated at the real times too.
+    ``rank_offsets`` (the planner's memory; without offsets the activation peak). Ties go to the
+    shorter step; under a budget every peak at or below it counts alike, so the shortest step that
+    meets it wins. None when none beats ``states`` (the plan that never stalls), simulated at the
+    real times too.
 
     A slower copy than planned delays its reload, and the backward waits for it: the simulator
     charges that wait (``Timeline.stall``) and shifts everything after it, so each candidate is

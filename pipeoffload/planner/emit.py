@@ -3,8 +3,8 @@
 The train config's sections (``pipeoffload.train.config``, which this layer does not import; a test
 reads what is written here with train's own reader): ``[schedule]`` family, stages_per_rank,
 group_size (group-interleaved only), offload, offload_ratio (the k of the plan's layers and link, when
-it offloads), max_stall (a stall budget's plan only), recompute,
-microbatches; ``[parallel]`` pp, dp, tp, nproc; ``[data]`` global_batch; and ``[model]`` source = "hf:DIR" and seq_len when the model was read
+it offloads), max_stall (a stall budget's plan only), recompute, microbatches; ``[parallel]`` pp, dp,
+tp, nproc; ``[data]`` global_batch; and ``[model]`` source = "hf:DIR" and seq_len when the model was read
 from a local Hugging Face directory (train builds it from the same config.json), else
 layers/hidden/heads/seq_len of the reference GPT when the model is GPT-shaped (multi-head attention,
 FFN 4h, GeLU), since that is the model the train command builds. ``plan_config`` gives the same keys flat (the train flags with ``-`` as ``_``).
@@ -18,7 +18,7 @@ from pathlib import Path
 from pipeoffload.fileio import write_atomic
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.plans import Plan, PlanRequest
-from pipeoffload.planner.stagecosts import setup_layer_costs
+from pipeoffload.planner.stagecosts import layer_copy_and_compute, setup_layer_costs
 
 
 def is_gpt_like(model: ModelSpec) -> bool:
@@ -63,9 +63,8 @@ def offload_ratio(req: PlanRequest, plan: Plan) -> float:
     one layer's activation over that layer's F + I + W time): what ``pipeoffload k`` prints as the
     cost model's k."""
     lc = setup_layer_costs(req.model, req.hardware, plan.layout.tp, req.setup, req.setup.lgd_for(plan.choice.offload))
-    hw = req.hardware
-    copy = lc.activation_bytes * (1 / hw.d2h_bandwidth + 1 / hw.h2d_bandwidth)
-    return copy / (lc.time_f + lc.time_i + lc.time_w)
+    copy, compute = layer_copy_and_compute(lc, req.hardware)
+    return copy / compute
 
 
 # flat key -> (section, key) of the train config

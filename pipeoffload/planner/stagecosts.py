@@ -125,6 +125,14 @@ def layer_costs(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *, partial_reco
     )
 
 
+def layer_copy_and_compute(lc: LayerCosts, hw: HardwareSpec, share: float = 1.0) -> tuple[float, float]:
+    """(D2H + H2D seconds of one layer's saved activations for one microbatch, that layer's F + I + W
+    seconds): the cost model's offload ratio k is their quotient (``pipeoffload k``). ``share``: how
+    many copies use the host link at once (2: two GPUs under one PCIe switch)."""
+    copy = lc.activation_bytes * share * (1 / hw.d2h_bandwidth + 1 / hw.h2d_bandwidth)
+    return copy, lc.time_f + lc.time_i + lc.time_w
+
+
 def setup_layer_costs(model: ModelSpec, hw: HardwareSpec, tp: int, setup: TrainingSetup,
                       lgd: bool) -> LayerCosts:
     return layer_costs(model, hw, tp, partial_recompute=lgd, sequence_parallel=setup.sequence_parallel,

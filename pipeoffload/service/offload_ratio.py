@@ -8,7 +8,7 @@ from pipeoffload.errors import ConfigError
 from pipeoffload.planner.formulas import formula1_k, offload_time
 from pipeoffload.planner.hardware import HardwareSpec
 from pipeoffload.planner.model import ModelSpec
-from pipeoffload.planner.stagecosts import layer_costs
+from pipeoffload.planner.stagecosts import layer_copy_and_compute, layer_costs
 from pipeoffload.service.checks import check_model_shape, checked, int_at_least
 
 
@@ -58,8 +58,7 @@ def offload_ratio(req: OffloadRatioRequest) -> OffloadRatioResult:
     model, hw = req.model, req.hardware
     lc = layer_costs(model, hw, req.tp, partial_recompute=req.partial_recompute)
     share = 2.0 if req.shared_host_link and hw.shares_pcie_switch and req.tp > 1 else 1.0
-    copy = lc.activation_bytes * share * (1 / hw.d2h_bandwidth + 1 / hw.h2d_bandwidth)
-    compute = lc.time_f + lc.time_i + lc.time_w
+    copy, compute = layer_copy_and_compute(lc, hw, share)
     return OffloadRatioResult(
         req, formula1_k=formula1_k(model.hidden, model.seq, hw.flops, hw.offload_bandwidth),
         cost_model_k=copy / compute, layer_compute_s=compute, layer_copy_s=copy,
