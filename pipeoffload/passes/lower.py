@@ -97,12 +97,13 @@ def _memory_actions_kept(schedule: Schedule, offload: OffloadPolicy, recompute: 
 
 
 def _offload_once(base: Schedule, costs: CostModel, offload: OffloadPolicy, recomputed: set[tuple[int, int]],
-                  memo: Memo) -> tuple[Schedule, OffloadReport]:
-    """``plan_offload`` of ``base``, kept in ``memo``: a search lowers ``offload auto`` with and without
-    ``recompute auto``, whose first offload plans are the same."""
+                  memo: Memo, faster_copies: bool = True) -> tuple[Schedule, OffloadReport]:
+    """``plan_offload`` of ``base``, kept in ``memo``: a search lowers several policies of one schedule,
+    whose offload plans are often the same."""
     exclude = frozenset(recomputed)
-    return memo.get((plan_offload, base, costs, offload, exclude),
-                    lambda: plan_offload(base, costs, offload, exclude=exclude, memo=memo))
+    return memo.get((plan_offload, base, costs, offload, exclude, faster_copies),
+                    lambda: plan_offload(base, costs, offload, exclude=exclude, memo=memo,
+                                         faster_copies=faster_copies))
 
 
 def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
@@ -118,14 +119,16 @@ def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
                       else all_keys(base, original, costs, offload))
         base = insert_recompute(base, recomputed)
         timeline = memo(simulate, base, costs)
-    planned, report = _offload_once(base, costs, offload, recomputed, memo)
     if recompute.kind == "auto":
+        # what to recompute is read from the plan for the real copy times (its unhidden list and memory
+        # curve; a plan for faster copies counts both at its own times), then the offload is planned again
+        planned, report = _offload_once(base, costs, offload, recomputed, memo, faster_copies=False)
         offloaded = {(a.stage, a.microbatch) for row in planned.actions for a in row if a.kind is K.OFFLOAD}
         extra = auto_keys(base, timeline, costs, report, offloaded)
         if extra:
             recomputed |= extra
             base = insert_recompute(base, extra)
-            planned, report = plan_offload(base, costs, offload, exclude=recomputed, memo=memo)
+    planned, report = _offload_once(base, costs, offload, recomputed, memo)
     before = {r.rank: r.peak_activation_units for r in original.per_rank}
     per_rank = tuple(replace(r, peak_before=before[r.rank]) for r in report.per_rank)
     report = replace(report, per_rank=per_rank, recompute=recompute, recomputed=tuple(sorted(recomputed)))

@@ -145,12 +145,16 @@ class OffloadReport:
 # ---- entry point -----------------------------------------------------------------------------------
 def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | str,
                  *, exclude: frozenset[Key] | set[Key] = frozenset(),
-                 timeline: Timeline | None = None, memo: Memo | None = None) -> tuple[Schedule, OffloadReport]:
+                 timeline: Timeline | None = None, memo: Memo | None = None,
+                 faster_copies: bool = True) -> tuple[Schedule, OffloadReport]:
     """Insert OFFLOAD/RELOAD into a compute-only ``schedule`` (copies already in it are replaced).
 
     ``exclude`` lists (stage, microbatch) activations that must stay put (e.g. recomputed ones);
     ``timeline`` is the simulation of ``schedule`` under ``costs`` if the caller already has it;
     ``memo`` keeps the simulation and rank timelines for a caller that plans one schedule several times.
+    ``faster_copies=False`` leaves out the plans made for faster copies (``best_with_faster_copies``):
+    ``recompute auto`` reads what to recompute from a report whose counts and curves are the real
+    copy times'.
     """
     policy = OffloadPolicy.parse(policy)
     base = schedule.compute_only()
@@ -161,20 +165,12 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     timelines = memo.get((rank_timelines, base, costs), lambda: rank_timelines(base, simulated, costs))
     budget = policy.budget_units(base.stages_per_rank) if policy.kind == "budget" else None
     plan = _Planning(base, timelines, policy, set(exclude), budget, _groups(base.num_ranks, costs.shared_host_link))
-    states, peaks = plan.states(costs)
-    # a shared link's plan may not be the one the simulator runs (see ``_shared_link_plans``), so
-    # there the plans for slower copies are always tried; on own links only when a lane is overloaded
-    if policy.kind != "none" and costs.d2h_time + costs.h2d_time > 0 and (costs.shared_host_link or _overloaded(states)):
-        states, peaks = plan.best_with_slower_copies(costs, states, peaks)
-        if costs.shared_host_link:  # own links: it lowered some overloaded k but not the next, breaking monotony
-            states, peaks = _throttled_plans(plan, costs, states, peaks)
-            states, peaks = _next_point_plans(plan, costs, states, peaks)
-            states, peaks = _slot_plans(plan, costs, states, peaks)
-            states, peaks = _repaired_plans(plan, costs, states, peaks)
-    # own links: plans for faster copies that never stall at the real ones (a shared link has its own
-    # search above, and its plans are many times dearer)
-    if (policy.kind != "none" and costs.d2h_time + costs.h2d_time > 0 and not costs.shared_host_link
-            and _left_on_device(states, peaks, budget)):
+    # kept in the memo apart from the plans for faster copies: ``recompute auto`` plans once without them
+    states, peaks = memo.get((_plan_at_and_above, base, costs, policy, frozenset(exclude)),
+                             lambda: _plan_at_and_above(plan, costs))
+    if (faster_copies and policy.kind != "none" and costs.d2h_time + costs.h2d_time > 0
+            and not costs.shared_host_link and _left_on_device(states, peaks, budget)
+            and not plan.at_floor(costs, peaks)):
         states, peaks = plan.best_with_faster_copies(costs, states, peaks)
     stalled: _Stalled | None = None
     notes: tuple[str, ...] = ()
@@ -238,13 +234,16 @@ class _Planning:
             states, peaks = _shared_link_plans(self.base, costs, states, peaks, plan_all(relaxed=True)[0], self.groups)
         return states, peaks
 
-    def best_with_slower_copies(self, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
+    def best_with_slower_copies(self, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float],
+                                factors: tuple[float, ...] | list[float]
                                 ) -> tuple[dict[int, RankState], dict[int, float]]:
         """Faster copies must never give a higher peak. Where the copy lane is overloaded the plan is
         a greedy choice that can land worse than the one made for slower copies, so the plans made
-        as if copies took ``_SLOWER`` times longer are simulated with the real times too, and each
-        group of ranks keeps the plan with the lowest simulated peak (then fewest copies) among those
-        that never stall; at an equal peak the plan for the real times stays. The compute timeline does not change without stalls, so groups combine."""
+        as if copies took ``factors`` times longer (``_SLOWER`` on a shared link; the ladder points
+        above k on own links) are simulated with the real times too, and each group of ranks keeps
+        the plan with the lowest simulated peak (then fewest copies) among those that never stall; at
+        an equal peak the plan for the real times stays. The compute timeline does not change without
+        stalls, so groups combine."""
         runs: dict[tuple, Timeline] = {}  # what fixes the emitted lists -> their simulation
 
         def simulated(candidate: dict[int, RankState]) -> Timeline:
@@ -262,7 +261,7 @@ class _Planning:
 
         own = simulated(states)
         best = {tuple(m): (score(own, states, m), states) for m in self.groups}
-        for factor in _SLOWER:
+        for factor in factors:
             candidate = self.states(costs, factor)[0]
             t = simulated(candidate)
             for members in self.groups:
@@ -281,18 +280,23 @@ class _Planning:
         """A plan made as if copies took ``_FASTER`` x their time can leave less on the device and
         still never stall at the real times, where the windows it fills have slack (1F1B, d = 8,
         m = 32, k = 1: 6 units, and 4 with the plan for 0.7x). Such plans run the compute of the
-        schedule without copies, exactly as ``states`` does, so each group of ranks keeps the
-        lowest peak among them (only a strictly lower one replaces the plan it has). The factors
-        are tried from the largest down and the search stops at the first plan that stalls: one
-        made for still faster copies places still more copies the real lane cannot finish."""
+        schedule without copies, exactly as ``states`` does, so ranks combine: each group of ranks
+        keeps the lowest peak among them (only a strictly lower one replaces the plan it has).
+
+        Tried only where the worst rank's memory (its activations plus ``rank_offsets``) is above
+        that of the plan for nearly instant copies (``_FLOOR_FACTOR``), the most the pass makes of
+        faster copies: at that floor (interleaved 1F1B, d = 64, m = 256, k = 0.5: 3 units) the
+        search would only cost time. The factors go from the largest down and the search stops at the first
+        plan that stalls (a heuristic: a plan for still faster copies usually places still more
+        copies the real lane cannot finish, though not always). ``peaks`` are the exact peaks of
+        ``states`` (own links: planned = simulated)."""
         ranks = range(self.base.num_ranks)
 
         def simulated(candidate: dict[int, RankState]) -> Timeline:
             return simulate(self.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
 
-        own = simulated(states)
-        best = {tuple(m): (max(own.per_rank[r].peak_activation_units for r in m), states) for m in self.groups}
-        for factor in _FASTER:
+        best = {tuple(m): (max(peaks[r] for r in m), states) for m in self.groups}
+        for factor in _ladder_factors(costs, above=False):
             candidate = self.states(costs, factor)[0]
             t = simulated(candidate)
             if t.stall > EPS:
@@ -301,16 +305,76 @@ class _Planning:
                 peak = max(t.per_rank[r].peak_activation_units for r in members)
                 if peak < best[tuple(members)][0] - EPS:
                     best[tuple(members)] = (peak, candidate)
-        mixed = {r: best[tuple(m)][1][r] for m in self.groups for r in m}
         if all(best[tuple(m)][1] is states for m in self.groups):
             return states, peaks
+        mixed = {r: best[tuple(m)][1][r] for m in self.groups for r in m}
         final = simulated(mixed)
-        if final.stall > EPS or final.peak_activation_units >= own.peak_activation_units - EPS:
+        if final.stall > EPS or any(final.per_rank[r].peak_activation_units > peaks[r] + EPS for r in ranks):
             return states, peaks
         return mixed, {r: final.per_rank[r].peak_activation_units for r in ranks}
 
 
-_SLOWER = (1.1, 1.15, 1.25, 1.35, 1.5, 1.75, 2.0)  # copy-time factors whose plans are also tried when the lane is overloaded
+    def at_floor(self, costs: CostModel, peaks: dict[int, float]) -> bool:
+        """Whether the worst rank's memory (activations plus ``rank_offsets``) is already that of some
+        rank's plan for nearly instant copies. The floors are planned one group at a time, the worst
+        ranks first, and only while a rank's current memory could still reach the worst (a floor is
+        not above its plan's peak), so a plan at the floor costs one group's plan, not a whole one."""
+        offsets = self.policy.rank_offsets or (0.0,) * self.base.num_ranks
+        total = {r: offsets[r] + p for r, p in peaks.items()}
+        worst = max(total.values(), default=0.0)
+        instant = replace(costs, d2h_time=costs.d2h_time * _FLOOR_FACTOR, h2d_time=costs.h2d_time * _FLOOR_FACTOR)
+        for members in sorted(self.groups, key=lambda m: -max(total[r] for r in m)):
+            if max(total[r] for r in members) < worst - EPS:
+                return False
+            tls = [self.timelines[r].with_copy_times(_FLOOR_FACTOR) for r in members]
+            chosen = _candidates(tls, self.policy, self.exclude)
+            floor = plan_group(tls, instant, self.policy, chosen, self.budget, False).peaks()
+            if max(offsets[r] + floor[r] for r in members) >= worst - EPS:
+                return True
+        return False
+
+
+def _ladder_factors(costs: CostModel, *, above: bool) -> list[float]:
+    """The copy-time factors of the plans for faster copies: the points of one fixed ladder of k
+    (2 ** (j / _LADDER_STEPS), every integer j) from k / 2 up to below k, largest first, over k.
+    Fixed points rather than fixed fractions of k: a smaller k then tries the same plans as a larger
+    one, except those made between the two, so its peak is rarely above the larger k's."""
+    k = costs.offload_ratio(0)
+    if not 0.0 < k < math.inf:
+        return []
+    if above:  # from the lowest point above k up to 2k
+        low = math.floor(_LADDER_STEPS * math.log2(k) + 1e-9) + 1
+        return [2 ** (j / _LADDER_STEPS) / k for j in range(low, low + _LADDER_STEPS)]
+    top = math.ceil(_LADDER_STEPS * math.log2(k) - 1e-9) - 1  # the highest point below k
+    return [2 ** (j / _LADDER_STEPS) / k for j in range(top, top - _LADDER_STEPS, -1)]
+
+
+_LADDER_STEPS = 8  # points per doubling of k on that ladder
+
+
+def _plan_at_and_above(plan: _Planning, costs: CostModel) -> tuple[dict[int, RankState], dict[int, float]]:
+    """The plan for the real copy times, and where the lane is overloaded (always on a shared link)
+    the better plans made for slower copies, run at the real ones.
+
+    Own links: the plans of the ladder points above k (``_ladder_factors``), not tried where the
+    worst rank is at the floor of faster copies (``_Planning.at_floor``). A shared link: the plans
+    for ``_SLOWER`` copy times, then the pair's own candidates (steps 8-12 of docs/offload.md); its
+    plan may not be the one the simulator runs (``_shared_link_plans``), so they are always tried."""
+    states, peaks = plan.states(costs)
+    if plan.policy.kind == "none" or costs.d2h_time + costs.h2d_time <= 0:
+        return states, peaks
+    if costs.shared_host_link:
+        states, peaks = plan.best_with_slower_copies(costs, states, peaks, _SLOWER)
+        states, peaks = _throttled_plans(plan, costs, states, peaks)
+        states, peaks = _next_point_plans(plan, costs, states, peaks)
+        states, peaks = _slot_plans(plan, costs, states, peaks)
+        return _repaired_plans(plan, costs, states, peaks)
+    if _overloaded(states) and not plan.at_floor(costs, peaks):
+        states, peaks = plan.best_with_slower_copies(costs, states, peaks, _ladder_factors(costs, above=True))
+    return states, peaks
+
+
+_SLOWER = (1.1, 1.15, 1.25, 1.35, 1.5, 1.75, 2.0)  # copy-time factors of the plans for slower copies (shared link)
 
 
 @dataclass(frozen=True)
@@ -392,6 +456,7 @@ def _stalling_plan(plan: _Planning, costs: CostModel, states: dict[int, RankStat
 
 
 _FASTER = (0.95, 0.9, 0.8, 0.7, 0.6, 0.5)  # copy-time factors of the plans for faster copies (own links, stall budget)
+_FLOOR_FACTOR = 1e-6  # copies this much faster than the real ones: the floor no plan for faster copies goes below
 
 
 def _throttled_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
@@ -418,7 +483,7 @@ def _throttled_plans(plan: _Planning, costs: CostModel, states: dict[int, RankSt
         throttled = replace(plan, timelines=rank_timelines(plan.base, timeline, costs), throttle=limit)
         candidate, candidate_peaks = throttled.states(costs)
         # called on a shared link with copies that take time only: its slower-copy plans always apply
-        candidate, candidate_peaks = throttled.best_with_slower_copies(costs, candidate, candidate_peaks)
+        candidate, candidate_peaks = throttled.best_with_slower_copies(costs, candidate, candidate_peaks, _SLOWER)
         t = simulate(plan.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
         log.debug("throttle %d: peak %g, makespan %g, stall %g (without: %g, %g)", limit, t.peak_activation_units,
                   t.makespan, t.stall, plain.peak_activation_units, plain.makespan)
@@ -458,7 +523,7 @@ def _next_point_plans(plan: _Planning, costs: CostModel, states: dict[int, RankS
     slower = replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
     scaled = replace(plan, timelines=[tl.with_copy_times(factor) for tl in plan.timelines])
     candidate, candidate_peaks = scaled.states(slower)
-    candidate, candidate_peaks = scaled.best_with_slower_copies(slower, candidate, candidate_peaks)
+    candidate, candidate_peaks = scaled.best_with_slower_copies(slower, candidate, candidate_peaks, _SLOWER)
     candidate, _ = _throttled_plans(scaled, slower, candidate, candidate_peaks)
     ranks = range(plan.base.num_ranks)
     current = simulate(plan.base.with_actions([_emit(states[r]) for r in ranks]), costs)
