@@ -277,19 +277,17 @@ class _Planning:
 
     def best_with_faster_copies(self, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
                                 ) -> tuple[dict[int, RankState], dict[int, float]]:
-        """A plan made as if copies took ``_FASTER`` x their time can leave less on the device and
-        still never stall at the real times, where the windows it fills have slack (1F1B, d = 8,
-        m = 32, k = 1: 6 units, and 4 with the plan for 0.7x). Such plans run the compute of the
-        schedule without copies, exactly as ``states`` does, so ranks combine: each group of ranks
-        keeps the lowest peak among them (only a strictly lower one replaces the plan it has).
+        """Own links: a plan made as if copies took less time than they do (at the ladder points below
+        k, ``_ladder_factors``) can leave less on the device and still never stall at the real
+        times, where the windows it fills have slack (1F1B, d = 8, m = 32, k = 1: 6 units, and 4 with
+        plans for faster copies). Such plans run the compute of the schedule without copies, exactly
+        as ``states`` does, so ranks combine: each group of ranks keeps the lowest peak among them
+        (only a strictly lower one replaces the plan it has).
 
-        Tried only where the worst rank's memory (its activations plus ``rank_offsets``) is above
-        that of the plan for nearly instant copies (``_FLOOR_FACTOR``), the most the pass makes of
-        faster copies: at that floor (interleaved 1F1B, d = 64, m = 256, k = 0.5: 3 units) the
-        search would only cost time. The factors go from the largest down and the search stops at the first
-        plan that stalls (a heuristic: a plan for still faster copies usually places still more
-        copies the real lane cannot finish, though not always). ``peaks`` are the exact peaks of
-        ``states`` (own links: planned = simulated)."""
+        The points go from the largest down and the search stops at the first plan that stalls (a
+        heuristic: a plan for still faster copies usually places still more copies the real lane
+        cannot finish, though not always). ``peaks`` are the exact peaks of ``states`` (own links:
+        planned = simulated). The caller skips it at the floor (``at_floor``)."""
         ranks = range(self.base.num_ranks)
 
         def simulated(candidate: dict[int, RankState]) -> Timeline:
@@ -313,7 +311,6 @@ class _Planning:
             return states, peaks
         return mixed, {r: final.per_rank[r].peak_activation_units for r in ranks}
 
-
     def at_floor(self, costs: CostModel, peaks: dict[int, float]) -> bool:
         """Whether the worst rank's memory (activations plus ``rank_offsets``) is already that of some
         rank's plan for nearly instant copies. The floors are planned one group at a time, the worst
@@ -335,10 +332,11 @@ class _Planning:
 
 
 def _ladder_factors(costs: CostModel, *, above: bool) -> list[float]:
-    """The copy-time factors of the plans for faster copies: the points of one fixed ladder of k
-    (2 ** (j / _LADDER_STEPS), every integer j) from k / 2 up to below k, largest first, over k.
-    Fixed points rather than fixed fractions of k: a smaller k then tries the same plans as a larger
-    one, except those made between the two, so its peak is rarely above the larger k's."""
+    """Copy-time factors (over k) of the points of one fixed ladder of k, 2 ** (j / _LADDER_STEPS) for
+    every integer j: ``above``, the points from just above k up to 2k, smallest first; else from just
+    below k down to k / 2, largest first. Fixed points rather than fixed fractions of k: a smaller k
+    then tries the plans a larger one tries, except those of the points between the two, so its peak
+    is rarely above the larger k's (none on the grids measured: docs/offload.md, step 7)."""
     k = costs.offload_ratio(0)
     if not 0.0 < k < math.inf:
         return []
@@ -455,8 +453,8 @@ def _stalling_plan(plan: _Planning, costs: CostModel, states: dict[int, RankStat
     return best
 
 
-_FASTER = (0.95, 0.9, 0.8, 0.7, 0.6, 0.5)  # copy-time factors of the plans for faster copies (own links, stall budget)
-_FLOOR_FACTOR = 1e-6  # copies this much faster than the real ones: the floor no plan for faster copies goes below
+_FASTER = (0.95, 0.9, 0.8, 0.7, 0.6, 0.5)  # copy-time factors of the plans a stall budget tries
+_FLOOR_FACTOR = 1e-6  # the plan for copies this much faster: the floor of what faster copies give the pass
 
 
 def _throttled_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
