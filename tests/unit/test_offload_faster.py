@@ -15,6 +15,7 @@ from pipeoffload.passes.lower import lower, lower_with_report
 from pipeoffload.schedules import generate
 from pipeoffload.simulator import simulate
 
+
 def _without_faster_plans(patch: pytest.MonkeyPatch) -> None:
     """The pass as it is, but with no ladder points (no plans for faster copies)."""
     patch.setattr(offload_pass, "_ladder_factors", lambda costs: [])
