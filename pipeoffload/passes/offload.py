@@ -274,7 +274,6 @@ class _Planning:
             return states, peaks
         return mixed, {r: final.per_rank[r].peak_activation_units for r in mixed}
 
-
     def best_with_faster_copies(self, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
                                 ) -> tuple[dict[int, RankState], dict[int, float]]:
         """Own links: a plan made as if copies took less time than they do (at the ladder points below

@@ -77,7 +77,7 @@ def strict_json(data: object, indent: int | None = None) -> str:
 # engine) or a host link is shared, it also plans again for seven slower copy times and simulates
 # each plan. Measured (interleaved-1f1b, d=64, v=2, m=256, 2 cores): see OFFLOAD_WORK_* below.
 # the lane hides the copies (k <= 1, own host link): about 3x the work without offload, up to 5x where
-# plans for faster copies are tried (d=64, k=0.8: 1.26 s of calls against 0.28 s without offload)
+# plans for faster copies are tried (d=64, k=0.8: 1.29 s of calls against 0.29 s without offload)
 OFFLOAD_WORK_HIDDEN = 5
 OFFLOAD_WORK_OVERLOADED = 40  # an overloaded lane or a shared host link: the slower-copy plans too
 
