@@ -215,7 +215,7 @@ class _Planning:
             timelines = [tl.with_throttle(self.throttle) for tl in timelines]
         if slower != 1.0:
             timelines = [tl.with_copy_times(slower) for tl in timelines]
-            costs = replace(costs, d2h_time=costs.d2h_time * slower, h2d_time=costs.h2d_time * slower)
+            costs = _copies_scaled(costs, slower)
         chosen = _candidates(timelines, self.policy, self.exclude)
 
         def plan_all(relaxed: bool) -> tuple[dict[int, RankState], dict[int, float]]:
@@ -234,13 +234,12 @@ class _Planning:
             states, peaks = _shared_link_plans(self.base, costs, states, peaks, plan_all(relaxed=True)[0], self.groups)
         return states, peaks
 
-    def best_with_slower_copies(self, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float],
-                                factors: tuple[float, ...] | list[float]
+    def best_with_slower_copies(self, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
                                 ) -> tuple[dict[int, RankState], dict[int, float]]:
         """Faster copies must never give a higher peak. Where the copy lane is overloaded the plan is
         a greedy choice that can land worse than the one made for slower copies, so the plans made
-        as if copies took ``factors`` times longer (``_SLOWER``) are simulated with the real times
-        too, and each group of ranks keeps
+        as if copies took ``_SLOWER`` times longer are simulated with the real times too, and each
+        group of ranks keeps
         the plan with the lowest simulated peak (then fewest copies) among those that never stall; at
         an equal peak the plan for the real times stays. The compute timeline does not change without
         stalls, so groups combine."""
@@ -261,7 +260,7 @@ class _Planning:
 
         own = simulated(states)
         best = {tuple(m): (score(own, states, m), states) for m in self.groups}
-        for factor in factors:
+        for factor in _SLOWER:
             candidate = self.states(costs, factor)[0]
             t = simulated(candidate)
             for members in self.groups:
@@ -318,7 +317,7 @@ class _Planning:
         offsets = self.policy.rank_offsets or (0.0,) * self.base.num_ranks
         total = {r: offsets[r] + p for r, p in peaks.items()}
         worst = max(total.values(), default=0.0)
-        instant = replace(costs, d2h_time=costs.d2h_time * _FLOOR_FACTOR, h2d_time=costs.h2d_time * _FLOOR_FACTOR)
+        instant = _copies_scaled(costs, _FLOOR_FACTOR)
         for members in sorted(self.groups, key=lambda m: -max(total[r] for r in m)):
             if max(total[r] for r in members) < worst - EPS:
                 return False
@@ -346,6 +345,11 @@ def _ladder_factors(costs: CostModel) -> list[float]:
 _LADDER_STEPS = 8  # points per doubling of k on that ladder
 
 
+def _copies_scaled(costs: CostModel, factor: float) -> CostModel:
+    """``costs`` with both copy directions ``factor`` times as long (a plan made for other copy times)."""
+    return replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
+
+
 def _plan_at_and_above(plan: _Planning, costs: CostModel) -> tuple[dict[int, RankState], dict[int, float]]:
     """The plan for the real copy times and, where the lane is overloaded (always on a shared link),
     the better plans made for ``_SLOWER`` copy times, run at the real ones; on a shared link then the
@@ -355,13 +359,13 @@ def _plan_at_and_above(plan: _Planning, costs: CostModel) -> tuple[dict[int, Ran
     if plan.policy.kind == "none" or costs.d2h_time + costs.h2d_time <= 0:
         return states, peaks
     if costs.shared_host_link:
-        states, peaks = plan.best_with_slower_copies(costs, states, peaks, _SLOWER)
+        states, peaks = plan.best_with_slower_copies(costs, states, peaks)
         states, peaks = _throttled_plans(plan, costs, states, peaks)
         states, peaks = _next_point_plans(plan, costs, states, peaks)
         states, peaks = _slot_plans(plan, costs, states, peaks)
         return _repaired_plans(plan, costs, states, peaks)
     if _overloaded(states):
-        states, peaks = plan.best_with_slower_copies(costs, states, peaks, _SLOWER)
+        states, peaks = plan.best_with_slower_copies(costs, states, peaks)
     return states, peaks
 
 
@@ -474,7 +478,7 @@ def _throttled_plans(plan: _Planning, costs: CostModel, states: dict[int, RankSt
         throttled = replace(plan, timelines=rank_timelines(plan.base, timeline, costs), throttle=limit)
         candidate, candidate_peaks = throttled.states(costs)
         # called on a shared link with copies that take time only: its slower-copy plans always apply
-        candidate, candidate_peaks = throttled.best_with_slower_copies(costs, candidate, candidate_peaks, _SLOWER)
+        candidate, candidate_peaks = throttled.best_with_slower_copies(costs, candidate, candidate_peaks)
         t = simulate(plan.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
         log.debug("throttle %d: peak %g, makespan %g, stall %g (without: %g, %g)", limit, t.peak_activation_units,
                   t.makespan, t.stall, plain.peak_activation_units, plain.makespan)
@@ -511,10 +515,10 @@ def _next_point_plans(plan: _Planning, costs: CostModel, states: dict[int, RankS
     if after is None or top <= _SLOT_FLOOR + EPS or (plan.budget is not None and top <= plan.budget + EPS):
         return states, peaks
     factor = after / costs.offload_ratio(0)
-    slower = replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
+    slower = _copies_scaled(costs, factor)
     scaled = replace(plan, timelines=[tl.with_copy_times(factor) for tl in plan.timelines])
     candidate, candidate_peaks = scaled.states(slower)
-    candidate, candidate_peaks = scaled.best_with_slower_copies(slower, candidate, candidate_peaks, _SLOWER)
+    candidate, candidate_peaks = scaled.best_with_slower_copies(slower, candidate, candidate_peaks)
     candidate, _ = _throttled_plans(scaled, slower, candidate, candidate_peaks)
     ranks = range(plan.base.num_ranks)
     current = simulate(plan.base.with_actions([_emit(states[r]) for r in ranks]), costs)
@@ -545,7 +549,7 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
     best: tuple[float, int, dict[int, RankState], Timeline] | None = None
     seen: set[tuple] = set()
     for factor in _slot_factors(costs):  # as if copies took factor x longer (a faster link must not do worse)
-        slower = replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
+        slower = _copies_scaled(costs, factor)
         for limit in (0, *_SLOT_THROTTLES):
             if limit + 1 >= min(current.peak_activation_units, best[0] if best else math.inf) - EPS:
                 break  # a throttled warm-up holds L + 1 at best (see ``_throttled_plans``): no lower peak
@@ -635,7 +639,7 @@ def _repaired_plans(plan: _Planning, costs: CostModel, states: dict[int, RankSta
     bare = simulate(plan.base, costs)  # the step without copies: its makespan and latest starts
     latest = latest_starts(plan.base, costs, bare)
     for factor in (1.0, *_off_ladder_factor(costs)):
-        slower = replace(costs, d2h_time=costs.d2h_time * factor, h2d_time=costs.h2d_time * factor)
+        slower = _copies_scaled(costs, factor)
         scaled = plan if factor == 1.0 else replace(plan, timelines=[tl.with_copy_times(factor) for tl in plan.timelines])
         timeline = throttled_timeline(plan.base, slower, limit, plan.exclude)
         throttled = replace(scaled, timelines=rank_timelines(plan.base, timeline, slower), throttle=limit)
