@@ -14,7 +14,7 @@ from pipeoffload.schedules import generate
 from pipeoffload.service.argtypes import OneLineParser, non_negative_float, positive_int
 from pipeoffload.service.checks import checked, int_at_least
 
-__all__ = ["EXTRAS", "OneLineParser", "add_cost_args", "add_schedule_args", "model_and_hardware", "non_negative_float",
+__all__ = ["EXTRAS", "OneLineParser", "add_cost_args", "add_max_stall", "add_schedule_args", "model_and_hardware", "non_negative_float",
            "missing_extra", "positive_int", "require_extra", "schedule_from_args"]
 
 
@@ -67,6 +67,14 @@ def add_cost_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--time-i", type=non_negative_float, default=1.0, help="input-gradient backward time (default 1)")
     group.add_argument("--time-w", type=non_negative_float, default=1.0, help="weight-gradient backward time (default 1)")
     group.add_argument("--p2p-time", type=non_negative_float, default=0.0, help="point-to-point transfer time")
+
+
+def add_max_stall(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """``--max-stall``, as ``simulate`` and ``plan`` both take it (one type, one message, one help)."""
+    group.add_argument("--max-stall", type=non_negative_float, default=0.0, metavar="PCT",
+                       help="let an offload plan make its step up to PCT %% longer than without copies, for a "
+                            "lower peak: plans made for faster copies are tried and run at the real ones "
+                            "(default 0: copies never make compute wait)")
 
 
 def schedule_from_args(args: argparse.Namespace, **options: object) -> Schedule:

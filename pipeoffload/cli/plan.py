@@ -5,7 +5,7 @@ import argparse
 import logging
 import sys
 
-from pipeoffload.cli.common import model_and_hardware, positive_int
+from pipeoffload.cli.common import add_max_stall, model_and_hardware, positive_int
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import check_writable
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
@@ -64,10 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     space.add_argument("--recompute", type=_words,
                        help="recompute policies, e.g. none,all (default: all levels); 'selective' adds Megatron's "
                             "selective recomputation of the attention core to every plan")
-    space.add_argument("--max-stall", type=float, default=0.0, metavar="PCT",
-                       help="let offload plans lengthen their schedule's step by up to PCT %% for a lower peak "
-                            "(plans made for faster copies, run at the real ones; default 0: copies never make "
-                            "compute wait)")
+    add_max_stall(space)
     space.add_argument("--split", choices=("even", "balanced"), default="even",
                        help="layers over stages: even (default) or balanced (head weighed; the first/last stage "
                             "may hold only the embedding/head)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from pipeoffload.cli.common import add_cost_args, add_schedule_args, non_negative_float, positive_int
+from pipeoffload.cli.common import add_cost_args, add_max_stall, add_schedule_args, non_negative_float, positive_int
 from pipeoffload.cli.outputs import add_output_args, check_output_args, write_outputs
 from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, RecomputePolicy
 from pipeoffload.service import SimulateRequest, simulate, strict_json
@@ -43,10 +43,7 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--plan-ratio", type=non_negative_float, default=None, metavar="K",
                        help="plan the copies for this k instead and run them at --offload-ratio: a host link "
                             "faster (smaller k) or slower than planned (default: plan for the k they take)")
-    group.add_argument("--max-stall", type=non_negative_float, default=0.0, metavar="PCT",
-                       help="let the offload plan make the step up to PCT %% longer than without copies, for a "
-                            "lower peak: plans made for faster copies are tried and run at the real ones "
-                            "(default 0: copies never make compute wait)")
+    add_max_stall(group)
     group.add_argument("--shared-host-link", action="store_true",
                        help="ranks 2p and 2p+1 share one host link (GPUs under one PCIe switch)")
     group.add_argument("--separate-copy-engines", action="store_true",
