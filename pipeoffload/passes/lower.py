@@ -21,7 +21,7 @@ from pipeoffload.passes.offload import OffloadReport, plan_offload
 from pipeoffload.passes.recompute import all_keys, auto_keys, check_policies, first_stage_keys, insert_recompute
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.semantics import with_coded
-from pipeoffload.simulator import simulate
+from pipeoffload.simulator import Timeline, simulate
 from pipeoffload.validation import validate
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,7 @@ def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
                       else all_keys(base, original, costs, offload))
         base = insert_recompute(base, recomputed)
         timeline = memo(simulate, base, costs)
+    notes: tuple[str, ...] = ()
     if recompute.kind == "auto":
         # what to recompute is read from the plan for the real copy times (its unhidden list and memory
         # curve; a plan for faster copies counts both at its own times), then the offload is planned again
@@ -126,15 +127,41 @@ def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
         offloaded = {(a.stage, a.microbatch) for row in planned.actions for a in row if a.kind is K.OFFLOAD}
         extra = auto_keys(base, timeline, costs, report, offloaded)
         if extra:
-            recomputed |= extra
-            base = insert_recompute(base, extra)
+            kept, notes = _recompute_that_pays(base, costs, offload, extra, memo)
+            if kept:
+                recomputed |= extra
+                base = insert_recompute(base, extra)
     planned, report = _offload_once(base, costs, offload, recomputed, memo)
     before = {r.rank: r.peak_activation_units for r in original.per_rank}
     per_rank = tuple(replace(r, peak_before=before[r.rank]) for r in report.per_rank)
-    report = replace(report, per_rank=per_rank, recompute=recompute, recomputed=tuple(sorted(recomputed)))
+    report = replace(report, per_rank=per_rank, recompute=recompute, recomputed=tuple(sorted(recomputed)),
+                     notes=(*report.notes, *notes))
     if report.budget_met is False:
         warning = (f"offload {offload}: cannot bring every rank to {report.budget:g} activation units; "
                    f"best planned peak {report.peak_after:g}")
         report = replace(report, warnings=(*report.warnings, warning))
     return planned, report
 
+
+
+def _recompute_that_pays(base: Schedule, costs: CostModel, offload: OffloadPolicy, extra: set[tuple[int, int]],
+                         memo: Memo) -> tuple[bool, tuple[str, ...]]:
+    """Whether ``recompute auto``'s ``extra`` activations lower the memory the plan needs: the worst
+    rank's simulated activation peak plus its ``rank_offsets``, with the offload planned after the
+    recomputation against the offload alone. Recomputing makes the step longer, and the activations the
+    lane could not hide are often not what sets the worst rank's peak (the I -> W parts W still needs,
+    the last ranks of zero-bubble schedules), so where they buy nothing none is recomputed, and a note
+    says so."""
+    without, _ = _offload_once(base, costs, offload, set(), memo)
+    with_r, _ = _offload_once(insert_recompute(base, extra), costs, offload, set(extra), memo)
+    before, after = (_worst_memory(memo(simulate, s, costs), offload) for s in (without, with_r))
+    if after < before - 1e-9:
+        return True, ()
+    return False, (f"none recomputed: the {len(extra)} activations recompute auto would recompute do not lower "
+                   f"the peak ({before:g} -> {after:g} activation units with them)",)
+
+
+def _worst_memory(timeline: Timeline, offload: OffloadPolicy) -> float:
+    """The worst rank's activation peak plus what it holds besides (``OffloadPolicy.rank_offsets``)."""
+    offsets = offload.rank_offsets or (0.0,) * len(timeline.per_rank)
+    return max(offsets[r.rank] + r.peak_activation_units for r in timeline.per_rank)

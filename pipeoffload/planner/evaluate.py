@@ -103,6 +103,7 @@ class SimSummary:
     extrapolated: bool
     exact: bool = True  # False: an estimate from small sizes, to be confirmed by a full simulation
     changed: bool = False  # the lowering added OFFLOAD or R actions (else the plain schedule's twin)
+    recomputed: bool = False  # the lowering added R actions (``recompute auto`` adds none where they buy nothing)
     warnings: tuple[str, ...] = ()  # what the memory passes could not do (collected, not logged)
 
     @property
@@ -184,6 +185,7 @@ def _summary(timeline: Timeline, extrapolated: bool = False, warnings: tuple[str
     added = (ActionKind.OFFLOAD, ActionKind.R)
     return SimSummary(
         changed=any(a.kind in added for row in timeline.schedule.actions for a in row),
+        recomputed=ActionKind.R in timeline.schedule.kinds(),
         makespan=timeline.makespan,
         busy=tuple(r.busy for r in ranks),
         peak_units=tuple(r.peak_activation_units for r in ranks),
@@ -202,6 +204,7 @@ def _simulated(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, memo: 
     figures = figures_of(kept) if kept is not None else simulate_figures(schedule, costs)
     return SimSummary(
         changed=changed,
+        recomputed=ActionKind.R in schedule.kinds(),
         makespan=figures.makespan,
         busy=figures.busy,
         peak_units=figures.peak_activation_units,
@@ -262,6 +265,7 @@ def simulate_choice(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, *
         extrapolated=True,
         exact=steady and choice.periodic(),
         changed=b.changed,
+        recomputed=b.recomputed,
         warnings=b.warnings,
     )
 
@@ -293,6 +297,7 @@ def _policy_estimate(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, 
         extrapolated=True,
         exact=False,
         changed=one.changed,
+        recomputed=one.recomputed,
         warnings=one.warnings,
     )
 

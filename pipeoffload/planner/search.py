@@ -15,16 +15,19 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 
 from pipeoffload._perf import Memo, gc_paused
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.candidates import MAX_LEVEL, Candidate, count, enumerate_candidates, evaluate, level
 from pipeoffload.planner.evaluate import SimSummary, lowering_options, simulate_choice
 from pipeoffload.planner.plans import GIB, InfeasibleError, Plan, PlanRequest, SearchResult, pareto_front
+from pipeoffload.policies import RecomputePolicy
 
 log = logging.getLogger(__name__)
 progress_log = logging.getLogger("pipeoffload.planner.progress")  # the CLI shows it on stderr
 PROGRESS_AFTER, PROGRESS_EVERY = 3.0, 5.0  # seconds before the first progress line, and between lines
+_AUTO = RecomputePolicy("auto")
 BATCH = 2  # candidates taken from the queue at a time; fixed, so results do not depend on ``workers``
 
 def find_plans(req: PlanRequest) -> SearchResult:
@@ -90,10 +93,12 @@ class _Search:
         self.base_sim: dict[tuple, SimSummary] = {}
         self.fitted: set[tuple] = set()  # base keys with a fitting plan
         self.pushed = 0
+        self.keys: set[tuple] = set()  # every candidate's key
         self.started = time.perf_counter()
         self.next_report = self.started + PROGRESS_AFTER
 
     def add(self, cand: Candidate) -> None:
+        self.keys.add(cand.key())
         if cand.is_base():
             self._push(cand, cand.time_bound)
         else:
@@ -175,6 +180,8 @@ class _Search:
         elif not cand.is_base() and not plan.sim.changed:
             count(self.skipped, "stall budget changed nothing (same as the plan without it)"
                   if cand.choice.offload.max_stall > 0 else "policy changed nothing (same as the plain schedule)")
+        elif self._recomputes_nothing(cand, plan):
+            count(self.skipped, "recompute auto recomputed nothing (same as its offload policy alone)")
         else:
             self.plans[cand.key()] = plan
         if plan is not None and cand.is_base():
@@ -184,6 +191,14 @@ class _Search:
             self._record(plan, base)
         if not (self.req.escalate and base in self.fitted) and not self._pending(base):
             self._release(base)
+
+    def _recomputes_nothing(self, cand: Candidate, plan: Plan) -> bool:
+        """A ``recompute auto`` variant that recomputed nothing (none would lower the peak) is the plan
+        of its offload policy alone, when that is a candidate too."""
+        choice = cand.choice
+        if choice.recompute != _AUTO or plan.sim.recomputed:
+            return False
+        return (str(cand.layout), replace(choice, recompute=RecomputePolicy())) in self.keys
 
     def _record(self, plan: Plan, base: tuple) -> None:
         # a stall budget's plan is an extra: the policies without it escalate as they would without it

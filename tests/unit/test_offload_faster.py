@@ -6,7 +6,7 @@ peak among those that never stall. docs/offload.md, step 7.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import pipeoffload.passes.offload as offload_pass
@@ -131,10 +131,14 @@ def test_plans_for_faster_copies_never_stall_nor_raise_a_rank_s_peak(
     costs = CostModel(w_fraction=w_fraction).with_offload_ratio(k)
     lowered, report = lower_with_report(schedule, costs, offload=policy, recompute=recompute)
     t = simulate(lowered, costs)
-    assert report.copy_time_factor == 1.0 and not report.notes
+    assert report.copy_time_factor == 1.0 and not [n for n in report.notes if "stall" in n]  # no stall budget
     with pytest.MonkeyPatch.context() as patch:
         _without_faster_plans(patch)
-        without = simulate(lower(schedule, costs, offload=policy, recompute=recompute), costs)
+        lowered_without, report_without = lower_with_report(schedule, costs, offload=policy, recompute=recompute)
+        without = simulate(lowered_without, costs)
+    # ``recompute auto`` recomputes only where that lowers the final plan's peak, so the two passes can
+    # recompute differently; the property is about the offload plans of one compute schedule
+    assume(report.recomputed == report_without.recomputed)
     assert t.stall == without.stall == 0 and t.makespan == pytest.approx(without.makespan, abs=1e-9)
     for now, then in zip(t.per_rank, without.per_rank):
         assert now.peak_activation_units <= then.peak_activation_units + 1e-9

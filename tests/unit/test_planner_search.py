@@ -302,3 +302,17 @@ def test_a_stall_budget_plan_is_emitted_with_its_budget_for_train() -> None:
     strict = next(p for p in result.fitting if p.choice.offload.max_stall == 0)
     assert "max_stall" not in plan_config(result.request, strict)
     assert ("offload_ratio" in plan_config(result.request, strict)) == (strict.choice.offload.kind != "none")
+
+
+def test_a_recompute_auto_variant_that_recomputes_nothing_is_not_a_second_plan(capsys) -> None:  # type: ignore[no-untyped-def]
+    # recompute auto recomputes only what lowers the peak; where nothing does, the variant is the plan
+    # of its offload policy alone, which is a candidate too: it is counted as skipped, not shown twice
+    argv = ["plan", "--model", "llama3-8b", "--gpu", "a100", "--gpus", "8", "--global-batch", "64", "--memory", "40",
+            "--exhaustive", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    reasons = data["skipped"]
+    assert reasons.get("recompute auto recomputed nothing (same as its offload policy alone)", 0) >= 1
+    shown = {(json.dumps(p["layout"], sort_keys=True), p["schedule"], p["stages_per_rank"], p["group_size"],
+              p["offload"], p["step_time_s"], p["recompute"]) for p in data["best"] + data["pareto"]}
+    assert len({plan[:-1] for plan in shown}) == len(shown)  # no plan twice under two recompute names
