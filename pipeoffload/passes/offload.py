@@ -136,7 +136,8 @@ class OffloadReport:
             parts.append(f"warm-up forwards wait for copies (WAIT: each for its rank's offload {self.throttle} back)")
         if self.recompute != RecomputePolicy():
             parts.append(f"recompute {self.recompute}: {len(self.recomputed)} activations")
-        parts.append(f"planned peak {self.peak_before:g} -> {self.peak_after:g} activation units")
+        if self.per_rank:  # without an offload plan there is no planned peak (never "0 -> 0"): the header has the real one
+            parts.append(f"planned peak {self.peak_before:g} -> {self.peak_after:g} activation units")
         if self.budget is not None:
             parts.append(f"budget {self.budget:g} {'met' if self.budget_met else 'NOT met'}")
         return "; ".join([*parts, *self.notes])

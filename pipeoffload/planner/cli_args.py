@@ -9,8 +9,8 @@ from pipeoffload.planner.hardware import (
     GB,
     NETWORK_PRESETS,
     HardwareSpec,
-    _from_friendly_units,
     hardware_preset,
+    hardware_values,
     load_hardware,
 )
 from pipeoffload.planner.model import ModelSpec
@@ -84,8 +84,12 @@ def hardware_from_args(args: argparse.Namespace) -> HardwareSpec:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--hw {item!r}: expected FIELD=VALUE, e.g. --hw d2h_gbps=25")
-        overrides[key.strip()] = _parse_value(value.strip())
-    values = _from_friendly_units(overrides)
+        overrides[key.strip()] = value.strip()
+    # each value parsed as its field's type: shares_pcie_switch=no is false, d2h_gbps=fast is refused
+    values = hardware_values(overrides, lambda key, value: f"--hw {key}={value}")
+    network = getattr(args, "network", None)
+    if network and "network" in values and str(values["network"]).lower() != network.lower():
+        raise ConfigError(f"--network {network} and --hw network={values['network']} disagree; give one of them")
     if args.flops is not None:  # the paper's B_c: every FLOP at this sustained rate (flat compute model)
         sustained = args.flops * 1e12
         peak = float(values.get("peak_flops", spec.peak_flops))  # type: ignore[arg-type]
@@ -98,17 +102,10 @@ def hardware_from_args(args: argparse.Namespace) -> HardwareSpec:
         if not args.offload_bw > 0:
             raise ConfigError(f"--offload-bw {args.offload_bw:g}: must be > 0 GB/s")
         values["d2h_bandwidth"] = values["h2d_bandwidth"] = args.offload_bw * GB
-    if getattr(args, "network", None):
-        spec = spec.with_network(args.network)
-    return spec.override(**values) if values else spec
-
-
-def _parse_value(text: str) -> object:
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
+    if network:
+        spec = spec.with_network(network)
+    try:
+        return spec.override(**values) if values else spec
+    except ConfigError as err:
+        given = [f"--hw {item}" for item in args.hw]
+        raise ConfigError(f"{' '.join(given)}: {err}" if given else str(err)) from None

@@ -8,7 +8,8 @@ Presets can be overridden field by field, from the CLI or from a TOML file (``lo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,12 @@ from pipeoffload.errors import ConfigError
 
 GIB = 1024**3
 GB = 1e9
+# Rates below these make a transfer or a GEMM take longer than a float can hold once summed over a step
+# (``--hw internode_gbps=1e-320`` gave "dp sync inf s"); latencies above MAX_LATENCY are not latencies.
+MIN_RATE = 1.0  # bytes/s or FLOP/s
+MAX_LATENCY = 60.0  # seconds per message
+_RATE_FIELDS = ("memory_bytes", "peak_flops", "d2h_bandwidth", "h2d_bandwidth", "nvlink_bandwidth",
+                "internode_bandwidth", "hbm_bandwidth")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,11 +59,18 @@ class HardwareSpec:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        for key in ("memory_bytes", "peak_flops", "d2h_bandwidth", "h2d_bandwidth", "nvlink_bandwidth",
-                    "internode_bandwidth", "hbm_bandwidth"):
+        for key in _RATE_FIELDS:
             value = getattr(self, key)
-            if not isinstance(value, (int, float)) or not value > 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"hardware {key}={value!r}: must be a positive number")
+            if not math.isfinite(value):
+                raise ConfigError(f"hardware {key}={value!r}: must be a finite number")
+            if value < MIN_RATE:
+                shown = f"{value / GB:g} GB/s" if key.endswith("_bandwidth") else f"{value:g}"
+                raise ConfigError(f"hardware {key}={shown}: below {MIN_RATE:g} per second, times overflow to infinity; give the "
+                                  f"real {key.replace('_bandwidth', ' bandwidth').replace('_', ' ')}")
+        if not isinstance(self.shares_pcie_switch, bool):
+            raise ConfigError(f"hardware shares_pcie_switch={self.shares_pcie_switch!r}: must be true or false")
         if not 0 < self.achievable_fraction <= 1:
             raise ConfigError(f"hardware achievable_fraction={self.achievable_fraction!r}: must be in (0, 1]")
         if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
@@ -69,8 +83,12 @@ class HardwareSpec:
         if self.flash_fraction is not None and not 0 < self.flash_fraction <= 1:
             raise ConfigError(f"hardware flash_fraction={self.flash_fraction!r}: must be in (0, 1] or unset")
         for key in ("gemm_half_intensity", "nvlink_latency", "internode_latency"):
-            if not getattr(self, key) >= 0:
-                raise ConfigError(f"hardware {key}={getattr(self, key)!r}: must be >= 0")
+            if not getattr(self, key) >= 0 or not math.isfinite(getattr(self, key)):
+                raise ConfigError(f"hardware {key}={getattr(self, key)!r}: must be a finite number >= 0")
+        for key in ("nvlink_latency", "internode_latency"):
+            if getattr(self, key) > MAX_LATENCY:
+                raise ConfigError(f"hardware {key}={getattr(self, key)!r}: seconds per message, at most "
+                                  f"{MAX_LATENCY:g}; give the link's latency in seconds (e.g. 1e-05)")
 
     @property
     def flops(self) -> float:
@@ -127,14 +145,19 @@ class HardwareSpec:
                        internode_latency=net.latency, sources=sources)
 
     def override(self, **changes: Any) -> HardwareSpec:
-        """A copy with some fields replaced; each replaced field's source becomes "user override"."""
+        """A copy with some fields replaced; each replaced field's source becomes "user override".
+        ``network`` applies that ``NETWORK_PRESETS`` entry's links (as ``with_network``; a bandwidth or
+        latency given alongside it wins), never only its name."""
         given = {k: v for k, v in changes.items() if v is not None}
         unknown = sorted(set(given) - _FIELDS)
         if unknown:
             raise ConfigError(f"unknown hardware field(s) {', '.join(unknown)}; valid: {', '.join(sorted(_FIELDS))}")
-        sources = dict(self.sources)
+        base = self
+        if "network" in given:
+            base = self.with_network(str(given.pop("network")))
+        sources = dict(base.sources)
         sources.update({k: "user override" for k in given if k != "name"})
-        return replace(self, sources=sources, **given)
+        return replace(base, sources=sources, **given)
 
     def as_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sources"}
@@ -289,25 +312,76 @@ def load_hardware(path: str | Path, base: HardwareSpec | None = None) -> Hardwar
     preset = data.pop("preset", None)
     if preset is not None:
         base = hardware_preset(str(preset))
-    values = _from_friendly_units(data)
-    if base is None:
-        try:
-            return HardwareSpec(sources={k: f"file {path}" for k in values}, **values)
-        except TypeError as err:
-            raise ConfigError(f"hardware file {str(path)!r}: {err}; give all fields or a preset") from None
-    spec = base.override(**values)
+    values = hardware_values(data, lambda key, value: f"hardware file {str(path)!r}: {key} = {value!r}")
+    try:
+        if base is None:
+            network = values.pop("network", None)
+            try:
+                spec = HardwareSpec(**values)
+            except TypeError as err:
+                raise ConfigError(f"hardware file {str(path)!r}: {err}; give all fields or a preset") from None
+            if network is not None:  # the preset's links, then the file's own bandwidth/latency over them
+                spec = spec.with_network(str(network)).override(
+                    **{k: values[k] for k in ("internode_bandwidth", "internode_latency") if k in values})
+                values["network"] = network
+        else:
+            spec = base.override(**values)
+    except ConfigError as err:
+        message = str(err)
+        raise ConfigError(message if str(path) in message else f"hardware file {str(path)!r}: {message}") from None
     return replace(spec, sources={**spec.sources, **{k: f"file {path}" for k in values if k != 'name'}})
 
 
-def _from_friendly_units(data: dict[str, Any]) -> dict[str, Any]:
+_BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "1": True,
+                  "false": False, "no": False, "off": False, "0": False}
+_FIELD_TYPES = {f.name: str(f.type) for f in dataclasses.fields(HardwareSpec)}
+
+
+def hardware_values(data: Mapping[str, Any], where: Callable[[str, Any], str]) -> dict[str, Any]:
+    """``HardwareSpec`` fields from user-given ones (a TOML file's values, or ``--hw`` text): friendly
+    units converted (``*_gbps`` GB/s, ``memory_gib``, ``peak_tflops``) and every value checked against its
+    field's type, strictly: a boolean is true/false/yes/no/on/off/1/0 and nothing else (the text "no" is
+    not true), a number is a finite number. ``where(key, value)`` names a bad value in the one-line
+    ``ConfigError`` (e.g. ``hardware file 'gpu.toml': d2h_gbps = 'fast'``). Unknown keys pass through
+    (``HardwareSpec.override`` refuses them with the valid names)."""
     out: dict[str, Any] = {}
     for key, value in data.items():
         if key.endswith("_gbps"):
-            out[key[: -len("_gbps")] + "_bandwidth"] = float(value) * GB
+            out[key[: -len("_gbps")] + "_bandwidth"] = _number(key, value, where, "GB/s") * GB
         elif key == "memory_gib":
-            out["memory_bytes"] = float(value) * GIB
+            out["memory_bytes"] = _number(key, value, where, "GiB") * GIB
         elif key == "peak_tflops":
-            out["peak_flops"] = float(value) * 1e12
+            out["peak_flops"] = _number(key, value, where, "TFLOP/s") * 1e12
+        elif _FIELD_TYPES.get(key) == "bool":
+            word = str(value).strip().lower() if isinstance(value, (str, bool, int)) else None
+            if word not in _BOOLEAN_WORDS:
+                raise ConfigError(f"{where(key, value)}: not a boolean; give true or false "
+                                  "(also yes/no, on/off, 1/0)")
+            out[key] = _BOOLEAN_WORDS[word]
+        elif _FIELD_TYPES.get(key) == "int":
+            number = _number(key, value, where, "a whole number")
+            if not number.is_integer():
+                raise ConfigError(f"{where(key, value)}: not a whole number; give an integer such as 8")
+            out[key] = int(number)
+        elif _FIELD_TYPES.get(key) in ("float", "float | None"):
+            out[key] = _number(key, value, where, "a number")
+        elif _FIELD_TYPES.get(key) == "str":
+            if not isinstance(value, str):
+                raise ConfigError(f"{where(key, value)}: not a name; give text, e.g. {key} = \"...\"")
+            out[key] = value
         else:
             out[key] = value
     return out
+
+
+def _number(key: str, value: Any, where: Callable[[str, Any], str], unit: str) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(f"{where(key, value)}: not a number; give {key} as a number ({unit})") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where(key, value)}: not a number; give {key} as a number ({unit})")
+    if not math.isfinite(value):
+        raise ConfigError(f"{where(key, value)}: not a finite number; give {key} as a finite number ({unit})")
+    return float(value)

@@ -64,6 +64,33 @@ def check_model_shape(model: Any) -> None:
             raise ConfigError(f"model {name}={value!r}: must be an integer >= 1")
 
 
+def check_finite(data: object, what: str) -> None:
+    """Refuse (one line, ``ConfigError``) a result with an infinite or nan number anywhere in ``data`` (its
+    ``as_dict()``): hardware or model numbers so extreme that a time overflowed. Checked before anything is
+    printed, so ``--json`` never meets one (``strict_json`` would raise) and text never shows "inf s"."""
+    bad = _first_non_finite(data, "")
+    if bad is not None:
+        path, value = bad
+        raise ConfigError(f"{what}: {path} came out as {value}: the hardware or model numbers are too extreme "
+                          "for finite times; give realistic bandwidths, latencies and sizes")
+
+
+def _first_non_finite(data: object, path: str) -> tuple[str, float] | None:
+    if isinstance(data, float) and not math.isfinite(data):
+        return path, data
+    if isinstance(data, dict):
+        items: Any = data.items()
+    elif isinstance(data, (list, tuple)):
+        items = enumerate(data)
+    else:
+        return None
+    for key, value in items:
+        found = _first_non_finite(value, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
 def strict_json(data: object, indent: int | None = None) -> str:
     """JSON text that every parser accepts: NaN and infinities are an error here, never ``NaN`` in the
     output (inputs are checked to be finite, so one would be a bug, not bad input)."""

@@ -9,7 +9,7 @@ from pipeoffload.planner.formulas import formula1_k, offload_time
 from pipeoffload.planner.hardware import HardwareSpec
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.stagecosts import layer_copy_and_compute, layer_costs
-from pipeoffload.service.checks import check_model_shape, checked, int_at_least
+from pipeoffload.service.checks import check_finite, check_model_shape, checked, int_at_least
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,9 @@ class OffloadRatioRequest:
         if m.heads % self.tp or m.num_kv_heads % self.tp or m.ffn_size % self.tp:
             raise ConfigError(f"--tp {self.tp}: must divide the model's heads ({m.heads}), KV heads "
                               f"({m.num_kv_heads}) and FFN width ({m.ffn_size}); use a common divisor")
+        if self.tp > self.hardware.gpus_per_node:  # as estimate and plan refuse it
+            raise ConfigError(f"--tp {self.tp} is above the {self.hardware.gpus_per_node} GPUs per node (tensor "
+                              "parallelism stays inside a node); use a smaller --tp")
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,9 @@ def offload_ratio(req: OffloadRatioRequest) -> OffloadRatioResult:
     lc = layer_costs(model, hw, req.tp, partial_recompute=req.partial_recompute)
     share = 2.0 if req.shared_host_link and hw.shares_pcie_switch and req.tp > 1 else 1.0
     copy, compute = layer_copy_and_compute(lc, hw, share)
-    return OffloadRatioResult(
+    result = OffloadRatioResult(
         req, formula1_k=formula1_k(model.hidden, model.seq, hw.flops, hw.offload_bandwidth),
         cost_model_k=copy / compute, layer_compute_s=compute, layer_copy_s=copy,
         saved_bytes_per_sbh=lc.activation_bytes * req.tp / (model.tokens * model.hidden))
+    check_finite(result.as_dict(), "k")
+    return result

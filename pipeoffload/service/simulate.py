@@ -207,8 +207,9 @@ def report_dict(report: OffloadReport) -> dict:
         "offloaded_after_i": report.offloaded_after_i,  # the second window (I -> W)
         "unhidden_after_i": len(report.unhidden_after_i),
         "offloaded_units_by_window": list(report.units_by_window),
-        "planned_peak_before": report.peak_before,
-        "planned_peak_after": report.peak_after,
+        # null without an offload plan (no offload policy): the timeline's peaks are the real ones
+        "planned_peak_before": report.peak_before if report.per_rank else None,
+        "planned_peak_after": report.peak_after if report.per_rank else None,
         "budget": report.budget,
         "budget_met": report.budget_met,
         "max_stall": report.policy.max_stall,  # percent of the step without copies the plan may add

@@ -36,7 +36,7 @@ CASES = [
     ("compare 1f1b 'nope' --plots new/folder", "'nope': unknown schedule 'nope'"),
     ("k --model llama3-8b --ffn 0", "--ffn: 0 must be >= 1"),
     ("k --model llama3-8b --kv-heads 0", "--kv-heads: 0 must be >= 1"),
-    ("k --model llama3-8b --hw memory_gib=abc", "--hw memory_gib=abc: could not convert"),
+    ("k --model llama3-8b --hw memory_gib=abc", "--hw memory_gib=abc: not a number"),
     ("k --model llama3-8b --hw d2h_gbps=inf", "--hw d2h_gbps=inf: not a finite number"),
     ("k --model llama3-8b --offload-bw inf", "--offload-bw inf: not a finite number"),
     ("k --model llama3-8b --tp 0", "tp: 0 must be >= 1"),
