@@ -24,7 +24,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         job.add_argument(f"--{flag}", type=positive_int, default=1, help=f"{flag.upper()} size (default 1)")
     job.add_argument("--global-batch", type=positive_int, required=True, help="sequences per optimizer step")
     job.add_argument("--schedule", default="1f1b", help="schedule family (default 1f1b; see `pipeoffload schedules`)")
-    job.add_argument("--stages-per-rank", type=positive_int, default=1, help="v for interleaved families (default 1)")
+    job.add_argument("--stages-per-rank", type=positive_int, default=None,
+                     help="v for interleaved families (default: the family's own, as simulate: 2 for "
+                          "interleaved-1f1b and group-interleaved, 2 for V shapes, else 1); a v the family "
+                          "cannot run is refused")
     job.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none",
                      help="Megatron activation recomputation: none, selective (attention core) or full (every layer)")
     job.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=True,

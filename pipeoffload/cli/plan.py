@@ -12,8 +12,10 @@ from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.compare_tp import BASELINES
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.measured import load_layer_costs
+from pipeoffload.planner.plans import DEFAULT_SCHEDULES, SUPERSEDED
 from pipeoffload.planner.report import plan_warning
 from pipeoffload.planner.stagecosts import HOST_LINK_MODES, TrainingSetup
+from pipeoffload.schedules import schedule_names
 from pipeoffload.service import CompareTPRequest, PlanRequest, compare_tp, plan, strict_json
 
 log = logging.getLogger(__name__)
@@ -49,14 +51,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     job.add_argument("--shared-host-link", nargs="?", const="alternating", default="private",
                      choices=HOST_LINK_MODES, metavar="MODE",
                      help="model two GPUs sharing one PCIe switch: alternating (the reference's slots; "
-                          "the default MODE) or serialized (default: every GPU has its own link)")
+                          "the MODE when the flag is given alone) or serialized; private: every GPU has its own "
+                          "link (the default without the flag)")
     job.add_argument("--no-sequence-parallel", action="store_true",
                      help="tensor parallelism without Megatron's sequence parallelism")
     job.add_argument("--no-distributed-optimizer", action="store_true",
                      help="keep the full optimizer state on every data-parallel replica")
     space = parser.add_argument_group("search space")
-    space.add_argument("--schedules", type=_words, help="families to try (default: 1f1b, interleaved-1f1b, "
-                       "group-interleaved where available)")
+    space.add_argument("--schedules", type=_words,
+                       help=f"families to try, comma-separated (default: {', '.join(default_families())})")
     space.add_argument("--tp", type=_ints, help="tensor-parallel sizes (default: divisors up to GPUs per node)")
     space.add_argument("--pp", type=_ints, help="pipeline sizes (default: all divisors)")
     space.add_argument("--stages-per-rank", type=_ints, default=(2, 4), help="v for multi-stage families (2,4)")
@@ -88,6 +91,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--match-memory", action="store_true",
                      help="with --compare-tp: PP + offload may use no more activation memory than the baseline plan")
     parser.set_defaults(run=run)
+
+
+def default_families() -> tuple[str, ...]:
+    """The families ``plan`` searches without ``--schedules`` (``PlanRequest.families``'s default)."""
+    known = set(schedule_names())
+    return tuple(n for n in DEFAULT_SCHEDULES if n in known and SUPERSEDED.get(n) not in known)
 
 
 def memory_budget(args: argparse.Namespace, capacity: float, gpu: str) -> float:

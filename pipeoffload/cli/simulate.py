@@ -88,7 +88,7 @@ def format_summary(timeline: Timeline, time_unit: str = TIME_UNIT, k: float | No
         + (f" (copies planned for k={planned:g})" if planned is not None and planned != k else ""),
         f"makespan {timeline.makespan:g} {time_unit}   bubble {timeline.bubble_ratio:.2%}   "
         f"peak {rank_units(timeline.peak_rank_units)} ({counted(timeline.peak_activation_units, 'activation unit')})"
-        + (f"   stall {timeline.stall:g} {time_unit}" if timeline.stall else ""),
+        + (f"   stall {timeline.stall:g} {time_unit} (summed over ranks)" if timeline.stall else ""),
         f"rank  busy({time_unit})  bubble  peak(device)  peak(host)  stall({time_unit})   [memory in {MEMORY_UNIT}]",
     ]
     for r in timeline.per_rank:

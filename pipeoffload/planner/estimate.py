@@ -70,7 +70,7 @@ class EstimateRequest:
     dp: int = 1
     global_batch: int
     schedule: str = "1f1b"
-    stages_per_rank: int = 1
+    stages_per_rank: int | None = None  # None: the family's own (2 for interleaved-1f1b, as ``simulate``)
     recompute: str = "none"
     sequence_parallel: bool = True
     distributed_optimizer: bool = False
@@ -89,6 +89,8 @@ class EstimateRequest:
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "dp", "global_batch", "stages_per_rank"):
             value = getattr(self, key)
+            if key == "stages_per_rank" and value is None:
+                continue
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
         if self.recompute not in RECOMPUTE_MODES:
@@ -115,9 +117,15 @@ class EstimateRequest:
         spec = get_spec(self.schedule)  # an unknown family fails here with the valid names
         v = self.stages_for(spec)
         asked = self.stages_per_rank
-        if asked > 1 and asked != v or (asked > 1 and not spec.interleaved and not spec.fixed_stages_per_rank):
-            raise ConfigError(f"--stages-per-rank {asked}: schedule {self.schedule} runs {v} stage(s) per rank; "
-                              "use an interleaved family such as interleaved-1f1b, or drop the flag")
+        runs = 1 if not spec.interleaved and not spec.fixed_stages_per_rank else v
+        if asked is not None and asked != runs and not spec.interleaved:  # never silently another v
+            fix = ("use an interleaved family such as interleaved-1f1b, or drop the flag" if runs == 1
+                   else f"give {runs} or drop the flag")
+            raise ConfigError(f"--stages-per-rank {asked}: schedule {self.schedule} runs {runs} stage(s) per rank; "
+                              + fix)
+        if spec.interleaved and self.pp == 1:
+            raise ConfigError(f"--schedule {spec.name} interleaves stages over the pipeline ranks and needs --pp > 1 "
+                              "(at --pp 1 it would be 1F1B); use --schedule 1f1b or a larger --pp")
         if self.grad_accumulation not in GRAD_ACCUMULATION:
             raise ConfigError(f"grad accumulation {self.grad_accumulation!r}: use one of {', '.join(GRAD_ACCUMULATION)}")
         if self.split not in SPLITS:
@@ -138,9 +146,12 @@ class EstimateRequest:
                               f"--pp {self.pp}; change --global-batch or --microbatch-size")
 
     def stages_for(self, spec: ScheduleSpec | None = None) -> int:
-        """Stages per rank: the family's own for fixed placements (V), else the requested v."""
+        """Stages per rank: the family's own for fixed placements (V), else the requested v, else the
+        family's default (as ``simulate``: 2 for interleaved-1f1b)."""
         spec = spec or get_spec(self.schedule)
-        return spec.stages_per_rank if spec.fixed_stages_per_rank else self.stages_per_rank
+        if spec.fixed_stages_per_rank:
+            return spec.stages_per_rank
+        return self.stages_per_rank if self.stages_per_rank is not None else spec.default_stages_per_rank()
 
     @property
     def microbatches(self) -> int:
@@ -181,6 +192,7 @@ class Estimate:
     bubble_ratio: float
     layers_per_stage: tuple[int, ...]
     warnings: tuple[str, ...] = field(default=())
+    partial_recompute: bool = False  # LGD partial recomputation applied (what an offload policy implies)
 
     @property
     def memory_worst(self) -> float:
@@ -192,7 +204,8 @@ class Estimate:
             "model": r.model.name, "gpu": r.hardware.name,
             "layout": {"tp": r.tp, "pp": r.pp, "dp": r.dp, "gpus": r.layout.gpus},
             "schedule": r.schedule, "stages_per_rank": r.stages_for(), "microbatch_size": r.model.microbatch,
-            "microbatches": self.microbatches, "global_batch": r.global_batch, "recompute": r.recompute,
+            "microbatches": self.microbatches, "global_batch": r.global_batch, "seq": r.model.seq,
+            "recompute": r.recompute, "partial_recompute": self.partial_recompute,
             "sequence_parallel": r.sequence_parallel, "flash_attention": r.model.flash_attention,
             "distributed_optimizer": r.distributed_optimizer, "offload": r.offload,
             "grad_accumulation": r.grad_accumulation, "p2p": r.p2p,
@@ -229,14 +242,23 @@ def estimate(req: EstimateRequest) -> Estimate:
     gpus = req.layout.gpus
     mfu = model_flops / (step * gpus * req.hardware.peak_flops)
     breakdown = _breakdown(req, lc, sc, sim, no_p2p, dp_time, placement)
-    warnings = tuple(w for w in (mfu_warning(req.hardware, req.model, mfu),) if w) + sim.warnings
+    warnings = tuple(w for w in (mfu_warning(req.hardware, req.model, mfu), _budget_warning(req)) if w) + sim.warnings
     return Estimate(
         request=req, step_seconds=step, mfu=mfu, tflops_per_gpu=model_flops / step / gpus / 1e12,
         tokens_per_second=req.global_batch * req.model.seq / step, microbatches=m,
         memory_per_rank=memory, activation_per_rank=activations,
         host_bytes=max(sim.host_units) * sc.unit_bytes, fits=max(memory) <= req.budget * (1 + 1e-12),
         breakdown=breakdown, bubble_ratio=sim.bubble_ratio, layers_per_stage=sc.layers_per_stage,
-        warnings=warnings)
+        warnings=warnings, partial_recompute=lgd)
+
+
+def _budget_warning(req: EstimateRequest) -> str | None:
+    """A ``memory_budget`` above the device is capped (``budget``), and says so as ``plan`` does."""
+    cap = req.hardware.memory_bytes
+    if req.memory_budget is None or req.memory_budget <= cap * (1 + 1e-12):
+        return None
+    return (f"--memory {req.memory_budget / GIB:g} GiB is above the {req.hardware.name}'s {cap / GIB:.2f} GiB; "
+            f"fits is checked against {cap / GIB:.2f} GiB (raise it with --hw memory_gib=...)")
 
 
 def _simulate(req: EstimateRequest, choice: ScheduleChoice, m: int, costs: CostModel) -> SimSummary:

@@ -51,14 +51,42 @@ def find_plans(req: PlanRequest) -> SearchResult:
         return _find_plans(req)
 
 
+def _no_candidate_message(req: PlanRequest, skipped: dict[str, int]) -> str:
+    """The one line for a search with nothing to try, naming the real cause: no family to try, a --pp
+    that does not divide the GPUs (or is more stages than the layers fill), then the skipped layouts'
+    own reasons (a batch not divisible by DP x microbatch size)."""
+    what = f"no layout for {req.gpus} GPUs and global batch {req.global_batch}"
+    if not req.families():
+        return f"{what}: the list of schedule families (--schedules) is empty; name at least one, e.g. --schedules 1f1b"
+    hw, model = req.hardware, req.model
+    tps = [t for t in (req.tp_sizes or [t for t in range(1, req.gpus + 1) if t <= hw.gpus_per_node])
+           if not (req.gpus % t or model.heads % t or model.num_kv_heads % t or model.ffn_size % t)]
+    stages = model.layers + (2 if req.split == "balanced" else 0)
+    if req.pp_sizes and tps:
+        dividing = [pp for pp in req.pp_sizes if any((req.gpus // t) % pp == 0 for t in tps)]
+        if not dividing:
+            sizes = ", ".join(str(p) for p in req.pp_sizes)
+            return (f"{what}: --pp {sizes} does not divide the GPUs left per pipeline ({req.gpus} / TP for TP in "
+                    f"{', '.join(map(str, tps))}); use a --pp that divides {req.gpus} / TP")
+        if all(pp > stages for pp in dividing):
+            return (f"{what}: --pp {', '.join(map(str, dividing))} is more stages than the {model.layers} layers "
+                    f"fill; use --pp {stages} or fewer")
+    reasons = "; ".join(f"{k} ({n}x)" for k, n in skipped.items())
+    if "global batch not divisible by DP x microbatch size" in skipped:
+        return (f"{what}: {reasons}; pick a global batch divisible by the data-parallel size x microbatch size")
+    if reasons:
+        return f"{what}: {reasons}"
+    return (f"{what}: no schedule of {', '.join(req.families())} runs on the layouts the flags allow (every family "
+            "but 1f1b needs PP > 1; interleaved-1f1b needs the microbatches to be a multiple of PP); widen --pp, "
+            "--tp or --schedules")
+
+
 def _find_plans(req: PlanRequest) -> SearchResult:
     start = time.perf_counter()
     skipped: dict[str, int] = {}
     cands = enumerate_candidates(req, skipped)
     if not cands:
-        reasons = "; ".join(f"{k} ({n}x)" for k, n in skipped.items()) or "no PP x TP x DP split of the GPUs"
-        raise ConfigError(f"no layout for {req.gpus} GPUs and global batch {req.global_batch}: {reasons}; "
-                          "pick a global batch divisible by the data-parallel size x microbatch size")
+        raise ConfigError(_no_candidate_message(req, skipped))
     search = _Search(req, skipped)
     for cand in cands:
         search.add(cand)

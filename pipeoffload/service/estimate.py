@@ -32,17 +32,39 @@ class EstimateResult:
 
     def text(self) -> str:
         e, r = self.estimate, self.request
+        offload = f"offload {r.offload}" + (" with LGD partial recomputation" if e.partial_recompute else "")
         return "\n".join([
             f"{r.model.name} on {r.layout.gpus} x {r.hardware.name}: TP{r.tp} PP{r.pp} DP{r.dp}, {r.schedule} "
-            f"v={r.stages_for()}, microbatch {r.model.microbatch} x {e.microbatches}, recompute {r.recompute}",
-            f"step {e.step_seconds:.3f} s   MFU {e.mfu:.1%}   {e.tflops_per_gpu:.1f} TFLOP/s per GPU   "
-            f"{e.tokens_per_second:,.0f} tokens/s",
-            f"memory: worst rank {e.memory_worst / GIB:.1f} GiB of {r.budget / GIB:.1f} GiB "
+            f"v={r.stages_for()}, seq {r.model.seq:,}, microbatch {r.model.microbatch} x {e.microbatches}, "
+            f"recompute {r.recompute}, {offload}",
+            f"step {seconds(e.step_seconds)}   MFU {e.mfu:.1%}   {e.tflops_per_gpu:.1f} TFLOP/s per GPU   "
+            f"{e.tokens_per_second:,.0f} tokens/s   pipeline bubble {e.bubble_ratio:.1%} (idle share of all "
+            "ranks, as plan's bubble column)",
+            f"memory: worst rank {gib(e.memory_worst)} GiB of {r.budget / GIB:.1f} GiB "
             f"({'fits' if e.fits else 'DOES NOT FIT'}); per rank "
-            + " ".join(f"{x / GIB:.1f}" for x in e.memory_per_rank)
-            + (f"; host {e.host_bytes / GIB:.1f} GiB" if e.host_bytes else ""),
-            "time on the busiest rank: " + ", ".join(
-                f"{k.replace('_', ' ')} {v:.3f} s ({v / e.step_seconds:.1%})" for k, v in e.breakdown.items())])
+            + " ".join(gib(x) for x in e.memory_per_rank)
+            + (f"; host {gib(e.host_bytes)} GiB" if e.host_bytes else ""),
+            "time on the busiest rank (share of the step): " + ", ".join(
+                f"{_LABELS.get(k, k.replace('_', ' '))} {seconds(v)} ({v / e.step_seconds:.1%})"
+                for k, v in e.breakdown.items())])
+
+
+# the busiest rank's idle time is not the pipeline's bubble ratio (plan's column, the step line's figure)
+_LABELS = {"bubble": "its bubble"}
+
+
+def gib(value: float) -> str:
+    """Bytes in GiB, with two significant digits below 0.1 GiB (never "0.0" for a small model)."""
+    return f"{value / GIB:.1f}" if value == 0 or value >= 0.1 * GIB else f"{value / GIB:.2g}"
+
+
+def seconds(value: float) -> str:
+    """A duration with enough digits not to read 0 for a small model: seconds down to 10 ms, then ms or us."""
+    if value == 0 or abs(value) >= 0.01:
+        return f"{value:.3f} s"
+    if abs(value) >= 1e-5:
+        return f"{value * 1e3:.3g} ms"
+    return f"{value * 1e6:.3g} us"
 
 
 def estimate(req: EstimateRequest) -> EstimateResult:
