@@ -69,6 +69,10 @@ def test_hw_network_applies_the_preset_like_the_network_flag(tmp_path: Path) -> 
     assert spec.internode_bandwidth == hardware_preset("a100").with_network("roce-100").internode_bandwidth
     path.write_text('preset = "a100"\nnetwork = "roce-100"\ninternode_gbps = 5\n')  # an explicit figure wins
     assert load_hardware(path).internode_bandwidth == 5e9
+    path.write_text('memory_gib = 80\npeak_tflops = 312\nachievable_fraction = 0.7\nd2h_gbps = 15\nh2d_gbps = 15\n'
+                    'network = "roce-100"\nshares_pcie_switch = "yes"\n')  # no preset: every field given
+    spec = load_hardware(path)
+    assert (spec.network, spec.internode_bandwidth, spec.shares_pcie_switch) == ("roce-100", 10.5e9, True)
     _refused(f"{EST} --network ib-ndr --hw network=roce-100", "disagree")
     _refused(f"{EST} --hw network=token-ring", "unknown network 'token-ring'")
 
