@@ -14,7 +14,8 @@ from typing import Any
 from pipeoffload.errors import ConfigError
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
-_MOE_FIELDS = ("num_local_experts", "num_experts", "moe_intermediate_size", "num_experts_per_tok")
+# the usual config.json keys of a mixture of experts (Mixtral, Qwen2-MoE, DeepSeek, ...), besides moe_*
+_MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "n_shared_experts", "num_experts_per_tok")
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ class LlamaShape:
         from pipeoffload.planner.model import ModelSpec
 
         return ModelSpec(name=name, layers=self.layers, hidden=self.hidden, heads=self.heads,
-                         kv_heads=self.n_kv_heads, ffn=self.ffn, seq=seq, vocab=self.vocab, gated_mlp=True,
+                         kv_heads=self.n_kv_heads, head_size=self.head_dim or None, ffn=self.ffn, seq=seq, vocab=self.vocab, gated_mlp=True,
                          dropout=False, bias=self.qkv_bias, tied_embeddings=self.tie_embeddings)
 
 
@@ -149,13 +150,19 @@ def _head_dim(cfg: dict[str, Any]) -> int:
     return int(explicit)
 
 
+def moe_field(cfg: dict[str, Any]) -> str | None:
+    """The first key saying ``cfg`` is a mixture of experts (a set expert count or ``moe_*`` field), or None."""
+    keys = [*_MOE_FIELDS, *(k for k in cfg if k.startswith("moe_"))]
+    return next((k for k in keys if cfg.get(k)), None)
+
+
 def _refuse_unsupported(cfg: dict[str, Any], arch: str, where: str) -> None:
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"{where}: hidden_act={act!r} is not supported; the Llama MLP is SwiGLU ('silu')")
-    for key in _MOE_FIELDS:
-        if cfg.get(key):
-            raise ConfigError(f"{where}: {key}={cfg[key]!r}: mixtures of experts are not supported")
+    key = moe_field(cfg)
+    if key is not None:
+        raise ConfigError(f"{where}: {key}={cfg[key]!r}: mixtures of experts are not supported")
     window = cfg.get("sliding_window")
     uses_window = cfg.get("use_sliding_window", arch == "MistralForCausalLM")
     if window is not None and uses_window:

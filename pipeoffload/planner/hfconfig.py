@@ -6,7 +6,9 @@ trained model see the same shape (and the same refusals). Any other config is re
 Llama/Mistral/Qwen keys (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
 ``num_key_value_heads``, ``intermediate_size``, ``vocab_size``, ``max_position_embeddings``,
 ``hidden_act``, ``tie_word_embeddings``) and GPT-2's (``n_layer``, ``n_embd``, ``n_head``,
-``n_positions``). A SiLU/SwiGLU activation means a gated MLP without biases or dropout, as in Llama.
+``n_positions``), and ``head_dim`` where it is not ``hidden_size / num_attention_heads`` (Mistral-Nemo).
+A SiLU/SwiGLU activation means a gated MLP without biases or dropout, as in Llama. A mixture of experts
+is refused (``llama_config.moe_field``): the planner models dense layers only.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.llama_config import ARCHITECTURES, LlamaShape
+from pipeoffload.llama_config import ARCHITECTURES, LlamaShape, moe_field
 from pipeoffload.planner.model import ModelSpec
 
 _KEYS = {  # ModelSpec field -> config.json keys, first found wins
@@ -39,6 +41,10 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
     except (OSError, ValueError) as err:
         raise ConfigError(f"hf:{directory}: cannot read {path} ({err}); give a directory holding config.json") from None
     source = f"hf:{(path.parent if path.name == 'config.json' else path).resolve()}"
+    moe = moe_field(data)
+    if moe is not None:  # read as dense it would pass for a model of its active experts' size
+        raise ConfigError(f"hf:{directory}: {moe}={data[moe]!r}: mixtures of experts are not modelled "
+                          "by the planner (dense layers only)")
     if _is_llama_family(data):
         shape = LlamaShape.from_hf(data, where=str(path))
         return shape.model_spec(_name(data, path), shape.max_positions).with_(source=source)
@@ -55,7 +61,16 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
     gated = act in ("silu", "swiglu", "swish")
     values.setdefault("seq", 2048)
     return ModelSpec(name=_name(data, path), gated_mlp=gated, dropout=not gated, bias=not gated,
+                     head_size=_head_size(data, values),
                      tied_embeddings=bool(data.get("tie_word_embeddings", not gated)), **values)
+
+
+def _head_size(data: dict[str, Any], values: dict[str, Any]) -> int | None:
+    """config.json's ``head_dim`` where it sets the attention width apart from the hidden size, else None."""
+    explicit = data.get("head_dim")
+    if not explicit or int(explicit) * values["heads"] == values["hidden"]:
+        return None
+    return int(explicit)
 
 
 def _name(data: dict[str, Any], path: Path) -> str:

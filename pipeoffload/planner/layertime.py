@@ -5,14 +5,15 @@ tensor-parallel collectives as Megatron-LM issues them. Per layer and microbatch
 ranks, with ``T = s*b`` tokens, hidden ``h``, FFN width ``f``:
 
 GEMMs (each runs forward, input-gradient (I) and weight-gradient (W) at the same rate):
-  QKV ``[T, h] x [h, (h + 2 kv)/tp]``, projection ``[T, h/tp] x [h/tp, h]``,
+  QKV ``[T, h] x [h, (A + 2 kv)/tp]``, projection ``[T, A/tp] x [A/tp, h]`` (``A`` = heads x head_dim,
+  ``h`` unless the config sets head_dim apart; ``kv`` = kv_heads x head_dim),
   FC1 ``[T, h] x [h, f/tp]`` (2f/tp gated), FC2 ``[T, f/tp] x [f/tp, h]``;
   attention core: ``b*a/tp`` score GEMMs ``[s, d] x [d, s]`` and as many ``[s, s] x [s, d]``; its
   backward is twice its forward; flash attention recomputes the scores in backward (+1/2 forward
   core, FlashAttention-2's 2.5x), Megatron's selective recomputation the whole core (+1 forward; with
   flash attention Megatron-core checkpoints the fused kernel, which then runs its forward again too).
 Element-wise kernels (bytes moved per token, 2-byte elements, forward; backward moves twice as much):
-  LayerNorm 2 x 4h, bias-dropout-residual 2 x 7h (6h without dropout), Q/K/V and context permutes 4h,
+  LayerNorm 2 x 4h, bias-dropout-residual 2 x 7h (6h without dropout), Q/K/V and context permutes 4A,
   GeLU 4f (SwiGLU 6f), unfused softmax + dropout 9 bytes per score (forward) and 11 (backward);
   LayerNorm and dropout-residual run on ``T/tp`` tokens with sequence parallelism, on all ``T`` without.
 Collectives (``HardwareSpec.collective_time`` of the full ``T*h`` tensor, ``c`` each):
@@ -45,12 +46,11 @@ class LayerTimes:
 
 def _linears(model: ModelSpec, tp: int) -> dict[str, tuple[float, float, float]]:
     """(M, N, K) of each linear layer's forward GEMM on one of ``tp`` ranks."""
-    t, h = model.tokens, model.hidden
-    kv = model.num_kv_heads * model.head_dim
+    t, h, q, kv = model.tokens, model.hidden, model.attention_width, model.kv_width
     f = model.ffn_size
     return {
-        "qkv": (t, (h + 2 * kv) / tp, h),
-        "proj": (t, h, h / tp),
+        "qkv": (t, (q + 2 * kv) / tp, h),
+        "proj": (t, h, q / tp),
         "fc1": (t, f * (2 if model.gated_mlp else 1) / tp, h),
         "fc2": (t, h, f / tp),
     }
@@ -74,7 +74,7 @@ def elementwise_bytes(model: ModelSpec, tp: int, sequence_parallel: bool = True)
     scale = model.dtype_bytes / 2
     residual = 4 + (7 if model.dropout else 6)  # LayerNorm + bias-dropout-residual, twice per layer
     norm_part = 2 * residual * t * h / (tp if sequence_parallel else 1)
-    sharded = (4 * t * h + (6 if model.gated_mlp else 4) * f * t) / tp
+    sharded = (4 * t * model.attention_width + (6 if model.gated_mlp else 4) * f * t) / tp
     forward = (norm_part + sharded) * scale
     backward = 2 * forward
     if not model.flash_attention:
@@ -105,8 +105,8 @@ def layer_times(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *, sequence_par
         scores = model.microbatch * model.heads / tp * model.seq ** 2
         recompute_core = core + elementwise_time(hw, (9 if model.dropout else 4) * scores * model.dtype_bytes / 2)
     comm_f, comm_i, comm_w, comm_b = _tp_comm(model, hw, tp, lin, sequence_parallel)
-    lgd = (elementwise_time(hw, model.recompute_elementwise_bytes() / tp) if not flat else
-           model.recompute_elementwise_bytes() / tp / hw.hbm_bandwidth) if partial_recompute else 0.0
+    lgd_bytes = model.recompute_elementwise_bytes(tp, sequence_parallel)
+    lgd = (lgd_bytes / hw.hbm_bandwidth if flat else elementwise_time(hw, lgd_bytes)) if partial_recompute else 0.0
     f = gemms + core + t_ew_f + comm_f
     i = gemms + 2 * core + recompute_core + t_ew_b + comm_i + lgd
     w = gemms + comm_w

@@ -1,31 +1,34 @@
 """Decoder-only transformer description and its cost formulas (FLOPs, activation and state bytes).
 
 Everything here is per microbatch and per *layer* unless the name says otherwise, for a tensor-parallel
-size ``tp`` with sequence parallelism (activations and FLOPs of a layer both divide by ``tp``, as in
-Megatron-LM with ``--sequence-parallel``). Units: FLOPs and bytes.
+size ``tp``: FLOPs of a layer divide by ``tp``; its activations do with sequence parallelism (Megatron-LM's
+``--sequence-parallel``, the default), and without it the norms' inputs and outputs and the dropout masks
+are replicated on every TP rank (marked "repl." below). Units: FLOPs and bytes.
 
 Activation bytes follow Korthikanti et al. ("Reducing Activation Recomputation in Large Transformer
 Models"), generalised to grouped-query attention, any FFN width, gated (SwiGLU) MLPs and models without
-dropout. In units of ``s*b*h`` bytes (2-byte elements), one layer saves:
+dropout and an attention width ``A = heads * head_dim`` other than ``h`` (Mistral-Nemo). In units of
+``s*b*h`` bytes (2-byte elements), one layer saves:
 
 ==========================  ==================  =============================
 tensor                      GPT (ffn=4h, MHA)   general
 ==========================  ==================  =============================
-LN1 input (residual)        2                   2
-LN1 output = QKV input      2                   2                (LGD: recomputed)
-Q / K / V                   2 / 2 / 2           2 / 2*kv/a / 2*kv/a
-attention output = proj in  2                   2
-attention dropout mask      1                   1 if dropout     (LGD: regenerated)
-LN2 input (residual)        2                   2
-LN2 output = fc1 input      2                   2                (LGD: recomputed)
+LN1 input (residual)        2 (repl.)           2                (repl.)
+LN1 output = QKV input      2 (repl.)           2                (repl.; LGD: recomputed)
+Q / K / V                   2 / 2 / 2           2*A/h / 2*kv*d/h / 2*kv*d/h
+attention output = proj in  2                   2*A/h
+attention dropout mask      1 (repl.)           1 if dropout     (repl.; LGD: regenerated)
+LN2 input (residual)        2 (repl.)           2                (repl.)
+LN2 output = fc1 input      2 (repl.)           2                (repl.; LGD: recomputed)
 activation input            8                   2*f/h (x2 if gated)
 activation output = fc2 in  8                   2*f/h            (LGD: recomputed)
-MLP dropout mask            1                   1 if dropout     (LGD: regenerated)
+MLP dropout mask            1 (repl.)           1 if dropout     (repl.; LGD: regenerated)
 ==========================  ==================  =============================
 
-That is 34*sbh for GPT, plus ``5*a*s^2*b`` (softmax output, its dropout mask and dropout output;
-``2*a*s^2*b`` without dropout) when attention is not a fused flash kernel. "LGD" is the reference's
-partial recomputation of LayerNorm, GeLU and dropout: 20*sbh for GPT, the constant behind Formula 1.
+That is 34*sbh/t for GPT with sequence parallelism and ``(10 + 24/t)*sbh`` without (Korthikanti et al.,
+Table 2), plus ``5*a*s^2*b/t`` (softmax output, its dropout mask and dropout output; ``2*a*s^2*b/t``
+without dropout) when attention is not a fused flash kernel. "LGD" is the reference's partial
+recomputation of LayerNorm, GeLU and dropout: 20*sbh for GPT, the constant behind Formula 1.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ class ModelSpec:
     hidden: int
     heads: int
     kv_heads: int | None = None  # None: multi-head attention (= heads)
+    head_size: int | None = None  # per-head width (config.json's head_dim); None: hidden // heads
     ffn: int | None = None  # None: 4 * hidden
     seq: int
     vocab: int = 50257
@@ -60,7 +64,9 @@ class ModelSpec:
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"model {key}={value!r}: must be an integer >= 1")
-        if self.hidden % self.heads:
+        if self.head_size is not None and (not isinstance(self.head_size, int) or self.head_size < 1):
+            raise ConfigError(f"model head_size={self.head_size!r}: must be an integer >= 1")
+        if self.head_size is None and self.hidden % self.heads:
             raise ConfigError(f"model hidden={self.hidden} is not divisible by heads={self.heads}; "
                               "pick heads that divide the hidden size")
         if self.heads % self.num_kv_heads:
@@ -78,7 +84,17 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.hidden // self.heads if self.head_size is None else self.head_size
+
+    @property
+    def attention_width(self) -> int:
+        """Width of Q and of the attention output (heads x head_dim): hidden unless head_dim is set apart."""
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Width of K (and of V): kv_heads x head_dim."""
+        return self.num_kv_heads * self.head_dim
 
     @property
     def tokens(self) -> int:
@@ -97,15 +113,15 @@ class ModelSpec:
     # ---- parameters --------------------------------------------------------------------------
     def matrix_params_per_layer(self) -> int:
         """Weights of the layer's GEMMs (what forward FLOPs and W FLOPs scale with)."""
-        h, kv = self.hidden, self.num_kv_heads * self.head_dim
-        attention = h * (h + 2 * kv) + h * h
+        h, q, kv = self.hidden, self.attention_width, self.kv_width
+        attention = h * (q + 2 * kv) + q * h  # QKV, then the projection back from q to h
         mlp = h * self.ffn_size * (3 if self.gated_mlp else 2)
         return attention + mlp
 
     def params_per_layer(self) -> int:
-        h, kv = self.hidden, self.num_kv_heads * self.head_dim
+        h, q, kv = self.hidden, self.attention_width, self.kv_width
         norms = 2 * h * (2 if self.bias else 1)
-        biases = (h + 2 * kv) + h + self.ffn_size * (2 if self.gated_mlp else 1) + h if self.bias else 0
+        biases = (q + 2 * kv) + h + self.ffn_size * (2 if self.gated_mlp else 1) + h if self.bias else 0
         return self.matrix_params_per_layer() + norms + biases
 
     def embedding_params(self) -> int:
@@ -121,8 +137,9 @@ class ModelSpec:
 
     # ---- FLOPs (per microbatch) --------------------------------------------------------------
     def attention_flops(self) -> int:
-        """Score (Q K^T) and context (P V) GEMMs of one layer: 4*b*s^2*h, not halved for causality."""
-        return 4 * self.microbatch * self.seq * self.seq * self.hidden
+        """Score (Q K^T) and context (P V) GEMMs of one layer: 4*b*s^2*A (A = heads x head_dim, h unless
+        head_dim is set apart), not halved for causality."""
+        return 4 * self.microbatch * self.seq * self.seq * self.attention_width
 
     def layer_forward_flops(self, tp: int = 1) -> float:
         """Forward FLOPs of one layer on one of ``tp`` ranks; 24bsh^2 + 4bs^2h for GPT shapes."""
@@ -145,18 +162,24 @@ class ModelSpec:
         return 3 * (self.layers * self.layer_forward_flops() + self.head_fiw_flops()[0])
 
     # ---- activation bytes (per microbatch) ---------------------------------------------------
+    def activation_terms(self, partial_recompute: bool = False) -> tuple[float, float]:
+        """Saved bytes of one layer per token per hidden unit, no s^2 term, as (replicated, split): the
+        first are on every TP rank without sequence parallelism (norm inputs and outputs, dropout
+        masks: 10 for GPT, 4 with LGD), the second always split over TP (24 for GPT, 16 with LGD)."""
+        h = self.hidden
+        q, kv, f = self.attention_width / h, self.kv_width / h, self.ffn_size / h
+        norm_in, norm_out = 2 + 2, 2 + 2  # LN1/LN2 inputs; outputs = QKV and fc1 inputs
+        masks = 2.0 if self.dropout else 0.0
+        attention = 2 * q + 4 * kv + 2 * q  # Q, K + V, projection input
+        act_in, act_out = 2 * f * (2 if self.gated_mlp else 1), 2 * f
+        if partial_recompute:  # LGD recomputes norm and activation outputs, regenerates the masks
+            norm_out, masks, act_out = 0, 0.0, 0.0
+        scale = self.dtype_bytes / 2
+        return (norm_in + norm_out + masks) * scale, (attention + act_in + act_out) * scale
+
     def activation_coefficient(self, partial_recompute: bool = False) -> float:
         """Saved bytes of one layer per token per hidden unit (34 for GPT, 20 with LGD), no s^2 term."""
-        h, a = self.hidden, self.heads
-        f_ratio = self.ffn_size / h
-        kv_ratio = self.num_kv_heads / a
-        masks = 2.0 if self.dropout else 0.0
-        attention = 2 + 2 + 2 + 4 * kv_ratio + 2  # LN1 in, QKV in, Q, K+V, proj in
-        mlp = 2 + 2 + 2 * f_ratio * (2 if self.gated_mlp else 1) + 2 * f_ratio  # LN2 in, fc1 in, act in, act out
-        total = attention + mlp + masks
-        if partial_recompute:
-            total -= 2 + 2 + 2 * f_ratio + masks  # LN outputs, activation output, dropout masks
-        return total * self.dtype_bytes / 2
+        return sum(self.activation_terms(partial_recompute))
 
     def attention_score_bytes(self, partial_recompute: bool = False) -> float:
         """The s^2 term of an unfused attention: 5*a*s^2*b bytes with dropout, 2*a*s^2*b without."""
@@ -167,42 +190,56 @@ class ModelSpec:
             per -= 1.0  # the probability-dropout mask is regenerated
         return per * self.heads * self.seq * self.seq * self.microbatch * self.dtype_bytes / 2
 
-    def layer_weight_input_bytes(self, tp: int = 1) -> float:
+    def layer_weight_input_bytes(self, tp: int = 1, sequence_parallel: bool = True) -> float:
         """What the weight-gradient pass (W) of one layer needs after I: the inputs of its linear layers,
-        QKV input (LN1 output, 2*sbh), attention projection input (2*sbh), fc1 input (LN2 output,
+        QKV input (LN1 output, 2*sbh), attention projection input (2*A/h*sbh), fc1 input (LN2 output,
         2*sbh) and fc2 input (the activation output, 2*f/h*sbh): 14*sbh for GPT. W computes each
-        weight gradient as input^T x output gradient, so nothing else it saved is needed."""
-        per_sbh = 2 + 2 + 2 + 2 * self.ffn_size / self.hidden
-        return per_sbh * self.tokens * self.hidden * self.dtype_bytes / 2 / tp
+        weight gradient as input^T x output gradient, so nothing else it saved is needed. Without
+        sequence parallelism the QKV and fc1 inputs (norm outputs) are whole on every TP rank."""
+        h = self.hidden
+        replicated = 2 + 2
+        split = 2 * self.attention_width / h + 2 * self.ffn_size / h
+        return self._per_rank(replicated, split, tp, sequence_parallel) * self.tokens * h
 
-    def layer_w_fraction(self, tp: int = 1, partial_recompute: bool = False) -> float:
+    def layer_w_fraction(self, tp: int = 1, partial_recompute: bool = False,
+                         sequence_parallel: bool = True) -> float:
         """w_fraction of one layer: ``layer_weight_input_bytes / layer_activation_bytes`` (at most 1):
         14/34 = 0.41 for GPT without the s^2 scores, 14/20 = 0.7 with LGD (the backward recomputes the
         LayerNorm and activation outputs, which W then uses)."""
-        return min(1.0, self.layer_weight_input_bytes(tp) / self.layer_activation_bytes(tp, partial_recompute))
+        need = self.layer_weight_input_bytes(tp, sequence_parallel)
+        return min(1.0, need / self.layer_activation_bytes(tp, partial_recompute, sequence_parallel))
 
-    def head_weight_input_bytes(self, tp: int = 1) -> float:
+    def head_weight_input_bytes(self, tp: int = 1, sequence_parallel: bool = True) -> float:
         """The output projection's input (the final norm's output, 2*sbh): what the head's W needs."""
-        return 2 * self.tokens * self.hidden * self.dtype_bytes / 2 / tp
+        return self._per_rank(2, 0, tp, sequence_parallel) * self.tokens * self.hidden
 
-    def layer_activation_bytes(self, tp: int = 1, partial_recompute: bool = False) -> float:
+    def layer_activation_bytes(self, tp: int = 1, partial_recompute: bool = False,
+                               sequence_parallel: bool = True) -> float:
         """Saved activations of one layer for one microbatch on one of ``tp`` ranks."""
-        sbh = self.tokens * self.hidden
-        return (self.activation_coefficient(partial_recompute) * sbh
-                + self.attention_score_bytes(partial_recompute)) / tp
+        replicated, split = self.activation_terms(partial_recompute)
+        per_rank = (replicated / (tp if sequence_parallel else 1) + split / tp) * self.tokens * self.hidden
+        return per_rank + self.attention_score_bytes(partial_recompute) / tp
 
-    def head_activation_bytes(self, tp: int = 1) -> float:
-        """Last stage extra: final-norm input and output (4*sbh) and the fp32 softmax of the loss (4*s*b*V)."""
-        return (4 * self.tokens * self.hidden * self.dtype_bytes / 2 + 4 * self.tokens * self.vocab) / tp
+    def head_activation_bytes(self, tp: int = 1, sequence_parallel: bool = True) -> float:
+        """Last stage extra: final-norm input and output (4*sbh, whole on every TP rank without sequence
+        parallelism) and the fp32 softmax of the loss (4*s*b*V, always split over the vocabulary)."""
+        norm = self._per_rank(4, 0, tp, sequence_parallel) * self.tokens * self.hidden
+        return norm + 4 * self.tokens * self.vocab / tp
+
+    def _per_rank(self, replicated: float, split: float, tp: int, sequence_parallel: bool) -> float:
+        """Bytes per token per hidden unit on one TP rank of terms given in 2-byte elements: ``split``
+        divides by ``tp``, ``replicated`` only with sequence parallelism."""
+        return (replicated / (tp if sequence_parallel else 1) + split / tp) * self.dtype_bytes / 2
 
     def boundary_bytes(self, tp: int = 1) -> float:
         """Bytes sent between pipeline stages per microbatch (hidden states, scattered over TP ranks)."""
         return self.tokens * self.hidden * self.dtype_bytes / tp
 
-    def recompute_elementwise_bytes(self) -> float:
-        """HBM traffic of redoing LayerNorm, the MLP activation and dropout in backward (LGD): read their
-        inputs and write their outputs; memory-bound, so its time is bytes / HBM bandwidth."""
+    def recompute_elementwise_bytes(self, tp: int = 1, sequence_parallel: bool = True) -> float:
+        """HBM traffic on one of ``tp`` ranks of redoing LayerNorm, the MLP activation and dropout in
+        backward (LGD): read their inputs and write their outputs; memory-bound, so its time is bytes /
+        HBM bandwidth. Without sequence parallelism every rank redoes the norms on all tokens."""
         f_ratio = self.ffn_size / self.hidden
         act_in = 2 * f_ratio * (2 if self.gated_mlp else 1)
-        per_sbh = 2 * (2 + 2) + act_in + 2 * f_ratio  # two LayerNorms (read+write) + activation in/out
-        return per_sbh * self.tokens * self.hidden * self.dtype_bytes / 2
+        norms = 2 * (2 + 2)  # two LayerNorms, read + write
+        return self._per_rank(norms, act_in + 2 * f_ratio, tp, sequence_parallel) * self.tokens * self.hidden

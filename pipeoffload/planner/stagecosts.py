@@ -109,16 +109,17 @@ def layer_costs(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *, partial_reco
                     selective_recompute=selective_recompute)
     hf, hi, hw_, hb = head_times(model, hw, tp, sequence_parallel=sequence_parallel)
     ef, eb = embedding_times(model, hw, tp, sequence_parallel=sequence_parallel)
+    sp = sequence_parallel  # without it the norms' tensors and dropout masks are whole on every TP rank
     return LayerCosts(
         time_f=t.f, time_i=t.i, time_w=t.w, time_b=t.b,
         # selective recomputation stores no s^2 attention scores, like a fused kernel
         activation_bytes=(model.with_(flash_attention=True) if selective_recompute else model)
-        .layer_activation_bytes(tp, partial_recompute),
+        .layer_activation_bytes(tp, partial_recompute, sp),
         params=model.params_per_layer() / tp,
         boundary_bytes=model.boundary_bytes(tp),
         head_time=(hf, hi, hw_), head_time_b=hb, embedding_time=(ef, eb),
-        head_activation_bytes=model.head_activation_bytes(tp),
-        w_bytes=model.layer_weight_input_bytes(tp), head_w_bytes=model.head_weight_input_bytes(tp),
+        head_activation_bytes=model.head_activation_bytes(tp, sp),
+        w_bytes=model.layer_weight_input_bytes(tp, sp), head_w_bytes=model.head_weight_input_bytes(tp, sp),
         head_params=model.head_params() / tp,
         embedding_params=model.embedding_params() / tp,
         model_flops=model.model_flops_per_microbatch(), tp=tp,
