@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     plan = parser.add_argument_group("planner")
     plan.add_argument("--plan", choices=["auto"], help="auto: ask the planner for the layout and schedule")
     plan.add_argument("--memory", type=float, metavar="GIB", help="per-GPU memory budget for --plan auto")
-    plan.add_argument("--gpu", help="GPU preset for --plan auto (default: a100-80g)")
+    plan.add_argument("--gpu", help="GPU preset for --plan auto (default: a100; `pipeoffload plan --help` lists them)")
     parser.set_defaults(run=run)
 
 
@@ -40,6 +40,12 @@ def resolve(args: argparse.Namespace) -> tuple[Any, list[str]]:
 
     saved: dict[str, Any] = {}
     notes: list[str] = []
+    if args.plan != "auto":  # the planner's inputs: silently ignoring one would train the defaults
+        for flag, value in (("--memory", args.memory), ("--gpu", args.gpu)):
+            if value is not None:
+                shown = f"{value:g}" if isinstance(value, float) else value
+                raise ConfigError(f"{flag} {shown}: only for --plan auto (the planner's budget and GPU); add "
+                                  f"--plan auto, or leave {flag} out")
     if args.resume:
         if not (Path(args.resume) / "config.toml").is_file():
             raise ConfigError(f"--resume {args.resume!r}: no config.toml there; give the run directory of a run")
@@ -56,6 +62,7 @@ def resolve(args: argparse.Namespace) -> tuple[Any, list[str]]:
         if changes:
             notes.append(f"overriding {Path(args.resume) / 'config.toml'}: {', '.join(changes)}")
         _check_steps(args, saved, {**from_file, **given})
+        _check_out(args.resume, {**from_file, **given}.get("out"))
     if args.config:
         changes = overrides(from_file, given)
         if changes:
@@ -66,11 +73,42 @@ def resolve(args: argparse.Namespace) -> tuple[Any, list[str]]:
         flags.setdefault("group_size", 0)
     layers = [saved, {"out": args.resume} if args.resume else {}, from_file, flags]
     cfg = build_config(*layers)
+    _check_hf_tokenizer(cfg, {**from_file, **given})
     if args.plan == "auto":
         from pipeoffload.train.plan import planned_config
 
-        cfg = planned_config(cfg, args.memory, args.gpu, explicit=set(flags))
-    return validate(cfg), notes
+        # the keys given for this invocation (flags, --config) constrain the search; a resumed run's are re-planned
+        cfg = planned_config(cfg, args.memory, args.gpu, explicit=set(from_file) | set(flags))
+    cfg = validate(cfg)
+    if args.resume:
+        old = build_config(saved).model.dtype
+        if cfg.model.dtype != old:
+            notes.append(f"dtype {old} -> {cfg.model.dtype} changes the arithmetic from this step on: the losses "
+                         f"are no longer bitwise those of an uninterrupted {old} run (the checkpoint's fp32 weights "
+                         "and optimizer state load either way)")
+    return cfg, notes
+
+
+def _check_out(resume: str, out: Any) -> None:
+    """``--resume RUN`` continues RUN in RUN: another ``--out`` would fork it, leaving RUN at its checkpoint."""
+    from pathlib import Path
+
+    from pipeoffload.errors import ConfigError
+
+    if out is not None and Path(str(out)).resolve() != Path(resume).resolve():
+        raise ConfigError(f"out={str(out)!r}: --resume {resume} continues the run in its own folder; leave --out "
+                          f"out (to branch the run, copy {resume} to a new folder and --resume that copy)")
+
+
+def _check_hf_tokenizer(cfg: Any, given: dict[str, Any]) -> None:
+    """An ``hf:DIR`` model trains with the folder's tokenizer: an explicit other one is refused, not replaced."""
+    from pipeoffload.errors import ConfigError
+    from pipeoffload.train.family import kind
+
+    tok = given.get("tokenizer")
+    if tok is not None and tok != "hf" and kind(cfg.model.source) == "hf":
+        raise ConfigError(f"tokenizer={tok!r}: model={cfg.model.source!r} brings its own tokenizer (tokenizer.json); "
+                          "leave --tokenizer out")
 
 
 def _check_steps(args: argparse.Namespace, saved: dict[str, Any], given: dict[str, Any]) -> None:

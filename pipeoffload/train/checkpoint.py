@@ -129,7 +129,7 @@ def check_compatible(manifest: dict[str, Any], cfg: TrainConfig, path: Path) -> 
         if theirs != mine[key]:
             raise ConfigError(
                 f"checkpoint {str(path)!r} has {key}={theirs!r} but this run has {key}={mine[key]!r}; "
-                f"only the layout ({', '.join(LAYOUT_KEYS)}) and run options may change on resume"
+                f"only the layout ({', '.join(LAYOUT_KEYS)}), dtype and run options may change on resume"
             )
 
 

@@ -494,7 +494,7 @@ def _check_llama(cfg: TrainConfig) -> None:
 
     m, tok = cfg.model, cfg.data.tokenizer
     shape = shape_from_keys(m, 256)  # ConfigError naming heads/kv_heads/head size
-    if m.vocab:
+    if m.vocab and Path(cfg.data.path).suffix not in (".npy", ".bin"):  # a token file: checked against its ids
         least = 256 if tok == "byte" else int(tok.partition(":")[2]) if tok.startswith("bpe:") else 1
         _need(m.vocab >= least, f"vocab={m.vocab}: smaller than the tokenizer's {least} tokens; raise it or leave "
                                 "it at 0 (the tokenizer's)")

@@ -270,11 +270,16 @@ class Corpus:
         share = global_batch // dp
         return self.batch(idx[dp_rank * share:(dp_rank + 1) * share])
 
+    def val_batches_held(self, global_batch: int) -> int:
+        """Whole batches of ``global_batch`` held-out sequences (1 when there are fewer: that batch repeats some)."""
+        return max(1, self.num_val // global_batch)
+
     def val_batches(self, count: int, global_batch: int, dp: int, dp_rank: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """The first ``count`` validation batches (fixed, the same every evaluation), this replica's slice."""
+        """The first ``count`` validation batches (fixed, the same every evaluation), this replica's slice;
+        at most the held-out data's (``val_batches_held``): beyond them it would evaluate the same sequences again."""
         share = global_batch // dp
         out = []
-        for b in range(count):
+        for b in range(min(count, self.val_batches_held(global_batch))):
             idx = (np.arange(b * global_batch, (b + 1) * global_batch) % self.num_val)[dp_rank * share:(dp_rank + 1) * share]
             out.append(self.batch(idx, val=True))
         return out

@@ -38,9 +38,16 @@ def lowered_schedule(cfg: TrainConfig) -> Any:
 class TokenBatches:
     """Batches of the reference GPT from a ``Corpus``: inputs ``(tokens, None, 0)``, next-token targets."""
 
-    def __init__(self, corpus: Any, cfg: TrainConfig) -> None:
+    def __init__(self, corpus: Any, cfg: TrainConfig, main: bool = False) -> None:
         self.corpus, self.cfg = corpus, cfg
         self.tokens_per_sample = cfg.model.seq_len
+        asked, gb = cfg.metrics.eval_batches, cfg.data.global_batch
+        held = corpus.val_batches_held(gb)
+        if main and asked > held:  # known once the text is tokenized (in the ranks): capped, said once
+            log.warning("eval_batches=%d: the held-out data holds %d batch%s of global_batch=%d sequences (%d "
+                        "sequences of seq_len=%d); each validation evaluates %d (lower --eval-batches, or raise "
+                        "--val-fraction)", asked, held, "" if held == 1 else "es", gb, corpus.num_val,
+                        cfg.model.seq_len, held)
 
     def _torch(self, x: np.ndarray, y: np.ndarray) -> tuple[Any, Any]:
         import torch
@@ -71,7 +78,7 @@ def gpt_rank(ctx: Any, cfg: TrainConfig, resume_from: str | None) -> dict[str, A
     model = gpt_rank_model(cfg, corpus.vocab_size, schedule, ctx.pp_rank, ctx.device)
     if cfg.parallel.tp > 1:
         apply_tensor_parallel(model, ctx.tp_mesh(), seq_len=cfg.model.seq_len)
-    trainer = Trainer(cfg, ctx, schedule, model, lm_loss, TokenBatches(corpus, cfg), run_dir)
+    trainer = Trainer(cfg, ctx, schedule, model, lm_loss, TokenBatches(corpus, cfg, ctx.is_main), run_dir)
     return trainer.fit(Path(resume_from) if resume_from else None)
 
 
@@ -91,7 +98,7 @@ def llama_rank(ctx: Any, cfg: TrainConfig, resume_from: str | None) -> dict[str,
     path = hf_path(cfg.model.source)
     hf = open_hf_dir(path, check_tokenizer=False) if path is not None and not resume_from else None
     model = llama_rank_model(cfg, shape, schedule, ctx, hf, empty=bool(resume_from))
-    trainer = Trainer(cfg, ctx, schedule, model, lm_loss, TokenBatches(corpus, cfg), run_dir)
+    trainer = Trainer(cfg, ctx, schedule, model, lm_loss, TokenBatches(corpus, cfg, ctx.is_main), run_dir)
     return trainer.fit(Path(resume_from) if resume_from else None)
 
 
@@ -129,8 +136,10 @@ def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True,
         manifest = checkpoint.verify(ckpt)
         checkpoint.check_compatible(manifest, cfg, ckpt)
         if manifest["step"] >= cfg.run.steps:
-            raise ConfigError(f"--resume: the run is finished (checkpoint {ckpt.name}, steps={cfg.run.steps}); to "
-                              "train further pass --steps N --extend (a new cosine LR schedule over N steps)")
+            step = manifest["step"]
+            raise ConfigError(f"--resume: nothing left to train: checkpoint {ckpt.name} is at step {step} and "
+                              f"steps={cfg.run.steps}; to train further pass --steps N --extend with N above {step} "
+                              "(a new cosine LR schedule over N steps)")
         _note_reshard(manifest, cfg, ckpt)
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)

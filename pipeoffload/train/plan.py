@@ -1,51 +1,170 @@
 """``pipeoffload train --plan auto --memory GIB [--gpu NAME]``: ask the planner, then train its choice.
 
 The planner (pure Python) searches layouts (pp x tp x dp over ``--nproc`` ranks), schedules and
-offload/recompute policies for the reference GPT of the config under the memory budget; its best
-plan fills every layout/schedule key the user did not give explicitly.
+offload/recompute policies for the model the run will train (the reference GPT, the Llama model of
+the config keys, or an ``hf:DIR`` folder's ``config.json``, read by the planner's own reader) under
+the memory budget. The keys the user gave (flags and ``--config``) are constraints of the search, not
+values laid over its result: the plan chosen is the fastest one that keeps all of them, and where no
+plan does, the run is refused in one line naming them. The plan fills every other layout/schedule key.
 """
 from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 from typing import Any
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.train.config import TrainConfig
+from pipeoffload.train.config import TrainConfig, flag_of
 
 log = logging.getLogger(__name__)
 
+DEFAULT_GPU = "a100"
+# the keys a plan sets, in the order they are reported
+PLANNED = ("pp", "tp", "dp", "schedule", "stages_per_rank", "group_size", "offload", "recompute", "microbatches")
+_POST_FILTER_TOP = 25  # plans kept exactly when a key the search cannot restrict (v, g) filters them
+
+
+def planner_model(cfg: TrainConfig) -> Any:
+    """The planner's ``ModelSpec`` of the model this config trains, at its sequence length, microbatch 1."""
+    from pipeoffload.planner import ModelSpec
+    from pipeoffload.train.family import hf_path, kind, shape_from_keys
+
+    m, family = cfg.model, kind(cfg.model.source)
+    if family == "hf":
+        from pipeoffload.planner.hfconfig import model_from_hf_config
+
+        path = hf_path(m.source)
+        assert path is not None
+        spec = model_from_hf_config(path)  # the reader of `pipeoffload plan --model hf:DIR`
+    elif family == "llama":
+        spec = shape_from_keys(m, _tokenizer_vocab(cfg.data.tokenizer)).model_spec("llama", m.seq_len)
+    else:
+        spec = ModelSpec(name="gpt", layers=m.layers, hidden=m.hidden, heads=m.heads, seq=m.seq_len,
+                         vocab=_tokenizer_vocab(cfg.data.tokenizer), dropout=False)
+    return spec.with_(seq=m.seq_len, microbatch=1, flash_attention=False)
+
+
+def _tokenizer_vocab(tokenizer: str) -> int:
+    """The vocabulary of a byte or ``bpe:N`` tokenizer (256 for anything else: validation names a bad one)."""
+    name, _, size = tokenizer.partition(":")
+    return int(size) if name == "bpe" and size.isdigit() else 256
+
+
+def _hardware(gpu: str | None) -> Any:
+    from pipeoffload.planner import hardware_preset
+    from pipeoffload.planner.hardware import HARDWARE_PRESETS
+
+    try:
+        return hardware_preset(gpu or DEFAULT_GPU)
+    except ConfigError:
+        raise ConfigError(f"--gpu {gpu!r}: not a GPU preset of --plan auto; use one of "
+                          f"{', '.join(HARDWARE_PRESETS)} (default {DEFAULT_GPU})") from None
+
+
+def _divisors(n: int) -> list[int]:
+    return [x for x in range(1, n + 1) if n % x == 0]
+
+
+def _norm(flat: str, value: Any) -> Any:
+    """A planned key's value in one spelling (policies as their parsers print them)."""
+    from pipeoffload.policies import OffloadPolicy, RecomputePolicy
+    from pipeoffload.schedules import get_spec
+
+    if flat == "offload":
+        return str(OffloadPolicy.parse(str(value)))
+    if flat == "recompute":
+        return str(RecomputePolicy.parse(str(value)))
+    if flat == "schedule":
+        return get_spec(str(value)).name
+    return value
+
+
+def _fixed_text(fixed: dict[str, Any]) -> str:
+    return " ".join(f"{flag_of(k)} {v}" for k, v in fixed.items())
+
 
 def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, explicit: set[str]) -> TrainConfig:
-    from pipeoffload.planner import ModelSpec, PlanRequest, find_plans, hardware_preset
+    from pipeoffload.planner import PlanRequest, find_plans
     from pipeoffload.planner.emit import offload_ratio
     from pipeoffload.planner.hardware import GIB
 
-    if memory_gib is None or memory_gib <= 0:
-        raise ConfigError("--plan auto needs --memory GIB (> 0): the per-GPU memory budget to plan for")
+    if memory_gib is None or not (math.isfinite(memory_gib) and memory_gib > 0):
+        given = "" if memory_gib is None else f"--memory {memory_gib:g}: "
+        raise ConfigError(f"{given}--plan auto needs --memory GIB (a finite number > 0): the per-GPU memory "
+                          "budget to plan for")
+    hardware = _hardware(gpu)
     ranks = cfg.parallel.nproc or cfg.world
-    vocab = 256 if cfg.data.tokenizer == "byte" else int(cfg.data.tokenizer.partition(":")[2])
-    model = ModelSpec(name="gpt", layers=cfg.model.layers, hidden=cfg.model.hidden, heads=cfg.model.heads,
-                      seq=cfg.model.seq_len,
-                      vocab=vocab, microbatch=1, flash_attention=False, dropout=False)
+    model = planner_model(cfg)
+    # 0 for v or g means the family's own: not a constraint
+    fixed = {k: _norm(k, cfg.get(k)) for k in PLANNED
+             if k in explicit and not (k in ("stages_per_rank", "group_size") and cfg.get(k) == 0)}
+    p, gb = cfg.parallel, cfg.data.global_batch
+    # the layouts the explicit keys allow; a fixed dp or microbatches count sets the microbatch size per dp
     tp_ok = importlib.util.find_spec("pipeoffload.models.tensor_parallel") is not None
-    request = PlanRequest(model=model, hardware=hardware_preset(gpu or "a100"), gpus=ranks,
-                          global_batch=cfg.data.global_batch, memory_budget=memory_gib * GIB,
-                          tp_sizes=None if tp_ok else (1,), top=1, max_stall=cfg.schedule.max_stall)
-    result = find_plans(request)
-    best = result.best(1)
-    if not best:
-        raise ConfigError(f"--plan auto: no layout of {ranks} ranks fits {memory_gib:g} GiB per GPU; raise --memory, "
-                          "use more ranks (--nproc) or a smaller model")
-    plan = best[0]
+    pps = [p.pp] if "pp" in fixed else _divisors(ranks)
+    tps = [p.tp] if "tp" in fixed else [t for t in _divisors(ranks) if t <= hardware.gpus_per_node and (tp_ok or t == 1)]
+    pairs = [(pp, tp) for pp in pps for tp in tps if ranks % (pp * tp) == 0
+             and ("dp" not in fixed or ranks // (pp * tp) == p.dp)]
+    if not pairs:
+        raise ConfigError(f"--plan auto: {_fixed_text({k: fixed[k] for k in ('pp', 'tp', 'dp') if k in fixed})} "
+                          f"cannot split the {ranks} ranks (dp*pp*tp must equal --nproc {ranks}); change --nproc "
+                          "or leave a layout key to the planner")
+    offload: tuple[str, ...] | None = (fixed["offload"],) if "offload" in fixed else None
+    recompute: tuple[str, ...] | None = (fixed["recompute"],) if "recompute" in fixed else None
+    if offload is not None and recompute is None:  # the other policy stays the planner's to choose
+        recompute = ("none", "first:1", "auto")
+    elif recompute is not None and offload is None:
+        offload = ("none", "auto")
+    base = dict(hardware=hardware, gpus=ranks, global_batch=gb, memory_budget=memory_gib * GIB,
+                schedules=(fixed["schedule"],) if "schedule" in fixed else None,
+                stages_per_rank=(cfg.schedule.stages_per_rank,) if "stages_per_rank" in fixed else (2, 4),
+                offload=offload, recompute=recompute, max_stall=cfg.schedule.max_stall,
+                top=_POST_FILTER_TOP if {"stages_per_rank", "group_size"} & set(fixed) else 1)
+    requests = []
+    if "dp" in fixed or "microbatches" in fixed:  # one search per layout: its dp sets the microbatch size
+        for pp, tp in pairs:
+            dp = ranks // (pp * tp)
+            size = 1
+            if "microbatches" in fixed:
+                m = cfg.schedule.microbatches
+                if gb % dp or (gb // dp) % m:
+                    continue
+                size = gb // dp // m
+            requests.append(PlanRequest(model=model.with_(microbatch=size), pp_sizes=(pp,), tp_sizes=(tp,), **base))
+    else:
+        requests.append(PlanRequest(model=model, pp_sizes=tuple(sorted({pp for pp, _ in pairs})),
+                                    tp_sizes=tuple(sorted({tp for _, tp in pairs})), **base))
+    found: list[tuple[Any, Any]] = []  # (plan, its request)
+    for request in requests:
+        try:
+            result = find_plans(request)
+        except ConfigError:  # nothing fits this layout (or no layout of it): the others may
+            continue
+        for plan in result.fitting:
+            if all(_norm(k, v) == fixed[k] for k, v in _chosen(plan).items() if k in fixed):
+                found.append((plan, request))
+                break
+    if not found:
+        keep = f" keeping {_fixed_text(fixed)}" if fixed else ""
+        fix = "leave some of those keys to the planner, " if fixed else ""
+        raise ConfigError(f"--plan auto: no plan for {ranks} ranks{keep} fits {memory_gib:g} GiB per GPU on "
+                          f"{hardware.name}; {fix}raise --memory, use more ranks (--nproc) or a smaller model")
+    plan, request = min(found, key=lambda pr: pr[0].sort_key())
+    chosen = _chosen(plan)
+    updates = {k: v for k, v in chosen.items() if k not in fixed}
     c = plan.choice
-    chosen: dict[str, Any] = {"pp": plan.layout.pp, "tp": plan.layout.tp, "dp": plan.layout.dp, "schedule": c.family,
-              "stages_per_rank": c.stages_per_rank, "group_size": c.group_size or 0, "offload": str(c.offload),
-              "recompute": str(c.recompute), "microbatches": plan.microbatches}
-    updates = {k: v for k, v in chosen.items() if k not in explicit}
     updates["max_stall"] = c.offload.max_stall  # the budget stays only where the chosen plan uses it
     if c.offload.kind != "none" and "offload_ratio" not in explicit:  # copies planned for the planner's link
         updates["offload_ratio"] = round(offload_ratio(request, plan), 4)
-    log.warning("--plan auto chose %s (%.0f tokens/s predicted, %.2f GiB per GPU)",
-                ", ".join(f"{k}={v}" for k, v in chosen.items()), plan.tokens_per_second, plan.memory.total / GIB)
+    log.warning("--plan auto chose %s (%.0f tokens/s predicted, %.2f GiB per GPU, model %s)",
+                ", ".join(f"{k}={v}" for k, v in chosen.items()), plan.tokens_per_second, plan.memory.total / GIB,
+                model.name)
     return cfg.updated(nproc=ranks if cfg.parallel.nproc else 0, **updates)
+
+
+def _chosen(plan: Any) -> dict[str, Any]:
+    c = plan.choice
+    return {"pp": plan.layout.pp, "tp": plan.layout.tp, "dp": plan.layout.dp, "schedule": c.family,
+            "stages_per_rank": c.stages_per_rank, "group_size": c.group_size or 0,
+            "offload": str(c.offload), "recompute": str(c.recompute), "microbatches": plan.microbatches}

@@ -1,0 +1,228 @@
+"""`pipeoffload train` problems a user probe found (Llama/HF models, --plan auto, resume, messages)."""
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pipeoffload.errors import ConfigError
+from pipeoffload.train.config import TrainConfig, build_config, to_toml, validate
+from pipeoffload.train.data import Corpus
+
+
+def _resolve(*argv: str) -> tuple[Any, list[str]]:
+    from pipeoffload.cli import build_parser
+    from pipeoffload.cli.train import resolve
+
+    return resolve(build_parser().parse_args(["train", *argv]))
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeoffload", "train", *argv], capture_output=True, text=True,
+                          timeout=300)
+
+
+def _one_line(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests.hf_fixtures import make_hf_dir
+
+    path = tmp_path_factory.mktemp("hf") / "llama"
+    make_hf_dir(path, "llama")  # 4 layers, hidden 64, 4 heads, 2 kv heads, ffn 96, vocab 300
+    return path
+
+
+@pytest.fixture
+def planned(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The requests --plan auto gives the planner."""
+    import pipeoffload.planner as planner
+
+    seen: list[Any] = []
+    real = planner.find_plans
+
+    def spy(req: Any) -> Any:
+        seen.append(req)
+        return real(req)
+
+    monkeypatch.setattr(planner, "find_plans", spy)
+    return seen
+
+
+# ---- 1: --plan auto plans the model that trains ------------------------------------------------------
+def _assert_hf_model(model: Any) -> None:
+    assert (model.layers, model.hidden, model.heads, model.num_kv_heads, model.ffn_size, model.vocab) == \
+        (4, 64, 4, 2, 96, 300)
+    assert model.gated_mlp and model.seq == 32
+
+
+def test_plan_auto_plans_an_hf_folder_with_its_config(hf_dir: Path, planned: list[Any], tmp_path: Path) -> None:
+    base = ["--plan", "auto", "--memory", "40", "--nproc", "2", "--model", f"hf:{hf_dir}", "--seq-len", "32"]
+    for extra in ([], ["--tokenizer", "hf"]):  # the explicit --tokenizer hf was an int('') traceback
+        cfg, _ = _resolve(*base, *extra)
+        assert cfg.data.tokenizer == "hf" and cfg.world == 2
+        _assert_hf_model(planned[-1].model)
+    toml = tmp_path / "run.toml"
+    toml.write_text('[data]\ntokenizer = "hf"\n')
+    _resolve(*base, "--config", str(toml))
+    _assert_hf_model(planned[-1].model)
+    run = tmp_path / "run"  # --resume of an hf run (its config.toml has tokenizer = "hf")
+    run.mkdir()
+    (run / "config.toml").write_text(to_toml(validate(TrainConfig.build(model=f"hf:{hf_dir}", seq_len=32))))
+    cfg, _ = _resolve("--resume", str(run), "--plan", "auto", "--memory", "40", "--nproc", "2")
+    _assert_hf_model(planned[-1].model)
+
+
+def test_plan_auto_plans_the_llama_model_of_the_keys(planned: list[Any]) -> None:
+    _resolve("--plan", "auto", "--memory", "40", "--nproc", "2", "--model", "llama", "--layers", "2",
+             "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--tokenizer", "bpe:300")
+    model = planned[-1].model
+    assert (model.layers, model.num_kv_heads, model.ffn_size, model.vocab) == (2, 2, 256, 300)
+    assert model.gated_mlp and not model.dropout
+
+
+# ---- 2: explicit keys constrain the search -------------------------------------------------------------
+@pytest.mark.parametrize("flags, want", [
+    (["--nproc", "4", "--pp", "2", "--schedule", "zb-v"], {"pp": 2, "schedule": "zb-v"}),
+    (["--nproc", "2", "--pp", "2"], {"pp": 2, "dp": 1}),
+    (["--nproc", "4", "--dp", "2", "--microbatches", "2"], {"dp": 2, "microbatches": 2}),
+    (["--nproc", "2", "--pp", "2", "--offload", "all"], {"pp": 2, "offload": "all"}),
+    (["--nproc", "2", "--schedule", "interleaved-1f1b", "--stages-per-rank", "2"],
+     {"pp": 2, "schedule": "interleaved-1f1b", "stages_per_rank": 2}),
+])
+def test_plan_auto_keeps_the_keys_given_while_it_searches(flags: list[str], want: dict, planned: list[Any]) -> None:
+    cfg, _ = _resolve("--plan", "auto", "--memory", "40", "--model", "llama", "--steps", "1", *flags)
+    assert cfg.world == cfg.parallel.nproc
+    assert {k: cfg.get(k) for k in want} == want
+    if "microbatches" in want:  # 8 sequences over dp 2 in 2 microbatches: the planner's microbatch is 2
+        assert planned[-1].model.microbatch == 2
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--nproc", "4", "--pp", "3"], ["--pp 3", "4 ranks"]),
+    (["--nproc", "4", "--pp", "2", "--dp", "4"], ["--pp 2 --dp 4", "4 ranks"]),
+])
+def test_plan_auto_refuses_keys_no_plan_can_keep(flags: list[str], words: list[str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        _resolve("--plan", "auto", "--memory", "40", "--model", "llama", *flags)
+    assert all(w in str(err.value) for w in words), err.value
+
+
+# ---- 3, 4, 5, 6: one line, exit 2, nothing written -----------------------------------------------------
+@pytest.mark.parametrize("flags, words", [
+    (["--memory", "40"], ["--memory 40", "only for --plan auto"]),
+    (["--gpu", "h100"], ["--gpu h100", "only for --plan auto"]),
+    (["--plan", "auto", "--memory", "40", "--gpu", "nosuch", "--nproc", "2"], ["'nosuch'", "a100, h100"]),
+])
+def test_planner_flags_are_refused_in_one_line(tmp_path: Path, flags: list[str], words: list[str]) -> None:
+    out = tmp_path / "run"
+    done = _cli(*flags, "--steps", "1", "--layers", "1", "--data", __file__, "--seq-len", "16", "--out", str(out))
+    line = _one_line(done)
+    assert all(w in line for w in words) and "--hardware-file" not in line, line
+    assert not out.exists()
+
+
+def test_the_gpu_help_names_the_default_that_works() -> None:
+    from pipeoffload.cli import build_parser
+    from pipeoffload.planner import hardware_preset
+
+    sub = next(a for a in build_parser()._subparsers._group_actions[0].choices.items() if a[0] == "train")[1]
+    help_text = next(a.help for a in sub._actions if "--gpu" in a.option_strings)
+    default = help_text.split("default: ")[1].split(";")[0].split(")")[0]
+    assert default == "a100", help_text
+    hardware_preset(default)
+
+
+def test_a_token_file_with_a_small_vocab_names_the_ids_it_needs(tmp_path: Path) -> None:
+    data = tmp_path / "tok500.npy"
+    np.save(data, np.arange(5000, dtype=np.int64) % 500)
+    validate(build_config({"model": "llama", "vocab": 300, "data": str(data)}))  # no tokenizer to compare with
+    out = tmp_path / "run"
+    line = _one_line(_cli("--model", "llama", "--vocab", "100", "--data", str(data), "--out", str(out)))
+    assert "needs 500 token ids" in line and "tokenizer's" not in line, line
+    assert not out.exists()
+
+
+def _saved_run(tmp_path: Path, **keys: Any) -> Path:
+    run = tmp_path / "saved"
+    run.mkdir()
+    (run / "config.toml").write_text(to_toml(validate(TrainConfig.build(steps=50, **keys))))
+    return run
+
+
+def test_resume_refuses_another_out(tmp_path: Path) -> None:
+    run = _saved_run(tmp_path)
+    with pytest.raises(ConfigError, match="continues the run in its own folder"):
+        _resolve("--resume", str(run), "--out", str(tmp_path / "elsewhere"))
+    cfg, _ = _resolve("--resume", str(run), "--out", str(run))  # the same folder is no fork
+    assert Path(cfg.run.out) == run
+    other = tmp_path / "other.toml"
+    other.write_text(f'[run]\nout = "{tmp_path / "elsewhere"}"\n')
+    with pytest.raises(ConfigError, match="continues the run in its own folder"):
+        _resolve("--resume", str(run), "--config", str(other))
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_an_explicit_tokenizer_other_than_hf_is_refused_with_an_hf_folder(hf_dir: Path, tmp_path: Path) -> None:
+    for tok in ("byte", "bpe:300"):
+        with pytest.raises(ConfigError, match=f"tokenizer='{tok}'.*brings its own tokenizer"):
+            _resolve("--model", f"hf:{hf_dir}", "--tokenizer", tok)
+    cfg, _ = _resolve("--model", f"hf:{hf_dir}")
+    assert cfg.data.tokenizer == "hf"
+    cfg, _ = _resolve("--model", f"hf:{hf_dir}", "--tokenizer", "hf")
+    assert cfg.data.tokenizer == "hf"
+
+
+# ---- 7: a new dtype on resume is said to change the arithmetic ----------------------------------------------
+def test_a_new_dtype_on_resume_says_the_losses_are_no_longer_bitwise(tmp_path: Path) -> None:
+    run = _saved_run(tmp_path)
+    cfg, notes = _resolve("--resume", str(run), "--dtype", "bf16")
+    assert cfg.model.dtype == "bf16"
+    assert any("dtype fp32 -> bf16" in n and "no longer bitwise" in n for n in notes), notes
+    _, notes = _resolve("--resume", str(run))
+    assert not any("bitwise" in n for n in notes)
+
+
+# ---- 8: eval_batches beyond the held-out data --------------------------------------------------------------
+def test_eval_batches_beyond_the_held_out_data_are_capped_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    from pipeoffload.train.job import TokenBatches
+
+    corpus = Corpus(np.arange(4000, dtype=np.int64), 4000, 16, 0.1)  # 24 held-out windows of 16
+    assert corpus.num_val == 24 and corpus.val_batches_held(8) == 3
+    batches = corpus.val_batches(50, 8, 2, 0)
+    assert len(batches) == 3  # not 50 batches of the same 24 windows
+    starts = {int(x[0]) for xs, _ in (corpus.val_batches(50, 8, 1, 0)) for x in xs}
+    assert len(starts) == 24  # every held-out window once
+    cfg = TrainConfig.build(seq_len=16, eval_batches=50, global_batch=8)
+    with caplog.at_level(logging.WARNING):
+        TokenBatches(corpus, cfg, True)
+    assert any("eval_batches=50" in r.getMessage() and "holds 3 batches" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        TokenBatches(corpus, TrainConfig.build(seq_len=16, eval_batches=3, global_batch=8), True)
+    assert not caplog.records
+
+
+# ---- 4d: a finished run says how many steps --extend needs ------------------------------------------------
+def test_extend_below_the_checkpoint_says_n_must_be_above_its_step(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    data = tmp_path / "text.txt"
+    data.write_text("pipelines move activations between stages; offload moves them to the host. " * 40)
+    run = tmp_path / "run"
+    done = _cli("--steps", "2", "--save-every", "2", "--layers", "1", "--hidden", "16", "--heads", "2",
+                "--seq-len", "16", "--data", str(data), "--out", str(run), "--no-progress")
+    assert done.returncode == 0, done.stderr
+    line = _one_line(_cli("--resume", str(run), "--steps", "1", "--extend"))
+    assert "step 2" in line and "--steps N --extend with N above 2" in line, line
