@@ -126,6 +126,13 @@ class EstimateRequest:
         if spec.interleaved and self.pp == 1:
             raise ConfigError(f"--schedule {spec.name} interleaves stages over the pipeline ranks and needs --pp > 1 "
                               "(at --pp 1 it would be 1F1B); use --schedule 1f1b or a larger --pp")
+        if self.recompute == "full" and spec.backward == "split":
+            # Megatron's full recomputation keeps one checkpoint per layer until the backward; a split
+            # backward's W then needs every layer's linear inputs from I until W (7x a GPT checkpoint),
+            # which the checkpoint-sized activation of this model cannot hold: refuse, never under-count
+            raise ConfigError(f"--recompute full with --schedule {spec.name} (a split backward) is not modelled: W "
+                              "keeps each layer's linear inputs from I to W, more than the checkpoint; use "
+                              "--recompute selective or none, or a schedule with a full backward such as 1f1b")
         if self.grad_accumulation not in GRAD_ACCUMULATION:
             raise ConfigError(f"grad accumulation {self.grad_accumulation!r}: use one of {', '.join(GRAD_ACCUMULATION)}")
         if self.split not in SPLITS:

@@ -258,3 +258,11 @@ def test_tp_comm_counts_the_head_on_the_critical_last_rank() -> None:
     layers = GPT13.layers // 2
     expected = est.microbatches * (layers * (t.detail["comm_f"] + t.detail["comm_b"]) + sum(head_comm(GPT13, A100, 8)))
     assert est.breakdown["tp_comm"] == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-v"])
+def test_full_recompute_with_a_split_backward_is_refused_not_under_counted(schedule: str) -> None:
+    # the checkpoint-sized activation of Megatron's full recomputation cannot hold what W keeps from I
+    # to W (each layer's linear inputs): it used to report 1F1B's activations for zb-h1
+    with pytest.raises(ConfigError, match=r"--recompute full with --schedule .* is not modelled"):
+        _req(schedule=schedule, recompute="full")
