@@ -137,7 +137,7 @@ def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True,
         checkpoint.check_compatible(manifest, cfg, ckpt)
         if manifest["step"] >= cfg.run.steps:
             step = manifest["step"]
-            raise ConfigError(f"--resume: nothing left to train: checkpoint {ckpt.name} is at step {step} and "
+            raise ConfigError(f"--resume: the run is finished: checkpoint {ckpt.name} is at step {step} and "
                               f"steps={cfg.run.steps}; to train further pass --steps N --extend with N above {step} "
                               "(a new cosine LR schedule over N steps)")
         _note_reshard(manifest, cfg, ckpt)
