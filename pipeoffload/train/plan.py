@@ -85,7 +85,6 @@ def _fixed_text(fixed: dict[str, Any]) -> str:
 
 
 def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, explicit: set[str]) -> TrainConfig:
-    from pipeoffload.planner import PlanRequest, find_plans
     from pipeoffload.planner.emit import offload_ratio
     from pipeoffload.planner.hardware import GIB
 
@@ -99,58 +98,16 @@ def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, 
     # 0 for v or g means the family's own: not a constraint
     fixed = {k: _norm(k, cfg.get(k)) for k in PLANNED
              if k in explicit and not (k in ("stages_per_rank", "group_size") and cfg.get(k) == 0)}
-    p, gb = cfg.parallel, cfg.data.global_batch
-    # the layouts the explicit keys allow; a fixed dp or microbatches count sets the microbatch size per dp
-    tp_ok = importlib.util.find_spec("pipeoffload.models.tensor_parallel") is not None
-    pps = [p.pp] if "pp" in fixed else _divisors(ranks)
-    tps = [p.tp] if "tp" in fixed else [t for t in _divisors(ranks) if t <= hardware.gpus_per_node and (tp_ok or t == 1)]
-    pairs = [(pp, tp) for pp in pps for tp in tps if ranks % (pp * tp) == 0
-             and ("dp" not in fixed or ranks // (pp * tp) == p.dp)]
-    if not pairs:
-        raise ConfigError(f"--plan auto: {_fixed_text({k: fixed[k] for k in ('pp', 'tp', 'dp') if k in fixed})} "
-                          f"cannot split the {ranks} ranks (dp*pp*tp must equal --nproc {ranks}); change --nproc "
-                          "or leave a layout key to the planner")
-    offload: tuple[str, ...] | None = (fixed["offload"],) if "offload" in fixed else None
-    recompute: tuple[str, ...] | None = (fixed["recompute"],) if "recompute" in fixed else None
-    if offload is not None and recompute is None:  # the other policy stays the planner's to choose
-        recompute = ("none", "first:1", "auto")
-    elif recompute is not None and offload is None:
-        offload = ("none", "auto")
-    base = dict(hardware=hardware, gpus=ranks, global_batch=gb, memory_budget=memory_gib * GIB,
-                schedules=(fixed["schedule"],) if "schedule" in fixed else None,
-                stages_per_rank=(cfg.schedule.stages_per_rank,) if "stages_per_rank" in fixed else (2, 4),
-                offload=offload, recompute=recompute, max_stall=cfg.schedule.max_stall,
-                top=_POST_FILTER_TOP if {"stages_per_rank", "group_size"} & set(fixed) else 1)
-    requests = []
-    if "dp" in fixed or "microbatches" in fixed:  # one search per layout: its dp sets the microbatch size
-        for pp, tp in pairs:
-            dp = ranks // (pp * tp)
-            size = 1
-            if "microbatches" in fixed:
-                m = cfg.schedule.microbatches
-                if gb % dp or (gb // dp) % m:
-                    continue
-                size = gb // dp // m
-            requests.append(PlanRequest(model=model.with_(microbatch=size), pp_sizes=(pp,), tp_sizes=(tp,), **base))
-    else:
-        requests.append(PlanRequest(model=model, pp_sizes=tuple(sorted({pp for pp, _ in pairs})),
-                                    tp_sizes=tuple(sorted({tp for _, tp in pairs})), **base))
-    found: list[tuple[Any, Any]] = []  # (plan, its request)
-    for request in requests:
-        try:
-            result = find_plans(request)
-        except ConfigError:  # nothing fits this layout (or no layout of it): the others may
-            continue
-        for plan in result.fitting:
-            if all(_norm(k, v) == fixed[k] for k, v in _chosen(plan).items() if k in fixed):
-                found.append((plan, request))
-                break
-    if not found:
+    requests = _requests(cfg, fixed, model, _layouts(cfg, fixed, ranks, hardware),
+                         dict(hardware=hardware, gpus=ranks, global_batch=cfg.data.global_batch,
+                              memory_budget=memory_gib * GIB))
+    found = _best_keeping(requests, fixed)
+    if found is None:
         keep = f" keeping {_fixed_text(fixed)}" if fixed else ""
         fix = "leave some of those keys to the planner, " if fixed else ""
         raise ConfigError(f"--plan auto: no plan for {ranks} ranks{keep} fits {memory_gib:g} GiB per GPU on "
                           f"{hardware.name}; {fix}raise --memory, use more ranks (--nproc) or a smaller model")
-    plan, request = min(found, key=lambda pr: pr[0].sort_key())
+    plan, request = found
     chosen = _chosen(plan)
     updates = {k: v for k, v in chosen.items() if k not in fixed}
     c = plan.choice
@@ -161,6 +118,72 @@ def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, 
                 ", ".join(f"{k}={v}" for k, v in chosen.items()), plan.tokens_per_second, plan.memory.total / GIB,
                 model.name)
     return cfg.updated(nproc=ranks if cfg.parallel.nproc else 0, **updates)
+
+
+def _layouts(cfg: TrainConfig, fixed: dict[str, Any], ranks: int, hardware: Any) -> list[tuple[int, int]]:
+    """The (pp, tp) pairs of ``ranks`` the explicit layout keys allow (tp within a node, and only 1
+    where this install has no tensor parallelism); one line if there is none."""
+    p = cfg.parallel
+    tp_ok = importlib.util.find_spec("pipeoffload.models.tensor_parallel") is not None
+    pps = [p.pp] if "pp" in fixed else _divisors(ranks)
+    tps = [p.tp] if "tp" in fixed else [t for t in _divisors(ranks) if t <= hardware.gpus_per_node and (tp_ok or t == 1)]
+    pairs = [(pp, tp) for pp in pps for tp in tps if ranks % (pp * tp) == 0
+             and ("dp" not in fixed or ranks // (pp * tp) == p.dp)]
+    if not pairs:
+        raise ConfigError(f"--plan auto: {_fixed_text({k: fixed[k] for k in ('pp', 'tp', 'dp') if k in fixed})} "
+                          f"cannot split the {ranks} ranks (dp*pp*tp must equal --nproc {ranks}); change --nproc "
+                          "or leave a layout key to the planner")
+    return pairs
+
+
+def _requests(cfg: TrainConfig, fixed: dict[str, Any], model: Any, pairs: list[tuple[int, int]],
+              base: dict[str, Any]) -> list[Any]:
+    """The planner requests that search the allowed layouts under the explicit schedule and policy keys:
+    one for all of them, or one per layout where a fixed dp or microbatch count sets its microbatch size."""
+    from pipeoffload.planner import PlanRequest
+
+    offload: tuple[str, ...] | None = (fixed["offload"],) if "offload" in fixed else None
+    recompute: tuple[str, ...] | None = (fixed["recompute"],) if "recompute" in fixed else None
+    if offload is not None and recompute is None:  # the other policy stays the planner's to choose
+        recompute = ("none", "first:1", "auto")
+    elif recompute is not None and offload is None:
+        offload = ("none", "auto")
+    base = dict(base, schedules=(fixed["schedule"],) if "schedule" in fixed else None,
+                stages_per_rank=(cfg.schedule.stages_per_rank,) if "stages_per_rank" in fixed else (2, 4),
+                offload=offload, recompute=recompute, max_stall=cfg.schedule.max_stall,
+                top=_POST_FILTER_TOP if {"stages_per_rank", "group_size"} & set(fixed) else 1)
+    if "dp" not in fixed and "microbatches" not in fixed:
+        return [PlanRequest(model=model, pp_sizes=tuple(sorted({pp for pp, _ in pairs})),
+                            tp_sizes=tuple(sorted({tp for _, tp in pairs})), **base)]
+    gb, ranks = cfg.data.global_batch, base["gpus"]
+    requests = []
+    for pp, tp in pairs:
+        dp = ranks // (pp * tp)
+        size = 1
+        if "microbatches" in fixed:
+            m = cfg.schedule.microbatches
+            if gb % dp or (gb // dp) % m:
+                continue
+            size = gb // dp // m
+        requests.append(PlanRequest(model=model.with_(microbatch=size), pp_sizes=(pp,), tp_sizes=(tp,), **base))
+    return requests
+
+
+def _best_keeping(requests: list[Any], fixed: dict[str, Any]) -> tuple[Any, Any] | None:
+    """The fastest fitting plan, over ``requests``, that keeps every explicit key, with its request."""
+    from pipeoffload.planner import find_plans
+
+    found: list[tuple[Any, Any]] = []
+    for request in requests:
+        try:
+            result = find_plans(request)
+        except ConfigError:  # nothing fits this layout (or no layout of it): the others may
+            continue
+        for plan in result.fitting:
+            if all(_norm(k, v) == fixed[k] for k, v in _chosen(plan).items() if k in fixed):
+                found.append((plan, request))
+                break
+    return min(found, key=lambda pr: pr[0].sort_key()) if found else None
 
 
 def _chosen(plan: Any) -> dict[str, Any]:
