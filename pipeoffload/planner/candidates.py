@@ -210,7 +210,10 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Cand
                 if req.activation_budget is not None:
                     room = min(room, req.activation_budget / sc.unit_bytes)
                 choice = replace(choice, offload=OffloadPolicy("budget", budget=float(f"{room:.4g}")))
-            if choice.offload.max_stall > 0:  # the budget's plans compared by each rank's total memory
+            if choice.offload.max_stall > 0 or choice.recompute.kind == "auto":
+                # plans compared by each rank's total memory: the stall budget's, and whether recompute
+                # auto's recomputation lowers the plan's memory (the first stage's weights can make a
+                # rank other than the one with the most activations the fullest)
                 offsets = tuple(float(f"{x / sc.unit_bytes:.6g}") for x in static)
                 choice = replace(choice, offload=replace(choice.offload, rank_offsets=offsets))
             if (key, choice.recompute) not in bounds:

@@ -226,7 +226,9 @@ class _Search:
         choice = cand.choice
         if choice.recompute != _AUTO or plan.sim.recomputed:
             return False
-        return (str(cand.layout), replace(choice, recompute=RecomputePolicy())) in self.keys
+        # the twin's offload policy carries the ranks' offsets only under a stall budget (``candidates``)
+        offload = choice.offload if choice.offload.max_stall > 0 else replace(choice.offload, rank_offsets=())
+        return (str(cand.layout), replace(choice, recompute=RecomputePolicy(), offload=offload)) in self.keys
 
     def _record(self, plan: Plan, base: tuple) -> None:
         # a stall budget's plan is an extra: the policies without it escalate as they would without it

@@ -316,3 +316,17 @@ def test_a_recompute_auto_variant_that_recomputes_nothing_is_not_a_second_plan(c
     shown = {(json.dumps(p["layout"], sort_keys=True), p["schedule"], p["stages_per_rank"], p["group_size"],
               p["offload"], p["step_time_s"], p["recompute"]) for p in data["best"] + data["pareto"]}
     assert len({plan[:-1] for plan in shown}) == len(shown)  # no plan twice under two recompute names
+
+
+def test_recompute_auto_is_judged_by_each_rank_s_total_memory(capsys) -> None:  # type: ignore[no-untyped-def]
+    # group-interleaved g = 4 on PP4: recompute auto lowers rank 3's activations (6.7 units, from 8.05),
+    # not those of rank 2, which has the most (8.7); but rank 3 also holds the head's weights, so its
+    # total sets the plan's memory, which falls from 28.5 to 27.7 GiB. Judged by activations alone the
+    # recomputation looked useless and the plan was lost.
+    argv = ["plan", "--model", "gpt3-13b", "--seq", "8192", "--gpu", "a100", "--gpus", "16", "--global-batch", "64",
+            "--memory", "40", "--pp", "4", "--tp", "2", "--schedules", "group-interleaved", "--stages-per-rank", "4",
+            "--offload", "auto", "--recompute", "none,auto", "--exhaustive", "--json"]
+    assert main(argv) == 0
+    plans = {(p["group_size"], p["recompute"]): p for p in json.loads(capsys.readouterr().out)["best"]}
+    assert plans[(4, "auto")]["memory_gib"]["total"] < plans[(4, "none")]["memory_gib"]["total"]
+    assert (2, "auto") not in plans  # there it lowers nothing: the offload policy's twin, not shown twice
