@@ -139,14 +139,20 @@ class LlamaShape:
         from pipeoffload.planner.model import ModelSpec
 
         return ModelSpec(name=name, layers=self.layers, hidden=self.hidden, heads=self.heads,
-                         kv_heads=self.n_kv_heads, head_size=self.head_dim or None, ffn=self.ffn, seq=seq, vocab=self.vocab, gated_mlp=True,
-                         dropout=False, bias=self.qkv_bias, tied_embeddings=self.tie_embeddings)
+                         kv_heads=self.n_kv_heads, head_size=self.head_dim or None, ffn=self.ffn, seq=seq,
+                         vocab=self.vocab, gated_mlp=True, dropout=False, bias=self.qkv_bias,
+                         tied_embeddings=self.tie_embeddings)
 
 
 def _head_dim(cfg: dict[str, Any]) -> int:
-    explicit = cfg.get("head_dim")
-    if not explicit or int(explicit) * int(cfg["num_attention_heads"]) == int(cfg["hidden_size"]):
-        return 0  # the default: hidden // heads
+    return set_apart_head_dim(cfg.get("head_dim"), int(cfg["num_attention_heads"]), int(cfg["hidden_size"])) or 0
+
+
+def set_apart_head_dim(explicit: Any, heads: int, hidden: int) -> int | None:
+    """config.json's ``head_dim`` where it sets the attention width apart from the hidden size
+    (Mistral-Nemo), else None: the default, hidden // heads."""
+    if not explicit or int(explicit) * heads == hidden:
+        return None
     return int(explicit)
 
 

@@ -14,8 +14,8 @@ from pipeoffload.schedules import generate
 from pipeoffload.service.argtypes import OneLineParser, non_negative_float, positive_int
 from pipeoffload.service.checks import checked, int_at_least
 
-__all__ = ["EXTRAS", "OneLineParser", "add_cost_args", "add_max_stall", "add_schedule_args", "model_and_hardware", "non_negative_float",
-           "missing_extra", "positive_int", "require_extra", "schedule_from_args"]
+__all__ = ["EXTRAS", "OneLineParser", "add_cost_args", "add_max_stall", "add_schedule_args", "model_and_hardware",
+           "non_negative_float", "missing_extra", "positive_int", "require_extra", "schedule_from_args"]
 
 
 _SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab", "microbatch_size")

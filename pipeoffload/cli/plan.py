@@ -12,10 +12,9 @@ from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.compare_tp import BASELINES
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.measured import load_layer_costs
-from pipeoffload.planner.plans import DEFAULT_SCHEDULES, SUPERSEDED
+from pipeoffload.planner.plans import default_families
 from pipeoffload.planner.report import plan_warning
 from pipeoffload.planner.stagecosts import HOST_LINK_MODES, TrainingSetup
-from pipeoffload.schedules import schedule_names
 from pipeoffload.service import CompareTPRequest, PlanRequest, compare_tp, plan, strict_json
 
 log = logging.getLogger(__name__)
@@ -91,12 +90,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--match-memory", action="store_true",
                      help="with --compare-tp: PP + offload may use no more activation memory than the baseline plan")
     parser.set_defaults(run=run)
-
-
-def default_families() -> tuple[str, ...]:
-    """The families ``plan`` searches without ``--schedules`` (``PlanRequest.families``'s default)."""
-    known = set(schedule_names())
-    return tuple(n for n in DEFAULT_SCHEDULES if n in known and SUPERSEDED.get(n) not in known)
 
 
 def memory_budget(args: argparse.Namespace, capacity: float, gpu: str) -> float:

@@ -127,10 +127,11 @@ def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
         offloaded = {(a.stage, a.microbatch) for row in planned.actions for a in row if a.kind is K.OFFLOAD}
         extra = auto_keys(base, timeline, costs, report, offloaded)
         if extra:
-            kept, notes = _recompute_that_pays(base, costs, offload, extra, memo)
-            if kept:
+            with_r = insert_recompute(base, extra)
+            notes = _unpaid_recompute(base, with_r, costs, offload, extra, memo)
+            if not notes:
                 recomputed |= extra
-                base = insert_recompute(base, extra)
+                base = with_r
     planned, report = _offload_once(base, costs, offload, recomputed, memo)
     before = {r.rank: r.peak_activation_units for r in original.per_rank}
     per_rank = tuple(replace(r, peak_before=before[r.rank]) for r in report.per_rank)
@@ -143,22 +144,20 @@ def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
     return planned, report
 
 
-
-def _recompute_that_pays(base: Schedule, costs: CostModel, offload: OffloadPolicy, extra: set[tuple[int, int]],
-                         memo: Memo) -> tuple[bool, tuple[str, ...]]:
-    """Whether ``recompute auto``'s ``extra`` activations lower the memory the plan needs: the worst
-    rank's simulated activation peak plus its ``rank_offsets``, with the offload planned after the
-    recomputation against the offload alone. Recomputing makes the step longer, and the activations the
-    lane could not hide are often not what sets the worst rank's peak (the I -> W parts W still needs,
-    the last ranks of zero-bubble schedules), so where they buy nothing none is recomputed, and a note
-    says so."""
+def _unpaid_recompute(base: Schedule, with_r: Schedule, costs: CostModel, offload: OffloadPolicy,
+                      extra: set[tuple[int, int]], memo: Memo) -> tuple[str, ...]:
+    """The report's note where ``recompute auto``'s ``extra`` activations (recomputed in ``with_r``) do not
+    lower the memory the plan needs, the worst rank's simulated activation peak plus its
+    ``rank_offsets`` with the offload planned again; empty where they do. Recomputing makes the step
+    longer, and the activations the lane could not hide are often not what sets the worst rank's peak
+    (the I -> W parts W still needs, the last ranks of zero-bubble schedules)."""
     without, _ = _offload_once(base, costs, offload, set(), memo)
-    with_r, _ = _offload_once(insert_recompute(base, extra), costs, offload, set(extra), memo)
-    before, after = (_worst_memory(memo(simulate, s, costs), offload) for s in (without, with_r))
+    recomputing, _ = _offload_once(with_r, costs, offload, set(extra), memo)
+    before, after = (_worst_memory(memo(simulate, s, costs), offload) for s in (without, recomputing))
     if after < before - 1e-9:
-        return True, ()
-    return False, (f"none recomputed: the {len(extra)} activations recompute auto would recompute do not lower "
-                   f"the peak ({before:g} -> {after:g} activation units with them)",)
+        return ()
+    return (f"none recomputed: the {len(extra)} activations recompute auto would recompute do not lower "
+            f"the peak ({before:g} -> {after:g} activation units with them)",)
 
 
 def _worst_memory(timeline: Timeline, offload: OffloadPolicy) -> float:

@@ -136,7 +136,7 @@ class OffloadReport:
             parts.append(f"warm-up forwards wait for copies (WAIT: each for its rank's offload {self.throttle} back)")
         if self.recompute != RecomputePolicy():
             parts.append(f"recompute {self.recompute}: {len(self.recomputed)} activations")
-        if self.per_rank:  # without an offload plan there is no planned peak (never "0 -> 0"): the header has the real one
+        if self.per_rank:  # without an offload plan there is no planned peak (never "0 -> 0")
             parts.append(f"planned peak {self.peak_before:g} -> {self.peak_after:g} activation units")
         if self.budget is not None:
             parts.append(f"budget {self.budget:g} {'met' if self.budget_met else 'NOT met'}")
@@ -240,10 +240,9 @@ class _Planning:
         """Faster copies must never give a higher peak. Where the copy lane is overloaded the plan is
         a greedy choice that can land worse than the one made for slower copies, so the plans made
         as if copies took ``_SLOWER`` times longer are simulated with the real times too, and each
-        group of ranks keeps
-        the plan with the lowest simulated peak (then fewest copies) among those that never stall; at
-        an equal peak the plan for the real times stays. The compute timeline does not change without
-        stalls, so groups combine."""
+        group of ranks keeps the plan with the lowest simulated peak (then fewest copies) among those
+        that never stall; at an equal peak the plan for the real times stays. The compute timeline does
+        not change without stalls, so groups combine."""
         runs: dict[tuple, Timeline] = {}  # what fixes the emitted lists -> their simulation
 
         def simulated(candidate: dict[int, RankState]) -> Timeline:

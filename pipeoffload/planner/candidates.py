@@ -40,18 +40,14 @@ def _divisors(n: int) -> list[int]:
 
 def layouts(req: PlanRequest, skipped: dict[str, int]) -> list[Layout]:
     """PP x TP x DP splits of the GPUs the model and batch allow, in sorted order."""
-    model, hw = req.model, req.hardware
-    tps = req.tp_sizes or tuple(t for t in _divisors(req.gpus) if t <= hw.gpus_per_node)
-    if req.measured is not None:
-        tps = tuple(t for t in tps if t == req.measured.tp)  # a profile holds one TP size
+    model = req.model
     out = []
-    for tp in sorted(set(tps)):
-        if req.gpus % tp or model.heads % tp or model.num_kv_heads % tp or model.ffn_size % tp:
-            skipped[f"tp={tp} does not divide the GPUs/heads/kv heads/ffn"] = skipped.get(
-                f"tp={tp} does not divide the GPUs/heads/kv heads/ffn", 0) + 1
+    for tp in tp_sizes(req):
+        if not tp_divides(req, tp):
+            count(skipped, f"tp={tp} does not divide the GPUs/heads/kv heads/ffn")
             continue
         for pp in req.pp_sizes or _divisors(req.gpus // tp):
-            if (req.gpus // tp) % pp or pp > _max_stages(req):
+            if (req.gpus // tp) % pp or pp > max_stages(req):
                 continue
             dp = req.gpus // (tp * pp)
             if req.global_batch % (dp * model.microbatch):
@@ -59,6 +55,21 @@ def layouts(req: PlanRequest, skipped: dict[str, int]) -> list[Layout]:
                 continue
             out.append(Layout(pp, tp, dp))
     return out
+
+
+def tp_sizes(req: PlanRequest) -> list[int]:
+    """The TP sizes a search considers, in order: the requested ones, or the GPUs' divisors within a node
+    (a profile holds one TP size)."""
+    tps = req.tp_sizes or tuple(t for t in _divisors(req.gpus) if t <= req.hardware.gpus_per_node)
+    if req.measured is not None:
+        tps = tuple(t for t in tps if t == req.measured.tp)
+    return sorted(set(tps))
+
+
+def tp_divides(req: PlanRequest, tp: int) -> bool:
+    """Whether ``tp`` divides the GPUs and the model's heads, KV heads and FFN width."""
+    m = req.model
+    return not (req.gpus % tp or m.heads % tp or m.num_kv_heads % tp or m.ffn_size % tp)
 
 
 def choices(req: PlanRequest, pp: int, m: int) -> list[ScheduleChoice]:
@@ -75,7 +86,7 @@ def choices(req: PlanRequest, pp: int, m: int) -> list[ScheduleChoice]:
         else:
             vs = (1,)
         for v in vs:
-            if pp * v > _max_stages(req):
+            if pp * v > max_stages(req):
                 continue
             if family == "interleaved-1f1b" and m % pp:
                 continue
@@ -130,7 +141,7 @@ def level(choice: ScheduleChoice) -> int:
     return 5 if recompute == RecomputePolicy("first", v) and v > 1 else 2
 
 
-def _max_stages(req: PlanRequest) -> int:
+def max_stages(req: PlanRequest) -> int:
     """Stages the layers can fill: one layer each, plus an embedding-only and a head-only stage when the
     split is balanced."""
     return req.model.layers + (2 if req.split == "balanced" else 0)

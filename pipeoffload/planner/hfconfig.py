@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.llama_config import ARCHITECTURES, LlamaShape, moe_field
+from pipeoffload.llama_config import ARCHITECTURES, LlamaShape, moe_field, set_apart_head_dim
 from pipeoffload.planner.model import ModelSpec
 
 _KEYS = {  # ModelSpec field -> config.json keys, first found wins
@@ -61,16 +61,8 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
     gated = act in ("silu", "swiglu", "swish")
     values.setdefault("seq", 2048)
     return ModelSpec(name=_name(data, path), gated_mlp=gated, dropout=not gated, bias=not gated,
-                     head_size=_head_size(data, values),
+                     head_size=set_apart_head_dim(data.get("head_dim"), values["heads"], values["hidden"]),
                      tied_embeddings=bool(data.get("tie_word_embeddings", not gated)), **values)
-
-
-def _head_size(data: dict[str, Any], values: dict[str, Any]) -> int | None:
-    """config.json's ``head_dim`` where it sets the attention width apart from the hidden size, else None."""
-    explicit = data.get("head_dim")
-    if not explicit or int(explicit) * values["heads"] == values["hidden"]:
-        return None
-    return int(explicit)
 
 
 def _name(data: dict[str, Any], path: Path) -> str:

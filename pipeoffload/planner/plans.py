@@ -76,8 +76,14 @@ class PlanRequest:
     def families(self) -> tuple[str, ...]:
         if self.schedules is not None:
             return tuple(get_spec(n).name for n in self.schedules)
-        known = set(schedule_names())
-        return tuple(n for n in DEFAULT_SCHEDULES if n in known and SUPERSEDED.get(n) not in known)
+        return default_families()
+
+
+def default_families() -> tuple[str, ...]:
+    """The families a search tries without ``schedules``: ``DEFAULT_SCHEDULES`` this build registers, less
+    those a registered family supersedes."""
+    known = set(schedule_names())
+    return tuple(n for n in DEFAULT_SCHEDULES if n in known and SUPERSEDED.get(n) not in known)
 
 
 @dataclass(frozen=True)

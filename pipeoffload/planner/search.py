@@ -19,7 +19,17 @@ from dataclasses import replace
 
 from pipeoffload._perf import Memo, gc_paused
 from pipeoffload.errors import ConfigError
-from pipeoffload.planner.candidates import MAX_LEVEL, Candidate, count, enumerate_candidates, evaluate, level
+from pipeoffload.planner.candidates import (
+    MAX_LEVEL,
+    Candidate,
+    count,
+    enumerate_candidates,
+    evaluate,
+    level,
+    max_stages,
+    tp_divides,
+    tp_sizes,
+)
 from pipeoffload.planner.evaluate import SimSummary, lowering_options, simulate_choice
 from pipeoffload.planner.plans import GIB, InfeasibleError, Plan, PlanRequest, SearchResult, pareto_front
 from pipeoffload.policies import RecomputePolicy
@@ -58,10 +68,8 @@ def _no_candidate_message(req: PlanRequest, skipped: dict[str, int]) -> str:
     what = f"no layout for {req.gpus} GPUs and global batch {req.global_batch}"
     if not req.families():
         return f"{what}: the list of schedule families (--schedules) is empty; name at least one, e.g. --schedules 1f1b"
-    hw, model = req.hardware, req.model
-    tps = [t for t in (req.tp_sizes or [t for t in range(1, req.gpus + 1) if t <= hw.gpus_per_node])
-           if not (req.gpus % t or model.heads % t or model.num_kv_heads % t or model.ffn_size % t)]
-    stages = model.layers + (2 if req.split == "balanced" else 0)
+    tps = [t for t in tp_sizes(req) if tp_divides(req, t)]
+    stages = max_stages(req)
     if req.pp_sizes and tps:
         dividing = [pp for pp in req.pp_sizes if any((req.gpus // t) % pp == 0 for t in tps)]
         if not dividing:
@@ -69,7 +77,7 @@ def _no_candidate_message(req: PlanRequest, skipped: dict[str, int]) -> str:
             return (f"{what}: --pp {sizes} does not divide the GPUs left per pipeline ({req.gpus} / TP for TP in "
                     f"{', '.join(map(str, tps))}); use a --pp that divides {req.gpus} / TP")
         if all(pp > stages for pp in dividing):
-            return (f"{what}: --pp {', '.join(map(str, dividing))} is more stages than the {model.layers} layers "
+            return (f"{what}: --pp {', '.join(map(str, dividing))} is more stages than the {req.model.layers} layers "
                     f"fill; use --pp {stages} or fewer")
     reasons = "; ".join(f"{k} ({n}x)" for k, n in skipped.items())
     if "global batch not divisible by DP x microbatch size" in skipped:

@@ -2,27 +2,19 @@
 said, numbers labelled alike that differ, and messages naming the wrong cause."""
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shlex
 from pathlib import Path
 
 import pytest
 
-from pipeoffload.cli import main
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.hardware import hardware_preset, load_hardware
+from tests.conftest import run_cli
 
 
 def _run(command: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(shlex.split(command))
-        except SystemExit as exit_:
-            code = int(exit_.code or 0)
-    return code, out.getvalue(), err.getvalue()
+    return run_cli(*shlex.split(command))
 
 
 def _ok(command: str) -> str:
