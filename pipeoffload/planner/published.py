@@ -6,15 +6,16 @@ utilisation (no recomputation counted) as each paper reports it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from pipeoffload.planner.hardware import HardwareSpec
+from pipeoffload.planner.hardware import HARDWARE_PRESETS, HardwareSpec
 from pipeoffload.planner.model import ModelSpec
 
 
 @dataclass(frozen=True)
 class Published:
-    gpu: str  # hardware preset name
+    gpu: str  # hardware preset name: the figure holds for any GPU with that preset's peak FLOP/s
     min_params: float  # model class: dense decoder-only transformers of at least this many parameters
     mfu: float
     source: str
@@ -28,10 +29,17 @@ BEST_PUBLISHED = (
 )
 
 
+def same_gpu(hw: HardwareSpec, preset: str) -> bool:
+    """Whether ``hw`` is the GPU of ``preset``: the same datasheet peak FLOP/s (what MFU is a share of),
+    whatever its display name (``--hw name=my-a100``, a hardware file built on the preset or giving its
+    ``peak_tflops``; an A100 40 GB too, as the same chip)."""
+    return math.isclose(hw.peak_flops, HARDWARE_PRESETS[preset].peak_flops, rel_tol=1e-3)
+
+
 def best_published(hw: HardwareSpec, model: ModelSpec) -> Published | None:
-    """The best published figure for this GPU preset and model size class, if we know one."""
+    """The best published figure for this GPU and model size class, if we know one."""
     params = model.total_params()
-    found = [p for p in BEST_PUBLISHED if p.gpu == hw.name and params >= p.min_params]
+    found = [p for p in BEST_PUBLISHED if same_gpu(hw, p.gpu) and params >= p.min_params]
     return max(found, key=lambda p: p.min_params) if found else None
 
 

@@ -266,3 +266,26 @@ def test_full_recompute_with_a_split_backward_is_refused_not_under_counted(sched
     # to W (each layer's linear inputs): it used to report 1F1B's activations for zb-h1
     with pytest.raises(ConfigError, match=r"--recompute full with --schedule .* is not modelled"):
         _req(schedule=schedule, recompute="full")
+
+
+def test_the_mfu_warning_follows_the_gpu_not_its_name(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A renamed A100 (``--hw name=...``, or a hardware file built on the a100 preset or giving its
+    312 TFLOP/s peak) is still an A100: the published bound still applies; another GPU's peak does not."""
+    from tests.conftest import run_cli
+
+    big = dict(model=model_preset("gpt3-175b"), tp=8, pp=8, dp=1, global_batch=512)
+    renamed = estimate(EstimateRequest(hardware=A100.override(name="my-a100"), **big))  # type: ignore[arg-type]
+    assert renamed.mfu > 0.552 and any("best published 55.2%" in w for w in renamed.warnings)
+    h100 = hardware_preset("h100")
+    assert not any("best published" in w for w in estimate(EstimateRequest(hardware=h100, **big)).warnings)  # type: ignore[arg-type]
+    argv = ["estimate", "--model", "gpt3-175b", "--tp", "8", "--pp", "8", "--global-batch", "512"]
+    code, _, err = run_cli(*argv, "--gpu", "a100", "--hw", "name=my-a100")
+    assert code == 0 and "above the best published 55.2%" in err
+    (tmp_path / "gpu.toml").write_text('preset = "a100"\nname = "lab-a100"\nmemory_gib = 40\n')
+    code, _, err = run_cli(*argv, "--gpu", "h100", "--hardware-file", str(tmp_path / "gpu.toml"))
+    assert code == 0 and "lab-a100" not in err and "above the best published 55.2%" in err
+    fields = {k: v for k, v in A100.as_dict().items() if k not in ("sources", "name", "peak_flops", "network") and v is not None}
+    (tmp_path / "own.toml").write_text("".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}\n"
+                                               for k, v in fields.items()) + 'name = "x"\npeak_tflops = 312\n')
+    code, _, err = run_cli(*argv, "--gpu", "h100", "--hardware-file", str(tmp_path / "own.toml"))
+    assert code == 0 and "above the best published 55.2%" in err, err
