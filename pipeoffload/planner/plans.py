@@ -16,6 +16,8 @@ DEFAULT_SCHEDULES = ("1f1b", "zb-h1", "interleaved-1f1b", "group-interleaved", "
 # group-interleaved with g = d has interleaved 1F1B's memory and a smaller bubble (split backward), so
 # Megatron's interleaved 1F1B is searched by default only in builds without it.
 SUPERSEDED = {"interleaved-1f1b": "group-interleaved"}
+EMPTY_SCHEDULES = ("the list of schedule families (--schedules) is empty; name at least one, e.g. --schedules 1f1b, "
+                   "or leave it out to try the defaults")
 
 
 class InfeasibleError(ConfigError):
@@ -63,6 +65,8 @@ class PlanRequest:
             raise ConfigError(f"memory budget {self.memory_budget / GIB:.2f} GiB is above the "
                               f"{self.hardware.name}'s {self.hardware.memory_bytes / GIB:.2f} GiB; "
                               "use at most the device's memory")
+        if self.schedules is not None and not self.schedules:  # searched nothing, and said only "no layout"
+            raise ConfigError(EMPTY_SCHEDULES)
         for name in self.schedules or ():
             get_spec(name)  # unknown names fail here with the list of valid ones
         if self.split not in ("even", "balanced"):

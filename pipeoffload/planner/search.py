@@ -62,12 +62,10 @@ def find_plans(req: PlanRequest) -> SearchResult:
 
 
 def _no_candidate_message(req: PlanRequest, skipped: dict[str, int]) -> str:
-    """The one line for a search with nothing to try, naming the real cause: no family to try, a --pp
+    """The one line for a search with nothing to try, naming the real cause: a --pp
     that does not divide the GPUs (or is more stages than the layers fill), then the skipped layouts'
     own reasons (a batch not divisible by DP x microbatch size)."""
     what = f"no layout for {req.gpus} GPUs and global batch {req.global_batch}"
-    if not req.families():
-        return f"{what}: the list of schedule families (--schedules) is empty; name at least one, e.g. --schedules 1f1b"
     tps = [t for t in tp_sizes(req) if tp_divides(req, t)]
     stages = max_stages(req)
     if req.pp_sizes and tps:

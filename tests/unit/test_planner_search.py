@@ -117,6 +117,18 @@ def test_layout_errors_explain_themselves() -> None:
         _request(40, schedules=("zigzag",))
 
 
+def test_an_empty_schedule_list_is_refused_by_the_request() -> None:
+    """``schedules=()`` searched nothing through the API; it is refused in one line naming the fix, in
+    the words ``plan --schedules ''`` uses."""
+    from pipeoffload.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        _request(40, schedules=())
+    message = str(err.value)
+    assert "\n" not in message and "(--schedules) is empty" in message and "e.g. --schedules 1f1b" in message
+    assert _request(40, schedules=None).families()  # None still means the defaults
+
+
 def test_plan_cli_json(capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["plan", "--model", "gpt3-2.7b", "--layers", "16", "--gpus", "8", "--global-batch", "32",
                  "--memory", "40", "--json", "--top", "3"]) == 0
