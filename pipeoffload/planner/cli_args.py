@@ -25,6 +25,9 @@ def add_model_args(parser: argparse.ArgumentParser, *, require_shape: bool = Fal
                                        "Hugging Face directory's config.json (flags below override it)")
     for flag in _SHAPE_FLAGS:
         group.add_argument("--" + flag.replace("_", "-"), type=int, default=None, metavar="N")
+    group.add_argument("--head-dim", type=int, default=None, metavar="N",
+                       help="width of one attention head (default: the preset's, else hidden / heads); the "
+                            "attention width heads x head-dim may differ from hidden (Mistral-Nemo)")
     group.add_argument("--no-flash", action="store_true", help="unfused attention (adds the 5*a*s^2*b term)")
     group.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=None,
                        help="SwiGLU MLP (default: the preset's; GPT-style GeLU without a preset)")
@@ -45,10 +48,17 @@ def add_hardware_args(parser: argparse.ArgumentParser) -> None:
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
-    """A preset or ``hf:DIR`` with overrides, or a GPT-shaped model (head size 128, FFN 4h) built from the flags."""
+    """A preset or ``hf:DIR`` with overrides, or a GPT-shaped model (head size 128, FFN 4h) built from the
+    flags; ``--head-dim`` sets the head width (without ``--heads``, heads = hidden / head-dim)."""
     given = {k: getattr(args, k) for k in _SHAPE_FLAGS if getattr(args, k) is not None}
     if "microbatch_size" in given:
         given["microbatch"] = given.pop("microbatch_size")
+    head_dim = getattr(args, "head_dim", None)
+    if head_dim is not None:
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+            raise ConfigError(f"--head-dim {head_dim}: must be a whole number >= 1 (the width of one attention "
+                              "head, e.g. 128); leave it out for hidden / heads")
+        given["head_size"] = head_dim
     if args.model and args.model.startswith("hf:"):
         from pipeoffload.planner.hfconfig import model_from_hf_config
 
@@ -60,9 +70,11 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
         if missing:
             raise ConfigError(f"no --model preset and no {' '.join(missing)}: give a preset or the model's shape")
         hidden = given["hidden"]
-        given.setdefault("heads", max(1, hidden // 128))
+        given.setdefault("heads", max(1, hidden // (head_dim or 128)))
         given.setdefault("layers", 1)
         spec = ModelSpec(name=f"gpt-h{hidden}", **given)
+    if spec.head_size is not None and spec.head_size * spec.heads == spec.hidden:
+        spec = spec.with_(head_size=None)  # the default width, said explicitly: the same model
     return with_model_switches(spec, args)
 
 

@@ -7,7 +7,7 @@ it offloads), max_stall (a stall budget's plan only), recompute, microbatches; `
 tp, nproc; ``[data]`` global_batch; and ``[model]`` source = "hf:DIR" and seq_len when the model was read
 from a local Hugging Face directory (train builds it from the same config.json), else
 layers/hidden/heads/seq_len of the reference GPT when the model is GPT-shaped (multi-head attention,
-FFN 4h, GeLU), since that is the model the train command builds. ``plan_config`` gives the same keys flat (the train flags with ``-`` as ``_``).
+head width hidden / heads, FFN 4h, GeLU), since that is the model the train command builds. ``plan_config`` gives the same keys flat (the train flags with ``-`` as ``_``).
 The recompute policy is written as the plan's table shows it: the planner's memory model assumes
 LGD partial recomputation with offload (a GPU kernel choice), which ``train`` does not perform.
 """
@@ -22,7 +22,8 @@ from pipeoffload.planner.stagecosts import layer_copy_and_compute, setup_layer_c
 
 
 def is_gpt_like(model: ModelSpec) -> bool:
-    return not model.gated_mlp and model.num_kv_heads == model.heads and model.ffn_size == 4 * model.hidden
+    return (not model.gated_mlp and model.num_kv_heads == model.heads and model.ffn_size == 4 * model.hidden
+            and model.attention_width == model.hidden)  # train's GPT has head_dim = hidden / heads
 
 
 def _toml_value(value: object) -> str:

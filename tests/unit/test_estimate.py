@@ -289,3 +289,40 @@ def test_the_mfu_warning_follows_the_gpu_not_its_name(tmp_path) -> None:  # type
                                                for k, v in fields.items()) + 'name = "x"\npeak_tflops = 312\n')
     code, _, err = run_cli(*argv, "--gpu", "h100", "--hardware-file", str(tmp_path / "own.toml"))
     assert code == 0 and "above the best published 55.2%" in err, err
+
+
+def test_head_dim_flag_sets_the_attention_width() -> None:
+    """``--head-dim`` (estimate, plan, k) sets the head width apart from hidden / heads: each layer's
+    Q, K, V and projection weights and their biases scale with A = heads x head-dim, (4h + 3) x A weights
+    (multi-head attention, with biases), each held at 18 bytes (bf16 weight, fp32 gradient, Adam)."""
+    from pipeoffload.planner.emit import is_gpt_like
+    from tests.conftest import run_cli
+
+    def memory(*flags: str) -> tuple[float, dict]:
+        code, out, err = run_cli("estimate", *SHAPE, "--global-batch", "8", "--json", *flags)
+        assert code == 0, err
+        data = json.loads(out)
+        return (data["memory_gib"]["per_rank"][0] - data["memory_gib"]["activations_per_rank"][0]) * GIB, data
+
+    default, data = memory()
+    half, _ = memory("--head-dim", "64")
+    assert default - half == pytest.approx(24 * (4 * 2048 + 3) * (16 * 128 - 16 * 64) * 18, rel=1e-9)
+    assert memory("--head-dim", "128")[1] == data  # hidden / heads said explicitly: the same model
+    code, out, _ = run_cli("k", *SHAPE, "--json")
+    assert code == 0
+    code, narrow, _ = run_cli("k", *SHAPE, "--json", "--head-dim", "64")
+    assert code == 0 and json.loads(narrow)["cost_model_k"] != json.loads(out)["cost_model_k"]
+    assert "--head-dim" in run_cli("plan", "--help")[1]
+    wide = ModelSpec(name="x", layers=2, hidden=2048, heads=16, seq=2048, head_size=256)
+    assert not is_gpt_like(wide) and is_gpt_like(wide.with_(head_size=None))  # plan --emit: train's GPT differs
+
+
+@pytest.mark.parametrize("value, needle", [("0", "--head-dim 0: must be a whole number >= 1"),
+                                           ("-64", "--head-dim -64: must be a whole number >= 1"),
+                                           ("x", "--head-dim: invalid int value: 'x'")])
+def test_a_bad_head_dim_is_one_line(value: str, needle: str) -> None:
+    from tests.conftest import run_cli
+
+    for command in (["estimate", "--global-batch", "8"], ["k"]):
+        code, _, err = run_cli(*command, *SHAPE, "--head-dim", value)
+        assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
