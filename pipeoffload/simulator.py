@@ -118,7 +118,13 @@ class Timeline:
 
     @property
     def stall(self) -> float:
+        """Time compute lanes waited for reloads, summed over ranks (not the step's lengthening)."""
         return sum(r.stall for r in self.per_rank)
+
+    @property
+    def max_rank_stall(self) -> float:
+        """The stall of the rank that waited longest for its reloads."""
+        return max((r.stall for r in self.per_rank), default=0.0)
 
     def events(self, rank: int):  # type: ignore[no-untyped-def]
         """(action, start, end) for one rank in list order."""
@@ -137,7 +143,9 @@ class Timeline:
             "peak_activation_units": self.peak_activation_units,
             "peak_rank_units": self.peak_rank_units,
             "peak_host_units": self.peak_host_units,
-            "stall": self.stall,
+            "stall": self.stall,  # summed over ranks: kept under this name for compatibility
+            "stall_summed_over_ranks": self.stall,
+            "stall_max_over_ranks": self.max_rank_stall,
             "offloaded": sum(1 for r in s.actions for a in r if a.kind == K.OFFLOAD),
             "offloaded_after_i": sum(1 for r in s.actions for a in r if a.kind == K.OFFLOAD_W),
             "recomputed": sum(1 for r in s.actions for a in r if a.kind == K.R),

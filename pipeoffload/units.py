@@ -36,7 +36,9 @@ def units_dict(time_unit: str = TIME_UNIT) -> dict[str, str]:
         "memory": MEMORY_UNIT_HELP,
         "activation_units": "one microbatch's saved activations for one stage (rank units x stages_per_rank)",
         "fields": "*_rank_units in rank units; peak_activation_units and peak_host_units in activation units; "
-                  "makespan, busy and stall in the time unit; offloaded and recomputed count activations",
+                  "makespan, busy and stall in the time unit (the top-level stall, as stall_summed_over_ranks, is "
+                  "summed over ranks; stall_max_over_ranks is the worst rank's; per_rank's each rank's); offloaded "
+                  "and recomputed count activations",
     }
 
 

@@ -47,3 +47,18 @@ def test_bad_policy_exits_2_with_one_line(capsys) -> None:  # type: ignore[no-un
     assert "valid forms" in err and len(err.strip().splitlines()) == 1
     assert main(["simulate", "1f1b", "--group-size", "2"]) == 2
     assert "does not take option(s) group_size" in capsys.readouterr().err
+
+
+def test_json_says_the_stall_is_summed_over_ranks(capsys) -> None:  # type: ignore[no-untyped-def]
+    """``stall`` (kept as it was) is the sum over ranks, as the text's "(summed over ranks)"; the JSON
+    also names it (``stall_summed_over_ranks``) and gives the worst rank's (``stall_max_over_ranks``),
+    and ``units`` says what each is."""
+    data = _json(capsys, "zb-v", "-d", "8", "-m", "32", "--offload", "all", "--offload-ratio", "0.68",
+                 "--max-stall", "2")
+    stalls = [r["stall"] for r in data["per_rank"]]
+    assert data["stall"] > max(stalls) > 0  # several ranks stall: the sum is above any one of them
+    assert data["stall_summed_over_ranks"] == data["stall"] == sum(stalls)
+    assert data["stall_max_over_ranks"] == max(stalls)
+    assert "stall_summed_over_ranks" in data["units"]["fields"] and "stall_max_over_ranks" in data["units"]["fields"]
+    none = _json(capsys, "1f1b", "-d", "4", "-m", "8")
+    assert none["stall"] == none["stall_summed_over_ranks"] == none["stall_max_over_ranks"] == 0
