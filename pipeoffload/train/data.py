@@ -214,6 +214,20 @@ def tokenize(data: str, tokenizer: Tokenizer, val_fraction: float) -> tuple[np.n
     return np.asarray(train + val, dtype=dtype), len(train)
 
 
+def sequence_counts(tokens: int, seq_len: int, val_fraction: float, split: int | None = None) -> tuple[int, int, int]:
+    """(where the validation tail starts, training sequences, validation sequences) of ``tokens`` tokens:
+    the tail starts at ``split`` when given (a BPE corpus, split as text), else at the last ``val_fraction``;
+    a window needs ``seq_len + 1`` tokens. ``Corpus`` and the launcher's preflight both count with it."""
+    val_start = int(tokens * (1 - val_fraction)) if split is None else split
+    return val_start, max(0, (val_start - 1) // seq_len), max(0, (tokens - val_start - 1) // seq_len)
+
+
+def val_batches_held(num_val: int, global_batch: int) -> int:
+    """Whole batches of ``global_batch`` of ``num_val`` held-out sequences (1 when there are fewer: that
+    batch repeats some): the most validation batches a run evaluates, whatever ``eval_batches`` asks."""
+    return max(1, num_val // global_batch)
+
+
 @dataclass
 class Corpus:
     """The token stream split into training windows and a held-out validation tail, which starts at
@@ -230,9 +244,7 @@ class Corpus:
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
-        self.val_start = int(n * (1 - self.val_fraction)) if self.split is None else self.split
-        self.num_train = max(0, (self.val_start - 1) // self.seq_len)  # a window needs seq_len + 1 tokens
-        self.num_val = max(0, (n - self.val_start - 1) // self.seq_len)
+        self.val_start, self.num_train, self.num_val = sequence_counts(n, self.seq_len, self.val_fraction, self.split)
         if self.num_train < 1 or self.num_val < 1:
             raise ConfigError(
                 f"data: {n} tokens give {self.num_train} training and {self.num_val} validation sequences of "
@@ -271,8 +283,8 @@ class Corpus:
         return self.batch(idx[dp_rank * share:(dp_rank + 1) * share])
 
     def val_batches_held(self, global_batch: int) -> int:
-        """Whole batches of ``global_batch`` held-out sequences (1 when there are fewer: that batch repeats some)."""
-        return max(1, self.num_val // global_batch)
+        """Whole batches of ``global_batch`` held-out sequences (``val_batches_held`` of ``num_val``)."""
+        return val_batches_held(self.num_val, global_batch)
 
     def val_batches(self, count: int, global_batch: int, dp: int, dp_rank: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """The first ``count`` validation batches (fixed, the same every evaluation), this replica's slice;

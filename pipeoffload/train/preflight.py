@@ -5,8 +5,9 @@ before ``config.toml`` or ``train.log`` exist and before any rank starts: a toke
 truncated, not an array, of a non-integer dtype, with negative ids or ids implying an absurd
 vocabulary; too little text for one training and one validation sequence; and a run whose memory
 cannot fit on this machine, by a lower bound (weights, gradients and AdamW's state, the held-out
-batches every rank materializes, the text as each rank holds it, one microbatch's activations), so
-a run that is refused could not have run. Torch-free (numpy reads the token file's header and ids).
+batches every rank materializes (eval_batches, capped as the ranks cap it), the text as each rank
+holds it, one microbatch's activations), so a run that is refused could not have run. Torch-free
+(numpy reads the token file's header and ids).
 """
 from __future__ import annotations
 
@@ -116,9 +117,10 @@ def _load_npy(data: str) -> np.ndarray:
 def check_sequences(tokens: int, cfg: TrainConfig, at_most: bool = False) -> None:
     """At least one training and one validation sequence (the rule ``data.Corpus`` applies in the ranks);
     ``at_most``: ``tokens`` is an upper bound, so only a certain failure is refused here."""
-    seq, frac = cfg.model.seq_len, cfg.data.val_fraction
-    val_start = int(tokens * (1 - frac))
-    train, val = (val_start - 1) // seq, (tokens - val_start - 1) // seq
+    from pipeoffload.train.data import sequence_counts
+
+    seq = cfg.model.seq_len
+    _, train, val = sequence_counts(tokens, seq, cfg.data.val_fraction)
     if train < 1 or val < 1:
         raise ConfigError(f"data: {'at most ' if at_most else ''}{tokens} tokens give {train} training and {val} "
                           f"validation sequences of seq_len={seq}; use more text or a smaller --seq-len")
@@ -155,10 +157,22 @@ def memory_lower_bound(cfg: TrainConfig, facts: DataFacts, local_ranks: int | No
     world = cfg.world
     local = local_ranks if local_ranks is not None else _local_ranks(world)
     per_replica = cfg.data.global_batch // p.dp
-    held_out = cfg.metrics.eval_batches * per_replica * m.seq_len * 16  # int64 inputs and targets, every rank
+    held_out = held_out_batches(cfg, facts) * per_replica * m.seq_len * 16  # int64 inputs and targets, every rank
     micro = per_replica // cfg.schedule.microbatches
     activations = p.dp * micro * m.seq_len * (m.layers * m.hidden + 3 * vocab) * 4
     return (model_state_bytes(cfg, vocab) + activations) * local // world + local * (held_out + facts.resident_bytes)
+
+
+def held_out_batches(cfg: TrainConfig, facts: DataFacts) -> int:
+    """The validation batches each rank will hold: ``eval_batches``, capped at the whole batches the
+    held-out data holds (``data.val_batches_held``, the ranks' own cap); where ``facts.tokens`` is only an
+    upper bound (a BPE or a model's tokenizer), the one batch surely held, so the bound stays a lower one."""
+    from pipeoffload.train.data import sequence_counts, val_batches_held
+
+    if not facts.exact:
+        return 1
+    _, _, num_val = sequence_counts(facts.tokens, cfg.model.seq_len, cfg.data.val_fraction)
+    return min(cfg.metrics.eval_batches, val_batches_held(num_val, cfg.data.global_batch))
 
 
 def _local_ranks(world: int) -> int:
@@ -193,8 +207,8 @@ def check_memory(cfg: TrainConfig, facts: DataFacts, available: int | None) -> N
         raise ConfigError(
             f"the run needs at least {_gib(need)} of memory on this machine (estimated: model state "
             f"{_gib(model_state_bytes(cfg, cfg.model.vocab or facts.vocab or 256))} for layers="
-            f"{cfg.model.layers} hidden={cfg.model.hidden}, held-out batches for eval_batches="
-            f"{cfg.metrics.eval_batches}) but {_gib(available)} are available; make the model or "
+            f"{cfg.model.layers} hidden={cfg.model.hidden}, {held_out_batches(cfg, facts)} held-out batches for "
+            f"eval_batches={cfg.metrics.eval_batches}) but {_gib(available)} are available; make the model or "
             "--eval-batches smaller")
 
 

@@ -64,7 +64,6 @@ CASES = [  # (flags, words the one line must contain); {tmp} is the test's folde
     (["--data", "{tmp}/tiny.txt", "--tokenizer", "bpe:300"], ["at most 9 tokens give", "--seq-len"]),
     (["--data", "{tmp}/no_text"], ["no text files"]),
     (["--out", "{tmp}/a_file"], ["out=", "not a folder"]),
-    (["--eval-batches", "100000000"], ["needs at least", "GiB", "eval_batches=100000000"]),
     (["--layers", "1000000"], ["needs at least", "GiB", "layers=1000000"]),
     (["--model", "llama", "--vocab", "300", "--data", "{tmp}/tokens.npy"], ["vocab=300", "--vocab"]),
     (["--steps", "5", "--extend"], ["--extend", "--resume"]),
@@ -96,12 +95,13 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path: Path, capsys:
 
 def test_the_memory_bound_scales_with_the_model_and_the_held_out_batches() -> None:
     cfg = validate(TrainConfig.build())
-    facts = DataFacts(tokens=10**6, vocab=256, resident_bytes=0)
+    facts = DataFacts(tokens=10**11, vocab=256, resident_bytes=0)  # held-out data for 9.7 million batches
     small = memory_lower_bound(cfg, facts, local_ranks=1)
     assert small < 64 * 2**20  # the default toy GPT: megabytes
     assert memory_lower_bound(cfg.updated(eval_batches=10**6), facts, 1) - small == (10**6 - 2) * 8 * 64 * 16
     check_memory(cfg, facts, available=GIB)
-    with pytest.raises(ConfigError, match=r"needs at least 7\.6 GiB .* but 4\.0 GiB are available"):
+    with pytest.raises(ConfigError, match=r"needs at least 7\.6 GiB .*1000000 held-out batches for "
+                       r"eval_batches=1000000\) but 4\.0 GiB are available"):
         check_memory(cfg.updated(eval_batches=10**6), facts, available=4 * GIB)
     zero = cfg.updated(dp=2, global_batch=8, microbatches=4, zero=1, nproc=2)
     assert memory_lower_bound(zero, facts, 2) < memory_lower_bound(zero.updated(zero=0), facts, 2)
@@ -129,3 +129,32 @@ def test_the_parameter_count_is_the_reference_gpts() -> None:
 
     cfg = validate(TrainConfig.build(layers=3, hidden=96, heads=4, seq_len=40))
     assert gpt_parameters(cfg, 300) == sum(p.numel() for p in full_gpt(cfg, 300).parameters())
+
+
+def test_the_memory_bound_counts_only_the_held_out_batches_the_data_holds() -> None:
+    """eval_batches beyond the held-out data is capped in the ranks (``data.val_batches_held``): the bound
+    counts the batches that will be held, so a large eval_batches neither refuses nor over-counts a run."""
+    from pipeoffload.train.data import Corpus
+
+    cfg = validate(TrainConfig.build())  # seq_len 64, global_batch 8, val_fraction 0.05
+    facts = DataFacts(tokens=200_000, vocab=256, resident_bytes=0)
+    held = Corpus(np.zeros(facts.tokens, dtype=np.uint16), 256, 64, 0.05).val_batches_held(8)
+    assert held == 19  # 9,999 held-out tokens: 156 sequences, 19 whole batches of 8
+    batch = 8 * 64 * 16  # int64 inputs and targets of one batch
+    base = memory_lower_bound(cfg, facts, 1)
+    assert memory_lower_bound(cfg.updated(eval_batches=held), facts, 1) - base == (held - 2) * batch
+    assert memory_lower_bound(cfg.updated(eval_batches=10**8), facts, 1) - base == (held - 2) * batch
+    check_memory(cfg.updated(eval_batches=10**8), facts, available=GIB)  # 19 batches: megabytes, not 6 TiB
+    # a BPE's token count is an upper bound: only the one batch surely held counts toward the lower bound
+    bpe = DataFacts(tokens=200_000, vocab=300, resident_bytes=0, exact=False)
+    assert memory_lower_bound(cfg.updated(eval_batches=10**8), bpe, 1) == \
+        memory_lower_bound(cfg.updated(eval_batches=1), bpe, 1)
+
+
+def test_a_large_eval_batches_on_little_held_out_text_is_not_refused(tmp_path: Path) -> None:
+    text = tmp_path / "t.txt"
+    text.write_text("x" * 100_000)
+    from pipeoffload.train.preflight import check_run
+
+    check_run(validate(TrainConfig.build(data=str(text), eval_batches=10**8, out=str(tmp_path / "run"))),
+              available=4 * GIB)
