@@ -25,8 +25,12 @@ PLANNED = ("pp", "tp", "dp", "schedule", "stages_per_rank", "group_size", "offlo
 _POST_FILTER_TOP = 25  # plans kept exactly when a key the search cannot restrict (v, g) filters them
 
 
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}  # bytes of an activation the run saves (bf16: autocast's outputs)
+
+
 def planner_model(cfg: TrainConfig) -> Any:
-    """The planner's ``ModelSpec`` of the model this config trains, at its sequence length, microbatch 1."""
+    """The planner's ``ModelSpec`` of the model this config trains, at its sequence length, microbatch 1,
+    with the activations of its ``dtype`` (fp32: 4 bytes, bf16: 2)."""
     from pipeoffload.planner import ModelSpec
     from pipeoffload.train.family import hf_path, kind, shape_from_keys
 
@@ -42,7 +46,19 @@ def planner_model(cfg: TrainConfig) -> Any:
     else:
         spec = ModelSpec(name="gpt", layers=m.layers, hidden=m.hidden, heads=m.heads, seq=m.seq_len,
                          vocab=_tokenizer_vocab(cfg.data.tokenizer), dropout=False)
-    return spec.with_(seq=m.seq_len, microbatch=1, flash_attention=False)
+    return spec.with_(seq=m.seq_len, microbatch=1, flash_attention=False, dtype_bytes=DTYPE_BYTES[m.dtype])
+
+
+def planner_setup(cfg: TrainConfig) -> Any:
+    """The planner's ``TrainingSetup`` of this run: fp32 parameters and gradients in either dtype (bf16 is
+    autocast, so there is no separate fp32 master copy) and AdamW's two fp32 moments, those sharded over
+    the dp replicas only with ``zero`` or ``fsdp`` (the planner's default is Megatron's bf16 weights, fp32
+    master weights and a distributed optimizer)."""
+    from pipeoffload.planner import TrainingSetup
+
+    p = cfg.parallel
+    return TrainingSetup(weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0,
+                         distributed_optimizer=bool(p.zero or p.fsdp))
 
 
 def _tokenizer_vocab(tokenizer: str) -> int:
@@ -100,7 +116,7 @@ def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, 
              if k in explicit and not (k in ("stages_per_rank", "group_size") and cfg.get(k) == 0)}
     requests = _requests(cfg, fixed, model, _layouts(cfg, fixed, ranks, hardware),
                          dict(hardware=hardware, gpus=ranks, global_batch=cfg.data.global_batch,
-                              memory_budget=memory_gib * GIB))
+                              memory_budget=memory_gib * GIB, setup=planner_setup(cfg)))
     found = _best_keeping(requests, fixed)
     if found is None:
         keep = f" keeping {_fixed_text(fixed)}" if fixed else ""

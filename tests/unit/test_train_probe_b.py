@@ -226,3 +226,36 @@ def test_extend_below_the_checkpoint_says_n_must_be_above_its_step(tmp_path: Pat
     assert done.returncode == 0, done.stderr
     line = _one_line(_cli("--resume", str(run), "--steps", "1", "--extend"))
     assert "step 2" in line and "--steps N --extend with N above 2" in line, line
+
+
+# ---- ninth session: --plan auto plans the run's dtype and parameter state ------------------------------
+def _planned_memory(planned: list[Any], *flags: str) -> tuple[Any, Any]:
+    """(the planner's model, the memory of the plan) --plan auto chose for ``flags`` (pp 2, 1F1B, nothing
+    offloaded or recomputed)."""
+    from pipeoffload.planner import find_plans
+
+    _resolve("--plan", "auto", "--memory", "40", "--nproc", "2", "--pp", "2", "--schedule", "1f1b",
+             "--offload", "none", "--recompute", "none", "--microbatches", "4", "--layers", "8", "--hidden", "256",
+             "--heads", "4", "--seq-len", "256", *flags)
+    request = planned[-1]
+    return request.model, find_plans(request).fitting[0].memory
+
+
+def test_plan_auto_plans_fp32_activations_at_4_bytes_and_bf16_at_2(planned: list[Any]) -> None:
+    (model32, fp32), (model16, bf16) = (_planned_memory(planned, "--dtype", d) for d in ("fp32", "bf16"))
+    assert (model32.dtype_bytes, model16.dtype_bytes) == (4, 2)
+    assert 1.9 < fp32.activations / bf16.activations <= 2.0  # the head's fp32 softmax is 4 bytes in both
+    # the parameters are fp32 in both (bf16 is autocast): 4-byte weights and gradients, AdamW's two moments
+    assert fp32.parameters == bf16.parameters and fp32.optimizer == bf16.optimizer
+    assert fp32.optimizer == fp32.parameters  # 8 bytes a parameter each, no separate fp32 master copy
+
+
+def test_plan_auto_shards_the_optimizer_state_only_with_zero(planned: list[Any]) -> None:
+    from pipeoffload.planner import find_plans
+
+    base = ("--plan", "auto", "--memory", "40", "--nproc", "2", "--dp", "2", "--layers", "4", "--hidden", "128")
+    _resolve(*base)
+    plain = find_plans(planned[-1]).fitting[0].memory
+    _resolve(*base, "--zero", "1")
+    zero = find_plans(planned[-1]).fitting[0].memory
+    assert plain.parameters == zero.parameters and plain.optimizer == pytest.approx(2 * zero.optimizer)
