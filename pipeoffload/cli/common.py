@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 import math
+import sys
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Schedule
@@ -15,7 +17,8 @@ from pipeoffload.service.argtypes import OneLineParser, non_negative_float, posi
 from pipeoffload.service.checks import checked, int_at_least
 
 __all__ = ["EXTRAS", "OneLineParser", "add_cost_args", "add_max_stall", "add_schedule_args", "model_and_hardware",
-           "non_negative_float", "missing_extra", "positive_int", "require_extra", "schedule_from_args"]
+           "non_negative_float", "missing_extra", "positive_int", "require_extra", "schedule_from_args",
+           "show_progress"]
 
 
 _SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab", "microbatch_size")
@@ -48,6 +51,16 @@ def checked_hardware(args: argparse.Namespace) -> HardwareSpec:
         raise
     except (ValueError, TypeError) as err:  # e.g. --hw memory_gib=abc: a number that is not one
         raise ConfigError(f"--hw {' --hw '.join(args.hw)}: {err}") from None
+
+
+def show_progress() -> None:
+    """Send the planner's periodic progress lines (logger ``pipeoffload.planner.progress``: ``plan``'s
+    search, ``estimate``'s simulation; each logs one after a few seconds) to stderr."""
+    logger = logging.getLogger("pipeoffload.planner.progress")
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    if not logging.getLogger().handlers and not logger.handlers:
+        logger.addHandler(logging.StreamHandler(sys.stderr))
 
 
 def add_schedule_args(parser: argparse.ArgumentParser) -> None:

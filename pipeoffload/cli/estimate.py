@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from pipeoffload import service
-from pipeoffload.cli.common import model_and_hardware, positive_int
+from pipeoffload.cli.common import model_and_hardware, positive_int, show_progress
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.estimate import GRAD_ACCUMULATION, P2P_MODES, RECOMPUTE_MODES, EstimateRequest
@@ -62,7 +62,9 @@ def request_from_args(args: argparse.Namespace) -> EstimateRequest:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = service.run(request_from_args(args))
+    request = request_from_args(args)
+    show_progress()  # a long simulation (an offload policy over many microbatches) says so after a few seconds
+    result = service.run(request)
     print(strict_json(result.as_dict(), indent=1) if args.json else result.text())
     for warning in result.warnings:
         print(f"pipeoffload estimate: warning: {warning}", file=sys.stderr)

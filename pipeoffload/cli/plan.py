@@ -5,7 +5,7 @@ import argparse
 import logging
 import sys
 
-from pipeoffload.cli.common import add_max_stall, model_and_hardware, positive_int
+from pipeoffload.cli.common import add_max_stall, model_and_hardware, positive_int, show_progress
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import check_writable
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
@@ -140,15 +140,6 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
     )
 
 
-def _show_progress() -> None:
-    """Send the search's periodic progress lines to stderr (it logs one after a few seconds)."""
-    logger = logging.getLogger("pipeoffload.planner.progress")
-    if logger.getEffectiveLevel() > logging.INFO:
-        logger.setLevel(logging.INFO)
-    if not logging.getLogger().handlers and not logger.handlers:
-        logger.addHandler(logging.StreamHandler(sys.stderr))
-
-
 def run(args: argparse.Namespace) -> int:
     if not args.compare_tp and (args.baseline is not None or args.match_memory):
         raise ConfigError(f"{'--baseline' if args.baseline is not None else '--match-memory'} only applies "
@@ -156,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     req = request_from_args(args)
     if args.emit:
         check_writable(args.emit, f"--emit {args.emit}")
-    _show_progress()
+    show_progress()
     if args.compare_tp:
         cmp = compare_tp(CompareTPRequest(req, args.baseline or "tp8-interleaved", match_memory=args.match_memory))
         for line in cmp.warnings:

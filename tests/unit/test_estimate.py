@@ -326,3 +326,72 @@ def test_a_bad_head_dim_is_one_line(value: str, needle: str) -> None:
     for command in (["estimate", "--global-batch", "8"], ["k"]):
         code, _, err = run_cli(*command, *SHAPE, "--head-dim", value)
         assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_offload_estimate_plans_its_copies_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The run without point-to-point time (for ``pp_comm``) is the plain schedule's: the offload pass never
+    lengthens the step, so planning every copy a second time for it was wasted (half of a long estimate)."""
+    import importlib
+
+    evaluate = importlib.import_module("pipeoffload.planner.evaluate")
+    lowered = []
+    real = evaluate.lower_with_report
+
+    def counted(schedule, *args, **kw):  # type: ignore[no-untyped-def]
+        lowered.append(schedule.num_microbatches)
+        return real(schedule, *args, **kw)
+
+    monkeypatch.setattr(evaluate, "lower_with_report", counted)
+    req = EstimateRequest(model=model_preset("gpt3-1.3b"), hardware=A100, pp=4, schedule="zb-v",
+                          global_batch=64, offload="auto")
+    est = estimate(req)
+    assert lowered == [64]
+    assert math.isclose(check_total(est), 0.0, abs_tol=1e-9 * est.step_seconds)
+    module = importlib.import_module("pipeoffload.planner.estimate")
+    monkeypatch.setattr(module, "_without_copies", lambda req, choice: choice)  # the copies planned again
+    again = estimate(req)
+    assert lowered == [64, 64, 64] and again.breakdown["pp_comm"] > 0
+    assert again.breakdown == pytest.approx(est.breakdown, rel=1e-9, abs=1e-15)
+    assert again.step_seconds == est.step_seconds
+
+
+def test_a_long_estimate_reports_progress(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """``estimate`` logs "estimating: N s, ..." on ``pipeoffload.planner.progress`` (which the CLI sends to
+    stderr, as for ``plan``) while a simulation runs past PROGRESS_AFTER seconds. Here the threshold is 0
+    and the simulation waits for the line, so no wall-clock time is assumed."""
+    import importlib
+    import logging
+    import threading
+
+    from tests.conftest import run_cli
+
+    module = importlib.import_module("pipeoffload.planner.estimate")
+    logger = logging.getLogger("pipeoffload.planner.progress")
+    lines: list[str] = []
+    seen = threading.Event()
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+            seen.set()
+
+    real = module._simulate
+
+    def slow(*args, **kw):  # type: ignore[no-untyped-def]
+        assert seen.wait(10), "no progress line"
+        return real(*args, **kw)
+
+    monkeypatch.setattr(module, "PROGRESS_AFTER", 0.0)
+    monkeypatch.setattr(module, "_simulate", slow)
+    handler, level = Catch(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.NOTSET)  # as a fresh process has it: the CLI turns the lines on
+    try:
+        code, _, err = run_cli("estimate", "--model", "gpt3-1.3b", "--pp", "4", "--schedule", "zb-v",
+                               "--offload", "auto", "--global-batch", "16")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert code == 0, err
+    assert lines and lines[0].startswith("estimating: ")
+    assert "zb-v PP4 v=2 over 16 microbatches with offload auto" in lines[0]
