@@ -132,6 +132,8 @@ def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
             if not notes:
                 recomputed |= extra
                 base = with_r
+        if not recomputed:  # nothing recomputed: exactly the plan of the offload policy alone
+            offload = _alone(offload)
     planned, report = _offload_once(base, costs, offload, recomputed, memo)
     before = {r.rank: r.peak_activation_units for r in original.per_rank}
     per_rank = tuple(replace(r, peak_before=before[r.rank]) for r in report.per_rank)
@@ -151,13 +153,20 @@ def _unpaid_recompute(base: Schedule, with_r: Schedule, costs: CostModel, offloa
     ``rank_offsets`` with the offload planned again; empty where they do. Recomputing makes the step
     longer, and the activations the lane could not hide are often not what sets the worst rank's peak
     (the I -> W parts W still needs, the last ranks of zero-bubble schedules)."""
-    without, _ = _offload_once(base, costs, offload, set(), memo)
+    without, _ = _offload_once(base, costs, _alone(offload), set(), memo)
     recomputing, _ = _offload_once(with_r, costs, offload, set(extra), memo)
     before, after = (_worst_memory(memo(simulate, s, costs), offload) for s in (without, recomputing))
     if after < before - 1e-9:
         return ()
     return (f"none recomputed: the {len(extra)} activations recompute auto would recompute do not lower "
             f"the peak ({before:g} -> {after:g} activation units with them)",)
+
+
+def _alone(offload: OffloadPolicy) -> OffloadPolicy:
+    """The offload policy as it is planned without ``recompute auto``: a search gives ``recompute auto``
+    the ranks' offsets to judge its recomputation by, and its offload-only twin none (unless under a
+    stall budget, which plans by them), so the two share one plan in the memo."""
+    return offload if offload.max_stall > 0 else replace(offload, rank_offsets=())
 
 
 def _worst_memory(timeline: Timeline, offload: OffloadPolicy) -> float:

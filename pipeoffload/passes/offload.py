@@ -166,8 +166,10 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     timelines = memo.get((rank_timelines, base, costs), lambda: rank_timelines(base, simulated, costs))
     budget = policy.budget_units(base.stages_per_rank) if policy.kind == "budget" else None
     plan = _Planning(base, timelines, policy, set(exclude), budget, _groups(base.num_ranks, costs.shared_host_link))
-    # kept in the memo apart from the plans for faster copies: ``recompute auto`` plans once without them
-    states, peaks = memo.get((_plan_at_and_above, base, costs, policy, frozenset(exclude)),
+    # kept in the memo apart from the plans for faster copies: ``recompute auto`` plans once without them;
+    # keyed without what it does not read (the stall budget, the ranks' offsets), so variants share it
+    placing = replace(policy, max_stall=0.0, rank_offsets=())
+    states, peaks = memo.get((_plan_at_and_above, base, costs, placing, frozenset(exclude)),
                              lambda: _plan_at_and_above(plan, costs))
     if (faster_copies and policy.kind != "none" and costs.d2h_time + costs.h2d_time > 0
             and not costs.shared_host_link and _left_on_device(states, peaks, budget)

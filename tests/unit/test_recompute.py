@@ -147,3 +147,35 @@ def test_auto_keeps_a_recomputation_that_lowers_the_peak() -> None:
     alone = simulate(lower(schedule, costs, offload="budget:3", recompute="none,lgd"), costs)
     assert report.recomputed and _keys(lowered, K.R) == set(report.recomputed) and not report.notes
     assert simulate(lowered, costs).peak_activation_units < alone.peak_activation_units
+
+
+def test_variants_share_the_plan_that_neither_offsets_nor_a_stall_budget_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the planner gives recompute auto and stall-budget variants the ranks' offsets; the plan for the
+    # real copy times reads neither, so one memo plans it once for every variant of a schedule
+    import pipeoffload.passes.offload as offload_pass
+    from pipeoffload._perf import Memo
+    from pipeoffload.policies import OffloadPolicy
+
+    calls: list[int] = []
+    planned = offload_pass._plan_at_and_above
+    monkeypatch.setattr(offload_pass, "_plan_at_and_above", lambda *a: calls.append(1) or planned(*a))
+    schedule, memo = generate("1f1b", 8, 32), Memo()
+    costs = CostModel().with_offload_ratio(1.25)
+    for policy in (OffloadPolicy("auto"), OffloadPolicy("auto", rank_offsets=(3.0,) * 8),
+                   OffloadPolicy("auto", max_stall=2.0, rank_offsets=(1.0,) * 8)):
+        lower_with_report(schedule, costs, offload=policy, memo=memo)
+    assert len(calls) == 1
+
+
+def test_auto_that_recomputes_nothing_is_the_plan_of_its_offload_policy_alone() -> None:
+    # with the ranks' offsets (as the planner passes them) the variant that recomputes nothing emits
+    # exactly what its offload-only twin, planned without offsets, emits
+    from pipeoffload.policies import OffloadPolicy
+
+    schedule = generate("zb-h1", 8, 16)
+    costs = CostModel().with_offload_ratio(1.023)
+    offsets = (2.0,) * 8  # the same on every rank: recomputing still lowers no rank's total
+    lowered, report = lower_with_report(schedule, costs, offload=OffloadPolicy("auto", rank_offsets=offsets),
+                                        recompute="auto")
+    assert not report.recomputed
+    assert lowered.actions == lower(schedule, costs, offload="auto").actions
