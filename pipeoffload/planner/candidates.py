@@ -78,19 +78,12 @@ def choices(req: PlanRequest, pp: int, m: int) -> list[ScheduleChoice]:
     for family in req.families():
         if pp == 1 and family != "1f1b":
             continue
-        spec = get_spec(family)
-        if spec.fixed_stages_per_rank:
-            vs: tuple[int, ...] = (spec.stages_per_rank,)  # e.g. V placement: stages r and 2d-1-r on rank r
-        elif spec.interleaved:
-            vs = tuple(v for v in req.stages_per_rank if v >= 2)
-        else:
-            vs = (1,)
-        for v in vs:
+        for v in family_stages_per_rank(family, req.stages_per_rank):
             if pp * v > max_stages(req):
                 continue
             if family == "interleaved-1f1b" and m % pp:
                 continue
-            for g in spec.group_sizes(pp):
+            for g in group_sizes(req, family, pp):
                 for offload, recompute in _policies(req, v, pp):
                     target = BUDGET_FROM_MEMORY if offload == "budget" else OffloadPolicy.parse(offload)
                     out.append(ScheduleChoice(family, v, g, target, RecomputePolicy.parse(recompute)))
@@ -98,6 +91,28 @@ def choices(req: PlanRequest, pp: int, m: int) -> list[ScheduleChoice]:
                         # the same offload under the stall budget, at level 2 beside recompute first:1 (``level``)
                         out.append(replace(out[-1], offload=replace(target, max_stall=req.max_stall)))
     return out
+
+
+def family_stages_per_rank(family: str, stages_per_rank: tuple[int, ...]) -> tuple[int, ...]:
+    """The stages per rank a search tries for ``family``, of the requested ``stages_per_rank``: its own
+    for a family with a fixed v (1F1B: 1; V placement: 2), those >= 2 for an interleaved one, else 1."""
+    spec = get_spec(family)
+    if spec.fixed_stages_per_rank:
+        return (spec.stages_per_rank,)  # e.g. V placement: stages r and 2d-1-r on rank r
+    if spec.interleaved:
+        return tuple(v for v in stages_per_rank if v >= 2)
+    return (1,)
+
+
+def group_sizes(req: PlanRequest, family: str, pp: int) -> tuple[int | None, ...]:
+    """The group sizes a search tries for ``family`` on ``pp`` ranks: the family's own, or the requested
+    ones in 1..pp (``req.group_sizes``; none for a family without a group size)."""
+    own = get_spec(family).group_sizes(pp)
+    if req.group_sizes is None:
+        return own
+    if own == (None,):
+        return ()
+    return tuple(g for g in req.group_sizes if 1 <= g <= pp)
 
 
 def _policies(req: PlanRequest, v: int, pp: int) -> list[tuple[str, str]]:

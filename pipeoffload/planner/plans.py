@@ -43,6 +43,8 @@ class PlanRequest:
     tp_sizes: tuple[int, ...] | None = None  # None: divisors of gpus up to gpus_per_node
     pp_sizes: tuple[int, ...] | None = None  # None: every divisor that fits the layers
     stages_per_rank: tuple[int, ...] = (2, 4)  # for the multi-stage families
+    # None: each family's own (ScheduleSpec.group_sizes); else only these (those in 1..pp), so only families with a g
+    group_sizes: tuple[int, ...] | None = None
     offload: tuple[str, ...] | None = None  # None: "none", "first:K" and "all" where supported
     recompute: tuple[str, ...] | None = None
     measured: LayerCosts | None = None  # profiled per-layer costs (valid for tp == 1 only)

@@ -22,7 +22,6 @@ log = logging.getLogger(__name__)
 DEFAULT_GPU = "a100"
 # the keys a plan sets, in the order they are reported
 PLANNED = ("pp", "tp", "dp", "schedule", "stages_per_rank", "group_size", "offload", "recompute", "microbatches")
-_POST_FILTER_TOP = 25  # plans kept exactly when a key the search cannot restrict (v, g) filters them
 
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}  # bytes of an activation the run saves (bf16: autocast's outputs)
@@ -126,6 +125,8 @@ def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, 
     plan, request = found
     chosen = _chosen(plan)
     updates = {k: v for k, v in chosen.items() if k not in fixed}
+    if "schedule" in updates:  # a new family alone would reset stages_per_rank to the family's own (``updated``)
+        updates["stages_per_rank"] = chosen["stages_per_rank"]
     c = plan.choice
     updates["max_stall"] = c.offload.max_stall  # the budget stays only where the chosen plan uses it
     if c.offload.kind != "none" and "offload_ratio" not in explicit:  # copies planned for the planner's link
@@ -154,9 +155,13 @@ def _layouts(cfg: TrainConfig, fixed: dict[str, Any], ranks: int, hardware: Any)
 
 def _requests(cfg: TrainConfig, fixed: dict[str, Any], model: Any, pairs: list[tuple[int, int]],
               base: dict[str, Any]) -> list[Any]:
-    """The planner requests that search the allowed layouts under the explicit schedule and policy keys:
-    one for all of them, or one per layout where a fixed dp or microbatch count sets its microbatch size."""
+    """The planner requests that search the allowed layouts under the explicit schedule, v, g and policy
+    keys (a fixed v searches only the families that can have it, a fixed g only those with a group size):
+    one for all of them, or one per layout where a fixed dp or microbatch count sets its microbatch size;
+    none where no family can keep v."""
     from pipeoffload.planner import PlanRequest
+    from pipeoffload.planner.candidates import family_stages_per_rank
+    from pipeoffload.planner.plans import default_families
 
     offload: tuple[str, ...] | None = (fixed["offload"],) if "offload" in fixed else None
     recompute: tuple[str, ...] | None = (fixed["recompute"],) if "recompute" in fixed else None
@@ -164,10 +169,17 @@ def _requests(cfg: TrainConfig, fixed: dict[str, Any], model: Any, pairs: list[t
         recompute = ("none", "first:1", "auto")
     elif recompute is not None and offload is None:
         offload = ("none", "auto")
-    base = dict(base, schedules=(fixed["schedule"],) if "schedule" in fixed else None,
-                stages_per_rank=(cfg.schedule.stages_per_rank,) if "stages_per_rank" in fixed else (2, 4),
-                offload=offload, recompute=recompute, max_stall=cfg.schedule.max_stall,
-                top=_POST_FILTER_TOP if {"stages_per_rank", "group_size"} & set(fixed) else 1)
+    schedules: tuple[str, ...] | None = (fixed["schedule"],) if "schedule" in fixed else None
+    stages_per_rank: tuple[int, ...] = (2, 4)
+    if "stages_per_rank" in fixed:
+        v = fixed["stages_per_rank"]
+        stages_per_rank = (v,)
+        schedules = tuple(f for f in schedules or default_families() if v in family_stages_per_rank(f, (v,)))
+        if not schedules:
+            return []
+    base = dict(base, schedules=schedules, stages_per_rank=stages_per_rank,
+                group_sizes=(fixed["group_size"],) if "group_size" in fixed else None,
+                offload=offload, recompute=recompute, max_stall=cfg.schedule.max_stall, top=1)
     if "dp" not in fixed and "microbatches" not in fixed:
         return [PlanRequest(model=model, pp_sizes=tuple(sorted({pp for pp, _ in pairs})),
                             tp_sizes=tuple(sorted({tp for _, tp in pairs})), **base)]
@@ -186,7 +198,8 @@ def _requests(cfg: TrainConfig, fixed: dict[str, Any], model: Any, pairs: list[t
 
 
 def _best_keeping(requests: list[Any], fixed: dict[str, Any]) -> tuple[Any, Any] | None:
-    """The fastest fitting plan, over ``requests``, that keeps every explicit key, with its request."""
+    """The fastest fitting plan, over ``requests``, that keeps every explicit key, with its request (the
+    requests search only such plans; the check guards that)."""
     from pipeoffload.planner import find_plans
 
     found: list[tuple[Any, Any]] = []

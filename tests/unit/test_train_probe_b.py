@@ -259,3 +259,38 @@ def test_plan_auto_shards_the_optimizer_state_only_with_zero(planned: list[Any])
     _resolve(*base, "--zero", "1")
     zero = find_plans(planned[-1]).fitting[0].memory
     assert plain.parameters == zero.parameters and plain.optimizer == pytest.approx(2 * zero.optimizer)
+
+
+# ---- ninth session: a fixed v or g restricts the search itself, not its top plans ------------------------
+@pytest.mark.parametrize("flags, want", [
+    # g=3 is a valid group size on 4 ranks (1..pp), but not one of the family's own (2, 4) that the search
+    # tried; the top plans were filtered for it, so the run was refused
+    (["--nproc", "4", "--pp", "4", "--schedule", "group-interleaved", "--group-size", "3"], {"pp": 4, "group_size": 3}),
+    (["--nproc", "8", "--group-size", "3"], {"group_size": 3}),
+    # g=1 on 4 or 8 ranks was never searched: a slower pp=2 plan that offloads was chosen
+    (["--nproc", "8", "--group-size", "1", "--stages-per-rank", "4", "--layers", "32", "--hidden", "2048", "--heads", "16",
+      "--seq-len", "2048", "--global-batch", "64", "--memory", "20"],
+     {"pp": 4, "group_size": 1, "stages_per_rank": 4, "offload": "none"}),
+    # the plan kept v=4, but the planned schedule reset the config's v to the family's own 2
+    (["--nproc", "8", "--stages-per-rank", "4"], {"stages_per_rank": 4}),
+])
+def test_plan_auto_searches_only_the_v_and_g_given(flags: list[str], want: dict, planned: list[Any]) -> None:
+    cfg, _ = _resolve("--plan", "auto", "--memory", "40", "--model", "llama", "--steps", "1", "--layers", "16", *flags)
+    assert {k: cfg.get(k) for k in want} == want
+    request = planned[-1]
+    assert request.top == 1  # nothing is filtered after the search
+    if "--group-size" in flags:
+        assert request.group_sizes == (want["group_size"],)
+    if "--stages-per-rank" in flags:  # only the families that can have v=4
+        assert request.stages_per_rank == (4,) and set(request.schedules) <= {"interleaved-1f1b", "group-interleaved"}
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--nproc", "4", "--pp", "4", "--group-size", "5"], ["--pp 4 --group-size 5"]),  # g is at most pp
+    (["--nproc", "4", "--schedule", "1f1b", "--stages-per-rank", "2"], ["--schedule 1f1b --stages-per-rank 2"]),
+    (["--nproc", "8", "--stages-per-rank", "4", "--layers", "4"], ["--stages-per-rank 4"]),  # 8 stages, 4 layers
+])
+def test_plan_auto_still_refuses_a_v_or_g_no_plan_keeps(flags: list[str], words: list[str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        _resolve("--plan", "auto", "--memory", "40", "--model", "llama", *flags)
+    assert "no plan for" in str(err.value) and all(w in str(err.value) for w in words), err.value
