@@ -8,16 +8,19 @@ are free, so differences point at waits the cost model does not have.
 """
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from pipeoffload.costs import CostModel
-from pipeoffload.errors import ConfigError
-from pipeoffload.ir import COMPUTE_KINDS, COPY_KINDS, Action, ActionKind, Schedule
+from pipeoffload.errors import ConfigError, ScheduleError
+from pipeoffload.ir import COMM_KINDS, COMPUTE_KINDS, COPY_KINDS, Action, ActionKind, Schedule
 from pipeoffload.simulator import Timeline, simulate
 from pipeoffload.units import counted
+from pipeoffload.validation import validate
 from pipeoffload.viz.chartdata import KIND_ORDER, Box, ChartData, Curve, memory_curve
 from pipeoffload.viz.chrome_trace import SIM_PID_BASE, timeline_trace
 
@@ -67,12 +70,90 @@ def _span(number: int, e: dict) -> tuple[int, float, Action, float, float]:
     return rank, index, action, start / 1e6, (start + _number(e, "dur", where)) / 1e6
 
 
+def not_strict_json(value: str) -> ConfigError:
+    """The one message for NaN or an infinity in a trace file, whoever finds it: the playground's strict
+    parser (``value`` the constant's text) or ``load_measured`` on what a lenient parser read."""
+    return ConfigError(f"the file is not strict JSON ({value} is not JSON; strict JSON has no NaN or Infinity)")
+
+
+def _check_finite(data: Any) -> None:
+    """ConfigError naming the first NaN or infinity anywhere in ``data`` (``json.loads`` reads them by
+    default; a trace holding one is not JSON, and its events are copied into ``trace compare``'s output)."""
+    try:
+        json.dumps(data, allow_nan=False)
+        return
+    except RecursionError:
+        raise ConfigError("the file is not strict JSON (nested too deeply)") from None
+    except ValueError:
+        pass
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise not_strict_json("NaN" if item != item else ("Infinity" if item > 0 else "-Infinity"))
+        if isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+
+
+_RANK_NAME = re.compile(r"\brank (\d+)\b")
+
+
+def _named_ranks(data: Any, events: list) -> set[int]:
+    """The ranks a runtime trace names besides its actions: ``otherData``'s per-rank notes
+    (``write_chrome_trace``'s peak_bytes and wall_s) and its processes' names ("measured rank 1 (step 0)")."""
+    named: set[int] = set()
+    other = data.get("otherData") if isinstance(data, dict) else None
+    for key in ("peak_bytes", "wall_s"):
+        notes = other.get(key) if isinstance(other, dict) else None
+        if isinstance(notes, dict):
+            named.update(int(r) for r in notes if isinstance(r, str) and r.isascii() and r.isdigit() and len(r) < 7)
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name":
+            found = _RANK_NAME.search(str((e.get("args") or {}).get("name", "") if isinstance(e.get("args"), dict) else ""))
+            if found and len(found.group(1)) < 7:
+                named.add(int(found.group(1)))
+    return named
+
+
+# The stage at the other end of a transfer (see validation._partner).
+_PEER = {ActionKind.SEND_F: (1, "sends to"), ActionKind.RECV_F: (-1, "receives from"),
+         ActionKind.SEND_B: (-1, "sends to"), ActionKind.RECV_B: (1, "receives from")}
+
+
+def _check_whole(by_rank: dict[int, list], named: set[int]) -> None:
+    """Every rank has events and every stage's transfers have a rank at their other end: a rank missing
+    from the trace is named as such, not left to the simulator to report as a deadlock."""
+    missing = sorted((set(range(max(by_rank) + 1)) | named) - set(by_rank))
+    if missing:
+        have = ", ".join(map(str, sorted(by_rank)[:8])) + (", ..." if len(by_rank) > 8 else "")
+        which = (f"rank {missing[0]} has" if len(missing) == 1
+                 else f"ranks {', '.join(map(str, missing[:8]))}{', ...' if len(missing) > 8 else ''} have")
+        of = "rank" if len(by_rank) == 1 else "ranks"
+        raise ConfigError(f"{which} no events (the trace has actions of {of} {have} only); give the trace "
+                          "with every rank's events")
+    stages = {a.stage for row in by_rank.values() for *_, a, _, _ in row}
+    for rank in sorted(by_rank):
+        for *_, a, _, _ in by_rank[rank]:
+            if a.kind in COMM_KINDS:
+                step, verb = _PEER[a.kind]
+                if a.stage + step not in stages:
+                    raise ConfigError(f"rank {rank}'s {a} {verb} stage {a.stage + step}, which no rank in the trace "
+                                      f"runs: the rank that ran it has no events; give the trace with every rank's "
+                                      "events")
+
+
 def load_measured(data: Any) -> MeasuredRun:
     """Read a runtime trace (``runtime.trace.write_chrome_trace``, ``python -m pipeoffload.runtime --trace``,
-    or the older one-process layout); ConfigError with one line for anything else."""
-    events = data.get("traceEvents") if isinstance(data, dict) else None
+    or the older one-process layout; an object with ``traceEvents`` or, the Chrome trace format's JSON
+    Array Format, the list of events alone) and check that its actions are the schedule of a whole run
+    (``validation.validate``: no action twice, none missing, every rank present); ConfigError with one
+    line for anything else."""
+    _check_finite(data)
+    events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
-        raise ConfigError("not a Chrome trace: expected an object with a 'traceEvents' list")
+        raise ConfigError("not a Chrome trace: expected an object with a 'traceEvents' list, or a list of events")
     by_rank: dict[int, list[tuple[float, int, Action, float, float]]] = defaultdict(list)
     rank_of_pid: dict[Any, int] = {}
     counters: list[tuple[Any, float, float]] = []  # (pid, time s, MiB)
@@ -94,14 +175,22 @@ def load_measured(data: Any) -> MeasuredRun:
         by_rank[rank].append((index, len(by_rank[rank]), action, start, end))
     if not by_rank:
         raise ConfigError("the trace has no actions: expected 'X' events named like 0F3 (a pipeoffload runtime trace)")
-    if sorted(by_rank) != list(range(len(by_rank))):
-        raise ConfigError(f"the trace has ranks {sorted(by_rank)[:8]}; expected 0..{len(by_rank) - 1}")
+    actions = sum(len(row) for row in by_rank.values())
+    largest = max(max(a.stage, a.microbatch) for row in by_rank.values() for *_, a, _, _ in row)
+    if largest >= actions:  # a run has every stage and microbatch in some action
+        raise ConfigError(f"an action numbers a stage or microbatch {largest:,} but the trace has only {actions:,} "
+                          "actions, so it is not a whole run")
+    _check_whole(by_rank, _named_ranks(data, events))
     rows = tuple(tuple((a, s, e) for *_, a, s, e in sorted(by_rank[r], key=lambda x: (x[0], x[3], x[1])))
                  for r in range(len(by_rank)))
     try:
-        Schedule.from_rows([[a for a, _, _ in row] for row in rows])
+        schedule = Schedule.from_rows([[a for a, _, _ in row] for row in rows])
     except ValueError as err:  # e.g. stages 0 and 2 but no 1: not a run's whole schedule
         raise ConfigError(f"the trace's actions are not a schedule: {str(err).splitlines()[0]}") from None
+    try:
+        validate(schedule)
+    except ScheduleError as err:  # an action twice or missing, or out of order: no run executed it
+        raise ConfigError(f"the trace's actions are not the schedule of a run: {str(err).splitlines()[0]}") from None
     memory: list[list[tuple[float, float]]] = [[] for _ in rows]
     for pid, t, mib in counters:
         rank = rank_of_pid.get(pid, -1)
@@ -136,9 +225,10 @@ def measured_costs(run: MeasuredRun, num_stages: int) -> CostModel:
                      d2h_time=mean(K.OFFLOAD), h2d_time=mean(K.RELOAD))
 
 
-def compare_trace(data: dict) -> tuple[dict, Timeline, MeasuredRun]:
-    """(merged Chrome trace, the simulation, the measured run) for a runtime trace object."""
-    run = load_measured(data)
+def compare_trace(data: Any, run: MeasuredRun | None = None) -> tuple[dict, Timeline, MeasuredRun]:
+    """(merged Chrome trace, the simulation, the measured run) for a runtime trace (the JSON a run wrote);
+    ``run``: ``load_measured(data)`` when the caller has it already."""
+    run = run or load_measured(data)
     schedule = run.schedule
     timeline = simulate(schedule, measured_costs(run, schedule.num_stages))
     d = schedule.num_ranks

@@ -2,15 +2,20 @@
 
 - ``GET /api/simulate?family=1f1b&ranks=8...`` returns exactly the object ``pipeoffload simulate --json``
   prints for the same flags: each query parameter is the same-named field of the service's
-  ``SimulateRequest``, checked by the same code as the flag; a parameter given twice is refused.
+  ``SimulateRequest``, checked by the same code as the flag; a parameter given twice, or given empty
+  (``ranks=`` is ``--ranks ''``), is refused, and one left out takes its default.
 - ``GET /api/chart?...`` returns ``{"command", "result", "chart"}``: the command line, that object, and the
   chart data (``viz.chartdata``) in a compact form the front end draws.
-- ``GET /api/families`` lists the schedule families.
+- ``GET /api/families`` lists the schedule families, each with the options a request can set; it takes no
+  parameters.
 - ``POST /api/trace`` with a runtime trace (the Chrome trace JSON ``python -m pipeoffload.runtime --trace`` or
   ``runtime.write_chrome_trace`` writes) as the body returns the measured step and its simulation with the
   run's own durations, read by the code ``pipeoffload trace compare`` uses (``viz.trace_compare``), as two
-  compact charts and a per-rank table. The body is at most ``MAX_TRACE_BYTES`` and strict JSON.
-Bad input answers 400 with ``{"error": <one line naming the parameter, the value and the rule>}``; a
+  compact charts and a per-rank table. The body is at most ``MAX_TRACE_BYTES`` and strict JSON; its
+  actions must be a whole run's schedule (``load_measured`` validates it).
+Bad input answers 400 with ``{"error": <one line naming the parameter, the value and the rule>, "status": 400}``
+(every error has that shape, http.server's own ones included; a method other than GET and POST is 405
+with ``Allow: GET, POST``); a
 request bigger than the size limit answers 413 before simulating, so one request cannot hold the server for long. ``/api/chart``,
 which the page uses, sends the same error object with status 200 (and the HTTP status inside), so the
 browser does not log a failed load for a message meant for the user.
@@ -41,12 +46,13 @@ from pipeoffload.schedules import estimated_work, get_spec, schedule_specs
 from pipeoffload.service import SimulateRequest, SimulateResult, simulate, strict_json
 from pipeoffload.service.checks import checked, finite_at_least, int_at_least
 from pipeoffload.viz.chartdata import COLOURS, LABELS, ChartData, chart_data
-from pipeoffload.viz.trace_compare import compare_trace, load_measured, measured_chart
+from pipeoffload.viz.trace_compare import compare_trace, load_measured, measured_chart, not_strict_json
 
 log = logging.getLogger(__name__)
 
 # Query parameter -> how its text becomes a value of the same-named ``SimulateRequest`` field: the checks
-# the CLI's flags use. An empty value means "the default" and is left out.
+# the CLI's flags use, on the text as given. An empty value is refused as the flag refuses it (`ranks=` is
+# `--ranks ''`); a parameter left out takes the default (the page leaves out the boxes left empty).
 PARAMS: dict[str, Callable[[str], Any]] = {
     "ranks": int_at_least, "microbatches": int_at_least, "stages_per_rank": int_at_least, "group_size": int_at_least,
     "time_f": finite_at_least, "time_i": finite_at_least, "time_w": finite_at_least, "p2p_time": finite_at_least,
@@ -73,6 +79,7 @@ SECURITY_HEADERS = {
     "X-Frame-Options": "DENY",
     "Cross-Origin-Resource-Policy": "same-origin",
 }
+ALLOWED_METHODS = "GET, POST"  # every other method is answered 405 with this Allow header
 _STATIC = {"/": ("index.html", "text/html"), "/app.js": ("app.js", "text/javascript"),
            "/style.css": ("style.css", "text/css")}
 
@@ -93,11 +100,7 @@ def request_from_query(query: dict[str, list[str]]) -> SimulateRequest:
     if repeated:
         raise RequestError(HTTPStatus.BAD_REQUEST, f"parameter(s) {', '.join(repeated)} given more than once; "
                            "give each at most once")
-    values: dict[str, Any] = {}
-    for name, parse in PARAMS.items():
-        text = query.get(name, [""])[0].strip()
-        if text:
-            values[name] = checked(name, parse, text)
+    values = {name: checked(name, PARAMS[name], texts[0]) for name, texts in query.items() if name in PARAMS}
     return SimulateRequest(family=query.get("family", [""])[0].strip(), **values)
 
 
@@ -151,8 +154,14 @@ def route(path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, str, byte
         return HTTPStatus.OK, f"{kind}; charset=utf-8", body
     try:
         if path == "/api/families":
+            if query:
+                raise RequestError(HTTPStatus.BAD_REQUEST, f"unknown parameter(s) {', '.join(sorted(query))}; "
+                                   "/api/families takes none")
+            # options: the family's own parameters a request can set (a generator's other keyword
+            # arguments, such as zb's memory_limit, are not reachable from here or the command line)
             out: Any = [{"name": s.name, "summary": s.summary, "stages_per_rank": s.default_stages_per_rank(),
-                         "fixed_stages_per_rank": s.fixed_stages_per_rank, "options": list(s.options)}
+                         "fixed_stages_per_rank": s.fixed_stages_per_rank,
+                         "options": [o for o in s.options if o in PARAMS]}
                         for s in schedule_specs()]
         elif path == "/api/simulate":
             out = simulate_query(query).as_dict()
@@ -170,7 +179,7 @@ def route(path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, str, byte
 
 
 def _strict_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON (strict JSON has no NaN or Infinity)")
+    raise not_strict_json(name)  # the words `trace compare` uses for the same file
 
 
 def _trace_json(body: bytes) -> Any:
@@ -179,6 +188,8 @@ def _trace_json(body: bytes) -> Any:
         return json.loads(body.decode("utf-8"), parse_constant=_strict_constant)
     except UnicodeDecodeError:
         raise RequestError(HTTPStatus.BAD_REQUEST, f"the file is not UTF-8 text; {TRACE_HINT}") from None
+    except ConfigError as err:
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"{err}; {TRACE_HINT}") from None
     except json.JSONDecodeError as err:
         if err.msg == "Extra data" and body.lstrip().startswith(b"{"):
             raise RequestError(HTTPStatus.BAD_REQUEST, "the file has one JSON object per line, like a run's "
@@ -194,16 +205,12 @@ def trace_answer(body: bytes) -> dict:
     ``pipeoffload trace compare`` computes, as the playground's charts. RequestError for a wrong file."""
     data = _trace_json(body)
     try:
-        run = load_measured(data)
+        run = load_measured(data)  # checks it is a whole run's schedule, as trace compare does
         actions = sum(len(row) for row in run.rows)
-        largest = max(max(a.stage, a.microbatch) for row in run.rows for a, _, _ in row)
         if actions > MAX_WORK:
             raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the trace has {actions:,} actions, over the "
                                f"playground's limit of {MAX_WORK:,}; use `pipeoffload trace compare`")
-        if largest >= actions:  # a run has every stage and microbatch in some action
-            raise RequestError(HTTPStatus.BAD_REQUEST, f"an action numbers a stage or microbatch {largest:,} but the "
-                               f"trace has only {actions:,} actions, so it is not a whole run; {TRACE_HINT}")
-        merged, timeline, run = compare_trace(data)
+        merged, timeline, run = compare_trace(data, run)
     except (ConfigError, ScheduleError) as err:
         raise RequestError(HTTPStatus.BAD_REQUEST, f"{str(err).splitlines()[0]}; {TRACE_HINT}") from None
     measured, other = measured_chart(run), merged["otherData"]
@@ -229,16 +236,38 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         self._send(*self._answer_post())
 
-    def _send(self, status: HTTPStatus, kind: str, body: bytes) -> None:
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own errors (a method without a ``do_`` handler, a malformed request line or
+        header) in the shape of every other answer: JSON ``{"error", "status"}`` with the security
+        headers, not its HTML page. Any method but GET and POST is 405 with ``Allow``, after the Host check."""
+        allow = None
+        if code == HTTPStatus.NOT_IMPLEMENTED:  # http.server's answer to a method it has no do_ handler for
+            refused = self._foreign_host() if getattr(self, "headers", None) is not None else None
+            code, allow = (refused[0], None) if refused else (HTTPStatus.METHOD_NOT_ALLOWED, ALLOWED_METHODS)
+            message = (json.loads(refused[2])["error"] if refused else
+                       f"method {str(self.command)[:20]!r} is not allowed; the playground answers GET, and POST at "
+                       "/api/trace")
+        status = HTTPStatus(code)
+        self.log_error("answered %d: %s", int(status), message or status.phrase)
+        self.close_connection = True  # a body this handler did not read must not be taken for the next request
+        self._send(status, "application/json", strict_json({"error": message or status.phrase,
+                                                            "status": int(status)}).encode(), allow)
+
+    def _send(self, status: HTTPStatus, kind: str, body: bytes, allow: str | None = None) -> None:
         try:
             self.send_response(status)
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
+            if allow:
+                self.send_header("Allow", allow)
+            if self.close_connection:
+                self.send_header("Connection", "close")
             for name, value in SECURITY_HEADERS.items():
                 self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(body)
+            if getattr(self, "command", None) != "HEAD":  # a HEAD answer has the headers of its body and no body
+                self.wfile.write(body)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the page moved on and aborted this request
             log.info("client left before %s was answered", self.path)
 
@@ -309,7 +338,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def _error(status: HTTPStatus, message: str) -> tuple[HTTPStatus, str, bytes]:
-    return status, "application/json", strict_json({"error": message}).encode()
+    return status, "application/json", strict_json({"error": message, "status": int(status)}).encode()
 
 
 class PlaygroundServer(ThreadingHTTPServer):

@@ -154,6 +154,12 @@ def test_options_the_family_does_not_take_are_disabled(page: tuple[Any, Console]
     _set(p, "ranks", "3")
     _wait_ranks(p, 3)  # the g typed for group-interleaved is not sent: 1f1b simulates, no error
     assert p.is_hidden("#error") and "group-size" not in p.inner_text("#command")
+    # the note lists only what the page can set: not zb's generator arguments memory_limit and costs
+    _set(p, "family", "zb")
+    p.wait_for_selector("#family-note:has-text('zb:')", timeout=30_000)
+    assert "options: none" in p.inner_text("#family-note") and "memory_limit" not in p.inner_text("#family-note")
+    _set(p, "family", "group-interleaved")
+    p.wait_for_selector("#family-note:has-text('options: group_size, backward')", timeout=30_000)
     assert console.errors == []
 
 

@@ -42,7 +42,7 @@ def _get(url: str) -> tuple[int, bytes]:
     ("family=group-interleaved&ranks=4&microbatches=8&group_size=2&offload=all&offload_ratio=0.5&time_w=0.5",
      ["group-interleaved", "-d", "4", "-m", "8", "-g", "2", "--offload", "all", "--offload-ratio", "0.5",
       "--time-w", "0.5"]),
-    ("family=zb-v&ranks=4&microbatches=8&stages_per_rank=&recompute=first:1",
+    ("family=zb-v&ranks=4&microbatches=8&recompute=first:1",
      ["zb-v", "-d", "4", "-m", "8", "--recompute", "first:1"]),
     ("family=zb-h1&ranks=4&microbatches=8&offload=all&offload_ratio=0.4&plan_ratio=1",
      ["zb-h1", "-d", "4", "-m", "8", "--offload", "all", "--offload-ratio", "0.4", "--plan-ratio", "1"]),
@@ -206,11 +206,14 @@ def test_a_simulated_trace_is_not_taken_for_a_run(base: str, tmp_path: Path) -> 
     (b'{"traceEvents": [5]}', "trace event 0 is int; expected an object"),
     (b'{"traceEvents": [{"ph": "X", "name": "hello", "ts": 0}]}', "trace event 0 ('hello'): cannot parse action 'hello'"),
     (b'{"traceEvents": [{"ph": "X", "name": "0F0", "ts": "soon"}]}', "'ts' is 'soon'; expected a finite number >= 0"),
-    (b'{"traceEvents": [{"ph": "X", "name": "0F0", "ts": 0}, {"ph": "X", "name": "2F0", "ts": 1}]}',
+    (b'{"traceEvents": [{"ph": "X", "name": "0F0", "ts": 0}, {"ph": "X", "name": "0F1", "ts": 1}, '
+     b'{"ph": "X", "name": "0F2", "ts": 2}, {"ph": "X", "name": "2F0", "ts": 3}]}',
      "the trace's actions are not a schedule: stages used are not 0..S-1"),
+    (b'{"traceEvents": [{"ph": "X", "name": "0F0", "ts": 0}, {"ph": "X", "name": "2F0", "ts": 1}]}',
+     "an action numbers a stage or microbatch 2 but the trace has only 2 actions, so it is not a whole run"),
     (b'{"traceEvents": [{"ph": "X", "name": "0F99999", "ts": 0}]}', "is not a whole run"),
     (b'{"traceEvents": [{"ph": "X", "name": "0B0", "ts": 0}, {"ph": "X", "name": "0F0", "ts": 1}]}',
-     "deadlock: rank 0 step 0 0B0 waits for 0F0"),
+     "not the schedule of a run: rank 0, step 0, action 0B0: backward of stage 0, microbatch 0 runs before its F"),
     (b"[" * 100_000, "the file is not strict JSON"),
 ])
 def test_a_wrong_trace_file_is_one_line_naming_the_fault(base: str, body: bytes, expected: str) -> None:
@@ -255,3 +258,81 @@ def test_a_trickled_upload_is_cut_off_at_its_deadline() -> None:
     finally:
         _stop(server)
     assert reply.startswith(b"HTTP/1.0 408") and b"send the file at once" in reply, reply
+
+
+def _raw(base: str, method: str, path: str, body: bytes = b"", host: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of one request sent as written: http.client, so any method goes."""
+    import http.client
+
+    port = int(base.rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        headers = {"Host": host} if host else {}
+        conn.request(method, path, body=body or None, headers=headers)
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("method", ["HEAD", "PUT", "OPTIONS", "DELETE", "PATCH", "BREW"])
+def test_other_methods_answer_405_in_json_with_the_security_headers(base: str, method: str) -> None:
+    status, headers, body = _raw(base, method, "/api/simulate?family=1f1b", b"{}" if method in ("PUT", "PATCH") else b"")
+    assert status == 405 and headers["Allow"] == "GET, POST"
+    assert headers["Content-Type"] == "application/json" and headers["X-Content-Type-Options"] == "nosniff"
+    assert "default-src 'none'" in headers["Content-Security-Policy"] and headers["X-Frame-Options"] == "DENY"
+    assert headers["Referrer-Policy"] == "no-referrer"
+    if method == "HEAD":
+        assert body == b""
+    else:
+        answer = json.loads(body)
+        assert answer == {"error": answer["error"], "status": 405} and method in answer["error"], answer
+    # a foreign Host is refused first, as for GET and POST
+    status, _, _ = _raw(base, method, "/", host="evil.example:80")
+    assert status == 403
+
+
+def test_a_malformed_request_is_answered_in_json_with_the_security_headers(base: str) -> None:
+    port = int(base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(101)) + b"\r\n")
+        reply = sock.makefile("rb").read()
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 431") and b"X-Content-Type-Options: nosniff" in head, reply
+    assert json.loads(body) == {"error": "Too many headers", "status": 431}
+
+
+def test_every_error_has_the_documented_shape(base: str) -> None:
+    """{"error", "status"}: a POST elsewhere, a foreign Host, a missing page, as much as a bad value."""
+    assert _post(base + "/api/x", b"{}") == (404, {"error": "no POST at '/api/x'; POST a trace to /api/trace", "status": 404})
+    status, answer = _post(base + "/api/trace", b"{}", {"Host": "evil.example:80"})
+    assert status == 403 and answer["status"] == 403
+    status, body = _get(f"{base}/nothing")
+    assert status == 404 and json.loads(body)["status"] == 404
+
+
+def test_families_takes_no_parameters(base: str) -> None:
+    status, body = _get(f"{base}/api/families?x=1")
+    assert status == 400 and json.loads(body) == {"error": "unknown parameter(s) x; /api/families takes none",
+                                                  "status": 400}
+
+
+@pytest.mark.parametrize("param,flag", [("ranks", "--ranks"), ("microbatches", "--microbatches"),
+                                        ("time_f", "--time-f"), ("stages_per_rank", "--stages-per-rank"),
+                                        ("offload_ratio", "--offload-ratio"), ("max_stall", "--max-stall")])
+def test_an_empty_number_is_refused_as_the_cli_refuses_it(base: str, param: str, flag: str) -> None:
+    """`ranks=` is not the default, as `--ranks ''` is not: the page leaves out what the user left empty."""
+    status, body = _get(f"{base}/api/simulate?family=1f1b&{param}=")
+    code, _, err = run_cli("simulate", "1f1b", f"{flag}=")
+    assert status == 400 and code == 2
+    message = json.loads(body)["error"]
+    assert message.startswith(f"{param}: ''") and err.rstrip().endswith(message.removeprefix(f"{param}: ")), (message, err)
+
+
+def test_families_list_only_the_options_a_request_can_set(base: str) -> None:
+    from pipeoffload.web.server import PARAMS
+
+    families = json.loads(_get(f"{base}/api/families")[1])
+    by_name = {f["name"]: f["options"] for f in families}
+    assert by_name["zb"] == [] and by_name["zb-v"] == [] and by_name["group-interleaved"] == ["group_size", "backward"]
+    assert all(option in PARAMS for f in families for option in f["options"])
