@@ -2,23 +2,36 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import shlex
+from typing import TYPE_CHECKING
 
 from pipeoffload.cli.common import add_cost_args, add_max_stall, add_schedule_args, non_negative_float, positive_int
 from pipeoffload.cli.outputs import add_output_args, check_output_args, write_outputs
+from pipeoffload.errors import ConfigError
+from pipeoffload.fileio import write_atomic
 from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, RecomputePolicy
-from pipeoffload.service import SimulateRequest, simulate, strict_json
-from pipeoffload.service.simulate import BACKWARDS, K_DEFAULT_HELP
+from pipeoffload.service import SimulateRequest, SimulateResult, simulate, strict_json
+from pipeoffload.service.simulate import BACKWARDS, COST_FIELDS, K_DEFAULT_HELP
 from pipeoffload.simulator import Timeline
 from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, counted, rank_units, time_unit_help
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+log = logging.getLogger(__name__)
+COST_FLAGS = COST_FIELDS  # --time-f/-i/-w and --p2p-time: a costs file gives these
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("simulate", help="simulate a schedule: time, bubbles, memory per rank")
     add_schedule_args(parser)
     add_cost_args(parser)
+    parser.set_defaults(**dict.fromkeys(COST_FLAGS))  # None: not given, so one given beside --costs is refused
     parser.add_argument("--costs", metavar="FILE", help="cost model from a JSON/TOML file (the profiler's "
-                        "Profile.save or hand-written CostModel fields); replaces --time-f/-i/-w and --p2p-time; "
+                        "Profile.save or hand-written CostModel fields); its times are per stage (time_f: one "
+                        "microbatch's forward through one stage, so with v stages per rank it is --time-f / v), "
+                        "and it cannot be combined with --time-f/-i/-w or --p2p-time; "
                         "its times are in seconds (s) when it says time_unit = \"s\" or is the profiler's; "
                         "without it w_fraction (the part of an activation W still needs after I) is 1.0, "
                         "the conservative default: a costs file's w_fraction replaces it")
@@ -51,10 +64,16 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
 
 
 def request_from_args(args: argparse.Namespace) -> SimulateRequest:
-    """The service's request for parsed ``simulate`` flags (shared by ``compare``)."""
+    """The service's request for parsed ``simulate`` flags (shared by ``compare``); a cost flag given beside
+    ``--costs`` is refused (the file's times are per stage, the flags' per rank: neither may silently win)."""
+    given = [f"--{name.replace('_', '-')}" for name in COST_FLAGS if getattr(args, name) is not None]
+    if args.costs and given:
+        raise ConfigError(f"--costs {args.costs} gives the costs (per stage); {' and '.join(given)} (per rank) "
+                          "cannot be combined with it: put the times in the file or leave --costs out")
+    times = {name: getattr(args, name) for name in COST_FLAGS if getattr(args, name) is not None}
     return SimulateRequest(
         family=args.name, ranks=args.ranks, microbatches=args.microbatches, stages_per_rank=args.stages_per_rank,
-        time_f=args.time_f, time_i=args.time_i, time_w=args.time_w, p2p_time=args.p2p_time, costs_file=args.costs,
+        **times, costs_file=args.costs,
         group_size=args.group_size, backward=args.backward, offload=args.offload, recompute=args.recompute,
         offload_ratio=args.offload_ratio, plan_ratio=args.plan_ratio, max_stall=args.max_stall,
         shared_host_link=args.shared_host_link, separate_copy_engines=args.separate_copy_engines)
@@ -62,29 +81,62 @@ def request_from_args(args: argparse.Namespace) -> SimulateRequest:
 
 def run(args: argparse.Namespace) -> int:
     request = request_from_args(args)
-    check_output_args(args)
+    fmt = check_output_args(args)
     result = simulate(request)
-    write_outputs(args, [result.timeline], result.time_unit, commands=[shlex.join(request.command())],
-                  title=result.title())
+    command = shlex.join(request.command())
+    # the picture's time axis and the report's units note say what a costs file's t is, and the report's
+    # row is labelled as compare labels it: both need the result, so simulate draws them here
+    write_outputs(argparse.Namespace(**{**vars(args), "plot": None, "report": None}), [result.timeline],
+                  result.time_unit, commands=[command], title=result.title())
+    write_pictures(args, result, command, fmt)
     if args.json:
         print(strict_json(result.as_dict(), indent=1))
     else:
-        print(format_summary(result.timeline, result.time_unit, request.k, result.planned_k))
+        print(format_summary(result.timeline, result.time_unit, request.k, result.planned_k,
+                             file_k=result.file_k(), time_help=result.time_help()))
         report = result.report
         if report.policy.kind != "none" or report.recompute != RecomputePolicy():
             print(report.summary())
     return 0
 
 
+def result_figure(result: SimulateResult) -> Figure:
+    """The chart of ``--plot`` and ``--report``: the result's title, and a costs file's time unit named."""
+    from pipeoffload.viz.plot import COSTS_FILE_TIME_LABEL, timeline_figure
+
+    label = COSTS_FILE_TIME_LABEL if result.request.costs_file and result.time_unit == TIME_UNIT else None
+    return timeline_figure(result.timeline, result.title(), time_unit=result.time_unit, time_label=label)
+
+
+def write_pictures(args: argparse.Namespace, result: SimulateResult, command: str, fmt: str) -> None:
+    """``--plot`` (in ``fmt``) and ``--report`` of one result: its title over the chart, a costs file's
+    time unit named, the report's row labelled by ``result.label()`` as compare labels it."""
+    if not (args.plot or args.report):
+        return
+    from pipeoffload.viz.plot import figure_bytes
+    from pipeoffload.viz.report import html_report
+
+    if args.plot:
+        write_atomic(args.plot, figure_bytes(result_figure(result), fmt))
+        log.info("wrote %s", args.plot)
+    if args.report:
+        write_atomic(args.report, html_report([result.timeline], pictures=[figure_bytes(result_figure(result), dpi=100)],
+                                              labels=[result.label()], commands=[command],
+                                              time_unit=result.time_unit, time_help=result.time_help()))
+        log.info("wrote %s", args.report)
+
+
 def format_summary(timeline: Timeline, time_unit: str = TIME_UNIT, k: float | None = None,
-                   planned: float | None = None) -> str:
-    """The text report; its header names the offload ratio k the copies took (None: a costs file's)
-    and, where it differs, the one they were planned for."""
+                   planned: float | None = None, file_k: str | None = None, time_help: str | None = None) -> str:
+    """The text report; its header names the offload ratio k the copies took (None: a costs file's,
+    ``file_k``) and, where it differs, the one they were planned for; ``time_help`` says what the time
+    unit is (default ``time_unit_help(time_unit)``)."""
     s = timeline.schedule
     v = max(s.stages_per_rank, 1)
+    from_file = f"{file_k} (from the costs file)" if file_k is not None else "from the costs file"
     lines = [
         f"{s.name}: ranks={s.num_ranks} microbatches={s.num_microbatches} stages_per_rank={s.stages_per_rank} "
-        f"placement={s.placement.kind} offload_ratio k={'from the costs file' if k is None else f'{k:g}'}"
+        f"placement={s.placement.kind} offload_ratio k={from_file if k is None else f'{k:g}'}"
         + (f" (copies planned for k={planned:g})" if planned is not None and planned != k else ""),
         f"makespan {timeline.makespan:g} {time_unit}   bubble {timeline.bubble_ratio:.2%}   "
         f"peak {rank_units(timeline.peak_rank_units)} ({counted(timeline.peak_activation_units, 'activation unit')})"
@@ -94,5 +146,5 @@ def format_summary(timeline: Timeline, time_unit: str = TIME_UNIT, k: float | No
     for r in timeline.per_rank:
         lines.append(f"{r.rank:4d} {r.busy:8g} {r.bubble_ratio:7.2%} {r.peak_rank_units:13g} "
                      f"{r.peak_host_units / v:11g} {r.stall:9g}")
-    lines.append(f"units: {time_unit_help(time_unit)}; {MEMORY_UNIT_HELP}")
+    lines.append(f"units: {time_help or time_unit_help(time_unit)}; {MEMORY_UNIT_HELP}")
     return "\n".join(lines)

@@ -127,11 +127,11 @@ class OffloadReport:
         if self.policy.kind != "none":
             at = "" if self.copy_time_factor == 1 else f" at the planned copy times ({self.copy_time_factor:g}x)"
             parts.append(f"offload {self.policy}: {self.offloaded} activations offloaded, {len(self.unhidden)} "
-                         f"could not be hidden by the copy lane{at}")
+                         f"more kept on the device, as the copy lane could not hide their copies{at}")
             if self.offloaded_after_i or self.unhidden_after_i:
                 first, second = self.units_by_window
                 parts.append(f"{self.offloaded_after_i} offloaded between I and W, {len(self.unhidden_after_i)} "
-                             f"not hidden there; units to host per window: F->I {first:g}, I->W {second:g}")
+                             f"kept on the device there; units to host per window: F->I {first:g}, I->W {second:g}")
         if self.throttle:
             parts.append(f"warm-up forwards wait for copies (WAIT: each for its rank's offload {self.throttle} back)")
         if self.recompute != RecomputePolicy():

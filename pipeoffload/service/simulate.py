@@ -20,7 +20,7 @@ from pipeoffload.schedules import MAX_ACTIONS, estimated_work, generate, get_spe
 from pipeoffload.service.checks import check_work, checked, finite_at_least, int_at_least, offload_work_factor, one_of
 from pipeoffload.simulator import Timeline
 from pipeoffload.simulator import simulate as simulate_timeline
-from pipeoffload.units import TIME_UNIT, rank_costs, units_dict
+from pipeoffload.units import TIME_UNIT, rank_costs, time_unit_help, units_dict
 from pipeoffload.viz.chartdata import schedule_title
 
 BACKWARDS = ("split", "full")
@@ -32,14 +32,20 @@ DEFAULT_OFFLOAD_RATIO = round(formula1_k(4096, 8192, 220e12, 15e9), 2)  # 1.49
 K_DEFAULT_HELP = (f"default {DEFAULT_OFFLOAD_RATIO}: Formula 1 for a Llama-3-8B-like layer (h=4096, s=8192) "
                   "on an A100 (220 TFLOP/s, 15 GB/s); a costs file's own copy times when one is given")
 SIZE_FIELDS = ("family", "ranks", "microbatches", "stages_per_rank")
+COST_FIELDS = ("time_f", "time_i", "time_w", "p2p_time")  # what a costs file gives instead (per stage)
+# the units note of a run whose costs come from a file in the unit t: its times are per stage, not the
+# flags' per-rank times, so "one rank's forward of one microbatch (--time-f 1)" would not be true
+COSTS_FILE_TIME_HELP = ("t: the costs file's time unit; its time_f, time_i and time_w are per stage (one "
+                        "microbatch through one stage), not per rank as --time-f/-i/-w are")
 FLAG_NAMES = {"costs_file": "costs"}  # a field whose command-line flag has another name
 
 
 @dataclass(frozen=True)
 class SimulateRequest:
     """One simulation. Costs are per rank and microbatch (all of a rank's layers, split evenly over its
-    stages) in the time unit t, unless ``costs_file`` gives a cost model (its numbers replace the four
-    times). ``offload_ratio`` is the paper's k = (D2H + H2D time of one activation) / (F + I + W time);
+    stages) in the time unit t, unless ``costs_file`` gives a cost model: its ``CostModel`` fields are
+    per stage (``time_f`` is one microbatch's forward through one stage), so with v stages per rank a
+    file's ``time_f`` 1 is the flags' ``time_f`` v; the four times are then left at their defaults. ``offload_ratio`` is the paper's k = (D2H + H2D time of one activation) / (F + I + W time);
     0 means instant copies; None means ``DEFAULT_OFFLOAD_RATIO`` (or a costs file's own copy times).
     ``plan_ratio`` plans the copies for another k than they then take (a host link faster or slower
     than planned); None plans them for the k they take. ``max_stall`` lets the offload plan make the
@@ -75,6 +81,13 @@ class SimulateRequest:
         for name in ("time_f", "time_i", "time_w", "p2p_time", "offload_ratio", "plan_ratio", "max_stall"):
             if getattr(self, name) is not None:
                 checked(name, finite_at_least, getattr(self, name))
+                object.__setattr__(self, name, getattr(self, name) + 0.0)  # -0.0 is 0: never "k=-0"
+        given = [f"{name}={getattr(self, name):g}" for name in COST_FIELDS
+                 if getattr(self, name) != SimulateRequest.__dataclass_fields__[name].default]
+        if self.costs_file and given:
+            raise ConfigError(f"costs_file {self.costs_file!r} gives the costs, so {', '.join(given)} cannot be "
+                              "combined with it (the file's times are per stage, these per rank): put the times "
+                              "in the file or leave the costs file out")
         if self.backward is not None:
             checked("backward", one_of, self.backward, BACKWARDS)
         if OffloadPolicy.parse(self.offload).kind == "none" and self.plan_ratio is not None:
@@ -147,8 +160,29 @@ class SimulateResult:
         return join_label(*self.label_parts())
 
     def title(self) -> str:
-        """The chart header: schedule and sizes, and the offload ratio k the copies took."""
-        return schedule_title(self.timeline) + ", " + ratio_text(self.request, self.planned_k)
+        """The chart header: schedule and sizes, the offload ratio k the copies took (a costs file's
+        own), and an offload budget the plan could not meet."""
+        text = schedule_title(self.timeline) + ", " + ratio_text(self.request, self.planned_k, self.file_k())
+        note = self.budget_note()
+        return text + (f", {note}" if note else "")
+
+    def budget_note(self) -> str | None:
+        """``offload budget 1 NOT met (planned peak 4)`` where the plan could not meet the policy's budget
+        (activation units), else None: what ``compare`` names a row by."""
+        if self.report.budget_met is not False:
+            return None
+        return f"offload budget {self.report.budget:g} NOT met (planned peak {self.report.peak_after:g})"
+
+    def file_k(self) -> str | None:
+        """A costs file's own offload ratio k, e.g. ``0.5`` (``0.4 to 0.6`` where its stages differ); None
+        without a costs file or where the request sets k."""
+        return costs_k(self.timeline) if self.request.k is None else None
+
+    def time_help(self) -> str:
+        """The note on what one time unit is (``COSTS_FILE_TIME_HELP`` for a costs file in t)."""
+        if self.request.costs_file and self.time_unit == TIME_UNIT:
+            return COSTS_FILE_TIME_HELP
+        return time_unit_help(self.time_unit)
 
     @property
     def planned_k(self) -> float | None:
@@ -162,7 +196,7 @@ class SimulateResult:
         "v=2"], ["offload all"]): what ``label`` joins, and what ``compare`` drops when every row shares it."""
         s = self.timeline.schedule
         sizes = [s.name, f"d={s.num_ranks}", f"m={s.num_microbatches}", f"v={s.stages_per_rank}"]
-        return sizes, [flag if value is True else f"{flag} {value}" for flag, value in self.request.options()]
+        return sizes, [flag if value is True else f"{flag} {_typed(value)}" for flag, value in self.request.options()]
 
 
     def as_dict(self) -> dict:
@@ -176,15 +210,32 @@ class SimulateResult:
         out["offload_ratio"] = self.request.k  # null: the costs file's own copy times
         out["planned_offload_ratio"] = self.planned_k  # what the copies were planned for
         out["offload_report"] = report_dict(self.report)
-        out["units"] = units_dict(self.time_unit)
+        out["units"] = units_dict(self.time_unit) | {"time": self.time_help()}
         return out
 
 
-def ratio_text(req: SimulateRequest, planned: float | None = None) -> str:
-    """``offload ratio k=0.5``, ``copy times from the costs file``, and what the copies were planned
-    for when that differs (``offload ratio k=0.5, copies planned for k=1``; ``planned``: the result's,
-    else the request's), and the stall budget if any."""
-    text = "copy times from the costs file" if req.k is None else f"offload ratio k={req.k:g}"
+def _typed(value: object) -> str:
+    """An option's value as it would be typed: ``5`` for 5.0, ``0.5``, every digit of ``0.123456789``."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value)
+
+
+def costs_k(timeline: Timeline) -> str:
+    """The offload ratio k of the timeline's cost model, ``0.5``, or ``0.4 to 0.6`` where its stages differ."""
+    ks = [timeline.costs.offload_ratio(stage) for stage in range(timeline.schedule.num_stages)] or [0.0]
+    low, high = f"{min(ks):.3g}", f"{max(ks):.3g}"
+    return low if low == high else f"{low} to {high}"
+
+
+def ratio_text(req: SimulateRequest, planned: float | None = None, file_k: str | None = None) -> str:
+    """``offload ratio k=0.5``, ``copy times from the costs file (k=0.5)`` (``file_k``: the file's k), and
+    what the copies were planned for when that differs (``offload ratio k=0.5, copies planned for k=1``;
+    ``planned``: the result's, else the request's), and the stall budget if any."""
+    if req.k is None:
+        text = "copy times from the costs file" + (f" (k={file_k})" if file_k is not None else "")
+    else:
+        text = f"offload ratio k={req.k:g}"
     planned = req.plan_ratio if planned is None else planned
     if planned is not None and planned != req.k:
         text += f", copies planned for k={planned:.3g}"

@@ -125,7 +125,8 @@ def schedule_title(timeline: Timeline) -> str:
 
 def summary_line(timeline: Timeline, time_unit: str = TIME_UNIT) -> str:
     """The headline numbers, each with its unit."""
-    stall = f", stall {timeline.stall:.4g} {time_unit}" if timeline.stall else ""
+    stall = (f", stall {timeline.max_rank_stall:.4g} {time_unit} on the worst rank ({timeline.stall:.4g} {time_unit} "
+             "summed over ranks)" if timeline.stall else "")
     v = max(timeline.schedule.stages_per_rank, 1)
     host = f", host peak {timeline.peak_host_units / v:.3g}" if timeline.peak_host_units else ""  # activation -> rank units
     return (f"makespan {timeline.makespan:.4g} {time_unit}, bubble {timeline.bubble_ratio:.1%}, "

@@ -32,19 +32,25 @@ _LABEL_PT = 6.0  # microbatch number font size
 # a band whose shade is the share of each time slice it is busy, and the legend says so.
 AGGREGATE_ABOVE = 6_000
 _SLICES = 400  # time slices of a band
+# A zero-length copy: an OFFLOAD_W whose bytes the host already holds (the activation's F -> I offload
+# copied them), or any copy when k = 0; drawn as a tick so it does not vanish.
+TICK_LABEL = "tick: copy taking no time (the host already holds the bytes, or k = 0)"
 TIME_LABELS = {TIME_UNIT: "time (t = one rank's forward of one microbatch)", "s": "time (s)"}
+COSTS_FILE_TIME_LABEL = "time (t = the costs file's unit; its times are per stage)"
 
 
 def timeline_figure(timeline: Timeline, title: str | None = None, memory: bool = True,
-                    time_unit: str = TIME_UNIT, xmax: float | None = None, ymax: float | None = None) -> Figure:
+                    time_unit: str = TIME_UNIT, xmax: float | None = None, ymax: float | None = None,
+                    time_label: str | None = None) -> Figure:
     """The chart of ``timeline``; ``title`` replaces the schedule line (the numbers line stays);
     ``xmax`` fixes the time axis and ``ymax`` the device memory scale, so charts of several schedules
-    compare at a glance (a peak of 1 is not drawn as high as a peak of 8)."""
-    return chart_figure(chart_data(timeline, title, time_unit), memory, xmax, ymax)
+    compare at a glance (a peak of 1 is not drawn as high as a peak of 8); ``time_label`` replaces the
+    time axis's label (default ``TIME_LABELS``: a costs file's t is not one rank's forward)."""
+    return chart_figure(chart_data(timeline, title, time_unit), memory, xmax, ymax, time_label)
 
 
 def chart_figure(data: ChartData, memory: bool = True, xmax: float | None = None,
-                 ymax: float | None = None) -> Figure:
+                 ymax: float | None = None, time_label: str | None = None) -> Figure:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -69,7 +75,7 @@ def chart_figure(data: ChartData, memory: bool = True, xmax: float | None = None
     fig.text(0.5, 1 - 0.12 / height, data.title, ha="center", va="top", fontsize=11, weight="bold")
     fig.text(0.5, 1 - 0.34 / height, data.summary, ha="center", va="top", fontsize=9)
     _legend(fig, data, memory, (height - top - legend_h / 2) / height)
-    xlabel = TIME_LABELS.get(data.time_unit, f"time ({data.time_unit})")
+    xlabel = time_label or TIME_LABELS.get(data.time_unit, f"time ({data.time_unit})")
     if memory:
         ax.tick_params(labelbottom=True)
         y -= axis_h + gap + mem_h
@@ -90,7 +96,7 @@ def _gantt(ax: Any, data: ChartData, lanes: list[tuple[int, str]], width_pt: flo
     # y from the top: rank 0 first; lane heights differ, so positions are cumulative.
     pos, cursor = _lane_positions(data, lanes)
     segments: dict[tuple[float, float, str], list[tuple[float, float]]] = defaultdict(list)
-    ticks: dict[tuple[float, float, str], list[float]] = defaultdict(list)  # instant copies (k = 0)
+    ticks: dict[tuple[float, float, str], list[float]] = defaultdict(list)  # copies taking no time
     scale = width_pt / xmax if xmax > 0 else 0.0
     label_room = _LABEL_PT * 0.62
     for box in data.boxes:
@@ -249,7 +255,7 @@ def _legend(fig: Any, data: ChartData, memory: bool, y: float) -> None:
                                  label=f"lighter: rank's stage {local + 1} of {data.stages_per_rank}"))
     if any(b.lane == "copy" and b.end <= b.start for b in data.boxes):
         handles.append(Line2D([], [], color="#555555", marker="|", linestyle="none", markersize=8,
-                              label="tick: instant copy (k = 0)"))
+                              label=TICK_LABEL))
     if memory:
         handles.append(Line2D([], [], color=_DEVICE_COLOUR, label="device memory"))
         if any(c.peak > 0 for c in data.host):

@@ -53,7 +53,8 @@ def _summary_row(index: int, label: str, command: str, t: Timeline) -> str:
     cells = [_cell(f"{index}. {label}", "label"),
              f"<td class='label'><code>{html.escape(command)}</code></td>" if command else _cell("", "label"),
              _cell(f"{t.makespan:.4g}"), _cell(f"{t.bubble_ratio:.2%}"), _cell(f"{t.peak_rank_units:.3g}"),
-             _cell(f"{t.peak_host_units / v:.3g}"), _cell(f"{t.stall:.3g}"), _cell(offloaded), _cell(recomputed)]
+             _cell(f"{t.peak_host_units / v:.3g}"), _cell(f"{t.max_rank_stall:.3g}"), _cell(f"{t.stall:.3g}"),
+             _cell(offloaded), _cell(recomputed)]
     return f"<tr data-row='{index}'>" + "".join(cells) + "</tr>"
 
 
@@ -71,23 +72,27 @@ def _rank_table(t: Timeline, time_unit: str) -> str:
 
 def html_report(timelines: Sequence[Timeline], title: str = "pipeoffload report", note: str = "",
                 pictures: Sequence[bytes] | None = None, labels: Sequence[str] | None = None,
-                commands: Sequence[str] | None = None, time_unit: str = TIME_UNIT) -> str:
+                commands: Sequence[str] | None = None, time_unit: str = TIME_UNIT, time_help: str | None = None) -> str:
     """The page. ``labels`` name the rows (default: ``timeline_label``), ``commands`` are shown verbatim;
     ``pictures`` are PNGs already drawn (drawn here, on one shared time axis, when omitted); times are
-    labelled ``time_unit`` (``t``, or ``s`` for seconds)."""
+    labelled ``time_unit`` (``t``, or ``s`` for seconds), which ``time_help`` explains (default
+    ``time_unit_help(time_unit)``)."""
     labels = _distinct(list(labels) if labels is not None else [timeline_label(t) for t in timelines])
     commands = list(commands) if commands is not None else [""] * len(timelines)
     xmax = max((t.makespan for t in timelines), default=0.0)
     head = ("<tr><th class='label'>schedule and options</th><th class='label'>command</th>"
             f"<th>makespan ({time_unit})</th><th>bubble</th><th>device peak ({MEMORY_UNIT})</th>"
-            f"<th>host peak ({MEMORY_UNIT})</th><th>stall ({time_unit})</th><th>offloaded</th><th>recomputed</th></tr>")
+            f"<th>host peak ({MEMORY_UNIT})</th><th>stall, worst rank ({time_unit})</th>"
+            f"<th>stall summed over ranks ({time_unit})</th><th>offloaded</th><th>recomputed</th></tr>")
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
              f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
              f"<p class='note'>{html.escape(note)}</p>" if note else "",
              "<table id='summary'>" + head
              + "".join(_summary_row(i + 1, labels[i], commands[i], t) for i, t in enumerate(timelines)) + "</table>",
-             f"<p class='note'>Units: {html.escape(time_unit_help(time_unit))}; {html.escape(MEMORY_UNIT_HELP)}. "
-             "Peaks are the worst rank's; offloaded and recomputed count activations (stage, microbatch). "
+             f"<p class='note'>Units: {html.escape(time_help or time_unit_help(time_unit))}; "
+             f"{html.escape(MEMORY_UNIT_HELP)}. Peaks are the worst rank's; stall is the time a rank's compute "
+             "waited for its reloads, given for the worst rank and summed over ranks; "
+             "offloaded and recomputed count activations (stage, microbatch). "
              "Charts share one time axis.</p>"]
     for index, t in enumerate(timelines):
         raw = pictures[index] if pictures is not None else figure_bytes(timeline_figure(t, xmax=xmax, time_unit=time_unit), dpi=100)

@@ -2,7 +2,7 @@
 and the PNG names the same host scale as the playground (the highest peak)."""
 from pipeoffload.service import SimulateRequest, simulate
 from pipeoffload.viz.chartdata import schedule_title, summary_line
-from pipeoffload.viz.plot import timeline_figure
+from pipeoffload.viz.plot import TICK_LABEL, timeline_figure
 
 
 def test_one_of_a_thing_is_singular() -> None:
@@ -41,7 +41,7 @@ def test_instant_copies_are_drawn_as_ticks_and_the_legend_says_so() -> None:
     gantt = fig.axes[0]
     ticks = sum(len(c.get_segments()) for c in gantt.collections if isinstance(c, LineCollection))
     assert copies and ticks == len(copies)
-    assert any(t.get_text() == "tick: instant copy (k = 0)" for legend in fig.legends for t in legend.get_texts())
+    assert any(t.get_text() == TICK_LABEL for legend in fig.legends for t in legend.get_texts())
 
 
 def test_busy_shares_are_the_covered_part_of_each_slice() -> None:
