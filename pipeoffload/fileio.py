@@ -2,24 +2,90 @@
 from __future__ import annotations
 
 import os
+import shlex
 import tempfile
 from pathlib import Path
 
 
 def check_writable(path: str | os.PathLike[str], what: str | None = None) -> None:
-    """Refuse an output path that cannot be written (a folder, a missing or read-only folder) before any
-    work, with one line naming it (``what``, e.g. ``--plot out.png``; default ``output out.png``)."""
+    """Refuse an output path that cannot be written (an empty name, a folder, a missing or read-only folder,
+    a "folder" that is a file) before any work, with one line naming it (``what``, e.g. ``--plot out.png``;
+    default ``output out.png``)."""
     from pipeoffload.errors import ConfigError
 
+    what = what or f"output {shlex.quote(os.fspath(path))}"
+    if not os.fspath(path).strip():  # Path("") is ".", the current folder: not a file name
+        raise ConfigError(f"{what}: an empty file name; give a file name")
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
-    what = what or f"output {target}"
     if not directory.is_dir():
+        existing = next((p for p in [directory, *directory.parents] if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            raise ConfigError(f"{what}: {existing} is a file, not a folder; give a path in a folder")
         raise ConfigError(f"{what}: folder {directory} does not exist; create it first")
     if target.is_dir():
         raise ConfigError(f"{what}: is a folder; give a file name inside it")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ConfigError(f"{what}: folder {directory} is not writable; choose another place")
+
+
+def check_extension(path: str | os.PathLike[str], what: str, suffixes: tuple[str, ...], written: str) -> None:
+    """Refuse an output name whose extension contradicts what is written there (``written``, e.g. "a JSON
+    trace"): ``--trace tr.png`` would hold JSON under a picture's name. ``suffixes`` are lower case, with
+    their dot; the first is the one suggested."""
+    from pipeoffload.errors import ConfigError
+
+    suffix = Path(path).suffix.lower()
+    if suffix not in suffixes:
+        ends = f"ends in {Path(path).suffix!r}" if suffix else "has no extension"
+        raise ConfigError(f"{what}: {written} is written there, but the name {ends}; give a name ending in "
+                          f"{' or '.join(suffixes)}")
+
+
+def check_distinct(outputs: list[tuple[str, str | os.PathLike[str]]],
+                   inputs: list[tuple[str, str | os.PathLike[str]]] | None = None) -> None:
+    """Refuse two outputs on one file (the second would silently replace the first) and an output on an
+    input (the input would be lost). Each entry is (how the user named it, e.g. "--plot", path); paths are
+    compared after resolving ``.``, ``..`` and links."""
+    from pipeoffload.errors import ConfigError
+
+    seen: dict[str, str] = {}
+    for name, path in inputs or []:
+        seen.setdefault(os.path.realpath(path), name)
+    for name, path in outputs:
+        real = os.path.realpath(path)
+        if real in seen:
+            other = seen[real]
+            if inputs and other in {n for n, _ in inputs}:
+                raise ConfigError(f"{name} {path}: is {other}, which would be overwritten; give another output file")
+            raise ConfigError(f"{other} and {name} name the same file {path}; give each output its own file")
+        seen[real] = name
+
+
+def check_new_folder(path: str | os.PathLike[str], what: str) -> None:
+    """Refuse, before any work, a new output folder that cannot be made: an empty name, one that exists
+    (nothing is overwritten), one whose parent is missing, is a file or cannot be written in. One line
+    starting with ``what`` (e.g. ``--hf 'out'``)."""
+    from pipeoffload.errors import ConfigError
+
+    if not os.fspath(path).strip():
+        raise ConfigError(f"{what}: an empty folder name; give a new folder")
+    target = Path(path)
+    if target.exists() or target.is_symlink():
+        raise ConfigError(f"{what} already exists; pick a new folder (nothing is overwritten)")
+    directory = target.parent if str(target.parent) else Path(".")
+    if not directory.is_dir():
+        existing = next((p for p in [directory, *directory.parents] if p.exists()), None)
+        if existing is not None and not existing.is_dir():
+            raise ConfigError(f"{what}: {str(existing)!r} is a file, not a folder; give a path in a folder")
+        raise ConfigError(f"{what}: folder {str(directory)!r} does not exist; create it first")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what}: folder {str(directory)!r} is not writable; choose another place")
+    try:  # a special or read-only file system (/proc, /sys) that access() does not reveal: try, and tidy up
+        os.rmdir(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=directory))
+    except OSError as err:
+        raise ConfigError(f"{what}: cannot write in folder {str(directory)!r} ({err.strerror}); "
+                          "choose another place") from None
 
 
 def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> Path:

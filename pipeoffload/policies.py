@@ -14,6 +14,7 @@ stored, for T times the stage's forward time of extra backward work (``lgd`` = t
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 
 from pipeoffload.costs import CostModel
@@ -163,20 +164,23 @@ class RecomputePolicy:
 
 
 def _int(text: str, whole: str, forms: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ConfigError(f"{whole!r}: {text!r} is not an integer; valid forms: {forms}") from None
+    # plain ASCII digits only: int() would also take 1_0 or full-width digits, a typo read as another K
+    # (service.checks.INT_TEXT, which this layer cannot import)
+    if not re.fullmatch(r"[+-]?[0-9]+", text):
+        raise ConfigError(f"{whole!r}: {text!r} is not an integer; valid forms: {forms}")
+    value = int(text)
     if value < 1:
         raise ConfigError(f"{whole!r}: K={value} must be >= 1; valid forms: {forms}")
     return value
 
 
 def _float(text: str, whole: str, forms: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"{whole!r}: {text!r} is not a number; valid forms: {forms}") from None
+    # a plain ASCII decimal or scientific number (service.checks.NUMBER_TEXT): float() would also take
+    # 1_5 or Arabic-Indic digits, a typo read as another budget; inf and nan are refused below
+    if not re.fullmatch(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(inf|infinity|nan)", text,
+                        re.IGNORECASE):
+        raise ConfigError(f"{whole!r}: {text!r} is not a number; valid forms: {forms}")
+    value = float(text)
     if not 0 <= value < math.inf:  # typed: an infinite budget would print as Infinity in --json (the planner's
         # own "no budget" sentinel is inf, so only what is typed is refused)
         raise ConfigError(f"{whole!r}: {value} must be a finite number >= 0; valid forms: {forms}")

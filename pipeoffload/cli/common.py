@@ -12,7 +12,7 @@ from pipeoffload.ir import Schedule
 from pipeoffload.planner.cli_args import hardware_from_args, model_from_args
 from pipeoffload.planner.hardware import HardwareSpec
 from pipeoffload.planner.model import ModelSpec
-from pipeoffload.schedules import generate
+from pipeoffload.schedules import MAX_ACTIONS, estimated_work, generate, get_spec
 from pipeoffload.service.argtypes import OneLineParser, non_negative_float, positive_int
 from pipeoffload.service.checks import checked, int_at_least
 
@@ -69,7 +69,8 @@ def add_schedule_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--microbatches", "-m", type=positive_int, default=None,
                         help="microbatches per step m (default 2*ranks)")
     parser.add_argument("--stages-per-rank", "-v", type=positive_int, default=None,
-                        help="stages per rank v (default: the family's own default)")
+                        help="stages per rank v (default: the family's own default); after the command -v is "
+                             "this, not --verbose (pipeoffload -v COMMAND)")
 
 
 def add_cost_args(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +92,15 @@ def add_max_stall(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> N
 
 
 def schedule_from_args(args: argparse.Namespace, **options: object) -> Schedule:
+    """The schedule of ``add_schedule_args``' flags; one too big to generate in a moment is refused in the
+    flags' words (``generate``'s own refusal names ``max_actions``, which the command line cannot set)."""
     microbatches = args.microbatches if args.microbatches is not None else 2 * args.ranks
+    spec = get_spec(args.name)
+    v = args.stages_per_rank if args.stages_per_rank is not None else spec.default_stages_per_rank()
+    work = estimated_work(spec, args.ranks, microbatches, v)
+    if work > MAX_ACTIONS:
+        raise ConfigError(f"{spec.name} -d {args.ranks} -m {microbatches} -v {v}: about {work:,} actions of work, "
+                          f"above the limit of {MAX_ACTIONS:,}; use fewer ranks (-d) or microbatches (-m)")
     return generate(args.name, args.ranks, microbatches, args.stages_per_rank, **options)
 
 
@@ -113,14 +122,21 @@ def extra_line(package: str) -> str:
     return f"this command needs {package} (the '{extra}' extra): pip install 'pipeoffload[{extra}]'"
 
 
-def require_run_dir(run_dir: str) -> None:
-    """A run directory has its config.toml: checked before torch is imported (seconds), so a typo in
-    RUN_DIR answers at once, in the words the loader would use."""
+def require_run_dir(run_dir: str, checkpoint: bool = False) -> None:
+    """A run directory has its config.toml (and, with ``checkpoint``, a saved checkpoint): checked before
+    torch is imported (seconds), so a typo in RUN_DIR answers at once, naming RUN_DIR (the loader's own
+    words name ``train --resume``, a flag export and generate do not have)."""
     from pathlib import Path
 
     run = Path(run_dir)
+    if run.exists() and not run.is_dir():
+        raise ConfigError(f"RUN_DIR {str(run)!r} is a file, not a folder; give the --out folder of `pipeoffload train`")
     if not (run / "config.toml").is_file():
         raise ConfigError(f"RUN_DIR {str(run)!r}: no config.toml; give the --out folder of `pipeoffload train`")
+    folder = run / "checkpoints"  # train.checkpoint.list_checkpoints' rule, without importing torch
+    if checkpoint and not (folder.is_dir() and any(p.is_dir() and p.name.startswith("step-") for p in folder.iterdir())):
+        raise ConfigError(f"RUN_DIR {str(run)!r}: no checkpoint under {folder}; the run saved none (train it with "
+                          "--save-every N)")
 
 
 def require_extra(package: str) -> None:

@@ -8,21 +8,24 @@ from __future__ import annotations
 import argparse
 import logging
 import shlex
+import sys
 from pathlib import Path
 from typing import NoReturn
 
 from pipeoffload.cli import simulate as simulate_cli
 from pipeoffload.cli.outputs import file_slug
 from pipeoffload.errors import ConfigError
-from pipeoffload.fileio import check_writable, write_atomic
+from pipeoffload.fileio import check_extension, check_writable, write_atomic
 from pipeoffload.service import CompareRequest, SimulateRequest, compare, strict_json
+from pipeoffload.service.argtypes import OneLineParser
 from pipeoffload.units import rank_units
 
 log = logging.getLogger(__name__)
 
 
-class _RaisingParser(argparse.ArgumentParser):
-    """Bad flags in one comparison argument become a ConfigError naming that argument."""
+class _RaisingParser(OneLineParser):
+    """Bad flags in one comparison argument (an unknown one, one given twice) become a ConfigError naming
+    that argument."""
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(message)
@@ -66,18 +69,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                             description=__doc__.splitlines()[0])
     parser.add_argument("specs", nargs="+", metavar="SCHEDULE",
                         help="one `simulate` command line per argument, quoted: \"1f1b -d 8 -m 32\"")
-    parser.add_argument("-o", "--output", default="compare.html", metavar="FILE",
-                        help="the HTML page (default compare.html)")
+    parser.add_argument("-o", "--output", default=None, metavar="FILE.html",
+                        help=f"the HTML page (default {DEFAULT_PAGE}; with --json, no page unless -o is given)")
     parser.add_argument("--with", dest="common", default="", metavar="FLAGS",
-                        help="flags for every schedule, e.g. \"-d 8 -m 32 --offload-ratio 0.5\"")
+                        help="flags for every schedule, e.g. \"-d 8 -m 32 --offload-ratio 0.5\"; give it once, "
+                             "with all of them (a second --with is refused)")
     parser.add_argument("--plots", metavar="DIR",
                         help="also write one PNG per schedule here, named by its options (created if missing)")
-    parser.add_argument("--json", action="store_true", help="print the rows as one JSON list")
+    parser.add_argument("--json", action="store_true",
+                        help="print the rows as one JSON list (and write no page unless -o is given)")
     parser.set_defaults(run=run)
 
 
+DEFAULT_PAGE = "compare.html"
+
+
 def run(args: argparse.Namespace) -> int:
-    check_writable(args.output, f"-o {args.output}")
+    output = args.output if args.output is not None or args.json else DEFAULT_PAGE
+    if output is not None:
+        check_writable(output, f"-o {shlex.quote(output)}")
+        check_extension(output, f"-o {output}", (".html", ".htm"), "an HTML page")
+    if args.plots is not None and not args.plots.strip():
+        raise ConfigError("--plots '': an empty folder name; give a folder (it is created if missing)")
     if args.plots and Path(args.plots).exists() and not Path(args.plots).is_dir():
         raise ConfigError(f"--plots {args.plots}: is a file, not a folder; give a folder (it is created if missing)")
     parsed = [parse_spec(spec, args.common) for spec in args.specs]
@@ -89,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     timelines = [r.result.timeline for r in rows]
     top = max(t.peak_rank_units for t in timelines)  # one memory scale, as one time axis, across the rows
     pictures = [figure_bytes(timeline_figure(r.result.timeline, r.result.title(), xmax=result.makespan, ymax=top,
-                                             time_unit=unit), dpi=100) for r in rows]
+                                             time_unit=unit), dpi=100) for r in rows] if output or args.plots else []
     if args.plots:
         try:
             Path(args.plots).mkdir(parents=True, exist_ok=True)
@@ -98,11 +111,14 @@ def run(args: argparse.Namespace) -> int:
         for row, png in zip(rows, pictures):
             write_atomic(Path(args.plots) / f"{file_slug(row.label)}.png", png)
     shared = f" (every row: {result.shared})" if result.shared else ""
-    page = html_report(timelines, title=f"pipeoffload compare: {len(rows)} schedules{shared}",
-                       pictures=pictures, labels=[r.label for r in rows], commands=commands, time_unit=unit)
-    write_atomic(args.output, page)
-    log.info("wrote %s", args.output)
+    if output is not None:
+        page = html_report(timelines, title=f"pipeoffload compare: {len(rows)} schedules{shared}",
+                           pictures=pictures, labels=[r.label for r in rows], commands=commands, time_unit=unit)
+        write_atomic(output, page)
+        log.info("wrote %s", output)
     if args.json:
+        if output is not None:  # stdout is the JSON; say on stderr what was written
+            print(f"wrote {output}", file=sys.stderr)
         print(strict_json([{"label": r.label, "command": c} | r.result.as_dict() for r, c in zip(rows, commands)],
                           indent=1))
     else:
@@ -111,5 +127,5 @@ def run(args: argparse.Namespace) -> int:
                   f"device peak {rank_units(t.peak_rank_units, 3)}")
         if result.shared:
             print(f"every row: {result.shared}")
-        print(f"wrote {args.output}")
+        print(f"wrote {output}")
     return 0

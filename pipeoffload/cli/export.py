@@ -15,8 +15,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipeoffload.cli.common import require_extra, require_run_dir
+    from pipeoffload.fileio import check_new_folder
 
-    require_run_dir(args.run_dir)
+    check_new_folder(args.hf, f"--hf {args.hf!r}")  # before the run is loaded (seconds), as save_hf would
+    require_run_dir(args.run_dir, checkpoint=True)
     require_extra("torch")
     from pipeoffload.train.export import export_hf
 

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeoffload.cli.common import require_extra, require_run_dir
 
     if not args.run_dir.startswith("hf:"):
-        require_run_dir(args.run_dir)
+        require_run_dir(args.run_dir, checkpoint=True)
     require_extra("torch")
     from pipeoffload.train.generate import generate_text
 

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.fileio import check_writable, write_atomic
+from pipeoffload.fileio import check_distinct, check_extension, check_writable, write_atomic
 from pipeoffload.simulator import Timeline
 from pipeoffload.units import TIME_UNIT
 
@@ -21,12 +22,21 @@ def add_output_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--report", metavar="FILE", help="self-contained HTML report")
 
 
+# what each output flag writes, and the extensions that say so (the first is the one suggested)
+OUTPUT_FORMATS = {"trace": ((".json",), "a Chrome/Perfetto trace (JSON)"),
+                  "report": ((".html", ".htm"), "an HTML report")}
+
+
 def check_outputs(args: argparse.Namespace, flags: Sequence[str]) -> None:
-    """Refuse every unwritable destination among ``flags`` (e.g. ``plot``, ``output``) before any work."""
-    for flag in flags:
-        path = getattr(args, flag, None)
-        if path:
-            check_writable(path, f"--{flag} {path}")
+    """Refuse every unwritable destination among ``flags`` (e.g. ``plot``, ``output``) before any work: an
+    empty name, a name whose extension contradicts what is written there, two flags on one file."""
+    given = [(flag, path) for flag in flags if (path := getattr(args, flag, None)) is not None]
+    for flag, path in given:
+        check_writable(path, f"--{flag} {shlex.quote(path)}")
+    check_distinct([(f"--{flag}", path) for flag, path in given])
+    for flag, path in given:
+        if flag in OUTPUT_FORMATS:
+            check_extension(path, f"--{flag} {path}", *OUTPUT_FORMATS[flag])
 
 
 def check_output_args(args: argparse.Namespace) -> str:

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.fileio import check_writable, write_atomic
+from pipeoffload.fileio import check_distinct, check_extension, check_writable, write_atomic
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -15,8 +16,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     compare = actions.add_parser("compare", help="lay a runtime trace above its simulation in one trace file")
     compare.add_argument("run_trace", metavar="RUN_TRACE",
                          help="a runtime trace (python -m pipeoffload.runtime --trace FILE, or write_chrome_trace)")
-    compare.add_argument("-o", "--output", metavar="FILE",
-                         help="the merged trace (default: RUN_TRACE with .vs-sim.json)")
+    compare.add_argument("-o", "--output", metavar="FILE.json",
+                         help="the merged trace, a new .json file other than RUN_TRACE (default: RUN_TRACE with "
+                              ".vs-sim.json)")
     compare.set_defaults(run=run_compare)
     parser.set_defaults(run=_no_action)
 
@@ -37,8 +39,14 @@ def run_compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"RUN_TRACE {source}: not JSON ({err}); expected a Chrome trace from the runtime") from None
     except OSError as err:  # a folder, a file without read permission
         raise ConfigError(f"RUN_TRACE {source}: cannot read it ({err.strerror}); give a trace file") from None
-    out = Path(args.output) if args.output else source.with_name(source.stem + ".vs-sim.json")
-    check_writable(out, f"-o {out}")
+    if args.output is not None:
+        out, what = Path(args.output), f"-o {shlex.quote(args.output)}"
+    else:  # the user gave no -o: name the default output, and -o only as the way around it
+        out = source.with_name(source.stem + ".vs-sim.json")
+        what = f"the default output {out} (beside RUN_TRACE; give another with -o FILE.json)"
+    check_writable(out, what)
+    check_distinct([("-o" if args.output is not None else "the default output", out)], inputs=[("RUN_TRACE", source)])
+    check_extension(out, what, (".json",), "a Chrome/Perfetto trace (JSON)")
     merged, timeline, run = compare_trace(data)
     write_atomic(out, json.dumps(merged))
     other = merged["otherData"]

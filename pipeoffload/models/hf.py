@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import torch
 from torch import nn
 
 from pipeoffload.errors import ConfigError
+from pipeoffload.fileio import check_new_folder
 from pipeoffload.hfdir import INDEX, HFDir, hf_name, our_names
 from pipeoffload.llama_config import LlamaShape
 from pipeoffload.models.llama import llama_layers
@@ -93,13 +96,13 @@ def save_hf(out: str | Path, shape: LlamaShape, state: Mapping[str, torch.Tensor
     from safetensors.torch import save_file
 
     target = Path(out)
-    if target.exists():
-        raise ConfigError(f"--hf {str(target)!r} already exists; pick a new folder (nothing is overwritten)")
-    if not target.parent.is_dir():
-        raise ConfigError(f"--hf {str(target)!r}: folder {str(target.parent)!r} does not exist; create it first")
-    tmp = target.parent / f".tmp-{target.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    what = f"--hf {str(target)!r}"
+    check_new_folder(target, what)
+    try:  # a folder of its own beside the target (never a fixed name: a user's .tmp-<name> is left alone)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
+    except OSError as err:  # a special or read-only file system that access() did not reveal
+        raise ConfigError(f"{what}: cannot write in folder {str(target.parent)!r} ({err.strerror}); "
+                          "choose another place") from None
     try:
         tensors = [(hf, state[ours].detach().to("cpu", torch.float32).contiguous())
                    for hf, ours in our_names(shape).items()]
@@ -114,6 +117,11 @@ def save_hf(out: str | Path, shape: LlamaShape, state: Mapping[str, torch.Tensor
         (tmp / "config.json").write_text(json.dumps(shape.to_hf(), indent=1))
         if tokenizer is not None:
             shutil.copyfile(tokenizer, tmp / "tokenizer.json")
+        umask = os.umask(0)
+        os.umask(umask)
+        for path in tmp.iterdir():  # safetensors writes its shards 0600: every file as open() would make it
+            path.chmod(0o666 & ~umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700, likewise
         tmp.rename(target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

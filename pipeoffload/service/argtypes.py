@@ -3,17 +3,69 @@ subcommands, ``python -m pipeoffload.runtime``): a flag refuses what a request r
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from pipeoffload.service.checks import finite_at_least, int_at_least
 
+_SEEN = "_options_given"  # the namespace's record of the single-valued options given, while it is parsed
+
+
+class _StoreOnce(argparse._StoreAction):
+    """argparse's ``store``, but an option given twice (``-d 8 -d 2``) is an error, never silently the last
+    value: the playground refuses a repeated parameter the same way. Options meant to repeat use
+    ``action="append"`` (e.g. ``--hw``), which this does not touch."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if self.option_strings:  # a positional is consumed once anyway
+            seen = namespace.__dict__.setdefault(_SEEN, {})
+            given = f"{option_string} {_shown(values)}"
+            if self.dest in seen:
+                raise argparse.ArgumentError(self, f"given twice ({seen[self.dest]}, then {given}); give it once")
+            seen[self.dest] = given
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _shown(values: Any) -> str:
+    items = values if isinstance(values, list) else [values]
+    return " ".join(shlex.quote(str(item)) for item in items)
+
 
 class OneLineParser(argparse.ArgumentParser):
-    """An argparse parser whose errors are one line and exit 2 (argparse would print the usage too)."""
+    """An argparse parser whose errors are one line and exit 2 (argparse would print the usage too); a
+    single-valued option given twice is one of them, and so is an unknown argument, reported by the
+    subcommand that was parsing (``pipeoffload show: error: ...``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", "store", _StoreOnce)
+        self.register("action", None, _StoreOnce)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[Any, list[str]]:  # type: ignore[override]
+        parsed, extras = super().parse_known_args(args, namespace)
+        parsed.__dict__.pop(_SEEN, None)
+        return parsed, extras
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._innermost(parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+    def _innermost(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        """The (sub)command parser that ``parsed`` ended in: the one to name in an error."""
+        parser: argparse.ArgumentParser = self
+        while True:
+            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            chosen = getattr(parsed, subs[0].dest, None) if subs and subs[0].dest != argparse.SUPPRESS else None
+            if chosen not in (subs[0].choices if subs else {}):
+                return parser
+            parser = subs[0].choices[chosen]
 
 
 def flag_type(check: Callable[[str], Any]) -> Callable[[str], Any]:

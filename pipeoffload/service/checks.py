@@ -5,18 +5,34 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from pipeoffload.errors import ConfigError
 
+# Number text as a user types it: plain ASCII digits, an optional sign, a decimal point and an exponent.
+# ``int()``/``float()`` also take Python's literal extras (``1_0``, full-width and Arabic-Indic digits,
+# surrounding spaces), which turn a typo into another value (``0_5`` read as 5): those are refused.
+INT_TEXT = re.compile(r"[+-]?[0-9]+")
+NUMBER_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(inf|infinity|nan)", re.IGNORECASE)
+
+
+def _plain_hint(text: str, parse: Any) -> str:
+    """The fix, for text Python would read as a number but a user means otherwise (``1_0``, ``４``)."""
+    try:
+        parse(text)
+    except ValueError:
+        return ""
+    return "; write it with the ASCII digits 0-9 only (no '_', spaces or other digits)"
+
 
 def int_at_least(value: object, minimum: int = 1) -> int:
-    """``value`` as an int >= ``minimum`` (text is parsed; a bool or a float is not an integer)."""
+    """``value`` as an int >= ``minimum`` (text is parsed: ASCII digits with an optional sign only; a bool
+    or a float is not an integer)."""
     if isinstance(value, str):
-        try:
-            value = int(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not an integer") from None
+        if not INT_TEXT.fullmatch(value):
+            raise ValueError(f"{value!r} is not an integer{_plain_hint(value, int)}")
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{value!r} is not an integer")
     if value < minimum:
@@ -26,12 +42,12 @@ def int_at_least(value: object, minimum: int = 1) -> int:
 
 def finite_at_least(value: object, minimum: float = 0.0) -> float:
     """``value`` as a finite float >= ``minimum``: inf and nan are refused (they make every number after
-    them silently wrong), and so is a bool."""
+    them silently wrong), and so is a bool. Text is a plain ASCII decimal or scientific number (``0.5``,
+    ``.5``, ``5e-1``)."""
     if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not a number") from None
+        if not NUMBER_TEXT.fullmatch(value):
+            raise ValueError(f"{value!r} is not a number{_plain_hint(value, float)}")
+        value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{value!r} is not a number")
     value = float(value)

@@ -83,3 +83,23 @@ def test_ranks_share_one_clock_from_their_step_starts(measured, tmp_path) -> Non
     unsynced = [replace(early, epoch=0.0), late]  # an older trace without epochs: each rank from its own start
     old = chrome_events(unsynced)
     assert min(e["ts"] for e in old if e["ph"] == "X" and e["pid"] == 1) == pytest.approx(first[0])
+
+
+def test_trace_compare_refuses_to_write_over_its_input(measured, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Probe C 2.1: ``-o`` naming RUN_TRACE itself (under any spelling) would replace the only copy of the
+    measured trace with the merged one; it is refused and the trace is left as it was."""
+    path, _ = measured
+    run = tmp_path / "r.json"
+    run.write_bytes(path.read_bytes())
+    for out in (run, tmp_path / "." / "r.json"):
+        assert main(["trace", "compare", str(run), "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "-o" in err and "is RUN_TRACE" in err and len(err.splitlines()) == 1, err
+    assert run.read_bytes() == path.read_bytes()
+
+
+def test_trace_compare_refuses_an_output_that_is_not_json(measured, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    path, _ = measured
+    assert main(["trace", "compare", str(path), "-o", str(tmp_path / "out.png")]) == 2
+    assert ".json" in capsys.readouterr().err
+    assert not (tmp_path / "out.png").exists()
