@@ -22,6 +22,7 @@ from pipeoffload.passes.recompute import all_keys, auto_keys, check_policies, fi
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.semantics import with_coded
 from pipeoffload.simulator import Timeline, simulate
+from pipeoffload.units import counted
 from pipeoffload.validation import validate
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
     report = replace(report, per_rank=per_rank, recompute=recompute, recomputed=tuple(sorted(recomputed)),
                      notes=(*report.notes, *notes))
     if report.budget_met is False:
-        warning = (f"offload {offload}: cannot bring every rank to {report.budget:g} activation units; "
+        warning = (f"offload {offload}: cannot bring every rank to {counted(report.budget, 'activation unit')}; "
                    f"best planned peak {report.peak_after:g}")
         report = replace(report, warnings=(*report.warnings, warning))
     return planned, report

@@ -37,16 +37,22 @@ def process_events(pid: int, name: str, sort_index: int) -> list[dict]:
     ]
 
 
+_NOISE = 1e-12  # relative: below this a span is rounding error of the simulator's float sums
+
+
 def span_events(pid: int, events: Iterable[tuple[Action, float, float]], scale: float) -> list[dict]:
     """Chrome 'X' events for one rank's (action, start, end) triples; ``scale`` converts to microseconds."""
     out = []
     for index, (action, start, end) in enumerate(events):
         lane = lane_of(action)
-        if lane == "comm" and end <= start:
+        span = end - start
+        if span < _NOISE * max(abs(start), abs(end), 1.0):
+            span = 0.0  # a difference of two equal sums of floats, not a duration
+        if lane == "comm" and span == 0.0:
             continue  # instant sends only clutter the view
         out.append({
             "ph": "X", "name": str(action), "cat": action.kind.value, "pid": pid, "tid": LANES[lane],
-            "ts": start * scale, "dur": max(end - start, 0.0) * scale,
+            "ts": start * scale, "dur": span * scale,
             "args": {"action": str(action), "index": index, "stage": action.stage, "microbatch": action.microbatch},
         })
     return out
@@ -71,7 +77,7 @@ def timeline_trace(timeline: Timeline, scale: float = 1e6, pid_base: int = 0, la
         if result.peak_host_units:
             events += counter_events(pid, f"host memory ({MEMORY_UNIT})", MEMORY_UNIT, result.host_memory, scale,
                                      1 / v)
-    other = timeline.as_dict() | {"per_rank": None, "time_unit": f"{time_unit_help(time_unit)}; 1 unit = {scale:g} us here"}
+    other = {k: v for k, v in timeline.as_dict().items() if k != "per_rank"} | {"time_unit": f"{time_unit_help(time_unit)}; 1 unit = {scale:g} us here"}
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 

@@ -215,7 +215,7 @@
       items.push(`<span>${swatch(shade(chart.colours.F, s, chart.stages_per_rank))}lighter: rank's stage ${s + 1} of ${chart.stages_per_rank}</span>`);
     }
     if (chart.boxes.some((b) => b[1] === "copy" && b[6] <= b[5])) {
-      items.push(`<span><svg width="14" height="10"><rect x="6" width="2" height="10" fill="#555"/></svg>tick: instant copy (k = 0)</span>`);
+      items.push(`<span><svg width="14" height="10"><rect x="6" width="2" height="10" fill="#555"/></svg>tick: copy taking no time (the host already holds the bytes, or k = 0)</span>`);
     }
     items.push(`<span>${stroke(DEVICE, false)}device memory</span>`);
     if (chart.host.some((c) => c.peak > 0)) items.push(`<span>${stroke(HOST, true)}host memory (own scale)</span>`);
