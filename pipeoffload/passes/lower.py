@@ -140,7 +140,7 @@ def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
     per_rank = tuple(replace(r, peak_before=before[r.rank]) for r in report.per_rank)
     report = replace(report, per_rank=per_rank, recompute=recompute, recomputed=tuple(sorted(recomputed)),
                      notes=(*report.notes, *notes))
-    if report.budget_met is False:
+    if report.budget_met is False and report.budget is not None:
         warning = (f"offload {offload}: cannot bring every rank to {counted(report.budget, 'activation unit')}; "
                    f"best planned peak {report.peak_after:g}")
         report = replace(report, warnings=(*report.warnings, warning))
