@@ -275,7 +275,9 @@ def test_plan_auto_shards_the_optimizer_state_only_with_zero(planned: list[Any])
     (["--nproc", "8", "--stages-per-rank", "4"], {"stages_per_rank": 4}),
 ])
 def test_plan_auto_searches_only_the_v_and_g_given(flags: list[str], want: dict, planned: list[Any]) -> None:
-    cfg, _ = _resolve("--plan", "auto", "--memory", "40", "--model", "llama", "--steps", "1", "--layers", "16", *flags)
+    base = {"--memory": "40", "--model": "llama", "--steps": "1", "--layers": "16"}
+    base = [word for key, value in base.items() if key not in flags for word in (key, value)]  # an option
+    cfg, _ = _resolve("--plan", "auto", *base, *flags)  # given twice is refused, not silently the last
     assert {k: cfg.get(k) for k in want} == want
     request = planned[-1]
     assert request.top == 1  # nothing is filtered after the search
