@@ -14,7 +14,7 @@ from pipeoffload.planner.hardware import HardwareSpec
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.schedules import MAX_ACTIONS, estimated_work, generate, get_spec
 from pipeoffload.service.argtypes import OneLineParser, non_negative_float, positive_int
-from pipeoffload.service.checks import checked, int_at_least
+from pipeoffload.service.checks import NUMBER_TEXT, checked, int_at_least, plain_hint
 
 __all__ = ["EXTRAS", "OneLineParser", "add_cost_args", "add_max_stall", "add_schedule_args", "model_and_hardware",
            "non_negative_float", "missing_extra", "positive_int", "require_extra", "schedule_from_args",
@@ -43,6 +43,8 @@ def checked_hardware(args: argparse.Namespace) -> HardwareSpec:
             number = float(text)
         except ValueError:
             continue  # a name or a flag value: the hardware spec checks it
+        if not NUMBER_TEXT.fullmatch(text):  # float() reads 1_0 as 10 and Arabic-Indic digits: a typo, refused
+            raise ConfigError(f"--hw {item}: {text!r} is not a number{plain_hint(text, float)}")
         if not math.isfinite(number):
             raise ConfigError(f"--hw {item}: not a finite number")
     try:

@@ -7,7 +7,7 @@ import shlex
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from pipeoffload.service.checks import finite_at_least, int_at_least
+from pipeoffload.service.checks import INT_TEXT, NUMBER_TEXT, finite_at_least, int_at_least, plain_hint
 
 _SEEN = "_options_given"  # the namespace's record of the single-valued options given, while it is parsed
 
@@ -33,6 +33,22 @@ def _shown(values: Any) -> str:
     return " ".join(shlex.quote(str(item)) for item in items)
 
 
+def _plain_int(text: str) -> int:
+    """``type=int`` of every OneLineParser: ``int()`` reads ``1_0`` as 10 and ``４`` as 4, a typo as
+    another value; only plain ASCII digits (``service.checks.INT_TEXT``), any sign or size."""
+    if not INT_TEXT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer{plain_hint(text, int)}")
+    return int(text)
+
+
+def _plain_float(text: str) -> float:
+    """``type=float`` of every OneLineParser: a plain ASCII decimal or scientific number
+    (``service.checks.NUMBER_TEXT``); inf and nan are refused after parsing (``cli.refuse_non_finite``)."""
+    if not NUMBER_TEXT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number{plain_hint(text, float)}")
+    return float(text)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """An argparse parser whose errors are one line and exit 2 (argparse would print the usage too); a
     single-valued option given twice is one of them, and so is an unknown argument, reported by the
@@ -42,6 +58,8 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.register("action", "store", _StoreOnce)
         self.register("action", None, _StoreOnce)
+        self.register("type", int, _plain_int)  # every type=int/float flag: plain ASCII number text
+        self.register("type", float, _plain_float)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")

@@ -17,7 +17,7 @@ INT_TEXT = re.compile(r"[+-]?[0-9]+")
 NUMBER_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(inf|infinity|nan)", re.IGNORECASE)
 
 
-def _plain_hint(text: str, parse: Any) -> str:
+def plain_hint(text: str, parse: Any) -> str:
     """The fix, for text Python would read as a number but a user means otherwise (``1_0``, ``４``)."""
     try:
         parse(text)
@@ -31,7 +31,7 @@ def int_at_least(value: object, minimum: int = 1) -> int:
     or a float is not an integer)."""
     if isinstance(value, str):
         if not INT_TEXT.fullmatch(value):
-            raise ValueError(f"{value!r} is not an integer{_plain_hint(value, int)}")
+            raise ValueError(f"{value!r} is not an integer{plain_hint(value, int)}")
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{value!r} is not an integer")
@@ -46,7 +46,7 @@ def finite_at_least(value: object, minimum: float = 0.0) -> float:
     ``.5``, ``5e-1``)."""
     if isinstance(value, str):
         if not NUMBER_TEXT.fullmatch(value):
-            raise ValueError(f"{value!r} is not a number{_plain_hint(value, float)}")
+            raise ValueError(f"{value!r} is not a number{plain_hint(value, float)}")
         value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{value!r} is not a number")

@@ -105,6 +105,22 @@ def test_the_cli_refuses_underscored_and_non_ascii_numbers(command: str, piece: 
     _refused(command, piece)
 
 
+@pytest.mark.parametrize("command,piece", [
+    ("k --hidden 4_096 --seq 8192 --gpu a100", "argument --hidden: '4_096' is not an integer"),
+    ("k --hidden ４０９６ --seq 8192 --gpu a100", "is not an integer"),
+    ("k --hidden 4096 --seq 8192 --gpu a100 --hw memory_gib=8_0", "--hw memory_gib=8_0: '8_0' is not a number"),
+    ("estimate --model gpt3-1.3b --global-batch 8 --pp 2 --dp 8 --memory 1_0", "argument --memory: '1_0' is not a number"),
+])
+def test_every_int_and_float_flag_takes_plain_ascii_numbers(command: str, piece: str) -> None:
+    """The planner's flags (``type=int``/``type=float``) and ``--hw`` values, not only ``service.checks``'."""
+    _refused(command, piece)
+
+
+def test_plain_numbers_still_work_in_the_planners_flags() -> None:
+    code, out, err = _run("k --hidden 4096 --seq 8192 --gpu a100 --hw memory_gib=8e1")
+    assert code == 0 and "k =" in out, err
+
+
 def test_the_api_refuses_underscored_and_full_width_numbers() -> None:
     from pipeoffload.web.server import request_from_query
 

@@ -319,7 +319,7 @@ def test_head_dim_flag_sets_the_attention_width() -> None:
 
 @pytest.mark.parametrize("value, needle", [("0", "--head-dim 0: must be a whole number >= 1"),
                                            ("-64", "--head-dim -64: must be a whole number >= 1"),
-                                           ("x", "--head-dim: invalid int value: 'x'")])
+                                           ("x", "--head-dim: 'x' is not an integer")])
 def test_a_bad_head_dim_is_one_line(value: str, needle: str) -> None:
     from tests.conftest import run_cli
 
