@@ -18,7 +18,8 @@ from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import check_extension, check_writable, write_atomic
 from pipeoffload.service import CompareRequest, SimulateRequest, compare, strict_json
 from pipeoffload.service.argtypes import OneLineParser
-from pipeoffload.units import rank_units
+from pipeoffload.service.compare import CompareRow
+from pipeoffload.units import TIME_UNIT, counted, rank_units
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +97,17 @@ def run(args: argparse.Namespace) -> int:
     parsed = [parse_spec(spec, args.common) for spec in args.specs]
     result = compare(CompareRequest(tuple(req for req, _ in parsed)), names=[repr(spec) for spec in args.specs])
     rows, commands, unit = result.rows, [command for _, command in parsed], result.time_unit
-    from pipeoffload.viz.plot import figure_bytes, timeline_figure
+    from pipeoffload.viz.plot import COSTS_FILE_TIME_LABEL, figure_bytes, timeline_figure
     from pipeoffload.viz.report import html_report
 
     timelines = [r.result.timeline for r in rows]
     top = max(t.peak_rank_units for t in timelines)  # one memory scale, as one time axis, across the rows
+    def axis(row: CompareRow) -> str | None:  # a costs file's times are per stage: its chart says so, as simulate's
+        return COSTS_FILE_TIME_LABEL if row.result.request.costs_file and unit == TIME_UNIT else None
+
     pictures = [figure_bytes(timeline_figure(r.result.timeline, r.result.title(), xmax=result.makespan, ymax=top,
-                                             time_unit=unit), dpi=100) for r in rows] if output or args.plots else []
+                                             time_unit=unit, time_label=axis(r)), dpi=100)
+                for r in rows] if output or args.plots else []
     if args.plots:
         try:
             Path(args.plots).mkdir(parents=True, exist_ok=True)
@@ -112,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
             write_atomic(Path(args.plots) / f"{file_slug(row.label)}.png", png)
     shared = f" (every row: {result.shared})" if result.shared else ""
     if output is not None:
-        page = html_report(timelines, title=f"pipeoffload compare: {len(rows)} schedules{shared}",
+        page = html_report(timelines, title=f"pipeoffload compare: {counted(len(rows), 'schedule')}{shared}",
                            pictures=pictures, labels=[r.label for r in rows], commands=commands, time_unit=unit)
         write_atomic(output, page)
         log.info("wrote %s", output)
@@ -123,8 +128,9 @@ def run(args: argparse.Namespace) -> int:
                           indent=1))
     else:
         for index, (row, t) in enumerate(zip(rows, timelines), 1):
+            note = row.result.budget_note()  # a budget the plan could not meet, named on its row
             print(f"{index}. {row.label}: makespan {t.makespan:.4g} {unit}, bubble {t.bubble_ratio:.1%}, "
-                  f"device peak {rank_units(t.peak_rank_units, 3)}")
+                  f"device peak {rank_units(t.peak_rank_units, 3)}" + (f"; {note}" if note else ""))
         if result.shared:
             print(f"every row: {result.shared}")
         print(f"wrote {output}")

@@ -126,12 +126,16 @@ class OffloadReport:
         parts = []
         if self.policy.kind != "none":
             at = "" if self.copy_time_factor == 1 else f" at the planned copy times ({self.copy_time_factor:g}x)"
-            parts.append(f"offload {self.policy}: {self.offloaded} activations offloaded, {len(self.unhidden)} "
-                         f"more kept on the device, as the copy lane could not hide their copies{at}")
+            short = sum(r.too_short for r in self.per_rank)
+            kept = [f"{len(self.unhidden)} that the copy lane could not hide{at}"] if self.unhidden else []
+            kept += [f"{short} whose window is too short to leave the device"] if short else []
+            parts.append(f"offload {self.policy}: {self.offloaded} activations offloaded"
+                         + (f"; kept on the device: {', '.join(kept)}" if kept else ""))
             if self.offloaded_after_i or self.unhidden_after_i:
                 first, second = self.units_by_window
-                parts.append(f"{self.offloaded_after_i} offloaded between I and W, {len(self.unhidden_after_i)} "
-                             f"kept on the device there; units to host per window: F->I {first:g}, I->W {second:g}")
+                kept_w = f", {len(self.unhidden_after_i)} kept on the device there" if self.unhidden_after_i else ""
+                parts.append(f"{self.offloaded_after_i} offloaded between I and W{kept_w}; units to host per window: "
+                             f"F->I {first:g}, I->W {second:g}")
         if self.throttle:
             parts.append(f"warm-up forwards wait for copies (WAIT: each for its rank's offload {self.throttle} back)")
         if self.recompute != RecomputePolicy():

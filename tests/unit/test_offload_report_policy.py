@@ -30,7 +30,8 @@ def test_summary_and_json_keep_the_text_forms(capsys) -> None:  # type: ignore[n
             "--recompute", "auto"]
     assert main(argv) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
-        "offload budget:2rank: 14 activations offloaded, 0 more kept on the device, as the copy lane could not hide their copies; "
+        "offload budget:2rank: 14 activations offloaded; kept on the device: 8 whose window is too short to leave the "
+        "device; "
         "recompute auto: 0 activations; planned peak 4 -> 2 activation units; budget 2 met")
     assert main([*argv, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)["offload_report"]
@@ -38,8 +39,17 @@ def test_summary_and_json_keep_the_text_forms(capsys) -> None:  # type: ignore[n
     assert main(["simulate", "1f1b", "-d", "4", "-m", "8", "--offload", "first:1", "--recompute", "first:1,lgd",
                  "--offload-ratio", "0"]) == 0  # instant copies (the default k hides fewer)
     assert capsys.readouterr().out.splitlines()[-1] == (
-        "offload first:1: 24 activations offloaded, 0 more kept on the device, as the copy lane could not hide their copies; recompute first:1,lgd: 0 "
+        "offload first:1: 24 activations offloaded; kept on the device: 8 whose window is too short to leave the device; "
+        "recompute first:1,lgd: 0 "
         "activations; planned peak 2.35294 -> 0.588235 activation units")
     for argv in (["--recompute", "lgd"], []):  # no offload, no recompute action: no report line, as before
         assert main(["simulate", "1f1b", "-d", "4", "-m", "8", *argv]) == 0
         assert "planned peak" not in capsys.readouterr().out
+
+
+def test_the_summary_names_only_what_was_kept_and_why(capsys) -> None:  # type: ignore[no-untyped-def]
+    # a k so large that every window is too short: no "could not hide" clause for nothing hidden
+    assert main(["simulate", "zb-v", "--offload", "all", "--offload-ratio", "1e308"]) == 0
+    last = [line for line in capsys.readouterr().out.splitlines() if line.startswith("offload all:")][0]
+    assert last.startswith("offload all: 0 activations offloaded; kept on the device: 64 whose window is too short")
+    assert "could not hide" not in last

@@ -40,7 +40,7 @@ def test_zb_v_past_its_cliff_keeps_three_units_for_under_one_percent() -> None:
     assert stalled.peak_activation_units == 3
     assert step < stalled.makespan <= step * 1.02 and stalled.stall > 0
     assert report.copy_time_factor == 0.95 and "0.96 % longer" in report.notes[0]
-    assert "1 more kept on the device, as the copy lane could not hide their copies at the planned copy times (0.95x)" in report.summary()
+    assert "kept on the device: 1 that the copy lane could not hide at the planned copy times (0.95x)" in report.summary()
     assert report.peak_after == 3
     # it is the plan the pass makes for the faster copies, run at the real ones
     made = lower(generate("zb-v", 8, 32, 2), ZBV_COSTS.with_offload_ratio(0.68 * 0.95), offload="all")
