@@ -50,8 +50,10 @@ def check_output_args(args: argparse.Namespace) -> str:
 
 
 def write_outputs(args: argparse.Namespace, timelines: Sequence[Timeline], time_unit: str = TIME_UNIT,
-                  commands: Sequence[str] | None = None, title: str | None = None) -> None:
-    """``--plot/--trace/--report`` of ``timelines``, their times labelled ``time_unit`` (``t`` or ``s``);
+                  commands: Sequence[str] | None = None, title: str | None = None,
+                  time_help: str | None = None) -> None:
+    """``--plot/--trace/--report`` of ``timelines``, their times labelled ``time_unit`` (``t`` or ``s``;
+    ``time_help``, if given, says what one unit is in the trace);
     the report shows ``commands`` (the command line of each timeline) beside its row; ``title`` heads the
     picture (default: the schedule and sizes)."""
     fmt = check_output_args(args)
@@ -63,7 +65,7 @@ def write_outputs(args: argparse.Namespace, timelines: Sequence[Timeline], time_
     if args.trace:
         from pipeoffload.viz.chrome_trace import timeline_trace_json
 
-        write_atomic(args.trace, timeline_trace_json(timelines[0], time_unit))
+        write_atomic(args.trace, timeline_trace_json(timelines[0], time_unit, time_help))
         log.info("wrote %s", args.trace)
     if args.report:
         from pipeoffload.viz.report import html_report

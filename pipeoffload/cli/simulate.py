@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     # the picture's time axis and the report's units note say what a costs file's t is, and the report's
     # row is labelled as compare labels it: both need the result, so simulate draws them here
     write_outputs(argparse.Namespace(**{**vars(args), "plot": None, "report": None}), [result.timeline],
-                  result.time_unit, commands=[command], title=result.title())
+                  result.time_unit, commands=[command], title=result.title(), time_help=result.time_help())
     write_pictures(args, result, command, fmt)
     if args.json:
         print(strict_json(result.as_dict(), indent=1))

@@ -37,6 +37,9 @@ def run_compare(args: argparse.Namespace) -> int:
         raise ConfigError(f"RUN_TRACE {source}: no such file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"RUN_TRACE {source}: not JSON ({err}); expected a Chrome trace from the runtime") from None
+    except RecursionError:  # arrays or objects nested deeper than Python's JSON reader goes
+        raise ConfigError(f"RUN_TRACE {source}: nested too deeply to be a Chrome trace; expected one from the "
+                          "runtime") from None
     except OSError as err:  # a folder, a file without read permission
         raise ConfigError(f"RUN_TRACE {source}: cannot read it ({err.strerror}); give a trace file") from None
     if args.output is not None:

@@ -64,9 +64,10 @@ def counter_events(pid: int, name: str, key: str, curve: Iterable[tuple[float, f
 
 
 def timeline_trace(timeline: Timeline, scale: float = 1e6, pid_base: int = 0, label: str = "simulated",
-                   sort_base: int = 0, time_unit: str = TIME_UNIT) -> dict:
+                   sort_base: int = 0, time_unit: str = TIME_UNIT, time_help: str | None = None) -> dict:
     """The simulated timeline as a Chrome trace object; one time unit (``time_unit``: ``t`` or ``s``)
-    becomes ``scale`` microseconds."""
+    becomes ``scale`` microseconds. ``time_help``: what one unit is, where not the unit's own note (a
+    costs file's per-stage times)."""
     events: list[dict] = []
     v = max(timeline.schedule.stages_per_rank, 1)
     for rank in range(timeline.schedule.num_ranks):
@@ -77,9 +78,10 @@ def timeline_trace(timeline: Timeline, scale: float = 1e6, pid_base: int = 0, la
         if result.peak_host_units:
             events += counter_events(pid, f"host memory ({MEMORY_UNIT})", MEMORY_UNIT, result.host_memory, scale,
                                      1 / v)
-    other = {k: v for k, v in timeline.as_dict().items() if k != "per_rank"} | {"time_unit": f"{time_unit_help(time_unit)}; 1 unit = {scale:g} us here"}
+    unit_note = f"{time_help or time_unit_help(time_unit)}; 1 unit = {scale:g} us here"
+    other = {k: v for k, v in timeline.as_dict().items() if k != "per_rank"} | {"time_unit": unit_note}
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 
-def timeline_trace_json(timeline: Timeline, time_unit: str = TIME_UNIT) -> str:
-    return json.dumps(timeline_trace(timeline, time_unit=time_unit))
+def timeline_trace_json(timeline: Timeline, time_unit: str = TIME_UNIT, time_help: str | None = None) -> str:
+    return json.dumps(timeline_trace(timeline, time_unit=time_unit, time_help=time_help))

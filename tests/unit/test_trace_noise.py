@@ -19,3 +19,25 @@ def test_the_trace_metadata_has_no_null_per_rank() -> None:
     timeline = simulate(lower(generate("1f1b", 4, 8)))
     other = timeline_trace(timeline)["otherData"]
     assert "per_rank" not in other and other["makespan"] == timeline.makespan
+
+
+def test_a_costs_file_trace_says_its_times_are_per_stage(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from pipeoffload.cli import main
+
+    costs, trace = tmp_path / "c.json", tmp_path / "t.json"
+    costs.write_text(json.dumps({"time_f": 1, "time_i": 1, "time_w": 1}))
+    assert main(["simulate", "1f1b", "--costs", str(costs), "--trace", str(trace)]) == 0
+    note = json.loads(trace.read_text())["otherData"]["time_unit"]
+    assert "per stage" in note and "--time-f 1" not in note
+
+
+def test_trace_compare_refuses_json_nested_too_deep(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from pipeoffload.cli import main
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)
+    assert main(["trace", "compare", str(deep)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nested too deeply" in err[0]
