@@ -53,11 +53,20 @@ def _sha256(path: Path) -> str:
 
 
 # ---- pure checks (run in the launcher, before any rank starts) ---------------------------------------
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a ``step-N`` folder name (``None`` for any other name)."""
+    digits = path.name[len("step-"):] if path.name.startswith("step-") else ""
+    return int(digits) if digits.isascii() and digits.isdigit() else None
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's ``step-N`` folders, oldest first by their step number (not by name: past step 999,999
+    ``step-1000000`` sorts before ``step-999999`` as text, as the 6-digit padding runs out)."""
     folder = run_dir / "checkpoints"
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("step-"))
+    found = [(step, p) for p in folder.iterdir() if p.is_dir() and (step := checkpoint_step(p)) is not None]
+    return [p for _, p in sorted(found)]
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
