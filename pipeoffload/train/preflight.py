@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +57,11 @@ def check_out(out: str) -> None:
     parent = next((p for p in (path, *path.parents) if p.exists()), Path("."))
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"out={out!r}: {str(parent)!r} is not a writable folder; choose another --out")
+    try:  # access() passes root everywhere (/proc, a read-only mount): make (and remove) a folder there
+        os.rmdir(tempfile.mkdtemp(prefix=".pipeoffload-check-", dir=parent))
+    except OSError as err:
+        raise ConfigError(f"out={out!r}: a folder cannot be made in {str(parent)!r} ({err.strerror}); choose "
+                          "another --out") from None
 
 
 # ---- data ------------------------------------------------------------------------------------------
@@ -152,6 +158,12 @@ def model_state_bytes(cfg: TrainConfig, vocab: int) -> int:
 def memory_lower_bound(cfg: TrainConfig, facts: DataFacts, local_ranks: int | None = None) -> int:
     """Bytes the ranks on this machine need at least (fp32): their share of the model state, the
     held-out batches and data each rank holds, and one microbatch's layer outputs and logits."""
+    return sum(memory_parts(cfg, facts, local_ranks).values())
+
+
+def memory_parts(cfg: TrainConfig, facts: DataFacts, local_ranks: int | None = None) -> dict[str, int]:
+    """``memory_lower_bound`` by what takes it: ``model`` state, one microbatch's ``activations``, the
+    ``held_out`` batches and the ``data`` every local rank holds."""
     p, m = cfg.parallel, cfg.model
     vocab = m.vocab or facts.vocab or 256
     world = cfg.world
@@ -160,7 +172,12 @@ def memory_lower_bound(cfg: TrainConfig, facts: DataFacts, local_ranks: int | No
     held_out = held_out_batches(cfg, facts) * per_replica * m.seq_len * 16  # int64 inputs and targets, every rank
     micro = per_replica // cfg.schedule.microbatches
     activations = p.dp * micro * m.seq_len * (m.layers * m.hidden + 3 * vocab) * 4
-    return (model_state_bytes(cfg, vocab) + activations) * local // world + local * (held_out + facts.resident_bytes)
+    state = model_state_bytes(cfg, vocab)
+    # the shares of the local ranks, rounded as one sum is (the parts add up to the bound exactly)
+    shared = (state + activations) * local // world
+    state_part = state * local // world
+    return {"model": state_part, "activations": shared - state_part, "held_out": local * held_out,
+            "data": local * facts.resident_bytes}
 
 
 def held_out_batches(cfg: TrainConfig, facts: DataFacts) -> int:
@@ -202,14 +219,27 @@ def available_memory() -> int | None:
 def check_memory(cfg: TrainConfig, facts: DataFacts, available: int | None) -> None:
     if not available:
         return
-    need = memory_lower_bound(cfg, facts)
-    if need > available:
-        raise ConfigError(
-            f"the run needs at least {_gib(need)} of memory on this machine (estimated: model state "
-            f"{_gib(model_state_bytes(cfg, cfg.model.vocab or facts.vocab or 256))} for layers="
-            f"{cfg.model.layers} hidden={cfg.model.hidden}, {held_out_batches(cfg, facts)} held-out batches for "
-            f"eval_batches={cfg.metrics.eval_batches}) but {_gib(available)} are available; make the model or "
-            "--eval-batches smaller")
+    parts = memory_parts(cfg, facts)
+    need = sum(parts.values())
+    if need <= available:
+        return
+    per_replica = cfg.data.global_batch // cfg.parallel.dp
+    micro = per_replica // cfg.schedule.microbatches
+    fixes = {  # what lowers the largest part
+        "model": f"make the model smaller (layers={cfg.model.layers} hidden={cfg.model.hidden})",
+        "activations": f"make the microbatch smaller (global_batch={cfg.data.global_batch} over microbatches="
+                       f"{cfg.schedule.microbatches} is {micro} sequences of seq_len={cfg.model.seq_len}): lower "
+                       "--global-batch or raise --microbatches",
+        "held_out": f"lower --eval-batches (eval_batches={cfg.metrics.eval_batches})",
+        "data": "use a memory-mapped token file (.npy or .bin) instead of text each rank holds",
+    }
+    largest = max(parts, key=lambda k: parts[k])
+    raise ConfigError(
+        f"the run needs at least {_gib(need)} of memory on this machine (estimated: model state "
+        f"{_gib(parts['model'])} for layers={cfg.model.layers} hidden={cfg.model.hidden}, activations of one "
+        f"microbatch of {micro} sequences {_gib(parts['activations'])}, {held_out_batches(cfg, facts)} held-out "
+        f"batches for eval_batches={cfg.metrics.eval_batches} {_gib(parts['held_out'])}, data "
+        f"{_gib(parts['data'])}) but {_gib(available)} are available; {fixes[largest]}")
 
 
 def _gib(n: int) -> str:

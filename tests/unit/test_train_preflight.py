@@ -101,7 +101,7 @@ def test_the_memory_bound_scales_with_the_model_and_the_held_out_batches() -> No
     assert memory_lower_bound(cfg.updated(eval_batches=10**6), facts, 1) - small == (10**6 - 2) * 8 * 64 * 16
     check_memory(cfg, facts, available=GIB)
     with pytest.raises(ConfigError, match=r"needs at least 7\.6 GiB .*1000000 held-out batches for "
-                       r"eval_batches=1000000\) but 4\.0 GiB are available"):
+                       r"eval_batches=1000000 7\.6 GiB.*\) but 4\.0 GiB are available; lower --eval-batches"):
         check_memory(cfg.updated(eval_batches=10**6), facts, available=4 * GIB)
     zero = cfg.updated(dp=2, global_batch=8, microbatches=4, zero=1, nproc=2)
     assert memory_lower_bound(zero, facts, 2) < memory_lower_bound(zero.updated(zero=0), facts, 2)

@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from pipeoffload.errors import ConfigError
 from pipeoffload.train.checkpoint import PendingSave, latest_checkpoint, list_checkpoints
 from pipeoffload.train.config import build_config
 
@@ -21,6 +24,12 @@ def _one_line(done: subprocess.CompletedProcess) -> str:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     return lines[0]
+
+
+def _text(folder: Path) -> Path:
+    path = folder / "text.txt"
+    path.write_text(" ".join(f"word{i % 97}" for i in range(20_000)))
+    return path
 
 
 # ---- 1: checkpoints in step order, not name order ---------------------------------------------------------
@@ -41,3 +50,23 @@ def test_keep_prunes_the_oldest_checkpoint_not_the_one_just_written(tmp_path: Pa
     pending._finish()
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-999999", "step-1000000"]
     assert json.loads((tmp_path / "checkpoints" / "step-1000000" / "trainer.json").read_text())["step"] == 1000000
+
+
+# ---- 10: --out that cannot be made, and the memory hint ---------------------------------------------------
+def test_an_out_that_cannot_be_made_is_one_line_before_the_configuration(tmp_path: Path) -> None:
+    done = _cli("--data", str(_text(tmp_path)), "--steps", "2", "--out", "/proc/pipeoffload-probe-d/run")
+    line = _one_line(done)
+    assert "out='/proc/pipeoffload-probe-d/run'" in line and "--out" in line
+    assert done.stdout == ""  # the configuration is not printed before the refusal
+
+
+def test_the_memory_refusal_blames_the_microbatch_when_it_is_the_cost() -> None:
+    from pipeoffload.train.config import validate
+    from pipeoffload.train.preflight import DataFacts, check_memory
+
+    cfg = validate(build_config({"global_batch": 4_000_000, "microbatches": 1}))
+    with pytest.raises(ConfigError) as info:
+        check_memory(cfg, DataFacts(tokens=10**6, vocab=256, resident_bytes=0), available=4 << 30)
+    message = str(info.value)
+    assert "--global-batch" in message and "--microbatches" in message
+    assert "make the model" not in message and "--eval-batches smaller" not in message
