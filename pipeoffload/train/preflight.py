@@ -66,13 +66,16 @@ def check_out(out: str) -> None:
 
 # ---- data ------------------------------------------------------------------------------------------
 def data_facts(cfg: TrainConfig) -> DataFacts:
-    from pipeoffload.train.data import is_token_file, text_files
+    from pipeoffload.train.data import is_token_file, jsonl_texts, text_files
 
     path = cfg.data.path
     if is_token_file(path):
         tokens, top = check_token_file(path)
         return DataFacts(tokens, top + 1, 0)  # memory-mapped: nothing resident
     files = text_files(path)
+    for f in files:  # a bad line is one line here, before anything is written (not in the ranks)
+        if f.suffix == ".jsonl":
+            jsonl_texts(f, f.read_text(encoding="utf-8", errors="replace"))
     size = sum(p.stat().st_size for p in files)
     if cfg.data.tokenizer == "hf":  # the model's tokenizer: at most one token per byte, plus one EOS per file
         return DataFacts(size + len(files), cfg.model.vocab, 5 * size, exact=False)

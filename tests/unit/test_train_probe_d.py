@@ -70,3 +70,20 @@ def test_the_memory_refusal_blames_the_microbatch_when_it_is_the_cost() -> None:
     message = str(info.value)
     assert "--global-batch" in message and "--microbatches" in message
     assert "make the model" not in message and "--eval-batches smaller" not in message
+
+
+# ---- 6: a bad .jsonl line before anything is written ---------------------------------------------------
+@pytest.mark.parametrize("bad,named", [("not json", "not a JSON object"), ('{"txt": "x"}', "no string field 'text'")])
+@pytest.mark.parametrize("folder", [False, True])
+def test_a_bad_jsonl_line_is_refused_before_anything_is_written(tmp_path: Path, bad: str, named: str,
+                                                                folder: bool) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    lines = [json.dumps({"text": f"document {i} " + "word " * 50}) for i in range(200)]
+    (data / "bad.jsonl").write_text("\n".join(lines[:50] + [bad] + lines[50:]) + "\n")
+    out = tmp_path / "run"
+    done = _cli("--data", str(data if folder else data / "bad.jsonl"), "--layers", "2", "--hidden", "32",
+                "--seq-len", "32", "--steps", "2", "--no-progress", "--out", str(out))
+    line = _one_line(done)
+    assert "bad.jsonl:51" in line and named in line
+    assert not out.exists()
