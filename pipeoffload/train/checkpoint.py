@@ -38,6 +38,9 @@ from pipeoffload.train.config import (
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+# files of the run folder the ranks read on resume (the BPE or the model's tokenizer, an hf:DIR model's
+# config): their sha256 is in every manifest (``run_files``), so an edited or corrupted one is refused
+RUN_FILES = ("tokenizer.json", "hf_config.json")
 
 
 def step_dir(run_dir: Path, step: int) -> Path:
@@ -95,7 +98,25 @@ def verify(path: Path) -> dict[str, Any]:
         if _sha256(f) != digest:
             raise ConfigError(f"checkpoint {str(path)!r}: file {name} does not match its checksum (corrupted or "
                               "truncated); delete the checkpoint to resume from the previous one")
+    run_dir = path.parent.parent
+    for name, digest in _run_files(manifest, path).items():
+        f = run_dir / name
+        if f.is_file() and _sha256(f) != digest:  # a deleted one is made again (a BPE: on the same text)
+            raise ConfigError(f"{str(f)!r} does not match the checksum {MANIFEST} of {path.name} holds for it: it "
+                              f"was edited or corrupted since that save; restore it, or delete it to have it made "
+                              "again (a BPE is retrained on the same training text; an hf:DIR run copies the "
+                              "folder's)")
     return manifest  # type: ignore[no-any-return]
+
+
+def _run_files(manifest: dict[str, Any], path: Path) -> dict[str, str]:
+    """The checksums of the run folder's files (``RUN_FILES``) a manifest holds; none in an older one."""
+    found = manifest.get("run_files", {})
+    if not isinstance(found, dict) or any(name not in RUN_FILES or not isinstance(digest, str)
+                                          for name, digest in found.items()):
+        raise ConfigError(f"checkpoint {str(path)!r}: {MANIFEST} is not a pipeoffload manifest (key 'run_files' is "
+                          f"{found!r}); delete the checkpoint to resume from the previous one")
+    return found
 
 
 def _check_manifest(manifest: Any, path: Path) -> dict[str, str]:
@@ -402,7 +423,9 @@ class PendingSave:
                                                        **self.extra}))
         files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         manifest = {"step": self.step, "fingerprint": fingerprint(cfg), "fingerprint_hash": fingerprint_hash(cfg),
-                    "layout": shape, "world": self.world, "files": files}
+                    "layout": shape, "world": self.world, "files": files,
+                    "run_files": {name: _sha256(self.run_dir / name) for name in RUN_FILES
+                                  if (self.run_dir / name).is_file()}}
         write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1))
         if final.exists():
             shutil.rmtree(final)

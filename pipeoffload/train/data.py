@@ -163,6 +163,25 @@ def _pieces(text: str, size: int = 1 << 16) -> list[str]:
     return [text[i:i + size] for i in range(0, len(text), size)]
 
 
+def check_tokenizer_file(spec: str, data: str, run_dir: Path) -> None:
+    """The run's ``tokenizer.json``, if there is one to use, is readable (checked in the launcher: in the
+    ranks a damaged file fails with the ``tokenizers`` package's bare error)."""
+    path = run_dir / "tokenizer.json"
+    if spec == "byte" or is_token_file(data) or not path.is_file():
+        return
+    try:
+        from tokenizers import Tokenizer as HFTokenizer
+    except ImportError:
+        return  # the run refuses it with its own message (data_facts)
+    try:
+        HFTokenizer.from_file(str(path))
+    except Exception as err:  # noqa: BLE001 - the package raises a bare Exception for a bad file
+        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"{str(path)!r}: not a readable tokenizer ({text}); the run's tokenizer={spec!r} is "
+                          "read from it: restore it, or delete it to have it made again (a BPE is retrained on "
+                          "the same training text; an hf:DIR run copies the folder's)") from None
+
+
 def load_tokenizer(spec: str, run_dir: Path) -> Tokenizer:
     if spec == "byte":
         return ByteTokenizer()

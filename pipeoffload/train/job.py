@@ -118,7 +118,7 @@ def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True,
     """Create the run directory (rank 0 / the launcher) and find the checkpoint to resume from. With
     ``hold`` the main process locks the run directory (``RunLock``, released when ``hold`` closes)
     once the input is checked and before anything is written."""
-    from pipeoffload.train.data import prepare
+    from pipeoffload.train.data import check_tokenizer_file, prepare
     from pipeoffload.train.preflight import check_run
 
     if not cfg.run.out:
@@ -141,6 +141,7 @@ def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True,
                               f"steps={cfg.run.steps}; to train further pass --steps N --extend with N above {step} "
                               "(a new cosine LR schedule over N steps)")
         _note_reshard(manifest, cfg, ckpt)
+    check_tokenizer_file(cfg.data.tokenizer, cfg.data.path, run_dir)  # before config.toml is rewritten
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(run_dir / "config.toml", to_toml(cfg))

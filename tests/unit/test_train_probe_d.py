@@ -87,3 +87,56 @@ def test_a_bad_jsonl_line_is_refused_before_anything_is_written(tmp_path: Path, 
     line = _one_line(done)
     assert "bad.jsonl:51" in line and named in line
     assert not out.exists()
+
+
+# ---- runs to resume ------------------------------------------------------------------------------------
+TINY = ["--layers", "2", "--hidden", "32", "--seq-len", "32", "--global-batch", "4", "--microbatches", "2",
+        "--eval-every", "2", "--no-progress", "--save-every", "2", "--steps", "4"]
+
+
+@pytest.fixture(scope="module")
+def bpe_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A one-rank run with a BPE tokenizer, stopped (and saved) after step 2 of 4."""
+    pytest.importorskip("torch")
+    pytest.importorskip("tokenizers")
+    base = tmp_path_factory.mktemp("bpe")
+    run = base / "run"
+    done = _cli("--data", str(_text(base)), "--tokenizer", "bpe:300", *TINY, "--stop-at", "2", "--out", str(run))
+    assert done.returncode == 0, done.stderr
+    return run
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    return copy
+
+
+# ---- 7: the run's tokenizer.json is covered --------------------------------------------------------------
+@pytest.mark.parametrize("old_manifest", [False, True])
+def test_a_corrupted_tokenizer_is_refused_before_the_ranks_start(bpe_run: Path, tmp_path: Path,
+                                                                 old_manifest: bool) -> None:
+    run = _copy(bpe_run, tmp_path)
+    if old_manifest:  # a checkpoint written before the manifest held the tokenizer's checksum
+        manifest_path = list_checkpoints(run)[-1] / "manifest.json"
+        manifest = json.loads(manifest_path.read_text())
+        manifest.pop("run_files", None)
+        manifest_path.write_text(json.dumps(manifest))
+    (run / "tokenizer.json").write_text('{"x":')
+    config = (run / "config.toml").read_text()
+    line = _one_line(_cli("--resume", str(run)))
+    assert "tokenizer.json" in line and ("checksum" in line or "not a readable tokenizer" in line)
+    assert "starting" not in line and (run / "config.toml").read_text() == config
+
+
+def test_an_edited_tokenizer_is_refused_by_its_checksum(bpe_run: Path, tmp_path: Path) -> None:
+    run = _copy(bpe_run, tmp_path)
+    tok = json.loads((run / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    first, second = list(vocab)[-2:]
+    vocab[first], vocab[second] = vocab[second], vocab[first]  # still a valid tokenizer, other ids
+    (run / "tokenizer.json").write_text(json.dumps(tok))
+    line = _one_line(_cli("--resume", str(run)))
+    assert "tokenizer.json" in line and "checksum" in line
