@@ -27,13 +27,14 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Schedule
 from pipeoffload.runtime import PipelineRunner
 from pipeoffload.train import checkpoint
 from pipeoffload.train.config import TrainConfig
 from pipeoffload.train.fsdp import ShardedStages
 from pipeoffload.train.mesh import RankContext
-from pipeoffload.train.metrics import MetricsLogger, SimulatedPeaks, make_loggers, reload_seconds
+from pipeoffload.train.metrics import MetricsError, MetricsLogger, SimulatedPeaks, make_loggers, reload_seconds
 from pipeoffload.train.model import RankModel
 from pipeoffload.train.optim import (
     OverlappedAverage,
@@ -320,8 +321,7 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         if resume_from is not None:
             self.resume(resume_from)
-        loggers: list[MetricsLogger] = make_loggers(self.run_dir, cfg.metrics.tensorboard,
-                                                    self.step if resume_from else None) if ctx.is_main else []
+        loggers = self._open_loggers(resume_from is not None)
         end = min(cfg.run.steps, cfg.run.stop_at) if cfg.run.stop_at else cfg.run.steps
         bar = _progress(cfg, ctx, self.step, cfg.run.steps)
         restore = self._install_signals()
@@ -358,6 +358,26 @@ class Trainer:
         self.runner.close()  # its heartbeat thread ends before the process group is destroyed
         return {"rank": ctx.rank, "step": self.step, "history": list(self.history) if ctx.is_main else [],
                 "interrupted": stopped, "saved_at": saved_at}
+
+    def _open_loggers(self, resuming: bool) -> list[MetricsLogger]:
+        """Rank 0's loggers (on resume ``metrics.jsonl`` drops what came after the checkpoint). Every rank
+        learns whether that worked (one all-reduce), so a corrupt ``metrics.jsonl`` or a full disk stops
+        every rank with rank 0's one line, not the others with a lost connection."""
+        loggers: list[MetricsLogger] = []
+        failure: Exception | None = None
+        if self.ctx.is_main:
+            try:
+                loggers = make_loggers(self.run_dir, self.cfg.metrics.tensorboard, self.step if resuming else None)
+            except (ConfigError, MetricsError) as err:
+                failure = err
+        flag = torch.tensor([float(failure is not None)], dtype=torch.float64, device=self.ctx.device)
+        with self.ctx.collective("opening the run's metrics.jsonl"):
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if failure is not None:
+            raise failure
+        if flag[0] > 0:
+            raise MetricsError("rank 0 could not open the run's metrics.jsonl (see its error)")
+        return loggers
 
     def _log(self, record: dict[str, Any], loggers: list[MetricsLogger], bar: Any) -> None:
         self.history.append(record)

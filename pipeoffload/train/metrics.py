@@ -13,13 +13,19 @@ that needs it and is not separated), cuda_max_allocated (``torch.cuda.max_memory
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
 from pipeoffload.fileio import write_atomic
 from pipeoffload.ir import ActionKind, Schedule
+
+log = logging.getLogger(__name__)
 
 
 def reload_seconds(trace: Any) -> float:
@@ -56,25 +62,111 @@ class MetricsLogger(Protocol):
     def close(self) -> None: ...
 
 
+class MetricsError(RuntimeError):
+    """A record could not be appended to ``metrics.jsonl`` (a full disk, above all); nothing of it was
+    written. The message names the file, the step, the last complete checkpoint and how to continue."""
+
+
 class JsonlLogger:
-    """``metrics.jsonl`` of a run: one JSON object per logged step; on resume, lines after the
-    checkpoint are dropped, and a new run starts the file afresh."""
+    """``metrics.jsonl`` of a run: one JSON object per logged step, each written whole or not at all
+    (a write cut short is undone and stops the run: ``MetricsError``). On resume, lines after the
+    checkpoint are dropped, and an incomplete last line (a write cut short by a crash) with a
+    warning; a corrupt line before it is refused naming its line. A new run starts the file afresh."""
 
     def __init__(self, path: Path, resume_step: int | None) -> None:
         self.path = path
-        if resume_step is not None and path.is_file():
-            kept = [line for line in path.read_text().splitlines() if line.strip()
-                    and json.loads(line).get("step", 0) <= resume_step]
-            write_atomic(path, "".join(line + "\n" for line in kept))
-        elif resume_step is None and path.exists():
-            path.unlink()
+        try:
+            if resume_step is not None and path.is_file():
+                kept = records_until(path, resume_step)
+                write_atomic(path, "".join(line + "\n" for line in kept))
+            elif resume_step is None and path.exists():
+                path.unlink()
+        except OSError as err:
+            raise MetricsError(_write_failed(path, f"rewriting {path} for the resume", err)) from err
 
     def log(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        data = (json.dumps(record) + "\n").encode()
+        try:
+            append_whole(self.path, data)
+        except OSError as err:
+            doing = f"appending the record of step {record.get('step')} to {self.path}"
+            raise MetricsError(_write_failed(self.path, doing, err)) from err
 
     def close(self) -> None:
         pass
+
+
+def append_whole(path: Path, data: bytes) -> None:
+    """Append ``data`` to ``path``, or (on an error part-way: ENOSPC) cut the file back to where it ended,
+    so a reader never finds part of a record."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        end = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            done = 0
+            while done < len(data):
+                done += os.write(fd, data[done:])
+        except OSError:
+            with contextlib.suppress(OSError):  # truncating frees blocks: it works on a full disk
+                os.ftruncate(fd, end)
+            raise
+    finally:
+        os.close(fd)
+
+
+def _write_failed(path: Path, doing: str, err: OSError) -> str:
+    """One line: what failed on ``path`` (disk full or the error), the last complete checkpoint of its run
+    and the command that continues it (the wording of a failed checkpoint save)."""
+    from pipeoffload.train.checkpoint import list_checkpoints
+
+    run_dir = path.parent
+    found = list_checkpoints(run_dir) if run_dir.is_dir() else []
+    if found:
+        last = f"the last complete checkpoint is {found[-1].name}"
+        then = f"continue with: pipeoffload train --resume {run_dir}"
+    else:
+        last, then = "no checkpoint was saved yet", "start the run again"
+    if err.errno == errno.ENOSPC:
+        free = shutil.disk_usage(run_dir).free if run_dir.is_dir() else 0
+        return (f"disk full while {doing} ({free / (1 << 20):.1f} MiB free; nothing of it was "
+                f"written); {last}; free some space, then {then}")
+    reason = err.strerror or type(err).__name__
+    return f"{doing} failed: {reason} (nothing of it was written); {last}; fix that, then {then}"
+
+
+def records_until(path: Path, step: int) -> list[str]:
+    """The lines of ``metrics.jsonl`` up to ``step`` (a resume's checkpoint). An incomplete last line (no
+    newline, not JSON: a write cut short) is left out with a warning; any other line that is not a JSON
+    object with a whole ``step`` raises ``ConfigError`` naming the file and line."""
+    from pipeoffload.errors import ConfigError
+
+    lines = path.read_bytes().split(b"\n")
+    kept = []
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            text = raw.decode("utf-8")
+            row = json.loads(text)
+        except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError, nesting too deep
+            if number == len(lines):  # the last line, without its newline
+                log.warning("%s:%d: the last line is incomplete (%d bytes; a write cut short, e.g. by a full "
+                            "disk): dropped", path, number, len(raw))
+                continue
+            reason = (err.msg if isinstance(err, json.JSONDecodeError) else "not UTF-8 text"
+                      if isinstance(err, UnicodeDecodeError) else "nested too deeply")
+            raise ConfigError(f"{path}:{number}: not a JSON object ({reason}); the file is corrupt: fix or delete "
+                              "that line (or the file), then resume again") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}:{number}: expected a JSON object per line, got {type(row).__name__}; fix "
+                              "or delete that line (or the file), then resume again")
+        at = row.get("step", 0)
+        if isinstance(at, bool) or not isinstance(at, int):
+            raise ConfigError(f"{path}:{number}: step is {at!r}, not a whole number; fix or delete that line (or "
+                              "the file), then resume again")
+        if at <= step:
+            kept.append(text)
+    return kept
 
 
 class TensorBoardLogger:
