@@ -149,7 +149,8 @@ def _check_manifest(manifest: Any, path: Path) -> dict[str, str]:
 
 
 def check_compatible(manifest: dict[str, Any], cfg: TrainConfig, path: Path) -> None:
-    """Refuse a checkpoint of another model or data order, naming the first difference."""
+    """Refuse a checkpoint of another model or data order, naming the first difference; and one whose
+    data (same path) holds other content now (``data.data_content``; not in an older manifest)."""
     saved = manifest.get("fingerprint", {})
     mine = fingerprint(cfg)
     for key in FINGERPRINT_KEYS:
@@ -161,6 +162,37 @@ def check_compatible(manifest: dict[str, Any], cfg: TrainConfig, path: Path) -> 
                 f"checkpoint {str(path)!r} has {key}={theirs!r} but this run has {key}={mine[key]!r}; "
                 f"only the layout ({', '.join(LAYOUT_KEYS)}), dtype and run options may change on resume"
             )
+    theirs = saved.get(DATA_CONTENT)
+    if isinstance(theirs, dict):
+        now = _data_content(cfg).get(DATA_CONTENT)
+        if now is not None and now != theirs:
+            shown = cfg.data.path or "the standard library's sources (no --data)"
+            raise ConfigError(
+                f"data={shown!r}: its content changed since checkpoint {str(path)!r} was saved ({_described(theirs)} "
+                f"then, {_described(now)} now): resuming would train on other text in another order; restore the "
+                "data the run was trained on, or start a new run (--out) on this data")
+
+
+DATA_CONTENT = "data_content"
+
+
+def _data_content(cfg: TrainConfig) -> dict[str, Any]:
+    """``{"data_content": ...}`` of the run's data (``data.data_content``); nothing for a model of your own
+    (``train_model`` reads its batches, not ``data``) or data that cannot be read now (refused elsewhere)."""
+    from pipeoffload.train.data import data_content
+
+    if cfg.model.source == "own":
+        return {}
+    try:
+        return {DATA_CONTENT: data_content(cfg.data.path)}
+    except (OSError, ConfigError):
+        return {}
+
+
+def _described(content: dict[str, Any]) -> str:
+    files = content.get("files")
+    return (f"{files} file{'' if files == 1 else 's'}, {content.get('bytes')} bytes, sampled sha256 "
+            f"{str(content.get('sha256'))[:12]}")
 
 
 # ---- state dicts ------------------------------------------------------------------------------------
@@ -422,7 +454,8 @@ class PendingSave:
         write_atomic(tmp / "trainer.json", json.dumps({"step": self.step, "world": self.world, "layout": shape,
                                                        **self.extra}))
         files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-        manifest = {"step": self.step, "fingerprint": fingerprint(cfg), "fingerprint_hash": fingerprint_hash(cfg),
+        manifest = {"step": self.step, "fingerprint": {**fingerprint(cfg), **_data_content(cfg)},
+                    "fingerprint_hash": fingerprint_hash(cfg),
                     "layout": shape, "world": self.world, "files": files,
                     "run_files": {name: _sha256(self.run_dir / name) for name in RUN_FILES
                                   if (self.run_dir / name).is_file()}}

@@ -20,11 +20,13 @@ the model's end-of-sequence token, and the last ``val_fraction`` of the tokens i
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -103,6 +105,39 @@ def split_text(text: str, val_fraction: float) -> tuple[str, str]:
     Decided from the config alone, before any tokenizer exists, so the BPE never sees the tail."""
     cut = int(len(text) * (1 - val_fraction))
     return text[:cut], text[cut:]
+
+
+DIGEST_BLOCK = 1 << 16  # bytes of each sampled block
+DIGEST_BLOCKS = 8  # blocks sampled per file, evenly spaced, the first and the last among them
+
+
+def data_files(data: str) -> list[Path]:
+    """The files ``data`` reads: the token file, or the text files."""
+    return [Path(data)] if is_token_file(data) else text_files(data)
+
+
+def data_content(data: str) -> dict[str, Any]:
+    """A cheap fingerprint of what ``data`` holds: its files' count and bytes and a sha256 over their
+    names, sizes and ``DIGEST_BLOCKS`` sampled blocks each (a whole small file). Stored in every
+    checkpoint's manifest (computed at each save), so a resume refuses data changed under the same path."""
+    files = data_files(data)
+    root = Path(data) if data and Path(data).is_dir() else None
+    h = hashlib.sha256()
+    total = 0
+    for path in files:
+        size = path.stat().st_size
+        total += size
+        name = str(path.relative_to(root)) if root is not None else path.name
+        h.update(f"{name}\0{size}\0".encode())
+        with open(path, "rb") as fh:
+            if size <= DIGEST_BLOCK * DIGEST_BLOCKS:
+                h.update(fh.read())
+                continue
+            last = size - DIGEST_BLOCK
+            for i in range(DIGEST_BLOCKS):
+                fh.seek(last * i // (DIGEST_BLOCKS - 1))
+                h.update(fh.read(DIGEST_BLOCK))
+    return {"files": len(files), "bytes": total, "sha256": h.hexdigest()[:32]}
 
 
 def is_token_file(data: str) -> bool:

@@ -140,3 +140,34 @@ def test_an_edited_tokenizer_is_refused_by_its_checksum(bpe_run: Path, tmp_path:
     (run / "tokenizer.json").write_text(json.dumps(tok))
     line = _one_line(_cli("--resume", str(run)))
     assert "tokenizer.json" in line and "checksum" in line
+
+
+# ---- 4: the data's content, not only its path -------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["text", "tokens"])
+def test_data_changed_under_the_same_path_is_refused_naming_data(tmp_path: Path, kind: str) -> None:
+    import numpy as np
+
+    pytest.importorskip("torch")
+    if kind == "text":
+        data = _text(tmp_path)
+    else:
+        data = tmp_path / "tokens.bin"
+        np.random.default_rng(0).integers(0, 200, 20_000).astype(np.uint16).tofile(data)
+    run = tmp_path / "run"
+    done = _cli("--data", str(data), *TINY, "--stop-at", "2", "--out", str(run))
+    assert done.returncode == 0, done.stderr
+    if kind == "text":
+        data.write_text(" ".join(f"other{i % 89}" for i in range(20_000)))
+    else:
+        np.random.default_rng(1).integers(0, 400, 20_000).astype(np.uint16).tofile(data)  # a larger vocabulary
+    line = _one_line(_cli("--resume", str(run)))
+    assert line.startswith(f"pipeoffload train: error: data='{data}'") or f"data='{data}'" in line
+    assert "changed" in line and "starting" not in line
+
+
+def test_a_manifest_without_the_data_content_still_resumes(tmp_path: Path) -> None:
+    from pipeoffload.train.checkpoint import check_compatible
+    from pipeoffload.train.config import fingerprint, validate
+
+    cfg = validate(build_config({"data": str(_text(tmp_path))}))
+    check_compatible({"fingerprint": fingerprint(cfg)}, cfg, tmp_path / "checkpoints" / "step-000002")
