@@ -125,8 +125,25 @@ def _check_steps(args: argparse.Namespace, saved: dict[str, Any], given: dict[st
 
 def run(args: argparse.Namespace) -> int:
     import os
+    import signal
+    import threading
 
-    code = _run(args)
+    from pipeoffload.train.launch import Interrupted, interrupted_text
+
+    def stop(signum: int, frame: Any) -> None:  # before the ranks start (spawn then forwards it to them)
+        raise Interrupted(signum, "")
+
+    early = "RANK" not in os.environ and threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, stop) if early else None
+    try:
+        code = _run(args)
+    except Interrupted as err:  # SIGTERM while the input was checked or the run folder prepared
+        out = args.resume or getattr(args, "out", None)
+        print(f"pipeoffload train: {err or interrupted_text(err.signum, out, started=False)}", file=sys.stderr)
+        code = 128 + err.signum
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if "RANK" in os.environ:  # a torchrun rank: its process group is destroyed; skip interpreter teardown
         from pipeoffload.runtime.launch import exit_rank
 
@@ -160,12 +177,13 @@ def _run(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "0") == "0":
         print("".join(f"# {note}\n" for note in notes) + to_toml(cfg), end="", flush=True)
     from pipeoffload.train.job import train
-    from pipeoffload.train.launch import Interrupted, RankFailure
+    from pipeoffload.train.launch import Interrupted, RankFailure, interrupted_text
 
     try:
         result = train(cfg, args.resume, verbose=args.verbose)
-    except Interrupted as err:  # SIGINT/SIGTERM before the ranks could save (start-up, a stuck rank)
-        print(f"pipeoffload train: {err}", file=sys.stderr)
+    except Interrupted as err:  # SIGINT/SIGTERM before the ranks could report (start-up, a stuck rank)
+        message = str(err) or interrupted_text(err.signum, cfg.run.out, started=False)
+        print(f"pipeoffload train: {message}", file=sys.stderr)
         return 128 + err.signum
     except RankFailure as err:
         print(f"pipeoffload train: {'error' if err.config else 'failed'}: {err}", file=sys.stderr)

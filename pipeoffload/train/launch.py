@@ -156,7 +156,7 @@ def _single(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
                                 timeout=datetime.timedelta(seconds=cfg.run.timeout))
         try:
             return _rank_entry(0, 1, fn, cfg, args, verbose)
-        except ConfigError:
+        except (ConfigError, Interrupted):  # Interrupted: the CLI's SIGTERM before the trainer took the signal
             raise
         except Exception as exc:  # reported like a spawned rank's failure: one line, no traceback
             text = str(exc).strip()
@@ -196,13 +196,25 @@ def _spawned(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> list[A
                    forward_signals=True, stop_grace=STOP_GRACE)
     if result.ok:
         return result.results
-    if result.interrupted:
-        name = signal.Signals(result.interrupted).name
-        raise Interrupted(result.interrupted, f"interrupted ({name}) before the ranks could save; the last "
-                                              "checkpoint, if any, is intact")
+    if result.interrupted:  # the ranks did not all report back (a second signal, a stuck rank): say what is saved
+        raise Interrupted(result.interrupted, interrupted_text(result.interrupted, cfg.run.out, started=True))
     message = result.summary()
     _note_in_log(cfg, message)
     raise RankFailure(message)
+
+
+def interrupted_text(signum: int, out: str | None, *, started: bool) -> str:
+    """What a run stopped by ``signum`` leaves: the last complete checkpoint in ``out`` (on disk, whether
+    or not a rank got to report saving it) and how to continue, or that there is none."""
+    from pipeoffload.train.checkpoint import list_checkpoints
+
+    name = signal.Signals(signum).name
+    found = list_checkpoints(Path(out)) if out else []
+    if found:
+        return (f"interrupted ({name}); the last complete checkpoint is {found[-1]}; continue with: pipeoffload "
+                f"train --resume {out}")
+    when = "the ranks saved a checkpoint" if started else "the ranks started"
+    return f"interrupted ({name}) before {when}; there is no checkpoint to resume from"
 
 
 def _note_in_log(cfg: TrainConfig, message: str) -> None:

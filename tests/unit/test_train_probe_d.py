@@ -171,3 +171,47 @@ def test_a_manifest_without_the_data_content_still_resumes(tmp_path: Path) -> No
 
     cfg = validate(build_config({"data": str(_text(tmp_path))}))
     check_compatible({"fingerprint": fingerprint(cfg)}, cfg, tmp_path / "checkpoints" / "step-000002")
+
+
+# ---- 5: the launcher names the checkpoint that exists -------------------------------------------------------
+def test_an_interrupted_launcher_names_the_checkpoint_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second Ctrl-C: the ranks are killed before reporting back, but step-000044 was saved."""
+    import signal
+
+    import pipeoffload.runtime.launch as runtime
+    from pipeoffload.runtime.launch import SpawnResult
+    from pipeoffload.train import launch
+
+    (tmp_path / "checkpoints" / "step-000040").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-000044").mkdir()
+    monkeypatch.setattr(runtime, "spawn", lambda *a, **k: SpawnResult(
+        exitcodes=[-9, -9], results=[None, None], errors=[None, None], interrupted=signal.SIGINT))
+    cfg = build_config({"pp": 2, "nproc": 2, "out": str(tmp_path)})
+    with pytest.raises(launch.Interrupted) as info:
+        launch._spawned(lambda *a: None, cfg, (), False)
+    message = str(info.value)
+    assert "step-000044" in message and f"--resume {tmp_path}" in message
+    assert "before the ranks could save" not in message
+
+
+# ---- 12: SIGTERM before the ranks start; --stop-at below the checkpoint ---------------------------------------
+_TERM_EARLY = """
+import os, signal, sys
+import pipeoffload.train.job as job
+real = job.prepare_run
+def prepare_run(*a, **k):
+    os.kill(os.getpid(), signal.SIGTERM)  # as a SIGTERM in the launcher's first second lands
+    return real(*a, **k)
+job.prepare_run = prepare_run
+from pipeoffload.cli import main
+sys.exit(main(["train", *sys.argv[1:]]))
+"""
+
+
+def test_sigterm_before_the_ranks_start_says_interrupted(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", _TERM_EARLY, "--data", str(_text(tmp_path)), *TINY, "--out",
+                           str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 143, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("pipeoffload train: interrupted (SIGTERM)") and "no checkpoint" in last
+    assert "Traceback" not in done.stderr
