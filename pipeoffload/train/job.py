@@ -140,6 +140,11 @@ def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True,
             raise ConfigError(f"--resume: the run is finished: checkpoint {ckpt.name} is at step {step} and "
                               f"steps={cfg.run.steps}; to train further pass --steps N --extend with N above {step} "
                               "(a new cosine LR schedule over N steps)")
+        if 0 < cfg.run.stop_at <= manifest["step"]:
+            step = manifest["step"]
+            raise ConfigError(f"stop_at={cfg.run.stop_at}: checkpoint {ckpt.name} of --resume is already at step "
+                              f"{step}, so the run would train nothing; give --stop-at above {step} (up to steps="
+                              f"{cfg.run.steps}), or leave it out")
         _note_reshard(manifest, cfg, ckpt)
     check_tokenizer_file(cfg.data.tokenizer, cfg.data.path, run_dir)  # before config.toml is rewritten
     if is_main:

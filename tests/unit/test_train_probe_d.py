@@ -215,3 +215,11 @@ def test_sigterm_before_the_ranks_start_says_interrupted(tmp_path: Path) -> None
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("pipeoffload train: interrupted (SIGTERM)") and "no checkpoint" in last
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("stop_at", ["1", "2"])
+def test_stop_at_not_above_the_checkpoint_is_refused(bpe_run: Path, tmp_path: Path, stop_at: str) -> None:
+    run = _copy(bpe_run, tmp_path)  # saved at step 2
+    line = _one_line(_cli("--resume", str(run), "--stop-at", stop_at))
+    assert f"stop_at={stop_at}" in line and "step-000002" in line and "above 2" in line
+    assert [p.name for p in list_checkpoints(run)] == ["step-000002"]
