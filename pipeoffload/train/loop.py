@@ -38,6 +38,7 @@ from pipeoffload.train.metrics import MetricsError, MetricsLogger, SimulatedPeak
 from pipeoffload.train.model import RankModel
 from pipeoffload.train.optim import (
     OverlappedAverage,
+    apply_options,
     average_gradients,
     clip_gradients,
     global_grad_norm,
@@ -277,7 +278,12 @@ class Trainer:
         with self.ctx.collective(f"loading checkpoint {path.name}"):
             info = checkpoint.load(path, self.named, self.opt, self.ctx.rank, self.ctx.world)
         self.step = int(info["step"])
+        # the checkpoint's parameter groups carry the saving run's AdamW options: the config's win
+        changed = apply_options(self.opt, self.cfg)
         log.info("resumed from %s at step %d", path, self.step)
+        if changed and self.ctx.is_main:
+            log.info("AdamW options from step %d on (the checkpoint had others): %s", self.step + 1,
+                     ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
 
     def _check_finite_parameters(self) -> None:
         """Refuse to save non-finite weights (an optimizer step can overflow with finite inputs)."""

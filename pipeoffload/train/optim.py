@@ -35,12 +35,35 @@ def make_optimizer(cfg: TrainConfig, params: list[nn.Parameter], dp_group: Any, 
     AdamW creates its state at the first step; a resumed run's is created and filled by
     ``checkpoint.load`` (torch's ``set_state_dict``) before the first step, so it takes exactly the
     path of an uninterrupted run."""
-    kwargs: dict[str, Any] = {"lr": cfg.optim.lr, "betas": (0.9, 0.95), "weight_decay": cfg.optim.weight_decay}
+    kwargs: dict[str, Any] = {"lr": cfg.optim.lr, **adamw_options(cfg)}
     if cfg.parallel.zero and dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=dp_group, **kwargs)
     return torch.optim.AdamW(params, **kwargs)  # type: ignore[arg-type]
+
+
+def adamw_options(cfg: TrainConfig) -> dict[str, Any]:
+    """AdamW's options other than the learning rate (which ``set_lr`` sets every step): the configured
+    weight decay, and betas and eps, which are fixed."""
+    return {"betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": cfg.optim.weight_decay}
+
+
+def apply_options(opt: torch.optim.Optimizer, cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
+    """Put ``cfg``'s AdamW options (``adamw_options``) into every parameter group of ``opt`` and of its
+    local optimizer (ZeRO), after a checkpoint's optimizer state was loaded: its parameter groups hold
+    the options of the run that saved it, and the run goes on with what its config says (a
+    ``--weight-decay`` given on resume). Returns the options that changed: name -> (old, new)."""
+    options = adamw_options(cfg)
+    changed: dict[str, tuple[Any, Any]] = {}
+    for o in {id(x): x for x in (opt, local_opt(opt))}.values():
+        for group in o.param_groups:
+            for name, value in options.items():
+                old = group.get(name)
+                if (tuple(old) if isinstance(old, (list, tuple)) else old) != value:
+                    changed.setdefault(name, (old, value))
+                group[name] = value
+    return changed
 
 
 def local_opt(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
