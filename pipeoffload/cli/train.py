@@ -86,7 +86,33 @@ def resolve(args: argparse.Namespace) -> tuple[Any, list[str]]:
             notes.append(f"dtype {old} -> {cfg.model.dtype} changes the arithmetic from this step on: the losses "
                          f"are no longer bitwise those of an uninterrupted {old} run (the checkpoint's fp32 weights "
                          "and optimizer state load either way)")
+        notes.extend(_resume_notes(build_config(saved), cfg))
     return cfg, notes
+
+
+# hyperparameters a resume may change, and what a change does from the resumed step on
+_RESUME_CHANGES = {
+    "lr": "the learning rate of every later step (the LR schedule is a function of lr, warmup, min_lr_ratio and "
+          "steps)",
+    "warmup": "the learning rate of every later step still in or near the warm-up",
+    "min_lr_ratio": "the learning rate of every later step (the floor of the cosine)",
+    "clip": "which gradients are clipped, and by how much",
+    "microbatches": "the order of the gradient sums (float rounding only)",
+}
+
+
+def _resume_notes(old: Any, new: Any) -> list[str]:
+    """The dtype-style note for each hyperparameter a resume changes: the losses from the resume on are
+    not those of an uninterrupted run (bitwise: only the same values on the same layout)."""
+    notes = []
+    for flat, what in _RESUME_CHANGES.items():
+        before, after = old.get(flat), new.get(flat)
+        if before != after:
+            result = ("equal an uninterrupted run's only up to float rounding" if flat == "microbatches" else
+                      "no longer match an uninterrupted run's")
+            notes.append(f"{flat} {before!r} -> {after!r} changes {what} from this step on: the losses {result}, "
+                         "not bitwise")
+    return notes
 
 
 def _check_out(resume: str, out: Any) -> None:

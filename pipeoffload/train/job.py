@@ -176,7 +176,9 @@ def _note_reshard(manifest: dict[str, Any], cfg: TrainConfig, ckpt: Path) -> Non
     before, now = manifest.get("layout", {}), layout(cfg)
     changed = [k for k in now if k in before and before[k] != now[k]]
     if changed:
-        log.warning("resuming %s on another layout: resharding from %s to %s", ckpt.name,
+        log.warning("resuming %s on another layout: resharding from %s to %s; the losses from here on equal an "
+                    "uninterrupted run's up to float rounding (sums run in another order), not bitwise (that "
+                    "needs the same layout)", ckpt.name,
                     " ".join(f"{k}={before[k]}" for k in changed), " ".join(f"{k}={now[k]}" for k in changed))
 
 

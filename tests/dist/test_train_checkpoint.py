@@ -87,14 +87,15 @@ def test_a_run_saved_in_the_flat_format_resumes_bit_identically(runs: dict[str, 
 
 
 def test_resume_onto_another_layout_is_resharded(runs: dict[str, Path], tmp_path: Path) -> None:
-    """Saved by one process, resumed on 2 pipeline ranks (zb-v, offload all): DCP reshards by name and
-    pipeline parallelism is bitwise, so the losses are still those of the uninterrupted run."""
+    """Saved by one process, resumed on 2 pipeline ranks (zb-v, offload all): DCP reshards by name. The
+    layouts differ only in float rounding (the order of the gradient norm's sum), which over these two
+    steps leaves the losses equal to the uninterrupted run's; the resume says it is not bitwise."""
     run = tmp_path / "run"
     shutil.copytree(runs["stopped"], run)
     done = cli("--resume", str(run), "--pp", "2", "--nproc", "2", "--schedule", "zb-v", "--offload", "all")
     assert done.returncode == 0, done.stderr
     assert "resharding from pp=1 schedule=1f1b stages_per_rank=1 to pp=2 schedule=zb-v stages_per_rank=2" \
-        in done.stderr
+        in done.stderr and "not bitwise" in done.stderr
     assert "# overriding" in done.stdout and "pp 1 -> 2" in done.stdout  # what the flags changed, listed
     assert [m["loss"] for m in metrics(run)] == [m["loss"] for m in metrics(runs["full"])]
     for m in metrics(run)[2:]:  # zb-v with offload all: measured = simulated (W's share measured too)

@@ -223,3 +223,43 @@ def test_stop_at_not_above_the_checkpoint_is_refused(bpe_run: Path, tmp_path: Pa
     line = _one_line(_cli("--resume", str(run), "--stop-at", stop_at))
     assert f"stop_at={stop_at}" in line and "step-000002" in line and "above 2" in line
     assert [p.name for p in list_checkpoints(run)] == ["step-000002"]
+
+
+# ---- 11: what a resume changes is said --------------------------------------------------------------------
+def _saved_run(tmp_path: Path) -> Path:
+    from pipeoffload.train.config import to_toml, validate
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(to_toml(validate(build_config({"data": str(_text(tmp_path))}))))
+    return run
+
+
+@pytest.mark.parametrize("flag,value,words", [
+    ("--lr", "0.01", "lr 0.0003 -> 0.01"), ("--warmup", "2", "warmup 20 -> 2"),
+    ("--min-lr-ratio", "0.5", "min_lr_ratio 0.1 -> 0.5"), ("--clip", "0.5", "clip 1.0 -> 0.5"),
+    ("--microbatches", "2", "microbatches 4 -> 2"),
+])
+def test_a_resume_that_changes_the_arithmetic_says_it_is_not_bitwise(tmp_path: Path, flag: str, value: str,
+                                                                     words: str) -> None:
+    from pipeoffload.cli import build_parser
+    from pipeoffload.cli.train import resolve
+
+    run = _saved_run(tmp_path)
+    _, notes = resolve(build_parser().parse_args(["train", "--resume", str(run), flag, value]))
+    said = [n for n in notes if n.startswith(words)]
+    assert len(said) == 1 and "not bitwise" in said[0], notes
+    _, plain = resolve(build_parser().parse_args(["train", "--resume", str(run)]))
+    assert not any("bitwise" in n for n in plain)
+
+
+def test_a_resume_on_another_layout_says_it_is_not_bitwise(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from pipeoffload.train.config import layout, validate
+    from pipeoffload.train.job import _note_reshard
+
+    cfg = validate(build_config({"data": str(_text(tmp_path))}))
+    saved = {"layout": {**layout(cfg), "pp": 2}}
+    with caplog.at_level("WARNING", logger="pipeoffload.train.job"):
+        _note_reshard(saved, cfg, tmp_path / "checkpoints" / "step-000006")
+    assert "resharding from pp=2 to pp=1" in caplog.text and "float rounding" in caplog.text
+    assert "not bitwise" in caplog.text
