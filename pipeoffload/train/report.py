@@ -141,6 +141,22 @@ def key_figures(metrics: RunMetrics) -> list[tuple[str, str]]:
     return out
 
 
+def summary_line(out: str, step: int, history: list[dict[str, Any]]) -> str:
+    """The line ``pipeoffload train`` ends with: ``run OUT: step N, loss L, val loss V``. A loss or
+    validation loss measured at another step than the one the line is about says its step (``val loss
+    5.6922 (step 1)``: a run stopped between validations); with none measured in the run it is left
+    out. ``history``: the run's records (the latest last)."""
+    line = f"run {out}: step {step}"
+    if history:
+        last = history[-1]
+        line += f", loss {last['loss']:.4f}" + ("" if last.get("step") == step else f" (step {last.get('step')})")
+    vals = [h for h in history if isinstance(h.get("val_loss"), (int, float))]
+    if vals:
+        at = vals[-1].get("step")
+        line += f", val loss {vals[-1]['val_loss']:.4f}" + ("" if at == step else f" (step {at})")
+    return line
+
+
 # ---- the picture ----------------------------------------------------------------------------------
 def report_figure(metrics: RunMetrics, title: str = "") -> Figure:
     """Loss curves (train and validation) beside per-rank peak activation memory, measured and simulated."""

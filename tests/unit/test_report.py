@@ -66,3 +66,22 @@ def test_report_reads_a_config_with_sections(tmp_path):
     assert main(["report", str(run)]) == 0
     text = (run / "report.html").read_text()
     assert "(zb-v)" in text and "parallel.pp" in text and "{" not in text.split("<h2>Config</h2>")[1][:400]
+
+
+def _rec(step: int, val: float | None = None) -> dict:
+    return {"step": step, "loss": 4.0 + step / 100, "val_loss": val}
+
+
+@pytest.mark.parametrize("history, step, line", [
+    # stopped at step 25 between validations (probe D 8: 'val loss 5.6922' read as the current one)
+    ([_rec(1, 5.69221), *(_rec(s) for s in range(2, 26))], 25, "run R: step 25, loss 4.2500, val loss 5.6922 (step 1)"),
+    ([_rec(4, 5.8155), _rec(5), _rec(6)], 6, "run R: step 6, loss 4.0600, val loss 5.8155 (step 4)"),
+    ([_rec(5), _rec(6, 5.5)], 6, "run R: step 6, loss 4.0600, val loss 5.5000"),  # measured now: no step
+    ([_rec(5), _rec(6)], 6, "run R: step 6, loss 4.0600"),  # none measured: left out
+    ([_rec(20, 5.0)], 23, "run R: step 23, loss 4.2000 (step 20), val loss 5.0000 (step 20)"),  # --log-every 10
+    ([], 6, "run R: step 6"),
+])
+def test_the_final_summary_says_the_step_of_a_loss_from_an_earlier_step(history, step, line):
+    from pipeoffload.train.report import summary_line
+
+    assert summary_line("R", step, history) == line
