@@ -71,7 +71,8 @@ class JsonlLogger:
     """``metrics.jsonl`` of a run: one JSON object per logged step, each written whole or not at all
     (a write cut short is undone and stops the run: ``MetricsError``). On resume, lines after the
     checkpoint are dropped, and an incomplete last line (a write cut short by a crash) with a
-    warning; a corrupt line before it is refused naming its line. A new run starts the file afresh."""
+    warning; a corrupt line before it is refused naming its line. A new run starts the file afresh
+    (saying so when it held an earlier run's records)."""
 
     def __init__(self, path: Path, resume_step: int | None) -> None:
         self.path = path
@@ -79,10 +80,11 @@ class JsonlLogger:
             if resume_step is not None and path.is_file():
                 kept = records_until(path, resume_step)
                 write_atomic(path, "".join(line + "\n" for line in kept))
-            elif resume_step is None and path.exists():
-                path.unlink()
+            elif resume_step is None:
+                discard_earlier(path)
         except OSError as err:
-            raise MetricsError(_write_failed(path, f"rewriting {path} for the resume", err)) from err
+            doing = f"rewriting {path} for the resume" if resume_step is not None else f"removing the earlier {path}"
+            raise MetricsError(_write_failed(path, doing, err)) from err
 
     def log(self, record: dict[str, Any]) -> None:
         data = (json.dumps(record) + "\n").encode()
@@ -167,6 +169,19 @@ def records_until(path: Path, step: int) -> list[str]:
         if at <= step:
             kept.append(text)
     return kept
+
+
+def discard_earlier(path: Path) -> None:
+    """A new run's ``metrics.jsonl`` starts empty: an earlier run's records there (a run without a
+    checkpoint: else the new run is refused) are removed, with a warning saying so."""
+    if not path.exists():
+        return
+    with contextlib.suppress(OSError):
+        count = sum(1 for line in path.read_bytes().splitlines() if line.strip())
+        if count:
+            log.warning("%s held %d record%s of an earlier run in this folder (it saved no checkpoint): "
+                        "replaced by this run's", path, count, "" if count == 1 else "s")
+    path.unlink()
 
 
 class TensorBoardLogger:

@@ -141,3 +141,21 @@ def test_a_line_that_parses_but_lacks_its_newline_is_kept(tmp_path: Path) -> Non
     path.write_text(json.dumps(_record(1)) + "\n" + json.dumps(_record(2)))
     JsonlLogger(path, 5).log(_record(3))
     assert [json.loads(line)["step"] for line in _lines(path)] == [1, 2, 3]
+
+
+def test_a_new_run_replacing_an_earlier_runs_metrics_says_so(tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """An --out whose earlier run saved no checkpoint (so a new run may start there): its metrics.jsonl
+    is replaced, with a warning naming the file and the records dropped (probe D 12: silently)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(_record(s)) + "\n" for s in range(1, 131)))
+    with caplog.at_level("WARNING"):
+        JsonlLogger(path, None).log(_record(1))
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and str(path) in warned[0] and "130 records of an earlier run" in warned[0], warned
+    caplog.clear()
+    path.write_text("")
+    with caplog.at_level("WARNING"):
+        JsonlLogger(path, None)
+    assert not caplog.records and not path.exists()  # nothing was replaced: nothing said
