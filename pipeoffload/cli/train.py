@@ -200,13 +200,16 @@ def _run(args: argparse.Namespace) -> int:
     from pipeoffload.train.preflight import check_out
 
     check_out(cfg.run.out)  # a bad --out is one line, not the configuration and then the error
-    if os.environ.get("RANK", "0") == "0":
-        print("".join(f"# {note}\n" for note in notes) + to_toml(cfg), end="", flush=True)
+
+    def announce(checked: Any) -> None:  # once the data, memory and checkpoint checks have passed
+        if os.environ.get("RANK", "0") == "0":
+            print("".join(f"# {note}\n" for note in notes) + to_toml(checked), end="", flush=True)
+
     from pipeoffload.train.job import train
     from pipeoffload.train.launch import Interrupted, RankFailure, interrupted_text
 
     try:
-        result = train(cfg, args.resume, verbose=args.verbose)
+        result = train(cfg, args.resume, verbose=args.verbose, announce=announce)
     except Interrupted as err:  # SIGINT/SIGTERM before the ranks could report (start-up, a stuck rank)
         message = str(err) or interrupted_text(err.signum, cfg.run.out, started=False)
         print(f"pipeoffload train: {message}", file=sys.stderr)

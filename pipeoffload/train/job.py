@@ -9,6 +9,7 @@ import contextlib
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +115,12 @@ def default_out() -> str:
 
 
 def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True,
-                hold: contextlib.ExitStack | None = None) -> tuple[TrainConfig, Path | None]:
+                hold: contextlib.ExitStack | None = None,
+                announce: Callable[[TrainConfig], None] | None = None) -> tuple[TrainConfig, Path | None]:
     """Create the run directory (rank 0 / the launcher) and find the checkpoint to resume from. With
     ``hold`` the main process locks the run directory (``RunLock``, released when ``hold`` closes)
-    once the input is checked and before anything is written."""
+    once the input is checked and before anything is written; ``announce`` (the CLI prints the
+    configuration) is called once every check has passed, so a refusal is one line alone."""
     from pipeoffload.train.data import check_tokenizer_file, prepare
     from pipeoffload.train.preflight import check_run
 
@@ -147,6 +150,8 @@ def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True,
                               f"{cfg.run.steps}), or leave it out")
         _note_reshard(manifest, cfg, ckpt)
     check_tokenizer_file(cfg.data.tokenizer, cfg.data.path, run_dir)  # before config.toml is rewritten
+    if announce is not None:
+        announce(cfg)
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(run_dir / "config.toml", to_toml(cfg))
@@ -182,8 +187,10 @@ def _note_reshard(manifest: dict[str, Any], cfg: TrainConfig, ckpt: Path) -> Non
                     " ".join(f"{k}={before[k]}" for k in changed), " ".join(f"{k}={now[k]}" for k in changed))
 
 
-def train(cfg: TrainConfig, resume: str | None = None, verbose: bool = False) -> dict[str, Any]:
-    """Run ``pipeoffload train`` from a validated config; returns rank 0's result."""
+def train(cfg: TrainConfig, resume: str | None = None, verbose: bool = False,
+          announce: Callable[[TrainConfig], None] | None = None) -> dict[str, Any]:
+    """Run ``pipeoffload train`` from a validated config; returns rank 0's result. ``announce``: see
+    ``prepare_run``."""
     import os
 
     from pipeoffload.train.launch import run_ranks
@@ -191,7 +198,7 @@ def train(cfg: TrainConfig, resume: str | None = None, verbose: bool = False) ->
     main = not under_torchrun() or os.environ.get("RANK") == "0"
     with contextlib.ExitStack() as hold:
         with _progress_on_stderr(main):
-            cfg, ckpt = prepare_run(cfg, resume, is_main=main, hold=hold)
+            cfg, ckpt = prepare_run(cfg, resume, is_main=main, hold=hold, announce=announce)
             if not under_torchrun():
                 log.info("starting %d ranks (each imports torch and joins the process group; on a busy machine "
                          "this takes a while); their log: %s", cfg.world, Path(cfg.run.out) / "train.log")

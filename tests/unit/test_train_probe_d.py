@@ -263,3 +263,16 @@ def test_a_resume_on_another_layout_says_it_is_not_bitwise(tmp_path: Path, caplo
         _note_reshard(saved, cfg, tmp_path / "checkpoints" / "step-000006")
     assert "resharding from pp=2 to pp=1" in caplog.text and "float rounding" in caplog.text
     assert "not bitwise" in caplog.text
+
+
+@pytest.mark.parametrize("case", ["little text", "no checkpoint"])
+def test_a_refusal_after_the_values_is_one_line_without_the_configuration(tmp_path: Path, case: str) -> None:
+    if case == "little text":
+        data = tmp_path / "short.txt"
+        data.write_text("too short")
+        done = _cli("--data", str(data), "--steps", "2", "--out", str(tmp_path / "run"))
+    else:
+        done = _cli("--resume", str(_saved_run(tmp_path)))
+    line = _one_line(done)
+    assert ("data:" in line) if case == "little text" else ("no checkpoint" in line)
+    assert done.stdout == ""
