@@ -219,15 +219,9 @@ def _run(args: argparse.Namespace) -> int:
         return 2 if err.config else 1
     if os.environ.get("RANK", "0") != "0":
         return 0
-    history = result.get("history", [])
-    last = history[-1] if history else {}
-    vals = [h["val_loss"] for h in history if h.get("val_loss") is not None]
-    summary = f"run {result['out']}: step {result['step']}"
-    if last:
-        summary += f", loss {last['loss']:.4f}"
-    if vals:
-        summary += f", val loss {vals[-1]:.4f}"
-    print(summary)
+    from pipeoffload.train.report import summary_line
+
+    print(summary_line(result["out"], result["step"], result.get("history", [])))  # a loss's step if earlier
     if result.get("interrupted"):
         print(f"interrupted by signal {result['interrupted']}: saved checkpoint at step {result['saved_at']}; "
               f"continue with: pipeoffload train --resume {result['out']}")

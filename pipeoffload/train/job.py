@@ -122,6 +122,7 @@ def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True,
     once the input is checked and before anything is written; ``announce`` (the CLI prints the
     configuration) is called once every check has passed, so a refusal is one line alone."""
     from pipeoffload.train.data import check_tokenizer_file, prepare
+    from pipeoffload.train.metrics import discard_earlier
     from pipeoffload.train.preflight import check_run
 
     if not cfg.run.out:
@@ -155,9 +156,8 @@ def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True,
     if is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(run_dir / "config.toml", to_toml(cfg))
-        if not resume:
-            for stale in (run_dir / "metrics.jsonl",):
-                stale.unlink(missing_ok=True)
+        if not resume:  # an earlier run's records (it saved no checkpoint) are replaced, with a warning
+            discard_earlier(run_dir / "metrics.jsonl")
         _copy_model_files(cfg, run_dir)
         prepare(cfg.data.path, cfg.data.tokenizer, run_dir, cfg.data.val_fraction)
     return cfg, ckpt

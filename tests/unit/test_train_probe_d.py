@@ -276,3 +276,16 @@ def test_a_refusal_after_the_values_is_one_line_without_the_configuration(tmp_pa
     line = _one_line(done)
     assert ("data:" in line) if case == "little text" else ("no checkpoint" in line)
     assert done.stdout == ""
+
+
+# ---- 8 and 12 (helpers of the other half of the probe, called here) --------------------------------------------
+def test_the_last_line_dates_an_earlier_val_loss_and_an_earlier_runs_metrics_are_announced(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 5.0}) + "\n" for s in (1, 2, 3)))
+    done = _cli("--data", str(_text(tmp_path)), *TINY, "--stop-at", "3", "--out", str(run))
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"run {run}: step 3, loss ") and "(step 2)" in last, last  # validated at step 2
+    assert "held 3 records of an earlier run" in done.stderr
