@@ -154,6 +154,7 @@ def test_export_loads_in_transformers_and_continues_as_generate(llama_runs: tupl
     gpt = tmp_path / "gpt"
     gpt.mkdir()
     (gpt / "config.toml").write_text(to_toml(TrainConfig.build()))
+    (gpt / "checkpoints" / "step-000001").mkdir(parents=True)  # past the run folder's check, to the model's
     assert main(["export", str(gpt), "--hf", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "already exists" in err[0] and "no Hugging Face architecture" in err[1] and len(err) == 2
