@@ -1,5 +1,8 @@
 import contextlib
 import io
+import shlex
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,3 +39,26 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
         except SystemExit as exit_:
             code = int(exit_.code or 0)
     return code, out.getvalue(), err.getvalue()
+
+
+def refused(command: str, *pieces: str) -> str:
+    """The one-line error (exit 2, nothing on stdout, no traceback) of ``pipeoffload COMMAND``, which
+    holds every one of ``pieces``."""
+    code, out, err = run_cli(*shlex.split(command))
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, (code, out, err)
+    assert "Traceback" not in err
+    for piece in pieces:
+        assert piece in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def base() -> Iterator[str]:
+    """A playground server on a free port of this machine, for one test module: its base URL."""
+    from pipeoffload.web.server import make_server
+
+    server = make_server(0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()

@@ -5,13 +5,10 @@ Skipped, with the reason, only when the playwright package or a system Chromium 
 """
 import os
 import shutil
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from pipeoffload.web.server import make_server
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -34,16 +31,6 @@ def browser() -> Iterator[Any]:
         launched = playwright.chromium.launch(executable_path=path, args=["--no-sandbox", "--disable-gpu"])
         yield launched
         launched.close()
-
-
-@pytest.fixture(scope="module")
-def base() -> Iterator[str]:
-    """A playground server on a free port of this machine, for one test module."""
-    server = make_server(0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
 
 
 class Console:

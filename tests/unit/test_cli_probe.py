@@ -10,6 +10,7 @@ import pytest
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.hardware import hardware_preset, load_hardware
+from tests.conftest import refused as _refused
 from tests.conftest import run_cli
 
 
@@ -21,15 +22,6 @@ def _ok(command: str) -> str:
     code, out, err = _run(command)
     assert code == 0, err
     return out
-
-
-def _refused(command: str, *pieces: str) -> str:
-    code, out, err = _run(command)
-    assert code == 2 and out == "" and len(err.splitlines()) == 1, (code, out, err)
-    assert "Traceback" not in err
-    for piece in pieces:
-        assert piece in err, err
-    return err
 
 
 K13 = "k --model gpt3-13b --gpu gh200 --tp 2 --shared-host-link --json"

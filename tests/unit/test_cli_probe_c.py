@@ -14,20 +14,12 @@ import pytest
 from pipeoffload.errors import ConfigError
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.service.checks import finite_at_least, int_at_least
+from tests.conftest import refused as _refused
 from tests.conftest import run_cli
 
 
 def _run(command: str) -> tuple[int, str, str]:
     return run_cli(*shlex.split(command))
-
-
-def _refused(command: str, *pieces: str) -> str:
-    code, out, err = _run(command)
-    assert code == 2 and out == "" and len(err.splitlines()) == 1, (code, out, err)
-    assert "Traceback" not in err
-    for piece in pieces:
-        assert piece in err, err
-    return err
 
 
 # ---- 1.1 a repeated single-valued option is refused, not silently the last one ------------------------

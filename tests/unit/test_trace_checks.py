@@ -2,9 +2,7 @@
 events, a JSON-array trace and a file of NaN, answered alike by `trace compare` and `POST /api/trace`
 (both read it with viz.trace_compare)."""
 import json
-import threading
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +11,6 @@ from pipeoffload import generate, lower
 from pipeoffload.costs import CostModel
 from pipeoffload.runtime.trace import Trace, TraceRecord, chrome_events
 from pipeoffload.simulator import simulate
-from pipeoffload.web.server import make_server
 from tests.conftest import run_cli
 
 HINT = "; expected the Chrome trace JSON of a run (python -m pipeoffload.runtime --trace FILE)"
@@ -51,15 +48,6 @@ def missing_last_b(data: dict) -> dict:
 
 def without_rank(data: dict, rank: int) -> dict:
     return data | {"traceEvents": [e for e in data["traceEvents"] if e.get("pid") != rank]}
-
-
-@pytest.fixture(scope="module")
-def base() -> Iterator[str]:
-    server = make_server(0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
 
 
 def _post(base: str, body: bytes) -> dict:

@@ -7,7 +7,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,23 +17,12 @@ from pipeoffload.web.server import MAX_WORK, PlaygroundServer, make_server
 from tests.conftest import run_cli
 
 
-@pytest.fixture(scope="module")
-def base() -> Iterator[str]:
-    server = make_server(0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
 def _get(url: str) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=60) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as err:
         return err.code, err.read()
-
 
 
 @pytest.mark.parametrize("query,argv", [
