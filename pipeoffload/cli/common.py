@@ -136,7 +136,8 @@ def require_run_dir(run_dir: str, checkpoint: bool = False) -> None:
     if not (run / "config.toml").is_file():
         raise ConfigError(f"RUN_DIR {str(run)!r}: no config.toml; give the --out folder of `pipeoffload train`")
     folder = run / "checkpoints"  # train.checkpoint.list_checkpoints' rule, without importing torch
-    if checkpoint and not (folder.is_dir() and any(p.is_dir() and p.name.startswith("step-") for p in folder.iterdir())):
+    saved = folder.is_dir() and any(p.is_dir() and p.name.startswith("step-") for p in folder.iterdir())
+    if checkpoint and not saved:
         raise ConfigError(f"RUN_DIR {str(run)!r}: no checkpoint under {folder}; the run saved none (train it with "
                           "--save-every N)")
 

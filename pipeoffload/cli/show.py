@@ -11,7 +11,8 @@ from pipeoffload.textgrid import render_grid
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("show", help="print a schedule as a step x rank grid")
     add_schedule_args(parser)
-    parser.add_argument("--lowered", action="store_true", help="include the SEND/RECV actions (no OFFLOAD/RELOAD: show plans no offload; "
+    parser.add_argument("--lowered", action="store_true",
+                        help="include the SEND/RECV actions (no OFFLOAD/RELOAD: show plans no offload; "
                         "`simulate --offload POLICY --trace FILE` shows the copies)")
     parser.add_argument("--format", choices=("grid", "text", "csv", "json"), default="grid",
                         help="grid (default), text (one line per rank), csv (torch.distributed.pipelining), json")

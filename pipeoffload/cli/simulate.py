@@ -120,9 +120,10 @@ def write_pictures(args: argparse.Namespace, result: SimulateResult, command: st
         write_atomic(args.plot, figure_bytes(result_figure(result), fmt))
         log.info("wrote %s", args.plot)
     if args.report:
-        write_atomic(args.report, html_report([result.timeline], pictures=[figure_bytes(result_figure(result), dpi=100)],
-                                              labels=[result.label()], commands=[command],
-                                              time_unit=result.time_unit, time_help=result.time_help()))
+        picture = figure_bytes(result_figure(result), dpi=100)
+        write_atomic(args.report, html_report([result.timeline], pictures=[picture], labels=[result.label()],
+                                              commands=[command], time_unit=result.time_unit,
+                                              time_help=result.time_help()))
         log.info("wrote %s", args.report)
 
 

@@ -7,7 +7,8 @@ it offloads), max_stall (a stall budget's plan only), recompute, microbatches; `
 tp, nproc; ``[data]`` global_batch; and ``[model]`` source = "hf:DIR" and seq_len when the model was read
 from a local Hugging Face directory (train builds it from the same config.json), else
 layers/hidden/heads/seq_len of the reference GPT when the model is GPT-shaped (multi-head attention,
-head width hidden / heads, FFN 4h, GeLU), since that is the model the train command builds. ``plan_config`` gives the same keys flat (the train flags with ``-`` as ``_``).
+head width hidden / heads, FFN 4h, GeLU), since that is the model the train command builds.
+``plan_config`` gives the same keys flat (the train flags with ``-`` as ``_``).
 The recompute policy is written as the plan's table shows it: the planner's memory model assumes
 LGD partial recomputation with offload (a GPU kernel choice), which ``train`` does not perform.
 """

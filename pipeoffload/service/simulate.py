@@ -45,8 +45,9 @@ class SimulateRequest:
     """One simulation. Costs are per rank and microbatch (all of a rank's layers, split evenly over its
     stages) in the time unit t, unless ``costs_file`` gives a cost model: its ``CostModel`` fields are
     per stage (``time_f`` is one microbatch's forward through one stage), so with v stages per rank a
-    file's ``time_f`` 1 is the flags' ``time_f`` v; the four times are then left at their defaults. ``offload_ratio`` is the paper's k = (D2H + H2D time of one activation) / (F + I + W time);
-    0 means instant copies; None means ``DEFAULT_OFFLOAD_RATIO`` (or a costs file's own copy times).
+    file's ``time_f`` 1 is the flags' ``time_f`` v; the four times are then left at their defaults.
+    ``offload_ratio`` is the paper's k = (D2H + H2D time of one activation) / (F + I + W time); 0 means
+    instant copies; None means ``DEFAULT_OFFLOAD_RATIO`` (or a costs file's own copy times).
     ``plan_ratio`` plans the copies for another k than they then take (a host link faster or slower
     than planned); None plans them for the k they take. ``max_stall`` lets the offload plan make the
     step up to that many percent longer than without copies, for a lower peak. Field order is the order of

@@ -111,7 +111,8 @@ def _named_ranks(data: Any, events: list) -> set[int]:
             named.update(int(r) for r in notes if isinstance(r, str) and r.isascii() and r.isdigit() and len(r) < 7)
     for e in events:
         if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name":
-            found = _RANK_NAME.search(str((e.get("args") or {}).get("name", "") if isinstance(e.get("args"), dict) else ""))
+            args = e.get("args")
+            found = _RANK_NAME.search(str(args.get("name", "")) if isinstance(args, dict) else "")
             if found and len(found.group(1)) < 7:
                 named.add(int(found.group(1)))
     return named
