@@ -37,6 +37,37 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+class _RunLog(logging.FileHandler):
+    """``train.log``: a line that cannot be written (a full disk) is dropped, and the first such failure
+    is said once on stderr, where logging's default prints a traceback for every line (a full disk gave
+    about 150 of them before the run's own one-line error)."""
+
+    def __init__(self, path: Path, rank: int) -> None:
+        super().__init__(path)
+        self.rank, self.failed = rank, False
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        self._dropped(sys.exc_info()[1])
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as err:
+            self._dropped(err)
+
+    def close(self) -> None:
+        try:
+            super().close()  # closing flushes what could not be written
+        except OSError:
+            pass
+
+    def _dropped(self, err: BaseException | None) -> None:
+        if not self.failed:
+            self.failed = True
+            sys.stderr.write(f"rank {self.rank}: cannot write {self.baseFilename} ({err}); its lines are "
+                             "dropped from here on\n")
+
+
 def setup_logging(rank: int, run_dir: Path | None, verbose: bool = False) -> None:
     """Rank-tagged lines (the rank once per line): INFO to ``train.log`` of the run, warnings to stderr."""
     root = logging.getLogger()
@@ -49,7 +80,7 @@ def setup_logging(rank: int, run_dir: Path | None, verbose: bool = False) -> Non
     err.addFilter(lambda record: not getattr(record, "file_only", False))  # the launcher reports those
     root.addHandler(err)
     if run_dir is not None and run_dir.is_dir():
-        fh = logging.FileHandler(run_dir / "train.log")
+        fh = _RunLog(run_dir / "train.log", rank)
         fh.setFormatter(fmt)
         root.addHandler(fh)
     root.setLevel(logging.INFO)
