@@ -127,7 +127,9 @@ class RecomputePolicy:
         if isinstance(text, RecomputePolicy):
             return text
         raw = "none" if text is None else str(text).strip().lower()
-        parts = [p.strip() for p in raw.split(",") if p.strip()] or ["none"]
+        parts = [p.strip() for p in raw.split(",")]
+        if not all(parts):  # '' or 'all,,lgd': as the offload policy, an empty form is no policy at all
+            raise ConfigError(f"recompute policy {raw!r} has an empty part; valid forms: {RECOMPUTE_FORMS}")
         kind, count, saving, time = "none", 0, 0.0, 0.0
         for part in parts:
             name, _, arg = part.partition(":")

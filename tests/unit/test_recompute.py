@@ -179,3 +179,9 @@ def test_auto_that_recomputes_nothing_is_the_plan_of_its_offload_policy_alone() 
                                         recompute="auto")
     assert not report.recomputed
     assert lowered.actions == lower(schedule, costs, offload="auto").actions
+
+
+@pytest.mark.parametrize("text", ["", " ", "all,,lgd", "auto,"])
+def test_an_empty_recompute_form_is_refused_as_an_empty_offload_form_is(text: str) -> None:
+    with pytest.raises(ConfigError, match="empty part"):
+        RecomputePolicy.parse(text)
