@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shlex
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -17,12 +18,7 @@ def check_writable(path: str | os.PathLike[str], what: str | None = None) -> Non
     if not os.fspath(path).strip():  # Path("") is ".", the current folder: not a file name
         raise ConfigError(f"{what}: an empty file name; give a file name")
     target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
-    if not directory.is_dir():
-        existing = next((p for p in [directory, *directory.parents] if p.exists()), None)
-        if existing is not None and not existing.is_dir():
-            raise ConfigError(f"{what}: {existing} is a file, not a folder; give a path in a folder")
-        raise ConfigError(f"{what}: folder {directory} does not exist; create it first")
+    directory = _existing_parent(target, what, str)
     if target.is_dir():
         raise ConfigError(f"{what}: is a folder; give a file name inside it")
     if not os.access(directory, os.W_OK | os.X_OK):
@@ -73,19 +69,37 @@ def check_new_folder(path: str | os.PathLike[str], what: str) -> None:
     target = Path(path)
     if target.exists() or target.is_symlink():
         raise ConfigError(f"{what} already exists; pick a new folder (nothing is overwritten)")
+    directory = _existing_parent(target, what, lambda p: repr(str(p)))
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what}: folder {str(directory)!r} is not writable; choose another place")
+    err = folder_write_error(directory)
+    if err is not None:
+        raise ConfigError(f"{what}: cannot write in folder {str(directory)!r} ({err.strerror}); "
+                          "choose another place")
+
+
+def folder_write_error(directory: Path) -> OSError | None:
+    """Why no folder can be made in ``directory`` (None: one can). ``os.access`` passes root everywhere,
+    special and read-only file systems (/proc, /sys, a read-only mount) included: one is made and removed."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".pipeoffload-check-", dir=directory))
+    except OSError as err:
+        return err
+    return None
+
+
+def _existing_parent(target: Path, what: str, shown: Callable[[Path], str]) -> Path:
+    """The folder ``target`` goes in, refused in one line starting with ``what`` where it is missing or
+    a file stands on its path (``shown`` writes a path in the caller's message style)."""
+    from pipeoffload.errors import ConfigError
+
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         existing = next((p for p in [directory, *directory.parents] if p.exists()), None)
         if existing is not None and not existing.is_dir():
-            raise ConfigError(f"{what}: {str(existing)!r} is a file, not a folder; give a path in a folder")
-        raise ConfigError(f"{what}: folder {str(directory)!r} does not exist; create it first")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what}: folder {str(directory)!r} is not writable; choose another place")
-    try:  # a special or read-only file system (/proc, /sys) that access() does not reveal: try, and tidy up
-        os.rmdir(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=directory))
-    except OSError as err:
-        raise ConfigError(f"{what}: cannot write in folder {str(directory)!r} ({err.strerror}); "
-                          "choose another place") from None
+            raise ConfigError(f"{what}: {shown(existing)} is a file, not a folder; give a path in a folder")
+        raise ConfigError(f"{what}: folder {shown(directory)} does not exist; create it first")
+    return directory
 
 
 def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> Path:

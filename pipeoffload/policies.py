@@ -165,10 +165,16 @@ class RecomputePolicy:
 
 
 
+# Number text as a user types it, in a policy's form and on the command line (``service.checks``):
+# plain ASCII digits, an optional sign, a decimal point and an exponent. ``int()``/``float()`` also take
+# Python's literal extras (``1_0``, full-width and Arabic-Indic digits, surrounding spaces), which turn a
+# typo into another value (``0_5`` read as 5): those are refused.
+INT_TEXT = re.compile(r"[+-]?[0-9]+")
+NUMBER_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(inf|infinity|nan)", re.IGNORECASE)
+
+
 def _int(text: str, whole: str, forms: str) -> int:
-    # plain ASCII digits only: int() would also take 1_0 or full-width digits, a typo read as another K
-    # (service.checks.INT_TEXT, which this layer cannot import)
-    if not re.fullmatch(r"[+-]?[0-9]+", text):
+    if not INT_TEXT.fullmatch(text):
         raise ConfigError(f"{whole!r}: {text!r} is not an integer; valid forms: {forms}")
     value = int(text)
     if value < 1:
@@ -177,10 +183,7 @@ def _int(text: str, whole: str, forms: str) -> int:
 
 
 def _float(text: str, whole: str, forms: str) -> float:
-    # a plain ASCII decimal or scientific number (service.checks.NUMBER_TEXT): float() would also take
-    # 1_5 or Arabic-Indic digits, a typo read as another budget; inf and nan are refused below
-    if not re.fullmatch(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(inf|infinity|nan)", text,
-                        re.IGNORECASE):
+    if not NUMBER_TEXT.fullmatch(text):  # inf and nan are refused below
         raise ConfigError(f"{whole!r}: {text!r} is not a number; valid forms: {forms}")
     value = float(text)
     if not 0 <= value < math.inf:  # typed: an infinite budget would print as Infinity in --json (the planner's

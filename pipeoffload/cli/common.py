@@ -12,9 +12,10 @@ from pipeoffload.ir import Schedule
 from pipeoffload.planner.cli_args import hardware_from_args, model_from_args
 from pipeoffload.planner.hardware import HardwareSpec
 from pipeoffload.planner.model import ModelSpec
+from pipeoffload.policies import NUMBER_TEXT
 from pipeoffload.schedules import MAX_ACTIONS, estimated_work, generate, get_spec
 from pipeoffload.service.argtypes import OneLineParser, non_negative_float, positive_int
-from pipeoffload.service.checks import NUMBER_TEXT, checked, int_at_least, plain_hint
+from pipeoffload.service.checks import checked, int_at_least, plain_hint
 
 __all__ = ["EXTRAS", "OneLineParser", "add_cost_args", "add_max_stall", "add_schedule_args", "model_and_hardware",
            "non_negative_float", "missing_extra", "positive_int", "require_extra", "schedule_from_args",

@@ -1,18 +1,14 @@
-"""``--plot/--trace/--report`` for commands that simulate: pictures and traces written atomically."""
+"""``--plot/--trace/--report``: the flags and their checks before any work (``simulate`` writes them),
+and the file names of ``compare --plots``."""
 from __future__ import annotations
 
 import argparse
-import logging
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.fileio import check_distinct, check_extension, check_writable, write_atomic
-from pipeoffload.simulator import Timeline
-from pipeoffload.units import TIME_UNIT
-
-log = logging.getLogger(__name__)
+from pipeoffload.fileio import check_distinct, check_extension, check_writable
 
 
 def add_output_args(parser: argparse.ArgumentParser) -> None:
@@ -47,31 +43,6 @@ def check_output_args(args: argparse.Namespace) -> str:
     if args.plot and fmt not in ("png", "svg", "pdf"):
         raise ConfigError(f"--plot {args.plot}: unknown picture format {fmt!r}; use .png, .svg or .pdf")
     return fmt
-
-
-def write_outputs(args: argparse.Namespace, timelines: Sequence[Timeline], time_unit: str = TIME_UNIT,
-                  commands: Sequence[str] | None = None, title: str | None = None,
-                  time_help: str | None = None) -> None:
-    """``--plot/--trace/--report`` of ``timelines``, their times labelled ``time_unit`` (``t`` or ``s``;
-    ``time_help``, if given, says what one unit is in the trace);
-    the report shows ``commands`` (the command line of each timeline) beside its row; ``title`` heads the
-    picture (default: the schedule and sizes)."""
-    fmt = check_output_args(args)
-    if args.plot:
-        from pipeoffload.viz.plot import figure_bytes, timeline_figure
-
-        write_atomic(args.plot, figure_bytes(timeline_figure(timelines[0], title, time_unit=time_unit), fmt))
-        log.info("wrote %s", args.plot)
-    if args.trace:
-        from pipeoffload.viz.chrome_trace import timeline_trace_json
-
-        write_atomic(args.trace, timeline_trace_json(timelines[0], time_unit, time_help))
-        log.info("wrote %s", args.trace)
-    if args.report:
-        from pipeoffload.viz.report import html_report
-
-        write_atomic(args.report, html_report(timelines, time_unit=time_unit, commands=commands))
-        log.info("wrote %s", args.report)
 
 
 def file_slug(label: str) -> str:

@@ -7,7 +7,7 @@ import shlex
 from typing import TYPE_CHECKING
 
 from pipeoffload.cli.common import add_cost_args, add_max_stall, add_schedule_args, non_negative_float, positive_int
-from pipeoffload.cli.outputs import add_output_args, check_output_args, write_outputs
+from pipeoffload.cli.outputs import add_output_args, check_output_args
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import write_atomic
 from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, RecomputePolicy
@@ -84,11 +84,7 @@ def run(args: argparse.Namespace) -> int:
     fmt = check_output_args(args)
     result = simulate(request)
     command = shlex.join(request.command())
-    # the picture's time axis and the report's units note say what a costs file's t is, and the report's
-    # row is labelled as compare labels it: both need the result, so simulate draws them here
-    write_outputs(argparse.Namespace(**{**vars(args), "plot": None, "report": None}), [result.timeline],
-                  result.time_unit, commands=[command], title=result.title(), time_help=result.time_help())
-    write_pictures(args, result, command, fmt)
+    write_outputs(args, result, command, fmt)
     if args.json:
         print(strict_json(result.as_dict(), indent=1))
     else:
@@ -108,9 +104,15 @@ def result_figure(result: SimulateResult) -> Figure:
     return timeline_figure(result.timeline, result.title(), time_unit=result.time_unit, time_label=label)
 
 
-def write_pictures(args: argparse.Namespace, result: SimulateResult, command: str, fmt: str) -> None:
-    """``--plot`` (in ``fmt``) and ``--report`` of one result: its title over the chart, a costs file's
-    time unit named, the report's row labelled by ``result.label()`` as compare labels it."""
+def write_outputs(args: argparse.Namespace, result: SimulateResult, command: str, fmt: str) -> None:
+    """``--plot`` (in ``fmt``), ``--trace`` and ``--report`` of one result (checked before the work by
+    ``check_output_args``): its title over the chart, a costs file's time unit named in the chart, the
+    trace and the report, the report's row labelled by ``result.label()`` as compare labels it."""
+    if args.trace:
+        from pipeoffload.viz.chrome_trace import timeline_trace_json
+
+        write_atomic(args.trace, timeline_trace_json(result.timeline, result.time_unit, result.time_help()))
+        log.info("wrote %s", args.trace)
     if not (args.plot or args.report):
         return
     from pipeoffload.viz.plot import figure_bytes

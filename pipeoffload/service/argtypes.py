@@ -7,7 +7,8 @@ import shlex
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from pipeoffload.service.checks import INT_TEXT, NUMBER_TEXT, finite_at_least, int_at_least, plain_hint
+from pipeoffload.policies import INT_TEXT, NUMBER_TEXT
+from pipeoffload.service.checks import finite_at_least, int_at_least, plain_hint
 
 _SEEN = "_options_given"  # the namespace's record of the single-valued options given, while it is parsed
 

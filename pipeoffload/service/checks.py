@@ -5,16 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
 from pipeoffload.errors import ConfigError
-
-# Number text as a user types it: plain ASCII digits, an optional sign, a decimal point and an exponent.
-# ``int()``/``float()`` also take Python's literal extras (``1_0``, full-width and Arabic-Indic digits,
-# surrounding spaces), which turn a typo into another value (``0_5`` read as 5): those are refused.
-INT_TEXT = re.compile(r"[+-]?[0-9]+")
-NUMBER_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(inf|infinity|nan)", re.IGNORECASE)
+from pipeoffload.policies import INT_TEXT, NUMBER_TEXT
 
 
 def plain_hint(text: str, parse: Any) -> str:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from pipeoffload.errors import ConfigError
+from pipeoffload.fileio import folder_write_error
 from pipeoffload.train.config import TrainConfig
 
 MAX_VOCAB = 1 << 20  # 1,048,576: above every vocabulary in use (Llama 3: 128k, Qwen2: 152k)
@@ -57,11 +57,10 @@ def check_out(out: str) -> None:
     parent = next((p for p in (path, *path.parents) if p.exists()), Path("."))
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"out={out!r}: {str(parent)!r} is not a writable folder; choose another --out")
-    try:  # access() passes root everywhere (/proc, a read-only mount): make (and remove) a folder there
-        os.rmdir(tempfile.mkdtemp(prefix=".pipeoffload-check-", dir=parent))
-    except OSError as err:
+    err = folder_write_error(parent)
+    if err is not None:
         raise ConfigError(f"out={out!r}: a folder cannot be made in {str(parent)!r} ({err.strerror}); choose "
-                          "another --out") from None
+                          "another --out")
 
 
 # ---- data ------------------------------------------------------------------------------------------

@@ -240,16 +240,19 @@ class Handler(BaseHTTPRequestHandler):
         """http.server's own errors (a method without a ``do_`` handler, a malformed request line or
         header) in the shape of every other answer: JSON ``{"error", "status"}`` with the security
         headers, not its HTML page. Any method but GET and POST is 405 with ``Allow``, after the Host check."""
+        self.close_connection = True  # a body this handler did not read must not be taken for the next request
         allow = None
         if code == HTTPStatus.NOT_IMPLEMENTED:  # http.server's answer to a method it has no do_ handler for
             refused = self._foreign_host() if getattr(self, "headers", None) is not None else None
-            code, allow = (refused[0], None) if refused else (HTTPStatus.METHOD_NOT_ALLOWED, ALLOWED_METHODS)
-            message = (json.loads(refused[2])["error"] if refused else
-                       f"method {str(self.command)[:20]!r} is not allowed; the playground answers GET, and POST at "
+            if refused:  # the Host check comes first, as for GET and POST
+                self.log_error("answered %d: a foreign Host", int(refused[0]))
+                self._send(*refused)
+                return
+            code, allow = HTTPStatus.METHOD_NOT_ALLOWED, ALLOWED_METHODS
+            message = (f"method {str(self.command)[:20]!r} is not allowed; the playground answers GET, and POST at "
                        "/api/trace")
         status = HTTPStatus(code)
         self.log_error("answered %d: %s", int(status), message or status.phrase)
-        self.close_connection = True  # a body this handler did not read must not be taken for the next request
         self._send(status, "application/json", strict_json({"error": message or status.phrase,
                                                             "status": int(status)}).encode(), allow)
 

@@ -11,13 +11,21 @@ from tests.conftest import run_cli
 
 
 @pytest.fixture(scope="module")
-def page(browser: Any, base: str) -> Iterator[tuple[Any, Console]]:
+def tab(browser: Any) -> Iterator[tuple[Any, Console]]:
     page = browser.new_page(viewport={"width": 1300, "height": 1000})
-    console = Console(page)
-    page.goto(base + "/")
-    page.wait_for_selector("#chart svg .box", timeout=30_000)
-    yield page, console
+    yield page, Console(page)
     page.close()
+
+
+@pytest.fixture
+def page(tab: tuple[Any, Console], base: str) -> tuple[Any, Console]:
+    """The module's tab on a fresh playground: every test starts from the page's defaults, whichever tests
+    ran before it in this worker (pytest-xdist spreads a module's tests over workers)."""
+    page, console = tab
+    page.goto(base + "/")
+    page.wait_for_selector("#chart:not(.stale) svg .box", timeout=30_000)
+    console.errors.clear()
+    return page, console
 
 
 
@@ -32,6 +40,13 @@ def _set(page: Any, name: str, value: str) -> None:
 def _wait_ranks(page: Any, ranks: int) -> None:
     # selectors, not wait_for_function: the page's CSP forbids the eval that a JavaScript predicate needs
     page.wait_for_selector(f"#chart:not(.stale) svg[data-ranks='{ranks}']", timeout=30_000)
+
+
+def _wait_drawn(page: Any, words: str) -> None:
+    """Until the chart is drawn for a request whose command line holds ``words`` (the form's last change
+    reaches the server after a short delay: a chart of the inputs before it can still be showing)."""
+    page.wait_for_selector(f"#command:has-text('{words}')", timeout=30_000)
+    page.wait_for_selector("#chart:not(.stale) svg[data-ranks]", timeout=30_000)
 
 
 def test_page_loads_without_console_errors(page: tuple[Any, Console]) -> None:
@@ -70,11 +85,13 @@ def test_numbers_on_the_page_are_simulate_json(page: tuple[Any, Console]) -> Non
 def test_changing_an_input_redraws_the_chart(page: tuple[Any, Console]) -> None:
     p, console = page
     _set(p, "ranks", "4")
+    _set(p, "microbatches", "8")
+    _wait_drawn(p, " --microbatches 8")  # 4 ranks is the request's default: not on its command line
     _wait_ranks(p, 4)
     before = int(p.get_attribute("#chart svg", "data-boxes") or 0)
     _set(p, "ranks", "6")
     _set(p, "microbatches", "12")
-    _wait_ranks(p, 6)
+    _wait_drawn(p, "--ranks 6 --microbatches 12")
     after = int(p.get_attribute("#chart svg", "data-boxes") or 0)
     assert after > before > 0
     assert p.locator("#chart svg path.device").count() == 6
@@ -214,6 +231,7 @@ def test_a_large_pipeline_is_drawn_on_a_canvas_zooms_and_exports(page: tuple[Any
     _set(p, "family", "1f1b")
     _set(p, "ranks", "32")
     _set(p, "microbatches", "170")  # 10,880 boxes: above the canvas threshold (10,000)
+    _wait_drawn(p, "--ranks 32 --microbatches 170")
     p.wait_for_selector("#chart:not(.stale) svg[data-ranks='32'][data-drawn='canvas']", timeout=60_000)
     assert p.locator("#chart canvas.boxes").count() == 1 and p.locator("#chart rect.box").count() == 0
     whole = p.get_attribute("#chart svg", "data-view")
