@@ -205,6 +205,18 @@ class Estimate:
     layers_per_stage: tuple[int, ...]
     warnings: tuple[str, ...] = field(default=())
     partial_recompute: bool = False  # LGD partial recomputation applied (what an offload policy implies)
+    busy_seconds: tuple[float, ...] = ()  # compute per pipeline rank (the simulation's busy time)
+
+    @property
+    def imbalance_ratio(self) -> float:
+        """The part of ``bubble_ratio`` that uneven stage loads cause: the ranks' mean shortfall of
+        compute against the busiest rank, as a share of the makespan (the rest is the schedule's own
+        fill and drain, which even stages also have). 0 when every rank computes the same."""
+        busy = self.busy_seconds
+        makespan = self.step_seconds - self.breakdown.get("dp_sync", 0.0)
+        if not busy or makespan <= 0:
+            return 0.0
+        return max(0.0, (max(busy) - sum(busy) / len(busy)) / makespan)
 
     @property
     def memory_worst(self) -> float:
@@ -226,7 +238,7 @@ class Estimate:
             "memory_gib": {"per_rank": [x / GIB for x in self.memory_per_rank], "worst": self.memory_worst / GIB,
                            "activations_per_rank": [x / GIB for x in self.activation_per_rank],
                            "host": self.host_bytes / GIB, "budget": r.budget / GIB},
-            "fits": self.fits, "bubble_ratio": self.bubble_ratio,
+            "fits": self.fits, "bubble_ratio": self.bubble_ratio, "imbalance_ratio": self.imbalance_ratio,
             "breakdown_seconds": dict(self.breakdown),
             "split": r.split, "layers_per_stage": list(self.layers_per_stage), "warnings": list(self.warnings),
         }
@@ -265,7 +277,7 @@ def estimate(req: EstimateRequest) -> Estimate:
         memory_per_rank=memory, activation_per_rank=activations,
         host_bytes=max(sim.host_units) * sc.unit_bytes, fits=max(memory) <= req.budget * (1 + 1e-12),
         breakdown=breakdown, bubble_ratio=sim.bubble_ratio, layers_per_stage=sc.layers_per_stage,
-        warnings=warnings, partial_recompute=lgd)
+        warnings=warnings, partial_recompute=lgd, busy_seconds=sim.busy)
 
 
 def _budget_warning(req: EstimateRequest) -> str | None:

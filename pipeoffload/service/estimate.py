@@ -39,7 +39,7 @@ class EstimateResult:
             f"recompute {r.recompute}, {offload}",
             f"step {seconds(e.step_seconds)}   MFU {e.mfu:.1%}   {e.tflops_per_gpu:.1f} TFLOP/s per GPU   "
             f"{e.tokens_per_second:,.0f} tokens/s   pipeline bubble {e.bubble_ratio:.1%} (idle share of all "
-            "ranks, as plan's bubble column)",
+            "ranks, as plan's bubble column)" + _imbalance(e),
             f"memory: worst rank {gib(e.memory_worst)} GiB of {r.budget / GIB:.1f} GiB "
             f"({'fits' if e.fits else 'DOES NOT FIT'}); per rank "
             + " ".join(gib(x) for x in e.memory_per_rank)
@@ -47,6 +47,21 @@ class EstimateResult:
             "time on the busiest rank (share of the step): " + ", ".join(
                 f"{_LABELS.get(k, k.replace('_', ' '))} {seconds(v)} ({v / e.step_seconds:.1%})"
                 for k, v in e.breakdown.items())])
+
+
+def _imbalance(e: Estimate) -> str:
+    """What of the bubble uneven stage loads cause, when it is worth a line (and, on an even split,
+    the flag that weighs the embedding and the head)."""
+    share = e.imbalance_ratio
+    if share < _IMBALANCE_NOTED:
+        return ""
+    busy = e.busy_seconds
+    hint = "; --split balanced weighs the embedding and the head" if e.request.split == "even" else ""
+    return (f"\n  of it {100 * share:.1f} points from uneven stage loads: the busiest rank computes "
+            f"{seconds(max(busy))}, the mean rank {seconds(sum(busy) / len(busy))}{hint}")
+
+
+_IMBALANCE_NOTED = 0.01  # a share of the step below which uneven loads are not worth a line
 
 
 # the busiest rank's idle time is not the pipeline's bubble ratio (plan's column, the step line's figure)

@@ -395,3 +395,28 @@ def test_a_long_estimate_reports_progress(monkeypatch) -> None:  # type: ignore[
     assert code == 0, err
     assert lines and lines[0].startswith("estimating: ")
     assert "zb-v PP4 v=2 over 16 microbatches with offload auto" in lines[0]
+
+
+def test_uneven_stage_loads_are_told_apart_from_the_schedules_bubble(capsys: pytest.CaptureFixture) -> None:
+    """An even split of gpt3-1.3b over PP4 puts the embedding and the head (~2 layers' worth) on one
+    rank: almost all of the 22 % bubble is that imbalance, which ``--split balanced`` removes; the
+    text says so (it read as a pipeline bubble the schedule could not fill)."""
+    req = dict(model=model_preset("gpt3-1.3b"), tp=1, pp=4, dp=1, schedule="zb-v", global_batch=64)
+    even, balanced = (estimate(_req(**req, split=s)) for s in ("even", "balanced"))  # type: ignore[arg-type]
+    for est in (even, balanced):
+        busy = est.busy_seconds
+        makespan = est.step_seconds - est.breakdown["dp_sync"]
+        assert est.imbalance_ratio == pytest.approx((max(busy) - sum(busy) / 4) / makespan)
+        assert 0 <= est.imbalance_ratio <= est.bubble_ratio
+    assert even.imbalance_ratio > 0.9 * even.bubble_ratio > 0.15
+    assert balanced.imbalance_ratio < even.imbalance_ratio / 3
+    assert estimate(_req(pp=1, dp=8)).imbalance_ratio == 0.0
+    args = ["estimate", "--model", "gpt3-1.3b", "--gpu", "a100", "--pp", "4", "--schedule", "zb-v",
+            "--global-batch", "64"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "points from uneven stage loads" in text and "--split balanced" in text
+    assert main([*args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["imbalance_ratio"] == pytest.approx(even.imbalance_ratio)
+    assert main([*args, "--split", "balanced"]) == 0
+    assert "--split balanced" not in capsys.readouterr().out
