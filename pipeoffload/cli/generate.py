@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from pipeoffload.cli.common import non_negative_float
+from pipeoffload.errors import ConfigError
 from pipeoffload.service.argtypes import flag_type
 from pipeoffload.service.checks import int_at_least
 
@@ -44,20 +45,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--prompt", type=flag_type(_utf8), default="", help="text to continue (UTF-8)")
     parser.add_argument("--tokens", type=flag_type(_tokens), default=100,
                         help=f"tokens to generate, 1 to {MAX_TOKENS:,} (default 100)")
-    parser.add_argument("--temperature", type=non_negative_float, default=0.8,
-                        help="sampling temperature, finite and >= 0; 0: greedy")
-    parser.add_argument("--seed", type=flag_type(_seed), default=0, help=f"sampling seed, 0 to {MAX_SEED}")
-    parser.add_argument("--greedy", action="store_true", help="always take the most likely token (no sampling)")
+    # None: not given (a sampling flag beside --greedy would do nothing, so it is refused)
+    parser.add_argument("--temperature", type=non_negative_float, default=None,
+                        help=f"sampling temperature, finite and >= 0; 0: greedy (default {TEMPERATURE:g})")
+    parser.add_argument("--seed", type=flag_type(_seed), default=None,
+                        help=f"sampling seed, 0 to {MAX_SEED} (default {SEED})")
+    parser.add_argument("--greedy", action="store_true",
+                        help="always take the most likely token (no sampling: no --temperature or --seed)")
     parser.set_defaults(run=run)
+
+
+TEMPERATURE, SEED = 0.8, 0
+
+
+def _sampling(args: argparse.Namespace) -> tuple[float, int]:
+    """The temperature and seed to sample with; with ``--greedy`` neither may be given."""
+    given = [f"--{name} {value:g}" for name, value in (("temperature", args.temperature), ("seed", args.seed))
+             if value is not None]
+    if args.greedy and given:
+        raise ConfigError(f"--greedy with {' '.join(given)}: greedy decoding does not sample, so "
+                          f"{'they have' if len(given) > 1 else 'it has'} no effect; give --greedy or the "
+                          "sampling flags, not both")
+    return (TEMPERATURE if args.temperature is None else args.temperature,
+            SEED if args.seed is None else args.seed)
 
 
 def run(args: argparse.Namespace) -> int:
     from pipeoffload.cli.common import require_extra, require_run_dir
 
+    temperature, seed = _sampling(args)
     if not args.run_dir.startswith("hf:"):
         require_run_dir(args.run_dir, checkpoint=True)
     require_extra("torch")
     from pipeoffload.train.generate import generate_text
 
-    print(generate_text(args.run_dir, args.prompt, args.tokens, args.temperature, args.seed, args.greedy))
+    print(generate_text(args.run_dir, args.prompt, args.tokens, temperature, seed, args.greedy))
     return 0

@@ -28,11 +28,11 @@ def _no_action(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from pipeoffload.viz.trace_compare import compare_trace
+    from pipeoffload.viz.trace_compare import compare_trace, read_trace_json
 
     source = Path(args.run_trace)
     try:
-        data = json.loads(source.read_text())
+        data = read_trace_json(source.read_text())
     except FileNotFoundError:
         raise ConfigError(f"RUN_TRACE {source}: no such file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

@@ -12,6 +12,7 @@ import json
 import math
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,23 @@ def _span(number: int, e: dict) -> tuple[int, float, Action, float, float]:
         raise ConfigError(f"{where}: rank {rank} and list index {index} must be a rank >= 0 and a finite index")
     start = _number(e, "ts", where)
     return rank, index, action, start / 1e6, (start + _number(e, "dur", where)) / 1e6
+
+
+def read_trace_json(text: str, parse_constant: Callable[[str], Any] | None = None) -> Any:
+    """``text`` as JSON (``json.loads``; it raises what that raises). The Chrome trace format's JSON
+    array form may end without its closing ``]`` (a tracer stopped mid-write leaves it so), and
+    Perfetto and chrome://tracing read such a file: so is it read here, a trailing comma included."""
+    try:
+        return json.loads(text, parse_constant=parse_constant)
+    except json.JSONDecodeError:
+        body = text.rstrip()
+        if not body.lstrip().startswith("[") or body.endswith("]"):
+            raise
+        try:
+            return json.loads(body.rstrip(",") + "]", parse_constant=parse_constant)
+        except json.JSONDecodeError:
+            pass
+        raise  # the file's own error, not the mended text's
 
 
 def not_strict_json(value: str) -> ConfigError:

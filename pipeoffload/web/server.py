@@ -46,7 +46,13 @@ from pipeoffload.schedules import estimated_work, get_spec, schedule_specs
 from pipeoffload.service import SimulateRequest, SimulateResult, simulate, strict_json
 from pipeoffload.service.checks import checked, finite_at_least, int_at_least
 from pipeoffload.viz.chartdata import COLOURS, LABELS, ChartData, chart_data
-from pipeoffload.viz.trace_compare import compare_trace, load_measured, measured_chart, not_strict_json
+from pipeoffload.viz.trace_compare import (
+    compare_trace,
+    load_measured,
+    measured_chart,
+    not_strict_json,
+    read_trace_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +191,7 @@ def _strict_constant(name: str) -> Any:
 def _trace_json(body: bytes) -> Any:
     """The uploaded file as strict JSON; RequestError saying what the file is instead."""
     try:
-        return json.loads(body.decode("utf-8"), parse_constant=_strict_constant)
+        return read_trace_json(body.decode("utf-8"), parse_constant=_strict_constant)
     except UnicodeDecodeError:
         raise RequestError(HTTPStatus.BAD_REQUEST, f"the file is not UTF-8 text; {TRACE_HINT}") from None
     except ConfigError as err:

@@ -112,6 +112,24 @@ def test_a_json_array_trace_is_read(base: str, tmp_path: Path) -> None:
     assert _post(base, path.read_bytes())["measured_step_s"] == pytest.approx(0.015)
 
 
+@pytest.mark.parametrize("ending", ["", ",", ",\n  \n"])
+def test_a_json_array_trace_without_its_closing_bracket_is_read(base: str, tmp_path: Path, ending: str) -> None:
+    """The array form may end without its ``]`` (a tracer stopped mid-write), and Perfetto reads it:
+    so do ``trace compare`` and the playground (they answered "not JSON")."""
+    text = json.dumps(run_trace()["traceEvents"], indent=1).rstrip().removesuffix("]").rstrip() + ending
+    path = tmp_path / "open.json"
+    path.write_text(text)
+    code, out, err = run_cli("trace", "compare", str(path), "-o", str(tmp_path / "out.json"))
+    assert code == 0 and out.startswith("2 ranks: measured step 15.000 ms"), err
+    assert _post(base, path.read_bytes())["measured_step_s"] == pytest.approx(0.015)
+
+
+def test_a_truncated_event_is_still_refused_with_the_files_own_error(base: str, tmp_path: Path) -> None:
+    text = json.dumps(run_trace()["traceEvents"])[:-40]  # cut inside the last event
+    cli, api = _both(base, tmp_path, text.encode())
+    assert cli.startswith(f"RUN_TRACE {tmp_path / 'run.json'}: not JSON (") and "not JSON (" in api, (cli, api)
+
+
 @pytest.mark.parametrize("body", [b"NaN", b"-Infinity", b'{"traceEvents": [{"ph": "X", "name": "0F0", "ts": NaN}]}'])
 def test_nan_gets_the_same_words_from_the_cli_and_the_api(base: str, tmp_path: Path, body: bytes) -> None:
     cli, api = _both(base, tmp_path, body)
