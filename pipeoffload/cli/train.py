@@ -36,7 +36,15 @@ def resolve(args: argparse.Namespace) -> tuple[Any, list[str]]:
     from pathlib import Path
 
     from pipeoffload.errors import ConfigError
-    from pipeoffload.train.config import build_config, flags_given, load_saved, load_toml, overrides, validate
+    from pipeoffload.train.config import (
+        build_config,
+        flags_given,
+        load_saved,
+        load_toml,
+        no_effect_notes,
+        overrides,
+        validate,
+    )
 
     saved: dict[str, Any] = {}
     notes: list[str] = []
@@ -80,6 +88,7 @@ def resolve(args: argparse.Namespace) -> tuple[Any, list[str]]:
         # the keys given for this invocation (flags, --config) constrain the search; a resumed run's are re-planned
         cfg = planned_config(cfg, args.memory, args.gpu, explicit=set(from_file) | set(flags))
     cfg = validate(cfg)
+    notes.extend(no_effect_notes(cfg, set(from_file) | set(given)))
     if args.resume:
         old = build_config(saved).model.dtype
         if cfg.model.dtype != old:

@@ -460,6 +460,24 @@ def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) ->
     return cfg
 
 
+def no_effect_notes(cfg: TrainConfig, given: set[str]) -> list[str]:
+    """One note per key in ``given`` (flat names the user set: flags, --config) that the validated
+    ``cfg`` makes do nothing: accepted (a plan or a shared TOML may carry it), but said, not silent."""
+    notes = []
+    s, p = cfg.schedule, cfg.parallel
+    if "zero" in given and p.zero and p.dp == 1:
+        notes.append("zero=1 with dp=1: one replica holds the whole optimizer state, so nothing is sharded; "
+                     "it has no effect (ZeRO shards over --dp 2 or more)")
+    if s.offload == "none" and "offload_ratio" in given and s.offload_ratio:  # (max_stall is refused there)
+        notes.append(f"offload_ratio={s.offload_ratio:g} with offload='none': no copies are planned, so it has no "
+                     "effect (give --offload all, auto, ...)")
+    if given & {"warmup", "steps"} and cfg.optim.warmup > cfg.run.steps > 0:
+        w, n = cfg.optim.warmup, cfg.run.steps
+        notes.append(f"warmup={w} is above steps={n}: the learning rate is still warming up at the last step "
+                     f"({n}/{w} of lr) and the cosine decay never starts")
+    return notes
+
+
 def _check_model(cfg: TrainConfig, gpt: bool) -> TrainConfig:
     """The model keys of the family ``model.source`` names; an ``hf:DIR`` is checked whole here (torch-free)
     and its shape keys and tokenizer filled in."""
