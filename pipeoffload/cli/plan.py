@@ -15,16 +15,17 @@ from pipeoffload.planner.measured import load_layer_costs
 from pipeoffload.planner.plans import default_families
 from pipeoffload.planner.report import plan_warning
 from pipeoffload.planner.stagecosts import HOST_LINK_MODES, TrainingSetup
+from pipeoffload.policies import INT_TEXT
 from pipeoffload.service import CompareTPRequest, PlanRequest, compare_tp, plan, strict_json
 
 log = logging.getLogger(__name__)
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,2,4") from None
+    parts = text.split(",")
+    if not all(INT_TEXT.fullmatch(x.strip()) for x in parts):  # plain ASCII digits, as every number flag
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,2,4")
+    values = tuple(int(x) for x in parts)
     if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r}: every value must be >= 1")
     return values
@@ -62,6 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     space.add_argument("--tp", type=_ints, help="tensor-parallel sizes (default: divisors up to GPUs per node)")
     space.add_argument("--pp", type=_ints, help="pipeline sizes (default: all divisors)")
     space.add_argument("--stages-per-rank", type=_ints, default=(2, 4), help="v for multi-stage families (2,4)")
+    space.add_argument("--group-sizes", type=_ints, metavar="G",
+                       help="g for group-interleaved, comma-separated: only the families with a g are searched, "
+                            "and a g above PP is skipped (default: every family; g = ceil(PP/2) and PP)")
     space.add_argument("--offload", type=_words, help="offload policies, e.g. none,first:1,all (default: all levels)")
     space.add_argument("--recompute", type=_words,
                        help="recompute policies, e.g. none,all (default: all levels); 'selective' adds Megatron's "
@@ -133,7 +137,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
                             partial_recompute=args.partial_recompute, host_link=args.shared_host_link,
                             sequence_parallel=not args.no_sequence_parallel, selective_recompute=selective),
         schedules=args.schedules, tp_sizes=args.tp, pp_sizes=args.pp, stages_per_rank=args.stages_per_rank,
-        offload=args.offload, recompute=recompute,
+        group_sizes=args.group_sizes, offload=args.offload, recompute=recompute,
         measured=load_layer_costs(args.profile) if args.profile else None, top=args.top,
         best_per_tp=args.by_tp, exact_frontier=args.exact_frontier, escalate=not args.exhaustive,
         workers=args.jobs, split=args.split, max_stall=args.max_stall,

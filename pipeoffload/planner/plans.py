@@ -71,6 +71,8 @@ class PlanRequest:
             raise ConfigError(EMPTY_SCHEDULES)
         for name in self.schedules or ():
             get_spec(name)  # unknown names fail here with the list of valid ones
+        if self.group_sizes is not None:
+            self._check_group_sizes()
         if self.split not in ("even", "balanced"):
             raise ConfigError(f"layer split {self.split!r}: use even or balanced")
         if not (math.isfinite(self.max_stall) and self.max_stall >= 0):
@@ -78,6 +80,17 @@ class PlanRequest:
         if self.max_stall > 0 and self.offload is not None and all(o == "none" for o in self.offload):
             raise ConfigError(f"--max-stall {self.max_stall:g} lets offload plans stall, but --offload is none: "
                               "allow an offload policy (e.g. --offload none,auto) or leave --max-stall out")
+
+    def _check_group_sizes(self) -> None:
+        """Group sizes restrict the search to families that have one: with none of those it would search
+        nothing and say only "no layout"."""
+        shown = ",".join(map(str, self.group_sizes or ())) or "''"
+        if not self.group_sizes or any(g < 1 for g in self.group_sizes):
+            raise ConfigError(f"--group-sizes {shown}: give group sizes >= 1, e.g. 4,8, or leave it out")
+        if not any("group_size" in get_spec(n).options for n in self.families()):
+            grouped = ", ".join(n for n in schedule_names() if "group_size" in get_spec(n).options)
+            raise ConfigError(f"--group-sizes {shown}: no family in --schedules {','.join(self.families())} has a "
+                              f"group size (only {grouped}); add one to --schedules or leave --group-sizes out")
 
     def families(self) -> tuple[str, ...]:
         if self.schedules is not None:

@@ -1,11 +1,12 @@
 """CLI refusals and messages added in the tenth session (each test fails before its fix)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import refused
+from tests.conftest import refused, run_cli
 
 
 @pytest.mark.parametrize("flags, named", [("--temperature 5", "--temperature 5"), ("--seed 3", "--seed 3"),
@@ -51,3 +52,24 @@ def test_a_config_file_key_that_does_nothing_is_said(tmp_path: Path) -> None:
     path.write_text("[schedule]\noffload = 'none'\noffload_ratio = 0.5\n")
     notes = _notes("--config", str(path))
     assert any("offload_ratio=0.5 with offload='none'" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("flag", ["--pp", "--tp", "--stages-per-rank", "--group-sizes"])
+@pytest.mark.parametrize("text", ["2_0", "\u0662", "2,x", "2.0"])
+def test_plan_integer_lists_are_plain_ascii(flag: str, text: str) -> None:
+    """``plan --pp 2_0`` searched PP 20, and ``--pp ٢`` (an Arabic-Indic two) PP 2: Python's int rules,
+    which every other number flag stopped using."""
+    refused(f"plan --model gpt3-1.3b --gpu a100 --gpus 8 --global-batch 64 {flag} {text}",
+            f"argument {flag}:", "expected comma-separated integers")
+
+
+def test_plan_group_sizes_restrict_the_search() -> None:
+    code, out, err = run_cli("plan", "--model", "gpt3-1.3b", "--gpu", "a100", "--gpus", "8", "--global-batch", "64",
+                             "--pp", "8", "--group-sizes", "3", "--json")
+    plans = json.loads(out)["best"]
+    assert code == 0 and plans and {(p["schedule"], p["group_size"]) for p in plans} == {("group-interleaved", 3)}
+
+
+def test_plan_group_sizes_without_a_family_that_has_one_is_refused() -> None:
+    refused("plan --model gpt3-1.3b --gpu a100 --gpus 8 --global-batch 64 --schedules 1f1b,zb-v --group-sizes 4",
+            "--group-sizes 4: no family in --schedules 1f1b,zb-v has a group size (only group-interleaved)")
