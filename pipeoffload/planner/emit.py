@@ -7,7 +7,9 @@ it offloads), max_stall (a stall budget's plan only), recompute, microbatches; `
 tp, nproc; ``[data]`` global_batch; and ``[model]`` source = "hf:DIR" and seq_len when the model was read
 from a local Hugging Face directory (train builds it from the same config.json), else
 layers/hidden/heads/seq_len of the reference GPT when the model is GPT-shaped (multi-head attention,
-head width hidden / heads, FFN 4h, GeLU), since that is the model the train command builds.
+head width hidden / heads, FFN 4h, GeLU), or source = "llama" with the Llama keys (kv_heads,
+ffn_hidden, vocab, rope_theta) when it is one train's Llama family builds (SwiGLU, no biases), since
+that is the model the train command builds.
 ``plan_config`` gives the same keys flat (the train flags with ``-`` as ``_``).
 The recompute policy is written as the plan's table shows it: the planner's memory model assumes
 LGD partial recomputation with offload (a GPU kernel choice), which ``train`` does not perform.
@@ -17,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeoffload.fileio import write_atomic
+from pipeoffload.llama_config import PRESETS
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.plans import Plan, PlanRequest
 from pipeoffload.planner.stagecosts import layer_copy_and_compute, setup_layer_costs
@@ -25,6 +28,40 @@ from pipeoffload.planner.stagecosts import layer_copy_and_compute, setup_layer_c
 def is_gpt_like(model: ModelSpec) -> bool:
     return (not model.gated_mlp and model.num_kv_heads == model.heads and model.ffn_size == 4 * model.hidden
             and model.attention_width == model.hidden)  # train's GPT has head_dim = hidden / heads
+
+
+def is_llama_like(model: ModelSpec) -> bool:
+    """What train's ``--model llama`` builds from its keys: SwiGLU, no biases, head width hidden / heads
+    (Qwen2's q/k/v biases and a set-apart head_dim have no train key)."""
+    return model.gated_mlp and not model.bias and model.attention_width == model.hidden
+
+
+def _llama_keys(model: ModelSpec) -> dict[str, object]:
+    """train's llama keys of ``model``; the RoPE base of the preset of that name (it does not change
+    the plan, but it is the model's)."""
+    keys: dict[str, object] = {"source": "llama", "layers": model.layers, "hidden": model.hidden,
+                               "heads": model.heads, "kv_heads": model.num_kv_heads, "ffn_hidden": model.ffn_size,
+                               "vocab": model.vocab, "seq_len": model.seq}
+    shape = PRESETS.get(model.name)
+    if shape is not None:
+        keys["rope_theta"] = shape.rope_theta
+    if model.tied_embeddings:
+        keys["tie_embeddings"] = True
+    return keys
+
+
+def _model_note(model: ModelSpec) -> str | None:
+    """The comment saying what of the model the file cannot carry, or None."""
+    if model.source or is_gpt_like(model):
+        return None
+    if is_llama_like(model):
+        shape = PRESETS.get(model.name)
+        if shape is not None and shape.rope_scaling is not None:
+            return (f"# {model.name}'s Llama 3.1 RoPE scaling has no train key: train uses plain RoPE with "
+                    "rope_theta (the plan does not depend on it)")
+        return None
+    return ("# the model is not one train builds from keys (GPT, or Llama without biases): its shape is left to "
+            "the train defaults; plan its Hugging Face folder instead (plan --model hf:DIR --emit ...)")
 
 
 def _toml_value(value: object) -> str:
@@ -56,6 +93,8 @@ def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
     elif is_gpt_like(model):
         config.update({"layers": model.layers, "hidden": model.hidden, "heads": model.heads,
                        "seq_len": model.seq})
+    elif is_llama_like(model):
+        config.update(_llama_keys(model))
     config["nproc"] = layout.gpus
     return config
 
@@ -77,7 +116,9 @@ SECTIONS = {"schedule": ("schedule", "family"), "stages_per_rank": ("schedule", 
             "pp": ("parallel", "pp"), "dp": ("parallel", "dp"), "tp": ("parallel", "tp"),
             "nproc": ("parallel", "nproc"), "global_batch": ("data", "global_batch"),
             "layers": ("model", "layers"), "hidden": ("model", "hidden"), "heads": ("model", "heads"),
-            "seq_len": ("model", "seq_len"), "source": ("model", "source")}
+            "seq_len": ("model", "seq_len"), "source": ("model", "source"), "kv_heads": ("model", "kv_heads"),
+            "ffn_hidden": ("model", "ffn_hidden"), "vocab": ("model", "vocab"), "rope_theta": ("model", "rope_theta"),
+            "tie_embeddings": ("model", "tie_embeddings")}
 
 
 def _sections(config: dict[str, object]) -> list[str]:
@@ -97,8 +138,9 @@ def config_toml(req: PlanRequest, plan: Plan) -> str:
         units = offload.budget
         lines.append(f"# offload budget:{units:g} is in activation units (one microbatch of the largest stage: "
                      f"{plan.unit_bytes / 1024**3:.3f} GiB here), i.e. {units * plan.unit_bytes / 1024**3:.1f} GiB")
-    if not req.model.source and not is_gpt_like(req.model):
-        lines.append("# the model is not GPT-shaped: layers/hidden/heads/seq_len left to the train defaults")
+    note = _model_note(req.model)
+    if note:
+        lines.append(note)
     if req.setup.lgd_for(offload) and req.measured is None:
         lines.append("# memory predicted with LGD partial recomputation (LayerNorm, GeLU, dropout recomputed in "
                      "the backward), which train does not perform: expect more activation memory")
@@ -107,6 +149,12 @@ def config_toml(req: PlanRequest, plan: Plan) -> str:
 
 
 def emit(req: PlanRequest, plan: Plan, path: str | Path) -> str:
-    """Write the config atomically and return the command that runs it."""
+    """Write the config atomically and return the command that runs it (with a warning where the file
+    cannot carry the model, whose run would train the default GPT instead)."""
     write_atomic(path, config_toml(req, plan))
-    return f"pipeoffload train --config {path} --nproc {plan.layout.gpus}"
+    command = f"pipeoffload train --config {path} --nproc {plan.layout.gpus}"
+    m = req.model
+    if not (m.source or is_gpt_like(m) or is_llama_like(m)):
+        command += (f" (but {m.name}'s shape is not in the file, so that would train the default GPT: plan its "
+                    "Hugging Face folder, --model hf:DIR, to write one that trains it)")
+    return command

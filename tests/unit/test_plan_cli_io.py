@@ -60,12 +60,34 @@ def test_emit_writes_the_train_config_and_prints_the_command(tmp_path, capsys) -
     assert not list(tmp_path.glob(".run.toml.*"))  # written atomically, no temporary left
 
 
-def test_emit_leaves_out_the_gpt_shape_for_other_models(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_emit_leaves_out_a_shape_train_cannot_build_and_says_so(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Qwen2's q/k/v biases have no train key: the file leaves the model out, and the printed command
+    says that it would train the default GPT (it said only "run it with")."""
     path = tmp_path / "run.toml"
-    assert main(["plan", "--model", "llama3-8b", "--seq", "2048", "--gpus", "8", "--global-batch", "16",
+    assert main(["plan", "--model", "qwen2.5-7b", "--seq", "2048", "--gpus", "8", "--global-batch", "16",
                  "--no-pareto", "--emit", str(path)]) == 0
     config = tomllib.loads(path.read_text())
     assert "model" not in config and config["parallel"]["nproc"] == 8
+    assert "would train the default GPT" in capsys.readouterr().out
+    assert "plan its Hugging Face folder instead" in path.read_text()
+
+
+@pytest.mark.parametrize("preset", ["llama3-8b", "mistral-7b", "llama2-7b"])
+def test_emit_writes_a_llama_shape_that_train_builds_as_planned(tmp_path, capsys, preset: str) -> None:  # type: ignore[no-untyped-def]
+    """A Llama-family preset is written as train's --model llama keys (the file had no model: the run
+    would have trained the default GPT); train reads back the planned model, parameter for parameter."""
+    from pipeoffload.llama_config import PRESETS
+    from pipeoffload.planner.presets import model_preset
+    from pipeoffload.train.config import build_config, load_toml, validate
+    from pipeoffload.train.family import llama_parameters, shape_from_keys
+
+    path = tmp_path / "run.toml"
+    assert main(["plan", "--model", preset, "--seq", "2048", "--gpus", "8", "--global-batch", "16",
+                 "--no-pareto", "--emit", str(path)]) == 0
+    assert "would train the default GPT" not in capsys.readouterr().out
+    cfg = validate(build_config(load_toml(path)), data_exists=False)
+    assert cfg.model.source == "llama" and cfg.model.rope_theta == PRESETS[preset].rope_theta
+    assert llama_parameters(shape_from_keys(cfg.model, 256)) == model_preset(preset).total_params()
 
 
 def test_emit_writes_the_recompute_policy_its_table_shows(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
