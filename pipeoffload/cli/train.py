@@ -89,6 +89,11 @@ def resolve(args: argparse.Namespace) -> tuple[Any, list[str]]:
         cfg = planned_config(cfg, args.memory, args.gpu, explicit=set(from_file) | set(flags))
     cfg = validate(cfg)
     notes.extend(no_effect_notes(cfg, set(from_file) | set(given)))
+    from pipeoffload.train.job import offload_note
+
+    placed = offload_note(cfg)
+    if placed:
+        notes.append(placed)
     if args.resume:
         old = build_config(saved).model.dtype
         if cfg.model.dtype != old:

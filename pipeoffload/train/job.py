@@ -26,14 +26,43 @@ log = logging.getLogger(__name__)
 
 
 def lowered_schedule(cfg: TrainConfig) -> Any:
+    return _lowered(cfg)[0]
+
+
+def _lowered(cfg: TrainConfig, offload_ratio: float | None = None) -> tuple[Any, Any]:
+    """The run's lowered schedule and the offload pass's report: the copies are planned against one
+    forward per stage as the time unit and the run's ``offload_ratio`` (k) for the copies (or
+    ``offload_ratio`` when given)."""
     from pipeoffload.costs import CostModel
-    from pipeoffload.passes.lower import lower
+    from pipeoffload.passes.lower import lower_with_report
     from pipeoffload.schedules import generate
 
     s = cfg.schedule
+    k = s.offload_ratio if offload_ratio is None else offload_ratio
     schedule = generate(s.family, cfg.parallel.pp, s.microbatches, s.stages_per_rank, **schedule_options(cfg))
-    costs = CostModel().with_offload_ratio(s.offload_ratio) if s.offload_ratio else None
-    return lower(schedule, costs, offload=offload_policy(cfg), recompute=s.recompute)
+    costs = CostModel().with_offload_ratio(k) if k else None
+    return lower_with_report(schedule, costs, offload=offload_policy(cfg), recompute=s.recompute,
+                             log_warnings=False)
+
+
+def offload_note(cfg: TrainConfig) -> str | None:
+    """One line when the copy lane leaves on the device activations that instant copies would take
+    off it: at a large k (a small model's copies take many forwards) it hides few or none, and the
+    run then measures little or no host memory where a plan may have promised some."""
+    s = cfg.schedule
+    if s.offload == "none" or not s.offload_ratio:
+        return None
+
+    def moved(report: Any) -> int:
+        return int(report.offloaded + report.offloaded_after_i)
+
+    done, possible = moved(_lowered(cfg)[1]), moved(_lowered(cfg, 0.0)[1])
+    if done >= possible:
+        return None
+    return (f"offload={s.offload} at offload_ratio={s.offload_ratio:g}: the copy lane hides {done or 'none'} of the "
+            f"{possible} activation windows instant copies would take off the device (a copy takes "
+            f"{s.offload_ratio:g} forwards of a stage in this run's plan), so {possible - done} stay on the device; "
+            "a smaller --offload-ratio plans the copies for a faster link (0: instant)")
 
 
 class TokenBatches:

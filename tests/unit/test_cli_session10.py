@@ -73,3 +73,20 @@ def test_plan_group_sizes_restrict_the_search() -> None:
 def test_plan_group_sizes_without_a_family_that_has_one_is_refused() -> None:
     refused("plan --model gpt3-1.3b --gpu a100 --gpus 8 --global-batch 64 --schedules 1f1b,zb-v --group-sizes 4",
             "--group-sizes 4: no family in --schedules 1f1b,zb-v has a group size (only group-interleaved)")
+
+
+@pytest.mark.parametrize("ratio, words", [("20", "hides none of the 4 activation windows"),
+                                          ("0.5", "hides 1 of the 4 activation windows")])
+def test_an_offload_policy_that_leaves_activations_on_the_device_is_said(ratio: str, words: str) -> None:
+    """A plan for a small model carries a large k (its copies take many forwards): train's copy lane
+    then hid none of them and the run measured no host memory, with nothing said."""
+    notes = _notes("--pp", "2", "--nproc", "2", "--microbatches", "4", "--global-batch", "8", "--offload", "all",
+                   "--offload-ratio", ratio)
+    assert any(words in n and "stay on the device" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("flags", [["--offload-ratio", "0"], []])
+def test_an_offload_policy_that_places_everything_gets_no_such_note(flags: list[str]) -> None:
+    notes = _notes("--pp", "2", "--nproc", "2", "--microbatches", "4", "--global-batch", "8", "--offload", "all",
+                   *flags)
+    assert not [n for n in notes if "stay on the device" in n], notes
