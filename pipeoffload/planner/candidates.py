@@ -93,6 +93,26 @@ def choices(req: PlanRequest, pp: int, m: int) -> list[ScheduleChoice]:
     return out
 
 
+def why_no_choice(req: PlanRequest, pp: int, m: int) -> list[str]:
+    """Why ``choices`` has nothing for pp ranks and m microbatches, one reason per family (its rules)."""
+    reasons = []
+    for family in req.families():
+        vs = family_stages_per_rank(family, req.stages_per_rank)
+        if pp == 1 and family != "1f1b":
+            reasons.append(f"{family} needs PP > 1")
+        elif not vs:
+            reasons.append(f"{family} needs --stages-per-rank 2 or more")
+        elif all(pp * v > max_stages(req) for v in vs):
+            v = min(vs)
+            reasons.append(f"{family} on PP {pp} needs at least {pp * v} stages (v={v}), more than the "
+                           f"{req.model.layers} layers fill")
+        elif family == "interleaved-1f1b" and m % pp:
+            reasons.append(f"interleaved-1f1b needs the {m} microbatches to be a multiple of PP {pp}")
+        elif not group_sizes(req, family, pp):
+            reasons.append(f"{family} has no group size of --group-sizes in 1..{pp}")
+    return reasons
+
+
 def family_stages_per_rank(family: str, stages_per_rank: tuple[int, ...]) -> tuple[int, ...]:
     """The stages per rank a search tries for ``family``, of the requested ``stages_per_rank``: its own
     for a family with a fixed v (1F1B: 1; V placement: 2), those >= 2 for an interleaved one, else 1."""

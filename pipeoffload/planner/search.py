@@ -25,10 +25,12 @@ from pipeoffload.planner.candidates import (
     count,
     enumerate_candidates,
     evaluate,
+    layouts,
     level,
     max_stages,
     tp_divides,
     tp_sizes,
+    why_no_choice,
 )
 from pipeoffload.planner.evaluate import SimSummary, lowering_options, simulate_choice
 from pipeoffload.planner.plans import GIB, InfeasibleError, Plan, PlanRequest, SearchResult, pareto_front
@@ -82,9 +84,13 @@ def _no_candidate_message(req: PlanRequest, skipped: dict[str, int]) -> str:
         return (f"{what}: {reasons}; pick a global batch divisible by the data-parallel size x microbatch size")
     if reasons:
         return f"{what}: {reasons}"
-    return (f"{what}: no schedule of {', '.join(req.families())} runs on the layouts the flags allow (every family "
-            "but 1f1b needs PP > 1; interleaved-1f1b needs the microbatches to be a multiple of PP); widen --pp, "
-            "--tp or --schedules")
+    why: list[str] = []
+    for layout in layouts(req, {}):
+        m = req.global_batch // (layout.dp * req.model.microbatch)
+        why += [r for r in why_no_choice(req, layout.pp, m) if r not in why]
+    shown = "; ".join(why[:3]) + (f"; and {len(why) - 3} more" if len(why) > 3 else "")
+    return (f"{what}: no schedule of {', '.join(req.families())} runs on the layouts the flags allow ({shown}); "
+            "widen --pp, --tp or --schedules")
 
 
 def _find_plans(req: PlanRequest) -> SearchResult:

@@ -30,8 +30,10 @@ class _StoreOnce(argparse._StoreAction):
 
 
 def _shown(values: Any) -> str:
+    """A parsed value as it was typed: a list of words word by word, a tuple of a comma list (``--pp
+    8,4``) with its commas."""
     items = values if isinstance(values, list) else [values]
-    return " ".join(shlex.quote(str(item)) for item in items)
+    return " ".join(shlex.quote(",".join(map(str, item)) if isinstance(item, tuple) else str(item)) for item in items)
 
 
 def _plain_int(text: str) -> int:

@@ -90,3 +90,22 @@ def test_an_offload_policy_that_places_everything_gets_no_such_note(flags: list[
     notes = _notes("--pp", "2", "--nproc", "2", "--microbatches", "4", "--global-batch", "8", "--offload", "all",
                    *flags)
     assert not [n for n in notes if "stay on the device" in n], notes
+
+
+def test_a_comma_list_given_twice_is_shown_as_typed() -> None:
+    refused("plan --model gpt3-1.3b --gpu a100 --gpus 8 --global-batch 64 --pp 8,4 --pp 1",
+            "given twice (--pp 8,4, then --pp 1)")
+
+
+@pytest.mark.parametrize("flags, words", [
+    ("--layers 4 --hidden 64 --heads 4 --seq 64 --vocab 256 --gpus 4 --global-batch 8 --pp 4 "
+     "--schedules group-interleaved", "group-interleaved on PP 4 needs at least 8 stages (v=2), more than the 4 "
+                                      "layers fill"),
+    ("--model gpt3-1.3b --gpu a100 --gpus 8 --global-batch 60 --schedules interleaved-1f1b --pp 8",
+     "interleaved-1f1b needs the 60 microbatches to be a multiple of PP 8"),
+    ("--model gpt3-1.3b --gpu a100 --gpus 8 --global-batch 64 --schedules zb-v --pp 1", "zb-v needs PP > 1"),
+])
+def test_no_schedule_names_the_rule_that_ruled_each_family_out(flags: str, words: str) -> None:
+    """It said "every family but 1f1b needs PP > 1" for a PP 4 search whose layers could not fill
+    its stages."""
+    refused(f"plan {flags}", words)
