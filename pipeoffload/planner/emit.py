@@ -39,7 +39,7 @@ def is_llama_like(model: ModelSpec) -> bool:
 def _llama_keys(model: ModelSpec) -> dict[str, object]:
     """train's llama keys of ``model``; the RoPE base of the preset of that name (it does not change
     the plan, but it is the model's)."""
-    keys: dict[str, object] = {"source": "llama", "layers": model.layers, "hidden": model.hidden,
+    keys: dict[str, object] = {"model": "llama", "layers": model.layers, "hidden": model.hidden,
                                "heads": model.heads, "kv_heads": model.num_kv_heads, "ffn_hidden": model.ffn_size,
                                "vocab": model.vocab, "seq_len": model.seq}
     shape = PRESETS.get(model.name)
@@ -89,7 +89,7 @@ def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
                    "global_batch": req.global_batch})
     model = req.model
     if model.source:
-        config.update({"source": model.source, "seq_len": model.seq})
+        config.update({"model": model.source, "seq_len": model.seq})
     elif is_gpt_like(model):
         config.update({"layers": model.layers, "hidden": model.hidden, "heads": model.heads,
                        "seq_len": model.seq})
@@ -116,7 +116,7 @@ SECTIONS = {"schedule": ("schedule", "family"), "stages_per_rank": ("schedule", 
             "pp": ("parallel", "pp"), "dp": ("parallel", "dp"), "tp": ("parallel", "tp"),
             "nproc": ("parallel", "nproc"), "global_batch": ("data", "global_batch"),
             "layers": ("model", "layers"), "hidden": ("model", "hidden"), "heads": ("model", "heads"),
-            "seq_len": ("model", "seq_len"), "source": ("model", "source"), "kv_heads": ("model", "kv_heads"),
+            "seq_len": ("model", "seq_len"), "model": ("model", "source"), "kv_heads": ("model", "kv_heads"),
             "ffn_hidden": ("model", "ffn_hidden"), "vocab": ("model", "vocab"), "rope_theta": ("model", "rope_theta"),
             "tie_embeddings": ("model", "tie_embeddings")}
 
@@ -142,8 +142,10 @@ def config_toml(req: PlanRequest, plan: Plan) -> str:
     if note:
         lines.append(note)
     if req.setup.lgd_for(offload) and req.measured is None:
-        lines.append("# memory predicted with LGD partial recomputation (LayerNorm, GeLU, dropout recomputed in "
-                     "the backward), which train does not perform: expect more activation memory")
+        parts = ("RMSNorm and SwiGLU" if req.model.gated_mlp else "LayerNorm, GeLU") + (
+            ", dropout" if req.model.dropout else "")
+        lines.append(f"# memory predicted with LGD partial recomputation ({parts} recomputed in the backward), "
+                     "which train does not perform: expect more activation memory")
     lines += _sections(plan_config(req, plan))
     return "\n".join(lines) + "\n"
 

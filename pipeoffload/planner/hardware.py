@@ -19,6 +19,11 @@ import tomllib
 from pipeoffload.errors import ConfigError
 
 GIB = 1024**3
+
+
+def gib(value: float) -> str:
+    """Bytes in GiB, with two significant digits below 0.1 GiB (never "0.0" for a small model)."""
+    return f"{value / GIB:.1f}" if value == 0 or value >= 0.1 * GIB else f"{value / GIB:.2g}"
 GB = 1e9
 # Rates below these make a transfer or a GEMM take longer than a float can hold once summed over a step
 # (``--hw internode_gbps=1e-320`` gave "dp sync inf s"); latencies above MAX_LATENCY are not latencies.

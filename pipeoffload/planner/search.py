@@ -33,6 +33,7 @@ from pipeoffload.planner.candidates import (
     why_no_choice,
 )
 from pipeoffload.planner.evaluate import SimSummary, lowering_options, simulate_choice
+from pipeoffload.planner.hardware import gib
 from pipeoffload.planner.plans import GIB, InfeasibleError, Plan, PlanRequest, SearchResult, pareto_front
 from pipeoffload.policies import RecomputePolicy
 
@@ -350,7 +351,16 @@ def _raise_infeasible(req: PlanRequest, cands: list[Candidate], plans: dict[tupl
         "" if lowering_options() else " (offload/recompute policies are not available in this build)")
     host = f" within the host budget {req.host_memory_budget / GIB:.1f} GiB" if req.host_memory_budget else ""
     raise InfeasibleError(
-        f"no plan fits {req.memory_budget / GIB:.1f} GiB per GPU{host}: the smallest feasible memory is "
-        f"{math.ceil(need / GIB * 10) / 10:.1f} GiB ({best.layout} {best.choice.label()}: parameters "
-        f"{best.memory.parameters / GIB:.1f} + optimizer {best.memory.optimizer / GIB:.1f} + activations "
-        f"{best.memory.activations / GIB:.1f} GiB); {hint}", need, best)
+        f"no plan fits {gib(req.memory_budget)} GiB per GPU{host}: the smallest feasible memory is "
+        f"{_rounded_up(need)} GiB ({best.layout} {best.choice.label()}: parameters "
+        f"{gib(best.memory.parameters)} + optimizer {gib(best.memory.optimizer)} + activations "
+        f"{gib(best.memory.activations)} GiB); {hint}", need, best)
+
+
+def _rounded_up(need: float) -> str:
+    """``need`` bytes in GiB rounded up (passing it back as --memory fits): to 0.1 GiB, or to two
+    significant digits below that (a tiny model's need did not read "0.1" against parts of "0.0")."""
+    if need >= 0.1 * GIB:
+        return f"{math.ceil(need / GIB * 10) / 10:.1f}"
+    digits = 1 - math.floor(math.log10(need / GIB)) if need > 0 else 1
+    return f"{math.ceil(need / GIB * 10 ** digits) / 10 ** digits:.{digits}f}"

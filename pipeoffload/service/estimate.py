@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pipeoffload.planner.estimate import Estimate, EstimateRequest
 from pipeoffload.planner.estimate import estimate as estimate_layout
-from pipeoffload.planner.hardware import GIB
+from pipeoffload.planner.hardware import GIB, gib
 from pipeoffload.service.checks import check_finite, check_model_shape
 
 
@@ -66,11 +66,6 @@ _IMBALANCE_NOTED = 0.01  # a share of the step below which uneven loads are not 
 
 # the busiest rank's idle time is not the pipeline's bubble ratio (plan's column, the step line's figure)
 _LABELS = {"bubble": "its bubble"}
-
-
-def gib(value: float) -> str:
-    """Bytes in GiB, with two significant digits below 0.1 GiB (never "0.0" for a small model)."""
-    return f"{value / GIB:.1f}" if value == 0 or value >= 0.1 * GIB else f"{value / GIB:.2g}"
 
 
 def seconds(value: float) -> str:

@@ -327,7 +327,24 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         data = tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"--config {str(p)!r}: not valid TOML ({str(err).splitlines()[0]})") from None
-    return flatten(data, str(p))
+    flat = flatten(data, str(p))
+    for key, value in flat.items():
+        _check_toml_type(key, value, str(p))
+    return flat
+
+
+def _check_toml_type(flat: str, value: Any, where: str) -> None:
+    """A TOML value of the key's own type: a quoted number or a number for a switch would be read as
+    something it does not say (``microbatches = "8"`` ran; ``bool("false")`` is true)."""
+    kind = _TYPES[flat]
+    ok = (isinstance(value, bool) if kind is bool else
+          isinstance(value, int) and not isinstance(value, bool) if kind is int else
+          isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else
+          isinstance(value, str))
+    if not ok:
+        want = {bool: "true or false", int: "an integer", float: "a number"}.get(kind, "a quoted string")
+        hint = "; write it without quotes" if isinstance(value, str) and kind is not str else ""
+        raise ConfigError(f"{flat}={value!r} in {where}: must be {want}{hint}")
 
 
 def load_saved(run_dir: str | Path) -> dict[str, Any]:

@@ -109,3 +109,29 @@ def test_no_schedule_names_the_rule_that_ruled_each_family_out(flags: str, words
     """It said "every family but 1f1b needs PP > 1" for a PP 4 search whose layers could not fill
     its stages."""
     refused(f"plan {flags}", words)
+
+
+@pytest.mark.parametrize("toml, words", [
+    ('[schedule]\nmicrobatches = "8"\n', "microbatches='8' in {path}: must be an integer; write it without quotes"),
+    ('[model]\ntie_embeddings = "false"\n', "tie_embeddings='false' in {path}: must be true or false"),
+    ("[optim]\nlr = true\n", "lr=True in {path}: must be a number"),
+    ("[run]\nsteps = 10.5\n", "steps=10.5 in {path}: must be an integer"),
+])
+def test_a_config_file_value_of_the_wrong_toml_type_is_refused(tmp_path: Path, toml: str, words: str) -> None:
+    """``microbatches = "8"`` ran as 8; a quoted "false" for a switch is the kind that reads as true."""
+    path = tmp_path / "run.toml"
+    path.write_text(toml)
+    refused(f"train --config {path}", words.format(path=path))
+
+
+def test_a_tiny_models_memory_minimum_is_shown_with_its_digits() -> None:
+    """It read "no plan fits 0.0 GiB ... smallest feasible memory is 0.1 GiB (parameters 0.0 + optimizer
+    0.0 + activations 0.0 GiB)": neither the budget nor the parts were readable, nor did they add up."""
+    import re
+
+    tiny = "plan --layers 8 --hidden 64 --heads 4 --seq 64 --vocab 256 --gpus 4 --global-batch 8"
+    err = refused(f"{tiny} --memory 0.001", "no plan fits 0.001 GiB per GPU")
+    need = re.search(r"smallest feasible memory is ([0-9.]+) GiB", err).group(1)  # type: ignore[union-attr]
+    assert float(need) < 0.01, err
+    code, out, _ = run_cli(*f"{tiny} --memory {need} --json".split())
+    assert code == 0 and json.loads(out)["best"]  # rounded up: passing it back fits

@@ -308,9 +308,8 @@ def test_a_stall_budget_plan_is_emitted_with_its_budget_for_train() -> None:
     config = plan_config(result.request, plan)
     assert config["max_stall"] == 5.0 and config["offload"] == str(plan.choice.offload)
     assert config["offload_ratio"] == 2.1378  # the cost model's k of `pipeoffload k --model llama3-8b --gpu h100`
-    # not GPT-shaped, so emitted without the reference GPT's shape: enough blocks for its stages here
-    cfg = validate(build_config({**config, "layers": 32}), data_exists=False)
-    assert cfg.schedule.max_stall == 5.0
+    cfg = validate(build_config(config), data_exists=False)  # a Llama: emitted as train's llama keys
+    assert cfg.schedule.max_stall == 5.0 and (cfg.model.source, cfg.model.layers) == ("llama", 32)
     strict = next(p for p in result.fitting if p.choice.offload.max_stall == 0)
     assert "max_stall" not in plan_config(result.request, strict)
     assert ("offload_ratio" in plan_config(result.request, strict)) == (strict.choice.offload.kind != "none")
