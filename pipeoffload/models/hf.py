@@ -14,7 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -91,8 +91,10 @@ def _shards(tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int) -> list
 
 
 def save_hf(out: str | Path, shape: LlamaShape, state: Mapping[str, torch.Tensor], tokenizer: Path | None,
-            max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
-    """Write ``state`` (our full names) as a Hugging Face directory at ``out`` (refused if it exists)."""
+            max_shard_bytes: int = DEFAULT_SHARD_BYTES, tokenizer_files: Sequence[Path] = ()) -> Path:
+    """Write ``state`` (our full names) as a Hugging Face directory at ``out`` (refused if it exists).
+    ``tokenizer_files``: copied in beside ``tokenizer.json`` under their own names (the source folder's
+    ``tokenizer_config.json`` and ``special_tokens_map.json``, which name its special tokens)."""
     from safetensors.torch import save_file
 
     target = Path(out)
@@ -117,6 +119,8 @@ def save_hf(out: str | Path, shape: LlamaShape, state: Mapping[str, torch.Tensor
         (tmp / "config.json").write_text(json.dumps(shape.to_hf(), indent=1))
         if tokenizer is not None:
             shutil.copyfile(tokenizer, tmp / "tokenizer.json")
+        for extra in tokenizer_files:
+            shutil.copyfile(extra, tmp / extra.name)
         umask = os.umask(0)
         os.umask(umask)
         for path in tmp.iterdir():  # safetensors writes its shards 0600: every file as open() would make it

@@ -41,7 +41,21 @@ def export_hf(run_dir: str | Path, out: str | Path) -> Path:
         if cfg.data.tokenizer == "byte":
             tok = Path(tmp) / "tokenizer.json"
             byte_tokenizer(tok)
-        return save_hf(target, shape, state, tok)
+        return save_hf(target, shape, state, tok, tokenizer_files=_tokenizer_files(source))
+
+
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+
+
+def _tokenizer_files(source: str) -> list[Path]:
+    """The files naming an ``hf:DIR`` source's special tokens (its end-of-text token among them), where
+    DIR still holds them: without them transformers' tokenizer of the export has no ``eos_token``."""
+    from pipeoffload.train.family import hf_path
+
+    folder = hf_path(source)
+    if folder is None:
+        return []
+    return [folder / name for name in TOKENIZER_FILES if (folder / name).is_file()]
 
 
 def byte_tokenizer(path: Path) -> None:

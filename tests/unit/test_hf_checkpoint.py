@@ -154,3 +154,23 @@ def test_train_refuses_a_bad_hf_dir_before_any_rank(qwen, tmp_path, capsys, edit
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and fragment in err, err
     assert not out.exists()
+
+
+def test_an_export_from_an_hf_source_keeps_its_special_tokens(tmp_path: Path) -> None:
+    """The source folder's tokenizer_config.json (its eos token) travels with an export of a run trained
+    from it: without it transformers' tokenizer of the export had no eos_token (probe F)."""
+    from pipeoffload.models.hf import save_hf
+    from pipeoffload.train.export import _tokenizer_files
+
+    src = tmp_path / "src"
+    make_hf_dir(src, "llama")
+    (src / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                           "eos_token": "</s>", "bos_token": "<s>"}))
+    files = _tokenizer_files(f"hf:{src}")
+    assert [f.name for f in files] == ["tokenizer_config.json"]  # (no special_tokens_map.json there)
+    hf = open_hf_dir(src)
+    state = dict(hf_model(hf).named_parameters())
+    out = save_hf(tmp_path / "out", hf.shape, state, src / "tokenizer.json", tokenizer_files=files)
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok.eos_token == "</s>" and tok.eos_token_id == tok.convert_tokens_to_ids("</s>")
+    assert _tokenizer_files("llama") == []
