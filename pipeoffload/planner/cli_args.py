@@ -31,6 +31,10 @@ def add_model_args(parser: argparse.ArgumentParser, *, require_shape: bool = Fal
     group.add_argument("--no-flash", action="store_true", help="unfused attention (adds the 5*a*s^2*b term)")
     group.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=None,
                        help="SwiGLU MLP (default: the preset's; GPT-style GeLU without a preset)")
+    group.add_argument("--tied-embeddings", action=argparse.BooleanOptionalAction, default=None,
+                       help="the head shares the embedding's weights (default: the preset's; untied without "
+                            "one): one copy of the weights, plus the copies' gradient all-reduce between the "
+                            "first and the last stage")
 
 
 def add_hardware_args(parser: argparse.ArgumentParser) -> None:
@@ -84,6 +88,8 @@ def with_model_switches(spec: ModelSpec, args: argparse.Namespace) -> ModelSpec:
         spec = spec.with_(flash_attention=False)
     if args.gated_mlp is not None:
         spec = spec.with_(gated_mlp=args.gated_mlp)
+    if args.tied_embeddings is not None:
+        spec = spec.with_(tied_embeddings=args.tied_embeddings)
     return spec
 
 
