@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from pipeoffload.ir import COMM_KINDS, COPY_KINDS, Action
 from pipeoffload.simulator import Timeline
-from pipeoffload.units import MEMORY_UNIT, TIME_UNIT, time_unit_help
+from pipeoffload.units import MEMORY_UNIT, TIME_UNIT, time_unit_help, units_dict
 
 LANES = {"compute": 0, "copy": 1, "comm": 2}
 SIM_PID_BASE = 1000  # simulated ranks' process ids, below a measured run's 0..d-1 in `trace compare`
@@ -80,6 +80,9 @@ def timeline_trace(timeline: Timeline, scale: float = 1e6, pid_base: int = 0, la
                                      1 / v)
     unit_note = f"{time_help or time_unit_help(time_unit)}; 1 unit = {scale:g} us here"
     other = {k: v for k, v in timeline.as_dict().items() if k != "per_rank"} | {"time_unit": unit_note}
+    # the counters are in rank units, peak_host_units in activation units: both, and which is which
+    other["peak_host_rank_units"] = timeline.peak_host_units / v
+    other["units"] = units_dict(time_unit) | {"counters": f"the memory counters are in {MEMORY_UNIT}"}
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 

@@ -165,3 +165,17 @@ def test_tied_embeddings_flag_sets_the_models_tying() -> None:
     # a pipeline holds both copies either way; tying adds their gradients' all-reduce to the step
     assert tied["step_seconds"] > untied["step_seconds"]
     assert tied["breakdown_seconds"]["dp_sync"] > untied["breakdown_seconds"]["dp_sync"]
+
+
+def test_a_simulated_traces_host_peak_is_given_in_its_counters_unit(tmp_path: Path) -> None:
+    """otherData had only peak_host_units (activation units) beside counters in rank units, unlabelled."""
+    trace = tmp_path / "t.json"
+    code, _, err = run_cli("simulate", "group-interleaved", "-d", "4", "-m", "8", "--offload", "all",
+                           "--offload-ratio", "0.5", "--trace", str(trace))
+    assert code == 0, err
+    data = json.loads(trace.read_text())
+    other = data["otherData"]
+    host = [e["args"]["rank units"] for e in data["traceEvents"]
+            if e.get("ph") == "C" and e["name"].startswith("host memory")]
+    assert other["peak_host_rank_units"] == max(host) == other["peak_host_units"] / 2
+    assert "rank units" in other["units"]["counters"] and "activation units" in other["units"]["fields"]
