@@ -253,7 +253,10 @@ def _check_complete(schedule, state, lowered, cross_in, cross_out, fail,  # type
             here = _Here(stage, mb)
             if expect & ~have:
                 missing = [k.value for k in ActionKind if expect & _BIT[k] and not have & _BIT[k]]
-                fail(f"{here} has no {'/'.join(missing)} on rank {rank}", rank, _last_step(schedule, rank))
+                last = _last_step(schedule, rank)
+                end = "its list is empty" if last is None else f"its list ends at step {last} without it"
+                fail(f"{here} has no {'/'.join(missing)} on rank {rank} ({end}; the schedule has microbatches "
+                     f"0..{schedule.num_microbatches - 1})", rank, last)
             if forward_only:
                 continue
             if not have & _B and (have & (_I | _W)) != (_I | _W):

@@ -179,3 +179,14 @@ def test_a_simulated_traces_host_peak_is_given_in_its_counters_unit(tmp_path: Pa
             if e.get("ph") == "C" and e["name"].startswith("host memory")]
     assert other["peak_host_rank_units"] == max(host) == other["peak_host_units"] / 2
     assert "rank units" in other["units"]["counters"] and "activation units" in other["units"]["fields"]
+
+
+def test_a_missing_action_says_where_the_list_ends_and_which_microbatches_there_are() -> None:
+    """`0F1 0B1` (no microbatch 0) marked 0B1 with "stage 0, microbatch 0 has no F": the marked action
+    is where rank 0's list ends, and microbatch 0 exists because 1 does."""
+    from pipeoffload import Schedule, ScheduleError, validate
+
+    with pytest.raises(ScheduleError) as info:
+        validate(Schedule.from_text("0F1 0B1\n1F1 1B1"))
+    assert ("stage 0, microbatch 0 has no F on rank 0 (its list ends at step 1 without it; the schedule has "
+            "microbatches 0..1)") in str(info.value)
