@@ -20,9 +20,11 @@ from pathlib import Path
 
 from pipeoffload.fileio import write_atomic
 from pipeoffload.llama_config import PRESETS
+from pipeoffload.planner.evaluate import placement_of
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.plans import Plan, PlanRequest
-from pipeoffload.planner.stagecosts import layer_copy_and_compute, setup_layer_costs
+from pipeoffload.planner.split import layer_split
+from pipeoffload.planner.stagecosts import head_weight, layer_copy_and_compute, setup_layer_costs
 
 
 def is_gpt_like(model: ModelSpec) -> bool:
@@ -87,6 +89,8 @@ def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
     config["recompute"] = str(c.recompute)
     config.update({"pp": layout.pp, "dp": layout.dp, "tp": layout.tp, "microbatches": plan.microbatches,
                    "global_batch": req.global_batch})
+    if layout.pp > 1:  # the split the plan was costed with, which train's even split of modules is not
+        config["layers_per_stage"] = ",".join(map(str, plan_split(req, plan)))
     model = req.model
     if model.source:
         config.update({"model": model.source, "seq_len": model.seq})
@@ -97,6 +101,13 @@ def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
         config.update(_llama_keys(model))
     config["nproc"] = layout.gpus
     return config
+
+
+def plan_split(req: PlanRequest, plan: Plan) -> tuple[int, ...]:
+    """Transformer blocks per stage as the plan's costs split them (``PlanRequest.split``)."""
+    lgd = req.setup.lgd_for(plan.choice.offload)
+    lc = req.measured or setup_layer_costs(req.model, req.hardware, plan.layout.tp, req.setup, lgd)
+    return layer_split(req.split, req.model.layers, placement_of(plan.choice, plan.layout.pp), head_weight(lc))
 
 
 def offload_ratio(req: PlanRequest, plan: Plan) -> float:
@@ -118,7 +129,7 @@ SECTIONS = {"schedule": ("schedule", "family"), "stages_per_rank": ("schedule", 
             "layers": ("model", "layers"), "hidden": ("model", "hidden"), "heads": ("model", "heads"),
             "seq_len": ("model", "seq_len"), "model": ("model", "source"), "kv_heads": ("model", "kv_heads"),
             "ffn_hidden": ("model", "ffn_hidden"), "vocab": ("model", "vocab"), "rope_theta": ("model", "rope_theta"),
-            "tie_embeddings": ("model", "tie_embeddings")}
+            "tie_embeddings": ("model", "tie_embeddings"), "layers_per_stage": ("parallel", "layers_per_stage")}
 
 
 def _sections(config: dict[str, object]) -> list[str]:

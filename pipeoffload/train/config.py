@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeoffload.errors import ConfigError
+from pipeoffload.policies import INT_TEXT
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -77,6 +78,10 @@ class ParallelConfig:
                             "(FSDP2 fully_shard; gathered for the step, reduce-scattered after the stage's last "
                             "backward); needs dp >= 2, not with zero, tp > 1 or tie_embeddings")
     nproc: int = key(0, "spawn this many local ranks (0: torchrun's env, else one process)")
+    layers_per_stage: str = key("", "transformer blocks per pipeline stage, comma-separated, one per stage "
+                                    "(pp*stages_per_rank; the first stage also holds the embedding, the last the "
+                                    "head; `plan --emit` writes its split); empty: the modules split evenly",
+                                metavar="N,N,...")
 
 
 @dataclass(frozen=True)
@@ -195,7 +200,7 @@ UNSAVED = tuple(k for k, f in _FIELDS.items() if not f.metadata["saved"])
 # The later model keys compare with their default when an older manifest lacks them.
 FINGERPRINT_KEYS = ("layers", "hidden", "heads", "seq_len", "data", "tokenizer", "val_fraction", "seed",
                     "global_batch", "model", "kv_heads", "ffn_hidden", "vocab", "rope_theta", "tie_embeddings")
-LAYOUT_KEYS = ("pp", "dp", "tp", "schedule", "stages_per_rank", "zero", "fsdp")
+LAYOUT_KEYS = ("pp", "dp", "tp", "schedule", "stages_per_rank", "zero", "fsdp", "layers_per_stage")
 
 
 def default_of(flat: str) -> Any:
@@ -632,6 +637,28 @@ def _check_tokenizer(text: str) -> None:
               "'hf' (the model folder's) with model='hf:DIR'")
 
 
+def blocks_per_stage(cfg: TrainConfig, stages: int) -> tuple[int, ...] | None:
+    """``layers_per_stage`` as numbers, checked against the model and the schedule's ``stages``; None
+    when not given (the modules then split evenly)."""
+    text = cfg.parallel.layers_per_stage
+    if not text:
+        return None
+    given = f"layers_per_stage={text!r}"
+    parts = text.split(",")
+    _need(all(INT_TEXT.fullmatch(p.strip()) for p in parts), f"{given}: give whole numbers separated by commas, "
+                                                            "e.g. 0,3,3,2")
+    counts = tuple(int(p) for p in parts)
+    _need(len(counts) == stages, f"{given}: {len(counts)} numbers for the schedule's {stages} stages "
+                                 "(pp*stages_per_rank); give one per stage")
+    _need(all(c >= 0 for c in counts), f"{given}: a stage cannot hold a negative number of blocks")
+    _need(sum(counts) == cfg.model.layers, f"{given}: adds up to {sum(counts)} blocks, the model has "
+                                           f"layers={cfg.model.layers}; make them add up")
+    empty = [s for s in range(1, stages - 1) if counts[s] == 0]
+    _need(not empty, f"{given}: stage {empty[0] if empty else 0} would hold nothing (only the first stage, with "
+                     "the embedding, and the last, with the head, may hold no block)")
+    return counts
+
+
 def offload_policy(cfg: TrainConfig) -> Any:
     """The offload policy of ``[schedule]``, with its stall budget (``max_stall``)."""
     from pipeoffload.policies import OffloadPolicy
@@ -653,6 +680,11 @@ def _check_schedule(cfg: TrainConfig, gpt: bool) -> None:
     lower(schedule, offload=offload_policy(cfg), recompute=s.recompute)
     stages = schedule.num_stages
     layers = cfg.model.layers
+    if cfg.parallel.layers_per_stage:
+        _need(gpt, "layers_per_stage: only for the built-in models (gpt, llama, hf:DIR); train_model takes the "
+                   "stages' layer counts itself (counts=)")
+        blocks_per_stage(cfg, stages)  # ConfigError naming what does not add up
+        return
     _need(not gpt or layers + 2 >= stages,
           f"layers={layers}: the model's {layers + 2} layers (embedding, blocks, head) cannot fill "
           f"{stages} stages (pp*stages_per_rank); use layers >= {stages - 2}")

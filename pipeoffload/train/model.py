@@ -126,9 +126,21 @@ def from_stage_modules(modules: Sequence[nn.Module], schedule: Schedule, pp_rank
     return RankModel(stages)
 
 
+def module_counts(cfg: TrainConfig, schedule: Schedule) -> tuple[int, ...] | None:
+    """Modules per stage of ``layers_per_stage`` (blocks per stage; the embedding module goes before the
+    first stage's blocks and the head after the last's), or None: the modules split evenly."""
+    from pipeoffload.train.config import blocks_per_stage
+
+    blocks = blocks_per_stage(cfg, schedule.num_stages)
+    if blocks is None:
+        return None
+    last = len(blocks) - 1
+    return tuple(b + (s == 0) + (s == last) for s, b in enumerate(blocks))
+
+
 def gpt_rank_model(cfg: TrainConfig, vocab: int, schedule: Schedule, pp_rank: int, device: torch.device) -> RankModel:
     layers = [layer.to(device) for layer in gpt_layers(gpt_config(cfg, vocab), seed=cfg.run.seed)]
-    return from_layers(layers, schedule, pp_rank)
+    return from_layers(layers, schedule, pp_rank, module_counts(cfg, schedule))
 
 
 def apply_tensor_parallel(model: RankModel, tp_mesh: DeviceMesh, seq_len: int | None = None) -> None:
@@ -153,7 +165,7 @@ def llama_rank_model(cfg: TrainConfig, shape: Any, schedule: Schedule, ctx: Any,
     else:
         with torch.device("meta"):  # nothing allocated until this rank's stages are chosen
             layers = llama_layers(shape, init=False, tie=False)
-    model = from_layers(layers, schedule, ctx.pp_rank)
+    model = from_layers(layers, schedule, ctx.pp_rank, module_counts(cfg, schedule))
     for stage in model.stages.values():
         if not hf_or_empty:
             stage.to(ctx.device)

@@ -129,3 +129,14 @@ def test_dp_replicas_with_split_backward_bitwise_equal_and_close_to_one_process(
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     got, ref = losses(results[0]["history"]), losses(one_process())
     assert max(abs(x - y) for x, y in zip(got, ref)) < 1e-6
+
+
+@pytest.mark.parametrize("split", ["2,0", "0,2"])
+def test_a_given_layer_split_trains_bitwise_like_one_process(split: str) -> None:
+    """``layers_per_stage`` (what `plan --emit` writes for its split): the first stage with both blocks
+    and the head alone on the last, or the embedding alone on the first."""
+    results = run_ranks(gpt_params, validate(BASE.updated(pp=2, nproc=2, layers_per_stage=split)))
+    # modules by global index: 0 the embedding, 1-2 the blocks, 3 the head
+    held = [sorted({int(n.split(".")[1]) for n in r["params"]}) for r in sorted(results, key=lambda r: r["coords"])]
+    assert held == ([[0, 1, 2], [3]] if split == "2,0" else [[0], [1, 2, 3]]), held
+    assert losses(results[0]["history"]) == losses(one_process())

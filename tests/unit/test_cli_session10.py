@@ -190,3 +190,38 @@ def test_a_missing_action_says_where_the_list_ends_and_which_microbatches_there_
         validate(Schedule.from_text("0F1 0B1\n1F1 1B1"))
     assert ("stage 0, microbatch 0 has no F on rank 0 (its list ends at step 1 without it; the schedule has "
             "microbatches 0..1)") in str(info.value)
+
+
+@pytest.mark.parametrize("split", ["even", "balanced"])
+def test_plan_emits_the_layer_split_it_costed_and_train_takes_it(tmp_path: Path, split: str) -> None:
+    """A plan is costed with its split of the blocks over the stages (balanced: gpt3-1.3b PP4 x v=2 gets
+    2,3,4,4,3,3,3,2); train split the modules evenly whatever the plan said."""
+    from pipeoffload.train.config import blocks_per_stage, build_config, load_toml, validate
+
+    path = tmp_path / "run.toml"
+    args = ("--model gpt3-1.3b --gpu a100 --gpus 8 --global-batch 64 --pp 4 --schedules zb-v --top 1 --no-pareto "
+            f"--split {split} --emit {path}").split()
+    assert run_cli("plan", *args)[0] == 0
+    cfg = validate(build_config(load_toml(path)), data_exists=False)
+    blocks = blocks_per_stage(cfg, 8)
+    assert blocks is not None and sum(blocks) == 24
+    assert (blocks == (3,) * 8) == (split == "even")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("1,2", "2 numbers for the schedule's 4 stages"), ("1,1,1,2", "adds up to 5 blocks, the model has layers=4"),
+    ("2,0,1,1", "stage 1 would hold nothing"), ("1,x,1,1", "give whole numbers separated by commas"),
+])
+def test_a_layer_split_that_does_not_fit_is_refused(text: str, words: str) -> None:
+    refused(f"train --pp 2 --stages-per-rank 2 --schedule interleaved-1f1b --nproc 2 --layers 4 "
+            f"--layers-per-stage {text}", f"layers_per_stage='{text}'", words)
+
+
+def test_a_split_with_an_embedding_only_and_a_head_only_stage_is_taken() -> None:
+    """What the paper's layout needs (PP x 2 stages for 2 layers fewer than stages)."""
+    from pipeoffload.cli import build_parser
+    from pipeoffload.cli.train import resolve
+
+    cfg = resolve(build_parser().parse_args("train --pp 2 --stages-per-rank 2 --schedule interleaved-1f1b --nproc 2 "
+                                            "--layers 2 --layers-per-stage 0,1,1,0".split()))[0]
+    assert cfg.parallel.layers_per_stage == "0,1,1,0"
