@@ -100,7 +100,7 @@ def _fixed_text(fixed: dict[str, Any]) -> str:
 
 
 def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, explicit: set[str]) -> TrainConfig:
-    from pipeoffload.planner.emit import offload_ratio
+    from pipeoffload.planner.emit import offload_ratio, plan_split
     from pipeoffload.planner.hardware import GIB
 
     if memory_gib is None or not (math.isfinite(memory_gib) and memory_gib > 0):
@@ -131,6 +131,8 @@ def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, 
     updates["max_stall"] = c.offload.max_stall  # the budget stays only where the chosen plan uses it
     if c.offload.kind != "none" and "offload_ratio" not in explicit:  # copies planned for the planner's link
         updates["offload_ratio"] = round(offload_ratio(request, plan), 4)
+    if "layers_per_stage" not in explicit:  # the split the plan was costed with (none without a pipeline)
+        updates["layers_per_stage"] = ",".join(map(str, plan_split(request, plan))) if plan.layout.pp > 1 else ""
     log.warning("--plan auto chose %s (%.0f tokens/s predicted, %.2f GiB per GPU, model %s)",
                 ", ".join(f"{k}={v}" for k, v in chosen.items()), plan.tokens_per_second, plan.memory.total / GIB,
                 model.name)

@@ -225,3 +225,17 @@ def test_a_split_with_an_embedding_only_and_a_head_only_stage_is_taken() -> None
     cfg = resolve(build_parser().parse_args("train --pp 2 --stages-per-rank 2 --schedule interleaved-1f1b --nproc 2 "
                                             "--layers 2 --layers-per-stage 0,1,1,0".split()))[0]
     assert cfg.parallel.layers_per_stage == "0,1,1,0"
+
+
+def test_plan_auto_trains_the_split_its_plan_was_costed_with() -> None:
+    from pipeoffload.cli import build_parser
+    from pipeoffload.cli.train import config_from_args
+    from pipeoffload.train.config import blocks_per_stage
+
+    cfg = config_from_args(build_parser().parse_args(
+        "train --plan auto --memory 0.2 --nproc 2 --pp 2 --global-batch 8 --layers 6".split()))
+    blocks = blocks_per_stage(cfg, cfg.parallel.pp * cfg.schedule.stages_per_rank)
+    assert blocks is not None and sum(blocks) == 6
+    one = config_from_args(build_parser().parse_args(
+        "train --plan auto --memory 0.2 --nproc 2 --pp 1 --global-batch 8 --layers 6".split()))
+    assert one.parallel.layers_per_stage == ""
