@@ -47,9 +47,11 @@ import torch
 from pipeoffload.runtime.copier import Copier, make_copier
 
 try:  # torch built without distributed support has no DTensor, hence no sharded tensors to unwrap
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor as _AsyncCollectiveTensor
     from torch.distributed.tensor import DTensor as _DTensor
 except ImportError:  # pragma: no cover
     _DTensor = None  # type: ignore[assignment,misc]
+    _AsyncCollectiveTensor = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +159,19 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The tensor holding the data: a DTensor's local shard (``to_local()``), else the tensor itself.
 
     Without grad mode ``to_local()`` hands back the shard itself, not a differentiable view: writes
-    through it (gradient averaging, clipping) land in the DTensor, and a pack hook adds no autograd node."""
+    through it (gradient averaging, clipping) land in the DTensor, and a pack hook adds no autograd node.
+
+    A shard that a redistribution left as an ``AsyncCollectiveTensor`` (the result of an all-gather
+    that was not yet waited on, e.g. the sequence-parallel all-gather of a one-sequence microbatch,
+    whose gathered buffer needs no reordering) is a wrapper without storage of its own (its
+    ``untyped_storage()`` is invalid): the collective is waited for and its result returned, the
+    tensor whose storage holds the bytes."""
     if _DTensor is not None and isinstance(t, _DTensor):
         with torch.no_grad():
-            return t.to_local()
+            t = t.to_local()
+    if _AsyncCollectiveTensor is not None and isinstance(t, _AsyncCollectiveTensor):
+        t.trigger_wait()  # the collective writing the buffer has completed (a no-op once waited)
+        return t.elem
     return t
 
 

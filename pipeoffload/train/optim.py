@@ -133,6 +133,39 @@ def _scatter_mean(flat: torch.Tensor, grads: list[torch.Tensor], dp: int) -> Non
         offset += n
 
 
+def is_partial(t: torch.Tensor) -> bool:
+    """A DTensor holding on each rank of its mesh a summand of its value (``Partial``): the gradient of a
+    parameter replicated over tensor parallelism that sequence parallelism feeds a shard of the
+    sequence (the norms' weights), until DTensor's optimizer ops sum it over the mesh."""
+    placements = getattr(t, "placements", None)
+    return placements is not None and any(p.is_partial() for p in placements)
+
+
+def _summed_partials(grads: list[Any]) -> list[torch.Tensor]:
+    """The values of ``Partial`` DTensor gradients in float64: one all-reduce per 1-D mesh of their
+    concatenated local summands (DTensor's ``redistribute`` for any other mesh or reduction)."""
+    out: list[torch.Tensor | None] = [None] * len(grads)
+    by_mesh: dict[Any, list[int]] = {}
+    for i, g in enumerate(grads):
+        if g.device_mesh.ndim == 1 and g.placements[0].reduce_op in ("sum", "avg"):
+            by_mesh.setdefault(g.device_mesh, []).append(i)
+        else:
+            from torch.distributed.tensor import Replicate
+
+            whole = g.redistribute(placements=[Replicate() if p.is_partial() else p for p in g.placements])
+            out[i] = local_tensor(whole).detach().double()
+    for mesh, index in by_mesh.items():
+        locals_ = [local_tensor(grads[i]).detach() for i in index]
+        flat = torch.cat([t.reshape(-1).double() for t in locals_])
+        dist.all_reduce(flat, group=mesh.get_group())
+        offset = 0
+        for i, t in zip(index, locals_):
+            part = flat[offset:offset + t.numel()].view(t.shape)
+            out[i] = part / mesh.size() if grads[i].placements[0].reduce_op == "avg" else part
+            offset += t.numel()
+    return out  # type: ignore[return-value]
+
+
 def global_grad_norm(named: dict[str, nn.Parameter], order: dict[str, int], dp_rank: int, tp_rank: int,
                      device: torch.device | None = None, dp_sharded: bool = False) -> float:
     """The gradient norm over the whole model, the same value on every rank of every layout.
@@ -140,16 +173,30 @@ def global_grad_norm(named: dict[str, nn.Parameter], order: dict[str, int], dp_r
     Each parameter's squared norm (accumulated in float64) goes into a slot of one vector indexed by
     its full name (one replica contributes, once per tensor-parallel shard; with ``dp_sharded``
     (FSDP) every replica, its shard's squares); one all-reduce over the world fills it and its sum,
-    in name order, is independent of how the model is split. A whole tensor gives the same bits in
-    every layout; a tensor split into shards (FSDP, tensor parallel) agrees to float64 rounding."""
+    in name order, is independent of how the model is split. A gradient that tensor parallelism
+    leaves as per-rank summands (``is_partial``: the sequence-parallel norms' weights) is summed over
+    its tensor-parallel group first (in float64) and counted once. A whole tensor gives the same bits
+    in every layout; a tensor split into shards (FSDP, tensor parallel) agrees to float64 rounding."""
     squares = torch.zeros(len(order), dtype=torch.float64, device=device)  # on the GPU for NCCL
     if dp_rank == 0 or dp_sharded:
         slots, grads = [], []
+        partial_slots, partial = [], []
         for name, p in named.items():
-            if p.grad is None or (tp_rank != 0 and not is_sharded(p)):
+            if p.grad is None:
+                continue
+            if is_partial(p.grad):  # every tensor-parallel rank takes part in the sum
+                partial_slots.append(order[name])
+                partial.append(p.grad)
+                continue
+            if tp_rank != 0 and not is_sharded(p):
                 continue
             slots.append(order[name])
             grads.append(local_tensor(p.grad).detach())
+        if partial:
+            summed = _summed_partials(partial)
+            if tp_rank == 0:
+                slots.extend(partial_slots)
+                grads.extend(summed)
         if grads:  # one call: float64 accumulation of each tensor's squares, without float64 copies of it
             norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64)).to(squares.device)
             index = torch.tensor(slots, dtype=torch.long, device=squares.device)

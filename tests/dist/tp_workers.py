@@ -118,3 +118,23 @@ def tp_pipeline_run(mesh: Any, schedule_name: str, offload: str) -> dict[str, An
         ref_opt.zero_grad()
     dist.barrier()
     return out
+
+
+def tp_grad_norm_worker(rank: int, world: int) -> tuple[float, float]:
+    """The whole GPT sharded over ``world`` tensor-parallel ranks (sequence parallel) in float64: train's
+    ``global_grad_norm`` of its gradients, and the norm of the unsharded model's gradients."""
+    from pipeoffload.train.optim import global_grad_norm
+
+    torch.set_default_dtype(torch.float64)
+    mesh = init_device_mesh("cpu", (world,))
+    layers = gpt_layers(CFG, seed=0)
+    ref, tp = StageModule(*copy.deepcopy(layers)), StageModule(*copy.deepcopy(layers))
+    parallelize_gpt_stage(tp, mesh)
+    (tokens, mask, offset), targets = sample_batch(CFG, 2, seed=1)
+    lm_loss(ref(tokens, mask, offset), targets).backward()
+    lm_loss(tp(tokens, mask, offset), targets).backward()
+    named = dict(tp.named_parameters())
+    order = {name: i for i, name in enumerate(named)}
+    norm = global_grad_norm(named, order, dp_rank=0, tp_rank=rank)
+    norm_ref = float(torch.stack([p.grad.pow(2).sum() for p in ref.parameters()]).sum().sqrt())
+    return norm, norm_ref
