@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 from pipeoffload.errors import ConfigError
@@ -69,12 +70,12 @@ class PlanRequest:
         for key in ("memory_budget", "host_memory_budget", "activation_budget"):
             value = getattr(self, key)
             if (value is not None or key == "memory_budget") and (
-                    isinstance(value, bool) or not isinstance(value, (int, float))):
+                    isinstance(value, bool) or not isinstance(value, numbers.Real)):
                 raise ConfigError(f"{key}={value!r}: must be a number of bytes per GPU (40 GiB is 40 * 2**30)")
-        for key in ("host_memory_budget", "activation_budget"):
-            value = getattr(self, key)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"{key}={value!r}: must be a finite number of bytes > 0, or None for no limit")
+        if self.host_memory_budget is not None and not (math.isfinite(self.host_memory_budget)
+                                                        and self.host_memory_budget > 0):  # as --host-memory
+            raise ConfigError(f"host_memory_budget={self.host_memory_budget!r}: must be a finite number of bytes "
+                              "> 0, or None for no limit")
         if not self.memory_budget > 0:
             raise ConfigError(f"memory budget {self.memory_budget / GIB:.2f} GiB: must be > 0")
         if self.memory_budget > self.hardware.memory_bytes * (1 + 1e-12):  # never show a plan the GPU cannot hold
@@ -113,9 +114,6 @@ class PlanRequest:
             raise ConfigError(f"{key}={value!r}: every value must be an integer >= 1, e.g. {key}={example}")
         if key == "schedules" and not all(isinstance(v, str) for v in value):
             raise ConfigError(f"schedules={value!r}: every entry must be a family's name, e.g. schedules={example}")
-        if key in ("tp_sizes", "pp_sizes") and not value:
-            raise ConfigError(f"{key}=(): an empty list searches nothing; give sizes, e.g. {key}={example}, "
-                              "or None for every size that fits")
 
     def _check_group_sizes(self) -> None:
         """Group sizes restrict the search to families that have one: with none of those it would search
