@@ -43,6 +43,11 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'pipeoffload' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """The module's names with the service's, which load on first use (tab completion lists them)."""
+    return sorted({*globals(), *_SERVICE_NAMES})
+
+
 __all__ = [
     "Action", "ActionKind", "CompareRequest", "CompareTPRequest", "ConfigError", "CostModel", "DeadlockError",
     "EstimateRequest", "OffloadRatioRequest", "Placement", "PlanRequest", "Schedule", "ScheduleError", "SimulateRequest", "Timeline",

@@ -97,7 +97,9 @@ class Timeline:
     end: tuple[tuple[float, ...], ...]
     makespan: float
     per_rank: tuple[RankResult, ...]
-    stalls: dict = field(default_factory=dict)  # Action -> seconds the compute lane waited for its RELOAD
+    # Action -> seconds the compute lane waited for its RELOAD; left out of the hash (a dict has none), so a
+    # timeline hashes by its schedule, costs and times (equal timelines still compare their stalls too)
+    stalls: dict = field(default_factory=dict, hash=False)
 
     @property
     def bubble_ratio(self) -> float:

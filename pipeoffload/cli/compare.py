@@ -124,8 +124,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         if output is not None:  # stdout is the JSON; say on stderr what was written
             print(f"wrote {output}", file=sys.stderr)
-        print(strict_json([{"label": r.label, "command": c} | r.result.as_dict() for r, c in zip(rows, commands)],
-                          indent=1))
+        print(strict_json(result.as_dict(commands), indent=1))
     else:
         for index, (row, t) in enumerate(zip(rows, timelines), 1):
             note = row.result.budget_note()  # a budget the plan could not meet, named on its row

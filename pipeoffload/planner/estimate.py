@@ -33,9 +33,9 @@ from pipeoffload.planner.candidates import dp_sync_time
 from pipeoffload.planner.evaluate import ScheduleChoice, SimSummary, build, placement_of, simulate_choice
 from pipeoffload.planner.exchange import lockstep_makespan
 from pipeoffload.planner.gemm import elementwise_time
-from pipeoffload.planner.hardware import GIB, HardwareSpec
+from pipeoffload.planner.hardware import GIB, HardwareSpec, check_hardware
 from pipeoffload.planner.layertime import embedding_comm, head_comm, layer_times
-from pipeoffload.planner.model import ModelSpec
+from pipeoffload.planner.model import ModelSpec, check_model
 from pipeoffload.planner.plans import PlanRequest
 from pipeoffload.planner.published import mfu_warning
 from pipeoffload.planner.search import PROGRESS_AFTER, PROGRESS_EVERY, progress_log
@@ -92,11 +92,13 @@ class EstimateRequest:
     grad_accumulation: str = "fused"
 
     def __post_init__(self) -> None:
+        check_model(self.model)
+        check_hardware(self.hardware)
         for key in ("tp", "pp", "dp", "global_batch", "stages_per_rank"):
             value = getattr(self, key)
             if key == "stages_per_rank" and value is None:
                 continue
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
         if self.recompute not in RECOMPUTE_MODES:
             raise ConfigError(f"recompute {self.recompute!r}: use one of {', '.join(RECOMPUTE_MODES)}")

@@ -390,3 +390,12 @@ def _number(key: str, value: Any, where: Callable[[str, Any], str], unit: str) -
     if not math.isfinite(value):
         raise ConfigError(f"{where(key, value)}: not a finite number; give {key} as a finite number ({unit})")
     return float(value)
+
+
+def check_hardware(value: object, field: str = "hardware") -> None:
+    """A request's hardware is a ``HardwareSpec``: a preset's name (what the CLI's ``--gpu`` takes) is
+    refused in one line with the call that gives its ``HardwareSpec``."""
+    if not isinstance(value, HardwareSpec):
+        fix = (f"pipeoffload.planner.hardware_preset({value!r})" if isinstance(value, str)
+               else "a pipeoffload.planner.HardwareSpec, e.g. pipeoffload.planner.hardware_preset('a100')")
+        raise ConfigError(f"{field}={value!r} is a {type(value).__name__}, not a HardwareSpec; use {fix}")

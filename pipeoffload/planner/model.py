@@ -243,3 +243,21 @@ class ModelSpec:
         act_in = 2 * f_ratio * (2 if self.gated_mlp else 1)
         norms = 2 * (2 + 2)  # two LayerNorms, read + write
         return self._per_rank(norms, act_in + 2 * f_ratio, tp, sequence_parallel) * self.tokens * self.hidden
+
+
+def check_model_shape(model: ModelSpec) -> None:
+    """The sizes a ``ModelSpec`` derives (FFN width, KV heads) are whole and positive: a zero would divide by
+    zero deep in the cost formulas, a negative one would give a silently wrong k or plan."""
+    for name, value in (("ffn", model.ffn_size), ("kv_heads", model.num_kv_heads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"model {name}={value!r}: must be an integer >= 1")
+
+
+def check_model(value: object, field: str = "model") -> None:
+    """A request's model is a ``ModelSpec`` of a sound shape: a preset's name (what the CLI's ``--model``
+    takes) is refused in one line with the call that gives its ``ModelSpec``."""
+    if not isinstance(value, ModelSpec):
+        fix = (f"pipeoffload.planner.model_preset({value!r})" if isinstance(value, str)
+               else "a pipeoffload.planner.ModelSpec, e.g. pipeoffload.planner.model_preset('llama3-8b')")
+        raise ConfigError(f"{field}={value!r} is a {type(value).__name__}, not a ModelSpec; use {fix}")
+    check_model_shape(value)

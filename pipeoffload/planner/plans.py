@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.evaluate import ScheduleChoice, SimSummary
-from pipeoffload.planner.hardware import HardwareSpec
-from pipeoffload.planner.model import ModelSpec
+from pipeoffload.planner.hardware import HardwareSpec, check_hardware
+from pipeoffload.planner.model import ModelSpec, check_model
 from pipeoffload.planner.stagecosts import LayerCosts, Layout, TrainingSetup
 from pipeoffload.schedules import get_spec, schedule_names
 
@@ -58,9 +59,23 @@ class PlanRequest:
     max_stall: float = 0.0  # percent an offload plan may lengthen its schedule's step for a lower peak
 
     def __post_init__(self) -> None:
-        for key in ("gpus", "global_batch"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{key}={getattr(self, key)!r}: must be >= 1")
+        check_model(self.model)
+        check_hardware(self.hardware)
+        for key in ("gpus", "global_batch", "top", "workers"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
+        for key in ("tp_sizes", "pp_sizes", "stages_per_rank", "group_sizes", "schedules", "offload", "recompute"):
+            self._check_tuple(key)
+        for key in ("memory_budget", "host_memory_budget", "activation_budget"):
+            value = getattr(self, key)
+            if (value is not None or key == "memory_budget") and (
+                    isinstance(value, bool) or not isinstance(value, numbers.Real)):
+                raise ConfigError(f"{key}={value!r}: must be a number of bytes per GPU (40 GiB is 40 * 2**30)")
+        if self.host_memory_budget is not None and not (math.isfinite(self.host_memory_budget)
+                                                        and self.host_memory_budget > 0):  # as --host-memory
+            raise ConfigError(f"host_memory_budget={self.host_memory_budget!r}: must be a finite number of bytes "
+                              "> 0, or None for no limit")
         if not self.memory_budget > 0:
             raise ConfigError(f"memory budget {self.memory_budget / GIB:.2f} GiB: must be > 0")
         if self.memory_budget > self.hardware.memory_bytes * (1 + 1e-12):  # never show a plan the GPU cannot hold
@@ -80,6 +95,25 @@ class PlanRequest:
         if self.max_stall > 0 and self.offload is not None and all(o == "none" for o in self.offload):
             raise ConfigError(f"--max-stall {self.max_stall:g} lets offload plans stall, but --offload is none: "
                               "allow an offload policy (e.g. --offload none,auto) or leave --max-stall out")
+
+    def _check_tuple(self, key: str) -> None:
+        """A search-space field is a tuple (a list is kept as one: the request stays hashable), never one
+        text (searched letter by letter); sizes are integers >= 1, as the CLI's comma lists."""
+        value = getattr(self, key)
+        if value is None and key != "stages_per_rank":
+            return
+        sizes = key.endswith("sizes") or key == "stages_per_rank"
+        what = "integers" if sizes else "family names" if key == "schedules" else "policies"
+        example = "(2, 4)" if sizes else f"({value!r},)" if isinstance(value, str) else "('1f1b', 'zb-v')"
+        if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list, range)):
+            raise ConfigError(f"{key}={value!r}: takes a tuple of {what}, e.g. {key}={example}")
+        value = tuple(value)
+        object.__setattr__(self, key, value)
+        if sizes and any(isinstance(v, bool) or not isinstance(v, int) or (v < 1 and key != "group_sizes")
+                         for v in value):  # a group size below 1 is refused with the --group-sizes line
+            raise ConfigError(f"{key}={value!r}: every value must be an integer >= 1, e.g. {key}={example}")
+        if key == "schedules" and not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"schedules={value!r}: every entry must be a family's name, e.g. schedules={example}")
 
     def _check_group_sizes(self) -> None:
         """Group sizes restrict the search to families that have one: with none of those it would search

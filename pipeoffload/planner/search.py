@@ -350,6 +350,8 @@ def _raise_infeasible(req: PlanRequest, cands: list[Candidate], plans: dict[tupl
     hint = "raise --memory or add GPUs" + (
         "" if lowering_options() else " (offload/recompute policies are not available in this build)")
     host = f" within the host budget {req.host_memory_budget / GIB:.1f} GiB" if req.host_memory_budget else ""
+    if req.memory_budget * GIB <= req.hardware.memory_bytes:  # bytes that read as the GPU's GiB: GiB meant
+        hint += f" (memory_budget is in bytes: {req.memory_budget:g} GiB is {req.memory_budget:g} * 2**30)"
     raise InfeasibleError(
         f"no plan fits {gib(req.memory_budget)} GiB per GPU{host}: the smallest feasible memory is "
         f"{_rounded_up(need)} GiB ({best.layout} {best.choice.label()}: parameters "

@@ -160,6 +160,15 @@ def estimated_work(spec: ScheduleSpec, num_ranks: int, num_microbatches: int, st
             + _ACTIONS_PER_STAGE * num_ranks * stages_per_rank)
 
 
+def check_options(spec: ScheduleSpec, options: dict[str, Any]) -> None:
+    """Refuse a family option ``spec``'s generator does not take (None values are "not given"): what
+    ``generate`` checks first, and a request checks when it is built."""
+    unknown = sorted(k for k, v in options.items() if v is not None and k not in spec.options)
+    if unknown:
+        accepted = ", ".join(spec.options) or "none"
+        raise ConfigError(f"schedule {spec.name!r} does not take option(s) {', '.join(unknown)}; it takes: {accepted}")
+
+
 def generate(
     name: str, num_ranks: int, num_microbatches: int, stages_per_rank: int | None = None, **options: Any
 ) -> Schedule:
@@ -174,10 +183,7 @@ def generate(
     spec = get_spec(name)
     if stages_per_rank is None:
         stages_per_rank = spec.default_stages_per_rank()
-    unknown = sorted(k for k, v in options.items() if v is not None and k not in spec.options)
-    if unknown:
-        accepted = ", ".join(spec.options) or "none"
-        raise ConfigError(f"schedule {spec.name!r} does not take option(s) {', '.join(unknown)}; it takes: {accepted}")
+    check_options(spec, options)
     for key, value in (("num_ranks", num_ranks), ("num_microbatches", num_microbatches),
                        ("stages_per_rank", stages_per_rank)):
         if not isinstance(value, int) or value < 1:
@@ -197,4 +203,4 @@ def generate(
         return spec.generator(num_ranks, num_microbatches, stages_per_rank, **given)
 
 
-__all__ = ["MAX_ACTIONS", "ScheduleSpec", "estimated_actions", "estimated_work", "generate", "get_spec", "register", "schedule_names", "schedule_specs", "unregister"]
+__all__ = ["MAX_ACTIONS", "ScheduleSpec", "check_options", "estimated_actions", "estimated_work", "generate", "get_spec", "register", "schedule_names", "schedule_specs", "unregister"]

@@ -52,6 +52,13 @@ def finite_at_least(value: object, minimum: float = 0.0) -> float:
     return value
 
 
+def boolean(value: object) -> bool:
+    """``value`` if it is True or False: text such as ``"no"`` (true to Python) or a number is refused."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{value!r} is not True or False")
+    return value
+
+
 def one_of(value: object, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
@@ -64,14 +71,6 @@ def checked(name: str, check: Any, value: object, *args: Any) -> Any:
         return check(value, *args)
     except ValueError as err:
         raise ConfigError(f"{name}: {err}") from None
-
-
-def check_model_shape(model: Any) -> None:
-    """The sizes a ``planner.ModelSpec`` derives (FFN width, KV heads) are whole and positive: a zero would
-    divide by zero deep in the cost formulas, a negative one would give a silently wrong k or plan."""
-    for name, value in (("ffn", model.ffn_size), ("kv_heads", model.num_kv_heads)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"model {name}={value!r}: must be an integer >= 1")
 
 
 def check_finite(data: object, what: str) -> None:

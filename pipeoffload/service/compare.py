@@ -1,6 +1,7 @@
 """Compare several simulations on one time axis: each row labelled by what makes it different."""
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -13,8 +14,16 @@ class CompareRequest:
     runs: tuple[SimulateRequest, ...]
 
     def __post_init__(self) -> None:
+        if isinstance(self.runs, SimulateRequest) or not isinstance(self.runs, (tuple, list)):
+            raise ConfigError(f"runs={self.runs!r}: give a tuple of SimulateRequest, e.g. "
+                              "CompareRequest((SimulateRequest('1f1b'), SimulateRequest('zb-v')))")
+        object.__setattr__(self, "runs", tuple(self.runs))  # a list is kept as a tuple: the request stays hashable
         if not self.runs:
             raise ConfigError("nothing to compare: give at least one schedule")
+        for index, run in enumerate(self.runs, 1):
+            if not isinstance(run, SimulateRequest):
+                example = f", e.g. SimulateRequest({run!r})" if isinstance(run, str) else ""
+                raise ConfigError(f"run {index} is {run!r}, not a SimulateRequest; every run must be one{example}")
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,17 @@ class CompareResult:
     @property
     def makespan(self) -> float:
         return max(r.result.timeline.makespan for r in self.rows)
+
+    def as_dict(self, commands: Sequence[str] | None = None) -> list[dict]:
+        """The list ``compare --json`` prints: per row its label, the command that reproduces it (``commands``:
+        the caller's own, e.g. as typed; default each request's ``pipeoffload simulate`` command) and its
+        result's ``as_dict()``. A list, not a dict: the rows are the comparison."""
+        if commands is None:
+            commands = [shlex.join(row.result.request.command()) for row in self.rows]
+        if len(commands) != len(self.rows):
+            raise ConfigError(f"{len(commands)} commands for {len(self.rows)} rows: give one per row")
+        return [{"label": row.label, "command": command} | row.result.as_dict()
+                for row, command in zip(self.rows, commands)]
 
 
 def compare(req: CompareRequest, names: Sequence[str] | None = None) -> CompareResult:

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.formulas import formula1_k, offload_time
-from pipeoffload.planner.hardware import HardwareSpec
-from pipeoffload.planner.model import ModelSpec
+from pipeoffload.planner.hardware import HardwareSpec, check_hardware
+from pipeoffload.planner.model import ModelSpec, check_model
 from pipeoffload.planner.stagecosts import layer_copy_and_compute, layer_costs
-from pipeoffload.service.checks import check_finite, check_model_shape, checked, int_at_least
+from pipeoffload.service.checks import boolean, check_finite, checked, int_at_least
 
 
 @dataclass(frozen=True)
@@ -21,8 +21,11 @@ class OffloadRatioRequest:
     shared_host_link: bool = False  # with tp > 1 the TP peer copies at the same time over one PCIe switch
 
     def __post_init__(self) -> None:
-        checked("tp", int_at_least, self.tp)
-        check_model_shape(self.model)
+        check_model(self.model)
+        check_hardware(self.hardware)
+        object.__setattr__(self, "tp", checked("tp", int_at_least, self.tp))  # text such as "2" is kept as 2
+        for name in ("partial_recompute", "shared_host_link"):
+            checked(name, boolean, getattr(self, name))
         m = self.model
         if m.heads % self.tp or m.num_kv_heads % self.tp or m.ffn_size % self.tp:
             raise ConfigError(f"--tp {self.tp}: must divide the model's heads ({m.heads}), KV heads "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeoffload.errors import ConfigError
 from pipeoffload.planner.compare_tp import (
     BASELINES,
     Comparison,
@@ -17,7 +18,7 @@ from pipeoffload.planner.emit import emit
 from pipeoffload.planner.plans import Plan, PlanRequest, SearchResult
 from pipeoffload.planner.report import format_result, result_as_dict
 from pipeoffload.planner.search import find_plans
-from pipeoffload.service.checks import check_model_shape, checked, one_of
+from pipeoffload.service.checks import boolean, checked, one_of
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,6 @@ class PlanResult:
 
 def plan(req: PlanRequest) -> PlanResult:
     """The fastest plans that fit the budget (``InfeasibleError``, a ``ConfigError``, when none does)."""
-    check_model_shape(req.model)
     return PlanResult(find_plans(req))
 
 
@@ -56,8 +56,11 @@ class CompareTPRequest:
     match_memory: bool = False  # PP + offload may use no more activation memory than the baseline plan
 
     def __post_init__(self) -> None:
+        if not isinstance(self.plan, PlanRequest):
+            raise ConfigError(f"plan={self.plan!r}: give the PlanRequest whose job to compare, "
+                              "e.g. CompareTPRequest(PlanRequest(model=..., ...))")
         checked("baseline", one_of, self.baseline, BASELINES)
-        check_model_shape(self.plan.model)
+        checked("match_memory", boolean, self.match_memory)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,17 @@ from pipeoffload.errors import ConfigError
 from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.passes.offload import OffloadReport
 from pipeoffload.planner.formulas import formula1_k
-from pipeoffload.policies import OffloadPolicy, RecomputePolicy
-from pipeoffload.schedules import MAX_ACTIONS, estimated_work, generate, get_spec
-from pipeoffload.service.checks import check_work, checked, finite_at_least, int_at_least, offload_work_factor, one_of
+from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, OffloadPolicy, RecomputePolicy
+from pipeoffload.schedules import MAX_ACTIONS, check_options, estimated_work, generate, get_spec
+from pipeoffload.service.checks import (
+    boolean,
+    check_work,
+    checked,
+    finite_at_least,
+    int_at_least,
+    offload_work_factor,
+    one_of,
+)
 from pipeoffload.simulator import Timeline
 from pipeoffload.simulator import simulate as simulate_timeline
 from pipeoffload.units import TIME_UNIT, rank_costs, time_unit_help, units_dict
@@ -73,16 +81,22 @@ class SimulateRequest:
     separate_copy_engines: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.family, str) or not self.family.strip():
+        if not isinstance(self.family, str):
+            raise ConfigError(f"family={self.family!r}: give a schedule family's name, e.g. 1f1b")
+        if not self.family.strip():
             raise ConfigError("family is missing: choose a schedule family, e.g. 1f1b")
-        checked("ranks", int_at_least, self.ranks)
-        for name in ("microbatches", "stages_per_rank", "group_size"):
-            if getattr(self, name) is not None:
-                checked(name, int_at_least, getattr(self, name))
+        # the checked value is kept: text a front end passes ("8", "0.5") is stored as the number it reads as
+        for name in ("ranks", "microbatches", "stages_per_rank", "group_size"):
+            if name == "ranks" or getattr(self, name) is not None:
+                object.__setattr__(self, name, checked(name, int_at_least, getattr(self, name)))
         for name in ("time_f", "time_i", "time_w", "p2p_time", "offload_ratio", "plan_ratio", "max_stall"):
-            if getattr(self, name) is not None:
-                checked(name, finite_at_least, getattr(self, name))
-                object.__setattr__(self, name, getattr(self, name) + 0.0)  # -0.0 is 0: never "k=-0"
+            if getattr(self, name) is not None:  # + 0.0: -0.0 is 0, never "k=-0"
+                object.__setattr__(self, name, checked(name, finite_at_least, getattr(self, name)) + 0.0)
+        for name in ("shared_host_link", "separate_copy_engines"):
+            checked(name, boolean, getattr(self, name))
+        for name, forms in (("offload", OFFLOAD_FORMS), ("recompute", RECOMPUTE_FORMS)):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: a policy is text, one of {forms}")
         given = [f"{name}={getattr(self, name):g}" for name in COST_FIELDS
                  if getattr(self, name) != SimulateRequest.__dataclass_fields__[name].default]
         if self.costs_file and given:
@@ -100,6 +114,8 @@ class SimulateRequest:
                               "use one of the two")
         self.offload_policy()
         RecomputePolicy.parse(self.recompute)
+        # the family's name and options (``generate``'s own check); its sizes are checked when it is generated
+        check_options(get_spec(self.family), {"group_size": self.group_size, "backward": self.backward})
 
     def offload_policy(self) -> OffloadPolicy:
         """The offload policy with its stall budget (``max_stall``)."""

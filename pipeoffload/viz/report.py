@@ -7,6 +7,7 @@ import base64
 import html
 from collections.abc import Sequence
 
+from pipeoffload.errors import ConfigError
 from pipeoffload.ir import ActionKind
 from pipeoffload.simulator import Timeline
 from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, time_unit_help
@@ -77,6 +78,10 @@ def html_report(timelines: Sequence[Timeline], title: str = "pipeoffload report"
     ``pictures`` are PNGs already drawn (drawn here, on one shared time axis, when omitted); times are
     labelled ``time_unit`` (``t``, or ``s`` for seconds), which ``time_help`` explains (default
     ``time_unit_help(time_unit)``)."""
+    for name, given in (("pictures", pictures), ("labels", labels), ("commands", commands)):
+        if given is not None and len(given) != len(timelines):
+            raise ConfigError(f"html_report: {len(given)} {name} for {len(timelines)} timelines; give one per "
+                              f"timeline, or leave {name} out")
     labels = _distinct(list(labels) if labels is not None else [timeline_label(t) for t in timelines])
     commands = list(commands) if commands is not None else [""] * len(timelines)
     xmax = max((t.makespan for t in timelines), default=0.0)

@@ -84,8 +84,10 @@ def test_compare_refuses_mixed_time_units(tmp_path: Path) -> None:
     measured.write_text(json.dumps({"time_f": 1e-3, "time_b": 2e-3, "time_unit": "s"}))
     with pytest.raises(ConfigError, match="mix time units"):
         compare(CompareRequest((SimulateRequest("1f1b"), SimulateRequest("1f1b", costs_file=str(measured)))))
-    with pytest.raises(ConfigError, match="^run 2: unknown schedule 'nope'"):
-        compare(CompareRequest((SimulateRequest("1f1b"), SimulateRequest("nope"))))
+    with pytest.raises(ConfigError, match="^run 2: stages_per_rank=2: 1f1b places one stage per rank"):
+        compare(CompareRequest((SimulateRequest("1f1b"), SimulateRequest("1f1b", stages_per_rank=2))))
+    with pytest.raises(ConfigError, match="^unknown schedule 'nope'"):  # refused when the request is built
+        SimulateRequest("nope")
 
 
 def test_run_carries_out_any_request() -> None:
