@@ -110,9 +110,11 @@ def main() -> int:
     parser.add_argument("--only", help="run only the cases whose name contains this text")
     args = parser.parse_args()
     outputs: dict[str, str] = {}
-    for name, argv in cases(args.quick).items():
-        if args.only and args.only not in name:
-            continue
+    chosen = {name: argv for name, argv in cases(args.quick).items() if not args.only or args.only in name}
+    if not chosen:  # a check of nothing must not read as a pass
+        parser.error(f"--only {args.only!r} matches no case (names are the command without 'pipeoffload', e.g. "
+                     "'zb-v -d 8 -m 32' or 'plan --model')")
+    for name, argv in chosen.items():
         cpu = time.process_time()
         outputs[name] = run(argv)
         print(f"{time.process_time() - cpu:7.2f} s  {name}", file=sys.stderr)
