@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,14 +34,22 @@ def even_counts(num_layers: int, num_stages: int) -> tuple[int, ...]:
     return tuple(base + (1 if s < extra else 0) for s in range(num_stages))
 
 
+def check_counts(counts: Sequence[int], num_layers: int, num_stages: int | None = None) -> None:
+    """The rule for layer counts (``split_layers``, ``build_rank_stages``, ``train_model(counts=...)``):
+    one whole number >= 1 per stage (``num_stages``, when given), summing to the ``num_layers`` layers."""
+    if num_stages is not None and len(counts) != num_stages:
+        raise ConfigError(f"{len(counts)} layer counts for {num_stages} stages: give one count per stage")
+    if any(isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1 for c in counts) or sum(counts) != num_layers:
+        raise ConfigError(
+            f"layer counts {tuple(counts)} must be >= 1 each and sum to the {num_layers} layers; "
+            f"e.g. {even_counts(num_layers, max(1, min(len(counts), num_layers)))}"
+        )
+
+
 def split_layers(layers: Sequence[nn.Module], counts: Sequence[int], *, copy_layers: bool = False) -> list[StageModule]:
     """One ``StageModule`` per entry of ``counts`` (consecutive layers). ``copy_layers`` deep-copies,
     so that the original layers can serve as a single-process reference."""
-    if any(c < 1 for c in counts) or sum(counts) != len(layers):
-        raise ConfigError(
-            f"layer counts {tuple(counts)} must be >= 1 each and sum to the {len(layers)} layers; "
-            f"e.g. {even_counts(len(layers), max(1, min(len(counts), len(layers))))}"
-        )
+    check_counts(counts, len(layers))
     stages, start = [], 0
     for count in counts:
         chunk = layers[start:start + count]
@@ -58,10 +67,7 @@ def build_rank_stages(
     copy_layers: bool = False,
 ) -> dict[int, StageModule]:
     """The stages ``placement`` puts on ``rank``, as ``{global stage index: module}``."""
-    if len(counts) != placement.num_stages:
-        raise ConfigError(
-            f"{len(counts)} layer counts for {placement.num_stages} stages: give one count per stage"
-        )
+    check_counts(counts, len(layers), placement.num_stages)
     mine = placement.stages_of(rank)
     start = [sum(counts[:s]) for s in range(len(counts))]
     return {

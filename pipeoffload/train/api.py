@@ -39,10 +39,12 @@ def _user_rank(ctx: Any, cfg: TrainConfig, build: Callable[[], Sequence[Any]], l
                resume_from: str | None) -> dict[str, Any]:
     from pipeoffload.train.job import lowered_schedule
     from pipeoffload.train.loop import Trainer
-    from pipeoffload.train.model import from_layers, from_stage_modules
+    from pipeoffload.train.model import check_user_model, from_layers, from_stage_modules
 
     schedule = lowered_schedule(cfg)
-    modules = [m.to(ctx.device) for m in build()]
+    modules = list(build())
+    check_user_model(modules, schedule.num_stages, counts, stage_modules)  # as before the start (meta may fail)
+    modules = [m.to(ctx.device) for m in modules]
     model = from_stage_modules(modules, schedule, ctx.pp_rank) if stage_modules else \
         from_layers(modules, schedule, ctx.pp_rank, counts)
     run_dir = Path(cfg.run.out) if cfg.run.out else None
@@ -68,6 +70,7 @@ def train_model(cfg: TrainConfig, layers: Callable[[], Sequence[Any]], loss_fn: 
     cfg = validate(cfg.updated(model="own"), data_exists=False, gpt=False)  # config.toml records the kind
     if cfg.world > 1 and not under_torchrun():
         _check_importable(layers=layers, loss_fn=loss_fn, batches=batches)
+    _check_model(cfg, layers, stage_modules, counts)
     ckpt = None
     main = not under_torchrun() or _rank0()
     with contextlib.ExitStack() as hold:
@@ -88,6 +91,24 @@ def _check_resume(cfg: TrainConfig, run: Path, extend: bool) -> None:
     if saved.run.steps != cfg.run.steps and not extend:
         raise ConfigError(f"steps={cfg.run.steps}: the run was made with steps={saved.run.steps}, which also sets its "
                           "cosine LR schedule; pass extend=True to start a new LR schedule, or keep steps")
+
+
+def _check_model(cfg: TrainConfig, build: Callable[[], Sequence[Any]], stage_modules: bool,
+                 counts: Sequence[int] | None) -> None:
+    """``check_user_model`` before any rank starts, on a copy of the model built on the meta device
+    (nothing allocated; the caller's random-number state is kept). A ``layers`` that cannot build on
+    meta is checked by the ranks instead, on the modules they build."""
+    import torch
+
+    from pipeoffload.train.job import lowered_schedule
+    from pipeoffload.train.model import check_user_model
+
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            modules = list(build())
+    except Exception:  # noqa: BLE001 - e.g. weights read from a file, data-dependent code: the ranks check
+        return
+    check_user_model(modules, lowered_schedule(cfg).num_stages, counts, stage_modules)
 
 
 def _check_importable(**callables: Any) -> None:

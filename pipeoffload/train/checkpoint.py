@@ -29,6 +29,7 @@ from pipeoffload.train.config import (
     FINGERPRINT_KEYS,
     LAYOUT_KEYS,
     TrainConfig,
+    continue_with,
     default_of,
     fingerprint,
     fingerprint_hash,
@@ -229,6 +230,8 @@ def train_state(named: dict[str, Any], opt: Any) -> dict[str, Any]:
 
     from pipeoffload.train.optim import local_opt
 
+    if not named:  # a rank of parameterless stages: nothing of its own (torch refuses an empty model)
+        return {}
     model, optim = get_state_dict(holder(named), local_opt(opt), options=_options())
     return {**{f"model.{k}": v for k, v in model.items()}, **{f"optim.{k}": v for k, v in optim.items()}}
 
@@ -239,6 +242,8 @@ def set_train_state(named: dict[str, Any], opt: Any, state: dict[str, Any]) -> N
 
     from pipeoffload.train.optim import local_opt
 
+    if not named:
+        return
     model = {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}
     optim = {k[len("optim."):]: v for k, v in state.items() if k.startswith("optim.")}
     set_state_dict(holder(named), local_opt(opt), model_state_dict=model, optim_state_dict=optim, options=_options())
@@ -521,7 +526,7 @@ def _message(run_dir: Path, step: int, disk_full: bool, need: int | None, free: 
                 f"{run_dir / 'checkpoints'} and {free / mib:.1f} MiB are free" if need is not None else
                 f"disk full while saving the checkpoint of step {step} under {run_dir / 'checkpoints'} "
                 f"({free / mib:.1f} MiB free); the partial save was removed")
-        return f"{what}; {last}; free some space, then continue with: pipeoffload train --resume {run_dir}"
+        return f"{what}; {last}; free some space, then continue with: {continue_with(run_dir)}"
     return f"saving the checkpoint of step {step} failed (the partial save was removed; {last})"
 
 

@@ -212,6 +212,28 @@ def flag_of(flat: str) -> str:
     return "--" + flat.replace("_", "-")
 
 
+def setting(cfg: TrainConfig, flat: str, value: str = "") -> str:
+    """The setting ``flat`` as the run's caller gives it, for a message's remedy: a ``TrainConfig`` key
+    (``skip_nonfinite=N``) in a run of ``train_model`` (``model = "own"``), else the CLI's flag
+    (``--skip-nonfinite N``)."""
+    if cfg.model.source == "own":
+        return f"{flat}={value}" if value else f"{flat}="
+    return f"{flag_of(flat)} {value}" if value else flag_of(flat)
+
+
+def continue_with(run_dir: str | Path) -> str:
+    """How to continue the run in ``run_dir``, in its caller's terms: ``train_model(..., resume=...)``
+    for a run of your own model (its ``config.toml`` says ``model = "own"``; the CLI cannot rebuild it),
+    else ``pipeoffload train --resume``."""
+    try:
+        own = load_toml(Path(run_dir) / "config.toml").get("model") == "own"
+    except (OSError, ConfigError, KeyError):
+        own = False
+    if own:
+        return f"train_model(cfg, layers, loss_fn, batches, resume={str(run_dir)!r})"
+    return f"pipeoffload train --resume {run_dir}"
+
+
 def _shown(default: Any) -> str:
     if isinstance(default, bool):
         return "on" if default else "off"

@@ -18,7 +18,7 @@ import numpy as np
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import write_atomic
 from pipeoffload.train import checkpoint
-from pipeoffload.train.config import TrainConfig, layout, offload_policy, schedule_options, to_toml
+from pipeoffload.train.config import TrainConfig, layout, offload_policy, schedule_options, setting, to_toml
 from pipeoffload.train.launch import under_torchrun
 from pipeoffload.train.runlock import RunLock
 
@@ -161,23 +161,27 @@ def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True,
     if hold is not None and is_main:  # one run per run directory
         hold.enter_context(RunLock(run_dir))
     ckpt: Path | None = None
+    own = cfg.model.source == "own"  # train_model: its remedies in keywords, not flags
+    resume_as = "resume=" if own else "--resume"
     if not resume and checkpoint.list_checkpoints(run_dir):
-        raise ConfigError(f"out={cfg.run.out!r} already holds the checkpoints of a run: continue it with --resume "
-                          f"{cfg.run.out}, or pick another --out")
+        again = f"resume={cfg.run.out!r}" if own else f"--resume {cfg.run.out}"
+        raise ConfigError(f"out={cfg.run.out!r} already holds the checkpoints of a run: continue it with {again}, "
+                          f"or pick another {setting(cfg, 'out')}")
     if resume:
         ckpt = checkpoint.latest_checkpoint(Path(resume))
         manifest = checkpoint.verify(ckpt)
         checkpoint.check_compatible(manifest, cfg, ckpt)
         if manifest["step"] >= cfg.run.steps:
             step = manifest["step"]
-            raise ConfigError(f"--resume: the run is finished: checkpoint {ckpt.name} is at step {step} and "
-                              f"steps={cfg.run.steps}; to train further pass --steps N --extend with N above {step} "
+            further = "steps=N and extend=True" if own else "--steps N --extend"
+            raise ConfigError(f"{resume_as}: the run is finished: checkpoint {ckpt.name} is at step {step} and "
+                              f"steps={cfg.run.steps}; to train further pass {further} with N above {step} "
                               "(a new cosine LR schedule over N steps)")
         if 0 < cfg.run.stop_at <= manifest["step"]:
             step = manifest["step"]
-            raise ConfigError(f"stop_at={cfg.run.stop_at}: checkpoint {ckpt.name} of --resume is already at step "
-                              f"{step}, so the run would train nothing; give --stop-at above {step} (up to steps="
-                              f"{cfg.run.steps}), or leave it out")
+            raise ConfigError(f"stop_at={cfg.run.stop_at}: checkpoint {ckpt.name} of {resume_as} is already at step "
+                              f"{step}, so the run would train nothing; give {setting(cfg, 'stop_at')} above {step} "
+                              f"(up to steps={cfg.run.steps}), or leave it out")
         _note_reshard(manifest, cfg, ckpt)
     check_tokenizer_file(cfg.data.tokenizer, cfg.data.path, run_dir)  # before config.toml is rewritten
     if announce is not None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.train.config import TrainConfig
+from pipeoffload.train.config import TrainConfig, continue_with
 
 log = logging.getLogger(__name__)
 RankFn = Callable[..., Any]
@@ -241,9 +241,8 @@ def interrupted_text(signum: int, out: str | None, *, started: bool) -> str:
 
     name = signal.Signals(signum).name
     found = list_checkpoints(Path(out)) if out else []
-    if found:
-        return (f"interrupted ({name}); the last complete checkpoint is {found[-1]}; continue with: pipeoffload "
-                f"train --resume {out}")
+    if out and found:
+        return f"interrupted ({name}); the last complete checkpoint is {found[-1]}; continue with: {continue_with(out)}"
     when = "the ranks saved a checkpoint" if started else "the ranks started"
     return f"interrupted ({name}) before {when}; there is no checkpoint to resume from"
 

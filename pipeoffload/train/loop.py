@@ -31,7 +31,7 @@ from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Schedule
 from pipeoffload.runtime import PipelineRunner
 from pipeoffload.train import checkpoint
-from pipeoffload.train.config import TrainConfig
+from pipeoffload.train.config import TrainConfig, setting
 from pipeoffload.train.fsdp import ShardedStages
 from pipeoffload.train.mesh import RankContext
 from pipeoffload.train.metrics import MetricsError, MetricsLogger, SimulatedPeaks, make_loggers, reload_seconds
@@ -191,9 +191,11 @@ class Trainer:
         allowed = self.cfg.optim.skip_nonfinite
         what = f"step {step}: loss {loss:g}, gradient norm {norm:g}: not finite"
         if self.skipped > allowed:
+            cfg = self.cfg
             raise NonFiniteError(f"{what}; stopped without saving it (the last checkpoint, if any, is intact); lower "
-                                 f"--lr or raise --clip, or allow skipped steps with --skip-nonfinite N "
-                                 f"({self.skipped - 1} of {allowed} allowed were skipped)")
+                                 f"{setting(cfg, 'lr')} or raise {setting(cfg, 'clip')}, or allow skipped steps with "
+                                 f"{setting(cfg, 'skip_nonfinite', 'N')} ({self.skipped - 1} of {allowed} allowed "
+                                 "were skipped)")
         if self.ctx.is_main:
             log.warning("%s: the optimizer step was skipped (%d of %d allowed)", what, self.skipped, allowed)
 
@@ -285,17 +287,33 @@ class Trainer:
             log.info("AdamW options from step %d on (the checkpoint had others): %s", self.step + 1,
                      ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
 
-    def _check_finite_parameters(self) -> None:
-        """Refuse to save non-finite weights (an optimizer step can overflow with finite inputs)."""
+    def _parameters_finite(self) -> bool:
+        """Whether every rank's parameters are finite (one all-reduce: the same answer on every rank)."""
         from pipeoffload.train.optim import local_tensor
 
         bad = any(not bool(torch.isfinite(local_tensor(p.detach())).all()) for p in self.params)
         flag = torch.tensor([float(bad)], dtype=torch.float64, device=self.ctx.device)
         with self.ctx.collective(f"checking the parameters of step {self.step}"):
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag[0] > 0:
+        return not flag[0] > 0
+
+    def _check_finite_parameters(self) -> None:
+        """Refuse to save non-finite weights (an optimizer step can overflow with finite inputs)."""
+        if not self._parameters_finite():
             raise NonFiniteError(f"step {self.step}: the parameters are not finite after the optimizer step; stopped "
-                                 "without saving them (the last checkpoint, if any, is intact); lower --lr")
+                                 "without saving them (the last checkpoint, if any, is intact); lower "
+                                 f"{setting(self.cfg, 'lr')}")
+
+    def _nonfinite_validation(self, value: float) -> NonFiniteError:
+        """A validation loss that is not finite: the parameters overflowed, or (finite parameters) the
+        model's forward made it on the validation batches. Collective (every rank gets the same value)."""
+        what = f"step {self.step}: validation loss {value:g} is not finite"
+        if not self._parameters_finite():
+            return NonFiniteError(f"{what}: the parameters overflowed; stopped without saving them; lower "
+                                  f"{setting(self.cfg, 'lr')}")
+        return NonFiniteError(f"{what}, but the parameters are finite: the model's forward (in eval mode) gave it on "
+                              "the validation batches; stopped without saving (the last checkpoint, if any, is "
+                              "intact); check the forward and the validation data for values that overflow or NaN")
 
     def save(self) -> Path | None:
         assert self.run_dir is not None
@@ -341,8 +359,7 @@ class Trainer:
                 if evaluating:
                     record["val_loss"] = self.evaluate()
                     if not math.isfinite(record["val_loss"]):
-                        raise NonFiniteError(f"step {self.step}: validation loss {record['val_loss']:g} is not finite: "
-                                             "the parameters overflowed; stopped without saving them; lower --lr")
+                        raise self._nonfinite_validation(record["val_loss"])
                 if bar is not None:
                     bar.update(1)
                 if logged:

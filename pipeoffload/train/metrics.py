@@ -120,12 +120,13 @@ def _write_failed(path: Path, doing: str, err: OSError) -> str:
     """One line: what failed on ``path`` (disk full or the error), the last complete checkpoint of its run
     and the command that continues it (the wording of a failed checkpoint save)."""
     from pipeoffload.train.checkpoint import list_checkpoints
+    from pipeoffload.train.config import continue_with
 
     run_dir = path.parent
     found = list_checkpoints(run_dir) if run_dir.is_dir() else []
     if found:
         last = f"the last complete checkpoint is {found[-1].name}"
-        then = f"continue with: pipeoffload train --resume {run_dir}"
+        then = f"continue with: {continue_with(run_dir)}"
     else:
         last, then = "no checkpoint was saved yet", "start the run again"
     if err.errno == errno.ENOSPC:

@@ -19,6 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from pipeoffload.ir import Schedule
 from pipeoffload.models import GPTConfig, StageModule, even_counts, gpt_layers
+from pipeoffload.models.split import check_counts
 from pipeoffload.models.tensor_parallel import parallelize_gpt_stage
 from pipeoffload.train.config import TrainConfig
 
@@ -109,6 +110,7 @@ def from_layers(layers: Sequence[nn.Module], schedule: Schedule, pp_rank: int,
                 counts: Sequence[int] | None = None) -> RankModel:
     """Split ``layers`` into ``schedule.num_stages`` consecutive stages; keep this pipeline rank's."""
     counts = tuple(counts) if counts is not None else even_counts(len(layers), schedule.num_stages)
+    check_counts(counts, len(layers), schedule.num_stages)
     starts = [sum(counts[:s]) for s in range(len(counts))]
     mine = schedule.placement.stages_of(pp_rank)
     stages: dict[int, nn.Module] = {s: StageModule(*layers[starts[s]:starts[s] + counts[s]]) for s in mine}
@@ -124,6 +126,57 @@ def from_stage_modules(modules: Sequence[nn.Module], schedule: Schedule, pp_rank
                           "(pp * stages_per_rank): give one module per stage or a list of layers")
     stages = {s: modules[s] for s in schedule.placement.stages_of(pp_rank)}
     return RankModel(stages)
+
+
+def check_user_model(modules: Sequence[Any], num_stages: int, counts: Sequence[int] | None,
+                     stage_modules: bool) -> None:
+    """Refuse, in one line, a model ``train_model`` cannot train as given: an item of the list that is not
+    an ``nn.Module``; ``counts`` that do not split the layers into the ``num_stages`` stages (the rule
+    of ``split_layers``); a trainable parameter shared by layers of different stages. Such a parameter
+    would train wrong: the ranks of its stages each hold a copy whose gradients are never summed, and
+    two stages on one rank name it twice (counted twice in the norm, stepped twice by AdamW). Sharing
+    within one stage is one parameter of that stage's module and trains as in one process."""
+    from pipeoffload.errors import ConfigError
+
+    what = "stage module" if stage_modules else "layer"
+    for i, m in enumerate(modules):
+        if not isinstance(m, nn.Module):
+            name = getattr(m, "__name__", None)
+            label = type(m).__name__ + (f" ({name})" if isinstance(name, str) else "")
+            raise ConfigError(f"{what} {i} of layers() is a {label}, not a torch.nn.Module: every {what} must be "
+                              "a module (wrap a function in an nn.Module of your own, e.g. nn.ReLU() for torch.relu)")
+    if stage_modules:
+        if counts is not None:
+            raise ConfigError("counts= splits a list of layers; with stage_modules=True each module is one stage: "
+                              "leave counts out")
+        if len(modules) != num_stages:
+            raise ConfigError(f"{len(modules)} stage modules for a schedule of {num_stages} stages "
+                              "(pp * stages_per_rank): give one module per stage or a list of layers")
+        stage_of, prefix = list(range(num_stages)), "stages"
+    else:
+        if counts is not None:
+            try:
+                check_counts(tuple(counts), len(modules), num_stages)
+            except ConfigError as err:
+                raise ConfigError(f"counts={tuple(counts)}: {err}") from None
+        else:
+            counts = even_counts(len(modules), num_stages)
+        stage_of = [s for s, c in enumerate(counts) for _ in range(c)]
+        prefix = "layers"
+    seen: dict[int, tuple[int, str]] = {}  # parameter -> (stage, full name) of its first appearance
+    shared: list[tuple[str, int, str, int]] = []
+    for i, m in enumerate(modules):
+        for local, p in m.named_parameters():
+            first = seen.setdefault(id(p), (stage_of[i], f"{prefix}.{i}.{local}"))
+            if first[0] != stage_of[i] and p.requires_grad and not any(x[0] == first[1] for x in shared):
+                shared.append((first[1], first[0], f"{prefix}.{i}.{local}", stage_of[i]))
+    if shared:
+        pairs = "; ".join(f"{a} (stage {sa}) is also {b} (stage {sb})" for a, sa, b, sb in shared[:3])
+        more = f" and {len(shared) - 3} more" if len(shared) > 3 else ""
+        raise ConfigError(f"a parameter is shared by layers of different stages: {pairs}{more}; that trains wrong "
+                          "(copies on different ranks never sum their gradients; two stages on one rank count and "
+                          "step it twice): keep separate parameters, or put the layers that share it in one stage"
+                          f"{' (counts=)' if not stage_modules else ''}")
 
 
 def module_counts(cfg: TrainConfig, schedule: Schedule) -> tuple[int, ...] | None:

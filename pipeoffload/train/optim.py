@@ -34,8 +34,11 @@ def make_optimizer(cfg: TrainConfig, params: list[nn.Parameter], dp_group: Any, 
 
     AdamW creates its state at the first step; a resumed run's is created and filled by
     ``checkpoint.load`` (torch's ``set_state_dict``) before the first step, so it takes exactly the
-    path of an uninterrupted run."""
+    path of an uninterrupted run. A rank whose stages have no parameters (``nn.Identity()``, an
+    activation) gets an AdamW over one empty group: nothing to step or save."""
     kwargs: dict[str, Any] = {"lr": cfg.optim.lr, **adamw_options(cfg)}
+    if not params:  # torch refuses an empty parameter list, not an empty group
+        return torch.optim.AdamW([{"params": []}], **kwargs)
     if cfg.parallel.zero and dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 

@@ -94,3 +94,56 @@ def test_a_lambda_loss_is_refused_before_ranks_start() -> None:
     cfg = TrainConfig.build(schedule="1f1b", pp=2, nproc=2, microbatches=2, global_batch=8, steps=2, progress=False)
     with pytest.raises(ConfigError, match="loss_fn=.*<lambda>.*importable"):
         train_model(cfg, dict_layers, lambda out, y: out.sum(), RandomBatches)
+
+
+def test_a_rank_whose_stages_have_no_parameters_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
+    """counts=(3, 1) leaves rank 1 only nn.Identity(): that rank has no optimizer state (it crashed with
+    "optimizer got an empty parameter list"); the run equals one process bitwise. Resuming the finished
+    run names train_model's keywords, not the CLI's flags."""
+    import torch
+    import torch.nn.functional as F
+    from train_workers import RandomBatches, parameterless_end_layers
+
+    from pipeoffload.errors import ConfigError
+    from pipeoffload.train import TrainConfig, train_model
+
+    keys = {"schedule": "1f1b", "microbatches": 2, "global_batch": 8, "steps": 2, "lr": 1e-2, "warmup": 1,
+            "timeout": 60, "progress": False}
+    run = tmp_path / "run"
+    two = train_model(TrainConfig.build(pp=2, nproc=2, out=str(run), **keys), parameterless_end_layers,
+                      F.cross_entropy, RandomBatches, counts=(3, 1))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a spawned rank
+    try:
+        one = train_model(TrainConfig.build(pp=1, nproc=1, **keys), parameterless_end_layers, F.cross_entropy,
+                          RandomBatches)
+    finally:
+        torch.set_num_threads(threads)
+    fields = ("loss", "val_loss", "grad_norm")
+    assert [[h[f] for f in fields] for h in two["history"]] == [[h[f] for f in fields] for h in one["history"]]
+    assert (run / "checkpoints" / "step-000002" / "manifest.json").is_file()
+    with pytest.raises(ConfigError, match=r"resume=: the run is finished.*pass steps=N and extend=True") as err:
+        train_model(TrainConfig.build(pp=2, nproc=2, **keys), parameterless_end_layers, F.cross_entropy,
+                    RandomBatches, counts=(3, 1), resume=str(run))
+    assert "--" not in str(err.value)
+
+
+def test_non_finite_stops_name_train_models_keywords_and_what_happened() -> None:
+    """A NaN from a module's forward in evaluation is not "the parameters overflowed" (they are finite);
+    the training stop names skip_nonfinite=N, not --skip-nonfinite N."""
+    import torch.nn.functional as F
+    from train_workers import RandomBatches, nan_in_eval_layers, nan_in_training_layers
+
+    from pipeoffload.train import TrainConfig, train_model
+    from pipeoffload.train.launch import RankFailure
+
+    cfg = TrainConfig.build(schedule="1f1b", pp=1, nproc=1, microbatches=2, global_batch=8, steps=2, progress=False)
+    with pytest.raises(RankFailure) as err:
+        train_model(cfg, nan_in_eval_layers, F.cross_entropy, RandomBatches)
+    text = str(err.value)
+    assert "step 1: validation loss nan is not finite, but the parameters are finite: the model's forward" in text
+    assert "overflowed" not in text and "--lr" not in text
+    with pytest.raises(RankFailure) as err:
+        train_model(cfg, nan_in_training_layers, F.cross_entropy, RandomBatches)
+    text = str(err.value)
+    assert "lower lr= or raise clip=, or allow skipped steps with skip_nonfinite=N" in text and "--" not in text

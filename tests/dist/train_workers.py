@@ -150,6 +150,42 @@ def eval_failing_layers() -> list[Any]:
     return [torch.nn.Linear(8, 8), _FailsInEval(8, 4)]
 
 
+def parameterless_end_layers() -> list[Any]:
+    """With counts (3, 1) the last stage is ``nn.Identity()`` alone: its rank has no parameters."""
+    import torch
+
+    torch.manual_seed(0)
+    return [torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4), torch.nn.Identity()]
+
+
+class _NaNWhen(__import__("torch").nn.Linear):
+    """A layer whose output is NaN in eval mode (``in_eval``) or in training; its parameters stay finite."""
+
+    in_eval = True
+
+    def forward(self, x: Any) -> Any:
+        y = super().forward(x)
+        return y * float("nan") if self.training != self.in_eval else y
+
+
+class _NaNInTraining(_NaNWhen):
+    in_eval = False
+
+
+def nan_in_eval_layers() -> list[Any]:
+    import torch
+
+    torch.manual_seed(0)
+    return [torch.nn.Linear(8, 8), _NaNWhen(8, 4)]
+
+
+def nan_in_training_layers() -> list[Any]:
+    import torch
+
+    torch.manual_seed(0)
+    return [torch.nn.Linear(8, 8), _NaNInTraining(8, 4)]
+
+
 # ---- --fsdp: several runs on one set of 4 ranks (a spawn costs more than a tiny run) -----------------
 def _train(ctx: Any, cfg: TrainConfig, run_dir: Path | None, resume: Path | None = None) -> dict[str, Any]:
     from pipeoffload.models import lm_loss
