@@ -2,7 +2,8 @@
 
 Semantics (the ones ``validate.check_p2p_order`` proves deadlock-free): each run of consecutive
 SEND/RECV actions is posted as one batch; sends never block (their works are kept and waited at the
-end of the step); the rank blocks until every receive of the batch has arrived.
+end of the step, or, for a storage the activation store manages, before the OFFLOAD or I that frees
+it); the rank blocks until every receive of the batch has arrived.
 
 - gloo: each tensor is its own ``isend``/``irecv`` with a tag derived from (direction, stage,
   microbatch, index), so messages between two ranks match by tag whatever the posting order (the

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 from typing import Any
 
@@ -24,6 +25,7 @@ import torch.distributed as dist
 
 from pipeoffload import generate, lower
 from pipeoffload.errors import ConfigError, ScheduleError
+from pipeoffload.fileio import check_writable
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
 from pipeoffload.runtime.executor import PipelineError, PipelineRunner
 from pipeoffload.runtime.launch import exit_rank, init_from_env, spawn
@@ -119,6 +121,8 @@ def check(args: argparse.Namespace, world: int) -> None:
         raise ConfigError(f"--hidden {args.hidden}: must be a multiple of the {heads} attention heads")
     if args.batch < args.microbatches:
         raise ConfigError(f"--batch {args.batch}: must be >= --microbatches {args.microbatches} (one row each at least)")
+    if args.trace is not None:  # written after the run: a bad place must not cost the run first
+        check_writable(args.trace, f"--trace {shlex.quote(args.trace)}")
 
 
 def _world(args: argparse.Namespace) -> int:

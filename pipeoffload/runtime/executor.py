@@ -528,6 +528,8 @@ class PipelineRunner:
         input gradient."""
         s, mb = a.stage, a.microbatch
         grads = None if self.stages[s].is_last else self._grads.pop((s, mb))
+        if a.kind is K.I and self._inflight:  # I releases what W does not need: a pin would keep it
+            self._settle_sends(s, mb)
         in_grads = run(mb, grads)
         if a.kind is K.I:
             kept = self.store.slot_bytes(s, mb)
@@ -557,6 +559,8 @@ class PipelineRunner:
             self.slot_bytes[s] = saved
 
     def _offload(self, a: Action) -> None:
+        if self._inflight:
+            self._settle_sends(a.stage, a.microbatch)
         self.store.offload(a.stage, a.microbatch)
 
     def _await_offload(self, a: Action) -> None:
@@ -588,7 +592,7 @@ class PipelineRunner:
         early = [self._posted.pop(a) for a, _, _ in arrivals if a in self._posted]
         send_works, recv_works = self.transport.post(sends, recvs)
         for (peer, _, t), work in zip(sends, send_works):  # one work per tensor (gloo)
-            if self.store.pin(t):  # an activation the store manages: unpinned as soon as its send completes
+            if self.store.pin(t):  # an activation the store manages: unpinned once its send is waited (_settle_sends)
                 self._inflight.append((work, [t], peer))
             else:  # the work holds the tensor until it is sent; nothing to poll for
                 self._sent.append((work, peer))
@@ -627,6 +631,25 @@ class PipelineRunner:
             _, bufs, peer, tags = self._receive_plan(a)
             _, works = self.transport.post([], [(peer, tag, t) for tag, t in zip(tags, bufs)])
             self._posted[a] = (bufs, list(works), [peer] * len(bufs))
+
+    def _settle_sends(self, stage: int, microbatch: int) -> None:
+        """Complete the pending sends of storages slot (stage, microbatch) saved and drop their pins,
+        before the slot's OFFLOAD, OFFLOAD_W or I frees its storages (a stage whose last op saves its
+        output sends a saved storage). The schedule posts each send before the copy or I that frees
+        its storage, and the simulator frees the storage there; gloo's send work reports completion
+        only once waited (``is_completed`` stays False until ``wait``), so polling would keep the pin,
+        and the bytes, to the end of the step. The receiver posted its receives when its step began,
+        so the wait is for the transfer alone. (NCCL pins nothing: waiting on a batch's works orders
+        the compute stream after its sends, so the storage can go as soon as its copy has.)"""
+        still = []
+        for work, pinned, peer in self._inflight:
+            if any(self.store.holds(t, stage, microbatch) for t in pinned):
+                self.transport.wait([work], [peer], "a send to")
+                for t in pinned:
+                    self.store.unpin(t)
+            else:
+                still.append((work, pinned, peer))
+        self._inflight = still
 
     def _unpin_sent(self, everything: bool = False) -> None:
         """Forget sends that completed (their buffers can go) and drop their pins."""

@@ -26,7 +26,9 @@ for the reload. ``resident_bytes`` counts device bytes of managed storages exact
 OFFLOAD frees at copy completion, RELOAD allocates at its start, release frees.
 
 Storages still needed elsewhere (a pending send, a tensor handed to the next local stage) are
-*pinned*; an offloaded pinned storage is freed when its last pin is dropped.
+*pinned*; an offloaded pinned storage is freed when its last pin is dropped. The runner completes a
+slot's pending sends before it offloads or trims the slot (``PipelineRunner._settle_sends``), so a
+send's pin never outlives the OFFLOAD that frees its storage.
 
 The second offload window (OFFLOAD_W after I, RELOAD_W before W) is the same offload and reload of
 the slot after ``trim`` left only what W needs. When the slot was offloaded before its I as well, its
@@ -488,6 +490,11 @@ class ActivationStore:
             return False
         entry.pins += 1
         return True
+
+    def holds(self, tensor: torch.Tensor, stage: int, microbatch: int) -> bool:
+        """Whether ``tensor``'s storage is one that slot (stage, microbatch) saved."""
+        entry = self._entry_of(tensor.untyped_storage()._cdata) if self._entries else None
+        return entry is not None and (stage, microbatch) in entry.slots
 
     def unpin(self, tensor: torch.Tensor) -> None:
         entry = self._entry_of(tensor.untyped_storage()._cdata)

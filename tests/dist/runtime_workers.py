@@ -113,3 +113,52 @@ def mismatch_worker(rank: int, world: int) -> str:
     inputs, targets = sample_batch(cfg, 8)
     runner.step(inputs, targets)
     return "no error"
+
+
+def _saving_output_layers() -> list[nn.Module]:
+    """Eight layers whose last op saves its own output (ReLU): every stage's output is both a saved
+    activation of its slot and the tensor sent to the next stage."""
+    torch.manual_seed(0)
+    return [nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(8)]
+
+
+def saved_output_worker(rank: int, world: int, cases: list[tuple[str, str, str]], microbatches: int = 4) -> list[dict]:
+    """Per (schedule, offload, recompute) case, two steps of ``_saving_output_layers``: the last step's trace, each
+    stage's slot bytes and bytes kept after I, and whether the loss and every gradient equal one process's
+    (bit for bit)."""
+    out = []
+    gen = torch.Generator().manual_seed(5)
+    rows = 32 * microbatches  # 8 KiB per boundary tensor: above min_offload_bytes
+    inputs, targets = torch.randn(rows, 64, generator=gen), torch.randn(rows, 64, generator=gen)
+    reference = _saving_output_layers()
+    ref_loss = torch.zeros(())
+    for x, y in zip(inputs.tensor_split(microbatches), targets.tensor_split(microbatches)):
+        h = x
+        for layer in reference:
+            h = layer(h)
+        part = nn.functional.mse_loss(h, y) / microbatches
+        part.backward()
+        ref_loss = ref_loss + part.detach()
+    for name, offload, recompute in cases:
+        schedule = lower(generate(name, world, microbatches), offload=offload, recompute=recompute)
+        layers = _saving_output_layers()
+        counts = even_counts(len(layers), schedule.num_stages)
+        stages = build_rank_stages(layers, counts, schedule.placement, rank)
+        runner = PipelineRunner(stages, schedule, rank, loss_fn=nn.functional.mse_loss, timeout=60)
+        for _ in range(2):
+            for m in stages.values():
+                m.zero_grad(set_to_none=True)
+            loss = runner.step(inputs, targets)
+        starts = [sum(counts[:s]) for s in range(len(counts))]
+        exact = True
+        for s, m in stages.items():
+            ref = [p for layer in reference[starts[s]:starts[s] + counts[s]] for p in layer.parameters()]
+            mine = list(m.parameters())
+            exact = exact and len(mine) == len(ref) and all(p.grad is not None and torch.equal(p.grad, q.grad)
+                                                            for p, q in zip(mine, ref))
+        assert runner.trace is not None
+        out.append({"trace": runner.trace.as_dict(), "slot_bytes": dict(runner.slot_bytes),
+                    "w_bytes": dict(runner.w_bytes), "schedule": schedule.to_json(),
+                    "exact": exact and (loss is None or torch.equal(loss, ref_loss))})
+        runner.close()
+    return out

@@ -31,6 +31,9 @@ def _run(*flags: str, timeout: float = 60) -> subprocess.CompletedProcess:
     (("--spawn", "2", "--offload", "bogus"), "offload policy 'bogus'"),
     (("--spawn", "2", "--layers", "1", "--schedule", "zb-v"), "cannot split 3 layers into 4 stages"),
     ((), "run under torchrun or pass --spawn N"),
+    (("--spawn", "2", "--steps", "2", "--trace", "/nonexistent/dir/x.json"),
+     "--trace /nonexistent/dir/x.json: folder /nonexistent/dir does not exist"),
+    (("--spawn", "2", "--steps", "2", "--trace", "/"), "--trace /: is a folder"),
 ])
 def test_bad_flags_one_line_exit_2(flags, needle, monkeypatch):
     """In this process (``demo.main``, what ``python -m pipeoffload.runtime`` runs): starting Python
