@@ -3,7 +3,9 @@
 ``Trainer`` drives a ``PipelineRunner`` (the runtime) over this rank's stages. The gradients of the
 data-parallel replicas are averaged per stage as soon as the runner has run the stage's last
 backward (one flat all-reduce per dtype, in the background; awaited after the runner's step; with
-``--fsdp`` FSDP2 reduce-scatters them there instead, see ``train.fsdp``), the global norm is clipped (see ``optim.global_grad_norm``: the same bits in every layout), the
+``--fsdp`` FSDP2 reduce-scatters them there instead, see ``train.fsdp``); with tensor parallelism the
+sequence-parallel ``Partial`` gradients are then summed once (``optim.replicate_partial_gradients``),
+the global norm is clipped (see ``optim.global_grad_norm``: the same bits in every layout), the
 optimizer steps. Every rank's measurements of the step come to every rank with one all-reduce of
 their own: the loss and the stop flag each step, the memory and timings only on steps that are
 logged (``log_every``; the activation memory is measured only then). Rank 0 hands each logged record
@@ -44,6 +46,7 @@ from pipeoffload.train.optim import (
     global_grad_norm,
     lr_at,
     make_optimizer,
+    replicate_partial_gradients,
     set_lr,
 )
 
@@ -139,6 +142,9 @@ class Trainer:
             if self.fsdp is not None:
                 self.fsdp.finish()
             average_gradients(self.late_params, ctx.dp_group, ctx.dp)
+        if ctx.tp > 1:  # the sequence-parallel norms' gradients: summed once here, not in every op of AdamW
+            with ctx.collective(f"summing the tensor-parallel partial gradients of step {step}"):
+                replicate_partial_gradients(self.params)
         with ctx.collective(f"gathering the measurements of step {step} from every rank"):
             # started first and awaited after the norm's: the two all-reduces stay separate collectives
             # but their rendezvous overlap (one wait on the slowest rank per step, not two)

@@ -3,7 +3,7 @@ global-norm clipping."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -139,34 +139,46 @@ def _scatter_mean(flat: torch.Tensor, grads: list[torch.Tensor], dp: int) -> Non
 def is_partial(t: torch.Tensor) -> bool:
     """A DTensor holding on each rank of its mesh a summand of its value (``Partial``): the gradient of a
     parameter replicated over tensor parallelism that sequence parallelism feeds a shard of the
-    sequence (the norms' weights), until DTensor's optimizer ops sum it over the mesh."""
+    sequence (the norms' weights), until ``replicate_partial_gradients`` sums it."""
     placements = getattr(t, "placements", None)
     return placements is not None and any(p.is_partial() for p in placements)
 
 
-def _summed_partials(grads: list[Any]) -> list[torch.Tensor]:
-    """The values of ``Partial`` DTensor gradients in float64: one all-reduce per 1-D mesh of their
-    concatenated local summands (DTensor's ``redistribute`` for any other mesh or reduction)."""
-    out: list[torch.Tensor | None] = [None] * len(grads)
-    by_mesh: dict[Any, list[int]] = {}
-    for i, g in enumerate(grads):
-        if g.device_mesh.ndim == 1 and g.placements[0].reduce_op in ("sum", "avg"):
-            by_mesh.setdefault(g.device_mesh, []).append(i)
-        else:
-            from torch.distributed.tensor import Replicate
+def replicate_partial_gradients(params: Iterable[nn.Parameter]) -> int:
+    """Sum every ``Partial`` DTensor gradient over its mesh once, in place: ``p.grad`` becomes the
+    ``Replicate`` DTensor of the sum (the placement its parameter has) in the summands' storage.
 
-            whole = g.redistribute(placements=[Replicate() if p.is_partial() else p for p in g.placements])
-            out[i] = local_tensor(whole).detach().double()
-    for mesh, index in by_mesh.items():
-        locals_ = [local_tensor(grads[i]).detach() for i in index]
-        flat = torch.cat([t.reshape(-1).double() for t in locals_])
-        dist.all_reduce(flat, group=mesh.get_group())
-        offset = 0
-        for i, t in zip(index, locals_):
-            part = flat[offset:offset + t.numel()].view(t.shape)
-            out[i] = part / mesh.size() if grads[i].placements[0].reduce_op == "avg" else part
-            offset += t.numel()
-    return out  # type: ignore[return-value]
+    Left ``Partial``, each DTensor op that reads it sums it again: AdamW's step three all-reduces per
+    gradient (24 per step for the 2-layer GPT at tp 2), each of the same bits. The loop calls this
+    after the data-parallel mean of the summands and before the norm, the clip and the step, which
+    then read replicated gradients without a collective. One all-reduce (sum) per 1-D mesh and dtype
+    of the concatenated summands (the same per-element sums as DTensor's; ``redistribute`` for any
+    other mesh or reduction). Returns the number of gradients summed."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    flat_groups: dict[tuple[Any, torch.dtype], list[nn.Parameter]] = {}
+    count = 0
+    with torch.no_grad():
+        for p in params:
+            g: Any = p.grad
+            if g is None or not is_partial(g):
+                continue
+            count += 1
+            if g.device_mesh.ndim == 1 and g.placements[0].reduce_op == "sum":
+                flat_groups.setdefault((g.device_mesh, g.dtype), []).append(p)
+            else:
+                p.grad = g.redistribute(placements=[Replicate() if q.is_partial() else q for q in g.placements])
+        for (mesh, _), group in flat_groups.items():
+            summands = [local_tensor(p.grad) for p in group if p.grad is not None]
+            flat = torch.cat([t.reshape(-1) for t in summands])
+            dist.all_reduce(flat, group=mesh.get_group())
+            offset = 0
+            for p, t in zip(group, summands):
+                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+                g = p.grad
+                p.grad = DTensor.from_local(t, mesh, [Replicate()], run_check=False, shape=g.shape, stride=g.stride())
+    return count
 
 
 def global_grad_norm(named: dict[str, nn.Parameter], order: dict[str, int], dp_rank: int, tp_rank: int,
@@ -177,29 +189,20 @@ def global_grad_norm(named: dict[str, nn.Parameter], order: dict[str, int], dp_r
     its full name (one replica contributes, once per tensor-parallel shard; with ``dp_sharded``
     (FSDP) every replica, its shard's squares); one all-reduce over the world fills it and its sum,
     in name order, is independent of how the model is split. A gradient that tensor parallelism
-    leaves as per-rank summands (``is_partial``: the sequence-parallel norms' weights) is summed over
-    its tensor-parallel group first (in float64) and counted once. A whole tensor gives the same bits
-    in every layout; a tensor split into shards (FSDP, tensor parallel) agrees to float64 rounding."""
+    leaves as per-rank summands (``is_partial``: the sequence-parallel norms' weights) is the norm of
+    its sum, counted once as any replicated gradient: the loop has summed it in place
+    (``replicate_partial_gradients``), which this does first for any still ``Partial`` (every rank
+    calls it). A whole tensor gives the same bits in every layout; a tensor split into shards (FSDP,
+    tensor parallel) agrees to float64 rounding."""
+    replicate_partial_gradients(named.values())  # nothing left to sum after the loop's call
     squares = torch.zeros(len(order), dtype=torch.float64, device=device)  # on the GPU for NCCL
     if dp_rank == 0 or dp_sharded:
         slots, grads = [], []
-        partial_slots, partial = [], []
         for name, p in named.items():
-            if p.grad is None:
-                continue
-            if is_partial(p.grad):  # every tensor-parallel rank takes part in the sum
-                partial_slots.append(order[name])
-                partial.append(p.grad)
-                continue
-            if tp_rank != 0 and not is_sharded(p):
+            if p.grad is None or (tp_rank != 0 and not is_sharded(p)):
                 continue
             slots.append(order[name])
             grads.append(local_tensor(p.grad).detach())
-        if partial:
-            summed = _summed_partials(partial)
-            if tp_rank == 0:
-                slots.extend(partial_slots)
-                grads.extend(summed)
         if grads:  # one call: float64 accumulation of each tensor's squares, without float64 copies of it
             norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64)).to(squares.device)
             index = torch.tensor(slots, dtype=torch.long, device=squares.device)

@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tp_workers import tp_grad_norm_worker  # noqa: E402
-from train_workers import gpt_params  # noqa: E402
+from train_workers import gpt_params, step_collectives  # noqa: E402
 
 from pipeoffload.runtime.launch import spawn  # noqa: E402
 from pipeoffload.train.config import TrainConfig, validate  # noqa: E402
@@ -62,3 +62,21 @@ def test_tp2_one_sequence_per_microbatch_trains() -> None:
     not read (the first forward failed: 'invalid python storage'). Equal to one process."""
     cfg = BASE.updated(microbatches=8)
     assert_close_to_one_process(history(cfg.updated(pp=2, tp=2, nproc=4, offload="all")), history(cfg))
+
+
+@pytest.mark.parametrize("keys", [{}, {"model": "llama", "kv_heads": 2, "ffn_hidden": 48}], ids=["gpt", "llama"])
+def test_tp2_step_sums_each_partial_gradient_once(keys: dict) -> None:
+    """tp 2: the sequence-parallel norms' gradients (Partial DTensors) are summed over the tensor-parallel
+    group by one all-reduce per step, before the norm; the norm makes one more, the clip and AdamW's
+    step none, and AdamW reads gradients placed as their parameters (Replicate). Before, every AdamW
+    op that read such a gradient all-reduced it again: 24 all-reduces in the GPT's step (8 norm
+    gradients), 12 in Llama's (4), besides the norm's 2."""
+    cfg = validate(BASE.updated(tp=2, nproc=2, steps=2, **keys))
+    for rank in run_ranks(step_collectives, cfg):
+        counts = rank["counts"]
+        assert rank["partial"] == [8, 8] if not keys else [4, 4]  # the blocks' norms' weights (GPT: and biases)
+        assert counts["opt.step"] == [0, 0], counts
+        assert counts["clip_gradients"] == [0, 0], counts
+        total = [sum(step) for step in zip(*counts.values())]
+        assert total == [2, 2], counts  # one sum of all the partial gradients, one of the norm's squares
+        assert rank["placements_kept"] == [True, True]

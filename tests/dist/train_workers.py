@@ -223,3 +223,58 @@ def fsdp_cases(ctx: Any, cfg: TrainConfig, run_dir: str, cases: list[tuple[str, 
         resume = step_dir(Path(run_dir) / of, at) if of else None
         out[name] = _train(ctx, case_cfg, where, resume)
     return out
+
+
+def step_collectives(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
+    """Train the reference GPT (or ``--model llama``) with tensor parallelism and count, per step, the
+    collectives (``CommDebugMode``: c10d and functional, DTensor's redistributes included) inside the
+    loop's partial-gradient sum (where it has one), gradient norm, clip and ``opt.step``; the number
+    of ``Partial`` gradients the first of them found; and whether every gradient the optimizer read
+    had its parameter's placement."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from pipeoffload.models import lm_loss
+    from pipeoffload.train import loop
+    from pipeoffload.train.data import load_corpus
+    from pipeoffload.train.family import kind, run_shape
+    from pipeoffload.train.job import TokenBatches, lowered_schedule
+    from pipeoffload.train.model import apply_tensor_parallel, gpt_rank_model, llama_rank_model
+    from pipeoffload.train.optim import is_partial
+
+    corpus, _ = load_corpus(cfg.data.path, cfg.data.tokenizer, Path("."), cfg.model.seq_len, cfg.data.val_fraction)
+    schedule = lowered_schedule(cfg)
+    if kind(cfg.model.source) == "gpt":
+        model = gpt_rank_model(cfg, corpus.vocab_size, schedule, ctx.pp_rank, ctx.device)
+        apply_tensor_parallel(model, ctx.tp_mesh(), seq_len=cfg.model.seq_len)
+    else:
+        model = llama_rank_model(cfg, run_shape(cfg.model, corpus.vocab_size, Path(".")), schedule, ctx, None)
+    trainer = loop.Trainer(cfg, ctx, schedule, model, lm_loss, TokenBatches(corpus, cfg), None)
+    counts: dict[str, list[int]] = {}
+    placements_kept: list[bool] = []
+    partial: list[int] = []
+    names = [n for n in ("replicate_partial_gradients", "global_grad_norm", "clip_gradients") if hasattr(loop, n)]
+
+    def counted(name: str, fn: Any) -> Any:
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            if name == names[0]:  # the first after the pipeline's step: the gradients as backward left them
+                partial.append(sum(1 for p in trainer.params if p.grad is not None and is_partial(p.grad)))
+            if name == "opt.step":
+                placements_kept.append(all(p.grad.placements == p.placements for p in trainer.params
+                                           if p.grad is not None and hasattr(p, "placements")))
+            mode = CommDebugMode()
+            with mode:
+                out = fn(*args, **kwargs)
+            counts.setdefault(name, []).append(mode.get_total_counts())
+            return out
+        return inner
+
+    real = {n: getattr(loop, n) for n in names}
+    for n in names:
+        setattr(loop, n, counted(n, real[n]))
+    trainer.opt.step = counted("opt.step", trainer.opt.step)  # type: ignore[method-assign]
+    try:
+        trainer.fit()
+    finally:
+        for n in names:
+            setattr(loop, n, real[n])
+    return {"counts": counts, "placements_kept": placements_kept, "partial": partial}
