@@ -625,6 +625,10 @@ def _check_layout(cfg: TrainConfig) -> None:
     if p.fsdp:
         _check_fsdp(cfg)
     if p.tp > 1:
+        # torch's ZeroRedundancyOptimizer broadcasts plain tensors: a DTensor parameter fails in the ranks
+        _need(not p.zero, f"zero=1 with tp={p.tp}: ZeroRedundancyOptimizer cannot shard tensor-parallel (DTensor) "
+                          "parameters; leave out --zero (tensor parallelism already splits the optimizer state "
+                          "over the tp group)")
         _need(m.heads % p.tp == 0, f"tp={p.tp}: must divide heads={m.heads}")
         _need(m.seq_len % p.tp == 0, f"seq_len={m.seq_len}: sequence parallelism needs it divisible by tp={p.tp}")
 

@@ -239,3 +239,9 @@ def test_plan_auto_trains_the_split_its_plan_was_costed_with() -> None:
     one = config_from_args(build_parser().parse_args(
         "train --plan auto --memory 0.2 --nproc 2 --pp 1 --global-batch 8 --layers 6".split()))
     assert one.parallel.layers_per_stage == ""
+
+
+def test_zero_with_tensor_parallel_is_refused_before_the_ranks_start() -> None:
+    """It failed in every rank (c10d.broadcast_ has no sharding strategy for a DTensor parameter)."""
+    refused("train --nproc 4 --dp 2 --tp 2 --zero 1 --hidden 64 --seq-len 32",
+            "zero=1 with tp=2: ZeroRedundancyOptimizer cannot shard tensor-parallel (DTensor) parameters")
