@@ -73,7 +73,7 @@ class ParallelConfig:
     pp: int = key(1, "pipeline-parallel size")
     dp: int = key(1, "data-parallel size")
     tp: int = key(1, "tensor-parallel size")
-    zero: int = key(0, "1: shard the optimizer state over the dp group (ZeroRedundancyOptimizer)")
+    zero: int = key(0, "1: shard the optimizer state over the dp group (ZeroRedundancyOptimizer); not with tp > 1")
     fsdp: bool = key(False, "shard each stage's weights, gradients and optimizer state over the dp group "
                             "(FSDP2 fully_shard; gathered for the step, reduce-scattered after the stage's last "
                             "backward); needs dp >= 2, not with zero, tp > 1 or tie_embeddings")
