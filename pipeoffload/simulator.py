@@ -119,6 +119,11 @@ class Timeline:
         return max(r.peak_host_units for r in self.per_rank)
 
     @property
+    def peak_host_rank_units(self) -> float:
+        """``peak_host_units`` (activation units) in rank units, the unit of ``peak_rank_units``."""
+        return self.peak_host_units / max(self.schedule.stages_per_rank, 1)
+
+    @property
     def stall(self) -> float:
         """Time compute lanes waited for reloads, summed over ranks (not the step's lengthening)."""
         return sum(r.stall for r in self.per_rank)

@@ -76,12 +76,8 @@ def choices(req: PlanRequest, pp: int, m: int) -> list[ScheduleChoice]:
     """Schedule families, stages per rank, group sizes and memory policies for pp ranks, m microbatches."""
     out: list[ScheduleChoice] = []
     for family in req.families():
-        if pp == 1 and family != "1f1b":
-            continue
         for v in family_stages_per_rank(family, req.stages_per_rank):
-            if pp * v > max_stages(req):
-                continue
-            if family == "interleaved-1f1b" and m % pp:
+            if _ruled_out(req, family, v, pp, m):
                 continue
             for g in group_sizes(req, family, pp):
                 for offload, recompute in _policies(req, v, pp):
@@ -93,21 +89,34 @@ def choices(req: PlanRequest, pp: int, m: int) -> list[ScheduleChoice]:
     return out
 
 
+def _needs_pipeline(family: str, pp: int) -> str | None:
+    return f"{family} needs PP > 1" if pp == 1 and family != "1f1b" else None
+
+
+def _ruled_out(req: PlanRequest, family: str, v: int, pp: int, m: int) -> str | None:
+    """Why ``choices`` leaves out ``family`` with v stages per rank on pp ranks and m microbatches, or None."""
+    needs = _needs_pipeline(family, pp)
+    if needs:
+        return needs
+    if pp * v > max_stages(req):
+        return (f"{family} on PP {pp} needs at least {pp * v} stages (v={v}), more than the {req.model.layers} "
+                "layers fill")
+    if family == "interleaved-1f1b" and m % pp:
+        return f"interleaved-1f1b needs the {m} microbatches to be a multiple of PP {pp}"
+    return None
+
+
 def why_no_choice(req: PlanRequest, pp: int, m: int) -> list[str]:
-    """Why ``choices`` has nothing for pp ranks and m microbatches, one reason per family (its rules)."""
+    """Why ``choices`` has nothing for pp ranks and m microbatches, one reason per family (its rules:
+    a family's smallest v is ruled out exactly when every v is)."""
     reasons = []
     for family in req.families():
         vs = family_stages_per_rank(family, req.stages_per_rank)
-        if pp == 1 and family != "1f1b":
-            reasons.append(f"{family} needs PP > 1")
+        why = _ruled_out(req, family, min(vs), pp, m) if vs else _needs_pipeline(family, pp)
+        if why:
+            reasons.append(why)
         elif not vs:
             reasons.append(f"{family} needs --stages-per-rank 2 or more")
-        elif all(pp * v > max_stages(req) for v in vs):
-            v = min(vs)
-            reasons.append(f"{family} on PP {pp} needs at least {pp * v} stages (v={v}), more than the "
-                           f"{req.model.layers} layers fill")
-        elif family == "interleaved-1f1b" and m % pp:
-            reasons.append(f"interleaved-1f1b needs the {m} microbatches to be a multiple of PP {pp}")
         elif not group_sizes(req, family, pp):
             reasons.append(f"{family} has no group size of --group-sizes in 1..{pp}")
     return reasons

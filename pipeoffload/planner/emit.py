@@ -38,6 +38,11 @@ def is_llama_like(model: ModelSpec) -> bool:
     return model.gated_mlp and not model.bias and model.attention_width == model.hidden
 
 
+def carries_model(model: ModelSpec) -> bool:
+    """Whether the train config can hold ``model``: a Hugging Face folder, or keys train builds it from."""
+    return bool(model.source) or is_gpt_like(model) or is_llama_like(model)
+
+
 def _llama_keys(model: ModelSpec) -> dict[str, object]:
     """train's llama keys of ``model``; the RoPE base of the preset of that name (it does not change
     the plan, but it is the model's)."""
@@ -54,11 +59,9 @@ def _llama_keys(model: ModelSpec) -> dict[str, object]:
 
 def _model_note(model: ModelSpec) -> str | None:
     """The comment saying what of the model the file cannot carry, or None."""
-    if model.source or is_gpt_like(model):
-        return None
-    if is_llama_like(model):
-        shape = PRESETS.get(model.name)
-        if shape is not None and shape.rope_scaling is not None:
+    if carries_model(model):
+        shape = None if model.source else PRESETS.get(model.name)
+        if is_llama_like(model) and shape is not None and shape.rope_scaling is not None:
             return (f"# {model.name}'s Llama 3.1 RoPE scaling has no train key: train uses plain RoPE with "
                     "rope_theta (the plan does not depend on it)")
         return None
@@ -167,7 +170,7 @@ def emit(req: PlanRequest, plan: Plan, path: str | Path) -> str:
     write_atomic(path, config_toml(req, plan))
     command = f"pipeoffload train --config {path} --nproc {plan.layout.gpus}"
     m = req.model
-    if not (m.source or is_gpt_like(m) or is_llama_like(m)):
+    if not carries_model(m):
         command += (f" (but {m.name}'s shape is not in the file, so that would train the default GPT: plan its "
                     "Hugging Face folder, --model hf:DIR, to write one that trains it)")
     return command

@@ -19,11 +19,6 @@ import tomllib
 from pipeoffload.errors import ConfigError
 
 GIB = 1024**3
-
-
-def gib(value: float) -> str:
-    """Bytes in GiB, with two significant digits below 0.1 GiB (never "0.0" for a small model)."""
-    return f"{value / GIB:.1f}" if value == 0 or value >= 0.1 * GIB else f"{value / GIB:.2g}"
 GB = 1e9
 # Rates below these make a transfer or a GEMM take longer than a float can hold once summed over a step
 # (``--hw internode_gbps=1e-320`` gave "dp sync inf s"); latencies above MAX_LATENCY are not latencies.
@@ -31,6 +26,11 @@ MIN_RATE = 1.0  # bytes/s or FLOP/s
 MAX_LATENCY = 60.0  # seconds per message
 _RATE_FIELDS = ("memory_bytes", "peak_flops", "d2h_bandwidth", "h2d_bandwidth", "nvlink_bandwidth",
                 "internode_bandwidth", "hbm_bandwidth")
+
+
+def gib(value: float) -> str:
+    """Bytes in GiB, with two significant digits below 0.1 GiB (never "0.0" for a small model)."""
+    return f"{value / GIB:.1f}" if value == 0 or value >= 0.1 * GIB else f"{value / GIB:.2g}"
 
 
 @dataclass(frozen=True, kw_only=True)

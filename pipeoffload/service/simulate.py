@@ -221,7 +221,7 @@ class SimulateResult:
         units, the policy report."""
         out = self.timeline.as_dict()
         v = max(self.timeline.schedule.stages_per_rank, 1)
-        out["peak_host_rank_units"] = self.timeline.peak_host_units / v  # peak_host_units: activation units
+        out["peak_host_rank_units"] = self.timeline.peak_host_rank_units  # peak_host_units: activation units
         for rank in out["per_rank"]:
             rank["peak_host_rank_units"] = rank["peak_host_units"] / v
         out["offload_ratio"] = self.request.k  # null: the costs file's own copy times

@@ -360,14 +360,14 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     return flat
 
 
+_TOML_TYPES: dict[type, tuple[type, ...]] = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
+
+
 def _check_toml_type(flat: str, value: Any, where: str) -> None:
     """A TOML value of the key's own type: a quoted number or a number for a switch would be read as
     something it does not say (``microbatches = "8"`` ran; ``bool("false")`` is true)."""
     kind = _TYPES[flat]
-    ok = (isinstance(value, bool) if kind is bool else
-          isinstance(value, int) and not isinstance(value, bool) if kind is int else
-          isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else
-          isinstance(value, str))
+    ok = isinstance(value, _TOML_TYPES[kind]) and (kind is bool or not isinstance(value, bool))  # True is an int
     if not ok:
         want = {bool: "true or false", int: "an integer", float: "a number"}.get(kind, "a quoted string")
         hint = "; write it without quotes" if isinstance(value, str) and kind is not str else ""

@@ -117,13 +117,17 @@ def from_layers(layers: Sequence[nn.Module], schedule: Schedule, pp_rank: int,
     return RankModel(stages, {s: starts[s] for s in mine})
 
 
-def from_stage_modules(modules: Sequence[nn.Module], schedule: Schedule, pp_rank: int) -> RankModel:
-    """One module per global stage (all of them, built identically on every rank); keep this rank's."""
-    if len(modules) != schedule.num_stages:
+def _check_stage_modules(count: int, num_stages: int) -> None:
+    if count != num_stages:
         from pipeoffload.errors import ConfigError
 
-        raise ConfigError(f"{len(modules)} stage modules for a schedule of {schedule.num_stages} stages "
+        raise ConfigError(f"{count} stage modules for a schedule of {num_stages} stages "
                           "(pp * stages_per_rank): give one module per stage or a list of layers")
+
+
+def from_stage_modules(modules: Sequence[nn.Module], schedule: Schedule, pp_rank: int) -> RankModel:
+    """One module per global stage (all of them, built identically on every rank); keep this rank's."""
+    _check_stage_modules(len(modules), schedule.num_stages)
     stages = {s: modules[s] for s in schedule.placement.stages_of(pp_rank)}
     return RankModel(stages)
 
@@ -149,9 +153,7 @@ def check_user_model(modules: Sequence[Any], num_stages: int, counts: Sequence[i
         if counts is not None:
             raise ConfigError("counts= splits a list of layers; with stage_modules=True each module is one stage: "
                               "leave counts out")
-        if len(modules) != num_stages:
-            raise ConfigError(f"{len(modules)} stage modules for a schedule of {num_stages} stages "
-                              "(pp * stages_per_rank): give one module per stage or a list of layers")
+        _check_stage_modules(len(modules), num_stages)
         stage_of, prefix = list(range(num_stages)), "stages"
     else:
         if counts is not None:

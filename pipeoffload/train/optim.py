@@ -156,7 +156,7 @@ def replicate_partial_gradients(params: Iterable[nn.Parameter]) -> int:
     other mesh or reduction). Returns the number of gradients summed."""
     from torch.distributed.tensor import DTensor, Replicate
 
-    flat_groups: dict[tuple[Any, torch.dtype], list[nn.Parameter]] = {}
+    flat_groups: dict[tuple[Any, torch.dtype], list[tuple[nn.Parameter, Any]]] = {}  # (parameter, gradient)
     count = 0
     with torch.no_grad():
         for p in params:
@@ -165,18 +165,17 @@ def replicate_partial_gradients(params: Iterable[nn.Parameter]) -> int:
                 continue
             count += 1
             if g.device_mesh.ndim == 1 and g.placements[0].reduce_op == "sum":
-                flat_groups.setdefault((g.device_mesh, g.dtype), []).append(p)
+                flat_groups.setdefault((g.device_mesh, g.dtype), []).append((p, g))
             else:
                 p.grad = g.redistribute(placements=[Replicate() if q.is_partial() else q for q in g.placements])
         for (mesh, _), group in flat_groups.items():
-            summands = [local_tensor(p.grad) for p in group if p.grad is not None]
+            summands = [local_tensor(g) for _, g in group]
             flat = torch.cat([t.reshape(-1) for t in summands])
             dist.all_reduce(flat, group=mesh.get_group())
             offset = 0
-            for p, t in zip(group, summands):
+            for (p, g), t in zip(group, summands):
                 t.copy_(flat[offset:offset + t.numel()].view_as(t))
                 offset += t.numel()
-                g = p.grad
                 p.grad = DTensor.from_local(t, mesh, [Replicate()], run_check=False, shape=g.shape, stride=g.stride())
     return count
 

@@ -127,8 +127,7 @@ def summary_line(timeline: Timeline, time_unit: str = TIME_UNIT) -> str:
     """The headline numbers, each with its unit."""
     stall = (f", stall {timeline.max_rank_stall:.4g} {time_unit} on the worst rank ({timeline.stall:.4g} {time_unit} "
              "summed over ranks)" if timeline.stall else "")
-    v = max(timeline.schedule.stages_per_rank, 1)
-    host = f", host peak {timeline.peak_host_units / v:.3g}" if timeline.peak_host_units else ""  # activation -> rank units
+    host = f", host peak {timeline.peak_host_rank_units:.3g}" if timeline.peak_host_units else ""
     return (f"makespan {timeline.makespan:.4g} {time_unit}, bubble {timeline.bubble_ratio:.1%}, "
             + (f"device peak {timeline.peak_rank_units:.3g}{host} {MEMORY_UNIT}" if host
                else f"device peak {rank_units(timeline.peak_rank_units, 3)}") + stall)

@@ -81,7 +81,7 @@ def timeline_trace(timeline: Timeline, scale: float = 1e6, pid_base: int = 0, la
     unit_note = f"{time_help or time_unit_help(time_unit)}; 1 unit = {scale:g} us here"
     other = {k: v for k, v in timeline.as_dict().items() if k != "per_rank"} | {"time_unit": unit_note}
     # the counters are in rank units, peak_host_units in activation units: both, and which is which
-    other["peak_host_rank_units"] = timeline.peak_host_units / v
+    other["peak_host_rank_units"] = timeline.peak_host_rank_units
     other["units"] = units_dict(time_unit) | {"counters": f"the memory counters are in {MEMORY_UNIT}"}
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 

@@ -48,13 +48,12 @@ def _cell(value: object, cls: str = "") -> str:
 
 
 def _summary_row(index: int, label: str, command: str, t: Timeline) -> str:
-    v = max(t.schedule.stages_per_rank, 1)
     offloaded = sum(1 for row in t.schedule.actions for a in row if a.kind == ActionKind.OFFLOAD)
     recomputed = sum(1 for row in t.schedule.actions for a in row if a.kind == ActionKind.R)
     cells = [_cell(f"{index}. {label}", "label"),
              f"<td class='label'><code>{html.escape(command)}</code></td>" if command else _cell("", "label"),
              _cell(f"{t.makespan:.4g}"), _cell(f"{t.bubble_ratio:.2%}"), _cell(f"{t.peak_rank_units:.3g}"),
-             _cell(f"{t.peak_host_units / v:.3g}"), _cell(f"{t.max_rank_stall:.3g}"), _cell(f"{t.stall:.3g}"),
+             _cell(f"{t.peak_host_rank_units:.3g}"), _cell(f"{t.max_rank_stall:.3g}"), _cell(f"{t.stall:.3g}"),
              _cell(offloaded), _cell(recomputed)]
     return f"<tr data-row='{index}'>" + "".join(cells) + "</tr>"
 
