@@ -172,8 +172,8 @@ class PipelineRunner:
         check_tag_space(self.num_stages, self.num_microbatches)
         self.row = self.schedule.actions[rank]
         self.measure_memory = measure_memory
-        # All of this rank's stages or none go through the store: a storage may be saved by two local
-        # slots (a tensor handed to the next stage), and the store may free only what it knows of.
+        # All of this rank's stages or none go through the store: a storage may be saved by several
+        # slots (a tensor a module keeps across microbatches), and the store may free only what it knows of.
         self._store_needed = any(a.kind in _STORE_KINDS for a in self.row)
         self.recomputed = {(a.stage, a.microbatch) for a in self.row if a.kind == K.R}
         # slots offloaded in both windows: their RELOAD keeps the host copy for OFFLOAD_W (semantics)
@@ -271,7 +271,6 @@ class PipelineRunner:
         self._outbox: dict[tuple[ActionKind, int, int], list[torch.Tensor]] = {}
         self._inflight: list[tuple[Any, list[torch.Tensor], int]] = []  # sends of pinned tensors, polled
         self._sent: list[tuple[Any, int]] = []  # the other sends (nothing to unpin): waited at the end of the step
-        self._handoff_pins: dict[tuple[int, int], list[torch.Tensor]] = {}
         self._losses: dict[int, torch.Tensor] = {}
         self._posted: dict[Action, tuple[list[torch.Tensor], list[Any], list[int]]] = {}  # receives posted early
 
@@ -470,8 +469,6 @@ class PipelineRunner:
         target = self._mb_targets[mb] if stage.is_last else None  # type: ignore[index]
         out = stage.forward(mb, args, target, recompute=(s, mb) in self.recomputed)
         self._note_slot(s, mb)
-        for t in self._handoff_pins.pop((s, mb), ()):
-            self.store.unpin(t)
         if stage.is_last:
             self._losses[mb] = out
             return
@@ -479,11 +476,10 @@ class PipelineRunner:
         spec = self.specs[s][mb]  # type: ignore[index]
         check_values(leaves, tree, spec, f"output of stage {s}, microbatch {mb}")
         if self._local(s + 1):
-            inputs = as_inputs(leaves, spec)
-            self._inputs[(s + 1, mb)] = inputs
-            pins = [t for t in flatten(inputs)[0] if isinstance(t, torch.Tensor) and self.store.pin(t)]
-            if pins:
-                self._handoff_pins[(s + 1, mb)] = pins
+            # a copy, as a transfer between ranks makes: a storage this stage saved (its last op's output)
+            # would otherwise be saved by the next stage's slot too, one storage where the simulator
+            # counts one per slot, and kept on the device by whichever slot is not offloaded
+            self._inputs[(s + 1, mb)] = as_inputs(_copied(leaves, spec), spec)
         else:
             self._outbox[(K.SEND_F, s, mb)] = [v for v, sp in zip(leaves, spec.leaves) if isinstance(sp, TensorSpec)]
 
@@ -661,6 +657,11 @@ class PipelineRunner:
             else:
                 still.append((work, pinned, peer))
         self._inflight = still
+
+
+def _copied(leaves: Sequence[Any], spec: Spec) -> list[Any]:
+    """``leaves`` with each tensor the spec sends copied into a storage of its own (detached)."""
+    return [v.detach().clone() if isinstance(sp, TensorSpec) else v for v, sp in zip(leaves, spec.leaves)]
 
 
 def _receives(program: list) -> list[Action]:

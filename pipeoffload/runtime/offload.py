@@ -13,8 +13,10 @@ neither offloads nor trims after I, in a step that does not measure memory, need
   parameter (autocast's bf16 weights, cached for the whole step and shared by every microbatch) are
   excluded too, found through their autograd history.
 - the unit moved is a *storage*: views sharing one storage are one entry, stored once. A storage
-  may belong to several slots (a tensor handed between two stages on the same rank); it leaves the
-  device only when no slot that still counts as resident refers to it.
+  may belong to several slots (a tensor a module keeps and every microbatch saves, such as a cache
+  that is not a buffer); it leaves the device only when no slot that still counts as resident refers
+  to it. A tensor handed to the next stage on the same rank is a copy (``PipelineRunner``), as a
+  transfer between ranks is, so the two stages' slots never share it.
 - storages smaller than ``min_bytes`` stay where they are and are not counted.
 
 Offload copies a storage's bytes to a host buffer and, once the copy has completed (polled; never
@@ -25,7 +27,7 @@ allocates on the compute stream before the copy stream writes; unpack makes the 
 for the reload. ``resident_bytes`` counts device bytes of managed storages exactly: F allocates,
 OFFLOAD frees at copy completion, RELOAD allocates at its start, release frees.
 
-Storages still needed elsewhere (a pending send, a tensor handed to the next local stage) are
+Storages still needed elsewhere (a pending send) are
 *pinned*; an offloaded pinned storage is freed when its last pin is dropped. The runner completes a
 slot's pending sends before it offloads or trims the slot (``PipelineRunner._settle_sends``), so a
 send's pin never outlives the OFFLOAD that frees its storage.
@@ -304,8 +306,8 @@ class ActivationStore:
         return _Handle(self, entry, t.detach())
 
     def _reclaim(self, entry: _Entry) -> None:
-        """A slot saves a storage that another slot's OFFLOAD sent away while a pin kept it on the device
-        (a tensor handed to the next stage on this rank): it is resident again, for the new slot."""
+        """A slot saves a storage that other slots' OFFLOADs sent away (a tensor a module keeps across
+        microbatches): it is resident again, for the new slot."""
         if entry.state is EntryState.TO_HOST:
             self.copier.synchronize(entry.token)
             self._copying.remove(entry)
