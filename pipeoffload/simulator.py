@@ -534,7 +534,7 @@ class _Simulation:
         peaks, host = [], []
         for times, deltas, host_times, host_deltas in self._memory_events():
             peaks.append(_peak(times, deltas))
-            host.append(_peak(host_times, host_deltas))
+            host.append(_peak(host_times, host_deltas, frees_first=False))
         return Figures(max(self.end, default=0.0), tuple(self.busy), tuple(peaks), tuple(host), tuple(self.stall))
 
     def timeline(self) -> Timeline:
@@ -547,7 +547,7 @@ class _Simulation:
         v = max(self.schedule.stages_per_rank, 1)
         for rank, (times, deltas, host_times, host_deltas) in zip(ranks, self._memory_events()):
             memory, peak = _curve(times, deltas)
-            host, host_peak = _curve(host_times, host_deltas)
+            host, host_peak = _curve(host_times, host_deltas, frees_first=False)
             busy = self.busy[rank]
             per_rank.append(
                 RankResult(
@@ -589,28 +589,32 @@ def _floats(values: np.ndarray) -> list[float]:
     return values.tolist() if values.any() else [0.0] * len(values)
 
 
-def _curve(times: np.ndarray, deltas: np.ndarray) -> tuple[tuple[tuple[float, float], ...], float]:
-    """Cumulative memory after each event, frees before allocations at equal times; and its peak."""
-    times, levels = _levels(times, deltas)
+def _curve(times: np.ndarray, deltas: np.ndarray, frees_first: bool = True
+           ) -> tuple[tuple[tuple[float, float], ...], float]:
+    """Cumulative memory after each event (ties ordered as ``_levels`` orders them); and its peak."""
+    times, levels = _levels(times, deltas, frees_first)
     if not len(times):
         return (), 0.0
     return tuple(zip(times.tolist(), levels.tolist())), max(0.0, float(levels.max()))
 
 
-def _peak(times: np.ndarray, deltas: np.ndarray) -> float:
-    levels = _levels(times, deltas)[1]
+def _peak(times: np.ndarray, deltas: np.ndarray, frees_first: bool = True) -> float:
+    levels = _levels(times, deltas, frees_first)[1]
     return max(0.0, float(levels.max())) if len(levels) else 0.0
 
 
-def _levels(times: np.ndarray, deltas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Event times in order (frees before allocations at equal times) and the level after each.
+def _levels(times: np.ndarray, deltas: np.ndarray, frees_first: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Event times in order and the level after each. At equal times device memory (``frees_first``)
+    frees before it allocates; host memory keeps the events in list order, the order the runtime
+    issues the copies: an OFFLOAD's host buffer exists from its issue, a RELOAD's until it has
+    completed, so an offload listed before a reload at the same instant is on the host with it.
 
     A level within 1e-9 of zero is float noise and is set to zero. Vectorised; where such noise
     actually occurs (and so changes later sums) the events are summed one by one instead.
     """
     if not len(times):
         return times, deltas
-    order = np.lexsort((deltas, times))
+    order = np.lexsort((deltas, times)) if frees_first else np.argsort(times, kind="stable")
     times, deltas = times[order], deltas[order]
     levels = np.cumsum(deltas)
     tiny = np.abs(levels) < 1e-9

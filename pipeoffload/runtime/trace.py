@@ -11,7 +11,7 @@ from typing import NamedTuple
 from pipeoffload.costs import CostModel
 from pipeoffload.fileio import write_atomic
 from pipeoffload.ir import Action, Schedule
-from pipeoffload.simulator import simulate
+from pipeoffload.simulator import Timeline, simulate
 
 
 class TraceRecord(NamedTuple):
@@ -121,14 +121,19 @@ def simulated_peaks(schedule: Schedule, unit_bytes: Mapping[int, int],
     """The simulator's peak per rank in bytes, with each stage's activation unit set to the bytes
     the runtime measured for it (``PipelineRunner.slot_bytes`` gathered from every rank). ``w_fraction``:
     one value, or per stage (``measured_w_fractions``; stages missing take 1.0)."""
+    return [r.peak_activation_units for r in _measured_units_timeline(schedule, unit_bytes, w_fraction).per_rank]
+
+
+def _measured_units_timeline(schedule: Schedule, unit_bytes: Mapping[int, int],
+                             w_fraction: float | Mapping[int, float]) -> Timeline:
+    """The simulation of ``schedule`` in bytes: each stage's unit is its measured slot bytes."""
     sizes = tuple(float(unit_bytes.get(s, 0)) for s in range(schedule.num_stages))
     if isinstance(w_fraction, Mapping):
         per_stage = tuple(min(1.0, float(w_fraction.get(s, 1.0))) for s in range(schedule.num_stages))
         costs = CostModel(activation=sizes, w_fraction=max(per_stage, default=1.0), stage_w_fraction=per_stage)
     else:
         costs = CostModel(activation=sizes, w_fraction=w_fraction)
-    timeline = simulate(schedule, costs)
-    return [r.peak_activation_units for r in timeline.per_rank]
+    return simulate(schedule, costs)
 
 
 def measured_w_fractions(unit_bytes: Mapping[int, int], w_bytes: Mapping[int, int]) -> dict[int, float]:
@@ -139,15 +144,17 @@ def measured_w_fractions(unit_bytes: Mapping[int, int], w_bytes: Mapping[int, in
 
 def compare_with_simulation(traces: Sequence[Trace], schedule: Schedule, unit_bytes: Mapping[int, int],
                             w_fraction: float | Mapping[int, float] = 1.0) -> list[dict]:
-    """Per rank: did it run its list exactly, and its measured vs simulated peak bytes."""
-    peaks = simulated_peaks(schedule, unit_bytes, w_fraction)
+    """Per rank: did it run its list exactly, its measured vs simulated peak device bytes, and the same
+    for the host bytes of offloaded activations."""
+    ranks = _measured_units_timeline(schedule, unit_bytes, w_fraction).per_rank
     out = []
     for trace in traces:
-        sim = peaks[trace.rank]
+        sim = ranks[trace.rank].peak_activation_units
         out.append({
             "rank": trace.rank, "actions_match": trace.matches(schedule.actions[trace.rank]),
             "measured_peak": trace.peak_bytes, "simulated_peak": sim,
             "relative_difference": abs(trace.peak_bytes - sim) / sim if sim else float(trace.peak_bytes != 0),
+            "measured_host_peak": trace.peak_host_bytes, "simulated_host_peak": ranks[trace.rank].peak_host_units,
         })
     return out
 

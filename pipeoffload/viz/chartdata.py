@@ -103,18 +103,33 @@ def chart_data(timeline: Timeline, title: str | None = None, time_unit: str = TI
 
 def memory_curve(rank: int, where: str, events: Iterable[tuple[float, float]], v: float, makespan: float) -> Curve:
     """Levels divided by ``v``, from 0 at time 0 to ``makespan``; each instant settled to its last level (a
-    free and an allocation at the same time are no dip)."""
+    free and an allocation at the same time are no dip). An instant whose levels rise above both the
+    level before it and its last one (host memory keeps its copies' order: an offload and a reload at
+    one time are both on the host) shows as a spike: its highest level, then its last, at that time."""
     points: list[tuple[float, float]] = [(0.0, 0.0)]
+    before, top = 0.0, 0.0  # the level before the current instant, and the highest within it
     for t, level in events:
         value = level / v
         if points[-1][0] == t:
+            if points[-1][1] > value and points[-1][1] > before:
+                top = max(top, points[-1][1])
             points[-1] = (t, value)
         else:
+            _spike(points, before, top)
+            before, top = points[-1][1], 0.0
             points.append((t, value))
+    _spike(points, before, top)
     if points[-1][0] < makespan:
         points.append((makespan, points[-1][1]))
     peak_time, peak = max(points, key=lambda p: (p[1], -p[0]))
     return Curve(rank, where, tuple(points), peak, peak_time)
+
+
+def _spike(points: list[tuple[float, float]], before: float, top: float) -> None:
+    """Insert the instant's highest level ``top`` ahead of its last point where it rose above both."""
+    t, last = points[-1]
+    if top > last and top > before:
+        points.insert(len(points) - 1, (t, top))
 
 
 def schedule_title(timeline: Timeline) -> str:
