@@ -28,6 +28,15 @@ POLICIES = (["--model", "gpt3-1.3b", "--gpus", "4", "--global-batch", "16", "--m
              "--recompute", "none,first:1,auto", "--max-stall", "5", "--exhaustive", "--top", "40", "--no-pareto"],
             ["--model", "gpt3-1.3b", "--global-batch", "16", "--memory", "12", "--distributed-optimizer"])
 
+# plan's job switches, in estimate's flags of the same names: Megatron's selective recomputation under
+# the policies, LGD on every plan, the balanced split and a serialized shared host link
+SETUP = (["--model", "gpt3-1.3b", "--gpus", "8", "--global-batch", "32", "--memory", "20", "--tp", "2", "--pp", "4",
+          "--schedules", "zb-v,1f1b", "--recompute", "selective,none,first:1", "--offload", "none,auto",
+          "--partial-recompute", "--split", "balanced", "--shared-host-link", "serialized", "--exhaustive", "--top",
+          "20", "--no-pareto"],
+         ["--model", "gpt3-1.3b", "--global-batch", "32", "--memory", "20", "--distributed-optimizer", "--recompute",
+          "selective", "--partial-recompute", "--split", "balanced", "--shared-host-link", "serialized"])
+
 
 def _plan_rows(capsys: pytest.CaptureFixture, argv: list[str]) -> list[dict]:
     assert main(["plan", *argv, "--json"]) == 0
@@ -82,13 +91,16 @@ def test_an_uneven_even_split_is_estimated_as_plan_splits_it(capsys: pytest.Capt
     assert "layers per stage 3,3,3,3,3,3,3,3,2,2,2,2,2,2,2,2 (uneven: the remainder on the earliest stages)" in text
 
 
-@pytest.mark.parametrize("case", [GPT13_TOP, POLICIES], ids=["gpt3-13b-top10", "gpt3-1.3b-policies"])
+@pytest.mark.parametrize("case", [GPT13_TOP, POLICIES, SETUP], ids=["gpt3-13b-top10", "gpt3-1.3b-policies",
+                                                                  "gpt3-1.3b-setup"])
 def test_every_plan_row_is_reproduced_by_its_estimate_command(capsys: pytest.CaptureFixture, case: tuple) -> None:
     plan_argv, job = case
     rows = _plan_rows(capsys, plan_argv)
     if case is POLICIES:  # rows estimate could not express: recompute first:1 and auto, auto+5%, a budget target
         assert {r["recompute"] for r in rows} >= {"first:1", "auto"}
         assert any(r["max_stall"] > 0 for r in rows) and any(r["offload"].startswith("budget:") for r in rows)
+    elif case is SETUP:
+        assert {r["recompute"] for r in rows} >= {"none", "first:1"} and any(r["offload"] == "auto" for r in rows)
     else:  # an even split and group sizes: g=1 and g=2 rows of group-interleaved
         assert {r["group_size"] for r in rows if r["schedule"] == "group-interleaved"} >= {1, 2}
     for row in rows:
