@@ -6,12 +6,14 @@ import argparse
 import sys
 
 from pipeoffload import service
-from pipeoffload.cli.common import model_and_hardware, positive_int, show_progress
+from pipeoffload.cli.common import add_max_stall, model_and_hardware, positive_int, show_progress
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.estimate import GRAD_ACCUMULATION, P2P_MODES, RECOMPUTE_MODES, EstimateRequest
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.split import SPLITS
+from pipeoffload.planner.stagecosts import HOST_LINK_MODES
+from pipeoffload.policies import INT_TEXT
 from pipeoffload.service.checks import strict_json
 
 
@@ -28,15 +30,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="v for interleaved families (default: the family's own, as simulate: 2 for "
                           "interleaved-1f1b and group-interleaved, 2 for V shapes, else 1); a v the family "
                           "cannot run is refused")
-    job.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none",
+    job.add_argument("--group-size", type=positive_int, default=None, metavar="G",
+                     help="g of group-interleaved, 1..PP (default: ceil(PP/2), its lowest memory); plan's g column")
+    job.add_argument("--recompute", default="none", metavar="{" + ",".join(RECOMPUTE_MODES) + "}",
                      help="Megatron activation recomputation: none, selective (attention core) or full (every layer)")
+    job.add_argument("--recompute-policy", default="none", metavar="POLICY",
+                     help="pipeoffload's recompute policy, plan's recompute column: none, first:K (the K longest-lived "
+                          "stages of each rank), all, or auto (what the offload policy could not move); R actions in "
+                          "the schedule, on top of --recompute")
     job.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=True,
                      help="Megatron's sequence parallelism with TP (default on)")
     job.add_argument("--distributed-optimizer", action="store_true", help="shard the optimizer state over DP")
-    job.add_argument("--offload", default="none", help="offload policy: none, auto, all, first:K, budget:X")
+    job.add_argument("--offload", default="none",
+                     help="offload policy: none, auto, all, first:K, budget:X (activation units), or budget: the "
+                          "target --memory leaves, as plan fills it (plan prints that target in GiB)")
+    add_max_stall(job)
+    job.add_argument("--partial-recompute", action=argparse.BooleanOptionalAction, default=None,
+                     help="LGD partial recomputation (LayerNorm/activation/dropout) / none (default: with an "
+                          "offload policy, as plan)")
+    job.add_argument("--shared-host-link", nargs="?", const="alternating", default="private",
+                     choices=HOST_LINK_MODES, metavar="MODE",
+                     help="two GPUs sharing one PCIe switch, as plan: alternating (the MODE when the flag is given "
+                          "alone) or serialized; private: every GPU has its own link (default)")
     job.add_argument("--split", choices=SPLITS, default="even",
-                     help="layers over stages: even (Megatron: divisible) or balanced (head weighed; the first/last "
-                          "stage may hold only the embedding/head)")
+                     help="layers over stages: even (as plan: as even as possible, the remainder on the earliest "
+                          "stages) or balanced (head weighed; the first/last stage may hold only the embedding/head)")
+    job.add_argument("--layers-per-stage", type=_counts, default=None, metavar="N,N,...",
+                     help="an explicit split, one count per stage (what plan --emit writes as layers_per_stage)")
     job.add_argument("--p2p", choices=P2P_MODES, default="eager",
                      help="point-to-point timing: eager (sends leave when ready; pipeoffload's runtime) or megatron "
                           "(Megatron-LM's blocking batched exchanges; 1f1b and interleaved-1f1b only)")
@@ -48,6 +68,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+def _counts(text: str) -> tuple[int, ...]:
+    parts = [x.strip() for x in text.split(",")]
+    if not all(INT_TEXT.fullmatch(x) for x in parts):  # plain ASCII digits, as every number flag
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated layer counts, e.g. 3,3,2,2")
+    values = tuple(int(x) for x in parts)
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every count must be >= 0")
+    return values
+
+
 def request_from_args(args: argparse.Namespace) -> EstimateRequest:
     if args.memory is not None and not args.memory > 0:
         raise ConfigError(f"--memory {args.memory:g}: must be > 0 GiB")
@@ -55,8 +85,10 @@ def request_from_args(args: argparse.Namespace) -> EstimateRequest:
     return EstimateRequest(
         model=model, hardware=hardware, tp=args.tp, pp=args.pp, dp=args.dp,
         global_batch=args.global_batch, schedule=args.schedule, stages_per_rank=args.stages_per_rank,
-        recompute=args.recompute, sequence_parallel=args.sequence_parallel,
-        distributed_optimizer=args.distributed_optimizer, offload=args.offload, split=args.split, p2p=args.p2p,
+        group_size=args.group_size, recompute=args.recompute, recompute_policy=args.recompute_policy,
+        sequence_parallel=args.sequence_parallel, distributed_optimizer=args.distributed_optimizer,
+        offload=args.offload, max_stall=args.max_stall, partial_recompute=args.partial_recompute,
+        host_link=args.shared_host_link, split=args.split, layers_per_stage=args.layers_per_stage, p2p=args.p2p,
         grad_accumulation=args.grad_accumulation,
         memory_budget=args.memory * GIB if args.memory is not None else None)
 

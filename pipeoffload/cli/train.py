@@ -1,4 +1,4 @@
-"""``pipeoffload train``: train the reference GPT (or a planned layout) on text with any schedule.
+"""``pipeoffload train``: train a GPT, Llama or Hugging Face model (or a planned layout) on text with any schedule.
 
 Flags override ``--config run.toml``; both are derived from the sections of ``pipeoffload.train.config``.
 The whole configuration is validated here, before any rank starts; see docs/training.md for every flag.
@@ -13,7 +13,8 @@ from typing import Any
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from pipeoffload.train.config import add_flags
 
-    parser = sub.add_parser("train", help="train a GPT on text with any pipeline schedule, offload and layout")
+    parser = sub.add_parser("train", help="train a GPT, Llama or Hugging Face model on text with any pipeline "
+                                          "schedule, offload and layout")
     parser.add_argument("--config", metavar="TOML", help="run.toml (e.g. from `pipeoffload plan --emit`)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     parser.add_argument("--extend", action="store_true",

@@ -18,7 +18,7 @@ from pipeoffload.planner.evaluate import (
     time_lower_bound,
 )
 from pipeoffload.planner.plans import MemorySplit, Plan, PlanRequest
-from pipeoffload.planner.split import layer_split
+from pipeoffload.planner.split import layer_split, most_stages
 from pipeoffload.planner.stagecosts import (
     LayerCosts,
     Layout,
@@ -188,7 +188,7 @@ def level(choice: ScheduleChoice) -> int:
 def max_stages(req: PlanRequest) -> int:
     """Stages the layers can fill: one layer each, plus an embedding-only and a head-only stage when the
     split is balanced."""
-    return req.model.layers + (2 if req.split == "balanced" else 0)
+    return most_stages(req.split, req.model.layers)
 
 
 def count(skipped: dict[str, int], reason: str, n: int = 1) -> None:
@@ -260,17 +260,7 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Cand
                                           split=split)
             sc = stages[key]
             static = tuple(sum(x) for x in static_split(req, layout, sc))
-            if choice.offload == BUDGET_FROM_MEMORY:  # what the memory budget leaves for activations, in units
-                room = max(0.0, min(req.memory_budget - x for x in static)) / sc.unit_bytes
-                if req.activation_budget is not None:
-                    room = min(room, req.activation_budget / sc.unit_bytes)
-                choice = replace(choice, offload=OffloadPolicy("budget", budget=float(f"{room:.4g}")))
-            if choice.offload.max_stall > 0 or choice.recompute.kind == "auto":
-                # plans compared by each rank's total memory: the stall budget's, and whether recompute
-                # auto's recomputation lowers the plan's memory (the first stage's weights can make a
-                # rank other than the one with the most activations the fullest)
-                offsets = tuple(float(f"{x / sc.unit_bytes:.6g}") for x in static)
-                choice = replace(choice, offload=replace(choice.offload, rank_offsets=offsets))
+            choice = planned_choice(req, choice, sc, static)
             if (key, choice.recompute) not in bounds:
                 bounds[(key, choice.recompute)] = (
                     time_lower_bound(choice, layout.pp, m, sc.costs)
@@ -279,6 +269,27 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Cand
             bound, floor = bounds[(key, choice.recompute)]
             out.append(Candidate(layout, choice, m, sc, static, bound, floor))
     return sorted(out, key=Candidate.key)
+
+
+def planned_choice(req: PlanRequest, choice: ScheduleChoice, stage: StageCosts,
+                   static: tuple[float, ...]) -> ScheduleChoice:
+    """``choice`` with its memory policies as a layout of these stage costs and this static memory per
+    rank (weights, gradients, optimizer state) plans them; ``estimate`` plans its policies with it too.
+    ``offload budget`` without a target (``BUDGET_FROM_MEMORY``) gets what the memory budget leaves for
+    activations, in units (4 significant digits). Under a stall budget or with ``recompute auto`` the
+    offload policy carries each rank's static memory in units (``rank_offsets``): plans are compared by
+    each rank's total memory, the stall budget's, and whether recompute auto's recomputation lowers
+    the plan's memory (the first stage's weights can make a rank other than the one with the most
+    activations the fullest)."""
+    if choice.offload == BUDGET_FROM_MEMORY:  # what the memory budget leaves for activations, in units
+        room = max(0.0, min(req.memory_budget - x for x in static)) / stage.unit_bytes
+        if req.activation_budget is not None:
+            room = min(room, req.activation_budget / stage.unit_bytes)
+        choice = replace(choice, offload=OffloadPolicy("budget", budget=float(f"{room:.4g}")))
+    if choice.offload.max_stall > 0 or choice.recompute.kind == "auto":
+        offsets = tuple(float(f"{x / stage.unit_bytes:.6g}") for x in static)
+        choice = replace(choice, offload=replace(choice.offload, rank_offsets=offsets))
+    return choice
 
 
 def activation_floor(choice: ScheduleChoice, placement: Placement, stage: StageCosts) -> tuple[float, ...]:

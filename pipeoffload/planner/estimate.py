@@ -12,14 +12,20 @@ step time into parts that add up to it, measured on the critical rank (the busie
 - ``offload_stall``: the time its backwards waited for a reload;
 - ``dp_sync``: the data-parallel gradient reduce (and parameter all-gather) and the optimizer step.
 
+A recompute policy's recomputation (R actions) is in ``compute``, the TP collectives of its forwards
+included. Every row ``plan`` prints is one request here: its layer split (``split.py``, the same
+function), group size, memory policies (``recompute_policy``, ``max_stall``, ``offload="budget"``: the
+target the memory budget leaves) planned as the search plans them (``candidates.planned_choice``).
+
 A layout the planner would refuse for memory still gets an answer, with ``fits`` False. Bad input
-(layers not divisible as asked, heads not divisible by TP, a batch not divisible by DP x microbatch
-size) raises ``ConfigError`` with one line naming the value, the constraint and the fix.
+(fewer layers than stages to split them over, heads not divisible by TP, a batch not divisible by DP x
+microbatch size) raises ``ConfigError`` with one line naming the value, the constraint and the fix.
 Pure Python (no torch).
 """
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -29,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from pipeoffload._perf import Memo
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
-from pipeoffload.planner.candidates import dp_sync_time
+from pipeoffload.planner.candidates import BUDGET_FROM_MEMORY, dp_sync_time, planned_choice, static_split
 from pipeoffload.planner.evaluate import ScheduleChoice, SimSummary, build, placement_of, simulate_choice
 from pipeoffload.planner.exchange import lockstep_makespan
 from pipeoffload.planner.gemm import elementwise_time
@@ -39,8 +45,9 @@ from pipeoffload.planner.model import ModelSpec, check_model
 from pipeoffload.planner.plans import PlanRequest
 from pipeoffload.planner.published import mfu_warning
 from pipeoffload.planner.search import PROGRESS_AFTER, PROGRESS_EVERY, progress_log
-from pipeoffload.planner.split import SPLITS, layer_split
+from pipeoffload.planner.split import SPLITS, layer_split, most_stages
 from pipeoffload.planner.stagecosts import (
+    HOST_LINK_MODES,
     LayerCosts,
     Layout,
     StageCosts,
@@ -49,10 +56,11 @@ from pipeoffload.planner.stagecosts import (
     layer_costs,
     stage_costs,
 )
-from pipeoffload.policies import OffloadPolicy
-from pipeoffload.schedules import ScheduleSpec, get_spec
+from pipeoffload.policies import OffloadPolicy, RecomputePolicy
+from pipeoffload.schedules import ScheduleSpec, get_spec, schedule_names
 
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODES = ("none", "selective", "full")  # Megatron's; pipeoffload's policies are ``recompute_policy``
+RECOMPUTE_POLICY_FORMS = "none, first:K (K >= 1), all or auto"
 P2P_MODES = ("eager", "megatron")
 GRAD_ACCUMULATION = ("fused", "separate")
 ACCUMULATE_BYTES = 6.0  # per weight and microbatch, 2-byte gradients: read the buffer and the new gradient, write
@@ -63,9 +71,12 @@ class EstimateRequest:
     """One exact training configuration: model, GPU, layout, batch, schedule and memory options.
 
     ``model.microbatch`` is the microbatch size; ``recompute`` is Megatron's activation
-    recomputation (``selective``: the attention core; ``full``: every layer from its input).
-    ``memory_budget`` (bytes per GPU) only decides ``fits``; None: 90% of the device's memory, as
-    ``plan`` uses by default.
+    recomputation (``selective``: the attention core; ``full``: every layer from its input), which
+    changes the layers' costs; ``recompute_policy`` is pipeoffload's (``first:K``, ``all``, ``auto``:
+    which stages' activations the schedule drops and re-creates with R actions, ``plan``'s recompute
+    column), a pass over the schedule. The two combine (``plan --recompute selective`` rows).
+    ``memory_budget`` (bytes per GPU) decides ``fits`` and the target of ``offload="budget"``; None: 90%
+    of the device's memory, as ``plan`` uses by default.
     """
 
     model: ModelSpec
@@ -76,22 +87,32 @@ class EstimateRequest:
     global_batch: int
     schedule: str = "1f1b"
     stages_per_rank: int | None = None  # None: the family's own (2 for interleaved-1f1b, as ``simulate``)
+    group_size: int | None = None  # g of a family that has one; None: its own (ceil(PP/2) for group-interleaved)
     recompute: str = "none"
+    recompute_policy: str = "none"  # pipeoffload's: none, first:K, all, auto (``policies.RecomputePolicy``)
     sequence_parallel: bool = True
     distributed_optimizer: bool = False
+    # an offload policy (``policies.OffloadPolicy``), or "budget": the target the memory budget leaves
+    # for activations on the fullest rank, as ``plan`` fills it (its rows print that target in GiB)
     offload: str = "none"
+    max_stall: float = 0.0  # percent the offload copies may lengthen the step for a lower peak (as ``plan``)
     partial_recompute: bool | None = None  # LGD: None = with offload only (as ``plan``)
+    host_link: str = "private"  # PCIe pair sharing: private | alternating | serialized (``stagecosts``)
     memory_budget: float | None = None
     # "eager": sends leave when their data exists (pipeoffload's runtime, the planner's model);
     # "megatron": Megatron-LM's blocking batched exchanges between steps (``exchange.py``)
     p2p: str = "eager"
-    split: str = "even"  # "even" (Megatron: layers divisible by the stages) or "balanced" (``split.py``)
+    # "even" (as even as possible, the remainder on the earliest stages) or "balanced" (``split.py``)
+    split: str = "even"
+    layers_per_stage: tuple[int, ...] | None = None  # an explicit split (``plan --emit``'s layers_per_stage)
     # "fused": weight-gradient GEMMs accumulate into the gradient buffer (Megatron's
     # --gradient-accumulation-fusion); "separate": autograd adds each microbatch's weight gradient to the
     # buffer in an extra pass over the weights (2021 Megatron's F.linear; plain PyTorch)
     grad_accumulation: str = "fused"
 
     def __post_init__(self) -> None:
+        if isinstance(self.layers_per_stage, list):  # kept as a tuple: the request stays hashable
+            object.__setattr__(self, "layers_per_stage", tuple(self.layers_per_stage))
         check_model(self.model)
         check_hardware(self.hardware)
         for key in ("tp", "pp", "dp", "global_batch", "stages_per_rank"):
@@ -101,16 +122,55 @@ class EstimateRequest:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
         if self.recompute not in RECOMPUTE_MODES:
+            _refuse_policy_as_recompute(self.recompute)
             raise ConfigError(f"recompute {self.recompute!r}: use one of {', '.join(RECOMPUTE_MODES)}")
         if self.memory_budget is not None and not (math.isfinite(self.memory_budget) and self.memory_budget > 0):
             raise ConfigError(f"memory budget {self.memory_budget!r}: must be a finite number of bytes > 0")
-        OffloadPolicy.parse(self.offload)  # one line on a malformed policy
+        self._check_policies()
+        if self.host_link not in HOST_LINK_MODES:
+            raise ConfigError(f"host link {self.host_link!r}: use one of {', '.join(HOST_LINK_MODES)}")
         if self.p2p not in P2P_MODES:
             raise ConfigError(f"p2p {self.p2p!r}: use one of {', '.join(P2P_MODES)}")
-        if self.p2p == "megatron" and (self.schedule not in ("1f1b", "interleaved-1f1b") or self.offload != "none"):
+        if self.p2p == "megatron" and (self.schedule not in ("1f1b", "interleaved-1f1b") or self.offload != "none"
+                                       or self.recompute_policy != "none"):
             raise ConfigError(f"p2p 'megatron' times Megatron's own schedules (1f1b, interleaved-1f1b) without "
-                              f"offload, not {self.schedule} with offload {self.offload}; use p2p 'eager'")
+                              f"offload or a recompute policy, not {self.schedule} with offload {self.offload} and "
+                              f"recompute policy {self.recompute_policy}; use p2p 'eager'")
         self.check()
+
+    def _check_policies(self) -> None:
+        """The memory policies, each refusal one line in the flags' words."""
+        if re.fullmatch(r"\s*([a-z0-9:.]+)\s*\+\s*([0-9.]+)\s*%\s*", str(self.offload), re.IGNORECASE):
+            policy, pct = re.split(r"\+", str(self.offload).strip().rstrip("%"), maxsplit=1)
+            raise ConfigError(f"--offload {self.offload}: write the stall budget as --offload {policy.strip()} "
+                              f"--max-stall {pct.strip()} (plan's offload column prints them joined)")
+        if self.offload_text != "budget":
+            OffloadPolicy.parse(self.offload)  # one line on a malformed policy
+        _refuse_partial("--recompute-policy", self.recompute_policy, RECOMPUTE_POLICY_FORMS)
+        stall = self.max_stall
+        if isinstance(stall, bool) or not isinstance(stall, (int, float)) or not (math.isfinite(stall) and stall >= 0):
+            raise ConfigError(f"--max-stall {stall!r}: must be a finite percentage >= 0 (e.g. 5 for 5 %)")
+        offload, recompute = self.offload_text, RecomputePolicy.parse(self.recompute_policy)
+        if stall > 0 and offload == "none":
+            raise ConfigError(f"--max-stall {stall:g} lets offload copies stall, but --offload is none: give an "
+                              "offload policy (e.g. --offload auto) or leave --max-stall out")
+        if stall > 0 and offload == "budget":
+            raise ConfigError(f"--offload budget with --max-stall {stall:g}: plan fills the target only without a "
+                              "stall budget; give the target as --offload budget:X, or leave --max-stall out")
+        if recompute.kind == "auto" and offload == "none":
+            raise ConfigError("--recompute-policy auto recomputes what the offload policy could not move: give "
+                              "--offload auto, budget or budget:X too, or use --recompute-policy first:K")
+        if recompute.kind == "auto" and stall > 0:
+            raise ConfigError(f"--max-stall {stall:g} with --recompute-policy auto: both deal with what the copy "
+                              "lane cannot hide (plan never combines them); use one of them")
+        if self.recompute == "full" and recompute.kind != "none":
+            raise ConfigError(f"--recompute full with --recompute-policy {recompute}: Megatron's full recomputation "
+                              "already re-runs every layer from its checkpoint, and a policy's recomputation on top "
+                              "of it is not modelled; use --recompute none or selective with the policy")
+
+    @property
+    def offload_text(self) -> str:
+        return str(self.offload).strip().lower()
 
     def check(self) -> None:
         """Megatron's constraints on the layout, each as one line with its fix."""
@@ -123,6 +183,7 @@ class EstimateRequest:
                               "parallelism stays inside a node); use a smaller --tp")
         spec = get_spec(self.schedule)  # an unknown family fails here with the valid names
         v = self.stages_for(spec)
+        self._check_group_size(spec)
         asked = self.stages_per_rank
         runs = 1 if not spec.interleaved and not spec.fixed_stages_per_rank else v
         if asked is not None and asked != runs and not spec.interleaved:  # never silently another v
@@ -144,13 +205,18 @@ class EstimateRequest:
             raise ConfigError(f"grad accumulation {self.grad_accumulation!r}: use one of {', '.join(GRAD_ACCUMULATION)}")
         if self.split not in SPLITS:
             raise ConfigError(f"split {self.split!r}: use one of {', '.join(SPLITS)}")
-        if self.split == "balanced" and m.layers < self.pp * v - 2:
+        stages = self.pp * v
+        if self.layers_per_stage is not None:
+            self._check_layers_per_stage(stages, v)
+        elif self.split == "balanced" and m.layers < stages - 2:
             raise ConfigError(f"--layers {m.layers} cannot fill pp x stages-per-rank = {self.pp} x {v} stages even "
                               "with an embedding-only and a head-only stage; use fewer stages")
-        if self.split == "even" and m.layers % (self.pp * v):
-            raise ConfigError(f"--layers {m.layers} is not divisible by pp x stages-per-rank = {self.pp} x {v}; "
-                              f"pick a layer count divisible by {self.pp * v}, another --pp/--stages-per-rank, "
-                              "or --split balanced")
+        elif stages > most_stages(self.split, m.layers):  # the even split (``split.even_split``)
+            balanced = " or --split balanced" if stages <= most_stages("balanced", m.layers) else ""
+            raise ConfigError(f"--layers {m.layers} cannot give each of pp x stages-per-rank = {self.pp} x {v} "
+                              f"stages a layer (--split even); use fewer stages{balanced}"
+                              + (" (its first and last stage may hold only the embedding and the head)"
+                                 if balanced else ""))
         per_step = self.dp * m.microbatch
         if self.global_batch % per_step:
             raise ConfigError(f"--global-batch {self.global_batch} is not divisible by dp x microbatch size = "
@@ -158,6 +224,47 @@ class EstimateRequest:
         if spec.name == "interleaved-1f1b" and self.pp > 1 and self.microbatches % self.pp:
             raise ConfigError(f"interleaved-1f1b needs the microbatches ({self.microbatches}) to be a multiple of "
                               f"--pp {self.pp}; change --global-batch or --microbatch-size")
+
+    def _check_group_size(self, spec: ScheduleSpec) -> None:
+        g = self.group_size
+        if g is None:
+            return
+        if isinstance(g, bool) or not isinstance(g, int):
+            raise ConfigError(f"--group-size {g!r}: must be an integer >= 1")
+        if "group_size" not in spec.options:
+            grouped = ", ".join(n for n in schedule_names() if "group_size" in get_spec(n).options)
+            raise ConfigError(f"--group-size {g}: schedule {spec.name} has no group size (only {grouped} has one); "
+                              "drop the flag")
+        if not 1 <= g <= self.pp:
+            raise ConfigError(f"--group-size {g}: must be in 1..pp = 1..{self.pp} (ceil(PP/2) for the least memory, "
+                              "PP for the smallest bubble)")
+
+    def _check_layers_per_stage(self, stages: int, v: int) -> None:
+        split, layers = self.layers_per_stage, self.model.layers
+        if isinstance(split, (str, bytes)) or not isinstance(split, (tuple, list)) or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in split):
+            raise ConfigError(f"layers_per_stage={split!r}: give a tuple of layer counts >= 0, e.g. (3, 3, 2, 2)")
+        shown = ",".join(map(str, split))
+        if self.split == "balanced":
+            raise ConfigError("--layers-per-stage with --split balanced: give one of them (an explicit split "
+                              "replaces the computed one)")
+        if len(split) != stages:
+            raise ConfigError(f"--layers-per-stage {shown}: needs {stages} stages (pp x stages-per-rank = {self.pp} x "
+                              f"{v}), one count each; got {len(split)}")
+        if sum(split) != layers:
+            raise ConfigError(f"--layers-per-stage {shown}: holds {sum(split)} layers, the model has {layers}; "
+                              f"give counts that add up to {layers}")
+        if min(split[1:-1], default=1) < 1:
+            raise ConfigError(f"--layers-per-stage {shown}: every stage but the first and the last needs a layer "
+                              "(the first may hold only the embedding, the last only the head)")
+
+    def group_for(self, spec: ScheduleSpec | None = None) -> int | None:
+        """The group size simulated: the one asked, else the family's own (its lowest-memory one, which
+        its generator takes by default: ceil(PP/2) for group-interleaved); None for a family without one."""
+        spec = spec or get_spec(self.schedule)
+        if "group_size" not in spec.options:
+            return None
+        return self.group_size if self.group_size is not None else spec.group_sizes(self.pp)[0]
 
     def stages_for(self, spec: ScheduleSpec | None = None) -> int:
         """Stages per rank: the family's own for fixed placements (V), else the requested v, else the
@@ -179,7 +286,17 @@ class EstimateRequest:
     def setup(self) -> TrainingSetup:
         return TrainingSetup(distributed_optimizer=self.distributed_optimizer,
                              partial_recompute=self.partial_recompute, sequence_parallel=self.sequence_parallel,
-                             selective_recompute=self.recompute == "selective")
+                             selective_recompute=self.recompute == "selective", host_link=self.host_link)
+
+    def choice(self) -> ScheduleChoice:
+        """The schedule choice asked for, before a layout plans its policies (``planned_choice``)."""
+        spec = get_spec(self.schedule)
+        if self.offload_text == "budget":
+            offload = BUDGET_FROM_MEMORY
+        else:
+            offload = replace(OffloadPolicy.parse(self.offload), max_stall=float(self.max_stall))
+        return ScheduleChoice(spec.name, self.stages_for(spec), self.group_for(spec), offload,
+                              RecomputePolicy.parse(self.recompute_policy))
 
     @property
     def budget(self) -> float:
@@ -207,13 +324,17 @@ class Estimate:
     layers_per_stage: tuple[int, ...]
     warnings: tuple[str, ...] = field(default=())
     partial_recompute: bool = False  # LGD partial recomputation applied (what an offload policy implies)
-    busy_seconds: tuple[float, ...] = ()  # compute per pipeline rank (the simulation's busy time)
+    # busy time per pipeline rank (the simulation's): its compute, recomputation included, with the TP
+    # collectives inside its layers (the breakdown's ``compute`` plus ``tp_comm`` on the busiest rank)
+    busy_seconds: tuple[float, ...] = ()
+    choice: ScheduleChoice | None = None  # the schedule and policies simulated (g, a budget's target)
+    unit_bytes: float = 0.0  # bytes of one activation unit (a ``budget:X`` target is X of them)
 
     @property
     def imbalance_ratio(self) -> float:
-        """The part of ``bubble_ratio`` that uneven stage loads cause: the ranks' mean shortfall of
-        compute against the busiest rank, as a share of the makespan (the rest is the schedule's own
-        fill and drain, which even stages also have). 0 when every rank computes the same."""
+        """The part of ``bubble_ratio`` that uneven stage loads cause: the ranks' mean shortfall of busy
+        time (``busy_seconds``) against the busiest rank, as a share of the makespan (the rest is the
+        schedule's own fill and drain, which even stages also have). 0 when every rank is as busy."""
         busy = self.busy_seconds
         makespan = self.step_seconds - self.breakdown.get("dp_sync", 0.0)
         if not busy or makespan <= 0:
@@ -224,16 +345,23 @@ class Estimate:
     def memory_worst(self) -> float:
         return max(self.memory_per_rank)
 
+    @property
+    def planned(self) -> ScheduleChoice:
+        """The choice simulated (the request's, its policies planned for the layout)."""
+        return self.choice if self.choice is not None else self.request.choice()
+
     def as_dict(self) -> dict:
-        r = self.request
+        r, c = self.request, self.planned
         return {
             "model": r.model.name, "gpu": r.hardware.name,
             "layout": {"tp": r.tp, "pp": r.pp, "dp": r.dp, "gpus": r.layout.gpus},
-            "schedule": r.schedule, "stages_per_rank": r.stages_for(), "microbatch_size": r.model.microbatch,
+            "schedule": r.schedule, "stages_per_rank": r.stages_for(), "group_size": c.group_size,
+            "microbatch_size": r.model.microbatch,
             "microbatches": self.microbatches, "global_batch": r.global_batch, "seq": r.model.seq,
-            "recompute": r.recompute, "partial_recompute": self.partial_recompute,
+            "recompute": r.recompute, "recompute_policy": str(c.recompute), "partial_recompute": self.partial_recompute,
             "sequence_parallel": r.sequence_parallel, "flash_attention": r.model.flash_attention,
-            "distributed_optimizer": r.distributed_optimizer, "offload": r.offload,
+            "distributed_optimizer": r.distributed_optimizer, "offload": str(c.offload),
+            "max_stall": c.offload.max_stall, "host_link": r.host_link,
             "grad_accumulation": r.grad_accumulation, "p2p": r.p2p,
             "step_seconds": self.step_seconds, "mfu": self.mfu, "tflops_per_gpu": self.tflops_per_gpu,
             "tokens_per_second": self.tokens_per_second,
@@ -242,29 +370,32 @@ class Estimate:
                            "host": self.host_bytes / GIB, "budget": r.budget / GIB},
             "fits": self.fits, "bubble_ratio": self.bubble_ratio, "imbalance_ratio": self.imbalance_ratio,
             "breakdown_seconds": dict(self.breakdown),
-            "split": r.split, "layers_per_stage": list(self.layers_per_stage), "warnings": list(self.warnings),
+            "split": "given" if r.layers_per_stage is not None else r.split,
+            "layers_per_stage": list(self.layers_per_stage), "warnings": list(self.warnings),
         }
 
 
 def estimate(req: EstimateRequest) -> Estimate:
     """Simulate ``req``'s exact layout and schedule and account for its step time and memory."""
-    spec = get_spec(req.schedule)
-    v = req.stages_for(spec)
-    choice = ScheduleChoice(spec.name, v, None, OffloadPolicy.parse(req.offload))
+    choice = req.choice()
+    v = choice.stages_per_rank
     lgd = req.setup.lgd_for(choice.offload)
     lc = _layer_costs(req, lgd)
     placement = placement_of(choice, req.pp)
-    split = layer_split(req.split, req.model.layers, placement, head_weight(lc))
-    sc = stage_costs(lc, req.hardware, req.layout, v, req.model.layers, placement,
-                     gather_after_p2p=req.tp > 1 and not req.sequence_parallel, split=split)
+    split = req.layers_per_stage or layer_split(req.split, req.model.layers, placement, head_weight(lc))
+    sc = stage_costs(lc, req.hardware, req.layout, v, req.model.layers, placement, host_link=req.host_link,
+                     gather_after_p2p=req.tp > 1 and not req.sequence_parallel, split=tuple(split))
+    plan_req = _plan_request(req)
+    # the policies as plan's search plans them on this layout: a budget's target, the ranks' offsets
+    choice = planned_choice(plan_req, choice, sc, tuple(sum(x) for x in static_split(plan_req, req.layout, sc)))
     m = req.microbatches
-    with progress(f"simulating {spec.name} PP{req.pp} v={v} over {m} microbatches"
+    with progress(f"simulating {choice.family} PP{req.pp} v={v}"
+                  + (f" g={choice.group_size}" if choice.group_size is not None else "") + f" over {m} microbatches"
                   + (f" with offload {choice.offload} (its copies planned over the whole step)"
                      if choice.offload.kind != "none" else "")):
         sim = _simulate(req, choice, m, sc.costs)
         no_p2p = sim if req.pp == 1 else _simulate(req, _without_copies(req, choice), m,
                                                    replace(sc.costs, p2p_time=0.0))
-    plan_req = _plan_request(req)
     dp_time = dp_sync_time(plan_req, req.layout, max(sc.params_per_rank), placement)
     step = sim.makespan + dp_time
     memory, activations = _memory(req, lc, sc, sim)
@@ -279,7 +410,8 @@ def estimate(req: EstimateRequest) -> Estimate:
         memory_per_rank=memory, activation_per_rank=activations,
         host_bytes=max(sim.host_units) * sc.unit_bytes, fits=max(memory) <= req.budget * (1 + 1e-12),
         breakdown=breakdown, bubble_ratio=sim.bubble_ratio, layers_per_stage=sc.layers_per_stage,
-        warnings=warnings, partial_recompute=lgd, busy_seconds=sim.busy)
+        warnings=warnings, partial_recompute=lgd, busy_seconds=sim.busy, choice=choice,
+        unit_bytes=sc.unit_bytes)
 
 
 def _budget_warning(req: EstimateRequest) -> str | None:
@@ -315,12 +447,15 @@ def progress(what: str) -> Iterator[None]:
 
 
 def _without_copies(req: EstimateRequest, choice: ScheduleChoice) -> ScheduleChoice:
-    """The choice whose run without point-to-point time gives ``pp_comm``: with eager transfers, the
-    schedule without its offload policy. The offload pass never lengthens the step (its copies never
-    delay compute), so the makespan without transfers is the plain schedule's, which extrapolates from a
-    few periods; planning the copies of every microbatch a second time for it took half of an offload
-    estimate's time (zb-v PP4, 2000 microbatches: ~7 s of ~15 s)."""
-    return choice.plain() if req.p2p == "eager" else choice
+    """The choice whose run without point-to-point time gives ``pp_comm``: with eager transfers and no
+    other policy, the schedule without its offload policy. The offload pass never lengthens the step
+    (its copies never delay compute), so the makespan without transfers is the plain schedule's, which
+    extrapolates from a few periods; planning the copies of every microbatch a second time for it took
+    half of an offload estimate's time (zb-v PP4, 2000 microbatches: ~7 s of ~15 s). A recompute policy
+    (its R actions are compute) and a stall budget (its copies may delay compute) are kept."""
+    if req.p2p != "eager" or choice.recompute != RecomputePolicy() or choice.offload.max_stall > 0:
+        return choice
+    return choice.plain()
 
 
 def _simulate(req: EstimateRequest, choice: ScheduleChoice, m: int, costs: CostModel) -> SimSummary:
@@ -338,7 +473,8 @@ def _model_flops(model: ModelSpec) -> float:
 
 
 def _plan_request(req: EstimateRequest) -> PlanRequest:
-    """The ``PlanRequest`` whose data-parallel accounting (``dp_sync_time``) ``estimate`` shares."""
+    """The ``PlanRequest`` whose data-parallel accounting (``dp_sync_time``), static memory and policy
+    planning (``planned_choice``) ``estimate`` shares."""
     return PlanRequest(model=req.model, hardware=req.hardware, gpus=req.layout.gpus,
                        global_batch=req.global_batch, memory_budget=req.budget,
                        setup=req.setup)
@@ -420,3 +556,25 @@ def _outside_layers_comm(req: EstimateRequest, stages: object, n_stages: int) ->
 def check_total(e: Estimate) -> float:
     """The breakdown's sum minus the step time (zero up to float noise; tests use it)."""
     return math.fsum(e.breakdown.values()) - e.step_seconds
+
+
+def _refuse_policy_as_recompute(text: object) -> None:
+    """A pipeoffload recompute policy given as Megatron's ``--recompute`` names the flag that takes it."""
+    try:
+        policy = RecomputePolicy.parse(text)  # type: ignore[arg-type]
+    except ConfigError:
+        return
+    _refuse_partial("--recompute", text, ", ".join(RECOMPUTE_MODES))
+    if policy.kind != "none":
+        raise ConfigError(f"--recompute {text} is a pipeoffload recompute policy (plan's recompute column): give "
+                          f"it as --recompute-policy {text}; --recompute takes Megatron's {', '.join(RECOMPUTE_MODES)}")
+
+
+def _refuse_partial(flag: str, text: object, forms: str) -> None:
+    """A partial-recomputation form of a policy (``lgd``, ``partial:S:T``) names the flag that models it:
+    a policy's own partial form is applied only while lowering, never to the costs simulated, so plan
+    has no row with it."""
+    policy = RecomputePolicy.parse(text)  # type: ignore[arg-type]
+    if policy.partial:
+        raise ConfigError(f"{flag} {text}: partial recomputation is --partial-recompute here (LGD: LayerNorm, "
+                          f"activation and dropout recomputed in the backward, as plan); {flag} takes {forms}")

@@ -17,6 +17,12 @@ from pipeoffload.placement import Placement
 SPLITS = ("even", "balanced")
 
 
+def most_stages(kind: str, layers: int) -> int:
+    """The most stages ``layers`` fill with split ``kind`` (``plan`` and ``estimate`` both ask here): a
+    layer on every stage (even), or an embedding-only first and a head-only last stage besides (balanced)."""
+    return layers + (2 if kind == "balanced" else 0)
+
+
 def even_split(layers: int, stages: int) -> tuple[int, ...]:
     """Layers per stage, as even as possible; the remainder goes to the earliest stages."""
     if stages > layers:

@@ -45,10 +45,10 @@ BUILTIN: tuple[ScheduleSpec, ...] = (
                  "DualPipeV: V placement, forward/backward pairs (overlapped in MoE runtimes), d+1/2 rank units",
                  backward="mixed", torch_class="DualPipeV", **_V),  # type: ignore[arg-type]
     ScheduleSpec("zb-h1", zb_h1,
-                 "zero bubble H1: 1F1B's peak memory (d units), W deferred into the bubbles; bubble ~1/3 of 1F1B's",
+                 "zero bubble H1: 1F1B's peak memory (d rank units), W deferred into the bubbles; bubble ~1/3 of 1F1B's",
                  aliases=("zb1p",), backward="split", period=_d_microbatches, warmup_periods=2,
                  torch_class="InterleavedZeroBubble"),
-    ScheduleSpec("zb-h2", zb_h2, "zero bubble H2: about twice 1F1B's memory (2d units), near-zero bubble",
+    ScheduleSpec("zb-h2", zb_h2, "zero bubble H2: about twice 1F1B's memory (2d rank units), near-zero bubble",
                  fixed_stages_per_rank=True, backward="split", period=_d_microbatches, warmup_periods=2),
     ScheduleSpec("zb", zb,
                  "memory-limited zero bubble: greedy W filling under a per-rank activation limit and a cost model",
@@ -67,7 +67,7 @@ BUILTIN: tuple[ScheduleSpec, ...] = (
                  **_V),  # type: ignore[arg-type]
     ScheduleSpec("group-interleaved", group_interleaved,
                  "PipeOffload's interleaved 1F1B: g microbatches pass each stage back to back; "
-                 "peak g(v-1)+d units, I/W split (or --backward full)",
+                 "peak g(v-1)+d activation units ((g(v-1)+d)/v rank units), I/W split (or --backward full)",
                  aliases=("pipeoffload",), stages_per_rank=2, interleaved=True, backward="option",
                  options=("group_size", "backward"), period=_one_group, group_sizes=_group_sizes),
 )

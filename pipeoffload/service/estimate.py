@@ -31,12 +31,14 @@ class EstimateResult:
         return self.estimate.as_dict()
 
     def text(self) -> str:
-        e, r = self.estimate, self.request
-        offload = f"offload {r.offload}" + (" with LGD partial recomputation" if e.partial_recompute else "")
+        e, r, c = self.estimate, self.request, self.estimate.planned
+        offload = f"offload {_offload(e)}" + (" with LGD partial recomputation" if e.partial_recompute else "")
+        policy = f", recompute policy {c.recompute}" if str(c.recompute) != "none" else ""
+        group = f" g={c.group_size}" if c.group_size is not None else ""
         return "\n".join([
             f"{r.model.name} on {r.layout.gpus} x {r.hardware.name}: TP{r.tp} PP{r.pp} DP{r.dp}, {r.schedule} "
-            f"v={r.stages_for()}, seq {r.model.seq:,}, microbatch {r.model.microbatch} x {e.microbatches}, "
-            f"recompute {r.recompute}, {offload}",
+            f"v={r.stages_for()}{group}, seq {r.model.seq:,}, microbatch {r.model.microbatch} x {e.microbatches}, "
+            f"recompute {r.recompute}{policy}, {offload}", *_split_line(e),
             f"step {seconds(e.step_seconds)}   MFU {e.mfu:.1%}   {e.tflops_per_gpu:.1f} TFLOP/s per GPU   "
             f"{e.tokens_per_second:,.0f} tokens/s   pipeline bubble {e.bubble_ratio:.1%} (idle share of all "
             "ranks, as plan's bubble column)" + _imbalance(e),
@@ -49,16 +51,41 @@ class EstimateResult:
                 for k, v in e.breakdown.items())])
 
 
+def _offload(e: Estimate) -> str:
+    """The offload policy simulated: a stall budget as plan's column writes it (``auto+5%``), and the
+    target ``budget`` was given (what the memory budget leaves, as plan fills it)."""
+    policy, r = e.planned.offload, e.request
+    stall = f"+{policy.max_stall:g}%" if policy.max_stall > 0 else ""
+    if r.offload_text == "budget":
+        return f"{policy}{stall} ({gib(policy.budget * e.unit_bytes)} GiB: what --memory leaves for activations)"
+    return f"{policy}{stall}"
+
+
+def _split_line(e: Estimate) -> list[str]:
+    """How the layers were split, when the stages do not all hold the same number."""
+    split = e.layers_per_stage
+    if len(set(split)) <= 1:
+        return []
+    r = e.request
+    how = ("as given" if r.layers_per_stage is not None else "balanced: the head weighed" if r.split == "balanced"
+           else "uneven: the remainder on the earliest stages")
+    return [f"layers per stage {','.join(map(str, split))} ({how})"]
+
+
 def _imbalance(e: Estimate) -> str:
     """What of the bubble uneven stage loads cause, when it is worth a line (and, on an even split,
-    the flag that weighs the embedding and the head)."""
+    the flag that weighs the embedding and the head). The ranks' busy time holds the TP collectives
+    inside their layers, which the breakdown lists apart (``tp_comm``): with TP the line says so."""
     share = e.imbalance_ratio
     if share < _IMBALANCE_NOTED:
         return ""
     busy = e.busy_seconds
-    hint = "; --split balanced weighs the embedding and the head" if e.request.split == "even" else ""
-    return (f"\n  of it {100 * share:.1f} points from uneven stage loads: the busiest rank computes "
-            f"{seconds(max(busy))}, the mean rank {seconds(sum(busy) / len(busy))}{hint}")
+    hint = "; --split balanced weighs the embedding and the head" if (
+        e.request.split == "even" and e.request.layers_per_stage is None) else ""
+    what = (f"is busy {seconds(max(busy))} (compute and TP communication)" if e.request.tp > 1
+            else f"computes {seconds(max(busy))}")
+    return (f"\n  of it {100 * share:.1f} points from uneven stage loads: the busiest rank {what}, "
+            f"the mean rank {seconds(sum(busy) / len(busy))}{hint}")
 
 
 _IMBALANCE_NOTED = 0.01  # a share of the step below which uneven loads are not worth a line

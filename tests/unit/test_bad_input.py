@@ -44,9 +44,11 @@ CASES = [
     (f"{PLAN} --ffn 0", "--ffn: 0 must be >= 1"),
     (f"{PLAN} --host-memory inf", "--host-memory inf: not a finite number"),
     (f"{PLAN} --memory nan", "--memory nan"),
-    (f"{EST} --pp 5", "--layers 24 is not divisible by pp x stages-per-rank = 5 x 1"),
-    (f"{EST} --pp 4 --schedule interleaved-1f1b --stages-per-rank 4", "--layers 24 is not divisible by pp x "
-                                                                      "stages-per-rank = 4 x 4"),
+    # an uneven even split is costed as plan splits it; fewer layers than stages is refused
+    (f"{EST} --pp 25", "--layers 24 cannot give each of pp x stages-per-rank = 25 x 1 stages a layer (--split "
+                       "even); use fewer stages or --split balanced"),
+    (f"{EST} --pp 4 --schedule interleaved-1f1b --stages-per-rank 8", "--layers 24 cannot give each of pp x "
+                                                                      "stages-per-rank = 4 x 8 stages a layer"),
     (f"{EST} --tp 3", "--tp 3 must divide the heads (16)"),
     (f"{EST} --gpu b300", "unknown gpu 'b300'"),
     (f"{EST} --dp 4 --microbatch-size 3", "--global-batch 32 is not divisible by dp x microbatch size = 4 x 3"),

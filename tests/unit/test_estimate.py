@@ -69,7 +69,7 @@ def test_mfu_above_the_best_published_warns() -> None:
 
 
 @pytest.mark.parametrize("kw, needle", [
-    ({"pp": 3}, "--layers 40 is not divisible by pp x stages-per-rank = 3 x 1"),
+    ({"pp": 41, "dp": 1}, "--layers 40 cannot give each of pp x stages-per-rank = 41 x 1 stages a layer"),
     ({"tp": 3}, "--tp 3 must divide the heads (40)"),
     ({"dp": 3}, "--global-batch 64 is not divisible by dp x microbatch size = 3 x 2"),
     ({"recompute": "most"}, "recompute 'most'"),
@@ -85,7 +85,7 @@ SHAPE = ["--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "2048",
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--pp", "5"], "--layers 24 is not divisible"),
+    (["--pp", "25"], "--layers 24 cannot give each of pp x stages-per-rank = 25 x 1 stages a layer"),
     (["--tp", "3"], "--tp 3 must divide the heads (16)"),
     (["--gpu", "b300"], "unknown gpu 'b300'"),
     (["--dp", "5"], "--global-batch 32 is not divisible by dp x microbatch size = 5 x 1"),
