@@ -19,6 +19,7 @@ replay, so d = 16, m = 128 takes a few tens of milliseconds.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -363,6 +364,14 @@ def _warmup_grid(d: int, m: int, limits: Sequence[float], costs: CostModel) -> l
     grid = {tuple(min(m, fit[r], d - r + extra) for r in range(d)) for extra in extras}
     grid.add(tuple(min(m, fit[r], 2 * (d - r) - 1) for r in range(d)))
     grid.add(tuple(min(m, fit[r]) for r in range(d)))
+    # Below 1F1B's depths (a limit under d - r units) the depths taper along the pipeline instead:
+    # rank r keeps its share (d - r) / d of what the limit holds, rounded down, to nearest or up, so
+    # the ranks that cannot keep 1F1B's depth give up a little each rather than the early ranks all
+    # sitting at the limit (d = 8, limit 4: (4, 4, 3, 3, 2, 2, 1, 1), a step about half as long as
+    # (4, 4, 4, 4, 4, 3, 2, 1); benchmarks/zb_vs_exhaustive.py).
+    for up in (0.0, 0.5, 1.0):  # floor, nearest (halves up), ceiling; _EPS: 3 * 6 / 6 is 3, not 2.999...
+        grid.add(tuple(min(m, fit[r], max(1, math.floor(fit[r] * (d - r) / d + up - (_EPS if up == 1.0 else -_EPS))))
+                       for r in range(d)))
     return sorted(grid)
 
 

@@ -2,6 +2,8 @@
 
 Unit costs (F = I = W = 1, zero comm) unless a test says otherwise; "units" are activation units.
 """
+import itertools
+import math
 import random
 
 import pytest
@@ -108,6 +110,31 @@ def test_zb_respects_any_limit_and_per_rank_limits() -> None:
         timeline = simulate(lower(schedule), costs)
         limits = limit if isinstance(limit, list) else [limit] * d
         assert all(r.peak_activation_units <= lim + 1e-9 for r, lim in zip(timeline.per_rank, limits))
+
+
+def _exhaustive_best(d: int, m: int, limit: float, costs: CostModel) -> float:
+    """The shortest makespan that fits ``limit`` over every warm-up depth vector ``skeleton`` accepts
+    (non-increasing, 1..limit) with both gap rules: the space ``zb`` searches a few points of."""
+    placement, best = Placement.loop(d, 1), math.inf
+    for depths in itertools.combinations_with_replacement(range(int(limit), 0, -1), d):
+        for overfill in (1.0, 0.0):
+            filled = fill_weight_passes(placement, skeleton(d, m, depths), costs, [limit] * d, overfill)
+            if filled.fits([limit] * d):
+                best = min(best, filled.makespan)
+    return best
+
+
+# Below 1F1B's depths the best warm-ups taper along the pipeline (d = 4, limit 2: (2, 2, 1, 1)); zb's
+# depths left the early ranks at the limit and lost up to 35 % here (107 % at d = 8, limit 4:
+# benchmarks/zb_vs_exhaustive.py).
+@pytest.mark.parametrize("d,limit", [(3, 2), (4, 2), (4, 3), (5, 3)])
+@pytest.mark.parametrize("costs", [CostModel.uniform(1, 1, 1), CostModel.uniform(1, 1.5, 0.5),
+                                   CostModel.uniform(1, 1, 1, p2p=0.25)], ids=["unit", "unbalanced", "p2p"])
+def test_zb_under_a_limit_below_d_is_as_fast_as_any_warm_up(d: int, limit: int, costs: CostModel) -> None:
+    m = 4 * d
+    made = simulate(generate("zb", d, m, memory_limit=limit, costs=costs), costs)
+    assert made.peak_activation_units <= limit + 1e-9
+    assert made.makespan <= _exhaustive_best(d, m, limit, costs) + 1e-9
 
 
 def test_zb_limit_of_one_unit_runs_one_microbatch_at_a_time(unit_costs: CostModel) -> None:
