@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.llama_config import ARCHITECTURES, LlamaShape, moe_field, set_apart_head_dim
+from pipeoffload.llama_config import (
+    ARCHITECTURES,
+    LlamaShape,
+    check_object,
+    json_int,
+    moe_field,
+    set_apart_head_dim,
+)
 from pipeoffload.planner.model import ModelSpec
 
 _KEYS = {  # ModelSpec field -> config.json keys, first found wins
@@ -40,6 +47,7 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
         data: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise ConfigError(f"hf:{directory}: cannot read {path} ({err}); give a directory holding config.json") from None
+    check_object(data, str(path))
     source = f"hf:{(path.parent if path.name == 'config.json' else path).resolve()}"
     moe = moe_field(data)
     if moe is not None:  # read as dense it would pass for a model of its active experts' size
@@ -50,9 +58,9 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
         return shape.model_spec(_name(data, path), shape.max_positions).with_(source=source)
     values: dict[str, Any] = {}
     for name, keys in _KEYS.items():
-        found = next((data[k] for k in keys if data.get(k) is not None), None)
-        if found is not None:
-            values[name] = int(found)
+        key = next((k for k in keys if data.get(k) is not None), None)
+        if key is not None:
+            values[name] = json_int(data[key], key, str(path))
     missing = [k for k in ("layers", "hidden", "heads") if k not in values]
     if missing:
         raise ConfigError(f"hf:{directory}: config.json has no {', '.join(missing)} "
