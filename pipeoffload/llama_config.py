@@ -143,7 +143,7 @@ class LlamaShape:
 
         return ModelSpec(name=name, layers=self.layers, hidden=self.hidden, heads=self.heads,
                          kv_heads=self.n_kv_heads, head_size=self.head_dim or None, ffn=self.ffn, seq=seq,
-                         vocab=self.vocab, gated_mlp=True, dropout=False, bias=self.qkv_bias,
+                         vocab=self.vocab, gated_mlp=True, dropout=False, bias=False, qkv_bias=self.qkv_bias,
                          tied_embeddings=self.tie_embeddings)
 
 

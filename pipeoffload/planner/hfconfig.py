@@ -68,9 +68,35 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
     act = str(data.get("hidden_act", data.get("activation_function", "gelu"))).lower()
     gated = act in ("silu", "swiglu", "swish")
     values.setdefault("seq", 2048)
+    if data.get("head_dim"):
+        json_int(data["head_dim"], "head_dim", str(path))
+    positions = _learned_positions(data, str(path))
     return ModelSpec(name=_name(data, path), gated_mlp=gated, dropout=not gated, bias=not gated,
                      head_size=set_apart_head_dim(data.get("head_dim"), values["heads"], values["hidden"]),
-                     tied_embeddings=bool(data.get("tie_word_embeddings", not gated)), **values)
+                     tied_embeddings=bool(data.get("tie_word_embeddings", not gated)), positions=positions,
+                     params_note=_params_note(data, gated), **values)
+
+
+# keys saying positions are rotary (GPT-J, CodeGen, GPT-NeoX, Phi), not a learned table
+_ROTARY_KEYS = ("rotary_dim", "rotary_pct", "partial_rotary_factor", "rope_theta", "rope_parameters", "rope_scaling")
+
+
+def _learned_positions(data: dict[str, Any], where: str) -> int:
+    """Rows of the learned position table GPT-2's ``n_positions`` declares (0 where positions are rotary)."""
+    if data.get("n_positions") is None or any(data.get(k) is not None for k in _ROTARY_KEYS):
+        return 0
+    return json_int(data["n_positions"], "n_positions", where)
+
+
+def _params_note(data: dict[str, Any], gated: bool) -> str:
+    """Empty where the generic reading is exact (GPT-2: transformers' GPT2LMHeadModel without cross-attention,
+    checked by a test); else why the parameter count is only approximate."""
+    if data.get("model_type") == "gpt2" and not data.get("add_cross_attention"):
+        return ""
+    archs = data.get("architectures") or [data.get("model_type") or "this model"]
+    style = "Llama-style (SwiGLU, RMSNorm, no biases)" if gated else "GPT-style (two LayerNorms, biases everywhere)"
+    return (f"{'/'.join(map(str, archs))} is read generically as {style} layers: its own layout may differ, so "
+            "the parameter count and the memory that follows from it are approximate")
 
 
 def _name(data: dict[str, Any], path: Path) -> str:
