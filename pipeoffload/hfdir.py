@@ -3,10 +3,12 @@
 ``open_hf_dir(path)`` reads ``config.json`` (onto ``LlamaShape``), ``tokenizer.json`` and the
 safetensors headers (``model.safetensors``, or the files named by ``model.safetensors.index.json``),
 and refuses, with one line naming the file, field or tensor, anything a run could only discover
-later: a field we cannot honour, a missing tensor, a wrong shape, a truncated file. A safetensors
-header is 8 bytes of length, a JSON table of ``name -> dtype, shape, data_offsets``, then the data;
-the file must end exactly where the table says. Nothing is downloaded: a path that is not a local
-directory is refused.
+later: a field we cannot honour, a missing tensor, a wrong shape, a truncated file, a tensor the
+config does not describe (it would be dropped), a tied config whose stored ``lm_head.weight`` differs
+from the embedding (transformers would use it as the head). A safetensors header is 8 bytes of
+length, a JSON table of ``name -> dtype, shape, data_offsets``, then the data; each entry must span
+exactly shape x dtype bytes, the entries tile the data, and the file must end exactly where the table
+says. Nothing is downloaded: a path that is not a local directory is refused.
 
 Names: our layers are ``layers.<i>.<local name>`` (``Embed``, ``Block`` x L, ``Head``, see
 ``models.llama``); ``hf_name`` maps them onto the Hugging Face names (``model.layers.<i-1>.<...>``).
@@ -14,6 +16,7 @@ Names: our layers are ``layers.<i>.<local name>`` (``Embed``, ``Block`` x L, ``H
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,7 +97,10 @@ def our_names(shape: LlamaShape) -> dict[str, str]:
 
 
 def read_header(path: Path) -> dict[str, Any]:
-    """The tensor table of a safetensors file, checked to cover the file exactly."""
+    """The tensor table of a safetensors file, checked as safetensors checks it on load: every entry has a
+    dtype, a shape and ``data_offsets`` spanning exactly shape x dtype bytes, the entries tile the data
+    without gaps or overlaps, and the file ends where the last one does. The offsets of the returned
+    entries count from the start of the data (``data_start(path, table)`` bytes into the file)."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as fh:
@@ -107,30 +113,90 @@ def read_header(path: Path) -> dict[str, Any]:
             table: dict[str, Any] = json.loads(fh.read(n))
     except (OSError, ValueError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: not a readable safetensors file ({err})") from None
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: not a safetensors file (its header is not a table of tensors); re-copy the "
+                          "checkpoint")
     table.pop("__metadata__", None)
-    end = max((t["data_offsets"][1] for t in table.values()), default=0)
+    end = 0
+    for name, begin, stop in sorted(_spans(path, table), key=lambda span: span[1]):
+        if begin != end:
+            raise ConfigError(f"{path}: tensor {name} starts at data byte {begin} where the one before it ends at "
+                              f"{end}: the header's data_offsets overlaps or leaves a gap; re-copy the checkpoint")
+        end = stop
     if 8 + n + end != size:
         raise ConfigError(f"{path}: truncated or padded safetensors file: its table needs {8 + n + end} bytes, "
                           f"the file has {size}; re-copy the checkpoint")
     return table
 
 
+# bytes per element of each safetensors dtype (sub-byte float types are left unchecked)
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+
+
+def _spans(path: Path, table: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(name, begin, end) of every entry of a header, each checked to be well formed."""
+    spans = []
+    for name, entry in table.items():
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{path}: header entry {name} is a {type(entry).__name__}, not an object (dtype, "
+                              "shape, data_offsets); re-copy the checkpoint")
+        for key in ("dtype", "shape", "data_offsets"):
+            if key not in entry:
+                raise ConfigError(f"{path}: header entry {name} has no {key}; re-copy the checkpoint")
+        shape, offsets, dtype = entry["shape"], entry["data_offsets"], entry["dtype"]
+        if not isinstance(shape, list) or not all(_count(d) for d in shape):
+            raise ConfigError(f"{path}: tensor {name}: shape {shape!r} is not a list of sizes >= 0; "
+                              "re-copy the checkpoint")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_count(o) for o in offsets)
+                and offsets[0] <= offsets[1]):
+            raise ConfigError(f"{path}: tensor {name}: data_offsets {offsets!r} is not [begin, end] with "
+                              "0 <= begin <= end; re-copy the checkpoint")
+        if not isinstance(dtype, str):
+            raise ConfigError(f"{path}: tensor {name}: dtype {dtype!r} is not a dtype name; re-copy the checkpoint")
+        width = _DTYPE_BYTES.get(dtype)
+        if width is not None:
+            need = width * math.prod(shape)
+            if offsets[1] - offsets[0] != need:
+                raise ConfigError(f"{path}: tensor {name}: data_offsets span {offsets[1] - offsets[0]} bytes; "
+                                  f"shape {shape} of {dtype} needs {need}: the header does not match the data "
+                                  "(edited?); re-copy the checkpoint")
+        spans.append((name, offsets[0], offsets[1]))
+    return spans
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _weight_files(path: Path) -> dict[str, str]:
     index = path / INDEX
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError) as err:
+            data = json.loads(index.read_text())
+        except (OSError, ValueError) as err:
             raise ConfigError(f"{index}: not a safetensors index ({err})") from None
-        return {str(k): str(v) for k, v in weight_map.items()}
+        if not isinstance(data, dict) or "weight_map" not in data:
+            raise ConfigError(f"{index}: not a safetensors index (no weight_map); re-copy the checkpoint")
+        weight_map = data["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise ConfigError(f"{index}: weight_map={weight_map!r} is not an object of tensor name -> file name; "
+                              "re-copy the checkpoint")
+        for name, fname in weight_map.items():
+            if not isinstance(fname, str) or not fname:
+                raise ConfigError(f"{index}: weight_map gives {name} the file {fname!r}, not a file name; "
+                                  "re-copy the checkpoint")
+        return dict(weight_map)
     if (path / SINGLE).is_file():
         return {name: SINGLE for name in read_header(path / SINGLE)}
     raise ConfigError(f"hf:{path}: neither {SINGLE} nor {INDEX}; only safetensors checkpoints are read "
                       "(convert .bin weights with transformers' save_pretrained)")
 
 
-def open_hf_dir(path: str | Path, *, check_tokenizer: bool = True) -> HFDir:
-    """The checked directory; ``ConfigError`` naming the first problem."""
+def open_hf_dir(path: str | Path, *, check_tokenizer: bool = True, compare_tied_head: bool = True) -> HFDir:
+    """The checked directory; ``ConfigError`` naming the first problem. ``compare_tied_head``: read the
+    bytes of a tied config's stored ``lm_head.weight`` and of the embedding to compare them (ranks pass
+    False: the launcher did it)."""
     root = Path(path).expanduser()
     if not root.is_dir():
         raise ConfigError(f"hf:{root}: no such local directory (models are never downloaded; save one with "
@@ -161,9 +227,71 @@ def open_hf_dir(path: str | Path, *, check_tokenizer: bool = True) -> HFDir:
                               f"implies {want}")
         if entry["dtype"] not in _DTYPES:
             raise ConfigError(f"{root / fname}: tensor {name} has dtype {entry['dtype']}; supported: F32, BF16, F16")
+    _refuse_undescribed(root, shape, files)
+    if shape.tie_embeddings and TIED_HEAD in files and compare_tied_head:
+        _refuse_own_head(root, files)
     if check_tokenizer:
         check_tokenizer_file(root / "tokenizer.json", shape.vocab)
     return HFDir(root, shape, files)
+
+
+TIED_HEAD, EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
+SHOWN = 3  # undescribed tensors named in the refusal
+
+
+def _refuse_undescribed(root: Path, shape: LlamaShape, files: dict[str, str]) -> None:
+    """Tensors the config does not describe (an ``o_proj.bias``, a layer past ``num_hidden_layers``) would be
+    dropped silently; old checkpoints' ``rotary_emb.inv_freq`` buffers are ignored, as transformers does,
+    and a tied config's ``lm_head.weight`` is compared with the embedding instead."""
+    known = expected_tensors(shape)
+    extra = [name for name in files if name not in known and not name.endswith("rotary_emb.inv_freq")
+             and not (shape.tie_embeddings and name == TIED_HEAD)]
+    if extra:
+        more = f" and {len(extra) - SHOWN} more" if len(extra) > SHOWN else ""
+        plural = "tensor" if len(extra) == 1 else "tensors"
+        raise ConfigError(f"hf:{root}: the checkpoint holds {len(extra)} {plural} config.json does not describe: "
+                          f"{', '.join(extra[:SHOWN])}{more} ({shape.architecture}, num_hidden_layers="
+                          f"{shape.layers}); they would be dropped: fix config.json or use the matching checkpoint")
+
+
+def _refuse_own_head(root: Path, files: dict[str, str]) -> None:
+    """A tied config (``tie_word_embeddings: true``) whose checkpoint also stores an ``lm_head.weight``:
+    accepted when its bytes equal the embedding's (as many tied checkpoints store it); a different one is
+    what transformers keeps as its head, while the tied model here would read the embedding."""
+    (head_file, head), (emb_file, emb) = (_entry(root, files, n) for n in (TIED_HEAD, EMBEDDING))
+    if (head["dtype"], head["shape"]) != (emb["dtype"], emb["shape"]) or \
+            not _same_bytes(root / head_file, head, root / emb_file, emb):
+        raise ConfigError(f"hf:{root}: config.json says tie_word_embeddings=true but the checkpoint's "
+                          f"{TIED_HEAD} differs from {EMBEDDING} (transformers would use it as the head, this "
+                          f"model the embedding): set tie_word_embeddings to false in config.json to train it "
+                          f"as its own head, or drop {TIED_HEAD} to tie it")
+
+
+def _entry(root: Path, files: dict[str, str], name: str) -> tuple[str, dict[str, Any]]:
+    entry: dict[str, Any] = read_header(root / files[name])[name]
+    return files[name], entry
+
+
+def data_start(path: Path) -> int:
+    """Where a safetensors file's data begins (after the 8-byte length and the header)."""
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+    return 8 + int(n)
+
+
+def _same_bytes(a_path: Path, a: dict[str, Any], b_path: Path, b: dict[str, Any], chunk: int = 1 << 24) -> bool:
+    """The data of entry ``a`` equals that of ``b``, read in chunks and stopped at the first difference."""
+    (a0, a1), (b0, _) = a["data_offsets"], b["data_offsets"]
+    with open(a_path, "rb") as fa, open(b_path, "rb") as fb:
+        fa.seek(data_start(a_path) + a0)
+        fb.seek(data_start(b_path) + b0)
+        left = a1 - a0
+        while left:
+            n = min(chunk, left)
+            if fa.read(n) != fb.read(n):
+                return False
+            left -= n
+    return True
 
 
 def check_tokenizer_file(path: Path, vocab: int) -> None:

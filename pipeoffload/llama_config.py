@@ -79,6 +79,7 @@ class LlamaShape:
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], where: str = "config.json") -> LlamaShape:
         """The shape of a Hugging Face ``config.json``; ``ConfigError`` naming the first field we cannot honour."""
+        check_object(cfg, where)
         by_type = {v: k for k, v in ARCHITECTURES.items()}
         archs = cfg.get("architectures") or ([by_type[cfg["model_type"]]] if cfg.get("model_type") in by_type else [])
         arch = archs[0] if len(archs) == 1 else None
@@ -87,21 +88,23 @@ class LlamaShape:
                               f"{', '.join(ARCHITECTURES)}")
         _refuse_unsupported(cfg, arch, where)
         theta, scaling = _rope(cfg, where)
-        try:
-            return cls(
-                vocab=int(cfg["vocab_size"]), hidden=int(cfg["hidden_size"]), layers=int(cfg["num_hidden_layers"]),
-                heads=int(cfg["num_attention_heads"]), kv_heads=int(cfg.get("num_key_value_heads") or 0),
-                ffn_hidden=int(cfg["intermediate_size"]), head_dim=_head_dim(cfg),
-                rope_theta=theta, rope_scaling=scaling, rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
-                max_positions=int(cfg.get("max_position_embeddings", 4096)), architecture=arch,
-                bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id"),
-            )
-        except KeyError as err:
-            raise ConfigError(f"{where}: field {err.args[0]} is missing; it is required for {arch}") from None
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"{where}: a shape field is not a number ({err})") from None
+        def need(key: str) -> int:
+            if key not in cfg:
+                raise ConfigError(f"{where}: field {key} is missing; it is required for {arch}")
+            return json_int(cfg[key], key, where)
+
+        kv = cfg.get("num_key_value_heads")
+        return cls(
+            vocab=need("vocab_size"), hidden=need("hidden_size"), layers=need("num_hidden_layers"),
+            heads=need("num_attention_heads"), kv_heads=0 if kv is None else json_int(kv, "num_key_value_heads", where),
+            ffn_hidden=need("intermediate_size"), head_dim=_head_dim(cfg, where),
+            rope_theta=theta, rope_scaling=scaling, rms_eps=json_float(cfg.get("rms_norm_eps", 1e-6), "rms_norm_eps",
+                                                                       where),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+            max_positions=json_int(cfg.get("max_position_embeddings", 4096), "max_position_embeddings", where),
+            architecture=arch, bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id"),
+        )
 
     def to_hf(self) -> dict[str, Any]:
         """A ``config.json`` that transformers reads back into this shape."""
@@ -140,12 +143,43 @@ class LlamaShape:
 
         return ModelSpec(name=name, layers=self.layers, hidden=self.hidden, heads=self.heads,
                          kv_heads=self.n_kv_heads, head_size=self.head_dim or None, ffn=self.ffn, seq=seq,
-                         vocab=self.vocab, gated_mlp=True, dropout=False, bias=self.qkv_bias,
+                         vocab=self.vocab, gated_mlp=True, dropout=False, bias=False, qkv_bias=self.qkv_bias,
                          tied_embeddings=self.tie_embeddings)
 
 
-def _head_dim(cfg: dict[str, Any]) -> int:
-    return set_apart_head_dim(cfg.get("head_dim"), int(cfg["num_attention_heads"]), int(cfg["hidden_size"])) or 0
+def _head_dim(cfg: dict[str, Any], where: str) -> int:
+    explicit = cfg.get("head_dim")
+    if explicit:
+        json_int(explicit, "head_dim", where)
+    return set_apart_head_dim(explicit, int(cfg["num_attention_heads"]), int(cfg["hidden_size"])) or 0
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def check_object(value: Any, where: str) -> None:
+    """``value`` (a parsed config.json) is a JSON object, else one line saying what it is."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: holds a JSON {_json_kind(value)}, not an object of fields (vocab_size, "
+                          "hidden_size, ...); give the model's config.json")
+
+
+def json_int(value: Any, key: str, where: str) -> int:
+    """An integer field of config.json as written (a JSON integer: not 4.7, "64", true or null, which
+    ``int()`` would truncate or convert), else one line naming the file and the field."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}: {key}={value!r} is not an integer; write a whole number (no fraction, "
+                          "no quotes)")
+    return value
+
+
+def json_float(value: Any, key: str, where: str) -> float:
+    """A number field of config.json (an integer or a fraction), else one line naming the file and the field."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}: {key}={value!r} is not a number; write a number (no quotes)")
+    return float(value)
 
 
 def set_apart_head_dim(explicit: Any, heads: int, hidden: int) -> int | None:
@@ -186,19 +220,24 @@ def _refuse_unsupported(cfg: dict[str, Any], arch: str, where: str) -> None:
 
 def _rope(cfg: dict[str, Any], where: str) -> tuple[float, Llama3Scaling | None]:
     """(theta, scaling) from ``rope_parameters`` (transformers >= 5) or ``rope_theta``/``rope_scaling``."""
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+    params = cfg.get(key) or {}
+    if not isinstance(params, dict):
+        raise ConfigError(f"{where}: {key}={params!r} is not an object of rope fields (rope_type, rope_theta, ...)")
+    theta = json_float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)), "rope_theta", where)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return theta, None
     if kind != "llama3":
         raise ConfigError(f"{where}: rope_type={kind!r} is not supported; supported: 'default', 'llama3'")
-    try:
-        return theta, Llama3Scaling(float(params["factor"]), float(params["low_freq_factor"]),
-                                    float(params["high_freq_factor"]),
-                                    int(params["original_max_position_embeddings"]))
-    except KeyError as err:
-        raise ConfigError(f"{where}: rope field {err.args[0]} is missing for rope_type 'llama3'") from None
+    for field in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        if field not in params:
+            raise ConfigError(f"{where}: rope field {field} is missing for rope_type 'llama3'")
+    return theta, Llama3Scaling(json_float(params["factor"], "factor", where),
+                                json_float(params["low_freq_factor"], "low_freq_factor", where),
+                                json_float(params["high_freq_factor"], "high_freq_factor", where),
+                                json_int(params["original_max_position_embeddings"],
+                                         "original_max_position_embeddings", where))
 
 
 def _planner_seq(shape: LlamaShape) -> int:

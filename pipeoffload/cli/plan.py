@@ -13,7 +13,7 @@ from pipeoffload.planner.compare_tp import BASELINES
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.measured import load_layer_costs
 from pipeoffload.planner.plans import default_families
-from pipeoffload.planner.report import plan_warning
+from pipeoffload.planner.report import plan_warnings
 from pipeoffload.planner.stagecosts import HOST_LINK_MODES, TrainingSetup
 from pipeoffload.policies import INT_TEXT
 from pipeoffload.service import CompareTPRequest, PlanRequest, compare_tp, plan, strict_json
@@ -162,8 +162,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {args.emit} (the PP + offload plan); run it with: {command}")
         return 0
     result = plan(req)
-    warning = plan_warning(result.search)
-    if warning:
+    for warning in plan_warnings(result.search):
         print(f"pipeoffload plan: warning: {warning}", file=sys.stderr)
     print(strict_json(result.as_dict(), indent=1) if args.json else result.text(pareto=not args.no_pareto))
     if args.emit:

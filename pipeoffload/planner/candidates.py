@@ -334,7 +334,7 @@ def embedding_sync_time(req: PlanRequest, layout: Layout, placement: Placement |
         return 0.0
     if placement is not None and placement.rank_of(0) == placement.rank_of(placement.num_stages - 1):
         return 0.0
-    nbytes = req.model.embedding_params() / layout.tp * req.setup.grad_bytes
+    nbytes = req.model.word_embedding_params() / layout.tp * req.setup.grad_bytes
     return 2 * req.hardware.collective_time(nbytes, 2, layout.tp * (layout.pp - 1))
 
 

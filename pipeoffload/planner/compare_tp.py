@@ -104,7 +104,7 @@ def _describe(plan: Plan) -> str:
 
 def format_comparison(cmp: Comparison, req: PlanRequest) -> str:
     model, hw = req.model, req.hardware
-    lines = [f"{model.name} ({model.total_params() / 1e9:.1f}B, seq {model.seq}) on {req.gpus} x {hw.name} "
+    lines = [f"{model.name} ({'~' if model.params_note else ''}{model.total_params() / 1e9:.1f}B, seq {model.seq}) on {req.gpus} x {hw.name} "
              f"({hw.network}); global batch {req.global_batch}; budget {req.memory_budget / GIB:.1f} GiB/GPU",
              ""]
     rows = (("PP + offload", cmp.pp, cmp.pp_error), (f"baseline {cmp.baseline_label}", cmp.tp, cmp.tp_error))
@@ -126,8 +126,9 @@ def format_comparison(cmp: Comparison, req: PlanRequest) -> str:
 
 
 def comparison_warnings(cmp: Comparison, req: PlanRequest) -> list[str]:
-    """The MFU warning (``published.mfu_warning``) of each side whose prediction is above every published run."""
-    out = []
+    """The model's note where its parameter count is approximate (``ModelSpec.params_note``) and the MFU
+    warning (``published.mfu_warning``) of each side whose prediction is above every published run."""
+    out = [req.model.params_note] if req.model.params_note else []
     for side, plan in (("PP + offload", cmp.pp), ("baseline", cmp.tp)):
         warning = mfu_warning(req.hardware, req.model, plan.mfu) if plan is not None else None
         if warning:

@@ -35,7 +35,7 @@ def is_gpt_like(model: ModelSpec) -> bool:
 def is_llama_like(model: ModelSpec) -> bool:
     """What train's ``--model llama`` builds from its keys: SwiGLU, no biases, head width hidden / heads
     (Qwen2's q/k/v biases and a set-apart head_dim have no train key)."""
-    return model.gated_mlp and not model.bias and model.attention_width == model.hidden
+    return model.gated_mlp and not model.bias and not model.qkv_bias and model.attention_width == model.hidden
 
 
 def carries_model(model: ModelSpec) -> bool:

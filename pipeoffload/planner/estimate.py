@@ -403,7 +403,8 @@ def estimate(req: EstimateRequest) -> Estimate:
     gpus = req.layout.gpus
     mfu = model_flops / (step * gpus * req.hardware.peak_flops)
     breakdown = _breakdown(req, lc, sc, sim, no_p2p, dp_time, placement)
-    warnings = tuple(w for w in (mfu_warning(req.hardware, req.model, mfu), _budget_warning(req)) if w) + sim.warnings
+    warnings = tuple(w for w in (req.model.params_note, mfu_warning(req.hardware, req.model, mfu),
+                                 _budget_warning(req)) if w) + sim.warnings
     return Estimate(
         request=req, step_seconds=step, mfu=mfu, tflops_per_gpu=model_flops / step / gpus / 1e12,
         tokens_per_second=req.global_batch * req.model.seq / step, microbatches=m,

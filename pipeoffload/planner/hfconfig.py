@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.llama_config import ARCHITECTURES, LlamaShape, moe_field, set_apart_head_dim
+from pipeoffload.llama_config import (
+    ARCHITECTURES,
+    LlamaShape,
+    check_object,
+    json_int,
+    moe_field,
+    set_apart_head_dim,
+)
 from pipeoffload.planner.model import ModelSpec
 
 _KEYS = {  # ModelSpec field -> config.json keys, first found wins
@@ -40,6 +47,7 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
         data: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise ConfigError(f"hf:{directory}: cannot read {path} ({err}); give a directory holding config.json") from None
+    check_object(data, str(path))
     source = f"hf:{(path.parent if path.name == 'config.json' else path).resolve()}"
     moe = moe_field(data)
     if moe is not None:  # read as dense it would pass for a model of its active experts' size
@@ -50,9 +58,9 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
         return shape.model_spec(_name(data, path), shape.max_positions).with_(source=source)
     values: dict[str, Any] = {}
     for name, keys in _KEYS.items():
-        found = next((data[k] for k in keys if data.get(k) is not None), None)
-        if found is not None:
-            values[name] = int(found)
+        key = next((k for k in keys if data.get(k) is not None), None)
+        if key is not None:
+            values[name] = json_int(data[key], key, str(path))
     missing = [k for k in ("layers", "hidden", "heads") if k not in values]
     if missing:
         raise ConfigError(f"hf:{directory}: config.json has no {', '.join(missing)} "
@@ -60,9 +68,35 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
     act = str(data.get("hidden_act", data.get("activation_function", "gelu"))).lower()
     gated = act in ("silu", "swiglu", "swish")
     values.setdefault("seq", 2048)
+    if data.get("head_dim"):
+        json_int(data["head_dim"], "head_dim", str(path))
+    positions = _learned_positions(data, str(path))
     return ModelSpec(name=_name(data, path), gated_mlp=gated, dropout=not gated, bias=not gated,
                      head_size=set_apart_head_dim(data.get("head_dim"), values["heads"], values["hidden"]),
-                     tied_embeddings=bool(data.get("tie_word_embeddings", not gated)), **values)
+                     tied_embeddings=bool(data.get("tie_word_embeddings", not gated)), positions=positions,
+                     params_note=_params_note(data, gated), **values)
+
+
+# keys saying positions are rotary (GPT-J, CodeGen, GPT-NeoX, Phi), not a learned table
+_ROTARY_KEYS = ("rotary_dim", "rotary_pct", "partial_rotary_factor", "rope_theta", "rope_parameters", "rope_scaling")
+
+
+def _learned_positions(data: dict[str, Any], where: str) -> int:
+    """Rows of the learned position table GPT-2's ``n_positions`` declares (0 where positions are rotary)."""
+    if data.get("n_positions") is None or any(data.get(k) is not None for k in _ROTARY_KEYS):
+        return 0
+    return json_int(data["n_positions"], "n_positions", where)
+
+
+def _params_note(data: dict[str, Any], gated: bool) -> str:
+    """Empty where the generic reading is exact (GPT-2: transformers' GPT2LMHeadModel without cross-attention,
+    checked by a test); else why the parameter count is only approximate."""
+    if data.get("model_type") == "gpt2" and not data.get("add_cross_attention"):
+        return ""
+    archs = data.get("architectures") or [data.get("model_type") or "this model"]
+    style = "Llama-style (SwiGLU, RMSNorm, no biases)" if gated else "GPT-style (two LayerNorms, biases everywhere)"
+    return (f"{'/'.join(map(str, archs))} is read generically as {style} layers: its own layout may differ, so "
+            "the parameter count and the memory that follows from it are approximate")
 
 
 def _name(data: dict[str, Any], path: Path) -> str:

@@ -55,15 +55,20 @@ class ModelSpec:
     flash_attention: bool = True
     gated_mlp: bool = False  # SwiGLU-style MLP: three weight matrices, two saved activation inputs
     dropout: bool = True
-    bias: bool = True
+    bias: bool = True  # every bias of a GPT layer: both norms' and every linear's (QKV, projection, MLP)
+    qkv_bias: bool = False  # biases on Q, K and V only (Qwen2); implied by ``bias``
+    positions: int = 0  # rows of a learned position embedding on the first stage (GPT-2's n_positions); 0: none
     tied_embeddings: bool = False
     source: str = ""  # "hf:DIR" when read from a local Hugging Face directory (plan --emit passes it to train)
+    params_note: str = ""  # why total_params() is only approximate for this architecture; "": exact
 
     def __post_init__(self) -> None:
         for key in ("layers", "hidden", "heads", "seq", "vocab", "microbatch", "dtype_bytes"):
             value = getattr(self, key)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"model {key}={value!r}: must be an integer >= 1")
+        if not isinstance(self.positions, int) or self.positions < 0:
+            raise ConfigError(f"model positions={self.positions!r}: must be an integer >= 0")
         if self.head_size is not None and (not isinstance(self.head_size, int) or self.head_size < 1):
             raise ConfigError(f"model head_size={self.head_size!r}: must be an integer >= 1")
         if self.head_size is None and self.hidden % self.heads:
@@ -119,12 +124,22 @@ class ModelSpec:
         return attention + mlp
 
     def params_per_layer(self) -> int:
+        """Weights, norms and biases of one layer: GPT's (``bias``: LayerNorm biases and a bias on every
+        linear) or Llama's (RMSNorm weights only), with Qwen2's Q/K/V biases (``qkv_bias``)."""
         h, q, kv = self.hidden, self.attention_width, self.kv_width
         norms = 2 * h * (2 if self.bias else 1)
-        biases = (q + 2 * kv) + h + self.ffn_size * (2 if self.gated_mlp else 1) + h if self.bias else 0
+        if self.bias:
+            biases = (q + 2 * kv) + h + self.ffn_size * (2 if self.gated_mlp else 1) + h
+        else:
+            biases = (q + 2 * kv) if self.qkv_bias else 0
         return self.matrix_params_per_layer() + norms + biases
 
     def embedding_params(self) -> int:
+        """The first stage's embeddings: the word embedding and a learned position table, if any."""
+        return (self.vocab + self.positions) * self.hidden
+
+    def word_embedding_params(self) -> int:
+        """The word embedding alone (what a tied head shares)."""
         return self.vocab * self.hidden
 
     def head_params(self) -> int:
@@ -132,7 +147,7 @@ class ModelSpec:
         return self.vocab * self.hidden + self.hidden * (2 if self.bias else 1)
 
     def total_params(self) -> int:
-        head = self.head_params() - (self.vocab * self.hidden if self.tied_embeddings else 0)
+        head = self.head_params() - (self.word_embedding_params() if self.tied_embeddings else 0)
         return self.layers * self.params_per_layer() + self.embedding_params() + head
 
     # ---- FLOPs (per microbatch) --------------------------------------------------------------

@@ -42,7 +42,7 @@ def format_result(result: SearchResult, top: int = 5, pareto: bool = True) -> st
     model, hw = req.model, req.hardware
     rate = result.candidates / result.seconds if result.seconds > 0 else float("inf")
     lines = [
-        f"{model.name} ({model.total_params() / 1e9:.1f}B params, seq {model.seq}, microbatch {model.microbatch}) "
+        f"{model.name} ({'~' if model.params_note else ''}{model.total_params() / 1e9:.1f}B params, seq {model.seq}, microbatch {model.microbatch}) "
         f"on {req.gpus} x {hw.name}; global batch {req.global_batch} sequences; "
         f"budget {req.memory_budget / GIB:.1f} GiB/GPU"
         + (f", host {req.host_memory_budget / GIB:.1f} GiB/GPU" if req.host_memory_budget is not None else "")
@@ -92,10 +92,12 @@ def _skipped(result: SearchResult) -> str:
     return "; skipped: " + ", ".join(f"{n} {reason}" for reason, n in sorted(result.skipped.items()))
 
 
-def plan_warning(result: SearchResult) -> str | None:
-    """The MFU warning for the best plan (``published.mfu_warning``), if it is above every published run."""
+def plan_warnings(result: SearchResult) -> list[str]:
+    """The model's note where its parameter count is approximate (``ModelSpec.params_note``), and the MFU
+    warning for the best plan (``published.mfu_warning``), if it is above every published run."""
     best = result.best(1)
-    return mfu_warning(result.request.hardware, result.request.model, best[0].mfu) if best else None
+    mfu = mfu_warning(result.request.hardware, result.request.model, best[0].mfu) if best else None
+    return [w for w in (result.request.model.params_note, mfu) if w]
 
 
 def result_as_dict(result: SearchResult, top: int = 5) -> dict:
@@ -113,7 +115,7 @@ def result_as_dict(result: SearchResult, top: int = 5) -> dict:
         "skipped": dict(sorted(result.skipped.items())),
         "selective_recompute": req.setup.selective_recompute,
         "max_stall": req.max_stall,
-        "warnings": [w for w in (plan_warning(result),) if w],
+        "warnings": plan_warnings(result),
         "notes": link_notes(result, result.best(top) + result.pareto()),
         "best": [p.as_dict() for p in result.best(top)],
         "pareto": [p.as_dict() for p in result.pareto()],

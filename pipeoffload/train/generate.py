@@ -41,9 +41,20 @@ def load_source(source: str | Path) -> tuple[torch.nn.Module, object, int, int |
 
 
 def load_model(run_dir: str | Path) -> tuple[torch.nn.Module, object, int]:
-    """(model in eval mode, tokenizer, sequence length) from the run's config and last checkpoint."""
+    """(model in eval mode, tokenizer, context length) from the run's config and last checkpoint."""
     model, tokenizer, cfg = load_run(Path(run_dir))
-    return model, tokenizer, cfg.model.seq_len
+    return model, tokenizer, run_context(cfg, tokenizer.vocab_size, Path(run_dir))
+
+
+def run_context(cfg: TrainConfig, vocab: int, run: Path) -> int:
+    """The most tokens generation keeps of a run: the positions its model declares, what ``export --hf``
+    writes as ``max_position_embeddings`` (an ``hf:DIR`` run: DIR's config.json; ``--model llama``:
+    its ``seq_len``); the GPT's learned position table (``seq_len`` rows)."""
+    from pipeoffload.train.family import kind, run_shape
+
+    if kind(cfg.model.source) == "gpt":
+        return cfg.model.seq_len
+    return run_shape(cfg.model, vocab, run).max_positions
 
 
 def load_run(run: Path) -> tuple[torch.nn.Module, Any, TrainConfig]:

@@ -126,7 +126,9 @@ def llama_rank(ctx: Any, cfg: TrainConfig, resume_from: str | None) -> dict[str,
     schedule = lowered_schedule(cfg)
     shape = run_shape(cfg.model, corpus.vocab_size, run_dir)
     path = hf_path(cfg.model.source)
-    hf = open_hf_dir(path, check_tokenizer=False) if path is not None and not resume_from else None
+    hf = None
+    if path is not None and not resume_from:  # the launcher compared a tied head with the embedding already
+        hf = open_hf_dir(path, check_tokenizer=False, compare_tied_head=False)
     model = llama_rank_model(cfg, shape, schedule, ctx, hf, empty=bool(resume_from))
     trainer = Trainer(cfg, ctx, schedule, model, lm_loss, TokenBatches(corpus, cfg, ctx.is_main), run_dir)
     return trainer.fit(Path(resume_from) if resume_from else None)

@@ -186,3 +186,33 @@ def test_bf16_trains_with_fp32_master_weights(tmp_path: Path) -> None:
     weights = [n for n in dtypes if n.startswith("model.")]
     assert weights and all(dtypes[n] == torch.float32 for n in weights)
     assert all(dtypes[n] == torch.float32 for n in dtypes if n.endswith(("exp_avg", "exp_avg_sq")))
+
+
+def test_generate_past_seq_len_equals_transformers_on_the_export(tmp_path: Path) -> None:
+    """An hf:DIR run trained at seq_len 16 whose config.json declares 4096 positions: `generate RUN --greedy`
+    keeps the whole context up to the 4096 the export declares (not the last 16 tokens with positions
+    restarted at 0), so its continuation far past seq_len equals transformers' on the export (probe J)."""
+    from pipeoffload.cli import main
+    from pipeoffload.train.generate import continue_ids, load_source
+
+    source = tmp_path / "llama"
+    make_hf_dir(source, "llama3", seed=3)
+    data = tmp_path / "data.txt"
+    data.write_text(TEXT * 6)
+    # one step at a tiny learning rate: the random model stays far from a collapsed (repeating) one
+    cfg = validate(TrainConfig.build(model=f"hf:{source}", data=str(data), seq_len=16, global_batch=4,
+                                     microbatches=2, steps=1, warmup=0, lr=1e-5, eval_every=100,
+                                     out=str(tmp_path / "run"), progress=False, timeout=60))
+    train(cfg)
+    run, out = Path(cfg.run.out), tmp_path / "hf"
+    assert main(["export", str(run), "--hf", str(out)]) == 0
+    ref = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="sdpa").eval()
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json"))
+    ids = tok.encode("The quick brown fox")
+    with torch.no_grad():
+        want = ref.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=40, eos_token_id=None,
+                            pad_token_id=0)[0].tolist()
+    assert len(want) == len(ids) + 40 > 3 * cfg.model.seq_len
+    model, _, context, _ = load_source(run)
+    assert continue_ids(model, ids, 40, context=context, greedy=True) == want
+    assert context == json.loads((out / "config.json").read_text())["max_position_embeddings"] == 4096
