@@ -276,20 +276,26 @@ def planned_choice(req: PlanRequest, choice: ScheduleChoice, stage: StageCosts,
     """``choice`` with its memory policies as a layout of these stage costs and this static memory per
     rank (weights, gradients, optimizer state) plans them; ``estimate`` plans its policies with it too.
     ``offload budget`` without a target (``BUDGET_FROM_MEMORY``) gets what the memory budget leaves for
-    activations, in units (4 significant digits). Under a stall budget or with ``recompute auto`` the
+    activations, in units (4 significant digits), under a stall budget too (``fills_from_memory``). Under a stall budget or with ``recompute auto`` the
     offload policy carries each rank's static memory in units (``rank_offsets``): plans are compared by
     each rank's total memory, the stall budget's, and whether recompute auto's recomputation lowers
     the plan's memory (the first stage's weights can make a rank other than the one with the most
     activations the fullest)."""
-    if choice.offload == BUDGET_FROM_MEMORY:  # what the memory budget leaves for activations, in units
+    if fills_from_memory(choice.offload):  # what the memory budget leaves for activations, in units
         room = max(0.0, min(req.memory_budget - x for x in static)) / stage.unit_bytes
         if req.activation_budget is not None:
             room = min(room, req.activation_budget / stage.unit_bytes)
-        choice = replace(choice, offload=OffloadPolicy("budget", budget=float(f"{room:.4g}")))
+        choice = replace(choice, offload=replace(choice.offload, budget=float(f"{room:.4g}")))
     if choice.offload.max_stall > 0 or choice.recompute.kind == "auto":
         offsets = tuple(float(f"{x / stage.unit_bytes:.6g}") for x in static)
         choice = replace(choice, offload=replace(choice.offload, rank_offsets=offsets))
     return choice
+
+
+def fills_from_memory(offload: OffloadPolicy) -> bool:
+    """Whether ``offload`` is ``offload budget`` without a target (``BUDGET_FROM_MEMORY``), with or
+    without a stall budget: the stall variant of a budget candidate gets the same target as its twin."""
+    return replace(offload, max_stall=0.0) == BUDGET_FROM_MEMORY
 
 
 def activation_floor(choice: ScheduleChoice, placement: Placement, stage: StageCosts) -> tuple[float, ...]:

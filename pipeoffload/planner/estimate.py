@@ -154,9 +154,6 @@ class EstimateRequest:
         if stall > 0 and offload == "none":
             raise ConfigError(f"--max-stall {stall:g} lets offload copies stall, but --offload is none: give an "
                               "offload policy (e.g. --offload auto) or leave --max-stall out")
-        if stall > 0 and offload == "budget":
-            raise ConfigError(f"--offload budget with --max-stall {stall:g}: plan fills the target only without a "
-                              "stall budget; give the target as --offload budget:X, or leave --max-stall out")
         if recompute.kind == "auto" and offload == "none":
             raise ConfigError("--recompute-policy auto recomputes what the offload policy could not move: give "
                               "--offload auto, budget or budget:X too, or use --recompute-policy first:K")
@@ -291,10 +288,8 @@ class EstimateRequest:
     def choice(self) -> ScheduleChoice:
         """The schedule choice asked for, before a layout plans its policies (``planned_choice``)."""
         spec = get_spec(self.schedule)
-        if self.offload_text == "budget":
-            offload = BUDGET_FROM_MEMORY
-        else:
-            offload = replace(OffloadPolicy.parse(self.offload), max_stall=float(self.max_stall))
+        policy = BUDGET_FROM_MEMORY if self.offload_text == "budget" else OffloadPolicy.parse(self.offload)
+        offload = replace(policy, max_stall=float(self.max_stall))  # a budget's target: ``planned_choice``
         return ScheduleChoice(spec.name, self.stages_for(spec), self.group_for(spec), offload,
                               RecomputePolicy.parse(self.recompute_policy))
 

@@ -1,7 +1,8 @@
 """Every row ``plan`` prints can be reproduced by an ``estimate`` command: the same layout and schedule
 (v, g), the same memory policies in the words the row prints (offload ``auto``, ``budget``, a stall
-budget ``auto+5%``; recompute ``first:K``, ``auto``), the same layer split (an uneven ``even`` split too)
-give the same step time, tokens/s, MFU and memory. The commands are the CLI's, as a user types them."""
+budget ``auto+5%`` or ``budget:X+5%``; recompute ``first:K``, ``auto``), the same layer split (an
+uneven ``even`` split too) give the same step time, tokens/s, MFU and memory. The commands are the
+CLI's, as a user types them."""
 from __future__ import annotations
 
 import json
@@ -27,6 +28,12 @@ POLICIES = (["--model", "gpt3-1.3b", "--gpus", "4", "--global-batch", "16", "--m
              "4", "--schedules", "zb-v,group-interleaved", "--stages-per-rank", "2", "--offload", "none,auto,budget",
              "--recompute", "none,first:1,auto", "--max-stall", "5", "--exhaustive", "--top", "40", "--no-pareto"],
             ["--model", "gpt3-1.3b", "--global-batch", "16", "--memory", "12", "--distributed-optimizer"])
+# --offload budget under a stall budget: at 44 GiB only ZB-H1's budget plan made for faster copies fits
+# (budget:X+5%); estimate fills the same target and plans the copies under the same stall budget
+STALL_BUDGET = (["--model", "llama3-8b", "--gpu", "h100", "--gpus", "8", "--global-batch", "64", "--memory", "44",
+                 "--tp", "1", "--schedules", "zb-v,zb-h1", "--offload", "budget", "--max-stall", "5"],
+                ["--model", "llama3-8b", "--gpu", "h100", "--global-batch", "64", "--memory", "44",
+                 "--distributed-optimizer"])
 
 # plan's job switches, in estimate's flags of the same names: Megatron's selective recomputation under
 # the policies, LGD on every plan, the balanced split and a serialized shared host link
@@ -91,14 +98,16 @@ def test_an_uneven_even_split_is_estimated_as_plan_splits_it(capsys: pytest.Capt
     assert "layers per stage 3,3,3,3,3,3,3,3,2,2,2,2,2,2,2,2 (uneven: the remainder on the earliest stages)" in text
 
 
-@pytest.mark.parametrize("case", [GPT13_TOP, POLICIES, SETUP], ids=["gpt3-13b-top10", "gpt3-1.3b-policies",
-                                                                  "gpt3-1.3b-setup"])
+@pytest.mark.parametrize("case", [GPT13_TOP, POLICIES, SETUP, STALL_BUDGET],
+                         ids=["gpt3-13b-top10", "gpt3-1.3b-policies", "gpt3-1.3b-setup", "llama3-8b-budget-stall"])
 def test_every_plan_row_is_reproduced_by_its_estimate_command(capsys: pytest.CaptureFixture, case: tuple) -> None:
     plan_argv, job = case
     rows = _plan_rows(capsys, plan_argv)
     if case is POLICIES:  # rows estimate could not express: recompute first:1 and auto, auto+5%, a budget target
         assert {r["recompute"] for r in rows} >= {"first:1", "auto"}
         assert any(r["max_stall"] > 0 for r in rows) and any(r["offload"].startswith("budget:") for r in rows)
+    elif case is STALL_BUDGET:  # estimate refused --offload budget --max-stall (plan kept the target infinite)
+        assert rows and all(r["offload"].startswith("budget:") and r["max_stall"] == 5 for r in rows)
     elif case is SETUP:
         assert {r["recompute"] for r in rows} >= {"none", "first:1"} and any(r["offload"] == "auto" for r in rows)
     else:  # an even split and group sizes: g=1 and g=2 rows of group-interleaved

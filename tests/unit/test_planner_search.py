@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeoffload.cli import main
+from pipeoffload.planner.candidates import enumerate_candidates
 from pipeoffload.planner.evaluate import placement_of, simulate_choice
 from pipeoffload.planner.hardware import GIB, hardware_preset
 from pipeoffload.planner.presets import model_preset
@@ -313,6 +314,44 @@ def test_a_stall_budget_plan_is_emitted_with_its_budget_for_train() -> None:
     strict = next(p for p in result.fitting if p.choice.offload.max_stall == 0)
     assert "max_stall" not in plan_config(result.request, strict)
     assert ("offload_ratio" in plan_config(result.request, strict)) == (strict.choice.offload.kind != "none")
+
+
+def _budget_stall_request(max_stall: float) -> PlanRequest:
+    """``_stall_request`` with ``--offload budget`` alone: the target is what 44 GiB leaves for activations."""
+    return replace(_stall_request(max_stall), offload=("budget",), recompute=("none",))
+
+
+def test_a_budget_candidate_s_stall_variant_gets_its_twin_s_target() -> None:
+    """``--offload budget`` with ``--max-stall``: the stall variant of a budget candidate is planned
+    against the finite target the memory budget leaves, the one its twin without the stall budget gets.
+    It kept the infinite placeholder (``BUDGET_FROM_MEMORY``), which every peak meets: the pass kept the
+    strict plan and the search skipped the variant as "stall budget changed nothing"."""
+    cands = enumerate_candidates(_budget_stall_request(5.0), {})
+    strict = {(str(c.layout), c.choice) for c in cands if c.choice.offload.max_stall == 0}
+    stalled = [c for c in cands if c.choice.offload.max_stall == 5.0]
+    assert stalled and len(stalled) == len(strict)
+    for cand in stalled:
+        offload = cand.choice.offload
+        assert offload.kind == "budget" and math.isfinite(offload.budget) and offload.budget > 0, offload
+        twin = replace(cand.choice, offload=replace(offload, max_stall=0.0, rank_offsets=()))
+        assert (str(cand.layout), twin) in strict  # the same target, to the digit
+
+
+def test_offload_budget_with_a_stall_budget_fits_below_the_strict_plans(capsys) -> None:  # type: ignore[no-untyped-def]
+    """At 44 GiB no strict budget plan fits (the least memory is 46.5 GiB, ZB-H1 PP8); the same policy
+    under a 5 % stall budget reaches its target and fits. Before, the variant's target was infinite and
+    the search answered "no plan fits"."""
+    with pytest.raises(InfeasibleError) as strict:
+        find_plans(_budget_stall_request(0.0))
+    assert strict.value.min_memory is not None and strict.value.min_memory > 44 * GIB
+    argv = ["plan", "--model", "llama3-8b", "--gpu", "h100", "--gpus", "8", "--global-batch", "64", "--memory", "44",
+            "--tp", "1", "--schedules", "zb-v,zb-h1", "--offload", "budget", "--max-stall", "5", "--json"]
+    assert main(argv) == 0, capsys.readouterr().err
+    data = json.loads(capsys.readouterr().out)
+    assert data["best"] and all(p["offload"].startswith("budget:") and p["max_stall"] == 5 for p in data["best"])
+    for plan in data["best"]:
+        assert plan["memory_gib"]["total"] <= 44 and plan["stall_ratio"] > 0
+        assert math.isfinite(float(plan["offload"].removeprefix("budget:")))
 
 
 def test_a_recompute_auto_variant_that_recomputes_nothing_is_not_a_second_plan(capsys) -> None:  # type: ignore[no-untyped-def]
