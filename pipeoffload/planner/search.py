@@ -213,12 +213,15 @@ class _Search:
                               len(self.plans), len(self.queue), best)
 
     def _done(self, cand: Candidate, plan: Plan | None) -> None:
-        """Record a simulated candidate (``plan``), or one skipped because it cannot fit (None)."""
+        """Record a simulated candidate (``plan``), or one skipped because it cannot fit (None). A
+        policy that changed nothing is skipped as its plain schedule, if that was asked for too; else
+        (``--offload budget`` alone, its target met without copies) it is the plan of that layout."""
         base = cand.base_key()
         if plan is None:
             count(self.skipped, "cannot fit: weights + optimizer state + the activation its backward needs "
                                 "exceed the budget")
-        elif not cand.is_base() and not plan.sim.changed:
+        elif not cand.is_base() and not plan.sim.changed and (cand.choice.offload.max_stall > 0
+                                                               or base in self.keys):
             count(self.skipped, "stall budget changed nothing (same as the plan without it)"
                   if cand.choice.offload.max_stall > 0 else "policy changed nothing (same as the plain schedule)")
         elif self._recomputes_nothing(cand, plan):

@@ -354,6 +354,19 @@ def test_offload_budget_with_a_stall_budget_fits_below_the_strict_plans(capsys) 
         assert math.isfinite(float(plan["offload"].removeprefix("budget:")))
 
 
+def test_a_policy_that_changes_nothing_is_kept_when_only_it_was_asked_for(capsys) -> None:  # type: ignore[no-untyped-def]
+    """At 48 GiB the plain ZB-H1 PP8 schedule needs 46.5 GiB, so `--offload budget` plans nothing (its
+    target is met already). A variant that changes nothing is skipped as "the same as the plain
+    schedule", but with only `--offload budget` asked for the plain schedule is no candidate: the search
+    answered "no plan fits 48.0 GiB ... the smallest feasible memory is 46.5 GiB"."""
+    argv = ["plan", "--model", "llama3-8b", "--gpu", "h100", "--gpus", "8", "--global-batch", "64", "--memory", "48",
+            "--tp", "1", "--schedules", "zb-v,zb-h1", "--offload", "budget", "--json"]
+    assert main(argv) == 0, capsys.readouterr().err
+    data = json.loads(capsys.readouterr().out)
+    assert data["best"] and all(p["offload"].startswith("budget:") for p in data["best"])
+    assert all(p["memory_gib"]["total"] <= 48 for p in data["best"])
+
+
 def test_a_recompute_auto_variant_that_recomputes_nothing_is_not_a_second_plan(capsys) -> None:  # type: ignore[no-untyped-def]
     # recompute auto recomputes only what lowers the peak; where nothing does, the variant is the plan
     # of its offload policy alone, which is a candidate too: it is counted as skipped, not shown twice
