@@ -87,11 +87,11 @@ def verify(path: Path) -> dict[str, Any]:
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise ConfigError(f"checkpoint {str(path)!r} has no {MANIFEST}: incomplete or not a pipeoffload "
-                          "checkpoint; delete it to resume from the previous one")
+                          f"checkpoint; {_fallback(path)}")
     try:
         manifest = json.loads(manifest_path.read_text())
     except (ValueError, UnicodeDecodeError) as err:
-        raise ConfigError(f"checkpoint {str(path)!r}: {MANIFEST} is corrupted ({err})") from None
+        raise ConfigError(f"checkpoint {str(path)!r}: {MANIFEST} is corrupted ({err}); {_fallback(path)}") from None
     files = _check_manifest(manifest, path)
     for name, digest in files.items():
         f = path / name
@@ -99,7 +99,7 @@ def verify(path: Path) -> dict[str, Any]:
             raise ConfigError(f"checkpoint {str(path)!r}: file {name} is missing; the checkpoint is incomplete")
         if _sha256(f) != digest:
             raise ConfigError(f"checkpoint {str(path)!r}: file {name} does not match its checksum (corrupted or "
-                              "truncated); delete the checkpoint to resume from the previous one")
+                              f"truncated); {_fallback(path)}")
     run_dir = path.parent.parent
     for name, digest in _run_files(manifest, path).items():
         f = run_dir / name
@@ -111,13 +111,24 @@ def verify(path: Path) -> dict[str, Any]:
     return manifest  # type: ignore[no-any-return]
 
 
+def _fallback(path: Path) -> str:
+    """What to do about the damaged checkpoint ``path``: resume from the one before it, where the run has one
+    (else there is nothing to fall back on)."""
+    step = checkpoint_step(path)
+    earlier = [p for p in list_checkpoints(path.parent.parent) if step is not None and (checkpoint_step(p) or 0) < step]
+    if earlier:
+        return f"delete it to resume from the previous one ({earlier[-1].name})"
+    return ("it is the run's only checkpoint, so there is none to fall back on: restore it from a copy, or delete it "
+            "and start the run again")
+
+
 def _run_files(manifest: dict[str, Any], path: Path) -> dict[str, str]:
     """The checksums of the run folder's files (``RUN_FILES``) a manifest holds; none in an older one."""
     found = manifest.get("run_files", {})
     if not isinstance(found, dict) or any(name not in RUN_FILES or not isinstance(digest, str)
                                           for name, digest in found.items()):
         raise ConfigError(f"checkpoint {str(path)!r}: {MANIFEST} is not a pipeoffload manifest (key 'run_files' is "
-                          f"{found!r}); delete the checkpoint to resume from the previous one")
+                          f"{found!r}); {_fallback(path)}")
     return found
 
 
@@ -126,7 +137,7 @@ def _check_manifest(manifest: Any, path: Path) -> dict[str, str]:
     (an edited manifest must not hide a deleted shard)."""
     def bad(what: str) -> ConfigError:
         return ConfigError(f"checkpoint {str(path)!r}: {MANIFEST} is not a pipeoffload manifest ({what}); "
-                           "delete the checkpoint to resume from the previous one")
+                           f"{_fallback(path)}")
 
     if not isinstance(manifest, dict):
         raise bad(f"a JSON {type(manifest).__name__}, not an object")
@@ -146,7 +157,7 @@ def _check_manifest(manifest: Any, path: Path) -> dict[str, str]:
     for name in needed:
         if name not in files:
             raise ConfigError(f"checkpoint {str(path)!r}: {MANIFEST} does not list {name}, which a checkpoint of "
-                              f"{world} ranks has: edited or incomplete; delete it to resume from the previous one")
+                              f"{world} ranks has: edited or incomplete; {_fallback(path)}")
     return files
 
 
