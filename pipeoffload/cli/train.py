@@ -56,9 +56,11 @@ def resolve(args: argparse.Namespace) -> tuple[Any, list[str]]:
                 raise ConfigError(f"{flag} {shown}: only for --plan auto (the planner's budget and GPU); add "
                                   f"--plan auto, or leave {flag} out")
     if args.resume:
+        if not Path(args.resume).exists():
+            raise ConfigError(f"--resume {args.resume!r}: no such folder; give the run directory of a run (its --out)")
         if not (Path(args.resume) / "config.toml").is_file():
             raise ConfigError(f"--resume {args.resume!r}: no config.toml there; give the run directory of a run")
-        saved = load_saved(args.resume)
+        saved = load_saved(args.resume, "--resume")
         if saved.get("model") == "own":
             raise ConfigError(f"--resume {args.resume!r}: the run trained your own model (train_model), which the "
                               f"CLI cannot rebuild; continue it with train_model(cfg, ..., resume={args.resume!r})")

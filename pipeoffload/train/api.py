@@ -85,9 +85,11 @@ def train_model(cfg: TrainConfig, layers: Callable[[], Sequence[Any]], loss_fn: 
 def _check_resume(cfg: TrainConfig, run: Path, extend: bool) -> None:
     from pipeoffload.train.config import build_config, load_saved
 
+    if not run.exists():
+        raise ConfigError(f"resume={str(run)!r}: no such folder; give the out folder of a run")
     if not (run / "config.toml").is_file():
         raise ConfigError(f"resume={str(run)!r}: no config.toml there; give the out folder of a run")
-    saved = build_config(load_saved(run))  # (its model is checked by loading the checkpoint into yours)
+    saved = build_config(load_saved(run, "resume="))  # (its model is checked by loading the checkpoint into yours)
     if saved.run.steps != cfg.run.steps and not extend:
         raise ConfigError(f"steps={cfg.run.steps}: the run was made with steps={saved.run.steps}, which also sets its "
                           "cosine LR schedule; pass extend=True to start a new LR schedule, or keep steps")

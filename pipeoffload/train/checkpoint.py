@@ -5,7 +5,8 @@ writing rank) holding ``model.<full name>``, ``optim.state.<full name>.<state>``
 ``optim.param_groups.<full name>.<option>`` (torch's ``get_state_dict``, optimizer flattened) under
 the names the whole model has in one process (so DCP reshards them onto any layout, and one process
 can load them; a checkpoint of the older ``optim.<full name>.<state>`` keys still loads), ``rng-rank<r>.pt`` (every random-number state of rank ``r``), ``trainer.json`` (step, layout)
-and ``manifest.json`` (config fingerprint, step, sha256 of every other file). A checkpoint is written
+and ``manifest.json`` (config fingerprint, step, sha256 of every other file, and the estimate the
+free-space check before the save used). A checkpoint is written
 to ``.tmp-step-000100/`` and renamed once the manifest is in place: a folder named ``step-*`` is
 always complete; a leftover ``.tmp-*`` is an interrupted write and is removed at the next save.
 The data position is the step number (see ``data``); the LR schedule is a function of the step.
@@ -86,11 +87,11 @@ def verify(path: Path) -> dict[str, Any]:
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise ConfigError(f"checkpoint {str(path)!r} has no {MANIFEST}: incomplete or not a pipeoffload "
-                          "checkpoint; delete it to resume from the previous one")
+                          f"checkpoint; {_fallback(path)}")
     try:
         manifest = json.loads(manifest_path.read_text())
     except (ValueError, UnicodeDecodeError) as err:
-        raise ConfigError(f"checkpoint {str(path)!r}: {MANIFEST} is corrupted ({err})") from None
+        raise ConfigError(f"checkpoint {str(path)!r}: {MANIFEST} is corrupted ({err}); {_fallback(path)}") from None
     files = _check_manifest(manifest, path)
     for name, digest in files.items():
         f = path / name
@@ -98,7 +99,7 @@ def verify(path: Path) -> dict[str, Any]:
             raise ConfigError(f"checkpoint {str(path)!r}: file {name} is missing; the checkpoint is incomplete")
         if _sha256(f) != digest:
             raise ConfigError(f"checkpoint {str(path)!r}: file {name} does not match its checksum (corrupted or "
-                              "truncated); delete the checkpoint to resume from the previous one")
+                              f"truncated); {_fallback(path)}")
     run_dir = path.parent.parent
     for name, digest in _run_files(manifest, path).items():
         f = run_dir / name
@@ -110,13 +111,24 @@ def verify(path: Path) -> dict[str, Any]:
     return manifest  # type: ignore[no-any-return]
 
 
+def _fallback(path: Path) -> str:
+    """What to do about the damaged checkpoint ``path``: resume from the one before it, where the run has one
+    (else there is nothing to fall back on)."""
+    step = checkpoint_step(path)
+    earlier = [p for p in list_checkpoints(path.parent.parent) if step is not None and (checkpoint_step(p) or 0) < step]
+    if earlier:
+        return f"delete it to resume from the previous one ({earlier[-1].name})"
+    return ("it is the run's only checkpoint, so there is none to fall back on: restore it from a copy, or delete it "
+            "and start the run again")
+
+
 def _run_files(manifest: dict[str, Any], path: Path) -> dict[str, str]:
     """The checksums of the run folder's files (``RUN_FILES``) a manifest holds; none in an older one."""
     found = manifest.get("run_files", {})
     if not isinstance(found, dict) or any(name not in RUN_FILES or not isinstance(digest, str)
                                           for name, digest in found.items()):
         raise ConfigError(f"checkpoint {str(path)!r}: {MANIFEST} is not a pipeoffload manifest (key 'run_files' is "
-                          f"{found!r}); delete the checkpoint to resume from the previous one")
+                          f"{found!r}); {_fallback(path)}")
     return found
 
 
@@ -125,7 +137,7 @@ def _check_manifest(manifest: Any, path: Path) -> dict[str, str]:
     (an edited manifest must not hide a deleted shard)."""
     def bad(what: str) -> ConfigError:
         return ConfigError(f"checkpoint {str(path)!r}: {MANIFEST} is not a pipeoffload manifest ({what}); "
-                           "delete the checkpoint to resume from the previous one")
+                           f"{_fallback(path)}")
 
     if not isinstance(manifest, dict):
         raise bad(f"a JSON {type(manifest).__name__}, not an object")
@@ -145,7 +157,7 @@ def _check_manifest(manifest: Any, path: Path) -> dict[str, str]:
     for name in needed:
         if name not in files:
             raise ConfigError(f"checkpoint {str(path)!r}: {MANIFEST} does not list {name}, which a checkpoint of "
-                              f"{world} ranks has: edited or incomplete; delete it to resume from the previous one")
+                              f"{world} ranks has: edited or incomplete; {_fallback(path)}")
     return files
 
 
@@ -326,26 +338,113 @@ class SaveError(RuntimeError):
 
 
 _OK, _FAILED, _DISK_FULL = 0.0, 1.0, 2.0
-MARGIN = 1.1  # a save needs this times its estimated size free (DCP's metadata, file-system blocks)
-
-
-def state_bytes(state: dict[str, Any]) -> int:
-    """Bytes of this rank's tensors in ``state`` (a DTensor counts its local shard)."""
-    from pipeoffload.train.optim import local_tensor
-
-    return sum(local_tensor(v).numel() * local_tensor(v).element_size() for v in state.values()
-               if hasattr(v, "element_size"))
+# a save needs this times its estimate free, plus SLACK: file-system metadata (directory entries, extent
+# maps) the estimate cannot see; the estimate itself counts every byte of every file (see ``written_bytes``)
+MARGIN = 1.05
+SLACK = 64 << 10
+BLOCK = 4096  # each file's last block, counted whole (most file systems allocate 4 KiB blocks)
+# bytes of ``.metadata`` an item may take beyond twice its name: its storage record, chunk and properties
+# (measured: 115 to 160 at torch 2.13, on pp/dp/tp layouts)
+METADATA_PER_ITEM = 320
+SMALL_FILES = 16 << 10  # trainer.json and the manifest's fixed part (its fingerprint: about 1 KiB)
+MANIFEST_PER_FILE = 160  # a manifest line: the file's name and its sha256
 
 
 def checkpoint_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.iterdir() if f.is_file()) if path.is_dir() else 0
 
 
-def estimated_bytes(run_dir: Path, total_state_bytes: int) -> int:
-    """What the next save will take: the previous checkpoint's size, or the state's bytes summed over
-    the ranks before the first (replicas are written once, so that over-counts with dp > 1)."""
+def _tensor_overhead() -> int:
+    """What ``torch.save`` adds to a tensor's bytes (DCP writes every tensor as one ``torch.save``: a zip of
+    a pickle, records, a 64-byte-aligned data record), with room for longer shapes and zip64 fields."""
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(torch.zeros(64), buf)
+    measured = len(buf.getvalue()) - 64 * 4  # 1,577 bytes at torch 2.13
+    return measured + 256  # up to 63 bytes of alignment, a longer pickle for more dimensions, zip64 fields
+
+
+def write_items(state: dict[str, Any]) -> dict[str, int]:
+    """DCP's items of this rank's ``state`` (its ``DefaultSavePlanner``'s local plan), each keyed by its
+    name and chunk offset (a replica has the same keys: DCP writes those once) with an upper bound of
+    its bytes in the ``.distcp`` file and in ``.metadata``.
+
+    Per item, not per tensor byte: a small tensor (a bias, an optimizer's ``step``) takes about 1.5 KiB
+    of ``torch.save`` framing, and every optimizer option (``param_groups.<name>.lr``, 11 a parameter)
+    is a pickled object of about 1.3 KiB, so a small model's checkpoint is some 40 % larger than its
+    tensors."""
+    from torch.distributed.checkpoint import DefaultSavePlanner
+    from torch.distributed.checkpoint.planner import WriteItemType
+
+    if not state:
+        return {}
+    planner = DefaultSavePlanner()
+    planner.set_up_planner(state, is_coordinator=False)
+    overhead = _tensor_overhead()
+    pickled: dict[tuple[type, str], int] = {}  # the options repeat: each value is pickled once
+    items: dict[str, int] = {}
+    for item in planner.create_local_plan().items:
+        fqn = item.index.fqn
+        if item.type == WriteItemType.BYTE_IO:
+            value = planner.lookup_object(item.index)
+            key = (type(value), repr(value))
+            if key not in pickled:
+                pickled[key] = len(planner.transform_object(item, value).getbuffer())  # type: ignore[union-attr]
+            size = pickled[key]
+        else:
+            assert item.tensor_data is not None
+            numel = 1
+            for n in item.tensor_data.chunk.sizes:
+                numel *= int(n)
+            itemsize = item.tensor_data.properties.dtype.itemsize
+            size = numel * itemsize + overhead
+        offset = tuple(item.index.offset) if item.index.offset is not None else ()
+        items[f"{fqn}@{offset}"] = size + 2 * len(fqn.encode()) + METADATA_PER_ITEM
+    return items
+
+
+def written_bytes(per_rank: list[tuple[dict[str, int], int]]) -> int:
+    """An upper bound of the bytes of a checkpoint whose ranks hold ``(write_items, rng bytes)`` each: DCP's
+    items, a replicated one once; every rank's random-number states; ``trainer.json`` and the manifest;
+    and each file's last block whole."""
+    unique: dict[str, int] = {}
+    for items, _ in per_rank:
+        for key, size in items.items():
+            unique[key] = max(size, unique.get(key, 0))
+    world = len(per_rank)
+    files = 2 * world + 3  # a .distcp and an rng-rank file each; .metadata, trainer.json, manifest.json
+    return (sum(unique.values()) + sum(rng for _, rng in per_rank) + SMALL_FILES + MANIFEST_PER_FILE * files
+            + BLOCK * files)
+
+
+def estimated_bytes(run_dir: Path, computed: int) -> int:
+    """What the next save will take: ``computed`` (``written_bytes``), or the previous checkpoint's size
+    where that is larger (the same state on the same layout writes the same bytes)."""
     found = list_checkpoints(run_dir)
-    return checkpoint_bytes(found[-1]) if found else total_state_bytes
+    return max(computed, checkpoint_bytes(found[-1]) if found else 0)
+
+
+def _checkpoint_exception() -> type[BaseException]:
+    """DCP's ``CheckpointException``: a ``BaseException`` (not an ``Exception``) gathering the ranks' errors."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
+
+
+def _failures(exc: BaseException) -> list[BaseException]:
+    """The ranks' own errors a ``CheckpointException`` gathers (none for any other error)."""
+    failures = getattr(exc, "failures", None)
+    if not isinstance(failures, dict):
+        return []
+    found = []
+    for value in failures.values():
+        inner = value[0] if isinstance(value, tuple) and value else value
+        if isinstance(inner, BaseException):
+            found.append(inner)
+    return found
 
 
 def _disk_full(exc: BaseException) -> bool:
@@ -354,9 +453,22 @@ def _disk_full(exc: BaseException) -> bool:
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
             return True
+        if any(_disk_full(inner) for inner in _failures(seen)):
+            return True
         seen = seen.__cause__ or seen.__context__
     text = f"{exc} {getattr(exc, 'failures', '')!r}"
     return "No space left on device" in text or "Errno 28" in text
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: first line`` of ``exc``; of a ``CheckpointException``, of its first rank's error (its own
+    first line only names the ranks)."""
+    inner = _failures(exc)
+    if inner:
+        ranks = ", ".join(str(r) for r in getattr(exc, "failures", {}))
+        return f"{_first_line(inner[0])} (rank {ranks})"
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text else type(exc).__name__
 
 
 def _agree(code: float, device: Any) -> float:
@@ -369,11 +481,27 @@ def _agree(code: float, device: Any) -> float:
     return float(flag[0])
 
 
-def _attempt(work: Any) -> tuple[float, BaseException | None]:
+FULL_BELOW = 1 << 20  # a write that failed with less than this free on its file system ran out of space
+
+
+def _no_room(where: Path) -> bool:
+    """Whether the file system of ``where`` is (all but) full now."""
+    for folder in (where, *where.parents):
+        if folder.is_dir():
+            return shutil.disk_usage(folder).free < FULL_BELOW
+    return False
+
+
+def _attempt(work: Any, where: Path) -> tuple[float, BaseException | None]:
+    """Run ``work``, which writes under ``where``; its error, if any, as an outcome for ``_agree``: disk
+    full when it is ENOSPC, or when the file system is full as it fails (``torch.save``, which DCP
+    writes each item with, reports a short write as ``RuntimeError: [enforce fail at
+    inline_container.cc] unexpected pos``, not as ENOSPC). DCP's ``CheckpointException`` is a
+    ``BaseException``: caught by name (a ``KeyboardInterrupt`` or ``SystemExit`` still propagates)."""
     try:
         work()
-    except Exception as exc:  # noqa: BLE001 - every rank learns of it through _agree, then all raise
-        return (_DISK_FULL if _disk_full(exc) else _FAILED), exc
+    except (Exception, _checkpoint_exception()) as exc:  # noqa: BLE001 - every rank learns of it through _agree
+        return (_DISK_FULL if _disk_full(exc) or _no_room(where) else _FAILED), exc
     return _OK, None
 
 
@@ -400,9 +528,9 @@ def start_save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any]
     tmp = final.parent / f".tmp-{final.name}"
     device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else None
     state = train_state(named, opt)
-    total = torch.tensor([float(state_bytes(state))], dtype=torch.float64, device=device)
-    dist.all_reduce(total)
-    need = int(MARGIN * estimated_bytes(run_dir, int(total[0]))) + (64 << 10)
+    rng = _rng_bytes()
+    estimate = _estimate(run_dir, state, len(rng), rank, world, device)
+    need = int(MARGIN * estimate) + SLACK
     final.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(final.parent).free
     if _agree(_DISK_FULL if free < need else _OK, device) != _OK:
@@ -413,20 +541,48 @@ def start_save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any]
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
 
-    code, exc = _attempt(prepare) if rank == 0 else (_OK, None)
+    code, exc = _attempt(prepare, tmp) if rank == 0 else (_OK, None)
     _check(_agree(code, device), exc, run_dir, step, tmp, rank)
-    pending = PendingSave(run_dir, step, cfg, rank, world, extra, device)
+    pending = PendingSave(run_dir, step, cfg, rank, world, extra, device, estimate)
 
     def write() -> None:
-        torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
+        with open(tmp / f"rng-rank{rank}.pt", "wb") as fh:
+            fh.write(rng)
         if background is None:
             dcp.save(state, checkpoint_id=str(tmp))
         else:
             pending.future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=background)
 
-    code, exc = _attempt(write)
+    code, exc = _attempt(write, tmp)
     _check(_agree(code, device), exc, run_dir, step, tmp, rank)
     return pending
+
+
+def _rng_bytes() -> bytes:
+    """``rng-rank<r>.pt``'s content: this rank's random-number states, taken now."""
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(rng_state(), buf)
+    return buf.getvalue()
+
+
+def _estimate(run_dir: Path, state: dict[str, Any], rng: int, rank: int, world: int, device: Any) -> int:
+    """``estimated_bytes`` of the checkpoint (collective): rank 0 gathers every rank's ``write_items`` (to
+    count a replicated item once, as DCP writes it) and the others learn the result."""
+    import torch
+    import torch.distributed as dist
+
+    mine = (write_items(state), rng)
+    gathered: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    computed = written_bytes(gathered) if gathered is not None else 0
+    total = torch.tensor([float(estimated_bytes(run_dir, computed) if rank == 0 else 0)], dtype=torch.float64,
+                         device=device)
+    dist.all_reduce(total, op=dist.ReduceOp.MAX)
+    return int(total[0])
 
 
 class PendingSave:
@@ -436,18 +592,18 @@ class PendingSave:
     the next save removes, so a run stopped mid-write leaves no half checkpoint."""
 
     def __init__(self, run_dir: Path, step: int, cfg: TrainConfig, rank: int, world: int, extra: dict[str, Any],
-                 device: Any) -> None:
+                 device: Any, estimate: int = 0) -> None:
         self.run_dir, self.step, self.cfg, self.rank, self.world = run_dir, step, cfg, rank, world
-        self.extra, self.device = extra, device
+        self.extra, self.device, self.estimate = extra, device, estimate
         self.final = step_dir(run_dir, step)
         self.tmp = self.final.parent / f".tmp-{self.final.name}"
         self.future: Any = None
 
     def wait(self) -> Path:
         if self.future is not None:
-            code, exc = _attempt(self.future.result)
+            code, exc = _attempt(self.future.result, self.tmp)
             _check(_agree(code, self.device), exc, self.run_dir, self.step, self.tmp, self.rank)
-        code, exc = _attempt(self._finish) if self.rank == 0 else (_OK, None)
+        code, exc = _attempt(self._finish, self.tmp) if self.rank == 0 else (_OK, None)
         _check(_agree(code, self.device), exc, self.run_dir, self.step, self.tmp, self.rank)
         if self.future is not None and self.rank == 0:
             log.info("saved checkpoint %s (written in the background)", self.final)
@@ -461,7 +617,7 @@ class PendingSave:
         files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         manifest = {"step": self.step, "fingerprint": {**fingerprint(cfg), **_data_content(cfg)},
                     "fingerprint_hash": fingerprint_hash(cfg),
-                    "layout": shape, "world": self.world, "files": files,
+                    "layout": shape, "world": self.world, "files": files, "estimated_bytes": self.estimate,
                     "run_files": {name: _sha256(self.run_dir / name) for name in RUN_FILES
                                   if (self.run_dir / name).is_file()}}
         write_atomic(tmp / MANIFEST, json.dumps(manifest, indent=1))
@@ -510,24 +666,44 @@ def _check(code: float, exc: BaseException | None, run_dir: Path, step: int, tmp
         return
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-    detail = ""
-    if exc is not None and code != _DISK_FULL:
-        detail = f": {type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+    detail = f": {_first_line(exc)}" if exc is not None and code != _DISK_FULL else ""
     free = shutil.disk_usage(run_dir).free if run_dir.is_dir() else 0
     raise SaveError(_message(run_dir, step, code == _DISK_FULL, None, free) + detail) from exc
 
 
+def sizes(a: int, b: int) -> tuple[str, str]:
+    """``a`` and ``b`` bytes in MiB, with as many decimals as it takes (up to 3, then in bytes) for two
+    different sizes to read differently ("needs 3.0 MiB and 3.0 MiB are free" said nothing)."""
+    mib = 1 << 20
+    for digits in (1, 2, 3):
+        shown = f"{a / mib:.{digits}f} MiB", f"{b / mib:.{digits}f} MiB"
+        if a == b or shown[0] != shown[1]:
+            return shown
+    return f"{a:,} bytes", f"{b:,} bytes"
+
+
 def _message(run_dir: Path, step: int, disk_full: bool, need: int | None, free: int) -> str:
     found = list_checkpoints(run_dir)
-    last = f"the last complete checkpoint is {found[-1].name}" if found else "no complete checkpoint yet"
-    mib = 1 << 20
+    if found:
+        last, then = f"the last complete checkpoint is {found[-1].name}", f"continue with: {continue_with(run_dir)}"
+    else:  # nothing to resume from: --resume would say "no checkpoint under ..."
+        last = "no checkpoint was saved yet"
+        then = f"start the run again (the same {_out_word(run_dir)} once space is freed, or another on a disk with room)"
     if disk_full:
-        what = (f"disk full: the checkpoint of step {step} needs about {need / mib:.1f} MiB under "
-                f"{run_dir / 'checkpoints'} and {free / mib:.1f} MiB are free" if need is not None else
-                f"disk full while saving the checkpoint of step {step} under {run_dir / 'checkpoints'} "
-                f"({free / mib:.1f} MiB free); the partial save was removed")
-        return f"{what}; {last}; free some space, then continue with: {continue_with(run_dir)}"
+        if need is not None:
+            needed, left = sizes(need, free)
+            what = (f"disk full: the checkpoint of step {step} needs about {needed} under {run_dir / 'checkpoints'} "
+                    f"and {left} are free (nothing was written)")
+        else:
+            what = (f"disk full while saving the checkpoint of step {step} under {run_dir / 'checkpoints'} "
+                    f"({sizes(free, free)[0]} free); the partial save was removed")
+        return f"{what}; {last}; free some space, then {then}"
     return f"saving the checkpoint of step {step} failed (the partial save was removed; {last})"
+
+
+def _out_word(run_dir: Path) -> str:
+    """How the run's folder is given: ``out=`` for a run of ``train_model`` (its config.toml says so), else ``--out``."""
+    return "out=" if continue_with(run_dir).startswith("train_model") else "--out"
 
 
 def load(path: Path, named: dict[str, Any], opt: Any, rank: int, world: int) -> dict[str, Any]:
@@ -538,9 +714,8 @@ def load(path: Path, named: dict[str, Any], opt: Any, rank: int, world: int) -> 
     try:
         dcp.load(_old_keys(path, state), checkpoint_id=str(path))  # the tensors of ``state``, filled in place
         set_train_state(named, opt, state)
-    except Exception as err:  # DCP's errors are long; keep the first line and say what to do
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"checkpoint {str(path)!r} cannot be loaded onto this layout: {first}") from err
+    except (Exception, _checkpoint_exception()) as err:  # noqa: BLE001 - DCP's are long: the first line, what to do
+        raise ConfigError(f"checkpoint {str(path)!r} cannot be loaded onto this layout: {_first_line(err)}") from err
     info: dict[str, Any] = json.loads((path / "trainer.json").read_text())
     rng_file = path / f"rng-rank{rank}.pt"
     if info.get("world") == world and rng_file.is_file():

@@ -345,15 +345,17 @@ def flatten(mapping: dict[str, Any], where: str = "config") -> dict[str, Any]:
     return out
 
 
-def load_toml(path: str | Path) -> dict[str, Any]:
-    """The flat keys of a TOML file (sections or the old flat form); unknown keys are refused."""
+def load_toml(path: str | Path, name: str | None = None) -> dict[str, Any]:
+    """The flat keys of a TOML file (sections or the old flat form); unknown keys are refused. ``name``:
+    how an error calls the file (default ``--config 'PATH'``)."""
     p = Path(path)
+    name = name or f"--config {str(p)!r}"
     if not p.is_file():
-        raise ConfigError(f"--config {str(p)!r}: no such file")
+        raise ConfigError(f"{name}: no such file")
     try:
         data = tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"--config {str(p)!r}: not valid TOML ({str(err).splitlines()[0]})") from None
+        raise ConfigError(f"{name}: not valid TOML ({str(err).splitlines()[0]})") from None
     flat = flatten(data, str(p))
     for key, value in flat.items():
         _check_toml_type(key, value, str(p))
@@ -374,9 +376,12 @@ def _check_toml_type(flat: str, value: Any, where: str) -> None:
         raise ConfigError(f"{flat}={value!r} in {where}: must be {want}{hint}")
 
 
-def load_saved(run_dir: str | Path) -> dict[str, Any]:
-    """The flat keys a run saved, less the per-invocation ones (an old run's ``stop_at``)."""
-    saved = load_toml(Path(run_dir) / "config.toml")
+def load_saved(run_dir: str | Path, given_as: str = "RUN_DIR") -> dict[str, Any]:
+    """The flat keys a run saved, less the per-invocation ones (an old run's ``stop_at``). ``given_as``:
+    how the caller was given ``run_dir`` (``--resume``, ``resume=``), which an error names."""
+    path = Path(run_dir) / "config.toml"
+    shown = f"{given_as}{'' if given_as.endswith('=') else ' '}{str(run_dir)!r}"
+    saved = load_toml(path, f"{shown}: the run's config.toml ({str(path)!r})")
     return {k: v for k, v in saved.items() if k not in UNSAVED}
 
 

@@ -153,7 +153,7 @@ def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True,
     once the input is checked and before anything is written; ``announce`` (the CLI prints the
     configuration) is called once every check has passed, so a refusal is one line alone."""
     from pipeoffload.train.data import check_tokenizer_file, prepare
-    from pipeoffload.train.metrics import discard_earlier
+    from pipeoffload.train.metrics import check_records, discard_earlier
     from pipeoffload.train.preflight import check_run
 
     if not cfg.run.out:
@@ -173,6 +173,7 @@ def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True,
         ckpt = checkpoint.latest_checkpoint(Path(resume))
         manifest = checkpoint.verify(ckpt)
         checkpoint.check_compatible(manifest, cfg, ckpt)
+        check_records(Path(resume) / "metrics.jsonl", manifest["step"])  # rank 0 rewrites it up to the step
         if manifest["step"] >= cfg.run.steps:
             step = manifest["step"]
             further = "steps=N and extend=True" if own else "--steps N --extend"

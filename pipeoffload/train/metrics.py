@@ -137,10 +137,11 @@ def _write_failed(path: Path, doing: str, err: OSError) -> str:
     return f"{doing} failed: {reason} (nothing of it was written); {last}; fix that, then {then}"
 
 
-def records_until(path: Path, step: int) -> list[str]:
+def records_until(path: Path, step: int, quiet: bool = False) -> list[str]:
     """The lines of ``metrics.jsonl`` up to ``step`` (a resume's checkpoint). An incomplete last line (no
-    newline, not JSON: a write cut short) is left out with a warning; any other line that is not a JSON
-    object with a whole ``step`` raises ``ConfigError`` naming the file and line."""
+    newline, not JSON: a write cut short) is left out with a warning (none when ``quiet``: the launcher's
+    check before the ranks start, ``check_records``); any other line that is not a JSON object with a
+    whole ``step`` raises ``ConfigError`` naming the file and line."""
     from pipeoffload.errors import ConfigError
 
     lines = path.read_bytes().split(b"\n")
@@ -153,8 +154,9 @@ def records_until(path: Path, step: int) -> list[str]:
             row = json.loads(text)
         except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError, nesting too deep
             if number == len(lines):  # the last line, without its newline
-                log.warning("%s:%d: the last line is incomplete (%d bytes; a write cut short, e.g. by a full "
-                            "disk): dropped", path, number, len(raw))
+                if not quiet:
+                    log.warning("%s:%d: the last line is incomplete (%d bytes; a write cut short, e.g. by a full "
+                                "disk): dropped", path, number, len(raw))
                 continue
             reason = (err.msg if isinstance(err, json.JSONDecodeError) else "not UTF-8 text"
                       if isinstance(err, UnicodeDecodeError) else "nested too deeply")
@@ -170,6 +172,13 @@ def records_until(path: Path, step: int) -> list[str]:
         if at <= step:
             kept.append(text)
     return kept
+
+
+def check_records(path: Path, step: int) -> None:
+    """Refuse (``ConfigError``, the ranks' own message) a ``metrics.jsonl`` a resume from ``step`` could not
+    rewrite: in the launcher, before any rank starts, rather than in rank 0 once they all have."""
+    if path.is_file():
+        records_until(path, step, quiet=True)
 
 
 def discard_earlier(path: Path) -> None:
