@@ -132,7 +132,7 @@ class Trainer:
                 self.fsdp.begin_step()
             self.runner.refresh_parameters()  # the all-gathered tensors, not the shards, run the step
         with self._autocast():
-            loss = self.runner.step(inputs, targets, measure=measure)
+            loss = self.runner.step(inputs, targets, measure=measure, step=step)  # failures name the run's step
         if self.model.tied is not None:
             with ctx.collective(f"summing the gradients of the tied embedding and head of step {step}"):
                 self.model.tied.reduce()
@@ -267,7 +267,8 @@ class Trainer:
         try:
             with self._autocast(), ctx.collective(f"evaluating after step {self.step} (pipeline forward)"):
                 for inputs, targets in self.batches.val(ctx.dp_rank):
-                    for value in self.runner.evaluate(inputs, targets) or []:  # losses on the last stage's rank
+                    # the losses on the last stage's rank; a failure names the step the evaluation follows
+                    for value in self.runner.evaluate(inputs, targets, step=self.step) or []:
                         total += float(value)
                         count += 1
         finally:
