@@ -10,7 +10,8 @@ The agent stops every rank as soon as one fails and tolerates a stopped one, so 
 once a rank has failed the others get ``grace`` seconds to exit naming the failure themselves; a
 rank stopped (SIGSTOP) for ``timeout`` seconds is killed and blamed; with ``forward_signals``
 SIGINT/SIGTERM go to the ranks, which get ``stop_grace`` seconds to stop (a second signal kills
-them at once). The ranks die with their launcher: a parent-death signal (Linux ``prctl``) plus a
+them at once; the same signal again within ``REPEAT`` seconds is one signal delivered twice, e.g. to a
+process group and once more by ``timeout``, and is ignored). The ranks die with their launcher: a parent-death signal (Linux ``prctl``) plus a
 thread watching the launcher's pid, either of which removes the run's folder and exits.
 """
 from __future__ import annotations
@@ -44,9 +45,13 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.launcher.api import LaunchConfig
 
+log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 ORPHAN_SIGNAL = signal.SIGUSR2  # sent to a rank when its launcher dies; its handler cleans up and exits
 _POLL = 0.05
+# The same signal again within this many seconds is the first one delivered twice, not a second Ctrl-C:
+# `kill -TERM -- -PGID` reaches the launcher, and `timeout` (in that group) forwards it once more.
+REPEAT = 1.0
 
 
 def exit_rank(code: int) -> NoReturn:
@@ -87,6 +92,7 @@ class SpawnResult:
     interrupted: int = 0  # the signal (SIGINT/SIGTERM) that asked the run to stop, 0 if none
     culprit: int | None = None  # the rank whose own fault ended the run: killed by a signal, or stopped
     pids: list[int] = field(default_factory=list)
+    forced: int = 0  # a second signal, which killed the ranks before they had stopped by themselves; 0 if none
 
     @property
     def ok(self) -> bool:
@@ -269,6 +275,8 @@ class _Supervisor:
         self.signal = 0
         self.signalled_at: float | None = None
         self.kill_now = False
+        self.second = 0  # a second signal (not the first one again within REPEAT s)
+        self.forced = 0  # the second signal, once it has killed running ranks
         self._stopped_since: dict[int, float] = {}
         self._next_probe = 0.0
 
@@ -279,10 +287,18 @@ class _Supervisor:
 
     # signal handler (main thread)
     def on_signal(self, signum: int, _frame: Any) -> None:
-        if self.signal:  # a second Ctrl-C: stop waiting
-            self.kill_now = True
+        now = time.monotonic()
+        if self.signal:
+            since = now - self.signalled_at if self.signalled_at is not None else REPEAT
+            if signum == self.signal and since < REPEAT and not self.kill_now:
+                log.warning("received %s again %.3f s after the first: taken as the same signal delivered twice "
+                            "(e.g. to the process group and once more by `timeout`), not a second one; the ranks "
+                            "go on finishing their step and saving (send a signal again after %g s to kill them "
+                            "at once)", signal.Signals(signum).name, since, REPEAT)
+                return
+            self.kill_now, self.second = True, self.second or signum  # a second Ctrl-C: stop waiting
             return
-        self.signal, self.signalled_at = signum, time.monotonic()
+        self.signal, self.signalled_at = signum, now
         self._forward(signum)
 
     def _forward(self, signum: int) -> None:
@@ -361,6 +377,7 @@ class _Supervisor:
         running = {r for r in pending if not self.returned(r)}  # returned ones wait for the others
         if running and (self.kill_now or now >= self._limit()):
             self.late = running
+            self.forced = self.second if self.kill_now else 0
             for r in sorted(pending):
                 self._kill(r)
             _wait_exits([self.pids[r] for r in pending])
@@ -498,7 +515,7 @@ def _outcome(sup: _Supervisor, folder: str, results: dict[int, bytes], world: in
                  for r, c in enumerate(sup.codes)] if sup.pids else [None] * world
     seconds = [s or time.monotonic() - sup.start for s in sup.seconds]
     values = [pickle.loads(results[r]) if r in results else None for r in range(world)]
-    return SpawnResult(codes, values, errors, seconds, sup.signal, sup.culprit, list(sup.pids))
+    return SpawnResult(codes, values, errors, seconds, sup.signal, sup.culprit, list(sup.pids), sup.forced)
 
 
 _AGENT_SIGNALS = (signal.SIGHUP, signal.SIGQUIT)  # torch's agent stops the ranks on these; SIGINT/SIGTERM are ours

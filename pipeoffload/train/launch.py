@@ -42,9 +42,9 @@ class _RunLog(logging.FileHandler):
     is said once on stderr, where logging's default prints a traceback for every line (a full disk gave
     about 150 of them before the run's own one-line error)."""
 
-    def __init__(self, path: Path, rank: int) -> None:
-        super().__init__(path)
-        self.rank, self.failed = rank, False
+    def __init__(self, path: Path, rank: int, delay: bool = False) -> None:
+        super().__init__(path, delay=delay)
+        self.rank, self.failed = rank, False  # rank -1: the launcher
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
         self._dropped(sys.exc_info()[1])
@@ -64,7 +64,8 @@ class _RunLog(logging.FileHandler):
     def _dropped(self, err: BaseException | None) -> None:
         if not self.failed:
             self.failed = True
-            sys.stderr.write(f"rank {self.rank}: cannot write {self.baseFilename} ({err}); its lines are "
+            who = f"rank {self.rank}" if self.rank >= 0 else "the launcher"
+            sys.stderr.write(f"{who}: cannot write {self.baseFilename} ({err}); its lines are "
                              "dropped from here on\n")
 
 
@@ -222,38 +223,68 @@ def _torchrun(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
 def _spawned(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> list[Any]:
     from pipeoffload.runtime.launch import spawn
 
-    result = spawn(_rank_entry, cfg.world, (fn, cfg, args, verbose), timeout=cfg.run.timeout,
-                   deadline=10 * 365 * 86400.0, backend="nccl" if _cuda() else "gloo", grace=GRACE,
-                   forward_signals=True, stop_grace=STOP_GRACE)
+    with _launcher_log(cfg):
+        result = spawn(_rank_entry, cfg.world, (fn, cfg, args, verbose), timeout=cfg.run.timeout,
+                       deadline=10 * 365 * 86400.0, backend="nccl" if _cuda() else "gloo", grace=GRACE,
+                       forward_signals=True, stop_grace=STOP_GRACE)
     if result.ok:
         return result.results
     if result.interrupted:  # the ranks did not all report back (a second signal, a stuck rank): say what is saved
-        raise Interrupted(result.interrupted, interrupted_text(result.interrupted, cfg.run.out, started=True))
+        message = interrupted_text(result.interrupted, cfg.run.out, started=True, forced=result.forced)
+        _note_in_log(cfg, message, "run interrupted")
+        raise Interrupted(result.interrupted, message)
     message = result.summary()
     _note_in_log(cfg, message)
     raise RankFailure(message)
 
 
-def interrupted_text(signum: int, out: str | None, *, started: bool) -> str:
+@contextlib.contextmanager
+def _launcher_log(cfg: TrainConfig) -> Iterator[None]:
+    """While the ranks run, the launcher's own warnings (``pipeoffload.runtime.launch``: a signal it
+    ignored) go to the run's ``train.log`` too, tagged ``[launcher]``, beside the ranks' lines."""
+    path = Path(cfg.run.out) / "train.log" if cfg.run.out else None
+    if path is None or not path.parent.is_dir():
+        yield
+        return
+    logger = logging.getLogger("pipeoffload.runtime.launch")
+    handler = _RunLog(path, -1, delay=True)  # opened at its first line: train.log appears when the ranks start
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT.replace("rank {rank}", "launcher")))
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+
+
+def interrupted_text(signum: int, out: str | None, *, started: bool, forced: int = 0) -> str:
     """What a run stopped by ``signum`` leaves: the last complete checkpoint in ``out`` (on disk, whether
-    or not a rank got to report saving it) and how to continue, or that there is none."""
+    or not a rank got to report saving it) and how to continue, or that there is none. ``forced``: a
+    second signal, which killed the ranks before they had finished their step and saved."""
     from pipeoffload.train.checkpoint import list_checkpoints
 
     name = signal.Signals(signum).name
     found = list_checkpoints(Path(out)) if out else []
+    head = f"interrupted ({name})"
+    if forced:
+        head += (f", then a second signal ({signal.Signals(forced).name}) killed the ranks at once, before they "
+                 "had finished the step and saved")
     if out and found:
-        return f"interrupted ({name}); the last complete checkpoint is {found[-1]}; continue with: {continue_with(out)}"
+        return f"{head}; the last complete checkpoint is {found[-1]}; continue with: {continue_with(out)}"
+    if forced:
+        return f"{head}; there is no checkpoint to resume from"
     when = "the ranks saved a checkpoint" if started else "the ranks started"
-    return f"interrupted ({name}) before {when}; there is no checkpoint to resume from"
+    return f"{head} before {when}; there is no checkpoint to resume from"
 
 
-def _note_in_log(cfg: TrainConfig, message: str) -> None:
+def _note_in_log(cfg: TrainConfig, message: str, what: str = "run failed") -> None:
     """The launcher's verdict as the last line of the run's ``train.log``."""
     path = Path(cfg.run.out) / "train.log" if cfg.run.out else None
     if path is None or not path.parent.is_dir():
         return
     try:
         with open(path, "a") as fh:
-            fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [launcher] ERROR run failed: {message}\n")
+            fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [launcher] ERROR {what}: {message}\n")
     except OSError:
         pass
