@@ -226,16 +226,64 @@ def _spawned(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> list[A
     with _launcher_log(cfg):
         result = spawn(_rank_entry, cfg.world, (fn, cfg, args, verbose), timeout=cfg.run.timeout,
                        deadline=10 * 365 * 86400.0, backend="nccl" if _cuda() else "gloo", grace=GRACE,
-                       forward_signals=True, stop_grace=STOP_GRACE)
+                       forward_signals=True, stop_grace=STOP_GRACE, collect_faults=True)
+    logged = _log_faults(cfg, result.faults)
     if result.ok:
         return result.results
     if result.interrupted:  # the ranks did not all report back (a second signal, a stuck rank): say what is saved
         message = interrupted_text(result.interrupted, cfg.run.out, started=True, forced=result.forced)
         _note_in_log(cfg, message, "run interrupted")
         raise Interrupted(result.interrupted, message)
-    message = result.summary()
+    message = result.summary() + _fatal_signal_note(cfg, result, logged)
+    failure = RankFailure(message)
+    # a rank killed, stopped or failing: say what is saved and how to go on (not for the user's input, nor
+    # for a run that diverged: resumed as it was, it would diverge again; nor twice, as a full disk says it)
+    if not failure.config and "NonFiniteError:" not in message and "continue with:" not in message:
+        hint = resume_hint(cfg.run.out)
+        if hint:
+            message = f"{message}; {hint}"
+            failure = RankFailure(message)
     _note_in_log(cfg, message)
-    raise RankFailure(message)
+    raise failure
+
+
+def _log_faults(cfg: TrainConfig, faults: dict[int, str]) -> Path | None:
+    """The Python stacks of ranks that crashed (faulthandler's dumps: ``spawn(collect_faults=True)``),
+    one rank after the other, into the run's ``train.log``; on stderr when the run has no folder. Returns
+    the log they went to."""
+    if not faults:
+        return None
+    text = "".join(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [launcher] ERROR rank {r} crashed; its Python stack "
+                   f"(faulthandler):\n{dump.rstrip()}\n" for r, dump in sorted(faults.items()))
+    path = Path(cfg.run.out) / "train.log" if cfg.run.out else None
+    if path is not None and path.parent.is_dir():
+        try:
+            with open(path, "a") as fh:
+                fh.write(text)
+            return path
+        except OSError:
+            pass
+    sys.stderr.write(text)
+    return None
+
+
+def _fatal_signal_note(cfg: TrainConfig, result: Any, logged: Path | None) -> str:
+    """For a rank killed by a signal of a fatal error (SIGBUS, SIGSEGV, ...): the likely cause where the run
+    gives one (SIGBUS reading a memory-mapped ``--data`` file that shrank), and where its Python stack is."""
+    r = result.culprit
+    code = result.exitcodes[r] if r is not None else None
+    if r is None or code is None or code >= 0:
+        return ""
+    note = ""
+    if -code == signal.SIGBUS and cfg.model.source != "own":
+        from pipeoffload.train.data import memory_mapped
+
+        if memory_mapped(cfg.data.path):
+            note += (f": a memory-mapped --data file ({cfg.data.path}) changed or was truncated during the run; "
+                     "do not modify it while training")
+    if logged is not None and r in result.faults:
+        note += f" (the rank's Python stack is in {logged})"
+    return note
 
 
 @contextlib.contextmanager
@@ -262,20 +310,30 @@ def interrupted_text(signum: int, out: str | None, *, started: bool, forced: int
     """What a run stopped by ``signum`` leaves: the last complete checkpoint in ``out`` (on disk, whether
     or not a rank got to report saving it) and how to continue, or that there is none. ``forced``: a
     second signal, which killed the ranks before they had finished their step and saved."""
-    from pipeoffload.train.checkpoint import list_checkpoints
-
     name = signal.Signals(signum).name
-    found = list_checkpoints(Path(out)) if out else []
     head = f"interrupted ({name})"
     if forced:
         head += (f", then a second signal ({signal.Signals(forced).name}) killed the ranks at once, before they "
                  "had finished the step and saved")
-    if out and found:
-        return f"{head}; the last complete checkpoint is {found[-1]}; continue with: {continue_with(out)}"
+    hint = resume_hint(out)
+    if hint:
+        return f"{head}; {hint}"
     if forced:
         return f"{head}; there is no checkpoint to resume from"
     when = "the ranks saved a checkpoint" if started else "the ranks started"
     return f"{head} before {when}; there is no checkpoint to resume from"
+
+
+def resume_hint(out: str | None) -> str:
+    """The run's way on, for the messages that end it: 'the last complete checkpoint is …; continue
+    with: …' for the run in ``out`` (the checkpoints on disk, whether or not a rank got to report saving
+    them), or '' when it has none."""
+    from pipeoffload.train.checkpoint import list_checkpoints
+
+    found = list_checkpoints(Path(out)) if out else []
+    if not (out and found):
+        return ""
+    return f"the last complete checkpoint is {found[-1]}; continue with: {continue_with(out)}"
 
 
 def _note_in_log(cfg: TrainConfig, message: str, what: str = "run failed") -> None:

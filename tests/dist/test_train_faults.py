@@ -175,3 +175,32 @@ def test_a_second_signal_kills_the_ranks_and_says_so(tmp_path: Path) -> None:
     finally:
         for p in pids.values():
             kill_quietly(p)
+
+
+def test_a_data_file_truncated_during_the_run_is_named(tmp_path: Path) -> None:
+    """The ranks memory-map a --data token file; truncated under them, the next read is a SIGBUS. The
+    last line names the file and the fix, and the way on from the last checkpoint; faulthandler's dump
+    of the crashed rank (torch's agent enables it) goes to train.log, not the terminal."""
+    import numpy as np
+
+    data = tmp_path / "tokens.bin"
+    np.random.default_rng(0).integers(0, 256, 200_000).astype(np.uint16).tofile(data)
+    run = Run(tmp_path, tmp_path / "run", "--nproc", "2", "--pp", "2", "--steps", "100000", "--save-every", "1",
+              "--data", str(data))
+    run.wait_steps(2)
+    pids = run.pids()
+    try:
+        os.truncate(data, 0)
+        code = run.wait()
+        assert code == 1, run.output()
+        last, err = run.last_error_line(), run.stderr.read_text()
+        assert "was killed by signal SIGBUS: a memory-mapped --data file (" in last, run.output()
+        assert f"({data}) changed or was truncated during the run; do not modify it while training" in last, last
+        assert "the last complete checkpoint is" in last and f"--resume {run.out}" in last, last
+        assert "Fatal Python error" not in err and "Traceback" not in err, run.output()
+        log = (run.out / "train.log").read_text()
+        assert "Fatal Python error: Bus error" in log and "in window" in log, log[-3000:]
+        assert f"(the rank's Python stack is in {run.out / 'train.log'})" in last, last
+    finally:
+        for p in pids.values():
+            kill_quietly(p)
