@@ -2,18 +2,19 @@
 
 Each subcommand lives in its own module with ``add_parser(subparsers)``; the parser's ``run``
 default is a function ``(args) -> exit code``. Bad input exits 2 with one line, never a traceback.
+
+This module imports only ``sys`` at its top (and ``pipeoffload/__init__`` nothing): ``main`` is running
+before the subcommands, the planner and numpy load, so a Ctrl-C during those imports is its one line
+"interrupted" and exit 130, not a KeyboardInterrupt traceback.
 """
 from __future__ import annotations
 
-import argparse
-import importlib
-import logging
-import math
 import sys
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from pipeoffload.cli.common import OneLineParser, missing_extra
-from pipeoffload.errors import ConfigError, ScheduleError
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
 
 COMMAND_MODULES = (
     "schedules", "show", "simulate", "k", "plan", "estimate", "compare", "trace", "playground", "train", "generate", "export", "report",
@@ -21,6 +22,10 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    from pipeoffload.cli.common import OneLineParser
+
     parser = OneLineParser(prog="pipeoffload", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log progress to stderr; only before the command (pipeoffload -v compare ...): after "
@@ -42,8 +47,45 @@ def _version() -> str:
         return "(not installed)"
 
 
+class _Terminated(BaseException):
+    """SIGTERM while the subcommands are imported (``_stopped_by_sigterm``)."""
+
+
+def _raise_terminated(signum: int, _frame: object) -> None:
+    raise _Terminated(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C while the subcommands were imported, before a command ran
+        print("pipeoffload: interrupted", file=sys.stderr)
+        return 130
+    except _Terminated:
+        print("pipeoffload: interrupted (SIGTERM)", file=sys.stderr)
+        return 143
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    import signal
+    import threading
+
+    # SIGTERM's default ends the process without a word: while the subcommands load (up to 1.4 s on a
+    # loaded machine), it says "interrupted" as a Ctrl-C does; `train` then installs its own handler
+    ours = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    if ours:
+        signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        import logging
+
+        from pipeoffload.cli.common import missing_extra
+        from pipeoffload.errors import ConfigError, ScheduleError
+
+        parser = build_parser()
+    finally:
+        if ours:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     if not getattr(args, "run", None):
@@ -75,6 +117,10 @@ def _fail(args: argparse.Namespace, message: str, code: int, prefix: str = "erro
 def refuse_non_finite(args: argparse.Namespace) -> None:
     """No flag may carry inf or nan (``float()`` accepts both): every number after it would be silently
     wrong. Flags with their own checks refuse them already; this covers every other float flag."""
+    import math
+
+    from pipeoffload.errors import ConfigError
+
     for dest, value in vars(args).items():
         values = value if isinstance(value, (list, tuple)) else [value]
         for item in values:

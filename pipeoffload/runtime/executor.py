@@ -181,7 +181,8 @@ class PipelineRunner:
                    for kind in (K.OFFLOAD, K.OFFLOAD_W)}
         self._keep_host = windows[K.OFFLOAD] & windows[K.OFFLOAD_W]
         self.specs: dict[int, list[Spec]] | None = self._declared(output_specs)
-        self.step_count = 0
+        self.step_count = 0  # steps run by this runner
+        self.last_step = -1  # the number the last step was named by (``step(..., step=)``; -1: none yet)
         self.slot_bytes: dict[int, int] = {}  # largest bytes one (stage, microbatch) F saved, per stage
         self.w_bytes: dict[int, int] = {}  # largest bytes one slot still held after its I (what W needs)
         self.trace: Trace | None = None
@@ -316,17 +317,25 @@ class PipelineRunner:
             )
 
     # ---- the step ---------------------------------------------------------------------------------
-    def step(self, inputs: Any = None, targets: Any = None, *, measure: bool | None = None) -> torch.Tensor | None:
+    def step(self, inputs: Any = None, targets: Any = None, *, measure: bool | None = None,
+             step: int | None = None) -> torch.Tensor | None:
         """Run one training step (forward and backward of every microbatch); gradients accumulate in
         the stage modules' parameters. Returns the mean loss on the last stage's rank, else None.
 
         ``measure`` (default: the runner's ``measure_memory``): count the activation bytes (the
         trace's memory fields, ``slot_bytes``, ``w_bytes``). A rank whose actions neither copy nor
         split the backward runs an unmeasured step with no saved-tensor hooks at all; the trace then
-        says ``measured=False`` and its byte fields are 0. Rows that copy or split always measure."""
+        says ``measured=False`` and its byte fields are 0. Rows that copy or split always measure.
+
+        ``step``: the caller's number for this step, which a failure names ("failed at step 257"):
+        a training loop passes its own (1-based, continuing after a resume). Without it the runner
+        names its steps by its own count, from 0 (``step_count`` before the step)."""
         m = self.num_microbatches
         self._split(inputs, targets, "step")
-        step, trace = self.step_count, Trace(self.rank, self.step_count)
+        trace = Trace(self.rank, self.step_count)
+        if step is None:
+            step = self.step_count
+        self.last_step = step
         self.step_count += 1
         measure = self.measure_memory if measure is None else measure
         self.store.active = trace.measured = measure or self._store_needed
@@ -346,12 +355,14 @@ class PipelineRunner:
         return total
 
     @torch.no_grad()
-    def evaluate(self, inputs: Any = None, targets: Any = None) -> list[torch.Tensor] | None:
+    def evaluate(self, inputs: Any = None, targets: Any = None, *, step: int | None = None) -> list[torch.Tensor] | None:
         """Forward only, without autograd: each microbatch's loss (not divided by the number of
         microbatches) on the last stage's rank, else None. Runs the forward-only schedule of this
         runner's schedule (``passes.forward.forward_only``: the same placement and F order) through
         the same interpreter, transport and failure handling as ``step``; nothing is saved, so the
-        activation store is not involved. Put the modules in eval mode first if they need it."""
+        activation store is not involved. Put the modules in eval mode first if they need it.
+        ``step``: the step the evaluation follows, as a failure names it ("the evaluation after step
+        4"); default: the last step this runner ran, by the number ``step`` named it with."""
         if self._eval is None:
             program = comm_batches(forward_only(self.schedule).actions[self.rank])
             self._eval = program, _receives(program) if self._prefetch else []
@@ -359,8 +370,9 @@ class PipelineRunner:
         self._split(inputs, targets, "evaluate")
         active, self.store.active = self.store.active, False
         try:
+            after = self.last_step if step is None else step
             self._run(*self._eval, {K.F: type(self)._forward_eval}, Trace(self.rank, self.step_count),
-                      f"the evaluation after step {self.step_count - 1}", self.step_count - 1)
+                      f"the evaluation after step {after}", after)
         finally:
             self.store.active = active
         if self._mb_targets is None:

@@ -10,7 +10,8 @@ The agent stops every rank as soon as one fails and tolerates a stopped one, so 
 once a rank has failed the others get ``grace`` seconds to exit naming the failure themselves; a
 rank stopped (SIGSTOP) for ``timeout`` seconds is killed and blamed; with ``forward_signals``
 SIGINT/SIGTERM go to the ranks, which get ``stop_grace`` seconds to stop (a second signal kills
-them at once). The ranks die with their launcher: a parent-death signal (Linux ``prctl``) plus a
+them at once; the same signal again within ``REPEAT`` seconds is one signal delivered twice, e.g. to a
+process group and once more by ``timeout``, and is ignored). The ranks die with their launcher: a parent-death signal (Linux ``prctl``) plus a
 thread watching the launcher's pid, either of which removes the run's folder and exits.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ import atexit
 import contextlib
 import ctypes
 import datetime
+import faulthandler
 import inspect
 import logging
 import os
@@ -44,9 +46,13 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.launcher.api import LaunchConfig
 
+log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 ORPHAN_SIGNAL = signal.SIGUSR2  # sent to a rank when its launcher dies; its handler cleans up and exits
 _POLL = 0.05
+# The same signal again within this many seconds is the first one delivered twice, not a second Ctrl-C:
+# `kill -TERM -- -PGID` reaches the launcher, and `timeout` (in that group) forwards it once more.
+REPEAT = 1.0
 
 
 def exit_rank(code: int) -> NoReturn:
@@ -87,6 +93,8 @@ class SpawnResult:
     interrupted: int = 0  # the signal (SIGINT/SIGTERM) that asked the run to stop, 0 if none
     culprit: int | None = None  # the rank whose own fault ended the run: killed by a signal, or stopped
     pids: list[int] = field(default_factory=list)
+    faults: dict[int, str] = field(default_factory=dict)  # rank: faulthandler's dump of its crash (SIGSEGV, ...)
+    forced: int = 0  # a second signal, which killed the ranks before they had stopped by themselves; 0 if none
 
     @property
     def ok(self) -> bool:
@@ -128,6 +136,7 @@ def _child(fn: Callable[..., Any], world: int, args: tuple, folder: str, backend
     rank = int(os.environ["RANK"])
     try:
         die_with_launcher(launcher, folder, rank)
+        _faults_to_file(folder, rank)
         # the launcher started us with SIGINT ignored (no traceback from a Ctrl-C during start-up);
         # from here a KeyboardInterrupt is reported like any error
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -146,6 +155,25 @@ def _child(fn: Callable[..., Any], world: int, args: tuple, folder: str, backend
     # too (gloo's threads may still hold tensors whose release at finalisation aborts the process)
     atexit.register(exit_rank, 0)
     return pickle.dumps(result)  # plain bytes: torch's queue would move tensors to shared memory
+
+
+def _faults_to_file(folder: str, rank: int) -> None:
+    """torch's agent runs each rank under its ``record``, which enables faulthandler on stderr for all
+    threads: a crash in C code (SIGSEGV, SIGBUS, ...) then shows the Python stack where it happened. Ranks
+    crashing together (every rank reads a data file that shrank) interleaved their dumps, some 90 lines
+    each, above the launcher's verdict. The dump goes to ``fault-<rank>.txt`` in the run's folder instead;
+    the launcher hands it on (``spawn``'s ``collect_faults``). Where faulthandler is off, it stays off."""
+    if not faulthandler.is_enabled():
+        return
+    try:
+        fh = open(f"{folder}/fault-{rank}.txt", "w")  # open for the process's life: faulthandler writes to its fd
+    except OSError:  # the folder is gone with the launcher: stderr it stays
+        return
+    _fault_file[:] = [fh]
+    faulthandler.enable(file=fh, all_threads=True)
+
+
+_fault_file: list[Any] = []  # never closed, so its descriptor is never reused while faulthandler holds it
 
 
 def die_with_launcher(launcher: int, folder: str, rank: int, poll: float = 0.5) -> None:
@@ -269,6 +297,8 @@ class _Supervisor:
         self.signal = 0
         self.signalled_at: float | None = None
         self.kill_now = False
+        self.second = 0  # a second signal (not the first one again within REPEAT s)
+        self.forced = 0  # the second signal, once it has killed running ranks
         self._stopped_since: dict[int, float] = {}
         self._next_probe = 0.0
 
@@ -279,10 +309,18 @@ class _Supervisor:
 
     # signal handler (main thread)
     def on_signal(self, signum: int, _frame: Any) -> None:
-        if self.signal:  # a second Ctrl-C: stop waiting
-            self.kill_now = True
+        now = time.monotonic()
+        if self.signal:
+            since = now - self.signalled_at if self.signalled_at is not None else REPEAT
+            if signum == self.signal and since < REPEAT and not self.kill_now:
+                log.warning("received %s again %.3f s after the first: taken as the same signal delivered twice "
+                            "(e.g. to the process group and once more by `timeout`), not a second one; the ranks "
+                            "go on finishing their step and saving (send a signal again after %g s to kill them "
+                            "at once)", signal.Signals(signum).name, since, REPEAT)
+                return
+            self.kill_now, self.second = True, self.second or signum  # a second Ctrl-C: stop waiting
             return
-        self.signal, self.signalled_at = signum, time.monotonic()
+        self.signal, self.signalled_at = signum, now
         self._forward(signum)
 
     def _forward(self, signum: int) -> None:
@@ -361,6 +399,7 @@ class _Supervisor:
         running = {r for r in pending if not self.returned(r)}  # returned ones wait for the others
         if running and (self.kill_now or now >= self._limit()):
             self.late = running
+            self.forced = self.second if self.kill_now else 0
             for r in sorted(pending):
                 self._kill(r)
             _wait_exits([self.pids[r] for r in pending])
@@ -451,13 +490,16 @@ def spawn(
     grace: float | None = None,
     forward_signals: bool = False,
     stop_grace: float = 10.0,
+    collect_faults: bool = False,
 ) -> SpawnResult:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes; collect the results.
 
     ``timeout`` is the process group's (and how long a stopped rank is tolerated); ``deadline``
     bounds the whole run (stragglers are killed); ``grace``: once a rank has failed, the others get
     this many seconds to exit before being killed. ``forward_signals``: SIGINT/SIGTERM received here
-    are sent to the ranks, which get ``stop_grace`` seconds to exit (``SpawnResult.interrupted``)."""
+    are sent to the ranks, which get ``stop_grace`` seconds to exit (``SpawnResult.interrupted``).
+    faulthandler's dump of a rank that crashed (SIGSEGV, SIGBUS, ...) is in ``SpawnResult.faults`` and
+    written to stderr after the run, one rank after the other; with ``collect_faults`` only returned."""
     with tempfile.TemporaryDirectory(prefix="pipeoffload-") as folder:
         sup = _Supervisor(world_size, folder, timeout, deadline, grace, stop_grace)
         main_thread = threading.current_thread() is threading.main_thread()
@@ -477,13 +519,21 @@ def spawn(
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
-        return _outcome(sup, folder, results, world_size)
+        outcome = _outcome(sup, folder, results, world_size)
+    if not collect_faults:
+        for r, dump in sorted(outcome.faults.items()):
+            sys.stderr.write(f"rank {r} crashed; its Python stack (faulthandler):\n{dump.rstrip()}\n")
+    return outcome
 
 
 def _outcome(sup: _Supervisor, folder: str, results: dict[int, bytes], world: int) -> SpawnResult:
     """What each rank returned, raised or suffered, from the agent's results and the run's folder."""
     errors: list[str | None] = []
+    faults: dict[int, str] = {}
     for r in range(world):
+        with contextlib.suppress(OSError):
+            if dump := Path(f"{folder}/fault-{r}.txt").read_text(errors="replace").strip():
+                faults[r] = dump
         path = f"{folder}/error-{r}.txt"
         err = Path(path).read_text() if os.path.exists(path) else None
         if r in sup.notes:
@@ -498,7 +548,7 @@ def _outcome(sup: _Supervisor, folder: str, results: dict[int, bytes], world: in
                  for r, c in enumerate(sup.codes)] if sup.pids else [None] * world
     seconds = [s or time.monotonic() - sup.start for s in sup.seconds]
     values = [pickle.loads(results[r]) if r in results else None for r in range(world)]
-    return SpawnResult(codes, values, errors, seconds, sup.signal, sup.culprit, list(sup.pids))
+    return SpawnResult(codes, values, errors, seconds, sup.signal, sup.culprit, list(sup.pids), faults, sup.forced)
 
 
 _AGENT_SIGNALS = (signal.SIGHUP, signal.SIGQUIT)  # torch's agent stops the ranks on these; SIGINT/SIGTERM are ours

@@ -144,6 +144,12 @@ def is_token_file(data: str) -> bool:
     return bool(data) and Path(data).suffix in TOKEN_SUFFIXES and Path(data).is_file()
 
 
+def memory_mapped(data: str) -> bool:
+    """Whether a run reads ``data`` through a memory map (``load_token_file``): a rank then dies of SIGBUS
+    when the file shrinks under it."""
+    return bool(data) and Path(data).suffix in TOKEN_SUFFIXES
+
+
 # ---- tokenizers -------------------------------------------------------------------------------------
 class ByteTokenizer:
     """UTF-8 bytes; vocabulary 256."""

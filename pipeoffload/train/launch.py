@@ -42,9 +42,9 @@ class _RunLog(logging.FileHandler):
     is said once on stderr, where logging's default prints a traceback for every line (a full disk gave
     about 150 of them before the run's own one-line error)."""
 
-    def __init__(self, path: Path, rank: int) -> None:
-        super().__init__(path)
-        self.rank, self.failed = rank, False
+    def __init__(self, path: Path, rank: int, delay: bool = False) -> None:
+        super().__init__(path, delay=delay)
+        self.rank, self.failed = rank, False  # rank -1: the launcher
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
         self._dropped(sys.exc_info()[1])
@@ -64,7 +64,8 @@ class _RunLog(logging.FileHandler):
     def _dropped(self, err: BaseException | None) -> None:
         if not self.failed:
             self.failed = True
-            sys.stderr.write(f"rank {self.rank}: cannot write {self.baseFilename} ({err}); its lines are "
+            who = f"rank {self.rank}" if self.rank >= 0 else "the launcher"
+            sys.stderr.write(f"{who}: cannot write {self.baseFilename} ({err}); its lines are "
                              "dropped from here on\n")
 
 
@@ -222,38 +223,126 @@ def _torchrun(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
 def _spawned(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> list[Any]:
     from pipeoffload.runtime.launch import spawn
 
-    result = spawn(_rank_entry, cfg.world, (fn, cfg, args, verbose), timeout=cfg.run.timeout,
-                   deadline=10 * 365 * 86400.0, backend="nccl" if _cuda() else "gloo", grace=GRACE,
-                   forward_signals=True, stop_grace=STOP_GRACE)
+    with _launcher_log(cfg):
+        result = spawn(_rank_entry, cfg.world, (fn, cfg, args, verbose), timeout=cfg.run.timeout,
+                       deadline=10 * 365 * 86400.0, backend="nccl" if _cuda() else "gloo", grace=GRACE,
+                       forward_signals=True, stop_grace=STOP_GRACE, collect_faults=True)
+    logged = _log_faults(cfg, result.faults)
     if result.ok:
         return result.results
     if result.interrupted:  # the ranks did not all report back (a second signal, a stuck rank): say what is saved
-        raise Interrupted(result.interrupted, interrupted_text(result.interrupted, cfg.run.out, started=True))
-    message = result.summary()
+        message = interrupted_text(result.interrupted, cfg.run.out, started=True, forced=result.forced)
+        _note_in_log(cfg, message, "run interrupted")
+        raise Interrupted(result.interrupted, message)
+    message = result.summary() + _fatal_signal_note(cfg, result, logged)
+    failure = RankFailure(message)
+    # a rank killed, stopped or failing: say what is saved and how to go on (not for the user's input, nor
+    # for a run that diverged: resumed as it was, it would diverge again; nor twice, as a full disk says it)
+    if not failure.config and "NonFiniteError:" not in message and "continue with:" not in message:
+        hint = resume_hint(cfg.run.out)
+        if hint:
+            message = f"{message}; {hint}"
+            failure = RankFailure(message)
     _note_in_log(cfg, message)
-    raise RankFailure(message)
+    raise failure
 
 
-def interrupted_text(signum: int, out: str | None, *, started: bool) -> str:
+def _log_faults(cfg: TrainConfig, faults: dict[int, str]) -> Path | None:
+    """The Python stacks of ranks that crashed (faulthandler's dumps: ``spawn(collect_faults=True)``),
+    one rank after the other, into the run's ``train.log``; on stderr when the run has no folder. Returns
+    the log they went to."""
+    if not faults:
+        return None
+    text = "".join(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [launcher] ERROR rank {r} crashed; its Python stack "
+                   f"(faulthandler):\n{dump.rstrip()}\n" for r, dump in sorted(faults.items()))
+    path = Path(cfg.run.out) / "train.log" if cfg.run.out else None
+    if path is not None and path.parent.is_dir():
+        try:
+            with open(path, "a") as fh:
+                fh.write(text)
+            return path
+        except OSError:
+            pass
+    sys.stderr.write(text)
+    return None
+
+
+def _fatal_signal_note(cfg: TrainConfig, result: Any, logged: Path | None) -> str:
+    """For a rank killed by a signal of a fatal error (SIGBUS, SIGSEGV, ...): the likely cause where the run
+    gives one (SIGBUS reading a memory-mapped ``--data`` file that shrank), and where its Python stack is."""
+    r = result.culprit
+    code = result.exitcodes[r] if r is not None else None
+    if r is None or code is None or code >= 0:
+        return ""
+    note = ""
+    if -code == signal.SIGBUS and cfg.model.source != "own":
+        from pipeoffload.train.data import memory_mapped
+
+        if memory_mapped(cfg.data.path):
+            note += (f": a memory-mapped --data file ({cfg.data.path}) changed or was truncated during the run; "
+                     "do not modify it while training")
+    if logged is not None and r in result.faults:
+        note += f" (the rank's Python stack is in {logged})"
+    return note
+
+
+@contextlib.contextmanager
+def _launcher_log(cfg: TrainConfig) -> Iterator[None]:
+    """While the ranks run, the launcher's own warnings (``pipeoffload.runtime.launch``: a signal it
+    ignored) go to the run's ``train.log`` too, tagged ``[launcher]``, beside the ranks' lines."""
+    path = Path(cfg.run.out) / "train.log" if cfg.run.out else None
+    if path is None or not path.parent.is_dir():
+        yield
+        return
+    logger = logging.getLogger("pipeoffload.runtime.launch")
+    handler = _RunLog(path, -1, delay=True)  # opened at its first line: train.log appears when the ranks start
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT.replace("rank {rank}", "launcher")))
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+
+
+def interrupted_text(signum: int, out: str | None, *, started: bool, forced: int = 0) -> str:
     """What a run stopped by ``signum`` leaves: the last complete checkpoint in ``out`` (on disk, whether
-    or not a rank got to report saving it) and how to continue, or that there is none."""
+    or not a rank got to report saving it) and how to continue, or that there is none. ``forced``: a
+    second signal, which killed the ranks before they had finished their step and saved."""
+    name = signal.Signals(signum).name
+    head = f"interrupted ({name})"
+    if forced:
+        head += (f", then a second signal ({signal.Signals(forced).name}) killed the ranks at once, before they "
+                 "had finished the step and saved")
+    hint = resume_hint(out)
+    if hint:
+        return f"{head}; {hint}"
+    if forced:
+        return f"{head}; there is no checkpoint to resume from"
+    when = "the ranks saved a checkpoint" if started else "the ranks started"
+    return f"{head} before {when}; there is no checkpoint to resume from"
+
+
+def resume_hint(out: str | None) -> str:
+    """The run's way on, for the messages that end it: 'the last complete checkpoint is …; continue
+    with: …' for the run in ``out`` (the checkpoints on disk, whether or not a rank got to report saving
+    them), or '' when it has none."""
     from pipeoffload.train.checkpoint import list_checkpoints
 
-    name = signal.Signals(signum).name
     found = list_checkpoints(Path(out)) if out else []
-    if out and found:
-        return f"interrupted ({name}); the last complete checkpoint is {found[-1]}; continue with: {continue_with(out)}"
-    when = "the ranks saved a checkpoint" if started else "the ranks started"
-    return f"interrupted ({name}) before {when}; there is no checkpoint to resume from"
+    if not (out and found):
+        return ""
+    return f"the last complete checkpoint is {found[-1]}; continue with: {continue_with(out)}"
 
 
-def _note_in_log(cfg: TrainConfig, message: str) -> None:
+def _note_in_log(cfg: TrainConfig, message: str, what: str = "run failed") -> None:
     """The launcher's verdict as the last line of the run's ``train.log``."""
     path = Path(cfg.run.out) / "train.log" if cfg.run.out else None
     if path is None or not path.parent.is_dir():
         return
     try:
         with open(path, "a") as fh:
-            fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [launcher] ERROR run failed: {message}\n")
+            fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [launcher] ERROR {what}: {message}\n")
     except OSError:
         pass

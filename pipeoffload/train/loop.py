@@ -53,6 +53,9 @@ from pipeoffload.train.optim import (
 log = logging.getLogger(__name__)
 _BRIEF = 3  # measurements of every step: has a loss, the loss, the stop signal
 _HEAD = 8  # measurements of a logged step before the per-stage slot bytes in a row of the board
+# A parameter this large (in absolute value) was grown by the optimizer, far past what an initialisation or
+# a sane learning rate gives: a non-finite validation loss with such weights is the learning rate's doing.
+_INFLATED = 1e3
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
@@ -132,7 +135,7 @@ class Trainer:
                 self.fsdp.begin_step()
             self.runner.refresh_parameters()  # the all-gathered tensors, not the shards, run the step
         with self._autocast():
-            loss = self.runner.step(inputs, targets, measure=measure)
+            loss = self.runner.step(inputs, targets, measure=measure, step=step)  # failures name the run's step
         if self.model.tied is not None:
             with ctx.collective(f"summing the gradients of the tied embedding and head of step {step}"):
                 self.model.tied.reduce()
@@ -198,10 +201,9 @@ class Trainer:
         what = f"step {step}: loss {loss:g}, gradient norm {norm:g}: not finite"
         if self.skipped > allowed:
             cfg = self.cfg
-            raise NonFiniteError(f"{what}; stopped without saving it (the last checkpoint, if any, is intact); lower "
-                                 f"{setting(cfg, 'lr')} or raise {setting(cfg, 'clip')}, or allow skipped steps with "
-                                 f"{setting(cfg, 'skip_nonfinite', 'N')} ({self.skipped - 1} of {allowed} allowed "
-                                 "were skipped)")
+            raise NonFiniteError(f"{what}; stopped without saving it (the last checkpoint, if any, is intact); "
+                                 f"{_remedy(cfg)}, or allow skipped steps with {setting(cfg, 'skip_nonfinite', 'N')} "
+                                 f"({self.skipped - 1} of {allowed} allowed were skipped)")
         if self.ctx.is_main:
             log.warning("%s: the optimizer step was skipped (%d of %d allowed)", what, self.skipped, allowed)
 
@@ -267,7 +269,8 @@ class Trainer:
         try:
             with self._autocast(), ctx.collective(f"evaluating after step {self.step} (pipeline forward)"):
                 for inputs, targets in self.batches.val(ctx.dp_rank):
-                    for value in self.runner.evaluate(inputs, targets) or []:  # losses on the last stage's rank
+                    # the losses on the last stage's rank; a failure names the step the evaluation follows
+                    for value in self.runner.evaluate(inputs, targets, step=self.step) or []:
                         total += float(value)
                         count += 1
         finally:
@@ -295,31 +298,51 @@ class Trainer:
 
     def _parameters_finite(self) -> bool:
         """Whether every rank's parameters are finite (one all-reduce: the same answer on every rank)."""
+        return self._parameter_extent()[0]
+
+    def _parameter_extent(self) -> tuple[bool, float]:
+        """Whether every rank's parameters are finite, and the largest absolute value of the finite ones
+        (one all-reduce: the same answer on every rank)."""
         from pipeoffload.train.optim import local_tensor
 
-        bad = any(not bool(torch.isfinite(local_tensor(p.detach())).all()) for p in self.params)
-        flag = torch.tensor([float(bad)], dtype=torch.float64, device=self.ctx.device)
+        bad, largest = False, 0.0
+        for p in self.params:
+            values = local_tensor(p.detach())
+            finite = torch.isfinite(values)
+            bad = bad or not bool(finite.all())
+            if values.numel():
+                largest = max(largest, float(values.abs().where(finite, 0).max()))
+        flags = torch.tensor([float(bad), largest], dtype=torch.float64, device=self.ctx.device)
         with self.ctx.collective(f"checking the parameters of step {self.step}"):
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return not flag[0] > 0
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return not flags[0] > 0, float(flags[1])
 
     def _check_finite_parameters(self) -> None:
         """Refuse to save non-finite weights (an optimizer step can overflow with finite inputs)."""
         if not self._parameters_finite():
             raise NonFiniteError(f"step {self.step}: the parameters are not finite after the optimizer step; stopped "
-                                 "without saving them (the last checkpoint, if any, is intact); lower "
-                                 f"{setting(self.cfg, 'lr')}")
+                                 f"without saving them (the last checkpoint, if any, is intact); {_remedy(self.cfg)}")
 
     def _nonfinite_validation(self, value: float) -> NonFiniteError:
-        """A validation loss that is not finite: the parameters overflowed, or (finite parameters) the
-        model's forward made it on the validation batches. Collective (every rank gets the same value)."""
+        """A validation loss that is not finite: the parameters overflowed; or they are finite but the
+        learning rate grew them until the forward overflows (the likelier cause once they are large);
+        or the model's forward made it on the validation batches. Collective (every rank gets the same
+        value)."""
+        cfg = self.cfg
         what = f"step {self.step}: validation loss {value:g} is not finite"
-        if not self._parameters_finite():
-            return NonFiniteError(f"{what}: the parameters overflowed; stopped without saving them; lower "
-                                  f"{setting(self.cfg, 'lr')}")
-        return NonFiniteError(f"{what}, but the parameters are finite: the model's forward (in eval mode) gave it on "
-                              "the validation batches; stopped without saving (the last checkpoint, if any, is "
-                              "intact); check the forward and the validation data for values that overflow or NaN")
+        kept = "stopped without saving (the last checkpoint, if any, is intact)"
+        finite, largest = self._parameter_extent()
+        if not finite:
+            return NonFiniteError(f"{what}: the parameters overflowed; stopped without saving them; {_remedy(cfg)}")
+        forward = ("the model's forward (in eval mode) gave it on the validation batches: check the forward and the "
+                   "validation data for values that overflow or NaN")
+        if largest >= _INFLATED:
+            return NonFiniteError(f"{what}, but the parameters are finite, up to {largest:.3g} in absolute value: most "
+                                  f"likely the learning rate ({setting(cfg, 'lr', f'{cfg.optim.lr:g}')}"
+                                  f"{_clip_off(cfg)}) grew them until the forward overflows; {kept}; {_remedy(cfg)}; "
+                                  f"if not, {forward}")
+        return NonFiniteError(f"{what}, but the parameters are finite (at most {largest:.3g} in absolute value): "
+                              f"{forward}; {kept}; if the weights grow from step to step, {_remedy(cfg)}")
 
     def save(self) -> Path | None:
         assert self.run_dir is not None
@@ -418,6 +441,19 @@ class Trainer:
             log.info("step %d loss %.4f%s lr %.3g tokens/s %.0f peak act %s", record["step"], record["loss"],
                      "" if record["val_loss"] is None else f" val {record['val_loss']:.4f}", record["lr"],
                      record["tokens_per_s"], max(record["peak_act_bytes"]))
+
+
+def _clip_off(cfg: TrainConfig) -> str:
+    return f", clipping off: {setting(cfg, 'clip', '0')}" if cfg.optim.clip == 0 else ""
+
+
+def _remedy(cfg: TrainConfig) -> str:
+    """The fix for a run that diverged: a lower learning rate, and clipping, which ``clip = 0`` turns off
+    (raising a max-norm clip would loosen it)."""
+    lr = f"lower {setting(cfg, 'lr')} (now {cfg.optim.lr:g})"
+    if cfg.optim.clip == 0:
+        return f"{lr} or set {setting(cfg, 'clip')} (e.g. {setting(cfg, 'clip', '1.0')}; it is 0, off)"
+    return f"{lr} or lower {setting(cfg, 'clip')} (now {cfg.optim.clip:g})"
 
 
 def _progress(cfg: TrainConfig, ctx: RankContext, initial: int, total: int) -> Any:

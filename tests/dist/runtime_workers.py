@@ -162,3 +162,17 @@ def saved_output_worker(rank: int, world: int, cases: list[tuple[str, str, str]]
                     "exact": exact and (loss is None or torch.equal(loss, ref_loss))})
         runner.close()
     return out
+
+
+def crash_worker(rank: int, world: int, bad_rank: int) -> int:
+    """``bad_rank`` dies of SIGSEGV in C code (a read at address 0); the others wait on it."""
+    import ctypes
+    import time
+
+    import torch.distributed as dist
+
+    if rank == bad_rank:
+        time.sleep(0.2)
+        ctypes.string_at(0)
+    dist.barrier()
+    return rank

@@ -128,3 +128,79 @@ def test_a_second_run_on_the_same_out_is_refused(tmp_path: Path) -> None:
     finally:
         first.signal(signal.SIGTERM)
         first.wait()
+
+
+def test_one_signal_delivered_twice_is_not_a_second_signal(tmp_path: Path) -> None:
+    """`kill -TERM -- -PGID` under `timeout`: the launcher gets the group's SIGTERM and `timeout`'s copy
+    of it milliseconds apart. That is one request to stop: the ranks finish the step and save (the
+    second copy killed them mid-save: 'there is no checkpoint to resume from')."""
+    run = Run(tmp_path, tmp_path / "run", "--nproc", "2", "--pp", "2", "--steps", "100000", "--save-every", "100000")
+    run.wait_steps(2)
+    run.signal(signal.SIGTERM)
+    time.sleep(0.3)  # two deliveries, each seen by the launcher's handler (not merged into one by Python)
+    run.signal(signal.SIGTERM)
+    code = run.wait()
+    assert code == 128 + signal.SIGTERM, run.output()
+    out, err = run.stdout.read_text(), run.stderr.read_text()
+    assert "saved checkpoint at step" in out and "--resume" in out, run.output()
+    assert "received SIGTERM again" in err and "Traceback" not in err, run.output()
+    assert "[launcher] WARNING" in (run.out / "train.log").read_text()
+
+
+def test_a_second_signal_kills_the_ranks_and_says_so(tmp_path: Path) -> None:
+    """A rank stopped, so the run cannot finish its step; a second Ctrl-C (past the repeat window) kills
+    the ranks at once. The last line says the second signal did it, and names the checkpoint on disk;
+    train.log ends with the same verdict."""
+    run = Run(tmp_path, tmp_path / "run", "--nproc", "2", "--pp", "2", "--steps", "100000", "--save-every", "1",
+              "--timeout", "300")
+    run.wait_steps(2)
+    pids = run.pids()
+    try:
+        os.kill(pids[1], signal.SIGSTOP)
+        time.sleep(0.5)
+        run.signal(signal.SIGINT)
+        time.sleep(1.5)
+        hit = run.signal(signal.SIGINT)
+        code = run.wait()
+        took = time.monotonic() - hit
+        assert code == 130, run.output()
+        assert took < 8, (took, run.output())  # at once, not after the launcher's 10 s grace
+        last = run.last_error_line()
+        assert "interrupted (SIGINT), then a second signal (SIGINT) killed the ranks" in last, run.output()
+        assert "the last complete checkpoint is" in last and "--resume" in last, run.output()
+        assert "Traceback" not in run.stderr.read_text(), run.output()
+        log_last = (run.out / "train.log").read_text().splitlines()[-1]
+        assert "[launcher] ERROR run interrupted: interrupted (SIGINT), then a second signal" in log_last, log_last
+        assert not [p for p in pids.values() if alive(p)], run.output()
+    finally:
+        for p in pids.values():
+            kill_quietly(p)
+
+
+def test_a_data_file_truncated_during_the_run_is_named(tmp_path: Path) -> None:
+    """The ranks memory-map a --data token file; truncated under them, the next read is a SIGBUS. The
+    last line names the file and the fix, and the way on from the last checkpoint; faulthandler's dump
+    of the crashed rank (torch's agent enables it) goes to train.log, not the terminal."""
+    import numpy as np
+
+    data = tmp_path / "tokens.bin"
+    np.random.default_rng(0).integers(0, 256, 200_000).astype(np.uint16).tofile(data)
+    run = Run(tmp_path, tmp_path / "run", "--nproc", "2", "--pp", "2", "--steps", "100000", "--save-every", "1",
+              "--data", str(data))
+    run.wait_steps(2)
+    pids = run.pids()
+    try:
+        os.truncate(data, 0)
+        code = run.wait()
+        assert code == 1, run.output()
+        last, err = run.last_error_line(), run.stderr.read_text()
+        assert "was killed by signal SIGBUS: a memory-mapped --data file (" in last, run.output()
+        assert f"({data}) changed or was truncated during the run; do not modify it while training" in last, last
+        assert "the last complete checkpoint is" in last and f"--resume {run.out}" in last, last
+        assert "Fatal Python error" not in err and "Traceback" not in err, run.output()
+        log = (run.out / "train.log").read_text()
+        assert "Fatal Python error: Bus error" in log and "in window" in log, log[-3000:]
+        assert f"(the rank's Python stack is in {run.out / 'train.log'})" in last, last
+    finally:
+        for p in pids.values():
+            kill_quietly(p)

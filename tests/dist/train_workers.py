@@ -121,9 +121,9 @@ def logged_and_spied(ctx: Any, cfg: TrainConfig, run_dir: str, spied_cfg: TrainC
     measured: list[bool] = []
     real_step = trainer.runner.step
 
-    def spy_step(*args: Any, measure: bool | None = None) -> Any:
+    def spy_step(*args: Any, measure: bool | None = None, **kwargs: Any) -> Any:
         measured.append(bool(measure))
-        return real_step(*args, measure=measure)
+        return real_step(*args, measure=measure, **kwargs)
 
     trainer.runner.step = spy_step
     dist.all_reduce, loop.global_grad_norm = spy_reduce, spy_norm  # type: ignore[assignment]
@@ -148,6 +148,35 @@ def eval_failing_layers() -> list[Any]:
 
     torch.manual_seed(0)
     return [torch.nn.Linear(8, 8), _FailsInEval(8, 4)]
+
+
+class _FailsInSecondStep(__import__("torch").nn.Linear):
+    """Raises in the second training step its process runs (2 microbatches a step): whatever step of the
+    run that is (after a resume, the checkpoint's step + 2)."""
+
+    forwards = 0
+
+    def forward(self, x: Any) -> Any:
+        if self.training:
+            type(self).forwards += 1
+            if type(self).forwards > 2:
+                raise RuntimeError("this layer fails in its second step")
+        return super().forward(x)
+
+
+def second_step_failing_layers() -> list[Any]:
+    import torch
+
+    torch.manual_seed(0)
+    return [torch.nn.Linear(8, 8), _FailsInSecondStep(8, 4)]
+
+
+def plain_layers() -> list[Any]:
+    """``second_step_failing_layers``' parameters, without the failure."""
+    import torch
+
+    torch.manual_seed(0)
+    return [torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)]
 
 
 def parameterless_end_layers() -> list[Any]:

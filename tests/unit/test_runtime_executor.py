@@ -92,6 +92,35 @@ def test_a_failing_stage_names_rank_step_and_action():
     assert info.value.rank == 0 and info.value.step == 0 and info.value.action == Action(K.F, 1, 0)
 
 
+def test_failures_name_the_step_the_caller_gives():
+    """A training loop numbers its steps from 1 and continues them after a resume: the runner's failure
+    names that number (it named its own per-process count from 0: "failed at step 56" in step 256 of
+    a resumed run), in a step and in the evaluation after it."""
+    class FailsFrom(torch.nn.Module):
+        armed = False
+
+        def forward(self, *args):
+            if FailsFrom.armed:
+                raise ValueError("bad layer")
+            return args
+
+    schedule = generate("gpipe", 1, 2, 2)
+    layers = gpt_layers(CFG, seed=0)
+    stages = build_rank_stages(layers, even_counts(len(layers), 2), schedule.placement, 0)
+    stages[1] = StageModule(FailsFrom(), *stages[1])
+    runner = PipelineRunner(stages, schedule, 0, loss_fn=lm_loss)
+    batch = sample_batch(CFG, 4)
+    runner.step(*batch, step=256)  # the first step of this process, the run's 256th
+    FailsFrom.armed = True
+    with pytest.raises(PipelineError, match=r"rank 0 failed at the evaluation after step 256, action #\d+ 1F0"):
+        runner.evaluate(*batch)  # by default, after the step just run, by its number
+    with pytest.raises(PipelineError, match=r"rank 0 failed at the evaluation after step 300, action"):
+        runner.evaluate(*batch, step=300)
+    with pytest.raises(PipelineError, match=r"rank 0 failed at step 257, action #\d+ 1F0: ValueError") as info:
+        runner.step(*batch, step=257)
+    assert info.value.step == 257 and runner.step_count == 2
+
+
 def test_a_failed_step_leaves_the_runner_usable():
     class FailsOnce(torch.nn.Module):
         calls = 0
