@@ -18,7 +18,9 @@ TINY = ["--layers", "4", "--hidden", "64", "--seq-len", "64", "--global-batch", 
         "--warmup", "1", "--no-progress", "--nproc", "2", "--steps", "1"]
 
 
-@pytest.mark.parametrize("layout", ["--pp 2", "--dp 2", "--tp 2", "--dp 2 --fsdp"])
+# replicated items counted once (dp) and DTensor shards (tp); --pp 2 and --dp 2 --fsdp held too when the
+# estimate was written (actual <= estimate <= 1.25 x actual), left out to keep the suite short
+@pytest.mark.parametrize("layout", ["--dp 2", "--tp 2"])
 def test_the_estimate_bounds_what_a_save_writes(tmp_path: Path, layout: str) -> None:
     done = subprocess.run([sys.executable, "-m", "pipeoffload", "train", *TINY, *layout.split(), "--out",
                            str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
