@@ -1,6 +1,8 @@
 import contextlib
 import io
 import shlex
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,3 +64,34 @@ def base() -> Iterator[str]:
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture()
+def one_rank() -> Iterator[None]:
+    """A gloo process group of one rank in this process (torch imported only by the tests that ask)."""
+    import datetime
+    import tempfile
+
+    import torch.distributed as dist
+
+    with tempfile.TemporaryDirectory() as folder:
+        dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=30))
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+def train_process(*argv: str) -> "subprocess.CompletedProcess[str]":
+    """``pipeoffload train ARGV`` in a process of its own (its ranks are real processes)."""
+    return subprocess.run([sys.executable, "-m", "pipeoffload", "train", *argv], capture_output=True, text=True,
+                          timeout=300)
+
+
+def one_line_error(done: "subprocess.CompletedProcess[str]") -> str:
+    """The one-line refusal (exit 2, no traceback) of a finished process."""
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    return lines[0]

@@ -6,13 +6,12 @@ import argparse
 import sys
 
 from pipeoffload import service
-from pipeoffload.cli.common import add_max_stall, model_and_hardware, positive_int, show_progress
+from pipeoffload.cli.common import add_max_stall, add_planner_link_args, model_and_hardware, positive_int, show_progress
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.estimate import GRAD_ACCUMULATION, P2P_MODES, RECOMPUTE_MODES, EstimateRequest
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.split import SPLITS
-from pipeoffload.planner.stagecosts import HOST_LINK_MODES
 from pipeoffload.policies import INT_TEXT
 from pipeoffload.service.checks import strict_json
 
@@ -45,13 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="offload policy: none, auto, all, first:K, budget:X (activation units), or budget: the "
                           "target --memory leaves, as plan fills it (plan prints that target in GiB)")
     add_max_stall(job)
-    job.add_argument("--partial-recompute", action=argparse.BooleanOptionalAction, default=None,
-                     help="LGD partial recomputation (LayerNorm/activation/dropout) / none (default: with an "
-                          "offload policy, as plan)")
-    job.add_argument("--shared-host-link", nargs="?", const="alternating", default="private",
-                     choices=HOST_LINK_MODES, metavar="MODE",
-                     help="two GPUs sharing one PCIe switch, as plan: alternating (the MODE when the flag is given "
-                          "alone) or serialized; private: every GPU has its own link (default)")
+    add_planner_link_args(job)
     job.add_argument("--split", choices=SPLITS, default="even",
                      help="layers over stages: even (as plan: as even as possible, the remainder on the earliest "
                           "stages) or balanced (head weighed; the first/last stage may hold only the embedding/head)")

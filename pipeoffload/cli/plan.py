@@ -5,7 +5,7 @@ import argparse
 import logging
 import sys
 
-from pipeoffload.cli.common import add_max_stall, model_and_hardware, positive_int, show_progress
+from pipeoffload.cli.common import add_max_stall, add_planner_link_args, model_and_hardware, positive_int, show_progress
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import check_writable
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
@@ -14,7 +14,7 @@ from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.measured import load_layer_costs
 from pipeoffload.planner.plans import default_families
 from pipeoffload.planner.report import plan_warnings
-from pipeoffload.planner.stagecosts import HOST_LINK_MODES, TrainingSetup
+from pipeoffload.planner.stagecosts import TrainingSetup
 from pipeoffload.policies import INT_TEXT
 from pipeoffload.service import CompareTPRequest, PlanRequest, compare_tp, plan, strict_json
 
@@ -45,14 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     job.add_argument("--memory", type=float, metavar="GIB",
                      help="per-GPU memory budget in GiB (default: 90%% of the GPU's memory)")
     job.add_argument("--host-memory", type=float, metavar="GIB", help="pinned host memory per GPU in GiB")
-    job.add_argument("--partial-recompute", action=argparse.BooleanOptionalAction, default=None,
-                     help="LGD partial recomputation (LayerNorm/activation/dropout: ~20 instead of 34 sbh saved) "
-                          "on every plan / on none (default: on plans that offload, as the reference does)")
-    job.add_argument("--shared-host-link", nargs="?", const="alternating", default="private",
-                     choices=HOST_LINK_MODES, metavar="MODE",
-                     help="model two GPUs sharing one PCIe switch: alternating (the reference's slots; "
-                          "the MODE when the flag is given alone) or serialized; private: every GPU has its own "
-                          "link (the default without the flag)")
+    add_planner_link_args(job)
     job.add_argument("--no-sequence-parallel", action="store_true",
                      help="tensor parallelism without Megatron's sequence parallelism")
     job.add_argument("--no-distributed-optimizer", action="store_true",

@@ -1,28 +1,12 @@
 """torch's own distributed plumbing in place of hand-made copies (DTensor's public API)."""
 from __future__ import annotations
 
-import datetime
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import torch
-import torch.distributed as dist
 
 import pipeoffload
 from pipeoffload.train.optim import local_tensor
-
-
-@pytest.fixture()
-def one_rank() -> Iterator[None]:
-    with tempfile.TemporaryDirectory() as folder:
-        dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=30))
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
 
 
 def test_no_private_dtensor_attribute_is_read() -> None:

@@ -12,18 +12,7 @@ import pytest
 from pipeoffload.errors import ConfigError
 from pipeoffload.train.checkpoint import PendingSave, latest_checkpoint, list_checkpoints
 from pipeoffload.train.config import build_config
-
-
-def _cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeoffload", "train", *argv], capture_output=True, text=True,
-                          timeout=300)
-
-
-def _one_line(done: subprocess.CompletedProcess) -> str:
-    assert done.returncode == 2, (done.stdout, done.stderr)
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
-    return lines[0]
+from tests.conftest import one_line_error, train_process
 
 
 def _text(folder: Path) -> Path:
@@ -54,8 +43,8 @@ def test_keep_prunes_the_oldest_checkpoint_not_the_one_just_written(tmp_path: Pa
 
 # ---- 10: --out that cannot be made, and the memory hint ---------------------------------------------------
 def test_an_out_that_cannot_be_made_is_one_line_before_the_configuration(tmp_path: Path) -> None:
-    done = _cli("--data", str(_text(tmp_path)), "--steps", "2", "--out", "/proc/pipeoffload-probe-d/run")
-    line = _one_line(done)
+    done = train_process("--data", str(_text(tmp_path)), "--steps", "2", "--out", "/proc/pipeoffload-probe-d/run")
+    line = one_line_error(done)
     assert "out='/proc/pipeoffload-probe-d/run'" in line and "--out" in line
     assert done.stdout == ""  # the configuration is not printed before the refusal
 
@@ -82,9 +71,9 @@ def test_a_bad_jsonl_line_is_refused_before_anything_is_written(tmp_path: Path, 
     lines = [json.dumps({"text": f"document {i} " + "word " * 50}) for i in range(200)]
     (data / "bad.jsonl").write_text("\n".join(lines[:50] + [bad] + lines[50:]) + "\n")
     out = tmp_path / "run"
-    done = _cli("--data", str(data if folder else data / "bad.jsonl"), "--layers", "2", "--hidden", "32",
+    done = train_process("--data", str(data if folder else data / "bad.jsonl"), "--layers", "2", "--hidden", "32",
                 "--seq-len", "32", "--steps", "2", "--no-progress", "--out", str(out))
-    line = _one_line(done)
+    line = one_line_error(done)
     assert "bad.jsonl:51" in line and named in line
     assert not out.exists()
 
@@ -101,7 +90,7 @@ def bpe_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("tokenizers")
     base = tmp_path_factory.mktemp("bpe")
     run = base / "run"
-    done = _cli("--data", str(_text(base)), "--tokenizer", "bpe:300", *TINY, "--stop-at", "2", "--out", str(run))
+    done = train_process("--data", str(_text(base)), "--tokenizer", "bpe:300", *TINY, "--stop-at", "2", "--out", str(run))
     assert done.returncode == 0, done.stderr
     return run
 
@@ -126,7 +115,7 @@ def test_a_corrupted_tokenizer_is_refused_before_the_ranks_start(bpe_run: Path, 
         manifest_path.write_text(json.dumps(manifest))
     (run / "tokenizer.json").write_text('{"x":')
     config = (run / "config.toml").read_text()
-    line = _one_line(_cli("--resume", str(run)))
+    line = one_line_error(train_process("--resume", str(run)))
     assert "tokenizer.json" in line and ("checksum" in line or "not a readable tokenizer" in line)
     assert "starting" not in line and (run / "config.toml").read_text() == config
 
@@ -138,7 +127,7 @@ def test_an_edited_tokenizer_is_refused_by_its_checksum(bpe_run: Path, tmp_path:
     first, second = list(vocab)[-2:]
     vocab[first], vocab[second] = vocab[second], vocab[first]  # still a valid tokenizer, other ids
     (run / "tokenizer.json").write_text(json.dumps(tok))
-    line = _one_line(_cli("--resume", str(run)))
+    line = one_line_error(train_process("--resume", str(run)))
     assert "tokenizer.json" in line and "checksum" in line
 
 
@@ -154,13 +143,13 @@ def test_data_changed_under_the_same_path_is_refused_naming_data(tmp_path: Path,
         data = tmp_path / "tokens.bin"
         np.random.default_rng(0).integers(0, 200, 20_000).astype(np.uint16).tofile(data)
     run = tmp_path / "run"
-    done = _cli("--data", str(data), *TINY, "--stop-at", "2", "--out", str(run))
+    done = train_process("--data", str(data), *TINY, "--stop-at", "2", "--out", str(run))
     assert done.returncode == 0, done.stderr
     if kind == "text":
         data.write_text(" ".join(f"other{i % 89}" for i in range(20_000)))
     else:
         np.random.default_rng(1).integers(0, 400, 20_000).astype(np.uint16).tofile(data)  # a larger vocabulary
-    line = _one_line(_cli("--resume", str(run)))
+    line = one_line_error(train_process("--resume", str(run)))
     assert line.startswith(f"pipeoffload train: error: data='{data}'") or f"data='{data}'" in line
     assert "changed" in line and "starting" not in line
 
@@ -220,7 +209,7 @@ def test_sigterm_before_the_ranks_start_says_interrupted(tmp_path: Path) -> None
 @pytest.mark.parametrize("stop_at", ["1", "2"])
 def test_stop_at_not_above_the_checkpoint_is_refused(bpe_run: Path, tmp_path: Path, stop_at: str) -> None:
     run = _copy(bpe_run, tmp_path)  # saved at step 2
-    line = _one_line(_cli("--resume", str(run), "--stop-at", stop_at))
+    line = one_line_error(train_process("--resume", str(run), "--stop-at", stop_at))
     assert f"stop_at={stop_at}" in line and "step-000002" in line and "above 2" in line
     assert [p.name for p in list_checkpoints(run)] == ["step-000002"]
 
@@ -270,10 +259,10 @@ def test_a_refusal_after_the_values_is_one_line_without_the_configuration(tmp_pa
     if case == "little text":
         data = tmp_path / "short.txt"
         data.write_text("too short")
-        done = _cli("--data", str(data), "--steps", "2", "--out", str(tmp_path / "run"))
+        done = train_process("--data", str(data), "--steps", "2", "--out", str(tmp_path / "run"))
     else:
-        done = _cli("--resume", str(_saved_run(tmp_path)))
-    line = _one_line(done)
+        done = train_process("--resume", str(_saved_run(tmp_path)))
+    line = one_line_error(done)
     assert ("data:" in line) if case == "little text" else ("no checkpoint" in line)
     assert done.stdout == ""
 
@@ -284,7 +273,7 @@ def test_the_last_line_dates_an_earlier_val_loss_and_an_earlier_runs_metrics_are
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 5.0}) + "\n" for s in (1, 2, 3)))
-    done = _cli("--data", str(_text(tmp_path)), *TINY, "--stop-at", "3", "--out", str(run))
+    done = train_process("--data", str(_text(tmp_path)), *TINY, "--stop-at", "3", "--out", str(run))
     assert done.returncode == 0, done.stderr
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith(f"run {run}: step 3, loss ") and "(step 2)" in last, last  # validated at step 2

@@ -5,30 +5,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.train.checkpoint import list_checkpoints, verify
-from tests.conftest import refused
+from tests.conftest import one_line_error, refused, train_process
 
 TINY = ["--layers", "2", "--hidden", "32", "--seq-len", "32", "--global-batch", "8", "--microbatches", "2",
         "--warmup", "1", "--eval-every", "1000", "--no-progress", "--steps", "6", "--save-every", "2"]
-
-
-def _cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeoffload", "train", *argv], capture_output=True, text=True,
-                          timeout=300)
-
-
-def _one_line(done: subprocess.CompletedProcess) -> str:
-    assert done.returncode == 2, (done.stdout, done.stderr)
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +22,7 @@ def saved_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A one-rank run stopped (and saved) after step 4 of 6: checkpoints step-000002 and step-000004."""
     pytest.importorskip("torch")
     run = tmp_path_factory.mktemp("resume") / "run"
-    done = _cli(*TINY, "--stop-at", "4", "--out", str(run))
+    done = train_process(*TINY, "--stop-at", "4", "--out", str(run))
     assert done.returncode == 0, done.stderr
     assert [p.name for p in list_checkpoints(run)] == ["step-000002", "step-000004"]
     return run
@@ -101,7 +87,7 @@ def test_a_corrupt_metrics_line_is_refused_before_the_ranks_start(saved_run: Pat
     lines[1] = "{not json"
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     config = (run / "config.toml").read_text()
-    line = _one_line(_cli("--resume", str(run)))
+    line = one_line_error(train_process("--resume", str(run)))
     assert f"{run / 'metrics.jsonl'}:2: not a JSON object" in line and "rank 0" not in line, line
     assert (run / "config.toml").read_text() == config and "starting" not in line
 

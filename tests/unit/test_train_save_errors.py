@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,21 +46,6 @@ def test_a_failed_save_is_removed_and_named(tmp_path: Path) -> None:
 
 
 # ---- real saves in one process (a gloo group of one rank) --------------------------------------------
-@pytest.fixture()
-def one_rank() -> Iterator[None]:
-    import datetime
-
-    import torch.distributed as dist
-
-    with tempfile.TemporaryDirectory() as folder:
-        dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=30))
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
-
-
 def _model(layers: int = 8) -> tuple[dict[str, Any], Any]:
     """``layers`` small Linear layers under full names, and their optimizer after one step."""
     import torch
