@@ -16,6 +16,8 @@ A100s. So the kernel's rate is an ASSUMPTION with that range; this benchmark rer
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 
 from pipeoffload.fileio import write_atomic
 from pipeoffload.planner.estimate import EstimateRequest, estimate
@@ -55,7 +57,8 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.save:
-        write_atomic(args.save, text + "\n")
+        command = f"# command: .venv/bin/python {shlex.join(sys.argv)}"  # the file names what wrote it
+        write_atomic(args.save, f"{command}\n{text}\n")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import hashlib
 import io
 import json
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -97,7 +98,8 @@ def recorded_digests(text: str) -> dict[str, str]:
     """Each case's digest from a --record JSON file or from a --digest file ('sha256  case' lines)."""
     if text.lstrip().startswith("{"):
         return {name: digest(masked(output)) for name, output in json.loads(text).items()}
-    return {name: value for value, _, name in (line.partition("  ") for line in text.splitlines() if line)}
+    lines = (line for line in text.splitlines() if line and not line.startswith("#"))  # "#": the command line
+    return {name: value for value, _, name in (line.partition("  ") for line in lines)}
 
 
 def main() -> int:
@@ -121,7 +123,8 @@ def main() -> int:
     if args.record:
         Path(args.record).write_text(json.dumps(outputs, indent=1, sort_keys=True))
     if args.digest:
-        Path(args.digest).write_text("".join(f"{digest(text)}  {name}\n" for name, text in sorted(outputs.items())))
+        command = f"# command: .venv/bin/python {shlex.join(sys.argv)}\n"  # the file names what wrote it
+        Path(args.digest).write_text(command + "".join(f"{digest(text)}  {name}\n" for name, text in sorted(outputs.items())))
     if args.check:
         recorded = recorded_digests(Path(args.check).read_text())
         different = [name for name, text in outputs.items() if recorded.get(name) != digest(text)]

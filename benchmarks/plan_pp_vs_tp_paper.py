@@ -22,6 +22,8 @@ says whether each side fits the planner's default budget (90% of the GPU).
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 import time
 from collections.abc import Callable
 
@@ -180,7 +182,8 @@ def main() -> None:
         print(lines[-1], flush=True)
     lines.append(f"({time.perf_counter() - start:.0f} s)")
     if args.save:
-        write_atomic(args.save, "\n".join(lines[:-1]) + "\n")
+        command = f"# command: .venv/bin/python {shlex.join(sys.argv)}"  # the file names what wrote it
+        write_atomic(args.save, "\n".join([command, *lines[:-1]]) + "\n")
 
 
 if __name__ == "__main__":

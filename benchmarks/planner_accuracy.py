@@ -39,6 +39,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import re
+import shlex
+import sys
 from dataclasses import dataclass, fields, replace
 
 from pipeoffload.fileio import write_atomic
@@ -301,7 +303,8 @@ def main() -> None:
     text = report(hw, before)
     print(text)
     if args.save:
-        write_atomic(args.save, text + "\n")
+        command = f"# command: .venv/bin/python {shlex.join(sys.argv)}"  # the file names what wrote it
+        write_atomic(args.save, f"{command}\n{text}\n")
 
 
 if __name__ == "__main__":
