@@ -1,6 +1,9 @@
-"""Error types: one for bad schedules (with a rendered grid), one for bad configuration."""
+"""Error types: one for bad schedules (with a rendered grid), one for bad configuration; and the one
+line for a missing optional extra, which every entry point (the ``pipeoffload`` commands, ``python -m
+pipeoffload.runtime``) prints instead of a traceback."""
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 
 from pipeoffload.textgrid import render_grid
@@ -36,3 +39,21 @@ class ScheduleError(ValueError):
         if ranks is not None:
             message += "\n" + render_grid(ranks, mark=(rank, step) if rank is not None else None)
         super().__init__(message)
+
+
+# the packages of each optional extra (pyproject.toml): a command that needs one that is not installed
+# says which extra brings it, in one line, instead of a traceback
+EXTRAS = {"torch": "train", "tokenizers": "train", "safetensors": "train", "tqdm": "train"}
+
+
+def missing_extra(err: ModuleNotFoundError) -> str | None:
+    """The one line for an import of an optional extra's package that is not installed, else None."""
+    top = (err.name or "").partition(".")[0]
+    if top not in EXTRAS or (top != err.name and importlib.util.find_spec(top) is not None):
+        return None  # not an extra's package, or the package is there and only a part of it is missing
+    return extra_line(top)
+
+
+def extra_line(package: str) -> str:
+    extra = EXTRAS[package]
+    return f"this command needs {package} (the '{extra}' extra): pip install 'pipeoffload[{extra}]'"

@@ -7,7 +7,7 @@ import logging
 import math
 import sys
 
-from pipeoffload.errors import ConfigError
+from pipeoffload.errors import EXTRAS, ConfigError, extra_line, missing_extra
 from pipeoffload.ir import Schedule
 from pipeoffload.planner.cli_args import hardware_from_args, model_from_args
 from pipeoffload.planner.hardware import HardwareSpec
@@ -120,35 +120,13 @@ def schedule_from_args(args: argparse.Namespace, **options: object) -> Schedule:
     return generate(args.name, args.ranks, microbatches, args.stages_per_rank, **options)
 
 
-# the packages of each optional extra (pyproject.toml): a command that needs one that is not installed
-# says which extra brings it, in one line, instead of a traceback
-EXTRAS = {"torch": "train", "tokenizers": "train", "safetensors": "train", "tqdm": "train"}
-
-
-def missing_extra(err: ModuleNotFoundError) -> str | None:
-    """The one line for an import of an optional extra's package that is not installed, else None."""
-    top = (err.name or "").partition(".")[0]
-    if top not in EXTRAS or (top != err.name and importlib.util.find_spec(top) is not None):
-        return None  # not an extra's package, or the package is there and only a part of it is missing
-    return extra_line(top)
-
-
-def extra_line(package: str) -> str:
-    extra = EXTRAS[package]
-    return f"this command needs {package} (the '{extra}' extra): pip install 'pipeoffload[{extra}]'"
-
-
 def require_run_dir(run_dir: str, checkpoint: bool = False) -> None:
     """A run directory has its config.toml (and, with ``checkpoint``, a saved checkpoint): checked before
     torch is imported (seconds), so a typo in RUN_DIR answers at once, naming RUN_DIR (the loader's own
     words name ``train --resume``, a flag export and generate do not have)."""
-    from pathlib import Path
+    from pipeoffload.train.config import check_run_dir
 
-    run = Path(run_dir)
-    if run.exists() and not run.is_dir():
-        raise ConfigError(f"RUN_DIR {str(run)!r} is a file, not a folder; give the --out folder of `pipeoffload train`")
-    if not (run / "config.toml").is_file():
-        raise ConfigError(f"RUN_DIR {str(run)!r}: no config.toml; give the --out folder of `pipeoffload train`")
+    run = check_run_dir(run_dir)
     folder = run / "checkpoints"  # train.checkpoint.list_checkpoints' rule, without importing torch
     saved = folder.is_dir() and any(p.is_dir() and p.name.startswith("step-") for p in folder.iterdir())
     if checkpoint and not saved:

@@ -7,7 +7,7 @@ import sys
 
 from pipeoffload.cli.common import add_max_stall, add_planner_link_args, model_and_hardware, positive_int, show_progress
 from pipeoffload.errors import ConfigError
-from pipeoffload.fileio import check_writable
+from pipeoffload.fileio import check_extension, check_writable
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.compare_tp import BASELINES
 from pipeoffload.planner.hardware import GIB
@@ -144,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     req = request_from_args(args)
     if args.emit:
         check_writable(args.emit, f"--emit {args.emit}")
+        check_extension(args.emit, f"--emit {args.emit}", (".toml",), "a train config (TOML)")
     show_progress()
     if args.compare_tp:
         cmp = compare_tp(CompareTPRequest(req, args.baseline or "tp8-interleaved", match_memory=args.match_memory))

@@ -2,13 +2,50 @@
 
 This package (with ``pipeoffload.models``) is the only part of pipeoffload that imports torch.
 """
-from pipeoffload.runtime.comm import LoopbackTransport, ProcessGroupTransport, Transport
-from pipeoffload.runtime.copier import Copier, CudaCopier, SyncCopier
-from pipeoffload.runtime.executor import PipelineError, PipelineRunner
-from pipeoffload.runtime.offload import ActivationStore
-from pipeoffload.runtime.spec import Const, Spec, TensorSpec, spec_of, split_microbatches
-from pipeoffload.runtime.stage import PipelineStage
-from pipeoffload.runtime.trace import Trace, TraceRecord, compare_with_simulation, simulated_peaks, write_chrome_trace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for type checkers; at run time ``__getattr__`` below loads them
+    from pipeoffload.runtime.comm import LoopbackTransport, ProcessGroupTransport, Transport
+    from pipeoffload.runtime.copier import Copier, CudaCopier, SyncCopier
+    from pipeoffload.runtime.executor import PipelineError, PipelineRunner
+    from pipeoffload.runtime.offload import ActivationStore
+    from pipeoffload.runtime.spec import Const, Spec, TensorSpec, spec_of, split_microbatches
+    from pipeoffload.runtime.stage import PipelineStage
+    from pipeoffload.runtime.trace import (
+        Trace,
+        TraceRecord,
+        compare_with_simulation,
+        simulated_peaks,
+        write_chrome_trace,
+    )
+
+# Every name loads on first use, from its module: importing the package imports no torch, so
+# ``python -m pipeoffload.runtime`` (whose package runpy imports before ``__main__``) can say in one line
+# that torch is missing instead of a traceback.
+_HOMES = {
+    "LoopbackTransport": "comm", "ProcessGroupTransport": "comm", "Transport": "comm", "Copier": "copier",
+    "CudaCopier": "copier", "SyncCopier": "copier", "PipelineError": "executor", "PipelineRunner": "executor",
+    "ActivationStore": "offload", "Const": "spec", "Spec": "spec", "TensorSpec": "spec", "spec_of": "spec",
+    "split_microbatches": "spec", "PipelineStage": "stage", "Trace": "trace", "TraceRecord": "trace",
+    "compare_with_simulation": "trace", "simulated_peaks": "trace", "write_chrome_trace": "trace",
+}
+
+
+def __getattr__(name: str) -> object:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'pipeoffload.runtime' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"pipeoffload.runtime.{home}"), name)
+    globals()[name] = value  # found at once from now on
+    return value
+
+
+def __dir__() -> list[str]:
+    """The module's names with those that load on first use (tab completion lists them)."""
+    return sorted({*globals(), *_HOMES})
+
 
 __all__ = [
     "ActivationStore", "Const", "Copier", "CudaCopier", "LoopbackTransport", "PipelineError", "PipelineRunner",

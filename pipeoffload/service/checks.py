@@ -135,6 +135,6 @@ def check_work(actions: int, factor: int, limit: int, what: str) -> None:
     work = actions * factor
     if work > limit:
         planning = f" (x{factor} for planning offload)" if factor > 1 else ""
+        smaller_k = ", or a smaller offload ratio k (copies the lane can hide are planned once)" if factor > 1 else ""
         raise ConfigError(f"{what}: about {work:,} actions of work{planning}, above the limit of {limit:,}; "
-                          "use fewer ranks or microbatches, or a smaller offload ratio k (copies the lane can "
-                          "hide are planned once)")
+                          f"use fewer ranks (-d) or microbatches (-m){smaller_k}")

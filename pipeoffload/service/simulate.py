@@ -307,14 +307,15 @@ def memory_costs(req: SimulateRequest, costs: CostModel, planned: bool = False) 
 
 def check_size(req: SimulateRequest, limit: int = MAX_ACTIONS) -> None:
     """Refuse before any work what would take long: the schedule's actions and per-stage work (as
-    ``generate`` counts them) times what planning its offload adds (``checks.offload_work_factor``)."""
+    ``generate`` counts them) times what planning its offload adds (``checks.offload_work_factor``). Checked
+    here without offload too: ``generate``'s own refusal names ``max_actions``, which no flag sets."""
     ranks, m, v = req.sizes()
     factor = offload_work_factor(req.offload, req.planned_k, req.shared_host_link, req.max_stall)
-    if factor == 1:
-        return  # ``generate`` refuses what is too large without offload, in its own words
-    check_work(estimated_work(get_spec(req.family), ranks, m, v), factor, limit,
-               f"{req.family} with ranks={ranks}, microbatches={m}, stages per rank={v}, offload {req.offload}, "
-               f"k={'from the costs file' if req.planned_k is None else f'{req.planned_k:g}'}")
+    what = f"{req.family} with ranks={ranks}, microbatches={m}, stages per rank={v}"
+    if factor > 1:
+        what += (f", offload {req.offload}, "
+                 f"k={'from the costs file' if req.planned_k is None else f'{req.planned_k:g}'}")
+    check_work(estimated_work(get_spec(req.family), ranks, m, v), factor, limit, what)
 
 
 def simulate(req: SimulateRequest) -> SimulateResult:

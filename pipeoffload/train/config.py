@@ -376,6 +376,19 @@ def _check_toml_type(flat: str, value: Any, where: str) -> None:
         raise ConfigError(f"{flat}={value!r} in {where}: must be {want}{hint}")
 
 
+def check_run_dir(run_dir: str | Path) -> Path:
+    """``run_dir`` as a path when it is a run's folder (the ``--out`` of ``pipeoffload train``, with its
+    config.toml); else one line naming RUN_DIR and what is wrong. Torch-free: the CLI checks it first."""
+    run = Path(run_dir)
+    if not run.exists():
+        raise ConfigError(f"RUN_DIR {str(run)!r} does not exist; give the --out folder of `pipeoffload train`")
+    if not run.is_dir():
+        raise ConfigError(f"RUN_DIR {str(run)!r} is a file, not a folder; give the --out folder of `pipeoffload train`")
+    if not (run / "config.toml").is_file():
+        raise ConfigError(f"RUN_DIR {str(run)!r}: no config.toml; give the --out folder of `pipeoffload train`")
+    return run
+
+
 def load_saved(run_dir: str | Path, given_as: str = "RUN_DIR") -> dict[str, Any]:
     """The flat keys a run saved, less the per-invocation ones (an old run's ``stop_at``). ``given_as``:
     how the caller was given ``run_dir`` (``--resume``, ``resume=``), which an error names."""

@@ -20,13 +20,11 @@ log = logging.getLogger(__name__)
 
 def export_hf(run_dir: str | Path, out: str | Path) -> Path:
     from pipeoffload.models.hf import save_hf
-    from pipeoffload.train.config import build_config, load_saved
+    from pipeoffload.train.config import build_config, check_run_dir, load_saved
     from pipeoffload.train.family import kind, run_shape
     from pipeoffload.train.generate import load_run
 
-    run, target = Path(run_dir), Path(out)
-    if not (run / "config.toml").is_file():
-        raise ConfigError(f"RUN_DIR {str(run)!r}: no config.toml; give the --out folder of `pipeoffload train`")
+    run, target = check_run_dir(run_dir), Path(out)
     source = build_config(load_saved(run)).model.source
     if kind(source) not in ("llama", "hf"):
         raise ConfigError(f"run {str(run)!r} trained model={source!r}, which has no Hugging Face architecture; "

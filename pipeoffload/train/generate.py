@@ -14,7 +14,7 @@ import torch
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.train import checkpoint
-from pipeoffload.train.config import TrainConfig, build_config, load_saved
+from pipeoffload.train.config import TrainConfig, build_config, check_run_dir, load_saved
 from pipeoffload.train.data import ByteTokenizer, load_tokenizer
 from pipeoffload.train.model import full_gpt, full_llama
 
@@ -61,8 +61,7 @@ def load_run(run: Path) -> tuple[torch.nn.Module, Any, TrainConfig]:
     """(model in eval mode with the last checkpoint's weights, tokenizer, config) of a run directory."""
     from pipeoffload.train.family import kind, run_shape
 
-    if not (run / "config.toml").is_file():
-        raise ConfigError(f"RUN_DIR {str(run)!r}: no config.toml; give the --out folder of `pipeoffload train`")
+    check_run_dir(run)
     cfg = build_config(load_saved(run))
     if cfg.model.source == "own":
         raise ConfigError(f"run {str(run)!r} trained model={cfg.model.source!r} (made with train_model: your own "

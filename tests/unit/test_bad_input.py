@@ -61,8 +61,8 @@ CASES = [
     ("trace compare missing.json", "RUN_TRACE missing.json: no such file"),
     ("trace compare five.json", "not a Chrome trace: expected an object with a 'traceEvents' list"),
     ("trace", "give an action: compare"),
-    ("export missing --hf out", "RUN_DIR 'missing': no config.toml"),
-    ("generate missing", "RUN_DIR 'missing': no config.toml"),
+    ("export missing --hf out", "RUN_DIR 'missing' does not exist"),
+    ("generate missing", "RUN_DIR 'missing' does not exist"),
     ("train --out nan.json", "out='nan.json': exists and is not a folder"),
     ("report afolder", "'afolder/metrics.jsonl' does not exist"),
     ("show 1f1b --ranks 999999 -m 1", "above the limit"),
@@ -156,4 +156,4 @@ def test_a_wrong_run_dir_is_refused_before_torch_is_imported(tmp_path: Path) -> 
             "print(codes, 'torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "[2, 2] False", done.stdout + done.stderr
-    assert done.stderr.count("no config.toml") == 2 and list(tmp_path.iterdir()) == []
+    assert done.stderr.count("does not exist") == 2 and list(tmp_path.iterdir()) == []
