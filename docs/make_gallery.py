@@ -4,6 +4,12 @@ then the same families with full offload (copy lanes), then one large full-offlo
     .venv/bin/python docs/make_gallery.py                 # the charts and gallery.md
     .venv/bin/python docs/make_gallery.py --screenshots   # also docs/playground.png (Playwright + Chromium)
 
+It also records what each picture draws (``drawn_facts``: its chart data, texts, legend entries and
+colours) as a hash in docs/gallery/facts.json; tests/unit/test_viz_gallery.py recomputes them, so a change
+to the simulator or the chart code that alters a picture fails there until the gallery is regenerated.
+Pixels are not compared (fonts and antialiasing differ between machines): a change of line widths or
+layout alone goes unnoticed.
+
 Each family runs the same model on d = 4 ranks and m = 8 microbatches; a rank's layers cost
 F = I = W = 1 time unit in total, split evenly over its stages (the project's per-rank convention),
 so makespans and rank-unit memory compare directly across families.
@@ -11,27 +17,76 @@ so makespans and rank-unit memory compare directly across families.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import shutil
 import threading
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from pipeoffload import ConfigError, generate, lower, simulate
 from pipeoffload.fileio import write_atomic
 from pipeoffload.schedules import schedule_specs
 from pipeoffload.simulator import Timeline
 from pipeoffload.units import MEMORY_UNIT, rank_costs
+from pipeoffload.viz.chartdata import chart_data
 from pipeoffload.viz.plot import figure_bytes, timeline_figure
 
 HERE = Path(__file__).parent
 D, M, K_RATIO = 4, 8, 0.5
 OFFLOADED = ("1f1b", "interleaved-1f1b", "zb-v", "group-interleaved")  # families drawn again with --offload all
 LARGE = ("group-interleaved", 16, 64, 2)  # family, d, m, v of the at-scale picture
+FACTS = "gallery/facts.json"
 
 
-def run(name: str, d: int, m: int, v: int | None = None, offload: str = "none") -> Timeline:
+def run(name: str, d: int, m: int, v: int | None = None, offload: str = "none",
+        shared_host_link: bool = False) -> Timeline:
     schedule = generate(name, d, m, v)
-    costs = rank_costs(1, 1, 1, schedule.stages_per_rank).with_offload_ratio(K_RATIO if offload != "none" else 0.0)
+    costs = rank_costs(1, 1, 1, schedule.stages_per_rank, shared_host_link=shared_host_link).with_offload_ratio(
+        K_RATIO if offload != "none" else 0.0)
     return simulate(lower(schedule, costs, offload=offload), costs)
+
+
+def _rounded(value: Any) -> Any:
+    """Floats to 9 significant digits, so the hash does not hang on the last bit of a sum."""
+    if isinstance(value, float):
+        return float(f"{value:.9g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def drawn_facts(timeline: Timeline) -> str:
+    """A hash of what the picture of ``timeline`` shows: the chart data (every box and memory step),
+    the figure's texts (title, summary, panel titles, axis labels, the memory scale's tick labels) and
+    the legend's entries with their colours."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    fig = timeline_figure(timeline)
+    try:
+        legend = fig.legends[0]
+        facts = {
+            "data": asdict(chart_data(timeline)),
+            "texts": [t.get_text() for t in fig.texts],
+            "axes": [[ax.get_title(loc="left"), ax.get_xlabel(), ax.get_ylabel(),
+                      [t.get_text() for t in ax.get_yticklabels()]] for ax in fig.axes],
+            "legend": [[t.get_text(), to_hex(h.get_facecolor() if hasattr(h, "get_facecolor") else h.get_color())]
+                       for t, h in zip(legend.get_texts(), legend.legend_handles)],
+        }
+    finally:
+        plt.close(fig)
+    text = json.dumps(_rounded(facts), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def draw(picture: str, timeline: Timeline, dpi: int, facts: list[dict], *run_args: object) -> None:
+    """Write ``picture`` and record its facts with the ``run`` arguments that rebuild its timeline."""
+    write_atomic(HERE / picture, figure_bytes(timeline_figure(timeline), dpi=dpi))
+    facts.append({"picture": picture, "run": list(run_args), "facts": drawn_facts(timeline)})
 
 
 def row(name: str, t: Timeline, picture: str, offload: str = "none") -> str:
@@ -47,6 +102,7 @@ def main(screenshots: bool = False) -> None:
     head = (f"| family | offload | v | makespan (t) | bubble | device peak ({MEMORY_UNIT}) | host peak ({MEMORY_UNIT}) "
             "| stall (t) | picture | command |\n|---|---|---|---|---|---|---|---|---|---|")
     rows, sections, offload_rows, offload_sections = [head], [], [head], []
+    facts: list[dict] = []
     for spec in schedule_specs():
         try:
             timeline = run(spec.name, D, M)
@@ -54,19 +110,23 @@ def main(screenshots: bool = False) -> None:
             rows.append(f"| `{spec.name}` | – | – | – | – | – | – | – | not drawn: {err} | |")
             continue
         picture = f"gallery/{spec.name}.png"
-        write_atomic(HERE / picture, figure_bytes(timeline_figure(timeline), dpi=90))
+        draw(picture, timeline, 90, facts, spec.name, D, M)
         rows.append(row(spec.name, timeline, picture))
         sections.append(f"### `{spec.name}`\n\n{spec.summary}\n\n![{spec.name}]({picture})\n")
         if spec.name in OFFLOADED:
             offloaded = run(spec.name, D, M, offload="all")
             picture = f"gallery/{spec.name}_offload-all_k{K_RATIO}.png"
-            write_atomic(HERE / picture, figure_bytes(timeline_figure(offloaded), dpi=90))
+            draw(picture, offloaded, 90, facts, spec.name, D, M, None, "all")
             offload_rows.append(row(spec.name, offloaded, picture, "all"))
             offload_sections.append(f"### `{spec.name}` with `--offload all`\n\n![{spec.name} offload all]({picture})\n")
     name, d, m, v = LARGE
     large = run(name, d, m, v, offload="all")
     large_picture = f"gallery/{name}_d{d}_m{m}_v{v}_offload-all_k{K_RATIO}.png"
-    write_atomic(HERE / large_picture, figure_bytes(timeline_figure(large), dpi=80))
+    draw(large_picture, large, 80, facts, name, d, m, v, "all")
+    # docs/offload.md's picture of WAITs: two ranks per host link
+    draw(f"gallery/wait_1f1b_shared_k{K_RATIO}.png", run("1f1b", D, M, None, "all", True), 110, facts,
+         "1f1b", D, M, None, "all", True)
+    write_atomic(HERE / FACTS, json.dumps(facts, indent=1) + "\n")
     if screenshots:
         playground_screenshot(HERE / "playground.png")
     text = f"""# Schedule gallery

@@ -168,11 +168,16 @@ class CostModel:
         compute = self.f(stage) + self.b(stage)
         return (self.d2h(stage) + self.h2d(stage)) / compute if compute else float("inf")
 
+    def copy_time_for(self, k: float, stage: int = 0) -> float:
+        """The one-way copy time per activation unit that makes ``offload_ratio(stage) == k`` (inf or nan
+        where the times are too large: callers that know which inputs they came from say so)."""
+        return k * (self.f(stage) + self.b(stage)) / 2 / max(self.act(stage), 1e-300)
+
     def with_offload_ratio(self, k: float, stage: int = 0) -> CostModel:
         """Set symmetric D2H/H2D times so that ``offload_ratio(stage) == k``."""
         if k < 0:
             raise ConfigError(f"offload ratio k={k!r}: must be >= 0 (0 means instant copies)")
-        one_way = k * (self.f(stage) + self.b(stage)) / 2 / max(self.act(stage), 1e-300)
+        one_way = self.copy_time_for(k, stage)
         return replace(self, d2h_time=one_way, h2d_time=one_way)
 
     def check_stages(self, num_stages: int) -> None:

@@ -25,6 +25,10 @@ def check_writable(path: str | os.PathLike[str], what: str | None = None) -> Non
         raise ConfigError(f"{what}: folder {directory} is not writable; choose another place")
 
 
+# what a Chrome/Perfetto trace's name ends in, and what is written there (``check_extension``'s arguments)
+TRACE_JSON = ((".json",), "a Chrome/Perfetto trace (JSON)")
+
+
 def check_extension(path: str | os.PathLike[str], what: str, suffixes: tuple[str, ...], written: str) -> None:
     """Refuse an output name whose extension contradicts what is written there (``written``, e.g. "a JSON
     trace"): ``--trace tr.png`` would hold JSON under a picture's name. ``suffixes`` are lower case, with

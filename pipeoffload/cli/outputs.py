@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.fileio import check_distinct, check_extension, check_writable
+from pipeoffload.fileio import TRACE_JSON, check_distinct, check_extension, check_writable
 
 
 def add_output_args(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +19,7 @@ def add_output_args(parser: argparse.ArgumentParser) -> None:
 
 
 # what each output flag writes, and the extensions that say so (the first is the one suggested)
-OUTPUT_FORMATS = {"trace": ((".json",), "a Chrome/Perfetto trace (JSON)"),
+OUTPUT_FORMATS = {"trace": TRACE_JSON,
                   "report": ((".html", ".htm"), "an HTML report")}
 
 

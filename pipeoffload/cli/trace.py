@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.fileio import check_distinct, check_extension, check_writable, write_atomic
+from pipeoffload.fileio import TRACE_JSON, check_distinct, check_extension, check_writable, write_atomic
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -49,7 +49,7 @@ def run_compare(args: argparse.Namespace) -> int:
         what = f"the default output {out} (beside RUN_TRACE; give another with -o FILE.json)"
     check_writable(out, what)
     check_distinct([("-o" if args.output is not None else "the default output", out)], inputs=[("RUN_TRACE", source)])
-    check_extension(out, what, (".json",), "a Chrome/Perfetto trace (JSON)")
+    check_extension(out, what, *TRACE_JSON)
     merged, timeline, run = compare_trace(data)
     write_atomic(out, json.dumps(merged))
     other = merged["otherData"]

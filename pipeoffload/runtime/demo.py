@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from pipeoffload import generate, lower
 from pipeoffload.errors import ConfigError, ScheduleError
-from pipeoffload.fileio import check_writable
+from pipeoffload.fileio import TRACE_JSON, check_extension, check_writable
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
 from pipeoffload.runtime.executor import PipelineError, PipelineRunner
 from pipeoffload.runtime.launch import exit_rank, init_from_env, spawn
@@ -123,6 +123,7 @@ def check(args: argparse.Namespace, world: int) -> None:
         raise ConfigError(f"--batch {args.batch}: must be >= --microbatches {args.microbatches} (one row each at least)")
     if args.trace is not None:  # written after the run: a bad place must not cost the run first
         check_writable(args.trace, f"--trace {shlex.quote(args.trace)}")
+        check_extension(args.trace, f"--trace {args.trace}", *TRACE_JSON)  # as simulate --trace
 
 
 def _world(args: argparse.Namespace) -> int:

@@ -301,8 +301,24 @@ def memory_costs(req: SimulateRequest, costs: CostModel, planned: bool = False) 
                     shared_copy_engine=costs.shared_copy_engine and not req.separate_copy_engines)
     k = req.planned_k if planned else req.k
     if k is not None:
+        check_copy_time(req, costs, k, planned)
         costs = costs.with_offload_ratio(k)
     return RecomputePolicy.parse(req.recompute).apply_to(costs)
+
+
+def check_copy_time(req: SimulateRequest, costs: CostModel, k: float, planned: bool) -> None:
+    """Refuse, naming the options it comes from, a copy time at offload ratio ``k`` that is not a finite
+    number: the cost model would name its own field (``d2h_time=inf``), which no one gave."""
+    if math.isfinite(costs.copy_time_for(k)):
+        return
+    times = "the costs file's F + I + W time" if req.costs_file else "--time-f + --time-i + --time-w"
+    if not math.isfinite(costs.f(0) + costs.b(0)):
+        raise ConfigError(f"{times} overflows (inf): the times are too large to add up; give them in a larger "
+                          "time unit (smaller numbers)")
+    ratio = (f"--plan-ratio {k:g}" if planned and req.plan_ratio is not None
+             else f"--offload-ratio {k:g}" if req.offload_ratio is not None else f"the default offload ratio {k:g}")
+    raise ConfigError(f"{ratio} times {times} overflows: the copy time would be inf; give a smaller offload ratio "
+                      "or the times in a larger time unit (smaller numbers)")
 
 
 def check_size(req: SimulateRequest, limit: int = MAX_ACTIONS) -> None:

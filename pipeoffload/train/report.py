@@ -164,6 +164,7 @@ def report_figure(metrics: RunMetrics, title: str = "") -> Figure:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (ax_loss, ax_mem) = plt.subplots(1, 2, figsize=(12, 4.2), constrained_layout=True)
     steps, losses = metrics.series("loss")
@@ -171,6 +172,7 @@ def report_figure(metrics: RunMetrics, title: str = "") -> Figure:
     vsteps, vlosses = metrics.series("val_loss")
     if vsteps:
         ax_loss.plot(vsteps, vlosses, "o-", color="#DD8452", lw=1.5, ms=4, label="validation")
+    ax_loss.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: a 3-step run read 1.25, 1.5
     ax_loss.set_xlabel("step")
     ax_loss.set_ylabel("loss")
     ax_loss.set_title("loss")

@@ -14,11 +14,13 @@ from pipeoffload.simulator import Timeline
 from pipeoffload.units import MEMORY_UNIT, TIME_UNIT, counted, rank_units
 
 K = ActionKind
-# Order of the legend; colours are colour-blind friendly and distinct in grey.
+# Order of the legend. Colours are colour-blind friendly, each pair at least 50 apart in RGB, and the two
+# windows' copies of one direction (which share a half of the copy lane) differ in grey too; RELOAD_W
+# was a second pink (#DA8BC3, 22 from RELOAD's) and is a khaki now (tests/unit/test_viz_legend_colours.py).
 KIND_ORDER = (K.F, K.B, K.I, K.W, K.R, K.OFFLOAD, K.RELOAD, K.OFFLOAD_W, K.RELOAD_W, K.WAIT)
 COLOURS = {
     K.F: "#4C72B0", K.B: "#DD8452", K.I: "#2A9D8F", K.W: "#8AB17D", K.R: "#8172B3",
-    K.OFFLOAD: "#C44E52", K.RELOAD: "#E377C2", K.OFFLOAD_W: "#937860", K.RELOAD_W: "#DA8BC3",
+    K.OFFLOAD: "#C44E52", K.RELOAD: "#E377C2", K.OFFLOAD_W: "#937860", K.RELOAD_W: "#CCB974",
     K.WAIT: "#CCCCCC",
 }
 LABELS = {K.F: "F forward", K.B: "B backward", K.I: "I input grad", K.W: "W weight grad", K.R: "R recompute",

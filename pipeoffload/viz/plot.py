@@ -61,7 +61,9 @@ def chart_figure(data: ChartData, memory: bool = True, xmax: float | None = None
     gantt_h = sum(rows[lane] for _, lane in lanes)
     panel_h = 0.42 if data.ranks <= 8 else 0.34 if data.ranks <= 16 else 0.26
     mem_h = panel_h * data.ranks if memory else 0.0
-    top, legend_h, axis_h, gap, bottom = 0.55, 0.42 if data.stages_per_rank > 1 or memory else 0.25, 0.25, 0.25, 0.5
+    handles = _legend_handles(data, memory)
+    columns, legend_h = _legend_layout(plt, handles)
+    top, axis_h, gap, bottom = 0.55, 0.25, 0.25, 0.5
     height = top + legend_h + gantt_h + axis_h + (gap + mem_h if memory else 0.0) + bottom
     fig = plt.figure(figsize=(_WIDTH, height))
     frac_w = (_WIDTH - _LEFT - _RIGHT) / _WIDTH
@@ -74,7 +76,7 @@ def chart_figure(data: ChartData, memory: bool = True, xmax: float | None = None
         _gantt(ax, data, lanes, (_WIDTH - _LEFT - _RIGHT) * 72, span)
     fig.text(0.5, 1 - 0.12 / height, data.title, ha="center", va="top", fontsize=11, weight="bold")
     fig.text(0.5, 1 - 0.34 / height, data.summary, ha="center", va="top", fontsize=9)
-    _legend(fig, data, memory, (height - top - legend_h / 2) / height)
+    _legend(fig, handles, columns, (height - top - legend_h / 2) / height)
     xlabel = time_label or TIME_LABELS.get(data.time_unit, f"time ({data.time_unit})")
     if memory:
         ax.tick_params(labelbottom=True)
@@ -237,7 +239,7 @@ def _memory_panels(fig: Any, data: ChartData, rect: tuple[float, float, float, f
     return axes
 
 
-def _legend(fig: Any, data: ChartData, memory: bool, y: float) -> None:
+def _legend_handles(data: ChartData, memory: bool) -> list[Any]:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -260,8 +262,46 @@ def _legend(fig: Any, data: ChartData, memory: bool, y: float) -> None:
         handles.append(Line2D([], [], color=_DEVICE_COLOUR, label="device memory"))
         if any(c.peak > 0 for c in data.host):
             handles.append(Line2D([], [], color=_HOST_COLOUR, linestyle=_HOST_STYLE, label="host memory"))
-    fig.legend(handles=handles, loc="center", bbox_to_anchor=(0.5, y), ncol=min(len(handles), 8), fontsize=7.5,
-               frameon=False, handlelength=1.6, columnspacing=1.2)
+    return handles
+
+
+_LEGEND_STYLE = {"fontsize": 7.5, "frameon": False, "handlelength": 1.6, "columnspacing": 1.2}
+_LEGEND_PAD = 0.12  # inches of the legend's row above and below its entries
+# Hinted text is not as wide at every resolution (the same legend: 0.985 of the figure's width at 100
+# dpi, 1.058 at 130, 1.094 at 72), so it is measured at the resolutions pictures are written at and below.
+_FIT_DPIS = (72, 80, 90, 100, 110, 130, 150, 200)
+
+
+def _legend_layout(plt: Any, handles: list[Any]) -> tuple[int, float]:
+    """(columns, height in inches of the legend's row): the fewest rows whose legend is at most as wide
+    as the figure, measured on a scratch figure of the chart's width (entries' widths differ: a row of
+    8 of the longest ran past both edges)."""
+    scratch = plt.figure(figsize=(_WIDTH, 2.0))
+    try:
+        for rows in range(1, len(handles) + 1):
+            columns = -(-len(handles) // rows)
+            width, height = _legend_extent(scratch, handles, columns)
+            if width <= _WIDTH - 0.2 or columns == 1:
+                return columns, max(height + _LEGEND_PAD, 0.25)
+        return 1, 0.25  # no handles
+    finally:
+        plt.close(scratch)
+
+
+def _legend_extent(scratch: Any, handles: list[Any], columns: int) -> tuple[float, float]:
+    """The largest (width, height) in inches of the legend over ``_FIT_DPIS``."""
+    legend = scratch.legend(handles=handles, ncol=columns, **_LEGEND_STYLE)
+    sizes = []
+    for dpi in _FIT_DPIS:
+        scratch.set_dpi(dpi)
+        box = legend.get_window_extent(scratch.canvas.get_renderer())
+        sizes.append((box.width / dpi, box.height / dpi))
+    legend.remove()
+    return max(w for w, _ in sizes), max(h for _, h in sizes)
+
+
+def _legend(fig: Any, handles: list[Any], columns: int, y: float) -> None:
+    fig.legend(handles=handles, loc="center", bbox_to_anchor=(0.5, y), ncol=columns, **_LEGEND_STYLE)
 
 
 def shade(colour: str, local_index: int, stages_per_rank: int) -> str:

@@ -2,9 +2,10 @@
 with the durations the run measured, and write both into one Chrome/Perfetto trace (measured ranks
 above simulated ranks, each rank with compute, copy and comm lanes and a memory counter).
 
-The simulation uses per-(kind, stage) mean measured durations; copies take the measured OFFLOAD and
-RELOAD times (the runtime records when a copy is issued and completed on its rank) and P2P transfers
-are free, so differences point at waits the cost model does not have.
+The simulation uses per-(kind, stage) mean measured durations; copies take the measured times of both
+windows as the cost model expresses them (``measured_copy_costs``: a per-unit D2H and H2D time and, per
+stage, the part of an activation the I -> W window moves; the runtime records when a copy is issued and
+completed on its rank) and P2P transfers are free, so differences point at waits the cost model does not have.
 """
 from __future__ import annotations
 
@@ -163,6 +164,18 @@ def _check_whole(by_rank: dict[int, list], named: set[int]) -> None:
                                       "events")
 
 
+def _check_ranks(by_rank: dict[int, list], actions: int) -> None:
+    """A rank below the number of actions, as a whole run's ranks (0 to d - 1, each with actions) are:
+    ``_check_whole`` counts the ranks up to the largest, which must not be a number the file chose
+    (a rank of 1e20, or an OS thread id as the old layout's ``tid``, took all memory)."""
+    top = max(by_rank)
+    if top >= actions:
+        shown = str(top) if len(str(top)) <= 24 else f"{str(top)[:12]}... ({len(str(top))} digits)"
+        raise ConfigError(f"an action has rank {shown} but the trace has only {actions:,} action{'s' * (actions != 1)}: a run's "
+                          "ranks are numbered from 0 and each has actions, so a rank must be below the number of "
+                          "actions; give the trace a run wrote, its 'args.rank' (or the old layout's 'tid') the rank")
+
+
 def load_measured(data: Any) -> MeasuredRun:
     """Read a runtime trace (``runtime.trace.write_chrome_trace``, ``python -m pipeoffload.runtime --trace``,
     or the older one-process layout; an object with ``traceEvents`` or, the Chrome trace format's JSON
@@ -199,6 +212,7 @@ def load_measured(data: Any) -> MeasuredRun:
     if largest >= actions:  # a run has every stage and microbatch in some action
         raise ConfigError(f"an action numbers a stage or microbatch {largest:,} but the trace has only {actions:,} "
                           "actions, so it is not a whole run")
+    _check_ranks(by_rank, actions)
     _check_whole(by_rank, _named_ranks(data, events))
     rows = tuple(tuple((a, s, e) for *_, a, s, e in sorted(by_rank[r], key=lambda x: (x[0], x[3], x[1])))
                  for r in range(len(by_rank)))
@@ -234,14 +248,61 @@ def measured_costs(run: MeasuredRun, num_stages: int) -> CostModel:
         fallback = sum(found.values()) / len(found)
         return tuple(found.get(s, fallback) for s in range(num_stages))
 
-    def mean(kind: ActionKind) -> float:
-        values = [x for (k, _), v in spans.items() if k == kind for x in v]
-        return sum(values) / len(values) if values else 0.0
-
     zeros = (0.0,) * num_stages
     f, i, w, b, r = (per_stage(k) for k in (K.F, K.I, K.W, K.B, K.R))
     return CostModel(time_f=f or zeros, time_i=i or (b or zeros), time_w=w or zeros, time_b=b, time_r=r,
-                     d2h_time=mean(K.OFFLOAD), h2d_time=mean(K.RELOAD))
+                     **measured_copy_costs(run, num_stages))
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def measured_copy_costs(run: MeasuredRun, num_stages: int) -> dict[str, Any]:
+    """The CostModel fields that time the run's copies: ``d2h_time``, ``h2d_time`` and, where the I -> W
+    window's copies imply it, ``stage_w_fraction`` (with ``w_fraction`` their largest, as cost files do).
+
+    The simulator times a copy as the units it moves times the per-unit time of its direction; every
+    activation is one unit here, the F -> backward window (OFFLOAD/RELOAD) moves all of it and the I -> W
+    window (OFFLOAD_W/RELOAD_W) the stage's w_fraction part. So:
+    - with first-window copies, the per-unit times are their mean measured times, and a stage's
+      w_fraction is what its mean second-window times imply: (mean OFFLOAD_W + mean RELOAD_W) /
+      (d2h_time + h2d_time), which keeps the round trip's time on the copy lane (the two directions
+      alone may then differ from the measured ones when their ratio differs from the first window's).
+      It is capped at 1: a second-window copy slower than the whole activation's copy is not a part of
+      it, and is simulated at the first window's time. Stages without second-window copies keep 1.0;
+    - without them (only the I -> W window was offloaded), the per-unit times are the second window's
+      own means and w_fraction stays 1.0: its copies then take their measured times, never 0.
+    An OFFLOAD_W of an activation whose first window was offloaded copies nothing (the host kept that
+    part, ``semantics.host_copy_kept``): it is simulated as instant and its measured time is left out.
+    """
+    first = {(a.stage, a.microbatch) for row in run.rows for a, _, _ in row if a.kind == K.OFFLOAD}
+    spans: dict[tuple[ActionKind, int], list[float]] = defaultdict(list)
+    for row in run.rows:
+        for a, start, end in row:
+            if a.kind in COPY_KINDS and not (a.kind == K.OFFLOAD_W and (a.stage, a.microbatch) in first):
+                spans[(a.kind, a.stage)].append(end - start)
+
+    def mean(kind: ActionKind, stage: int | None = None) -> float | None:
+        return _mean([x for (k, s), v in spans.items() if k == kind and stage in (None, s) for x in v])
+
+    d2h, h2d = mean(K.OFFLOAD), mean(K.RELOAD)
+    if d2h is None and h2d is None:  # only the second window: its copies set the per-unit times
+        return {"d2h_time": mean(K.OFFLOAD_W) or 0.0, "h2d_time": mean(K.RELOAD_W) or 0.0}
+    fractions = tuple(_implied_w_fraction([(mean(K.OFFLOAD_W, s), d2h or 0.0), (mean(K.RELOAD_W, s), h2d or 0.0)])
+                      for s in range(num_stages))
+    out: dict[str, Any] = {"d2h_time": d2h or 0.0, "h2d_time": h2d or 0.0}
+    if any(x < 1.0 for x in fractions):
+        out |= {"stage_w_fraction": fractions, "w_fraction": max(fractions)}
+    return out
+
+
+def _implied_w_fraction(pairs: list[tuple[float | None, float]]) -> float:
+    """Σ measured second-window means / Σ the per-unit times of their directions, in [0, 1]; 1.0 where
+    a stage has no second-window copy (or the first window's copies took no time)."""
+    measured = sum(m for m, _ in pairs if m is not None)
+    unit = sum(u for m, u in pairs if m is not None)
+    return min(1.0, measured / unit) if unit > 0 else 1.0
 
 
 def compare_trace(data: Any, run: MeasuredRun | None = None) -> tuple[dict, Timeline, MeasuredRun]:
