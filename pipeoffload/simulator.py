@@ -17,7 +17,9 @@ Model (see docs/decisions.md):
 - Memory (activation units): F allocates at its start; B frees all at its end; I frees the part W
   does not need, W the rest; R re-allocates at its start; OFFLOAD frees the device copy when the copy
   completes; RELOAD allocates when it starts and its backward (W: its RELOAD_W) waits for it to complete. At equal
-  times frees are applied before allocations.
+  times frees are applied before allocations, except where copies take no time (the runtime on CPU,
+  and what ``train`` measures against): a rank then does one thing after another in list order, and a
+  RELOAD listed before an OFFLOAD at one instant holds its memory while the offloaded one is still there.
 - With ``cores`` (CPU ranks sharing a host's cores; default None: a processor per rank) the timeline
   runs in global time order as processor sharing: the n runnable lanes (computing, or in a message's
   ``message_time``) and ranks' transports (``message_cpu`` per SEND/RECV) each progress at
@@ -228,6 +230,8 @@ class _Simulation:
         self.stall = [0.0] * n
         self.stalled: list[tuple[int, float]] = []  # (flat index, seconds) of backwards that waited
         self.copies, self.num_links = self._copy_resources()  # (engine, link, duration) per action
+        # device memory at equal times: frees first, or list order where copies are instant (module docstring)
+        self._frees_first = costs.d2h_time > 0 or costs.h2d_time > 0
 
     # ---- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -533,7 +537,7 @@ class _Simulation:
     def figures(self) -> Figures:
         peaks, host = [], []
         for times, deltas, host_times, host_deltas in self._memory_events():
-            peaks.append(_peak(times, deltas))
+            peaks.append(_peak(times, deltas, self._frees_first))
             host.append(_peak(host_times, host_deltas, frees_first=False))
         return Figures(max(self.end, default=0.0), tuple(self.busy), tuple(peaks), tuple(host), tuple(self.stall))
 
@@ -546,7 +550,7 @@ class _Simulation:
         per_rank = []
         v = max(self.schedule.stages_per_rank, 1)
         for rank, (times, deltas, host_times, host_deltas) in zip(ranks, self._memory_events()):
-            memory, peak = _curve(times, deltas)
+            memory, peak = _curve(times, deltas, self._frees_first)
             host, host_peak = _curve(host_times, host_deltas, frees_first=False)
             busy = self.busy[rank]
             per_rank.append(
@@ -605,7 +609,7 @@ def _peak(times: np.ndarray, deltas: np.ndarray, frees_first: bool = True) -> fl
 
 def _levels(times: np.ndarray, deltas: np.ndarray, frees_first: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Event times in order and the level after each. At equal times device memory (``frees_first``)
-    frees before it allocates; host memory keeps the events in list order, the order the runtime
+    frees before it allocates, unless copies take no time; host memory keeps the events in list order, the order the runtime
     issues the copies: an OFFLOAD's host buffer exists from its issue, a RELOAD's until it has
     completed, so an offload listed before a reload at the same instant is on the host with it.
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from pipeoffload import generate, lower
+from pipeoffload.costs import CostModel
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
 from pipeoffload.runtime import PipelineRunner
 
@@ -122,8 +123,8 @@ def _saving_output_layers() -> list[nn.Module]:
     return [nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(8)]
 
 
-def saved_output_worker(rank: int, world: int, cases: list[tuple[str, str, str]], microbatches: int = 4) -> list[dict]:
-    """Per (schedule, offload, recompute) case, two steps of ``_saving_output_layers``: the last step's trace, each
+def saved_output_worker(rank: int, world: int, cases: list[tuple], microbatches: int = 4) -> list[dict]:
+    """Per (schedule, offload, recompute[, k the copies are planned for]) case, two steps of ``_saving_output_layers``: the last step's trace, each
     stage's slot bytes and bytes kept after I, and whether the loss and every gradient equal one process's
     (bit for bit)."""
     out = []
@@ -139,8 +140,9 @@ def saved_output_worker(rank: int, world: int, cases: list[tuple[str, str, str]]
         part = nn.functional.mse_loss(h, y) / microbatches
         part.backward()
         ref_loss = ref_loss + part.detach()
-    for name, offload, recompute in cases:
-        schedule = lower(generate(name, world, microbatches), offload=offload, recompute=recompute)
+    for name, offload, recompute, *k in cases:
+        costs = CostModel().with_offload_ratio(k[0]) if k else None  # as ``train --offload-ratio`` plans them
+        schedule = lower(generate(name, world, microbatches), costs, offload=offload, recompute=recompute)
         layers = _saving_output_layers()
         counts = even_counts(len(layers), schedule.num_stages)
         stages = build_rank_stages(layers, counts, schedule.placement, rank)
