@@ -201,6 +201,8 @@ UNSAVED = tuple(k for k, f in _FIELDS.items() if not f.metadata["saved"])
 FINGERPRINT_KEYS = ("layers", "hidden", "heads", "seq_len", "data", "tokenizer", "val_fraction", "seed",
                     "global_batch", "model", "kv_heads", "ffn_hidden", "vocab", "rope_theta", "tie_embeddings")
 LAYOUT_KEYS = ("pp", "dp", "tp", "schedule", "stages_per_rank", "zero", "fsdp", "layers_per_stage")
+# the layout keys whose change reorders sums (gradient reductions, sharded matmuls); the others only move stages
+ARITHMETIC_LAYOUT_KEYS = ("pp", "dp", "tp", "zero", "fsdp")
 
 
 def default_of(flat: str) -> Any:

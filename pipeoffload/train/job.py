@@ -18,7 +18,15 @@ import numpy as np
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import write_atomic
 from pipeoffload.train import checkpoint
-from pipeoffload.train.config import TrainConfig, layout, offload_policy, schedule_options, setting, to_toml
+from pipeoffload.train.config import (
+    ARITHMETIC_LAYOUT_KEYS,
+    TrainConfig,
+    layout,
+    offload_policy,
+    schedule_options,
+    setting,
+    to_toml,
+)
 from pipeoffload.train.launch import under_torchrun
 from pipeoffload.train.runlock import RunLock
 
@@ -213,14 +221,22 @@ def _copy_model_files(cfg: TrainConfig, run_dir: Path) -> None:
 
 
 def _note_reshard(manifest: dict[str, Any], cfg: TrainConfig, ckpt: Path) -> None:
-    """Say so when the checkpoint was written on another layout (DCP reshards it by parameter name)."""
+    """Say so when the checkpoint was written on another layout (DCP reshards it by parameter name).
+    Only the parallel degrees change the arithmetic; a new schedule or stage split moves the stages
+    but computes the same sums in the same order (the tied embedding's two copies add as a + b on one
+    rank or two), so such a resume stays bitwise and is only noted in the log."""
     before, now = manifest.get("layout", {}), layout(cfg)
     changed = [k for k in now if k in before and before[k] != now[k]]
-    if changed:
+    if not changed:
+        return
+    was, becomes = (" ".join(f"{k}={side[k]}" for k in changed) for side in (before, now))
+    if any(k in ARITHMETIC_LAYOUT_KEYS for k in changed):
         log.warning("resuming %s on another layout: resharding from %s to %s; the losses from here on equal an "
                     "uninterrupted run's up to float rounding (sums run in another order), not bitwise (that "
-                    "needs the same layout)", ckpt.name,
-                    " ".join(f"{k}={before[k]}" for k in changed), " ".join(f"{k}={now[k]}" for k in changed))
+                    "needs the same %s)", ckpt.name, was, becomes, "/".join(ARITHMETIC_LAYOUT_KEYS))
+    else:
+        log.info("resuming %s with the stages placed anew: resharding from %s to %s; the arithmetic is the same, "
+                 "so the losses continue bitwise", ckpt.name, was, becomes)
 
 
 def train(cfg: TrainConfig, resume: str | None = None, verbose: bool = False,

@@ -254,6 +254,22 @@ def test_a_resume_on_another_layout_says_it_is_not_bitwise(tmp_path: Path, caplo
     assert "not bitwise" in caplog.text
 
 
+def test_a_resume_on_another_schedule_alone_stays_bitwise(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A new schedule and stage split on the same parallel degrees moves the stages, not the sums: the
+    resume is bitwise (probe M: 1f1b stopped at 3, resumed as zb-v with offload all, equal to an uninterrupted
+    zb-v run's losses, norms and parameters), and no warning says otherwise."""
+    from pipeoffload.train.config import layout, validate
+    from pipeoffload.train.job import _note_reshard
+
+    cfg = validate(build_config({"data": str(_text(tmp_path))}))
+    saved = {"layout": {**layout(cfg), "schedule": "zb-v", "stages_per_rank": 2}}
+    with caplog.at_level("INFO", logger="pipeoffload.train.job"):
+        _note_reshard(saved, cfg, tmp_path / "checkpoints" / "step-000006")
+    assert "resharding from schedule=zb-v stages_per_rank=2 to schedule=1f1b stages_per_rank=1" in caplog.text
+    assert "continue bitwise" in caplog.text and "not bitwise" not in caplog.text
+    assert all(r.levelname == "INFO" for r in caplog.records)
+
+
 @pytest.mark.parametrize("case", ["little text", "no checkpoint"])
 def test_a_refusal_after_the_values_is_one_line_without_the_configuration(tmp_path: Path, case: str) -> None:
     if case == "little text":
