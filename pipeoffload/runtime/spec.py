@@ -261,6 +261,13 @@ def split_microbatches(values: Any, num_microbatches: int, device: torch.device,
                     f"{what}: a tensor of shape {tuple(v.shape)} cannot be split into {num_microbatches} "
                     "microbatches along dim 0; give a batch of at least that many rows"
                 )
+            if v.shape[0] % num_microbatches:  # each piece's mean loss counts 1/m: unequal pieces weigh unequally
+                raise ConfigError(
+                    f"{what}: a tensor of shape {tuple(v.shape)} splits into {num_microbatches} microbatches of "
+                    f"unequal size (dim 0 is not a multiple of {num_microbatches}), and each microbatch's loss "
+                    f"counts 1/{num_microbatches}, so the step would not be the batch's mean; give a batch whose "
+                    f"dim 0 is a multiple of {num_microbatches}"
+                )
             for i, part in enumerate(v.tensor_split(num_microbatches)):
                 pieces[i].append(part.detach().to(device=device, copy=True))
         else:

@@ -66,3 +66,14 @@ def test_a_flat_tuple_skips_the_pytree_walk_and_gives_what_the_walk_gives(monkey
     assert not walks
     nested = (h, [h, 1])
     assert flatten(nested)[1] == tree_flatten(nested)[1] and walks == [nested]
+
+
+def test_a_batch_that_the_microbatches_do_not_divide_is_refused() -> None:
+    """10 rows in 4 microbatches split 3, 3, 2, 2; the runner weighs each piece's mean loss 1/4, so the step's
+    loss was silently not the batch's mean (probe M: 4.318235 against 4.319153). Refused, naming the fix."""
+    from pipeoffload.runtime.spec import split_microbatches
+
+    with pytest.raises(ConfigError, match=r"shape \(10, 3\).*multiple of 4"):
+        split_microbatches((torch.zeros(10, 3),), 4, torch.device("cpu"), "inputs")
+    pieces = split_microbatches((torch.zeros(12, 3), "kept"), 4, torch.device("cpu"), "inputs")
+    assert [p[0].shape[0] for p in pieces] == [3, 3, 3, 3] and all(p[1] == "kept" for p in pieces)
