@@ -1,3 +1,13 @@
+import os
+
+# One thread for torch's (OpenMP) and numpy's (OpenBLAS) operators in every test process and the processes
+# it starts (set before either is imported): the suite runs two xdist workers and their spawned ranks on a
+# 2-core machine, and with a thread per core each parallel operator waits at a barrier for a thread that
+# another process has descheduled (a 32x32 matmul took milliseconds; benchmarks/gpu_check.py's tiny CPU run,
+# 1.8 s alone, took 3.4 s beside one busy process and 50 s on a loaded machine). The ranks use one thread
+# already (``spawn(threads=1)``). A value set outside the suite is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import contextlib
 import io
 import shlex

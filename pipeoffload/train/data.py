@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,19 +40,44 @@ TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".text", ".jsonl", "")
 TOKEN_SUFFIXES = (".npy", ".bin")
 
 
+SKIPPED_DIRS = frozenset({"test", "tests", "site-packages", "idlelib", "lib2to3"})
+
+
 def default_text_files(limit_bytes: int = DEFAULT_TEXT_BYTES) -> list[Path]:
-    """Sorted ``.py`` files of the standard library (no tests, no site-packages), up to ``limit_bytes``."""
+    """Sorted ``.py`` files of the standard library (no tests, no site-packages), up to ``limit_bytes``.
+
+    The files of ``sorted(root.rglob("*.py"))`` less those under a ``SKIPPED_DIRS`` folder, in that order,
+    found by a walk that visits each folder's entries sorted by name (the order of sorted paths), skips
+    those folders without reading them and stops at the limit: each rank and every save reads this list,
+    and the whole tree can hold tens of thousands of files (a Python's own site-packages)."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    chosen, total = [], 0
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).parts
-        if any(part in ("test", "tests", "site-packages", "idlelib", "lib2to3") for part in rel):
-            continue
-        size = path.stat().st_size
-        if total + size > limit_bytes:
-            break
-        chosen.append(path)
-        total += size
+    chosen: list[Path] = []
+    total = 0
+
+    def walk(folder: Path) -> bool:  # False once the limit is reached
+        nonlocal total
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            return True
+        for entry in entries:
+            if entry.name.endswith(".py"):  # rglob's "*.py" matches any kind of entry
+                path = folder / entry.name
+                size = path.stat().st_size
+                if total + size > limit_bytes:
+                    return False
+                chosen.append(path)
+                total += size
+            try:
+                recurse = entry.is_dir() and not entry.is_symlink()  # as rglob: a linked folder is not entered
+            except OSError:
+                recurse = False
+            if recurse and entry.name not in SKIPPED_DIRS and not walk(folder / entry.name):
+                return False
+        return True
+
+    walk(root)
     if not chosen:
         raise ConfigError(f"no default text: no .py files under the standard library at {root}; pass --data")
     return chosen

@@ -98,6 +98,48 @@ def test_default_text_is_real_python_source() -> None:
     assert "def " in files[0].read_text() or "import" in files[0].read_text()
 
 
+def _rglob_text_files(root: Path, limit_bytes: int) -> list[Path]:
+    """``default_text_files`` as it was written first: every ``.py`` path of the tree, sorted, then filtered."""
+    chosen, total = [], 0
+    for path in sorted(root.rglob("*.py")):
+        if any(part in ("test", "tests", "site-packages", "idlelib", "lib2to3") for part in path.relative_to(root).parts):
+            continue
+        size = path.stat().st_size
+        if total + size > limit_bytes:
+            break
+        chosen.append(path)
+        total += size
+    return chosen
+
+
+def test_default_text_files_are_those_of_sorted_rglob(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk that skips test folders and stops at the limit chooses the very files, in the very order, of
+    filtering ``sorted(rglob("*.py"))`` (the data a run without --data trains on, and its manifests' data_content):
+    on the standard library, and on a tree whose names sort differently as paths and as text ("a/z.py" before
+    "a-b.py"), with skipped folders at any depth, a folder named like a file and a linked folder (not entered)."""
+    import sysconfig
+
+    from pipeoffload.train import data
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    assert default_text_files() == _rglob_text_files(stdlib, data.DEFAULT_TEXT_BYTES)
+    for rel in ["a/z.py", "a-b.py", "a.py", "a/b/tests/x.py", "a/b/c.py", "tests/y.py", "d.py/e.py", "B.py",
+                "lib/site-packages/f.py", "lib/g.txt", "lib/h.py", "_i.py", ".j.py", "k/test/l.py", "k/m.py"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n" * (len(rel) + 3))
+    (tmp_path / "linked").symlink_to(tmp_path / "a")
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    whole = _rglob_text_files(tmp_path, 1 << 30)
+    assert len(whole) == 11 and default_text_files(1 << 30) == whole
+    for limit in range(0, sum(p.stat().st_size for p in whole) + 2, 7):
+        expected = _rglob_text_files(tmp_path, limit)
+        if expected:
+            assert default_text_files(limit) == expected, limit
+        else:
+            with pytest.raises(ConfigError, match="no default text"):
+                default_text_files(limit)
+
+
 def test_plan_auto_fills_the_layout_and_keeps_explicit_flags() -> None:
     from pipeoffload.cli import build_parser
     from pipeoffload.cli.train import config_from_args
