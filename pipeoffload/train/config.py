@@ -661,8 +661,12 @@ def _check_fsdp(cfg: TrainConfig) -> None:
                       "--zero or --fsdp)")
     _need(p.tp == 1, f"fsdp=true with tp={p.tp}: FSDP over tensor-parallel stages (a 2-D mesh) is not supported; "
                      "use --tp 1 or leave out --fsdp")
-    _need(not cfg.model.tie_embeddings, "fsdp=true with tie_embeddings=true: the tied copies' sum across pipeline "
-                                        "ranks is not done on FSDP shards; leave out one of them")
+    source = cfg.model.source or ""
+    fix = ("leave out --fsdp (the model's config.json ties them)" if source.startswith("hf:")
+           else "leave out --fsdp or --tie-embeddings")
+    _need(not cfg.model.tie_embeddings, "fsdp=true with tie_embeddings=true: the embedding and the head are two "
+                                        "copies whose gradients are summed before each step, which is not done on "
+                                        f"FSDP shards; {fix}")
 
 
 def _divisor_near(n: int, want: int) -> int:

@@ -41,7 +41,9 @@ def test_bad_value_one_line_exit_2_and_no_rank_started(tmp_path: Path, flags: li
 @pytest.mark.parametrize("keys, words", [
     ({"dp": 2, "zero": 1}, ["fsdp=true with zero=1", "choose one"]),
     ({"dp": 2, "tp": 2}, ["fsdp=true with tp=2", "--tp 1"]),
-    ({"dp": 2, "model": "llama", "tie_embeddings": True}, ["fsdp=true with tie_embeddings=true"]),
+    # pp = 1 here: the message must not speak of pipeline ranks, and must give a fix that works (probe O)
+    ({"dp": 2, "model": "llama", "tie_embeddings": True},
+     ["fsdp=true with tie_embeddings=true", "leave out --fsdp or --tie-embeddings"]),
 ])
 def test_fsdp_refuses_what_it_does_not_support(keys: dict, words: list[str]) -> None:
     cfg = TrainConfig.build(fsdp=True, global_batch=8, microbatches=2, **keys)
