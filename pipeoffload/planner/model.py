@@ -59,6 +59,8 @@ class ModelSpec:
     qkv_bias: bool = False  # biases on Q, K and V only (Qwen2); implied by ``bias``
     positions: int = 0  # rows of a learned position embedding on the first stage (GPT-2's n_positions); 0: none
     tied_embeddings: bool = False
+    layer_norms: int = 2  # norms per layer: 1 in Falcon-7B's parallel block, 4 in Gemma 2
+    norm_bias: bool | None = None  # whether norms have biases (LayerNorm); None: as ``bias`` (Falcon: True)
     source: str = ""  # "hf:DIR" when read from a local Hugging Face directory (plan --emit passes it to train)
     params_note: str = ""  # why total_params() is only approximate for this architecture; "": exact
 
@@ -127,12 +129,17 @@ class ModelSpec:
         """Weights, norms and biases of one layer: GPT's (``bias``: LayerNorm biases and a bias on every
         linear) or Llama's (RMSNorm weights only), with Qwen2's Q/K/V biases (``qkv_bias``)."""
         h, q, kv = self.hidden, self.attention_width, self.kv_width
-        norms = 2 * h * (2 if self.bias else 1)
+        norms = self.layer_norms * self.norm_params()
         if self.bias:
             biases = (q + 2 * kv) + h + self.ffn_size * (2 if self.gated_mlp else 1) + h
         else:
             biases = (q + 2 * kv) if self.qkv_bias else 0
         return self.matrix_params_per_layer() + norms + biases
+
+    def norm_params(self) -> int:
+        """Weights (and biases) of one norm over the hidden size."""
+        biased = self.bias if self.norm_bias is None else self.norm_bias
+        return self.hidden * (2 if biased else 1)
 
     def embedding_params(self) -> int:
         """The first stage's embeddings: the word embedding and a learned position table, if any."""
@@ -144,7 +151,7 @@ class ModelSpec:
 
     def head_params(self) -> int:
         """Output projection plus the final norm (a tied head still has its own copy on the last stage)."""
-        return self.vocab * self.hidden + self.hidden * (2 if self.bias else 1)
+        return self.vocab * self.hidden + self.norm_params()
 
     def total_params(self) -> int:
         head = self.head_params() - (self.word_embedding_params() if self.tied_embeddings else 0)
