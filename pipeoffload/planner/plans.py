@@ -131,7 +131,8 @@ class PlanRequest:
 
     def families(self) -> tuple[str, ...]:
         if self.schedules is not None:
-            return tuple(get_spec(n).name for n in self.schedules)
+            # a family named twice (any case, or by an alias) is one: twins would take two --top places
+            return tuple(dict.fromkeys(get_spec(n).name for n in self.schedules))
         return default_families()
 
 
