@@ -65,7 +65,8 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
     missing = [k for k in ("layers", "hidden", "heads") if k not in values]
     if missing:
         raise ConfigError(f"hf:{directory}: config.json has no {', '.join(missing)} "
-                          f"(looked for {', '.join(_KEYS[missing[0]])}); pass --layers/--hidden/--heads")
+                          f"(looked for {', '.join(_KEYS[missing[0]])}); drop --model hf: and give the shape with "
+                          "--layers/--hidden/--heads (decoder-only transformers; encoder-decoders are not modelled)")
     values.setdefault("seq", 2048)
     if data.get("head_dim"):
         json_int(data["head_dim"], "head_dim", str(path))
