@@ -68,17 +68,27 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
                           f"(looked for {', '.join(_KEYS[missing[0]])}); drop --model hf: and give the shape with "
                           "--layers/--hidden/--heads (decoder-only transformers; encoder-decoders are not modelled)")
     values.setdefault("seq", 2048)
+    window = _window(data, str(path))
+    if window:  # read at most at the window: a longer --seq is refused (ModelSpec.attention_window)
+        values["seq"] = min(values["seq"], window)
     if data.get("head_dim"):
         json_int(data["head_dim"], "head_dim", str(path))
     arch = _architecture(data, values["heads"])
     positions = _learned_positions(data, str(path))
     return ModelSpec(name=_name(data, path), head_size=set_apart_head_dim(data.get("head_dim"), values["heads"],
                                                                           values["hidden"]),
-                     positions=positions, params_note=_params_note(data, arch["gated_mlp"]), **{**values, **arch})
+                     positions=positions, attention_window=window, params_note=_params_note(data, arch["gated_mlp"]), **{**values, **arch})
 
 
 # Gemma's MLP is GeGLU (gate, up and down projections) whatever its activation; RMSNorm, no biases, tied
 _GEMMA_NORMS = {"gemma": 2, "gemma2": 4, "gemma3_text": 4}  # Gemma 2/3 add post-attention/feed-forward norms
+
+
+def _window(data: dict[str, Any], where: str) -> int:
+    """The sliding-window width where the config uses one (Phi-3, Starcoder2, Gemma 2), else 0."""
+    if data.get("sliding_window") is None or data.get("use_sliding_window") is False:
+        return 0
+    return json_int(data["sliding_window"], "sliding_window", where)
 
 
 def _activation(data: dict[str, Any]) -> str:

@@ -60,6 +60,9 @@ class ModelSpec:
     positions: int = 0  # rows of a learned position embedding on the first stage (GPT-2's n_positions); 0: none
     tied_embeddings: bool = False
     layer_norms: int = 2  # norms per layer: 1 in Falcon-7B's parallel block, 4 in Gemma 2
+    # sliding-window attention's width (config.json's sliding_window); 0: none. Planned only where it is not
+    # below seq: there a window is full causal attention, which is what the formulas model
+    attention_window: int = 0
     norm_bias: bool | None = None  # whether norms have biases (LayerNorm); None: as ``bias`` (Falcon: True)
     source: str = ""  # "hf:DIR" when read from a local Hugging Face directory (plan --emit passes it to train)
     params_note: str = ""  # why total_params() is only approximate for this architecture; "": exact
@@ -71,6 +74,7 @@ class ModelSpec:
                 raise ConfigError(f"model {key}={value!r}: must be an integer >= 1")
         if not isinstance(self.positions, int) or self.positions < 0:
             raise ConfigError(f"model positions={self.positions!r}: must be an integer >= 0")
+        self._check_seq()
         if self.head_size is not None and (not isinstance(self.head_size, int) or self.head_size < 1):
             raise ConfigError(f"model head_size={self.head_size!r}: must be an integer >= 1")
         if self.head_size is None and self.hidden % self.heads:
@@ -79,6 +83,16 @@ class ModelSpec:
         if self.heads % self.num_kv_heads:
             raise ConfigError(f"model heads={self.heads} is not a multiple of kv_heads={self.num_kv_heads}; "
                               "kv_heads must divide heads")
+
+    def _check_seq(self) -> None:
+        """A learned position table has no row past its end; a sliding window below seq is not full attention."""
+        if self.positions and self.seq > self.positions:
+            raise ConfigError(f"model {self.name}: seq {self.seq} is beyond its learned position table "
+                              f"({self.positions} rows), which it cannot run past; use --seq {self.positions} or less")
+        if self.attention_window and self.seq > self.attention_window:
+            raise ConfigError(f"model {self.name}: sliding_window={self.attention_window} is below seq {self.seq} "
+                              "and the planner models full causal attention only; use --seq "
+                              f"{self.attention_window} or less")
 
     # ---- derived shape -----------------------------------------------------------------------
     @property

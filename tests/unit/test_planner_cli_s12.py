@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import refused, run_cli
 
 LLAMA8 = ("--model", "llama3-8b", "--gpu", "h100", "--gpus", "8", "--global-batch", "32", "--seq", "4096",
@@ -56,3 +58,24 @@ def test_a_config_without_heads_says_what_works(tmp_path) -> None:  # type: igno
                              "--global-batch", "8")
     assert code == 0, err  # what the message advises works
     assert line
+
+
+def _config(tmp_path, **data) -> str:  # type: ignore[no-untyped-def]
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    return f"hf:{tmp_path}"
+
+
+def test_a_seq_past_a_learned_position_table_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    gpt2 = _config(tmp_path, model_type="gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=400, n_positions=128)
+    refused(f"estimate --model {gpt2} --global-batch 8 --seq 4096", "seq 4096", "learned position table (128 rows)",
+            "--seq 128")
+    assert run_cli("estimate", "--model", gpt2, "--global-batch", "8", "--seq", "128")[0] == 0
+
+
+@pytest.mark.parametrize("kind", ["phi3", "starcoder2", "gemma2"])
+def test_a_sliding_window_below_seq_is_refused_for_every_architecture(tmp_path, kind: str) -> None:  # type: ignore[no-untyped-def]
+    model = _config(tmp_path, model_type=kind, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                    intermediate_size=512, vocab_size=1000, max_position_embeddings=8192, sliding_window=1024)
+    refused(f"estimate --model {model} --global-batch 8 --seq 4096", "sliding_window=1024", "--seq 1024")
+    code, out, err = run_cli("estimate", "--model", model, "--global-batch", "8")
+    assert code == 0 and "seq 1,024" in out, (out, err)  # read at the window
