@@ -12,7 +12,7 @@ from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.compare_tp import BASELINES
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.measured import load_layer_costs
-from pipeoffload.planner.plans import default_families
+from pipeoffload.planner.plans import InfeasibleError, default_families
 from pipeoffload.planner.report import plan_warnings
 from pipeoffload.planner.stagecosts import TrainingSetup
 from pipeoffload.policies import INT_TEXT
@@ -29,6 +29,9 @@ def _ints(text: str) -> tuple[int, ...]:
     if any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r}: every value must be >= 1")
     return values
+
+
+MIN_MEMORY_GIB = 2.0 ** -10
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -95,6 +98,9 @@ def memory_budget(args: argparse.Namespace, capacity: float, gpu: str) -> float:
         return 0.9 * capacity
     if not args.memory > 0:
         raise ConfigError(f"--memory {args.memory:g}: must be > 0 GiB")
+    if args.memory < MIN_MEMORY_GIB:  # below a MiB no model fits; the API's bytes hint would not apply
+        raise ConfigError(f"--memory {args.memory:g}: is in GiB per GPU and holds no model below "
+                          f"{MIN_MEMORY_GIB:g} GiB (1 MiB); give e.g. --memory 40")
     if args.memory * GIB > capacity:
         print(f"pipeoffload plan: warning: --memory {args.memory:g} GiB is above the {gpu}'s "
               f"{capacity / GIB:.2f} GiB; plans are checked against {capacity / GIB:.2f} GiB "
@@ -155,7 +161,12 @@ def run(args: argparse.Namespace) -> int:
         if command is not None:
             print(f"wrote {args.emit} (the PP + offload plan); run it with: {command}")
         return 0
-    result = plan(req)
+    try:
+        result = plan(req)
+    except InfeasibleError:
+        if req.model.params_note:  # the smallest feasible memory rests on that count too
+            print(f"pipeoffload plan: warning: {req.model.params_note}", file=sys.stderr)
+        raise
     for warning in plan_warnings(result.search):
         print(f"pipeoffload plan: warning: {warning}", file=sys.stderr)
     print(strict_json(result.as_dict(), indent=1) if args.json else result.text(pareto=not args.no_pareto))

@@ -248,7 +248,7 @@ def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Cand
             lgd = req.setup.lgd_for(choice.offload)  # LGD with offload, as the reference does
             lc = per_layer.get((layout.tp, lgd))
             if lc is None:
-                lc = req.measured or setup_layer_costs(req.model, req.hardware, layout.tp, req.setup, lgd)
+                lc = _measured(req) or setup_layer_costs(req.model, req.hardware, layout.tp, req.setup, lgd)
                 per_layer[(layout.tp, lgd)] = lc
             placement = placement_of(choice, layout.pp)
             key = (choice.stages_per_rank, placement, lgd)
@@ -376,6 +376,14 @@ def evaluate(req: PlanRequest, cand: Candidate, sim: SimSummary) -> Plan:
     return Plan(layout, cand.choice, cand.microbatches, step, sim.makespan, dp_time, tokens / step,
                 flops / (step * layout.gpus * req.hardware.peak_flops), memory, sim.bubble_ratio,
                 max(sim.stall) / step if step else 0.0, fits, sim.exact, sim, unit)
+
+
+def _measured(req: PlanRequest) -> LayerCosts | None:
+    """The profile, with the tied word embedding it cannot record (held once where one rank holds both ends)."""
+    lc = req.measured
+    if lc is None or lc.tied_params or not req.model.tied_embeddings:
+        return lc
+    return replace(lc, tied_params=req.model.word_embedding_params() / lc.tp)
 
 
 def _model_flops(req: PlanRequest) -> float:

@@ -7,7 +7,9 @@ Llama/Mistral/Qwen keys (``num_hidden_layers``, ``hidden_size``, ``num_attention
 ``num_key_value_heads``, ``intermediate_size``, ``vocab_size``, ``max_position_embeddings``,
 ``hidden_act``, ``tie_word_embeddings``) and GPT-2's (``n_layer``, ``n_embd``, ``n_head``,
 ``n_positions``), and ``head_dim`` where it is not ``hidden_size / num_attention_heads`` (Mistral-Nemo).
-A SiLU/SwiGLU activation means a gated MLP without biases or dropout, as in Llama. A mixture of experts
+A SiLU/SwiGLU activation (and any Gemma) means a gated MLP without biases or dropout, as in Llama; Falcon
+and Gemma have their own readings (`_falcon`, `_GEMMA_NORMS`); KV heads are also read from `num_kv_heads`,
+`n_head_kv`, `multi_query_group_num` and `multi_query`. A mixture of experts
 is refused (``llama_config.moe_field``): the planner models dense layers only.
 """
 from __future__ import annotations
@@ -31,7 +33,6 @@ _KEYS = {  # ModelSpec field -> config.json keys, first found wins
     "layers": ("num_hidden_layers", "n_layer", "num_layers"),
     "hidden": ("hidden_size", "n_embd", "d_model"),
     "heads": ("num_attention_heads", "n_head"),
-    "kv_heads": ("num_key_value_heads",),
     "ffn": ("intermediate_size", "n_inner", "ffn_hidden_size"),
     "vocab": ("vocab_size",),
     "seq": ("max_position_embeddings", "n_positions", "seq_length"),
@@ -64,17 +65,78 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
     missing = [k for k in ("layers", "hidden", "heads") if k not in values]
     if missing:
         raise ConfigError(f"hf:{directory}: config.json has no {', '.join(missing)} "
-                          f"(looked for {', '.join(_KEYS[missing[0]])}); pass --layers/--hidden/--heads")
-    act = str(data.get("hidden_act", data.get("activation_function", "gelu"))).lower()
-    gated = act in ("silu", "swiglu", "swish")
+                          f"(looked for {', '.join(_KEYS[missing[0]])}); drop --model hf: and give the shape with "
+                          "--layers/--hidden/--heads (decoder-only transformers; encoder-decoders are not modelled)")
     values.setdefault("seq", 2048)
+    window = _window(data, str(path))
+    if window:  # read at most at the window: a longer --seq is refused (ModelSpec.attention_window)
+        values["seq"] = min(values["seq"], window)
     if data.get("head_dim"):
         json_int(data["head_dim"], "head_dim", str(path))
+    arch = _architecture(data, values["heads"])
     positions = _learned_positions(data, str(path))
-    return ModelSpec(name=_name(data, path), gated_mlp=gated, dropout=not gated, bias=not gated,
-                     head_size=set_apart_head_dim(data.get("head_dim"), values["heads"], values["hidden"]),
-                     tied_embeddings=bool(data.get("tie_word_embeddings", not gated)), positions=positions,
-                     params_note=_params_note(data, gated), **values)
+    return ModelSpec(name=_name(data, path), head_size=set_apart_head_dim(data.get("head_dim"), values["heads"],
+                                                                          values["hidden"]),
+                     positions=positions, attention_window=window, params_note=_params_note(data, arch["gated_mlp"]), **{**values, **arch})
+
+
+# Gemma's MLP is GeGLU (gate, up and down projections) whatever its activation; RMSNorm, no biases, tied
+_GEMMA_NORMS = {"gemma": 2, "gemma2": 4, "gemma3_text": 4}  # Gemma 2/3 add post-attention/feed-forward norms
+
+
+def _window(data: dict[str, Any], where: str) -> int:
+    """The sliding-window width where the config uses one (Phi-3, Starcoder2, Gemma 2), else 0."""
+    if data.get("sliding_window") is None or data.get("use_sliding_window") is False:
+        return 0
+    return json_int(data["sliding_window"], "sliding_window", where)
+
+
+def _activation(data: dict[str, Any]) -> str:
+    """The MLP's activation (Gemma 2/3 write ``hidden_activation`` and leave ``hidden_act`` null)."""
+    for key in ("hidden_activation", "hidden_act", "activation_function", "activation"):
+        if data.get(key) is not None:
+            return str(data[key]).lower()
+    return "gelu"
+
+
+def _architecture(data: dict[str, Any], heads: int) -> dict[str, Any]:
+    """ModelSpec fields the generic reader takes from the architecture: the MLP, biases, norms, tying, KV heads."""
+    kind = str(data.get("model_type"))
+    if kind == "falcon":
+        return _falcon(data, heads)
+    gated = _activation(data) in ("silu", "swiglu", "swish") or kind in _GEMMA_NORMS
+    out: dict[str, Any] = dict(gated_mlp=gated, dropout=not gated, bias=not gated,
+                               layer_norms=_GEMMA_NORMS.get(kind, 2),
+                               tied_embeddings=bool(data.get("tie_word_embeddings", not gated or kind in _GEMMA_NORMS)))
+    kv = _kv_heads(data)
+    if kv is not None:
+        out["kv_heads"] = kv
+    return out
+
+
+def _kv_heads(data: dict[str, Any]) -> int | None:
+    """KV heads under any of the names configs use; ``multi_query`` (GPT-BigCode) means one."""
+    for key in ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"):
+        if data.get(key) is not None:
+            return json_int(data[key], key, "config.json")
+    return 1 if data.get("multi_query") else None
+
+
+def _falcon(data: dict[str, Any], heads: int) -> dict[str, Any]:
+    """transformers' FalconForCausalLM: LayerNorms with biases, linears biased only with ``bias``, one norm in
+    the old parallel block (Falcon-7B), two otherwise; K/V heads: ``num_kv_heads`` with the new decoder
+    architecture (Falcon-40B) or without ``multi_query``, else one."""
+    new = bool(data.get("new_decoder_architecture"))
+    if new or not data.get("multi_query", True):
+        kv = next((json_int(data[k], k, "config.json") for k in ("num_kv_heads", "num_key_value_heads")
+                   if data.get(k) is not None), heads)
+    else:
+        kv = 1
+    parallel = data.get("parallel_attn", True)
+    norms = 2 if not parallel else (data.get("num_ln_in_parallel_attn") or (2 if new else 1))
+    dropout = any(float(data.get(k) or 0.0) > 0 for k in ("hidden_dropout", "attention_dropout"))
+    return dict(gated_mlp=False, dropout=dropout, bias=bool(data.get("bias", False)), norm_bias=True,
+                layer_norms=int(norms), kv_heads=kv, tied_embeddings=bool(data.get("tie_word_embeddings", True)))
 
 
 # keys saying positions are rotary (GPT-J, CodeGen, GPT-NeoX, Phi), not a learned table
@@ -88,14 +150,22 @@ def _learned_positions(data: dict[str, Any], where: str) -> int:
     return json_int(data["n_positions"], "n_positions", where)
 
 
+# read exactly (checked against transformers by tests): no note
+_EXACT = {"gpt2", "gemma", "gemma2"}
+
+
 def _params_note(data: dict[str, Any], gated: bool) -> str:
-    """Empty where the generic reading is exact (GPT-2: transformers' GPT2LMHeadModel without cross-attention,
-    checked by a test); else why the parameter count is only approximate."""
-    if data.get("model_type") == "gpt2" and not data.get("add_cross_attention"):
+    """Empty where the generic reading is exact (GPT-2 without cross-attention, Gemma, Gemma 2); what is only
+    approximate otherwise."""
+    kind = data.get("model_type")
+    archs = "/".join(map(str, data.get("architectures") or [kind or "this model"]))
+    if kind in _EXACT and not data.get("add_cross_attention"):
         return ""
-    archs = data.get("architectures") or [data.get("model_type") or "this model"]
-    style = "Llama-style (SwiGLU, RMSNorm, no biases)" if gated else "GPT-style (two LayerNorms, biases everywhere)"
-    return (f"{'/'.join(map(str, archs))} is read generically as {style} layers: its own layout may differ, so "
+    if kind == "falcon":
+        return (f"{archs}: parameters counted exactly, but its parallel attention/MLP block is planned as "
+                "sequential layers, so saved activations and step time are approximate")
+    style = "Llama-style (gated MLP, RMSNorm, no biases)" if gated else "GPT-style (two LayerNorms, biases everywhere)"
+    return (f"{archs} is read generically as {style} layers: its own layout may differ, so "
             "the parameter count and the memory that follows from it are approximate")
 
 

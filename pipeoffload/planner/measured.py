@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 from pipeoffload.errors import ConfigError
+from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.stagecosts import LayerCosts
 
 FORMAT = "pipeoffload-layer-costs/1"
@@ -48,3 +50,22 @@ def load_layer_costs(path: str | Path) -> LayerCosts:
     except (OSError, json.JSONDecodeError) as err:
         raise ConfigError(f"layer-cost file {str(path)!r}: {err}") from None
     return layer_costs_from_dict(data)
+
+
+def check_profile(lc: LayerCosts, model: ModelSpec) -> None:
+    """Refuse costs measured on another layer or another microbatch shape than ``model``'s. The file records
+    no model name: one layer's parameters (per TP rank) and the hidden states it passes on (tokens x hidden
+    per microbatch, in bf16/fp16 or fp32, the rank's sequence shard or all of it) are what identify it.
+    The layer count and vocabulary are the plan's; ``model_flops`` (MFU) is used as recorded."""
+    tp = lc.tp
+    params = model.params_per_layer() / tp
+    elements = model.tokens * model.hidden
+    sent = [elements * size / shard for size in (2, 4) for shard in {1, tp}]
+    if math.isclose(lc.params, params, rel_tol=1e-6) and any(math.isclose(lc.boundary_bytes, x, rel_tol=1e-6)
+                                                             for x in sent):
+        return
+    raise ConfigError(
+        f"--profile was measured on a layer of {lc.params:,.0f} parameters passing {lc.boundary_bytes:,.0f} bytes "
+        f"per microbatch at TP {tp}, but {model.name} at seq {model.seq}, microbatch {model.microbatch} has "
+        f"{params:,.0f} parameters per layer and {elements * 2 / tp:,.0f} bytes (bf16); re-profile this model at "
+        "this --seq and --microbatch-size (pipeoffload.profiling.measure_layer_costs), or drop --profile")

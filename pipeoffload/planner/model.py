@@ -59,6 +59,11 @@ class ModelSpec:
     qkv_bias: bool = False  # biases on Q, K and V only (Qwen2); implied by ``bias``
     positions: int = 0  # rows of a learned position embedding on the first stage (GPT-2's n_positions); 0: none
     tied_embeddings: bool = False
+    layer_norms: int = 2  # norms per layer: 1 in Falcon-7B's parallel block, 4 in Gemma 2
+    # sliding-window attention's width (config.json's sliding_window); 0: none. Planned only where it is not
+    # below seq: there a window is full causal attention, which is what the formulas model
+    attention_window: int = 0
+    norm_bias: bool | None = None  # whether norms have biases (LayerNorm); None: as ``bias`` (Falcon: True)
     source: str = ""  # "hf:DIR" when read from a local Hugging Face directory (plan --emit passes it to train)
     params_note: str = ""  # why total_params() is only approximate for this architecture; "": exact
 
@@ -69,6 +74,7 @@ class ModelSpec:
                 raise ConfigError(f"model {key}={value!r}: must be an integer >= 1")
         if not isinstance(self.positions, int) or self.positions < 0:
             raise ConfigError(f"model positions={self.positions!r}: must be an integer >= 0")
+        self._check_seq()
         if self.head_size is not None and (not isinstance(self.head_size, int) or self.head_size < 1):
             raise ConfigError(f"model head_size={self.head_size!r}: must be an integer >= 1")
         if self.head_size is None and self.hidden % self.heads:
@@ -77,6 +83,16 @@ class ModelSpec:
         if self.heads % self.num_kv_heads:
             raise ConfigError(f"model heads={self.heads} is not a multiple of kv_heads={self.num_kv_heads}; "
                               "kv_heads must divide heads")
+
+    def _check_seq(self) -> None:
+        """A learned position table has no row past its end; a sliding window below seq is not full attention."""
+        if self.positions and self.seq > self.positions:
+            raise ConfigError(f"model {self.name}: seq {self.seq} is beyond its learned position table "
+                              f"({self.positions} rows), which it cannot run past; use --seq {self.positions} or less")
+        if self.attention_window and self.seq > self.attention_window:
+            raise ConfigError(f"model {self.name}: sliding_window={self.attention_window} is below seq {self.seq} "
+                              "and the planner models full causal attention only; use --seq "
+                              f"{self.attention_window} or less")
 
     # ---- derived shape -----------------------------------------------------------------------
     @property
@@ -127,12 +143,17 @@ class ModelSpec:
         """Weights, norms and biases of one layer: GPT's (``bias``: LayerNorm biases and a bias on every
         linear) or Llama's (RMSNorm weights only), with Qwen2's Q/K/V biases (``qkv_bias``)."""
         h, q, kv = self.hidden, self.attention_width, self.kv_width
-        norms = 2 * h * (2 if self.bias else 1)
+        norms = self.layer_norms * self.norm_params()
         if self.bias:
             biases = (q + 2 * kv) + h + self.ffn_size * (2 if self.gated_mlp else 1) + h
         else:
             biases = (q + 2 * kv) if self.qkv_bias else 0
         return self.matrix_params_per_layer() + norms + biases
+
+    def norm_params(self) -> int:
+        """Weights (and biases) of one norm over the hidden size."""
+        biased = self.bias if self.norm_bias is None else self.norm_bias
+        return self.hidden * (2 if biased else 1)
 
     def embedding_params(self) -> int:
         """The first stage's embeddings: the word embedding and a learned position table, if any."""
@@ -144,7 +165,7 @@ class ModelSpec:
 
     def head_params(self) -> int:
         """Output projection plus the final norm (a tied head still has its own copy on the last stage)."""
-        return self.vocab * self.hidden + self.hidden * (2 if self.bias else 1)
+        return self.vocab * self.hidden + self.norm_params()
 
     def total_params(self) -> int:
         head = self.head_params() - (self.word_embedding_params() if self.tied_embeddings else 0)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.evaluate import ScheduleChoice, SimSummary
 from pipeoffload.planner.hardware import HardwareSpec, check_hardware
+from pipeoffload.planner.measured import check_profile
 from pipeoffload.planner.model import ModelSpec, check_model
 from pipeoffload.planner.stagecosts import LayerCosts, Layout, TrainingSetup
 from pipeoffload.schedules import get_spec, schedule_names
@@ -61,6 +62,8 @@ class PlanRequest:
     def __post_init__(self) -> None:
         check_model(self.model)
         check_hardware(self.hardware)
+        if self.measured is not None:
+            check_profile(self.measured, self.model)
         for key in ("gpus", "global_batch", "top", "workers"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -128,7 +131,8 @@ class PlanRequest:
 
     def families(self) -> tuple[str, ...]:
         if self.schedules is not None:
-            return tuple(get_spec(n).name for n in self.schedules)
+            # a family named twice (any case, or by an alias) is one: twins would take two --top places
+            return tuple(dict.fromkeys(get_spec(n).name for n in self.schedules))
         return default_families()
 
 

@@ -350,16 +350,25 @@ def _raise_infeasible(req: PlanRequest, cands: list[Candidate], plans: dict[tupl
             f"no plan keeps pinned host memory within {req.host_memory_budget / GIB:.1f} GiB per GPU "  # type: ignore[operator]
             f"(the least any plan needs is {least.memory.host / GIB:.1f} GiB); raise --host-memory or drop it")
     need = best.memory.total
-    hint = "raise --memory or add GPUs" + (
-        "" if lowering_options() else " (offload/recompute policies are not available in this build)")
+    hint = _infeasible_hint(req, need)
     host = f" within the host budget {req.host_memory_budget / GIB:.1f} GiB" if req.host_memory_budget else ""
-    if req.memory_budget * GIB <= req.hardware.memory_bytes:  # bytes that read as the GPU's GiB: GiB meant
-        hint += f" (memory_budget is in bytes: {req.memory_budget:g} GiB is {req.memory_budget:g} * 2**30)"
     raise InfeasibleError(
         f"no plan fits {gib(req.memory_budget)} GiB per GPU{host}: the smallest feasible memory is "
         f"{_rounded_up(need)} GiB ({best.layout} {best.choice.label()}: parameters "
         f"{gib(best.memory.parameters)} + optimizer {gib(best.memory.optimizer)} + activations "
         f"{gib(best.memory.activations)} GiB); {hint}", need, best)
+
+
+def _infeasible_hint(req: PlanRequest, need: float) -> str:
+    """What can make it fit: a budget above the GPU's memory cannot, so then more GPUs or model parallelism."""
+    policies = "" if lowering_options() else " (offload/recompute policies are not available in this build)"
+    if need > req.hardware.memory_bytes:
+        return (f"that is above a {req.hardware.name}'s {gib(req.hardware.memory_bytes)} GiB: add GPUs (--gpus), "
+                f"allow more TP/PP (--tp/--pp), or offload/recompute (--offload/--recompute){policies}")
+    hint = "raise --memory or add GPUs" + policies
+    if req.memory_budget * GIB <= req.hardware.memory_bytes:  # bytes that read as the GPU's GiB: GiB meant
+        hint += f" (memory_budget is in bytes: {req.memory_budget:g} GiB is {req.memory_budget:g} * 2**30)"
+    return hint
 
 
 def _rounded_up(need: float) -> str:

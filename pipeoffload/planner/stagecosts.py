@@ -66,6 +66,8 @@ class LayerCosts:
     head_w_bytes: float | None = None
     head_params: float = 0.0
     embedding_params: float = 0.0
+    # the word embedding a tied head shares: one copy where one rank holds the first and last stage
+    tied_params: float = 0.0
     model_flops: float = 0.0  # training FLOPs of one microbatch through the whole model (for MFU)
     source: str = "formulas"
     time_b: float | None = None  # full backward (I and W together); None: time_i + time_w
@@ -122,6 +124,7 @@ def layer_costs(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *, partial_reco
         w_bytes=model.layer_weight_input_bytes(tp, sp), head_w_bytes=model.head_weight_input_bytes(tp, sp),
         head_params=model.head_params() / tp,
         embedding_params=model.embedding_params() / tp,
+        tied_params=model.word_embedding_params() / tp if model.tied_embeddings else 0.0,
         model_flops=model.model_flops_per_microbatch(), tp=tp,
     )
 
@@ -214,6 +217,8 @@ def stage_costs(lc: LayerCosts, hw: HardwareSpec, layout: Layout, stages_per_ran
     for s, n in enumerate(split):
         extra = (lc.embedding_params if s == 0 else 0.0) + (lc.head_params if s == last else 0.0)
         params[placement.rank_of(s)] += n * lc.params + extra
+    if placement.rank_of(0) == placement.rank_of(last):  # PP 1 or a V: Megatron shares the tied tensor
+        params[placement.rank_of(0)] -= lc.tied_params
     return StageCosts(costs, unit, tuple(params), split)
 
 
