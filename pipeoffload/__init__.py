@@ -7,6 +7,8 @@ by one are in ``pipeoffload.service``.
 """
 from typing import TYPE_CHECKING
 
+from pipeoffload._lazy import lazy_names
+
 if TYPE_CHECKING:  # for type checkers; at run time ``__getattr__`` below loads them
     from pipeoffload.costs import CostModel
     from pipeoffload.errors import ConfigError, ScheduleError
@@ -41,20 +43,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> object:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'pipeoffload' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"pipeoffload.{home}"), name)
-    globals()[name] = value  # found at once from now on
-    return value
-
-
-def __dir__() -> list[str]:
-    """The module's names with those that load on first use (tab completion lists them)."""
-    return sorted({*globals(), *_HOMES})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())
 
 
 __all__ = [

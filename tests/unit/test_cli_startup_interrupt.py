@@ -50,8 +50,10 @@ def test_sigterm_during_the_imports_says_interrupted_too() -> None:
 
 
 def test_the_entry_point_imports_nothing_heavy() -> None:
-    """What runs before ``main``'s handler: ``pipeoffload`` and ``pipeoffload.cli`` alone, no numpy."""
+    """What runs before ``main``'s handler: ``pipeoffload`` (with its stdlib-only lazy loader) and
+    ``pipeoffload.cli`` alone, no numpy."""
     code = ("import sys; import pipeoffload.cli; "
             "print(sorted(m for m in sys.modules if m.startswith('pipeoffload')), 'numpy' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.stdout.strip() == "['pipeoffload', 'pipeoffload.cli'] False", done.stdout + done.stderr
+    assert done.stdout.strip() == "['pipeoffload', 'pipeoffload._lazy', 'pipeoffload.cli'] False", \
+        done.stdout + done.stderr
