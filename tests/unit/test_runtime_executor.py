@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -92,6 +93,15 @@ def test_a_failing_stage_names_rank_step_and_action():
     assert info.value.rank == 0 and info.value.step == 0 and info.value.action == Action(K.F, 1, 0)
 
 
+def _gpipe_runner_failing_in(module: torch.nn.Module, **options: Any) -> tuple[PipelineRunner, dict]:
+    """One rank of gpipe with 2 stages whose stage 1 runs ``module`` first; the runner and its stages."""
+    schedule = generate("gpipe", 1, 2, 2)
+    layers = gpt_layers(CFG, seed=0)
+    stages = build_rank_stages(layers, even_counts(len(layers), 2), schedule.placement, 0)
+    stages[1] = StageModule(module, *stages[1])
+    return PipelineRunner(stages, schedule, 0, loss_fn=lm_loss, **options), stages
+
+
 def test_failures_name_the_step_the_caller_gives():
     """A training loop numbers its steps from 1 and continues them after a resume: the runner's failure
     names that number (it named its own per-process count from 0: "failed at step 56" in step 256 of
@@ -104,11 +114,7 @@ def test_failures_name_the_step_the_caller_gives():
                 raise ValueError("bad layer")
             return args
 
-    schedule = generate("gpipe", 1, 2, 2)
-    layers = gpt_layers(CFG, seed=0)
-    stages = build_rank_stages(layers, even_counts(len(layers), 2), schedule.placement, 0)
-    stages[1] = StageModule(FailsFrom(), *stages[1])
-    runner = PipelineRunner(stages, schedule, 0, loss_fn=lm_loss)
+    runner, _ = _gpipe_runner_failing_in(FailsFrom())
     batch = sample_batch(CFG, 4)
     runner.step(*batch, step=256)  # the first step of this process, the run's 256th
     FailsFrom.armed = True
@@ -131,11 +137,7 @@ def test_a_failed_step_leaves_the_runner_usable():
                 raise RuntimeError("transient")
             return args
 
-    schedule = generate("gpipe", 1, 2, 2)
-    layers = gpt_layers(CFG, seed=0)
-    stages = build_rank_stages(layers, even_counts(len(layers), 2), schedule.placement, 0)
-    stages[1] = StageModule(FailsOnce(), *stages[1])
-    runner = PipelineRunner(stages, schedule, 0, loss_fn=lm_loss, min_offload_bytes=256)
+    runner, stages = _gpipe_runner_failing_in(FailsOnce(), min_offload_bytes=256)
     inputs, targets = sample_batch(CFG, 4)
     with pytest.raises(PipelineError, match="transient"):
         runner.step(inputs, targets)
