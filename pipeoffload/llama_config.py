@@ -144,7 +144,7 @@ class LlamaShape:
         return ModelSpec(name=name, layers=self.layers, hidden=self.hidden, heads=self.heads,
                          kv_heads=self.n_kv_heads, head_size=self.head_dim or None, ffn=self.ffn, seq=seq,
                          vocab=self.vocab, gated_mlp=True, dropout=False, bias=False, qkv_bias=self.qkv_bias,
-                         tied_embeddings=self.tie_embeddings)
+                         tied_embeddings=self.tie_embeddings, rotary_positions=self.max_positions)
 
 
 def _head_dim(cfg: dict[str, Any], where: str) -> int:

@@ -39,7 +39,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           "the schedule, on top of --recompute")
     job.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=True,
                      help="Megatron's sequence parallelism with TP (default on)")
-    job.add_argument("--distributed-optimizer", action="store_true", help="shard the optimizer state over DP")
+    job.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction, default=False,
+                     help="shard the optimizer state over DP (default off, as Megatron-LM; plan's default is on: "
+                          "pass it to reproduce a plan row)")
     job.add_argument("--offload", default="none",
                      help="offload policy: none, auto, all, first:K, budget:X (activation units), or budget: the "
                           "target --memory leaves, as plan fills it (plan prints that target in GiB)")

@@ -164,8 +164,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = plan(req)
     except InfeasibleError:
-        if req.model.params_note:  # the smallest feasible memory rests on that count too
-            print(f"pipeoffload plan: warning: {req.model.params_note}", file=sys.stderr)
+        for note in req.model.notes():  # the smallest feasible memory rests on the model as read too
+            print(f"pipeoffload plan: warning: {note}", file=sys.stderr)
         raise
     for warning in plan_warnings(result.search):
         print(f"pipeoffload plan: warning: {warning}", file=sys.stderr)

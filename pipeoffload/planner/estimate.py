@@ -348,7 +348,8 @@ class Estimate:
     def as_dict(self) -> dict:
         r, c = self.request, self.planned
         return {
-            "model": r.model.name, "gpu": r.hardware.name,
+            "model": r.model.name, "params": r.model.total_params(), "params_exact": not r.model.params_note,
+            "gpu": r.hardware.name,
             "layout": {"tp": r.tp, "pp": r.pp, "dp": r.dp, "gpus": r.layout.gpus},
             "schedule": r.schedule, "stages_per_rank": r.stages_for(), "group_size": c.group_size,
             "microbatch_size": r.model.microbatch,
@@ -398,8 +399,8 @@ def estimate(req: EstimateRequest) -> Estimate:
     gpus = req.layout.gpus
     mfu = model_flops / (step * gpus * req.hardware.peak_flops)
     breakdown = _breakdown(req, lc, sc, sim, no_p2p, dp_time, placement)
-    warnings = tuple(w for w in (req.model.params_note, mfu_warning(req.hardware, req.model, mfu),
-                                 _budget_warning(req)) if w) + sim.warnings
+    warnings = tuple(req.model.notes()) + tuple(w for w in (mfu_warning(req.hardware, req.model, mfu),
+                                                            _budget_warning(req)) if w) + sim.warnings
     return Estimate(
         request=req, step_seconds=step, mfu=mfu, tflops_per_gpu=model_flops / step / gpus / 1e12,
         tokens_per_second=req.global_batch * req.model.seq / step, microbatches=m,

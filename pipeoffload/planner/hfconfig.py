@@ -77,7 +77,8 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
     positions = _learned_positions(data, str(path))
     return ModelSpec(name=_name(data, path), head_size=set_apart_head_dim(data.get("head_dim"), values["heads"],
                                                                           values["hidden"]),
-                     positions=positions, attention_window=window, params_note=_params_note(data, arch["gated_mlp"]), **{**values, **arch})
+                     positions=positions, attention_window=window, params_note=_params_note(data, arch["gated_mlp"]),
+                     rotary_positions=_rotary_positions(data, str(path)), **{**values, **arch})
 
 
 # Gemma's MLP is GeGLU (gate, up and down projections) whatever its activation; RMSNorm, no biases, tied
@@ -148,6 +149,18 @@ def _learned_positions(data: dict[str, Any], where: str) -> int:
     if data.get("n_positions") is None or any(data.get(k) is not None for k in _ROTARY_KEYS):
         return 0
     return json_int(data["n_positions"], "n_positions", where)
+
+
+_ROTARY_TYPES = {"gemma", "gemma2", "gemma3_text", "falcon", "gpt_neox", "phi", "phi3", "stablelm", "starcoder2"}
+
+
+def _rotary_positions(data: dict[str, Any], where: str) -> int:
+    """The positions a rotary model was trained to (its ``max_position_embeddings``); 0 where positions are
+    not rotary or the config does not say."""
+    rotary = data.get("model_type") in _ROTARY_TYPES or any(data.get(k) is not None for k in _ROTARY_KEYS)
+    if not rotary or data.get("max_position_embeddings") is None:
+        return 0
+    return json_int(data["max_position_embeddings"], "max_position_embeddings", where)
 
 
 # read exactly (checked against transformers by tests): no note

@@ -66,6 +66,9 @@ class ModelSpec:
     norm_bias: bool | None = None  # whether norms have biases (LayerNorm); None: as ``bias`` (Falcon: True)
     source: str = ""  # "hf:DIR" when read from a local Hugging Face directory (plan --emit passes it to train)
     params_note: str = ""  # why total_params() is only approximate for this architecture; "": exact
+    # positions a rotary model was trained to (config.json's max_position_embeddings); 0: unknown. A longer
+    # seq costs what the formulas say but the model was never trained there: planned, with a warning
+    rotary_positions: int = 0
 
     def __post_init__(self) -> None:
         for key in ("layers", "hidden", "heads", "seq", "vocab", "microbatch", "dtype_bytes"):
@@ -121,6 +124,16 @@ class ModelSpec:
     def tokens(self) -> int:
         """Tokens in one microbatch (s * b)."""
         return self.seq * self.microbatch
+
+    def notes(self) -> list[str]:
+        """Warnings about the model itself that every answer (plan, estimate, comparison) prints: an
+        approximate parameter count, a sequence past the positions a rotary model was trained to."""
+        notes = [self.params_note] if self.params_note else []
+        if self.rotary_positions and self.seq > self.rotary_positions:
+            notes.append(f"model {self.name}: seq {self.seq} is past the {self.rotary_positions} positions its rotary "
+                         "embedding was trained to (max_position_embeddings); the cost is planned, but the model "
+                         "needs long-context training or RoPE scaling to be useful there")
+        return notes
 
     def with_(self, **changes: object) -> ModelSpec:
         return replace(self, **changes)  # type: ignore[arg-type]
