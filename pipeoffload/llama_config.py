@@ -100,8 +100,8 @@ class LlamaShape:
             ffn_hidden=need("intermediate_size"), head_dim=_head_dim(cfg, where),
             rope_theta=theta, rope_scaling=scaling, rms_eps=json_float(cfg.get("rms_norm_eps", 1e-6), "rms_norm_eps",
                                                                        where),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+            tie_embeddings=json_bool(cfg, "tie_word_embeddings", False, where),
+            qkv_bias=arch == "Qwen2ForCausalLM" or json_bool(cfg, "attention_bias", False, where),
             max_positions=json_int(cfg.get("max_position_embeddings", 4096), "max_position_embeddings", where),
             architecture=arch, bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id"),
         )
@@ -182,6 +182,17 @@ def json_float(value: Any, key: str, where: str) -> float:
     return float(value)
 
 
+def json_bool(data: dict[str, Any], key: str, default: bool, where: str) -> bool:
+    """A true/false field of config.json (``default`` where absent or null), else one line: text such as
+    ``"false"`` is true to ``bool()`` and would silently read the opposite of what it says."""
+    value = data.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: {key}={value!r} is not true or false; write true or false (no quotes)")
+    return value
+
+
 def set_apart_head_dim(explicit: Any, heads: int, hidden: int) -> int | None:
     """config.json's ``head_dim`` where it sets the attention width apart from the hidden size
     (Mistral-Nemo), else None: the default, hidden // heads."""
@@ -204,15 +215,15 @@ def _refuse_unsupported(cfg: dict[str, Any], arch: str, where: str) -> None:
     if key is not None:
         raise ConfigError(f"{where}: {key}={cfg[key]!r}: mixtures of experts are not supported")
     window = cfg.get("sliding_window")
-    uses_window = cfg.get("use_sliding_window", arch == "MistralForCausalLM")
+    uses_window = json_bool(cfg, "use_sliding_window", arch == "MistralForCausalLM", where)
     if window is not None and uses_window:
         raise ConfigError(f"{where}: sliding_window={window!r} is not supported (attention here is full causal); "
                           "set it to null if the model was trained without one")
     if "sliding_attention" in (cfg.get("layer_types") or ()):
         raise ConfigError(f"{where}: layer_types has 'sliding_attention': sliding windows are not supported")
-    if cfg.get("mlp_bias"):
+    if json_bool(cfg, "mlp_bias", False, where):
         raise ConfigError(f"{where}: mlp_bias=true is not supported")
-    if arch == "LlamaForCausalLM" and cfg.get("attention_bias"):
+    if arch == "LlamaForCausalLM" and json_bool(cfg, "attention_bias", False, where):
         raise ConfigError(f"{where}: attention_bias=true is not supported for LlamaForCausalLM (o_proj bias)")
     if cfg.get("attention_dropout"):
         raise ConfigError(f"{where}: attention_dropout={cfg['attention_dropout']!r} is not supported; set it to 0")

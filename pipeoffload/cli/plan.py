@@ -12,6 +12,7 @@ from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.compare_tp import BASELINES
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.measured import load_layer_costs
+from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.plans import InfeasibleError, default_families
 from pipeoffload.planner.report import plan_warnings
 from pipeoffload.planner.stagecosts import TrainingSetup
@@ -92,8 +93,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def memory_budget(args: argparse.Namespace, capacity: float, gpu: str) -> float:
-    """``--memory`` in bytes, never above the device (a larger value warns and is capped)."""
+def memory_budget(args: argparse.Namespace, capacity: float) -> float:
+    """``--memory`` in bytes, never above the device (a larger value is capped; ``PlanRequest.memory_asked``
+    keeps it for the warning)."""
     if args.memory is None:
         return 0.9 * capacity
     if not args.memory > 0:
@@ -101,19 +103,15 @@ def memory_budget(args: argparse.Namespace, capacity: float, gpu: str) -> float:
     if args.memory < MIN_MEMORY_GIB:  # below a MiB no model fits; the API's bytes hint would not apply
         raise ConfigError(f"--memory {args.memory:g}: is in GiB per GPU and holds no model below "
                           f"{MIN_MEMORY_GIB:g} GiB (1 MiB); give e.g. --memory 40")
-    if args.memory * GIB > capacity:
-        print(f"pipeoffload plan: warning: --memory {args.memory:g} GiB is above the {gpu}'s "
-              f"{capacity / GIB:.2f} GiB; plans are checked against {capacity / GIB:.2f} GiB "
-              "(raise it with --hw memory_gib=...)", file=sys.stderr)
-        return capacity
-    return args.memory * GIB
+    return min(args.memory * GIB, capacity)
 
 
-def check_tp_flag(args: argparse.Namespace, heads: int, kv_heads: int, ffn: int, per_node: int) -> None:
+def check_tp_flag(args: argparse.Namespace, model: ModelSpec, per_node: int) -> None:
+    heads, kv_heads, ffn = model.heads, model.num_kv_heads, model.ffn_size
     for tp in args.tp or ():
         if args.gpus % tp or heads % tp or kv_heads % tp or ffn % tp:
             raise ConfigError(f"--tp {tp}: must divide --gpus {args.gpus}, the model's heads ({heads}), KV heads "
-                              f"({kv_heads}) and FFN width ({ffn}); use a common divisor such as 1, 2, 4 or 8")
+                              f"({kv_heads}) and FFN width ({ffn}); use --tp {model.tp_sizes(per_node, args.gpus)}")
         if tp > per_node:
             raise ConfigError(f"--tp {tp}: above the {per_node} GPUs per node (tensor parallelism stays inside "
                               "a node); use a smaller --tp or --hw gpus_per_node=N")
@@ -121,8 +119,8 @@ def check_tp_flag(args: argparse.Namespace, heads: int, kv_heads: int, ffn: int,
 
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
     model, hw = model_and_hardware(args)
-    check_tp_flag(args, model.heads, model.num_kv_heads, model.ffn_size, hw.gpus_per_node)
-    budget = memory_budget(args, hw.memory_bytes, hw.name)
+    check_tp_flag(args, model, hw.gpus_per_node)
+    budget = memory_budget(args, hw.memory_bytes)
     if args.host_memory is not None and not args.host_memory > 0:
         raise ConfigError(f"--host-memory {args.host_memory:g}: must be > 0 GiB (omit it for no limit)")
     recompute = args.recompute
@@ -140,6 +138,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
         measured=load_layer_costs(args.profile) if args.profile else None, top=args.top,
         best_per_tp=args.by_tp, exact_frontier=args.exact_frontier, escalate=not args.exhaustive,
         workers=args.jobs, split=args.split, max_stall=args.max_stall,
+        memory_asked=args.memory * GIB if args.memory is not None and args.memory * GIB > budget else None,
     )
 
 
@@ -164,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = plan(req)
     except InfeasibleError:
-        for note in req.model.notes():  # the smallest feasible memory rests on the model as read too
+        for note in req.notes():  # the smallest feasible memory rests on the model as read too
             print(f"pipeoffload plan: warning: {note}", file=sys.stderr)
         raise
     for warning in plan_warnings(result.search):

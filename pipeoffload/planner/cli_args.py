@@ -74,12 +74,26 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
         if missing:
             raise ConfigError(f"no --model preset and no {' '.join(missing)}: give a preset or the model's shape")
         hidden = given["hidden"]
-        given.setdefault("heads", max(1, hidden // (head_dim or 128)))
+        if "heads" not in given:
+            given["heads"] = _default_heads(hidden, head_dim)
         given.setdefault("layers", 1)
         spec = ModelSpec(name=f"gpt-h{hidden}", **given)
     if spec.head_size is not None and spec.head_size * spec.heads == spec.hidden:
         spec = spec.with_(head_size=None)  # the default width, said explicitly: the same model
     return with_model_switches(spec, args)
+
+
+def _default_heads(hidden: int, head_dim: int | None) -> int:
+    """Heads of a model given without ``--heads``: hidden / head width (``--head-dim``, else 128; a hidden
+    below 128 without ``--head-dim`` is one head). A width that does not divide hidden is refused, not rounded."""
+    width = head_dim or 128
+    if head_dim is None and hidden < width:
+        return 1
+    if hidden % width:
+        flag = f"--head-dim {head_dim}" if head_dim else "the default head width 128"
+        raise ConfigError(f"--hidden {hidden} is not a multiple of {flag}; give --heads N, or a --head-dim that "
+                          "divides --hidden")
+    return hidden // width
 
 
 def with_model_switches(spec: ModelSpec, args: argparse.Namespace) -> ModelSpec:

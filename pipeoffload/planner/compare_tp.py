@@ -128,7 +128,7 @@ def format_comparison(cmp: Comparison, req: PlanRequest) -> str:
 def comparison_warnings(cmp: Comparison, req: PlanRequest) -> list[str]:
     """The model's note where its parameter count is approximate (``ModelSpec.params_note``) and the MFU
     warning (``published.mfu_warning``) of each side whose prediction is above every published run."""
-    out = req.model.notes()
+    out = req.notes()
     for side, plan in (("PP + offload", cmp.pp), ("baseline", cmp.tp)):
         warning = mfu_warning(req.hardware, req.model, plan.mfu) if plan is not None else None
         if warning:

@@ -174,7 +174,7 @@ class EstimateRequest:
         m, tp = self.model, self.tp
         if m.heads % tp or m.num_kv_heads % tp or m.ffn_size % tp:
             raise ConfigError(f"--tp {tp} must divide the heads ({m.heads}), KV heads ({m.num_kv_heads}) and "
-                              f"FFN width ({m.ffn_size}); use a divisor such as 1, 2, 4 or 8")
+                              f"FFN width ({m.ffn_size}); use --tp {m.tp_sizes(self.hardware.gpus_per_node)}")
         if tp > self.hardware.gpus_per_node:
             raise ConfigError(f"--tp {tp} is above the {self.hardware.gpus_per_node} GPUs per node (tensor "
                               "parallelism stays inside a node); use a smaller --tp")

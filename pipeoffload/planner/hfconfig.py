@@ -23,6 +23,7 @@ from pipeoffload.llama_config import (
     ARCHITECTURES,
     LlamaShape,
     check_object,
+    json_bool,
     json_int,
     moe_field,
     set_apart_head_dim,
@@ -87,7 +88,7 @@ _GEMMA_NORMS = {"gemma": 2, "gemma2": 4, "gemma3_text": 4}  # Gemma 2/3 add post
 
 def _window(data: dict[str, Any], where: str) -> int:
     """The sliding-window width where the config uses one (Phi-3, Starcoder2, Gemma 2), else 0."""
-    if data.get("sliding_window") is None or data.get("use_sliding_window") is False:
+    if data.get("sliding_window") is None or not json_bool(data, "use_sliding_window", True, where):
         return 0
     return json_int(data["sliding_window"], "sliding_window", where)
 
@@ -108,7 +109,8 @@ def _architecture(data: dict[str, Any], heads: int) -> dict[str, Any]:
     gated = _activation(data) in ("silu", "swiglu", "swish") or kind in _GEMMA_NORMS
     out: dict[str, Any] = dict(gated_mlp=gated, dropout=not gated, bias=not gated,
                                layer_norms=_GEMMA_NORMS.get(kind, 2),
-                               tied_embeddings=bool(data.get("tie_word_embeddings", not gated or kind in _GEMMA_NORMS)))
+                               tied_embeddings=json_bool(data, "tie_word_embeddings", not gated or kind in _GEMMA_NORMS,
+                                                         "config.json"))
     kv = _kv_heads(data)
     if kv is not None:
         out["kv_heads"] = kv
@@ -120,24 +122,25 @@ def _kv_heads(data: dict[str, Any]) -> int | None:
     for key in ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num"):
         if data.get(key) is not None:
             return json_int(data[key], key, "config.json")
-    return 1 if data.get("multi_query") else None
+    return 1 if json_bool(data, "multi_query", False, "config.json") else None
 
 
 def _falcon(data: dict[str, Any], heads: int) -> dict[str, Any]:
     """transformers' FalconForCausalLM: LayerNorms with biases, linears biased only with ``bias``, one norm in
     the old parallel block (Falcon-7B), two otherwise; K/V heads: ``num_kv_heads`` with the new decoder
     architecture (Falcon-40B) or without ``multi_query``, else one."""
-    new = bool(data.get("new_decoder_architecture"))
-    if new or not data.get("multi_query", True):
+    new = json_bool(data, "new_decoder_architecture", False, "config.json")
+    if new or not json_bool(data, "multi_query", True, "config.json"):
         kv = next((json_int(data[k], k, "config.json") for k in ("num_kv_heads", "num_key_value_heads")
                    if data.get(k) is not None), heads)
     else:
         kv = 1
-    parallel = data.get("parallel_attn", True)
+    parallel = json_bool(data, "parallel_attn", True, "config.json")
     norms = 2 if not parallel else (data.get("num_ln_in_parallel_attn") or (2 if new else 1))
     dropout = any(float(data.get(k) or 0.0) > 0 for k in ("hidden_dropout", "attention_dropout"))
-    return dict(gated_mlp=False, dropout=dropout, bias=bool(data.get("bias", False)), norm_bias=True,
-                layer_norms=int(norms), kv_heads=kv, tied_embeddings=bool(data.get("tie_word_embeddings", True)))
+    return dict(gated_mlp=False, dropout=dropout, bias=json_bool(data, "bias", False, "config.json"), norm_bias=True,
+                layer_norms=int(norms), kv_heads=kv,
+                tied_embeddings=json_bool(data, "tie_word_embeddings", True, "config.json"))
 
 
 # keys saying positions are rotary (GPT-J, CodeGen, GPT-NeoX, Phi), not a learned table

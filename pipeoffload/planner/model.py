@@ -125,6 +125,13 @@ class ModelSpec:
         """Tokens in one microbatch (s * b)."""
         return self.seq * self.microbatch
 
+    def tp_sizes(self, limit: int, *others: int) -> str:
+        """The tensor-parallel sizes up to ``limit`` (GPUs per node) that divide the heads, KV heads, FFN width
+        and ``others`` (e.g. the GPU count), as an error's fix names them: "1, 2 or 4"."""
+        sizes = [t for t in range(1, limit + 1)
+                 if not any(x % t for x in (self.heads, self.num_kv_heads, self.ffn_size, *others))]
+        return ", ".join(map(str, sizes[:-1])) + " or " + str(sizes[-1]) if len(sizes) > 1 else str(sizes[0])
+
     def notes(self) -> list[str]:
         """Warnings about the model itself that every answer (plan, estimate, comparison) prints: an
         approximate parameter count, a sequence past the positions a rotary model was trained to."""

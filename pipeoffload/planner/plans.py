@@ -58,6 +58,22 @@ class PlanRequest:
     best_per_tp: bool = False  # also find the best plan of every TP size exactly (slower)
     split: str = "even"  # layers over stages: "even" or "balanced" (head weighed; embedding/head-only stages)
     max_stall: float = 0.0  # percent an offload plan may lengthen its schedule's step for a lower peak
+    # bytes per GPU the user asked for where that was above the device and memory_budget is the device's
+    # capacity instead (plan --memory 80 on an 79.65 GiB H100); None: memory_budget is what was asked
+    memory_asked: float | None = None
+
+    def capped_note(self) -> str | None:
+        """The warning that ``memory_asked`` was capped at the device's memory, else None."""
+        if self.memory_asked is None:
+            return None
+        cap = self.memory_budget / GIB
+        return (f"--memory {self.memory_asked / GIB:g} GiB is above the {self.hardware.name}'s {cap:.2f} GiB; "
+                f"plans are checked against {cap:.2f} GiB (raise it with --hw memory_gib=...)")
+
+    def notes(self) -> list[str]:
+        """Warnings about the request itself: the model's notes and a capped ``--memory``."""
+        capped = self.capped_note()
+        return [*([capped] if capped else []), *self.model.notes()]
 
     def __post_init__(self) -> None:
         check_model(self.model)

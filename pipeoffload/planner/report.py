@@ -97,7 +97,7 @@ def plan_warnings(result: SearchResult) -> list[str]:
     warning for the best plan (``published.mfu_warning``), if it is above every published run."""
     best = result.best(1)
     mfu = mfu_warning(result.request.hardware, result.request.model, best[0].mfu) if best else None
-    return [*result.request.model.notes(), *([mfu] if mfu else [])]
+    return [*result.request.notes(), *([mfu] if mfu else [])]
 
 
 def result_as_dict(result: SearchResult, top: int = 5) -> dict:

@@ -29,7 +29,8 @@ class OffloadRatioRequest:
         m = self.model
         if m.heads % self.tp or m.num_kv_heads % self.tp or m.ffn_size % self.tp:
             raise ConfigError(f"--tp {self.tp}: must divide the model's heads ({m.heads}), KV heads "
-                              f"({m.num_kv_heads}) and FFN width ({m.ffn_size}); use a common divisor")
+                              f"({m.num_kv_heads}) and FFN width ({m.ffn_size}); use --tp "
+                              f"{m.tp_sizes(self.hardware.gpus_per_node)}")
         if self.tp > self.hardware.gpus_per_node:  # as estimate and plan refuse it
             raise ConfigError(f"--tp {self.tp} is above the {self.hardware.gpus_per_node} GPUs per node (tensor "
                               "parallelism stays inside a node); use a smaller --tp")
