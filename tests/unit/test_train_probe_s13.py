@@ -40,6 +40,25 @@ def test_plan_auto_refuses_a_partial_recompute_naming_it() -> None:
         planned_config(cfg, 40.0, None, explicit={"nproc", "recompute"})
 
 
+def test_plan_emit_of_a_partial_recompute_plan_stays_runnable(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`plan --recompute lgd --emit` chose recompute=lgd and wrote it; train refuses that now, so the file
+    holds the policy without its partial form, and the file and the command say so."""
+    from pipeoffload.cli import main
+
+    path = tmp_path / "run.toml"
+    argv = ["plan", "--layers", "8", "--hidden", "64", "--heads", "4", "--seq", "64", "--vocab", "256", "--gpus",
+            "2", "--global-batch", "8", "--pp", "2", "--recompute", "auto,lgd", "--offload", "budget:1",
+            "--memory", "40", "--emit", str(path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    text = path.read_text()
+    assert "recompute=lgd" in text.splitlines()[0]  # the plan chose the partial form
+    assert 'recompute = "none"' in text and "train does not perform partial (LGD)" in text
+    assert "note: recompute=lgd is written as" in out
+    cfg = validate(build_config(load_toml(path)), data_exists=False)
+    assert cfg.schedule.recompute == "none"
+
+
 def test_recompute_help_no_longer_promises_lgd() -> None:
     text = flag_help("recompute")
     assert "with ,lgd for partial" not in text and "refused" in text
