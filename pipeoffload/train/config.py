@@ -524,7 +524,7 @@ def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) ->
     _need(cfg.schedule.max_stall == 0 or cfg.schedule.offload_ratio > 0,
           f"max_stall={cfg.schedule.max_stall:g}: needs offload_ratio > 0 (with 0 the copies are planned as instant "
           "and never stall); give the link's k, e.g. --offload-ratio 0.7 (`pipeoffload k` prints it for a model and GPU)")
-    check_recompute(cfg.schedule.recompute)
+    check_recompute(cfg.schedule.recompute, cfg)
     if cfg.metrics.tensorboard:
         _need(_installed("tensorboard"), "tensorboard=true: the tensorboard package is not installed; "
                                          "pip install 'pipeoffload[tensorboard]', or leave out --tensorboard")
@@ -533,17 +533,19 @@ def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) ->
     return cfg
 
 
-def check_recompute(text: str) -> None:
+def check_recompute(text: str, cfg: TrainConfig | None = None) -> None:
     """A recompute policy train performs: its partial forms (``,lgd``, ``,partial:S:T``) are the planner's
     model of recomputing LayerNorm/GeLU in the backward, which the runtime does not do; lowered with one,
-    a budget's plan would count on a saving the run never makes (and exceed the budget)."""
+    a budget's plan would count on a saving the run never makes (and exceed the budget). ``cfg``: the
+    run's, to name the fix in its caller's terms (``setting``)."""
     from pipeoffload.policies import RecomputePolicy
 
     policy = RecomputePolicy.parse(text)  # ConfigError naming the valid forms
     if policy.partial:
         head = f"first:{policy.count}" if policy.kind == "first" else policy.kind
         raise ConfigError(f"recompute={text!r}: train does not perform partial (LGD) recomputation, so the memory "
-                          f"it plans would not be saved; drop the partial part (--recompute {head})")
+                          f"it plans would not be saved; drop the partial part "
+                          f"({setting(cfg, 'recompute', head) if cfg is not None else '--recompute ' + head})")
 
 
 def no_effect_notes(cfg: TrainConfig, given: set[str]) -> list[str]:
