@@ -216,7 +216,7 @@ def _run(args: argparse.Namespace) -> int:
                           "to spawn them here, or start under torchrun")
     from pipeoffload.train.preflight import check_out
 
-    check_out(cfg.run.out)  # a bad --out is one line, not the configuration and then the error
+    check_out(cfg.run.out, cfg.metrics.tensorboard)  # a bad --out is one line, not the configuration and then the error
 
     def announce(checked: Any) -> None:  # once the data, memory and checkpoint checks have passed
         if os.environ.get("RANK", "0") == "0":

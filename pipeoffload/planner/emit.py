@@ -11,11 +11,14 @@ head width hidden / heads, FFN 4h, GeLU), or source = "llama" with the Llama key
 ffn_hidden, vocab, rope_theta) when it is one train's Llama family builds (SwiGLU, no biases), since
 that is the model the train command builds.
 ``plan_config`` gives the same keys flat (the train flags with ``-`` as ``_``).
-The recompute policy is written as the plan's table shows it: the planner's memory model assumes
-LGD partial recomputation with offload (a GPU kernel choice), which ``train`` does not perform.
+The recompute policy is written as the plan's table shows it, less a partial (LGD) form the plan chose
+(``plan --recompute lgd``), which ``train`` does not perform and refuses: the file and the command
+returned say so. The planner's memory model also assumes LGD partial recomputation with offload (a
+GPU kernel choice), which the file's comment says ``train`` does not perform.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from pipeoffload.fileio import write_atomic
@@ -25,6 +28,7 @@ from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.plans import Plan, PlanRequest
 from pipeoffload.planner.split import layer_split
 from pipeoffload.planner.stagecosts import head_weight, layer_copy_and_compute, setup_layer_costs
+from pipeoffload.policies import RecomputePolicy
 
 
 def is_gpt_like(model: ModelSpec) -> bool:
@@ -78,6 +82,21 @@ def _toml_value(value: object) -> str:
     return f'"{text}"'
 
 
+def train_recompute(policy: RecomputePolicy) -> RecomputePolicy:
+    """``policy`` as train runs it: without a partial (LGD) form, which train does not perform and refuses
+    (``config_toml`` and ``emit`` say so)."""
+    return replace(policy, partial_saving=0.0, partial_time=0.0) if policy.partial else policy
+
+
+def _partial_note(plan: Plan) -> str | None:
+    policy = plan.choice.recompute
+    if not policy.partial:
+        return None
+    return (f"recompute={policy} is written as recompute = \"{train_recompute(policy)}\": train does not perform "
+            "partial (LGD) recomputation, so the run keeps more activation memory than this plan predicts (plan "
+            "without ',lgd' in --recompute for a prediction train keeps)")
+
+
 def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
     """The train-config keys of ``plan`` (in the schema's order)."""
     c, layout = plan.choice, plan.layout
@@ -89,7 +108,7 @@ def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
         config["offload_ratio"] = round(offload_ratio(req, plan), 4)
     if c.offload.max_stall > 0:
         config["max_stall"] = c.offload.max_stall
-    config["recompute"] = str(c.recompute)
+    config["recompute"] = str(train_recompute(c.recompute))
     config.update({"pp": layout.pp, "dp": layout.dp, "tp": layout.tp, "microbatches": plan.microbatches,
                    "global_batch": req.global_batch})
     if layout.pp > 1:  # the split the plan was costed with, which train's even split of modules is not
@@ -160,6 +179,9 @@ def config_toml(req: PlanRequest, plan: Plan) -> str:
             ", dropout" if req.model.dropout else "")
         lines.append(f"# memory predicted with LGD partial recomputation ({parts} recomputed in the backward), "
                      "which train does not perform: expect more activation memory")
+    partial = _partial_note(plan)
+    if partial:
+        lines.append(f"# {partial}")
     lines += _sections(plan_config(req, plan))
     return "\n".join(lines) + "\n"
 
@@ -169,6 +191,9 @@ def emit(req: PlanRequest, plan: Plan, path: str | Path) -> str:
     cannot carry the model, whose run would train the default GPT instead)."""
     write_atomic(path, config_toml(req, plan))
     command = f"pipeoffload train --config {path} --nproc {plan.layout.gpus}"
+    partial = _partial_note(plan)
+    if partial:
+        command += f" (note: {partial})"
     m = req.model
     if not carries_model(m):
         command += (f" (but {m.name}'s shape is not in the file, so that would train the default GPT: plan its "

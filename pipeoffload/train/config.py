@@ -91,7 +91,8 @@ class ScheduleConfig:
     group_size: int = key(0, "group size g of group-interleaved (0: the family's)")
     microbatches: int = key(4, "microbatches per step per replica; must divide global_batch/dp")
     offload: str = key("none", "offload policy: none | all | first:K | auto | budget:X")
-    recompute: str = key("none", "recompute policy: none | all | first:K | auto, with ,lgd for partial")
+    recompute: str = key("none", "recompute policy: none | all | first:K | auto (whole stages; the planner's "
+                                 "partial/LGD forms ,lgd and ,partial:S:T are not performed by train and are refused)")
     offload_ratio: float = key(0.0, "k of the offload placement cost model (0: the default cost model)")
     max_stall: float = key(0.0, "percent the offload plan may lengthen the step for a lower peak (0: never; "
                                 "needs offload_ratio > 0)", metavar="PCT")
@@ -252,7 +253,9 @@ def flag_help(flat: str) -> str:
     text = f.metadata["help"]
     if f.type in ("bool", bool):
         return f"{text} (default {_shown(f.default)})"
-    return text if "default" in text else f"{text} (default {_shown(f.default)})"
+    if "(default" in text or (f.default == "" and "empty:" in text):  # the help says it already
+        return text
+    return f"{text} (default {_shown(f.default) or 'empty'})"
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -332,15 +335,23 @@ def flatten(mapping: dict[str, Any], where: str = "config") -> dict[str, Any]:
     """Flat keys of a mapping that may hold sections (``{"parallel": {"pp": 2}}``), flat keys
     (``{"pp": 2}``, the format before sections) or both; an unknown key is refused, naming the valid ones."""
     out: dict[str, Any] = {}
+    given_as: dict[str, str] = {}  # flat key -> how the mapping gave it (a key given twice is refused)
+
+    def put(flat: str, value: Any, shown: str) -> None:
+        if flat in out:
+            raise ConfigError(f"{flat}: given twice in {where} ({given_as[flat]} = {out[flat]!r} and {shown} = "
+                              f"{value!r}); keep one of them (the [section] form)")
+        out[flat], given_as[flat] = value, shown
+
     for name, value in mapping.items():
         if isinstance(value, dict) and name in SECTIONS:
             names = {f.name: _flat_key(f) for f in fields(SECTIONS[name])}
             for sub, v in value.items():
                 if sub not in names:
                     raise ConfigError(f"unknown key {sub!r} in [{name}] of {where}; valid keys: {', '.join(names)}")
-                out[names[sub]] = v
+                put(names[sub], v, f"[{name}] {sub}")
         elif name in KEYS and not isinstance(value, dict):
-            out[name] = value
+            put(name, value, f"top-level {name}")
         else:
             raise ConfigError(f"unknown config key {name!r} in {where}; sections: {', '.join(SECTIONS)}; "
                               f"keys: {', '.join(KEYS)}")
@@ -495,8 +506,6 @@ _AT_LEAST_0 = ("stages_per_rank", "group_size", "nproc", "warmup", "seed", "stop
 def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) -> TrainConfig:
     """Check every rule; return the config with defaults resolved. One ``ConfigError`` line per failure.
     ``gpt=False``: the model is the caller's (``train_model``), recorded as ``model = "own"``."""
-    from pipeoffload.policies import RecomputePolicy
-
     for flat in _AT_LEAST_1:
         _need(cfg.get(flat) >= 1, f"{flat}={cfg.get(flat)}: must be >= 1")
     for flat in _AT_LEAST_0:
@@ -515,13 +524,28 @@ def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) ->
     _need(cfg.schedule.max_stall == 0 or cfg.schedule.offload_ratio > 0,
           f"max_stall={cfg.schedule.max_stall:g}: needs offload_ratio > 0 (with 0 the copies are planned as instant "
           "and never stall); give the link's k, e.g. --offload-ratio 0.7 (`pipeoffload k` prints it for a model and GPU)")
-    RecomputePolicy.parse(cfg.schedule.recompute)
+    check_recompute(cfg.schedule.recompute, cfg)
     if cfg.metrics.tensorboard:
         _need(_installed("tensorboard"), "tensorboard=true: the tensorboard package is not installed; "
                                          "pip install 'pipeoffload[tensorboard]', or leave out --tensorboard")
     cfg = resolve_stages_per_rank(cfg)
     _check_schedule(cfg, gpt)
     return cfg
+
+
+def check_recompute(text: str, cfg: TrainConfig | None = None) -> None:
+    """A recompute policy train performs: its partial forms (``,lgd``, ``,partial:S:T``) are the planner's
+    model of recomputing LayerNorm/GeLU in the backward, which the runtime does not do; lowered with one,
+    a budget's plan would count on a saving the run never makes (and exceed the budget). ``cfg``: the
+    run's, to name the fix in its caller's terms (``setting``)."""
+    from pipeoffload.policies import RecomputePolicy
+
+    policy = RecomputePolicy.parse(text)  # ConfigError naming the valid forms
+    if policy.partial:
+        head = f"first:{policy.count}" if policy.kind == "first" else policy.kind
+        raise ConfigError(f"recompute={text!r}: train does not perform partial (LGD) recomputation, so the memory "
+                          f"it plans would not be saved; drop the partial part "
+                          f"({setting(cfg, 'recompute', head) if cfg is not None else '--recompute ' + head})")
 
 
 def no_effect_notes(cfg: TrainConfig, given: set[str]) -> list[str]:
@@ -539,6 +563,9 @@ def no_effect_notes(cfg: TrainConfig, given: set[str]) -> list[str]:
         w, n = cfg.optim.warmup, cfg.run.steps
         notes.append(f"warmup={w} is above steps={n}: the learning rate is still warming up at the last step "
                      f"({n}/{w} of lr) and the cosine decay never starts")
+    if "stop_at" in given and cfg.run.stop_at >= cfg.run.steps > 0:
+        notes.append(f"stop_at={cfg.run.stop_at} is not below steps={cfg.run.steps}: the run ends at step "
+                     f"{cfg.run.steps} anyway, so it has no effect (give --stop-at below --steps to stop early)")
     return notes
 
 

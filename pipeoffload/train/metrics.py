@@ -137,15 +137,16 @@ def _write_failed(path: Path, doing: str, err: OSError) -> str:
     return f"{doing} failed: {reason} (nothing of it was written); {last}; fix that, then {then}"
 
 
-def records_until(path: Path, step: int, quiet: bool = False) -> list[str]:
-    """The lines of ``metrics.jsonl`` up to ``step`` (a resume's checkpoint). An incomplete last line (no
-    newline, not JSON: a write cut short) is left out with a warning (none when ``quiet``: the launcher's
-    check before the ranks start, ``check_records``); any other line that is not a JSON object with a
-    whole ``step`` raises ``ConfigError`` naming the file and line."""
+def parse_records(path: Path, then: str = "then resume again",
+                  quiet: bool = False) -> list[tuple[int, str, dict[str, Any]]]:
+    """(line number, text, record) of each line of ``metrics.jsonl``: what a resume rewrites and ``pipeoffload report``
+    draws. An incomplete last line (no newline, not JSON: a write cut short by a crash or a full disk) is
+    left out with a warning (none when ``quiet``); any other line that is not a JSON object raises
+    ``ConfigError`` naming the file, the line and the fix (ending in ``then``)."""
     from pipeoffload.errors import ConfigError
 
     lines = path.read_bytes().split(b"\n")
-    kept = []
+    out = []
     for number, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
@@ -155,16 +156,29 @@ def records_until(path: Path, step: int, quiet: bool = False) -> list[str]:
         except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError, nesting too deep
             if number == len(lines):  # the last line, without its newline
                 if not quiet:
-                    log.warning("%s:%d: the last line is incomplete (%d bytes; a write cut short, e.g. by a full "
-                                "disk): dropped", path, number, len(raw))
+                    log.warning("%s:%d: the last line is incomplete (%d bytes; a write cut short, e.g. by a crash or "
+                                "a full disk): dropped", path, number, len(raw))
                 continue
             reason = (err.msg if isinstance(err, json.JSONDecodeError) else "not UTF-8 text"
                       if isinstance(err, UnicodeDecodeError) else "nested too deeply")
             raise ConfigError(f"{path}:{number}: not a JSON object ({reason}); the file is corrupt: fix or delete "
-                              "that line (or the file), then resume again") from None
+                              f"that line (or the file), {then}") from None
         if not isinstance(row, dict):
             raise ConfigError(f"{path}:{number}: expected a JSON object per line, got {type(row).__name__}; fix "
-                              "or delete that line (or the file), then resume again")
+                              f"or delete that line (or the file), {then}")
+        out.append((number, text, row))
+    return out
+
+
+def records_until(path: Path, step: int, quiet: bool = False) -> list[str]:
+    """The lines of ``metrics.jsonl`` up to ``step`` (a resume's checkpoint), read by ``parse_records`` (an
+    incomplete last line is dropped with a warning, none when ``quiet``: the launcher's check before the
+    ranks start, ``check_records``); a line without a whole ``step`` raises ``ConfigError`` naming the file
+    and line."""
+    from pipeoffload.errors import ConfigError
+
+    kept = []
+    for number, text, row in parse_records(path, quiet=quiet):
         at = row.get("step", 0)
         if isinstance(at, bool) or not isinstance(at, int):
             raise ConfigError(f"{path}:{number}: step is {at!r}, not a whole number; fix or delete that line (or "

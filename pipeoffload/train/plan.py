@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.train.config import TrainConfig, flag_of
+from pipeoffload.train.config import TrainConfig, check_recompute, flag_of
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +107,17 @@ def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, 
         given = "" if memory_gib is None else f"--memory {memory_gib:g}: "
         raise ConfigError(f"{given}--plan auto needs --memory GIB (a finite number > 0): the per-GPU memory "
                           "budget to plan for")
+    if "recompute" in explicit:  # a partial form is refused as validate refuses it, not searched for
+        check_recompute(cfg.schedule.recompute)
     hardware = _hardware(gpu)
     ranks = cfg.parallel.nproc or cfg.world
     model = planner_model(cfg)
     # 0 for v or g means the family's own: not a constraint
     fixed = {k: _norm(k, cfg.get(k)) for k in PLANNED
              if k in explicit and not (k in ("stages_per_rank", "group_size") and cfg.get(k) == 0)}
-    requests = _requests(cfg, fixed, model, _layouts(cfg, fixed, ranks, hardware),
+    pairs = _layouts(cfg, fixed, ranks, hardware)
+    _check_fixed(cfg, fixed, pairs, ranks)
+    requests = _requests(cfg, fixed, model, pairs,
                          dict(hardware=hardware, gpus=ranks, global_batch=cfg.data.global_batch,
                               memory_budget=memory_gib * GIB, setup=planner_setup(cfg)))
     found = _best_keeping(requests, fixed)
@@ -153,6 +157,48 @@ def _layouts(cfg: TrainConfig, fixed: dict[str, Any], ranks: int, hardware: Any)
                           f"cannot split the {ranks} ranks (dp*pp*tp must equal --nproc {ranks}); change --nproc "
                           "or leave a layout key to the planner")
     return pairs
+
+
+def _check_fixed(cfg: TrainConfig, fixed: dict[str, Any], pairs: list[tuple[int, int]], ranks: int) -> None:
+    """The schedule keys the user fixed (family, v, g, microbatches), checked by the rules a run without
+    --plan applies (the family's generator), before the search: where no allowed layout can keep them, the
+    refusal names the rule (``stages_per_rank=3: zb-v uses V placement ...``), not a memory budget that no
+    plan fits. Only where every allowed layout and microbatch count breaks a rule; the first one is said."""
+    from pipeoffload.planner.candidates import family_stages_per_rank
+    from pipeoffload.planner.plans import default_families
+    from pipeoffload.schedules import generate, get_spec
+
+    if not fixed.keys() & {"schedule", "stages_per_rank", "group_size"}:
+        return
+    if "schedule" in fixed:
+        families: tuple[str, ...] = (fixed["schedule"],)
+    else:
+        families = default_families()
+        if "group_size" in fixed:  # only a family with a group size can keep one
+            families = tuple(f for f in families if "group_size" in get_spec(f).options) or families
+        if "stages_per_rank" in fixed:
+            v = fixed["stages_per_rank"]
+            families = tuple(f for f in families if v in family_stages_per_rank(f, (v,))) or families
+    gb = cfg.data.global_batch
+    first: ConfigError | None = None
+    for family in families:
+        spec = get_spec(family)
+        v = fixed.get("stages_per_rank") or spec.default_stages_per_rank()
+        options = {"group_size": fixed["group_size"]} if "group_size" in fixed else {}
+        for pp, tp in pairs:
+            dp = ranks // (pp * tp)
+            if "microbatches" in fixed:
+                counts = [cfg.schedule.microbatches]
+            else:  # the planner's choice: a few of the counts that divide the replica's batch, largest first
+                counts = [m for m in _divisors(gb // dp) if gb % dp == 0][::-1][:3]
+            for m in counts:
+                try:
+                    generate(family, pp, m, v, **options)
+                    return
+                except ConfigError as err:
+                    first = first or err
+    if first is not None:
+        raise ConfigError(f"--plan auto: {first}")
 
 
 def _requests(cfg: TrainConfig, fixed: dict[str, Any], model: Any, pairs: list[tuple[int, int]],

@@ -36,7 +36,7 @@ class DataFacts:
 
 def check_run(cfg: TrainConfig, *, own_model: bool = False, available: int | None = None) -> None:
     """Every launch-time check of a validated config (``own_model``: ``train_model``, no data or GPT)."""
-    check_out(cfg.run.out)
+    check_out(cfg.run.out, cfg.metrics.tensorboard)
     if own_model:
         return
     facts = data_facts(cfg)
@@ -47,13 +47,38 @@ def check_run(cfg: TrainConfig, *, own_model: bool = False, available: int | Non
     check_memory(cfg, facts, available if available is not None else available_memory())
 
 
-def check_out(out: str) -> None:
-    """The run directory is a folder, or can be created as one."""
+# what a run writes in its --out folder: name -> (a file or a folder, what it is)
+RUN_ENTRIES = {
+    "config.toml": ("file", "the resolved configuration"),
+    "metrics.jsonl": ("file", "the metrics records"),
+    "train.log": ("file", "the ranks' log"),
+    "tokenizer.json": ("file", "the tokenizer"),
+    "hf_config.json": ("file", "the model's config.json"),
+    ".lock": ("file", "the run's lock"),
+    "checkpoints": ("folder", "the checkpoints"),
+    "tensorboard": ("folder", "the TensorBoard event files"),
+}
+
+
+def check_out(out: str, tensorboard: bool = False) -> None:
+    """The run directory is a folder, or can be created as one, and each entry the run writes there
+    (``RUN_ENTRIES``; tensorboard/ only with ``tensorboard``) is absent or of its kind: checked here, before
+    anything is written, not found by a rank part-way through the run."""
     if not out:
         return
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"out={out!r}: exists and is not a folder; give a folder for the run (--out DIR)")
+    if path.is_dir():
+        for name, (kind, what) in RUN_ENTRIES.items():
+            entry = path / name
+            if name == "tensorboard" and not tensorboard or not (entry.exists() or entry.is_symlink()):
+                continue
+            if (entry.is_dir() if kind == "folder" else entry.is_file()):
+                continue
+            found = "a folder" if entry.is_dir() else "a file" if entry.is_file() else "not a file or a folder"
+            raise ConfigError(f"out={out!r}: {str(entry)!r} is {found}, where the run writes {what} (a {kind}); "
+                              "move or remove it, or choose another --out")
     parent = next((p for p in (path, *path.parents) if p.exists()), Path("."))
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"out={out!r}: {str(parent)!r} is not a writable folder; choose another --out")

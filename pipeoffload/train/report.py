@@ -60,21 +60,47 @@ class RunMetrics:
         return out
 
 
+PER_RANK_KEYS = ("peak_act_bytes", "sim_peak_act_bytes", "host_bytes", "reload_stall_s", "cuda_max_allocated")
+
+
+def _ranks_of(row: dict[str, Any]) -> int | None:
+    """The number of ranks a record measured (the length of its per-rank lists); None without one."""
+    for key in PER_RANK_KEYS:
+        if isinstance(row.get(key), list):
+            return len(row[key])
+    return None
+
+
+def last_layout(metrics: RunMetrics) -> tuple[RunMetrics, str | None]:
+    """The records of the run's last layout, and a line saying where it began when an earlier part of the
+    run (before a resume on another layout) measured another number of ranks: per-rank maxima over both
+    would put one layout's rank r beside another's. The split is by the number of ranks the records
+    measured (metrics.jsonl records no layout), so a resume that keeps it (pp=2 -> dp=2) is not seen."""
+    start, ranks, before = 0, None, None
+    for i, row in enumerate(metrics.rows):
+        n = _ranks_of(row)
+        if n is None:
+            continue
+        if ranks is not None and n != ranks:
+            start, before = i, ranks
+        ranks = n
+    if before is None:
+        return metrics, None
+    rows = metrics.rows[start:]
+    step = rows[0].get("step", "?")
+    note = (f"from step {step} on {ranks} rank{'' if ranks == 1 else 's'} (before: {before}); the per-rank "
+            f"figures are the last layout's, steps {step} to {rows[-1].get('step', '?')}")
+    return RunMetrics(list(rows)), note
+
+
 def load_metrics(path: Path) -> RunMetrics:
+    """The records of ``metrics.jsonl``, read as a resume reads them (``metrics.parse_records``): an
+    incomplete last line (a crashed run's) is dropped with a warning; any other bad line is refused."""
+    from pipeoffload.train.metrics import parse_records
+
     if not path.is_file():
         raise ConfigError(f"{str(path)!r} does not exist; give the --out folder of a training run")
-    rows = []
-    with path.open() as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(f"{path}:{number}: not a JSON object ({err.msg}); the file is corrupt") from None
-            if not isinstance(row, dict):
-                raise ConfigError(f"{path}:{number}: expected a JSON object per line, got {type(row).__name__}")
-            rows.append(row)
+    rows = [row for _, _, row in parse_records(path, then="then run report again")]
     if not rows:
         raise ConfigError(f"{path} has no metrics yet; run at least one training step first")
     return RunMetrics(rows)
@@ -123,19 +149,22 @@ def key_figures(metrics: RunMetrics) -> list[tuple[str, str]]:
     if step_s:
         steady = step_s[1:] or step_s
         out.append(("step time (median, after step 1)", f"{statistics.median(steady):.3f} s"))
-    measured, simulated = metrics.per_rank_max("peak_act_bytes"), metrics.per_rank_max("sim_peak_act_bytes")
+    per_rank, changed = last_layout(metrics)
+    if changed:
+        out.append(("layout changed (a resume on another number of ranks)", changed))
+    measured, simulated = per_rank.per_rank_max("peak_act_bytes"), per_rank.per_rank_max("sim_peak_act_bytes")
     for rank, value in enumerate(measured):
         text = _mib(value)
         if rank < len(simulated) and simulated[rank] > 0:
             text += f" (simulated {_mib(simulated[rank])}, measured/simulated {value / simulated[rank]:.3f})"
         out.append((f"peak activations, rank {rank}", text))
-    host = metrics.per_rank_max("host_bytes")
+    host = per_rank.per_rank_max("host_bytes")
     if any(host):
         out.append(("peak host bytes (offloaded), max over ranks", _mib(max(host))))
-    stall = metrics.per_rank_max("reload_stall_s")
+    stall = per_rank.per_rank_max("reload_stall_s")
     if any(stall):
         out.append(("worst reload stall in one step, max over ranks", f"{max(stall):.4f} s"))
-    cuda = metrics.per_rank_max("cuda_max_allocated")
+    cuda = per_rank.per_rank_max("cuda_max_allocated")
     if cuda:
         out.append(("torch.cuda.max_memory_allocated, max over ranks", _mib(max(cuda))))
     return out
@@ -145,16 +174,32 @@ def summary_line(out: str, step: int, history: list[dict[str, Any]]) -> str:
     """The line ``pipeoffload train`` ends with: ``run OUT: step N, loss L, val loss V``. A loss or
     validation loss measured at another step than the one the line is about says its step (``val loss
     5.6922 (step 1)``: a run stopped between validations); with none measured in the run it is left
-    out. ``history``: the run's records (the latest last)."""
+    out. ``history``: this invocation's records (the latest last); where they hold no validation loss
+    (a resumed run that has not validated since), the run's earlier one is read from OUT/metrics.jsonl."""
     line = f"run {out}: step {step}"
     if history:
         last = history[-1]
         line += f", loss {last['loss']:.4f}" + ("" if last.get("step") == step else f" (step {last.get('step')})")
-    vals = [h for h in history if isinstance(h.get("val_loss"), (int, float))]
+    vals = [h for h in history if _is_number(h.get("val_loss"))] or _earlier_vals(Path(out) / "metrics.jsonl", step)
     if vals:
         at = vals[-1].get("step")
         line += f", val loss {vals[-1]['val_loss']:.4f}" + ("" if at == step else f" (step {at})")
     return line
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _earlier_vals(path: Path, step: int) -> list[dict[str, Any]]:
+    """The records of ``path`` up to ``step`` with a validation loss (none where it cannot be read)."""
+    from pipeoffload.train.metrics import parse_records
+
+    try:
+        rows = [row for _, _, row in parse_records(path, quiet=True)] if path.is_file() else []
+    except (ConfigError, OSError):
+        return []
+    return [r for r in rows if _is_number(r.get("val_loss")) and _is_number(r.get("step")) and r["step"] <= step]
 
 
 # ---- the picture ----------------------------------------------------------------------------------
@@ -179,7 +224,8 @@ def report_figure(metrics: RunMetrics, title: str = "") -> Figure:
     ax_loss.grid(alpha=0.3)
     ax_loss.legend()
 
-    measured, simulated = metrics.per_rank_max("peak_act_bytes"), metrics.per_rank_max("sim_peak_act_bytes")
+    per_rank, changed = last_layout(metrics)
+    measured, simulated = per_rank.per_rank_max("peak_act_bytes"), per_rank.per_rank_max("sim_peak_act_bytes")
     ranks = max(len(measured), len(simulated))
     width = 0.38
     if measured:
@@ -191,7 +237,8 @@ def report_figure(metrics: RunMetrics, title: str = "") -> Figure:
     ax_mem.set_xticks(range(ranks))
     ax_mem.set_xlabel("rank")
     ax_mem.set_ylabel("peak activation memory (MiB)")
-    ax_mem.set_title("peak activation memory per rank")
+    since = f" (from step {per_rank.rows[0].get('step', '?')}: the last layout)" if changed else ""
+    ax_mem.set_title("peak activation memory per rank" + since)
     ax_mem.grid(axis="y", alpha=0.3)
     if ranks:
         ax_mem.legend()
