@@ -1,6 +1,7 @@
 """Atomic file writes: a reader never sees half a file, and a failed write leaves nothing behind."""
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import tempfile
@@ -125,7 +126,20 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> Path:
         with os.fdopen(fd, mode) as handle:
             handle.write(data)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.errno in FULL:
+            from pipeoffload.errors import ConfigError
+
+            raise ConfigError(full_disk_text(target, err)) from None
         raise
     return target
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT)  # a full file system, or the user's quota spent
+
+
+def full_disk_text(path: str | os.PathLike[str], err: OSError) -> str:
+    """One line for a write that found the disk full: the path, the reason, the fix."""
+    return (f"output {os.fspath(path)}: cannot be written ({err.strerror or err}); free space on that file system "
+            "(df -h shows it), or choose another place")

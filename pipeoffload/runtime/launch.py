@@ -8,8 +8,10 @@ the processes and collects what each returned. No restarts (a failed step is not
 The agent stops every rank as soon as one fails and tolerates a stopped one, so our supervisor
 (``_Supervisor``) decides when the agent sees the ranks' fate: every wait is bounded (``deadline``);
 once a rank has failed the others get ``grace`` seconds to exit naming the failure themselves; a
-rank stopped (SIGSTOP) for ``timeout`` seconds is killed and blamed; with ``forward_signals``
-SIGINT/SIGTERM go to the ranks, which get ``stop_grace`` seconds to stop (a second signal kills
+rank stopped (SIGSTOP) for ``timeout`` seconds is killed and blamed, as is a rank that exits with a code
+of its own and no Python error (``os._exit``); with ``forward_signals``
+SIGINT/SIGTERM go to the ranks (recorded in the run's folder first, so that a rank still starting takes it
+up later: ``pending_signal``), which get ``stop_grace`` seconds to stop (a second signal kills
 them at once; the same signal again within ``REPEAT`` seconds is one signal delivered twice, e.g. to a
 process group and once more by ``timeout``, and is ignored). The ranks die with their launcher: a parent-death signal (Linux ``prctl``) plus a
 thread watching the launcher's pid, either of which removes the run's folder and exits.
@@ -110,6 +112,17 @@ class SpawnResult:
         if not found:
             return f"ranks exited with codes {self.exitcodes}"
         own = [(r, e) for r, e in found if not _consequence(e)]
+        if not own and (late := [(r, e) for r, e in found if _LATE in e]):
+            # every error only reports a peer gone silent: the rank still running when the others had given
+            # up (stuck in its own code, e.g. the user's model build) is the one they were waiting for
+            r, e = late[0]
+            # the one that timed out waiting says most (the others lost their connection to it afterwards)
+            others = sorted(((q, x) for q, x in found if q != r and _LATE not in x),
+                            key=lambda qx: "timed out" not in qx[1].split("\n\n")[0].lower())
+            why = f"; rank {others[0][0]}: {others[0][1].splitlines()[0]}" if others else ""
+            killed = e.strip().splitlines()[-1].split(_LATE, 1)[1].replace(" (stuck or stopped?)", "").strip()
+            return (f"rank {r} was still running when its peers gave up waiting for it (stuck in its own code, or "
+                    f"computing longer than --timeout): killed {killed}{why}")
         for r, e in own or found:
             if e.startswith("ConfigError"):
                 return f"rank {r}: {e.splitlines()[0]}"
@@ -117,6 +130,7 @@ class SpawnResult:
         return f"rank {r}: {e.splitlines()[0]}"
 
 
+_LATE = "still running: killed"  # the launcher's note for a rank it killed at the limit (``_outcome``)
 _CONSEQUENCES = ("connection reset", "connection closed", "lost the connection", "timed out", "peererror",
                  "still running: killed", "stopped responding", "broken pipe")
 
@@ -129,17 +143,26 @@ def _consequence(error: str) -> bool:
 
 # ---- inside a rank -----------------------------------------------------------------------------------
 def _child(fn: Callable[..., Any], world: int, args: tuple, folder: str, backend: str, timeout: float,
-           threads: int, launcher: int) -> Any:
+           threads: int, launcher: int, stop_signals: bool = False) -> Any:
     """A rank's entry point, started by torch's elastic agent (``RANK``, ``MASTER_ADDR``/``PORT`` and the
     agent's store in the environment). Returns ``fn``'s result, which the agent collects; any error is
-    written to ``error-<rank>.txt`` and ends the process at once (exit 1)."""
+    written to ``error-<rank>.txt`` and ends the process at once (exit 1). ``stop_signals`` (``spawn``'s
+    ``forward_signals``): SIGINT/SIGTERM are kept for ``fn`` to take up (``pending_signal``)."""
     rank = int(os.environ["RANK"])
     try:
         die_with_launcher(launcher, folder, rank)
         _faults_to_file(folder, rank)
-        # the launcher started us with SIGINT ignored (no traceback from a Ctrl-C during start-up);
-        # from here a KeyboardInterrupt is reported like any error
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if stop_signals:
+            # a signal is recorded, never lost: the launcher writes it to the run's folder before forwarding it
+            # (one sent while we still ignored SIGINT, before this line, is dropped), and ``fn`` asks
+            # ``pending_signal`` once its own handler is in place
+            _stop_file[:] = [f"{folder}/{STOP_FILE}"]
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, _record_signal)
+        else:
+            # the launcher started us with SIGINT ignored (no traceback from a Ctrl-C during start-up);
+            # from here a KeyboardInterrupt is reported like any error
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         torch.set_num_threads(threads)
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout))
         result = fn(rank, world, *args)
@@ -155,6 +178,28 @@ def _child(fn: Callable[..., Any], world: int, args: tuple, folder: str, backend
     # too (gloo's threads may still hold tensors whose release at finalisation aborts the process)
     atexit.register(exit_rank, 0)
     return pickle.dumps(result)  # plain bytes: torch's queue would move tensors to shared memory
+
+
+STOP_FILE = "signal"  # in the run's folder: the number of the signal the launcher received and forwards
+_stop_file: list[str] = []  # this rank's STOP_FILE, where the launcher forwards signals (``_child``)
+_recorded: list[int] = []  # a SIGINT/SIGTERM received before ``fn`` installed its handler
+
+
+def _record_signal(signum: int, _frame: Any) -> None:
+    if not _recorded:
+        _recorded.append(signum)
+
+
+def pending_signal() -> int:
+    """Inside a spawned rank whose launcher forwards signals: the SIGINT/SIGTERM sent to the run so far, 0 if
+    none. A rank's handler for them (the trainer's) asks once it is installed, so that a signal sent while the
+    rank was starting (ignored then, or only recorded) still stops it; 0 outside such a rank."""
+    if _recorded:
+        return _recorded[0]
+    if _stop_file:
+        with contextlib.suppress(OSError, ValueError):
+            return int(Path(_stop_file[0]).read_text().strip() or 0)
+    return 0
 
 
 def _faults_to_file(folder: str, rank: int) -> None:
@@ -324,6 +369,13 @@ class _Supervisor:
         self._forward(signum)
 
     def _forward(self, signum: int) -> None:
+        """Record the signal in the run's folder (``pending_signal``: a rank still starting, which ignores
+        or only records it, takes it up once its handler is in place), then send it to the ranks."""
+        with contextlib.suppress(OSError):
+            tmp = f"{self.folder}/.{STOP_FILE}"
+            with open(tmp, "w") as fh:
+                fh.write(str(signum))
+            os.replace(tmp, f"{self.folder}/{STOP_FILE}")
         for r, pid in enumerate(self.pids):
             if self.codes[r] is None:
                 try:
@@ -358,6 +410,11 @@ class _Supervisor:
             if code < 0 and r not in self.killed:  # killed from outside (OOM killer, kill -9)
                 name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
                 self._blame(r, f"rank {r} (pid {self.pids[r]}) was killed by signal {name}")
+            elif code > 0 and not os.path.exists(f"{self.folder}/error-{r}.txt"):
+                # no Python error reported (``_child`` writes one before its exit 1): os._exit(), or native
+                # code calling exit(); its peers only see a lost connection
+                self._blame(r, f"rank {r} (pid {self.pids[r]}) exited with code {code} without a Python error "
+                               "(os._exit() or exit() in native code)")
             if code != 0 and self.failed_at is None:
                 self.failed_at = now
 
@@ -441,7 +498,7 @@ class _Agent(LocalElasticAgent):
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         """Start the processes with SIGINT ignored, which they inherit: a Ctrl-C (sent by the terminal
         to every process of the foreground group) cannot interrupt their start-up with a traceback;
-        each rank restores it once it can report errors (``_child``)."""
+        each rank restores it once it can report errors, or records it for ``fn`` (``_child``)."""
         main_thread = threading.current_thread() is threading.main_thread()
         old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
         try:
@@ -509,7 +566,7 @@ def spawn(
         if handler is not None:
             for s in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(s, handler)
-        entry = (fn, world_size, args, folder, backend, timeout, threads, os.getpid())
+        entry = (fn, world_size, args, folder, backend, timeout, threads, os.getpid(), forward_signals)
         try:
             with _agent_signals(), _quiet_agent():
                 results = _run_agent(entry, world_size, folder, sup, handler)

@@ -96,7 +96,8 @@ def verify(path: Path) -> dict[str, Any]:
     for name, digest in files.items():
         f = path / name
         if not f.is_file():
-            raise ConfigError(f"checkpoint {str(path)!r}: file {name} is missing; the checkpoint is incomplete")
+            raise ConfigError(f"checkpoint {str(path)!r}: file {name} is missing; the checkpoint is incomplete; "
+                              f"{_fallback(path)}")
         if _sha256(f) != digest:
             raise ConfigError(f"checkpoint {str(path)!r}: file {name} does not match its checksum (corrupted or "
                               f"truncated); {_fallback(path)}")
@@ -531,10 +532,18 @@ def start_save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any]
     rng = _rng_bytes()
     estimate = _estimate(run_dir, state, len(rng), rank, world, device)
     need = int(MARGIN * estimate) + SLACK
-    final.parent.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(final.parent).free
-    if _agree(_DISK_FULL if free < need else _OK, device) != _OK:
+    room: list[int] = []
+
+    def make_folder() -> None:  # e.g. checkpoints/ replaced by a file, or removed with the run folder, mid-run
+        final.parent.mkdir(parents=True, exist_ok=True)
+        room.append(shutil.disk_usage(final.parent).free)
+
+    code, exc = _attempt(make_folder, final.parent)
+    free = room[0] if room else 0
+    agreed = _agree(code if exc is not None else _DISK_FULL if free < need else _OK, device)
+    if agreed == _DISK_FULL and exc is None:
         raise SaveError(_message(run_dir, step, True, need, free))
+    _check(agreed, exc, run_dir, step, tmp, rank)
 
     def prepare() -> None:
         for stale in final.parent.glob(".tmp-*"):

@@ -228,6 +228,12 @@ def _spawned(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> list[A
                        deadline=10 * 365 * 86400.0, backend="nccl" if _cuda() else "gloo", grace=GRACE,
                        forward_signals=True, stop_grace=STOP_GRACE, collect_faults=True)
     logged = _log_faults(cfg, result.faults)
+    if result.ok and result.interrupted:
+        # every rank returned although the run was signalled (it ended with the step that would have taken
+        # the signal up): still an interrupted run, never a success
+        for value in result.results:
+            if isinstance(value, dict) and not value.get("interrupted"):
+                value["interrupted"] = result.interrupted
     if result.ok:
         return result.results
     if result.interrupted:  # the ranks did not all report back (a second signal, a stuck rank): say what is saved

@@ -59,6 +59,15 @@ _INFLATED = 1e3
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
+class DataError(RuntimeError):
+    """The run's data source (``batches.train``) failed; the message names the step and the rank."""
+
+
+def _brief(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text else type(exc).__name__
+
+
 class NonFiniteError(RuntimeError):
     """The loss or the gradient norm was not finite more often than allowed."""
 
@@ -108,7 +117,8 @@ class Trainer:
         """Index of every parameter of the whole model (names from all ranks, sorted)."""
         mine = sorted(self.named)
         everyone: list[Any] = [None] * self.ctx.world
-        dist.all_gather_object(everyone, mine)
+        with self.ctx.collective("setting up (gathering the parameter names of every rank)"):
+            dist.all_gather_object(everyone, mine)
         names = sorted({n for part in everyone for n in part})
         return {n: i for i, n in enumerate(names)}
 
@@ -126,7 +136,14 @@ class Trainer:
         step = self.step + 1
         lr = lr_at(cfg, step)
         set_lr(self.opt, lr)
-        inputs, targets = self.batches.train(step - 1, ctx.dp_rank)
+        try:
+            inputs, targets = self.batches.train(step - 1, ctx.dp_rank)
+        except ConfigError:
+            raise
+        except Exception as exc:  # the data source's own error: say which step's batch and whose code
+            raise DataError(f"reading the training batch of step {step} failed on rank {ctx.rank}: the batches' "
+                            f"train({step - 1}, dp_rank={ctx.dp_rank}) raised {_brief(exc)}; fix the data "
+                            "source") from exc
         if measure and ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
         t0 = time.perf_counter()
@@ -358,11 +375,16 @@ class Trainer:
 
     def _install_signals(self) -> Callable[[], None]:
         def handler(signum: int, _frame: Any) -> None:
-            if not self.stop_signal:
+            first, self.stop_signal = not self.stop_signal, signum  # set first: a signal during the log says nothing
+            if first:
                 log.warning("received %s: finishing the step, then saving and exiting", signal.Signals(signum).name)
-            self.stop_signal = signum
 
         previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        # a signal the launcher forwarded while this rank was starting (ignored or only recorded then)
+        from pipeoffload.runtime.launch import pending_signal
+
+        if pending := pending_signal():
+            handler(pending, None)
 
         def restore() -> None:
             for s, h in previous.items():

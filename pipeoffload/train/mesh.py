@@ -74,6 +74,9 @@ class RankContext:
         if silent:
             names = ", ".join(map(str, silent))
             why = f"rank(s) {names} stopped responding (no heartbeat): rank {silent[0]} is stuck or dead"
+        elif "timed out" in text.lower() or "timeout" in text.lower():
+            why = ("every rank is still alive, so a peer is itself waiting or computing for longer than the timeout "
+                   "(stuck in its own code?; raise timeout=)")
         else:
             why = "a peer exited or failed first (see its error)"
         return PeerFailure(f"rank {self.rank} failed while {what}: {why} ({text})", silent)

@@ -87,7 +87,8 @@ def tied_copies(model: RankModel, names: tuple[str, str], schedule: Schedule, ct
     for d in range(ctx.dp):
         for t in range(ctx.tp):
             ranks = [(d * ctx.pp + p) * ctx.tp + t for p in (first, last)]
-            group = dist.new_group(ranks, timeout=datetime.timedelta(seconds=timeout))
+            with ctx.collective("setting up (creating the group of the tied embedding and head)"):
+                group = dist.new_group(ranks, timeout=datetime.timedelta(seconds=timeout))
             if ctx.rank in ranks:
                 tied.group = group
     return tied

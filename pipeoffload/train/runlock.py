@@ -8,6 +8,7 @@ this host that no longer runs is a stale lock and is taken over.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeoffload.errors import ConfigError
+from pipeoffload.fileio import FULL, full_disk_text
 
 LOCK_FILE = ".lock"
 
@@ -33,7 +35,18 @@ class RunLock:
         self.release()
 
     def acquire(self) -> None:
+        # what this lock creates (the run folder and its parents, the lock file) goes again with it when the run
+        # leaves nothing else there (a refusal, a full disk): nothing is left behind that was not there
+        self._made = [p for p in [self.path.parent, *self.path.parent.parents] if not p.exists()][::-1]
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._made_file = not self.path.exists()
+        try:
+            self._lock()
+        except BaseException:
+            self._remove_made()
+            raise
+
+    def _lock(self) -> None:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -44,8 +57,14 @@ class RunLock:
             if _holder_alive(self.path):  # no flock here (some network file systems): trust pid and host
                 os.close(fd)
                 raise ConfigError(self._refusal(_holder(self.path))) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+        except OSError as err:
+            os.close(fd)
+            if err.errno in FULL:
+                raise ConfigError(full_disk_text(self.path, err)) from None
+            raise
         self._fd = fd
 
     def _refusal(self, holder: tuple[int, str] | None) -> str:
@@ -61,6 +80,16 @@ class RunLock:
             finally:
                 os.close(self._fd)
                 self._fd = None
+                self._remove_made()
+
+    def _remove_made(self) -> None:
+        """Remove the lock file and folders this lock created, where the run put nothing else in them."""
+        with contextlib.suppress(OSError):
+            if getattr(self, "_made_file", False) and [p.name for p in self.path.parent.iterdir()] == [LOCK_FILE]:
+                self.path.unlink()
+        for folder in reversed(getattr(self, "_made", [])):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only while empty
 
 
 def _holder(path: Path) -> tuple[int, str] | None:
