@@ -26,6 +26,9 @@ BEST_PUBLISHED = (
     Published("a100", 10e9, 0.552, "MegaScale (Jiang et al. 2024): 175B on A100s, 55.2% MFU; Korthikanti "
                                    "et al. 2022 Table 5: 22B 41.5%, 175B 51.4%"),
     Published("a100", 0.0, 0.72, "FlashAttention-2 (Dao 2023): GPT-style 1.3B/2.7B on 8 A100s, 72% MFU"),
+    # the H100 chip's peak: H200 and GH200 share it (same_gpu)
+    Published("h100", 2e9, 0.47, "Megatron-LM's README (NVIDIA): models of 2B to 462B on H100 clusters, up to "
+                                 "47% MFU (seq 4096); Llama 3 405B (Dubey et al. 2024): 38-43%"),
 )
 
 

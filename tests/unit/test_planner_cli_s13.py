@@ -114,3 +114,15 @@ def test_a_head_width_that_does_not_divide_hidden_is_refused_not_rounded(flags: 
     refused(f"k {flags}", piece)
     code, out, err = run_cli("k", "--hidden", "4096", "--seq", "2048", "--head-dim", "64", "--json")
     assert code == 0, err
+
+
+def test_an_h100_prediction_above_megatrons_published_mfu_warns_and_a_default_one_does_not() -> None:
+    job = ("estimate", "--model", "llama3-70b", "--gpu", "h100", "--tp", "8", "--pp", "4", "--global-batch", "64")
+    code, out, err = run_cli(*job, "--flops", "989", "--json")  # every FLOP at the peak: 66.8 % MFU
+    assert code == 0, err
+    assert any("above the best published 47.0%" in w for w in json.loads(out)["warnings"]), out
+    for gpu in ("h200", "gh200"):  # the same chip
+        code, out, err = run_cli(*job[:4], gpu, *job[5:], "--flops", "989")
+        assert code == 0 and "best published 47.0%" in err, (gpu, err)
+    code, out, err = run_cli(*job)  # the calibrated rate: 34 %
+    assert code == 0 and "best published" not in err, err
