@@ -115,12 +115,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def check(args: argparse.Namespace, world: int) -> None:
     """Raise ``ConfigError``/``ScheduleError`` for flags no rank could run (checked before any start)."""
     schedule = _lower(args, world)
-    even_counts(args.layers + 2, schedule.num_stages)
+    stages = schedule.num_stages
+    if args.layers + 2 < stages:  # the embedding and the head are layers of their own (gpt_layers)
+        raise ConfigError(f"--layers {args.layers}: {schedule.name} on {world} ranks has {stages} stages, each "
+                          f"needing a layer, and the embedding and the head are two of them; use --layers "
+                          f"{stages - 2} or more")
+    even_counts(args.layers + 2, stages)
     heads = GPTConfig().heads
     if args.hidden % heads:
         raise ConfigError(f"--hidden {args.hidden}: must be a multiple of the {heads} attention heads")
-    if args.batch < args.microbatches:
-        raise ConfigError(f"--batch {args.batch}: must be >= --microbatches {args.microbatches} (one row each at least)")
+    if args.batch % args.microbatches:  # equal microbatches, each a 1/m share of the loss (spec.split_microbatches)
+        raise ConfigError(f"--batch {args.batch}: must be a multiple of --microbatches {args.microbatches} (equal "
+                          f"microbatches of at least one row); use --batch "
+                          f"{max(1, args.batch // args.microbatches) * args.microbatches}")
     if args.trace is not None:  # written after the run: a bad place must not cost the run first
         check_writable(args.trace, f"--trace {shlex.quote(args.trace)}")
         check_extension(args.trace, f"--trace {args.trace}", *TRACE_JSON)  # as simulate --trace
