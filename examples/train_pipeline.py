@@ -10,6 +10,7 @@ import argparse
 import torch
 
 from pipeoffload import generate, lower
+from pipeoffload.errors import ConfigError
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
 from pipeoffload.runtime import PipelineRunner
 from pipeoffload.runtime.launch import init_from_env, spawn
@@ -44,7 +45,10 @@ def main() -> None:
         if not result.ok:
             raise SystemExit("\n".join(e for e in result.errors if e))
     else:
-        rank, world, _ = init_from_env()
+        try:
+            rank, world, _ = init_from_env()
+        except ConfigError as err:  # plain ``python`` without --spawn: say how to launch, in one line
+            raise SystemExit(f"{err}; here: python examples/train_pipeline.py --spawn 2") from None
         run(rank, world, args)
 
 

@@ -175,6 +175,8 @@ class CostModel:
 
     def with_offload_ratio(self, k: float, stage: int = 0) -> CostModel:
         """Set symmetric D2H/H2D times so that ``offload_ratio(stage) == k``."""
+        if isinstance(k, bool) or not isinstance(k, (int, float)):
+            raise ConfigError(f"offload ratio k={k!r}: must be a number >= 0 (e.g. 0.5; 0 means instant copies)")
         if k < 0:
             raise ConfigError(f"offload ratio k={k!r}: must be >= 0 (0 means instant copies)")
         one_way = self.copy_time_for(k, stage)
@@ -309,3 +311,10 @@ def load_cost_file(path: str) -> tuple[CostModel, str]:
         raise ConfigError(f"{where}: every compute time (time_f, time_i, time_w, time_b) is 0; "
                           "at least one must be positive")
     return costs, unit
+
+
+def require_costs(value: object, who: str) -> None:
+    """Refuse (one ``ConfigError`` line) ``costs`` that are neither a ``CostModel`` nor None."""
+    if value is not None and not isinstance(value, CostModel):
+        raise ConfigError(f"{who}: costs={value!r} must be a CostModel (e.g. CostModel.uniform(1.0, 1.0, 1.0)) "
+                          "or None for unit costs")

@@ -27,6 +27,7 @@ from itertools import chain, repeat
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from pipeoffload.errors import ConfigError
 from pipeoffload.placement import Placement
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -217,6 +218,10 @@ class Schedule:
     @classmethod
     def from_json(cls, text: str) -> Schedule:
         data = json.loads(text)
+        missing = [k for k in _JSON_FIELDS if not isinstance(data, dict) or k not in data]
+        if missing:
+            raise ConfigError(f"schedule JSON without the field(s) {', '.join(missing)}: give what "
+                              f"Schedule.to_json() writes (an object with {', '.join(_JSON_FIELDS)} and a name)")
         placement = Placement.custom(data["placement"], num_ranks=len(data["actions"]))
         rows = tuple(tuple(Action.parse(a) for a in r) for r in data["actions"])
         return cls(rows, placement, int(data["num_microbatches"]), data.get("name", ""))
@@ -236,6 +241,18 @@ class Schedule:
         for row in csv.reader(io.StringIO(text)):
             rows.append([Action.parse(cell) for cell in row if cell.strip()])
         return cls.from_rows(rows, placement, name)
+
+
+_JSON_FIELDS = ("num_microbatches", "placement", "actions")
+
+
+def require_schedule(value: object, who: str) -> None:
+    """Refuse (one ``ConfigError`` line) a ``value`` that is not a ``Schedule`` at a public entry point:
+    a type check, not a validation, so that it costs nothing on the planner's hot paths."""
+    if not isinstance(value, Schedule):
+        shown = repr(value) if len(repr(value)) <= 40 else type(value).__name__
+        raise ConfigError(f"{who} takes a Schedule, not {shown}: pass one from generate(name, ranks, microbatches) "
+                          "(or Schedule.from_text / from_json)")
 
 
 def infer_placement(rows: Sequence[Iterable[Action]]) -> Placement:

@@ -126,6 +126,7 @@ class CodedSchedule:
         self.num_microbatches = max(schedule.num_microbatches, used)
         self.rank = np.repeat(np.arange(self.num_ranks, dtype=np.int64), self.lengths)
         self.step = np.arange(len(self.kind), dtype=np.int64) - self.offsets[self.rank]
+        self.backwards_checked = False  # the simulator's check that every F has its B or I (once)
 
     @property
     def num_keys(self) -> int:

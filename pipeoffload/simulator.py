@@ -39,9 +39,9 @@ import numpy as np
 
 from pipeoffload import semantics as sem
 from pipeoffload._perf import gc_paused
-from pipeoffload.costs import CostModel
+from pipeoffload.costs import CostModel, require_costs
 from pipeoffload.errors import ScheduleError
-from pipeoffload.ir import Action, ActionKind, Schedule
+from pipeoffload.ir import Action, ActionKind, Schedule, require_schedule
 from pipeoffload.semantics import coded
 
 K = ActionKind
@@ -167,7 +167,13 @@ class Timeline:
 
 
 def simulate(schedule: Schedule, costs: CostModel | None = None) -> Timeline:
-    """Simulate ``schedule`` under ``costs`` (uniform unit costs when omitted)."""
+    """Simulate ``schedule`` under ``costs`` (uniform unit costs when omitted).
+
+    It expects a valid schedule (``validate``; ``lower`` validates what it returns) and does not
+    validate it: it refuses a forward without its backward (``ScheduleError``) and a deadlock, and times
+    whatever else it is given."""
+    require_schedule(schedule, "simulate")
+    require_costs(costs, "simulate")
     with gc_paused():
         simulation = _Simulation(schedule, costs or CostModel())
         simulation.run()
@@ -188,6 +194,8 @@ class Figures:
 def simulate_figures(schedule: Schedule, costs: CostModel | None = None) -> Figures:
     """What ``simulate`` reports per rank, equal to its figures (``figures_of``), for searches that need
     no timeline."""
+    require_schedule(schedule, "simulate_figures")
+    require_costs(costs, "simulate_figures")
     with gc_paused():
         simulation = _Simulation(schedule, costs or CostModel())
         simulation.run()
@@ -199,6 +207,27 @@ def figures_of(timeline: Timeline) -> Figures:
     ranks = timeline.per_rank
     return Figures(timeline.makespan, tuple(r.busy for r in ranks), tuple(r.peak_activation_units for r in ranks),
                    tuple(r.peak_host_units for r in ranks), tuple(r.stall for r in ranks))
+
+
+_F, _B, _I = sem.CODE[ActionKind.F], sem.CODE[ActionKind.B], sem.CODE[ActionKind.I]
+
+
+def _check_backwards(c: sem.CodedSchedule) -> None:
+    """Refuse a forward without its backward (B or I) in a schedule that has backwards, which
+    ``validate`` refuses too: the simulation would time a step that never frees that activation and
+    report its numbers. (A schedule of forwards only, an evaluation's, is timed as it is.) The one rule
+    of ``validate`` checked here (``simulate`` expects a valid schedule and does not validate it): one
+    vectorised pass, once per coded schedule (a search simulating it again does not pay it)."""
+    ids = c.stage * c.num_microbatches + c.microbatch
+    size = c.num_stages * c.num_microbatches
+    forwards = np.bincount(ids[c.kind == _F], minlength=size)
+    backwards = np.bincount(ids[(c.kind == _B) | (c.kind == _I)], minlength=size)
+    missing = np.flatnonzero((forwards > 0) & (backwards == 0) & bool(backwards.any()))
+    if len(missing):
+        stage, mb = divmod(int(missing[0]), c.num_microbatches)
+        raise ScheduleError(f"stage {stage}, microbatch {mb} has an F but no B (or I and W); simulate expects a "
+                            "valid schedule: validate(schedule) names every violation")
+    c.backwards_checked = True
 
 
 class _Simulation:
@@ -214,6 +243,8 @@ class _Simulation:
         self.schedule = schedule
         self.costs = costs
         self.c = c = coded(schedule)
+        if not c.backwards_checked:
+            _check_backwards(c)
         self.inputs = c.inputs(costs.p2p_time if c.lowered else costs.p2p_time + 2 * costs.message_time)
         self.duration = sem.durations(costs, c.num_stages)[c.kind, c.stage]
         self.amount = sem.memory_amounts(c, costs)  # an array: no float object per action

@@ -17,7 +17,7 @@ import numpy as np
 from pipeoffload import semantics as sem
 from pipeoffload._perf import gc_paused
 from pipeoffload.errors import ScheduleError
-from pipeoffload.ir import COMM_KINDS, Action, ActionKind, Schedule
+from pipeoffload.ir import COMM_KINDS, Action, ActionKind, Schedule, require_schedule
 from pipeoffload.semantics import CodedSchedule, coded
 
 K = ActionKind
@@ -39,6 +39,7 @@ def validate(schedule: Schedule, *, forward_only: bool = False) -> None:
     far; each action checks its preconditions against it. A final pass checks completeness.
     ``forward_only``: the schedule of an evaluation (F and its comms only, no backward).
     """
+    require_schedule(schedule, "validate")
     with gc_paused():
         c = coded(schedule)
         if forward_only or not _proved_valid(schedule, c):

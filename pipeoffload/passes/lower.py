@@ -13,10 +13,10 @@ import logging
 from dataclasses import replace
 
 from pipeoffload._perf import Memo, gc_paused
-from pipeoffload.costs import CostModel
+from pipeoffload.costs import CostModel, require_costs
 from pipeoffload.errors import ConfigError
 from pipeoffload.intervals import EPS
-from pipeoffload.ir import COMM_KINDS, ActionKind, Schedule
+from pipeoffload.ir import COMM_KINDS, ActionKind, Schedule, require_schedule
 from pipeoffload.passes.comms import add_comms
 from pipeoffload.passes.offload import OffloadReport, plan_offload
 from pipeoffload.passes.recompute import all_keys, auto_keys, check_policies, first_stage_keys, insert_recompute
@@ -58,6 +58,8 @@ def lower_with_report(schedule: Schedule, costs: CostModel | None = None, *,
     the schedule's simulation, its rank timelines and the first offload plan; without one the call
     keeps them only for itself.
     """
+    require_schedule(schedule, "lower")
+    require_costs(costs, "lower")
     with gc_paused():  # the passes allocate many small acyclic objects: no cyclic GC passes meanwhile
         return _lower(schedule, costs, offload, recompute, check, comms, log_warnings,
                       memo if memo is not None else Memo())

@@ -25,6 +25,7 @@ Pure Python (no torch).
 from __future__ import annotations
 
 import math
+import numbers
 import re
 import threading
 import time
@@ -56,7 +57,7 @@ from pipeoffload.planner.stagecosts import (
     layer_costs,
     stage_costs,
 )
-from pipeoffload.policies import OffloadPolicy, RecomputePolicy
+from pipeoffload.policies import OffloadPolicy, RecomputePolicy, check_booleans
 from pipeoffload.schedules import ScheduleSpec, get_spec, schedule_names
 
 RECOMPUTE_MODES = ("none", "selective", "full")  # Megatron's; pipeoffload's policies are ``recompute_policy``
@@ -124,6 +125,11 @@ class EstimateRequest:
         if self.recompute not in RECOMPUTE_MODES:
             _refuse_policy_as_recompute(self.recompute)
             raise ConfigError(f"recompute {self.recompute!r}: use one of {', '.join(RECOMPUTE_MODES)}")
+        check_booleans(self, "sequence_parallel", "distributed_optimizer", optional=("partial_recompute",))
+        if self.memory_budget is not None and (isinstance(self.memory_budget, bool)
+                                               or not isinstance(self.memory_budget, numbers.Real)):
+            raise ConfigError(f"memory_budget={self.memory_budget!r}: must be a number of bytes per GPU "
+                              "(40 GiB is 40 * 2**30)")  # as PlanRequest's
         if self.memory_budget is not None and not (math.isfinite(self.memory_budget) and self.memory_budget > 0):
             raise ConfigError(f"memory budget {self.memory_budget!r}: must be a finite number of bytes > 0")
         self._check_policies()

@@ -11,6 +11,7 @@ from pipeoffload.planner.hardware import HardwareSpec, check_hardware
 from pipeoffload.planner.measured import check_profile
 from pipeoffload.planner.model import ModelSpec, check_model
 from pipeoffload.planner.stagecosts import LayerCosts, Layout, TrainingSetup
+from pipeoffload.policies import check_booleans
 from pipeoffload.schedules import get_spec, schedule_names
 
 GIB = 1024**3
@@ -84,6 +85,7 @@ class PlanRequest:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
+        check_booleans(self, "prune", "escalate", "exact_frontier", "best_per_tp")
         for key in ("tp_sizes", "pp_sizes", "stages_per_rank", "group_sizes", "schedules", "offload", "recompute"):
             self._check_tuple(key)
         for key in ("memory_budget", "host_memory_budget", "activation_budget"):

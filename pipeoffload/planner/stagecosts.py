@@ -28,7 +28,7 @@ from pipeoffload.planner.hardware import HardwareSpec
 from pipeoffload.planner.layertime import embedding_times, head_times, layer_times
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.split import even_split
-from pipeoffload.policies import OffloadPolicy
+from pipeoffload.policies import OffloadPolicy, check_booleans
 
 HOST_LINK_MODES = ("private", "alternating", "serialized")
 
@@ -93,6 +93,8 @@ class TrainingSetup:
     host_link: str = "private"  # PCIe pair sharing: private | alternating | serialized
 
     def __post_init__(self) -> None:
+        check_booleans(self, "distributed_optimizer", "sequence_parallel", "selective_recompute",
+                       optional=("partial_recompute",))
         if self.host_link not in HOST_LINK_MODES:
             raise ConfigError(f"host link mode {self.host_link!r}: use one of {', '.join(HOST_LINK_MODES)}")
 

@@ -29,7 +29,7 @@ from torch import nn
 
 from pipeoffload import semantics as sem
 from pipeoffload.errors import ConfigError
-from pipeoffload.ir import Action, ActionKind, Schedule
+from pipeoffload.ir import Action, ActionKind, Schedule, require_schedule
 from pipeoffload.models.split import stage_modules
 from pipeoffload.passes.forward import forward_only
 from pipeoffload.passes.lower import lower
@@ -145,8 +145,12 @@ class PipelineRunner:
         measure_memory: bool = True,
         on_stage_gradients: Callable[[int], None] | None = None,
     ) -> None:
+        require_schedule(schedule, "PipelineRunner")
         self.schedule = schedule if schedule.is_lowered() or schedule.num_ranks == 1 else lower(schedule)
         validate(self.schedule)
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise ConfigError(f"rank={rank!r}: must be an integer in 0..{self.schedule.num_ranks - 1} (this "
+                              "process's pipeline rank)")
         if not 0 <= rank < self.schedule.num_ranks:
             raise ConfigError(f"rank={rank}: the schedule has ranks 0..{self.schedule.num_ranks - 1}")
         self.rank = rank
@@ -181,6 +185,11 @@ class PipelineRunner:
                    for kind in (K.OFFLOAD, K.OFFLOAD_W)}
         self._keep_host = windows[K.OFFLOAD] & windows[K.OFFLOAD_W]
         self.specs: dict[int, list[Spec]] | None = self._declared(output_specs)
+        # evaluation's own boundary specs, by the input specs of stage 0 that every rank learns from its
+        # owner (a validation batch of another size than the training's needs its own receive buffers)
+        self._spec_inputs: list[Spec] | None = None  # stage 0's input specs that ``specs`` were inferred for
+        self._eval_specs: list[tuple[list[Spec] | None, dict[int, list[Spec]]]] = []
+        self._evaluating = False
         self.step_count = 0  # steps run by this runner
         self.last_step = -1  # the number the last step was named by (``step(..., step=)``; -1: none yet)
         self.slot_bytes: dict[int, int] = {}  # largest bytes one (stage, microbatch) F saved, per stage
@@ -277,9 +286,35 @@ class PipelineRunner:
 
     # ---- specs ------------------------------------------------------------------------------------
     def _ensure_specs(self, mb_inputs: list[tuple] | None) -> None:
-        """Infer every stage's output spec in stage order; each owner broadcasts its stage's."""
+        """Infer every stage's output spec in stage order; each owner broadcasts its stage's. Training
+        infers them once, at the first step; an evaluation whose batch has other shapes infers its own
+        (once per shape: ``_eval_specs``) and leaves the training's in place."""
+        if self._evaluating and (self._spec_inputs is not None or self.specs is None):
+            self._ensure_eval_specs(mb_inputs)
+            return
         if self.specs is not None:
             return
+        self.specs = self._infer_specs(mb_inputs)
+        self._spec_inputs = self._input_signature(mb_inputs)
+
+    def _input_signature(self, mb_inputs: list[tuple] | None) -> list[Spec] | None:
+        """Stage 0's input specs per microbatch, on every rank (its owner's, broadcast)."""
+        owner = self.schedule.placement.rank_of(0)
+        mine = [spec_of(x) for x in mb_inputs] if owner == self.rank and mb_inputs is not None else None
+        return self.transport.broadcast(mine, owner)  # type: ignore[no-any-return]
+
+    def _ensure_eval_specs(self, mb_inputs: list[tuple] | None) -> None:
+        signature = self._input_signature(mb_inputs)
+        if self.specs is not None and signature == self._spec_inputs:
+            return  # the training's shapes
+        for known, specs in self._eval_specs:
+            if known == signature:
+                self.specs = specs
+                return
+        self.specs = self._infer_specs(mb_inputs)
+        self._eval_specs = [*self._eval_specs[-7:], (signature, self.specs)]  # a few shapes (a last, smaller batch)
+
+    def _infer_specs(self, mb_inputs: list[tuple] | None) -> dict[int, list[Spec]]:
         self._check_same_schedule()
         specs: dict[int, list[Spec]] = {}
         for s in range(self.num_stages - 1):
@@ -299,7 +334,7 @@ class PipelineRunner:
                     f"rank {self.rank} cannot infer the output spec of stage {s} (held by rank {owner}) without a "
                     "process group; declare it with PipelineRunner(..., output_specs={stage: spec})"
                 )
-        self.specs = specs
+        return specs
 
     def _check_same_schedule(self) -> None:
         """Every rank must run the same lowered schedule (else messages silently pair up wrongly)."""
@@ -369,12 +404,14 @@ class PipelineRunner:
         m = self.num_microbatches
         self._split(inputs, targets, "evaluate")
         active, self.store.active = self.store.active, False
+        training, self._evaluating = self.specs, True
         try:
             after = self.last_step if step is None else step
             self._run(*self._eval, {K.F: type(self)._forward_eval}, Trace(self.rank, self.step_count),
                       f"the evaluation after step {after}", after)
         finally:
             self.store.active = active
+            self.specs, self._evaluating = training, False
         if self._mb_targets is None:
             return None
         losses = [self._losses[mb] for mb in range(m)]

@@ -48,6 +48,8 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.launcher.api import LaunchConfig
 
+from pipeoffload.errors import ConfigError
+
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 ORPHAN_SIGNAL = signal.SIGUSR2  # sent to a rank when its launcher dies; its handler cleans up and exits
@@ -74,7 +76,13 @@ def exit_rank(code: int) -> NoReturn:
 def init_from_env(backend: str | None = None, timeout: float = 300.0) -> tuple[int, int, torch.device]:
     """Initialise the default process group from torchrun's variables; returns (rank, world, device).
 
-    NCCL and one GPU per local rank when CUDA is available, else gloo on CPU."""
+    NCCL and one GPU per local rank when CUDA is available, else gloo on CPU. Outside torchrun (no
+    RANK/WORLD_SIZE in the environment) it refuses in one line (``ConfigError``)."""
+    missing = [k for k in ("RANK", "WORLD_SIZE") if k not in os.environ]
+    if missing:
+        raise ConfigError(f"init_from_env: {' and '.join(missing)} not set: this is not a torchrun process; launch "
+                          "with torchrun (e.g. torchrun --standalone --nproc_per_node 2 script.py), or start the "
+                          "ranks with pipeoffload.runtime.launch.spawn(fn, world) instead")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"

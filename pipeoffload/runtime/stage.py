@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.autograd.graph import get_gradient_edge
 
+from pipeoffload.errors import ConfigError
 from pipeoffload.runtime.backward import (
     GradAccumulators,
     Root,
@@ -99,7 +100,13 @@ class PipelineStage:
         if self.is_last:
             if self.loss_fn is None:
                 raise ValueError(f"stage {self.index} is the last stage but no loss_fn was given")
-            return self.loss_fn(out, target) / self.num_microbatches
+            loss = self.loss_fn(out, target)
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:  # metadata only: cheap per microbatch
+                shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+                raise ConfigError(f"loss_fn returned {shape}, not a scalar tensor: it must return one number per "
+                                  "microbatch (e.g. F.cross_entropy(..., reduction=\"mean\")); a per-sample loss "
+                                  "would train on the gradient of its sum")
+            return loss / self.num_microbatches
         return out
 
     def _record_roots(self, state: _Microbatch, out: Any) -> None:

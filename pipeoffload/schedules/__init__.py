@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeoffload._perf import gc_paused
+from pipeoffload.costs import require_costs
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Schedule
 from pipeoffload.placement import Placement
@@ -186,8 +187,9 @@ def generate(
     check_options(spec, options)
     for key, value in (("num_ranks", num_ranks), ("num_microbatches", num_microbatches),
                        ("stages_per_rank", stages_per_rank)):
-        if not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # True is an int to Python
             raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
+    require_costs(options.get("costs"), "generate")
     size = estimated_work(spec, num_ranks, num_microbatches, stages_per_rank)
     if max_actions is not None and size > max_actions:
         raise ConfigError(

@@ -34,7 +34,7 @@ def default_group_size(num_ranks: int) -> int:
 
 
 def _check(num_ranks: int, group_size: int, backward: str) -> None:
-    if not isinstance(group_size, int) or not 1 <= group_size <= num_ranks:
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or not 1 <= group_size <= num_ranks:
         raise ConfigError(
             f"group_size={group_size!r}: must be an integer in 1..num_ranks={num_ranks}; "
             f"use {default_group_size(num_ranks)} (lowest memory) up to {num_ranks} (lowest bubble)"

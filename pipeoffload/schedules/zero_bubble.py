@@ -339,12 +339,20 @@ def zb_h2(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Sc
     return Schedule(filled.rows, placement, m, "zb-h2")
 
 
+def _is_number(x: object) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x)
+
+
 def _limits(memory_limit: float | Sequence[float] | None, d: int, costs: CostModel) -> list[float]:
     if memory_limit is None:
         limits = [float(d) * max(costs.act(r) for r in range(d))] * d
-    elif isinstance(memory_limit, (int, float)):
-        limits = [float(memory_limit)] * d
+    elif _is_number(memory_limit):
+        limits = [float(memory_limit)] * d  # type: ignore[arg-type]
     else:
+        if isinstance(memory_limit, (str, bytes)) or not isinstance(memory_limit, Sequence) or not all(
+                _is_number(x) for x in memory_limit):
+            raise ConfigError(f"memory_limit={memory_limit!r}: must be a finite number of activation units, or a "
+                              f"sequence of {d} (one per rank), e.g. memory_limit={d}")
         limits = [float(x) for x in memory_limit]
         if len(limits) != d:
             raise ConfigError(f"memory_limit has {len(limits)} values for {d} ranks: give one per rank or a scalar")

@@ -48,7 +48,13 @@ def _user_rank(ctx: Any, cfg: TrainConfig, build: Callable[[], Sequence[Any]], l
     model = from_stage_modules(modules, schedule, ctx.pp_rank) if stage_modules else \
         from_layers(modules, schedule, ctx.pp_rank, counts)
     run_dir = Path(cfg.run.out) if cfg.run.out else None
-    trainer = Trainer(cfg, ctx, schedule, model, loss_fn, batches(cfg), run_dir)
+    data = batches(cfg)
+    lacking = [m for m in ("train", "val") if not callable(getattr(data, m, None))]
+    lacking += [] if hasattr(data, "tokens_per_sample") else ["tokens_per_sample"]
+    if lacking:  # a function's object can only be seen here (a class is checked before the start)
+        raise ConfigError(f"batches(cfg) gave a {type(data).__name__} without {', '.join(lacking)}: it must have "
+                          ".train(step, dp_rank), .val(dp_rank) and tokens_per_sample (docs/training.md, Your own model)")
+    trainer = Trainer(cfg, ctx, schedule, model, loss_fn, data, run_dir)
     return trainer.fit(Path(resume_from) if resume_from else None)
 
 
@@ -64,6 +70,7 @@ def train_model(cfg: TrainConfig, layers: Callable[[], Sequence[Any]], loss_fn: 
     from pipeoffload.train.job import prepare_run
     from pipeoffload.train.launch import run_ranks, under_torchrun
 
+    _check_arguments(cfg, layers, loss_fn, batches)
     if resume:
         cfg = cfg.updated(out=str(resume))
         _check_resume(cfg, Path(resume), extend)
@@ -80,6 +87,31 @@ def train_model(cfg: TrainConfig, layers: Callable[[], Sequence[Any]], loss_fn: 
         results = run_ranks(_user_rank, cfg, (layers, loss_fn, batches, stage_modules, counts,
                                               str(ckpt) if ckpt else None), verbose=verbose)
     return results[0]  # type: ignore[no-any-return]
+
+
+def _check_arguments(cfg: Any, layers: Any, loss_fn: Any, batches: Any) -> None:
+    """Refuse, in one line and before any rank starts, arguments of the wrong kind (what would otherwise
+    fail in every rank, after the run folder is made, with an AttributeError or "not callable")."""
+    if not isinstance(cfg, TrainConfig):
+        raise ConfigError(f"cfg: train_model takes a TrainConfig, not a {type(cfg).__name__}; build one with "
+                          "TrainConfig.build(schedule='1f1b', pp=2, nproc=2, microbatches=4, global_batch=32, ...)")
+    kinds = {"layers": "a function returning the model's list of modules (pass layers, not layers())",
+             "loss_fn": "a function loss_fn(output, target) returning a scalar loss (e.g. F.cross_entropy)",
+             "batches": "a function or class batches(cfg) giving an object with .train(step, dp_rank) and "
+                        ".val(dp_rank)"}
+    for name, value in (("layers", layers), ("loss_fn", loss_fn), ("batches", batches)):
+        if not callable(value):
+            raise ConfigError(f"{name}={_shown(value)}: not callable; give {kinds[name]}")
+    if isinstance(batches, type):  # a class: its methods can be checked without building it
+        lacking = [m for m in ("train", "val") if not callable(getattr(batches, m, None))]
+        if lacking:
+            raise ConfigError(f"batches={batches.__name__}: the class has no {' or '.join(f'.{m}()' for m in lacking)}"
+                              f"; give {kinds['batches']}")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"a {type(value).__name__}"
 
 
 def _check_resume(cfg: TrainConfig, run: Path, extend: bool) -> None:
