@@ -15,7 +15,6 @@ from dataclasses import replace
 from pipeoffload._perf import Memo, gc_paused
 from pipeoffload.costs import CostModel, require_costs
 from pipeoffload.errors import ConfigError
-from pipeoffload.intervals import EPS
 from pipeoffload.ir import COMM_KINDS, ActionKind, Schedule, require_schedule
 from pipeoffload.passes.comms import add_comms
 from pipeoffload.passes.offload import OffloadReport, plan_offload
@@ -125,11 +124,20 @@ def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
         timeline = memo(simulate, base, costs)
     notes: tuple[str, ...] = ()
     if recompute.kind == "auto":
-        planned, report, recomputed, notes = _recompute_auto(base, timeline, costs, offload, memo)
+        # what to recompute is read from the plan for the real copy times (its unhidden list and memory
+        # curve; a plan for faster copies counts both at its own times), then the offload is planned again
+        planned, report = _offload_once(base, costs, offload, recomputed, memo, faster_copies=False)
+        offloaded = {(a.stage, a.microbatch) for row in planned.actions for a in row if a.kind is K.OFFLOAD}
+        extra = auto_keys(base, timeline, costs, report, offloaded)
+        if extra:
+            with_r = insert_recompute(base, extra)
+            notes = _unpaid_recompute(base, with_r, costs, offload, extra, memo)
+            if not notes:
+                recomputed |= extra
+                base = with_r
         if not recomputed:  # nothing recomputed: exactly the plan of the offload policy alone
             offload = _alone(offload)
-    else:
-        planned, report = _offload_once(base, costs, offload, recomputed, memo)
+    planned, report = _offload_once(base, costs, offload, recomputed, memo)
     before = {r.rank: r.peak_activation_units for r in original.per_rank}
     per_rank = tuple(replace(r, peak_before=before[r.rank]) for r in report.per_rank)
     report = replace(report, per_rank=per_rank, recompute=recompute, recomputed=tuple(sorted(recomputed)),
@@ -139,94 +147,6 @@ def _memory_passes(source: Schedule, costs: CostModel, offload: OffloadPolicy,
                    f"best planned peak {report.peak_after:g}")
         report = replace(report, warnings=(*report.warnings, warning))
     return planned, report
-
-
-_AutoPlan = tuple[Schedule, OffloadReport, set[tuple[int, int]], tuple[str, ...]]
-# ``offload budget:X`` with ``recompute auto`` where the plan misses X: tighter targets X - s, X - 2s,
-# X - 4s, ... (s the overshoot, at least TIGHTER_STEP units), at most TIGHTER_DESCENT of them, until one
-# plan meets its own target; then TIGHTER_BISECT halvings between that target and the last one missed
-TIGHTER_STEP = 0.125
-TIGHTER_DESCENT = 4
-TIGHTER_BISECT = 2
-
-
-def _auto_at(base: Schedule, timeline: Timeline, costs: CostModel, offload: OffloadPolicy, memo: Memo) -> _AutoPlan:
-    """``recompute auto`` with ``offload``: what to recompute is read from the plan for the real copy
-    times (its unhidden list and memory curve; a plan for faster copies counts both at its own times),
-    then the offload is planned again without the recomputed activations. Returns the lowered schedule,
-    the offload pass's report, what was recomputed and the notes (why nothing was, where it did not pay)."""
-    planned, report = _offload_once(base, costs, offload, set(), memo, faster_copies=False)
-    offloaded = {(a.stage, a.microbatch) for row in planned.actions for a in row if a.kind is K.OFFLOAD}
-    extra = auto_keys(base, timeline, costs, report, offloaded)
-    notes: tuple[str, ...] = ()
-    recomputed: set[tuple[int, int]] = set()
-    if extra:
-        with_r = insert_recompute(base, extra)
-        notes = _unpaid_recompute(base, with_r, costs, offload, extra, memo)
-        if not notes:
-            recomputed, base = set(extra), with_r
-    planned, report = _offload_once(base, costs, offload if recomputed else _alone(offload), recomputed, memo)
-    return planned, report, recomputed, notes
-
-
-def _recompute_auto(base: Schedule, timeline: Timeline, costs: CostModel, offload: OffloadPolicy,
-                    memo: Memo) -> _AutoPlan:
-    """``recompute auto`` (``_auto_at``); under ``offload budget:X``, where that plan misses X (its planned
-    peak P above X: recompute auto chose what to recompute from the plan before the recomputation, and
-    the offload planned again after it does not always reach X), also the plans for tighter targets:
-    X - s, X - 2s, X - 4s, ... (s = P - X, at least ``TIGHTER_STEP``; ``TIGHTER_DESCENT`` at most) until
-    one meets its own target, then ``TIGHTER_BISECT`` halvings between the loosest target met and the
-    tightest missed (the loosest plan that meets its target recomputes least). Of all these plans, those
-    whose simulated memory fits X (the worst rank's activations plus its ``rank_offsets`` within X plus
-    the largest offset: the planner's memory budget where it fills X) are compared by simulated step,
-    then memory; the fastest is kept (the plan for X where none fits). So a larger target no longer keeps
-    a plan that misses it and is slower than a plan for a tighter target that fits it: Llama-3-8B PP8
-    group-interleaved v=4, g=4 (``tests/unit/test_planner_memory_monotone.py``): the plan for 9.138 units
-    reached 9.565 with a 0.6 % longer step than the plan for 8.72 (8.62 units); it now keeps that plan."""
-    first = _auto_at(base, timeline, costs, offload, memo)
-    if offload.kind != "budget" or first[1].budget_met is not False:
-        return first
-    target = first[1].budget
-    assert target is not None
-    tried: dict[float, _AutoPlan] = {target: first}
-
-    def meets(aim: float) -> bool:
-        units = aim / base.stages_per_rank if offload.rank_units else aim
-        tried[aim] = _auto_at(base, timeline, costs, replace(offload, budget=units), memo)
-        return bool(tried[aim][1].budget_met)
-
-    step = max(first[1].peak_after - target, TIGHTER_STEP)
-    missed, met = target, None
-    for k in range(TIGHTER_DESCENT):
-        aim = target - step * 2 ** k
-        if aim <= EPS:
-            break
-        if meets(aim):
-            met = aim
-            break
-        missed = aim
-    for _ in range(TIGHTER_BISECT if met is not None else 0):
-        assert met is not None
-        mid = (met + missed) / 2
-        if meets(mid):
-            met = mid
-        else:
-            missed = mid
-    limit = target + max(offload.rank_offsets, default=0.0) + 1e-9
-    scored = []
-    for i, (aim, plan) in enumerate(tried.items()):
-        sim = memo(simulate, plan[0], costs)  # the planner simulates the kept schedule again from the memo
-        worst = _worst_memory(sim, offload)
-        if worst <= limit:
-            scored.append((sim.makespan, worst, i, aim))
-    if not scored or min(scored)[2] == 0:
-        return first
-    aim = min(scored)[3]
-    planned, report, recomputed, notes = tried[aim]
-    note = (f"planned for {aim:.4g} activation units: the plan for {target:g} reached {first[1].peak_after:g} "
-            f"with a longer step or more memory than this one, which fits {target:g}")
-    report = replace(report, policy=replace(report.policy, budget=offload.budget), budget=target)
-    return planned, report, recomputed, (*notes, note)
 
 
 def _unpaid_recompute(base: Schedule, with_r: Schedule, costs: CostModel, offload: OffloadPolicy,
