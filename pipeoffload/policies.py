@@ -173,7 +173,6 @@ INT_TEXT = re.compile(r"[+-]?[0-9]+")
 NUMBER_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(inf|infinity|nan)", re.IGNORECASE)
 
 
-
 def boolean(value: object) -> bool:
     """``value`` if it is True or False: text such as ``"no"`` (true to Python) or a number is refused
     (``ValueError``; ``service.checks`` and the planner's dataclasses name the field)."""
@@ -190,6 +189,7 @@ def check_booleans(owner: object, *names: str, optional: tuple[str, ...] = ()) -
         if not isinstance(value, bool) and not (value is None and name in optional):
             extra = " or None" if name in optional else ""
             raise ConfigError(f"{name}={value!r}: must be True or False{extra} (not text or a number)")
+
 
 def _int(text: str, whole: str, forms: str) -> int:
     if not INT_TEXT.fullmatch(text):

@@ -126,7 +126,6 @@ class CodedSchedule:
         self.num_microbatches = max(schedule.num_microbatches, used)
         self.rank = np.repeat(np.arange(self.num_ranks, dtype=np.int64), self.lengths)
         self.step = np.arange(len(self.kind), dtype=np.int64) - self.offsets[self.rank]
-        self.backwards_checked = False  # the simulator's check that every F has its B or I (once)
 
     @property
     def num_keys(self) -> int:
@@ -134,6 +133,21 @@ class CodedSchedule:
 
     def key_of(self, kind: int | np.ndarray, stage: int | np.ndarray, mb: int | np.ndarray) -> np.ndarray:
         return (np.asarray(kind) * self.num_stages + stage) * self.num_microbatches + mb
+
+    @cached_property
+    def forward_without_backward(self) -> tuple[int, int] | None:
+        """The first (stage, microbatch) with an F but no B or I, where the schedule has backwards (a
+        schedule of forwards only, an evaluation's, has none to miss); None where every F has one. The
+        one rule of ``validate`` that ``simulate`` checks (once per coded form: one vectorised pass)."""
+        ids = self.stage * self.num_microbatches + self.microbatch
+        size = self.num_stages * self.num_microbatches
+        forwards = np.bincount(ids[self.kind == F], minlength=size)
+        backward = (self.kind == B) | (self.kind == I)
+        backwards = np.bincount(ids[backward], minlength=size)
+        if not backwards.any():
+            return None
+        missing = np.flatnonzero((forwards > 0) & (backwards == 0))
+        return divmod(int(missing[0]), self.num_microbatches) if len(missing) else None
 
     @cached_property
     def keys(self) -> np.ndarray:

@@ -209,27 +209,6 @@ def figures_of(timeline: Timeline) -> Figures:
                    tuple(r.peak_host_units for r in ranks), tuple(r.stall for r in ranks))
 
 
-_F, _B, _I = sem.CODE[ActionKind.F], sem.CODE[ActionKind.B], sem.CODE[ActionKind.I]
-
-
-def _check_backwards(c: sem.CodedSchedule) -> None:
-    """Refuse a forward without its backward (B or I) in a schedule that has backwards, which
-    ``validate`` refuses too: the simulation would time a step that never frees that activation and
-    report its numbers. (A schedule of forwards only, an evaluation's, is timed as it is.) The one rule
-    of ``validate`` checked here (``simulate`` expects a valid schedule and does not validate it): one
-    vectorised pass, once per coded schedule (a search simulating it again does not pay it)."""
-    ids = c.stage * c.num_microbatches + c.microbatch
-    size = c.num_stages * c.num_microbatches
-    forwards = np.bincount(ids[c.kind == _F], minlength=size)
-    backwards = np.bincount(ids[(c.kind == _B) | (c.kind == _I)], minlength=size)
-    missing = np.flatnonzero((forwards > 0) & (backwards == 0) & bool(backwards.any()))
-    if len(missing):
-        stage, mb = divmod(int(missing[0]), c.num_microbatches)
-        raise ScheduleError(f"stage {stage}, microbatch {mb} has an F but no B (or I and W); simulate expects a "
-                            "valid schedule: validate(schedule) names every violation")
-    c.backwards_checked = True
-
-
 class _Simulation:
     """The event loop over the integer-coded schedule (``semantics.CodedSchedule``).
 
@@ -243,8 +222,9 @@ class _Simulation:
         self.schedule = schedule
         self.costs = costs
         self.c = c = coded(schedule)
-        if not c.backwards_checked:
-            _check_backwards(c)
+        if (missing := c.forward_without_backward) is not None:  # simulate expects a valid schedule
+            raise ScheduleError(f"stage {missing[0]}, microbatch {missing[1]} has an F but no B (or I and W); "
+                                "simulate expects a valid schedule: validate(schedule) names every violation")
         self.inputs = c.inputs(costs.p2p_time if c.lowered else costs.p2p_time + 2 * costs.message_time)
         self.duration = sem.durations(costs, c.num_stages)[c.kind, c.stage]
         self.amount = sem.memory_amounts(c, costs)  # an array: no float object per action

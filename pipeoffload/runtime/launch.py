@@ -140,7 +140,7 @@ class SpawnResult:
 
 _LATE = "still running: killed"  # the launcher's note for a rank it killed at the limit (``_outcome``)
 _CONSEQUENCES = ("connection reset", "connection closed", "lost the connection", "timed out", "peererror",
-                 "still running: killed", "stopped responding", "broken pipe")
+                 _LATE, "stopped responding", "broken pipe")
 
 
 def _consequence(error: str) -> bool:

@@ -26,6 +26,8 @@ class RunLock:
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / LOCK_FILE
         self._fd: int | None = None
+        self._made: list[Path] = []  # the folders acquire() created, outermost first (removed with the lock)
+        self._made_file = False  # whether acquire() created the lock file
 
     def __enter__(self) -> RunLock:
         self.acquire()
@@ -85,9 +87,9 @@ class RunLock:
     def _remove_made(self) -> None:
         """Remove the lock file and folders this lock created, where the run put nothing else in them."""
         with contextlib.suppress(OSError):
-            if getattr(self, "_made_file", False) and [p.name for p in self.path.parent.iterdir()] == [LOCK_FILE]:
+            if self._made_file and [p.name for p in self.path.parent.iterdir()] == [LOCK_FILE]:
                 self.path.unlink()
-        for folder in reversed(getattr(self, "_made", [])):
+        for folder in reversed(self._made):
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only while empty
 
