@@ -582,6 +582,8 @@ def spawn(
             sup.signal, results = int(exc.sigval), {}
             _wait_exits(sup.pids)
         finally:
+            if handler is not None:
+                _hear_out_repeats(sup)
             for s, h in previous.items():
                 signal.signal(s, h)
         outcome = _outcome(sup, folder, results, world_size)
@@ -589,6 +591,14 @@ def spawn(
         for r, dump in sorted(outcome.faults.items()):
             sys.stderr.write(f"rank {r} crashed; its Python stack (faulthandler):\n{dump.rstrip()}\n")
     return outcome
+
+
+def _hear_out_repeats(sup: _Supervisor) -> None:
+    """Keep our handler until ``REPEAT`` s past the first signal: ranks that finish their step and save
+    quickly return before `timeout`'s copy of the signal arrives, which the restored default handler
+    would take as a kill of this process (exit -15 after it had saved, not 143)."""
+    if sup.signalled_at is not None:
+        time.sleep(max(0.0, sup.signalled_at + REPEAT - time.monotonic()))
 
 
 def _outcome(sup: _Supervisor, folder: str, results: dict[int, bytes], world: int) -> SpawnResult:

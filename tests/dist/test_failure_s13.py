@@ -3,10 +3,19 @@ seconds each): a rank that exits with a code of its own and no Python error, a r
 collective, and a signal that reaches the ranks while they still ignore it."""
 from __future__ import annotations
 
+import os
 import signal
+import threading
+import time
+from pathlib import Path
 
 import pytest
-from failure_workers_s13 import exits_with_code, hangs_in_set_up, signalled_while_starting
+from failure_workers_s13 import (
+    exits_with_code,
+    hangs_in_set_up,
+    signalled_while_starting,
+    signals_the_launcher_and_returns,
+)
 
 from pipeoffload.runtime.launch import spawn
 
@@ -39,3 +48,31 @@ def test_a_signal_sent_while_the_ranks_ignore_it_is_still_delivered() -> None:
     assert result.ok, result.errors
     assert result.results == [signal.SIGINT, signal.SIGINT]
     assert result.interrupted == signal.SIGINT
+
+
+def test_a_copy_of_the_signal_after_the_ranks_returned_is_still_the_same_signal(tmp_path: Path) -> None:
+    """`kill -TERM -- -PGID` under `timeout`: the launcher gets the signal and `timeout`'s copy a moment
+    later. Where the ranks return before the copy arrives, spawn must still take it as the first delivered
+    twice, not hand it to the handler it restores (the CLI's default: killed by SIGTERM after saving)."""
+    mark = tmp_path / "sent"
+    after: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: after.append(signum))
+
+    def copy_of_the_signal() -> None:
+        deadline = time.monotonic() + 60
+        while not mark.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # past the ranks' return, within launch.REPEAT of the first
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    sender = threading.Thread(target=copy_of_the_signal)
+    sender.start()
+    try:
+        result = spawn(signals_the_launcher_and_returns, 2, (str(mark),), timeout=20, deadline=60,
+                       forward_signals=True, stop_grace=30)
+        sender.join()
+        time.sleep(0.1)  # a handler runs between the main thread's bytecodes
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result.ok and result.interrupted == signal.SIGTERM, result.errors
+    assert after == [], "the copy reached the restored handler"
