@@ -84,15 +84,18 @@ def all_keys(schedule: Schedule, timeline: Timeline, costs: CostModel, offload: 
 
 
 def auto_keys(schedule: Schedule, timeline: Timeline, costs: CostModel, report: OffloadReport,
-              offloaded: set[Key]) -> set[Key]:
-    """What ``recompute auto`` recomputes, given the offload pass's plan on ``timeline``."""
-    if report.budget is None:
+              offloaded: set[Key], budget: float | None = None) -> set[Key]:
+    """What ``recompute auto`` recomputes, given the offload pass's plan on ``timeline``: what it could
+    not hide, or, with a ``budget`` (activation units; default the report's), the longest-lived
+    activations the plan leaves on the device where its memory is above the budget."""
+    budget = report.budget if budget is None else budget
+    if budget is None:
         return set(report.unhidden)
     keys: set[Key] = set()
     planned = {r.rank: r.memory for r in report.per_rank}
     for tl in _timelines(schedule, timeline, costs):
         memory = np.array(planned.get(tl.rank) or tl.memory, dtype=float)
-        keys |= _cover_excess(tl, memory, report.budget, offloaded)
+        keys |= _cover_excess(tl, memory, budget, offloaded)
     return keys
 
 

@@ -104,6 +104,7 @@ class SimSummary:
     exact: bool = True  # False: an estimate from small sizes, to be confirmed by a full simulation
     changed: bool = False  # the lowering added OFFLOAD or R actions (else the plain schedule's twin)
     recomputed: bool = False  # the lowering added R actions (``recompute auto`` adds none where they buy nothing)
+    missed_budget: bool = False  # an ``offload budget:X`` the memory passes could not bring every rank to
     warnings: tuple[str, ...] = ()  # what the memory passes could not do (collected, not logged)
 
     @property
@@ -121,24 +122,34 @@ def build(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, memo: Memo 
     """The schedule of ``choice`` for pp ranks and m microbatches, memory passes applied, without SEND/RECV:
     the simulator models a schedule's transfers implicitly with the same result (tests check it).
     ``memo``: the caller's, when it builds or simulates related choices (see ``simulate_choice``)."""
-    return _build(choice, pp, m, costs, memo if memo is not None else Memo())[0]
+    return _build(choice, pp, m, costs, memo if memo is not None else Memo()).schedule
 
 
-def _build(choice: ScheduleChoice, pp: int, m: int, costs: CostModel,
-           memo: Memo) -> tuple[Schedule, tuple[str, ...], bool]:
+@dataclass(frozen=True)
+class _Built:
+    """A lowered schedule and what the search reads from its memory passes."""
+
+    schedule: Schedule
+    warnings: tuple[str, ...] = ()  # what the passes could not do (collected, not logged)
+    changed: bool = False  # they added OFFLOAD or R actions (under a stall budget: the budget changed the plan)
+    missed_budget: bool = False  # an offload budget not met (``OffloadReport.budget_met``)
+
+
+def _build(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, memo: Memo) -> _Built:
     """``build`` plus the warnings of the memory passes (a policy that cannot meet its target is
-    expected while exploring: the search reports it with the plan instead of logging it) and whether
-    they added OFFLOAD or R actions (under a stall budget: whether the budget changed the plan)."""
+    expected while exploring: the search reports it with the plan instead of logging it), whether
+    they added OFFLOAD or R actions (under a stall budget: whether the budget changed the plan) and
+    whether an offload budget was missed."""
     schedule = _generate(choice, pp, m, costs, memo)
     policies = {k: getattr(choice, k) for k in POLICIES if getattr(choice, k).kind != "none"}
     if not policies:
-        return schedule, (), False
+        return _Built(schedule)
     lowered, report = lower_with_report(schedule, costs, check=False, comms=False, log_warnings=False,
                                         memo=memo, **policies)
     changed = bool(report.offloaded or report.recomputed)
     if choice.offload.max_stall > 0:  # the same plan as without the budget is that variant's twin
         changed = changed and report.copy_time_factor < 1
-    return lowered, report.warnings, changed
+    return _Built(lowered, report.warnings, changed, report.budget_met is False)
 
 
 def time_lower_bound(choice: ScheduleChoice, pp: int, m: int, costs: CostModel) -> float:
@@ -199,19 +210,21 @@ def _summary(timeline: Timeline, extrapolated: bool = False, warnings: tuple[str
 def _simulated(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, memo: Memo) -> SimSummary:
     """Simulate the built schedule for its figures. A plain schedule's timeline is kept in ``memo``: the
     lowering of its memory-policy variants starts from that same simulation."""
-    schedule, warnings, changed = _build(choice, pp, m, costs, memo)
-    kept = memo.peek(simulate, schedule, costs) if changed else memo(simulate, schedule, costs)
+    built = _build(choice, pp, m, costs, memo)
+    schedule = built.schedule
+    kept = memo.peek(simulate, schedule, costs) if built.changed else memo(simulate, schedule, costs)
     figures = figures_of(kept) if kept is not None else simulate_figures(schedule, costs)
     return SimSummary(
-        changed=changed,
+        changed=built.changed,
         recomputed=ActionKind.R in schedule.kinds(),
+        missed_budget=built.missed_budget,
         makespan=figures.makespan,
         busy=figures.busy,
         peak_units=figures.peak_activation_units,
         host_units=figures.peak_host_units,
         stall=figures.stall,
         extrapolated=False,
-        warnings=warnings,
+        warnings=built.warnings,
     )
 
 
@@ -266,6 +279,7 @@ def simulate_choice(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, *
         exact=steady and choice.periodic(),
         changed=b.changed,
         recomputed=b.recomputed,
+        missed_budget=b.missed_budget,
         warnings=b.warnings,
     )
 
@@ -298,6 +312,7 @@ def _policy_estimate(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, 
         exact=False,
         changed=one.changed,
         recomputed=one.recomputed,
+        missed_budget=one.missed_budget,
         warnings=one.warnings,
     )
 

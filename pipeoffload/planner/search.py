@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from pipeoffload._perf import Memo, gc_paused
 from pipeoffload.errors import ConfigError
@@ -35,13 +35,16 @@ from pipeoffload.planner.candidates import (
 from pipeoffload.planner.evaluate import SimSummary, lowering_options, simulate_choice
 from pipeoffload.planner.hardware import gib
 from pipeoffload.planner.plans import GIB, InfeasibleError, Plan, PlanRequest, SearchResult, pareto_front
-from pipeoffload.policies import RecomputePolicy
+from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 
 log = logging.getLogger(__name__)
 progress_log = logging.getLogger("pipeoffload.planner.progress")  # the CLI shows it on stderr
 PROGRESS_AFTER, PROGRESS_EVERY = 3.0, 5.0  # seconds before the first progress line, and between lines
 _AUTO = RecomputePolicy("auto")
 BATCH = 2  # candidates taken from the queue at a time; fixed, so results do not depend on ``workers``
+_SAME_STEP = 1e-9  # relative: a fitting plan's step within this of its plain schedule's is that step
+NOT_NEEDED = "not needed: a plan without it fits"
+SLOWER = "not faster than a plan of a cheaper policy that fits (tried past the escalation)"
 
 def find_plans(req: PlanRequest) -> SearchResult:
     """Find the fastest plans that fit ``req.memory_budget``; raise ``InfeasibleError`` if none does.
@@ -49,7 +52,9 @@ def find_plans(req: PlanRequest) -> SearchResult:
     Candidates are simulated in order of a lower bound on their step time. Offload and recompute only
     add waits and work to a schedule, so a schedule's offload/recompute variants are queued after the
     plain schedule, bounded by its step time; with ``req.escalate`` only when nothing cheaper of the
-    same schedule fits: first the offload variants, then the recompute ones. A candidate is skipped
+    same schedule fits: first the offload variants, then the recompute ones; past the first level that
+    fits, the later ones only for a faster best plan (``_Search._bar``), so a larger budget, where a
+    cheaper level starts to fit, does not lose a faster plan of a later one. A candidate is skipped
     when its bound is slower than the top ``req.top`` (and, with ``req.best_per_tp``, than the best
     plan of its TP size), so the Pareto frontier is that of the simulated plans; with
     ``req.exact_frontier`` a candidate is also
@@ -116,6 +121,15 @@ def _find_plans(req: PlanRequest) -> SearchResult:
     return SearchResult(req, ordered, len(cands), len(search.plans), elapsed, skipped)
 
 
+@dataclass
+class _Fit:
+    """A schedule's fitting plans without a stall budget: the escalation level of the first, the fastest step."""
+
+    level: int
+    step: float = float("inf")
+    plans: list[Plan] = field(default_factory=list)
+
+
 class _Search:
     """The priority queue of candidates, the escalation of memory policies, and the pruning state; and
     the search's memo (schedules, simulations and offload plans its candidates share, see ``_perf.Memo``),
@@ -132,7 +146,7 @@ class _Search:
         self.front: list[tuple[float, float]] = []  # (memory, step time) of fitting plans
         self.base_time: dict[tuple, float] = {}
         self.base_sim: dict[tuple, SimSummary] = {}
-        self.fitted: set[tuple] = set()  # base keys with a fitting plan
+        self.fits: dict[tuple, _Fit] = {}  # base key -> its fitting plans (without a stall budget)
         self.pushed = 0
         self.keys: set[tuple] = set()  # every candidate's key
         self.started = time.perf_counter()
@@ -157,14 +171,62 @@ class _Search:
         heapq.heappush(self.queue, (bound, cand.key(), self.pushed, cand))
 
     def _release(self, base: tuple) -> None:
-        """Queue the next level of memory policies of ``base`` (all of them without escalation)."""
+        """Queue the next level of memory policies of ``base`` (all of them without escalation). Past a
+        fitting level, the variants ``_not_worth_trying`` are left out."""
         levels = self.levels.get(base)
         while levels:
-            level = levels.pop(0)
+            level = [cand for cand in levels.pop(0) if not self._not_worth_trying(cand)]
             for cand in level:
                 self._push(cand, max(cand.time_bound, self.base_time.get(base, 0.0)))
             if self.req.escalate and level:
                 break
+
+    def _not_worth_trying(self, cand: Candidate) -> bool:
+        """Past a fitting level of its schedule: ``recompute first:K'`` without offload where
+        ``first:K`` (K < K') fits, since the same R actions and more can only lengthen the step; and,
+        a rule for cost (level 4's offload passes are the search's most expensive step), level 4
+        (``offload auto``, ``recompute auto``) where a level-3 plan fits and met its budget X: it
+        recomputed what stays above X of the two offload plans level 3 reads, one of them level 4's
+        (``passes.lower._auto_keys``). A level-3 plan that missed X fits only by the other ranks'
+        memory, and level 4 is tried after it (the case of the 70B search, docs/planner.md)."""
+        fit = self.fits.get(cand.base_key())
+        if fit is None:
+            return False
+        choice = cand.choice
+        if choice.recompute.kind == "first" and choice.offload == OffloadPolicy():
+            skip = any(p.choice.offload == choice.offload and p.choice.recompute.kind == "first"
+                       and p.choice.recompute.count < choice.recompute.count
+                       and replace(p.choice.recompute, count=choice.recompute.count) == choice.recompute
+                       for p in fit.plans)
+        else:
+            skip = level(choice) == 4 and any(level(p.choice) == 3 and not p.sim.missed_budget for p in fit.plans)
+        if skip:
+            count(self.skipped, NOT_NEEDED)
+        return skip
+
+    def _beyond_fit(self, cand: Candidate) -> bool:
+        """Whether ``cand`` is of a later escalation level than its schedule's first fitting plan: it is
+        tried only for a faster plan than that one (``_may_be_faster``, ``_bar``)."""
+        fit = self.fits.get(cand.base_key())
+        return self.req.escalate and fit is not None and level(cand.choice) > fit.level
+
+    def _bar(self, cand: Candidate) -> float:
+        """The step a variant tried past its schedule's fitting level must beat to matter: that fitting
+        plan's, and the fastest fitting plan's so far (of its TP size with ``req.best_per_tp``). So the
+        best plan (per TP size) is that of every level, and the other shown plans those of the first
+        fitting level of their schedule, as before."""
+        best = self.best_tp.get(cand.layout.tp, float("inf")) if self.req.best_per_tp else (
+            self.top[0] if self.top else float("inf"))
+        return min(self.fits[cand.base_key()].step, best)
+
+    def _may_be_faster(self, base: tuple) -> bool:
+        """Whether a later escalation level of ``base`` could give a faster plan than its fitting one:
+        every variant runs the plain schedule's compute and adds copies or recomputation, so nothing is
+        faster than a fitting plan at the plain schedule's step (no offload, or offload hidden)."""
+        fit = self.fits.get(base)
+        if not self.req.escalate or fit is None:
+            return True
+        return fit.step > self.base_time.get(base, 0.0) * (1 + _SAME_STEP)
 
     def _prunable(self, cand: Candidate, bound: float) -> bool:
         req = self.req
@@ -187,6 +249,10 @@ class _Search:
                 if max(cand.static_bytes) > self.req.memory_budget:
                     count(self.skipped, "weights + optimizer state alone exceed the budget")
                     self._drop(cand.base_key())
+                elif self._beyond_fit(cand) and bound >= self._bar(cand):
+                    count(self.skipped, NOT_NEEDED)  # its bound: it cannot give a faster best plan
+                    if not self._pending(cand.base_key()):
+                        self._release(cand.base_key())  # a later level's bound is its own
                 elif self._prunable(cand, bound):
                     count(self.skipped, "pruned: its step-time bound cannot make the shown plans")
                     self._drop(cand.base_key())
@@ -202,7 +268,7 @@ class _Search:
                 self._done(cand, plans.get(cand.key()))
             self._progress()
         for base in list(self.levels):
-            self._drop(base, reason="not needed: a plan without it fits")
+            self._drop(base, reason=NOT_NEEDED)
 
     def _progress(self) -> None:
         now = time.perf_counter()
@@ -226,14 +292,16 @@ class _Search:
                   if cand.choice.offload.max_stall > 0 else "policy changed nothing (same as the plain schedule)")
         elif self._recomputes_nothing(cand, plan):
             count(self.skipped, "recompute auto recomputed nothing (same as its offload policy alone)")
+        elif self._beyond_fit(cand) and not (plan.fits and plan.step_time < self.fits[base].step):
+            count(self.skipped, SLOWER)
         else:
             self.plans[cand.key()] = plan
         if plan is not None and cand.is_base():
             self.base_time[base] = plan.step_time
             self.base_sim[base] = plan.sim
         if plan is not None and plan.fits and cand.key() in self.plans:
-            self._record(plan, base)
-        if not (self.req.escalate and base in self.fitted) and not self._pending(base):
+            self._record(plan, cand, base)
+        if self._may_be_faster(base) and not self._pending(base):
             self._release(base)
 
     def _recomputes_nothing(self, cand: Candidate, plan: Plan) -> bool:
@@ -246,10 +314,12 @@ class _Search:
         offload = choice.offload if choice.offload.max_stall > 0 else replace(choice.offload, rank_offsets=())
         return (str(cand.layout), replace(choice, recompute=RecomputePolicy(), offload=offload)) in self.keys
 
-    def _record(self, plan: Plan, base: tuple) -> None:
+    def _record(self, plan: Plan, cand: Candidate, base: tuple) -> None:
         # a stall budget's plan is an extra: the policies without it escalate as they would without it
         if plan.choice.offload.max_stall == 0:
-            self.fitted.add(base)
+            fit = self.fits.setdefault(base, _Fit(level(cand.choice)))
+            fit.step = min(fit.step, plan.step_time)
+            fit.plans.append(plan)
         self.top = sorted(self.top + [plan.step_time])[: self.req.top]
         tp = plan.layout.tp
         self.best_tp[tp] = min(self.best_tp.get(tp, float("inf")), plan.step_time)
