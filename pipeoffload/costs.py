@@ -290,7 +290,17 @@ def load_cost_model(path: str) -> CostModel:
 
 
 def load_cost_file(path: str) -> tuple[CostModel, str]:
-    """A cost file's model and the time unit of its numbers (``cost_file_time_unit``)."""
+    """A cost file's model and the time unit of its numbers (``cost_file_time_unit``). An error names the
+    file as the request's ``costs_file`` (the command line: ``--costs``)."""
+    where = "costs file"  # the reader's messages start with it: replaced by the field (the flag) and the path
+    try:
+        return _read_cost_file(path, where)
+    except ConfigError as err:
+        why = str(err).removeprefix(f"{where}: ")
+        raise ConfigError.named(lambda n: f"{n.given('costs_file', repr(path))}: {why}") from None
+
+
+def _read_cost_file(path: str, where: str) -> tuple[CostModel, str]:
     import json
     from pathlib import Path
 
@@ -300,10 +310,9 @@ def load_cost_file(path: str) -> tuple[CostModel, str]:
         text = Path(path).read_text()
         data = json.loads(text) if str(path).endswith(".json") else tomllib.loads(text)
     except (OSError, ValueError) as err:  # JSONDecodeError and TOMLDecodeError are ValueErrors
-        raise ConfigError(f"--costs {path!r}: {err}") from None
+        raise ConfigError(f"{where}: {err}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"--costs {path!r}: expected an object of CostModel fields")
-    where = f"--costs {path!r}"
+        raise ConfigError(f"{where}: expected an object of CostModel fields")
     costs, unit = cost_model_from_dict(data, where=where), cost_file_time_unit(data, where)
     stages = max((len(v) for v in (costs.time_f, costs.time_i, costs.time_w, costs.time_b) if isinstance(v, tuple)),
                  default=1)

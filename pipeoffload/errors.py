@@ -1,16 +1,80 @@
-"""Error types: one for bad schedules (with a rendered grid), one for bad configuration; and the one
-line for a missing optional extra, which every entry point (the ``pipeoffload`` commands, ``python -m
+"""Error types: one for bad schedules (with a rendered grid), one for bad configuration; the names a
+configuration error gives what the user set (a request's fields, or the command line's flags); and the
+one line for a missing optional extra, which every entry point (the ``pipeoffload`` commands, ``python -m
 pipeoffload.runtime``) prints instead of a traceback."""
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from pipeoffload.textgrid import render_grid
 
+# The command-line flag of each request field whose flag is not ``--`` + its name with dashes; a dotted
+# field is one of the request's model (``model.layers``: ``--layers``).
+FLAG_OF_FIELD = {
+    "costs_file": "--costs", "memory_budget": "--memory", "host_memory_budget": "--host-memory",
+    "tp_sizes": "--tp", "pp_sizes": "--pp", "model.microbatch": "--microbatch-size",
+}
+
+
+def flag_of(field: str) -> str:
+    """The command-line flag that sets request field ``field``: ``time_f`` is ``--time-f``."""
+    return FLAG_OF_FIELD.get(field) or "--" + field.rpartition(".")[2].replace("_", "-")
+
+
+class Naming:
+    """How a message names what the user set: a request's field (``tp=3``: the Python API, and the
+    playground, whose query parameters are the fields) or its command-line flag (``--tp 3``)."""
+
+    def __init__(self, flags: bool) -> None:
+        self.flags = flags
+
+    def __call__(self, field: str) -> str:
+        """The name alone: ``tp`` or ``--tp``."""
+        return flag_of(field) if self.flags else field
+
+    def given(self, field: str, value: object) -> str:
+        """The name with the value given: ``tp=3`` or ``--tp 3``. Text is shown as it is (the caller
+        formats numbers); a tuple is ``(4, 8)`` for a field and ``4,8`` for a flag (``''`` when empty)."""
+        if isinstance(value, tuple):
+            value = (",".join(map(str, value)) or "''") if self.flags else repr(value)
+        return f"{self(field)} {value}" if self.flags else f"{field}={value}"
+
+
+FIELDS = Naming(flags=False)
+FLAGS = Naming(flags=True)
+_E = TypeVar("_E", bound="ConfigError")
+
 
 class ConfigError(ValueError):
-    """A value a user gave violates a constraint. The message names the value, the rule and the fix."""
+    """A value a user gave violates a constraint. The message names the value, the rule and the fix.
+
+    One raised with ``named`` names what was set as the request's fields (``str(err)``), and carries the
+    same message naming the command line's flags (``in_words(FLAGS)``), which the CLI prints."""
+
+    flag_message: str | None = None  # set by ``named``; None: the message names no field
+
+    @classmethod
+    def named(cls: type[_E], words: Callable[[Naming], str], *args: Any) -> _E:
+        """The error whose message is ``words(naming)``: fields in ``str(err)``, flags for the CLI
+        (``args``: a subclass's other arguments)."""
+        err = cls(words(FIELDS), *args)
+        err.flag_message = words(FLAGS)
+        return err
+
+    def in_words(self, naming: Naming) -> str:
+        """The message naming fields or flags (the same text where it names neither)."""
+        return self.flag_message if naming.flags and self.flag_message is not None else str(self)
+
+    def prefixed(self, prefix: str) -> ConfigError:
+        """This error's first line after ``prefix: `` (the run or argument it came from), in both namings."""
+        return ConfigError.named(lambda n: f"{prefix}: {self.in_words(n).splitlines()[0]}")
+
+
+def in_flags(err: Exception) -> str:
+    """``err``'s message as a command line prints it: a ``ConfigError`` naming the flags, not the fields."""
+    return err.in_words(FLAGS) if isinstance(err, ConfigError) else str(err)
 
 
 class ScheduleError(ValueError):

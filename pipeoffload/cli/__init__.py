@@ -80,7 +80,7 @@ def _main(argv: Sequence[str] | None) -> int:
         import logging
 
         from pipeoffload.cli.common import missing_extra
-        from pipeoffload.errors import ConfigError, ScheduleError
+        from pipeoffload.errors import ConfigError, ScheduleError, in_flags
 
         parser = build_parser()
     finally:
@@ -95,7 +95,7 @@ def _main(argv: Sequence[str] | None) -> int:
         refuse_non_finite(args)
         return int(args.run(args) or 0)
     except (ConfigError, ScheduleError) as err:
-        return _fail(args, str(err).splitlines()[0], 2)
+        return _fail(args, in_flags(err).splitlines()[0], 2)  # a message naming what was set names the flags
     except ModuleNotFoundError as err:
         extra = missing_extra(err)
         if extra is None:

@@ -61,7 +61,7 @@ def parse_spec(spec: str, common: str = "") -> tuple[SimulateRequest, str]:
                 raise ConfigError(f"--{flag} is not used inside compare; use compare's own -o/--plots/--json")
         request = simulate_cli.request_from_args(args)
     except ConfigError as err:
-        raise ConfigError(f"{spec!r}: {str(err).splitlines()[0]}") from None
+        raise err.prefixed(repr(spec)) from None
     return request, shlex.join(["pipeoffload", "simulate", *argv])
 
 

@@ -60,7 +60,7 @@ def baseline_request(req: PlanRequest, baseline: str) -> PlanRequest:
     if baseline == "best":
         return replace(req, tp_sizes=tuple(t for t in (2, 4, 8) if t <= req.hardware.gpus_per_node),
                        best_per_tp=False)
-    raise ConfigError(f"--baseline {baseline!r}: use one of {', '.join(BASELINES)}")
+    raise ConfigError.named(lambda n: f"{n.given('baseline', repr(baseline))}: use one of {', '.join(BASELINES)}")
 
 
 def pp_request(req: PlanRequest) -> PlanRequest:
@@ -80,8 +80,9 @@ def compare_tp(req: PlanRequest, baseline: str = "tp8-interleaved", match_memory
     even lower memory" asks for both at once)."""
     base = baseline_request(req, baseline)
     if baseline == "tp8-interleaved" and (req.gpus % 8 or req.model.heads % 8 or req.model.num_kv_heads % 8):
-        raise ConfigError(f"--baseline tp8-interleaved needs GPUs ({req.gpus}), heads ({req.model.heads}) and "
-                          f"KV heads ({req.model.num_kv_heads}) divisible by 8; use --baseline best")
+        raise ConfigError.named(lambda n: f"{n.given('baseline', 'tp8-interleaved')} needs GPUs ({req.gpus}), heads "
+                                f"({req.model.heads}) and KV heads ({req.model.num_kv_heads}) divisible by 8; use "
+                                f"{n.given('baseline', 'best')}")
     tp, tp_err = _best(base)
     pp_req = pp_request(req)
     if match_memory and tp is not None:

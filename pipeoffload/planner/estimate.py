@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 
 from pipeoffload._perf import Memo
 from pipeoffload.costs import CostModel
-from pipeoffload.errors import ConfigError
+from pipeoffload.errors import ConfigError, Naming
 from pipeoffload.planner.candidates import BUDGET_FROM_MEMORY, dp_sync_time, planned_choice, static_split
 from pipeoffload.planner.evaluate import ScheduleChoice, SimSummary, build, placement_of, simulate_choice
 from pipeoffload.planner.exchange import lockstep_makespan
@@ -145,31 +145,38 @@ class EstimateRequest:
         self.check()
 
     def _check_policies(self) -> None:
-        """The memory policies, each refusal one line in the flags' words."""
+        """The memory policies, each refusal one line naming the fields (the command line: its flags)."""
         if re.fullmatch(r"\s*([a-z0-9:.]+)\s*\+\s*([0-9.]+)\s*%\s*", str(self.offload), re.IGNORECASE):
             policy, pct = re.split(r"\+", str(self.offload).strip().rstrip("%"), maxsplit=1)
-            raise ConfigError(f"--offload {self.offload}: write the stall budget as --offload {policy.strip()} "
-                              f"--max-stall {pct.strip()} (plan's offload column prints them joined)")
+            raise ConfigError.named(lambda n: f"{n.given('offload', self.offload)}: write the stall budget as "
+                                    f"{n.given('offload', policy.strip())} {n.given('max_stall', pct.strip())} "
+                                    "(plan's offload column prints them joined)")
         if self.offload_text != "budget":
             OffloadPolicy.parse(self.offload)  # one line on a malformed policy
-        _refuse_partial("--recompute-policy", self.recompute_policy, RECOMPUTE_POLICY_FORMS)
+        _refuse_partial("recompute_policy", self.recompute_policy, RECOMPUTE_POLICY_FORMS)
         stall = self.max_stall
         if isinstance(stall, bool) or not isinstance(stall, (int, float)) or not (math.isfinite(stall) and stall >= 0):
-            raise ConfigError(f"--max-stall {stall!r}: must be a finite percentage >= 0 (e.g. 5 for 5 %)")
+            raise ConfigError.named(lambda n: f"{n.given('max_stall', repr(stall))}: must be a finite percentage "
+                                    ">= 0 (e.g. 5 for 5 %)")
         offload, recompute = self.offload_text, RecomputePolicy.parse(self.recompute_policy)
         if stall > 0 and offload == "none":
-            raise ConfigError(f"--max-stall {stall:g} lets offload copies stall, but --offload is none: give an "
-                              "offload policy (e.g. --offload auto) or leave --max-stall out")
+            raise ConfigError.named(lambda n: f"{n.given('max_stall', f'{stall:g}')} lets offload copies stall, but "
+                                    f"{n('offload')} is none: give an offload policy (e.g. {n.given('offload', 'auto')}) "
+                                    f"or leave {n('max_stall')} out")
         if recompute.kind == "auto" and offload == "none":
-            raise ConfigError("--recompute-policy auto recomputes what the offload policy could not move: give "
-                              "--offload auto, budget or budget:X too, or use --recompute-policy first:K")
+            raise ConfigError.named(lambda n: f"{n.given('recompute_policy', 'auto')} recomputes what the offload "
+                                    f"policy could not move: give {n.given('offload', 'auto')}, budget or budget:X "
+                                    f"too, or use {n.given('recompute_policy', 'first:K')}")
         if recompute.kind == "auto" and stall > 0:
-            raise ConfigError(f"--max-stall {stall:g} with --recompute-policy auto: both deal with what the copy "
-                              "lane cannot hide (plan never combines them); use one of them")
+            raise ConfigError.named(lambda n: f"{n.given('max_stall', f'{stall:g}')} with "
+                                    f"{n.given('recompute_policy', 'auto')}: both deal with what the copy lane cannot "
+                                    "hide (plan never combines them); use one of them")
         if self.recompute == "full" and recompute.kind != "none":
-            raise ConfigError(f"--recompute full with --recompute-policy {recompute}: Megatron's full recomputation "
-                              "already re-runs every layer from its checkpoint, and a policy's recomputation on top "
-                              "of it is not modelled; use --recompute none or selective with the policy")
+            raise ConfigError.named(lambda n: f"{n.given('recompute', 'full')} with "
+                                    f"{n.given('recompute_policy', recompute)}: Megatron's full recomputation already "
+                                    "re-runs every layer from its checkpoint, and a policy's recomputation on top of "
+                                    f"it is not modelled; use {n.given('recompute', 'none')} or selective with the "
+                                    "policy")
 
     @property
     def offload_text(self) -> str:
@@ -178,32 +185,35 @@ class EstimateRequest:
     def check(self) -> None:
         """Megatron's constraints on the layout, each as one line with its fix."""
         m, tp = self.model, self.tp
+        per_node = self.hardware.gpus_per_node
         if m.heads % tp or m.num_kv_heads % tp or m.ffn_size % tp:
-            raise ConfigError(f"--tp {tp} must divide the heads ({m.heads}), KV heads ({m.num_kv_heads}) and "
-                              f"FFN width ({m.ffn_size}); use --tp {m.tp_sizes(self.hardware.gpus_per_node)}")
-        if tp > self.hardware.gpus_per_node:
-            raise ConfigError(f"--tp {tp} is above the {self.hardware.gpus_per_node} GPUs per node (tensor "
-                              "parallelism stays inside a node); use a smaller --tp")
+            raise ConfigError.named(lambda n: f"{n.given('tp', tp)} must divide the heads ({m.heads}), KV heads "
+                                    f"({m.num_kv_heads}) and FFN width ({m.ffn_size}); use "
+                                    f"{n.given('tp', m.tp_sizes(per_node))}")
+        if tp > per_node:
+            raise ConfigError.named(lambda n: f"{n.given('tp', tp)} is above the {per_node} GPUs per node (tensor "
+                                    f"parallelism stays inside a node); use a smaller {n('tp')}")
         spec = get_spec(self.schedule)  # an unknown family fails here with the valid names
         v = self.stages_for(spec)
         self._check_group_size(spec)
         asked = self.stages_per_rank
         runs = 1 if not spec.interleaved and not spec.fixed_stages_per_rank else v
         if asked is not None and asked != runs and not spec.interleaved:  # never silently another v
-            fix = ("use an interleaved family such as interleaved-1f1b, or drop the flag" if runs == 1
-                   else f"give {runs} or drop the flag")
-            raise ConfigError(f"--stages-per-rank {asked}: schedule {self.schedule} runs {runs} stage(s) per rank; "
-                              + fix)
+            fix = ("use an interleaved family such as interleaved-1f1b, or " if runs == 1 else f"give {runs} or ")
+            raise ConfigError.named(lambda n: f"{n.given('stages_per_rank', asked)}: schedule {self.schedule} runs "
+                                    f"{runs} stage(s) per rank; {fix}{_drop(n, 'stages_per_rank')}")
         if spec.interleaved and self.pp == 1:
-            raise ConfigError(f"--schedule {spec.name} interleaves stages over the pipeline ranks and needs --pp > 1 "
-                              "(at --pp 1 it would be 1F1B); use --schedule 1f1b or a larger --pp")
+            raise ConfigError.named(lambda n: f"{n.given('schedule', spec.name)} interleaves stages over the pipeline "
+                                    f"ranks and needs {n('pp')} > 1 (at {n.given('pp', 1)} it would be 1F1B); use "
+                                    f"{n.given('schedule', '1f1b')} or a larger {n('pp')}")
         if self.recompute == "full" and spec.backward == "split":
             # Megatron's full recomputation keeps one checkpoint per layer until the backward; a split
             # backward's W then needs every layer's linear inputs from I until W (7x a GPT checkpoint),
             # which the checkpoint-sized activation of this model cannot hold: refuse, never under-count
-            raise ConfigError(f"--recompute full with --schedule {spec.name} (a split backward) is not modelled: W "
-                              "keeps each layer's linear inputs from I to W, more than the checkpoint; use "
-                              "--recompute selective or none, or a schedule with a full backward such as 1f1b")
+            raise ConfigError.named(lambda n: f"{n.given('recompute', 'full')} with {n.given('schedule', spec.name)} "
+                                    "(a split backward) is not modelled: W keeps each layer's linear inputs from I to "
+                                    f"W, more than the checkpoint; use {n.given('recompute', 'selective')} or none, or "
+                                    "a schedule with a full backward such as 1f1b")
         if self.grad_accumulation not in GRAD_ACCUMULATION:
             raise ConfigError(f"grad accumulation {self.grad_accumulation!r}: use one of {', '.join(GRAD_ACCUMULATION)}")
         if self.split not in SPLITS:
@@ -212,54 +222,57 @@ class EstimateRequest:
         if self.layers_per_stage is not None:
             self._check_layers_per_stage(stages, v)
         elif self.split == "balanced" and m.layers < stages - 2:
-            raise ConfigError(f"--layers {m.layers} cannot fill pp x stages-per-rank = {self.pp} x {v} stages even "
-                              "with an embedding-only and a head-only stage; use fewer stages")
+            raise ConfigError.named(lambda n: f"{n.given('model.layers', m.layers)} cannot fill pp x stages-per-rank "
+                                    f"= {self.pp} x {v} stages even with an embedding-only and a head-only stage; use "
+                                    "fewer stages")
         elif stages > most_stages(self.split, m.layers):  # the even split (``split.even_split``)
-            balanced = " or --split balanced" if stages <= most_stages("balanced", m.layers) else ""
-            raise ConfigError(f"--layers {m.layers} cannot give each of pp x stages-per-rank = {self.pp} x {v} "
-                              f"stages a layer (--split even); use fewer stages{balanced}"
-                              + (" (its first and last stage may hold only the embedding and the head)"
-                                 if balanced else ""))
+            balanced = stages <= most_stages("balanced", m.layers)
+            raise ConfigError.named(lambda n: f"{n.given('model.layers', m.layers)} cannot give each of pp x "
+                                    f"stages-per-rank = {self.pp} x {v} stages a layer ({n.given('split', 'even')}); "
+                                    "use fewer stages" + (f" or {n.given('split', 'balanced')} (its first and last "
+                                    "stage may hold only the embedding and the head)" if balanced else ""))
         per_step = self.dp * m.microbatch
         if self.global_batch % per_step:
-            raise ConfigError(f"--global-batch {self.global_batch} is not divisible by dp x microbatch size = "
-                              f"{self.dp} x {m.microbatch}; use a multiple of {per_step}")
+            raise ConfigError.named(lambda n: f"{n.given('global_batch', self.global_batch)} is not divisible by dp x "
+                                    f"microbatch size = {self.dp} x {m.microbatch}; use a multiple of {per_step}")
         if spec.name == "interleaved-1f1b" and self.pp > 1 and self.microbatches % self.pp:
-            raise ConfigError(f"interleaved-1f1b needs the microbatches ({self.microbatches}) to be a multiple of "
-                              f"--pp {self.pp}; change --global-batch or --microbatch-size")
+            raise ConfigError.named(lambda n: f"interleaved-1f1b needs the microbatches ({self.microbatches}) to be a "
+                                    f"multiple of {n.given('pp', self.pp)}; change {n('global_batch')} or "
+                                    f"{n('model.microbatch')}")
 
     def _check_group_size(self, spec: ScheduleSpec) -> None:
         g = self.group_size
         if g is None:
             return
         if isinstance(g, bool) or not isinstance(g, int):
-            raise ConfigError(f"--group-size {g!r}: must be an integer >= 1")
+            raise ConfigError.named(lambda n: f"{n.given('group_size', repr(g))}: must be an integer >= 1")
         if "group_size" not in spec.options:
             grouped = ", ".join(n for n in schedule_names() if "group_size" in get_spec(n).options)
-            raise ConfigError(f"--group-size {g}: schedule {spec.name} has no group size (only {grouped} has one); "
-                              "drop the flag")
+            raise ConfigError.named(lambda n: f"{n.given('group_size', g)}: schedule {spec.name} has no group size "
+                                    f"(only {grouped} has one); {_drop(n, 'group_size')}")
         if not 1 <= g <= self.pp:
-            raise ConfigError(f"--group-size {g}: must be in 1..pp = 1..{self.pp} (ceil(PP/2) for the least memory, "
-                              "PP for the smallest bubble)")
+            raise ConfigError.named(lambda n: f"{n.given('group_size', g)}: must be in 1..pp = 1..{self.pp} "
+                                    "(ceil(PP/2) for the least memory, PP for the smallest bubble)")
 
     def _check_layers_per_stage(self, stages: int, v: int) -> None:
         split, layers = self.layers_per_stage, self.model.layers
         if isinstance(split, (str, bytes)) or not isinstance(split, (tuple, list)) or not all(
                 isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in split):
             raise ConfigError(f"layers_per_stage={split!r}: give a tuple of layer counts >= 0, e.g. (3, 3, 2, 2)")
-        shown = ",".join(map(str, split))
+        shown = tuple(split)  # a tuple: (3, 3, 2) as a field, 3,3,2 as the flag
         if self.split == "balanced":
-            raise ConfigError("--layers-per-stage with --split balanced: give one of them (an explicit split "
-                              "replaces the computed one)")
+            raise ConfigError.named(lambda n: f"{n('layers_per_stage')} with {n.given('split', 'balanced')}: give one "
+                                    "of them (an explicit split replaces the computed one)")
         if len(split) != stages:
-            raise ConfigError(f"--layers-per-stage {shown}: needs {stages} stages (pp x stages-per-rank = {self.pp} x "
-                              f"{v}), one count each; got {len(split)}")
+            raise ConfigError.named(lambda n: f"{n.given('layers_per_stage', shown)}: needs {stages} stages (pp x "
+                                    f"stages-per-rank = {self.pp} x {v}), one count each; got {len(split)}")
         if sum(split) != layers:
-            raise ConfigError(f"--layers-per-stage {shown}: holds {sum(split)} layers, the model has {layers}; "
-                              f"give counts that add up to {layers}")
+            raise ConfigError.named(lambda n: f"{n.given('layers_per_stage', shown)}: holds {sum(split)} layers, the "
+                                    f"model has {layers}; give counts that add up to {layers}")
         if min(split[1:-1], default=1) < 1:
-            raise ConfigError(f"--layers-per-stage {shown}: every stage but the first and the last needs a layer "
-                              "(the first may hold only the embedding, the last only the head)")
+            raise ConfigError.named(lambda n: f"{n.given('layers_per_stage', shown)}: every stage but the first and "
+                                    "the last needs a layer (the first may hold only the embedding, the last only "
+                                    "the head)")
 
     def group_for(self, spec: ScheduleSpec | None = None) -> int | None:
         """The group size simulated: the one asked, else the family's own (its lowest-memory one, which
@@ -567,17 +580,24 @@ def _refuse_policy_as_recompute(text: object) -> None:
         policy = RecomputePolicy.parse(text)  # type: ignore[arg-type]
     except ConfigError:
         return
-    _refuse_partial("--recompute", text, ", ".join(RECOMPUTE_MODES))
+    _refuse_partial("recompute", text, ", ".join(RECOMPUTE_MODES))
     if policy.kind != "none":
-        raise ConfigError(f"--recompute {text} is a pipeoffload recompute policy (plan's recompute column): give "
-                          f"it as --recompute-policy {text}; --recompute takes Megatron's {', '.join(RECOMPUTE_MODES)}")
+        raise ConfigError.named(lambda n: f"{n.given('recompute', text)} is a pipeoffload recompute policy (plan's "
+                                f"recompute column): give it as {n.given('recompute_policy', text)}; {n('recompute')} "
+                                f"takes Megatron's {', '.join(RECOMPUTE_MODES)}")
 
 
-def _refuse_partial(flag: str, text: object, forms: str) -> None:
-    """A partial-recomputation form of a policy (``lgd``, ``partial:S:T``) names the flag that models it:
+def _refuse_partial(field: str, text: object, forms: str) -> None:
+    """A partial-recomputation form of a policy (``lgd``, ``partial:S:T``) names the field that models it:
     a policy's own partial form is applied only while lowering, never to the costs simulated, so plan
     has no row with it."""
     policy = RecomputePolicy.parse(text)  # type: ignore[arg-type]
     if policy.partial:
-        raise ConfigError(f"{flag} {text}: partial recomputation is --partial-recompute here (LGD: LayerNorm, "
-                          f"activation and dropout recomputed in the backward, as plan); {flag} takes {forms}")
+        raise ConfigError.named(lambda n: f"{n.given(field, text)}: partial recomputation is "
+                                f"{n('partial_recompute')} here (LGD: LayerNorm, activation and dropout recomputed in "
+                                f"the backward, as plan); {n(field)} takes {forms}")
+
+
+def _drop(n: Naming, field: str) -> str:
+    """The fix of a value that the request should not set: the CLI drops the flag, the API leaves it None."""
+    return "drop the flag" if n.flags else f"leave {field} None"

@@ -5,7 +5,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-from pipeoffload.errors import ConfigError
+from pipeoffload.errors import ConfigError, Naming
 from pipeoffload.planner.evaluate import ScheduleChoice, SimSummary
 from pipeoffload.planner.hardware import HardwareSpec, check_hardware
 from pipeoffload.planner.measured import check_profile
@@ -19,8 +19,12 @@ DEFAULT_SCHEDULES = ("1f1b", "zb-h1", "interleaved-1f1b", "group-interleaved", "
 # group-interleaved with g = d has interleaved 1F1B's memory and a smaller bubble (split backward), so
 # Megatron's interleaved 1F1B is searched by default only in builds without it.
 SUPERSEDED = {"interleaved-1f1b": "group-interleaved"}
-EMPTY_SCHEDULES = ("the list of schedule families (--schedules) is empty; name at least one, e.g. --schedules 1f1b, "
-                   "or leave it out to try the defaults")
+
+
+def empty_schedules(n: Naming) -> str:
+    """The refusal of an empty list of families, in ``n``'s names (``schedules`` or ``--schedules``)."""
+    return (f"the list of schedule families ({n('schedules')}) is empty; name at least one, e.g. "
+            f"{n.given('schedules', ('1f1b',))}, or leave it out to try the defaults")
 
 
 class InfeasibleError(ConfigError):
@@ -104,7 +108,7 @@ class PlanRequest:
                               f"{self.hardware.name}'s {self.hardware.memory_bytes / GIB:.2f} GiB; "
                               "use at most the device's memory")
         if self.schedules is not None and not self.schedules:  # searched nothing, and said only "no layout"
-            raise ConfigError(EMPTY_SCHEDULES)
+            raise ConfigError.named(empty_schedules)
         for name in self.schedules or ():
             get_spec(name)  # unknown names fail here with the list of valid ones
         if self.group_sizes is not None:
@@ -112,10 +116,12 @@ class PlanRequest:
         if self.split not in ("even", "balanced"):
             raise ConfigError(f"layer split {self.split!r}: use even or balanced")
         if not (math.isfinite(self.max_stall) and self.max_stall >= 0):
-            raise ConfigError(f"--max-stall {self.max_stall!r}: must be a finite percentage >= 0 (e.g. 2 for 2 %)")
+            raise ConfigError.named(lambda n: f"{n.given('max_stall', repr(self.max_stall))}: must be a finite "
+                                    "percentage >= 0 (e.g. 2 for 2 %)")
         if self.max_stall > 0 and self.offload is not None and all(o == "none" for o in self.offload):
-            raise ConfigError(f"--max-stall {self.max_stall:g} lets offload plans stall, but --offload is none: "
-                              "allow an offload policy (e.g. --offload none,auto) or leave --max-stall out")
+            raise ConfigError.named(lambda n: f"{n.given('max_stall', f'{self.max_stall:g}')} lets offload plans "
+                                    f"stall, but {n('offload')} is none: allow an offload policy (e.g. "
+                                    f"{n.given('offload', ('none', 'auto'))}) or leave {n('max_stall')} out")
 
     def _check_tuple(self, key: str) -> None:
         """A search-space field is a tuple (a list is kept as one: the request stays hashable), never one
@@ -139,13 +145,15 @@ class PlanRequest:
     def _check_group_sizes(self) -> None:
         """Group sizes restrict the search to families that have one: with none of those it would search
         nothing and say only "no layout"."""
-        shown = ",".join(map(str, self.group_sizes or ())) or "''"
+        shown = tuple(self.group_sizes or ())
         if not self.group_sizes or any(g < 1 for g in self.group_sizes):
-            raise ConfigError(f"--group-sizes {shown}: give group sizes >= 1, e.g. 4,8, or leave it out")
+            raise ConfigError.named(lambda n: f"{n.given('group_sizes', shown)}: give group sizes >= 1, e.g. "
+                                    f"{'4,8' if n.flags else '(4, 8)'}, or leave it out")
         if not any("group_size" in get_spec(n).options for n in self.families()):
             grouped = ", ".join(n for n in schedule_names() if "group_size" in get_spec(n).options)
-            raise ConfigError(f"--group-sizes {shown}: no family in --schedules {','.join(self.families())} has a "
-                              f"group size (only {grouped}); add one to --schedules or leave --group-sizes out")
+            raise ConfigError.named(lambda n: f"{n.given('group_sizes', shown)}: no family in "
+                                    f"{n.given('schedules', self.families())} has a group size (only {grouped}); "
+                                    f"add one to {n('schedules')} or leave {n('group_sizes')} out")
 
     def families(self) -> tuple[str, ...]:
         if self.schedules is not None:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from pipeoffload import generate, lower
-from pipeoffload.errors import ConfigError, ScheduleError
+from pipeoffload.errors import ConfigError, ScheduleError, in_flags
 from pipeoffload.fileio import TRACE_JSON, check_extension, check_writable
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
 from pipeoffload.runtime.executor import PipelineError, PipelineRunner
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         check(args, _world(args))
     except (ConfigError, ScheduleError) as err:
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank checks; one prints
-            print(f"{PROG}: error: {str(err).splitlines()[0]}", file=sys.stderr)
+            print(f"{PROG}: error: {in_flags(err).splitlines()[0]}", file=sys.stderr)
         raise SystemExit(2) from None
     if args.spawn:
         result = spawn(_spawned, args.spawn, (args,), timeout=args.timeout, deadline=3600, grace=args.timeout + 10)

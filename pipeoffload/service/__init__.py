@@ -14,7 +14,9 @@ results give the JSON object the CLI prints with ``--json`` (``as_dict``)::
 - k: ``OffloadRatioRequest`` -> ``OffloadRatioResult``
 - estimate: the planner's ``EstimateRequest`` (one exact layout, no search) -> ``EstimateResult``
 
-``run(request)`` calls the operation a request is for (``pipeoffload.run`` is the same function).
+``run(request)`` calls the operation a request is for (``pipeoffload.run`` is the same function). A bad
+value raises ``ConfigError`` in one line naming the request's fields (``tp=3: must divide ...``); the
+command line prints the same message naming its flags (``--tp 3: ...``: ``ConfigError.named``).
 """
 from collections.abc import Callable
 from typing import Any, overload

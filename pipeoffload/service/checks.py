@@ -130,5 +130,6 @@ def check_work(actions: int, factor: int, limit: int, what: str) -> None:
     if work > limit:
         planning = f" (x{factor} for planning offload)" if factor > 1 else ""
         smaller_k = ", or a smaller offload ratio k (copies the lane can hide are planned once)" if factor > 1 else ""
-        raise ConfigError(f"{what}: about {work:,} actions of work{planning}, above the limit of {limit:,}; "
-                          f"use fewer ranks (-d) or microbatches (-m){smaller_k}")
+        raise ConfigError.named(lambda n: f"{what}: about {work:,} actions of work{planning}, above the limit of "
+                                f"{limit:,}; use fewer ranks{' (-d)' if n.flags else ''} or microbatches"
+                                f"{' (-m)' if n.flags else ''}{smaller_k}")

@@ -63,7 +63,7 @@ def compare(req: CompareRequest, names: Sequence[str] | None = None) -> CompareR
             results.append(simulate(run))
         except ConfigError as err:
             name = names[index] if names is not None else f"run {index + 1}"
-            raise ConfigError(f"{name}: {str(err).splitlines()[0]}") from None
+            raise err.prefixed(name) from None
     rows, shared = _labelled(results)
     return CompareResult(rows, _one_time_unit(results), shared)
 

@@ -26,14 +26,14 @@ class OffloadRatioRequest:
         object.__setattr__(self, "tp", checked("tp", int_at_least, self.tp))  # text such as "2" is kept as 2
         for name in ("partial_recompute", "shared_host_link"):
             checked(name, boolean, getattr(self, name))
-        m = self.model
-        if m.heads % self.tp or m.num_kv_heads % self.tp or m.ffn_size % self.tp:
-            raise ConfigError(f"--tp {self.tp}: must divide the model's heads ({m.heads}), KV heads "
-                              f"({m.num_kv_heads}) and FFN width ({m.ffn_size}); use --tp "
-                              f"{m.tp_sizes(self.hardware.gpus_per_node)}")
-        if self.tp > self.hardware.gpus_per_node:  # as estimate and plan refuse it
-            raise ConfigError(f"--tp {self.tp} is above the {self.hardware.gpus_per_node} GPUs per node (tensor "
-                              "parallelism stays inside a node); use a smaller --tp")
+        m, tp, per_node = self.model, self.tp, self.hardware.gpus_per_node
+        if m.heads % tp or m.num_kv_heads % tp or m.ffn_size % tp:
+            raise ConfigError.named(lambda n: f"{n.given('tp', tp)}: must divide the model's heads ({m.heads}), KV "
+                                    f"heads ({m.num_kv_heads}) and FFN width ({m.ffn_size}); use "
+                                    f"{n.given('tp', m.tp_sizes(per_node))}")
+        if tp > per_node:  # as estimate and plan refuse it
+            raise ConfigError.named(lambda n: f"{n.given('tp', tp)} is above the {per_node} GPUs per node (tensor "
+                                    f"parallelism stays inside a node); use a smaller {n('tp')}")
 
 
 @dataclass(frozen=True)

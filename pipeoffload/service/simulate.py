@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from pipeoffload.costs import CostModel, load_cost_file
-from pipeoffload.errors import ConfigError
+from pipeoffload.errors import ConfigError, Naming, flag_of
 from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.passes.offload import OffloadReport
 from pipeoffload.planner.formulas import formula1_k
@@ -45,7 +45,6 @@ COST_FIELDS = ("time_f", "time_i", "time_w", "p2p_time")  # what a costs file gi
 # flags' per-rank times, so "one rank's forward of one microbatch (--time-f 1)" would not be true
 COSTS_FILE_TIME_HELP = ("t: the costs file's time unit; its time_f, time_i and time_w are per stage (one "
                         "microbatch through one stage), not per rank as --time-f/-i/-w are")
-FLAG_NAMES = {"costs_file": "costs"}  # a field whose command-line flag has another name
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,7 @@ class SimulateRequest:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name not in SIZE_FIELDS and value != f.default:
-                out.append((FLAG_NAMES.get(f.name, f.name).replace("_", "-"), value))
+                out.append((flag_of(f.name).removeprefix("--"), value))
         return out
 
     def command(self) -> list[str]:
@@ -290,7 +289,7 @@ def base_costs(req: SimulateRequest, stages_per_rank: int) -> tuple[CostModel, s
     if req.costs_file:
         return load_cost_file(req.costs_file)
     if req.time_f + req.time_i + req.time_w <= 0:
-        raise ConfigError("--time-f + --time-i + --time-w is 0: at least one compute time must be positive")
+        raise ConfigError.named(lambda n: f"{_times(n, req)} is 0: at least one compute time must be positive")
     return rank_costs(req.time_f, req.time_i, req.time_w, stages_per_rank, req.p2p_time), TIME_UNIT
 
 
@@ -311,14 +310,28 @@ def check_copy_time(req: SimulateRequest, costs: CostModel, k: float, planned: b
     number: the cost model would name its own field (``d2h_time=inf``), which no one gave."""
     if math.isfinite(costs.copy_time_for(k)):
         return
-    times = "the costs file's F + I + W time" if req.costs_file else "--time-f + --time-i + --time-w"
     if not math.isfinite(costs.f(0) + costs.b(0)):
-        raise ConfigError(f"{times} overflows (inf): the times are too large to add up; give them in a larger "
-                          "time unit (smaller numbers)")
-    ratio = (f"--plan-ratio {k:g}" if planned and req.plan_ratio is not None
-             else f"--offload-ratio {k:g}" if req.offload_ratio is not None else f"the default offload ratio {k:g}")
-    raise ConfigError(f"{ratio} times {times} overflows: the copy time would be inf; give a smaller offload ratio "
-                      "or the times in a larger time unit (smaller numbers)")
+        raise ConfigError.named(lambda n: f"{_times(n, req)} overflows (inf): the times are too large to add up; "
+                                "give them in a larger time unit (smaller numbers)")
+    raise ConfigError.named(lambda n: f"{_ratio(n, req, k, planned)} times {_times(n, req)} overflows: the copy "
+                            "time would be inf; give a smaller offload ratio or the times in a larger time unit "
+                            "(smaller numbers)")
+
+
+def _times(n: Naming, req: SimulateRequest) -> str:
+    """The request's compute times in a message: ``time_f + time_i + time_w`` (flags: ``--time-f + ...``)."""
+    if req.costs_file:
+        return "the costs file's F + I + W time"
+    return " + ".join(n(field) for field in ("time_f", "time_i", "time_w"))
+
+
+def _ratio(n: Naming, req: SimulateRequest, k: float, planned: bool) -> str:
+    """The offload ratio ``k`` in a message: the field that set it (``offload_ratio=2``), or the default."""
+    if planned and req.plan_ratio is not None:
+        return n.given("plan_ratio", f"{k:g}")
+    if req.offload_ratio is not None:
+        return n.given("offload_ratio", f"{k:g}")
+    return f"the default offload ratio {k:g}"
 
 
 def check_size(req: SimulateRequest, limit: int = MAX_ACTIONS) -> None:

@@ -202,7 +202,9 @@ class Trainer:
             for s, b in r["w"].items():
                 kept[s] = max(kept.get(s, 0), b)
         sim = self.sim(units, kept)
+        ctx = self.ctx
         return {
+            "layout": {"pp": ctx.pp, "dp": ctx.dp, "tp": ctx.tp},  # what the per-rank lists index (report splits by it)
             "peak_act_bytes": [r["peak"] for r in everyone],
             "sim_peak_act_bytes": [sim[r["pp_rank"]] for r in everyone],
             "host_bytes": [r["host"] for r in everyone],

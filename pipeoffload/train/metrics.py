@@ -224,7 +224,7 @@ class TensorBoardLogger:
     def log(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
         for name, value in record.items():
-            if name == "step" or value is None:
+            if name == "step" or value is None or isinstance(value, (dict, str)):  # the layout: not a scalar
                 continue
             if isinstance(value, list):
                 for rank, v in enumerate(value):

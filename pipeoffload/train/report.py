@@ -63,32 +63,43 @@ class RunMetrics:
 PER_RANK_KEYS = ("peak_act_bytes", "sim_peak_act_bytes", "host_bytes", "reload_stall_s", "cuda_max_allocated")
 
 
-def _ranks_of(row: dict[str, Any]) -> int | None:
-    """The number of ranks a record measured (the length of its per-rank lists); None without one."""
+def _layout_of(row: dict[str, Any]) -> tuple[int, ...] | str | None:
+    """The layout a record measured: its ``layout`` (pp, dp, tp), or, in records written before it was
+    logged, the number of ranks (the length of its per-rank lists); None for a record without either."""
+    layout = row.get("layout")
+    if isinstance(layout, dict):
+        return tuple(int(layout.get(k, 0)) for k in ("pp", "dp", "tp"))
     for key in PER_RANK_KEYS:
         if isinstance(row.get(key), list):
-            return len(row[key])
+            return f"{len(row[key])} rank{'' if len(row[key]) == 1 else 's'}"
     return None
+
+
+def _layout_text(layout: tuple[int, ...] | str) -> str:
+    if isinstance(layout, str):
+        return layout
+    pp, dp, tp = layout
+    return f"pp {pp} x dp {dp} x tp {tp}"
 
 
 def last_layout(metrics: RunMetrics) -> tuple[RunMetrics, str | None]:
     """The records of the run's last layout, and a line saying where it began when an earlier part of the
-    run (before a resume on another layout) measured another number of ranks: per-rank maxima over both
-    would put one layout's rank r beside another's. The split is by the number of ranks the records
-    measured (metrics.jsonl records no layout), so a resume that keeps it (pp=2 -> dp=2) is not seen."""
-    start, ranks, before = 0, None, None
+    run (before a resume on another layout) measured another: per-rank maxima over both would put one
+    layout's rank r beside another's. Records name their layout (pp, dp, tp); older files without it are
+    split by the number of ranks they measured."""
+    start, layout, before = 0, None, None
     for i, row in enumerate(metrics.rows):
-        n = _ranks_of(row)
-        if n is None:
+        this = _layout_of(row)
+        if this is None:
             continue
-        if ranks is not None and n != ranks:
-            start, before = i, ranks
-        ranks = n
-    if before is None:
+        if layout is not None and this != layout:
+            start, before = i, layout
+        layout = this
+    if before is None or layout is None:
         return metrics, None
     rows = metrics.rows[start:]
     step = rows[0].get("step", "?")
-    note = (f"from step {step} on {ranks} rank{'' if ranks == 1 else 's'} (before: {before}); the per-rank "
+    note = (f"from step {step} on {_layout_text(layout)} (before: {_layout_text(before)}); the per-rank "
             f"figures are the last layout's, steps {step} to {rows[-1].get('step', '?')}")
     return RunMetrics(list(rows)), note
 
@@ -151,7 +162,7 @@ def key_figures(metrics: RunMetrics) -> list[tuple[str, str]]:
         out.append(("step time (median, after step 1)", f"{statistics.median(steady):.3f} s"))
     per_rank, changed = last_layout(metrics)
     if changed:
-        out.append(("layout changed (a resume on another number of ranks)", changed))
+        out.append(("layout changed (a resume on another layout)", changed))
     measured, simulated = per_rank.per_rank_max("peak_act_bytes"), per_rank.per_rank_max("sim_peak_act_bytes")
     for rank, value in enumerate(measured):
         text = _mib(value)

@@ -227,7 +227,10 @@ def test_an_optimizer_option_given_on_resume_is_the_one_used(runs: dict[str, Pat
         assert done.returncode == 0, done.stderr
         assert build_config(load_saved(run)).optim.weight_decay == float(decay)
         got = metrics(run)
-        assert [m["loss"] for m in got[:3]] == [m["loss"] for m in full[:3]]  # step 3: the saved weights
+        assert [m["loss"] for m in got[:2]] == [m["loss"] for m in full[:2]]  # the records kept
+        # step 3: the saved weights; its loss is one process's mean over the microbatches, or (ZeRO's two
+        # replicas) the mean of each replica's mean: the same bits, or the same up to that rounding
+        assert got[2]["loss"] == full[2]["loss"] if not zero else abs(got[2]["loss"] - full[2]["loss"]) < 1e-6
         if same and not zero:
             assert [(m["loss"], m["val_loss"]) for m in got] == [(m["loss"], m["val_loss"]) for m in full]
         elif same:  # ZeRO's replicas reduce in another order: equal up to rounding

@@ -100,6 +100,7 @@ def test_two_torchrun_nodes_pipeline_only_equal_one_process_bitwise(tmp_path: Pa
     assert [m["val_loss"] for m in metrics] == [h["val_loss"] for h in ref]
     for m in metrics:  # the schema of metrics.jsonl
         assert len(m["peak_act_bytes"]) == len(m["sim_peak_act_bytes"]) == len(m["host_bytes"]) == 4
+        assert m["layout"] == {"pp": 4, "dp": 1, "tp": 1}  # what the per-rank lists index
         assert m["cuda_max_allocated"] is None and m["tokens_per_s"] > 0
         assert m["peak_act_bytes"] == [int(x) for x in m["sim_peak_act_bytes"]]  # measured = simulated
         assert max(m["host_bytes"]) > 0  # offload all put activations on the host

@@ -69,9 +69,9 @@ def test_mfu_above_the_best_published_warns() -> None:
 
 
 @pytest.mark.parametrize("kw, needle", [
-    ({"pp": 41, "dp": 1}, "--layers 40 cannot give each of pp x stages-per-rank = 41 x 1 stages a layer"),
-    ({"tp": 3}, "--tp 3 must divide the heads (40)"),
-    ({"dp": 3}, "--global-batch 64 is not divisible by dp x microbatch size = 3 x 2"),
+    ({"pp": 41, "dp": 1}, "model.layers=40 cannot give each of pp x stages-per-rank = 41 x 1 stages a layer"),
+    ({"tp": 3}, "tp=3 must divide the heads (40)"),
+    ({"dp": 3}, "global_batch=64 is not divisible by dp x microbatch size = 3 x 2"),
     ({"recompute": "most"}, "recompute 'most'"),
     ({"stages_per_rank": 2}, "runs 1 stage(s) per rank"),
 ])
@@ -264,7 +264,7 @@ def test_tp_comm_counts_the_head_on_the_critical_last_rank() -> None:
 def test_full_recompute_with_a_split_backward_is_refused_not_under_counted(schedule: str) -> None:
     # the checkpoint-sized activation of Megatron's full recomputation cannot hold what W keeps from I
     # to W (each layer's linear inputs): it used to report 1F1B's activations for zb-h1
-    with pytest.raises(ConfigError, match=r"--recompute full with --schedule .* is not modelled"):
+    with pytest.raises(ConfigError, match=r"recompute=full with schedule=.* is not modelled"):
         _req(schedule=schedule, recompute="full")
 
 

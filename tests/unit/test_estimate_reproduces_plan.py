@@ -189,8 +189,8 @@ def test_too_few_layers_for_an_even_split_is_refused_before_costing() -> None:
     with pytest.raises(ConfigError) as err:
         EstimateRequest(model=model_preset("gpt3-1.3b").with_(layers=6), hardware=hardware_preset("a100"), pp=4,
                         global_batch=8, schedule="interleaved-1f1b", stages_per_rank=2)
-    assert "--layers 6 cannot give each of pp x stages-per-rank = 4 x 2 stages a layer" in str(err.value)
-    assert "--split balanced" in str(err.value)
+    assert "model.layers=6 cannot give each of pp x stages-per-rank = 4 x 2 stages a layer" in str(err.value)
+    assert "split=balanced" in str(err.value)
 
 
 def test_the_busiest_rank_line_says_what_its_time_holds(capsys: pytest.CaptureFixture) -> None:

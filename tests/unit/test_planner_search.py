@@ -120,13 +120,14 @@ def test_layout_errors_explain_themselves() -> None:
 
 def test_an_empty_schedule_list_is_refused_by_the_request() -> None:
     """``schedules=()`` searched nothing through the API; it is refused in one line naming the fix, in
-    the words ``plan --schedules ''`` uses."""
-    from pipeoffload.errors import ConfigError
+    the words ``plan --schedules ''`` uses with the field for the flag."""
+    from pipeoffload.errors import FLAGS, ConfigError
 
     with pytest.raises(ConfigError) as err:
         _request(40, schedules=())
     message = str(err.value)
-    assert "\n" not in message and "(--schedules) is empty" in message and "e.g. --schedules 1f1b" in message
+    assert "\n" not in message and "(schedules) is empty" in message and "e.g. schedules=('1f1b',)" in message
+    assert "(--schedules) is empty" in err.value.in_words(FLAGS) and "e.g. --schedules 1f1b" in err.value.in_words(FLAGS)
     assert _request(40, schedules=None).families()  # None still means the defaults
 
 

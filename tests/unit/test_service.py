@@ -102,7 +102,7 @@ def test_run_carries_out_any_request() -> None:
 def test_offload_ratio_request_checks_tp() -> None:
     with pytest.raises(ConfigError, match="tp: 0 must be >= 1"):
         OffloadRatioRequest(model_preset("llama3-8b"), hardware_preset("a100"), tp=0)
-    with pytest.raises(ConfigError, match="--tp 3: must divide"):
+    with pytest.raises(ConfigError, match="^tp=3: must divide"):
         OffloadRatioRequest(model_preset("llama3-8b"), hardware_preset("a100"), tp=3)
 
 
@@ -123,7 +123,7 @@ def test_a_cost_model_refuses_non_finite_numbers(fields: dict) -> None:
 def test_a_cost_file_is_checked_like_the_flags(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "costs.json"
     path.write_text(text)
-    with pytest.raises(ConfigError, match=f"^--costs '{path}': .*{message.replace('[', '.')}"):
+    with pytest.raises(ConfigError, match=f"^costs_file='{path}': .*{message.replace('[', '.')}"):
         load_cost_file(str(path))
 
 

@@ -46,7 +46,7 @@ def test_too_few_layers_is_one_line() -> None:
 def test_estimate_takes_the_balanced_split_where_even_is_refused() -> None:
     hw = hardware_preset("a100")
     model = ModelSpec(layers=62, hidden=2048, heads=16, seq=2048)
-    with pytest.raises(ConfigError, match="or --split balanced"):
+    with pytest.raises(ConfigError, match="or split=balanced"):
         EstimateRequest(model=model, hardware=hw, pp=32, global_batch=64, schedule="interleaved-1f1b",
                         stages_per_rank=2)
     est = estimate(EstimateRequest(model=model, hardware=hw, pp=32, global_batch=64, schedule="interleaved-1f1b",

@@ -179,7 +179,23 @@ def test_report_per_rank_figures_are_the_last_layouts_and_say_so() -> None:
     assert figures["peak activations, rank 0"] == "1.00 MiB"
     assert "peak activations, rank 1" not in figures
     changed = [v for k, v in figures.items() if k.startswith("layout changed")]
-    assert changed and "from step 3 on 1 rank (before: 2)" in changed[0], figures
+    assert changed and "from step 3 on 1 rank (before: 2 ranks)" in changed[0], figures
+
+
+def test_report_splits_a_resume_on_another_layout_of_as_many_ranks() -> None:
+    """pp 2 -> dp 2: two ranks before and after, but rank 1 was a pipeline stage and is now a replica;
+    records name their layout, so the report splits there (by the number of ranks it could not)."""
+    from pipeoffload.train.report import RunMetrics, key_figures
+
+    def rows(steps: tuple[int, ...], layout: dict[str, int], peaks: list[int]) -> list[dict]:
+        return [{"step": s, "loss": 5.0, "layout": layout, "peak_act_bytes": peaks} for s in steps]
+
+    records = rows((1, 2), {"pp": 2, "dp": 1, "tp": 1}, [5 * 2**20, 3 * 2**20])
+    records += rows((3, 4), {"pp": 1, "dp": 2, "tp": 1}, [2**20, 2**20])
+    figures = dict(key_figures(RunMetrics(records)))
+    assert figures["peak activations, rank 0"] == "1.00 MiB", figures
+    changed = [v for k, v in figures.items() if k.startswith("layout changed")]
+    assert changed and "from step 3 on pp 1 x dp 2 x tp 1 (before: pp 2 x dp 1 x tp 1)" in changed[0], figures
 
 
 def test_report_one_layout_has_no_layout_line() -> None:
