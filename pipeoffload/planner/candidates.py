@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pipeoffload.errors import FLAGS, Naming
 from pipeoffload.placement import Placement
 from pipeoffload.planner.evaluate import (
     ScheduleChoice,
@@ -106,9 +107,9 @@ def _ruled_out(req: PlanRequest, family: str, v: int, pp: int, m: int) -> str | 
     return None
 
 
-def why_no_choice(req: PlanRequest, pp: int, m: int) -> list[str]:
+def why_no_choice(req: PlanRequest, pp: int, m: int, n: Naming = FLAGS) -> list[str]:
     """Why ``choices`` has nothing for pp ranks and m microbatches, one reason per family (its rules:
-    a family's smallest v is ruled out exactly when every v is)."""
+    a family's smallest v is ruled out exactly when every v is); ``n`` names the request's fields."""
     reasons = []
     for family in req.families():
         vs = family_stages_per_rank(family, req.stages_per_rank)
@@ -116,9 +117,9 @@ def why_no_choice(req: PlanRequest, pp: int, m: int) -> list[str]:
         if why:
             reasons.append(why)
         elif not vs:
-            reasons.append(f"{family} needs --stages-per-rank 2 or more")
+            reasons.append(f"{family} needs {n('stages_per_rank')} 2 or more")
         elif not group_sizes(req, family, pp):
-            reasons.append(f"{family} has no group size of --group-sizes in 1..{pp}")
+            reasons.append(f"{family} has no group size of {n('group_sizes')} in 1..{pp}")
     return reasons
 
 

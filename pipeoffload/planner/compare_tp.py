@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pipeoffload.errors import ConfigError
+from pipeoffload.errors import ConfigError, in_flags
 from pipeoffload.planner.plans import GIB, InfeasibleError, Plan, PlanRequest
 from pipeoffload.planner.published import mfu_warning
 from pipeoffload.planner.report import offload_label
@@ -70,8 +70,8 @@ def pp_request(req: PlanRequest) -> PlanRequest:
 def _best(req: PlanRequest) -> tuple[Plan | None, str]:
     try:
         return find_plans(req).best(1)[0], ""
-    except InfeasibleError as err:
-        return None, str(err)
+    except InfeasibleError as err:  # shown in the comparison's text, which the command line prints
+        return None, in_flags(err)
 
 
 def compare_tp(req: PlanRequest, baseline: str = "tp8-interleaved", match_memory: bool = False) -> Comparison:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from pipeoffload._perf import Memo, gc_paused
-from pipeoffload.errors import ConfigError
+from pipeoffload.errors import ConfigError, Naming
 from pipeoffload.planner.candidates import (
     MAX_LEVEL,
     Candidate,
@@ -69,23 +69,23 @@ def find_plans(req: PlanRequest) -> SearchResult:
         return _find_plans(req)
 
 
-def _no_candidate_message(req: PlanRequest, skipped: dict[str, int]) -> str:
-    """The one line for a search with nothing to try, naming the real cause: a --pp
-    that does not divide the GPUs (or is more stages than the layers fill), then the skipped layouts'
-    own reasons (a batch not divisible by DP x microbatch size)."""
+def _no_candidate_message(req: PlanRequest, skipped: dict[str, int], n: Naming) -> str:
+    """The one line for a search with nothing to try, naming the real cause: a pipeline size (``n``:
+    the request's field or its flag) that does not divide the GPUs (or is more stages than the layers
+    fill), then the skipped layouts' own reasons (a batch not divisible by DP x microbatch size)."""
     what = f"no layout for {req.gpus} GPUs and global batch {req.global_batch}"
     tps = [t for t in tp_sizes(req) if tp_divides(req, t)]
     stages = max_stages(req)
     if req.pp_sizes and tps:
         dividing = [pp for pp in req.pp_sizes if any((req.gpus // t) % pp == 0 for t in tps)]
         if not dividing:
-            sizes = ", ".join(str(p) for p in req.pp_sizes)
-            return (f"{what}: --pp {sizes} does not divide the GPUs left per pipeline ({req.gpus} / TP for TP in "
-                    f"{', '.join(map(str, tps))}); use a --pp that divides {req.gpus} / TP")
+            return (f"{what}: {_sizes(n, 'pp_sizes', req.pp_sizes)} does not divide the GPUs left per pipeline "
+                    f"({req.gpus} / TP for TP in {', '.join(map(str, tps))}); use a {n('pp_sizes')} that divides "
+                    f"{req.gpus} / TP")
         if all(pp > stages for pp in dividing):
-            return (f"{what}: --pp {', '.join(map(str, dividing))} is more stages than the {req.model.layers} layers "
-                    f"fill; use --pp {stages} or fewer")
-    reasons = "; ".join(f"{k} ({n}x)" for k, n in skipped.items())
+            return (f"{what}: {_sizes(n, 'pp_sizes', tuple(dividing))} is more stages than the {req.model.layers} "
+                    f"layers fill; use {_sizes(n, 'pp_sizes', (stages,))} or fewer")
+    reasons = "; ".join(f"{k} ({c}x)" for k, c in skipped.items())
     if "global batch not divisible by DP x microbatch size" in skipped:
         return (f"{what}: {reasons}; pick a global batch divisible by the data-parallel size x microbatch size")
     if reasons:
@@ -93,10 +93,16 @@ def _no_candidate_message(req: PlanRequest, skipped: dict[str, int]) -> str:
     why: list[str] = []
     for layout in layouts(req, {}):
         m = req.global_batch // (layout.dp * req.model.microbatch)
-        why += [r for r in why_no_choice(req, layout.pp, m) if r not in why]
+        why += [r for r in why_no_choice(req, layout.pp, m, n) if r not in why]
     shown = "; ".join(why[:3]) + (f"; and {len(why) - 3} more" if len(why) > 3 else "")
-    return (f"{what}: no schedule of {', '.join(req.families())} runs on the layouts the flags allow ({shown}); "
-            "widen --pp, --tp or --schedules")
+    allow = "the flags allow" if n.flags else "the request allows"
+    return (f"{what}: no schedule of {', '.join(req.families())} runs on the layouts {allow} ({shown}); "
+            f"widen {n('pp_sizes')}, {n('tp_sizes')} or {n('schedules')}")
+
+
+def _sizes(n: Naming, field: str, values: tuple[int, ...]) -> str:
+    """Sizes as the message has always shown them on the command line (``--pp 3, 5``), or the field."""
+    return f"{n(field)} {', '.join(map(str, values))}" if n.flags else f"{field}={values!r}"
 
 
 def _find_plans(req: PlanRequest) -> SearchResult:
@@ -104,7 +110,7 @@ def _find_plans(req: PlanRequest) -> SearchResult:
     skipped: dict[str, int] = {}
     cands = enumerate_candidates(req, skipped)
     if not cands:
-        raise ConfigError(_no_candidate_message(req, skipped))
+        raise ConfigError.named(lambda n: _no_candidate_message(req, skipped, n))
     search = _Search(req, skipped)
     for cand in cands:
         search.add(cand)
@@ -416,26 +422,27 @@ def _raise_infeasible(req: PlanRequest, cands: list[Candidate], plans: dict[tupl
                 best = plan
     if best is None:  # only possible with a host budget
         least = min(plans.values(), key=lambda p: (p.memory.host, p.sort_key()))
-        raise InfeasibleError(
-            f"no plan keeps pinned host memory within {req.host_memory_budget / GIB:.1f} GiB per GPU "  # type: ignore[operator]
-            f"(the least any plan needs is {least.memory.host / GIB:.1f} GiB); raise --host-memory or drop it")
+        raise InfeasibleError.named(
+            lambda n: f"no plan keeps pinned host memory within {req.host_memory_budget / GIB:.1f} GiB per GPU "  # type: ignore[operator]
+                      f"(the least any plan needs is {least.memory.host / GIB:.1f} GiB); raise "
+                      f"{n('host_memory_budget')} or drop it")
     need = best.memory.total
-    hint = _infeasible_hint(req, need)
     host = f" within the host budget {req.host_memory_budget / GIB:.1f} GiB" if req.host_memory_budget else ""
-    raise InfeasibleError(
-        f"no plan fits {gib(req.memory_budget)} GiB per GPU{host}: the smallest feasible memory is "
-        f"{_rounded_up(need)} GiB ({best.layout} {best.choice.label()}: parameters "
-        f"{gib(best.memory.parameters)} + optimizer {gib(best.memory.optimizer)} + activations "
-        f"{gib(best.memory.activations)} GiB); {hint}", need, best)
+    raise InfeasibleError.named(
+        lambda n: f"no plan fits {gib(req.memory_budget)} GiB per GPU{host}: the smallest feasible memory is "
+                  f"{_rounded_up(need)} GiB ({best.layout} {best.choice.label()}: parameters "
+                  f"{gib(best.memory.parameters)} + optimizer {gib(best.memory.optimizer)} + activations "
+                  f"{gib(best.memory.activations)} GiB); {_infeasible_hint(req, need, n)}", need, best)
 
 
-def _infeasible_hint(req: PlanRequest, need: float) -> str:
+def _infeasible_hint(req: PlanRequest, need: float, n: Naming) -> str:
     """What can make it fit: a budget above the GPU's memory cannot, so then more GPUs or model parallelism."""
     policies = "" if lowering_options() else " (offload/recompute policies are not available in this build)"
     if need > req.hardware.memory_bytes:
-        return (f"that is above a {req.hardware.name}'s {gib(req.hardware.memory_bytes)} GiB: add GPUs (--gpus), "
-                f"allow more TP/PP (--tp/--pp), or offload/recompute (--offload/--recompute){policies}")
-    hint = "raise --memory or add GPUs" + policies
+        return (f"that is above a {req.hardware.name}'s {gib(req.hardware.memory_bytes)} GiB: add GPUs "
+                f"({n('gpus')}), allow more TP/PP ({n('tp_sizes')}/{n('pp_sizes')}), or offload/recompute "
+                f"({n('offload')}/{n('recompute')}){policies}")
+    hint = f"raise {n('memory_budget')} or add GPUs" + policies
     if req.memory_budget * GIB <= req.hardware.memory_bytes:  # bytes that read as the GPU's GiB: GiB meant
         hint += f" (memory_budget is in bytes: {req.memory_budget:g} GiB is {req.memory_budget:g} * 2**30)"
     return hint

@@ -22,6 +22,7 @@ from pipeoffload.service import (
     SimulateRequest,
     compare,
     compare_tp,
+    plan,
     simulate,
 )
 from tests.conftest import refused
@@ -36,8 +37,8 @@ def _estimate(**fields: object) -> EstimateRequest:
 
 
 def _plan(**fields: object) -> PlanRequest:
-    return PlanRequest(model=GPT, hardware=A100, gpus=8, global_batch=64, memory_budget=40 * GIB,
-                       **fields)  # type: ignore[arg-type]
+    return PlanRequest(model=GPT, hardware=A100, gpus=8, global_batch=64,
+                       **{"memory_budget": 40 * GIB, **fields})  # type: ignore[arg-type]
 
 
 def _bad_costs_file(tmp_path: Path) -> str:
@@ -100,6 +101,19 @@ CASES: list[tuple[str, Callable[[Path], object], str, str, str]] = [
      "--group-sizes 4: no family in --schedules 1f1b has a group size"),
     ("plan: no schedules", lambda _: _plan(schedules=()), "(schedules) is empty; name at least one, e.g. "
      "schedules=('1f1b',)", f"{PLAN} --schedules ''", "(--schedules) is empty; name at least one, e.g. --schedules 1f1b"),
+    ("plan: nothing fits", lambda _: plan(_plan(memory_budget=1 * GIB)), "raise memory_budget or add GPUs",
+     "plan --model gpt3-1.3b --gpu a100 --gpus 8 --global-batch 64 --memory 1", "raise --memory or add GPUs"),
+    ("plan: a pipeline size that does not divide", lambda _: plan(_plan(pp_sizes=(3,))),
+     "pp_sizes=(3,) does not divide the GPUs left", f"{PLAN} --pp 3", "--pp 3 does not divide the GPUs left"),
+    ("plan: no schedule on the layouts",
+     lambda _: plan(_plan(schedules=("interleaved-1f1b",), stages_per_rank=(1,))),
+     "needs stages_per_rank 2 or more); widen pp_sizes, tp_sizes or schedules",
+     f"{PLAN} --schedules interleaved-1f1b --stages-per-rank 1",
+     "needs --stages-per-rank 2 or more); widen --pp, --tp or --schedules"),
+    ("plan: the host budget", lambda _: plan(_plan(host_memory_budget=0.001 * GIB, offload=("all",), tp_sizes=(1,),
+                                                   pp_sizes=(8,))),
+     "raise host_memory_budget or drop it", f"{PLAN} --host-memory 0.001 --offload all --tp 1 --pp 8",
+     "raise --host-memory or drop it"),
     ("compare-tp: a baseline the GPUs do not divide",
      lambda _: compare_tp(CompareTPRequest(PlanRequest(model=LLAMA, hardware=A100, gpus=12, global_batch=48,
                                                        memory_budget=40 * GIB))),
