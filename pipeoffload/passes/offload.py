@@ -255,10 +255,10 @@ def _lower_targets(plan: _Planning, costs: CostModel, states: dict[int, RankStat
     ``auto`` and ``budget:2`` held 4 units, ``budget:3`` 3). So, at most ``_TARGETS`` more plans
     (``_other_target``, each on the ranks at the top only): for an unmet budget ``auto``'s, again
     while it lowers the worst ranks, then budgets one activation below the peak reached so far, while
-    each reaches its target. Each rank keeps the lowest (of its peak and the
-    budget) among them; the result is kept only where its simulation shows no stall, no longer step
-    than ``step`` (the schedule's without copies) and a lower worst-rank memory (activations plus
-    ``rank_offsets``). One activation: the worst rank's largest (``_one_activation``)."""
+    each reaches its target. Each rank keeps the lowest (of its peak and the budget) among them; the
+    result is kept only where its simulation shows no stall, no longer step than ``step`` (the
+    schedule's without copies) and a lower worst-rank memory (activations plus ``rank_offsets``).
+    One activation: the worst rank's largest (``_one_activation``)."""
     ranks = range(plan.base.num_ranks)
     offsets = plan.policy.rank_offsets or (0.0,) * plan.base.num_ranks
     line = plan.budget or 0.0  # at or below the budget every rank counts alike
@@ -309,8 +309,8 @@ def _other_target(plan: _Planning, costs: CostModel, target: float | None, lower
     ``states``, they cannot lower the worst rank): the plan for the real copy times and, where
     those ranks are still above the target, the better plans for faster copies
     (``best_with_faster_copies``), up to the first that reaches it. Not the plans for slower copies:
-    in the planner (``benchmarks/plan_identity.py``'s budget-tight) they tripled step 13's cost and
-    lowered nothing more."""
+    in the planner (``benchmarks/plan_identity.py``'s budget-tight) they nearly tripled step 13's cost
+    and lowered nothing more."""
     ranks = range(plan.base.num_ranks)
     line = plan.budget if target is None else target
     assert line is not None
