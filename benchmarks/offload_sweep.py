@@ -5,7 +5,7 @@ of one activation) / (F + I + W time), swept from 0 to 2. Columns, per k: for g 
 setting) the simulated peak (activation units on the worst rank; 16 without offload), the makespan
 increase over the schedule without offload, stalls and the activations the copy lane could not hide;
 then the peak with two ranks sharing one host link, with g = 4 (12 units without offload), and with
-``auto`` (same peak as ``all`` with fewer copies). Last, the zero-bubble families with both offload
+``auto`` (at most ``all``'s peak, with fewer copies). Last, the zero-bubble families with both offload
 windows (F -> I and I -> W), w_fraction = 1 and a forward of 1 t per rank (d = 8, m = 32): peak in
 rank units (8 without offload) and the makespan increase. The reference planner accepts full offload only
 up to k = 0.4 (its ``--offload-time`` 0.2) and fails at k = 0.5.

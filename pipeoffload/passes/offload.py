@@ -21,6 +21,10 @@ The two windows of an activation are independent candidates: the pass picks, per
 first, the second, both or neither, by the memory-time each saves (``Activation.value``) for the
 copy-lane time it takes.
 
+On own links, ``auto`` and an unmet budget also try the plans of other targets (``auto``'s, budgets
+just below the peak reached): a greedy plan aimed out of reach can spend the lane below the peak
+(step 13 of docs/offload.md, ``_lower_targets``).
+
 What the copy lane cannot hide stays on the device and is reported (``OffloadReport.unhidden``).
 With a shared host link a denser plan is also tried and checked by simulation (see
 ``_shared_link_plans``). The reference planner used fixed alternating D2H/H2D windows, a lifespan
@@ -32,6 +36,7 @@ from __future__ import annotations
 import logging
 import math
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import chain
 
@@ -170,15 +175,9 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     timelines = memo.get((rank_timelines, base, costs), lambda: rank_timelines(base, simulated, costs))
     budget = policy.budget_units(base.stages_per_rank) if policy.kind == "budget" else None
     plan = _Planning(base, timelines, policy, set(exclude), budget, _groups(base.num_ranks, costs.shared_host_link))
-    # kept in the memo apart from the plans for faster copies: ``recompute auto`` plans once without them;
-    # keyed without what it does not read (the stall budget, the ranks' offsets), so variants share it
-    placing = replace(policy, max_stall=0.0, rank_offsets=())
-    states, peaks = memo.get((_plan_at_and_above, base, costs, placing, frozenset(exclude)),
-                             lambda: _plan_at_and_above(plan, costs))
-    if (faster_copies and policy.kind != "none" and costs.d2h_time + costs.h2d_time > 0
-            and not costs.shared_host_link and _left_on_device(states, peaks, budget)
-            and not plan.at_floor(costs, peaks)):
-        states, peaks = plan.best_with_faster_copies(costs, states, peaks)
+    # keyed without the stall budget, which only the step after reads: variants under one share it
+    states, peaks = memo.get((_placed_lowest, base, costs, replace(policy, max_stall=0.0), frozenset(exclude),
+                              faster_copies), lambda: _placed_lowest(plan, costs, memo, faster_copies, simulated.makespan))
     stalled: _Stalled | None = None
     notes: tuple[str, ...] = ()
     if policy.max_stall > 0:
@@ -203,6 +202,132 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     return _coded_like(base, base.with_actions(rows), states, orders), report
 
 
+def _placed(plan: _Planning, costs: CostModel, memo: Memo, faster_copies: bool
+            ) -> tuple[dict[int, RankState], dict[int, float], Callable[[], bool]]:
+    """Steps 2-12 of docs/offload.md for ``plan``'s policy: its plan (with the plans for slower copies,
+    and on a shared link the pair's own candidates) and, on own links where the lane left something on
+    the device, the better plans for faster copies. Also a callable saying whether that plan is at the
+    floor (``_Planning.at_floor``), worked out once, when first asked."""
+    policy, budget = plan.policy, plan.budget
+    # kept in the memo apart from the plans for faster copies: ``recompute auto`` plans once without them;
+    # keyed without what it does not read (the stall budget, the ranks' offsets), so variants share it
+    placing = replace(policy, max_stall=0.0, rank_offsets=())
+    states, peaks = memo.get((_plan_at_and_above, plan.base, costs, placing, frozenset(plan.exclude)),
+                             lambda: _plan_at_and_above(plan, costs))
+    known: list[bool] = []
+
+    def floor() -> bool:
+        if not known:
+            known.append(plan.at_floor(costs, peaks))
+        return known[0]
+
+    if (faster_copies and policy.kind != "none" and costs.d2h_time + costs.h2d_time > 0
+            and not costs.shared_host_link and _left_on_device(states, peaks, budget) and not floor()):
+        states, peaks = plan.best_with_faster_copies(costs, states, peaks)
+        known.clear()  # a lower plan: its own floor question
+    return states, peaks, floor
+
+
+def _placed_lowest(plan: _Planning, costs: CostModel, memo: Memo, faster_copies: bool, step: float
+                   ) -> tuple[dict[int, RankState], dict[int, float]]:
+    """``_placed``, then on own links the plans of other targets where they are lower (step 13)."""
+    states, peaks, floor = _placed(plan, costs, memo, faster_copies)
+    if faster_copies and _aimed_elsewhere(plan, costs, peaks) and not floor():
+        states, peaks = _lower_targets(plan, costs, states, peaks, step)
+    return states, peaks
+
+
+def _aimed_elsewhere(plan: _Planning, costs: CostModel, peaks: dict[int, float]) -> bool:
+    """Whether step 13 may find a lower plan: own links, copies that take time, and ``auto`` or a budget
+    the plan does not meet (a met budget needs nothing lower)."""
+    if costs.shared_host_link or costs.d2h_time + costs.h2d_time <= 0 or plan.policy.kind not in ("auto", "budget"):
+        return False
+    return plan.budget is None or max(peaks.values(), default=0.0) > plan.budget + EPS
+
+
+def _lower_targets(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float],
+                   step: float) -> tuple[dict[int, RankState], dict[int, float]]:
+    """Own links: the plans of other targets where one is lower (step 13 of docs/offload.md).
+
+    A greedy plan aimed too low (a budget out of reach, or ``auto``'s everything worth moving) can spend
+    the copy lane on points below the peak, and pruning then drops the copies that did not help: a
+    budget just below the peak reached puts the lane where the peak is (1F1B, d = 4, m = 8, k = 1.2:
+    ``auto`` and ``budget:2`` held 4 units, ``budget:3`` 3). So, at most ``_TARGETS`` more plans
+    (``_other_target``, each on the ranks at the top only): for an unmet budget ``auto``'s, again
+    while it lowers the worst ranks, then budgets one activation below the peak reached so far, while
+    each reaches its target. Each rank keeps the lowest (of its peak and the budget) among them; the
+    result is kept only where its simulation shows no stall, no longer step than ``step`` (the
+    schedule's without copies) and a lower worst-rank memory (activations plus ``rank_offsets``).
+    One activation: the worst rank's largest (``_one_activation``)."""
+    ranks = range(plan.base.num_ranks)
+    offsets = plan.policy.rank_offsets or (0.0,) * plan.base.num_ranks
+    line = plan.budget or 0.0  # at or below the budget every rank counts alike
+
+    def worst(p: dict[int, float]) -> float:
+        return max(offsets[r] + max(p[r], line) for r in ranks)
+
+    best, chosen = dict(peaks), dict(states)
+    reached = max(peaks.values(), default=0.0)
+    one = _one_activation(plan, peaks)
+    auto_next = plan.budget is not None  # target None: auto's plan
+    for _ in range(_TARGETS):
+        target = None if auto_next else reached - one
+        if target is not None and (target <= line + EPS or target < one - EPS):
+            break
+        candidate, candidate_peaks = _other_target(plan, costs, target, reached - one, chosen, best)
+        for r in ranks:
+            if max(candidate_peaks[r], line) < max(best[r], line) - EPS:
+                best[r], chosen[r] = candidate_peaks[r], candidate[r]
+        top = max(candidate_peaks.values(), default=0.0)
+        log.debug("target %s: peak %g (reached %g)", "auto" if target is None else f"{target:g}", top, reached)
+        if target is None:
+            auto_next = max(best.values()) < reached - EPS  # it lowered the worst ranks: the next ones may follow
+        elif top > target + EPS:
+            break  # aimed too low again: a still lower target would spend the lane further from the peak
+        reached = max(best.values())
+    if worst(best) >= worst(peaks) - EPS:
+        return states, peaks
+    t = simulate(plan.base.with_actions([_emit(chosen[r]) for r in ranks]), costs)
+    final = {r: t.per_rank[r].peak_activation_units for r in ranks}
+    if t.stall > EPS or t.makespan > step + EPS or worst(final) >= worst(peaks) - EPS:
+        return states, peaks
+    return chosen, final
+
+
+def _one_activation(plan: _Planning, peaks: dict[int, float]) -> float:
+    """The largest activation of the ranks at the worst peak, in units: how far below the peak step 13
+    aims (1 with uniform stages; less with partial recomputation)."""
+    top = max(peaks.values(), default=0.0)
+    sizes = [x.size for r, p in peaks.items() if p >= top - EPS for x in plan.timelines[r].activations.values()]
+    return max(sizes, default=1.0)
+
+
+def _other_target(plan: _Planning, costs: CostModel, target: float | None, lower: float,
+                  states: dict[int, RankState], peaks: dict[int, float]) -> tuple[dict[int, RankState], dict[int, float]]:
+    """Step 13's plan of a budget of ``target`` units (None: ``auto``'s, for an unmet budget) on the
+    ranks above it and above ``lower`` (one activation below the peak reached: the others keep
+    ``states``, they cannot lower the worst rank): the plan for the real copy times and, where
+    those ranks are still above the target, the better plans for faster copies
+    (``best_with_faster_copies``), up to the first that reaches it. Not the plans for slower copies:
+    in the planner (``benchmarks/plan_identity.py``'s budget-tight) they nearly tripled step 13's cost
+    and lowered nothing more."""
+    ranks = range(plan.base.num_ranks)
+    line = plan.budget if target is None else target
+    assert line is not None
+    above = [r for r in ranks if peaks[r] > max(line, lower) + EPS]
+    policy = (replace(plan.policy, kind="auto", budget=0.0, rank_units=False, max_stall=0.0) if target is None
+              else replace(plan.policy, kind="budget", budget=target, rank_units=False, max_stall=0.0))
+    other = replace(plan, policy=policy, budget=target, groups=[[r] for r in above],
+                    fixed={r: (states[r], peaks[r]) for r in ranks if r not in above})
+    candidate, candidate_peaks = other.states(costs)
+    if any(candidate_peaks[r] > line + EPS for r in above) and not other.at_floor(costs, candidate_peaks):
+        candidate, candidate_peaks = other.best_with_faster_copies(costs, candidate, candidate_peaks, enough=line)
+    return candidate, candidate_peaks
+
+
+_TARGETS = 4  # the most plans of other targets step 13 tries
+
+
 @dataclass
 class _Planning:
     """What the plans of one compute-only schedule share; ``states`` plans it for one cost model."""
@@ -214,16 +339,19 @@ class _Planning:
     budget: float | None
     groups: list[list[int]]
     throttle: int = 0  # warm-up forwards wait for the throttle-th latest offload (``passes.throttle``)
+    # ranks in no group, kept as planned (state, exact peak): step 13 plans only the ranks above its target
+    fixed: dict[int, tuple[RankState, float]] = field(default_factory=dict)
 
     def states(self, costs: CostModel, slower: float = 1.0) -> tuple[dict[int, RankState], dict[int, float]]:
-        """Each rank's planned copies and peak when the copies take ``slower`` x ``costs``' times."""
+        """Each rank's planned copies and peak when the copies take ``slower`` x ``costs``' times
+        (the ranks of ``fixed`` as they are)."""
         timelines = self.timelines
         if self.throttle:  # copies, not the shared (memoised) timelines: _emit reads the throttle back
             timelines = [tl.with_throttle(self.throttle) for tl in timelines]
         if slower != 1.0:
-            timelines = [tl.with_copy_times(slower) for tl in timelines]
+            timelines = [tl if tl.rank in self.fixed else tl.with_copy_times(slower) for tl in timelines]
             costs = _copies_scaled(costs, slower)
-        chosen = _candidates(timelines, self.policy, self.exclude)
+        chosen = _candidates([tl for tl in timelines if tl.rank not in self.fixed], self.policy, self.exclude)
 
         def plan_all(relaxed: bool) -> tuple[dict[int, RankState], dict[int, float]]:
             """Every group's plan: each rank's state and planned (exact) peak."""
@@ -239,6 +367,8 @@ class _Planning:
         states, peaks = plan_all(relaxed=False)
         if costs.shared_host_link and self.policy.kind != "none":
             states, peaks = _shared_link_plans(self.base, costs, states, peaks, plan_all(relaxed=True)[0], self.groups)
+        for r, (state, peak) in self.fixed.items():
+            states[r], peaks[r] = state, peak
         return states, peaks
 
     def best_with_slower_copies(self, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
@@ -279,8 +409,8 @@ class _Planning:
             return states, peaks
         return mixed, {r: final.per_rank[r].peak_activation_units for r in mixed}
 
-    def best_with_faster_copies(self, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
-                                ) -> tuple[dict[int, RankState], dict[int, float]]:
+    def best_with_faster_copies(self, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float],
+                                enough: float = -math.inf) -> tuple[dict[int, RankState], dict[int, float]]:
         """Own links: a plan made as if copies took less time than they do (at the ladder points below
         k, ``_ladder_factors``) can leave less on the device and still never stall at the real
         times, where the windows it fills have slack (1F1B, d = 8, m = 32, k = 1: 6 units, and 4 with
@@ -291,7 +421,8 @@ class _Planning:
         The points go from the largest down and the search stops at the first plan that stalls (a
         heuristic: a plan for still faster copies usually places still more copies the real lane
         cannot finish, though not always). ``peaks`` are the exact peaks of ``states`` (own links:
-        planned = simulated). The caller skips it at the floor (``at_floor``)."""
+        planned = simulated). The caller skips it at the floor (``at_floor``). ``enough``: a peak that
+        ends the search once every group has reached it (step 13's plans of a target)."""
         ranks = range(self.base.num_ranks)
 
         def simulated(candidate: dict[int, RankState]) -> Timeline:
@@ -307,9 +438,12 @@ class _Planning:
                 peak = max(t.per_rank[r].peak_activation_units for r in members)
                 if peak < best[tuple(members)][0] - EPS:
                     best[tuple(members)] = (peak, candidate)
+            if all(best[tuple(m)][0] <= enough + EPS for m in self.groups):
+                break
         if all(best[tuple(m)][1] is states for m in self.groups):
             return states, peaks
-        mixed = {r: best[tuple(m)][1][r] for m in self.groups for r in m}
+        mixed = dict(states)  # the ranks of ``fixed`` as they are
+        mixed.update({r: best[tuple(m)][1][r] for m in self.groups for r in m})
         final = simulated(mixed)
         if final.stall > EPS or any(final.per_rank[r].peak_activation_units > peaks[r] + EPS for r in ranks):
             return states, peaks

@@ -170,20 +170,21 @@ def _policies(req: PlanRequest, v: int, pp: int) -> list[tuple[str, str]]:
     return pairs or [("none", "none")]
 
 
-MAX_LEVEL = 5  # the highest escalation level of a memory policy (``level``)
+MAX_LEVEL = 4  # the highest escalation level of a memory policy (``level``)
 
 
 def level(choice: ScheduleChoice) -> int:
     """Escalation level, roughly by growing cost: 0 plain, 1 offload only (free when hidden), 2 recompute
     of the longest-lived stage, or offload only under a stall budget (``max_stall``: at most that much
-    longer; its fit does not stop the escalation, see ``search``), 3 offload then recompute down to the
-    budget, 4 offload then recompute what could not be hidden, 5 recompute everything."""
+    longer; its fit does not stop the escalation, see ``search``), 3 offload then ``recompute auto``
+    (down to the budget, or what could not be hidden: one level, since neither is the cheaper one
+    everywhere), 4 recompute everything."""
     offload, recompute, v = choice.offload, choice.recompute, choice.stages_per_rank
     if recompute == RecomputePolicy():
         return 0 if offload == OffloadPolicy() else (2 if offload.max_stall > 0 else 1)
     if recompute == RecomputePolicy("auto"):
-        return 3 if offload.kind == "budget" else 4
-    return 5 if recompute == RecomputePolicy("first", v) and v > 1 else 2
+        return 3
+    return 4 if recompute == RecomputePolicy("first", v) and v > 1 else 2
 
 
 def max_stages(req: PlanRequest) -> int:

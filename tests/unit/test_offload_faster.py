@@ -21,6 +21,11 @@ def _without_faster_plans(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(offload_pass, "_ladder_factors", lambda costs: [])
 
 
+def _without_step_13(patch: pytest.MonkeyPatch) -> None:
+    """The pass without the plans of other targets (step 13)."""
+    patch.setattr(offload_pass, "_lower_targets", lambda plan, costs, states, peaks, step: (states, peaks))
+
+
 FAMILIES = [("1f1b", 1, {}), ("interleaved-1f1b", 2, {}), ("group-interleaved", 2, {"group_size": 2}),
             ("zb-h1", 1, {}), ("zb-v", 2, {}), ("v-min", 2, {})]
 
@@ -62,7 +67,9 @@ def test_a_shared_host_link_does_not_make_plans_for_faster_copies(monkeypatch: p
 def test_each_rank_keeps_its_lowest_peak_where_the_worst_rank_does_not_move(monkeypatch: pytest.MonkeyPatch) -> None:
     """ZB-H2, d = 8, m = 16, W twice as long, offload auto, k = 0.8: the worst rank stays at 12 units, but
     five other ranks hold less with plans for faster copies (the planner counts each rank's weights
-    too, so a rank below the activation peak can still set a plan's memory)."""
+    too, so a rank below the activation peak can still set a plan's memory). Step 7 alone: step 13's
+    plans of other targets bring the worst rank to 11 (test_offload_lowest_s14)."""
+    _without_step_13(monkeypatch)
     schedule = generate("zb-h2", 8, 16)
     costs = CostModel(time_w=2.0).with_offload_ratio(0.8)
 
@@ -129,10 +136,14 @@ def test_plans_for_faster_copies_never_stall_nor_raise_a_rank_s_peak(
     name, v, options = family
     schedule = generate(name, ranks, per_rank * ranks, v, **options)
     costs = CostModel(w_fraction=w_fraction).with_offload_ratio(k)
-    lowered, report = lower_with_report(schedule, costs, offload=policy, recompute=recompute)
-    t = simulate(lowered, costs)
-    assert report.copy_time_factor == 1.0 and not [n for n in report.notes if "stall" in n]  # no stall budget
     with pytest.MonkeyPatch.context() as patch:
+        # step 7 alone: step 13 keeps its plans only where the worst rank drops, so the two passes could
+        # keep another rank's lower plan in one and not the other (interleaved 1F1B, d = 4, m = 8, k = 2,
+        # auto + recompute auto: rank 3 at 4 units with the faster plans, 3 without)
+        _without_step_13(patch)
+        lowered, report = lower_with_report(schedule, costs, offload=policy, recompute=recompute)
+        t = simulate(lowered, costs)
+        assert report.copy_time_factor == 1.0 and not [n for n in report.notes if "stall" in n]  # no stall budget
         _without_faster_plans(patch)
         lowered_without, report_without = lower_with_report(schedule, costs, offload=policy, recompute=recompute)
         without = simulate(lowered_without, costs)
