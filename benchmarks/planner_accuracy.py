@@ -46,9 +46,11 @@ from dataclasses import dataclass, fields, replace
 from pipeoffload.fileio import write_atomic
 from pipeoffload.planner.candidates import embedding_sync_time, optimizer_step_time
 from pipeoffload.planner.estimate import Estimate, EstimateRequest, _plan_request, estimate
+from pipeoffload.planner.exchange import megatron_order, megatron_steps
 from pipeoffload.planner.hardware import HardwareSpec, hardware_preset
 from pipeoffload.planner.layertime import layer_times
 from pipeoffload.planner.model import ModelSpec
+from pipeoffload.schedules import generate
 
 TOLERANCE = 0.05  # the step-time error every row is checked against
 
@@ -264,12 +266,41 @@ def report(hw: HardwareSpec, before: dict[str, str] | None = None) -> str:
             cells.append(tflops * est.step_seconds / (est.step_seconds - reduce))
         text = [f"{x:>7.1f} ({row[10] / x - 1:+5.1%})" for x in cells]
         lines.append(f"{row[0]:<8} {row[10]:>8.0f} " + " ".join(f"{t:>16}" for t in text))
+    lines += ["", *_shortfall(hw)]
     flat = replace(hw, compute_model="flat")
     lines += ["", "the uncalibrated model (compute_model=flat: every FLOP at B_c = 220 TFLOP/s, no element-wise time):"]
     for r in rows(flat):
         lines.append(f"  {r.name:<20} measured {r.measured:>6.1f} predicted {r.predicted:>7.2f} "
                      f"(step err {r.step_error:+.1%})")
     return "\n".join(lines)
+
+
+def _shortfall(hw: HardwareSpec) -> list[str]:
+    """What the pipelined Narayanan rows miss (measured step - predicted step), in the unit of each kind of
+    cause: a cost per microbatch, per blocking exchange (a compute step on rank 0, each followed by one),
+    per billion weights on the busiest rank, per step (the modelled data-parallel reduce for scale)."""
+    lines = ["the pipelined Narayanan rows' shortfall (measured step - predicted step, as modelled) in the unit of "
+             "each kind of cost that could explain it: per microbatch, per blocking exchange (rank 0's compute "
+             "steps, each followed by one), per billion weights on the busiest rank, and over the modelled "
+             "data-parallel reduce (a cost per step)",
+             f"{'row':<8} {'schedule':<9} {'meas. s':>8} {'pred. s':>8} {'short s':>8} {'ms/mb':>7} "
+             f"{'ms/exch':>8} {'s/Gweight':>9} {'/reduce':>8}"]
+    for row in NARAYANAN:
+        if row[5] == 1:
+            continue
+        tflops, est = narayanan(hw, row)
+        v, pp, m = est.request.stages_for(), row[5], est.microbatches
+        schedule = megatron_order(generate("interleaved-1f1b" if v > 1 else "1f1b", pp, m, v), v > 1)
+        exchanges = len(megatron_steps(schedule.actions[0], v > 1))
+        measured = est.step_seconds * tflops / row[10]
+        short = measured - est.step_seconds
+        s = _plan_request(est.request).setup
+        weights = max(a - b for a, b in zip(est.memory_per_rank, est.activation_per_rank)) / (
+            s.weight_bytes + s.grad_bytes + s.optimizer_bytes)
+        lines.append(f"{row[0]:<8} {f'v{v}' if v > 1 else '1F1B':<9} {measured:>8.2f} {est.step_seconds:>8.2f} "
+                     f"{short:>+8.2f} {short / m * 1e3:>+7.1f} {short / exchanges * 1e3:>+8.2f} "
+                     f"{short / weights * 1e9:>+9.2f} {short / _dp_reduce_time(est):>+8.2f}")
+    return lines
 
 
 def _dp_reduce_time(est: Estimate) -> float:

@@ -38,7 +38,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError, Naming
 from pipeoffload.planner.candidates import BUDGET_FROM_MEMORY, dp_sync_time, planned_choice, static_split
 from pipeoffload.planner.evaluate import ScheduleChoice, SimSummary, build, placement_of, simulate_choice
-from pipeoffload.planner.exchange import lockstep_makespan
+from pipeoffload.planner.exchange import lockstep_makespan, megatron_order
 from pipeoffload.planner.gemm import elementwise_time
 from pipeoffload.planner.hardware import GIB, HardwareSpec, check_hardware
 from pipeoffload.planner.layertime import embedding_comm, head_comm, layer_times
@@ -59,6 +59,7 @@ from pipeoffload.planner.stagecosts import (
 )
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy, check_booleans
 from pipeoffload.schedules import ScheduleSpec, get_spec, schedule_names
+from pipeoffload.simulator import simulate
 
 RECOMPUTE_MODES = ("none", "selective", "full")  # Megatron's; pipeoffload's policies are ``recompute_policy``
 RECOMPUTE_POLICY_FORMS = "none, first:K (K >= 1), all or auto"
@@ -478,9 +479,15 @@ def _simulate(req: EstimateRequest, choice: ScheduleChoice, m: int, costs: CostM
     if req.p2p == "eager" or req.pp == 1:
         return simulate_choice(choice, req.pp, m, costs, extrapolate=choice.periodic(), fallback=True)
     memo = Memo()  # the schedule built here is the one simulate_choice generates and lowers again
-    schedule = build(choice, req.pp, m, costs, memo)
-    makespan, busy = lockstep_makespan(schedule, costs, interleaved=choice.family != "1f1b")
+    interleaved = choice.family != "1f1b"
+    built = build(choice, req.pp, m, costs, memo)
+    schedule = megatron_order(built, interleaved)
+    makespan, busy = lockstep_makespan(schedule, costs, interleaved=interleaved)
     plain = simulate_choice(choice, req.pp, m, costs, extrapolate=choice.periodic(), fallback=True, memo=memo)
+    if schedule is not built:  # Megatron's own order holds other activations than the generator's
+        ranks = simulate(schedule, costs).per_rank
+        plain = replace(plain, peak_units=tuple(r.peak_activation_units for r in ranks),
+                        host_units=tuple(r.peak_host_units for r in ranks))
     return replace(plain, makespan=makespan, busy=busy, extrapolated=False)
 
 

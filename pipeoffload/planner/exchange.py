@@ -14,7 +14,9 @@ transfer of the exchange has completed, which needs each peer to have posted its
   ``send_forward_backward_recv_forward_backward`` after both: a forward's output leaves only after
   the following backward, and the gradient a backward needs must have arrived before the step's
   forward starts. Neighbouring ranks therefore advance in lock-step, and a rank in its warm-up waits
-  at each exchange for neighbours that are already running forward + backward steps.
+  at each exchange for neighbours that are already running forward + backward steps. With as many
+  microbatches as ranks (``all_warmup_microbatches``) every rank runs all its forwards, then all its
+  backwards, the first gradient received in a ``recv_backward`` exchange of its own (``megatron_order``).
 
 ``lockstep_makespan`` times a compute-only F/B schedule under these rules (a max-plus recurrence over
 exchanges: an exchange completes ``cost`` after the later of its rank and each of its peers reaches it,
@@ -23,7 +25,7 @@ makespan and each rank's compute time, for ``estimate`` with ``p2p="megatron"``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeoffload.costs import CostModel
 from pipeoffload.errors import ScheduleError
@@ -46,7 +48,10 @@ def megatron_steps(row: tuple[Action, ...], interleaved: bool) -> list[list[Acti
     kinds = [a.kind for a in row]
     if not interleaved or B not in kinds:
         return [[a] for a in row]
-    steady_from = kinds.index(B) - 1
+    first_b = kinds.index(B)
+    if F not in kinds[first_b:]:  # all warm-up: an empty step stands for the recv_backward exchange
+        return [[a] for a in row[:first_b]] + [[]] + [[a] for a in row[first_b:]]
+    steady_from = first_b - 1
     steps: list[list[Action]] = []
     k = 0
     while k < len(row):
@@ -57,6 +62,21 @@ def megatron_steps(row: tuple[Action, ...], interleaved: bool) -> list[list[Acti
             steps.append([row[k]])
             k += 1
     return steps
+
+
+def megatron_order(schedule: Schedule, interleaved: bool) -> Schedule:
+    """``schedule`` in the order Megatron-LM runs it. Its interleaved loop (2021
+    ``forward_backward_pipelining_with_interleaving``, commit 6985e58938) runs every forward and then every
+    backward on EVERY rank when the microbatches number the ranks (``get_num_microbatches() ==
+    pipeline_parallel_size``: ``all_warmup_microbatches``), where the generator's warm-up depth
+    (v - 1) d + 2 (d - 1 - r) gives the ranks past the middle a steady state; otherwise the two orders
+    agree (tests/unit/test_exchange.py checks both against a transcription of the loop)."""
+    d = schedule.placement.num_ranks
+    if not interleaved or schedule.num_microbatches != d:
+        return schedule
+    rows = tuple(tuple(a for a in row if a.kind == F) + tuple(a for a in row if a.kind != F)
+                 for row in schedule.actions)
+    return replace(schedule, actions=rows, coded=None)
 
 
 def _io(action: Action, rank_of: tuple[int, ...]) -> tuple[list[tuple[int, Message]], list[tuple[int, Message]]]:

@@ -420,3 +420,15 @@ def test_uneven_stage_loads_are_told_apart_from_the_schedules_bubble(capsys: pyt
     assert json.loads(capsys.readouterr().out)["imbalance_ratio"] == pytest.approx(even.imbalance_ratio)
     assert main([*args, "--split", "balanced"]) == 0
     assert "--split balanced" not in capsys.readouterr().out
+
+
+def test_megatron_p2p_with_as_many_microbatches_as_ranks_runs_every_forward_first() -> None:
+    """Megatron's interleaved loop runs all forwards, then all backwards, on every rank when m = PP
+    (``all_warmup_microbatches``): the estimate times that order (on the generator's, where the last ranks
+    have a steady state, the blocking exchanges deadlocked) and holds all v m chunk inputs on every rank."""
+    kw = dict(schedule="interleaved-1f1b", stages_per_rank=2, global_batch=16)  # m = 16 / (dp 2 x mb 2) = 4
+    eager, megatron = estimate(_req(**kw)), estimate(_req(p2p="megatron", **kw))
+    assert megatron.microbatches == 4 == megatron.request.pp
+    assert megatron.step_seconds > eager.step_seconds
+    assert megatron.activation_per_rank[-1] > eager.activation_per_rank[-1]
+    assert check_total(megatron) == pytest.approx(0.0, abs=1e-9)
