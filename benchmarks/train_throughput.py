@@ -10,7 +10,9 @@ What each timed step includes:
   global gradient norm and clipping (one all-reduce over the ranks), AdamW, the all-reduce that
   gathers every rank's measurements (loss, stop flag; on measured steps peaks and slot bytes), and
   the metrics record (with the cached simulated peak).
-- torch: ``Schedule1F1B``/``ScheduleInterleaved1F1B``/``ScheduleZBVZeroBubble`` (for zb-v, ``--schedules``) ``.step``, the same global-norm clipping done the way
+- torch: the schedule of the same family (``THEIRS``: ``Schedule1F1B``, ``ScheduleInterleaved1F1B``,
+  ``ScheduleInterleavedZeroBubble`` for zb-h1 with 2 stages per rank, ``ScheduleZBVZeroBubble``,
+  ``ScheduleDualPipeV``) ``.step``, the same global-norm clipping done the way
   a ``torch.distributed.pipelining`` user does it (each rank's squared gradient norm, one all-reduce
   over the pipeline ranks, ``clip_grad_norm_``'s scaling), and AdamW with ours' settings (betas, weight
   decay, the default implementation); no metrics. ``--no-clip`` turns clipping off on both sides.
@@ -67,6 +69,12 @@ CFG = TrainConfig.build(layers=6, hidden=128, heads=4, seq_len=128, global_batch
                   warmup=5, lr=1e-3, progress=False)
 
 
+# Our schedule family -> torch.distributed.pipelining's schedule run against it (2 stages per rank but for 1f1b:
+# interleaved placement for interleaved-1f1b and zb-h1, V placement for zb-v and dualpipe-v, as both sides place them).
+THEIRS = {"1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B",
+          "zb-h1": "ScheduleInterleavedZeroBubble", "zb-v": "ScheduleZBVZeroBubble", "dualpipe-v": "ScheduleDualPipeV"}
+
+
 class TorchStage(nn.Module):
     """A GPT stage as torch.distributed.pipelining wants it: one tensor in, one tensor out."""
 
@@ -118,7 +126,14 @@ def time_messages(ours: Trainer) -> tuple[MessageClock, MessageClock]:
 
 def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str,
            messages: bool = False) -> dict[str, list[float]]:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleZBVZeroBubble
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleDualPipeV,
+        ScheduleInterleaved1F1B,
+        ScheduleInterleavedZeroBubble,
+        ScheduleZBVZeroBubble,
+    )
 
     ctx = build_context(1, world, 1, torch.device("cpu"))
     corpus, _ = load_corpus("", "byte", None, cfg.model.seq_len, cfg.data.val_fraction)  # type: ignore[arg-type]
@@ -131,6 +146,10 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int, measure: str,
     m = cfg.schedule.microbatches
     if cfg.schedule.family == "zb-v":
         sched: Any = ScheduleZBVZeroBubble(stages, m, loss_fn=lm_loss)
+    elif cfg.schedule.family == "dualpipe-v":
+        sched = ScheduleDualPipeV(stages, m, loss_fn=lm_loss)
+    elif cfg.schedule.family == "zb-h1":  # with 2 stages per rank in a loop: torch's interleaved ZB1P
+        sched = ScheduleInterleavedZeroBubble(stages, m, loss_fn=lm_loss)
     elif cfg.schedule.stages_per_rank == 1:
         sched = Schedule1F1B(stages[0], m, loss_fn=lm_loss)
     else:
@@ -225,7 +244,8 @@ def main() -> None:
     parser.add_argument("--measure", choices=("first", "every"), default="first",
                         help="ours measures activation memory on the first step only, or on every step")
     parser.add_argument("--schedules", nargs="+", default=["1f1b", "interleaved-1f1b"],
-                        choices=["1f1b", "interleaved-1f1b", "zb-v"], help="zb-v: against torch's ScheduleZBVZeroBubble")
+                        choices=list(THEIRS), help="each against torch's schedule of the same family: "
+                        + ", ".join(f"{ours} {theirs}" for ours, theirs in THEIRS.items()))
     parser.add_argument("--no-clip", action="store_true", help="no gradient clipping on either side")
     parser.add_argument("--messages", action="store_true",
                         help="also time each side's posting of and waiting for messages (per step, per rank)")
