@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeoffload import ConfigError, generate, lower, simulate
+from pipeoffload.errors import FLAGS, in_words
 from pipeoffload.fileio import write_atomic
 from pipeoffload.schedules import schedule_specs
 from pipeoffload.simulator import Timeline
@@ -112,7 +113,7 @@ def main(screenshots: bool = False) -> None:
         picture = f"gallery/{spec.name}.png"
         draw(picture, timeline, 90, facts, spec.name, D, M)
         rows.append(row(spec.name, timeline, picture))
-        sections.append(f"### `{spec.name}`\n\n{spec.summary}\n\n![{spec.name}]({picture})\n")
+        sections.append(f"### `{spec.name}`\n\n{in_words(spec.summary, FLAGS)}\n\n![{spec.name}]({picture})\n")
         if spec.name in OFFLOADED:
             offloaded = run(spec.name, D, M, offload="all")
             picture = f"gallery/{spec.name}_offload-all_k{K_RATIO}.png"

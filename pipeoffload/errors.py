@@ -11,10 +11,11 @@ from typing import Any, TypeVar
 from pipeoffload.textgrid import render_grid
 
 # The command-line flag of each request field whose flag is not ``--`` + its name with dashes; a dotted
-# field is one of the request's model (``model.layers``: ``--layers``).
+# field is one of the request's model or hardware (``model.layers``: ``--layers``).
 FLAG_OF_FIELD = {
     "costs_file": "--costs", "memory_budget": "--memory", "host_memory_budget": "--host-memory",
     "tp_sizes": "--tp", "pp_sizes": "--pp", "model.microbatch": "--microbatch-size",
+    "memory_asked": "--memory", "measured": "--profile", "hardware.d2h_bandwidth": "--offload-bw",
 }
 
 
@@ -47,6 +48,33 @@ FLAGS = Naming(flags=True)
 _E = TypeVar("_E", bound="ConfigError")
 
 
+class Worded(str):
+    """A note or warning that names what the user set, as ``ConfigError.named`` is an error: the text
+    names the request's fields (what a Python user and the playground read), and carries the same text
+    naming the command line's flags (``in_words(text, FLAGS)``), which the CLI prints. Put into other
+    text it is plain text, naming fields: hand it on whole."""
+
+    flag_text: str
+
+    def __new__(cls, fields: str, flags: str) -> Worded:
+        text = super().__new__(cls, fields)
+        text.flag_text = flags
+        return text
+
+    def __getnewargs__(self) -> tuple[str, str]:  # type: ignore[override]  # pickled: both namings travel
+        return str(self), self.flag_text
+
+    @classmethod
+    def named(cls, words: Callable[[Naming], str]) -> Worded:
+        """The text ``words(naming)`` in both namings."""
+        return cls(words(FIELDS), words(FLAGS))
+
+
+def in_words(text: str, naming: Naming) -> str:
+    """``text`` naming ``naming``'s way where it is ``Worded``; other text names neither, and is as it is."""
+    return text.flag_text if naming.flags and isinstance(text, Worded) else str(text)
+
+
 class ConfigError(ValueError):
     """A value a user gave violates a constraint. The message names the value, the rule and the fix.
 
@@ -66,6 +94,10 @@ class ConfigError(ValueError):
     def in_words(self, naming: Naming) -> str:
         """The message naming fields or flags (the same text where it names neither)."""
         return self.flag_message if naming.flags and self.flag_message is not None else str(self)
+
+    def worded(self) -> Worded:
+        """The message as a ``Worded`` text (an error shown inside a result, in both namings)."""
+        return Worded(str(self), self.in_words(FLAGS))
 
     def prefixed(self, prefix: str) -> ConfigError:
         """This error's first line after ``prefix: `` (the run or argument it came from), in both namings."""

@@ -3,8 +3,8 @@
 - Memory is reported in **rank units**: one microbatch's saved activations for all of a rank's
   layers (``stages_per_rank`` activation units). Plain 1F1B peaks at ``ranks`` rank units on rank 0,
   whatever the number of stages per rank, so families compare directly.
-- Time is in the unit of the cost model. From the command line (``--time-f/-i/-w``) and in the
-  pictures' defaults the times are **per rank**: the forward of one microbatch through all of a
+- Time is in the unit of the cost model. From the command line (``--time-f/-i/-w``), in a request
+  (``time_f``, ``time_i``, ``time_w``) and in the pictures' defaults the times are **per rank**: the forward of one microbatch through all of a
   rank's layers, split evenly over its stages, so the work of a step does not change with
   ``stages_per_rank``. With default costs one time unit is one rank's forward of one microbatch.
   Measured costs (a profiler's cost file, the planner) are in seconds, written ``s``.
@@ -12,27 +12,31 @@
 from __future__ import annotations
 
 from pipeoffload.costs import CostModel
+from pipeoffload.errors import Naming
 
 MEMORY_UNIT = "rank units"
 MEMORY_UNIT_HELP = "rank units: one microbatch's saved activations for all of a rank's layers"
 TIME_UNIT = "t"
-TIME_UNIT_HELP = "t: the cost model's time unit; by default one rank's forward of one microbatch (--time-f 1)"
 SECONDS = "s"
 SECONDS_HELP = "s: seconds"
 TIME_UNITS = (TIME_UNIT, SECONDS)
 
 
-def time_unit_help(time_unit: str = TIME_UNIT) -> str:
-    """The one-line explanation of a time unit symbol (``t`` or ``s``) that outputs print."""
-    return {TIME_UNIT: TIME_UNIT_HELP, SECONDS: SECONDS_HELP}.get(time_unit, f"{time_unit}: the cost model's time unit")
+def time_unit_help(time_unit: str, naming: Naming) -> str:
+    """The one-line explanation of a time unit symbol (``t`` or ``s``) that outputs print; ``t``'s names the
+    time that sets it as ``naming`` does (``FIELDS``: ``time_f=1``; ``FLAGS``, the command line: ``--time-f 1``)."""
+    if time_unit == TIME_UNIT:
+        return ("t: the cost model's time unit; by default one rank's forward of one microbatch "
+                f"({naming.given('time_f', 1)})")
+    return SECONDS_HELP if time_unit == SECONDS else f"{time_unit}: the cost model's time unit"
 
 
-def units_dict(time_unit: str = TIME_UNIT) -> dict[str, str]:
+def units_dict(time_unit: str, naming: Naming) -> dict[str, str]:
     """What the numbers of a report are in; every JSON output carries it under ``units``.
-    ``time_unit`` is the symbol (``t`` or ``s``)."""
+    ``time_unit`` is the symbol (``t`` or ``s``), explained in ``naming``'s words."""
     return {
         "time_unit": time_unit,
-        "time": time_unit_help(time_unit),
+        "time": time_unit_help(time_unit, naming),
         "memory": MEMORY_UNIT_HELP,
         "activation_units": "one microbatch's saved activations for one stage (rank units x stages_per_rank)",
         "fields": "*_rank_units in rank units; peak_activation_units and peak_host_units in activation units; "

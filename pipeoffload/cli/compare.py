@@ -14,7 +14,7 @@ from typing import NoReturn
 
 from pipeoffload.cli import simulate as simulate_cli
 from pipeoffload.cli.outputs import file_slug
-from pipeoffload.errors import ConfigError
+from pipeoffload.errors import FLAGS, ConfigError
 from pipeoffload.fileio import check_extension, check_writable, write_atomic
 from pipeoffload.service import CompareRequest, SimulateRequest, compare, strict_json
 from pipeoffload.service.argtypes import OneLineParser
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         if output is not None:  # stdout is the JSON; say on stderr what was written
             print(f"wrote {output}", file=sys.stderr)
-        print(strict_json(result.as_dict(commands), indent=1))
+        print(strict_json(result.as_dict(commands, FLAGS), indent=1))
     else:
         for index, (row, t) in enumerate(zip(rows, timelines), 1):
             note = row.result.budget_note()  # a budget the plan could not meet, named on its row

@@ -7,7 +7,7 @@ import sys
 
 from pipeoffload import service
 from pipeoffload.cli.common import add_max_stall, add_planner_link_args, model_and_hardware, positive_int, show_progress
-from pipeoffload.errors import ConfigError
+from pipeoffload.errors import FLAGS, ConfigError, in_words
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.estimate import GRAD_ACCUMULATION, P2P_MODES, RECOMPUTE_MODES, EstimateRequest
 from pipeoffload.planner.hardware import GIB
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     request = request_from_args(args)
     show_progress()  # a long simulation (an offload policy over many microbatches) says so after a few seconds
     result = service.run(request)
-    print(strict_json(result.as_dict(), indent=1) if args.json else result.text())
+    print(strict_json(result.as_dict(FLAGS), indent=1) if args.json else result.text(FLAGS))
     for warning in result.warnings:
-        print(f"pipeoffload estimate: warning: {warning}", file=sys.stderr)
+        print(f"pipeoffload estimate: warning: {in_words(warning, FLAGS)}", file=sys.stderr)
     return 0

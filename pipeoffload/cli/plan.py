@@ -6,7 +6,7 @@ import logging
 import sys
 
 from pipeoffload.cli.common import add_max_stall, add_planner_link_args, model_and_hardware, positive_int, show_progress
-from pipeoffload.errors import ConfigError
+from pipeoffload.errors import FLAGS, ConfigError, in_words
 from pipeoffload.fileio import check_extension, check_writable
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.compare_tp import BASELINES
@@ -154,8 +154,8 @@ def run(args: argparse.Namespace) -> int:
     if args.compare_tp:
         cmp = compare_tp(CompareTPRequest(req, args.baseline or "tp8-interleaved", match_memory=args.match_memory))
         for line in cmp.warnings:
-            print(f"pipeoffload plan: warning: {line}", file=sys.stderr)
-        print(strict_json(cmp.as_dict(), indent=1) if args.json else cmp.text())
+            print(f"pipeoffload plan: warning: {in_words(line, FLAGS)}", file=sys.stderr)
+        print(strict_json(cmp.as_dict(FLAGS), indent=1) if args.json else cmp.text(FLAGS))
         command = cmp.emit(args.emit) if args.emit else None
         if command is not None:
             print(f"wrote {args.emit} (the PP + offload plan); run it with: {command}")
@@ -164,11 +164,11 @@ def run(args: argparse.Namespace) -> int:
         result = plan(req)
     except InfeasibleError:
         for note in req.notes():  # the smallest feasible memory rests on the model as read too
-            print(f"pipeoffload plan: warning: {note}", file=sys.stderr)
+            print(f"pipeoffload plan: warning: {in_words(note, FLAGS)}", file=sys.stderr)
         raise
     for warning in plan_warnings(result.search):
-        print(f"pipeoffload plan: warning: {warning}", file=sys.stderr)
-    print(strict_json(result.as_dict(), indent=1) if args.json else result.text(pareto=not args.no_pareto))
+        print(f"pipeoffload plan: warning: {in_words(warning, FLAGS)}", file=sys.stderr)
+    print(strict_json(result.as_dict(FLAGS), indent=1) if args.json else result.text(not args.no_pareto, FLAGS))
     if args.emit:
         command = result.emit(args.emit)
         print(f"wrote {args.emit}; run it with: {command}", file=sys.stderr if args.json else sys.stdout)

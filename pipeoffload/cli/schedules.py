@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from pipeoffload.errors import FLAGS, in_words
 from pipeoffload.schedules import schedule_specs
 
 
@@ -16,5 +17,5 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(s.name) for s in specs)
     for spec in specs:
         alias = f" (also: {', '.join(spec.aliases)})" if spec.aliases else ""
-        print(f"{spec.name.ljust(width)}  {spec.summary}{alias}")
+        print(f"{spec.name.ljust(width)}  {in_words(spec.summary, FLAGS)}{alias}")
     return 0

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from pipeoffload.cli.common import add_cost_args, add_max_stall, add_schedule_args, non_negative_float, positive_int
 from pipeoffload.cli.outputs import add_output_args, check_output_args
-from pipeoffload.errors import ConfigError
+from pipeoffload.errors import FLAGS, ConfigError
 from pipeoffload.fileio import write_atomic
 from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, RecomputePolicy
 from pipeoffload.service import SimulateRequest, SimulateResult, simulate, strict_json
@@ -86,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
     command = shlex.join(request.command())
     write_outputs(args, result, command, fmt)
     if args.json:
-        print(strict_json(result.as_dict(), indent=1))
+        print(strict_json(result.as_dict(FLAGS), indent=1))
     else:
         print(format_summary(result.timeline, result.time_unit, request.k, result.planned_k,
-                             file_k=result.file_k(), time_help=result.time_help()))
+                             file_k=result.file_k(), time_help=result.time_help(FLAGS)))
         report = result.report
         if report.policy.kind != "none" or report.recompute != RecomputePolicy():
             print(report.summary())
@@ -111,7 +111,7 @@ def write_outputs(args: argparse.Namespace, result: SimulateResult, command: str
     if args.trace:
         from pipeoffload.viz.chrome_trace import timeline_trace_json
 
-        write_atomic(args.trace, timeline_trace_json(result.timeline, result.time_unit, result.time_help()))
+        write_atomic(args.trace, timeline_trace_json(result.timeline, result.time_unit, result.time_help(FLAGS)))
         log.info("wrote %s", args.trace)
     if not (args.plot or args.report):
         return
@@ -125,7 +125,7 @@ def write_outputs(args: argparse.Namespace, result: SimulateResult, command: str
         picture = figure_bytes(result_figure(result), dpi=100)
         write_atomic(args.report, html_report([result.timeline], pictures=[picture], labels=[result.label()],
                                               commands=[command], time_unit=result.time_unit,
-                                              time_help=result.time_help()))
+                                              time_help=result.time_help(FLAGS)))
         log.info("wrote %s", args.report)
 
 
@@ -133,7 +133,7 @@ def format_summary(timeline: Timeline, time_unit: str = TIME_UNIT, k: float | No
                    planned: float | None = None, file_k: str | None = None, time_help: str | None = None) -> str:
     """The text report; its header names the offload ratio k the copies took (None: a costs file's,
     ``file_k``) and, where it differs, the one they were planned for; ``time_help`` says what the time
-    unit is (default ``time_unit_help(time_unit)``)."""
+    unit is (default ``time_unit_help(time_unit, FLAGS)``)."""
     s = timeline.schedule
     v = max(s.stages_per_rank, 1)
     from_file = f"{file_k} (from the costs file)" if file_k is not None else "from the costs file"
@@ -149,5 +149,5 @@ def format_summary(timeline: Timeline, time_unit: str = TIME_UNIT, k: float | No
     for r in timeline.per_rank:
         lines.append(f"{r.rank:4d} {r.busy:8g} {r.bubble_ratio:7.2%} {r.peak_rank_units:13g} "
                      f"{r.peak_host_units / v:11g} {r.stall:9g}")
-    lines.append(f"units: {time_help or time_unit_help(time_unit)}; {MEMORY_UNIT_HELP}")
+    lines.append(f"units: {time_help or time_unit_help(time_unit, FLAGS)}; {MEMORY_UNIT_HELP}")
     return "\n".join(lines)

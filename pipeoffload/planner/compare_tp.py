@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pipeoffload.errors import ConfigError, in_flags
+from pipeoffload.errors import FIELDS, ConfigError, Naming, in_words
 from pipeoffload.planner.plans import GIB, InfeasibleError, Plan, PlanRequest
 from pipeoffload.planner.published import mfu_warning
 from pipeoffload.planner.report import offload_label
@@ -31,7 +31,7 @@ class Comparison:
     baseline: str
     pp: Plan | None  # None: no TP = 1 plan fits
     tp: Plan | None  # None: no baseline plan fits
-    pp_error: str = ""
+    pp_error: str = ""  # why no plan fits (``Worded``: in the request's fields, and in the flags)
     tp_error: str = ""
 
     @property
@@ -70,8 +70,8 @@ def pp_request(req: PlanRequest) -> PlanRequest:
 def _best(req: PlanRequest) -> tuple[Plan | None, str]:
     try:
         return find_plans(req).best(1)[0], ""
-    except InfeasibleError as err:  # shown in the comparison's text, which the command line prints
-        return None, in_flags(err)
+    except InfeasibleError as err:  # shown in the comparison's text and dict, in both namings
+        return None, err.worded()
 
 
 def compare_tp(req: PlanRequest, baseline: str = "tp8-interleaved", match_memory: bool = False) -> Comparison:
@@ -103,7 +103,8 @@ def _describe(plan: Plan) -> str:
     return " ".join(parts)
 
 
-def format_comparison(cmp: Comparison, req: PlanRequest) -> str:
+def format_comparison(cmp: Comparison, req: PlanRequest, naming: Naming = FIELDS) -> str:
+    """The comparison's table; a side that does not fit says why in ``naming``'s names (``FLAGS``: the CLI's)."""
     model, hw = req.model, req.hardware
     lines = [f"{model.name} ({'~' if model.params_note else ''}{model.total_params() / 1e9:.1f}B, seq {model.seq}) on {req.gpus} x {hw.name} "
              f"({hw.network}); global batch {req.global_batch}; budget {req.memory_budget / GIB:.1f} GiB/GPU",
@@ -114,7 +115,7 @@ def format_comparison(cmp: Comparison, req: PlanRequest) -> str:
                 "layout and schedule")
     for label, plan, err in rows:
         if plan is None:
-            lines.append(f"{label:<{w}} does not fit: {err}")
+            lines.append(f"{label:<{w}} does not fit: {in_words(err, naming)}")
             continue
         mem = plan.memory
         lines.append(f"{label:<{w}} {plan.tokens_per_second:>10,.0f} {plan.mfu:>6.1%} {mem.activations / GIB:>8.1f} "
@@ -128,7 +129,8 @@ def format_comparison(cmp: Comparison, req: PlanRequest) -> str:
 
 def comparison_warnings(cmp: Comparison, req: PlanRequest) -> list[str]:
     """The model's note where its parameter count is approximate (``ModelSpec.params_note``) and the MFU
-    warning (``published.mfu_warning``) of each side whose prediction is above every published run."""
+    warning (``published.mfu_warning``) of each side whose prediction is above every published run (a note
+    naming what was set is ``Worded``, as ``PlanRequest.notes``)."""
     out = req.notes()
     for side, plan in (("PP + offload", cmp.pp), ("baseline", cmp.tp)):
         warning = mfu_warning(req.hardware, req.model, plan.mfu) if plan is not None else None
@@ -137,8 +139,9 @@ def comparison_warnings(cmp: Comparison, req: PlanRequest) -> list[str]:
     return out
 
 
-def comparison_as_dict(cmp: Comparison, req: PlanRequest | None = None) -> dict:
+def comparison_as_dict(cmp: Comparison, req: PlanRequest | None = None, naming: Naming = FIELDS) -> dict:
+    """The object ``plan --compare-tp --json`` prints (``naming``: ``FLAGS``; errors and warnings name so)."""
     return {"baseline": cmp.baseline_label, "baseline_option": cmp.baseline, "pp": cmp.pp.as_dict() if cmp.pp else None,
             "tp": cmp.tp.as_dict() if cmp.tp else None, "speedup": cmp.speedup,
-            "pp_error": cmp.pp_error or None, "tp_error": cmp.tp_error or None} | (
-        {"warnings": comparison_warnings(cmp, req)} if req is not None else {})
+            "pp_error": in_words(cmp.pp_error, naming) or None, "tp_error": in_words(cmp.tp_error, naming) or None} | (
+        {"warnings": [in_words(w, naming) for w in comparison_warnings(cmp, req)]} if req is not None else {})

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 
 from pipeoffload._perf import Memo
 from pipeoffload.costs import CostModel
-from pipeoffload.errors import ConfigError, Naming
+from pipeoffload.errors import FIELDS, ConfigError, Naming, Worded, in_words
 from pipeoffload.planner.candidates import BUDGET_FROM_MEMORY, dp_sync_time, planned_choice, static_split
 from pipeoffload.planner.evaluate import ScheduleChoice, SimSummary, build, placement_of, simulate_choice
 from pipeoffload.planner.exchange import lockstep_makespan, megatron_order
@@ -43,7 +43,7 @@ from pipeoffload.planner.gemm import elementwise_time
 from pipeoffload.planner.hardware import GIB, HardwareSpec, check_hardware
 from pipeoffload.planner.layertime import embedding_comm, head_comm, layer_times
 from pipeoffload.planner.model import ModelSpec, check_model
-from pipeoffload.planner.plans import PlanRequest
+from pipeoffload.planner.plans import PlanRequest, capped_note
 from pipeoffload.planner.published import mfu_warning
 from pipeoffload.planner.search import PROGRESS_AFTER, PROGRESS_EVERY, progress_log
 from pipeoffload.planner.split import SPLITS, layer_split, most_stages
@@ -365,7 +365,8 @@ class Estimate:
         """The choice simulated (the request's, its policies planned for the layout)."""
         return self.choice if self.choice is not None else self.request.choice()
 
-    def as_dict(self) -> dict:
+    def as_dict(self, naming: Naming = FIELDS) -> dict:
+        """The object ``estimate --json`` prints (``naming``: ``FLAGS``; its warnings name what was set so)."""
         r, c = self.request, self.planned
         return {
             "model": r.model.name, "params": r.model.total_params(), "params_exact": not r.model.params_note,
@@ -387,7 +388,8 @@ class Estimate:
             "fits": self.fits, "bubble_ratio": self.bubble_ratio, "imbalance_ratio": self.imbalance_ratio,
             "breakdown_seconds": dict(self.breakdown),
             "split": "given" if r.layers_per_stage is not None else r.split,
-            "layers_per_stage": list(self.layers_per_stage), "warnings": list(self.warnings),
+            "layers_per_stage": list(self.layers_per_stage),
+            "warnings": [in_words(w, naming) for w in self.warnings],
         }
 
 
@@ -431,13 +433,12 @@ def estimate(req: EstimateRequest) -> Estimate:
         unit_bytes=sc.unit_bytes)
 
 
-def _budget_warning(req: EstimateRequest) -> str | None:
+def _budget_warning(req: EstimateRequest) -> Worded | None:
     """A ``memory_budget`` above the device is capped (``budget``), and says so as ``plan`` does."""
-    cap = req.hardware.memory_bytes
-    if req.memory_budget is None or req.memory_budget <= cap * (1 + 1e-12):
+    cap, asked = req.hardware.memory_bytes, req.memory_budget
+    if asked is None or asked <= cap * (1 + 1e-12):
         return None
-    return (f"--memory {req.memory_budget / GIB:g} GiB is above the {req.hardware.name}'s {cap / GIB:.2f} GiB; "
-            f"fits is checked against {cap / GIB:.2f} GiB (raise it with --hw memory_gib=...)")
+    return Worded.named(lambda n: capped_note(n, "memory_budget", asked, req.hardware, cap, "fits is"))
 
 
 @contextmanager

@@ -292,6 +292,8 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     )
 }
 _ALIASES = {"a100-80gb": "a100", "h100-sxm": "h100", "h100sxm": "h100"}
+# how a user describes hardware of their own: the command line's flag, or the call that reads the file
+_HARDWARE_FILE = {True: "with --hardware-file", False: "read by pipeoffload.planner.load_hardware"}
 
 
 def hardware_preset(name: str) -> HardwareSpec:
@@ -300,8 +302,8 @@ def hardware_preset(name: str) -> HardwareSpec:
     key = _ALIASES.get(key, key)
     spec = HARDWARE_PRESETS.get(key)
     if spec is None:
-        raise ConfigError(f"unknown gpu {name!r}; presets: {', '.join(HARDWARE_PRESETS)} "
-                          "(or describe one in a TOML file with --hardware-file)")
+        raise ConfigError.named(lambda n: f"unknown gpu {name!r}; presets: {', '.join(HARDWARE_PRESETS)} (or "
+                                f"describe one in a TOML file {_HARDWARE_FILE[n.flags]})")
     return spec
 
 

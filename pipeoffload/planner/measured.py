@@ -64,8 +64,9 @@ def check_profile(lc: LayerCosts, model: ModelSpec) -> None:
     if math.isclose(lc.params, params, rel_tol=1e-6) and any(math.isclose(lc.boundary_bytes, x, rel_tol=1e-6)
                                                              for x in sent):
         return
-    raise ConfigError(
-        f"--profile was measured on a layer of {lc.params:,.0f} parameters passing {lc.boundary_bytes:,.0f} bytes "
-        f"per microbatch at TP {tp}, but {model.name} at seq {model.seq}, microbatch {model.microbatch} has "
+    raise ConfigError.named(lambda n: (
+        f"{n('measured') if n.flags else 'measured (the LayerCosts)'} was measured on a layer of {lc.params:,.0f} parameters passing {lc.boundary_bytes:,.0f} "
+        f"bytes per microbatch at TP {tp}, but {model.name} at seq {model.seq}, microbatch {model.microbatch} has "
         f"{params:,.0f} parameters per layer and {elements * 2 / tp:,.0f} bytes (bf16); re-profile this model at "
-        "this --seq and --microbatch-size (pipeoffload.profiling.measure_layer_costs), or drop --profile")
+        f"this {n('model.seq')} and {n('model.microbatch')} (pipeoffload.profiling.measure_layer_costs), or "
+        f"{'drop --profile' if n.flags else 'leave measured None'}"))

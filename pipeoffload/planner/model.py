@@ -90,12 +90,13 @@ class ModelSpec:
     def _check_seq(self) -> None:
         """A learned position table has no row past its end; a sliding window below seq is not full attention."""
         if self.positions and self.seq > self.positions:
-            raise ConfigError(f"model {self.name}: seq {self.seq} is beyond its learned position table "
-                              f"({self.positions} rows), which it cannot run past; use --seq {self.positions} or less")
+            raise ConfigError.named(lambda n: f"model {self.name}: seq {self.seq} is beyond its learned position "
+                                    f"table ({self.positions} rows), which it cannot run past; use "
+                                    f"{n.given('seq', self.positions)} or less")
         if self.attention_window and self.seq > self.attention_window:
-            raise ConfigError(f"model {self.name}: sliding_window={self.attention_window} is below seq {self.seq} "
-                              "and the planner models full causal attention only; use --seq "
-                              f"{self.attention_window} or less")
+            raise ConfigError.named(lambda n: f"model {self.name}: sliding_window={self.attention_window} is below seq "
+                                    f"{self.seq} and the planner models full causal attention only; use "
+                                    f"{n.given('seq', self.attention_window)} or less")
 
     # ---- derived shape -----------------------------------------------------------------------
     @property

@@ -5,7 +5,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-from pipeoffload.errors import ConfigError, Naming
+from pipeoffload.errors import ConfigError, Naming, Worded
 from pipeoffload.planner.evaluate import ScheduleChoice, SimSummary
 from pipeoffload.planner.hardware import HardwareSpec, check_hardware
 from pipeoffload.planner.measured import check_profile
@@ -19,6 +19,14 @@ DEFAULT_SCHEDULES = ("1f1b", "zb-h1", "interleaved-1f1b", "group-interleaved", "
 # group-interleaved with g = d has interleaved 1F1B's memory and a smaller bubble (split backward), so
 # Megatron's interleaved 1F1B is searched by default only in builds without it.
 SUPERSEDED = {"interleaved-1f1b": "group-interleaved"}
+
+
+def capped_note(n: Naming, field: str, asked: float, hardware: HardwareSpec, cap: float, checked: str) -> str:
+    """The warning that a memory budget of ``asked`` bytes (what ``field`` set) above ``hardware``'s memory is
+    capped at ``cap`` bytes, in ``n``'s names; ``checked``: what is checked against the cap ("plans are")."""
+    fix = "--hw memory_gib=..." if n.flags else "hardware=dataclasses.replace(hardware, memory_bytes=...)"
+    return (f"{n.given(field, f'{asked / GIB:g} GiB')} is above the {hardware.name}'s {cap / GIB:.2f} GiB; "
+            f"{checked} checked against {cap / GIB:.2f} GiB (raise it with {fix})")
 
 
 def empty_schedules(n: Naming) -> str:
@@ -67,16 +75,18 @@ class PlanRequest:
     # capacity instead (plan --memory 80 on an 79.65 GiB H100); None: memory_budget is what was asked
     memory_asked: float | None = None
 
-    def capped_note(self) -> str | None:
-        """The warning that ``memory_asked`` was capped at the device's memory, else None."""
-        if self.memory_asked is None:
+    def capped_note(self) -> Worded | None:
+        """The warning that ``memory_asked`` was capped at the device's memory (``memory_budget``), else None;
+        in both namings (``memory_asked=80 GiB``; the command line: ``--memory 80 GiB``)."""
+        asked = self.memory_asked
+        if asked is None:
             return None
-        cap = self.memory_budget / GIB
-        return (f"--memory {self.memory_asked / GIB:g} GiB is above the {self.hardware.name}'s {cap:.2f} GiB; "
-                f"plans are checked against {cap:.2f} GiB (raise it with --hw memory_gib=...)")
+        return Worded.named(lambda n: capped_note(n, "memory_asked", asked, self.hardware, self.memory_budget,
+                                                  "plans are"))
 
     def notes(self) -> list[str]:
-        """Warnings about the request itself: the model's notes and a capped ``--memory``."""
+        """Warnings about the request itself: the model's notes and a capped ``memory_asked`` (``Worded``:
+        the command line prints it with ``in_words(note, FLAGS)``)."""
         capped = self.capped_note()
         return [*([capped] if capped else []), *self.model.notes()]
 

@@ -1,6 +1,7 @@
 """Text and JSON renderings of a planner search (tables of plans, the Pareto frontier, per-TP bests)."""
 from __future__ import annotations
 
+from pipeoffload.errors import FIELDS, Naming, in_words
 from pipeoffload.planner.published import mfu_warning
 from pipeoffload.planner.search import GIB, Plan, SearchResult
 
@@ -37,7 +38,8 @@ def format_table(plans: list[Plan]) -> str:
     return "\n".join([_HEADER] + [format_plan_row(i + 1, p) for i, p in enumerate(plans)])
 
 
-def format_result(result: SearchResult, top: int = 5, pareto: bool = True) -> str:
+def format_result(result: SearchResult, top: int = 5, pareto: bool = True, naming: Naming = FIELDS) -> str:
+    """The report ``plan`` prints; its notes name the request's fields (``naming``: ``FLAGS`` for the flags)."""
     req = result.request
     model, hw = req.model, req.hardware
     rate = result.candidates / result.seconds if result.seconds > 0 else float("inf")
@@ -48,7 +50,7 @@ def format_result(result: SearchResult, top: int = 5, pareto: bool = True) -> st
         + (f", host {req.host_memory_budget / GIB:.1f} GiB/GPU" if req.host_memory_budget is not None else "")
         + ("; Megatron's selective recomputation (attention core) on every plan"
            if req.setup.selective_recompute else "")
-        + (f"; offload plans may lengthen the step by up to {req.max_stall:g} % (--max-stall)"
+        + (f"; offload plans may lengthen the step by up to {req.max_stall:g} % ({naming('max_stall')})"
            if req.max_stall > 0 else ""),
         f"searched {result.candidates} candidates ({result.evaluated} simulated) in {_seconds(result.seconds)} s "
         f"= {rate:.0f} candidates/s" + _skipped(result),
@@ -64,25 +66,25 @@ def format_result(result: SearchResult, top: int = 5, pareto: bool = True) -> st
     lines += ["", "memory is the worst rank's weights+grads (par), optimizer state (opt) and simulated activation "
               "peak (act); host is pinned host memory per GPU; stall is the worst rank's wait for reloads."]
     shown = result.best(top) + (result.pareto() if pareto else [])
-    lines += link_notes(result, shown)
+    lines += link_notes(result, shown, naming)
     return "\n".join(lines)
 
 
-def link_notes(result: SearchResult, shown: list[Plan]) -> list[str]:
+def link_notes(result: SearchResult, shown: list[Plan], naming: Naming = FIELDS) -> list[str]:
     """What a faster or slower host link does to the shown plans that offload; the guarantee holds
     where the simulator gives each rank its own link (not the serialized pair), for plans that never
-    stall (not those of a stall budget, which say what they are)."""
+    stall (not those of a stall budget, which say what they are). ``naming``: how they name what sets them."""
     req = result.request
     notes = []
     strict = [p for p in shown if p.choice.offload.kind != "none" and p.choice.offload.max_stall == 0]
     if strict and req.setup.host_link != "serialized":
         notes.append(f"offload copies are planned for the host link's {req.hardware.d2h_bandwidth / 1e9:g} GB/s "
-                     "(--offload-bw): a faster link never raises their peak, a slower one can stall them "
-                     "(docs/offload.md, 'A faster link than planned').")
+                     f"({naming('hardware.d2h_bandwidth')}): a faster link never raises their peak, a slower one "
+                     "can stall them (docs/offload.md, 'A faster link than planned').")
     if any(p.choice.offload.max_stall > 0 for p in shown):
         notes.append(f"offload +{req.max_stall:g}%: copies planned for a faster link than the real one, so that "
-                     f"the step may be up to {req.max_stall:g} % longer for a lower peak (--max-stall; the stall "
-                     "column; docs/offload.md, 'A stall budget').")
+                     f"the step may be up to {req.max_stall:g} % longer for a lower peak ({naming('max_stall')}; the "
+                     "stall column; docs/offload.md, 'A stall budget').")
     return notes
 
 
@@ -94,13 +96,15 @@ def _skipped(result: SearchResult) -> str:
 
 def plan_warnings(result: SearchResult) -> list[str]:
     """The model's note where its parameter count is approximate (``ModelSpec.params_note``), and the MFU
-    warning for the best plan (``published.mfu_warning``), if it is above every published run."""
+    warning for the best plan (``published.mfu_warning``), if it is above every published run; a note that
+    names what was set is ``Worded`` (the command line prints ``in_words(w, FLAGS)``)."""
     best = result.best(1)
     mfu = mfu_warning(result.request.hardware, result.request.model, best[0].mfu) if best else None
     return [*result.request.notes(), *([mfu] if mfu else [])]
 
 
-def result_as_dict(result: SearchResult, top: int = 5) -> dict:
+def result_as_dict(result: SearchResult, top: int = 5, naming: Naming = FIELDS) -> dict:
+    """The object ``plan --json`` prints (``naming``: ``FLAGS``; the warnings and notes name what was set so)."""
     req = result.request
     return {
         "model": req.model.name,
@@ -115,8 +119,8 @@ def result_as_dict(result: SearchResult, top: int = 5) -> dict:
         "skipped": dict(sorted(result.skipped.items())),
         "selective_recompute": req.setup.selective_recompute,
         "max_stall": req.max_stall,
-        "warnings": plan_warnings(result),
-        "notes": link_notes(result, result.best(top) + result.pareto()),
+        "warnings": [in_words(w, naming) for w in plan_warnings(result)],
+        "notes": link_notes(result, result.best(top) + result.pareto(), naming),
         "best": [p.as_dict() for p in result.best(top)],
         "pareto": [p.as_dict() for p in result.pareto()],
     } | ({"best_by_tp": {str(tp): p.as_dict() for tp, p in result.best_by_tp().items()}}

@@ -1,6 +1,7 @@
 """The built-in families and their facts, in one table (registered by ``schedules`` on first use)."""
 from __future__ import annotations
 
+from pipeoffload.errors import Worded
 from pipeoffload.schedules import ScheduleSpec
 from pipeoffload.schedules.classic import gpipe, interleaved_1f1b, one_f_one_b
 from pipeoffload.schedules.dualpipe import dualpipe_v
@@ -66,8 +67,9 @@ BUILTIN: tuple[ScheduleSpec, ...] = (
                  "1F1B on V placement (full backward, no I/W split): 1F1B's memory, bubble between 1F1B and ZB-V",
                  **_V),  # type: ignore[arg-type]
     ScheduleSpec("group-interleaved", group_interleaved,
-                 "PipeOffload's interleaved 1F1B: g microbatches pass each stage back to back; "
-                 "peak g(v-1)+d activation units ((g(v-1)+d)/v rank units), I/W split (or --backward full)",
+                 Worded.named(lambda n: "PipeOffload's interleaved 1F1B: g microbatches pass each stage back to "
+                              "back; peak g(v-1)+d activation units ((g(v-1)+d)/v rank units), I/W split (or "
+                              f"{n.given('backward', 'full')})"),
                  aliases=("pipeoffload",), stages_per_rank=2, interleaved=True, backward="option",
                  options=("group_size", "backward"), period=_one_group, group_sizes=_group_sizes),
 )

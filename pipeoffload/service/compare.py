@@ -5,7 +5,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeoffload.errors import ConfigError
+from pipeoffload.errors import FIELDS, ConfigError, Naming
 from pipeoffload.service.simulate import SimulateRequest, SimulateResult, join_label, simulate
 
 
@@ -42,15 +42,16 @@ class CompareResult:
     def makespan(self) -> float:
         return max(r.result.timeline.makespan for r in self.rows)
 
-    def as_dict(self, commands: Sequence[str] | None = None) -> list[dict]:
-        """The list ``compare --json`` prints: per row its label, the command that reproduces it (``commands``:
-        the caller's own, e.g. as typed; default each request's ``pipeoffload simulate`` command) and its
-        result's ``as_dict()``. A list, not a dict: the rows are the comparison."""
+    def as_dict(self, commands: Sequence[str] | None = None, naming: Naming = FIELDS) -> list[dict]:
+        """The list ``compare --json`` prints (``naming``: ``FLAGS``): per row its label, the command that
+        reproduces it (``commands``: the caller's own, e.g. as typed; default each request's ``pipeoffload
+        simulate`` command) and its result's ``as_dict(naming)``. A list, not a dict: the rows are the
+        comparison."""
         if commands is None:
             commands = [shlex.join(row.result.request.command()) for row in self.rows]
         if len(commands) != len(self.rows):
             raise ConfigError(f"{len(commands)} commands for {len(self.rows)} rows: give one per row")
-        return [{"label": row.label, "command": command} | row.result.as_dict()
+        return [{"label": row.label, "command": command} | row.result.as_dict(naming)
                 for row, command in zip(self.rows, commands)]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeoffload.errors import FIELDS, Naming
 from pipeoffload.planner.estimate import Estimate, EstimateRequest
 from pipeoffload.planner.estimate import estimate as estimate_layout
 from pipeoffload.planner.hardware import GIB, gib
@@ -24,15 +25,17 @@ class EstimateResult:
 
     @property
     def warnings(self) -> tuple[str, ...]:
+        """Warnings naming the request's fields; the command line prints ``in_words(w, FLAGS)`` of each."""
         return self.estimate.warnings
 
-    def as_dict(self) -> dict:
-        """The object ``estimate --json`` prints."""
-        return self.estimate.as_dict()
+    def as_dict(self, naming: Naming = FIELDS) -> dict:
+        """The object ``estimate --json`` prints (``naming``: ``FLAGS``)."""
+        return self.estimate.as_dict(naming)
 
-    def text(self) -> str:
+    def text(self, naming: Naming = FIELDS) -> str:
+        """The report ``estimate`` prints (``naming``: ``FLAGS``), its hints naming the request's fields."""
         e, r, c = self.estimate, self.request, self.estimate.planned
-        offload = f"offload {_offload(e)}" + (" with LGD partial recomputation" if e.partial_recompute else "")
+        offload = f"offload {_offload(e, naming)}" + (" with LGD partial recomputation" if e.partial_recompute else "")
         policy = f", recompute policy {c.recompute}" if str(c.recompute) != "none" else ""
         group = f" g={c.group_size}" if c.group_size is not None else ""
         return "\n".join([
@@ -42,7 +45,7 @@ class EstimateResult:
             f"recompute {r.recompute}{policy}, {offload}", *_split_line(e),
             f"step {seconds(e.step_seconds)}   MFU {e.mfu:.1%}   {e.tflops_per_gpu:.1f} TFLOP/s per GPU   "
             f"{e.tokens_per_second:,.0f} tokens/s   pipeline bubble {e.bubble_ratio:.1%} (idle share of all "
-            "ranks, as plan's bubble column)" + _imbalance(e),
+            "ranks, as plan's bubble column)" + _imbalance(e, naming),
             f"memory: worst rank {gib(e.memory_worst)} GiB of {r.budget / GIB:.1f} GiB "
             f"({'fits' if e.fits else 'DOES NOT FIT'}); per rank "
             + " ".join(gib(x) for x in e.memory_per_rank)
@@ -52,13 +55,14 @@ class EstimateResult:
                 for k, v in e.breakdown.items())])
 
 
-def _offload(e: Estimate) -> str:
+def _offload(e: Estimate, n: Naming) -> str:
     """The offload policy simulated: a stall budget as plan's column writes it (``auto+5%``), and the
     target ``budget`` was given (what the memory budget leaves, as plan fills it)."""
     policy, r = e.planned.offload, e.request
     stall = f"+{policy.max_stall:g}%" if policy.max_stall > 0 else ""
     if r.offload_text == "budget":
-        return f"{policy}{stall} ({gib(policy.budget * e.unit_bytes)} GiB: what --memory leaves for activations)"
+        left = gib(policy.budget * e.unit_bytes)
+        return f"{policy}{stall} ({left} GiB: what {n('memory_budget')} leaves for activations)"
     return f"{policy}{stall}"
 
 
@@ -73,15 +77,15 @@ def _split_line(e: Estimate) -> list[str]:
     return [f"layers per stage {','.join(map(str, split))} ({how})"]
 
 
-def _imbalance(e: Estimate) -> str:
+def _imbalance(e: Estimate, n: Naming) -> str:
     """What of the bubble uneven stage loads cause, when it is worth a line (and, on an even split,
-    the flag that weighs the embedding and the head). The ranks' busy time holds the TP collectives
+    the split that weighs the embedding and the head, in ``n``'s names). The ranks' busy time holds the TP collectives
     inside their layers, which the breakdown lists apart (``tp_comm``): with TP the line says so."""
     share = e.imbalance_ratio
     if share < _IMBALANCE_NOTED:
         return ""
     busy = e.busy_seconds
-    hint = "; --split balanced weighs the embedding and the head" if (
+    hint = f"; {n.given('split', 'balanced')} weighs the embedding and the head" if (
         e.request.split == "even" and e.request.layers_per_stage is None) else ""
     what = (f"is busy {seconds(max(busy))} (compute and TP communication)" if e.request.tp > 1
             else f"computes {seconds(max(busy))}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeoffload.errors import ConfigError
+from pipeoffload.errors import FIELDS, ConfigError, Naming
 from pipeoffload.planner.compare_tp import (
     BASELINES,
     Comparison,
@@ -32,12 +32,14 @@ class PlanResult:
     def best(self) -> Plan:
         return self.search.best(1)[0]
 
-    def as_dict(self) -> dict:
-        """The object ``plan --json`` prints (the top ``request.top`` plans and the Pareto frontier)."""
-        return result_as_dict(self.search, self.request.top)
+    def as_dict(self, naming: Naming = FIELDS) -> dict:
+        """The object ``plan --json`` prints (the top ``request.top`` plans and the Pareto frontier); its
+        warnings and notes name the request's fields (``naming``: ``FLAGS`` for the command line's)."""
+        return result_as_dict(self.search, self.request.top, naming)
 
-    def text(self, pareto: bool = True) -> str:
-        return format_result(self.search, self.request.top, pareto=pareto)
+    def text(self, pareto: bool = True, naming: Naming = FIELDS) -> str:
+        """The report ``plan`` prints, naming the request's fields (``naming``: ``FLAGS`` for the flags)."""
+        return format_result(self.search, self.request.top, pareto=pareto, naming=naming)
 
     def emit(self, path: str | Path) -> str:
         """Write the best plan as a ``pipeoffload train`` config; return the command that runs it."""
@@ -70,14 +72,17 @@ class CompareTPResult:
 
     @property
     def warnings(self) -> list[str]:
-        """Each side's MFU warning when it is predicted above the best published figure."""
+        """The request's notes and each side's MFU warning when it is predicted above the best published
+        figure, naming the request's fields (the command line prints ``in_words(w, FLAGS)`` of each)."""
         return comparison_warnings(self.comparison, self.request.plan)
 
-    def as_dict(self) -> dict:
-        return comparison_as_dict(self.comparison, self.request.plan)
+    def as_dict(self, naming: Naming = FIELDS) -> dict:
+        """The object ``plan --compare-tp --json`` prints (``naming``: ``FLAGS``)."""
+        return comparison_as_dict(self.comparison, self.request.plan, naming)
 
-    def text(self) -> str:
-        return format_comparison(self.comparison, self.request.plan)
+    def text(self, naming: Naming = FIELDS) -> str:
+        """The comparison ``plan --compare-tp`` prints (``naming``: ``FLAGS``)."""
+        return format_comparison(self.comparison, self.request.plan, naming)
 
     def emit(self, path: str | Path) -> str | None:
         """Write the PP + offload plan as a train config (None when no such plan fits)."""

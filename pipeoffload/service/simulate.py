@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from pipeoffload.costs import CostModel, load_cost_file
-from pipeoffload.errors import ConfigError, Naming, flag_of
+from pipeoffload.errors import FIELDS, ConfigError, Naming, flag_of
 from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.passes.offload import OffloadReport
 from pipeoffload.planner.formulas import formula1_k
@@ -41,10 +41,14 @@ K_DEFAULT_HELP = (f"default {DEFAULT_OFFLOAD_RATIO}: Formula 1 for a Llama-3-8B-
                   "on an A100 (220 TFLOP/s, 15 GB/s); a costs file's own copy times when one is given")
 SIZE_FIELDS = ("family", "ranks", "microbatches", "stages_per_rank")
 COST_FIELDS = ("time_f", "time_i", "time_w", "p2p_time")  # what a costs file gives instead (per stage)
-# the units note of a run whose costs come from a file in the unit t: its times are per stage, not the
-# flags' per-rank times, so "one rank's forward of one microbatch (--time-f 1)" would not be true
-COSTS_FILE_TIME_HELP = ("t: the costs file's time unit; its time_f, time_i and time_w are per stage (one "
-                        "microbatch through one stage), not per rank as --time-f/-i/-w are")
+
+
+def costs_file_time_help(naming: Naming = FIELDS) -> str:
+    """The units note of a run whose costs come from a file in the unit t: its times are per stage, not the
+    request's per-rank times, so "one rank's forward of one microbatch (time_f=1)" would not be true."""
+    times = "--time-f/-i/-w" if naming.flags else "the request's time_f, time_i and time_w"
+    return ("t: the costs file's time unit; its time_f, time_i and time_w are per stage (one microbatch through "
+            f"one stage), not per rank as {times} are")
 
 
 @dataclass(frozen=True)
@@ -194,11 +198,12 @@ class SimulateResult:
         without a costs file or where the request sets k."""
         return costs_k(self.timeline) if self.request.k is None else None
 
-    def time_help(self) -> str:
-        """The note on what one time unit is (``COSTS_FILE_TIME_HELP`` for a costs file in t)."""
+    def time_help(self, naming: Naming = FIELDS) -> str:
+        """The note on what one time unit is (``costs_file_time_help`` for a costs file in t), naming the
+        request's fields (``naming``: ``FLAGS`` for the command line's words)."""
         if self.request.costs_file and self.time_unit == TIME_UNIT:
-            return COSTS_FILE_TIME_HELP
-        return time_unit_help(self.time_unit)
+            return costs_file_time_help(naming)
+        return time_unit_help(self.time_unit, naming)
 
     @property
     def planned_k(self) -> float | None:
@@ -215,9 +220,9 @@ class SimulateResult:
         return sizes, [flag if value is True else f"{flag} {_typed(value)}" for flag, value in self.request.options()]
 
 
-    def as_dict(self) -> dict:
-        """The object ``simulate --json`` prints and the playground serves: the timeline's numbers, their
-        units, the policy report."""
+    def as_dict(self, naming: Naming = FIELDS) -> dict:
+        """The object the playground serves and ``simulate --json`` prints (``naming``: ``FLAGS``): the
+        timeline's numbers, their units, the policy report."""
         out = self.timeline.as_dict()
         v = max(self.timeline.schedule.stages_per_rank, 1)
         out["peak_host_rank_units"] = self.timeline.peak_host_rank_units  # peak_host_units: activation units
@@ -226,7 +231,7 @@ class SimulateResult:
         out["offload_ratio"] = self.request.k  # null: the costs file's own copy times
         out["planned_offload_ratio"] = self.planned_k  # what the copies were planned for
         out["offload_report"] = report_dict(self.report)
-        out["units"] = units_dict(self.time_unit) | {"time": self.time_help()}
+        out["units"] = units_dict(self.time_unit, naming) | {"time": self.time_help(naming)}
         return out
 
 

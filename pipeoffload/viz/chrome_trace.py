@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
+from pipeoffload.errors import FLAGS
 from pipeoffload.ir import COMM_KINDS, COPY_KINDS, Action
 from pipeoffload.simulator import Timeline
 from pipeoffload.units import MEMORY_UNIT, TIME_UNIT, time_unit_help, units_dict
@@ -78,11 +79,12 @@ def timeline_trace(timeline: Timeline, scale: float = 1e6, pid_base: int = 0, la
         if result.peak_host_units:
             events += counter_events(pid, f"host memory ({MEMORY_UNIT})", MEMORY_UNIT, result.host_memory, scale,
                                      1 / v)
-    unit_note = f"{time_help or time_unit_help(time_unit)}; 1 unit = {scale:g} us here"
+    # a trace is a file the commands write (simulate --trace, trace compare): its notes name their flags
+    unit_note = f"{time_help or time_unit_help(time_unit, FLAGS)}; 1 unit = {scale:g} us here"
     other = {k: v for k, v in timeline.as_dict().items() if k != "per_rank"} | {"time_unit": unit_note}
     # the counters are in rank units, peak_host_units in activation units: both, and which is which
     other["peak_host_rank_units"] = timeline.peak_host_rank_units
-    other["units"] = units_dict(time_unit) | {"counters": f"the memory counters are in {MEMORY_UNIT}"}
+    other["units"] = units_dict(time_unit, FLAGS) | {"counters": f"the memory counters are in {MEMORY_UNIT}"}
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 

@@ -7,7 +7,7 @@ import base64
 import html
 from collections.abc import Sequence
 
-from pipeoffload.errors import ConfigError
+from pipeoffload.errors import FLAGS, ConfigError
 from pipeoffload.ir import ActionKind
 from pipeoffload.simulator import Timeline
 from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, time_unit_help
@@ -76,7 +76,7 @@ def html_report(timelines: Sequence[Timeline], title: str = "pipeoffload report"
     """The page. ``labels`` name the rows (default: ``timeline_label``), ``commands`` are shown verbatim;
     ``pictures`` are PNGs already drawn (drawn here, on one shared time axis, when omitted); times are
     labelled ``time_unit`` (``t``, or ``s`` for seconds), which ``time_help`` explains (default
-    ``time_unit_help(time_unit)``)."""
+    ``time_unit_help(time_unit, FLAGS)``: the page is what the commands write, in their flags' words)."""
     for name, given in (("pictures", pictures), ("labels", labels), ("commands", commands)):
         if given is not None and len(given) != len(timelines):
             raise ConfigError(f"html_report: {len(given)} {name} for {len(timelines)} timelines; give one per "
@@ -93,7 +93,7 @@ def html_report(timelines: Sequence[Timeline], title: str = "pipeoffload report"
              f"<p class='note'>{html.escape(note)}</p>" if note else "",
              "<table id='summary'>" + head
              + "".join(_summary_row(i + 1, labels[i], commands[i], t) for i, t in enumerate(timelines)) + "</table>",
-             f"<p class='note'>Units: {html.escape(time_help or time_unit_help(time_unit))}; "
+             f"<p class='note'>Units: {html.escape(time_help or time_unit_help(time_unit, FLAGS))}; "
              f"{html.escape(MEMORY_UNIT_HELP)}. Peaks are the worst rank's; stall is the time a rank's compute "
              "waited for its reloads, given for the worst rank and summed over ranks; "
              "offloaded and recomputed count activations (stage, microbatch). "

@@ -1,8 +1,9 @@
 """The playground's server: static files plus a JSON API over ``simulate``, on 127.0.0.1 only.
 
 - ``GET /api/simulate?family=1f1b&ranks=8...`` returns exactly the object ``pipeoffload simulate --json``
-  prints for the same flags: each query parameter is the same-named field of the service's
-  ``SimulateRequest``, checked by the same code as the flag; a parameter given twice, or given empty
+  prints for the same flags, its notes naming the parameters (``time_f=1``, not ``--time-f 1``): each query
+  parameter is the same-named field of the service's ``SimulateRequest``, checked by the same code as the
+  flag; a parameter given twice, or given empty
   (``ranks=`` is ``--ranks ''``), is refused, and one left out takes its default.
 - ``GET /api/chart?...`` returns ``{"command", "result", "chart"}``: the command line, that object, and the
   chart data (``viz.chartdata``) in a compact form the front end draws.

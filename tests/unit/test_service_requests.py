@@ -10,6 +10,7 @@ import pytest
 import pipeoffload
 from pipeoffload import ConfigError
 from pipeoffload.cli import main
+from pipeoffload.errors import FLAGS
 from pipeoffload.planner import hardware_preset, model_preset
 from pipeoffload.service import (
     CompareRequest,
@@ -137,11 +138,11 @@ def test_compare_result_as_dict_is_what_compare_json_prints(capsys: pytest.Captu
     printed = json.loads(capsys.readouterr().out)
     result = run(CompareRequest((SimulateRequest("1f1b"), SimulateRequest("zb-v", offload="all", offload_ratio=0.5))))
     commands = [shlex.join(["pipeoffload", "simulate", *shlex.split(spec)]) for spec in specs]
-    assert result.as_dict(commands) == printed
+    assert result.as_dict(commands, FLAGS) == printed  # the command line's words; as_dict() names the fields
     # by default each row's command is its request's own, which reproduces it
     default = result.as_dict()
     assert [row["command"] for row in default] == [shlex.join(r.result.request.command()) for r in result.rows]
-    assert [{k: v for k, v in row.items() if k != "command"} for row in default] == \
+    assert [{k: v for k, v in row.items() if k != "command"} for row in result.as_dict(naming=FLAGS)] == \
         [{k: v for k, v in row.items() if k != "command"} for row in printed]
 
 
