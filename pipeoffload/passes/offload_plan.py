@@ -27,6 +27,7 @@ Key = tuple[int, int]
 
 
 Pick = tuple[int, Activation]
+_ByValue = tuple["_Plan", list[Pick], list[Pick]]  # picks placed by value on an empty plan: (plan, failed, picks)
 Ident = tuple[int, int, int, int]  # (rank, stage, microbatch, window)
 
 
@@ -246,7 +247,7 @@ def _without_d2h(x: Activation) -> Activation:
 
 def _second_first(timelines: list[RankTimeline], costs: CostModel, first: dict[int, list[Activation]],
                   second: dict[int, list[Activation]], budget: float | None, relaxed: bool,
-                  by_value: tuple[_Plan, list[Pick]] | None = None) -> tuple[_Plan, list[Pick], list[Pick]]:
+                  by_value: _ByValue | None = None) -> tuple[_Plan, list[Pick], list[Pick]]:
     """The other order: the I -> W windows first (their own copies), then the first windows of the
     activations whose second window did not fit. Wins where the first windows are short (warm-up of
     zero-bubble schedules) and their copies would take the lane from the long I -> W waits.
@@ -257,8 +258,8 @@ def _second_first(timelines: list[RankTimeline], costs: CostModel, first: dict[i
     so the same placements and failures), is returned instead of being made again."""
     picks = _by_density([(r, x) for r, xs in second.items() for x in xs if x.value > EPS])
     if not picks and by_value is not None:
-        plan, failed = by_value
-        return plan, [(r, x) for r, x in _priority(first) if x.value > EPS], failed
+        plan, failed, worth = by_value
+        return plan, worth, failed
     plan = _Plan(timelines, costs, relaxed)
     failed = plan.greedy(picks, budget)
     taken = {(r, x.stage, x.microbatch) for r, x in picks} - {(r, x.stage, x.microbatch) for r, x in failed}
@@ -274,7 +275,7 @@ def _by_density(picks: list[Pick]) -> list[Pick]:
 
 def _first_windows(timelines: list[RankTimeline], costs: CostModel, candidates: dict[int, list[Activation]],
                    budget: float | None, relaxed: bool
-                   ) -> tuple[_Plan, list[Pick], list[Pick], tuple[_Plan, list[Pick]] | None]:
+                   ) -> tuple[_Plan, list[Pick], list[Pick], _ByValue | None]:
     """The plan of the F -> backward windows: (plan, picks that did not fit, picks tried, and where it
     was made, the plan of those picks placed by value alone with its failures, which ``_second_first``
     may need again: the plan itself where it was kept, else a plan nothing changes after)."""
@@ -291,7 +292,7 @@ def _first_windows(timelines: list[RankTimeline], costs: CostModel, candidates: 
         if failed:  # the copy lane is overloaded: also try choosing by value, then packing that set
             failed = plan.greedy(failed, None)
             chooser = fresh()
-            by_value = (chooser, chooser.greedy(worth, None))
+            by_value = (chooser, chooser.greedy(worth, None), worth)
             alt = fresh()
             picked = chooser.keys()
             alt_failed = alt.pack([(r, x) for r, x in worth if (r, *x.ident) in picked])
@@ -306,7 +307,7 @@ def _first_windows(timelines: list[RankTimeline], costs: CostModel, candidates: 
         plan = fresh()
         failed = plan.pack([(r, x) for r, x in worth if (r, *x.ident) in picked])
         failed = plan.greedy(failed, budget) + tried_failed
-        by_value = (chooser, tried_failed)
+        by_value = (chooser, tried_failed, worth)
         if chooser.score() < plan.score():
             plan, failed = chooser, tried_failed
     return plan, failed, worth, by_value
