@@ -35,15 +35,16 @@ class RankState:
     """One rank's offloads in a plan, its planned memory curve and what could not be placed.
 
     The curve is brought up to date when read (``memory``): most plans the pass makes are only
-    compared by their exact peaks (``exact_peak``, from ``placed``) and then dropped, so their
-    curves are never worked out. Each placement is subtracted in the order it was added, as if
-    it had been subtracted then, so a curve read is the one the eager updates gave."""
+    compared by their exact peaks (``exact_peak``, from ``placed``) and then dropped (or kept in
+    a search's memo), so their curves are never worked out, nor the timeline's copied. Each
+    placement is subtracted in the order it was added, as if it had been subtracted then, so a
+    curve read is the one the eager updates gave."""
 
     __slots__ = ("timeline", "_memory", "_pending", "placed", "unhidden", "unhidden_w", "too_short", "rows")
 
-    def __init__(self, timeline: RankTimeline, memory: np.ndarray) -> None:
+    def __init__(self, timeline: RankTimeline) -> None:
         self.timeline = timeline
-        self._memory = memory
+        self._memory: np.ndarray | None = None  # a copy of the timeline's, once read
         self._pending: list[Placed] = []  # added to ``placed``, not yet subtracted from ``_memory``
         self.placed: list[Placed] = []
         self.unhidden: list[Key] = []  # window 0 (F -> backward)
@@ -54,6 +55,8 @@ class RankState:
     @property
     def memory(self) -> np.ndarray:
         """Resident units at each timeline point with the offloads placed so far."""
+        if self._memory is None:
+            self._memory = self.timeline.memory.copy()
         if self._pending:
             pending, self._pending = self._pending, []
             _subtract(self._memory, pending)
@@ -111,7 +114,7 @@ class _Plan:
     def __init__(self, timelines: list[RankTimeline], costs: CostModel, relaxed: bool) -> None:
         self.args = (timelines, costs, relaxed)
         self.group = CopyGroup(timelines, costs, relaxed)
-        self.states = {tl.rank: RankState(tl, tl.memory.copy()) for tl in timelines}
+        self.states = {tl.rank: RankState(tl) for tl in timelines}
         self._peaks: dict[int, float] | None = None  # ``peaks()`` until the plan changes
 
     def keys(self) -> set[Ident]:

@@ -81,18 +81,17 @@ def _state() -> tuple[RankState, list[Placed]]:
         lo, hi = tl.off_range(x.f_end + x.d2h, x.deadline - x.h2d)
         x.size = 1.0 if n % 2 else 1.0 / 3.0
         placed.append(Placed(x, x.f_end, x.deadline - x.h2d, lo, hi))
-    return RankState(tl, tl.memory.copy()), placed
+    return RankState(tl), placed
 
 
 def test_the_curve_is_worked_out_when_read() -> None:
     state, placed = _state()
-    curve = state._memory
-    before = curve.copy()
     state.add(placed[0])
     state.add_all(placed[1:])
-    assert np.array_equal(curve, before)  # nothing subtracted yet
+    assert state._memory is None  # nothing copied or subtracted yet
     assert len(state.placed) == len(placed)
-    assert not np.array_equal(state.memory, before)
+    assert not np.array_equal(state.memory, state.timeline.memory)
+    assert state.memory is state._memory
 
 
 @pytest.mark.parametrize("whole,every", [(False, 4), (True, 4), (False, 0), (True, 0)])
