@@ -39,6 +39,7 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import chain
+from typing import Any
 
 import numpy as np
 
@@ -174,7 +175,8 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
     simulated = timeline if timeline is not None else memo(simulate, base, costs)
     timelines = memo.get((rank_timelines, base, costs), lambda: rank_timelines(base, simulated, costs))
     budget = policy.budget_units(base.stages_per_rank) if policy.kind == "budget" else None
-    plan = _Planning(base, timelines, policy, set(exclude), budget, _groups(base.num_ranks, costs.shared_host_link))
+    plan = _Planning(base, timelines, policy, set(exclude), budget, _groups(base.num_ranks, costs.shared_host_link),
+                     memo=memo)
     # keyed without the stall budget, which only the step after reads: variants under one share it
     states, peaks = memo.get((_placed_lowest, base, costs, replace(policy, max_stall=0.0), frozenset(exclude),
                               faster_copies), lambda: _placed_lowest(plan, costs, memo, faster_copies, simulated.makespan))
@@ -341,10 +343,14 @@ class _Planning:
     throttle: int = 0  # warm-up forwards wait for the throttle-th latest offload (``passes.throttle``)
     # ranks in no group, kept as planned (state, exact peak): step 13 plans only the ranks above its target
     fixed: dict[int, tuple[RankState, float]] = field(default_factory=dict)
+    # the search's memo, which keeps the group plans (``_kept``) where ``timelines`` are its own
+    memo: Memo | None = field(default=None, repr=False, compare=False)
 
     def states(self, costs: CostModel, slower: float = 1.0) -> tuple[dict[int, RankState], dict[int, float]]:
         """Each rank's planned copies and peak when the copies take ``slower`` x ``costs``' times
         (the ranks of ``fixed`` as they are)."""
+        if self._memo_of(costs) is not None:
+            return self._kept_states(costs, slower)
         timelines = self.timelines
         if self.throttle:  # copies, not the shared (memoised) timelines: _emit reads the throttle back
             timelines = [tl.with_throttle(self.throttle) for tl in timelines]
@@ -367,6 +373,64 @@ class _Planning:
         states, peaks = plan_all(relaxed=False)
         if costs.shared_host_link and self.policy.kind != "none":
             states, peaks = _shared_link_plans(self.base, costs, states, peaks, plan_all(relaxed=True)[0], self.groups)
+        for r, (state, peak) in self.fixed.items():
+            states[r], peaks[r] = state, peak
+        return states, peaks
+
+    def _memo_of(self, costs: CostModel) -> Memo | None:
+        """The memo that may keep this planning's group plans: own links, no waits, and ``timelines``
+        the memo's own rank timelines of ``base`` under ``costs`` (what a group plan's key stands for).
+        On a shared link later steps change the states a plan returns, so none is kept there."""
+        memo = self.memo
+        if memo is None or self.throttle or costs.shared_host_link:
+            return None
+        return memo if memo.peek(rank_timelines, self.base, costs) is self.timelines else None
+
+    def _kept(self, what: Callable[..., object], costs: CostModel) -> dict[tuple[float, tuple[int, ...]], Any]:
+        """The results of ``what`` (``plan_group``'s states and peaks, or ``_floor``'s peaks) made so far
+        for ``base``'s rank timelines under ``costs``, with what ``_candidates`` and ``plan_group`` read
+        of the policy, the excluded activations and the budget, by (copy-time factor, ranks): one entry
+        per schedule and policy, in a memo of its own inside the search's that keeps the ``_KEPT``
+        most recent (an entry per group plan in the search's memo would fall out of its most recent
+        ones before it is asked for again)."""
+        return self._own().get((what, self.base, costs, self.policy.kind, self.policy.count,
+                                frozenset(self.exclude), self.budget), dict)
+
+    def _own(self) -> Memo:
+        assert self.memo is not None
+        return self.memo.get((_Planning._own,), lambda: Memo(keep=_KEPT))
+
+    def _scaled(self, costs: CostModel, factor: float, rank: int) -> RankTimeline:
+        """``rank``'s timeline with copies ``factor`` x as long, made once per schedule (every policy
+        planned at that factor reads the same; nothing changes a timeline or its activations)."""
+        if factor == 1.0:
+            return self.timelines[rank]
+        scaled = self._own().get((RankTimeline.with_copy_times, self.base, costs), dict)
+        key = (factor, rank)
+        if key not in scaled:
+            scaled[key] = self.timelines[rank].with_copy_times(factor)
+        return scaled[key]  # type: ignore[no-any-return]
+
+    def _kept_states(self, costs: CostModel, slower: float) -> tuple[dict[int, RankState], dict[int, float]]:
+        """``states`` on own links, each group's plan kept in the memo: a search plans the same group
+        at the same copy times for several policies and steps (a budget's plan is step 13's plan of
+        that target; the ladder of faster copies of a policy planned with and without them). The
+        states are shared between those results, and nothing changes them on own links."""
+        assert self.memo is not None
+        planned = _copies_scaled(costs, slower) if slower != 1.0 else costs
+        states: dict[int, RankState] = {}
+        peaks: dict[int, float] = {}
+        kept = self._kept(plan_group, costs)
+        for members in self.groups:
+            key = (slower, tuple(members))
+            if key not in kept:
+                tls = [self._scaled(costs, slower, r) for r in members]
+                group = plan_group(tls, planned, self.policy, _candidates(tls, self.policy, self.exclude),
+                                   self.budget, False)
+                kept[key] = (group.states, group.peaks())
+            group_states, group_peaks = kept[key]
+            states.update(group_states)
+            peaks.update(group_peaks)
         for r, (state, peak) in self.fixed.items():
             states[r], peaks[r] = state, peak
         return states, peaks
@@ -461,12 +525,28 @@ class _Planning:
         for members in sorted(self.groups, key=lambda m: -max(total[r] for r in m)):
             if max(total[r] for r in members) < worst - EPS:
                 return False
-            tls = [self.timelines[r].with_copy_times(_FLOOR_FACTOR) for r in members]
-            chosen = _candidates(tls, self.policy, self.exclude)
-            floor = plan_group(tls, instant, self.policy, chosen, self.budget, False).peaks()
+            floor = self._floor(costs, instant, members)
             if max(offsets[r] + floor[r] for r in members) >= worst - EPS:
                 return True
         return False
+
+    def _floor(self, costs: CostModel, instant: CostModel, members: list[int]) -> dict[int, float]:
+        """The peaks of ``members``' plan for nearly instant copies (kept in the memo where it may keep them)."""
+        memo = self._memo_of(costs)
+        key = (_FLOOR_FACTOR, tuple(members))
+        kept = self._kept(_Planning._floor, costs) if memo is not None else {}
+        if key not in kept:
+            tls = [self._scaled(costs, _FLOOR_FACTOR, r) if memo is not None
+                   else self.timelines[r].with_copy_times(_FLOOR_FACTOR) for r in members]
+            chosen = _candidates(tls, self.policy, self.exclude)
+            kept[key] = plan_group(tls, instant, self.policy, chosen, self.budget, False).peaks()
+        return kept[key]  # type: ignore[no-any-return]
+
+
+# schedules x policies whose group plans (and scaled timelines) a search keeps: in the headline, 16 make
+# 4,561 group plans where keeping all would make 4,534 (4,992 keeping none), for 315 MB at its peak
+# against 400 (243 keeping none); the plans and timelines of a whole schedule are large
+_KEPT = 16
 
 
 def _ladder_factors(costs: CostModel) -> list[float]:

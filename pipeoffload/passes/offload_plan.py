@@ -14,7 +14,6 @@ primitives of ``copy_plan``:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -28,24 +27,45 @@ Key = tuple[int, int]
 
 
 Pick = tuple[int, Activation]
+_ByValue = tuple["_Plan", list[Pick], list[Pick]]  # picks placed by value on an empty plan: (plan, failed, picks)
 Ident = tuple[int, int, int, int]  # (rank, stage, microbatch, window)
 
 
-@dataclass
 class RankState:
-    """One rank's offloads in a plan, its planned memory curve and what could not be placed."""
+    """One rank's offloads in a plan, its planned memory curve and what could not be placed.
 
-    timeline: RankTimeline
-    memory: np.ndarray
-    placed: list[Placed] = field(default_factory=list)
-    unhidden: list[Key] = field(default_factory=list)  # window 0 (F -> backward)
-    unhidden_w: list[Key] = field(default_factory=list)  # window 1 (I -> W)
-    too_short: int = 0
-    rows: list[Action] | None = None  # the emitted list itself, where a repair moved copies and waits (``throttle.repair``)
+    The curve is brought up to date when read (``memory``): most plans the pass makes are only
+    compared by their exact peaks (``exact_peak``, from ``placed``) and then dropped (or kept in
+    a search's memo), so their curves are never worked out, nor the timeline's copied. Each
+    placement is subtracted in the order it was added, as if it had been subtracted then, so a
+    curve read is the one the eager updates gave."""
+
+    __slots__ = ("timeline", "_memory", "_pending", "placed", "unhidden", "unhidden_w", "too_short", "rows")
+
+    def __init__(self, timeline: RankTimeline) -> None:
+        self.timeline = timeline
+        self._memory: np.ndarray | None = None  # a copy of the timeline's, once read
+        self._pending: list[Placed] = []  # added to ``placed``, not yet subtracted from ``_memory``
+        self.placed: list[Placed] = []
+        self.unhidden: list[Key] = []  # window 0 (F -> backward)
+        self.unhidden_w: list[Key] = []  # window 1 (I -> W)
+        self.too_short = 0
+        self.rows: list[Action] | None = None  # the emitted list itself, where a repair moved copies and waits (``throttle.repair``)
+
+    @property
+    def memory(self) -> np.ndarray:
+        """Resident units at each timeline point with the offloads placed so far."""
+        if self._memory is None:
+            self._memory = self.timeline.memory.copy()
+        if self._pending:
+            pending, self._pending = self._pending, []
+            _subtract(self._memory, pending)
+        return self._memory
 
     def peak(self) -> float:
         """Peak on the planning grid (conservative where a reload starts between grid points)."""
-        return float(self.memory.max()) if len(self.memory) else 0.0
+        memory = self.memory
+        return float(memory.max()) if len(memory) else 0.0
 
     def exact_peak(self) -> float:
         """Peak with every copy at its planned time, as the simulator measures it."""
@@ -59,29 +79,33 @@ class RankState:
         return float(max(levels.max(initial=0.0), 0.0))
 
     def add(self, p: Placed) -> None:
-        self.memory[p.lo:p.hi] -= p.activation.size
         self.placed.append(p)
+        self._pending.append(p)
 
     def add_all(self, placed: list[Placed]) -> None:
-        """``add`` each of ``placed`` in turn. Where every amount is a whole number (activation units
-        of uniform stages, the usual case) every partial sum is exact, so the order of the
-        subtractions cannot matter and one cumulative sum gives the same memory as the loop."""
-        if not placed:
-            return
-        sizes = np.array([p.activation.size for p in placed])
-        memory = self.memory
-        if _whole(sizes) and _whole(memory) and float(np.abs(sizes).sum() + np.abs(memory).max()) < _EXACT:
-            lo = np.array([p.lo for p in placed], dtype=np.int64)
-            hi = np.array([p.hi for p in placed], dtype=np.int64)
-            used = lo < hi  # an empty range changes nothing
-            steps = np.zeros(len(memory) + 1)
-            np.add.at(steps, lo[used], sizes[used])
-            np.subtract.at(steps, hi[used], sizes[used])
-            memory -= np.cumsum(steps[:-1])
-            self.placed.extend(placed)
-        else:
-            for p in placed:
-                self.add(p)
+        """``add`` each of ``placed`` in turn."""
+        self.placed.extend(placed)
+        self._pending.extend(placed)
+
+
+def _subtract(memory: np.ndarray, placed: list[Placed]) -> None:
+    """Take each of ``placed`` off ``memory`` over its point range, in turn. Where every amount is a whole
+    number (activation units of uniform stages, the usual case) every partial sum is exact, so the
+    order of the subtractions cannot matter and one cumulative sum gives the same memory as the loop
+    (worth its checks over the whole curve for a batch, not for the one placement a budget reads after)."""
+    sizes = np.array([p.activation.size for p in placed]) if len(placed) >= _BATCH else None
+    if sizes is not None and _whole(sizes) and _whole(memory) and float(
+            np.abs(sizes).sum() + np.abs(memory).max(initial=0.0)) < _EXACT:
+        lo = np.array([p.lo for p in placed], dtype=np.int64)
+        hi = np.array([p.hi for p in placed], dtype=np.int64)
+        used = lo < hi  # an empty range changes nothing
+        steps = np.zeros(len(memory) + 1)
+        np.add.at(steps, lo[used], sizes[used])
+        np.subtract.at(steps, hi[used], sizes[used])
+        memory -= np.cumsum(steps[:-1])
+    else:
+        for p in placed:
+            memory[p.lo:p.hi] -= p.activation.size
 
 
 class _Plan:
@@ -90,7 +114,7 @@ class _Plan:
     def __init__(self, timelines: list[RankTimeline], costs: CostModel, relaxed: bool) -> None:
         self.args = (timelines, costs, relaxed)
         self.group = CopyGroup(timelines, costs, relaxed)
-        self.states = {tl.rank: RankState(tl, tl.memory.copy()) for tl in timelines}
+        self.states = {tl.rank: RankState(tl) for tl in timelines}
         self._peaks: dict[int, float] | None = None  # ``peaks()`` until the plan changes
 
     def keys(self) -> set[Ident]:
@@ -183,12 +207,14 @@ def plan_group(timelines: list[RankTimeline], costs: CostModel, policy: OffloadP
     # it before building picks (group-interleaved's W follows its I at once: thousands of them)
     second = {r: [x for x in xs if x.window == 1 and x.size * (x.deadline - x.f_end - x.h2d) > EPS]
               for r, xs in candidates.items()}
-    plan, failed, worth = _first_windows(timelines, costs, first, budget, relaxed)
+    plan, failed, worth, by_value = _first_windows(timelines, costs, first, budget, relaxed)
     if split:  # a split backward: add its second windows, or plan them first if better
         if any(second.values()):
             more, missed = _second_windows(plan, second, budget)
             worth, failed = worth + more, failed + missed
-        alt, alt_worth, alt_failed = _second_first(timelines, costs, first, second, budget, relaxed)
+            if by_value is not None and by_value[0] is plan:
+                by_value = None  # no longer the first windows alone
+        alt, alt_worth, alt_failed = _second_first(timelines, costs, first, second, budget, relaxed, by_value)
         if alt.score() < plan.score():
             plan, worth, failed = alt, alt_worth, alt_failed
     if policy.kind in ("auto", "budget"):
@@ -223,14 +249,21 @@ def _without_d2h(x: Activation) -> Activation:
 
 
 def _second_first(timelines: list[RankTimeline], costs: CostModel, first: dict[int, list[Activation]],
-                  second: dict[int, list[Activation]], budget: float | None, relaxed: bool
-                  ) -> tuple[_Plan, list[Pick], list[Pick]]:
+                  second: dict[int, list[Activation]], budget: float | None, relaxed: bool,
+                  by_value: _ByValue | None = None) -> tuple[_Plan, list[Pick], list[Pick]]:
     """The other order: the I -> W windows first (their own copies), then the first windows of the
     activations whose second window did not fit. Wins where the first windows are short (warm-up of
     zero-bubble schedules) and their copies would take the lane from the long I -> W waits.
-    Returns (plan, picks tried, picks that did not fit)."""
-    plan = _Plan(timelines, costs, relaxed)
+    Returns (plan, picks tried, picks that did not fit).
+
+    With no second window worth anything that plan is the first windows placed by value alone:
+    ``by_value``, where ``_first_windows`` made it (the same picks in the same order on an empty plan,
+    so the same placements and failures), is returned instead of being made again."""
     picks = _by_density([(r, x) for r, xs in second.items() for x in xs if x.value > EPS])
+    if not picks and by_value is not None:
+        plan, failed, worth = by_value
+        return plan, worth, failed
+    plan = _Plan(timelines, costs, relaxed)
     failed = plan.greedy(picks, budget)
     taken = {(r, x.stage, x.microbatch) for r, x in picks} - {(r, x.stage, x.microbatch) for r, x in failed}
     more = [(r, x) for r, x in _priority(first) if x.value > EPS and (r, x.stage, x.microbatch) not in taken]
@@ -244,21 +277,25 @@ def _by_density(picks: list[Pick]) -> list[Pick]:
 
 
 def _first_windows(timelines: list[RankTimeline], costs: CostModel, candidates: dict[int, list[Activation]],
-                   budget: float | None, relaxed: bool) -> tuple[_Plan, list[Pick], list[Pick]]:
-    """The plan of the F -> backward windows: (plan, picks that did not fit, picks tried)."""
+                   budget: float | None, relaxed: bool
+                   ) -> tuple[_Plan, list[Pick], list[Pick], _ByValue | None]:
+    """The plan of the F -> backward windows: (plan, picks that did not fit, picks tried, and where it
+    was made, the plan of those picks placed by value alone with its failures, which ``_second_first``
+    may need again: the plan itself where it was kept, else a plan nothing changes after)."""
     order = _priority(candidates)
     worth = [(r, x) for r, x in order if x.value > EPS]
 
     def fresh() -> _Plan:
         return _Plan(timelines, costs, relaxed)
 
+    by_value = None
     if budget is None:
         plan = fresh()
         failed = plan.pack(worth)
         if failed:  # the copy lane is overloaded: also try choosing by value, then packing that set
             failed = plan.greedy(failed, None)
             chooser = fresh()
-            chooser.greedy(worth, None)
+            by_value = (chooser, chooser.greedy(worth, None), worth)
             alt = fresh()
             picked = chooser.keys()
             alt_failed = alt.pack([(r, x) for r, x in worth if (r, *x.ident) in picked])
@@ -273,9 +310,10 @@ def _first_windows(timelines: list[RankTimeline], costs: CostModel, candidates: 
         plan = fresh()
         failed = plan.pack([(r, x) for r, x in worth if (r, *x.ident) in picked])
         failed = plan.greedy(failed, budget) + tried_failed
+        by_value = (chooser, tried_failed, worth)
         if chooser.score() < plan.score():
             plan, failed = chooser, tried_failed
-    return plan, failed, worth
+    return plan, failed, worth, by_value
 
 
 def _pruned(plan: _Plan, timelines: list[RankTimeline], costs: CostModel, relaxed: bool,
@@ -303,6 +341,7 @@ def _priority(candidates: dict[int, list[Activation]]) -> list[Pick]:
 
 
 _PACK_ROUNDS = 16
+_BATCH = 8  # placements from which ``_subtract`` tries one cumulative sum
 _EXACT = 2.0 ** 52  # whole numbers below this, and their sums, are exact in floating point
 
 

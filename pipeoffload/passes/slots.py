@@ -51,7 +51,7 @@ def plan_pair(timelines: list[RankTimeline], candidates: dict[int, list[Activati
     first = {r: sorted((x for x in xs if x.window == 0), key=lambda x: (x.f_end, x.stage, x.microbatch))
              for r, xs in candidates.items()}
     starts = [x.f_end for xs in first.values() for x in xs]
-    states = {tl.rank: RankState(tl, tl.memory.copy()) for tl in timelines}
+    states = {tl.rank: RankState(tl) for tl in timelines}
     if not starts or pattern.slot <= EPS:
         return states
     origin = min(starts)
