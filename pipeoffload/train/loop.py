@@ -165,15 +165,16 @@ class Trainer:
         if ctx.tp > 1:  # the sequence-parallel norms' gradients: summed once here, not in every op of AdamW
             with ctx.collective(f"summing the tensor-parallel partial gradients of step {step}"):
                 replicate_partial_gradients(self.params)
-        with ctx.collective(f"gathering the measurements of step {step} from every rank"):
-            # started first and awaited after the norm's: the two all-reduces stay separate collectives
-            # but their rendezvous overlap (one wait on the slowest rank per step, not two)
-            gathered = self._gather(self._measurements(loss, self.runner.trace if measure else None))
+        board = self._measurements(loss, self.runner.trace if measure else None)
         with ctx.collective(f"reducing the gradient norm of step {step} over every rank"):
             norm = global_grad_norm(self.norm_named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device,
                                     dp_sharded=self.fsdp is not None)
         with ctx.collective(f"gathering the measurements of step {step} from every rank"):
-            everyone = self._rows(gathered())
+            # after the norm's, which the slowest rank's end of the pipeline has already held up: this
+            # one waits for no rank. Started before it and awaited after (overlapped), it cost gloo ranks
+            # 3-4 ms more per step (benchmarks/train_throughput.py, zb-v: the norm's all-reduce queued
+            # behind it, each held up by the slowest rank)
+            everyone = self._rows(self._gather(board))
         losses = [r["loss"] for r in everyone if r["loss"] is not None]
         finite = math.isfinite(norm) and all(math.isfinite(x) for x in losses)  # the same on every rank
         if finite:
@@ -244,18 +245,14 @@ class Trainer:
         board[ctx.rank] = torch.tensor(row, dtype=torch.float64)
         return board
 
-    def _gather(self, board: torch.Tensor) -> Callable[[], torch.Tensor]:
-        """Start the all-reduce that gives every rank's rows (a collective of its own: the gradient
-        norm's all-reduce carries the norm only); the returned call waits for it and gives the board."""
+    def _gather(self, board: torch.Tensor) -> torch.Tensor:
+        """Every rank's rows: ``board`` summed over the world by an all-reduce of its own (the gradient
+        norm's all-reduce carries the norm only)."""
         if not (dist.is_initialized() and dist.get_world_size() > 1):
-            return lambda: board
+            return board
         on_device = board.to(self.ctx.device)  # NCCL reduces device tensors only
-        work = dist.all_reduce(on_device, async_op=True)
-
-        def result() -> torch.Tensor:
-            work.wait()  # type: ignore[union-attr]
-            return on_device.cpu()
-        return result
+        dist.all_reduce(on_device)
+        return on_device.cpu()
 
     @staticmethod
     def _rows(board: torch.Tensor) -> list[dict[str, Any]]:
