@@ -27,7 +27,7 @@ def test_log_every_skips_records_not_training_and_tensorboard_equals_the_jsonl(t
     """In one spawn of 2 ranks: a run logs every step to metrics.jsonl and TensorBoard; a second logs
     every 3rd step (so measures memory only then) and keeps 2 records in memory, under a spy: the same
     bits at the common steps, and the gradient norm's all-reduce holds the norm's slots only (the
-    measurements have their own)."""
+    measurements have their own, after it)."""
     import numpy as np
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -42,6 +42,9 @@ def test_log_every_skips_records_not_training_and_tensorboard_equals_the_jsonl(t
     for rank in ranks:
         assert rank["second"]["step"] == 5 and rank["sizes"] == [rank["slots"]] * 5, rank
         assert rank["measured"] == [True, False, True, False, True]  # memory measured on logged steps only
+        # the measurements' all-reduce comes after the norm's, not started before it (which held the last
+        # rank out of the pipeline longer on gloo), and is the only other one of a step (pp only here)
+        assert rank["in_step"] == [["norm", "other"]] * 5, rank["in_step"]
     every, sparse = ranks[0]["first"]["history"], ranks[0]["second"]["history"]
     assert [h["step"] for h in _jsonl(sparse_dir)] == [1, 3, 5]  # 1: its validation loss
     assert [h["step"] for h in sparse] == [3, 5]  # in memory: the last keep_records

@@ -95,7 +95,8 @@ def logged_and_spied(ctx: Any, cfg: TrainConfig, run_dir: str, spied_cfg: TrainC
     """Train ``dict_layers`` twice in the same ranks (one spawn): with ``cfg`` into ``run_dir``, then
     with ``spied_cfg`` into ``spied_dir`` under a spy on ``torch.distributed.all_reduce``. Returns
     both results, the element counts of the all-reduces made inside the gradient norm during the
-    second, the number of parameter names (the norm's slots), and whether each step measured memory."""
+    second, the number of parameter names (the norm's slots), whether each step measured memory, and
+    per step the all-reduces it made in order ("norm": the gradient norm's, "other")."""
     import torch.distributed as dist
 
     from pipeoffload.train import loop
@@ -104,12 +105,26 @@ def logged_and_spied(ctx: Any, cfg: TrainConfig, run_dir: str, spied_cfg: TrainC
     trainer = _dict_trainer(ctx, spied_cfg, spied_dir)
     sizes: list[int] = []
     inside = [False]
+    in_step: list[list[str]] = []  # per training step, the all-reduces it made: "norm" or "other"
     real_reduce, real_norm = dist.all_reduce, loop.global_grad_norm
 
     def spy_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
         if inside[0]:
             sizes.append(tensor.numel())
+        if stepping[0]:
+            in_step[-1].append("norm" if inside[0] else "other")
         return real_reduce(tensor, *args, **kwargs)
+
+    stepping = [False]
+    real_train_step = trainer.train_step
+
+    def spy_train_step(*args: Any, **kwargs: Any) -> Any:
+        in_step.append([])
+        stepping[0] = True
+        try:
+            return real_train_step(*args, **kwargs)
+        finally:
+            stepping[0] = False
 
     def spy_norm(*args: Any, **kwargs: Any) -> float:
         inside[0] = True
@@ -126,12 +141,14 @@ def logged_and_spied(ctx: Any, cfg: TrainConfig, run_dir: str, spied_cfg: TrainC
         return real_step(*args, measure=measure, **kwargs)
 
     trainer.runner.step = spy_step
+    trainer.train_step = spy_train_step  # type: ignore[method-assign]
     dist.all_reduce, loop.global_grad_norm = spy_reduce, spy_norm  # type: ignore[assignment]
     try:
         second = trainer.fit()
     finally:
         dist.all_reduce, loop.global_grad_norm = real_reduce, real_norm  # type: ignore[assignment]
-    return {"first": first, "second": second, "sizes": sizes, "slots": len(trainer.order), "measured": measured}
+    return {"first": first, "second": second, "sizes": sizes, "slots": len(trainer.order), "measured": measured,
+            "in_step": in_step}
 
 
 class _FailsInEval(__import__("torch").nn.Linear):
