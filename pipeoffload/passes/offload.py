@@ -349,7 +349,7 @@ class _Planning:
     def states(self, costs: CostModel, slower: float = 1.0) -> tuple[dict[int, RankState], dict[int, float]]:
         """Each rank's planned copies and peak when the copies take ``slower`` x ``costs``' times
         (the ranks of ``fixed`` as they are)."""
-        if self._memo_of(costs) is not None:
+        if self._keeps_plans(costs):
             return self._kept_states(costs, slower)
         timelines = self.timelines
         if self.throttle:  # copies, not the shared (memoised) timelines: _emit reads the throttle back
@@ -377,14 +377,14 @@ class _Planning:
             states[r], peaks[r] = state, peak
         return states, peaks
 
-    def _memo_of(self, costs: CostModel) -> Memo | None:
-        """The memo that may keep this planning's group plans: own links, no waits, and ``timelines``
+    def _keeps_plans(self, costs: CostModel) -> bool:
+        """Whether the memo may keep this planning's group plans: own links, no waits, and ``timelines``
         the memo's own rank timelines of ``base`` under ``costs`` (what a group plan's key stands for).
         On a shared link later steps change the states a plan returns, so none is kept there."""
         memo = self.memo
         if memo is None or self.throttle or costs.shared_host_link:
-            return None
-        return memo if memo.peek(rank_timelines, self.base, costs) is self.timelines else None
+            return False
+        return memo.peek(rank_timelines, self.base, costs) is self.timelines
 
     def _kept(self, what: Callable[..., object], costs: CostModel) -> dict[tuple[float, tuple[int, ...]], Any]:
         """The results of ``what`` (``plan_group``'s states and peaks, or ``_floor``'s peaks) made so far
@@ -532,15 +532,17 @@ class _Planning:
 
     def _floor(self, costs: CostModel, instant: CostModel, members: list[int]) -> dict[int, float]:
         """The peaks of ``members``' plan for nearly instant copies (kept in the memo where it may keep them)."""
-        memo = self._memo_of(costs)
+        if not self._keeps_plans(costs):
+            return self._floor_plan(instant, [self.timelines[r].with_copy_times(_FLOOR_FACTOR) for r in members])
+        kept = self._kept(_Planning._floor, costs)
         key = (_FLOOR_FACTOR, tuple(members))
-        kept = self._kept(_Planning._floor, costs) if memo is not None else {}
         if key not in kept:
-            tls = [self._scaled(costs, _FLOOR_FACTOR, r) if memo is not None
-                   else self.timelines[r].with_copy_times(_FLOOR_FACTOR) for r in members]
-            chosen = _candidates(tls, self.policy, self.exclude)
-            kept[key] = plan_group(tls, instant, self.policy, chosen, self.budget, False).peaks()
+            kept[key] = self._floor_plan(instant, [self._scaled(costs, _FLOOR_FACTOR, r) for r in members])
         return kept[key]  # type: ignore[no-any-return]
+
+    def _floor_plan(self, instant: CostModel, tls: list[RankTimeline]) -> dict[int, float]:
+        chosen = _candidates(tls, self.policy, self.exclude)
+        return plan_group(tls, instant, self.policy, chosen, self.budget, False).peaks()
 
 
 # schedules x policies whose group plans (and scaled timelines) a search keeps: in the headline, 16 make

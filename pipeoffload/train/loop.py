@@ -171,9 +171,9 @@ class Trainer:
                                     dp_sharded=self.fsdp is not None)
         with ctx.collective(f"gathering the measurements of step {step} from every rank"):
             # after the norm's, which the slowest rank's end of the pipeline has already held up: this
-            # one waits for no rank. Started before it and awaited after (overlapped), it cost gloo ranks
-            # 3-4 ms more per step (benchmarks/train_throughput.py, zb-v: the norm's all-reduce queued
-            # behind it, each held up by the slowest rank)
+            # one waits for no rank. Started before it and awaited after (overlapped) it bought no wall
+            # time and cost gloo ranks more process CPU (benchmarks/train_throughput.py, zb-v, rank 1's
+            # CPU after the pipeline 8.3-9.1 ms against 6.7-7.0)
             everyone = self._rows(self._gather(board))
         losses = [r["loss"] for r in everyone if r["loss"] is not None]
         finite = math.isfinite(norm) and all(math.isfinite(x) for x in losses)  # the same on every rank
