@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from pipeoffload.cli.common import OneLineParser
 
-    parser = OneLineParser(prog="pipeoffload", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="pipeoffload", description=__doc__.splitlines()[0].replace("``", ""))  # no reST markup in --help
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log progress to stderr; only before the command (pipeoffload -v compare ...): after "
                              "a command, -v is --stages-per-rank")
