@@ -164,8 +164,9 @@ def _saved_run(tmp_path: Path, **keys: Any) -> Path:
 
 def test_resume_refuses_another_out(tmp_path: Path) -> None:
     run = _saved_run(tmp_path)
-    with pytest.raises(ConfigError, match="continues the run in its own folder"):
+    with pytest.raises(ConfigError, match="continues the run in its own folder; drop --out ") as err:
         _resolve("--resume", str(run), "--out", str(tmp_path / "elsewhere"))
+    assert "leave --out out" not in str(err.value)  # read as an instruction to pass --out out
     cfg, _ = _resolve("--resume", str(run), "--out", str(run))  # the same folder is no fork
     assert Path(cfg.run.out) == run
     other = tmp_path / "other.toml"
