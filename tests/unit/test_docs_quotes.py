@@ -111,3 +111,27 @@ def test_no_help_text_shows_rest_markup() -> None:
     marked = {name: next(line for line in text.splitlines() if "``" in line)
               for name, text in _help_texts().items() if "``" in text}
     assert not marked, marked
+
+
+def test_every_commands_help_says_what_it_does() -> None:
+    """``pipeoffload plan --help`` (and 9 more) began with the usage and went on to the options, never
+    saying what the command does; each now opens with its line of ``pipeoffload --help``."""
+    from pipeoffload.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for name, command in sub.choices.items():  # type: ignore[union-attr]
+        said = " ".join((command.description or "").split())
+        assert said and said[:40] in " ".join(command.format_help().split()), name
+    listed = {a.dest: a.help for a in sub._choices_actions}  # type: ignore[attr-defined]
+    assert sub.choices["plan"].description == listed["plan"]  # type: ignore[index]
+
+
+def test_simulates_cost_flags_state_their_defaults() -> None:
+    """--p2p-time's help said "point-to-point transfer time" and not that it is 0 unless given."""
+    from pipeoffload.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    simulate = sub.choices["simulate"]  # type: ignore[index]
+    for action in simulate._actions:
+        if action.dest in ("time_f", "time_i", "time_w", "p2p_time"):
+            assert "(default " in (action.help or ""), action.option_strings  # None here: given or not
