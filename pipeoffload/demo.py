@@ -123,7 +123,7 @@ def train_tour(out: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0].replace("``", ""))  # no reST markup in --help
     parser.add_argument("--out", default="out", help="folder for pictures (default: out/)")
     parser.add_argument("--no-train", action="store_true", help="skip the 4-rank training runs (need torch)")
     args = parser.parse_args(argv)

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from pipeoffload.cli.common import OneLineParser
 
-    parser = OneLineParser(prog="pipeoffload", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="pipeoffload", description=__doc__.splitlines()[0].replace("``", ""))  # no reST markup in --help
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log progress to stderr; only before the command (pipeoffload -v compare ...): after "
                              "a command, -v is --stages-per-rank")
@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name in COMMAND_MODULES:
         importlib.import_module(f"pipeoffload.cli.{name}").add_parser(sub)
+    for listed in sub._choices_actions:  # a command's own --help opens with the line the list shows for it
+        command = sub.choices[listed.dest]
+        if command.description is None:
+            command.description = listed.help
     return parser
 
 

@@ -84,7 +84,7 @@ def add_cost_args(parser: argparse.ArgumentParser) -> None:
                        help="forward time of one microbatch through a rank's layers (default 1: the time unit t)")
     group.add_argument("--time-i", type=non_negative_float, default=1.0, help="input-gradient backward time (default 1)")
     group.add_argument("--time-w", type=non_negative_float, default=1.0, help="weight-gradient backward time (default 1)")
-    group.add_argument("--p2p-time", type=non_negative_float, default=0.0, help="point-to-point transfer time")
+    group.add_argument("--p2p-time", type=non_negative_float, default=0.0, help="point-to-point transfer time (default 0: free)")
 
 
 def add_max_stall(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:

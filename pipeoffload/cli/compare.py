@@ -67,7 +67,7 @@ def parse_spec(spec: str, common: str = "") -> tuple[SimulateRequest, str]:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("compare", help="several schedules or policies on one HTML page",
-                            description=__doc__.splitlines()[0])
+                            description=__doc__.splitlines()[0].replace("``", ""))  # no reST markup in --help
     parser.add_argument("specs", nargs="+", metavar="SCHEDULE",
                         help="one `simulate` command line per argument, quoted: \"1f1b -d 8 -m 32\"")
     parser.add_argument("-o", "--output", default=None, metavar="FILE.html",

@@ -139,8 +139,8 @@ def _check_out(resume: str, out: Any) -> None:
     from pipeoffload.errors import ConfigError
 
     if out is not None and Path(str(out)).resolve() != Path(resume).resolve():
-        raise ConfigError(f"out={str(out)!r}: --resume {resume} continues the run in its own folder; leave --out "
-                          f"out (to branch the run, copy {resume} to a new folder and --resume that copy)")
+        raise ConfigError(f"out={str(out)!r}: --resume {resume} continues the run in its own folder; drop --out "
+                          f"(to branch the run, copy {resume} to a new folder and --resume that copy)")
 
 
 def _check_hf_tokenizer(cfg: Any, given: dict[str, Any]) -> None:

@@ -252,14 +252,19 @@ def train(cfg: TrainConfig, resume: str | None = None, verbose: bool = False,
         with _progress_on_stderr(main):
             cfg, ckpt = prepare_run(cfg, resume, is_main=main, hold=hold, announce=announce)
             if not under_torchrun():
-                log.info("starting %d ranks (each imports torch and joins the process group; on a busy machine "
-                         "this takes a while); their log: %s", cfg.world, Path(cfg.run.out) / "train.log")
+                log.info("%s", starting_line(cfg.world, Path(cfg.run.out) / "train.log"))
         if under_torchrun() and not main:
             _wait_for(Path(cfg.run.out) / "config.toml", cfg.run.timeout)
         results = run_ranks(rank_fn(cfg), cfg, (str(ckpt) if ckpt else None,), verbose=verbose)
     first = results[0]
     first["out"] = cfg.run.out
     return first  # type: ignore[no-any-return]
+
+
+def starting_line(world: int, log_file: Path) -> str:
+    """What the launcher says before its ranks start (one rank is "1 rank", not "1 ranks")."""
+    who = "1 rank (it imports" if world == 1 else f"{world} ranks (each imports"
+    return f"starting {who} torch and joins the process group; on a busy machine this takes a while); their log: {log_file}"
 
 
 @contextlib.contextmanager

@@ -164,8 +164,9 @@ def _saved_run(tmp_path: Path, **keys: Any) -> Path:
 
 def test_resume_refuses_another_out(tmp_path: Path) -> None:
     run = _saved_run(tmp_path)
-    with pytest.raises(ConfigError, match="continues the run in its own folder"):
+    with pytest.raises(ConfigError, match="continues the run in its own folder; drop --out ") as err:
         _resolve("--resume", str(run), "--out", str(tmp_path / "elsewhere"))
+    assert "leave --out out" not in str(err.value)  # read as an instruction to pass --out out
     cfg, _ = _resolve("--resume", str(run), "--out", str(run))  # the same folder is no fork
     assert Path(cfg.run.out) == run
     other = tmp_path / "other.toml"
@@ -297,3 +298,13 @@ def test_plan_auto_still_refuses_a_v_or_g_no_plan_keeps(flags: list[str], words:
     with pytest.raises(ConfigError) as err:
         _resolve("--plan", "auto", "--memory", "40", "--model", "llama", *flags)
     assert all(w in str(err.value) for w in words), err.value
+
+
+def test_the_launchers_starting_line_counts_its_ranks() -> None:
+    """A one-process run said "starting 1 ranks (each imports torch ...)"."""
+    from pipeoffload.train.job import starting_line
+
+    one, four = starting_line(1, Path("r/train.log")), starting_line(4, Path("r/train.log"))
+    assert one.startswith("starting 1 rank (it imports torch and joins the process group;"), one
+    assert four.startswith("starting 4 ranks (each imports torch and joins the process group;"), four
+    assert one.endswith("their log: r/train.log") and four.endswith("their log: r/train.log")
