@@ -30,7 +30,7 @@ from pipeoffload.errors import FLAGS, in_words
 from pipeoffload.fileio import write_atomic
 from pipeoffload.schedules import schedule_specs
 from pipeoffload.simulator import Timeline
-from pipeoffload.units import MEMORY_UNIT, rank_costs
+from pipeoffload.units import MEMORY_UNIT, rank_costs, rank_units
 from pipeoffload.viz.chartdata import chart_data
 from pipeoffload.viz.plot import figure_bytes, timeline_figure
 
@@ -99,6 +99,13 @@ def row(name: str, t: Timeline, picture: str, offload: str = "none") -> str:
             f"{host} | {t.stall:.3g} | [png]({picture}) | `{command}` |")
 
 
+def at_scale(t: Timeline) -> str:
+    """The at-scale picture's numbers as gallery.md states them, each amount with its unit in the right number."""
+    v = t.schedule.stages_per_rank
+    return (f"makespan {t.makespan:.4g} t, bubble {t.bubble_ratio:.1%}, device peak {rank_units(t.peak_rank_units, 3)},\n"
+            f"host peak {rank_units(t.peak_host_units / v, 3)}")
+
+
 def main(screenshots: bool = False) -> None:
     head = (f"| family | offload | v | makespan (t) | bubble | device peak ({MEMORY_UNIT}) | host peak ({MEMORY_UNIT}) "
             "| stall (t) | picture | command |\n|---|---|---|---|---|---|---|---|---|---|")
@@ -161,8 +168,7 @@ makespan does not change while the device peak drops.
 ## At scale: d = {d}, m = {m}, full offload
 
 `pipeoffload simulate {name} -d {d} -m {m} -v {v} --offload all --offload-ratio {K_RATIO} --plot chart.png`:
-makespan {large.makespan:.4g} t, bubble {large.bubble_ratio:.1%}, device peak {large.peak_rank_units:.3g} {MEMORY_UNIT},
-host peak {large.peak_host_units / v:.3g} {MEMORY_UNIT}. Warm-up, the steady state, cool-down and the copy lanes
+{at_scale(large)}. Warm-up, the steady state, cool-down and the copy lanes
 stay visible; the memory panels show each rank's device memory oscillating while host memory builds up
 during warm-up and drains during cool-down.
 

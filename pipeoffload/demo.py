@@ -122,11 +122,15 @@ def train_tour(out: Path) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0].replace("``", ""))  # no reST markup in --help
-    parser.add_argument("--out", default="out", help="folder for pictures (default: out/)")
+    parser.add_argument("--out", default="out", help="folder for pictures (default: %(default)s/)")
     parser.add_argument("--no-train", action="store_true", help="skip the 4-rank training runs (need torch)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     print(f"Simulating {len(LINEUP)} schedules of one model on d={D} ranks, m={M} microbatches: a rank's layers "
           f"take F = I = W = 1, host copies k = {K_RATIO} (the paper's offload ratio).\n"
           "Memory is the worst rank's peak in rank units (one microbatch through all of a rank's layers).\n")

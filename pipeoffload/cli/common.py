@@ -6,16 +6,17 @@ import importlib.util
 import logging
 import math
 import sys
+from typing import Any
 
 from pipeoffload.errors import EXTRAS, ConfigError, extra_line, missing_extra
 from pipeoffload.ir import Schedule
-from pipeoffload.planner.cli_args import hardware_from_args, model_from_args
+from pipeoffload.planner.cli_args import SHAPE_HELP, hardware_from_args, model_from_args
 from pipeoffload.planner.hardware import HardwareSpec
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.stagecosts import HOST_LINK_MODES
 from pipeoffload.policies import NUMBER_TEXT
 from pipeoffload.schedules import MAX_ACTIONS, estimated_work, generate, get_spec
-from pipeoffload.service.argtypes import OneLineParser, non_negative_float, positive_int
+from pipeoffload.service.argtypes import OneLineParser, default_of, non_negative_float, positive_int
 from pipeoffload.service.checks import checked, int_at_least, plain_hint
 
 __all__ = ["EXTRAS", "OneLineParser", "add_cost_args", "add_max_stall", "add_planner_link_args", "add_schedule_args", "model_and_hardware",
@@ -23,13 +24,10 @@ __all__ = ["EXTRAS", "OneLineParser", "add_cost_args", "add_max_stall", "add_pla
            "show_progress"]
 
 
-_SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab", "microbatch_size")
-
-
 def model_and_hardware(args: argparse.Namespace) -> tuple[ModelSpec, HardwareSpec]:
     """The model and GPU of ``planner.cli_args``'s flags, with every shape flag checked like any other
     whole-number flag first and a bad ``--hw`` value named in one line."""
-    for name in _SHAPE_FLAGS:
+    for name in SHAPE_HELP:
         value = getattr(args, name, None)
         if value is not None:
             checked(f"--{name.replace('_', '-')}", int_at_least, value)
@@ -67,9 +65,17 @@ def show_progress() -> None:
         logger.addHandler(logging.StreamHandler(sys.stderr))
 
 
+def _simulate_default(name: str) -> Any:
+    """``SimulateRequest``'s default of ``name``, which ``simulate``, ``compare`` and ``show`` flags take."""
+    from pipeoffload.service.simulate import SimulateRequest
+
+    return default_of(SimulateRequest, name)
+
+
 def add_schedule_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="schedule family (see `pipeoffload schedules`)")
-    parser.add_argument("--ranks", "-d", type=positive_int, default=4, help="pipeline ranks d (default 4)")
+    parser.add_argument("--ranks", "-d", type=positive_int, default=_simulate_default("ranks"),
+                        help="pipeline ranks d (default %(default)s)")
     parser.add_argument("--microbatches", "-m", type=positive_int, default=None,
                         help="microbatches per step m (default 2*ranks)")
     parser.add_argument("--stages-per-rank", "-v", type=positive_int, default=None,
@@ -80,11 +86,16 @@ def add_schedule_args(parser: argparse.ArgumentParser) -> None:
 def add_cost_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "costs (per rank and microbatch: all of a rank's layers, split evenly over its stages)")
-    group.add_argument("--time-f", type=non_negative_float, default=1.0,
-                       help="forward time of one microbatch through a rank's layers (default 1: the time unit t)")
-    group.add_argument("--time-i", type=non_negative_float, default=1.0, help="input-gradient backward time (default 1)")
-    group.add_argument("--time-w", type=non_negative_float, default=1.0, help="weight-gradient backward time (default 1)")
-    group.add_argument("--p2p-time", type=non_negative_float, default=0.0, help="point-to-point transfer time (default 0: free)")
+    # simulate sets these flags' parser defaults to None (given or not): the help shows the request's own
+    f, i, w, p2p = (_simulate_default(name) for name in ("time_f", "time_i", "time_w", "p2p_time"))
+    group.add_argument("--time-f", type=non_negative_float, default=f,
+                       help=f"forward time of one microbatch through a rank's layers (default {f:g}: the time unit t)")
+    group.add_argument("--time-i", type=non_negative_float, default=i,
+                       help=f"input-gradient backward time, in t (default {i:g})")
+    group.add_argument("--time-w", type=non_negative_float, default=w,
+                       help=f"weight-gradient backward time, in t (default {w:g})")
+    group.add_argument("--p2p-time", type=non_negative_float, default=p2p,
+                       help=f"point-to-point transfer time, in t (default {p2p:g}: free)")
 
 
 def add_max_stall(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from pipeoffload import service
 from pipeoffload.cli.common import add_max_stall, add_planner_link_args, model_and_hardware, positive_int, show_progress
@@ -13,6 +14,7 @@ from pipeoffload.planner.estimate import GRAD_ACCUMULATION, P2P_MODES, RECOMPUTE
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.split import SPLITS
 from pipeoffload.policies import INT_TEXT
+from pipeoffload.service.argtypes import default_of
 from pipeoffload.service.checks import strict_json
 
 
@@ -22,45 +24,64 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_hardware_args(parser)
     job = parser.add_argument_group("layout and training")
     for flag in ("tp", "pp", "dp"):
-        job.add_argument(f"--{flag}", type=positive_int, default=1, help=f"{flag.upper()} size (default 1)")
-    job.add_argument("--global-batch", type=positive_int, required=True, help="sequences per optimizer step")
-    job.add_argument("--schedule", default="1f1b", help="schedule family (default 1f1b; see `pipeoffload schedules`)")
+        job.add_argument(f"--{flag}", type=positive_int, default=_default(flag),
+                         help=f"{flag.upper()} size, in GPUs (default %(default)s)")
+    job.add_argument("--global-batch", type=positive_int, required=True, help="sequences per optimizer step (required)")
+    job.add_argument("--schedule", default=_default("schedule"),
+                     help="schedule family (default %(default)s; see `pipeoffload schedules`)")
     job.add_argument("--stages-per-rank", type=positive_int, default=None,
                      help="v for interleaved families (default: the family's own, as simulate: 2 for "
                           "interleaved-1f1b and group-interleaved, 2 for V shapes, else 1); a v the family "
                           "cannot run is refused")
     job.add_argument("--group-size", type=positive_int, default=None, metavar="G",
                      help="g of group-interleaved, 1..PP (default: ceil(PP/2), its lowest memory); plan's g column")
-    job.add_argument("--recompute", default="none", metavar="{" + ",".join(RECOMPUTE_MODES) + "}",
-                     help="Megatron activation recomputation: none, selective (attention core) or full (every layer)")
-    job.add_argument("--recompute-policy", default="none", metavar="POLICY",
+    job.add_argument("--recompute", default=_default("recompute"), metavar="{" + ",".join(RECOMPUTE_MODES) + "}",
+                     help="Megatron activation recomputation: none, selective (attention core) or full (every layer) "
+                          "(default %(default)s)")
+    job.add_argument("--recompute-policy", default=_default("recompute_policy"), metavar="POLICY",
                      help="pipeoffload's recompute policy, plan's recompute column: none, first:K (the K longest-lived "
                           "stages of each rank), all, or auto (what the offload policy could not move); R actions in "
-                          "the schedule, on top of --recompute")
-    job.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=True,
-                     help="Megatron's sequence parallelism with TP (default on)")
-    job.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction, default=False,
-                     help="shard the optimizer state over DP (default off, as Megatron-LM; plan's default is on: "
-                          "pass it to reproduce a plan row)")
-    job.add_argument("--offload", default="none",
+                          "the schedule, on top of --recompute (default %(default)s)")
+    job.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction,
+                     default=_default("sequence_parallel"),
+                     help=f"Megatron's sequence parallelism with TP (default {_on(_default('sequence_parallel'))})")
+    job.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction,
+                     default=_default("distributed_optimizer"),
+                     help=f"shard the optimizer state over DP (default {_on(_default('distributed_optimizer'))}, as "
+                          "Megatron-LM; plan's default is on: pass it to reproduce a plan row)")
+    job.add_argument("--offload", default=_default("offload"),
                      help="offload policy: none, auto, all, first:K, budget:X (activation units), or budget: the "
-                          "target --memory leaves, as plan fills it (plan prints that target in GiB)")
+                          "target --memory leaves, as plan fills it (plan prints that target in GiB; default "
+                          "%(default)s)")
     add_max_stall(job)
     add_planner_link_args(job)
-    job.add_argument("--split", choices=SPLITS, default="even",
+    job.add_argument("--split", choices=SPLITS, default=_default("split"),
                      help="layers over stages: even (as plan: as even as possible, the remainder on the earliest "
-                          "stages) or balanced (head weighed; the first/last stage may hold only the embedding/head)")
+                          "stages) or balanced (head weighed; the first/last stage may hold only the embedding/head; "
+                          "default %(default)s)")
     job.add_argument("--layers-per-stage", type=_counts, default=None, metavar="N,N,...",
-                     help="an explicit split, one count per stage (what plan --emit writes as layers_per_stage)")
-    job.add_argument("--p2p", choices=P2P_MODES, default="eager",
+                     help="an explicit split, one count per stage (what plan --emit writes as layers_per_stage; "
+                          "default: --split's)")
+    job.add_argument("--p2p", choices=P2P_MODES, default=_default("p2p"),
                      help="point-to-point timing: eager (sends leave when ready; pipeoffload's runtime) or megatron "
-                          "(Megatron-LM's blocking batched exchanges; 1f1b and interleaved-1f1b only)")
-    job.add_argument("--grad-accumulation", choices=GRAD_ACCUMULATION, default="fused",
+                          "(Megatron-LM's blocking batched exchanges; 1f1b and interleaved-1f1b only; default "
+                          "%(default)s)")
+    job.add_argument("--grad-accumulation", choices=GRAD_ACCUMULATION, default=_default("grad_accumulation"),
                      help="fused (weight-gradient GEMMs accumulate in place, Megatron's default) or separate (an "
-                          "extra pass over the weights per microbatch: plain PyTorch autograd, 2021 Megatron)")
+                          "extra pass over the weights per microbatch: plain PyTorch autograd, 2021 Megatron; "
+                          "default %(default)s)")
     job.add_argument("--memory", type=float, metavar="GIB", help="per-GPU budget for 'fits' (default 90%% of the GPU)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
+
+
+def _default(name: str) -> Any:
+    """``EstimateRequest``'s default of ``name``: the flag's, so the two cannot differ."""
+    return default_of(EstimateRequest, name)
+
+
+def _on(value: object) -> str:
+    return "on" if value else "off"
 
 
 def _counts(text: str) -> tuple[int, ...]:

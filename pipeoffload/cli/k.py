@@ -7,13 +7,15 @@ from pipeoffload.cli.common import model_and_hardware
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.formulas import hideable_fraction
 from pipeoffload.service import OffloadRatioRequest, OffloadRatioResult, offload_ratio, strict_json
+from pipeoffload.service.argtypes import default_of
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("k", help="offload ratio k: (D2H + H2D) / (F + B) of one layer (Formula 1)")
     add_model_args(parser)
     add_hardware_args(parser)
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size for the cost-model k")
+    parser.add_argument("--tp", type=int, default=default_of(OffloadRatioRequest, "tp"),
+                        help="tensor-parallel size for the cost-model k, in GPUs (default %(default)s)")
     parser.add_argument("--no-partial-recompute", action="store_true",
                         help="cost-model k without LGD partial recomputation (34 instead of ~20 sbh saved)")
     parser.add_argument("--shared-host-link", action="store_true",

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 from pipeoffload.cli.common import add_max_stall, add_planner_link_args, model_and_hardware, positive_int, show_progress
 from pipeoffload.errors import FLAGS, ConfigError, in_words
@@ -18,6 +19,7 @@ from pipeoffload.planner.report import plan_warnings
 from pipeoffload.planner.stagecosts import TrainingSetup
 from pipeoffload.policies import INT_TEXT
 from pipeoffload.service import CompareTPRequest, PlanRequest, compare_tp, plan, strict_json
+from pipeoffload.service.argtypes import default_of
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +46,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_args(parser)
     add_hardware_args(parser)
     job = parser.add_argument_group("job")
-    job.add_argument("--gpus", type=positive_int, required=True, help="total number of GPUs")
-    job.add_argument("--global-batch", type=positive_int, required=True, help="sequences per optimizer step")
+    job.add_argument("--gpus", type=positive_int, required=True, help="total number of GPUs (required)")
+    job.add_argument("--global-batch", type=positive_int, required=True,
+                     help="sequences per optimizer step (required)")
     job.add_argument("--memory", type=float, metavar="GIB",
                      help="per-GPU memory budget in GiB (default: 90%% of the GPU's memory)")
-    job.add_argument("--host-memory", type=float, metavar="GIB", help="pinned host memory per GPU in GiB")
+    job.add_argument("--host-memory", type=float, metavar="GIB",
+                     help="pinned host memory per GPU in GiB (default: no limit)")
     add_planner_link_args(job)
     job.add_argument("--no-sequence-parallel", action="store_true",
                      help="tensor parallelism without Megatron's sequence parallelism")
@@ -59,7 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help=f"families to try, comma-separated (default: {', '.join(default_families())})")
     space.add_argument("--tp", type=_ints, help="tensor-parallel sizes (default: divisors up to GPUs per node)")
     space.add_argument("--pp", type=_ints, help="pipeline sizes (default: all divisors)")
-    space.add_argument("--stages-per-rank", type=_ints, default=(2, 4), help="v for multi-stage families (2,4)")
+    space.add_argument("--stages-per-rank", type=_ints, default=_default("stages_per_rank"), metavar="V",
+                       help=f"v for multi-stage families, comma-separated (default "
+                            f"{','.join(map(str, _default('stages_per_rank')))})")
     space.add_argument("--group-sizes", type=_ints, metavar="G",
                        help="g for group-interleaved, comma-separated: only the families with a g are searched, "
                             "and a g above PP is skipped (default: every family; g = ceil(PP/2) and PP)")
@@ -68,22 +74,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        help="recompute policies, e.g. none,all (default: all levels); 'selective' adds Megatron's "
                             "selective recomputation of the attention core to every plan")
     add_max_stall(space)
-    space.add_argument("--split", choices=("even", "balanced"), default="even",
-                       help="layers over stages: even (default) or balanced (head weighed; the first/last stage "
-                            "may hold only the embedding/head)")
-    space.add_argument("--profile", metavar="JSON", help="measured per-layer costs from pipeoffload.profiling (used for the TP size it was measured at)")
+    space.add_argument("--split", choices=("even", "balanced"), default=_default("split"),
+                       help="layers over stages: even or balanced (head weighed; the first/last stage may hold only "
+                            "the embedding/head; default %(default)s)")
+    space.add_argument("--profile", metavar="JSON",
+                       help="measured per-layer costs from pipeoffload.profiling (used for the TP size it was "
+                            "measured at; default: the cost model's)")
     space.add_argument("--exhaustive", action="store_true",
                        help="try every memory policy on every schedule, not only where nothing cheaper fits")
     space.add_argument("--exact-frontier", action="store_true",
                        help="simulate everything that could join the Pareto frontier (slower)")
-    space.add_argument("--jobs", type=positive_int, default=1, help="worker processes (default 1)")
+    space.add_argument("--jobs", type=positive_int, default=_default("workers"),
+                       help="worker processes (default %(default)s)")
     out = parser.add_argument_group("output")
-    out.add_argument("--top", type=positive_int, default=5, help="how many best plans to print (default 5)")
+    out.add_argument("--top", type=positive_int, default=_default("top"),
+                     help="how many best plans to print (default %(default)s)")
     out.add_argument("--by-tp", action="store_true",
                      help="also find and print the best plan of each TP size (PP + offload vs TP)")
     out.add_argument("--no-pareto", action="store_true", help="do not print the Pareto frontier")
     out.add_argument("--json", action="store_true", help="print one JSON object")
-    out.add_argument("--emit", metavar="TOML", help="write the best plan as a train config (run.toml)")
+    out.add_argument("--emit", metavar="TOML",
+                     help="write the best plan as a train config (run.toml; default: none written)")
     out.add_argument("--compare-tp", action="store_true",
                      help="PP + offload (TP 1) against --baseline, same GPUs, batch and budget")
     out.add_argument("--baseline", choices=BASELINES, default=None,
@@ -91,6 +102,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     out.add_argument("--match-memory", action="store_true",
                      help="with --compare-tp: PP + offload may use no more activation memory than the baseline plan")
     parser.set_defaults(run=run)
+
+
+def _default(name: str) -> Any:
+    """``PlanRequest``'s default of ``name``: the flag's, so the two cannot differ."""
+    return default_of(PlanRequest, name)
 
 
 def memory_budget(args: argparse.Namespace, capacity: float) -> float:

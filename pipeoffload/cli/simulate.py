@@ -12,6 +12,7 @@ from pipeoffload.errors import FLAGS, ConfigError
 from pipeoffload.fileio import write_atomic
 from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, RecomputePolicy
 from pipeoffload.service import SimulateRequest, SimulateResult, simulate, strict_json
+from pipeoffload.service.argtypes import default_of
 from pipeoffload.service.simulate import BACKWARDS, COST_FIELDS, K_DEFAULT_HELP
 from pipeoffload.simulator import Timeline
 from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, counted, rank_units, time_unit_help
@@ -48,8 +49,10 @@ def add_memory_args(parser: argparse.ArgumentParser) -> None:
                        help="group-interleaved: microbatches per group, 1..ranks (default ceil(ranks/2))")
     group.add_argument("--backward", choices=BACKWARDS, default=None,
                        help="group-interleaved: emit I and W (split, default) or one B (full)")
-    group.add_argument("--offload", default="none", metavar="POLICY", help=f"offload policy: {OFFLOAD_FORMS}")
-    group.add_argument("--recompute", default="none", metavar="POLICY", help=f"recompute policy: {RECOMPUTE_FORMS}")
+    group.add_argument("--offload", default=default_of(SimulateRequest, "offload"), metavar="POLICY",
+                       help=f"offload policy: {OFFLOAD_FORMS} (default %(default)s)")
+    group.add_argument("--recompute", default=default_of(SimulateRequest, "recompute"), metavar="POLICY",
+                       help=f"recompute policy: {RECOMPUTE_FORMS} (default %(default)s)")
     group.add_argument("--offload-ratio", type=non_negative_float, default=None, metavar="K",
                        help="the paper's k = (D2H + H2D time of one activation) / (F+I+W time); 0 = instant "
                             f"copies; {K_DEFAULT_HELP}")

@@ -12,6 +12,7 @@ from typing import Any
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from pipeoffload.train.config import add_flags
+    from pipeoffload.train.plan import DEFAULT_GPU
 
     parser = sub.add_parser("train", help="train a GPT, Llama or Hugging Face model on text with any pipeline "
                                           "schedule, offload and layout")
@@ -22,8 +23,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_flags(parser)
     plan = parser.add_argument_group("planner")
     plan.add_argument("--plan", choices=["auto"], help="auto: ask the planner for the layout and schedule")
-    plan.add_argument("--memory", type=float, metavar="GIB", help="per-GPU memory budget for --plan auto")
-    plan.add_argument("--gpu", help="GPU preset for --plan auto (default: a100; `pipeoffload plan --help` lists them)")
+    plan.add_argument("--memory", type=float, metavar="GIB",
+                      help="per-GPU memory budget for --plan auto, in GiB (needed with it; default: none)")
+    plan.add_argument("--gpu", help=f"GPU preset for --plan auto (default: {DEFAULT_GPU}; `pipeoffload plan --help` "
+                                    "lists them)")
     parser.set_defaults(run=run)
 
 
@@ -220,7 +223,7 @@ def _run(args: argparse.Namespace) -> int:
 
     def announce(checked: Any) -> None:  # once the data, memory and checkpoint checks have passed
         if os.environ.get("RANK", "0") == "0":
-            print("".join(f"# {note}\n" for note in notes) + to_toml(checked), end="", flush=True)
+            print(to_toml(checked, notes), end="", flush=True)  # the header first, then the notes on it
 
     from pipeoffload.train.job import train
     from pipeoffload.train.launch import Interrupted, RankFailure, interrupted_text

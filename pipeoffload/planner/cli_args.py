@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from pathlib import Path
 
 from pipeoffload.errors import ConfigError
@@ -16,19 +17,43 @@ from pipeoffload.planner.hardware import (
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.presets import MODEL_PRESETS, model_preset
 
-_SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "ffn", "seq", "vocab", "microbatch_size")
+DEFAULT_LAYERS = 1  # a shape given by flags alone, without --layers (``k`` needs none)
+DEFAULT_HEAD_WIDTH = 128  # heads = hidden / this without --heads or --head-dim
+
+
+def _spec_default(name: str) -> object:
+    """``ModelSpec``'s own default of field ``name``: the one place the help reads it from."""
+    return next(f.default for f in fields(ModelSpec) if f.name == name)
+
+
+# the shape flags and their help (unit and default); ``--X`` sets ModelSpec's field X (microbatch_size:
+# microbatch) over a preset's or hf:DIR's value. The defaults shown are ModelSpec's or model_from_args'.
+SHAPE_HELP = {
+    "layers": f"transformer layers (default: the preset's; else {DEFAULT_LAYERS})",
+    "hidden": "hidden size h, in elements (default: the preset's; needed without --model)",
+    "heads": f"attention heads (default: the preset's; else hidden / --head-dim, without it hidden / "
+             f"{DEFAULT_HEAD_WIDTH}: one head below a hidden size of {DEFAULT_HEAD_WIDTH})",
+    "kv_heads": "key/value heads of grouped-query attention (default: the preset's; else = heads, multi-head)",
+    "ffn": "MLP hidden size, in elements (default: the preset's; else 4 x hidden)",
+    "seq": "sequence length s, in tokens (default: the preset's; needed without --model)",
+    "vocab": f"vocabulary size, in tokens (default: the preset's; else {_spec_default('vocab')}, GPT-2's)",
+    "microbatch_size": f"sequences per microbatch b (default: the preset's; else {_spec_default('microbatch')})",
+}
+_SHAPE_FLAGS = tuple(SHAPE_HELP)
 
 
 def add_model_args(parser: argparse.ArgumentParser, *, require_shape: bool = False) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--model", help=f"preset: {', '.join(MODEL_PRESETS)}; or hf:DIR, the shape in a local "
-                                       "Hugging Face directory's config.json (flags below override it)")
-    for flag in _SHAPE_FLAGS:
-        group.add_argument("--" + flag.replace("_", "-"), type=int, default=None, metavar="N")
+                                       "Hugging Face directory's config.json (flags below override it; default: "
+                                       "none, a GPT-shaped model of the flags below)")
+    for flag, text in SHAPE_HELP.items():
+        group.add_argument("--" + flag.replace("_", "-"), type=int, default=None, metavar="N", help=text)
     group.add_argument("--head-dim", type=int, default=None, metavar="N",
-                       help="width of one attention head (default: the preset's, else hidden / heads); the "
-                            "attention width heads x head-dim may differ from hidden (Mistral-Nemo)")
-    group.add_argument("--no-flash", action="store_true", help="unfused attention (adds the 5*a*s^2*b term)")
+                       help="width of one attention head, in elements (default: the preset's, else hidden / "
+                            "heads); the attention width heads x head-dim may differ from hidden (Mistral-Nemo)")
+    group.add_argument("--no-flash", action="store_true",
+                       help="unfused attention (adds the 5*a*s^2*b term; default: fused, flash attention)")
     group.add_argument("--gated-mlp", action=argparse.BooleanOptionalAction, default=None,
                        help="SwiGLU MLP (default: the preset's; GPT-style GeLU without a preset)")
     group.add_argument("--tied-embeddings", action=argparse.BooleanOptionalAction, default=None,
@@ -39,16 +64,19 @@ def add_model_args(parser: argparse.ArgumentParser, *, require_shape: bool = Fal
 
 def add_hardware_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("hardware")
-    group.add_argument("--gpu", default="a100", help="preset: a100, h100, h200, gh200 (default a100)")
-    group.add_argument("--hardware-file", metavar="TOML", help="TOML with HardwareSpec fields (may name a preset)")
+    group.add_argument("--gpu", default="a100", help="preset: a100, h100, h200, gh200 (default %(default)s)")
+    group.add_argument("--hardware-file", metavar="TOML",
+                       help="TOML with HardwareSpec fields (may name a preset; default: none, the --gpu preset)")
     group.add_argument("--flops", type=float, metavar="TFLOPS",
                        help="sustained TFLOP/s for every FLOP (the paper's B_c; replaces the calibrated "
-                            "shape-dependent GEMM rate)")
+                            "shape-dependent GEMM rate; default: that calibrated rate)")
     group.add_argument("--network", metavar="NAME",
                        help=f"inter-node network preset: {', '.join(NETWORK_PRESETS)} (default: the GPU's)")
-    group.add_argument("--offload-bw", type=float, metavar="GBPS", help="host link GB/s each way (B_o)")
+    group.add_argument("--offload-bw", type=float, metavar="GBPS",
+                       help="host link bandwidth B_o, in GB/s each way (default: the GPU's)")
     group.add_argument("--hw", action="append", default=[], metavar="FIELD=VALUE",
-                       help="override any hardware field, e.g. --hw nvlink_gbps=300 --hw memory_gib=94")
+                       help="override any hardware field, e.g. --hw nvlink_gbps=300 --hw memory_gib=94 (repeatable; "
+                            "default: none)")
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
@@ -76,7 +104,7 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
         hidden = given["hidden"]
         if "heads" not in given:
             given["heads"] = _default_heads(hidden, head_dim)
-        given.setdefault("layers", 1)
+        given.setdefault("layers", DEFAULT_LAYERS)
         spec = ModelSpec(name=f"gpt-h{hidden}", **given)
     if spec.head_size is not None and spec.head_size * spec.heads == spec.hidden:
         spec = spec.with_(head_size=None)  # the default width, said explicitly: the same model
@@ -86,11 +114,11 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
 def _default_heads(hidden: int, head_dim: int | None) -> int:
     """Heads of a model given without ``--heads``: hidden / head width (``--head-dim``, else 128; a hidden
     below 128 without ``--head-dim`` is one head). A width that does not divide hidden is refused, not rounded."""
-    width = head_dim or 128
+    width = head_dim or DEFAULT_HEAD_WIDTH
     if head_dim is None and hidden < width:
         return 1
     if hidden % width:
-        flag = f"--head-dim {head_dim}" if head_dim else "the default head width 128"
+        flag = f"--head-dim {head_dim}" if head_dim else f"the default head width {DEFAULT_HEAD_WIDTH}"
         raise ConfigError(f"--hidden {hidden} is not a multiple of {flag}; give --heads N, or a --head-dim that "
                           "divides --hidden")
     return hidden // width

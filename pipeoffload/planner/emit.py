@@ -6,7 +6,7 @@ group_size (group-interleaved only), offload, offload_ratio (the k of the plan's
 it offloads), max_stall (a stall budget's plan only), recompute, microbatches; ``[parallel]`` pp, dp,
 tp, nproc; ``[data]`` global_batch; and ``[model]`` source = "hf:DIR" and seq_len when the model was read
 from a local Hugging Face directory (train builds it from the same config.json), else
-layers/hidden/heads/seq_len of the reference GPT when the model is GPT-shaped (multi-head attention,
+layers/hidden/heads/vocab/seq_len of the reference GPT when the model is GPT-shaped (multi-head attention,
 head width hidden / heads, FFN 4h, GeLU), or source = "llama" with the Llama keys (kv_heads,
 ffn_hidden, vocab, rope_theta) when it is one train's Llama family builds (SwiGLU, no biases), since
 that is the model the train command builds.
@@ -117,8 +117,9 @@ def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
     if model.source:
         config.update({"model": model.source, "seq_len": model.seq})
     elif is_gpt_like(model):
+        # vocab too: without it train's GPT takes its tokenizer's (256 bytes), not the vocabulary planned
         config.update({"layers": model.layers, "hidden": model.hidden, "heads": model.heads,
-                       "seq_len": model.seq})
+                       "vocab": model.vocab, "seq_len": model.seq})
     elif is_llama_like(model):
         config.update(_llama_keys(model))
     config["nproc"] = layout.gpus

@@ -91,25 +91,41 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> OneLineParser:
+    """The module's flags; each default is written once, as argparse's, and its help shows it (%(default))."""
     p = OneLineParser(prog=PROG, description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--schedule", default="1f1b")
+    p.add_argument("--schedule", default="1f1b",
+                   help="schedule family (see `pipeoffload schedules`; default %(default)s)")
     p.add_argument("--stages-per-rank", type=positive_int, default=None,
                    help="stages per rank v (default: the family's own default)")
-    p.add_argument("--microbatches", type=positive_int, default=4)
-    p.add_argument("--offload", default="none", help="offload policy passed to lower(): none, all, first:K, ...")
-    p.add_argument("--recompute", default="none", help="recompute policy passed to lower(): none, first:K, ...")
-    p.add_argument("--steps", type=positive_int, default=3)
-    p.add_argument("--batch", type=positive_int, default=8)
-    p.add_argument("--layers", type=positive_int, default=6)
-    p.add_argument("--hidden", type=positive_int, default=32)
-    p.add_argument("--seq", type=positive_int, default=16)
+    p.add_argument("--microbatches", type=positive_int, default=4,
+                   help="microbatches per step m; must divide --batch (default %(default)s)")
+    p.add_argument("--offload", default="none",
+                   help="offload policy passed to lower(): none, all, first:K, ... (default %(default)s)")
+    p.add_argument("--recompute", default="none",
+                   help="recompute policy passed to lower(): none, first:K, ... (default %(default)s)")
+    p.add_argument("--steps", type=positive_int, default=3, help="optimizer steps (AdamW) (default %(default)s)")
+    p.add_argument("--batch", type=positive_int, default=8,
+                   help="sequences per step, split into --microbatches equal microbatches (default %(default)s)")
+    p.add_argument("--layers", type=positive_int, default=6,
+                   help="transformer blocks of the reference GPT, besides its embedding and head (default "
+                        "%(default)s)")
+    p.add_argument("--hidden", type=positive_int, default=32,
+                   help=f"hidden size, in elements; a multiple of the {GPTConfig().heads} attention heads "
+                        "(default %(default)s)")
+    p.add_argument("--seq", type=positive_int, default=16, help="tokens per sequence (default %(default)s)")
     p.add_argument("--spawn", type=_non_negative_int, default=0,
-                   help="spawn this many ranks instead of reading torchrun's env")
+                   help="spawn this many ranks (gloo on CPU) instead of reading torchrun's environment (default "
+                        "%(default)s: torchrun's)")
     p.add_argument("--timeout", type=_positive_float, default=300.0,
-                   help="seconds any rank waits for a peer before failing (default 300)")
-    p.add_argument("--trace", default=None, help="write a Chrome trace of the last step here")
-    return p.parse_args(argv)
+                   help="seconds any rank waits for a peer before failing (default %(default)g)")
+    p.add_argument("--trace", default=None,
+                   help="write a Chrome trace (.json) of every rank's last step to this file (default: none)")
+    return p
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def check(args: argparse.Namespace, world: int) -> None:

@@ -102,3 +102,15 @@ def flag_type(check: Callable[[str], Any]) -> Callable[[str], Any]:
 
 positive_int = flag_type(int_at_least)
 non_negative_float = flag_type(finite_at_least)
+
+
+def default_of(request: type, name: str) -> Any:
+    """The default of field ``name`` of the request dataclass ``request``: a flag that sets that field takes
+    it from there (and shows it with ``%(default)s``), so the flag, its help and the Python API cannot
+    disagree."""
+    from dataclasses import MISSING, fields
+
+    field = next(f for f in fields(request) if f.name == name)
+    if field.default is MISSING:
+        raise TypeError(f"{request.__name__}.{name} has no default")
+    return field.default

@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,8 @@ class ModelConfig:
     heads: int = key(4, "attention heads")
     kv_heads: int = key(0, "key/value heads of grouped-query attention (0: = heads)")
     ffn_hidden: int = key(0, "feed-forward hidden size (0: the family's default, 4*hidden for gpt)")
-    vocab: int = key(0, "vocabulary size (0: the tokenizer's)")
+    vocab: int = key(0, "vocabulary size: rows of the embedding and the head, at least the tokenizer's (0: the "
+                        "tokenizer's)")
     rope_theta: float = key(10000.0, "RoPE base frequency (llama)")
     tie_embeddings: bool = key(False, "share the weights of the token embedding and the output head")
     seq_len: int = key(64, "tokens per sequence")
@@ -438,10 +440,13 @@ def overrides(base: dict[str, Any], top: dict[str, Any]) -> list[str]:
     return out
 
 
-def to_toml(cfg: TrainConfig) -> str:
+def to_toml(cfg: TrainConfig, notes: Sequence[str] = ()) -> str:
     """The saved form: one table per section, per-invocation keys left out; a model this package does
-    not build (``own``) records only its kind."""
-    lines = ["# pipeoffload train: resolved configuration (flags override; see docs/training.md)"]
+    not build (``own``) records only its kind. ``notes`` (what overrode what, settings without effect, the
+    offload placement: ``train`` prints them, ``config.toml`` has none) are comments under the header, which
+    names what follows."""
+    lines = ["# pipeoffload train: resolved configuration (flags override; see docs/training.md)",
+             *(f"# {note}" for note in notes)]
     for section, kind in SECTIONS.items():
         lines.append(f"\n[{section}]")
         for f in fields(kind):
@@ -588,6 +593,7 @@ def _check_model(cfg: TrainConfig, gpt: bool) -> TrainConfig:
     if family == "hf":
         return _check_hf(cfg)
     _need(m.hidden % m.heads == 0, f"hidden={m.hidden}: must be divisible by heads={m.heads}")
+    _check_vocab(cfg)
     if family == "llama":
         _check_llama(cfg)
         return cfg
@@ -601,13 +607,18 @@ def _check_model(cfg: TrainConfig, gpt: bool) -> TrainConfig:
 def _check_llama(cfg: TrainConfig) -> None:
     from pipeoffload.train.family import shape_from_keys
 
+    shape = shape_from_keys(cfg.model, 256)  # ConfigError naming heads/kv_heads/head size
+    _check_llama_tp(cfg, shape)
+
+
+def _check_vocab(cfg: TrainConfig) -> None:
+    """A ``vocab`` of the gpt or llama family holds every id of its tokenizer (a token file's ids are checked
+    against it when it is read)."""
     m, tok = cfg.model, cfg.data.tokenizer
-    shape = shape_from_keys(m, 256)  # ConfigError naming heads/kv_heads/head size
-    if m.vocab and Path(cfg.data.path).suffix not in (".npy", ".bin"):  # a token file: checked against its ids
+    if m.vocab and Path(cfg.data.path).suffix not in (".npy", ".bin"):
         least = 256 if tok == "byte" else int(tok.partition(":")[2]) if tok.startswith("bpe:") else 1
         _need(m.vocab >= least, f"vocab={m.vocab}: smaller than the tokenizer's {least} tokens; raise it or leave "
                                 "it at 0 (the tokenizer's)")
-    _check_llama_tp(cfg, shape)
 
 
 def _check_llama_tp(cfg: TrainConfig, shape: Any) -> None:
@@ -638,7 +649,7 @@ def _check_hf(cfg: TrainConfig) -> TrainConfig:
     return build_config(cfg.flat(), {**filled, "model": resolved, "tokenizer": "hf"})
 
 
-_NOT_GPT = ("kv_heads", "ffn_hidden", "vocab", "rope_theta", "tie_embeddings")
+_NOT_GPT = ("kv_heads", "ffn_hidden", "rope_theta", "tie_embeddings")
 
 
 def _check_numbers(cfg: TrainConfig) -> None:

@@ -95,8 +95,9 @@ def tied_copies(model: RankModel, names: tuple[str, str], schedule: Schedule, ct
 
 
 def gpt_config(cfg: TrainConfig, vocab: int) -> GPTConfig:
+    """The reference GPT of ``cfg``; ``vocab``: the tokenizer's, used when the config's ``vocab`` is 0."""
     m = cfg.model
-    return GPTConfig(vocab=vocab, seq=m.seq_len, hidden=m.hidden, heads=m.heads, layers=m.layers,
+    return GPTConfig(vocab=m.vocab or vocab, seq=m.seq_len, hidden=m.hidden, heads=m.heads, layers=m.layers,
                      max_offset=0)
 
 

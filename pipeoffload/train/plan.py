@@ -44,7 +44,7 @@ def planner_model(cfg: TrainConfig) -> Any:
         spec = shape_from_keys(m, _tokenizer_vocab(cfg.data.tokenizer)).model_spec("llama", m.seq_len)
     else:
         spec = ModelSpec(name="gpt", layers=m.layers, hidden=m.hidden, heads=m.heads, seq=m.seq_len,
-                         vocab=_tokenizer_vocab(cfg.data.tokenizer), dropout=False)
+                         vocab=m.vocab or _tokenizer_vocab(cfg.data.tokenizer), dropout=False)
     return spec.with_(seq=m.seq_len, microbatch=1, flash_attention=False, dtype_bytes=DTYPE_BYTES[m.dtype])
 
 

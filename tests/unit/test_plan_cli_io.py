@@ -90,6 +90,28 @@ def test_emit_writes_a_llama_shape_that_train_builds_as_planned(tmp_path, capsys
     assert llama_parameters(shape_from_keys(cfg.model, 256)) == model_preset(preset).total_params()
 
 
+@pytest.mark.parametrize("vocab", [None, "1000"])
+def test_emit_writes_the_gpt_vocabulary_train_then_builds(tmp_path, capsys, vocab: str | None) -> None:  # type: ignore[no-untyped-def]
+    """A GPT-shaped plan of explicit flags wrote layers, hidden, heads and seq_len but no vocab: train's GPT
+    then took its tokenizer's 256 byte ids where the plan had costed 50257 (ModelSpec's default) or the
+    --vocab given, an embedding and a head of another size than planned (and refused a vocab key)."""
+    pytest.importorskip("torch")
+    from pipeoffload.planner.model import ModelSpec
+    from pipeoffload.train.config import build_config, load_toml, validate
+    from pipeoffload.train.model import gpt_config
+    from pipeoffload.train.plan import planner_model
+
+    path = tmp_path / "run.toml"
+    shape = ["--layers", "4", "--hidden", "64", "--heads", "4", "--seq", "64", *(["--vocab", vocab] if vocab else [])]
+    assert main(["plan", *shape, "--gpus", "2", "--global-batch", "8", "--top", "1", "--no-pareto",
+                 "--emit", str(path)]) == 0
+    planned = int(vocab) if vocab else ModelSpec(layers=1, hidden=64, heads=1, seq=64).vocab
+    cfg = validate(build_config(load_toml(path)), data_exists=False)
+    assert cfg.model.source == "gpt"
+    assert gpt_config(cfg, 256).vocab == planned  # what train builds with the default byte tokenizer
+    assert planner_model(cfg).vocab == planned  # and what train --plan auto would plan for it
+
+
 def test_emit_writes_the_recompute_policy_its_table_shows(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     """With offload the planner's memory assumes LGD; train does not perform it, so the file says what the
     table says (it wrote "none,lgd" under a table saying "none")."""

@@ -219,6 +219,7 @@ def test_the_docs_flag_table_is_the_derived_one() -> None:
     ({"model": "llama", "kv_heads": 3}, ["heads=4", "kv_heads=3"]),
     ({"model": "llama", "kv_heads": 2, "tp": 4, "nproc": 4}, ["tp=4", "key/value heads"]),
     ({"model": "llama", "vocab": 100}, ["vocab=100", "256"]),
+    ({"model": "gpt", "vocab": 100}, ["vocab=100", "256"]),  # the GPT's vocab holds the tokenizer's ids too
     ({"model": "gpt", "tokenizer": "hf"}, ["tokenizer='hf'", "hf:DIR"]),
     ({"model": "hf:/nonexistent/model"}, ["never downloaded"]),
 ])

@@ -308,3 +308,21 @@ def test_the_launchers_starting_line_counts_its_ranks() -> None:
     assert one.startswith("starting 1 rank (it imports torch and joins the process group;"), one
     assert four.startswith("starting 4 ranks (each imports torch and joins the process group;"), four
     assert one.endswith("their log: r/train.log") and four.endswith("their log: r/train.log")
+
+
+def test_the_printed_notes_follow_the_header_they_annotate(tmp_path: Path) -> None:
+    """train printed its notes ("# offload=all at offload_ratio=...", "# ... has no effect") above the line
+    "# pipeoffload train: resolved configuration", where docs/training.md says the printed configuration
+    begins with them: the header now comes first and the notes under it; config.toml keeps none."""
+    pytest.importorskip("torch")
+    text = tmp_path / "text.txt"
+    text.write_text("some text to train on, repeated. " * 200)
+    done = _cli("--data", str(text), "--steps", "1", "--layers", "1", "--hidden", "16", "--heads", "2",
+                "--seq-len", "16", "--global-batch", "2", "--microbatches", "1", "--offload-ratio", "0.5",
+                "--no-progress", "--out", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    header, *rest = done.stdout.splitlines()
+    assert header.startswith("# pipeoffload train: resolved configuration"), done.stdout
+    assert rest[0].startswith("# offload_ratio=0.5 with offload='none'"), done.stdout
+    saved = (tmp_path / "run" / "config.toml").read_text()
+    assert saved.startswith(header) and "offload_ratio=0.5 with" not in saved

@@ -4,6 +4,7 @@ here. The committed pictures had gone stale (no I -> W offload ticks, a host sca
 chart code says 3.5, an old title) and nothing noticed. Pixels are not compared."""
 import importlib.util
 import json
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -39,3 +40,19 @@ def test_each_picture_shows_what_the_generator_draws_today(entry: dict | None) -
     assert entry is not None, REGENERATE
     gallery = _generator()
     assert gallery.drawn_facts(gallery.run(*entry["run"])) == entry["facts"], f"{entry['picture']}: {REGENERATE}"
+
+
+
+def test_no_amount_of_one_is_written_in_the_plural() -> None:
+    """gallery.md said "device peak 1 rank units" (the at-scale picture's numbers): an amount of 1 takes
+    the singular, as every other output (``units.rank_units``)."""
+    text = (DOCS / "gallery.md").read_text()
+    assert not re.findall(r"(?<![\d.(])1 (?:rank|activation) units", text), REGENERATE
+
+
+def test_the_at_scale_numbers_are_what_the_generator_writes_today() -> None:
+    gallery = _generator()
+    name, d, m, v = gallery.LARGE
+    written = gallery.at_scale(gallery.run(name, d, m, v, offload="all"))
+    assert "device peak 1 rank unit," in written, written
+    assert written in (DOCS / "gallery.md").read_text(), REGENERATE
