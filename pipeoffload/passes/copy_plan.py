@@ -480,11 +480,14 @@ class CopyGroup:
                     placed: list[tuple[int, Placed]], released: list[tuple[int, int]]) -> bool:
         """Whether ``pack`` of ``chosen`` without its failures would place every other copy where this one
         did (own host links). A failed reload booked nothing; an offload that failed released its reload,
-        which every later reload search (and, on one engine, every offload search before the release)
-        saw. A search is the first (last) valid start from its query: a released interval that lies more
-        than ``margin`` beyond the copy found, or before the query (after the copy's query and duration),
-        neither bounded a step nor blocked one, so the search finds the same start without it, and
-        the searches after it run on the same lanes."""
+        which the reload searches after it (and, on one engine, the offload searches before the release)
+        saw. A search finds the first (offload) or last (reload) valid start from its query. An interval
+        that ends more than ``margin`` before the lower of the query and the start found, or starts more
+        than ``margin`` after the higher plus the copy's duration, never set the search's cursor nor
+        blocked a step (nor ended a narrow-gap scan: a gap that wide is no narrow one), so without it
+        the search finds the same start; where that holds for every search that saw a released
+        interval, the next packing makes the same searches on the same lanes (``pack``'s resume hint
+        changes no start)."""
         if not released:
             return True
         gone = {k for k, _ in released}
