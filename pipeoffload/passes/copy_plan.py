@@ -367,6 +367,9 @@ class CopyGroup:
                 engine = shared if costs.shared_copy_engine else Lane()
                 self._lanes[(rank, direction)] = [engine, links[direction]] if costs.shared_host_link else [engine]
         self._ways = {key: _Way(self.timelines[key[0]].clocks, lanes, self.relaxed) for key, lanes in self._lanes.items()}
+        # own host links: a rank's copies book its engine(s) alone (``settled``); one engine: both directions
+        self._own_links, self._one_engine = not costs.shared_host_link, costs.shared_copy_engine
+        self.settled = True  # after ``pack``: packing its set again without its failures places the same
         # per rank: (D2H way, H2D way, grid points): what ``place`` and ``pack`` read
         self._rank = {rank: (self._ways[(rank, "d2h")], self._ways[(rank, "h2d")], tl.point_list)
                       for rank, tl in self.timelines.items()}
@@ -422,14 +425,16 @@ class CopyGroup:
         go; then offloads in order of their forwards, each as early as it can go before its reload.
 
         Packing in time order leaves no gaps too short for a copy (the greedy by value can), so a
-        set is hidden whenever any placement of it is. Returns (placed, not placed).
+        set is hidden whenever any placement of it is. Returns (placed, not placed), and sets ``settled``.
         """
         ways = self._rank
         reloads: list[float | None] = [None] * len(chosen)  # by position in ``chosen``
         failed = []
+        released: list[tuple[int, int]] = []  # (position in ``chosen``, offloads placed before its release)
         # by deadline, latest first (ties: rank, stage, microbatch, window; then the given order)
-        for entry in sorted([(-x.deadline, rank, x.stage, x.microbatch, x.window, k)
-                             for k, (rank, x) in enumerate(chosen)]):
+        by_deadline = sorted([(-x.deadline, rank, x.stage, x.microbatch, x.window, k)
+                              for k, (rank, x) in enumerate(chosen)])
+        for entry in by_deadline:
             k = entry[-1]
             rank, x = chosen[k]
             back = ways[rank][1]
@@ -439,7 +444,7 @@ class CopyGroup:
                 continue
             back.reserve(h2d, x.h2d)
             reloads[k] = h2d
-        placed = []
+        placed: list[tuple[int, Placed]] = []
         # Offloads come in order of their forwards, so while copies are only added, an offload of the
         # same rank and duration cannot start before the previous one did: no start earlier than that
         # was valid for the previous search, and adding copies makes none valid (the start points are
@@ -460,13 +465,53 @@ class CopyGroup:
             if p is None or p.hi <= p.lo:
                 back.release(h2d, x.h2d)
                 failed.append((rank, x))
+                released.append((k, len(placed)))
                 resume.clear()
                 continue
             out.reserve(p.d2h_start, x.d2h)
             if not self.relaxed:
                 resume[(rank, x.d2h)] = p.d2h_start
             placed.append((rank, p))
+        self.settled = not failed or (self._own_links and self._unaffected(chosen, by_deadline, reloads, placed,
+                                                                           released))
         return placed, failed
+
+    def _unaffected(self, chosen: list[tuple[int, Activation]], by_deadline: list[tuple], reloads: list[float | None],
+                    placed: list[tuple[int, Placed]], released: list[tuple[int, int]]) -> bool:
+        """Whether ``pack`` of ``chosen`` without its failures would place every other copy where this one
+        did (own host links). A failed reload booked nothing; an offload that failed released its reload,
+        which the reload searches after it (and, on one engine, the offload searches before the release)
+        saw. A search finds the first (offload) or last (reload) valid start from its query. An interval
+        that ends more than ``margin`` before the lower of the query and the start found, or starts more
+        than ``margin`` after the higher plus the copy's duration, never set the search's cursor nor
+        blocked a step (nor ended a narrow-gap scan: a gap that wide is no narrow one), so without it
+        the search finds the same start; where that holds for every search that saw a released
+        interval, the next packing makes the same searches on the same lanes (``pack``'s resume hint
+        changes no start)."""
+        if not released:
+            return True
+        gone = {k for k, _ in released}
+        where = {entry[-1]: n for n, entry in enumerate(by_deadline)}
+        margin = 8 * EPS + 64 * math.ulp(-by_deadline[0][0])  # beyond the EPS tolerances (and the narrow scan's)
+        for k, before in released:
+            rank, x = chosen[k]
+            start = reloads[k]
+            assert start is not None
+            end = start + x.h2d
+            for entry in by_deadline[where[k] + 1:]:  # the reloads booked after it that stay
+                j = entry[-1]
+                h2d = reloads[j]
+                if chosen[j][0] != rank or h2d is None or j in gone:
+                    continue
+                y = chosen[j][1]
+                if not (start > y.deadline - y.h2d + y.h2d + margin or end < h2d - margin):
+                    return False
+            if self._one_engine:  # the offloads placed while it was booked
+                for r, p in placed[:before]:
+                    y = p.activation
+                    if r == rank and not (start > p.d2h_start + y.d2h + margin or end < y.f_end - margin):
+                        return False
+        return True
 
 
 def _placed(points: list[float], x: Activation, d2h: float, h2d: float) -> Placed:

@@ -17,11 +17,11 @@ from pipeoffload.costs import CostModel, require_costs
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import COMM_KINDS, ActionKind, Schedule, require_schedule
 from pipeoffload.passes.comms import add_comms
-from pipeoffload.passes.offload import OffloadReport, plan_offload
+from pipeoffload.passes.offload import OffloadReport, plan_offload, planned_figures
 from pipeoffload.passes.recompute import all_keys, auto_keys, check_policies, first_stage_keys, insert_recompute
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.semantics import with_coded
-from pipeoffload.simulator import Timeline, simulate
+from pipeoffload.simulator import Figures, Timeline, simulate
 from pipeoffload.units import counted
 from pipeoffload.validation import validate
 
@@ -189,7 +189,7 @@ def _other_keys(base: Schedule, timeline: Timeline, costs: CostModel, offload: O
     with_other, with_keys = insert_recompute(base, other), insert_recompute(base, keys)
     if memo(simulate, with_other, costs).makespan >= memo(simulate, with_keys, costs).makespan - 1e-12:
         return None
-    memory = [_worst_memory(memo(simulate, _offload_once(s, costs, offload, set(r), memo)[0], costs), offload)
+    memory = [_worst_memory(planned_figures(_offload_once(s, costs, offload, set(r), memo)[0], costs, memo), offload)
               for s, r in ((with_other, other), (with_keys, keys))]
     return other if memory[0] <= memory[1] + 1e-9 else None
 
@@ -203,7 +203,7 @@ def _unpaid_recompute(base: Schedule, with_r: Schedule, costs: CostModel, offloa
     (the I -> W parts W still needs, the last ranks of zero-bubble schedules)."""
     without, _ = _offload_once(base, costs, _alone(offload), set(), memo)
     recomputing, _ = _offload_once(with_r, costs, offload, set(extra), memo)
-    before, after = (_worst_memory(memo(simulate, s, costs), offload) for s in (without, recomputing))
+    before, after = (_worst_memory(planned_figures(s, costs, memo), offload) for s in (without, recomputing))
     if after < before - 1e-9:
         return ()
     return (f"none recomputed: the {len(extra)} activations recompute auto would recompute do not lower "
@@ -217,7 +217,9 @@ def _alone(offload: OffloadPolicy) -> OffloadPolicy:
     return offload if offload.max_stall > 0 else replace(offload, rank_offsets=())
 
 
-def _worst_memory(timeline: Timeline, offload: OffloadPolicy) -> float:
-    """The worst rank's activation peak plus what it holds besides (``OffloadPolicy.rank_offsets``)."""
-    offsets = offload.rank_offsets or (0.0,) * len(timeline.per_rank)
-    return max(offsets[r.rank] + r.peak_activation_units for r in timeline.per_rank)
+def _worst_memory(figures: Figures, offload: OffloadPolicy) -> float:
+    """The worst rank's activation peak plus what it holds besides (``OffloadPolicy.rank_offsets``), from
+    a planned schedule's simulation (``planned_figures``)."""
+    peaks = figures.peak_activation_units
+    offsets = offload.rank_offsets or (0.0,) * len(peaks)
+    return max(offsets[r] + peak for r, peak in enumerate(peaks))

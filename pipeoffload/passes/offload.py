@@ -52,7 +52,7 @@ from pipeoffload.passes.offload_plan import RankState, plan_group
 from pipeoffload.passes.slots import SlotPattern, plan_pair, slot_length
 from pipeoffload.passes.throttle import eager_warmup, latest_starts, repair, throttled_timeline, with_waits
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
-from pipeoffload.simulator import Timeline, simulate
+from pipeoffload.simulator import Figures, Timeline, figures_of, simulate, simulate_figures
 
 log = logging.getLogger(__name__)
 K = ActionKind
@@ -289,9 +289,9 @@ def _lower_targets(plan: _Planning, costs: CostModel, states: dict[int, RankStat
         reached = max(best.values())
     if worst(best) >= worst(peaks) - EPS:
         return states, peaks
-    t = simulate(plan.base.with_actions([_emit(chosen[r]) for r in ranks]), costs)
-    final = {r: t.per_rank[r].peak_activation_units for r in ranks}
-    if t.stall > EPS or t.makespan > step + EPS or worst(final) >= worst(peaks) - EPS:
+    t = plan.simulated(costs, chosen)
+    final = {r: t.peak_activation_units[r] for r in ranks}
+    if sum(t.stall) > EPS or t.makespan > step + EPS or worst(final) >= worst(peaks) - EPS:
         return states, peaks
     return chosen, final
 
@@ -443,19 +443,18 @@ class _Planning:
         group of ranks keeps the plan with the lowest simulated peak (then fewest copies) among those
         that never stall; at an equal peak the plan for the real times stays. The compute timeline does
         not change without stalls, so groups combine."""
-        runs: dict[tuple, Timeline] = {}  # what fixes the emitted lists -> their simulation
+        runs: dict[tuple, Figures] = {}  # what fixes the emitted lists -> their simulation
 
-        def simulated(candidate: dict[int, RankState]) -> Timeline:
+        def simulated(candidate: dict[int, RankState]) -> Figures:
             # plans for different copy times can emit the same lists: each distinct schedule is simulated once
-            ranks = range(self.base.num_ranks)
-            key = tuple(_emitted_key(candidate[r]) for r in ranks)
+            key = tuple(_emitted_key(candidate[r]) for r in range(self.base.num_ranks))
             if key not in runs:
-                runs[key] = simulate(self.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
+                runs[key] = self.simulated(costs, candidate)
             return runs[key]
 
-        def score(t: Timeline, candidate: dict[int, RankState], members: list[int]) -> tuple[bool, float, int]:
-            return (any(t.per_rank[r].stall > 0 for r in members),
-                    max(t.per_rank[r].peak_activation_units for r in members),
+        def score(t: Figures, candidate: dict[int, RankState], members: list[int]) -> tuple[bool, float, int]:
+            return (any(t.stall[r] > 0 for r in members),
+                    max(t.peak_activation_units[r] for r in members),
                     sum(len(candidate[r].placed) for r in members))
 
         own = simulated(states)
@@ -469,9 +468,9 @@ class _Planning:
                     best[tuple(members)] = (key, candidate)
         mixed = {r: best[tuple(m)][1][r] for m in self.groups for r in m}
         final = simulated(mixed)
-        if final.stall > 0 or final.peak_activation_units > own.peak_activation_units:
+        if sum(final.stall) > 0 or max(final.peak_activation_units) > max(own.peak_activation_units):
             return states, peaks
-        return mixed, {r: final.per_rank[r].peak_activation_units for r in mixed}
+        return mixed, {r: final.peak_activation_units[r] for r in mixed}
 
     def best_with_faster_copies(self, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float],
                                 enough: float = -math.inf) -> tuple[dict[int, RankState], dict[int, float]]:
@@ -488,18 +487,14 @@ class _Planning:
         planned = simulated). The caller skips it at the floor (``at_floor``). ``enough``: a peak that
         ends the search once every group has reached it (step 13's plans of a target)."""
         ranks = range(self.base.num_ranks)
-
-        def simulated(candidate: dict[int, RankState]) -> Timeline:
-            return simulate(self.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
-
         best = {tuple(m): (max(peaks[r] for r in m), states) for m in self.groups}
         for factor in _ladder_factors(costs):
             candidate = self.states(costs, factor)[0]
-            t = simulated(candidate)
-            if t.stall > EPS:
+            t = self.simulated(costs, candidate)
+            if sum(t.stall) > EPS:
                 break
             for members in self.groups:
-                peak = max(t.per_rank[r].peak_activation_units for r in members)
+                peak = max(t.peak_activation_units[r] for r in members)
                 if peak < best[tuple(members)][0] - EPS:
                     best[tuple(members)] = (peak, candidate)
             if all(best[tuple(m)][0] <= enough + EPS for m in self.groups):
@@ -508,10 +503,16 @@ class _Planning:
             return states, peaks
         mixed = dict(states)  # the ranks of ``fixed`` as they are
         mixed.update({r: best[tuple(m)][1][r] for m in self.groups for r in m})
-        final = simulated(mixed)
-        if final.stall > EPS or any(final.per_rank[r].peak_activation_units > peaks[r] + EPS for r in ranks):
+        final = self.simulated(costs, mixed)
+        if sum(final.stall) > EPS or any(final.peak_activation_units[r] > peaks[r] + EPS for r in ranks):
             return states, peaks
-        return mixed, {r: final.per_rank[r].peak_activation_units for r in ranks}
+        return mixed, {r: final.peak_activation_units[r] for r in ranks}
+
+    def simulated(self, costs: CostModel, states: dict[int, RankState]) -> Figures:
+        """The figures of ``base`` with ``states``' copies emitted, simulated under ``costs``
+        (``planned_figures``: once per search for the same lists)."""
+        schedule = self.base.with_actions([_emit(states[r]) for r in range(self.base.num_ranks)])
+        return planned_figures(schedule, costs, self.memo)
 
     def at_floor(self, costs: CostModel, peaks: dict[int, float]) -> bool:
         """Whether the worst rank's memory (activations plus ``rank_offsets``) is already that of some
@@ -549,6 +550,26 @@ class _Planning:
 # 4,561 group plans where keeping all would make 4,534 (4,992 keeping none), for 315 MB at its peak
 # against 400 (243 keeping none); the plans and timelines of a whole schedule are large
 _KEPT = 16
+
+
+def planned_figures(schedule: Schedule, costs: CostModel, memo: Memo | None = None) -> Figures:
+    """``simulate_figures(schedule, costs)`` of a planned schedule, simulated once per search: the plans
+    a search weighs emit the same lists again (a candidate for faster copies that is the mixed plan
+    checked after it, a plan for slower copies that another policy's ladder or step 13 makes again,
+    a candidate that places no copy and is its compute-only schedule: 369 of the headline's 1,313
+    simulations). The figures of a timeline ``memo`` keeps are read from it (``figures_of``, equal to
+    ``simulate_figures``); others are kept in a memo of their own inside it, the ``_FIGURES`` most
+    recent (a key holds its schedule's lists; repeats come within a few dozen simulations)."""
+    if memo is None:
+        return simulate_figures(schedule, costs)
+    known = memo.peek(simulate, schedule, costs)
+    if known is not None:
+        return figures_of(known)
+    own = memo.get((planned_figures,), lambda: Memo(keep=_FIGURES))
+    return own(simulate_figures, schedule, costs)
+
+
+_FIGURES = 64
 
 
 def _ladder_factors(costs: CostModel) -> list[float]:
@@ -651,23 +672,20 @@ def _stalling_plan(plan: _Planning, costs: CostModel, states: dict[int, RankStat
     floor = plan.budget if plan.budget is not None else 0.0
     offsets = plan.policy.rank_offsets or (0.0,) * plan.base.num_ranks
 
-    def simulated(candidate: dict[int, RankState]) -> Timeline:
-        return simulate(plan.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
-
-    def key(t: Timeline) -> tuple[float, float]:
-        peak = max(offsets[r] + t.per_rank[r].peak_activation_units for r in ranks)  # the worst rank's total
+    def key(t: Figures) -> tuple[float, float]:
+        peak = max(offsets[r] + t.peak_activation_units[r] for r in ranks)  # the worst rank's total
         return (max(peak, floor + max(offsets)), t.makespan)
 
-    own = simulated(states)
+    own = plan.simulated(costs, states)
     best_key, best = key(own), None
     for factor in _FASTER:
         candidate = plan.states(costs, factor)[0]
-        t = simulated(candidate)
+        t = plan.simulated(costs, candidate)
         if t.makespan > limit:
             continue
         k = key(t)
         if k[0] < best_key[0] - EPS or (abs(k[0] - best_key[0]) <= EPS and k[1] < best_key[1] - EPS):
-            best_key, best = k, _Stalled(candidate, {r: t.per_rank[r].peak_activation_units for r in ranks},
+            best_key, best = k, _Stalled(candidate, {r: t.peak_activation_units[r] for r in ranks},
                                          factor, t.makespan)
     return best
 

@@ -136,7 +136,8 @@ class _Plan:
 
         A pick that fails after its reload was reserved frees that slot, and a reload packed right
         behind it would then start earlier than planned; so the set is packed again without the
-        failures until a round places everything it tries (a few rounds when the lane is overloaded).
+        failures until a round places everything it tries (a few rounds when the lane is overloaded),
+        or until the group shows that such a round would place the same (``CopyGroup.settled``).
         """
         self._peaks = None
         failed: list[Pick] = []
@@ -145,6 +146,8 @@ class _Plan:
             if not missed:
                 break
             failed += missed
+            if self.group.settled:  # packed again without ``missed``, the same placements and lanes
+                break
             missing = {(r, *x.ident) for r, x in missed}
             picks = [(r, x) for r, x in picks if (r, *x.ident) not in missing]
             self.group = CopyGroup(*self.args)

@@ -20,10 +20,11 @@ from pipeoffload._perf import Memo
 from pipeoffload.costs import CostModel
 from pipeoffload.ir import ActionKind, Schedule
 from pipeoffload.passes.lower import POLICIES, lower_with_report
+from pipeoffload.passes.offload import planned_figures
 from pipeoffload.placement import Placement
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.schedules import generate, get_spec
-from pipeoffload.simulator import Timeline, figures_of, simulate, simulate_figures
+from pipeoffload.simulator import Timeline, figures_of, simulate
 
 _TOL = 1e-6
 
@@ -209,11 +210,11 @@ def _summary(timeline: Timeline, extrapolated: bool = False, warnings: tuple[str
 
 def _simulated(choice: ScheduleChoice, pp: int, m: int, costs: CostModel, memo: Memo) -> SimSummary:
     """Simulate the built schedule for its figures. A plain schedule's timeline is kept in ``memo``: the
-    lowering of its memory-policy variants starts from that same simulation."""
+    lowering of its memory-policy variants starts from that same simulation; a lowered schedule's
+    figures are those its memory passes may have simulated already (``planned_figures``)."""
     built = _build(choice, pp, m, costs, memo)
     schedule = built.schedule
-    kept = memo.peek(simulate, schedule, costs) if built.changed else memo(simulate, schedule, costs)
-    figures = figures_of(kept) if kept is not None else simulate_figures(schedule, costs)
+    figures = planned_figures(schedule, costs, memo) if built.changed else figures_of(memo(simulate, schedule, costs))
     return SimSummary(
         changed=built.changed,
         recomputed=ActionKind.R in schedule.kinds(),
