@@ -11,15 +11,18 @@
   const commandEl = document.getElementById("command");
   const legendEl = document.getElementById("legend");
   const familyNote = document.getElementById("family-note");
+  const policyLine = document.getElementById("policy-line"), linkNote = document.getElementById("link-note");
   const DEVICE = "#1f4e79", HOST = "#b5651d";
-  // [JSON key, heading, unit]: every number says its unit. Host peaks are shown in rank units.
   // [JSON key, heading, unit]: every number says its unit ("TIME": the server's time unit). Host peaks in rank units.
   const FIELDS = [
     ["makespan", "makespan", "TIME"], ["bubble_ratio", "bubble", "%"],
     ["peak_rank_units", "device peak", "rank units"], ["peak_host_rank_units", "host peak", "rank units"],
-    ["stall", "stall", "TIME"], ["offloaded", "offloaded", "activations"], ["recomputed", "recomputed", "activations"],
+    ["stall", "total stall", "TIME"], ["offloaded", "offloaded", "activations"], ["recomputed", "recomputed", "activations"],
     ["actions", "actions", "lowered"],
   ];
+  // Headings that need more than their words (a tooltip): the table's stall is `simulate --json`'s top-level
+  // one, summed over ranks, where the summary line above gives the worst rank's.
+  const HEAD_TITLES = {stall: "summed over ranks (the summary line gives the worst rank's)"};
   // What a family must take for a field to be enabled: a field it does not take is disabled and not sent.
   const TAKES = {
     stages_per_rank: (f) => !f.fixed_stages_per_rank,
@@ -27,7 +30,7 @@
     backward: (f) => f.options.includes("backward"),
   };
   // Shown dimmed while the numbers and chart do not match the inputs (an error, or a request on its way).
-  const STALE = [chartBox, document.getElementById("numbers"), legendEl, summaryLine, commandEl];
+  const STALE = [chartBox, document.getElementById("numbers"), legendEl, summaryLine, commandEl, policyLine];
   let families = [], sequence = 0, timer = null, resizeTimer = null, controller = null, last = null;
   let view = null;  // [t0, t1]: the time window shown (null: the whole step); zoom with the wheel, pan by dragging
   // The URL's `view=T0,T1` (text as given), applied to the next chart that arrives; `viewNote` says why a
@@ -100,8 +103,10 @@
     document.querySelectorAll(".unit").forEach((el) => { el.textContent = unit; });
     summaryLine.textContent = chart.title + " — " + chart.summary;
     commandEl.textContent = body.command;
+    policyLine.textContent = body.policy_line;  // the CLI's line under its table: what was offloaded, kept, planned
+    policyLine.hidden = !body.policy_line;
     const unitOf = (u) => (u === "TIME" ? unit : u);
-    const heads = FIELDS.map(([, head, u]) => `<th>${esc(head)}${u !== "%" ? ` (${esc(unitOf(u))})` : ""}</th>`);
+    const heads = FIELDS.map(([key, head, u]) => `<th${HEAD_TITLES[key] ? ` title="${esc(HEAD_TITLES[key])}"` : ""}>${esc(head)}${u !== "%" ? ` (${esc(unitOf(u))})` : ""}</th>`);
     const cells = FIELDS.map(([key, , u]) => {
       const value = result[key];
       const shown = u === "%" ? (100 * value).toFixed(2) + "%" : fmt(value);
@@ -186,15 +191,33 @@
   // The form's values and the pending window from the URL; a field the URL leaves out takes its default.
   function applyUrl() {
     const shared = new URLSearchParams(location.search);
+    setLinkNote("");
     for (const el of form.elements) {
       if (!el.name) continue;
-      if (shared.has(el.name)) el.value = shared.get(el.name);
+      if (el === familySelect && shared.has("family")) familySelect.value = familyFromLink(shared.get("family"));
+      else if (shared.has(el.name)) el.value = shared.get(el.name);
       else if (el === familySelect) el.value = defaultFamily();
       else el.value = el.tagName === "SELECT" ? "" : el.defaultValue;
     }
-    if (!familySelect.value) familySelect.value = families[0].name;  // a family this server does not have
     pendingView = shared.has("view") ? shared.get("view") : null;
     noteFamily();
+  }
+
+  // The family a link names (its name or an alias, in any case, as the command line reads it); a name this
+  // server does not know shows the default family with a note saying so, never silently another schedule.
+  function familyFromLink(text) {
+    const wanted = text.trim().toLowerCase();
+    const found = families.find((f) => [f.name, ...(f.aliases || [])].some((n) => n.toLowerCase() === wanted));
+    if (found) return found.name;
+    const shown = defaultFamily();
+    setLinkNote(`the link's family=${text} is not a schedule family of this playground ` +
+      `(${families.map((f) => f.name).join(", ")}); showing ${shown}: choose one in the family list`);
+    return shown;
+  }
+
+  function setLinkNote(text) {
+    linkNote.textContent = text;
+    linkNote.hidden = !text;
   }
 
   const defaultFamily = () => (families.some((f) => f.name === "group-interleaved") ? "group-interleaved" : families[0].name);
@@ -246,10 +269,18 @@
     return d;
   }
 
+  // Each rank's peak label at the right of its memory panel: the margin is made wide enough for the longest
+  // (PEAK_CHAR_PX: a generous width of one character at the label's 9 px font), so none is cut off.
+  const PEAK_CHAR_PX = 5.6;
+  function peakNotes(chart) {
+    const topHost = Math.max(0, ...chart.host.map((c) => c.peak));
+    return chart.device.map((c, r) => `peak ${fmt(c.peak)}` + (topHost > 0 ? ` · host ${fmt(chart.host[r].peak)}` : ""));
+  }
+
   // Layout of a chart at the current width and time window; shared by drawing, hit-testing and export.
   function layout(chart, win = view) {
     const width = Math.max(720, chartBox.clientWidth || 1200);
-    const left = 64, right = 96, plotW = width - left - right, d = chart.ranks;
+    const left = 64, right = Math.max(96, 12 + PEAK_CHAR_PX * Math.max(...peakNotes(chart).map((n) => n.length))), plotW = width - left - right, d = chart.ranks;
     const computeH = d > 8 ? (d > 32 ? 8 : 14) : 20, copyH = chart.copy_lanes ? (d > 8 ? (d > 32 ? 5 : 8) : 10) : 0;
     const rowH = computeH + copyH + (d > 32 ? 1 : 3), ganttH = d * rowH, panelH = d > 8 ? (d > 32 ? 14 : 26) : 36;
     const memTop = ganttH + 44, height = memTop + d * panelH + 44;
@@ -307,7 +338,7 @@
     };
     axis(ganttH + 2, "");
     const topDevice = Math.max(1e-9, ...chart.device.map((c) => c.peak));
-    const topHost = Math.max(0, ...chart.host.map((c) => c.peak));
+    const topHost = Math.max(0, ...chart.host.map((c) => c.peak)), notes = peakNotes(chart);
     out.push(`<text x="${left}" y="${memTop - 6}" font-size="11">activation memory per rank, ${esc(chart.memory_unit)} (device solid, shared scale 0 to ${fmt(topDevice)}${topHost > 0 ? `; host dashed, own scale 0 to ${fmt(topHost)}` : ""})</text>`);
     for (let r = 0; r < d; r++) {
       const y0 = memTop + r * panelH, inner = panelH - 4;
@@ -322,8 +353,7 @@
         const yHost = (level) => y0 + panelH - (level / topHost) * inner;
         out.push(`<path class="host" data-rank="${r}" d="${stepPath(host.points, x, yHost)}" fill="none" stroke="${HOST}" stroke-width="1" stroke-dasharray="4 2" clip-path="url(#${clip})"/>`);
       }
-      const note = `peak ${fmt(device.peak)}` + (topHost > 0 ? ` · host ${fmt(host.peak)}` : "");
-      out.push(`<text x="${left + plotW + 6}" y="${y0 + panelH / 2 + 3}" fill="${DEVICE}" font-size="9" class="peak">${note}</text>`);
+      out.push(`<text x="${left + plotW + 6}" y="${y0 + panelH / 2 + 3}" fill="${DEVICE}" font-size="9" class="peak">${notes[r]}</text>`);
     }
     const unit = chart.time_unit;
     axis(memTop + d * panelH + 2, `time (${esc(unit)}${unit === "t" ? " = one rank's forward of one microbatch" : ""})`);
@@ -335,7 +365,7 @@
   function draw(highlight) {
     const chart = last.chart;
     chartBox.innerHTML = svg(chart, false);
-    viewLine.textContent = viewNote || (view ? `showing ${fmt(view[0])} to ${fmt(view[1])} ${chart.time_unit} of ${fmt(chart.makespan)} (double-click: whole step)` : "wheel: zoom the time axis · drag: pan · hover: highlight a microbatch or a rank");
+    viewLine.textContent = viewNote || (view ? `showing ${fmt(view[0])} to ${fmt(view[1])} ${chart.time_unit} of ${fmt(chart.makespan)} (double-click: whole step)` : "wheel or + and -: zoom the time axis · drag or arrow keys: pan · hover: highlight a microbatch or a rank");
     if (chart.boxes.length <= CANVAS_ABOVE) return;
     const L = layout(chart), canvas = document.createElement("canvas"), ratio = window.devicePixelRatio || 1;
     canvas.width = L.width * ratio;
@@ -418,8 +448,17 @@
     if (!box) { tooltip.hidden = true; return; }
     tooltip.textContent = `${box[7]} on rank ${box[0]} (stage ${box[8]}, microbatch ${box[4]}): ${fmt(box[5])} to ${fmt(box[6])} ${chart.time_unit}\nwaited for: ${waitedFor(chart, box)}`;
     tooltip.hidden = false;
-    tooltip.style.left = (event.clientX + 12) + "px";
-    tooltip.style.top = (event.clientY + 12) + "px";
+    placeTooltip(event.clientX, event.clientY);
+  }
+
+  // Below and right of the pointer, or left of / above it where the window ends, so that the text is never
+  // cut off at the window's edge (a box near the right end of the step).
+  function placeTooltip(x, y) {
+    const w = tooltip.offsetWidth, h = tooltip.offsetHeight, gap = 12, margin = 4;
+    const left = x + gap + w <= window.innerWidth - margin ? x + gap : Math.max(margin, x - gap - w);
+    const top = y + gap + h <= window.innerHeight - margin ? y + gap : Math.max(margin, y - gap - h);
+    tooltip.style.left = left + "px";
+    tooltip.style.top = top + "px";
   }
 
   // One microbatch (across ranks) or one rank highlighted, the rest faded.
@@ -442,6 +481,22 @@
     viewChanged();
   }
 
+  // The chart from the keyboard (it takes focus with Tab): arrows pan by a tenth of the window, + and -
+  // zoom around its middle, 0 or Home shows the whole step: what the wheel, dragging and a double-click do.
+  function onChartKey(e) {
+    if (!last || e.ctrlKey || e.metaKey || e.altKey) return;
+    const L = layout(last.chart), full = last.chart.makespan > 0 ? last.chart.makespan : 1, span = L.t1 - L.t0;
+    if (e.key === "+" || e.key === "=") zoom(0.5, L.left + L.plotW / 2);
+    else if (e.key === "-") zoom(2, L.left + L.plotW / 2);
+    else if (e.key === "0" || e.key === "Home") { view = null; viewChanged(); }
+    else if ((e.key === "ArrowLeft" || e.key === "ArrowRight") && span < full) {
+      const t0 = Math.max(0, Math.min(full - span, L.t0 + (e.key === "ArrowLeft" ? -0.1 : 0.1) * span));
+      view = [t0, t0 + span];
+      viewChanged();
+    } else return;
+    e.preventDefault();
+  }
+
   function setupInteraction() {
     chartBox.addEventListener("mousemove", (e) => {
       if (drag && last) {
@@ -461,6 +516,7 @@
     chartBox.addEventListener("mousedown", (e) => { if (last) drag = {x: e.clientX, t0: layout(last.chart).t0}; });
     window.addEventListener("mouseup", () => { drag = null; });
     chartBox.addEventListener("dblclick", () => { if (last) { view = null; viewChanged(); } });
+    chartBox.addEventListener("keydown", onChartKey);
     document.getElementById("zoom-in").addEventListener("click", () => last && zoom(0.5, layout(last.chart).left + layout(last.chart).plotW / 2));
     document.getElementById("zoom-out").addEventListener("click", () => last && zoom(2, layout(last.chart).left + layout(last.chart).plotW / 2));
     document.getElementById("zoom-reset").addEventListener("click", () => { if (last) { view = null; viewChanged(); } });
@@ -616,7 +672,7 @@
     familySelect.innerHTML = families.map((f) => `<option value="${esc(f.name)}">${esc(f.name)}</option>`).join("");
     applyUrl();  // a shared link: its state, then the defaults
     // New inputs: a new step, shown whole (a window the link gave is for the link's inputs).
-    const newInputs = () => { pendingView = null; clearTimeout(viewTimer); };
+    const newInputs = () => { pendingView = null; clearTimeout(viewTimer); setLinkNote(""); };
     form.addEventListener("input", () => { newInputs(); schedule(150); });
     form.addEventListener("change", (e) => { newInputs(); if (e.target === familySelect) noteFamily(); schedule(0); });
     window.addEventListener("popstate", onPopState);
