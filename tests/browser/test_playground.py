@@ -260,7 +260,7 @@ def test_a_large_pipeline_is_drawn_on_a_canvas_zooms_and_exports(page: tuple[Any
 
 
 def test_a_runs_metrics_show_measured_memory_beside_simulated(page: tuple[Any, Console], tmp_path: Any) -> None:
-    from pipeoffload.train.report import load_metrics
+    from pipeoffload.train.report import key_figures, load_metrics
 
     p, console = page
     rows = [{"step": 1, "loss": 5.0, "peak_act_bytes": [3 * 2**20, 2 * 2**20], "sim_peak_act_bytes": [3 * 2**20, 2**21]},
@@ -275,7 +275,10 @@ def test_a_runs_metrics_show_measured_memory_beside_simulated(page: tuple[Any, C
         shown = [float(v or 0) for v in p.locator(f"#measured rect.{kind}").evaluate_all(
             "els => els.map(e => e.getAttribute('data-bytes'))")]
         assert shown == metrics.per_rank_max(key)
-    assert p.text_content("#measured text.ratio[data-rank='0']") == "× 1.33333"
+    figures = dict(key_figures(metrics))  # the ratio in `pipeoffload report`'s words, under each rank
+    for rank in range(2):
+        text = figures[f"peak activations, rank {rank}"]
+        assert p.text_content(f"#measured text.ratio[data-rank='{rank}']") == "× " + text.split("measured/simulated ")[1][:-1]
     corrupt = tmp_path / "bad.jsonl"
     corrupt.write_text('{"step": 1}\n{not json\n')
     p.set_input_files("#metrics-file", str(corrupt))
@@ -473,3 +476,36 @@ def test_the_tooltip_stays_inside_the_window_at_the_right_end(browser: Any, base
     assert 0 <= tip["x"] and tip["x"] + tip["width"] <= 1280 and tip["y"] + tip["height"] <= 800, tip
     assert console.errors == []
     p.close()
+
+
+def test_the_measured_over_simulated_ratios_do_not_overlap(page: tuple[Any, Console], tmp_path: Any) -> None:
+    """Four ranks whose ratios have many digits: each label under its rank stays clear of the next."""
+    p, console = page
+    row = {"step": 1, "peak_act_bytes": [123456789, 98765432, 50000000, 40000000],
+           "sim_peak_act_bytes": [120000000, 100000000, 52000000, 39000000]}
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    p.set_input_files("#metrics-file", str(path))
+    p.wait_for_selector("#measured svg[data-ranks='4']", timeout=30_000)
+    boxes = [p.locator(f"#measured text.ratio[data-rank='{r}']").bounding_box() for r in range(4)]
+    for left, right in zip(boxes, boxes[1:]):
+        assert left["x"] + left["width"] < right["x"], (left, right)
+    assert p.text_content("#measured text.ratio[data-rank='0']") == "× 1.029"
+    assert console.errors == []
+
+
+def test_an_emptied_box_keeps_every_input_in_the_url_and_across_a_reload(page: tuple[Any, Console]) -> None:
+    """Emptying a required box shows its message; the URL still holds every input (the empty box as
+    `ranks=`), so a reload shows the same inputs and the same message, not the defaults."""
+    p, console = page
+    _set(p, "microbatches", "12")
+    _set(p, "offload", "all")
+    _wait_drawn(p, "--microbatches 12 --offload all")
+    _set(p, "ranks", "")
+    p.wait_for_selector("#error:has-text('ranks: empty')", timeout=30_000)
+    assert "microbatches=12" in p.url and "offload=all" in p.url and "ranks=&" in p.url
+    p.reload()
+    p.wait_for_selector("#error:has-text('ranks: empty')", timeout=30_000)
+    assert p.input_value("[name=ranks]") == "" and p.input_value("[name=microbatches]") == "12"
+    assert p.input_value("[name=offload]") == "all"
+    assert console.errors == []

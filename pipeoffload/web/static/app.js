@@ -47,18 +47,19 @@
 
   // The query for the form, or the message for a required field left empty. Everything typed is sent as
   // typed (the server checks it with the CLI's checks), so "1e" or "--" is an error, never the default.
+  // An emptied required box stays in the query as `name=` (and every box after it too), so the URL, a reload
+  // and a shared link keep all the inputs and show the same message.
   function readForm() {
     const params = new URLSearchParams();
+    let error = null;
     for (const el of form.elements) {
       if (!el.name || el.disabled) continue;
       const text = el.value.trim();
-      if (text === "") {
-        if (el.required) return {params, error: `${el.name}: empty; give a value (e.g. ${el.defaultValue})`};
-        continue;
-      }
+      if (text === "" && !el.required) continue;
+      if (text === "" && !error) error = `${el.name}: empty; give a value (e.g. ${el.defaultValue})`;
       params.set(el.name, text);
     }
-    return {params, error: null};
+    return {params, error};
   }
 
   function schedule(delay) {
@@ -596,7 +597,8 @@
         if (v === undefined) return;
         out.push(`<rect class="${kind}" data-rank="${r}" data-bytes="${v}" x="${x0 + i * barW}" y="${y(v)}" width="${barW - 2}" height="${10 + h - y(v)}" fill="${colour}"/>`);
       });
-      const ratio = measured[r] !== undefined && simulated[r] ? ` ${fmt(measured[r] / simulated[r])}` : "";
+      // three decimals, as `pipeoffload report` prints measured/simulated (six digits overlapped the next rank's)
+      const ratio = measured[r] !== undefined && simulated[r] ? ` ${(measured[r] / simulated[r]).toFixed(3)}` : "";
       out.push(`<text x="${x0 + barW}" y="${h + 24}" text-anchor="middle">rank ${r}</text><text class="ratio" data-rank="${r}" x="${x0 + barW}" y="${h + 38}" text-anchor="middle" fill="#555">${ratio ? "×" + ratio : ""}</text>`);
     }
     out.push("</svg>");
