@@ -509,3 +509,23 @@ def test_an_emptied_box_keeps_every_input_in_the_url_and_across_a_reload(page: t
     assert p.input_value("[name=ranks]") == "" and p.input_value("[name=microbatches]") == "12"
     assert p.input_value("[name=offload]") == "all"
     assert console.errors == []
+
+
+def test_an_exported_chart_carries_its_title_numbers_and_legend(page: tuple[Any, Console]) -> None:
+    """An exported SVG is read away from the page: it has the chart's title, its headline numbers and a
+    legend naming every colour (the second offload window's own entries, device and host memory)."""
+    p, console = page
+    _set(p, "family", "zb-h1")
+    _set(p, "ranks", "4")
+    _set(p, "microbatches", "8")
+    _set(p, "offload", "all")
+    _wait_drawn(p, "--microbatches 8 --offload all")
+    with p.expect_download() as download:
+        p.click("#export-svg")
+    exported = open(download.value.path(), encoding="utf-8").read()
+    assert exported.startswith("<svg") and p.inner_text("#summary-line").split(" — ")[0] in exported
+    for label in p.inner_text("#legend").splitlines():
+        assert f">{label.replace(chr(39), '&#39;')}</text>" in exported, label
+    assert "offload D2H after I (W&#39;s part)" in exported and "host memory (own scale)" in exported
+    assert exported.count('<rect class="box') == int(p.get_attribute("#chart svg", "data-boxes") or 0)
+    assert console.errors == []

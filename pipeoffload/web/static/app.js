@@ -231,19 +231,48 @@
 
   // Swatches are small SVGs: the page's CSP allows no inline style attributes.
   const swatch = (fill) => `<svg width="14" height="10"><rect width="14" height="10" fill="${fill}"/></svg>`;
-  const stroke = (colour, dash) => `<svg width="14" height="10"><line x1="0" x2="14" y1="5" y2="5" stroke="${colour}" stroke-width="2"${dash ? ' stroke-dasharray="3 2"' : ""}/></svg>`;
 
-  function legend(chart) {
-    const items = chart.kinds.map((k) => `<span>${swatch(chart.colours[k])}${esc(chart.labels[k])}</span>`);
+  // The legend's entries, [mark, colour, label] (mark: box, tick, line or dashed): drawn as the page's
+  // legend and into an exported image, which must say what it shows on its own.
+  function legendItems(chart) {
+    const items = chart.kinds.map((k) => ["box", chart.colours[k], chart.labels[k]]);
     for (let s = 1; s < chart.stages_per_rank; s++) {
-      items.push(`<span>${swatch(shade(chart.colours.F, s, chart.stages_per_rank))}lighter: rank's stage ${s + 1} of ${chart.stages_per_rank}</span>`);
+      items.push(["box", shade(chart.colours.F, s, chart.stages_per_rank), `lighter: rank's stage ${s + 1} of ${chart.stages_per_rank}`]);
     }
     if (chart.boxes.some((b) => b[1] === "copy" && b[6] <= b[5])) {
-      items.push(`<span><svg width="14" height="10"><rect x="6" width="2" height="10" fill="#555"/></svg>tick: copy taking no time (the host already holds the bytes, or k = 0)</span>`);
+      items.push(["tick", "#555", "tick: copy taking no time (the host already holds the bytes, or k = 0)"]);
     }
-    items.push(`<span>${stroke(DEVICE, false)}device memory</span>`);
-    if (chart.host.some((c) => c.peak > 0)) items.push(`<span>${stroke(HOST, true)}host memory (own scale)</span>`);
-    return items.join("");
+    items.push(["line", DEVICE, "device memory"]);
+    if (chart.host.some((c) => c.peak > 0)) items.push(["dashed", HOST, "host memory (own scale)"]);
+    return items;
+  }
+
+  function mark(kind, colour, x = 0, y = 0) {  // a legend entry's 14x10 mark at (x, y)
+    if (kind === "box") return `<rect x="${x}" y="${y}" width="14" height="10" fill="${colour}"/>`;
+    if (kind === "tick") return `<rect x="${x + 6}" y="${y}" width="2" height="10" fill="${colour}"/>`;
+    return `<line x1="${x}" x2="${x + 14}" y1="${y + 5}" y2="${y + 5}" stroke="${colour}" stroke-width="2"${kind === "dashed" ? ' stroke-dasharray="3 2"' : ""}/>`;
+  }
+
+  function legend(chart) {
+    return legendItems(chart).map(([kind, colour, label]) => `<span><svg width="14" height="10">${mark(kind, colour)}</svg>${esc(label)}</span>`).join("");
+  }
+
+  // The exported SVG: the chart under its title, headline numbers and legend (wrapped to the chart's width).
+  const EXPORT_CHAR_PX = 6;  // a generous width of one character at the legend's 10 px font
+  function exportSvg(chart) {
+    const L = layout(chart), head = [`<text x="8" y="16" font-size="12" font-weight="600">${esc(chart.title)}</text>`,
+      `<text x="8" y="32" font-size="10">${esc(chart.summary)}</text>`];
+    let x = 8, y = 42;
+    for (const [kind, colour, label] of legendItems(chart)) {
+      const w = 20 + EXPORT_CHAR_PX * label.length;
+      if (x > 8 && x + w > L.width - 8) { x = 8; y += 16; }
+      head.push(mark(kind, colour, x, y), `<text x="${x + 18}" y="${y + 9}">${esc(label)}</text>`);
+      x += w + 12;
+    }
+    const top = y + 22, height = top + L.height;
+    const svgText = `<svg xmlns="http://www.w3.org/2000/svg" width="${L.width}" height="${height}" font-size="10" font-family="system-ui,sans-serif">` +
+      `<rect width="${L.width}" height="${height}" fill="#fff"/>${head.join("")}<g transform="translate(0,${top})">${svg(chart, true)}</g></svg>`;
+    return {svgText, width: L.width, height};
   }
 
   function ticks(max) {
@@ -521,7 +550,7 @@
     document.getElementById("zoom-in").addEventListener("click", () => last && zoom(0.5, layout(last.chart).left + layout(last.chart).plotW / 2));
     document.getElementById("zoom-out").addEventListener("click", () => last && zoom(2, layout(last.chart).left + layout(last.chart).plotW / 2));
     document.getElementById("zoom-reset").addEventListener("click", () => { if (last) { view = null; viewChanged(); } });
-    document.getElementById("export-svg").addEventListener("click", () => last && download(new Blob([svg(last.chart, true)], {type: "image/svg+xml"}), "svg"));
+    document.getElementById("export-svg").addEventListener("click", () => last && download(new Blob([exportSvg(last.chart).svgText], {type: "image/svg+xml"}), "svg"));
     document.getElementById("export-png").addEventListener("click", () => last && exportPng());
   }
 
@@ -540,11 +569,11 @@
   }
 
   function exportPng() {  // the export SVG drawn on a canvas: the same picture, every box in it
-    const text = svg(last.chart, true), L = layout(last.chart), image = new Image();
+    const {svgText: text, width, height} = exportSvg(last.chart), image = new Image();
     image.onload = () => {
       const canvas = document.createElement("canvas");
-      canvas.width = L.width * 2;
-      canvas.height = L.height * 2;
+      canvas.width = width * 2;
+      canvas.height = height * 2;
       const ctx = canvas.getContext("2d");
       ctx.fillStyle = "#fff";
       ctx.fillRect(0, 0, canvas.width, canvas.height);
