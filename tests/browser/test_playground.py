@@ -529,3 +529,18 @@ def test_an_exported_chart_carries_its_title_numbers_and_legend(page: tuple[Any,
     assert "offload D2H after I (W&#39;s part)" in exported and "host memory (own scale)" in exported
     assert exported.count('<rect class="box') == int(p.get_attribute("#chart svg", "data-boxes") or 0)
     assert console.errors == []
+
+
+def test_a_server_that_cannot_be_reached_is_said_with_the_fix(page: tuple[Any, Console]) -> None:
+    """A request that fails in the network (the playground's command stopped) shows one line saying which
+    server and what to do, with the last chart dimmed, not only the browser's "Failed to fetch"."""
+    p, _ = page
+    p.route("**/api/chart?*", lambda route: route.abort())
+    try:
+        _set(p, "ranks", "5")
+        p.wait_for_selector("#error:not([hidden])", timeout=30_000)
+        message = p.inner_text("#error")
+        assert "cannot reach the playground server" in message and "pipeoffload playground" in message
+        assert "start it again" in message and "\n" not in message and _stale(p, "#chart")
+    finally:
+        p.unroute("**/api/chart?*")

@@ -81,7 +81,7 @@
       body = await response.json();
     } catch (err) {
       if (err.name === "AbortError") return;
-      if (mine === sequence) showError("cannot reach the playground server: " + err.message);
+      if (mine === sequence) showError(unreachable(err));
       return;
     }
     if (mine !== sequence) return;  // a newer request is on its way
@@ -92,6 +92,10 @@
     lastQuery = params.toString();
     render(body);
   }
+
+  // The browser's words for a failed request ("Failed to fetch") say neither what failed nor the fix.
+  const unreachable = (err) => "cannot reach the playground server (the `pipeoffload playground` command that served " +
+    `this page; the browser says: ${err.message}): start it again if it stopped, then reload this page`;
 
   function showError(message) {
     errorBox.textContent = message;
@@ -669,7 +673,7 @@
       const response = await fetch("/api/trace", {method: "POST", body: file});
       body = await response.json();
     } catch (e) {
-      fail("cannot reach the playground server: " + e.message);
+      fail(unreachable(e));
       return;
     }
     if (body.error) { fail(body.error); return; }
@@ -729,5 +733,5 @@
     familyNote.textContent = `${f.name}: ${f.summary} (default v = ${f.stages_per_rank}; options: ${f.options.join(", ") || "none"})`;
   }
 
-  start().catch((err) => showError("could not start: " + err.message));
+  start().catch((err) => showError(err instanceof TypeError ? unreachable(err) : "could not start: " + err.message));
 })();
