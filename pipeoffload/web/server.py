@@ -43,6 +43,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from pipeoffload.errors import ConfigError, ScheduleError
+from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.schedules import estimated_work, get_spec, schedule_specs
 from pipeoffload.service import SimulateRequest, SimulateResult, simulate, strict_json
 from pipeoffload.service.checks import checked, finite_at_least, int_at_least
@@ -57,13 +58,27 @@ from pipeoffload.viz.trace_compare import (
 
 log = logging.getLogger(__name__)
 
+def _policy(parse: Callable[[str], Any]) -> Callable[[str], str]:
+    """A policy's text, refused (``ValueError``, which ``checked`` prefixes with the parameter) when ``parse``
+    refuses it: ``offload=budget:abc`` answers ``offload: 'budget:abc': 'abc' is not a number; ...``, naming
+    the box, where the policy's own words would not say which box."""
+    def check(text: str) -> str:
+        try:
+            parse(text)
+        except ConfigError as err:
+            raise ValueError(str(err).splitlines()[0]) from None
+        return text
+    return check
+
+
 # Query parameter -> how its text becomes a value of the same-named ``SimulateRequest`` field: the checks
 # the CLI's flags use, on the text as given. An empty value is refused as the flag refuses it (`ranks=` is
 # `--ranks ''`); a parameter left out takes the default (the page leaves out the boxes left empty).
 PARAMS: dict[str, Callable[[str], Any]] = {
     "ranks": int_at_least, "microbatches": int_at_least, "stages_per_rank": int_at_least, "group_size": int_at_least,
     "time_f": finite_at_least, "time_i": finite_at_least, "time_w": finite_at_least, "p2p_time": finite_at_least,
-    "offload_ratio": finite_at_least, "plan_ratio": finite_at_least, "max_stall": finite_at_least, "offload": str, "recompute": str,
+    "offload_ratio": finite_at_least, "plan_ratio": finite_at_least, "max_stall": finite_at_least,
+    "offload": _policy(OffloadPolicy.parse), "recompute": _policy(RecomputePolicy.parse),
     "backward": str,
 }
 MAX_WORK = 120_000  # schedules.estimated_work: d=64, m=256 of zb-v (v=2) is ~105,000, about 2 s
@@ -138,6 +153,15 @@ def simulate_query(query: dict[str, list[str]]) -> SimulateResult:
         raise RequestError(HTTPStatus.BAD_REQUEST, str(err).splitlines()[0]) from None
 
 
+def policy_line(result: SimulateResult) -> str:
+    """The line ``pipeoffload simulate`` prints under its table for an offload or recompute policy (what was
+    offloaded, what stayed on the device and why, the planned peak); empty without one, as the CLI prints none."""
+    report = result.report
+    if report.policy.kind == "none" and report.recompute == RecomputePolicy():
+        return ""
+    return report.summary()
+
+
 def compact_chart(data: ChartData) -> dict:
     """Chart data with boxes and curves as arrays: a d=16, m=64 chart in a few hundred kilobytes."""
     return {
@@ -166,7 +190,7 @@ def route(path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, str, byte
                                    "/api/families takes none")
             # options: the family's own parameters a request can set (a generator's other keyword
             # arguments, such as zb's memory_limit, are not reachable from here or the command line)
-            out: Any = [{"name": s.name, "summary": s.summary, "stages_per_rank": s.default_stages_per_rank(),
+            out: Any = [{"name": s.name, "aliases": list(s.aliases), "summary": s.summary, "stages_per_rank": s.default_stages_per_rank(),
                          "fixed_stages_per_rank": s.fixed_stages_per_rank,
                          "options": [o for o in s.options if o in PARAMS]}
                         for s in schedule_specs()]
@@ -175,6 +199,7 @@ def route(path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, str, byte
         elif path == "/api/chart":
             result = simulate_query(query)
             out = {"command": shlex.join(result.request.command()), "result": result.as_dict(),
+                   "policy_line": policy_line(result),
                    "chart": compact_chart(chart_data(result.timeline, result.title(), result.time_unit))}
         else:
             raise RequestError(HTTPStatus.NOT_FOUND, f"no such page {path!r}; the playground is at /")

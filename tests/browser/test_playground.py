@@ -260,7 +260,7 @@ def test_a_large_pipeline_is_drawn_on_a_canvas_zooms_and_exports(page: tuple[Any
 
 
 def test_a_runs_metrics_show_measured_memory_beside_simulated(page: tuple[Any, Console], tmp_path: Any) -> None:
-    from pipeoffload.train.report import load_metrics
+    from pipeoffload.train.report import key_figures, load_metrics
 
     p, console = page
     rows = [{"step": 1, "loss": 5.0, "peak_act_bytes": [3 * 2**20, 2 * 2**20], "sim_peak_act_bytes": [3 * 2**20, 2**21]},
@@ -275,7 +275,10 @@ def test_a_runs_metrics_show_measured_memory_beside_simulated(page: tuple[Any, C
         shown = [float(v or 0) for v in p.locator(f"#measured rect.{kind}").evaluate_all(
             "els => els.map(e => e.getAttribute('data-bytes'))")]
         assert shown == metrics.per_rank_max(key)
-    assert p.text_content("#measured text.ratio[data-rank='0']") == "× 1.33333"
+    figures = dict(key_figures(metrics))  # the ratio in `pipeoffload report`'s words, under each rank
+    for rank in range(2):
+        text = figures[f"peak activations, rank {rank}"]
+        assert p.text_content(f"#measured text.ratio[data-rank='{rank}']") == "× " + text.split("measured/simulated ")[1][:-1]
     corrupt = tmp_path / "bad.jsonl"
     corrupt.write_text('{"step": 1}\n{not json\n')
     p.set_input_files("#metrics-file", str(corrupt))
@@ -370,3 +373,174 @@ def test_a_stall_budget_and_a_planned_k_are_fields_and_stay_in_a_shared_url(brow
     assert "plan_ratio=0.5" in other.url and "max_stall" not in other.url
     assert console.errors == []
     other.close()
+
+
+def test_the_cli_policy_line_and_a_bad_policy_named_by_its_box(page: tuple[Any, Console]) -> None:
+    """The offload figures `simulate` prints under its table are under the page's table too, in its words;
+    the table's stall says it is summed over ranks; a bad policy names the box it came from."""
+    p, console = page
+    _set(p, "family", "zb-h1")
+    _set(p, "ranks", "4")
+    _set(p, "microbatches", "8")
+    _set(p, "offload", "all")
+    _wait_drawn(p, "--microbatches 8 --offload all")
+    command = p.inner_text("#command").split()
+    code, out, _ = run_cli(*command[1:])
+    assert code == 0 and p.inner_text("#policy-line") == out.splitlines()[-1]
+    stall = p.locator("#numbers th", has_text="stall")
+    assert "total stall" in stall.inner_text() and "summed over ranks" in (stall.get_attribute("title") or "")
+    _set(p, "offload", "budget:abc")
+    p.wait_for_selector("#error:not([hidden])", timeout=30_000)
+    assert p.inner_text("#error").startswith("offload: 'budget:abc'")
+    _set(p, "offload", "none")
+    p.wait_for_selector("#error[hidden]", state="attached", timeout=30_000)
+    assert p.is_hidden("#policy-line")  # the CLI prints no policy line without a policy
+    assert console.errors == []
+
+
+def test_a_links_family_alias_is_read_and_an_unknown_one_is_said(browser: Any, base: str) -> None:
+    """A link's family is read as the command line reads it (an alias, any case); a name this server does
+    not know shows the default family with a note naming the link's, never silently another schedule."""
+    p = browser.new_page(viewport={"width": 1280, "height": 800})
+    console = Console(p)
+    p.goto(base + "/?family=Interleaved&ranks=4&microbatches=8")
+    p.wait_for_selector("#chart:not(.stale) svg[data-ranks='4'] rect.box", timeout=30_000)
+    assert p.input_value("#family") == "interleaved-1f1b" and "interleaved-1f1b" in p.inner_text("#command")
+    assert p.is_hidden("#link-note")
+    p.goto(base + "/?family=nope&ranks=4&microbatches=8")
+    p.wait_for_selector("#chart:not(.stale) svg[data-ranks='4'] rect.box", timeout=30_000)
+    note = p.inner_text("#link-note")
+    assert "family=nope is not a schedule family" in note and "showing group-interleaved" in note
+    assert p.input_value("#family") == "group-interleaved"
+    _set(p, "ranks", "6")  # the user's own choice: the note about the link goes
+    p.wait_for_selector("#link-note[hidden]", state="attached", timeout=30_000)
+    assert console.errors == []
+    p.close()
+
+
+@pytest.mark.parametrize("size", [(1280, 800), (1920, 1080)])
+def test_nothing_is_cut_off_at_common_window_sizes(browser: Any, base: str, size: tuple[int, int]) -> None:
+    """Each rank's peak label (six digits: v = 3 makes thirds) ends inside the chart, and the file inputs
+    are wide enough for their button and file name, not squeezed to a number box's width."""
+    p = browser.new_page(viewport={"width": size[0], "height": size[1]})
+    console = Console(p)
+    p.goto(base + "/?family=interleaved-1f1b&ranks=4&microbatches=8&stages_per_rank=3&offload=all")
+    p.wait_for_selector("#chart:not(.stale) svg[data-ranks='4'] rect.box", timeout=30_000)
+    chart = p.locator("#chart svg").bounding_box()
+    labels = p.locator("#chart text.peak")
+    assert labels.count() == 4 and any("." in (labels.nth(i).text_content() or "") for i in range(4))
+    for i in range(labels.count()):
+        box = labels.nth(i).bounding_box()
+        assert box["x"] + box["width"] <= chart["x"] + chart["width"], labels.nth(i).text_content()
+    number_box = p.locator("[name=ranks]").bounding_box()["width"]
+    for file_input in ("#metrics-file", "#trace-file"):
+        assert p.locator(file_input).bounding_box()["width"] > 2 * number_box, file_input
+    assert console.errors == []
+    p.close()
+
+
+def test_the_chart_zooms_and_pans_from_the_keyboard(page: tuple[Any, Console]) -> None:
+    """The chart takes focus with Tab after the export buttons: + zooms in, the arrows pan, 0 shows the
+    whole step again, as the wheel, dragging and a double-click do."""
+    p, console = page
+    whole = _view(p)
+    p.focus("#export-png")
+    p.keyboard.press("Tab")
+    assert p.evaluate("() => document.activeElement.id") == "chart"
+    p.keyboard.press("+")
+    p.wait_for_selector(f"#chart svg:not([data-view='{whole}'])", timeout=30_000)
+    zoomed = _view(p)
+    t0, t1 = map(float, zoomed.split(","))
+    assert t1 - t0 == pytest.approx(float(whole.split(",")[1]) / 2, rel=1e-3)
+    p.keyboard.press("ArrowRight")
+    p.wait_for_selector(f"#chart svg:not([data-view='{zoomed}'])", timeout=30_000)
+    assert float(_view(p).split(",")[0]) > t0
+    p.keyboard.press("0")
+    p.wait_for_selector(f"#chart svg[data-view='{whole}']", timeout=30_000)
+    assert console.errors == []
+
+
+def test_the_tooltip_stays_inside_the_window_at_the_right_end(browser: Any, base: str) -> None:
+    """Hovering the last box of the step (at the right edge of a 1280-wide window) shows the whole tooltip,
+    left of the pointer, not running off the window's edge."""
+    p = browser.new_page(viewport={"width": 1280, "height": 800})
+    console = Console(p)
+    p.goto(base + "/?family=1f1b&ranks=4&microbatches=8")
+    p.wait_for_selector("#chart:not(.stale) svg[data-ranks='4'] rect.box", timeout=30_000)
+    boxes = p.locator("#chart rect.box")
+    last = max((boxes.nth(i).bounding_box() for i in range(boxes.count())), key=lambda b: b["x"] + b["width"])
+    p.mouse.move(last["x"] + last["width"] / 2, last["y"] + last["height"] / 2)
+    p.wait_for_selector("#tooltip:not([hidden])", timeout=30_000)
+    tip = p.locator("#tooltip").bounding_box()
+    assert "waited for" in p.inner_text("#tooltip")
+    assert 0 <= tip["x"] and tip["x"] + tip["width"] <= 1280 and tip["y"] + tip["height"] <= 800, tip
+    assert console.errors == []
+    p.close()
+
+
+def test_the_measured_over_simulated_ratios_do_not_overlap(page: tuple[Any, Console], tmp_path: Any) -> None:
+    """Four ranks whose ratios have many digits: each label under its rank stays clear of the next."""
+    p, console = page
+    row = {"step": 1, "peak_act_bytes": [123456789, 98765432, 50000000, 40000000],
+           "sim_peak_act_bytes": [120000000, 100000000, 52000000, 39000000]}
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    p.set_input_files("#metrics-file", str(path))
+    p.wait_for_selector("#measured svg[data-ranks='4']", timeout=30_000)
+    boxes = [p.locator(f"#measured text.ratio[data-rank='{r}']").bounding_box() for r in range(4)]
+    for left, right in zip(boxes, boxes[1:]):
+        assert left["x"] + left["width"] < right["x"], (left, right)
+    assert p.text_content("#measured text.ratio[data-rank='0']") == "× 1.029"
+    assert console.errors == []
+
+
+def test_an_emptied_box_keeps_every_input_in_the_url_and_across_a_reload(page: tuple[Any, Console]) -> None:
+    """Emptying a required box shows its message; the URL still holds every input (the empty box as
+    `ranks=`), so a reload shows the same inputs and the same message, not the defaults."""
+    p, console = page
+    _set(p, "microbatches", "12")
+    _set(p, "offload", "all")
+    _wait_drawn(p, "--microbatches 12 --offload all")
+    _set(p, "ranks", "")
+    p.wait_for_selector("#error:has-text('ranks: empty')", timeout=30_000)
+    assert "microbatches=12" in p.url and "offload=all" in p.url and "ranks=&" in p.url
+    p.reload()
+    p.wait_for_selector("#error:has-text('ranks: empty')", timeout=30_000)
+    assert p.input_value("[name=ranks]") == "" and p.input_value("[name=microbatches]") == "12"
+    assert p.input_value("[name=offload]") == "all"
+    assert console.errors == []
+
+
+def test_an_exported_chart_carries_its_title_numbers_and_legend(page: tuple[Any, Console]) -> None:
+    """An exported SVG is read away from the page: it has the chart's title, its headline numbers and a
+    legend naming every colour (the second offload window's own entries, device and host memory)."""
+    p, console = page
+    _set(p, "family", "zb-h1")
+    _set(p, "ranks", "4")
+    _set(p, "microbatches", "8")
+    _set(p, "offload", "all")
+    _wait_drawn(p, "--microbatches 8 --offload all")
+    with p.expect_download() as download:
+        p.click("#export-svg")
+    exported = open(download.value.path(), encoding="utf-8").read()
+    assert exported.startswith("<svg") and p.inner_text("#summary-line").split(" — ")[0] in exported
+    for label in p.inner_text("#legend").splitlines():
+        assert f">{label.replace(chr(39), '&#39;')}</text>" in exported, label
+    assert "offload D2H after I (W&#39;s part)" in exported and "host memory (own scale)" in exported
+    assert exported.count('<rect class="box') == int(p.get_attribute("#chart svg", "data-boxes") or 0)
+    assert console.errors == []
+
+
+def test_a_server_that_cannot_be_reached_is_said_with_the_fix(page: tuple[Any, Console]) -> None:
+    """A request that fails in the network (the playground's command stopped) shows one line saying which
+    server and what to do, with the last chart dimmed, not only the browser's "Failed to fetch"."""
+    p, _ = page
+    p.route("**/api/chart?*", lambda route: route.abort())
+    try:
+        _set(p, "ranks", "5")
+        p.wait_for_selector("#error:not([hidden])", timeout=30_000)
+        message = p.inner_text("#error")
+        assert "cannot reach the playground server" in message and "pipeoffload playground" in message
+        assert "start it again" in message and "\n" not in message and _stale(p, "#chart")
+    finally:
+        p.unroute("**/api/chart?*")

@@ -62,6 +62,28 @@ def test_bad_input_is_the_cli_message(base: str, param: str, flag: str, value: s
     assert value in message and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("param,value", [("offload", "budget:abc"), ("offload", "sometimes"),
+                                         ("recompute", "xx"), ("recompute", "first:0")])
+def test_a_bad_policy_names_its_parameter_then_the_cli_words(base: str, param: str, value: str) -> None:
+    """A policy's own message does not say which box it came from (``'budget:abc': 'abc' is not a number``):
+    the answer names the parameter first, as it does for the numbers, then the command line's words."""
+    status, body = _get(f"{base}/api/chart?family=1f1b&{param}={value}")
+    code, _, err = run_cli("simulate", "1f1b", f"--{param}", value)
+    message = json.loads(body)["error"]
+    assert status == 200 and code == 2 and message.startswith(f"{param}: ")
+    assert err.rstrip().endswith(message.removeprefix(f"{param}: ")) and "valid forms" in message
+
+
+def test_the_chart_answer_has_the_cli_policy_line(base: str) -> None:
+    """What `simulate` prints under its table for a policy (offloaded, kept on the device and why, the
+    planned peak) is in the page's answer word for word, and empty without a policy, as the CLI prints none."""
+    status, body = _get(f"{base}/api/chart?family=zb-h1&ranks=4&microbatches=8&offload=all")
+    code, out, _ = run_cli("simulate", "zb-h1", "-d", "4", "-m", "8", "--offload", "all")
+    assert status == 200 and code == 0
+    assert json.loads(body)["policy_line"] == out.splitlines()[-1] and "offloaded between I and W" in out
+    assert json.loads(_get(f"{base}/api/chart?family=1f1b&ranks=4&microbatches=8")[1])["policy_line"] == ""
+
+
 def test_an_infinite_offload_budget_is_refused_not_a_500(base: str) -> None:
     status, body = _get(f"{base}/api/simulate?family=1f1b&offload=budget:1e999rank")
     assert status == 400 and "'budget:1e999rank': inf must be a finite number >= 0" in json.loads(body)["error"]

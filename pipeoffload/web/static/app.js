@@ -11,15 +11,18 @@
   const commandEl = document.getElementById("command");
   const legendEl = document.getElementById("legend");
   const familyNote = document.getElementById("family-note");
+  const policyLine = document.getElementById("policy-line"), linkNote = document.getElementById("link-note");
   const DEVICE = "#1f4e79", HOST = "#b5651d";
-  // [JSON key, heading, unit]: every number says its unit. Host peaks are shown in rank units.
   // [JSON key, heading, unit]: every number says its unit ("TIME": the server's time unit). Host peaks in rank units.
   const FIELDS = [
     ["makespan", "makespan", "TIME"], ["bubble_ratio", "bubble", "%"],
     ["peak_rank_units", "device peak", "rank units"], ["peak_host_rank_units", "host peak", "rank units"],
-    ["stall", "stall", "TIME"], ["offloaded", "offloaded", "activations"], ["recomputed", "recomputed", "activations"],
+    ["stall", "total stall", "TIME"], ["offloaded", "offloaded", "activations"], ["recomputed", "recomputed", "activations"],
     ["actions", "actions", "lowered"],
   ];
+  // Headings that need more than their words (a tooltip): the table's stall is `simulate --json`'s top-level
+  // one, summed over ranks, where the summary line above gives the worst rank's.
+  const HEAD_TITLES = {stall: "summed over ranks (the summary line gives the worst rank's)"};
   // What a family must take for a field to be enabled: a field it does not take is disabled and not sent.
   const TAKES = {
     stages_per_rank: (f) => !f.fixed_stages_per_rank,
@@ -27,7 +30,7 @@
     backward: (f) => f.options.includes("backward"),
   };
   // Shown dimmed while the numbers and chart do not match the inputs (an error, or a request on its way).
-  const STALE = [chartBox, document.getElementById("numbers"), legendEl, summaryLine, commandEl];
+  const STALE = [chartBox, document.getElementById("numbers"), legendEl, summaryLine, commandEl, policyLine];
   let families = [], sequence = 0, timer = null, resizeTimer = null, controller = null, last = null;
   let view = null;  // [t0, t1]: the time window shown (null: the whole step); zoom with the wheel, pan by dragging
   // The URL's `view=T0,T1` (text as given), applied to the next chart that arrives; `viewNote` says why a
@@ -44,18 +47,19 @@
 
   // The query for the form, or the message for a required field left empty. Everything typed is sent as
   // typed (the server checks it with the CLI's checks), so "1e" or "--" is an error, never the default.
+  // An emptied required box stays in the query as `name=` (and every box after it too), so the URL, a reload
+  // and a shared link keep all the inputs and show the same message.
   function readForm() {
     const params = new URLSearchParams();
+    let error = null;
     for (const el of form.elements) {
       if (!el.name || el.disabled) continue;
       const text = el.value.trim();
-      if (text === "") {
-        if (el.required) return {params, error: `${el.name}: empty; give a value (e.g. ${el.defaultValue})`};
-        continue;
-      }
+      if (text === "" && !el.required) continue;
+      if (text === "" && !error) error = `${el.name}: empty; give a value (e.g. ${el.defaultValue})`;
       params.set(el.name, text);
     }
-    return {params, error: null};
+    return {params, error};
   }
 
   function schedule(delay) {
@@ -77,7 +81,7 @@
       body = await response.json();
     } catch (err) {
       if (err.name === "AbortError") return;
-      if (mine === sequence) showError("cannot reach the playground server: " + err.message);
+      if (mine === sequence) showError(unreachable(err));
       return;
     }
     if (mine !== sequence) return;  // a newer request is on its way
@@ -88,6 +92,10 @@
     lastQuery = params.toString();
     render(body);
   }
+
+  // The browser's words for a failed request ("Failed to fetch") say neither what failed nor the fix.
+  const unreachable = (err) => "cannot reach the playground server (the `pipeoffload playground` command that served " +
+    `this page; the browser says: ${err.message}): start it again if it stopped, then reload this page`;
 
   function showError(message) {
     errorBox.textContent = message;
@@ -100,8 +108,10 @@
     document.querySelectorAll(".unit").forEach((el) => { el.textContent = unit; });
     summaryLine.textContent = chart.title + " — " + chart.summary;
     commandEl.textContent = body.command;
+    policyLine.textContent = body.policy_line;  // the CLI's line under its table: what was offloaded, kept, planned
+    policyLine.hidden = !body.policy_line;
     const unitOf = (u) => (u === "TIME" ? unit : u);
-    const heads = FIELDS.map(([, head, u]) => `<th>${esc(head)}${u !== "%" ? ` (${esc(unitOf(u))})` : ""}</th>`);
+    const heads = FIELDS.map(([key, head, u]) => `<th${HEAD_TITLES[key] ? ` title="${esc(HEAD_TITLES[key])}"` : ""}>${esc(head)}${u !== "%" ? ` (${esc(unitOf(u))})` : ""}</th>`);
     const cells = FIELDS.map(([key, , u]) => {
       const value = result[key];
       const shown = u === "%" ? (100 * value).toFixed(2) + "%" : fmt(value);
@@ -186,15 +196,33 @@
   // The form's values and the pending window from the URL; a field the URL leaves out takes its default.
   function applyUrl() {
     const shared = new URLSearchParams(location.search);
+    setLinkNote("");
     for (const el of form.elements) {
       if (!el.name) continue;
-      if (shared.has(el.name)) el.value = shared.get(el.name);
+      if (el === familySelect && shared.has("family")) familySelect.value = familyFromLink(shared.get("family"));
+      else if (shared.has(el.name)) el.value = shared.get(el.name);
       else if (el === familySelect) el.value = defaultFamily();
       else el.value = el.tagName === "SELECT" ? "" : el.defaultValue;
     }
-    if (!familySelect.value) familySelect.value = families[0].name;  // a family this server does not have
     pendingView = shared.has("view") ? shared.get("view") : null;
     noteFamily();
+  }
+
+  // The family a link names (its name or an alias, in any case, as the command line reads it); a name this
+  // server does not know shows the default family with a note saying so, never silently another schedule.
+  function familyFromLink(text) {
+    const wanted = text.trim().toLowerCase();
+    const found = families.find((f) => [f.name, ...(f.aliases || [])].some((n) => n.toLowerCase() === wanted));
+    if (found) return found.name;
+    const shown = defaultFamily();
+    setLinkNote(`the link's family=${text} is not a schedule family of this playground ` +
+      `(${families.map((f) => f.name).join(", ")}); showing ${shown}: choose one in the family list`);
+    return shown;
+  }
+
+  function setLinkNote(text) {
+    linkNote.textContent = text;
+    linkNote.hidden = !text;
   }
 
   const defaultFamily = () => (families.some((f) => f.name === "group-interleaved") ? "group-interleaved" : families[0].name);
@@ -207,19 +235,48 @@
 
   // Swatches are small SVGs: the page's CSP allows no inline style attributes.
   const swatch = (fill) => `<svg width="14" height="10"><rect width="14" height="10" fill="${fill}"/></svg>`;
-  const stroke = (colour, dash) => `<svg width="14" height="10"><line x1="0" x2="14" y1="5" y2="5" stroke="${colour}" stroke-width="2"${dash ? ' stroke-dasharray="3 2"' : ""}/></svg>`;
 
-  function legend(chart) {
-    const items = chart.kinds.map((k) => `<span>${swatch(chart.colours[k])}${esc(chart.labels[k])}</span>`);
+  // The legend's entries, [mark, colour, label] (mark: box, tick, line or dashed): drawn as the page's
+  // legend and into an exported image, which must say what it shows on its own.
+  function legendItems(chart) {
+    const items = chart.kinds.map((k) => ["box", chart.colours[k], chart.labels[k]]);
     for (let s = 1; s < chart.stages_per_rank; s++) {
-      items.push(`<span>${swatch(shade(chart.colours.F, s, chart.stages_per_rank))}lighter: rank's stage ${s + 1} of ${chart.stages_per_rank}</span>`);
+      items.push(["box", shade(chart.colours.F, s, chart.stages_per_rank), `lighter: rank's stage ${s + 1} of ${chart.stages_per_rank}`]);
     }
     if (chart.boxes.some((b) => b[1] === "copy" && b[6] <= b[5])) {
-      items.push(`<span><svg width="14" height="10"><rect x="6" width="2" height="10" fill="#555"/></svg>tick: copy taking no time (the host already holds the bytes, or k = 0)</span>`);
+      items.push(["tick", "#555", "tick: copy taking no time (the host already holds the bytes, or k = 0)"]);
     }
-    items.push(`<span>${stroke(DEVICE, false)}device memory</span>`);
-    if (chart.host.some((c) => c.peak > 0)) items.push(`<span>${stroke(HOST, true)}host memory (own scale)</span>`);
-    return items.join("");
+    items.push(["line", DEVICE, "device memory"]);
+    if (chart.host.some((c) => c.peak > 0)) items.push(["dashed", HOST, "host memory (own scale)"]);
+    return items;
+  }
+
+  function mark(kind, colour, x = 0, y = 0) {  // a legend entry's 14x10 mark at (x, y)
+    if (kind === "box") return `<rect x="${x}" y="${y}" width="14" height="10" fill="${colour}"/>`;
+    if (kind === "tick") return `<rect x="${x + 6}" y="${y}" width="2" height="10" fill="${colour}"/>`;
+    return `<line x1="${x}" x2="${x + 14}" y1="${y + 5}" y2="${y + 5}" stroke="${colour}" stroke-width="2"${kind === "dashed" ? ' stroke-dasharray="3 2"' : ""}/>`;
+  }
+
+  function legend(chart) {
+    return legendItems(chart).map(([kind, colour, label]) => `<span><svg width="14" height="10">${mark(kind, colour)}</svg>${esc(label)}</span>`).join("");
+  }
+
+  // The exported SVG: the chart under its title, headline numbers and legend (wrapped to the chart's width).
+  const EXPORT_CHAR_PX = 6;  // a generous width of one character at the legend's 10 px font
+  function exportSvg(chart) {
+    const L = layout(chart), head = [`<text x="8" y="16" font-size="12" font-weight="600">${esc(chart.title)}</text>`,
+      `<text x="8" y="32" font-size="10">${esc(chart.summary)}</text>`];
+    let x = 8, y = 42;
+    for (const [kind, colour, label] of legendItems(chart)) {
+      const w = 20 + EXPORT_CHAR_PX * label.length;
+      if (x > 8 && x + w > L.width - 8) { x = 8; y += 16; }
+      head.push(mark(kind, colour, x, y), `<text x="${x + 18}" y="${y + 9}">${esc(label)}</text>`);
+      x += w + 12;
+    }
+    const top = y + 22, height = top + L.height;
+    const svgText = `<svg xmlns="http://www.w3.org/2000/svg" width="${L.width}" height="${height}" font-size="10" font-family="system-ui,sans-serif">` +
+      `<rect width="${L.width}" height="${height}" fill="#fff"/>${head.join("")}<g transform="translate(0,${top})">${svg(chart, true)}</g></svg>`;
+    return {svgText, width: L.width, height};
   }
 
   function ticks(max) {
@@ -246,10 +303,18 @@
     return d;
   }
 
+  // Each rank's peak label at the right of its memory panel: the margin is made wide enough for the longest
+  // (PEAK_CHAR_PX: a generous width of one character at the label's 9 px font), so none is cut off.
+  const PEAK_CHAR_PX = 5.6;
+  function peakNotes(chart) {
+    const topHost = Math.max(0, ...chart.host.map((c) => c.peak));
+    return chart.device.map((c, r) => `peak ${fmt(c.peak)}` + (topHost > 0 ? ` · host ${fmt(chart.host[r].peak)}` : ""));
+  }
+
   // Layout of a chart at the current width and time window; shared by drawing, hit-testing and export.
   function layout(chart, win = view) {
     const width = Math.max(720, chartBox.clientWidth || 1200);
-    const left = 64, right = 96, plotW = width - left - right, d = chart.ranks;
+    const left = 64, right = Math.max(96, 12 + PEAK_CHAR_PX * Math.max(...peakNotes(chart).map((n) => n.length))), plotW = width - left - right, d = chart.ranks;
     const computeH = d > 8 ? (d > 32 ? 8 : 14) : 20, copyH = chart.copy_lanes ? (d > 8 ? (d > 32 ? 5 : 8) : 10) : 0;
     const rowH = computeH + copyH + (d > 32 ? 1 : 3), ganttH = d * rowH, panelH = d > 8 ? (d > 32 ? 14 : 26) : 36;
     const memTop = ganttH + 44, height = memTop + d * panelH + 44;
@@ -307,7 +372,7 @@
     };
     axis(ganttH + 2, "");
     const topDevice = Math.max(1e-9, ...chart.device.map((c) => c.peak));
-    const topHost = Math.max(0, ...chart.host.map((c) => c.peak));
+    const topHost = Math.max(0, ...chart.host.map((c) => c.peak)), notes = peakNotes(chart);
     out.push(`<text x="${left}" y="${memTop - 6}" font-size="11">activation memory per rank, ${esc(chart.memory_unit)} (device solid, shared scale 0 to ${fmt(topDevice)}${topHost > 0 ? `; host dashed, own scale 0 to ${fmt(topHost)}` : ""})</text>`);
     for (let r = 0; r < d; r++) {
       const y0 = memTop + r * panelH, inner = panelH - 4;
@@ -322,8 +387,7 @@
         const yHost = (level) => y0 + panelH - (level / topHost) * inner;
         out.push(`<path class="host" data-rank="${r}" d="${stepPath(host.points, x, yHost)}" fill="none" stroke="${HOST}" stroke-width="1" stroke-dasharray="4 2" clip-path="url(#${clip})"/>`);
       }
-      const note = `peak ${fmt(device.peak)}` + (topHost > 0 ? ` · host ${fmt(host.peak)}` : "");
-      out.push(`<text x="${left + plotW + 6}" y="${y0 + panelH / 2 + 3}" fill="${DEVICE}" font-size="9" class="peak">${note}</text>`);
+      out.push(`<text x="${left + plotW + 6}" y="${y0 + panelH / 2 + 3}" fill="${DEVICE}" font-size="9" class="peak">${notes[r]}</text>`);
     }
     const unit = chart.time_unit;
     axis(memTop + d * panelH + 2, `time (${esc(unit)}${unit === "t" ? " = one rank's forward of one microbatch" : ""})`);
@@ -335,7 +399,7 @@
   function draw(highlight) {
     const chart = last.chart;
     chartBox.innerHTML = svg(chart, false);
-    viewLine.textContent = viewNote || (view ? `showing ${fmt(view[0])} to ${fmt(view[1])} ${chart.time_unit} of ${fmt(chart.makespan)} (double-click: whole step)` : "wheel: zoom the time axis · drag: pan · hover: highlight a microbatch or a rank");
+    viewLine.textContent = viewNote || (view ? `showing ${fmt(view[0])} to ${fmt(view[1])} ${chart.time_unit} of ${fmt(chart.makespan)} (double-click: whole step)` : "wheel or + and -: zoom the time axis · drag or arrow keys: pan · hover: highlight a microbatch or a rank");
     if (chart.boxes.length <= CANVAS_ABOVE) return;
     const L = layout(chart), canvas = document.createElement("canvas"), ratio = window.devicePixelRatio || 1;
     canvas.width = L.width * ratio;
@@ -418,8 +482,17 @@
     if (!box) { tooltip.hidden = true; return; }
     tooltip.textContent = `${box[7]} on rank ${box[0]} (stage ${box[8]}, microbatch ${box[4]}): ${fmt(box[5])} to ${fmt(box[6])} ${chart.time_unit}\nwaited for: ${waitedFor(chart, box)}`;
     tooltip.hidden = false;
-    tooltip.style.left = (event.clientX + 12) + "px";
-    tooltip.style.top = (event.clientY + 12) + "px";
+    placeTooltip(event.clientX, event.clientY);
+  }
+
+  // Below and right of the pointer, or left of / above it where the window ends, so that the text is never
+  // cut off at the window's edge (a box near the right end of the step).
+  function placeTooltip(x, y) {
+    const w = tooltip.offsetWidth, h = tooltip.offsetHeight, gap = 12, margin = 4;
+    const left = x + gap + w <= window.innerWidth - margin ? x + gap : Math.max(margin, x - gap - w);
+    const top = y + gap + h <= window.innerHeight - margin ? y + gap : Math.max(margin, y - gap - h);
+    tooltip.style.left = left + "px";
+    tooltip.style.top = top + "px";
   }
 
   // One microbatch (across ranks) or one rank highlighted, the rest faded.
@@ -442,6 +515,22 @@
     viewChanged();
   }
 
+  // The chart from the keyboard (it takes focus with Tab): arrows pan by a tenth of the window, + and -
+  // zoom around its middle, 0 or Home shows the whole step: what the wheel, dragging and a double-click do.
+  function onChartKey(e) {
+    if (!last || e.ctrlKey || e.metaKey || e.altKey) return;
+    const L = layout(last.chart), full = last.chart.makespan > 0 ? last.chart.makespan : 1, span = L.t1 - L.t0;
+    if (e.key === "+" || e.key === "=") zoom(0.5, L.left + L.plotW / 2);
+    else if (e.key === "-") zoom(2, L.left + L.plotW / 2);
+    else if (e.key === "0" || e.key === "Home") { view = null; viewChanged(); }
+    else if ((e.key === "ArrowLeft" || e.key === "ArrowRight") && span < full) {
+      const t0 = Math.max(0, Math.min(full - span, L.t0 + (e.key === "ArrowLeft" ? -0.1 : 0.1) * span));
+      view = [t0, t0 + span];
+      viewChanged();
+    } else return;
+    e.preventDefault();
+  }
+
   function setupInteraction() {
     chartBox.addEventListener("mousemove", (e) => {
       if (drag && last) {
@@ -461,10 +550,11 @@
     chartBox.addEventListener("mousedown", (e) => { if (last) drag = {x: e.clientX, t0: layout(last.chart).t0}; });
     window.addEventListener("mouseup", () => { drag = null; });
     chartBox.addEventListener("dblclick", () => { if (last) { view = null; viewChanged(); } });
+    chartBox.addEventListener("keydown", onChartKey);
     document.getElementById("zoom-in").addEventListener("click", () => last && zoom(0.5, layout(last.chart).left + layout(last.chart).plotW / 2));
     document.getElementById("zoom-out").addEventListener("click", () => last && zoom(2, layout(last.chart).left + layout(last.chart).plotW / 2));
     document.getElementById("zoom-reset").addEventListener("click", () => { if (last) { view = null; viewChanged(); } });
-    document.getElementById("export-svg").addEventListener("click", () => last && download(new Blob([svg(last.chart, true)], {type: "image/svg+xml"}), "svg"));
+    document.getElementById("export-svg").addEventListener("click", () => last && download(new Blob([exportSvg(last.chart).svgText], {type: "image/svg+xml"}), "svg"));
     document.getElementById("export-png").addEventListener("click", () => last && exportPng());
   }
 
@@ -483,11 +573,11 @@
   }
 
   function exportPng() {  // the export SVG drawn on a canvas: the same picture, every box in it
-    const text = svg(last.chart, true), L = layout(last.chart), image = new Image();
+    const {svgText: text, width, height} = exportSvg(last.chart), image = new Image();
     image.onload = () => {
       const canvas = document.createElement("canvas");
-      canvas.width = L.width * 2;
-      canvas.height = L.height * 2;
+      canvas.width = width * 2;
+      canvas.height = height * 2;
       const ctx = canvas.getContext("2d");
       ctx.fillStyle = "#fff";
       ctx.fillRect(0, 0, canvas.width, canvas.height);
@@ -540,7 +630,8 @@
         if (v === undefined) return;
         out.push(`<rect class="${kind}" data-rank="${r}" data-bytes="${v}" x="${x0 + i * barW}" y="${y(v)}" width="${barW - 2}" height="${10 + h - y(v)}" fill="${colour}"/>`);
       });
-      const ratio = measured[r] !== undefined && simulated[r] ? ` ${fmt(measured[r] / simulated[r])}` : "";
+      // three decimals, as `pipeoffload report` prints measured/simulated (six digits overlapped the next rank's)
+      const ratio = measured[r] !== undefined && simulated[r] ? ` ${(measured[r] / simulated[r]).toFixed(3)}` : "";
       out.push(`<text x="${x0 + barW}" y="${h + 24}" text-anchor="middle">rank ${r}</text><text class="ratio" data-rank="${r}" x="${x0 + barW}" y="${h + 38}" text-anchor="middle" fill="#555">${ratio ? "×" + ratio : ""}</text>`);
     }
     out.push("</svg>");
@@ -582,7 +673,7 @@
       const response = await fetch("/api/trace", {method: "POST", body: file});
       body = await response.json();
     } catch (e) {
-      fail("cannot reach the playground server: " + e.message);
+      fail(unreachable(e));
       return;
     }
     if (body.error) { fail(body.error); return; }
@@ -616,7 +707,7 @@
     familySelect.innerHTML = families.map((f) => `<option value="${esc(f.name)}">${esc(f.name)}</option>`).join("");
     applyUrl();  // a shared link: its state, then the defaults
     // New inputs: a new step, shown whole (a window the link gave is for the link's inputs).
-    const newInputs = () => { pendingView = null; clearTimeout(viewTimer); };
+    const newInputs = () => { pendingView = null; clearTimeout(viewTimer); setLinkNote(""); };
     form.addEventListener("input", () => { newInputs(); schedule(150); });
     form.addEventListener("change", (e) => { newInputs(); if (e.target === familySelect) noteFamily(); schedule(0); });
     window.addEventListener("popstate", onPopState);
@@ -642,5 +733,5 @@
     familyNote.textContent = `${f.name}: ${f.summary} (default v = ${f.stages_per_rank}; options: ${f.options.join(", ") || "none"})`;
   }
 
-  start().catch((err) => showError("could not start: " + err.message));
+  start().catch((err) => showError(err instanceof TypeError ? unreachable(err) : "could not start: " + err.message));
 })();
