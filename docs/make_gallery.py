@@ -204,7 +204,8 @@ def playground_screenshot(path: Path) -> None:
             page.fill("[name=group_size]", "4")
             page.fill("[name=offload]", "all")
             page.dispatch_event("[name=offload]", "change")
-            page.wait_for_function("document.querySelector('#command').textContent.includes('--offload all')")
+            # a locator, not wait_for_function: the page's Content-Security-Policy forbids evaluating strings
+            page.locator("#command", has_text="--offload all").wait_for()
             page.wait_for_timeout(300)
             write_atomic(path, page.screenshot(full_page=True))
             browser.close()
