@@ -132,6 +132,9 @@ def schedule_names() -> list[str]:
 
 
 def get_spec(name: str) -> ScheduleSpec:
+    if not isinstance(name, str):  # name.lower() would raise AttributeError from here
+        raise ConfigError(f"schedule name {name!r} is a {type(name).__name__}; give a family's name as text, "
+                          f"one of {', '.join(schedule_names())}")
     spec = _registry().get(name.lower())
     if spec is None:
         raise ConfigError(f"unknown schedule {name!r}; valid names: {', '.join(schedule_names())}")

@@ -3,6 +3,7 @@ from the paper's Formula 1 and from the cost model (``pipeoffload k``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.formulas import formula1_k, offload_time
@@ -49,7 +50,7 @@ class OffloadRatioResult:
     def offload_time(self) -> float:
         return offload_time(self.formula1_k)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """The object ``k --json`` prints."""
         model, hw = self.request.model, self.request.hardware
         return {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeoffload.errors import FIELDS, ConfigError, Naming
 from pipeoffload.planner.compare_tp import (
@@ -32,7 +33,7 @@ class PlanResult:
     def best(self) -> Plan:
         return self.search.best(1)[0]
 
-    def as_dict(self, naming: Naming = FIELDS) -> dict:
+    def as_dict(self, naming: Naming = FIELDS) -> dict[str, Any]:
         """The object ``plan --json`` prints (the top ``request.top`` plans and the Pareto frontier); its
         warnings and notes name the request's fields (``naming``: ``FLAGS`` for the command line's)."""
         return result_as_dict(self.search, self.request.top, naming)
@@ -76,7 +77,7 @@ class CompareTPResult:
         figure, naming the request's fields (the command line prints ``in_words(w, FLAGS)`` of each)."""
         return comparison_warnings(self.comparison, self.request.plan)
 
-    def as_dict(self, naming: Naming = FIELDS) -> dict:
+    def as_dict(self, naming: Naming = FIELDS) -> dict[str, Any]:
         """The object ``plan --compare-tp --json`` prints (``naming``: ``FLAGS``)."""
         return comparison_as_dict(self.comparison, self.request.plan, naming)
 
