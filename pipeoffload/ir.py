@@ -35,6 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class ActionKind(str, Enum):
+    """What an ``Action`` does; its value is the text form's KIND (``2F0``, ``0OFFLOAD5``)."""
+
     F = "F"  # forward
     B = "B"  # full backward (input and weight gradients)
     I = "I"  # noqa: E741  backward for input gradients only

@@ -46,6 +46,11 @@ class InfeasibleError(ConfigError):
 
 @dataclass(frozen=True, kw_only=True)
 class PlanRequest:
+    """A planner search (``pipeoffload plan``): the fastest PP x TP x DP layouts, schedules and memory policies
+    of ``model`` on ``gpus`` x ``hardware`` whose memory per GPU fits ``memory_budget``, in bytes (40 GiB is
+    ``40 * planner.hardware.GIB``). Keyword arguments only; a search-space field left None searches what the
+    comment beside it says. ``run`` gives a ``PlanResult``; none that fits raises ``InfeasibleError``."""
+
     model: ModelSpec
     hardware: HardwareSpec
     gpus: int

@@ -128,6 +128,7 @@ def schedule_specs() -> list[ScheduleSpec]:
 
 
 def schedule_names() -> list[str]:
+    """The names ``generate`` takes, one per registered family (aliases such as ``zbv`` are read too)."""
     return [spec.name for spec in schedule_specs()]
 
 

@@ -12,6 +12,9 @@ from pipeoffload.service.simulate import SimulateRequest, SimulateResult, join_l
 
 @dataclass(frozen=True)
 class CompareRequest:
+    """Several simulations on one time axis (``pipeoffload compare``): ``run`` gives a ``CompareResult``
+    whose rows are labelled by what differs between them."""
+
     runs: tuple[SimulateRequest, ...]
 
     def __post_init__(self) -> None:

@@ -15,6 +15,9 @@ from pipeoffload.service.checks import boolean, check_finite, checked, int_at_le
 
 @dataclass(frozen=True)
 class OffloadRatioRequest:
+    """The offload ratio k of one layer of ``model`` on ``hardware`` (``pipeoffload k``): ``run`` gives an
+    ``OffloadRatioResult`` with the paper's Formula 1 and the cost model's k (copy over compute time)."""
+
     model: ModelSpec
     hardware: HardwareSpec
     tp: int = 1  # tensor-parallel size for the cost-model k

@@ -54,6 +54,9 @@ def plan(req: PlanRequest) -> PlanResult:
 
 @dataclass(frozen=True)
 class CompareTPRequest:
+    """PP + offload on TP 1 against a tensor-parallel baseline for the job of ``plan`` (``pipeoffload plan
+    --compare-tp``): the same GPUs, batch and memory budget. ``run`` gives a ``CompareTPResult``."""
+
     plan: PlanRequest
     baseline: str = "tp8-interleaved"  # or "best": any TP 2-8
     match_memory: bool = False  # PP + offload may use no more activation memory than the baseline plan

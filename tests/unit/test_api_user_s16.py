@@ -177,3 +177,11 @@ def test_plan_request_still_takes_the_planners_budget_target() -> None:
     request = PlanRequest(model=model_preset("gpt3-13b"), hardware=hardware_preset("a100"), gpus=8,
                           global_batch=16, memory_budget=40 * GIB, offload=("budget", "all"), recompute=("auto",))
     assert request.offload == ("budget", "all")
+
+
+@pytest.mark.parametrize("name", pipeoffload.__all__)
+def test_every_public_name_has_its_own_docstring(name: str) -> None:
+    """``help(pipeoffload.PlanRequest)`` showed only the generated signature: not that the budget is bytes."""
+    obj = getattr(pipeoffload, name)
+    doc = obj.__doc__ or ""
+    assert doc.strip() and not doc.startswith(f"{name}("), name
