@@ -179,7 +179,13 @@ class CostModel:
             raise ConfigError(f"offload ratio k={k!r}: must be a number >= 0 (e.g. 0.5; 0 means instant copies)")
         if k < 0:
             raise ConfigError(f"offload ratio k={k!r}: must be >= 0 (0 means instant copies)")
-        one_way = self.copy_time_for(k, stage)
+        if isinstance(stage, bool) or not isinstance(stage, int) or stage < 0:
+            raise ConfigError(f"stage={stage!r}: must be a stage index, an integer >= 0")
+        try:
+            one_way = self.copy_time_for(k, stage)
+        except IndexError:  # a per-stage tuple shorter than the index
+            raise ConfigError(f"stage={stage}: the cost model's per-stage times hold fewer stages; give a stage "
+                              "it has (0 is the first)") from None
         return replace(self, d2h_time=one_way, h2d_time=one_way)
 
     def check_stages(self, num_stages: int) -> None:

@@ -35,6 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class ActionKind(str, Enum):
+    """What an ``Action`` does; its value is the text form's KIND (``2F0``, ``0OFFLOAD5``)."""
+
     F = "F"  # forward
     B = "B"  # full backward (input and weight gradients)
     I = "I"  # noqa: E741  backward for input gradients only
@@ -217,12 +219,19 @@ class Schedule:
 
     @classmethod
     def from_json(cls, text: str) -> Schedule:
-        data = json.loads(text)
+        """The schedule ``to_json`` wrote: equal to it, its placement's kind included."""
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as err:  # json's own message says only "Expecting value: line 1 ..."
+            raise ConfigError(f"schedule JSON that does not parse ({err}): give the text Schedule.to_json() "
+                              "writes") from None
         missing = [k for k in _JSON_FIELDS if not isinstance(data, dict) or k not in data]
         if missing:
             raise ConfigError(f"schedule JSON without the field(s) {', '.join(missing)}: give what "
                               f"Schedule.to_json() writes (an object with {', '.join(_JSON_FIELDS)} and a name)")
-        placement = Placement.custom(data["placement"], num_ranks=len(data["actions"]))
+        kind = data.get("placement_kind")  # absent in hand-written JSON: recognised from the map
+        ranks = len(data["actions"])
+        placement = Placement(data["placement"], ranks, kind) if kind else Placement.custom(data["placement"], ranks)
         rows = tuple(tuple(Action.parse(a) for a in r) for r in data["actions"])
         return cls(rows, placement, int(data["num_microbatches"]), data.get("name", ""))
 

@@ -1,6 +1,8 @@
 """Stage -> rank maps: ``loop`` (Megatron interleave), ``v`` (zig-zag), or custom."""
 from __future__ import annotations
 
+import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pipeoffload.errors import ConfigError
@@ -16,16 +18,31 @@ class Placement:
     _stages_of: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.num_ranks < 1:
-            raise ConfigError(f"num_ranks={self.num_ranks}: need at least 1 rank")
+        if isinstance(self.num_ranks, bool) or not isinstance(self.num_ranks, int) or self.num_ranks < 1:
+            raise ConfigError(f"num_ranks={self.num_ranks!r}: must be an integer >= 1")
+        # a list (or array) is kept as a tuple of ints: a frozen placement stays immutable and hashable
+        object.__setattr__(self, "stage_to_rank", _rank_tuple(self.stage_to_rank))
         bad = [r for r in self.stage_to_rank if not 0 <= r < self.num_ranks]
         if bad:
             raise ConfigError(f"placement maps stages to ranks {bad} outside 0..{self.num_ranks - 1}")
+        self._check_kind()
         # One pass over the stages (not one per rank): a million ranks must not cost ranks x stages.
         buckets: list[list[int]] = [[] for _ in range(self.num_ranks)]
         for stage, rank in enumerate(self.stage_to_rank):
             buckets[rank].append(stage)
         object.__setattr__(self, "_stages_of", tuple(map(tuple, buckets)))
+
+    def _check_kind(self) -> None:
+        """``kind`` names the map it labels: a 'loop' or 'v' that is not that map would be printed and
+        saved (``Schedule.to_json``) as a shape the schedule does not have."""
+        if self.kind not in KINDS:
+            raise ConfigError(f"placement kind={self.kind!r}: use one of {', '.join(KINDS)} "
+                              "(Placement.custom(stage_to_rank) recognises loop and v maps itself)")
+        d, stages = self.num_ranks, len(self.stage_to_rank)
+        maps = {"loop": _loop_map, "v": _v_map}
+        if self.kind in maps and (stages % d or maps[self.kind](d, stages // d) != self.stage_to_rank):
+            raise ConfigError(f"placement kind={self.kind!r} but stage_to_rank={self.stage_to_rank} is not the "
+                              f"{self.kind} map of {d} ranks; use Placement.custom(stage_to_rank, {d}) or kind='custom'")
 
     @property
     def num_stages(self) -> int:
@@ -50,7 +67,7 @@ class Placement:
     def loop(cls, num_ranks: int, stages_per_rank: int = 1) -> Placement:
         """Stage s on rank s mod num_ranks (1F1B, Megatron interleaved)."""
         _check_positive(num_ranks=num_ranks, stages_per_rank=stages_per_rank)
-        return cls(tuple(s % num_ranks for s in range(num_ranks * stages_per_rank)), num_ranks, "loop")
+        return cls(_loop_map(num_ranks, stages_per_rank), num_ranks, "loop")
 
     @classmethod
     def v(cls, num_ranks: int, stages_per_rank: int = 2) -> Placement:
@@ -60,9 +77,7 @@ class Placement:
             raise ConfigError(
                 f"stages_per_rank={stages_per_rank}: V placement needs an even number of stages per rank; use 2"
             )
-        d = num_ranks
-        mapping = [s % d if (s // d) % 2 == 0 else d - 1 - s % d for s in range(d * stages_per_rank)]
-        return cls(tuple(mapping), num_ranks, "v")
+        return cls(_v_map(num_ranks, stages_per_rank), num_ranks, "v")
 
     @classmethod
     def custom(cls, stage_to_rank: list[int] | tuple[int, ...], num_ranks: int | None = None) -> Placement:
@@ -76,6 +91,28 @@ class Placement:
             if per_rank % 2 == 0 and mapping == cls.v(ranks, per_rank).stage_to_rank:
                 return cls.v(ranks, per_rank)
         return cls(mapping, ranks, "custom")
+
+
+KINDS = ("loop", "v", "custom")
+
+
+def _rank_tuple(mapping: object) -> tuple[int, ...]:
+    """``stage_to_rank`` as a tuple of ints, or one line saying what it takes."""
+    items = None if isinstance(mapping, (str, bytes)) or not isinstance(mapping, Iterable) else tuple(mapping)
+    if items is None or any(isinstance(r, bool) or not isinstance(r, numbers.Integral) for r in items):
+        raise ConfigError(f"stage_to_rank={mapping!r}: give a tuple of rank numbers, one per stage, e.g. (0, 1, 1, 0)")
+    return tuple(int(r) for r in items)
+
+
+def _loop_map(d: int, v: int) -> tuple[int, ...]:
+    return tuple(s % d for s in range(d * v))
+
+
+def _v_map(d: int, v: int) -> tuple[int, ...]:
+    """Zig-zag; with an odd ``v`` (never a 'v' placement: ``Placement.v`` refuses it) it is not a V."""
+    if v % 2:
+        return ()
+    return tuple(s % d if (s // d) % 2 == 0 else d - 1 - s % d for s in range(d * v))
 
 
 def _check_positive(**values: int) -> None:

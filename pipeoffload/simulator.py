@@ -33,7 +33,9 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +75,7 @@ class RankResult:
     memory: tuple[tuple[float, float], ...]  # (time, resident units) after each change
     host_memory: tuple[tuple[float, float], ...]
 
-    def as_dict(self, activation_bytes: float | None = None) -> dict:
+    def as_dict(self, activation_bytes: float | None = None) -> dict[str, Any]:
         out = {
             "rank": self.rank,
             "busy": self.busy,
@@ -89,6 +91,31 @@ class RankResult:
         return out
 
 
+class Stalls(Mapping[Action, float]):
+    """``Timeline.stalls``: a read-only dict (Action -> seconds) that pickles, so a frozen timeline stays
+    unchanged; it compares equal to a dict with the same items."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[Action, float] | Iterable[tuple[Action, float]] = ()) -> None:
+        self._items: dict[Action, float] = dict(items)
+
+    def __getitem__(self, action: Action) -> float:
+        return self._items[action]
+
+    def __iter__(self) -> Iterator[Action]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"Stalls({self._items!r})"
+
+    def __reduce__(self) -> tuple[type[Stalls], tuple[dict[Action, float]]]:
+        return Stalls, (self._items,)
+
+
 @dataclass(frozen=True)
 class Timeline:
     """Result of ``simulate``: when every action ran, and what that did to time and memory."""
@@ -99,9 +126,13 @@ class Timeline:
     end: tuple[tuple[float, ...], ...]
     makespan: float
     per_rank: tuple[RankResult, ...]
-    # Action -> seconds the compute lane waited for its RELOAD; left out of the hash (a dict has none), so a
-    # timeline hashes by its schedule, costs and times (equal timelines still compare their stalls too)
-    stalls: dict = field(default_factory=dict, hash=False)
+    # Action -> seconds the compute lane waited for its RELOAD, read-only (``Stalls``); left out of the hash,
+    # so a timeline hashes by its schedule, costs and times (equal timelines still compare their stalls too)
+    stalls: Mapping[Action, float] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stalls, Stalls):  # a dict given here stays the caller's; the timeline keeps a copy
+            object.__setattr__(self, "stalls", Stalls(self.stalls))
 
     @property
     def bubble_ratio(self) -> float:
@@ -135,11 +166,11 @@ class Timeline:
         """The stall of the rank that waited longest for its reloads."""
         return max((r.stall for r in self.per_rank), default=0.0)
 
-    def events(self, rank: int):  # type: ignore[no-untyped-def]
+    def events(self, rank: int) -> Iterator[tuple[Action, float, float]]:
         """(action, start, end) for one rank in list order."""
         return zip(self.schedule.actions[rank], self.start[rank], self.end[rank])
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         s = self.schedule
         out = {
             "schedule": s.name,

@@ -11,7 +11,7 @@ from pipeoffload.planner.hardware import HardwareSpec, check_hardware
 from pipeoffload.planner.measured import check_profile
 from pipeoffload.planner.model import ModelSpec, check_model
 from pipeoffload.planner.stagecosts import LayerCosts, Layout, TrainingSetup
-from pipeoffload.policies import check_booleans
+from pipeoffload.policies import OffloadPolicy, RecomputePolicy, check_booleans
 from pipeoffload.schedules import get_spec, schedule_names
 
 GIB = 1024**3
@@ -46,6 +46,11 @@ class InfeasibleError(ConfigError):
 
 @dataclass(frozen=True, kw_only=True)
 class PlanRequest:
+    """A planner search (``pipeoffload plan``): the fastest PP x TP x DP layouts, schedules and memory policies
+    of ``model`` on ``gpus`` x ``hardware`` whose memory per GPU fits ``memory_budget``, in bytes (40 GiB is
+    ``40 * planner.hardware.GIB``). Keyword arguments only; a search-space field left None searches what the
+    comment beside it says. ``run`` gives a ``PlanResult``; none that fits raises ``InfeasibleError``."""
+
     model: ModelSpec
     hardware: HardwareSpec
     gpus: int
@@ -102,6 +107,7 @@ class PlanRequest:
         check_booleans(self, "prune", "escalate", "exact_frontier", "best_per_tp")
         for key in ("tp_sizes", "pp_sizes", "stages_per_rank", "group_sizes", "schedules", "offload", "recompute"):
             self._check_tuple(key)
+        self._check_policies()
         for key in ("memory_budget", "host_memory_budget", "activation_budget"):
             value = getattr(self, key)
             if (value is not None or key == "memory_budget") and (
@@ -132,6 +138,15 @@ class PlanRequest:
             raise ConfigError.named(lambda n: f"{n.given('max_stall', f'{self.max_stall:g}')} lets offload plans "
                                     f"stall, but {n('offload')} is none: allow an offload policy (e.g. "
                                     f"{n.given('offload', ('none', 'auto'))}) or leave {n('max_stall')} out")
+
+    def _check_policies(self) -> None:
+        """Every offload and recompute entry parses (the policy's own line), here rather than after part of the
+        search has run; "budget" is the planner's offload target (what the memory budget leaves)."""
+        for text in self.offload or ():
+            if text != "budget":
+                OffloadPolicy.parse(text)
+        for text in self.recompute or ():
+            RecomputePolicy.parse(text)
 
     def _check_tuple(self, key: str) -> None:
         """A search-space field is a tuple (a list is kept as one: the request stays hashable), never one

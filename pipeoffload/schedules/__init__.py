@@ -128,10 +128,14 @@ def schedule_specs() -> list[ScheduleSpec]:
 
 
 def schedule_names() -> list[str]:
+    """The names ``generate`` takes, one per registered family (aliases such as ``zbv`` are read too)."""
     return [spec.name for spec in schedule_specs()]
 
 
 def get_spec(name: str) -> ScheduleSpec:
+    if not isinstance(name, str):  # name.lower() would raise AttributeError from here
+        raise ConfigError(f"schedule name {name!r} is a {type(name).__name__}; give a family's name as text, "
+                          f"one of {', '.join(schedule_names())}")
     spec = _registry().get(name.lower())
     if spec is None:
         raise ConfigError(f"unknown schedule {name!r}; valid names: {', '.join(schedule_names())}")

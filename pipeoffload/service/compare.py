@@ -4,6 +4,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pipeoffload.errors import FIELDS, ConfigError, Naming
 from pipeoffload.service.simulate import SimulateRequest, SimulateResult, join_label, simulate
@@ -11,6 +12,9 @@ from pipeoffload.service.simulate import SimulateRequest, SimulateResult, join_l
 
 @dataclass(frozen=True)
 class CompareRequest:
+    """Several simulations on one time axis (``pipeoffload compare``): ``run`` gives a ``CompareResult``
+    whose rows are labelled by what differs between them."""
+
     runs: tuple[SimulateRequest, ...]
 
     def __post_init__(self) -> None:
@@ -42,7 +46,7 @@ class CompareResult:
     def makespan(self) -> float:
         return max(r.result.timeline.makespan for r in self.rows)
 
-    def as_dict(self, commands: Sequence[str] | None = None, naming: Naming = FIELDS) -> list[dict]:
+    def as_dict(self, commands: Sequence[str] | None = None, naming: Naming = FIELDS) -> list[dict[str, Any]]:
         """The list ``compare --json`` prints (``naming``: ``FLAGS``): per row its label, the command that
         reproduces it (``commands``: the caller's own, e.g. as typed; default each request's ``pipeoffload
         simulate`` command) and its result's ``as_dict(naming)``. A list, not a dict: the rows are the

@@ -7,6 +7,7 @@ budget still gets its answer, marked ``fits: false``; bad input raises ``ConfigE
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pipeoffload.errors import FIELDS, Naming
 from pipeoffload.planner.estimate import Estimate, EstimateRequest
@@ -28,7 +29,7 @@ class EstimateResult:
         """Warnings naming the request's fields; the command line prints ``in_words(w, FLAGS)`` of each."""
         return self.estimate.warnings
 
-    def as_dict(self, naming: Naming = FIELDS) -> dict:
+    def as_dict(self, naming: Naming = FIELDS) -> dict[str, Any]:
         """The object ``estimate --json`` prints (``naming``: ``FLAGS``)."""
         return self.estimate.as_dict(naming)
 

@@ -3,6 +3,7 @@ from the paper's Formula 1 and from the cost model (``pipeoffload k``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.formulas import formula1_k, offload_time
@@ -14,6 +15,9 @@ from pipeoffload.service.checks import boolean, check_finite, checked, int_at_le
 
 @dataclass(frozen=True)
 class OffloadRatioRequest:
+    """The offload ratio k of one layer of ``model`` on ``hardware`` (``pipeoffload k``): ``run`` gives an
+    ``OffloadRatioResult`` with the paper's Formula 1 and the cost model's k (copy over compute time)."""
+
     model: ModelSpec
     hardware: HardwareSpec
     tp: int = 1  # tensor-parallel size for the cost-model k
@@ -49,7 +53,7 @@ class OffloadRatioResult:
     def offload_time(self) -> float:
         return offload_time(self.formula1_k)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """The object ``k --json`` prints."""
         model, hw = self.request.model, self.request.hardware
         return {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeoffload.errors import FIELDS, ConfigError, Naming
 from pipeoffload.planner.compare_tp import (
@@ -32,7 +33,7 @@ class PlanResult:
     def best(self) -> Plan:
         return self.search.best(1)[0]
 
-    def as_dict(self, naming: Naming = FIELDS) -> dict:
+    def as_dict(self, naming: Naming = FIELDS) -> dict[str, Any]:
         """The object ``plan --json`` prints (the top ``request.top`` plans and the Pareto frontier); its
         warnings and notes name the request's fields (``naming``: ``FLAGS`` for the command line's)."""
         return result_as_dict(self.search, self.request.top, naming)
@@ -53,6 +54,9 @@ def plan(req: PlanRequest) -> PlanResult:
 
 @dataclass(frozen=True)
 class CompareTPRequest:
+    """PP + offload on TP 1 against a tensor-parallel baseline for the job of ``plan`` (``pipeoffload plan
+    --compare-tp``): the same GPUs, batch and memory budget. ``run`` gives a ``CompareTPResult``."""
+
     plan: PlanRequest
     baseline: str = "tp8-interleaved"  # or "best": any TP 2-8
     match_memory: bool = False  # PP + offload may use no more activation memory than the baseline plan
@@ -76,7 +80,7 @@ class CompareTPResult:
         figure, naming the request's fields (the command line prints ``in_words(w, FLAGS)`` of each)."""
         return comparison_warnings(self.comparison, self.request.plan)
 
-    def as_dict(self, naming: Naming = FIELDS) -> dict:
+    def as_dict(self, naming: Naming = FIELDS) -> dict[str, Any]:
         """The object ``plan --compare-tp --json`` prints (``naming``: ``FLAGS``)."""
         return comparison_as_dict(self.comparison, self.request.plan, naming)
 

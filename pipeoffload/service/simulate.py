@@ -220,7 +220,7 @@ class SimulateResult:
         return sizes, [flag if value is True else f"{flag} {_typed(value)}" for flag, value in self.request.options()]
 
 
-    def as_dict(self, naming: Naming = FIELDS) -> dict:
+    def as_dict(self, naming: Naming = FIELDS) -> dict[str, Any]:
         """The object the playground serves and ``simulate --json`` prints (``naming``: ``FLAGS``): the
         timeline's numbers, their units, the policy report."""
         out = self.timeline.as_dict()
@@ -270,7 +270,7 @@ def join_label(sizes: list[str], options: list[str]) -> str:
     return " · ".join([" ".join(sizes), *options] if sizes else options)
 
 
-def report_dict(report: OffloadReport) -> dict:
+def report_dict(report: OffloadReport) -> dict[str, Any]:
     return {
         "policy": str(report.policy),
         "recompute": str(report.recompute),
