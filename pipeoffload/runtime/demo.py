@@ -191,5 +191,8 @@ def main(argv: list[str] | None = None) -> None:
         write_chrome_trace(traces, args.trace)
     if os.environ.get("RANK", "0") == "0":
         print("peak activation bytes per rank:", [t.peak_bytes for t in traces])
+        if args.trace:  # as simulate and trace compare say what they wrote
+            print(f"wrote {args.trace} (open in https://ui.perfetto.dev; pipeoffload trace compare "
+                  f"{shlex.quote(args.trace)} lays it above its simulation)")
     if not args.spawn:
         exit_rank(0)

@@ -8,7 +8,7 @@ global rank peak_act_bytes (the runtime's measured peak of resident activations)
 (the simulator's peak for the same lowered schedule, with the measured bytes per stage as the unit
 and the measured share of a slot kept between I and W),
 host_bytes (peak bytes of offloaded activations on the host), reload_stall_s (seconds spent in
-RELOAD actions: synchronous copies on CPU; on CUDA the wait for a reload happens inside the backward
+RELOAD and RELOAD_W actions: synchronous copies on CPU; on CUDA the wait for a reload happens inside the backward
 that needs it and is not separated), cuda_max_allocated (``torch.cuda.max_memory_allocated`` or null).
 """
 from __future__ import annotations
@@ -28,8 +28,12 @@ from pipeoffload.ir import ActionKind, Schedule
 log = logging.getLogger(__name__)
 
 
+_RELOADS = (ActionKind.RELOAD, ActionKind.RELOAD_W)  # both windows' copies back (zb-h1, zb-v have the second)
+
+
 def reload_seconds(trace: Any) -> float:
-    return sum(r.end - r.start for r in trace.records if r.action.kind == ActionKind.RELOAD)
+    """Seconds the step spent in reloads: RELOAD before a backward and RELOAD_W before a W."""
+    return sum(r.end - r.start for r in trace.records if r.action.kind in _RELOADS)
 
 
 class SimulatedPeaks:

@@ -137,7 +137,16 @@ def load_config(path: Path) -> dict[str, Any]:
 
 # ---- key figures ----------------------------------------------------------------------------------
 def _mib(value: float) -> str:
-    return f"{value / MIB:.2f} MiB"
+    """MiB to two places; below 0.005 MiB, where that would read 0.00, the bytes themselves."""
+    text = f"{value / MIB:.2f}"
+    return f"{value:,.0f} bytes" if value > 0 and float(text) == 0 else f"{text} MiB"
+
+
+def _seconds(value: float, places: int) -> str:
+    """Seconds to ``places`` places, or two significant digits where those places would read 0 (a GPU's
+    asynchronous reload, a tiny model's step): a figure the file holds as non-zero never shows as 0."""
+    text = f"{value:.{places}f}"
+    return f"{value:.2g} s" if value > 0 and float(text) == 0 else f"{text} s"
 
 
 def key_figures(metrics: RunMetrics) -> list[tuple[str, str]]:
@@ -159,7 +168,7 @@ def key_figures(metrics: RunMetrics) -> list[tuple[str, str]]:
     _, step_s = metrics.series("step_s")
     if step_s:
         steady = step_s[1:] or step_s
-        out.append(("step time (median, after step 1)", f"{statistics.median(steady):.3f} s"))
+        out.append(("step time (median, after step 1)", _seconds(statistics.median(steady), 3)))
     per_rank, changed = last_layout(metrics)
     if changed:
         out.append(("layout changed (a resume on another layout)", changed))
@@ -174,7 +183,7 @@ def key_figures(metrics: RunMetrics) -> list[tuple[str, str]]:
         out.append(("peak host bytes (offloaded), max over ranks", _mib(max(host))))
     stall = per_rank.per_rank_max("reload_stall_s")
     if any(stall):
-        out.append(("worst reload stall in one step, max over ranks", f"{max(stall):.4f} s"))
+        out.append(("worst reload stall in one step, max over ranks", _seconds(max(stall), 4)))
     cuda = per_rank.per_rank_max("cuda_max_allocated")
     if cuda:
         out.append(("torch.cuda.max_memory_allocated, max over ranks", _mib(max(cuda))))

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pipeoffload.errors import FLAGS
 from pipeoffload.ir import COMM_KINDS, COPY_KINDS, Action
 from pipeoffload.simulator import Timeline
-from pipeoffload.units import MEMORY_UNIT, TIME_UNIT, time_unit_help, units_dict
+from pipeoffload.units import MEMORY_UNIT, SECONDS, TIME_UNIT, time_unit_help, units_dict
 
 LANES = {"compute": 0, "copy": 1, "comm": 2}
 SIM_PID_BASE = 1000  # simulated ranks' process ids, below a measured run's 0..d-1 in `trace compare`
@@ -64,6 +64,12 @@ def counter_events(pid: int, name: str, key: str, curve: Iterable[tuple[float, f
     return [{"ph": "C", "name": name, "pid": pid, "ts": t * scale, "args": {key: level * factor}} for t, level in curve]
 
 
+def shown_as(time_unit: str, scale: float) -> str:
+    """How a viewer, which reads every trace in microseconds, shows one ``time_unit``: said in the
+    process names, the one place Perfetto shows beside the times (it does not show ``otherData``)."""
+    return f"1 {time_unit} shown as 1 s" if scale == 1e6 else f"1 {time_unit} shown as {scale:g} us"
+
+
 def timeline_trace(timeline: Timeline, scale: float = 1e6, pid_base: int = 0, label: str = "simulated",
                    sort_base: int = 0, time_unit: str = TIME_UNIT, time_help: str | None = None) -> dict:
     """The simulated timeline as a Chrome trace object; one time unit (``time_unit``: ``t`` or ``s``)
@@ -71,9 +77,10 @@ def timeline_trace(timeline: Timeline, scale: float = 1e6, pid_base: int = 0, la
     costs file's per-stage times)."""
     events: list[dict] = []
     v = max(timeline.schedule.stages_per_rank, 1)
+    shown = "" if time_unit == SECONDS else f" ({shown_as(time_unit, scale)})"
     for rank in range(timeline.schedule.num_ranks):
         pid, result = pid_base + rank, timeline.per_rank[rank]
-        events += process_events(pid, f"{label} rank {rank}", sort_base + rank)
+        events += process_events(pid, f"{label} rank {rank}{shown}", sort_base + rank)
         events += span_events(pid, timeline.events(rank), scale)
         events += counter_events(pid, f"device memory ({MEMORY_UNIT})", MEMORY_UNIT, result.memory, scale, 1 / v)
         if result.peak_host_units:

@@ -21,7 +21,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError, ScheduleError
 from pipeoffload.ir import COMM_KINDS, COMPUTE_KINDS, COPY_KINDS, Action, ActionKind, Schedule
 from pipeoffload.simulator import Timeline, simulate
-from pipeoffload.units import counted
+from pipeoffload.units import SECONDS, counted
 from pipeoffload.validation import validate
 from pipeoffload.viz.chartdata import KIND_ORDER, Box, ChartData, Curve, memory_curve
 from pipeoffload.viz.chrome_trace import SIM_PID_BASE, timeline_trace
@@ -312,7 +312,8 @@ def compare_trace(data: Any, run: MeasuredRun | None = None) -> tuple[dict, Time
     schedule = run.schedule
     timeline = simulate(schedule, measured_costs(run, schedule.num_stages))
     d = schedule.num_ranks
-    sim = timeline_trace(timeline, scale=1e6, pid_base=SIM_PID_BASE, label="simulated", sort_base=d)
+    sim = timeline_trace(timeline, scale=1e6, pid_base=SIM_PID_BASE, label="simulated", sort_base=d,
+                         time_unit=SECONDS)  # measured durations: seconds
     measured_end = [max((e for _, _, e in row), default=0.0) for row in run.rows]
     other = {
         "kind": "pipeoffload trace compare: measured ranks first, then their simulation (seconds)",

@@ -30,7 +30,7 @@ def test_chrome_trace_has_every_timed_action_and_memory_counters(timeline) -> No
     assert max(e["args"]["rank units"] for e in device) == timeline.peak_rank_units
     assert max(e["args"]["rank units"] for e in host) == timeline.peak_host_units / 2
     names = {(e["pid"], e["args"]["name"]) for e in events if e["ph"] == "M" and e["name"] == "process_name"}
-    assert names == {(0, "simulated rank 0"), (1, "simulated rank 1")}
+    assert names == {(0, "simulated rank 0 (1 t shown as 1 s)"), (1, "simulated rank 1 (1 t shown as 1 s)")}
     lanes = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
     assert lanes == {"compute", "copy", "comm"}
     json.dumps(events)
