@@ -76,8 +76,8 @@ def _best(req: PlanRequest) -> tuple[Plan | None, str]:
 
 def compare_tp(req: PlanRequest, baseline: str = "tp8-interleaved", match_memory: bool = False) -> Comparison:
     """The best TP = 1 plan and the best ``baseline`` plan for the same request. ``match_memory``
-    gives the TP = 1 search the baseline plan's total memory as its budget (the paper's "faster with
-    even lower memory" asks for both at once)."""
+    limits every rank's activation peak in the TP = 1 search to the baseline plan's largest one
+    (``Plan.activation_peak``; the paper's "faster with even lower memory" asks for both at once)."""
     base = baseline_request(req, baseline)
     if baseline == "tp8-interleaved" and (req.gpus % 8 or req.model.heads % 8 or req.model.num_kv_heads % 8):
         raise ConfigError.named(lambda n: f"{n.given('baseline', 'tp8-interleaved')} needs GPUs ({req.gpus}), heads "
@@ -86,7 +86,7 @@ def compare_tp(req: PlanRequest, baseline: str = "tp8-interleaved", match_memory
     tp, tp_err = _best(base)
     pp_req = pp_request(req)
     if match_memory and tp is not None:
-        pp_req = replace(pp_req, activation_budget=tp.memory.activations)
+        pp_req = replace(pp_req, activation_budget=tp.activation_peak)
     pp, pp_err = _best(pp_req)
     if pp is None and pp_req.activation_budget is not None:
         pp_err = (f"no TP = 1 plan keeps its activation peak within the baseline's "
@@ -118,10 +118,10 @@ def format_comparison(cmp: Comparison, req: PlanRequest, naming: Naming = FIELDS
             lines.append(f"{label:<{w}} does not fit: {in_words(err, naming)}")
             continue
         mem = plan.memory
-        lines.append(f"{label:<{w}} {plan.tokens_per_second:>10,.0f} {plan.mfu:>6.1%} {mem.activations / GIB:>8.1f} "
+        lines.append(f"{label:<{w}} {plan.tokens_per_second:>10,.0f} {plan.mfu:>6.1%} {plan.activation_peak / GIB:>8.1f} "
                      f"{mem.total / GIB:>9.1f} {mem.host / GIB:>8.1f}  {_describe(plan)}")
     if cmp.speedup is not None and cmp.pp is not None and cmp.tp is not None:
-        act = cmp.pp.memory.activations / max(cmp.tp.memory.activations, 1.0)
+        act = cmp.pp.activation_peak / max(cmp.tp.activation_peak, 1.0)
         lines.append(f"PP + offload / baseline: throughput x{cmp.speedup:.3f} ({cmp.speedup - 1:+.1%}), "
                      f"activation memory x{act:.2f}")
     return "\n".join(lines)
@@ -143,5 +143,7 @@ def comparison_as_dict(cmp: Comparison, req: PlanRequest | None = None, naming: 
     """The object ``plan --compare-tp --json`` prints (``naming``: ``FLAGS``; errors and warnings name so)."""
     return {"baseline": cmp.baseline_label, "baseline_option": cmp.baseline, "pp": cmp.pp.as_dict() if cmp.pp else None,
             "tp": cmp.tp.as_dict() if cmp.tp else None, "speedup": cmp.speedup,
+            "activation_peak_gib": {side: plan.activation_peak / GIB if plan else None
+                                    for side, plan in (("pp", cmp.pp), ("tp", cmp.tp))},
             "pp_error": in_words(cmp.pp_error, naming) or None, "tp_error": in_words(cmp.tp_error, naming) or None} | (
         {"warnings": [in_words(w, naming) for w in comparison_warnings(cmp, req)]} if req is not None else {})

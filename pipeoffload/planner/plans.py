@@ -229,6 +229,14 @@ class Plan:
     def sort_key(self) -> tuple:
         return (-round(self.tokens_per_second, 6), round(self.memory.total), str(self.layout), self.choice)
 
+    @property
+    def activation_peak(self) -> float:
+        """The largest simulated activation peak of any rank, in bytes: ``memory.activations`` is that of the
+        rank with the most memory in all, which with uneven weights (the head, the embedding) can be another."""
+        if self.sim is None or not self.unit_bytes:
+            return self.memory.activations
+        return max(self.sim.peak_units) * self.unit_bytes
+
     def as_dict(self) -> dict:
         c = self.choice
         return {
