@@ -67,6 +67,10 @@ WAIT_KINDS = frozenset({ActionKind.WAIT})  # the compute lane waits for a copy: 
 
 # Longest names first so that "SEND_F" is not read as "S" + ...; torch's UNSHARD/RESHARD/REDUCE_GRAD
 # are recognised only to give a precise error when importing its CSVs.
+# Above this many actions ``from_text``/``from_json``/``from_csv`` refuse a schedule before parsing it:
+# the lowered form of generate's largest schedule (schedules.MAX_ACTIONS compute actions) has about
+# five actions per compute action once comms, copies and waits are in; parsing takes ~2 s per million.
+MAX_FILE_ACTIONS = 10_000_000
 _KIND_NAMES = sorted((k.value for k in ActionKind), key=len, reverse=True)
 _ACTION_RE = re.compile(r"^(\d+)(" + "|".join(_KIND_NAMES) + r")(\d+)$")
 
@@ -91,10 +95,13 @@ class Action(NamedTuple):
 
     @classmethod
     def parse(cls, text: str) -> Action:
-        match = _ACTION_RE.match(text.strip())
+        """The action ``text`` writes, or one ``ConfigError`` line (a ``ValueError``) saying the form."""
+        match = _ACTION_RE.match(text.strip()) if isinstance(text, str) else None
         if match is None:
-            raise ValueError(
-                f"cannot parse action {text!r}: expected {{stage}}{{KIND}}{{microbatch}} such as '2F0' "
+            upper = text.strip().upper() if isinstance(text, str) else ""
+            hint = f" (did you mean {upper!r}?)" if upper and upper != text.strip() and _ACTION_RE.match(upper) else ""
+            raise ConfigError(
+                f"cannot parse action {text!r}{hint}: expected {{stage}}{{KIND}}{{microbatch}} such as '2F0' "
                 f"with KIND one of {', '.join(k.value for k in ActionKind)}"
             )
         return cls(ActionKind(match.group(2)), int(match.group(1)), int(match.group(3)))
@@ -134,7 +141,7 @@ class Schedule:
 
     def __post_init__(self) -> None:
         if len(self.actions) != self.placement.num_ranks:
-            raise ValueError(
+            raise ConfigError(
                 f"schedule has {len(self.actions)} rank lists but placement has {self.placement.num_ranks} ranks"
             )
 
@@ -190,19 +197,29 @@ class Schedule:
         return "".join(" ".join(str(a) for a in rank) + "\n" for rank in self.actions)
 
     @classmethod
-    def from_text(cls, text: str, placement: Placement | None = None, name: str = "") -> Schedule:
+    def from_text(cls, text: str, placement: Placement | None = None, name: str = "", *,
+                  max_actions: int | None = MAX_FILE_ACTIONS) -> Schedule:
+        """One line per rank (blank lines and ``#`` comments skipped); a mistake is one ``ConfigError``
+        line naming the rank and step. ``max_actions``: refuse a larger text before parsing it (None: no limit)."""
         lines = [ln.split("#", 1)[0] for ln in text.splitlines()]
-        rows = [[Action.parse(tok) for tok in ln.split()] for ln in lines if ln.strip() or False]
-        return cls.from_rows(rows, placement, name)
+        return cls._from_tokens([ln.split() for ln in lines if ln.strip()], placement, name, max_actions)
 
     @classmethod
     def from_rows(
         cls, rows: Sequence[Sequence[Action]], placement: Placement | None = None, name: str = ""
     ) -> Schedule:
+        if not any(rows):
+            raise ConfigError("the schedule has no actions: give one list of actions per rank, e.g. "
+                              "'0F0 0B0' on rank 0's line")
         if placement is None:
             placement = infer_placement(rows)
         microbatches = 1 + max((a.microbatch for r in rows for a in r), default=-1)
         return cls(tuple(tuple(r) for r in rows), placement, microbatches, name)
+
+    @classmethod
+    def _from_tokens(cls, tokens: Sequence[Sequence[object]], placement: Placement | None, name: str,
+                     max_actions: int | None) -> Schedule:
+        return cls.from_rows(_parse_rows(tokens, max_actions), placement, name)
 
     # ---- JSON ------------------------------------------------------------------------------
     def to_json(self) -> str:
@@ -218,8 +235,9 @@ class Schedule:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> Schedule:
-        """The schedule ``to_json`` wrote: equal to it, its placement's kind included."""
+    def from_json(cls, text: str, *, max_actions: int | None = MAX_FILE_ACTIONS) -> Schedule:
+        """The schedule ``to_json`` wrote: equal to it, its placement's kind included. A hand-written one
+        with a field of the wrong type is one ``ConfigError`` line naming the field."""
         try:
             data = json.loads(text)
         except (TypeError, ValueError) as err:  # json's own message says only "Expecting value: line 1 ..."
@@ -227,13 +245,19 @@ class Schedule:
                               "writes") from None
         missing = [k for k in _JSON_FIELDS if not isinstance(data, dict) or k not in data]
         if missing:
-            raise ConfigError(f"schedule JSON without the field(s) {', '.join(missing)}: give what "
+            unknown = sorted(set(data) - {*_JSON_FIELDS, "name", "placement_kind"}) if isinstance(data, dict) else []
+            also = f" (it has {', '.join(map(repr, unknown))}: a misspelling?)" if unknown else ""
+            raise ConfigError(f"schedule JSON without the field(s) {', '.join(missing)}{also}: give what "
                               f"Schedule.to_json() writes (an object with {', '.join(_JSON_FIELDS)} and a name)")
+        _check_json_types(data)
+        rows = _parse_rows(data["actions"], max_actions)
+        ranks = len(rows)
+        if max(data["placement"], default=0) >= ranks:
+            raise ConfigError(f"schedule JSON: placement {data['placement']} puts stages on ranks up to "
+                              f"{max(data['placement'])} but actions has {ranks} rank list(s): give one list per rank")
         kind = data.get("placement_kind")  # absent in hand-written JSON: recognised from the map
-        ranks = len(data["actions"])
         placement = Placement(data["placement"], ranks, kind) if kind else Placement.custom(data["placement"], ranks)
-        rows = tuple(tuple(Action.parse(a) for a in r) for r in data["actions"])
-        return cls(rows, placement, int(data["num_microbatches"]), data.get("name", ""))
+        return cls(rows, placement, data["num_microbatches"], data.get("name", ""))
 
     # ---- CSV in torch.distributed.pipelining's format: one row per rank -------------------------
     def to_csv(self) -> str:
@@ -244,12 +268,11 @@ class Schedule:
         return out.getvalue()
 
     @classmethod
-    def from_csv(cls, text: str, placement: Placement | None = None, name: str = "") -> Schedule:
+    def from_csv(cls, text: str, placement: Placement | None = None, name: str = "", *,
+                 max_actions: int | None = MAX_FILE_ACTIONS) -> Schedule:
         """Read torch's ``_dump_csv`` format; empty cells (its deliberate bubbles) are skipped."""
-        rows = []
-        for row in csv.reader(io.StringIO(text)):
-            rows.append([Action.parse(cell) for cell in row if cell.strip()])
-        return cls.from_rows(rows, placement, name)
+        rows = [[cell for cell in row if cell.strip()] for row in csv.reader(io.StringIO(text))]
+        return cls._from_tokens(rows, placement, name, max_actions)
 
 
 _JSON_FIELDS = ("num_microbatches", "placement", "actions")
@@ -264,13 +287,64 @@ def require_schedule(value: object, who: str) -> None:
                           "(or Schedule.from_text / from_json)")
 
 
-def infer_placement(rows: Sequence[Iterable[Action]]) -> Placement:
+def infer_placement(rows: Sequence[Sequence[Action]]) -> Placement:
+    """Each stage on the rank whose line holds its actions; stages must be 0..S-1."""
     mapping: dict[int, int] = {}
+    first: dict[int, int] = {}  # stage -> step of its first action on its rank's line
     for rank, row in enumerate(rows):
-        for a in row:
+        for step, a in enumerate(row):
             owner = mapping.setdefault(a.stage, rank)
+            step0 = first.setdefault(a.stage, step)
             if owner != rank and a.kind in COMPUTE_KINDS:
-                raise ValueError(f"stage {a.stage} has compute actions on ranks {owner} and {rank}")
+                raise ConfigError(f"rank {rank}, step {step}, action {a}: stage {a.stage} also has "
+                                  f"{rows[owner][step0]} on rank {owner} (step {step0}): all of a stage's actions "
+                                  "go on one rank's line")
     if sorted(mapping) != list(range(len(mapping))):
-        raise ValueError(f"stages used are not 0..S-1: {sorted(mapping)}")
+        gap = next(s for s in range(len(mapping) + 1) if s not in mapping)
+        above = min(s for s in mapping if s > gap)
+        rank = mapping[above]
+        step, a = next((i, a) for i, a in enumerate(rows[rank]) if a.stage == above)
+        raise ConfigError(f"stages used are not 0..S-1: stage {gap} has no actions but stage {above} has (rank "
+                          f"{rank}, step {step}, action {a}); number the stages 0..{len(mapping) - 1}")
     return Placement.custom([mapping[s] for s in range(len(mapping))], num_ranks=len(rows))
+
+
+def _parse_rows(tokens: object, max_actions: int | None) -> tuple[tuple[Action, ...], ...]:
+    """Per rank, its actions from their text; a mistake is one ``ConfigError`` line naming rank and step.
+    Counted before parsing: a file too large to load in a moment is refused at once."""
+    if not isinstance(tokens, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in tokens):
+        raise ConfigError(f"actions={_short(tokens)}: give one list per rank of action texts, "
+                          "e.g. [[\"0F0\", \"0B0\"], [\"1F0\", \"1B0\"]]")
+    total = sum(map(len, tokens))
+    if max_actions is not None and total > max_actions:
+        raise ConfigError(f"the schedule has {total:,} actions, above the limit of {max_actions:,} "
+                          "(max_actions=None lifts it)")
+    rows = []
+    for rank, row in enumerate(tokens):
+        try:
+            rows.append(tuple(map(Action.parse, row)))
+        except ConfigError as err:
+            step = next(i for i, t in enumerate(row) if not isinstance(t, str) or not _ACTION_RE.match(t.strip()))
+            raise ConfigError(f"rank {rank}, step {step}: {err}") from None
+    return tuple(rows)
+
+
+def _check_json_types(data: dict[str, Any]) -> None:
+    """Refuse hand-written JSON whose fields have the wrong type, naming the field (one line)."""
+    mb = data["num_microbatches"]
+    if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
+        raise ConfigError(f"schedule JSON: num_microbatches={_short(mb)}: must be an integer >= 1 (the number of "
+                          "microbatches the actions run)")
+    placement = data["placement"]
+    if not isinstance(placement, list) or not placement or any(
+            isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in placement):
+        raise ConfigError(f"schedule JSON: placement={_short(placement)}: give the rank of each stage, a list of "
+                          "integers >= 0 such as [0, 1, 1, 0]")
+    for key in ("name", "placement_kind"):
+        if not isinstance(data.get(key, ""), str):
+            raise ConfigError(f"schedule JSON: {key}={_short(data[key])}: must be text")
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."

@@ -153,7 +153,8 @@ def _validate(schedule: Schedule, forward_only: bool = False) -> None:
             have = state.get(key, 0)
             bit = _BIT[kind]
             if have & bit:
-                fail(f"duplicate {a}", rank, step)
+                fail(f"duplicate {a}: it already ran at step {row.index(a)} on this rank; each (stage, "
+                     f"microbatch) has one {kind.value} (a microbatch number written twice?)", rank, step)
             if forward_only and kind not in _FORWARD_KINDS:
                 fail(f"{a} in a forward-only schedule: it has F, SEND_F and RECV_F actions only", rank, step)
             problem = _precondition(kind, stage, mb, have, state, lowered, cross_in, cross_out, owner)
