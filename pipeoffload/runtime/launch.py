@@ -108,7 +108,8 @@ class SpawnResult:
 
     @property
     def ok(self) -> bool:
-        return all(code == 0 for code in self.exitcodes)
+        # a culprit with code 0 left before its function returned (it has no result): no success either
+        return all(code == 0 for code in self.exitcodes) and self.culprit is None
 
     def summary(self) -> str:
         """One line blaming the rank where the failure started: a rank killed or stopped from outside,

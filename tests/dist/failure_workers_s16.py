@@ -10,7 +10,6 @@ from typing import Any
 import torch.distributed as dist
 
 
-
 def exits_early_with_code_0(rank: int, world: int) -> None:
     """Rank 1 leaves with exit code 0 before its work is done (os._exit(0), as a library's exit(0) in
     native code would); rank 0 then fails on its lost connection."""
@@ -90,3 +89,19 @@ def batches_failing_in_validation(cfg: Any) -> Any:
             return super().val(dp_rank)
 
     return FailingVal(cfg)
+
+
+def exits_with_code_0_after_its_last_collective(rank: int, world: int) -> int:
+    """Rank 1 leaves with exit code 0 after the last collective, before returning: rank 0 returns and waits
+    to be collected with it."""
+    dist.barrier()
+    if rank == 1:
+        os._exit(0)
+    return rank
+
+
+if __name__ == "__main__":  # test_failure_s16 runs this in a process of its own, which a hang cannot outlive
+    from pipeoffload.runtime.launch import spawn
+
+    result = spawn(exits_with_code_0_after_its_last_collective, 2, timeout=20, deadline=60, grace=5)
+    print(f"ok={result.ok} culprit={result.culprit} summary={result.summary()}")

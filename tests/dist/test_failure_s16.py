@@ -4,6 +4,10 @@ peers write theirs, a peer lost while a checkpoint is loaded, a ``sys.exit()`` i
 source whose validation batches cannot be read."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +53,22 @@ def test_a_rank_failing_alone_to_write_its_checkpoint_share_ends_the_save_naming
     assert "saving the checkpoint of step 1 failed" in message, message
     assert "on rank 1, OSError: [Errno 5] Input/output error" in message and "timed out" not in message, message
     assert not [p.name for p in (run / "checkpoints").iterdir()], message  # no step-*, no .tmp-*
+
+
+def test_a_rank_exiting_with_code_0_after_its_last_collective_ends_the_run_naming_it(tmp_path: Path) -> None:
+    """Rank 0 had returned and waited to be collected with rank 1, which had no result to give: the launcher
+    waited for ever, a SIGTERM included. Now the run ends naming rank 1. (In a process of its own, killed with
+    its group if it outlives the bound, so that the old hang fails the test rather than stalling it.)"""
+    script = Path(__file__).with_name("failure_workers_s16.py")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"the launcher was still waiting after 120 s: {out[-2000:]}") from None
+    assert "ok=False culprit=1 summary=rank 1 " in out and "exited with code 0 before its work was done" in out, out
 
 
 def test_a_peer_lost_while_loading_a_checkpoint_is_not_blamed_on_the_checkpoint(tmp_path: Path) -> None:
