@@ -463,7 +463,7 @@ class PipelineRunner:
                     index += 1
             current = None
             self._finish_step()
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a sys.exit() in the model or the loss too: name the action
             raise self._fail(exc, label, step, index, current) from exc
         trace.wall = time.perf_counter() - t0
 
@@ -488,7 +488,7 @@ class PipelineRunner:
         g = self.transport.global_name(self.rank)
         return f"pipeline rank {self.rank}" if g == self.rank else f"rank {g} (pipeline rank {self.rank})"
 
-    def _fail(self, exc: Exception, label: str, step: int, index: int, action: Any) -> PipelineError:
+    def _fail(self, exc: BaseException, label: str, step: int, index: int, action: Any) -> PipelineError:
         if isinstance(action, Action):
             where = f"{label}, action #{index} {action}"
         elif isinstance(action, list):  # a comm batch: name all of it, it fails as one
@@ -498,6 +498,8 @@ class PipelineRunner:
             where = f"{label}, {action or 'end of step'}"
             action = None
         message = f"{self._who()} failed at {where}: {type(exc).__name__}: {exc}"
+        if isinstance(exc, SystemExit):
+            message += " (sys.exit() called in the model or the loss: a rank may not end on its own)"
         first = self.transport.first_failure()
         if first is not None and first != message:
             message += f"\n  first failure in the pipeline: {first}"

@@ -108,7 +108,8 @@ class SpawnResult:
 
     @property
     def ok(self) -> bool:
-        return all(code == 0 for code in self.exitcodes)
+        # a culprit with code 0 left before its function returned (it has no result): no success either
+        return all(code == 0 for code in self.exitcodes) and self.culprit is None
 
     def summary(self) -> str:
         """One line blaming the rank where the failure started: a rank killed or stopped from outside,
@@ -423,7 +424,12 @@ class _Supervisor:
                 # code calling exit(); its peers only see a lost connection
                 self._blame(r, f"rank {r} (pid {self.pids[r]}) exited with code {code} without a Python error "
                                "(os._exit() or exit() in native code)")
-            if code != 0 and self.failed_at is None:
+            elif code == 0 and not self.returned(r):
+                # success is an exit after ``fn`` returned (``_child`` marks it first): this one left before,
+                # and its peers only see a lost connection, which would blame one of them
+                self._blame(r, f"rank {r} (pid {self.pids[r]}) exited with code 0 before its work was done "
+                               "(os._exit(0), or exit(0) in native code)")
+            if (code != 0 or r in self.notes) and self.failed_at is None:
                 self.failed_at = now
 
     def _probe_stopped(self, pending: set[int], now: float) -> None:

@@ -554,9 +554,16 @@ def start_save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any]
     _check(_agree(code, device), exc, run_dir, step, tmp, rank)
     pending = PendingSave(run_dir, step, cfg, rank, world, extra, device, estimate)
 
-    def write() -> None:
+    def write_rng() -> None:
         with open(tmp / f"rng-rank{rank}.pt", "wb") as fh:
             fh.write(rng)
+
+    # agreed on before DCP's write: a rank failing alone here would otherwise leave its peers waiting in
+    # DCP's collectives (and it in ``_agree``) until the timeout, each blaming the other
+    code, exc = _attempt(write_rng, tmp)
+    _check(_agree(code, device), exc, run_dir, step, tmp, rank)
+
+    def write() -> None:
         if background is None:
             dcp.save(state, checkpoint_id=str(tmp))
         else:
@@ -675,9 +682,24 @@ def _check(code: float, exc: BaseException | None, run_dir: Path, step: int, tmp
         return
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-    detail = f": {_first_line(exc)}" if exc is not None and code != _DISK_FULL else ""
+    detail = f": {_failed_where(exc)}" if code != _DISK_FULL else ""
     free = shutil.disk_usage(run_dir).free if run_dir.is_dir() else 0
     raise SaveError(_message(run_dir, step, code == _DISK_FULL, None, free) + detail) from exc
+
+
+def _failed_where(exc: BaseException | None) -> str:
+    """The first failing rank and its error, known to every rank (a collective, on the failure path only:
+    every rank reaches it after the same agreement), so that whichever rank's error the run's last line
+    shows names where the save failed and why."""
+    import torch.distributed as dist
+
+    lines: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(lines, _first_line(exc) if exc is not None else None)
+    failed = [(r, line) for r, line in enumerate(lines) if line is not None]
+    if not failed:
+        return "the error was not reported"
+    also = f" (it failed on ranks {', '.join(str(r) for r, _ in failed[1:])} too)" if len(failed) > 1 else ""
+    return f"on rank {failed[0][0]}, {failed[0][1]}{also}"
 
 
 def sizes(a: int, b: int) -> tuple[str, str]:
@@ -715,6 +737,14 @@ def _out_word(run_dir: Path) -> str:
     return "out=" if continue_with(run_dir).startswith("train_model") else "--out"
 
 
+def _peer_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (or a rank's error DCP gathered in it) is a lost or silent peer (a closed connection,
+    a timeout), which the training loop's ``collective`` reports as such, naming the ranks."""
+    from pipeoffload.train.mesh import is_peer_error
+
+    return is_peer_error(exc) or any(is_peer_error(inner) for inner in _failures(exc))
+
+
 def load(path: Path, named: dict[str, Any], opt: Any, rank: int, world: int) -> dict[str, Any]:
     """Load into this rank's parameters and optimizer state (DCP reshards); returns ``trainer.json``."""
     import torch.distributed.checkpoint as dcp
@@ -724,6 +754,8 @@ def load(path: Path, named: dict[str, Any], opt: Any, rank: int, world: int) -> 
         dcp.load(_old_keys(path, state), checkpoint_id=str(path))  # the tensors of ``state``, filled in place
         set_train_state(named, opt, state)
     except (Exception, _checkpoint_exception()) as err:  # noqa: BLE001 - DCP's are long: the first line, what to do
+        if _peer_lost(err):  # DCP's collectives lost a peer: not the checkpoint's fault, nor the user's input
+            raise RuntimeError(f"loading checkpoint {path.name}: {_first_line(err)}") from err
         raise ConfigError(f"checkpoint {str(path)!r} cannot be loaded onto this layout: {_first_line(err)}") from err
     info: dict[str, Any] = json.loads((path / "trainer.json").read_text())
     rng_file = path / f"rng-rank{rank}.pt"

@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -60,7 +60,23 @@ LossFn = Callable[[Any, Any], torch.Tensor]
 
 
 class DataError(RuntimeError):
-    """The run's data source (``batches.train``) failed; the message names the step and the rank."""
+    """The run's data source (``batches.train`` or ``batches.val``) failed; the message names the step and the
+    rank."""
+
+
+_END = object()  # ``_val_batches``: the data source has no more batches
+
+
+def _read(rank: int, what: str, call: str, read: Callable[[], Any]) -> Any:
+    """``read()`` of the data source; its own error (a ``sys.exit()`` in it too) names ``what`` was read,
+    the rank and the call, rather than only the error's type."""
+    try:
+        return read()
+    except ConfigError:
+        raise
+    except (Exception, SystemExit) as exc:  # the data source's own error: say which batch and whose code
+        raise DataError(f"reading {what} failed on rank {rank}: the batches' {call} raised {_brief(exc)}; "
+                        "fix the data source") from exc
 
 
 def _brief(exc: BaseException) -> str:
@@ -113,6 +129,14 @@ class Trainer:
         self.history: deque[dict[str, Any]] = deque(maxlen=cfg.metrics.keep_records)  # the last logged records
         self._peer_stop = 0
 
+    def _val_batches(self) -> Iterator[Any]:
+        """The held-out batches of ``batches.val`` (a list or any iterable, read lazily as before)."""
+        what, call = f"the validation batches after step {self.step}", f"val(dp_rank={self.ctx.dp_rank})"
+        rank = self.ctx.rank
+        source = _read(rank, what, call, lambda: iter(self.batches.val(self.ctx.dp_rank)))
+        while (batch := _read(rank, what, call, lambda: next(source, _END))) is not _END:
+            yield batch
+
     def _name_order(self) -> dict[str, int]:
         """Index of every parameter of the whole model (names from all ranks, sorted)."""
         mine = sorted(self.named)
@@ -136,14 +160,8 @@ class Trainer:
         step = self.step + 1
         lr = lr_at(cfg, step)
         set_lr(self.opt, lr)
-        try:
-            inputs, targets = self.batches.train(step - 1, ctx.dp_rank)
-        except ConfigError:
-            raise
-        except Exception as exc:  # the data source's own error: say which step's batch and whose code
-            raise DataError(f"reading the training batch of step {step} failed on rank {ctx.rank}: the batches' "
-                            f"train({step - 1}, dp_rank={ctx.dp_rank}) raised {_brief(exc)}; fix the data "
-                            "source") from exc
+        inputs, targets = _read(ctx.rank, f"the training batch of step {step}", f"train({step - 1}, dp_rank={ctx.dp_rank})",
+                                lambda: self.batches.train(step - 1, ctx.dp_rank))
         if measure and ctx.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(ctx.device)
         t0 = time.perf_counter()
@@ -284,7 +302,7 @@ class Trainer:
             m.eval()
         try:
             with self._autocast(), ctx.collective(f"evaluating after step {self.step} (pipeline forward)"):
-                for inputs, targets in self.batches.val(ctx.dp_rank):
+                for inputs, targets in self._val_batches():
                     # the losses on the last stage's rank; a failure names the step the evaluation follows
                     for value in self.runner.evaluate(inputs, targets, step=self.step) or []:
                         total += float(value)

@@ -58,13 +58,14 @@ class RankContext:
         ``PeerFailure`` naming this rank, ``what`` was being done and the silent ranks."""
         from pipeoffload.runtime.executor import PipelineError
         from pipeoffload.train.checkpoint import SaveError
+        from pipeoffload.train.loop import DataError
 
         try:
             yield
-        except (PipelineError, PeerFailure, SaveError):
+        except (PipelineError, PeerFailure, SaveError, DataError):  # already say what failed, and where
             raise
         except RuntimeError as exc:
-            if not _is_peer_error(exc):
+            if not is_peer_error(exc):
                 raise
             raise self.peer_failure(exc, what) from exc
 
@@ -91,7 +92,7 @@ class PeerFailure(RuntimeError):
         self.silent = silent
 
 
-def _is_peer_error(exc: BaseException) -> bool:
+def is_peer_error(exc: BaseException) -> bool:
     text = str(exc).lower()
     return any(w in text for w in ("timed out", "timeout", "connection", "broken pipe", "peer"))
 
