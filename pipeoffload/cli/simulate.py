@@ -13,7 +13,7 @@ from pipeoffload.fileio import write_atomic
 from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, RecomputePolicy
 from pipeoffload.service import SimulateRequest, SimulateResult, simulate, strict_json
 from pipeoffload.service.argtypes import default_of
-from pipeoffload.service.simulate import BACKWARDS, COST_FIELDS, K_DEFAULT_HELP
+from pipeoffload.service.simulate import BACKWARDS, COST_FIELDS, K_DEFAULT_HELP, SCHEDULE_SUFFIXES
 from pipeoffload.simulator import Timeline
 from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, counted, rank_units, time_unit_help
 
@@ -26,7 +26,7 @@ COST_FLAGS = COST_FIELDS  # --time-f/-i/-w and --p2p-time: a costs file gives th
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("simulate", help="simulate a schedule: time, bubbles, memory per rank")
-    add_schedule_args(parser)
+    add_schedule_args(parser, files=True)
     add_cost_args(parser)
     parser.set_defaults(**dict.fromkeys(COST_FLAGS))  # None: not given, so one given beside --costs is refused
     parser.add_argument("--costs", metavar="FILE", help="cost model from a JSON/TOML file (the profiler's "
@@ -74,8 +74,9 @@ def request_from_args(args: argparse.Namespace) -> SimulateRequest:
         raise ConfigError(f"--costs {args.costs} gives the costs (per stage); {' and '.join(given)} (per rank) "
                           "cannot be combined with it: put the times in the file or leave --costs out")
     times = {name: getattr(args, name) for name in COST_FLAGS if getattr(args, name) is not None}
+    is_file = args.name.lower().endswith(SCHEDULE_SUFFIXES)
     return SimulateRequest(
-        family=args.name, ranks=args.ranks, microbatches=args.microbatches, stages_per_rank=args.stages_per_rank,
+        family="" if is_file else args.name, schedule_file=args.name if is_file else None, ranks=args.ranks, microbatches=args.microbatches, stages_per_rank=args.stages_per_rank,
         **times, costs_file=args.costs,
         group_size=args.group_size, backward=args.backward, offload=args.offload, recompute=args.recompute,
         offload_ratio=args.offload_ratio, plan_ratio=args.plan_ratio, max_stall=args.max_stall,

@@ -7,11 +7,13 @@ the same values.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from pipeoffload.costs import CostModel, load_cost_file
 from pipeoffload.errors import FIELDS, ConfigError, Naming, flag_of
+from pipeoffload.ir import Schedule
 from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.passes.offload import OffloadReport
 from pipeoffload.planner.formulas import formula1_k
@@ -39,7 +41,8 @@ BACKWARDS = ("split", "full")
 DEFAULT_OFFLOAD_RATIO = round(formula1_k(4096, 8192, 220e12, 15e9), 2)  # 1.49
 K_DEFAULT_HELP = (f"default {DEFAULT_OFFLOAD_RATIO}: Formula 1 for a Llama-3-8B-like layer (h=4096, s=8192) "
                   "on an A100 (220 TFLOP/s, 15 GB/s); a costs file's own copy times when one is given")
-SIZE_FIELDS = ("family", "ranks", "microbatches", "stages_per_rank")
+SIZE_FIELDS = ("family", "ranks", "microbatches", "stages_per_rank", "schedule_file")
+SCHEDULE_SUFFIXES = (".json", ".txt", ".csv")  # the forms `pipeoffload show --format` writes
 COST_FIELDS = ("time_f", "time_i", "time_w", "p2p_time")  # what a costs file gives instead (per stage)
 
 
@@ -62,9 +65,11 @@ class SimulateRequest:
     ``plan_ratio`` plans the copies for another k than they then take (a host link faster or slower
     than planned); None plans them for the k they take. ``max_stall`` lets the offload plan make the
     step up to that many percent longer than without copies, for a lower peak. Field order is the order of
-    ``pipeoffload simulate --help``."""
+    ``pipeoffload simulate --help``. ``schedule_file`` simulates a schedule written as data instead of a
+    family's (JSON, text or CSV, as ``pipeoffload show --format`` writes them): the file sets the ranks,
+    microbatches, stages per rank and placement, so ``family`` is then left empty."""
 
-    family: str
+    family: str = ""
     ranks: int = 4
     microbatches: int | None = None  # None: 2 * ranks
     stages_per_rank: int | None = None  # None: the family's default
@@ -82,12 +87,15 @@ class SimulateRequest:
     max_stall: float = 0.0  # percent of the step without copies the offload plan may add for a lower peak
     shared_host_link: bool = False
     separate_copy_engines: bool = False
+    schedule_file: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.family, str):
             raise ConfigError(f"family={self.family!r}: give a schedule family's name, e.g. 1f1b")
-        if not self.family.strip():
-            raise ConfigError("family is missing: choose a schedule family, e.g. 1f1b")
+        if self.schedule_file is not None:
+            self._check_schedule_file()
+        elif not self.family.strip():
+            raise ConfigError("family is missing: choose a schedule family, e.g. 1f1b (or give schedule_file)")
         # the checked value is kept: text a front end passes ("8", "0.5") is stored as the number it reads as
         for name in ("ranks", "microbatches", "stages_per_rank", "group_size"):
             if name == "ranks" or getattr(self, name) is not None:
@@ -117,8 +125,24 @@ class SimulateRequest:
                               "use one of the two")
         self.offload_policy()
         RecomputePolicy.parse(self.recompute)
-        # the family's name and options (``generate``'s own check); its sizes are checked when it is generated
-        check_options(get_spec(self.family), {"group_size": self.group_size, "backward": self.backward})
+        if self.schedule_file is None:
+            # the family's name and options (``generate``'s own check); its sizes are checked when it is generated
+            check_options(get_spec(self.family), {"group_size": self.group_size, "backward": self.backward})
+
+    def _check_schedule_file(self) -> None:
+        """A schedule file replaces the family and everything a family's generator takes."""
+        path = self.schedule_file
+        if not isinstance(path, str) or not path.lower().endswith(SCHEDULE_SUFFIXES):
+            raise ConfigError(f"schedule file {path!r}: name a schedule file ending in "
+                              f"{', '.join(SCHEDULE_SUFFIXES)} (as `pipeoffload show --format json|text|csv` writes)")
+        if self.family.strip():
+            raise ConfigError(f"family={self.family!r} and schedule file {path!r}: the file is the schedule; "
+                              "give one of the two")
+        fixed = [name for name in ("microbatches", "stages_per_rank", "group_size", "backward")
+                 if getattr(self, name) is not None]
+        if fixed:
+            raise ConfigError.named(lambda n: f"{', '.join(n(name) for name in fixed)} with schedule file {path!r}: "
+                                    "the file sets the sizes and the order; leave them out or edit the file")
 
     def offload_policy(self) -> OffloadPolicy:
         """The offload policy with its stall budget (``max_stall``)."""
@@ -157,7 +181,7 @@ class SimulateRequest:
 
     def command(self) -> list[str]:
         """The ``pipeoffload simulate`` command line that makes the same request."""
-        argv = ["pipeoffload", "simulate", self.family]
+        argv = ["pipeoffload", "simulate", self.schedule_file or self.family]
         for name in ("ranks", "microbatches", "stages_per_rank"):
             value = getattr(self, name)
             if value is not None and value != SimulateRequest.__dataclass_fields__[name].default:
@@ -352,12 +376,45 @@ def check_size(req: SimulateRequest, limit: int = MAX_ACTIONS) -> None:
     check_work(estimated_work(get_spec(req.family), ranks, m, v), factor, limit, what)
 
 
+def load_schedule_file(req: SimulateRequest, limit: int = MAX_ACTIONS) -> Schedule:
+    """The schedule of ``req.schedule_file`` (JSON, one line per rank of text, or the CSV form, by its
+    suffix, as ``Schedule.to_json``/``to_text``/``to_csv`` write them), checked for size as a generated one is; a ``ranks`` other than the default must be the file's."""
+    path = str(req.schedule_file)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"schedule file {path!r}: cannot read it ({exc.__class__.__name__}: "
+                          f"{getattr(exc, 'strerror', None) or exc}); give the path of a schedule file") from exc
+    name = os.path.splitext(os.path.basename(path))[0]
+    suffix = path.lower().rsplit(".", 1)[-1]
+    try:
+        if suffix == "json":
+            schedule = Schedule.from_json(text)
+        elif suffix == "txt":
+            schedule = Schedule.from_text(text, name=name)
+        else:
+            schedule = Schedule.from_csv(text, name=name)
+    except ValueError as exc:  # ConfigError too: the loaders' one line, with the file named
+        raise ConfigError(f"schedule file {path!r}: {exc}".split("\n")[0]) from exc
+    ranks_default = SimulateRequest.__dataclass_fields__["ranks"].default
+    if req.ranks not in (ranks_default, schedule.num_ranks):
+        raise ConfigError.named(lambda n: f"{n.given('ranks', req.ranks)} but schedule file {path!r} has "
+                                f"{schedule.num_ranks} ranks: the file sets them; leave ranks out")
+    factor = offload_work_factor(req.offload, req.planned_k, req.shared_host_link, req.max_stall)
+    check_work(sum(len(row) for row in schedule.actions), factor, limit, f"schedule file {path!r}")
+    return schedule
+
+
 def simulate(req: SimulateRequest) -> SimulateResult:
-    """Generate, lower (offload, recompute, communication) and simulate the requested schedule (its
-    copies planned for ``req.planned_k``, simulated at ``req.k``)."""
-    check_size(req)
-    generated = generate(req.family, req.ranks, req.num_microbatches, req.stages_per_rank,
-                         group_size=req.group_size, backward=req.backward)
+    """Generate (or read from ``req.schedule_file``), lower (offload, recompute, communication) and simulate
+    the requested schedule (its copies planned for ``req.planned_k``, simulated at ``req.k``)."""
+    if req.schedule_file is not None:
+        generated = load_schedule_file(req)
+    else:
+        check_size(req)
+        generated = generate(req.family, req.ranks, req.num_microbatches, req.stages_per_rank,
+                             group_size=req.group_size, backward=req.backward)
     base, unit = base_costs(req, generated.stages_per_rank)
     costs = memory_costs(req, base)
     planned = costs if req.plan_ratio is None else memory_costs(req, base, planned=True)
