@@ -434,8 +434,12 @@ def estimate(req: EstimateRequest) -> Estimate:
 
 
 def _budget_warning(req: EstimateRequest) -> Worded | None:
-    """A ``memory_budget`` above the device is capped (``budget``), and says so as ``plan`` does."""
+    """A ``memory_budget`` above the device is capped (``budget``), and says so as ``plan`` does; one that
+    reads as the device's memory in GiB was most likely meant in GiB (it is in bytes), as ``plan`` hints."""
     cap, asked = req.hardware.memory_bytes, req.memory_budget
+    if asked is not None and asked * GIB <= cap:
+        return Worded.named(lambda n: f"{n.given('memory_budget', f'{asked:g}')} is {asked:g} bytes, so nothing "
+                            f"fits: {n('memory_budget')} is in bytes ({asked:g} GiB is {asked:g} * 2**30)")
     if asked is None or asked <= cap * (1 + 1e-12):
         return None
     return Worded.named(lambda n: capped_note(n, "memory_budget", asked, req.hardware, cap, "fits is"))
