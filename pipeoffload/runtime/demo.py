@@ -9,7 +9,8 @@ Or spawned from Python (gloo on CPU)::
     python -m pipeoffload.runtime --spawn 2 --schedule zb-v --stages-per-rank 2
 
 Each step prints the loss (from the rank holding the last stage) and every rank's peak resident
-activation bytes; ``--trace out.json`` writes a Chrome trace of the last step of every rank.
+activation bytes; ``--trace out.json`` writes a Chrome trace of the last step of every rank. Steps are
+numbered from 1, as ``pipeoffload train`` numbers them, in the log, in failures and in the trace.
 """
 from __future__ import annotations
 
@@ -50,9 +51,9 @@ def train(rank: int, world: int, args: argparse.Namespace, device: torch.device 
     opt = torch.optim.AdamW(params, lr=1e-3)
     runner = PipelineRunner(stages, schedule, rank, loss_fn=lm_loss, device=device, timeout=args.timeout)
     losses = []
-    for step in range(args.steps):
-        inputs, targets = sample_batch(cfg, args.batch, seed=step)
-        loss = runner.step(inputs, targets)
+    for step in range(1, args.steps + 1):  # numbered from 1, as train's: the log, failures and the trace agree
+        inputs, targets = sample_batch(cfg, args.batch, seed=step - 1)
+        loss = runner.step(inputs, targets, step=step)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if loss is not None:

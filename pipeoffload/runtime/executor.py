@@ -367,9 +367,9 @@ class PipelineRunner:
         names its steps by its own count, from 0 (``step_count`` before the step)."""
         m = self.num_microbatches
         self._split(inputs, targets, "step")
-        trace = Trace(self.rank, self.step_count)
         if step is None:
             step = self.step_count
+        trace = Trace(self.rank, step)  # named as its failures are: a trace's step is the one the log shows
         self.last_step = step
         self.step_count += 1
         measure = self.measure_memory if measure is None else measure
@@ -407,7 +407,7 @@ class PipelineRunner:
         training, self._evaluating = self.specs, True
         try:
             after = self.last_step if step is None else step
-            self._run(*self._eval, {K.F: type(self)._forward_eval}, Trace(self.rank, self.step_count),
+            self._run(*self._eval, {K.F: type(self)._forward_eval}, Trace(self.rank, after),
                       f"the evaluation after step {after}", after)
         finally:
             self.store.active = active
@@ -450,16 +450,16 @@ class PipelineRunner:
                 current = item
                 if item.__class__ is list:  # a batch of comm actions
                     self._exchange(item)
-                    end, resident = clock() - t0, store.resident_bytes
+                    end, resident, host = clock() - t0, store.resident_bytes, store.host_bytes
                     for a in item:
-                        record(TraceRecord(a, begin, end, resident))
+                        record(TraceRecord(a, begin, end, resident, host))
                     index += len(item)
                 else:
                     handlers[item.kind](self, item)
                     if position in ready:
                         self.on_stage_gradients(ready[position])  # type: ignore[misc]
                     store.poll()
-                    record(TraceRecord(item, begin, clock() - t0, store.resident_bytes))
+                    record(TraceRecord(item, begin, clock() - t0, store.resident_bytes, store.host_bytes))
                     index += 1
             current = None
             self._finish_step()

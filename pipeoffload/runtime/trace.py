@@ -19,12 +19,13 @@ class TraceRecord(NamedTuple):
     start: float  # seconds since the step began
     end: float
     resident_bytes: int  # managed activation bytes on the device after the action
+    host_bytes: int = 0  # host bytes of offloaded activations after the action
 
 
 @dataclass
 class Trace:
     rank: int
-    step: int
+    step: int  # the step's number as its failures name it: the caller's (train's and the runtime CLI's from 1)
     records: list[TraceRecord] = field(default_factory=list)
     peak_bytes: int = 0  # highest resident activation bytes at any moment of the step (not only after actions)
     end_bytes: int = 0  # resident activation bytes after the step (0 unless something leaked)
@@ -48,16 +49,23 @@ class Trace:
     def memory_curve(self) -> list[tuple[float, int]]:
         return [(r.end, r.resident_bytes) for r in self.records]
 
+    def host_curve(self) -> list[tuple[float, int]]:
+        """(end s, host bytes of offloaded activations) after each action; its highest level is
+        ``peak_host_bytes`` or less (the peak may fall inside an action)."""
+        return [(r.end, r.host_bytes) for r in self.records]
+
     def as_dict(self) -> dict:
         return {
             "rank": self.rank, "step": self.step, "peak_bytes": self.peak_bytes, "end_bytes": self.end_bytes,
             "wall": self.wall, "peak_host_bytes": self.peak_host_bytes, "epoch": self.epoch,
-            "measured": self.measured, "records": [[str(r.action), r.start, r.end, r.resident_bytes] for r in self.records],
+            "measured": self.measured, "records": [[str(r.action), r.start, r.end, r.resident_bytes, r.host_bytes]
+                                              for r in self.records],
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> Trace:
-        records = [TraceRecord(Action.parse(a), s, e, b) for a, s, e, b in data["records"]]
+        # a record written before host_bytes existed has four fields
+        records = [TraceRecord(Action.parse(a), s, e, b, *host) for a, s, e, b, *host in data["records"]]
         return cls(data["rank"], data["step"], records, data["peak_bytes"], data["end_bytes"],
                    data.get("peak_host_bytes", 0), data["wall"], data.get("epoch", 0.0),
                    data.get("measured", True))
@@ -75,10 +83,15 @@ def shared_clock_offsets(traces: Sequence[Trace]) -> dict[int, float] | None:
     return {t.rank: t.epoch - first for t in traces}
 
 
+DEVICE_COUNTER = "device activation memory (MiB)"
+HOST_COUNTER = "host activation memory (MiB)"
+
+
 def chrome_events(traces: Iterable[Trace], label: str = "measured") -> list[dict]:
     """Chrome trace events of a measured step: one named process per rank with a compute, a copy and a
     comm lane, one box per action (its list index in ``args``, so the schedule can be rebuilt from the
-    file), and a counter of resident activation memory in MiB. Ranks share one clock (each shifted by
+    file), a counter of resident activation memory in MiB and, on a rank that offloaded, one of the
+    host memory its offloaded activations held, in MiB (both after each action). Ranks share one clock (each shifted by
     its step start on the wall clock, see ``shared_clock_offsets``); without epochs each rank's clock
     starts at its own step."""
     from pipeoffload.viz.chrome_trace import LANES, lane_of, process_events
@@ -97,10 +110,11 @@ def chrome_events(traces: Iterable[Trace], label: str = "measured") -> list[dict
                 "args": {"action": str(r.action), "index": index, "rank": trace.rank,
                          "stage": r.action.stage, "microbatch": r.action.microbatch},
             })
-            events.append({
-                "name": "device activation memory (MiB)", "ph": "C", "pid": pid, "ts": (shift + r.end) * 1e6,
-                "args": {"MiB": r.resident_bytes / MIB},
-            })
+            events.append({"name": DEVICE_COUNTER, "ph": "C", "pid": pid, "ts": (shift + r.end) * 1e6,
+                           "args": {"MiB": r.resident_bytes / MIB}})
+            if trace.peak_host_bytes:  # as simulated traces: a host counter on the ranks that offloaded
+                events.append({"name": HOST_COUNTER, "ph": "C", "pid": pid, "ts": (shift + r.end) * 1e6,
+                               "args": {"MiB": r.host_bytes / MIB}})
     return events
 
 
@@ -111,7 +125,9 @@ def write_chrome_trace(traces: Iterable[Trace], path: str) -> None:
     other = {"kind": "pipeoffload measured trace", "time_unit": "s (1 s = 1e6 us in the events)",
              "clock": "shared: each rank's events start at its step start on the wall clock" if shared
              else "per rank: each rank's events start at its own step start",
-             "peak_bytes": {t.rank: t.peak_bytes for t in traces}, "wall_s": {t.rank: t.wall for t in traces}}
+             "peak_bytes": {t.rank: t.peak_bytes for t in traces},
+             "peak_host_bytes": {t.rank: t.peak_host_bytes for t in traces}, "wall_s": {t.rank: t.wall for t in traces},
+             "steps": "numbered as the run's log and failures name them (train and the runtime CLI: from 1)"}
     write_atomic(path, json.dumps({"traceEvents": chrome_events(traces), "displayTimeUnit": "ms",
                                    "otherData": other}))
 

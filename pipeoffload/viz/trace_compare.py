@@ -30,8 +30,10 @@ K = ActionKind
 MIB = 2**20
 
 
-# The runtime's memory counter (``runtime.trace.chrome_events``): resident activation MiB after each action.
+# The runtime's memory counters (``runtime.trace.chrome_events``): resident activation MiB after each
+# action, and the host MiB its offloaded activations held (only in traces of runs that offloaded).
 MEMORY_COUNTER = "device activation memory (MiB)"
+HOST_COUNTER = "host activation memory (MiB)"
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class MeasuredRun:
     events: tuple[dict, ...]  # the run's own Chrome events, kept as they are
     # per rank: (time s, resident activation bytes) after each action, from the memory counter; empty if absent
     memory: tuple[tuple[tuple[float, float], ...], ...] = ()
+    host_memory: tuple[tuple[tuple[float, float], ...], ...] = ()  # the same from the host counter
 
     @property
     def schedule(self) -> Schedule:
@@ -188,16 +191,16 @@ def load_measured(data: Any) -> MeasuredRun:
         raise ConfigError("not a Chrome trace: expected an object with a 'traceEvents' list, or a list of events")
     by_rank: dict[int, list[tuple[float, int, Action, float, float]]] = defaultdict(list)
     rank_of_pid: dict[Any, int] = {}
-    counters: list[tuple[Any, float, float]] = []  # (pid, time s, MiB)
+    counters: dict[str, list[tuple[Any, float, float]]] = {MEMORY_COUNTER: [], HOST_COUNTER: []}  # (pid, s, MiB)
     for number, e in enumerate(events):
         if not isinstance(e, dict):
             raise ConfigError(f"trace event {number} is {type(e).__name__}; expected an object")
         if e.get("name") == "process_name" and str((e.get("args") or {}).get("name", "")).startswith("simulated"):
             raise ConfigError("this trace holds a simulated timeline (`pipeoffload simulate --trace`, or the output of "
                               "`trace compare`), not a run's measured step; give the trace a run wrote")
-        if e.get("ph") == "C" and e.get("name") == MEMORY_COUNTER:
+        if e.get("ph") == "C" and e.get("name") in counters:
             level = (e.get("args") or {}).get("MiB") if isinstance(e.get("args"), dict) else None
-            counters.append((e.get("pid"), _number(e, "ts", f"trace event {number}") / 1e6,
+            counters[e["name"]].append((e.get("pid"), _number(e, "ts", f"trace event {number}") / 1e6,
                              _number({"MiB": level}, "MiB", f"trace event {number}")))
         if e.get("ph") != "X":
             continue
@@ -224,14 +227,19 @@ def load_measured(data: Any) -> MeasuredRun:
         validate(schedule)
     except ScheduleError as err:  # an action twice or missing, or out of order: no run executed it
         raise ConfigError(f"the trace's actions are not the schedule of a run: {str(err).splitlines()[0]}") from None
-    memory: list[list[tuple[float, float]]] = [[] for _ in rows]
+    device, host = (_curves(counters[name], rank_of_pid, len(rows)) for name in (MEMORY_COUNTER, HOST_COUNTER))
+    return MeasuredRun(rows, tuple(events), device, host)
+
+
+def _curves(counters: list[tuple[Any, float, float]], rank_of_pid: dict[Any, int],
+            ranks: int) -> tuple[tuple[tuple[float, float], ...], ...]:
+    """Per rank, a counter's (time s, bytes) points in time order; () when no rank has one."""
+    memory: list[list[tuple[float, float]]] = [[] for _ in range(ranks)]
     for pid, t, mib in counters:
         rank = rank_of_pid.get(pid, -1)
         if rank >= 0:
             memory[rank].append((t, mib * MIB))
-    if not any(memory):
-        memory = []
-    return MeasuredRun(rows, tuple(events), tuple(tuple(sorted(m)) for m in memory))
+    return tuple(tuple(sorted(m)) for m in memory) if any(memory) else ()
 
 
 def measured_costs(run: MeasuredRun, num_stages: int) -> CostModel:
@@ -327,24 +335,28 @@ def compare_trace(data: Any, run: MeasuredRun | None = None) -> tuple[dict, Time
 
 def measured_chart(run: MeasuredRun) -> ChartData:
     """The measured step as chart data: every compute and copy action at its measured time (seconds, on
-    the trace's shared clock, as Perfetto shows it) and each rank's resident activation memory in MiB
-    from the trace's memory counter (an empty curve when the trace has none)."""
+    the trace's shared clock, as Perfetto shows it) and each rank's resident activation memory and the
+    host memory of its offloaded activations in MiB from the trace's counters (empty curves where the
+    trace has none)."""
     schedule = run.schedule
     boxes = [Box(rank, "copy" if a.kind in COPY_KINDS else "compute", a.kind.value, a.stage, a.microbatch,
                  schedule.placement.local_index(a.stage), start, end, str(a))
              for rank, row in enumerate(run.rows) for a, start, end in row
              if a.kind in COMPUTE_KINDS or a.kind in COPY_KINDS]
-    ends = [end for row in run.rows for _, _, end in row] + [t for m in run.memory for t, _ in m]
+    ends = [end for row in run.rows for _, _, end in row] + [t for m in run.memory + run.host_memory for t, _ in m]
     makespan = max(ends, default=0.0)
     memory = run.memory or tuple(() for _ in run.rows)
     device = tuple(memory_curve(r, "device", memory[r], MIB, makespan) for r in range(len(run.rows)))
-    host = tuple(Curve(r, "host", ((0.0, 0.0),), 0.0, 0.0) for r in range(len(run.rows)))
+    host = (tuple(memory_curve(r, "host", run.host_memory[r], MIB, makespan) for r in range(len(run.rows)))
+            if run.host_memory else tuple(Curve(r, "host", ((0.0, 0.0),), 0.0, 0.0) for r in range(len(run.rows))))
     present = {b.kind for b in boxes}
     peak = max((c.peak for c in device), default=0.0)
     title = (f"measured run: d={counted(schedule.num_ranks, 'rank')}, "
              f"m={counted(schedule.num_microbatches, 'microbatch', 'microbatches')}, "
              f"v={counted(schedule.stages_per_rank, 'stage per rank', 'stages per rank')}")
-    summary = (f"last action ends at {makespan:.4g} s, device peak {peak:.4g} MiB" if run.memory
+    host_peak = max((c.peak for c in host), default=0.0)
+    summary = (f"last action ends at {makespan:.4g} s, device peak {peak:.4g} MiB"
+               + (f", host peak {host_peak:.4g} MiB" if run.host_memory else "") if run.memory
                else f"last action ends at {makespan:.4g} s; the trace has no memory counter")
     return ChartData(title=title, summary=summary, time_unit="s", memory_unit="MiB", makespan=makespan,
                      ranks=schedule.num_ranks, stages_per_rank=max(schedule.stages_per_rank, 1),
