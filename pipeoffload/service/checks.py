@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from decimal import Decimal
 from typing import Any
 
 from pipeoffload.errors import ConfigError
@@ -123,6 +124,18 @@ def offload_work_factor(offload: str, k: float | None, shared_host_link: bool, m
     return OFFLOAD_WORK_HIDDEN
 
 
+READABLE_BELOW = 10**9  # counts from here on are written as "2.0e28": 29 digits, even with commas, do not read
+
+
+def readable_count(n: int) -> str:
+    """``n`` with thousands separators, or in two significant digits ("2.0e28") from ``READABLE_BELOW`` on
+    (a huge rank count's exact work is neither readable nor meaningful in an estimate)."""
+    if n < READABLE_BELOW:
+        return f"{n:,}"
+    mantissa, exponent = f"{Decimal(n):.1e}".split("e")  # Decimal: exact for ints past float's range
+    return f"{mantissa}e{int(exponent)}"
+
+
 def check_work(actions: int, factor: int, limit: int, what: str) -> None:
     """Refuse, before any work, a request whose ``actions`` of work times ``factor`` exceed ``limit``: one
     line naming the sizes (``what``), the estimate, the limit and the fix."""
@@ -130,6 +143,6 @@ def check_work(actions: int, factor: int, limit: int, what: str) -> None:
     if work > limit:
         planning = f" (x{factor} for planning offload)" if factor > 1 else ""
         smaller_k = ", or a smaller offload ratio k (copies the lane can hide are planned once)" if factor > 1 else ""
-        raise ConfigError.named(lambda n: f"{what}: about {work:,} actions of work{planning}, above the limit of "
+        raise ConfigError.named(lambda n: f"{what}: about {readable_count(work)} actions of work{planning}, above the limit of "
                                 f"{limit:,}; use fewer ranks{' (-d)' if n.flags else ''} or microbatches"
                                 f"{' (-m)' if n.flags else ''}{smaller_k}")

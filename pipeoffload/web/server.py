@@ -46,7 +46,7 @@ from pipeoffload.errors import ConfigError, ScheduleError
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy
 from pipeoffload.schedules import estimated_work, get_spec, schedule_specs
 from pipeoffload.service import SimulateRequest, SimulateResult, simulate, strict_json
-from pipeoffload.service.checks import checked, finite_at_least, int_at_least
+from pipeoffload.service.checks import checked, finite_at_least, int_at_least, readable_count
 from pipeoffload.viz.chartdata import COLOURS, LABELS, ChartData, chart_data
 from pipeoffload.viz.trace_compare import (
     compare_trace,
@@ -138,7 +138,7 @@ def check_size(req: SimulateRequest) -> None:
         return  # an unknown family: simulate gives its message
     if work > MAX_WORK:
         raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                           f"ranks={ranks}, microbatches={m}, stages per rank={v}: about {work:,} actions of work, "
+                           f"ranks={ranks}, microbatches={m}, stages per rank={v}: about {readable_count(work)} actions of work, "
                            f"over the playground's limit of {MAX_WORK:,}; use `pipeoffload simulate` for bigger "
                            "pipelines")
 

@@ -1,6 +1,7 @@
 """The playground in a real headless Chromium: loads cleanly, redraws on input, shows the CLI's
 message for bad input, and its numbers are `simulate --json`'s."""
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -544,3 +545,99 @@ def test_a_server_that_cannot_be_reached_is_said_with_the_fix(page: tuple[Any, C
         assert "start it again" in message and "\n" not in message and _stale(p, "#chart")
     finally:
         p.unroute("**/api/chart?*")
+
+
+def _hold_chart_requests(p: Any, held: list[Any], count: int) -> None:
+    """Until ``count`` chart requests are held by the route (its handler runs while Playwright waits)."""
+    for _ in range(600):
+        if len(held) >= count:
+            return
+        p.wait_for_timeout(50)
+    raise AssertionError(f"{len(held)} chart requests held, expected {count}")
+
+
+def test_a_request_in_flight_says_simulating_and_the_status_never_sticks(page: tuple[Any, Console]) -> None:
+    """While /api/chart is answering, a status line (role=status) says "simulating…"; it clears when the
+    answer, an error or a failed request arrives, and when a newer input (even a bad one) supersedes it."""
+    p, console = page
+    held: list[Any] = []
+    p.route("**/api/chart?*", lambda route: held.append(route))
+    try:
+        assert p.get_attribute("#busy", "role") == "status" and p.inner_text("#busy") == ""
+        _set(p, "ranks", "5")
+        _hold_chart_requests(p, held, 1)
+        p.wait_for_selector("#busy:has-text('simulating…')", timeout=30_000)
+        _set(p, "ranks", "")  # a bad input supersedes the request in flight: nothing is simulating now
+        p.wait_for_selector("#error:has-text('ranks: empty')", timeout=30_000)
+        assert p.inner_text("#busy") == ""
+        _set(p, "ranks", "6")
+        _hold_chart_requests(p, held, 2)
+        p.wait_for_selector("#busy:has-text('simulating…')", timeout=30_000)
+        _set(p, "ranks", "7")  # supersedes ranks=6, whose answer then arrives last
+        _hold_chart_requests(p, held, 3)
+        for route in (held[2], held[1], held[0]):
+            try:
+                route.continue_()
+            except Exception:  # noqa: BLE001 - a request the page aborted cannot be continued
+                pass
+        _wait_ranks(p, 7)
+        p.wait_for_selector("#busy:text-is('')", state="attached", timeout=30_000)
+        assert p.is_hidden("#error")
+    finally:
+        p.unroute("**/api/chart?*")
+    p.route("**/api/chart?*", lambda route: route.abort())
+    try:
+        _set(p, "ranks", "3")  # a request that fails: its message, and the status cleared
+        p.wait_for_selector("#error:has-text('cannot reach')", timeout=30_000)
+        assert p.inner_text("#busy") == ""
+    finally:
+        p.unroute("**/api/chart?*")
+
+
+def test_the_keyboard_reaches_a_boxs_details_as_the_tooltip_gives_them(page: tuple[Any, Console]) -> None:
+    """On the focused chart, the arrows up and down pick a rank and comma and period step through its
+    actions: the box is outlined, its microbatch highlighted and a status line says what hovering it says;
+    a box out of the zoom window pans it into view; Escape leaves."""
+    p, console = page
+    _set(p, "family", "1f1b")
+    _set(p, "ranks", "4")
+    _set(p, "microbatches", "8")
+    _wait_drawn(p, "1f1b --microbatches 8")  # 4 ranks is the request's default: not on its command line
+    _wait_ranks(p, 4)
+    p.focus("#export-png")
+    p.keyboard.press("Tab")
+    assert p.evaluate("() => document.activeElement.id") == "chart"
+    assert p.get_attribute("#chart", "aria-describedby") == "chart-details"
+    p.keyboard.press("ArrowDown")
+    p.wait_for_selector("#chart rect.cursor[data-rank='0']", timeout=30_000)
+    assert "on rank 0" in p.inner_text("#chart-details")
+    assert "waited for: nothing: the first action" in p.inner_text("#chart-details")
+    p.keyboard.press(".")
+    p.keyboard.press("ArrowDown")
+    p.wait_for_selector("#chart rect.cursor[data-rank='1']", timeout=30_000)
+    shown = p.inner_text("#chart-details")
+    mb = p.get_attribute("#chart rect.cursor", "data-mb")
+    assert f"on rank 1 (stage 1, microbatch {mb})" in shown and "; waited for: " in shown
+    assert p.locator("#chart rect.box.hl").count() == 4 * 2  # its microbatch's F and B on every rank
+    assert p.locator(f"#chart rect.box.hl:not([data-mb='{mb}'])").count() == 0
+    mark = p.locator("#chart rect.cursor").bounding_box()
+    p.mouse.move(mark["x"] + mark["width"] / 2, mark["y"] + mark["height"] / 2)
+    p.wait_for_selector("#tooltip:not([hidden])", timeout=30_000)
+    assert p.inner_text("#tooltip").replace("\n", "; ") == shown  # the same words as hovering that box
+    p.mouse.move(1, 1)
+    p.focus("#chart")
+    for _ in range(3):
+        p.keyboard.press("+")
+    zoomed = _view(p)
+    for _ in range(8):  # step past the window's right end: the window pans to the box
+        p.keyboard.press(".")
+    p.wait_for_selector(f"#chart svg:not([data-view='{zoomed}'])", timeout=30_000)
+    t0, t1 = map(float, _view(p).split(","))
+    found = re.search(r"\): ([\d.e+-]+) to ([\d.e+-]+) t;", p.inner_text("#chart-details"))
+    assert found, p.inner_text("#chart-details")
+    start, end = float(found[1]), float(found[2])
+    assert t0 <= start and end <= t1
+    p.keyboard.press("Escape")
+    p.wait_for_selector("#chart rect.cursor", state="detached", timeout=30_000)
+    assert p.inner_text("#chart-details") == "" and p.locator("#chart rect.box.hl").count() == 0
+    assert console.errors == []

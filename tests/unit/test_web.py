@@ -111,6 +111,19 @@ def test_large_request_is_refused_with_the_limit(base: str) -> None:
     assert status == 414
 
 
+def test_a_huge_rank_count_says_its_work_in_a_readable_number(base: str) -> None:
+    """The estimate of 10**14 ranks and microbatches is about 2e28 actions: "about 2.0e28", in the page's
+    message and the command line's alike, never a 29-digit number; small counts keep their separators."""
+    huge = "100000000000000"
+    status, body = _get(f"{base}/api/simulate?family=1f1b&ranks={huge}&microbatches={huge}")
+    message = json.loads(body)["error"]
+    assert status == 413 and "about 2.0e28 actions of work" in message, message
+    code, _, err = run_cli("simulate", "1f1b", "--ranks", huge, "--microbatches", huge)
+    assert code != 0 and "about 2.0e28 actions of work" in err, err
+    status, body = _get(f"{base}/api/simulate?family=1f1b&ranks=8192&microbatches=1")
+    assert "about 425,984 actions of work" in json.loads(body)["error"]
+
+
 def test_static_files_and_chart(base: str) -> None:
     status, page = _get(f"{base}/")
     assert status == 200 and b"/app.js" in page and b"http" not in page.replace(b"http://www.w3.org", b"")

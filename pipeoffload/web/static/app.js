@@ -40,6 +40,9 @@
   let index = null;  // boxes by rank and lane, sorted by start, and by (kind, stage, microbatch): hover and "waited for"
   const CANVAS_ABOVE = 10000;
   const tooltip = document.getElementById("tooltip"), viewLine = document.getElementById("view-line");
+  // "simulating…" while a chart request is in flight; the keyboard cursor's box, as the tooltip says it.
+  const busy = document.getElementById("busy"), details = document.getElementById("chart-details");
+  let cursor = null, inFlight = null;  // inFlight: the query of the chart request on its way  // the box the keyboard cursor is on (null: none); a new chart drops it
 
   const fmt = (v) => (typeof v === "number" ? String(Number(v.toPrecision(6))) : String(v));
   const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
@@ -68,23 +71,30 @@
   }
 
   async function refresh() {
+    const {params, error} = readForm(), query = params.toString();
+    // Leaving a box fires "change" for inputs its "input" events already sent: those are not simulated again
+    // (the redraw would show the whole step and drop the keyboard cursor of a user tabbing to the chart).
+    if (!error && (query === inFlight || (inFlight === null && query === lastQuery && errorBox.hidden))) return;
     const mine = ++sequence;
     if (controller) controller.abort();
-    const {params, error} = readForm();
     history.replaceState(null, "", urlFor(params, pendingView));  // the state is the URL: share it
-    if (error) { showError(error); return; }
+    if (error) { inFlight = null; busy.textContent = ""; showError(error); return; }
     controller = new AbortController();
     stale(true);
+    inFlight = query;
+    busy.textContent = "simulating…";  // a big pipeline takes a few seconds
     let response, body;
     try {
       response = await fetch("/api/chart?" + params.toString(), {signal: controller.signal});
       body = await response.json();
     } catch (err) {
-      if (err.name === "AbortError") return;
-      if (mine === sequence) showError(unreachable(err));
+      if (err.name === "AbortError") return;  // superseded: the newer request owns the status line
+      if (mine === sequence) { inFlight = null; busy.textContent = ""; showError(unreachable(err)); }
       return;
     }
     if (mine !== sequence) return;  // a newer request is on its way
+    inFlight = null;
+    busy.textContent = "";
     if (!response.ok || body.error) { showError(body.error || response.statusText); return; }
     errorBox.hidden = true;
     errorBox.textContent = "";
@@ -120,6 +130,8 @@
     numbers.innerHTML = `<tr>${heads.join("")}</tr><tr>${cells.join("")}</tr>`;
     legendEl.innerHTML = legend(chart);
     index = buildIndex(chart);
+    cursor = null;
+    details.textContent = "";
     applyPendingView(chart);
     draw();
     stale(false);
@@ -399,7 +411,8 @@
   function draw(highlight) {
     const chart = last.chart;
     chartBox.innerHTML = svg(chart, false);
-    viewLine.textContent = viewNote || (view ? `showing ${fmt(view[0])} to ${fmt(view[1])} ${chart.time_unit} of ${fmt(chart.makespan)} (double-click: whole step)` : "wheel or + and -: zoom the time axis · drag or arrow keys: pan · hover: highlight a microbatch or a rank");
+    drawCursor(chart);
+    viewLine.textContent = viewNote || (view ? `showing ${fmt(view[0])} to ${fmt(view[1])} ${chart.time_unit} of ${fmt(chart.makespan)} (double-click: whole step)` : "wheel or + and -: zoom the time axis · drag or arrow keys: pan · hover, or up, down, comma and period on the focused chart: a box's details");
     if (chart.boxes.length <= CANVAS_ABOVE) return;
     const L = layout(chart), canvas = document.createElement("canvas"), ratio = window.devicePixelRatio || 1;
     canvas.width = L.width * ratio;
@@ -467,6 +480,10 @@
     return found ? `${found[7]} on rank ${found[0]} (ended at ${fmt(found[6])}; the rank idled ${idle})` : `its input (the rank idled ${idle})`;
   }
 
+  // What the tooltip says of a box, and the keyboard cursor's details line (its two lines joined).
+  const boxDetails = (chart, box) => `${box[7]} on rank ${box[0]} (stage ${box[8]}, microbatch ${box[4]}): ` +
+    `${fmt(box[5])} to ${fmt(box[6])} ${chart.time_unit}\nwaited for: ${waitedFor(chart, box)}`;
+
   function onHover(event) {
     if (!last || drag) return;
     const chart = last.chart, L = layout(chart), rect = chartBox.getBoundingClientRect();
@@ -480,7 +497,7 @@
                 box ? `[data-mb="${box[4]}"]` : rankRow !== null ? `[data-rank="${rankRow}"]` : null);
     }
     if (!box) { tooltip.hidden = true; return; }
-    tooltip.textContent = `${box[7]} on rank ${box[0]} (stage ${box[8]}, microbatch ${box[4]}): ${fmt(box[5])} to ${fmt(box[6])} ${chart.time_unit}\nwaited for: ${waitedFor(chart, box)}`;
+    tooltip.textContent = boxDetails(chart, box);
     tooltip.hidden = false;
     placeTooltip(event.clientX, event.clientY);
   }
@@ -527,8 +544,59 @@
       const t0 = Math.max(0, Math.min(full - span, L.t0 + (e.key === "ArrowLeft" ? -0.1 : 0.1) * span));
       view = [t0, t0 + span];
       viewChanged();
-    } else return;
+    } else if (!moveCursor(e.key)) return;
     e.preventDefault();
+  }
+
+  // The keyboard cursor, the hover's counterpart: up and down pick a rank's lane (compute, then its copies),
+  // comma and period step to the previous and next action on it; the window pans to keep the box in sight,
+  // its microbatch is highlighted and the details line says what the tooltip would. Escape leaves it.
+  function moveCursor(key) {
+    const chart = last.chart, lanes = [...index.lanes.keys()].sort(laneOrder);
+    if (key === "Escape") { if (!cursor) return false; setCursor(chart, null); return true; }
+    if (!["ArrowUp", "ArrowDown", ",", ".", "<", ">"].includes(key) || !lanes.length) return false;
+    if (!cursor) {  // the first action in the window on rank 0's compute lane
+      const list = index.lanes.get(lanes[0]), L = layout(chart);
+      setCursor(chart, list.find((b) => b[6] >= L.t0) || list[0]);
+      return true;
+    }
+    const here = cursor[0] + "/" + cursor[1], list = index.lanes.get(here), at = list.indexOf(cursor);
+    if (key === "," || key === "<") setCursor(chart, list[Math.max(0, at - 1)]);
+    else if (key === "." || key === ">") setCursor(chart, list[Math.min(list.length - 1, at + 1)]);
+    else {
+      const next = lanes[Math.max(0, Math.min(lanes.length - 1, lanes.indexOf(here) + (key === "ArrowDown" ? 1 : -1)))];
+      const mid = (cursor[5] + cursor[6]) / 2, near = (b) => Math.abs((b[5] + b[6]) / 2 - mid);
+      setCursor(chart, index.lanes.get(next).reduce((best, b) => (near(b) < near(best) ? b : best)));
+    }
+    return true;
+  }
+
+  const laneOrder = (a, b) => { const [ra, la] = a.split("/"), [rb, lb] = b.split("/"); return ra - rb || (la === "compute" ? -1 : 1) - (lb === "compute" ? -1 : 1); };
+
+  function setCursor(chart, box) {
+    cursor = box;
+    details.textContent = box ? boxDetails(chart, box).replace("\n", "; ") : "";
+    const L = layout(chart);
+    if (box && view && (box[5] < L.t0 || box[6] > L.t1)) {  // pan (same span) to centre the box
+      const full = chart.makespan > 0 ? chart.makespan : 1, span = L.t1 - L.t0;
+      const t0 = Math.max(0, Math.min(full - span, (box[5] + box[6]) / 2 - span / 2));
+      view = [t0, t0 + span];
+      viewChanged();  // redraws, with the cursor
+    } else drawCursor(chart);
+    hovered = box ? "mb" + box[4] : "";
+    highlight(chart, box ? (b) => b[4] === box[4] : null, box ? `[data-mb="${box[4]}"]` : null);
+  }
+
+  // The cursor's box outlined on top of the chart (SVG or canvas boxes alike).
+  function drawCursor(chart) {
+    const svgEl = chartBox.querySelector("svg");
+    svgEl.querySelector("rect.cursor")?.remove();
+    if (!cursor) return;
+    const [x0, y, w, h] = boxGeometry(chart, layout(chart), cursor);
+    const mark = document.createElementNS("http://www.w3.org/2000/svg", "rect");
+    Object.entries({class: "cursor", "data-rank": cursor[0], "data-mb": cursor[4], x: x0 - 1, y: y - 1, width: Math.max(w, 2) + 2,
+      height: h + 2, fill: "none", stroke: "#000", "stroke-width": 1.5, "pointer-events": "none", "clip-path": "url(#plot)"}).forEach(([k, v]) => mark.setAttribute(k, v));
+    svgEl.append(mark);
   }
 
   function setupInteraction() {
