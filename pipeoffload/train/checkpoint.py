@@ -565,13 +565,31 @@ def start_save(run_dir: Path, step: int, cfg: TrainConfig, named: dict[str, Any]
 
     def write() -> None:
         if background is None:
-            dcp.save(state, checkpoint_id=str(tmp))
+            dcp.save(state, storage_writer=_writer(tmp))
         else:
-            pending.future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=background)
+            pending.future = dcp.async_save(state, storage_writer=_writer(tmp), process_group=background)
 
     code, exc = _attempt(write, tmp)
     _check(_agree(code, device), exc, run_dir, step, tmp, rank)
     return pending
+
+
+def _writer(folder: Path) -> Any:
+    """DCP's writer into ``folder``, which it never makes (rank 0 made it): a failed save removes the folder
+    while a peer's background write may still be starting (its thread then waits in DCP's planning for a
+    rank that never started its own), and DCP's writer would make the folder again as its first step,
+    leaving a ``.tmp-*`` the failure said it had removed. Without the folder, that write fails instead."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class MadeAlready(FileSystem):
+        def mkdir(self, path: Any) -> None:
+            if not Path(path).is_dir():
+                raise FileNotFoundError(errno.ENOENT, "the checkpoint's folder was removed", str(path))
+
+    writer = FileSystemWriter(str(folder))
+    writer.fs = MadeAlready()
+    return writer
 
 
 def _rng_bytes() -> bytes:
@@ -684,7 +702,7 @@ def _check(code: float, exc: BaseException | None, run_dir: Path, step: int, tmp
         shutil.rmtree(tmp, ignore_errors=True)
     detail = f": {_failed_where(exc)}" if code != _DISK_FULL else ""
     free = shutil.disk_usage(run_dir).free if run_dir.is_dir() else 0
-    raise SaveError(_message(run_dir, step, code == _DISK_FULL, None, free) + detail) from exc
+    raise SaveError(_message(run_dir, step, code == _DISK_FULL, None, free, detail)) from exc
 
 
 def _failed_where(exc: BaseException | None) -> str:
@@ -713,7 +731,9 @@ def sizes(a: int, b: int) -> tuple[str, str]:
     return f"{a:,} bytes", f"{b:,} bytes"
 
 
-def _message(run_dir: Path, step: int, disk_full: bool, need: int | None, free: int) -> str:
+def _message(run_dir: Path, step: int, disk_full: bool, need: int | None, free: int, detail: str = "") -> str:
+    """One line: what failed (``detail``: where and why), the last complete checkpoint and the way on (the
+    launcher adds its own way on only to a line without one: never twice)."""
     found = list_checkpoints(run_dir)
     if found:
         last, then = f"the last complete checkpoint is {found[-1].name}", f"continue with: {continue_with(run_dir)}"
@@ -729,7 +749,8 @@ def _message(run_dir: Path, step: int, disk_full: bool, need: int | None, free: 
             what = (f"disk full while saving the checkpoint of step {step} under {run_dir / 'checkpoints'} "
                     f"({sizes(free, free)[0]} free); the partial save was removed")
         return f"{what}; {last}; free some space, then {then}"
-    return f"saving the checkpoint of step {step} failed (the partial save was removed; {last})"
+    return (f"saving the checkpoint of step {step} failed (the partial save was removed; {last}){detail}"
+            + (f"; {then}" if found else ""))
 
 
 def _out_word(run_dir: Path) -> str:

@@ -91,6 +91,55 @@ def batches_failing_in_validation(cfg: Any) -> Any:
     return FailingVal(cfg)
 
 
+def _refuse_second_background_write() -> None:
+    """From its second call on, ``dcp.async_save`` of this process raises before it starts anything (as a
+    failing copy of the state to CPU memory would), while its peers' background writes have started."""
+    import torch.distributed.checkpoint as dcp
+
+    calls = [0]
+    real = dcp.async_save
+
+    def refusing(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] > 1:
+            raise OSError(errno.EIO, "Input/output error", "staging the state")
+        return real(*args, **kwargs)
+
+    dcp.async_save = refusing
+
+
+def _make_second_checkpoint_folder_late() -> None:
+    """From its second call on, DCP's making of the checkpoint's folder in this process's background writer
+    thread (``FileSystem.mkdir``, its first step) happens only once rank 0 has removed that folder (at most
+    10 s later): a writer thread that starts late, as on a loaded machine, after the save already failed."""
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    calls = [0]
+    real = FileSystem.mkdir
+
+    def late(self: Any, path: Any) -> None:
+        calls[0] += 1
+        if calls[0] > 1:
+            deadline = time.monotonic() + 10
+            while Path(path).exists() and time.monotonic() < deadline:
+                time.sleep(0.001)
+        real(self, path)
+
+    FileSystem.mkdir = late  # type: ignore[method-assign]
+
+
+def layers_of_a_rank_whose_second_background_write_fails() -> list[Any]:
+    """``train_workers.plain_layers``, built on rank 1 with its second ``dcp.async_save`` failing, and on rank 0
+    with its second background write starting after that failure was handled."""
+    from train_workers import plain_layers
+
+    if int(os.environ["RANK"]) == 1:
+        _refuse_second_background_write()
+    else:
+        _make_second_checkpoint_folder_late()
+    return plain_layers()
+
+
 def exits_with_code_0_after_its_last_collective(rank: int, world: int) -> int:
     """Rank 1 leaves with exit code 0 after the last collective, before returning: rank 0 returns and waits
     to be collected with it."""
