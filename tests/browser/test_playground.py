@@ -43,6 +43,13 @@ def _wait_ranks(page: Any, ranks: int) -> None:
     page.wait_for_selector(f"#chart:not(.stale) svg[data-ranks='{ranks}']", timeout=30_000)
 
 
+def _draw_zb_h1_offloaded(page: Any) -> None:
+    """zb-h1 on 4 ranks, 8 microbatches, everything offloaded (both windows' copies), drawn."""
+    for name, value in (("family", "zb-h1"), ("ranks", "4"), ("microbatches", "8"), ("offload", "all")):
+        _set(page, name, value)
+    _wait_drawn(page, "--microbatches 8 --offload all")
+
+
 def _wait_drawn(page: Any, words: str) -> None:
     """Until the chart is drawn for a request whose command line holds ``words`` (the form's last change
     reaches the server after a short delay: a chart of the inputs before it can still be showing)."""
@@ -380,11 +387,7 @@ def test_the_cli_policy_line_and_a_bad_policy_named_by_its_box(page: tuple[Any, 
     """The offload figures `simulate` prints under its table are under the page's table too, in its words;
     the table's stall says it is summed over ranks; a bad policy names the box it came from."""
     p, console = page
-    _set(p, "family", "zb-h1")
-    _set(p, "ranks", "4")
-    _set(p, "microbatches", "8")
-    _set(p, "offload", "all")
-    _wait_drawn(p, "--microbatches 8 --offload all")
+    _draw_zb_h1_offloaded(p)
     command = p.inner_text("#command").split()
     code, out, _ = run_cli(*command[1:])
     assert code == 0 and p.inner_text("#policy-line") == out.splitlines()[-1]
@@ -516,11 +519,7 @@ def test_an_exported_chart_carries_its_title_numbers_and_legend(page: tuple[Any,
     """An exported SVG is read away from the page: it has the chart's title, its headline numbers and a
     legend naming every colour (the second offload window's own entries, device and host memory)."""
     p, console = page
-    _set(p, "family", "zb-h1")
-    _set(p, "ranks", "4")
-    _set(p, "microbatches", "8")
-    _set(p, "offload", "all")
-    _wait_drawn(p, "--microbatches 8 --offload all")
+    _draw_zb_h1_offloaded(p)
     with p.expect_download() as download:
         p.click("#export-svg")
     exported = open(download.value.path(), encoding="utf-8").read()
