@@ -13,7 +13,7 @@ from typing import Any
 
 from pipeoffload.costs import CostModel, load_cost_file
 from pipeoffload.errors import FIELDS, ConfigError, Naming, flag_of
-from pipeoffload.ir import Schedule
+from pipeoffload.ir import Schedule, expand_overlaps, has_torch_cells
 from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.passes.offload import OffloadReport
 from pipeoffload.planner.formulas import formula1_k
@@ -379,7 +379,9 @@ def check_size(req: SimulateRequest, limit: int = MAX_ACTIONS) -> None:
 
 def load_schedule_file(req: SimulateRequest, limit: int = MAX_ACTIONS) -> Schedule:
     """The schedule of ``req.schedule_file`` (JSON, one line per rank of text, or the CSV form, by its
-    suffix, as ``Schedule.to_json``/``to_text``/``to_csv`` write them), checked for size as a generated one is; a ``ranks`` other than the default must be the file's."""
+    suffix, as ``Schedule.to_json``/``to_text``/``to_csv`` write them; a CSV may also be torch's, its
+    overlapped F&B cells read as F then B), checked for size as a generated one is; a ``ranks`` other than
+    the default must be the file's."""
     path = str(req.schedule_file)
     try:
         with open(path, encoding="utf-8") as handle:
@@ -394,8 +396,8 @@ def load_schedule_file(req: SimulateRequest, limit: int = MAX_ACTIONS) -> Schedu
             schedule = Schedule.from_json(text)
         elif suffix == "txt":
             schedule = Schedule.from_text(text, name=name)
-        else:
-            schedule = Schedule.from_csv(text, name=name)
+        else:  # ours, or torch.distributed.pipelining's (overlapped F&B cells), told apart by its cells
+            schedule = Schedule.from_csv(expand_overlaps(text) if has_torch_cells(text) else text, name=name)
     except ValueError as exc:  # ConfigError too: the loaders' one line, with the file named
         raise ConfigError(f"schedule file {path!r}: {exc}".split("\n")[0]) from exc
     if req.ranks not in (default_of(SimulateRequest, "ranks"), schedule.num_ranks):
