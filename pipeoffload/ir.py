@@ -66,7 +66,7 @@ OFFLOAD_KINDS = frozenset({ActionKind.OFFLOAD, ActionKind.OFFLOAD_W})  # device 
 WAIT_KINDS = frozenset({ActionKind.WAIT})  # the compute lane waits for a copy: placed by lowering, like copies
 
 # Longest names first so that "SEND_F" is not read as "S" + ...; torch's UNSHARD/RESHARD/REDUCE_GRAD
-# are recognised only to give a precise error when importing its CSVs.
+# are no actions of ours (``expand_overlaps`` drops them from torch's CSVs).
 # Above this many actions ``from_text``/``from_json``/``from_csv`` refuse a schedule before parsing it:
 # the lowered form of generate's largest schedule (schedules.MAX_ACTIONS compute actions) has about
 # five actions per compute action once comms, copies and waits are in; parsing takes ~2 s per million.
@@ -273,6 +273,37 @@ class Schedule:
         """Read torch's ``_dump_csv`` format; empty cells (its deliberate bubbles) are skipped."""
         rows = [[cell for cell in row if cell.strip()] for row in csv.reader(io.StringIO(text))]
         return cls._from_tokens(rows, placement, name, max_actions)
+
+
+# torch.distributed.pipelining's CSV cells that are no action of ours: an overlapped forward+backward
+# (DualPipeV's ``(0F3;7B1)OVERLAP_F_B``) and its FSDP and gradient-sync bookkeeping
+_OVERLAP = re.compile(r"^\((?P<subs>[^)]*)\)OVERLAP_F_B$")
+TORCH_BOOKKEEPING = re.compile(r"^\d+(UNSHARD|RESHARD|REDUCE_GRAD)$")
+_TORCH_CELL = re.compile(r"\)OVERLAP_F_B\b|\d(UNSHARD|RESHARD|REDUCE_GRAD)\b")
+
+
+def has_torch_cells(text: str) -> bool:
+    """Whether a CSV holds cells only torch's ``_dump_csv`` writes (``expand_overlaps`` reads them); our
+    own CSV (``Schedule.to_csv``) has none, so the form is known from the content."""
+    return _TORCH_CELL.search(text) is not None
+
+
+def expand_overlaps(text: str) -> str:
+    """Replace every ``(a;b)OVERLAP_F_B`` cell of torch's CSV by its sub-actions ``a`` and ``b``, in that
+    order (our IR has no overlap action: the simulator times them back to back), and drop torch's
+    UNSHARD/RESHARD/REDUCE_GRAD cells (FSDP and gradient-sync bookkeeping)."""
+    rows = []
+    for row in csv.reader(io.StringIO(text)):
+        cells: list[str] = []
+        for cell in row:
+            match = _OVERLAP.match(cell.strip())
+            if TORCH_BOOKKEEPING.match(cell.strip()):
+                continue
+            cells.extend(match.group("subs").split(";") if match else [cell])
+        rows.append(cells)
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return out.getvalue()
 
 
 _JSON_FIELDS = ("num_microbatches", "placement", "actions")

@@ -33,7 +33,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,7 @@ from pipeoffload._perf import gc_paused
 from pipeoffload.costs import CostModel, require_costs
 from pipeoffload.errors import ScheduleError
 from pipeoffload.ir import Action, ActionKind, Schedule, require_schedule
+from pipeoffload.readonly import ReadOnlyDict
 from pipeoffload.semantics import coded
 
 K = ActionKind
@@ -91,29 +92,11 @@ class RankResult:
         return out
 
 
-class Stalls(Mapping[Action, float]):
+class Stalls(ReadOnlyDict[Action, float]):
     """``Timeline.stalls``: a read-only dict (Action -> seconds) that pickles, so a frozen timeline stays
     unchanged; it compares equal to a dict with the same items."""
 
-    __slots__ = ("_items",)
-
-    def __init__(self, items: Mapping[Action, float] | Iterable[tuple[Action, float]] = ()) -> None:
-        self._items: dict[Action, float] = dict(items)
-
-    def __getitem__(self, action: Action) -> float:
-        return self._items[action]
-
-    def __iter__(self) -> Iterator[Action]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __repr__(self) -> str:
-        return f"Stalls({self._items!r})"
-
-    def __reduce__(self) -> tuple[type[Stalls], tuple[dict[Action, float]]]:
-        return Stalls, (self._items,)
+    __slots__ = ()
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@
   writes it: one row per rank, empty cells where torch leaves a deliberate bubble.
 - ``schedule_from_torch_csv``: such a CSV as our ``Schedule``. Torch's overlapped forward+backward
   cells, ``(0F3;7B1)OVERLAP_F_B`` (DualPipeV), become the forward followed by the backward: our IR
-  has no overlap action, so the simulator times them back to back.
+  has no overlap action, so the simulator times them back to back (``ir.expand_overlaps``, torch-free:
+  ``pipeoffload simulate FILE.csv`` reads this form too).
 - ``load_in_torch_runtime``: our schedule's CSV loaded into torch's private
   ``_PipelineScheduleRuntime``: torch validates it, lowers it with its own SEND/RECV pass and
   dry-runs the result for deadlocks (``_simulate``).
@@ -20,21 +21,16 @@ from __future__ import annotations
 import csv
 import io
 import os
-import re
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.ir import Schedule
+from pipeoffload.ir import TORCH_BOOKKEEPING, Schedule, expand_overlaps
 from pipeoffload.schedules import schedule_specs
 
 # Our family -> torch's schedule class of the same algorithm (for side-by-side benchmarks): a registry fact.
 TORCH_EQUIVALENTS = {spec.name: spec.torch_class for spec in schedule_specs() if spec.torch_class}
-
-_OVERLAP = re.compile(r"^\((?P<subs>[^)]*)\)OVERLAP_F_B$")
-# Torch's FSDP and gradient-sync bookkeeping: no data moves between stages, no compute of ours.
-_BOOKKEEPING = re.compile(r"^\d+(UNSHARD|RESHARD|REDUCE_GRAD)$")
 
 
 @dataclass
@@ -72,23 +68,6 @@ def torch_order_csv(class_name: str, num_ranks: int, num_microbatches: int, stag
     writer = csv.writer(out, lineterminator="\n")
     for rank in range(num_ranks):
         writer.writerow(["" if a is None else str(a) for a in order[rank]])
-    return out.getvalue()
-
-
-def expand_overlaps(text: str) -> str:
-    """Replace every ``(a;b)OVERLAP_F_B`` cell by its sub-actions ``a`` and ``b``, in that order, and
-    drop torch's UNSHARD/RESHARD/REDUCE_GRAD cells (FSDP and gradient-sync bookkeeping)."""
-    rows = []
-    for row in csv.reader(io.StringIO(text)):
-        cells: list[str] = []
-        for cell in row:
-            match = _OVERLAP.match(cell.strip())
-            if _BOOKKEEPING.match(cell.strip()):
-                continue
-            cells.extend(match.group("subs").split(";") if match else [cell])
-        rows.append(cells)
-    out = io.StringIO()
-    csv.writer(out, lineterminator="\n").writerows(rows)
     return out.getvalue()
 
 
@@ -130,7 +109,7 @@ def load_in_torch_runtime(schedule: Schedule) -> dict[int, list[str]]:
         os.unlink(path)
     from torch.distributed.pipelining.schedules import _simulate_comms_compute
 
-    lowered = {rank: [a for a in actions if not _BOOKKEEPING.match(str(a))]
+    lowered = {rank: [a for a in actions if not TORCH_BOOKKEEPING.match(str(a))]
                for rank, actions in runtime.pipeline_order_with_comms.items()}
     _simulate_comms_compute(lowered, lambda s: runtime.stage_index_to_group_rank[s], schedule.num_stages)
     return {rank: [str(a) for a in actions] for rank, actions in runtime.pipeline_order_with_comms.items()}

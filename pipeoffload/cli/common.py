@@ -76,7 +76,8 @@ def add_schedule_args(parser: argparse.ArgumentParser, files: bool = False) -> N
     """NAME and the sizes; ``files``: NAME may also be a schedule file (``simulate``)."""
     parser.add_argument("name", help="schedule family (see `pipeoffload schedules`)" + (
         ", or a schedule file written as data (.json, .txt or .csv, the forms `pipeoffload show --format` "
-        "writes), which sets the ranks, microbatches and stages per rank" if files else ""))
+        "writes; a .csv may also be torch.distributed.pipelining's), which sets the ranks, microbatches and "
+        "stages per rank" if files else ""))
     parser.add_argument("--ranks", "-d", type=positive_int, default=_simulate_default("ranks"),
                         help="pipeline ranks d (default %(default)s)")
     parser.add_argument("--microbatches", "-m", type=positive_int, default=None,

@@ -29,7 +29,7 @@ import numbers
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -58,6 +58,7 @@ from pipeoffload.planner.stagecosts import (
     stage_costs,
 )
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy, check_booleans
+from pipeoffload.readonly import ReadOnlyDict
 from pipeoffload.schedules import ScheduleSpec, get_spec, schedule_names
 from pipeoffload.simulator import simulate
 
@@ -334,7 +335,7 @@ class Estimate:
     activation_per_rank: tuple[float, ...]
     host_bytes: float  # pinned host memory per GPU (offload)
     fits: bool
-    breakdown: dict[str, float]  # seconds on the critical rank; the parts add up to step_seconds
+    breakdown: Mapping[str, float]  # seconds on the critical rank, the parts add up to step_seconds; read-only
     bubble_ratio: float
     layers_per_stage: tuple[int, ...]
     warnings: tuple[str, ...] = field(default=())
@@ -344,6 +345,10 @@ class Estimate:
     busy_seconds: tuple[float, ...] = ()
     choice: ScheduleChoice | None = None  # the schedule and policies simulated (g, a budget's target)
     unit_bytes: float = 0.0  # bytes of one activation unit (a ``budget:X`` target is X of them)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.breakdown, ReadOnlyDict):  # a dict given stays the caller's; this keeps a copy
+            object.__setattr__(self, "breakdown", ReadOnlyDict(self.breakdown))
 
     @property
     def imbalance_ratio(self) -> float:

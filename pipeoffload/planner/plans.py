@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pipeoffload.errors import ConfigError, Naming, Worded
@@ -12,6 +13,7 @@ from pipeoffload.planner.measured import check_profile
 from pipeoffload.planner.model import ModelSpec, check_model
 from pipeoffload.planner.stagecosts import LayerCosts, Layout, TrainingSetup
 from pipeoffload.policies import OffloadPolicy, RecomputePolicy, check_booleans
+from pipeoffload.readonly import ReadOnlyDict
 from pipeoffload.schedules import get_spec, schedule_names
 
 GIB = 1024**3
@@ -252,14 +254,22 @@ class Plan:
         }
 
 
-@dataclass
+@dataclass(frozen=True)
 class SearchResult:
+    """A search's answer, read-only like the ``PlanResult`` that holds it: ``plans`` is kept as a tuple and
+    ``skipped`` as a ``ReadOnlyDict`` (a copy of what was given)."""
+
     request: PlanRequest
-    plans: list[Plan]  # every simulated candidate, best first
+    plans: Sequence[Plan]  # every simulated candidate, best first
     candidates: int  # enumerated
     evaluated: int  # simulated
     seconds: float
-    skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
+    skipped: Mapping[str, int] = field(default_factory=dict)  # reason -> count
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "plans", tuple(self.plans))
+        if not isinstance(self.skipped, ReadOnlyDict):
+            object.__setattr__(self, "skipped", ReadOnlyDict(self.skipped))
 
     @property
     def fitting(self) -> list[Plan]:

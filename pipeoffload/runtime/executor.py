@@ -191,7 +191,7 @@ class PipelineRunner:
         self._eval_specs: list[tuple[list[Spec] | None, dict[int, list[Spec]]]] = []
         self._evaluating = False
         self.step_count = 0  # steps run by this runner
-        self.last_step = -1  # the number the last step was named by (``step(..., step=)``; -1: none yet)
+        self.last_step = 0  # the number the last step was named by (``step(..., step=)``; 0: none yet)
         self.slot_bytes: dict[int, int] = {}  # largest bytes one (stage, microbatch) F saved, per stage
         self.w_bytes: dict[int, int] = {}  # largest bytes one slot still held after its I (what W needs)
         self.trace: Trace | None = None
@@ -364,11 +364,12 @@ class PipelineRunner:
 
         ``step``: the caller's number for this step, which a failure names ("failed at step 257"):
         a training loop passes its own (1-based, continuing after a resume). Without it the runner
-        names its steps by its own count, from 0 (``step_count`` before the step)."""
+        names its steps by its own count, from 1 as ``train`` and ``python -m pipeoffload.runtime`` do
+        (``step_count`` after the step)."""
         m = self.num_microbatches
         self._split(inputs, targets, "step")
         if step is None:
-            step = self.step_count
+            step = self.step_count + 1
         trace = Trace(self.rank, step)  # named as its failures are: a trace's step is the one the log shows
         self.last_step = step
         self.step_count += 1

@@ -13,12 +13,13 @@ from typing import Any
 
 from pipeoffload.costs import CostModel, load_cost_file
 from pipeoffload.errors import FIELDS, ConfigError, Naming, flag_of
-from pipeoffload.ir import Schedule
+from pipeoffload.ir import Schedule, expand_overlaps, has_torch_cells
 from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.passes.offload import OffloadReport
 from pipeoffload.planner.formulas import formula1_k
 from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, OffloadPolicy, RecomputePolicy
 from pipeoffload.schedules import MAX_ACTIONS, check_options, estimated_work, generate, get_spec
+from pipeoffload.service.argtypes import default_of
 from pipeoffload.service.checks import (
     boolean,
     check_work,
@@ -109,7 +110,7 @@ class SimulateRequest:
             if not isinstance(getattr(self, name), str):
                 raise ConfigError(f"{name}={getattr(self, name)!r}: a policy is text, one of {forms}")
         given = [f"{name}={getattr(self, name):g}" for name in COST_FIELDS
-                 if getattr(self, name) != SimulateRequest.__dataclass_fields__[name].default]
+                 if getattr(self, name) != default_of(SimulateRequest, name)]
         if self.costs_file and given:
             raise ConfigError(f"costs_file {self.costs_file!r} gives the costs, so {', '.join(given)} cannot be "
                               "combined with it (the file's times are per stage, these per rank): put the times "
@@ -184,7 +185,7 @@ class SimulateRequest:
         argv = ["pipeoffload", "simulate", self.schedule_file or self.family]
         for name in ("ranks", "microbatches", "stages_per_rank"):
             value = getattr(self, name)
-            if value is not None and value != SimulateRequest.__dataclass_fields__[name].default:
+            if value is not None and value != default_of(SimulateRequest, name):
                 argv += ["--" + name.replace("_", "-"), str(value)]
         for flag, value in self.options():
             argv += [f"--{flag}"] if value is True else [f"--{flag}", str(value)]
@@ -378,7 +379,9 @@ def check_size(req: SimulateRequest, limit: int = MAX_ACTIONS) -> None:
 
 def load_schedule_file(req: SimulateRequest, limit: int = MAX_ACTIONS) -> Schedule:
     """The schedule of ``req.schedule_file`` (JSON, one line per rank of text, or the CSV form, by its
-    suffix, as ``Schedule.to_json``/``to_text``/``to_csv`` write them), checked for size as a generated one is; a ``ranks`` other than the default must be the file's."""
+    suffix, as ``Schedule.to_json``/``to_text``/``to_csv`` write them; a CSV may also be torch's, its
+    overlapped F&B cells read as F then B), checked for size as a generated one is; a ``ranks`` other than
+    the default must be the file's."""
     path = str(req.schedule_file)
     try:
         with open(path, encoding="utf-8") as handle:
@@ -393,12 +396,11 @@ def load_schedule_file(req: SimulateRequest, limit: int = MAX_ACTIONS) -> Schedu
             schedule = Schedule.from_json(text)
         elif suffix == "txt":
             schedule = Schedule.from_text(text, name=name)
-        else:
-            schedule = Schedule.from_csv(text, name=name)
+        else:  # ours, or torch.distributed.pipelining's (overlapped F&B cells), told apart by its cells
+            schedule = Schedule.from_csv(expand_overlaps(text) if has_torch_cells(text) else text, name=name)
     except ValueError as exc:  # ConfigError too: the loaders' one line, with the file named
         raise ConfigError(f"schedule file {path!r}: {exc}".split("\n")[0]) from exc
-    ranks_default = SimulateRequest.__dataclass_fields__["ranks"].default
-    if req.ranks not in (ranks_default, schedule.num_ranks):
+    if req.ranks not in (default_of(SimulateRequest, "ranks"), schedule.num_ranks):
         raise ConfigError.named(lambda n: f"{n.given('ranks', req.ranks)} but schedule file {path!r} has "
                                 f"{schedule.num_ranks} ranks: the file sets them; leave ranks out")
     factor = offload_work_factor(req.offload, req.planned_k, req.shared_host_link, req.max_stall)

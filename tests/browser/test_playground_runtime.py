@@ -92,3 +92,67 @@ def test_the_page_draws_a_runs_trace_beside_its_simulation(browser: Any, base: s
     assert p.locator("#trace-charts:not(.stale) #trace-measured svg").count() == 1
     assert console.errors == []
     p.close()
+
+
+def _held(p: Any, held: list[Any], count: int) -> None:
+    """Until ``count`` trace uploads are held by the route (its handler runs while Playwright waits)."""
+    for _ in range(600):
+        if len(held) >= count:
+            return
+        p.wait_for_timeout(50)
+    raise AssertionError(f"{len(held)} trace uploads held, expected {count}")
+
+
+def test_an_upload_says_reading_the_trace_and_the_status_never_sticks(browser: Any, base: str, trace: Path,
+                                                                       tmp_path: Path) -> None:
+    """While the server reads an uploaded trace a status line (role=status, as "simulating…" for a chart) says
+    "reading the trace…"; it clears when the charts, the server's one-line refusal or a failed request
+    arrive, and an older upload a newer one superseded neither draws nor clears it."""
+    p = browser.new_page(viewport={"width": 1300, "height": 1000})
+    console = Console(p)
+    p.goto(base + "/?family=1f1b&ranks=4&microbatches=8")
+    p.wait_for_selector("#chart:not(.stale) svg[data-ranks='4']", timeout=30_000)
+    assert p.get_attribute("#trace-busy", "role") == "status" and p.get_attribute("#trace-busy", "aria-live") == "polite"
+    assert p.inner_text("#trace-busy") == ""
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.0}\n')
+    held: list[Any] = []
+    p.route("**/api/trace", lambda route: held.append(route))
+    try:
+        p.set_input_files("#trace-file", str(trace))  # success: the charts, then no status
+        _held(p, held, 1)
+        p.wait_for_selector("#trace-busy:has-text('reading the trace…')", timeout=30_000)
+        held[0].continue_()
+        p.wait_for_selector("#trace-measured svg[data-ranks='2']", timeout=30_000)
+        p.wait_for_selector("#trace-busy:text-is('')", state="attached", timeout=30_000)
+        p.set_input_files("#trace-file", str(metrics))  # the server's refusal: its line, then no status
+        _held(p, held, 2)
+        p.wait_for_selector("#trace-busy:has-text('reading the trace…')", timeout=30_000)
+        held[1].continue_()
+        p.wait_for_selector("#trace-error:has-text('metrics.jsonl: the file has one JSON object per line')",
+                            timeout=30_000)
+        assert p.inner_text("#trace-busy") == ""
+        p.set_input_files("#trace-file", str(trace))  # superseded by the next file, its answer arriving last
+        _held(p, held, 3)
+        p.set_input_files("#trace-file", str(metrics))
+        _held(p, held, 4)
+        held[3].continue_()
+        p.wait_for_selector("#trace-busy:text-is('')", state="attached", timeout=30_000)
+        with p.expect_response(lambda r: r.url.endswith("/api/trace")) as older:
+            held[2].continue_()
+        older.value.finished()
+        p.wait_for_timeout(300)  # the page has read the older answer by now: it drew nothing, set no status
+        assert p.inner_text("#trace-busy") == "" and p.locator("#trace-charts.stale").count() == 1
+        assert "metrics.jsonl" in p.inner_text("#trace-error")
+    finally:
+        p.unroute("**/api/trace")
+    assert console.errors == []
+    p.route("**/api/trace", lambda route: route.abort())
+    try:
+        p.set_input_files("#trace-file", str(trace))  # a failed request: its line, then no status
+        p.wait_for_selector("#trace-error:has-text('cannot reach the playground server')", timeout=30_000)
+        assert p.inner_text("#trace-busy") == ""
+    finally:
+        p.unroute("**/api/trace")
+    assert [e for e in console.errors if "net::ERR_FAILED" not in e] == []  # the browser logs the aborted request
+    p.close()

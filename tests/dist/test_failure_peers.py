@@ -27,7 +27,8 @@ def test_stopped_or_killed_rank_is_named_by_every_peer(tmp_path, how, bad_rank):
         err = result.errors[rank]
         assert result.exitcodes[rank] not in (0, None), (rank, result.exitcodes, err)
         first = err.split("\n\n")[0]
-        assert f"pipeline rank {rank} failed at step 1" in first and f"rank {bad_rank} is " in first, (rank, err)
+        # the second step (runner.step numbers from 1): the bad rank stopped after its first
+        assert f"pipeline rank {rank} failed at step 2" in first and f"rank {bad_rank} is " in first, (rank, err)
         # spawn's clock starts after the processes are created: start + seconds overestimates the exit time
         assert start + result.seconds[rank] - stopped_at < TIMEOUT + 10, (rank, result.seconds, stopped_at - start)
     if how == "stop":

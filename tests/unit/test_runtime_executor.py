@@ -65,7 +65,7 @@ def test_one_rank_many_stages_equals_single_process(name, v):
 def test_boundary_shapes_are_fixed_after_the_first_step():
     runner, _ = _runner(generate("gpipe", 1, 2, 2))
     runner.step(*sample_batch(CFG, 4))
-    with pytest.raises(PipelineError, match=r"rank 0 failed at step 1, action #\d+ 0F0: ConfigError: .*fixed at the first step"):
+    with pytest.raises(PipelineError, match=r"rank 0 failed at step 2, action #\d+ 0F0: ConfigError: .*fixed at the first step"):
         runner.step(*sample_batch(CFG, 6))
 
 
@@ -88,9 +88,9 @@ def test_a_failing_stage_names_rank_step_and_action():
     stages = build_rank_stages(layers, counts, schedule.placement, 0)
     stages[1] = StageModule(Fails(), *stages[1])
     runner = PipelineRunner(stages, schedule, 0, loss_fn=lm_loss)
-    with pytest.raises(PipelineError, match=r"rank 0 failed at step 0, action #2 1F0: ValueError: bad layer") as info:
+    with pytest.raises(PipelineError, match=r"rank 0 failed at step 1, action #2 1F0: ValueError: bad layer") as info:
         runner.step(*sample_batch(CFG, 4))
-    assert info.value.rank == 0 and info.value.step == 0 and info.value.action == Action(K.F, 1, 0)
+    assert info.value.rank == 0 and info.value.step == 1 and info.value.action == Action(K.F, 1, 0)
 
 
 def _gpipe_runner_failing_in(module: torch.nn.Module, **options: Any) -> tuple[PipelineRunner, dict]:
@@ -125,6 +125,31 @@ def test_failures_name_the_step_the_caller_gives():
     with pytest.raises(PipelineError, match=r"rank 0 failed at step 257, action #\d+ 1F0: ValueError") as info:
         runner.step(*batch, step=257)
     assert info.value.step == 257 and runner.step_count == 2
+
+
+def test_a_runner_counts_its_own_steps_from_1_as_train_does():
+    """Without ``step=`` the runner named its first step 0 in its trace and failures ("failed at step 1"
+    was the second step) where ``train`` and ``python -m pipeoffload.runtime`` name it 1."""
+    class FailsFrom(torch.nn.Module):
+        armed = False
+
+        def forward(self, *args):
+            if FailsFrom.armed:
+                raise ValueError("bad layer")
+            return args
+
+    runner, _ = _gpipe_runner_failing_in(FailsFrom())
+    batch = sample_batch(CFG, 4)
+    runner.step(*batch)
+    assert runner.trace.step == 1 and runner.last_step == 1
+    runner.step(*batch)
+    assert runner.trace.step == 2 and runner.step_count == 2
+    FailsFrom.armed = True
+    with pytest.raises(PipelineError, match=r"rank 0 failed at the evaluation after step 2, action #\d+ 1F0"):
+        runner.evaluate(*batch)
+    with pytest.raises(PipelineError, match=r"rank 0 failed at step 3, action #\d+ 1F0: ValueError") as info:
+        runner.step(*batch)
+    assert info.value.step == 3
 
 
 def test_a_failed_step_leaves_the_runner_usable():

@@ -725,25 +725,33 @@
 
   // ---- a runtime trace beside its simulation ----------------------------------------------------------
   const MAX_TRACE_BYTES = 33554432;  // the server's MAX_TRACE_BYTES (32 MiB)
-  let traceResult = null;
+  let traceResult = null, traceSequence = 0;
+  // "reading the trace…" while the server reads one, as #busy says "simulating…" for a chart
+  const traceBusy = document.getElementById("trace-busy");
 
   // The file goes to this playground's server, which reads it with `pipeoffload trace compare`'s code and
-  // simulates the run's schedule with its own measured durations; a wrong file answers one line.
+  // simulates the run's schedule with its own measured durations; a wrong file answers one line. A newer
+  // file supersedes one on its way: the older answer then neither draws nor clears the status line.
   async function loadTrace(file) {
     const err = document.getElementById("trace-error"), box = document.getElementById("trace-charts");
     const fail = (message) => { err.textContent = `${file.name}: ${message}`; err.hidden = false; box.classList.add("stale"); };
+    const mine = ++traceSequence;
     if (file.size > MAX_TRACE_BYTES) {
+      traceBusy.textContent = "";
       fail(`${file.size.toLocaleString("en")} bytes, over the playground's limit of ${MAX_TRACE_BYTES.toLocaleString("en")}; use pipeoffload trace compare`);
       return;
     }
+    traceBusy.textContent = "reading the trace…";  // the server reads and simulates it: seconds for a big one
     let body;
     try {
       const response = await fetch("/api/trace", {method: "POST", body: file});
       body = await response.json();
     } catch (e) {
-      fail(unreachable(e));
+      if (mine === traceSequence) { traceBusy.textContent = ""; fail(unreachable(e)); }
       return;
     }
+    if (mine !== traceSequence) return;
+    traceBusy.textContent = "";
     if (body.error) { fail(body.error); return; }
     err.hidden = true;
     err.textContent = "";
