@@ -29,6 +29,9 @@ Rows (configuration as we read the papers; what a paper does not state is marked
   after the backward, not overlapped (assumed: the scripts' fp16 without
   --accumulate-allreduce-grads-in-fp32 reduces fp16 gradients, and the PP1 rows' DDP=torch overlaps
   them; both would make those rows faster). Step-time error = measured / predicted TFLOP/s - 1.
+Held back (blocks after the table, never fitted): the PTD-P rows of the same paper's Table 2 (schedule not
+stated: predicted both ways) and the settings of its Figures 12 and 18 (175B on 96 GPUs, interleaved against
+1F1B, scatter/gather on and off), whose bars have no values: set beside what its text says of them.
 All rows: Megatron's fused (not flash) attention, dropout on, 2-byte activations, tied word
 embeddings (Megatron's GPT: the head reuses the embedding, whose gradient the first and last stage
 all-reduce), no distributed optimizer, and Megatron's blocking batched point-to-point exchanges (``p2p="megatron"``, see
@@ -267,6 +270,7 @@ def report(hw: HardwareSpec, before: dict[str, str] | None = None) -> str:
         text = [f"{x:>7.1f} ({row[10] / x - 1:+5.1%})" for x in cells]
         lines.append(f"{row[0]:<8} {row[10]:>8.0f} " + " ".join(f"{t:>16}" for t in text))
     lines += ["", *_shortfall(hw)]
+    lines += ["", *_table_2(hw), "", *_paper_ab(hw)]
     flat = replace(hw, compute_model="flat")
     lines += ["", "the uncalibrated model (compute_model=flat: every FLOP at B_c = 220 TFLOP/s, no element-wise time):"]
     for r in rows(flat):
@@ -300,6 +304,77 @@ def _shortfall(hw: HardwareSpec) -> list[str]:
         lines.append(f"{row[0]:<8} {f'v{v}' if v > 1 else '1F1B':<9} {measured:>8.2f} {est.step_seconds:>8.2f} "
                      f"{short:>+8.2f} {short / m * 1e3:>+7.1f} {short / exchanges * 1e3:>+8.2f} "
                      f"{short / weights * 1e9:>+9.2f} {short / _dp_reduce_time(est):>+8.2f}")
+    return lines
+
+
+# the paper's own A/B runs (examples/sc21/run_figure_12.sh, run_figure_18.sh): GPT 175B, TP8 PP12 on 96 GPUs,
+# microbatch 1, 2 layers per virtual stage when interleaved (v4), global batch 12-60; the figures give no table
+FIGURE_12 = [("175B", 96, 12288, 96, 8, 12, 96, batch, 1, 2, 0.0) for batch in (12, 24, 36, 48, 60)]
+
+
+# Table 2's PTD-P rows (same paper): the same name/layout fields as NARAYANAN; the schedule is not stated, so
+# "layers per virtual stage" is what the interleaved reading uses (Figures 12/18's 2 for 175B, Table 1's 1 for 530B)
+TABLE_2 = [("174.6B", 96, 12288, 96, 8, 12, gpus, 1536, 1, 2, tflops) for gpus, tflops in
+           ((384, 153.0), (768, 149.0), (1536, 141.0))] + \
+          [("529.6B", 105, 20480, 128, 8, 35, gpus, 2240, 1, 1, tflops) for gpus, tflops in
+           ((560, 171.0), (1120, 167.0), (2240, 159.0))]
+
+
+def _overhead(first: tuple[int, float], last: tuple[int, float]) -> float:
+    """Per-step time outside the microbatches' own work (bubble, reduce, optimizer), X microbatch-times, from
+    the throughputs T_1, T_2 of the same per-microbatch work at m_1, m_2 microbatches: a step of m takes m + X
+    microbatch-times, so T_1 (1 + X/m_1) = T_2 (1 + X/m_2)."""
+    (m1, t1), (m2, t2) = first, last
+    return (t1 - t2) / (t2 / m2 - t1 / m1)
+
+
+def _table_2(hw: HardwareSpec) -> list[str]:
+    """The PTD-P rows of the paper's Table 2 (ZeRO-3 comparison: fixed batch, more GPUs, fewer microbatches per
+    pipeline), predicted as 1F1B and as interleaved, since the paper does not say which ran."""
+    lines = ["held-back rows (not in the table above): Narayanan et al. 2021 Table 2's PTD-P rows (fixed batch, "
+             "TP8, mb 1, full recompute; the schedule is not stated), TFLOP/s per GPU (step error) as 1F1B and as "
+             "interleaved (175B: 2 layers per virtual stage, v4, as Figure 12; 530B: 1, v3, as Table 1); last line of "
+             "each model: the per-step overhead (bubble, reduce, optimizer) in microbatch-times that the first and "
+             "last row imply, X in T_1 (1 + X/m_1) = T_3 (1 + X/m_3)",
+             f"{'row':<8} {'layout':<12} {'GPUs':>5} {'m':>5} {'measured':>8} {'as 1F1B':>16} {'interleaved':>16}"]
+    for name in ("174.6B", "529.6B"):
+        rows_ = [r for r in TABLE_2 if r[0] == name]
+        points: dict[str, list[tuple[int, float]]] = {"measured": [], "1f1b": [], "il": []}
+        for row in rows_:
+            m = row[7] // (row[6] // (row[4] * row[5]))
+            one, il = narayanan(hw, row, interleave=False)[0], narayanan(hw, row)[0]
+            for key, value in (("measured", row[10]), ("1f1b", one), ("il", il)):
+                points[key].append((m, value))
+            cells = [f"{x:>7.1f} ({row[10] / x - 1:+5.1%})" for x in (one, il)]
+            lines.append(f"{name:<8} {f'TP{row[4]} PP{row[5]}':<12} {row[6]:>5} {m:>5} {row[10]:>8.0f} "
+                         + " ".join(f"{c:>16}" for c in cells))
+        x = {k: _overhead(v[0], v[-1]) for k, v in points.items()}
+        lines.append(f"{name:<8} {'overhead X':<12} {'':>5} {'':>5} {x['measured']:>8.1f} {x['1f1b']:>16.1f} "
+                     f"{x['il']:>16.1f}")
+    return lines
+
+
+def _paper_ab(hw: HardwareSpec) -> list[str]:
+    """The model on the settings of the paper's Figures 12 (interleaved against 1F1B) and 18 (scatter/gather on
+    and off, interleaved), to set beside what the paper says of them. Without scatter/gather each TP rank sends
+    the whole boundary tensor (transfers ``tp`` times as long); the all-gather after the receive stays charged,
+    so the model's gain from scatter/gather is at most what is shown, and interleaved against 1F1B without it
+    at least. Then the same with every transfer 1.5x and 2x as long (a sensitivity, not the model)."""
+    lines = ["the paper's A/B settings (Figures 12 and 18: GPT 175B, TP8 PP12, 96 GPUs, mb 1, interleaved v4), "
+             "TFLOP/s per GPU as 1F1B and interleaved, then for every transfer 1x, 1.5x and 2x as long as modelled: "
+             "the gain of scatter/gather (interleaved; an upper bound: the all-gather stays charged without it) and "
+             "interleaved over 1F1B, both without scatter/gather (a lower bound)",
+             f"{'batch':<6} {'1F1B':>6} {'interl.':>7} {'gain':>7}  "
+             + "  ".join(f"{f'x{f:g}: S/G':>10} {'il/1F1B':>8}" for f in (1.0, 1.5, 2.0))]
+    for row in FIGURE_12:
+        one, il = narayanan(hw, row, interleave=False)[0], narayanan(hw, row)[0]
+        cells = []
+        for f in (1.0, 1.5, 2.0):
+            on, off = (SlowP2P(**_fields(hw), p2p_factor=f * k) for k in (1, row[4]))
+            il_off = narayanan(off, row)[0]
+            gain, lead = narayanan(on, row)[0] / il_off - 1, il_off / narayanan(off, row, interleave=False)[0] - 1
+            cells.append(f"{gain:>+10.1%} {lead:>+8.1%}")
+        lines.append(f"{row[7]:<6} {one:>6.1f} {il:>7.1f} {il / one - 1:>+7.1%}  " + "  ".join(cells))
     return lines
 
 
