@@ -15,7 +15,7 @@ import torch
 from pipeoffload.errors import ConfigError
 from pipeoffload.train import checkpoint
 from pipeoffload.train.config import TrainConfig, build_config, check_run_dir, load_saved
-from pipeoffload.train.data import ByteTokenizer, load_tokenizer
+from pipeoffload.train.data import load_tokenizer
 from pipeoffload.train.model import full_gpt, full_llama
 
 
@@ -114,10 +114,17 @@ def continue_ids(model: torch.nn.Module, ids: list[int], tokens: int, *, context
     return out
 
 
+def start_ids(tokenizer: Any, eos: int | None) -> list[int]:
+    """What an empty prompt (one that encodes to no tokens) starts from: the model's end-of-sequence token
+    where it has one (an ``hf:DIR`` model: it precedes every document the run trained on), else the
+    tokenizer's own newline (the byte tokenizer's byte 10; a BPE's id 10 is some other piece)."""
+    return [eos] if eos is not None else tokenizer.encode("\n")  # type: ignore[no-any-return]
+
+
 def generate_text(source: str | Path, prompt: str, tokens: int, temperature: float = 0.8, seed: int = 0,
                   greedy: bool = False) -> str:
     model, tokenizer, context, eos = load_source(source)
-    ids = tokenizer.encode(prompt) or ByteTokenizer().encode("\n")[:1]  # type: ignore[attr-defined]
+    ids = tokenizer.encode(prompt) or start_ids(tokenizer, eos)  # type: ignore[attr-defined]
     out = continue_ids(model, ids, tokens, context=context, greedy=greedy, temperature=temperature, seed=seed,
                        eos=eos)
     return tokenizer.decode(out)  # type: ignore[attr-defined,no-any-return]
