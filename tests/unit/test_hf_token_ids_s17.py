@@ -1,7 +1,8 @@
 """config.json's token ids (session 17): ``pad_token_id`` is the embedding's ``padding_idx`` as in
 transformers (its row gets no gradient, tied head or not) and survives an export; ``eos_token_id`` (which
 ends every document of the data) and ``pad_token_id`` must be JSON integers naming tokens of the
-vocabulary, ``bos_token_id`` a JSON integer, else one line (exit 2) naming the field."""
+vocabulary, ``bos_token_id`` a JSON integer, else one line (exit 2) naming the field; a token file
+with ids past the model's vocabulary is refused naming the model's tokenizer."""
 from __future__ import annotations
 
 import shutil
@@ -63,3 +64,19 @@ def test_a_bad_token_id_is_refused(llama_dir: Path, tmp_path: Path, field: str, 
     edit_config(copy, **{field: value})
     refused(f"generate hf:{copy} --tokens 1", "config.json", f"{field}={value!r}", words)
     refused(f"estimate --model hf:{copy} --global-batch 8", f"{field}={value!r}", words)
+
+
+def test_a_token_file_beyond_the_models_vocabulary_names_its_tokenizer(llama_dir: Path, tmp_path: Path) -> None:
+    """Token ids past the model's vocab_size: the advice was "raise --vocab", which hf:DIR refuses."""
+    import json
+
+    import numpy as np
+
+    vocab = json.loads((llama_dir / "config.json").read_text())["vocab_size"]
+    ids = np.arange(4000, dtype=np.int32) % vocab
+    ids[7] = vocab + 100
+    np.save(tmp_path / "t.npy", ids)
+    err = refused(f"train --model hf:{llama_dir} --data {tmp_path / 't.npy'} --seq-len 16 --global-batch 8 "
+                  f"--steps 1 --out {tmp_path / 'run'}", f"holds token id {vocab + 100}", f"vocab_size={vocab}",
+                  "tokenizer.json")
+    assert "--vocab" not in err and not (tmp_path / "run").exists()
