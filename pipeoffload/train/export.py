@@ -42,12 +42,16 @@ def export_hf(run_dir: str | Path, out: str | Path) -> Path:
         return save_hf(target, shape, state, tok, tokenizer_files=_tokenizer_files(source))
 
 
-TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+# what an export carries over from an hf:DIR source besides tokenizer.json: its special tokens (the
+# end-of-text token among them), its chat template (transformers >= 4.47 saves it on its own, as
+# .jinja) and its generation defaults (end-of-turn ids, sampling settings)
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+                   "generation_config.json")
 
 
 def _tokenizer_files(source: str) -> list[Path]:
-    """The files naming an ``hf:DIR`` source's special tokens (its end-of-text token among them), where
-    DIR still holds them: without them transformers' tokenizer of the export has no ``eos_token``."""
+    """The files of ``TOKENIZER_FILES`` an ``hf:DIR`` source's folder still holds: without them transformers'
+    tokenizer of the export has no ``eos_token`` or chat template, and ``generate`` no end-of-turn ids."""
     from pipeoffload.train.family import hf_path
 
     folder = hf_path(source)
