@@ -58,6 +58,7 @@ RUN_ENTRIES = {
     "train.log": ("file", "the ranks' log"),
     "tokenizer.json": ("file", "the tokenizer"),
     "hf_config.json": ("file", "the model's config.json"),
+    "generation_config.json": ("file", "the model's generation_config.json"),
     ".lock": ("file", "the run's lock"),
     "checkpoints": ("folder", "the checkpoints"),
     "tensorboard": ("folder", "the TensorBoard event files"),

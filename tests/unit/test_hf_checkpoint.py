@@ -46,7 +46,7 @@ def test_greedy_continuation_equals_transformers(which: str, request) -> None:  
     ids = tokenizer.encode("The quick brown fox")  # type: ignore[attr-defined]
     ours = continue_ids(model, ids, 24, context=context, greedy=True, eos=eos)
     with torch.no_grad():
-        want = ref.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=24, pad_token_id=eos)[0].tolist()
+        want = ref.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=24, pad_token_id=eos[0])[0].tolist()
     assert ours == want and len(ours) > len(ids)
 
 
