@@ -307,8 +307,37 @@ def check_tokenizer_file(path: Path, vocab: int) -> None:
         raise ConfigError(f"{path}: the tokenizer has {size} tokens but config.json vocab_size={vocab}")
 
 
-def eos_id(shape: LlamaShape) -> int | None:
+def eos_ids(shape: LlamaShape) -> tuple[int, ...]:
+    """Every end-of-sequence id of config.json (``eos_token_id``: one or a list, as Llama 3.1 Instruct's
+    end-of-text, end-of-message and end-of-turn ids): generation stops at any, as transformers' does."""
     eos = shape.eos_token_id
-    if isinstance(eos, list):
-        return int(eos[0]) if eos else None
-    return None if eos is None else int(eos)
+    return tuple(int(e) for e in eos) if isinstance(eos, list) else () if eos is None else (int(eos),)
+
+
+GENERATION_CONFIG = "generation_config.json"
+
+
+def stop_ids(shape: LlamaShape, generation_config: Path) -> tuple[int, ...]:
+    """The ids generation stops at, as transformers' generate: the ``eos_token_id`` of ``generation_config``
+    (a folder's ``generation_config.json``: Llama 3 Instruct's adds its end-of-turn id there) where that file
+    sets one, else config.json's (``eos_ids``). Each must be a token id of the vocabulary."""
+    if not generation_config.is_file():
+        return eos_ids(shape)
+    try:
+        data = json.loads(generation_config.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{generation_config}: not valid JSON ({err})") from None
+    eos = data.get("eos_token_id") if isinstance(data, dict) else None
+    if eos is None:
+        return eos_ids(shape)
+    ids = eos if isinstance(eos, list) else [eos]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < shape.vocab for i in ids):
+        raise ConfigError(f"{generation_config}: eos_token_id={eos!r} is not a token id (or a list of them) of "
+                          f"vocab_size={shape.vocab}; fix it or delete the file")
+    return tuple(ids)
+
+
+def eos_id(shape: LlamaShape) -> int | None:
+    """The first end-of-sequence id: the one ending every document of the data."""
+    ids = eos_ids(shape)
+    return ids[0] if ids else None

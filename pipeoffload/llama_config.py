@@ -46,6 +46,7 @@ class LlamaShape:
     architecture: str = "LlamaForCausalLM"
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None  # transformers' padding_idx: that embedding row gets no gradient
 
     def __post_init__(self) -> None:
         for key in ("vocab", "hidden", "layers", "heads"):
@@ -94,8 +95,9 @@ class LlamaShape:
             return json_int(cfg[key], key, where)
 
         kv = cfg.get("num_key_value_heads")
+        vocab = need("vocab_size")
         return cls(
-            vocab=need("vocab_size"), hidden=need("hidden_size"), layers=need("num_hidden_layers"),
+            vocab=vocab, hidden=need("hidden_size"), layers=need("num_hidden_layers"),
             heads=need("num_attention_heads"), kv_heads=0 if kv is None else json_int(kv, "num_key_value_heads", where),
             ffn_hidden=need("intermediate_size"), head_dim=_head_dim(cfg, where),
             rope_theta=theta, rope_scaling=scaling, rms_eps=json_float(cfg.get("rms_norm_eps", 1e-6), "rms_norm_eps",
@@ -103,7 +105,7 @@ class LlamaShape:
             tie_embeddings=json_bool(cfg, "tie_word_embeddings", False, where),
             qkv_bias=arch == "Qwen2ForCausalLM" or json_bool(cfg, "attention_bias", False, where),
             max_positions=json_int(cfg.get("max_position_embeddings", 4096), "max_position_embeddings", where),
-            architecture=arch, bos_token_id=cfg.get("bos_token_id"), eos_token_id=cfg.get("eos_token_id"),
+            architecture=arch, **_token_ids(cfg, vocab, where),
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -131,7 +133,7 @@ class LlamaShape:
             out["sliding_window"] = None
         else:
             out.update(use_sliding_window=False, sliding_window=None)
-        for key in ("bos_token_id", "eos_token_id"):
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
@@ -152,6 +154,25 @@ def _head_dim(cfg: dict[str, Any], where: str) -> int:
     if explicit:
         json_int(explicit, "head_dim", where)
     return set_apart_head_dim(explicit, int(cfg["num_attention_heads"]), int(cfg["hidden_size"])) or 0
+
+
+def _token_ids(cfg: dict[str, Any], vocab: int, where: str) -> dict[str, Any]:
+    """``bos_token_id``, ``eos_token_id`` (one id or a list) and ``pad_token_id`` of config.json, each a JSON
+    integer or null. The end-of-sequence id ends every document of the data and the padding id is the
+    embedding's ``padding_idx`` (as in transformers, from -vocab as ``nn.Embedding`` takes it), so both
+    must be token ids of the vocabulary; the beginning-of-sequence id is only carried to an export."""
+    bos, eos, pad = (cfg.get(key) for key in ("bos_token_id", "eos_token_id", "pad_token_id"))
+    if bos is not None:
+        json_int(bos, "bos_token_id", where)
+    for value in (eos if isinstance(eos, list) else [] if eos is None else [eos]):
+        if not 0 <= json_int(value, "eos_token_id", where) < vocab:
+            held = f" holds {value}, which" if isinstance(eos, list) else ""
+            raise ConfigError(f"{where}: eos_token_id={eos!r}{held} is not a token id of vocab_size={vocab} (0 "
+                              f"to {vocab - 1}); it ends every document of the data: fix config.json")
+    if pad is not None and not -vocab <= json_int(pad, "pad_token_id", where) < vocab:
+        raise ConfigError(f"{where}: pad_token_id={pad!r} is not a token id of vocab_size={vocab}; it is the "
+                          "embedding row transformers leaves untrained: fix config.json or set it to null")
+    return {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad}
 
 
 def _json_kind(value: Any) -> str:

@@ -48,7 +48,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "keeps the whole text, so the two may differ from there on).")
     parser.add_argument("run_dir", metavar="SRC",
                         help="the --out folder of `pipeoffload train`, or hf:DIR (a local Hugging Face directory)")
-    parser.add_argument("--prompt", type=flag_type(_utf8), default="", help="text to continue (UTF-8)")
+    parser.add_argument("--prompt", type=flag_type(_utf8), default="",
+                        help="text to continue (UTF-8); none: start from the model's end-of-sequence token "
+                             "(hf:DIR and runs trained from it), else a newline")
     parser.add_argument("--tokens", type=flag_type(_tokens), default=100,
                         help=f"tokens to generate, 1 to {MAX_TOKENS:,} (default 100)")
     # None: not given (a sampling flag beside --greedy would do nothing, so it is refused)

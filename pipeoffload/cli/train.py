@@ -88,6 +88,8 @@ def resolve(args: argparse.Namespace) -> tuple[Any, list[str]]:
     layers = [saved, {"out": args.resume} if args.resume else {}, from_file, flags]
     cfg = build_config(*layers)
     _check_hf_tokenizer(cfg, {**from_file, **given})
+    if args.resume:
+        _check_resumed_hf_folder(Path(args.resume), cfg.model.source)
     if args.plan == "auto":
         from pipeoffload.train.plan import planned_config
 
@@ -155,6 +157,31 @@ def _check_hf_tokenizer(cfg: Any, given: dict[str, Any]) -> None:
     if tok is not None and tok != "hf" and kind(cfg.model.source) == "hf":
         raise ConfigError(f"tokenizer={tok!r}: model={cfg.model.source!r} brings its own tokenizer (tokenizer.json); "
                           "leave --tokenizer out")
+
+
+def _check_resumed_hf_folder(run: Any, source: str) -> None:
+    """A resumed ``hf:DIR`` run keeps the shape of its copy of DIR's config.json (``hf_config.json``), but DIR
+    is checked again: one that now holds another model is refused saying so (validate would name a shape key
+    as if a flag had set it: "layers=5: ... sets layers=3; leave --layers out")."""
+    import json
+
+    from pipeoffload.errors import ConfigError
+    from pipeoffload.llama_config import LlamaShape
+    from pipeoffload.train.family import HF_CONFIG, SHAPE_KEYS, hf_keys, hf_path
+
+    folder, copy = hf_path(source), run / HF_CONFIG
+    if folder is None or not copy.is_file():
+        return
+    try:
+        then, now = (hf_keys(LlamaShape.from_hf(json.loads(p.read_text()), str(p)))
+                     for p in (copy, folder / "config.json"))
+    except (OSError, ValueError, ConfigError):
+        return  # validate names what is wrong with the folder
+    changed = [f"{key} {then[key]!r} -> {now[key]!r}" for key in SHAPE_KEYS if then[key] != now[key]]
+    if changed:
+        raise ConfigError(f"--resume {str(run)!r}: {folder / 'config.json'} no longer describes the model the run "
+                          f"started from ({copy}): {', '.join(changed)}; restore that folder (the weights come "
+                          "from the checkpoint)")
 
 
 def _check_steps(args: argparse.Namespace, saved: dict[str, Any], given: dict[str, Any]) -> None:

@@ -129,7 +129,8 @@ class MLP(nn.Module):
 class Embed(nn.Module):
     def __init__(self, shape: LlamaShape) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(shape.vocab, shape.hidden)
+        # padding_idx as transformers sets it (config.json's pad_token_id): its row gets no gradient
+        self.embed_tokens = nn.Embedding(shape.vocab, shape.hidden, padding_idx=shape.pad_token_id)
 
     def forward(self, tokens: torch.Tensor, pad_mask: torch.Tensor | None = None, offset: int = 0) -> Values:
         return self.embed_tokens(tokens), pad_mask, offset

@@ -773,6 +773,8 @@ def _check_schedule(cfg: TrainConfig, gpt: bool) -> None:
                    "stages' layer counts itself (counts=)")
         blocks_per_stage(cfg, stages)  # ConfigError naming what does not add up
         return
+    fix = ("use fewer stages (pp, stages_per_rank): its config.json sets layers" if cfg.model.source.startswith("hf:")
+           else f"use layers >= {stages - 2}")
     _need(not gpt or layers + 2 >= stages,
           f"layers={layers}: the model's {layers + 2} layers (embedding, blocks, head) cannot fill "
-          f"{stages} stages (pp*stages_per_rank); use layers >= {stages - 2}")
+          f"{stages} stages (pp*stages_per_rank); {fix}")

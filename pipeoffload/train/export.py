@@ -39,21 +39,27 @@ def export_hf(run_dir: str | Path, out: str | Path) -> Path:
         if cfg.data.tokenizer == "byte":
             tok = Path(tmp) / "tokenizer.json"
             byte_tokenizer(tok)
-        return save_hf(target, shape, state, tok, tokenizer_files=_tokenizer_files(source))
+        return save_hf(target, shape, state, tok, tokenizer_files=_tokenizer_files(source, run))
 
 
-TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+# what an export carries over from an hf:DIR source besides tokenizer.json: its special tokens (the
+# end-of-text token among them), its chat template (transformers >= 4.47 saves it on its own, as
+# .jinja) and its generation defaults (end-of-turn ids, sampling settings)
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+                   "generation_config.json")
 
 
-def _tokenizer_files(source: str) -> list[Path]:
-    """The files naming an ``hf:DIR`` source's special tokens (its end-of-text token among them), where
-    DIR still holds them: without them transformers' tokenizer of the export has no ``eos_token``."""
+def _tokenizer_files(source: str, run: Path | None = None) -> list[Path]:
+    """The files of ``TOKENIZER_FILES`` of an ``hf:DIR`` source: the run's copy (generation_config.json, kept
+    when the run started), else the folder's where it still holds them. Without them transformers' tokenizer
+    of the export has no ``eos_token`` or chat template, and its ``generate`` no end-of-turn ids."""
     from pipeoffload.train.family import hf_path
 
     folder = hf_path(source)
     if folder is None:
         return []
-    return [folder / name for name in TOKENIZER_FILES if (folder / name).is_file()]
+    found = [run / name if run is not None and (run / name).is_file() else folder / name for name in TOKENIZER_FILES]
+    return [path for path in found if path.is_file()]
 
 
 def byte_tokenizer(path: Path) -> None:

@@ -7,6 +7,7 @@ cache): slower, and the same arithmetic as training's forward.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -15,29 +16,47 @@ import torch
 from pipeoffload.errors import ConfigError
 from pipeoffload.train import checkpoint
 from pipeoffload.train.config import TrainConfig, build_config, check_run_dir, load_saved
-from pipeoffload.train.data import ByteTokenizer, load_tokenizer
+from pipeoffload.train.data import load_tokenizer
 from pipeoffload.train.model import full_gpt, full_llama
 
 
-def load_hf(path: Path) -> tuple[torch.nn.Module, object, int, int | None]:
-    """(model, tokenizer, context length, end-of-text id) of a checked Hugging Face directory."""
-    from pipeoffload.hfdir import eos_id, open_hf_dir
+def load_hf(path: Path) -> tuple[torch.nn.Module, object, int, tuple[int, ...]]:
+    """(model, tokenizer, context length, end-of-text ids) of a checked Hugging Face directory."""
+    from pipeoffload.hfdir import GENERATION_CONFIG, open_hf_dir, stop_ids
     from pipeoffload.models.hf import hf_model
     from pipeoffload.train.data import BPETokenizer
 
     hf = open_hf_dir(path)
-    return hf_model(hf).eval(), BPETokenizer(hf.tokenizer), hf.shape.max_positions, eos_id(hf.shape)
+    return hf_model(hf).eval(), BPETokenizer(hf.tokenizer), hf.shape.max_positions, \
+        stop_ids(hf.shape, hf.path / GENERATION_CONFIG)
 
 
-def load_source(source: str | Path) -> tuple[torch.nn.Module, object, int, int | None]:
-    """(model in eval mode, tokenizer, context length, end-of-text id or None) of a run or ``hf:DIR``."""
+def load_source(source: str | Path) -> tuple[torch.nn.Module, object, int, tuple[int, ...]]:
+    """(model in eval mode, tokenizer, context length, the ids generation stops at) of a run or ``hf:DIR``."""
     from pipeoffload.hfdir import parse_source
 
     hf_path = parse_source(str(source))
     if hf_path is not None:
         return load_hf(hf_path)
     model, tokenizer, seq = load_model(source)
-    return model, tokenizer, seq, getattr(tokenizer, "eos", None)
+    return model, tokenizer, seq, _run_eos_ids(Path(source), tokenizer)
+
+
+def _run_eos_ids(run: Path, tokenizer: Any) -> tuple[int, ...]:
+    """The ids generation of a run stops at: an ``hf:DIR`` run's by its copies of DIR's config.json and
+    generation_config.json (``hfdir.stop_ids``), else its tokenizer's end-of-text id (none for the byte
+    tokenizer and a BPE)."""
+    import json
+
+    from pipeoffload.hfdir import GENERATION_CONFIG, stop_ids
+    from pipeoffload.llama_config import LlamaShape
+    from pipeoffload.train.family import HF_CONFIG
+
+    copy = run / HF_CONFIG
+    if copy.is_file():
+        return stop_ids(LlamaShape.from_hf(json.loads(copy.read_text()), str(copy)), run / GENERATION_CONFIG)
+    eos = getattr(tokenizer, "eos", None)
+    return () if eos is None else (eos,)
 
 
 def load_model(run_dir: str | Path) -> tuple[torch.nn.Module, object, int]:
@@ -95,9 +114,10 @@ def load_run(run: Path) -> tuple[torch.nn.Module, Any, TrainConfig]:
 
 @torch.no_grad()
 def continue_ids(model: torch.nn.Module, ids: list[int], tokens: int, *, context: int, greedy: bool = False,
-                 temperature: float = 0.8, seed: int = 0, eos: int | None = None) -> list[int]:
+                 temperature: float = 0.8, seed: int = 0, eos: int | Collection[int] | None = None) -> list[int]:
     """``ids`` followed by up to ``tokens`` new ones (argmax when ``greedy`` or ``temperature <= 0``;
-    stops after ``eos``)."""
+    stops after ``eos``, or after any of several)."""
+    stops = {eos} if isinstance(eos, int) else set(eos or ())
     gen = torch.Generator().manual_seed(seed)
     out = list(ids)
     for _ in range(tokens):
@@ -109,15 +129,22 @@ def continue_ids(model: torch.nn.Module, ids: list[int], tokens: int, *, context
             probs = torch.softmax(logits / temperature, dim=-1)
             nxt = int(torch.multinomial(probs, 1, generator=gen))
         out.append(nxt)
-        if eos is not None and nxt == eos:
+        if nxt in stops:
             break
     return out
+
+
+def start_ids(tokenizer: Any, eos: tuple[int, ...]) -> list[int]:
+    """What an empty prompt (one that encodes to no tokens) starts from: the model's end-of-sequence token
+    where it has one (an ``hf:DIR`` model: it precedes every document the run trained on), else the
+    tokenizer's own newline (the byte tokenizer's byte 10; a BPE's id 10 is some other piece)."""
+    return [eos[0]] if eos else tokenizer.encode("\n")  # type: ignore[no-any-return]
 
 
 def generate_text(source: str | Path, prompt: str, tokens: int, temperature: float = 0.8, seed: int = 0,
                   greedy: bool = False) -> str:
     model, tokenizer, context, eos = load_source(source)
-    ids = tokenizer.encode(prompt) or ByteTokenizer().encode("\n")[:1]  # type: ignore[attr-defined]
+    ids = tokenizer.encode(prompt) or start_ids(tokenizer, eos)  # type: ignore[attr-defined]
     out = continue_ids(model, ids, tokens, context=context, greedy=greedy, temperature=temperature, seed=seed,
                        eos=eos)
     return tokenizer.decode(out)  # type: ignore[attr-defined,no-any-return]

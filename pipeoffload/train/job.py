@@ -208,15 +208,17 @@ def prepare_run(cfg: TrainConfig, resume: str | None, is_main: bool = True,
 
 
 def _copy_model_files(cfg: TrainConfig, run_dir: Path) -> None:
-    """An ``hf:DIR`` run keeps DIR's config.json and tokenizer.json (``generate`` and ``export`` read the run
-    alone); a resumed run keeps its own copies."""
+    """An ``hf:DIR`` run keeps DIR's config.json and tokenizer.json, and its generation_config.json where it has
+    one (``generate`` and ``export`` read the run alone); a resumed run keeps its own copies."""
+    from pipeoffload.hfdir import GENERATION_CONFIG
     from pipeoffload.train.family import HF_CONFIG, hf_path
 
     path = hf_path(cfg.model.source)
     if path is None:
         return
-    for src, dst in (("config.json", HF_CONFIG), ("tokenizer.json", "tokenizer.json")):
-        if not (run_dir / dst).is_file():
+    for src, dst in (("config.json", HF_CONFIG), ("tokenizer.json", "tokenizer.json"),
+                     (GENERATION_CONFIG, GENERATION_CONFIG)):
+        if not (run_dir / dst).is_file() and (src != GENERATION_CONFIG or (path / src).is_file()):
             write_atomic(run_dir / dst, (path / src).read_bytes())
 
 

@@ -115,6 +115,7 @@ def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, 
     # 0 for v or g means the family's own: not a constraint
     fixed = {k: _norm(k, cfg.get(k)) for k in PLANNED
              if k in explicit and not (k in ("stages_per_rank", "group_size") and cfg.get(k) == 0)}
+    _check_fixed_tp(cfg, fixed)
     pairs = _layouts(cfg, fixed, ranks, hardware)
     _check_fixed(cfg, fixed, pairs, ranks)
     requests = _requests(cfg, fixed, model, pairs,
@@ -141,6 +142,17 @@ def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, 
                 ", ".join(f"{k}={v}" for k, v in chosen.items()), plan.tokens_per_second, plan.memory.total / GIB,
                 model.name)
     return cfg.updated(nproc=ranks if cfg.parallel.nproc else 0, **updates)
+
+
+def _check_fixed_tp(cfg: TrainConfig, fixed: dict[str, Any]) -> None:
+    """A ``--tp`` given for a Llama-family model, checked by the model's rule (it divides the key/value heads
+    and the MLP width) before the search: the planner only searches layouts the model can take, so a tp
+    breaking the rule was refused as if no plan fitted the memory budget."""
+    from pipeoffload.train.config import _check_llama_tp
+    from pipeoffload.train.family import kind, run_shape
+
+    if "tp" in fixed and kind(cfg.model.source) in ("llama", "hf"):
+        _check_llama_tp(cfg, run_shape(cfg.model, _tokenizer_vocab(cfg.data.tokenizer), None))
 
 
 def _layouts(cfg: TrainConfig, fixed: dict[str, Any], ranks: int, hardware: Any) -> list[tuple[int, int]]:

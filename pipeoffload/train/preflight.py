@@ -41,6 +41,10 @@ def check_run(cfg: TrainConfig, *, own_model: bool = False, available: int | Non
         return
     facts = data_facts(cfg)
     if cfg.model.vocab and facts.vocab > cfg.model.vocab:
+        if cfg.model.source.startswith("hf:"):  # its vocabulary is the model's: --vocab is refused there
+            raise ConfigError(f"data={cfg.data.path!r}: holds token id {facts.vocab - 1}, but model="
+                              f"{cfg.model.source!r} has vocab_size={cfg.model.vocab} (its config.json); tokenize "
+                              "the data with the model's tokenizer.json, or give it as text")
         raise ConfigError(f"vocab={cfg.model.vocab}: the data needs {facts.vocab} token ids (its tokenizer or token "
                           "file); raise --vocab or leave it at 0 (the data's)")
     check_sequences(facts.tokens, cfg, at_most=not facts.exact)
@@ -54,6 +58,7 @@ RUN_ENTRIES = {
     "train.log": ("file", "the ranks' log"),
     "tokenizer.json": ("file", "the tokenizer"),
     "hf_config.json": ("file", "the model's config.json"),
+    "generation_config.json": ("file", "the model's generation_config.json"),
     ".lock": ("file", "the run's lock"),
     "checkpoints": ("folder", "the checkpoints"),
     "tensorboard": ("folder", "the TensorBoard event files"),

@@ -46,7 +46,7 @@ def test_greedy_continuation_equals_transformers(which: str, request) -> None:  
     ids = tokenizer.encode("The quick brown fox")  # type: ignore[attr-defined]
     ours = continue_ids(model, ids, 24, context=context, greedy=True, eos=eos)
     with torch.no_grad():
-        want = ref.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=24, pad_token_id=eos)[0].tolist()
+        want = ref.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=24, pad_token_id=eos[0])[0].tolist()
     assert ours == want and len(ours) > len(ids)
 
 
@@ -167,7 +167,8 @@ def test_an_export_from_an_hf_source_keeps_its_special_tokens(tmp_path: Path) ->
     (src / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
                                                            "eos_token": "</s>", "bos_token": "<s>"}))
     files = _tokenizer_files(f"hf:{src}")
-    assert [f.name for f in files] == ["tokenizer_config.json"]  # (no special_tokens_map.json there)
+    # (no special_tokens_map.json there; save_pretrained wrote generation_config.json)
+    assert [f.name for f in files] == ["tokenizer_config.json", "generation_config.json"]
     hf = open_hf_dir(src)
     state = dict(hf_model(hf).named_parameters())
     out = save_hf(tmp_path / "out", hf.shape, state, src / "tokenizer.json", tokenizer_files=files)
