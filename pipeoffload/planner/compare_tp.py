@@ -106,7 +106,7 @@ def _describe(plan: Plan) -> str:
 def format_comparison(cmp: Comparison, req: PlanRequest, naming: Naming = FIELDS) -> str:
     """The comparison's table; a side that does not fit says why in ``naming``'s names (``FLAGS``: the CLI's)."""
     model, hw = req.model, req.hardware
-    lines = [f"{model.name} ({'~' if model.params_note else ''}{model.total_params() / 1e9:.1f}B, seq {model.seq}) on {req.gpus} x {hw.name} "
+    lines = [f"{model.name} ({model.params_size()}, seq {model.seq}) on {req.gpus} x {hw.name} "
              f"({hw.network}); global batch {req.global_batch}; budget {req.memory_budget / GIB:.1f} GiB/GPU",
              ""]
     rows = (("PP + offload", cmp.pp, cmp.pp_error), (f"baseline {cmp.baseline_label}", cmp.tp, cmp.tp_error))

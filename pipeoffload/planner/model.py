@@ -192,6 +192,13 @@ class ModelSpec:
         head = self.head_params() - (self.word_embedding_params() if self.tied_embeddings else 0)
         return self.layers * self.params_per_layer() + self.embedding_params() + head
 
+    def params_size(self) -> str:
+        """The parameter count as the reports print it: "70.6B", "124M" or "228K" (a small or test model
+        read "0.0B"); "~" before it where the count is approximate (``params_note``)."""
+        n = self.total_params()
+        size = (f"{n / 1e9:.1f}B" if n >= 0.95e9 else f"{n / 1e6:.3g}M" if n >= 0.95e6 else f"{n / 1e3:.3g}K")
+        return f"{'~' if self.params_note else ''}{size}"
+
     # ---- FLOPs (per microbatch) --------------------------------------------------------------
     def attention_flops(self) -> int:
         """Score (Q K^T) and context (P V) GEMMs of one layer: 4*b*s^2*A (A = heads x head_dim, h unless

@@ -44,7 +44,7 @@ def format_result(result: SearchResult, top: int = 5, pareto: bool = True, namin
     model, hw = req.model, req.hardware
     rate = result.candidates / result.seconds if result.seconds > 0 else float("inf")
     lines = [
-        f"{model.name} ({'~' if model.params_note else ''}{model.total_params() / 1e9:.1f}B params, seq {model.seq}, microbatch {model.microbatch}) "
+        f"{model.name} ({model.params_size()} params, seq {model.seq}, microbatch {model.microbatch}) "
         f"on {req.gpus} x {hw.name}; global batch {req.global_batch} sequences; "
         f"budget {req.memory_budget / GIB:.1f} GiB/GPU"
         + (f", host {req.host_memory_budget / GIB:.1f} GiB/GPU" if req.host_memory_budget is not None else "")

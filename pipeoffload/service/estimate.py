@@ -40,7 +40,7 @@ class EstimateResult:
         policy = f", recompute policy {c.recompute}" if str(c.recompute) != "none" else ""
         group = f" g={c.group_size}" if c.group_size is not None else ""
         return "\n".join([
-            f"{r.model.name} ({'~' if r.model.params_note else ''}{r.model.total_params() / 1e9:.1f}B params) on "
+            f"{r.model.name} ({r.model.params_size()} params) on "
             f"{r.layout.gpus} x {r.hardware.name}: TP{r.tp} PP{r.pp} DP{r.dp}, {r.schedule} "
             f"v={r.stages_for()}{group}, seq {r.model.seq:,}, microbatch {r.model.microbatch} x {e.microbatches}, "
             f"recompute {r.recompute}{policy}, {offload}", *_split_line(e),
