@@ -1,10 +1,13 @@
-"""Shape of a Llama-family decoder (Llama 2/3, Qwen2, Mistral without sliding window), without torch.
+"""Shape of a Llama-family decoder (Llama 2/3, Qwen2, Mistral), without torch.
 
 One record for three readers: the trainable model (``models.llama``), the Hugging Face reader and
 writer (``models.hf``) and the planner's presets (``planner.presets``, through ``model_spec``), so a
 model's shapes are written once. ``from_hf`` maps a Hugging Face ``config.json`` onto it and refuses,
-with one line naming the field, anything the model cannot reproduce exactly (sliding windows, mixtures
-of experts, unknown rope types, other activations).
+with one line naming the field, anything the model cannot reproduce exactly (mixtures of experts,
+unknown rope types, other activations, sliding windows but Mistral's). Mistral's sliding window is kept
+(``sliding_window``): attention here is full causal, which is the window's own attention on sequences of
+at most that many tokens, so a run trains only such sequences (``train`` checks) and ``generate`` keeps at
+most that many tokens of context.
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ class LlamaShape:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None  # transformers' padding_idx: that embedding row gets no gradient
+    sliding_window: int = 0  # Mistral's attention window (config.json's sliding_window, in tokens); 0: none
 
     def __post_init__(self) -> None:
         for key in ("vocab", "hidden", "layers", "heads"):
@@ -69,6 +73,12 @@ class LlamaShape:
     @property
     def dim_head(self) -> int:
         return self.head_dim or self.hidden // self.heads
+
+    @property
+    def context(self) -> int:
+        """The most tokens one sequence may hold here: the declared positions, and no more than a sliding
+        window (within it, full causal attention is the window's)."""
+        return min(self.max_positions, self.sliding_window) if self.sliding_window else self.max_positions
 
     @property
     def ffn(self) -> int:
@@ -105,7 +115,7 @@ class LlamaShape:
             tie_embeddings=json_bool(cfg, "tie_word_embeddings", False, where),
             qkv_bias=arch == "Qwen2ForCausalLM" or json_bool(cfg, "attention_bias", False, where),
             max_positions=json_int(cfg.get("max_position_embeddings", 4096), "max_position_embeddings", where),
-            architecture=arch, **_token_ids(cfg, vocab, where),
+            architecture=arch, sliding_window=_mistral_window(cfg, arch, where), **_token_ids(cfg, vocab, where),
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -130,7 +140,7 @@ class LlamaShape:
         if model_type == "llama":
             out.update(attention_bias=self.qkv_bias, mlp_bias=False)
         elif model_type == "mistral":
-            out["sliding_window"] = None
+            out["sliding_window"] = self.sliding_window or None
         else:
             out.update(use_sliding_window=False, sliding_window=None)
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -146,7 +156,8 @@ class LlamaShape:
         return ModelSpec(name=name, layers=self.layers, hidden=self.hidden, heads=self.heads,
                          kv_heads=self.n_kv_heads, head_size=self.head_dim or None, ffn=self.ffn, seq=seq,
                          vocab=self.vocab, gated_mlp=True, dropout=False, bias=False, qkv_bias=self.qkv_bias,
-                         tied_embeddings=self.tie_embeddings, rotary_positions=self.max_positions)
+                         tied_embeddings=self.tie_embeddings, rotary_positions=self.max_positions,
+                         attention_window=self.sliding_window)
 
 
 def _head_dim(cfg: dict[str, Any], where: str) -> int:
@@ -237,9 +248,9 @@ def _refuse_unsupported(cfg: dict[str, Any], arch: str, where: str) -> None:
         raise ConfigError(f"{where}: {key}={cfg[key]!r}: mixtures of experts are not supported")
     window = cfg.get("sliding_window")
     uses_window = json_bool(cfg, "use_sliding_window", arch == "MistralForCausalLM", where)
-    if window is not None and uses_window:
-        raise ConfigError(f"{where}: sliding_window={window!r} is not supported (attention here is full causal); "
-                          "set it to null if the model was trained without one")
+    if window is not None and uses_window and arch != "MistralForCausalLM":
+        raise ConfigError(f"{where}: sliding_window={window!r} is not supported for {arch} (attention here is full "
+                          "causal); set it to null if the model was trained without one")
     if "sliding_attention" in (cfg.get("layer_types") or ()):
         raise ConfigError(f"{where}: layer_types has 'sliding_attention': sliding windows are not supported")
     if json_bool(cfg, "mlp_bias", False, where):
@@ -248,6 +259,17 @@ def _refuse_unsupported(cfg: dict[str, Any], arch: str, where: str) -> None:
         raise ConfigError(f"{where}: attention_bias=true is not supported for LlamaForCausalLM (o_proj bias)")
     if cfg.get("attention_dropout"):
         raise ConfigError(f"{where}: attention_dropout={cfg['attention_dropout']!r} is not supported; set it to 0")
+
+
+def _mistral_window(cfg: dict[str, Any], arch: str, where: str) -> int:
+    """Mistral's sliding window in tokens (0: none); other architectures' were refused before."""
+    window = cfg.get("sliding_window")
+    if arch != "MistralForCausalLM" or window is None or not json_bool(cfg, "use_sliding_window", True, where):
+        return 0
+    size = json_int(window, "sliding_window", where)
+    if size < 1:
+        raise ConfigError(f"{where}: sliding_window={window!r}: must be a number of tokens >= 1, or null for none")
+    return size
 
 
 def _rope(cfg: dict[str, Any], where: str) -> tuple[float, Llama3Scaling | None]:

@@ -39,7 +39,7 @@ def hf_config(kind: str, vocab: int, **over: Any) -> Any:
     if kind == "qwen2":
         return transformers.Qwen2Config(tie_word_embeddings=True, rope_theta=10000.0, **common)
     if kind == "mistral":
-        return transformers.MistralConfig(tie_word_embeddings=False, sliding_window=None, **common)
+        return transformers.MistralConfig(**{"tie_word_embeddings": False, "sliding_window": None, **common})
     raise ValueError(kind)
 
 

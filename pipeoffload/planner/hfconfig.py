@@ -57,7 +57,8 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
                           "by the planner (dense layers only)")
     if _is_llama_family(data):
         shape = LlamaShape.from_hf(data, where=str(path))
-        return shape.model_spec(_name(data, path), shape.max_positions).with_(source=source)
+        # at the declared positions, and at most a sliding window (Mistral's; a longer --seq is refused)
+        return shape.model_spec(_name(data, path), shape.context).with_(source=source)
     values: dict[str, Any] = {}
     for name, keys in _KEYS.items():
         key = next((k for k in keys if data.get(k) is not None), None)

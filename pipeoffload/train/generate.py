@@ -27,7 +27,7 @@ def load_hf(path: Path) -> tuple[torch.nn.Module, object, int, tuple[int, ...]]:
     from pipeoffload.train.data import BPETokenizer
 
     hf = open_hf_dir(path)
-    return hf_model(hf).eval(), BPETokenizer(hf.tokenizer), hf.shape.max_positions, \
+    return hf_model(hf).eval(), BPETokenizer(hf.tokenizer), hf.shape.context, \
         stop_ids(hf.shape, hf.path / GENERATION_CONFIG)
 
 
@@ -67,13 +67,13 @@ def load_model(run_dir: str | Path) -> tuple[torch.nn.Module, object, int]:
 
 def run_context(cfg: TrainConfig, vocab: int, run: Path) -> int:
     """The most tokens generation keeps of a run: the positions its model declares, what ``export --hf``
-    writes as ``max_position_embeddings`` (an ``hf:DIR`` run: DIR's config.json; ``--model llama``:
-    its ``seq_len``); the GPT's learned position table (``seq_len`` rows)."""
+    writes as ``max_position_embeddings`` (an ``hf:DIR`` run: DIR's config.json, and no more than its sliding
+    window; ``--model llama``: its ``seq_len``); the GPT's learned position table (``seq_len`` rows)."""
     from pipeoffload.train.family import kind, run_shape
 
     if kind(cfg.model.source) == "gpt":
         return cfg.model.seq_len
-    return run_shape(cfg.model, vocab, run).max_positions
+    return run_shape(cfg.model, vocab, run).context
 
 
 def load_run(run: Path) -> tuple[torch.nn.Module, Any, TrainConfig]:
