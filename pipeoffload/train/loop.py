@@ -411,12 +411,19 @@ class Trainer:
 
     def fit(self, resume_from: Path | None = None) -> dict[str, Any]:
         cfg, ctx = self.cfg, self.ctx
-        if resume_from is not None:
-            self.resume(resume_from)
-        loggers = self._open_loggers(resume_from is not None)
+        # before the resume, as a spawned rank records a signal from its start: a SIGTERM while a one-process
+        # run loaded its checkpoint raised the CLI's Interrupted inside the load, reported as a checkpoint
+        # that "cannot be loaded onto this layout" (exit 2); now the run takes it up after its first step
+        restore = self._install_signals()
+        try:
+            if resume_from is not None:
+                self.resume(resume_from)
+            loggers = self._open_loggers(resume_from is not None)
+        except BaseException:
+            restore()
+            raise
         end = min(cfg.run.steps, cfg.run.stop_at) if cfg.run.stop_at else cfg.run.steps
         bar = _progress(cfg, ctx, self.step, cfg.run.steps)
-        restore = self._install_signals()
         saved_at, stopped = -1, 0
         try:
             while self.step < end:

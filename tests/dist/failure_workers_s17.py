@@ -8,3 +8,23 @@ from typing import Any
 def returns_an_unpicklable_value(rank: int, world: int) -> Any:
     """Returns what ``pickle`` refuses (a lock): the result cannot travel back to the launcher."""
     return threading.Lock()
+
+
+def resume_signalled_while_loading(run_dir: str) -> int:
+    """``pipeoffload train --resume RUN_DIR`` in this process (one rank), with a SIGTERM delivered while its
+    checkpoint loads (inside DCP's load, as a ``kill PID`` at that moment would land)."""
+    import os
+    import signal
+
+    import torch.distributed.checkpoint as dcp
+
+    from pipeoffload.cli import main
+
+    real = dcp.load
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, inside checkpoint.load's try
+        return real(*args, **kwargs)
+
+    dcp.load = load
+    return main(["train", "--resume", run_dir])

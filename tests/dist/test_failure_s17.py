@@ -30,3 +30,27 @@ def test_a_rank_function_whose_result_cannot_be_pickled_fails_naming_it() -> Non
     assert "ok False" in done.stdout, done.stdout + done.stderr[-2000:]
     summary = next(line for line in done.stdout.splitlines() if line.startswith("summary"))
     assert "cannot pickle" in summary and "_thread.lock" in summary, summary
+
+
+TINY = ["--layers", "2", "--hidden", "32", "--seq-len", "32", "--global-batch", "8", "--microbatches", "4",
+        "--tokenizer", "byte"]
+
+
+def test_sigterm_while_a_one_process_run_loads_its_checkpoint_stops_it_after_a_step(tmp_path: Path) -> None:
+    """One rank in the CLI's own process: a SIGTERM during the resume's checkpoint load used to raise the
+    CLI's ``Interrupted`` inside the load, reported as "checkpoint ... cannot be loaded onto this layout:
+    Interrupted" (exit 2: blaming a sound checkpoint). The trainer's handler is now in place before the
+    resume, as a spawned rank records a signal from its start: the run finishes a step, saves, exits 143."""
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    first = subprocess.run([sys.executable, "-m", "pipeoffload", "train", "--nproc", "1", "--steps", "4",
+                            "--save-every", "2", "--stop-at", "2", "--out", str(run), *TINY],
+                           capture_output=True, text=True, timeout=300, env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    code = ("import sys\nfrom failure_workers_s17 import resume_signalled_while_loading as resume\n"
+            f"sys.exit(resume({str(run)!r}))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert "cannot be loaded" not in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 143, (done.returncode, done.stdout[-1000:], done.stderr[-2000:])
+    assert "interrupted by signal 15: saved checkpoint at step 3" in done.stdout, done.stdout[-1000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000002", "step-000003"]
