@@ -296,17 +296,22 @@ class Trainer:
         """Mean validation loss: the held-out batches through the runner's forward-only schedule
         (``PipelineRunner.evaluate``: the same interpreter, transport and failure handling as a step)."""
         ctx = self.ctx
-        total, count = 0.0, 0
+        total, count, batches = 0.0, 0, 0
         modules = [m for m in self.model.stages.values()]
         for m in modules:
             m.eval()
         try:
             with self._autocast(), ctx.collective(f"evaluating after step {self.step} (pipeline forward)"):
                 for inputs, targets in self._val_batches():
+                    batches += 1
                     # the losses on the last stage's rank; a failure names the step the evaluation follows
                     for value in self.runner.evaluate(inputs, targets, step=self.step) or []:
                         total += float(value)
                         count += 1
+                if not batches:  # every rank reads the same source: all refuse together (else val loss 0.0)
+                    raise DataError(f"reading the validation batches after step {self.step} failed on rank "
+                                    f"{ctx.rank}: the batches' val(dp_rank={ctx.dp_rank}) gave none, and a "
+                                    "validation loss needs at least one held-out batch; fix the data source")
         finally:
             for m in modules:
                 m.train()

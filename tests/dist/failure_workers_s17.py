@@ -28,3 +28,14 @@ def resume_signalled_while_loading(run_dir: str) -> int:
 
     dcp.load = load
     return main(["train", "--resume", run_dir])
+
+
+def batches_without_validation(cfg: Any) -> Any:
+    """``train_workers.RandomBatches`` whose ``val`` gives no batch at all."""
+    from train_workers import RandomBatches
+
+    class NoVal(RandomBatches):
+        def val(self, dp_rank: int) -> list[tuple[Any, Any]]:
+            return []
+
+    return NoVal(cfg)

@@ -54,3 +54,22 @@ def test_sigterm_while_a_one_process_run_loads_its_checkpoint_stops_it_after_a_s
     assert done.returncode == 143, (done.returncode, done.stdout[-1000:], done.stderr[-2000:])
     assert "interrupted by signal 15: saved checkpoint at step 3" in done.stdout, done.stdout[-1000:]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000002", "step-000003"]
+
+
+def test_a_data_source_without_validation_batches_is_refused_not_a_val_loss_of_0() -> None:
+    """``batches.val`` giving no batch used to log val_loss 0.0 at every validation (a mean over no losses,
+    read as a perfect model); it now stops the run naming the call, as a failing ``val`` does."""
+    import torch.nn.functional as F
+    from failure_workers_s17 import batches_without_validation
+    from train_workers import plain_layers
+
+    from pipeoffload.train import TrainConfig, train_model
+    from pipeoffload.train.launch import RankFailure
+
+    cfg = TrainConfig.build(schedule="1f1b", pp=2, nproc=2, microbatches=2, global_batch=8, steps=2, timeout=30,
+                            progress=False)
+    with pytest.raises(RankFailure) as err:
+        history = train_model(cfg, plain_layers, F.cross_entropy, batches_without_validation)["history"]
+        pytest.fail(f"trained, with val losses {[h['val_loss'] for h in history]}")
+    assert ("DataError: reading the validation batches after step 1 failed on rank 0: the batches' val(dp_rank=0) "
+            "gave none") in str(err.value), str(err.value)
