@@ -174,7 +174,9 @@ def _child(fn: Callable[..., Any], world: int, args: tuple, folder: str, backend
             signal.signal(signal.SIGINT, signal.default_int_handler)
         torch.set_num_threads(threads)
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout))
-        result = fn(rank, world, *args)
+        # pickled here, where its error is reported as the rank's: raised after the return below, it left the
+        # process with exit 0 (our atexit) and no result, and the agent waited for that result for ever
+        payload = pickle.dumps(fn(rank, world, *args))  # bytes: torch's queue would move tensors to shared memory
         open(f"{folder}/done-{rank}", "w").close()
     except BaseException as exc:  # noqa: BLE001 - report anything, then exit non-zero
         try:
@@ -186,7 +188,7 @@ def _child(fn: Callable[..., Any], world: int, args: tuple, folder: str, backend
     # the agent takes the result and lets us go once every rank has returned; then skip the teardown
     # too (gloo's threads may still hold tensors whose release at finalisation aborts the process)
     atexit.register(exit_rank, 0)
-    return pickle.dumps(result)  # plain bytes: torch's queue would move tensors to shared memory
+    return payload
 
 
 STOP_FILE = "signal"  # in the run's folder: the number of the signal the launcher received and forwards

@@ -296,17 +296,22 @@ class Trainer:
         """Mean validation loss: the held-out batches through the runner's forward-only schedule
         (``PipelineRunner.evaluate``: the same interpreter, transport and failure handling as a step)."""
         ctx = self.ctx
-        total, count = 0.0, 0
+        total, count, batches = 0.0, 0, 0
         modules = [m for m in self.model.stages.values()]
         for m in modules:
             m.eval()
         try:
             with self._autocast(), ctx.collective(f"evaluating after step {self.step} (pipeline forward)"):
                 for inputs, targets in self._val_batches():
+                    batches += 1
                     # the losses on the last stage's rank; a failure names the step the evaluation follows
                     for value in self.runner.evaluate(inputs, targets, step=self.step) or []:
                         total += float(value)
                         count += 1
+                if not batches:  # every rank reads the same source: all refuse together (else val loss 0.0)
+                    raise DataError(f"reading the validation batches after step {self.step} failed on rank "
+                                    f"{ctx.rank}: the batches' val(dp_rank={ctx.dp_rank}) gave none, and a "
+                                    "validation loss needs at least one held-out batch; fix the data source")
         finally:
             for m in modules:
                 m.train()
@@ -411,12 +416,19 @@ class Trainer:
 
     def fit(self, resume_from: Path | None = None) -> dict[str, Any]:
         cfg, ctx = self.cfg, self.ctx
-        if resume_from is not None:
-            self.resume(resume_from)
-        loggers = self._open_loggers(resume_from is not None)
+        # before the resume, as a spawned rank records a signal from its start: a SIGTERM while a one-process
+        # run loaded its checkpoint raised the CLI's Interrupted inside the load, reported as a checkpoint
+        # that "cannot be loaded onto this layout" (exit 2); now the run takes it up after its first step
+        restore = self._install_signals()
+        try:
+            if resume_from is not None:
+                self.resume(resume_from)
+            loggers = self._open_loggers(resume_from is not None)
+        except BaseException:
+            restore()
+            raise
         end = min(cfg.run.steps, cfg.run.stop_at) if cfg.run.stop_at else cfg.run.steps
         bar = _progress(cfg, ctx, self.step, cfg.run.steps)
-        restore = self._install_signals()
         saved_at, stopped = -1, 0
         try:
             while self.step < end:

@@ -111,10 +111,31 @@ def load_metrics(path: Path) -> RunMetrics:
 
     if not path.is_file():
         raise ConfigError(f"{str(path)!r} does not exist; give the --out folder of a training run")
-    rows = [row for _, _, row in parse_records(path, then="then run report again")]
+    rows = []
+    for number, _, row in parse_records(path, then="then run report again"):
+        _check_row(path, number, row)
+        rows.append(row)
     if not rows:
         raise ConfigError(f"{path} has no metrics yet; run at least one training step first")
     return RunMetrics(rows)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_row(path: Path, number: int, row: dict[str, Any]) -> None:
+    """A record's ``step`` and ``layout``, which the report reads as whole numbers, are whole numbers (as a
+    resume refuses a bad ``step``, ``metrics.records_until``): one line naming the line, not a traceback."""
+    layout = row.get("layout")
+    if "step" in row and not _whole(row["step"]):
+        what = f"step is {row['step']!r}"
+    elif layout is not None and not (isinstance(layout, dict) and all(_whole(v) for v in layout.values())):
+        what = f"layout is {layout!r}"
+    else:
+        return
+    raise ConfigError(f"{path}:{number}: {what}, where the run writes whole numbers; fix or delete that "
+                      "line (or the file), then run report again")
 
 
 def load_config(path: Path) -> dict[str, Any]:

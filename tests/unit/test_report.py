@@ -85,3 +85,24 @@ def test_the_final_summary_says_the_step_of_a_loss_from_an_earlier_step(history,
     from pipeoffload.train.report import summary_line
 
     assert summary_line("R", step, history) == line
+
+
+@pytest.mark.parametrize("record, named", [
+    ({"step": "a", "loss": 2.0}, "step is 'a'"),
+    ({"step": 1.5, "loss": 2.0}, "step is 1.5"),
+    ({"step": 1, "loss": 2.0, "layout": {"pp": "x", "dp": 1, "tp": 1}}, "layout is {'pp': 'x'"),
+    ({"step": 1, "loss": 2.0, "layout": [2, 1, 1]}, "layout is [2, 1, 1]"),
+])
+def test_a_record_with_a_step_or_layout_that_is_not_whole_numbers_is_one_line(tmp_path, capsys, record, named):
+    """An edited metrics.jsonl whose step or layout is not whole numbers was a ValueError traceback (int("a")
+    in the loss series, int("x") in the layout split); it is refused naming the line, as a resume refuses a bad
+    step."""
+    run = tmp_path / "run"
+    _write_run(run, steps=2)
+    with (run / "metrics.jsonl").open("a") as fh:
+        fh.write(json.dumps(record) + "\n")
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"metrics.jsonl:3: {named}" in err and "run report again" in err, err
+    assert not (run / "report.html").exists()
