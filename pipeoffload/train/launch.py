@@ -115,6 +115,25 @@ def _rank_entry(rank: int, world: int, fn: RankFn, cfg: TrainConfig, args: tuple
 
 
 @contextlib.contextmanager
+def callers_logging() -> Iterator[None]:
+    """The root logger's handlers and level as they were before, once a rank run in the caller's process
+    (one rank, a torchrun worker) is done, its own (``setup_logging``) closed: ``train_model`` in a
+    notebook lost the notebook's handlers for good and left the run's ``train.log`` open."""
+    root = logging.getLogger()
+    saved, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+            if handler not in saved:
+                handler.close()
+        for handler in saved:
+            root.addHandler(handler)
+        root.setLevel(level)
+
+
+@contextlib.contextmanager
 def deterministic_kernels(enabled: bool) -> Iterator[None]:
     """With ``enabled``, deterministic kernels for the duration (torch's flags restored after: a one-rank
     run shares the caller's process; ``CUBLAS_WORKSPACE_CONFIG`` stays set, as cuBLAS reads it only when
@@ -187,7 +206,8 @@ def _single(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
         dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=0, world_size=1,
                                 timeout=datetime.timedelta(seconds=cfg.run.timeout))
         try:
-            return _rank_entry(0, 1, fn, cfg, args, verbose)
+            with callers_logging():
+                return _rank_entry(0, 1, fn, cfg, args, verbose)
         except (ConfigError, Interrupted):  # Interrupted: the CLI's SIGTERM before the trainer took the signal
             raise
         except Exception as exc:  # reported like a spawned rank's failure: one line, no traceback
@@ -208,14 +228,15 @@ def _torchrun(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
     rank, world, device = init_from_env(timeout=cfg.run.timeout)
     try:
         run_dir = Path(cfg.run.out) if cfg.run.out else None
-        setup_logging(rank, run_dir, verbose)
-        torch.manual_seed(cfg.run.seed)
-        ctx = build_context(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, device, timeout=cfg.run.timeout)
-        try:
-            with deterministic_kernels(cfg.run.deterministic):
-                return fn(ctx, cfg, *args)
-        finally:
-            ctx.close()
+        with callers_logging():
+            setup_logging(rank, run_dir, verbose)
+            torch.manual_seed(cfg.run.seed)
+            ctx = build_context(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, device, timeout=cfg.run.timeout)
+            try:
+                with deterministic_kernels(cfg.run.deterministic):
+                    return fn(ctx, cfg, *args)
+            finally:
+                ctx.close()
     finally:
         dist.destroy_process_group()
 
