@@ -241,14 +241,14 @@ def moe_field(cfg: dict[str, Any]) -> str | None:
 
 def _refuse_unsupported(cfg: dict[str, Any], arch: str, where: str) -> None:
     act = cfg.get("hidden_act", "silu")
-    if act != "silu":
+    if act not in ("silu", "swish"):  # transformers' "swish" is the same function as "silu"
         raise ConfigError(f"{where}: hidden_act={act!r} is not supported; the Llama MLP is SwiGLU ('silu')")
     key = moe_field(cfg)
     if key is not None:
         raise ConfigError(f"{where}: {key}={cfg[key]!r}: mixtures of experts are not supported")
     window = cfg.get("sliding_window")
     uses_window = json_bool(cfg, "use_sliding_window", arch == "MistralForCausalLM", where)
-    if window is not None and uses_window and arch != "MistralForCausalLM":
+    if window is not None and uses_window and arch != "MistralForCausalLM" and not _no_layer_slides(cfg, where):
         raise ConfigError(f"{where}: sliding_window={window!r} is not supported for {arch} (attention here is full "
                           "causal); set it to null if the model was trained without one")
     if "sliding_attention" in (cfg.get("layer_types") or ()):
@@ -259,6 +259,16 @@ def _refuse_unsupported(cfg: dict[str, Any], arch: str, where: str) -> None:
         raise ConfigError(f"{where}: attention_bias=true is not supported for LlamaForCausalLM (o_proj bias)")
     if cfg.get("attention_dropout"):
         raise ConfigError(f"{where}: attention_dropout={cfg['attention_dropout']!r} is not supported; set it to 0")
+
+
+def _no_layer_slides(cfg: dict[str, Any], where: str) -> bool:
+    """Qwen2 slides its window only in the layers from ``max_window_layers`` on (transformers' layer_types): with
+    that at or past the layer count, every layer is full causal attention, whatever ``use_sliding_window`` says."""
+    first = cfg.get("max_window_layers")
+    layers = cfg.get("num_hidden_layers")
+    if first is None or layers is None or "sliding_attention" in (cfg.get("layer_types") or ()):
+        return False
+    return json_int(first, "max_window_layers", where) >= json_int(layers, "num_hidden_layers", where)
 
 
 def _mistral_window(cfg: dict[str, Any], arch: str, where: str) -> int:

@@ -70,7 +70,8 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 @pytest.mark.parametrize("edit, fragment", [
-    ({"sliding_window": 4096, "use_sliding_window": True}, "sliding_window=4096"),
+    ({"sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 0, "layer_types": None},
+     "sliding_window=4096"),
     ({"num_local_experts": 8}, "num_local_experts=8"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope_type='yarn'"),
     ({"architectures": ["GPT2LMHeadModel"]}, "architectures=['GPT2LMHeadModel']"),
@@ -139,7 +140,8 @@ def test_each_rank_reads_only_its_tensors(qwen, monkeypatch) -> None:  # type: i
 
 
 @pytest.mark.parametrize("edit, flags, fragment", [
-    ({"sliding_window": 4096, "use_sliding_window": True}, [], "sliding_window=4096"),
+    ({"sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 0, "layer_types": None}, [],
+     "sliding_window=4096"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, [], "rope_type='yarn'"),
     ({}, ["--layers", "7"], "layers=7"),
     ({}, ["--tokenizer", "bpe:300"], "brings its own tokenizer"),

@@ -76,9 +76,29 @@ def test_the_planner_plans_within_the_window(mistral) -> None:  # type: ignore[n
         spec.with_(seq=WINDOW * 2)
 
 
-def test_other_architectures_still_refuse_a_window(tmp_path) -> None:
+def _qwen2(**fields: object) -> dict[str, object]:
     raw = json.loads(transformers.Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                               num_attention_heads=4, num_key_value_heads=2).to_json_string())
-    raw.update(architectures=["Qwen2ForCausalLM"], sliding_window=4096, use_sliding_window=True)
+    raw.update(architectures=["Qwen2ForCausalLM"], **fields)
+    return raw
+
+
+def test_other_architectures_still_refuse_a_window_that_slides() -> None:
+    raw = _qwen2(sliding_window=4096, use_sliding_window=True, max_window_layers=1, layer_types=None)
+    assert "sliding_attention" in transformers.Qwen2Config(**raw).layer_types  # transformers slides layer 1
     with pytest.raises(ConfigError, match="sliding_window=4096 is not supported for Qwen2ForCausalLM"):
         LlamaShape.from_hf(raw)
+
+
+def test_a_qwen2_window_no_layer_uses_is_full_attention() -> None:
+    """Qwen2 slides only layers from max_window_layers on (28 by default, past a small model's last)."""
+    raw = _qwen2(sliding_window=4096, use_sliding_window=True, max_window_layers=2, layer_types=None)
+    assert set(transformers.Qwen2Config(**raw).layer_types) == {"full_attention"}
+    assert LlamaShape.from_hf(raw).sliding_window == 0
+
+
+def test_swish_is_silu() -> None:
+    shape = LlamaShape.from_hf(_qwen2(hidden_act="swish"))
+    assert shape.to_hf()["hidden_act"] == "silu"
+    assert torch.equal(torch.nn.functional.silu(torch.arange(-3.0, 3.0)),
+                       transformers.activations.ACT2FN["swish"](torch.arange(-3.0, 3.0)))
