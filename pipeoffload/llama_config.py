@@ -17,6 +17,9 @@ from typing import Any
 from pipeoffload.errors import ConfigError
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
+# max_position_embeddings where config.json leaves it out: transformers' default of each config class (an export
+# writes the field, so it must be the value transformers read from the source folder)
+_DEFAULT_POSITIONS = {"LlamaForCausalLM": 2048, "Qwen2ForCausalLM": 32768, "MistralForCausalLM": 4096 * 32}
 # the usual config.json keys of a mixture of experts (Mixtral, Qwen2-MoE, DeepSeek, ...), besides moe_*
 _MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "n_shared_experts", "num_experts_per_tok")
 
@@ -114,7 +117,8 @@ class LlamaShape:
                                                                        where),
             tie_embeddings=json_bool(cfg, "tie_word_embeddings", False, where),
             qkv_bias=arch == "Qwen2ForCausalLM" or json_bool(cfg, "attention_bias", False, where),
-            max_positions=json_int(cfg.get("max_position_embeddings", 4096), "max_position_embeddings", where),
+            max_positions=json_int(cfg.get("max_position_embeddings", _DEFAULT_POSITIONS[arch]), "max_position_embeddings",
+                                   where),
             architecture=arch, sliding_window=_mistral_window(cfg, arch, where), **_token_ids(cfg, vocab, where),
         )
 

@@ -102,3 +102,14 @@ def test_swish_is_silu() -> None:
     assert shape.to_hf()["hidden_act"] == "silu"
     assert torch.equal(torch.nn.functional.silu(torch.arange(-3.0, 3.0)),
                        transformers.activations.ACT2FN["swish"](torch.arange(-3.0, 3.0)))
+
+
+@pytest.mark.parametrize("config", [transformers.LlamaConfig, transformers.MistralConfig, transformers.Qwen2Config])
+def test_left_out_positions_are_transformers_default(config) -> None:  # type: ignore[no-untyped-def]
+    """An export writes max_position_embeddings: where the source left it out it must be what transformers read
+    (its config class's default), not one number for every architecture (it was 4096)."""
+    raw = json.loads(config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, sliding_window=None).to_json_string())
+    raw["architectures"] = [config.__name__.replace("Config", "ForCausalLM")]
+    del raw["max_position_embeddings"]
+    assert LlamaShape.from_hf(raw).to_hf()["max_position_embeddings"] == config().max_position_embeddings
