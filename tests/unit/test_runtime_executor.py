@@ -102,22 +102,26 @@ def _gpipe_runner_failing_in(module: torch.nn.Module, **options: Any) -> tuple[P
     return PipelineRunner(stages, schedule, 0, loss_fn=lm_loss, **options), stages
 
 
+class _FailsWhenArmed(torch.nn.Module):
+    """A pass-through stage that raises once ``armed``."""
+
+    armed = False
+
+    def forward(self, *args):
+        if self.armed:
+            raise ValueError("bad layer")
+        return args
+
+
 def test_failures_name_the_step_the_caller_gives():
     """A training loop numbers its steps from 1 and continues them after a resume: the runner's failure
     names that number (it named its own per-process count from 0: "failed at step 56" in step 256 of
     a resumed run), in a step and in the evaluation after it."""
-    class FailsFrom(torch.nn.Module):
-        armed = False
-
-        def forward(self, *args):
-            if FailsFrom.armed:
-                raise ValueError("bad layer")
-            return args
-
-    runner, _ = _gpipe_runner_failing_in(FailsFrom())
+    failing = _FailsWhenArmed()
+    runner, _ = _gpipe_runner_failing_in(failing)
     batch = sample_batch(CFG, 4)
     runner.step(*batch, step=256)  # the first step of this process, the run's 256th
-    FailsFrom.armed = True
+    failing.armed = True
     with pytest.raises(PipelineError, match=r"rank 0 failed at the evaluation after step 256, action #\d+ 1F0"):
         runner.evaluate(*batch)  # by default, after the step just run, by its number
     with pytest.raises(PipelineError, match=r"rank 0 failed at the evaluation after step 300, action"):
@@ -130,21 +134,14 @@ def test_failures_name_the_step_the_caller_gives():
 def test_a_runner_counts_its_own_steps_from_1_as_train_does():
     """Without ``step=`` the runner named its first step 0 in its trace and failures ("failed at step 1"
     was the second step) where ``train`` and ``python -m pipeoffload.runtime`` name it 1."""
-    class FailsFrom(torch.nn.Module):
-        armed = False
-
-        def forward(self, *args):
-            if FailsFrom.armed:
-                raise ValueError("bad layer")
-            return args
-
-    runner, _ = _gpipe_runner_failing_in(FailsFrom())
+    failing = _FailsWhenArmed()
+    runner, _ = _gpipe_runner_failing_in(failing)
     batch = sample_batch(CFG, 4)
     runner.step(*batch)
     assert runner.trace.step == 1 and runner.last_step == 1
     runner.step(*batch)
     assert runner.trace.step == 2 and runner.step_count == 2
-    FailsFrom.armed = True
+    failing.armed = True
     with pytest.raises(PipelineError, match=r"rank 0 failed at the evaluation after step 2, action #\d+ 1F0"):
         runner.evaluate(*batch)
     with pytest.raises(PipelineError, match=r"rank 0 failed at step 3, action #\d+ 1F0: ValueError") as info:
