@@ -1,0 +1,56 @@
+"""``train --plan auto`` keeps the constraints it cannot pass to the planner (FSDP/ZeRO layouts, the stages of a
+``--layers-per-stage``) and a refusal after the search is one line (seventeenth session)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from pipeoffload.errors import ConfigError
+
+PLAN = ("--plan", "auto", "--memory", "0.01", "--steps", "2")
+
+
+def _resolve(*argv: str) -> tuple[Any, list[str]]:
+    from pipeoffload.cli import build_parser
+    from pipeoffload.cli.train import resolve
+
+    return resolve(build_parser().parse_args(["train", *PLAN, *argv]))
+
+
+def test_plan_auto_with_fsdp_searches_only_layouts_fsdp_runs_on() -> None:
+    # offload all is fastest on pp 2 x dp 1 here, where FSDP (dp >= 2) was then refused after the search
+    cfg, _ = _resolve("--nproc", "4", "--offload", "all", "--fsdp")
+    assert cfg.parallel.fsdp and cfg.parallel.dp >= 2 and cfg.parallel.tp == 1
+    with pytest.raises(ConfigError, match=r"^--plan auto: no plan for 2 ranks keeping --offload all --fsdp fits"):
+        _resolve("--nproc", "2", "--offload", "all", "--fsdp")
+
+
+def test_plan_auto_refuses_zero_with_a_fixed_tp_naming_both() -> None:
+    with pytest.raises(ConfigError, match=r"^--plan auto: --tp 2 --zero 1 cannot split the 2 ranks .*--zero 1 needs tp 1"):
+        _resolve("--nproc", "2", "--tp", "2", "--zero", "1")
+
+
+@pytest.mark.parametrize("split, stages", [("1,1,1,1", 4), ("1,3", 2), ("4", 1)])
+def test_plan_auto_plans_the_stages_of_a_given_layers_per_stage(split: str, stages: int) -> None:
+    # 1,1,1,1 on 2 ranks: the plan was pp 1 (one stage), then refused for its 4 numbers
+    cfg, _ = _resolve("--nproc", "2", "--layers-per-stage", split)
+    assert cfg.parallel.pp * cfg.schedule.stages_per_rank == stages
+    assert cfg.parallel.layers_per_stage == split
+
+
+def test_plan_auto_refuses_a_split_no_layout_has_naming_it() -> None:
+    with pytest.raises(ConfigError, match=r"^--plan auto: --layers-per-stage 1,1,1 lists 3 stages, .*--pp 2"):
+        _resolve("--nproc", "4", "--pp", "2", "--layers-per-stage", "1,1,1")
+
+
+def test_plan_auto_says_its_choice_with_the_config_and_a_later_refusal_is_one_line() -> None:
+    _, notes = _resolve("--nproc", "2")
+    assert notes[0].startswith("--plan auto chose pp=1, tp=1, dp=2, schedule=1f1b"), notes
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, "-m", "pipeoffload", "train", *PLAN, "--nproc", "2", "--eval-every", "0"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == ["pipeoffload train: error: eval_every=0: must be >= 1"], done.stderr
