@@ -49,12 +49,14 @@ def planner_setup(cfg: TrainConfig) -> Any:
     """The planner's ``TrainingSetup`` of this run: fp32 parameters and gradients in either dtype (bf16 is
     autocast, so there is no separate fp32 master copy) and AdamW's two fp32 moments, those sharded over
     the dp replicas only with ``zero`` or ``fsdp`` (the planner's default is Megatron's bf16 weights, fp32
-    master weights and a distributed optimizer)."""
+    master weights and a distributed optimizer); and no LGD partial recomputation, which train does not
+    perform (the planner's default assumes it on every plan that offloads: 20 bytes a token and hidden unit
+    saved instead of GPT's 34, so an offload plan looked smaller than the run it starts)."""
     from pipeoffload.planner import TrainingSetup
 
     p = cfg.parallel
     return TrainingSetup(weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0,
-                         distributed_optimizer=bool(p.zero or p.fsdp))
+                         distributed_optimizer=bool(p.zero or p.fsdp), partial_recompute=False)
 
 
 def _tokenizer_vocab(tokenizer: str) -> int:

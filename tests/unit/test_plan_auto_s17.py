@@ -54,3 +54,29 @@ def test_plan_auto_says_its_choice_with_the_config_and_a_later_refusal_is_one_li
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip().splitlines() == ["pipeoffload train: error: eval_every=0: must be >= 1"], done.stderr
+
+
+def test_plan_auto_plans_offload_without_lgd_which_train_does_not_perform(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the planner's default assumes LGD partial recomputation on every plan that offloads: the plan of
+    # --offload all counted 2 layers of 448 KiB, not 640 KiB, and predicted 1835008
+    # activation bytes on rank 0 where the run (offload_ratio 20.2: the copies hide nothing) measured 2654208
+    import pipeoffload.planner as planner
+
+    seen: list[Any] = []
+    real = planner.find_plans
+
+    def spy(req: Any) -> Any:
+        seen.append(req)
+        return real(req)
+
+    monkeypatch.setattr(planner, "find_plans", spy)
+
+    def plan_of(offload: str) -> Any:
+        _resolve("--nproc", "4", "--pp", "4", "--layers", "8", "--schedule", "zb-h1", "--microbatches", "8",
+                 "--offload", offload)
+        return real(seen[-1]).fitting[0]
+
+    offloaded, kept = plan_of("all"), plan_of("none")
+    assert offloaded.choice.offload.kind == "all" and kept.choice.offload.kind == "none"
+    # 2 blocks a stage: 64 fp32 bytes a token and hidden unit (32 in bf16, no dropout) and the 4 heads' scores
+    assert offloaded.unit_bytes == kept.unit_bytes == 2 * (64 * 64 * 64 + 4 * 4 * 64 * 64)
