@@ -118,6 +118,9 @@ def plan_run(cfg: TrainConfig, memory_gib: float | None, gpu: str | None,
     if "recompute" in explicit:  # a partial form is refused as validate refuses it, not searched for
         check_recompute(cfg.schedule.recompute)
     hardware = _hardware(gpu)
+    if memory_gib * GIB > hardware.memory_bytes:  # the request's own refusal named neither flag
+        raise ConfigError(f"--memory {memory_gib:g}: above the {hardware.memory_bytes / GIB:.2f} GiB of --gpu "
+                          f"{hardware.name}; give at most that, or the --gpu the budget is for")
     ranks = cfg.parallel.nproc or cfg.world
     model = planner_model(cfg)
     # 0 for v or g means the family's own: not a constraint

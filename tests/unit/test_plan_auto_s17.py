@@ -95,3 +95,12 @@ def test_plan_emit_says_the_activations_it_planned_are_not_the_runs(tmp_path: An
     assert len(notes) == 1 and "2-byte activations" in notes[0] and "dtype = \"bf16\"" in notes[0], notes
     assert "flash attention" in notes[0]
     assert "dtype" not in load_toml(path)  # the note, not a key: train's dtype stays the user's
+
+
+def test_plan_auto_memory_above_the_gpu_names_both_flags() -> None:
+    from pipeoffload.cli import build_parser
+    from pipeoffload.cli.train import resolve
+
+    args = build_parser().parse_args(["train", "--plan", "auto", "--nproc", "2", "--memory", "100", "--gpu", "h100"])
+    with pytest.raises(ConfigError, match=r"^--memory 100: above the 79\.65 GiB of --gpu h100; give at most that"):
+        resolve(args)
