@@ -161,6 +161,8 @@ def plan_run(cfg: TrainConfig, memory_gib: float | None, gpu: str | None,
     summary = (f"--plan auto chose {', '.join(f'{k}={v}' for k, v in chosen.items())} "
                f"({plan.tokens_per_second:.0f} tokens/s predicted, {plan.memory.total / GIB:.2f} GiB per GPU, "
                f"model {model.name})")
+    if cfg.schedule.max_stall > 0 and not c.offload.max_stall:  # given, searched, and dropped: said, not silent
+        summary += f"; --max-stall {cfg.schedule.max_stall:g} is not used by the plan chosen (max_stall = 0)"
     return cfg.updated(nproc=ranks if cfg.parallel.nproc else 0, **updates), summary
 
 

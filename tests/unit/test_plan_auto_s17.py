@@ -104,3 +104,9 @@ def test_plan_auto_memory_above_the_gpu_names_both_flags() -> None:
     args = build_parser().parse_args(["train", "--plan", "auto", "--nproc", "2", "--memory", "100", "--gpu", "h100"])
     with pytest.raises(ConfigError, match=r"^--memory 100: above the 79\.65 GiB of --gpu h100; give at most that"):
         resolve(args)
+
+
+def test_plan_auto_says_a_max_stall_its_plan_does_not_use() -> None:
+    cfg, notes = _resolve("--nproc", "2", "--max-stall", "5")  # reset to 0 without a word before
+    assert cfg.schedule.max_stall == 0.0
+    assert notes[0].endswith("; --max-stall 5 is not used by the plan chosen (max_stall = 0)"), notes
