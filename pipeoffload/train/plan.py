@@ -127,8 +127,8 @@ def plan_run(cfg: TrainConfig, memory_gib: float | None, gpu: str | None,
     fixed = {k: _norm(k, cfg.get(k)) for k in PLANNED
              if k in explicit and not (k in ("stages_per_rank", "group_size") and cfg.get(k) == 0)}
     _check_fixed_tp(cfg, fixed)
-    stages = len(cfg.parallel.layers_per_stage.split(",")) if "layers_per_stage" in explicit and \
-        cfg.parallel.layers_per_stage else 0
+    given_split = cfg.parallel.layers_per_stage if "layers_per_stage" in explicit else ""
+    stages = len(given_split.split(",")) if given_split else 0  # a given split fixes pp*v
     pairs = _stage_layouts(cfg, fixed, _layouts(cfg, fixed, ranks, hardware), stages)
     _check_fixed(cfg, fixed, pairs, ranks)
     base = dict(hardware=hardware, gpus=ranks, global_batch=cfg.data.global_batch, memory_budget=memory_gib * GIB,
