@@ -91,10 +91,11 @@ def resolve(args: argparse.Namespace) -> tuple[Any, list[str]]:
     if args.resume:
         _check_resumed_hf_folder(Path(args.resume), cfg.model.source)
     if args.plan == "auto":
-        from pipeoffload.train.plan import planned_config
+        from pipeoffload.train.plan import plan_run
 
         # the keys given for this invocation (flags, --config) constrain the search; a resumed run's are re-planned
-        cfg = planned_config(cfg, args.memory, args.gpu, explicit=set(from_file) | set(flags))
+        cfg, chosen = plan_run(cfg, args.memory, args.gpu, explicit=set(from_file) | set(flags))
+        notes.append(chosen)
     cfg = validate(cfg)
     notes.extend(no_effect_notes(cfg, set(from_file) | set(given)))
     from pipeoffload.train.job import offload_note

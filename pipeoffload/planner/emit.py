@@ -73,6 +73,24 @@ def _model_note(model: ModelSpec) -> str | None:
             "the train defaults; plan its Hugging Face folder instead (plan --model hf:DIR --emit ...)")
 
 
+def _dtype_note(model: ModelSpec) -> str | None:
+    """The comment saying what of the planned activations a run of the file keeps otherwise: the file has no
+    dtype key, so train keeps 4-byte (fp32) activations where the plan counted 2, and the reference GPT
+    writes its attention out, keeping the s x s scores that flash attention does not."""
+    if not carries_model(model):
+        return None
+    parts = []
+    if model.dtype_bytes != 4:
+        parts.append(f"{model.dtype_bytes}-byte activations (train: 4 with its default dtype fp32, 2 with "
+                     "[model] dtype = \"bf16\")")
+    if model.flash_attention and not model.source and is_gpt_like(model):
+        parts.append("flash attention (train's GPT keeps the s x s attention scores)")
+    if not parts:
+        return None
+    return (f"# activation memory planned for {' and '.join(parts)}: expect more in the run; "
+            "`train --plan auto` plans the run's own")
+
+
 def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -172,9 +190,9 @@ def config_toml(req: PlanRequest, plan: Plan) -> str:
         units = offload.budget
         lines.append(f"# offload budget:{units:g} is in activation units (one microbatch of the largest stage: "
                      f"{plan.unit_bytes / 1024**3:.3f} GiB here), i.e. {units * plan.unit_bytes / 1024**3:.1f} GiB")
-    note = _model_note(req.model)
-    if note:
-        lines.append(note)
+    for note in (_model_note(req.model), _dtype_note(req.model)):
+        if note:
+            lines.append(note)
     if req.setup.lgd_for(offload) and req.measured is None:
         parts = ("RMSNorm and SwiGLU" if req.model.gated_mlp else "LayerNorm, GeLU") + (
             ", dropout" if req.model.dropout else "")

@@ -10,14 +10,11 @@ plan does, the run is refused in one line naming them. The plan fills every othe
 from __future__ import annotations
 
 import importlib.util
-import logging
 import math
 from typing import Any
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.train.config import TrainConfig, check_recompute, flag_of
-
-log = logging.getLogger(__name__)
 
 DEFAULT_GPU = "a100"
 # the keys a plan sets, in the order they are reported
@@ -52,12 +49,14 @@ def planner_setup(cfg: TrainConfig) -> Any:
     """The planner's ``TrainingSetup`` of this run: fp32 parameters and gradients in either dtype (bf16 is
     autocast, so there is no separate fp32 master copy) and AdamW's two fp32 moments, those sharded over
     the dp replicas only with ``zero`` or ``fsdp`` (the planner's default is Megatron's bf16 weights, fp32
-    master weights and a distributed optimizer)."""
+    master weights and a distributed optimizer); and no LGD partial recomputation, which train does not
+    perform (the planner's default assumes it on every plan that offloads: 20 bytes a token and hidden unit
+    saved instead of GPT's 34, so an offload plan looked smaller than the run it starts)."""
     from pipeoffload.planner import TrainingSetup
 
     p = cfg.parallel
     return TrainingSetup(weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0,
-                         distributed_optimizer=bool(p.zero or p.fsdp))
+                         distributed_optimizer=bool(p.zero or p.fsdp), partial_recompute=False)
 
 
 def _tokenizer_vocab(tokenizer: str) -> int:
@@ -100,6 +99,15 @@ def _fixed_text(fixed: dict[str, Any]) -> str:
 
 
 def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, explicit: set[str]) -> TrainConfig:
+    """The config with the keys of the plan ``plan_run`` chooses."""
+    return plan_run(cfg, memory_gib, gpu, explicit)[0]
+
+
+def plan_run(cfg: TrainConfig, memory_gib: float | None, gpu: str | None,
+             explicit: set[str]) -> tuple[TrainConfig, str]:
+    """The config with the keys of the fastest plan that keeps ``explicit``, and the line that says what was
+    chosen (``train`` prints it with the resolved configuration, once every check has passed, so that a
+    refusal after the search stays its one line)."""
     from pipeoffload.planner.emit import offload_ratio, plan_split
     from pipeoffload.planner.hardware import GIB
 
@@ -110,21 +118,33 @@ def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, 
     if "recompute" in explicit:  # a partial form is refused as validate refuses it, not searched for
         check_recompute(cfg.schedule.recompute)
     hardware = _hardware(gpu)
+    if memory_gib * GIB > hardware.memory_bytes:  # the request's own refusal named neither flag
+        raise ConfigError(f"--memory {memory_gib:g}: above the {hardware.memory_bytes / GIB:.2f} GiB of --gpu "
+                          f"{hardware.name}; give at most that, or the --gpu the budget is for")
     ranks = cfg.parallel.nproc or cfg.world
     model = planner_model(cfg)
     # 0 for v or g means the family's own: not a constraint
     fixed = {k: _norm(k, cfg.get(k)) for k in PLANNED
              if k in explicit and not (k in ("stages_per_rank", "group_size") and cfg.get(k) == 0)}
     _check_fixed_tp(cfg, fixed)
-    pairs = _layouts(cfg, fixed, ranks, hardware)
+    given_split = cfg.parallel.layers_per_stage if "layers_per_stage" in explicit else ""
+    stages = len(given_split.split(",")) if given_split else 0  # a given split fixes pp*v
+    pairs = _stage_layouts(cfg, fixed, _layouts(cfg, fixed, ranks, hardware), stages)
     _check_fixed(cfg, fixed, pairs, ranks)
-    requests = _requests(cfg, fixed, model, pairs,
-                         dict(hardware=hardware, gpus=ranks, global_batch=cfg.data.global_batch,
-                              memory_budget=memory_gib * GIB, setup=planner_setup(cfg)))
+    base = dict(hardware=hardware, gpus=ranks, global_batch=cfg.data.global_batch, memory_budget=memory_gib * GIB,
+                setup=planner_setup(cfg))
+    if stages:  # each pp with the v that makes the stages given: a fixed v for that pp's search
+        requests = [r for pp in sorted({pp for pp, _ in pairs}) for r in
+                    _requests(cfg, dict(fixed, stages_per_rank=stages // pp), model, [x for x in pairs if x[0] == pp],
+                              base)]
+    else:
+        requests = _requests(cfg, fixed, model, pairs, base)
     found = _best_keeping(requests, fixed)
     if found is None:
-        keep = f" keeping {_fixed_text(fixed)}" if fixed else ""
-        fix = "leave some of those keys to the planner, " if fixed else ""
+        split = f"--layers-per-stage {cfg.parallel.layers_per_stage}" if stages else ""
+        kept = " ".join(filter(None, (_fixed_text(fixed), split, _sharding_text(cfg))))
+        keep = f" keeping {kept}" if kept else ""
+        fix = "leave some of those keys to the planner, " if kept else ""
         raise ConfigError(f"--plan auto: no plan for {ranks} ranks{keep} fits {memory_gib:g} GiB per GPU on "
                           f"{hardware.name}; {fix}raise --memory, use more ranks (--nproc) or a smaller model")
     plan, request = found
@@ -138,10 +158,12 @@ def planned_config(cfg: TrainConfig, memory_gib: float | None, gpu: str | None, 
         updates["offload_ratio"] = round(offload_ratio(request, plan), 4)
     if "layers_per_stage" not in explicit:  # the split the plan was costed with (none without a pipeline)
         updates["layers_per_stage"] = ",".join(map(str, plan_split(request, plan))) if plan.layout.pp > 1 else ""
-    log.warning("--plan auto chose %s (%.0f tokens/s predicted, %.2f GiB per GPU, model %s)",
-                ", ".join(f"{k}={v}" for k, v in chosen.items()), plan.tokens_per_second, plan.memory.total / GIB,
-                model.name)
-    return cfg.updated(nproc=ranks if cfg.parallel.nproc else 0, **updates)
+    summary = (f"--plan auto chose {', '.join(f'{k}={v}' for k, v in chosen.items())} "
+               f"({plan.tokens_per_second:.0f} tokens/s predicted, {plan.memory.total / GIB:.2f} GiB per GPU, "
+               f"model {model.name})")
+    if cfg.schedule.max_stall > 0 and not c.offload.max_stall:  # given, searched, and dropped: said, not silent
+        summary += f"; --max-stall {cfg.schedule.max_stall:g} is not used by the plan chosen (max_stall = 0)"
+    return cfg.updated(nproc=ranks if cfg.parallel.nproc else 0, **updates), summary
 
 
 def _check_fixed_tp(cfg: TrainConfig, fixed: dict[str, Any]) -> None:
@@ -163,12 +185,43 @@ def _layouts(cfg: TrainConfig, fixed: dict[str, Any], ranks: int, hardware: Any)
     pps = [p.pp] if "pp" in fixed else _divisors(ranks)
     tps = [p.tp] if "tp" in fixed else [t for t in _divisors(ranks) if t <= hardware.gpus_per_node and (tp_ok or t == 1)]
     pairs = [(pp, tp) for pp in pps for tp in tps if ranks % (pp * tp) == 0
-             and ("dp" not in fixed or ranks // (pp * tp) == p.dp)]
+             and ("dp" not in fixed or ranks // (pp * tp) == p.dp) and _shards(cfg, ranks // (pp * tp), tp)]
     if not pairs:
-        raise ConfigError(f"--plan auto: {_fixed_text({k: fixed[k] for k in ('pp', 'tp', 'dp') if k in fixed})} "
-                          f"cannot split the {ranks} ranks (dp*pp*tp must equal --nproc {ranks}); change --nproc "
-                          "or leave a layout key to the planner")
+        keys = " ".join(filter(None, (_fixed_text({k: fixed[k] for k in ("pp", "tp", "dp") if k in fixed}),
+                                      _sharding_text(cfg))))
+        rules = "; --fsdp needs dp >= 2 and tp 1" if cfg.parallel.fsdp else "; --zero 1 needs tp 1" if cfg.parallel.zero else ""
+        raise ConfigError(f"--plan auto: {keys} cannot split the {ranks} ranks (dp*pp*tp must equal --nproc {ranks}"
+                          f"{rules}); change --nproc or leave a layout key to the planner")
     return pairs
+
+
+def _stage_layouts(cfg: TrainConfig, fixed: dict[str, Any], pairs: list[tuple[int, int]],
+                   stages: int) -> list[tuple[int, int]]:
+    """The layouts whose pp (times a fixed v) can make the ``stages`` a given ``--layers-per-stage`` lists
+    (validate refused the plan's layout after the search); one line if none can."""
+    if not stages:
+        return pairs
+    kept = [(pp, tp) for pp, tp in pairs
+            if stages % pp == 0 and fixed.get("stages_per_rank", stages // pp) == stages // pp]
+    if not kept:
+        keys = _fixed_text({k: fixed[k] for k in ("pp", "tp", "dp", "stages_per_rank") if k in fixed})
+        keeping = f" keeping {keys}" if keys else ""
+        raise ConfigError(f"--plan auto: --layers-per-stage {cfg.parallel.layers_per_stage} lists {stages} stages, "
+                          f"which no layout of the ranks{keeping} has (pp*stages_per_rank: pp in "
+                          f"{sorted({pp for pp, _ in pairs})}); give one number per stage of such a layout, or leave "
+                          "--layers-per-stage to the planner")
+    return kept
+
+
+def _shards(cfg: TrainConfig, dp: int, tp: int) -> bool:
+    """Whether the layout can run the config's ZeRO or FSDP (validate's rules): neither shards tensor-parallel
+    stages, and FSDP needs two replicas; the search keeps to such layouts, so the plan is not refused after it."""
+    p = cfg.parallel
+    return not ((p.zero or p.fsdp) and tp > 1) and not (p.fsdp and dp < 2)
+
+
+def _sharding_text(cfg: TrainConfig) -> str:
+    return " ".join(flag for flag, on in (("--fsdp", cfg.parallel.fsdp), ("--zero 1", cfg.parallel.zero)) if on)
 
 
 def _check_fixed(cfg: TrainConfig, fixed: dict[str, Any], pairs: list[tuple[int, int]], ranks: int) -> None:
