@@ -88,7 +88,7 @@ def _dtype_note(model: ModelSpec) -> str | None:
     if not parts:
         return None
     return (f"# activation memory planned for {' and '.join(parts)}: expect more in the run; "
-            "`train --plan auto` plans the run's own")
+            "`train --plan auto` plans with the run's own dtype and attention")
 
 
 def _toml_value(value: object) -> str:

@@ -608,7 +608,7 @@ def _check_llama(cfg: TrainConfig) -> None:
     from pipeoffload.train.family import shape_from_keys
 
     shape = shape_from_keys(cfg.model, 256)  # ConfigError naming heads/kv_heads/head size
-    _check_llama_tp(cfg, shape)
+    check_llama_tp(cfg, shape)
 
 
 def _check_vocab(cfg: TrainConfig) -> None:
@@ -621,7 +621,7 @@ def _check_vocab(cfg: TrainConfig) -> None:
                                 "it at 0 (the tokenizer's)")
 
 
-def _check_llama_tp(cfg: TrainConfig, shape: Any) -> None:
+def check_llama_tp(cfg: TrainConfig, shape: Any) -> None:
     tp = cfg.parallel.tp
     if tp > 1:
         _need(shape.n_kv_heads % tp == 0, f"tp={tp}: must divide the {shape.n_kv_heads} key/value heads (kv_heads)")
@@ -644,7 +644,7 @@ def _check_hf(cfg: TrainConfig) -> TrainConfig:
     tok = cfg.data.tokenizer
     _need(tok in ("byte", "hf"), f"tokenizer={tok!r}: model={cfg.model.source!r} brings its own tokenizer "
                                  "(tokenizer.json); leave --tokenizer out")
-    _check_llama_tp(cfg, hf.shape)
+    check_llama_tp(cfg, hf.shape)
     window = hf.shape.sliding_window
     _need(not window or cfg.model.seq_len <= window,
           f"seq_len={cfg.model.seq_len}: above model={cfg.model.source!r}'s sliding_window={window} (its config.json); "

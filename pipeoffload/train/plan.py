@@ -170,11 +170,11 @@ def _check_fixed_tp(cfg: TrainConfig, fixed: dict[str, Any]) -> None:
     """A ``--tp`` given for a Llama-family model, checked by the model's rule (it divides the key/value heads
     and the MLP width) before the search: the planner only searches layouts the model can take, so a tp
     breaking the rule was refused as if no plan fitted the memory budget."""
-    from pipeoffload.train.config import _check_llama_tp
+    from pipeoffload.train.config import check_llama_tp
     from pipeoffload.train.family import kind, run_shape
 
     if "tp" in fixed and kind(cfg.model.source) in ("llama", "hf"):
-        _check_llama_tp(cfg, run_shape(cfg.model, _tokenizer_vocab(cfg.data.tokenizer), None))
+        check_llama_tp(cfg, run_shape(cfg.model, _tokenizer_vocab(cfg.data.tokenizer), None))
 
 
 def _layouts(cfg: TrainConfig, fixed: dict[str, Any], ranks: int, hardware: Any) -> list[tuple[int, int]]:
