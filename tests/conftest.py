@@ -32,6 +32,22 @@ def unit_costs() -> CostModel:
 GOLDEN = Path(__file__).parent / "golden"
 
 
+@pytest.fixture
+def planned(monkeypatch: pytest.MonkeyPatch) -> "list[object]":
+    """The requests --plan auto gives the planner."""
+    import pipeoffload.planner as planner
+
+    seen: list[object] = []
+    real = planner.find_plans
+
+    def spy(req: object) -> object:
+        seen.append(req)
+        return real(req)
+
+    monkeypatch.setattr(planner, "find_plans", spy)
+    return seen
+
+
 def check_golden(filename: str, text: str) -> None:
     """Compare ``text`` with ``tests/golden/<filename>``; a test never rewrites it.
 

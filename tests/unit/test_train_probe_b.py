@@ -45,22 +45,6 @@ def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture
-def planned(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """The requests --plan auto gives the planner."""
-    import pipeoffload.planner as planner
-
-    seen: list[Any] = []
-    real = planner.find_plans
-
-    def spy(req: Any) -> Any:
-        seen.append(req)
-        return real(req)
-
-    monkeypatch.setattr(planner, "find_plans", spy)
-    return seen
-
-
 # ---- 1: --plan auto plans the model that trains ------------------------------------------------------
 def _assert_hf_model(model: Any) -> None:
     assert (model.layers, model.hidden, model.heads, model.num_kv_heads, model.ffn_size, model.vocab) == \
