@@ -8,13 +8,13 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from pipeoffload.errors import ConfigError
+
 
 def check_writable(path: str | os.PathLike[str], what: str | None = None) -> None:
     """Refuse an output path that cannot be written (an empty name, a folder, a missing or read-only folder,
     a "folder" that is a file) before any work, with one line naming it (``what``, e.g. ``--plot out.png``;
     default ``output out.png``)."""
-    from pipeoffload.errors import ConfigError
-
     what = what or f"output {shlex.quote(os.fspath(path))}"
     if not os.fspath(path).strip():  # Path("") is ".", the current folder: not a file name
         raise ConfigError(f"{what}: an empty file name; give a file name")
@@ -34,8 +34,6 @@ def check_extension(path: str | os.PathLike[str], what: str, suffixes: tuple[str
     """Refuse an output name whose extension contradicts what is written there (``written``, e.g. "a JSON
     trace"): ``--trace tr.png`` would hold JSON under a picture's name. ``suffixes`` are lower case, with
     their dot; the first is the one suggested."""
-    from pipeoffload.errors import ConfigError
-
     suffix = Path(path).suffix.lower()
     if suffix not in suffixes:
         ends = f"ends in {Path(path).suffix!r}" if suffix else "has no extension"
@@ -48,8 +46,6 @@ def check_distinct(outputs: list[tuple[str, str | os.PathLike[str]]],
     """Refuse two outputs on one file (the second would silently replace the first) and an output on an
     input (the input would be lost). Each entry is (how the user named it, e.g. "--plot", path); paths are
     compared after resolving ``.``, ``..`` and links."""
-    from pipeoffload.errors import ConfigError
-
     seen: dict[str, str] = {}
     for name, path in inputs or []:
         seen.setdefault(os.path.realpath(path), name)
@@ -67,8 +63,6 @@ def check_new_folder(path: str | os.PathLike[str], what: str) -> None:
     """Refuse, before any work, a new output folder that cannot be made: an empty name, one that exists
     (nothing is overwritten), one whose parent is missing, is a file or cannot be written in. One line
     starting with ``what`` (e.g. ``--hf 'out'``)."""
-    from pipeoffload.errors import ConfigError
-
     if not os.fspath(path).strip():
         raise ConfigError(f"{what}: an empty folder name; give a new folder")
     target = Path(path)
@@ -96,8 +90,6 @@ def folder_write_error(directory: Path) -> OSError | None:
 def _existing_parent(target: Path, what: str, shown: Callable[[Path], str]) -> Path:
     """The folder ``target`` goes in, refused in one line starting with ``what`` where it is missing or
     a file stands on its path (``shown`` writes a path in the caller's message style)."""
-    from pipeoffload.errors import ConfigError
-
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         existing = next((p for p in [directory, *directory.parents] if p.exists()), None)
@@ -116,8 +108,8 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> Path:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
     except OSError as err:  # e.g. a read-only or special file system that access() did not reveal
-        from pipeoffload.errors import ConfigError
-
+        if err.errno in FULL:  # a new directory entry may need a block the disk no longer has
+            raise DiskFull.of(target, err) from None
         raise ConfigError(f"output {target}: cannot write in folder {directory} ({err.strerror})") from None
     umask = os.umask(0)
     os.umask(umask)
@@ -129,14 +121,25 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> Path:
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(err, OSError) and err.errno in FULL:
-            from pipeoffload.errors import ConfigError
-
-            raise ConfigError(full_disk_text(target, err)) from None
+            raise DiskFull.of(target, err) from None
         raise
     return target
 
 
 FULL = (errno.ENOSPC, errno.EDQUOT)  # a full file system, or the user's quota spent
+
+
+class DiskFull(ConfigError):
+    """``write_atomic`` found the disk full (``full_disk_text``'s line); ``error`` is the ``OSError``, so a
+    caller with more to say (a resume: its last checkpoint and how to continue) can say it instead."""
+
+    error: OSError
+
+    @classmethod
+    def of(cls, path: Path, err: OSError) -> DiskFull:
+        made = cls(full_disk_text(path, err))
+        made.error = err
+        return made
 
 
 def full_disk_text(path: str | os.PathLike[str], err: OSError) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.llama_config import LlamaShape
+from pipeoffload.llama_config import LlamaShape, json_kind
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -318,23 +318,42 @@ GENERATION_CONFIG = "generation_config.json"
 
 
 def stop_ids(shape: LlamaShape, generation_config: Path) -> tuple[int, ...]:
-    """The ids generation stops at, as transformers' generate: the ``eos_token_id`` of ``generation_config``
-    (a folder's ``generation_config.json``: Llama 3 Instruct's adds its end-of-turn id there) where that file
-    sets one, else config.json's (``eos_ids``). Each must be a token id of the vocabulary."""
+    """The ids generation stops at, read as transformers' generate reads them: a folder's
+    ``generation_config.json`` replaces config.json's (Llama 3 Instruct's adds its end-of-turn id there), so
+    where that file exists its ``eos_token_id`` alone counts (none, null or ``[]``: generation runs to its
+    length); without the file, config.json's (``eos_ids``). One id or a list, nested lists flattened (transformers
+    tests each new token against every id of the tensor the list makes); each a token id of the vocabulary.
+    A file that is not a JSON object, which transformers cannot load, is refused."""
     if not generation_config.is_file():
         return eos_ids(shape)
     try:
         data = json.loads(generation_config.read_text())
     except (OSError, ValueError) as err:
         raise ConfigError(f"{generation_config}: not valid JSON ({err})") from None
-    eos = data.get("eos_token_id") if isinstance(data, dict) else None
-    if eos is None:
-        return eos_ids(shape)
-    ids = eos if isinstance(eos, list) else [eos]
-    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < shape.vocab for i in ids):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{generation_config}: holds a JSON {json_kind(data)}, not an object of generation "
+                          "fields (eos_token_id, ...), which transformers cannot load either; fix it or delete the file")
+    eos = data.get("eos_token_id")
+    found = ((), []) if eos is None else _nested_ids(eos)
+    if found is None or not all(0 <= i < shape.vocab for i in found[1]):
         raise ConfigError(f"{generation_config}: eos_token_id={eos!r} is not a token id (or a list of them) of "
                           f"vocab_size={shape.vocab}; fix it or delete the file")
-    return tuple(ids)
+    return tuple(found[1])
+
+
+def _nested_ids(value: Any) -> tuple[tuple[int, ...], list[int]] | None:
+    """(shape, ids in order) of one integer or of lists of them nested evenly, as ``torch.tensor`` takes an
+    ``eos_token_id`` (a ragged list fails there); None for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (), [value]
+    if not isinstance(value, list):
+        return None
+    parts = [_nested_ids(v) for v in value]
+    shapes = {p[0] if p is not None else None for p in parts}
+    if None in shapes or len(shapes) > 1:
+        return None
+    inner = parts[0][0] if parts and parts[0] is not None else ()
+    return (len(value), *inner), [i for p in parts if p is not None for i in p[1]]
 
 
 def eos_id(shape: LlamaShape) -> int | None:

@@ -20,6 +20,7 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Mist
 # max_position_embeddings where config.json leaves it out: transformers' default of each config class (an export
 # writes the field, so it must be the value transformers read from the source folder)
 _DEFAULT_POSITIONS = {"LlamaForCausalLM": 2048, "Qwen2ForCausalLM": 32768, "MistralForCausalLM": 4096 * 32}
+_MISTRAL_WINDOW = 4096  # MistralConfig's sliding_window where config.json leaves it out
 # the usual config.json keys of a mixture of experts (Mixtral, Qwen2-MoE, DeepSeek, ...), besides moe_*
 _MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "n_shared_experts", "num_experts_per_tok")
 
@@ -190,7 +191,8 @@ def _token_ids(cfg: dict[str, Any], vocab: int, where: str) -> dict[str, Any]:
     return {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad}
 
 
-def _json_kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words (a list, a string, a number, ...)."""
     kinds = {list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
     return kinds.get(type(value), type(value).__name__)
 
@@ -198,7 +200,7 @@ def _json_kind(value: Any) -> str:
 def check_object(value: Any, where: str) -> None:
     """``value`` (a parsed config.json) is a JSON object, else one line saying what it is."""
     if not isinstance(value, dict):
-        raise ConfigError(f"{where}: holds a JSON {_json_kind(value)}, not an object of fields (vocab_size, "
+        raise ConfigError(f"{where}: holds a JSON {json_kind(value)}, not an object of fields (vocab_size, "
                           "hidden_size, ...); give the model's config.json")
 
 
@@ -276,9 +278,11 @@ def _no_layer_slides(cfg: dict[str, Any], where: str) -> bool:
 
 
 def _mistral_window(cfg: dict[str, Any], arch: str, where: str) -> int:
-    """Mistral's sliding window in tokens (0: none); other architectures' were refused before."""
-    window = cfg.get("sliding_window")
-    if arch != "MistralForCausalLM" or window is None or not json_bool(cfg, "use_sliding_window", True, where):
+    """Mistral's sliding window in tokens (0: none), as transformers' MistralConfig reads it: 4096 where config.json
+    leaves it out, none where null; ``use_sliding_window`` is Qwen2's and changes nothing there (transformers'
+    Mistral slides whatever it says). Other architectures' windows were refused before."""
+    window = cfg.get("sliding_window", _MISTRAL_WINDOW)
+    if arch != "MistralForCausalLM" or window is None:
         return 0
     size = json_int(window, "sliding_window", where)
     if size < 1:
@@ -287,17 +291,24 @@ def _mistral_window(cfg: dict[str, Any], arch: str, where: str) -> int:
 
 
 def _rope(cfg: dict[str, Any], where: str) -> tuple[float, Llama3Scaling | None]:
-    """(theta, scaling) from ``rope_parameters`` (transformers >= 5) or ``rope_theta``/``rope_scaling``."""
-    key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+    """(theta, scaling) from ``rope_scaling``/``rope_theta`` or ``rope_parameters`` (transformers >= 5), as
+    transformers reads them: ``rope_scaling`` where both are set (``convert_rope_params_to_dict``)."""
+    key = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"  # transformers reads the first if set
     params = cfg.get(key) or {}
     if not isinstance(params, dict):
         raise ConfigError(f"{where}: {key}={params!r} is not an object of rope fields (rope_type, rope_theta, ...)")
     theta = json_float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)), "rope_theta", where)
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind == "default":
-        return theta, None
+    if kind == "default":  # transformers' Llama, Qwen2 and Mistral rotate the whole head here, whatever a
+        return theta, None  # partial_rotary_factor says (their default rope ignores it): the logits agree
     if kind != "llama3":
         raise ConfigError(f"{where}: rope_type={kind!r} is not supported; supported: 'default', 'llama3'")
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    if partial is not None and json_float(partial, "partial_rotary_factor", where) != 1.0:
+        # transformers' llama3 rope makes frequencies for that share of the head only (and its Llama attention
+        # then fails on the shapes): there is no model of it to equal
+        raise ConfigError(f"{where}: partial_rotary_factor={partial!r} is not supported with rope_type 'llama3': "
+                          "this Llama-family implementation rotates the whole head")
     for field in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
         if field not in params:
             raise ConfigError(f"{where}: rope field {field} is missing for rope_type 'llama3'")

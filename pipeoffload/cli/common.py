@@ -142,9 +142,12 @@ def require_run_dir(run_dir: str, checkpoint: bool = False) -> None:
     from pipeoffload.train.config import check_run_dir
 
     run = check_run_dir(run_dir)
-    folder = run / "checkpoints"  # train.checkpoint.list_checkpoints' rule, without importing torch
-    saved = folder.is_dir() and any(p.is_dir() and p.name.startswith("step-") for p in folder.iterdir())
-    if checkpoint and not saved:
+    if not checkpoint:
+        return
+    from pipeoffload.train.checkpoint import list_checkpoints  # torch-free: the loader's own rule (step-N)
+
+    folder = run / "checkpoints"
+    if not list_checkpoints(run):
         raise ConfigError(f"RUN_DIR {str(run)!r}: no checkpoint under {folder}; the run saved none (train it with "
                           "--save-every N)")
 

@@ -36,7 +36,14 @@ from pipeoffload.train import checkpoint
 from pipeoffload.train.config import TrainConfig, setting
 from pipeoffload.train.fsdp import ShardedStages
 from pipeoffload.train.mesh import RankContext
-from pipeoffload.train.metrics import MetricsError, MetricsLogger, SimulatedPeaks, make_loggers, reload_seconds
+from pipeoffload.train.metrics import (
+    MetricsError,
+    MetricsLogger,
+    SimulatedPeaks,
+    close_loggers,
+    make_loggers,
+    reload_seconds,
+)
 from pipeoffload.train.model import RankModel
 from pipeoffload.train.optim import (
     OverlappedAverage,
@@ -428,9 +435,9 @@ class Trainer:
             restore()
             raise
         end = min(cfg.run.steps, cfg.run.stop_at) if cfg.run.stop_at else cfg.run.steps
-        bar = _progress(cfg, ctx, self.step, cfg.run.steps)
-        saved_at, stopped = -1, 0
+        bar, saved_at, stopped = None, -1, 0
         try:
+            bar = _progress(cfg, ctx, self.step, cfg.run.steps)  # in the try: its failure closes the loggers too
             while self.step < end:
                 step = self.step + 1
                 evaluating = step % cfg.metrics.eval_every == 0 or step in (1, cfg.run.steps)
@@ -474,8 +481,12 @@ class Trainer:
             except (ConfigError, MetricsError) as err:
                 failure = err
         flag = torch.tensor([float(failure is not None)], dtype=torch.float64, device=self.ctx.device)
-        with self.ctx.collective("opening the run's metrics.jsonl"):
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        try:
+            with self.ctx.collective("opening the run's metrics.jsonl"):
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        except BaseException:  # a lost peer, a signal: fit() never gets the loggers to close them
+            close_loggers(loggers)
+            raise
         if failure is not None:
             raise failure
         if flag[0] > 0:

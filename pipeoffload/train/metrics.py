@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeoffload.fileio import write_atomic
+from pipeoffload.fileio import DiskFull, write_atomic
 from pipeoffload.ir import ActionKind, Schedule
 
 log = logging.getLogger(__name__)
@@ -80,14 +80,16 @@ class JsonlLogger:
 
     def __init__(self, path: Path, resume_step: int | None) -> None:
         self.path = path
+        doing = f"rewriting {path} for the resume" if resume_step is not None else f"removing the earlier {path}"
         try:
             if resume_step is not None and path.is_file():
                 kept = records_until(path, resume_step)
                 write_atomic(path, "".join(line + "\n" for line in kept))
             elif resume_step is None:
                 discard_earlier(path)
+        except DiskFull as full:  # write_atomic's advice knows no checkpoint: say which one to continue from
+            raise MetricsError(_write_failed(path, doing, full.error)) from full.error
         except OSError as err:
-            doing = f"rewriting {path} for the resume" if resume_step is not None else f"removing the earlier {path}"
             raise MetricsError(_write_failed(path, doing, err)) from err
 
     def log(self, record: dict[str, Any]) -> None:
@@ -246,8 +248,21 @@ def make_loggers(run_dir: Path | None, tensorboard: bool, resume_step: int | Non
         return []
     loggers: list[MetricsLogger] = [JsonlLogger(run_dir / "metrics.jsonl", resume_step)]
     if tensorboard:
-        loggers.append(TensorBoardLogger(run_dir / "tensorboard", resume_step))
+        try:
+            loggers.append(TensorBoardLogger(run_dir / "tensorboard", resume_step))
+        except BaseException:
+            close_loggers(loggers)
+            raise
     return loggers
+
+
+def close_loggers(loggers: list[MetricsLogger]) -> None:
+    """Close every logger on a failure path: a close that fails too is logged, not raised over the failure."""
+    for logger in loggers:
+        try:
+            logger.close()
+        except Exception:  # noqa: BLE001 - the failure being raised is the one to report
+            log.warning("closing the %s failed too", type(logger).__name__, exc_info=True)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
