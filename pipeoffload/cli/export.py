@@ -9,7 +9,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of a `pipeoffload train` run (llama or "
                                                            "hf:DIR)")
     parser.add_argument("--hf", metavar="OUT", required=True,
-                        help="new folder to write (config.json, sharded safetensors with their index, tokenizer.json)")
+                        help="new folder to write (config.json, sharded fp32 safetensors with their index, "
+                             "tokenizer.json; from an hf:DIR run also DIR's generation_config.json, chat template "
+                             "and tokenizer_config.json/special_tokens_map.json where it has them)")
     parser.set_defaults(run=run)
 
 

@@ -13,7 +13,8 @@ from pipeoffload.fileio import TRACE_JSON, check_distinct, check_extension, chec
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("trace", help="work with Chrome/Perfetto traces of runs")
     actions = parser.add_subparsers(dest="trace_command", metavar="ACTION", parser_class=type(parser))
-    compare = actions.add_parser("compare", help="lay a runtime trace above its simulation in one trace file")
+    compare = actions.add_parser("compare", help="lay a runtime trace above its simulation in one trace file",
+                                 description="lay a runtime trace above its simulation in one trace file")
     compare.add_argument("run_trace", metavar="RUN_TRACE",
                          help="a runtime trace (python -m pipeoffload.runtime --trace FILE, or write_chrome_trace)")
     compare.add_argument("-o", "--output", metavar="FILE.json",

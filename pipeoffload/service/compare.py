@@ -32,12 +32,18 @@ class CompareRequest:
 
 @dataclass(frozen=True)
 class CompareRow:
-    label: str  # schedule, then the sizes and options that not every row shares; a repeat gets "(repeat N)"
+    """One simulation of a ``compare``, named by what sets it apart from the other rows."""
+
+    label: str  # schedule (a schedule file's path), then the sizes and options not every row shares; a repeat
+    # of the same request gets "(repeat N)"
     result: SimulateResult
 
 
 @dataclass(frozen=True)
 class CompareResult:
+    """What ``run(CompareRequest(...))`` gives: one ``CompareRow`` per simulation in the order asked, their
+    shared time unit and the sizes and options every row has; ``as_dict`` is ``compare --json``'s list."""
+
     rows: tuple[CompareRow, ...]
     time_unit: str  # the rows share one time axis, so one unit
     shared: str = ""  # the sizes and options every row has (left out of the row labels), e.g. "d=8 m=32"

@@ -18,6 +18,9 @@ from pipeoffload.service.checks import check_finite
 
 @dataclass(frozen=True)
 class EstimateResult:
+    """What ``run(EstimateRequest(...))`` gives: the ``planner.estimate.Estimate`` of the one layout (step time,
+    MFU, memory per GPU, whether it fits, its read-only ``breakdown``); ``as_dict`` is ``estimate --json``'s."""
+
     estimate: Estimate
 
     @property

@@ -42,6 +42,9 @@ class OffloadRatioRequest:
 
 @dataclass(frozen=True)
 class OffloadRatioResult:
+    """What ``run(OffloadRatioRequest(...))`` gives: the paper's Formula 1 k and the cost model's k of one
+    layer, with the times and saved bytes the latter comes from; ``as_dict`` is ``k --json``'s object."""
+
     request: OffloadRatioRequest
     formula1_k: float  # the paper's Formula 1: 10 B_c / (3 (6h + s) B_o)
     cost_model_k: float  # the cost model's copy time / compute time of one layer and microbatch

@@ -24,6 +24,10 @@ from pipeoffload.service.checks import boolean, checked, one_of
 
 @dataclass(frozen=True)
 class PlanResult:
+    """What ``run(PlanRequest(...))`` gives: the search's read-only ``SearchResult`` (every simulated plan,
+    best first, and how many candidates were skipped for each reason); ``best()`` is the fastest plan that
+    fits, ``as_dict`` is ``plan --json``'s object."""
+
     search: SearchResult
 
     @property
@@ -71,6 +75,9 @@ class CompareTPRequest:
 
 @dataclass(frozen=True)
 class CompareTPResult:
+    """What ``run(CompareTPRequest(...))`` gives: the best PP + offload plan on TP 1 beside the tensor-parallel
+    baseline (``comparison``); ``as_dict`` is ``plan --compare-tp --json``'s object."""
+
     request: CompareTPRequest
     comparison: Comparison
 

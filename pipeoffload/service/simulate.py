@@ -194,6 +194,10 @@ class SimulateRequest:
 
 @dataclass(frozen=True)
 class SimulateResult:
+    """What ``run(SimulateRequest(...))`` gives: the ``Timeline`` (times, bubbles, memory per rank), the offload
+    pass's ``OffloadReport`` and the time unit (``t``, or ``s`` for a costs file in seconds); ``as_dict`` is
+    ``simulate --json``'s object, ``label`` the row name ``compare`` and ``--report`` use."""
+
     request: SimulateRequest
     timeline: Timeline
     report: OffloadReport
@@ -239,9 +243,12 @@ class SimulateResult:
 
     def label_parts(self) -> tuple[list[str], list[str]]:
         """(schedule name and resolved sizes, every non-default option), e.g. (["zb-v", "d=8", "m=16",
-        "v=2"], ["offload all"]): what ``label`` joins, and what ``compare`` drops when every row shares it."""
+        "v=2"], ["offload all"]): what ``label`` joins, and what ``compare`` drops when every row shares it.
+        A schedule file is named by its path: the name inside it may be a family's (``show --format json``
+        writes it), and an edited file is not that family."""
         s = self.timeline.schedule
-        sizes = [s.name, f"d={s.num_ranks}", f"m={s.num_microbatches}", f"v={s.stages_per_rank}"]
+        sizes = [self.request.schedule_file or s.name, f"d={s.num_ranks}", f"m={s.num_microbatches}",
+                 f"v={s.stages_per_rank}"]
         return sizes, [flag if value is True else f"{flag} {_typed(value)}" for flag, value in self.request.options()]
 
 
@@ -402,7 +409,7 @@ def load_schedule_file(req: SimulateRequest, limit: int = MAX_ACTIONS) -> Schedu
         raise ConfigError(f"schedule file {path!r}: {exc}".split("\n")[0]) from exc
     if req.ranks not in (default_of(SimulateRequest, "ranks"), schedule.num_ranks):
         raise ConfigError.named(lambda n: f"{n.given('ranks', req.ranks)} but schedule file {path!r} has "
-                                f"{schedule.num_ranks} ranks: the file sets them; leave ranks out")
+                                f"{schedule.num_ranks} ranks: the file sets them; leave {n('ranks')} out")
     factor = offload_work_factor(req.offload, req.planned_k, req.shared_host_link, req.max_stall)
     check_work(sum(len(row) for row in schedule.actions), factor, limit, f"schedule file {path!r}")
     return schedule

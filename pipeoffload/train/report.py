@@ -281,8 +281,10 @@ def report_figure(metrics: RunMetrics, title: str = "") -> Figure:
     since = f" (from step {per_rank.rows[0].get('step', '?')}: the last layout)" if changed else ""
     ax_mem.set_title("peak activation memory per rank" + since)
     ax_mem.grid(axis="y", alpha=0.3)
-    if ranks:
-        ax_mem.legend()
+    if ranks:  # head room above the tallest bar for the legend, which hid the tops of equal bars
+        top = max([*measured, *simulated]) / MIB
+        ax_mem.set_ylim(0, top * 1.3 if top > 0 else 1.0)
+        ax_mem.legend(loc="upper center", ncols=2)
     else:
         ax_mem.text(0.5, 0.5, "no memory figures in metrics.jsonl", ha="center", va="center",
                     transform=ax_mem.transAxes)
