@@ -39,7 +39,8 @@ BUILTIN: tuple[ScheduleSpec, ...] = (
                  "one-forward-one-backward (PipeDream-flush); rank r holds at most d-r microbatches",
                  fixed_stages_per_rank=True, period=_every_microbatch, torch_class="1F1B"),
     ScheduleSpec("interleaved-1f1b", interleaved_1f1b,
-                 "Megatron interleaved 1F1B: v stages per rank in a loop, bubble / v, memory about 1F1B's",
+                 "Megatron interleaved 1F1B: v stages per rank in a loop, bubble / v, peak at most d+(d-1)/v rank "
+                 "units (1F1B's d and (d-1)/v more)",
                  aliases=("interleaved",), stages_per_rank=2, interleaved=True, period=_one_round,
                  torch_class="Interleaved1F1B"),
     ScheduleSpec("dualpipe-v", dualpipe_v,
@@ -56,9 +57,9 @@ BUILTIN: tuple[ScheduleSpec, ...] = (
                  aliases=("zb-auto",), fixed_stages_per_rank=True, backward="split",
                  options=("memory_limit", "costs")),
     ScheduleSpec("v-half", v_half,
-                 "V-shape controllable memory: about half of 1F1B's activation memory, small bubble",
+                 "V-shape controllable memory: floor((d+2)/2) rank units, about half of 1F1B's, small bubble",
                  backward="split", options=("costs",), **_V),  # type: ignore[arg-type]
-    ScheduleSpec("v-min", v_min, "V-shape controllable memory: about a third of 1F1B's activation memory",
+    ScheduleSpec("v-min", v_min, "V-shape controllable memory: floor((d+4)/3) rank units, a third of 1F1B's as d grows (half at d=8)",
                  backward="split", options=("costs",), **_V),  # type: ignore[arg-type]
     ScheduleSpec("zb-v", zb_v, "zero bubble V: 1F1B's memory (d rank units), near-zero bubble, twice the P2P traffic",
                  aliases=("zbv",), backward="split", options=("costs",), torch_class="ZBVZeroBubble",

@@ -143,3 +143,20 @@ def test_every_result_of_the_service_has_its_own_docstring(name: str) -> None:
     """``help(run(SimulateRequest(...)))`` showed only the generated signature of ``SimulateResult``."""
     doc = getattr(pipeoffload.service, name).__doc__ or ""
     assert doc.strip() and not doc.startswith(f"{name}("), name
+
+
+@pytest.mark.parametrize("family, words, peak", [
+    ("interleaved-1f1b", "peak at most d+(d-1)/v rank units", lambda d, v: d + (d - 1) / v),
+    ("v-half", "floor((d+2)/2) rank units", lambda d, v: (d + 2) // 2),
+    ("v-min", "floor((d+4)/3) rank units", lambda d, v: (d + 4) // 3),
+])
+def test_the_schedules_list_states_the_peaks_the_simulator_gives(family: str, words: str, peak) -> None:
+    """``pipeoffload schedules`` said interleaved 1F1B's memory is "about 1F1B's" (11.5 rank units against 8
+    at d = 8, v = 2: 44 % more) and v-min's "about a third" (4 of 8 at d = 8)."""
+    from pipeoffload.schedules import get_spec
+
+    assert words in get_spec(family).summary
+    for d in (4, 8, 16):
+        for v in ((2, 3, 4) if family == "interleaved-1f1b" else (2,)):
+            timeline = run(SimulateRequest(family, ranks=d, microbatches=4 * d, stages_per_rank=v)).timeline
+            assert timeline.peak_rank_units == pytest.approx(peak(d, v)), (d, v)
