@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from pipeoffload.cli.common import non_negative_float
 from pipeoffload.errors import ConfigError
@@ -79,11 +80,21 @@ def _sampling(args: argparse.Namespace) -> tuple[float, int]:
             SEED if args.seed is None else args.seed)
 
 
+def _bare_hf_folder(source: str) -> None:
+    """Refuse a Hugging Face folder given without ``hf:``, naming the prefix: the run-folder check would ask
+    for the config.toml only a run has ("give the --out folder of `pipeoffload train`")."""
+    folder = Path(source)
+    if (folder / "config.json").is_file() and not (folder / "config.toml").exists():
+        raise ConfigError(f"SRC {source!r} is a Hugging Face folder (config.json, no config.toml): give it as "
+                          f"hf:{source}")
+
+
 def run(args: argparse.Namespace) -> int:
     from pipeoffload.cli.common import require_extra, require_run_dir
 
     temperature, seed = _sampling(args)
     if not args.run_dir.startswith("hf:"):
+        _bare_hf_folder(args.run_dir)
         require_run_dir(args.run_dir, checkpoint=True)
     require_extra("torch")
     from pipeoffload.train.generate import generate_text

@@ -647,7 +647,8 @@ def _check_hf(cfg: TrainConfig) -> TrainConfig:
     check_llama_tp(cfg, hf.shape)
     window = hf.shape.sliding_window
     _need(not window or cfg.model.seq_len <= window,
-          f"seq_len={cfg.model.seq_len}: above model={cfg.model.source!r}'s sliding_window={window} (its config.json); "
+          f"seq_len={cfg.model.seq_len}: above the sliding_window={window} of model={cfg.model.source!r} (its "
+          "config.json); "
           f"attention here is full causal, the window's own only on sequences of at most {window} tokens: "
           f"use --seq-len {window} or less")
     resolved = "hf:" + str(hf.path.resolve())

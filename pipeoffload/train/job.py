@@ -264,9 +264,10 @@ def train(cfg: TrainConfig, resume: str | None = None, verbose: bool = False,
 
 
 def starting_line(world: int, log_file: Path) -> str:
-    """What the launcher says before its ranks start (one rank is "1 rank", not "1 ranks")."""
+    """What the launcher says before its ranks start (one rank is "1 rank", not "1 ranks", with "its log")."""
     who = "1 rank (it imports" if world == 1 else f"{world} ranks (each imports"
-    return f"starting {who} torch and joins the process group; on a busy machine this takes a while); their log: {log_file}"
+    return (f"starting {who} torch and joins the process group; on a busy machine this takes a while); "
+            f"{'its' if world == 1 else 'their'} log: {log_file}")
 
 
 @contextlib.contextmanager

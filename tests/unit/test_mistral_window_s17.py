@@ -58,6 +58,7 @@ def test_train_beyond_the_window_is_one_line(mistral, tmp_path, capsys) -> None:
                  "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"sliding_window={WINDOW}" in err and f"--seq-len {WINDOW}" in err, err
+    assert f"above the sliding_window={WINDOW} of model='hf:" in err, err  # it read "model='hf:...''s sliding_window"
     assert not out.exists()
 
 

@@ -160,3 +160,13 @@ def test_the_schedules_list_states_the_peaks_the_simulator_gives(family: str, wo
         for v in ((2, 3, 4) if family == "interleaved-1f1b" else (2,)):
             timeline = run(SimulateRequest(family, ranks=d, microbatches=4 * d, stages_per_rank=v)).timeline
             assert timeline.peak_rank_units == pytest.approx(peak(d, v)), (d, v)
+
+
+def test_generate_names_hf_for_a_hugging_face_folder_given_without_it(tmp_path: Path) -> None:
+    """``generate ./model`` said "no config.toml; give the --out folder of `pipeoffload train`", never that
+    ``hf:./model`` reads the folder."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    code, out, err = run_cli("generate", str(folder), "--tokens", "1")
+    assert code == 2 and out == "" and err.strip().endswith(f"give it as hf:{folder}"), err

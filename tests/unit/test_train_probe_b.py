@@ -291,7 +291,7 @@ def test_the_launchers_starting_line_counts_its_ranks() -> None:
     one, four = starting_line(1, Path("r/train.log")), starting_line(4, Path("r/train.log"))
     assert one.startswith("starting 1 rank (it imports torch and joins the process group;"), one
     assert four.startswith("starting 4 ranks (each imports torch and joins the process group;"), four
-    assert one.endswith("their log: r/train.log") and four.endswith("their log: r/train.log")
+    assert one.endswith("; its log: r/train.log") and four.endswith("; their log: r/train.log")
 
 
 def test_the_printed_notes_follow_the_header_they_annotate(tmp_path: Path) -> None:
