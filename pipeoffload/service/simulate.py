@@ -13,7 +13,7 @@ from typing import Any
 
 from pipeoffload.costs import CostModel, load_cost_file
 from pipeoffload.errors import FIELDS, ConfigError, Naming, flag_of
-from pipeoffload.ir import Schedule, expand_overlaps, has_torch_cells
+from pipeoffload.ir import ActionKind, Schedule, expand_overlaps, has_torch_cells
 from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.passes.offload import OffloadReport
 from pipeoffload.planner.formulas import formula1_k
@@ -410,9 +410,24 @@ def load_schedule_file(req: SimulateRequest, limit: int = MAX_ACTIONS) -> Schedu
     if req.ranks not in (default_of(SimulateRequest, "ranks"), schedule.num_ranks):
         raise ConfigError.named(lambda n: f"{n.given('ranks', req.ranks)} but schedule file {path!r} has "
                                 f"{schedule.num_ranks} ranks: the file sets them; leave {n('ranks')} out")
+    _check_hand_placed(req, schedule, path)
     factor = offload_work_factor(req.offload, req.planned_k, req.shared_host_link, req.max_stall)
     check_work(sum(len(row) for row in schedule.actions), factor, limit, f"schedule file {path!r}")
     return schedule
+
+
+HAND_PLACED = frozenset({ActionKind.OFFLOAD, ActionKind.RELOAD, ActionKind.R})  # what ``lower`` keeps or refuses
+
+
+def _check_hand_placed(req: SimulateRequest, schedule: Schedule, path: str) -> None:
+    """A file that places its own copies or recomputation is simulated as written, with no policy: ``lower``'s
+    refusal named the Python call's arguments (``pass offload='none'``) to a command-line user."""
+    policies = [name for name in ("offload", "recompute") if getattr(req, name) != default_of(SimulateRequest, name)]
+    if policies and not HAND_PLACED.isdisjoint(schedule.kinds()):
+        raise ConfigError.named(lambda n: f"{', '.join(n.given(p, getattr(req, p)) for p in policies)} with schedule "
+                                f"file {path!r}, which places its own OFFLOAD/RELOAD/R actions: leave "
+                                f"{' and '.join(n(p) for p in policies)} out to simulate them as written, or remove "
+                                "them from the file")
 
 
 def simulate(req: SimulateRequest) -> SimulateResult:

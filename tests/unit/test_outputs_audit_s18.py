@@ -170,3 +170,28 @@ def test_generate_names_hf_for_a_hugging_face_folder_given_without_it(tmp_path: 
     (folder / "config.json").write_text("{}")
     code, out, err = run_cli("generate", str(folder), "--tokens", "1")
     assert code == 2 and out == "" and err.strip().endswith(f"give it as hf:{folder}"), err
+
+
+def _hand_offloaded(folder: Path) -> Path:
+    """1F1B, 2 ranks, 4 microbatches, with rank 0's copies of microbatch 1 placed by hand."""
+    from pipeoffload import CostModel, generate, lower
+
+    lowered = lower(generate("1f1b", num_ranks=2, num_microbatches=4),
+                    CostModel.uniform(f=1, i=1, w=1).with_offload_ratio(0.5), offload="all")
+    assert "0OFFLOAD1" in lowered.to_text()
+    path = folder / "copies.json"
+    path.write_text(lowered.to_json())
+    return path
+
+
+def test_a_policy_on_a_file_that_places_its_own_copies_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    """``simulate copies.json --offload all`` answered "offload=all, recompute=none: ... pass offload='none'
+    and recompute='none' to keep them": the Python call's words, and a recompute it was not given."""
+    path = _hand_offloaded(tmp_path)
+    code, out, err = run_cli("simulate", str(path), "--offload", "all")
+    assert code == 2 and out == "", err
+    assert "--offload all with schedule file" in err and "leave --offload out to simulate them as written" in err
+    assert "recompute" not in err and "offload=" not in err, err
+    with pytest.raises(ConfigError, match="recompute=all with schedule file .*: leave recompute out"):
+        run(SimulateRequest(schedule_file=str(path), recompute="all"))
+    assert run(SimulateRequest(schedule_file=str(path), offload_ratio=0.5)).timeline.peak_host_units == 1
