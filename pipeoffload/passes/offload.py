@@ -71,6 +71,7 @@ class RankOffloadReport:
     offloaded_after_i: int = 0  # second windows (I -> W) offloaded
     unhidden_after_i: tuple[Key, ...] = ()  # second windows wanted off the device, not hideable
     units: tuple[float, float] = (0.0, 0.0)  # activation units moved to host, per window
+    until_i: int = 0  # first windows kept on the device until I, their I -> W window offloaded instead
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,10 @@ class OffloadReport:
         return tuple(k for r in self.per_rank for k in r.unhidden_after_i)
 
     @property
+    def kept_until_i(self) -> int:
+        return sum(r.until_i for r in self.per_rank)
+
+    @property
     def units_by_window(self) -> tuple[float, float]:
         """Activation units copied to host: (F -> backward window, I -> W window)."""
         return (sum(r.units[0] for r in self.per_rank), sum(r.units[1] for r in self.per_rank))
@@ -135,6 +140,7 @@ class OffloadReport:
             short = sum(r.too_short for r in self.per_rank)
             kept = [f"{len(self.unhidden)} that the copy lane could not hide{at}"] if self.unhidden else []
             kept += [f"{short} whose window is too short to leave the device"] if short else []
+            kept += [f"{self.kept_until_i} until their I (offloaded from I to W instead)"] if self.kept_until_i else []
             parts.append(f"offload {self.policy}: {self.offloaded} activations offloaded"
                          + (f"; kept on the device: {', '.join(kept)}" if kept else ""))
             if self.offloaded_after_i or self.unhidden_after_i:
@@ -194,7 +200,7 @@ def plan_offload(schedule: Schedule, costs: CostModel, policy: OffloadPolicy | s
                                 s.too_short, float(timelines[r].memory.max()) if len(timelines[r].memory) else 0.0,
                                 peaks[r], tuple(s.memory.tolist()),
                                 sum(1 for p in s.placed if p.activation.window == 1), tuple(s.unhidden_w),
-                                _units(s))
+                                _units(s), s.until_i)
               for r, s in sorted(states.items())),
         budget,
         notes=notes,

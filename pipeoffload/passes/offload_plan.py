@@ -40,7 +40,7 @@ class RankState:
     placement is subtracted in the order it was added, as if it had been subtracted then, so a
     curve read is the one the eager updates gave."""
 
-    __slots__ = ("timeline", "_memory", "_pending", "placed", "unhidden", "unhidden_w", "too_short", "rows")
+    __slots__ = ("timeline", "_memory", "_pending", "placed", "unhidden", "unhidden_w", "too_short", "until_i", "rows")
 
     def __init__(self, timeline: RankTimeline) -> None:
         self.timeline = timeline
@@ -50,6 +50,7 @@ class RankState:
         self.unhidden: list[Key] = []  # window 0 (F -> backward)
         self.unhidden_w: list[Key] = []  # window 1 (I -> W)
         self.too_short = 0
+        self.until_i = 0  # first windows left on the device until I because their I -> W window was offloaded
         self.rows: list[Action] | None = None  # the emitted list itself, where a repair moved copies and waits (``throttle.repair``)
 
     @property
@@ -116,6 +117,7 @@ class _Plan:
         self.group = CopyGroup(timelines, costs, relaxed)
         self.states = {tl.rank: RankState(tl) for tl in timelines}
         self._peaks: dict[int, float] | None = None  # ``peaks()`` until the plan changes
+        self.no_effect: set[Ident] = set()  # picks whose copies fit but leave no timeline point off the device
 
     def keys(self) -> set[Ident]:
         return {(r, *p.activation.ident) for r, s in self.states.items() for p in s.placed}
@@ -178,6 +180,8 @@ class _Plan:
                 failed.append((rank, x))
             elif p.hi <= p.lo or (budget is not None and state.memory[p.lo:p.hi].max() <= budget + EPS):
                 self.group.unplace(rank, p)
+                if p.hi <= p.lo:
+                    self.no_effect.add((rank, *x.ident))
             else:
                 state.add(p)
                 over.pop(rank, None)
@@ -227,8 +231,23 @@ def plan_group(timelines: list[RankTimeline], costs: CostModel, policy: OffloadP
         missing = [x for r, x in failed if r == rank and (r, *x.ident) not in placed]
         state.unhidden = [(x.stage, x.microbatch) for x in missing if x.window == 0]
         state.unhidden_w = [(x.stage, x.microbatch) for x in missing if x.window == 1]
-        state.too_short = sum(1 for x in first.get(rank, ()) if x.value <= EPS)
+        # too short: worth nothing, or copies that fit but leave the activation on the device at every point
+        state.too_short = sum(1 for x in first.get(rank, ())
+                              if x.value <= EPS or ((rank, *x.ident) in plan.no_effect and (rank, *x.ident) not in placed))
+        state.until_i = len(_kept_until_i(rank, first.get(rank, ()), placed, missing, plan.no_effect))
     return plan
+
+
+def _kept_until_i(rank: int, first: list[Activation], placed: set[tuple[int, ...]], missing: list[Activation],
+                  no_effect: set[tuple[int, ...]]) -> list[Activation]:
+    """The first windows worth moving that were neither placed nor tried and failed because their
+    second window took the lane (``_second_first``): on the device from F to I, on the host from I to W."""
+    moved_w = {(s, m) for r, s, m, w in placed if r == rank and w == 1}
+    if not moved_w:
+        return []
+    tried = {x.ident for x in missing}
+    return [x for x in first if x.value > EPS and (x.stage, x.microbatch) in moved_w
+            and (rank, *x.ident) not in placed and x.ident not in tried and (rank, *x.ident) not in no_effect]
 
 
 def _second_windows(plan: _Plan, second: dict[int, list[Activation]], budget: float | None
@@ -268,7 +287,7 @@ def _second_first(timelines: list[RankTimeline], costs: CostModel, first: dict[i
         return plan, worth, failed
     plan = _Plan(timelines, costs, relaxed)
     failed = plan.greedy(picks, budget)
-    taken = {(r, x.stage, x.microbatch) for r, x in picks} - {(r, x.stage, x.microbatch) for r, x in failed}
+    taken = {(r, stage, mb) for r, stage, mb, _ in plan.keys()}  # placed (a pick that fit but freed nothing was not)
     more = [(r, x) for r, x in _priority(first) if x.value > EPS and (r, x.stage, x.microbatch) not in taken]
     return plan, picks + more, failed + plan.greedy(more, budget)
 

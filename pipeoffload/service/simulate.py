@@ -310,6 +310,7 @@ def report_dict(report: OffloadReport) -> dict[str, Any]:
         "unhidden": len(report.unhidden),
         "offloaded_after_i": report.offloaded_after_i,  # the second window (I -> W)
         "unhidden_after_i": len(report.unhidden_after_i),
+        "kept_until_i": report.kept_until_i,  # first windows left on the device, their I -> W window offloaded
         "offloaded_units_by_window": list(report.units_by_window),
         # null without an offload plan (no offload policy): the timeline's peaks are the real ones
         "planned_peak_before": report.peak_before if report.per_rank else None,
