@@ -234,12 +234,12 @@ def plan_group(timelines: list[RankTimeline], costs: CostModel, policy: OffloadP
         # too short: worth nothing, or copies that fit but leave the activation on the device at every point
         state.too_short = sum(1 for x in first.get(rank, ())
                               if x.value <= EPS or ((rank, *x.ident) in plan.no_effect and (rank, *x.ident) not in placed))
-        state.until_i = len(_kept_until_i(rank, first.get(rank, ()), placed, missing, plan.no_effect))
+        state.until_i = len(_kept_until_i(rank, first.get(rank, []), placed, missing, plan.no_effect))
     return plan
 
 
-def _kept_until_i(rank: int, first: list[Activation], placed: set[tuple[int, ...]], missing: list[Activation],
-                  no_effect: set[tuple[int, ...]]) -> list[Activation]:
+def _kept_until_i(rank: int, first: list[Activation], placed: set[Ident], missing: list[Activation],
+                  no_effect: set[Ident]) -> list[Activation]:
     """The first windows worth moving that were neither placed nor tried and failed because their
     second window took the lane (``_second_first``): on the device from F to I, on the host from I to W."""
     moved_w = {(s, m) for r, s, m, w in placed if r == rank and w == 1}
