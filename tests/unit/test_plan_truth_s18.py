@@ -1,0 +1,78 @@
+"""``plan --dtype`` and ``plan --emit`` plan the run the file starts, as ``train --plan auto`` plans the same
+request (eighteenth session)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeoffload.train.plan import PLANNED
+from tests.conftest import run_cli
+
+GPT = ("--layers", "4", "--hidden", "64", "--heads", "4", "--vocab", "256")
+LLAMA = ("--layers", "4", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--vocab", "256")
+FFN = {"gpt": (), "llama": ("--ffn", "160")}  # plan's flag; train's --ffn-hidden
+PRESET = {"gpt": (), "llama": ("--model", "llama3-8b")}  # plan's Llama shape: a preset's, its sizes overridden
+
+
+def _emit(tmp_path: Path, family: str, model: tuple[str, ...], dtype: str, memory: str) -> tuple[Any, dict[str, Any]]:
+    """``plan --emit``'s request and the train config it wrote (flat keys)."""
+    from pipeoffload.cli import build_parser
+    from pipeoffload.cli.plan import request_from_args
+    from pipeoffload.train.config import load_toml
+
+    path = tmp_path / "run.toml"
+    flags = [*PRESET[family], *model, *FFN[family], "--seq", "64", "--gpus", "2", "--global-batch", "8", "--memory", memory, "--gpu", "a100",
+             "--dtype", dtype, "--no-pareto", "--emit", str(path)]
+    code, _, err = run_cli("plan", *flags)
+    assert code == 0, err
+    return request_from_args(build_parser().parse_args(["plan", *flags])), load_toml(path)
+
+
+def _train_plan(family: str, model: tuple[str, ...], dtype: str, memory: str) -> tuple[Any, Any]:
+    """``train --plan auto``'s config and its planner request for the same model, GPUs, batch and budget."""
+    import pipeoffload.planner as planner
+    from pipeoffload.cli import build_parser
+    from pipeoffload.cli.train import resolve
+
+    seen: list[Any] = []
+    real = planner.find_plans
+    planner.find_plans = lambda req: seen.append(req) or real(req)  # type: ignore[assignment,func-returns-value]
+    try:
+        cfg, _ = resolve(build_parser().parse_args(
+            ["train", "--plan", "auto", "--memory", memory, "--gpu", "a100", "--nproc", "2", "--global-batch", "8",
+             "--model", family, *model, *(("--ffn-hidden", "160") if FFN[family] else ()), "--seq-len", "64", "--dtype", dtype, "--steps", "2"]))
+    finally:
+        planner.find_plans = real  # type: ignore[assignment]
+    return cfg, seen[-1]
+
+
+@pytest.mark.parametrize(("family", "model", "dtype", "memory"), [
+    ("gpt", GPT, "fp32", "0.01"), ("gpt", GPT, "bf16", "0.01"), ("gpt", GPT, "fp32", "0.0035"),
+    ("llama", LLAMA, "bf16", "0.01"), ("llama", LLAMA, "fp32", "0.004")])
+def test_plan_emit_plans_what_train_plan_auto_plans(tmp_path: Path, family: str, model: tuple[str, ...], dtype: str,
+                                                    memory: str) -> None:
+    # plan --emit planned bf16 activations, flash attention and Megatron's optimizer state, and wrote no dtype:
+    # train then ran fp32 and kept more than the plan said
+    emitted, written = _emit(tmp_path, family, model, dtype, memory)
+    assert written["dtype"] == dtype
+    cfg, trained = _train_plan(family, model, dtype, memory)
+    assert replace(emitted.model, name="x") == replace(trained.model, name="x", vocab=emitted.model.vocab)
+    assert emitted.setup == trained.setup
+    for key in PLANNED:
+        assert str(cfg.get(key)) == str(written.get(key, cfg.get(key))), key
+
+
+def test_plan_dtype_fp32_doubles_the_activations_planned() -> None:
+    from pipeoffload.cli import build_parser
+    from pipeoffload.cli.plan import request_from_args
+
+    def model(dtype: str) -> Any:
+        args = build_parser().parse_args(["plan", *GPT, "--seq", "64", "--gpus", "2", "--global-batch", "8",
+                                          "--dtype", dtype])
+        return request_from_args(args).model
+
+    assert model("bf16").dtype_bytes == 2 and model("fp32").dtype_bytes == 4  # bf16: as before the flag
+    assert model("fp32").layer_activation_bytes() == 2 * model("bf16").layer_activation_bytes()
