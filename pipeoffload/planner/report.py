@@ -8,10 +8,10 @@ from pipeoffload.planner.search import GIB, Plan, SearchResult
 MIB = 2**20
 
 
-def memory_unit(budget_bytes: float) -> tuple[str, float]:
-    """The unit a report prints memory in: GiB, or MiB under a budget below 1 GiB, where GiB to one
-    decimal read "0.0" for every plan (a small model's run on a small budget)."""
-    return ("GiB", GIB) if budget_bytes >= GIB else ("MiB", MIB)
+def memory_unit(largest: float) -> tuple[str, float]:
+    """The unit memory up to ``largest`` bytes is printed in: GiB, or MiB below 1 GiB, where GiB to one
+    decimal read "0.0" (a small model's plans)."""
+    return ("GiB", GIB) if largest >= GIB else ("MiB", MIB)
 
 
 def memory_text(n: float, places: int = 1) -> str:
@@ -51,7 +51,10 @@ def _unit(plan: Plan) -> float | None:
     return plan.unit_bytes or None
 
 
-def format_table(plans: list[Plan], unit: tuple[str, float] = ("GiB", GIB)) -> str:
+def format_table(plans: list[Plan], unit: tuple[str, float] | None = None) -> str:
+    """The plans' rows under their header, memory in GiB, or in MiB where every plan's total is below 1 GiB
+    (``unit``: this one instead)."""
+    unit = unit or memory_unit(max((p.memory.total for p in plans), default=GIB))
     return "\n".join([_header(unit[0])] + [format_plan_row(i + 1, p, unit) for i, p in enumerate(plans)])
 
 
@@ -60,13 +63,11 @@ def format_result(result: SearchResult, top: int = 5, pareto: bool = True, namin
     req = result.request
     model, hw = req.model, req.hardware
     rate = result.candidates / result.seconds if result.seconds > 0 else float("inf")
-    unit = memory_unit(req.memory_budget)
-    name, size = unit
     lines = [
         f"{model.name} ({model.params_size()} params, seq {model.seq}, microbatch {model.microbatch}) "
         f"on {req.gpus} x {hw.name}; global batch {req.global_batch} sequences; "
-        f"budget {req.memory_budget / size:.1f} {name}/GPU"
-        + (f", host {req.host_memory_budget / size:.1f} {name}/GPU" if req.host_memory_budget is not None else "")
+        f"budget {memory_text(req.memory_budget)}/GPU"
+        + (f", host {memory_text(req.host_memory_budget)}/GPU" if req.host_memory_budget is not None else "")
         + ("; Megatron's selective recomputation (attention core) on every plan"
            if req.setup.selective_recompute else "")
         + (f"; offload plans may lengthen the step by up to {req.max_stall:g} % ({naming('max_stall')})"
@@ -75,13 +76,13 @@ def format_result(result: SearchResult, top: int = 5, pareto: bool = True, namin
         f"= {rate:.0f} candidates/s" + _skipped(result),
         "",
         f"best plans that fit ({len(result.fitting)} fit):",
-        format_table(result.best(top), unit),
+        format_table(result.best(top)),
     ]
     if pareto:
         lines += ["", "Pareto frontier (less memory <-> more throughput, plans that fit):",
-                  format_table(result.pareto(), unit)]
+                  format_table(result.pareto())]
     if req.best_per_tp:
-        lines += ["", "best plan per tensor-parallel size:", format_table(list(result.best_by_tp().values()), unit)]
+        lines += ["", "best plan per tensor-parallel size:", format_table(list(result.best_by_tp().values()))]
     lines += ["", "memory is the worst rank's weights+grads (par), optimizer state (opt) and simulated activation "
               "peak (act); host is pinned host memory per GPU; stall is the worst rank's wait for reloads."]
     shown = result.best(top) + (result.pareto() if pareto else [])

@@ -76,3 +76,21 @@ def test_plan_dtype_fp32_doubles_the_activations_planned() -> None:
 
     assert model("bf16").dtype_bytes == 2 and model("fp32").dtype_bytes == 4  # bf16: as before the flag
     assert model("fp32").layer_activation_bytes() == 2 * model("bf16").layer_activation_bytes()
+
+
+@pytest.mark.parametrize(("memory", "budget"), [("40", "budget 40.0 GiB/GPU"), ("0.0035", "budget 3.6 MiB/GPU")])
+def test_a_small_plan_says_its_memory_in_a_unit_that_shows_it(memory: str, budget: str) -> None:
+    # every figure read 0.0 GiB (and --plan auto's line "0.00 GiB per GPU") for a small model's plans
+    from pipeoffload.cli import build_parser
+    from pipeoffload.cli.train import resolve
+
+    code, out, err = run_cli("plan", *GPT, "--seq", "64", "--gpus", "2", "--global-batch", "8", "--memory", memory,
+                             "--no-pareto", "--top", "1")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert budget in lines[0]
+    header, row = lines[lines.index(next(x for x in lines if "total = par" in x)):][:2]
+    assert "MiB total = par + opt + act" in header
+    assert float(row.split("=")[0].split()[-1]) > 1  # the total, in MiB
+    _, notes = resolve(build_parser().parse_args(["train", "--plan", "auto", "--memory", memory, "--nproc", "2"]))
+    assert " MiB per GPU, model gpt)" in notes[0] and "0.00 GiB" not in notes[0], notes
