@@ -179,6 +179,38 @@ def plan_split(req: PlanRequest, plan: Plan) -> tuple[int, ...]:
     return layer_split(req.split, req.model.layers, placement_of(plan.choice, plan.layout.pp), head_weight(lc))
 
 
+def run_copies(req: PlanRequest, plan: Plan) -> tuple[int, int]:
+    """(activation windows the run's copy lane takes off the device, windows instant copies would) for the
+    plan as ``train`` runs it: the runtime lowers the schedule against one forward per stage and the plan's
+    k (``train.job.offload_note``), not against the planner's timeline, whose idle time (a small model's
+    pipeline is mostly p2p latency) hides copies the run never makes. (0, 0) for a plan without offload."""
+    from pipeoffload.costs import CostModel
+    from pipeoffload.passes.lower import lower_with_report
+    from pipeoffload.schedules import generate
+
+    c = plan.choice
+    if c.offload.kind == "none":
+        return 0, 0
+    options = {"group_size": c.group_size} if c.group_size else {}
+    schedule = generate(c.family, plan.layout.pp, plan.microbatches, c.stages_per_rank, **options)
+
+    def moved(k: float) -> int:
+        costs = CostModel().with_offload_ratio(k) if k else None
+        report = lower_with_report(schedule, costs, offload=c.offload, recompute=train_recompute(c.recompute),
+                                   log_warnings=False)[1]
+        return int(report.offloaded + report.offloaded_after_i)
+
+    return moved(offload_ratio(req, plan)), moved(0.0)
+
+
+def run_keeps_plan(req: PlanRequest, plan: Plan) -> bool:
+    """Whether the run of ``plan`` makes every copy the plan's memory counts on: its copy lane hides all the
+    windows instant copies would (``run_copies``). Where it does not, the run keeps more activation memory
+    on the device than the plan says, and its host memory is not the plan's."""
+    done, possible = run_copies(req, plan)
+    return done >= possible
+
+
 def offload_ratio(req: PlanRequest, plan: Plan) -> float:
     """The k of ``plan``'s layers on its GPU and link, as train's cost model takes it (both copies of
     one layer's activation over that layer's F + I + W time): what ``pipeoffload k`` prints as the
@@ -230,8 +262,25 @@ def config_toml(req: PlanRequest, plan: Plan) -> str:
     partial = _partial_note(plan)
     if partial:
         lines.append(f"# {partial}")
+    copies = _copies_note(req, plan)
+    if copies:
+        lines.append(f"# {copies}")
     lines += _sections(plan_config(req, plan))
     return "\n".join(lines) + "\n"
+
+
+def _copies_note(req: PlanRequest, plan: Plan) -> str | None:
+    """What the file's run does not do of the plan's offload (a train run's plan whose copies the run's copy
+    lane does not all make, ``run_copies``), or None."""
+    if not req.model.blocks:
+        return None
+    done, possible = run_copies(req, plan)
+    if done >= possible:
+        return None
+    return (f"offload={plan.choice.offload}: the run's copy lane makes {done or 'none'} of the {possible} copies this "
+            f"plan counts on (k = {offload_ratio(req, plan):.4g} forwards a copy), so the run keeps more than the "
+            f"{memory_text(plan.memory.activations)} of activations planned on the device and uses less than the "
+            f"{memory_text(plan.memory.host)} of host memory planned")
 
 
 def emit(req: PlanRequest, plan: Plan, path: str | Path) -> str:
@@ -242,6 +291,9 @@ def emit(req: PlanRequest, plan: Plan, path: str | Path) -> str:
     partial = _partial_note(plan)
     if partial:
         command += f" (note: {partial})"
+    copies = _copies_note(req, plan)
+    if copies:
+        command += f" (note: {copies})"
     m = req.model
     if not carries_model(m):
         command += (f" (but {m.name}'s shape is not in the file, so that would train the default GPT: plan its "

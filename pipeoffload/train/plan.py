@@ -307,8 +307,11 @@ def _requests(cfg: TrainConfig, fixed: dict[str, Any], model: Any, pairs: list[t
 
 def _best_keeping(requests: list[Any], fixed: dict[str, Any]) -> tuple[Any, Any] | None:
     """The fastest fitting plan, over ``requests``, that keeps every explicit key, with its request (the
-    requests search only such plans; the check guards that)."""
+    requests search only such plans; the check guards that), and whose copies the run makes
+    (``run_keeps_plan``: at a small model's large k the run's copy lane may make none of them, keeping
+    on the device what the plan counted off it) unless the offload policy is the user's."""
     from pipeoffload.planner import find_plans
+    from pipeoffload.planner.emit import run_keeps_plan
 
     found: list[tuple[Any, Any]] = []
     for request in requests:
@@ -317,7 +320,8 @@ def _best_keeping(requests: list[Any], fixed: dict[str, Any]) -> tuple[Any, Any]
         except ConfigError:  # nothing fits this layout (or no layout of it): the others may
             continue
         for plan in result.fitting:
-            if all(_norm(k, v) == fixed[k] for k, v in _chosen(plan).items() if k in fixed):
+            if (all(_norm(k, v) == fixed[k] for k, v in _chosen(plan).items() if k in fixed)
+                    and ("offload" in fixed or run_keeps_plan(request, plan))):
                 found.append((plan, request))
                 break
     return min(found, key=lambda pr: pr[0].sort_key()) if found else None
