@@ -250,7 +250,7 @@ def config_toml(req: PlanRequest, plan: Plan) -> str:
     if offload.kind == "budget" and not offload.rank_units and plan.unit_bytes:
         units = offload.budget
         lines.append(f"# offload budget:{units:g} is in activation units (one microbatch of the largest stage: "
-                     f"{plan.unit_bytes / 1024**3:.3f} GiB here), i.e. {units * plan.unit_bytes / 1024**3:.1f} GiB")
+                     f"{memory_text(plan.unit_bytes, 3)} here), i.e. {memory_text(units * plan.unit_bytes)}")
     note = _model_note(req.model)
     if note:
         lines.append(note)
