@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import replace
 from typing import Any
 
 from pipeoffload.cli.common import add_max_stall, add_planner_link_args, model_and_hardware, positive_int, show_progress
@@ -11,6 +12,7 @@ from pipeoffload.errors import FLAGS, ConfigError, in_words
 from pipeoffload.fileio import check_extension, check_writable
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.compare_tp import BASELINES
+from pipeoffload.planner.emit import DTYPES, train_model, train_setup
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.measured import load_layer_costs
 from pipeoffload.planner.model import ModelSpec
@@ -54,6 +56,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     job.add_argument("--host-memory", type=float, metavar="GIB",
                      help="pinned host memory per GPU in GiB (default: no limit)")
     add_planner_link_args(job)
+    job.add_argument("--dtype", choices=tuple(DTYPES), default="bf16",
+                     help="the run's activations: bf16 (2 bytes; with --emit, train's bf16 autocast) or fp32 "
+                          "(default %(default)s); --emit writes it")
     job.add_argument("--no-sequence-parallel", action="store_true",
                      help="tensor parallelism without Megatron's sequence parallelism")
     job.add_argument("--no-distributed-optimizer", action="store_true",
@@ -134,21 +139,26 @@ def check_tp_flag(args: argparse.Namespace, model: ModelSpec, per_node: int) -> 
 
 
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
-    model, hw = model_and_hardware(args)
-    check_tp_flag(args, model, hw.gpus_per_node)
-    budget = memory_budget(args, hw.memory_bytes)
-    if args.host_memory is not None and not args.host_memory > 0:
-        raise ConfigError(f"--host-memory {args.host_memory:g}: must be > 0 GiB (omit it for no limit)")
     recompute = args.recompute
     selective = recompute is not None and "selective" in recompute
     if selective:
         recompute = tuple(r for r in recompute if r != "selective") or None
+    model, hw = model_and_hardware(args)
+    model = model.with_(dtype_bytes=DTYPES[args.dtype])
+    setup = TrainingSetup(distributed_optimizer=not args.no_distributed_optimizer,
+                          partial_recompute=args.partial_recompute, host_link=args.shared_host_link,
+                          sequence_parallel=not args.no_sequence_parallel, selective_recompute=selective)
+    if args.emit:  # the run the file starts, as `train --plan auto` plans it: train's blocks and state
+        model = train_model(model, args.dtype)
+        setup = replace(train_setup(), host_link=args.shared_host_link)
+    check_tp_flag(args, model, hw.gpus_per_node)
+    budget = memory_budget(args, hw.memory_bytes)
+    if args.host_memory is not None and not args.host_memory > 0:
+        raise ConfigError(f"--host-memory {args.host_memory:g}: must be > 0 GiB (omit it for no limit)")
     return PlanRequest(
         model=model, hardware=hw, gpus=args.gpus, global_batch=args.global_batch, memory_budget=budget,
         host_memory_budget=args.host_memory * GIB if args.host_memory is not None else None,
-        setup=TrainingSetup(distributed_optimizer=not args.no_distributed_optimizer,
-                            partial_recompute=args.partial_recompute, host_link=args.shared_host_link,
-                            sequence_parallel=not args.no_sequence_parallel, selective_recompute=selective),
+        setup=setup,
         schedules=args.schedules, tp_sizes=args.tp, pp_sizes=args.pp, stages_per_rank=args.stages_per_rank,
         group_sizes=args.group_sizes, offload=args.offload, recompute=recompute,
         measured=load_layer_costs(args.profile) if args.profile else None, top=args.top,

@@ -9,12 +9,13 @@ from a local Hugging Face directory (train builds it from the same config.json),
 layers/hidden/heads/vocab/seq_len of the reference GPT when the model is GPT-shaped (multi-head attention,
 head width hidden / heads, FFN 4h, GeLU), or source = "llama" with the Llama keys (kv_heads,
 ffn_hidden, vocab, rope_theta) when it is one train's Llama family builds (SwiGLU, no biases), since
-that is the model the train command builds.
+that is the model the train command builds; and ``[model] dtype``, the dtype planned. ``plan --emit`` plans
+the run the file starts (``train_model``, ``train_setup``): train's blocks in that dtype and train's
+optimizer state, as ``train --plan auto`` plans it.
 ``plan_config`` gives the same keys flat (the train flags with ``-`` as ``_``).
 The recompute policy is written as the plan's table shows it, less a partial (LGD) form the plan chose
 (``plan --recompute lgd``), which ``train`` does not perform and refuses: the file and the command
-returned say so. The planner's memory model also assumes LGD partial recomputation with offload (a
-GPU kernel choice), which the file's comment says ``train`` does not perform.
+returned say so.
 """
 from __future__ import annotations
 
@@ -22,13 +23,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipeoffload.fileio import write_atomic
-from pipeoffload.llama_config import PRESETS
+from pipeoffload.llama_config import PRESETS, LlamaShape
 from pipeoffload.planner.evaluate import placement_of
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.plans import Plan, PlanRequest
+from pipeoffload.planner.report import memory_text
 from pipeoffload.planner.split import layer_split
-from pipeoffload.planner.stagecosts import head_weight, layer_copy_and_compute, setup_layer_costs
+from pipeoffload.planner.stagecosts import TrainingSetup, head_weight, layer_copy_and_compute, setup_layer_costs
 from pipeoffload.policies import RecomputePolicy
+
+DTYPES = {"bf16": 2, "fp32": 4}  # train's [model] dtype -> bytes of an activation element (bf16: autocast's)
 
 
 def is_gpt_like(model: ModelSpec) -> bool:
@@ -61,6 +65,46 @@ def _llama_keys(model: ModelSpec) -> dict[str, object]:
     return keys
 
 
+def dtype_name(model: ModelSpec) -> str:
+    """train's ``[model] dtype`` of the activations ``model`` was planned with."""
+    return next((name for name, size in DTYPES.items() if size == model.dtype_bytes), "fp32")
+
+
+def train_blocks(model: ModelSpec, dtype_bytes: int) -> ModelSpec:
+    """``model`` as ``train`` runs it: train's blocks (``planner.trainblocks``) of the family it builds, with
+    its attention (GPT: written out, keeping the s x s scores; Llama-family: SDPA), no dropout, activations
+    of ``dtype_bytes`` (2: bf16 autocast). ``train --plan auto`` and ``plan --emit`` both plan with this."""
+    family = "llama" if model.source or model.gated_mlp else "gpt"
+    return model.with_(blocks=family, flash_attention=family == "llama", dropout=False, dtype_bytes=dtype_bytes)
+
+
+def train_setup(distributed_optimizer: bool = False) -> TrainingSetup:
+    """The state ``train`` keeps per parameter: fp32 weights and gradients in either dtype (bf16 is autocast,
+    so there is no separate fp32 master copy) and AdamW's two fp32 moments, sharded over the dp replicas
+    only with ``zero`` or ``fsdp`` (``distributed_optimizer``); no LGD partial recomputation, which train
+    does not perform (the planner's default assumes it on every plan that offloads)."""
+    return TrainingSetup(weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0,
+                         distributed_optimizer=distributed_optimizer, partial_recompute=False)
+
+
+def train_model(model: ModelSpec, dtype: str) -> ModelSpec:
+    """The model a train config written from ``model`` trains, as ``train --plan auto`` plans it
+    (``train.plan.planner_model``): a Hugging Face folder as read; a GPT-shaped model as train's reference
+    GPT (no biases apart, learned positions and untied head as train builds it); a Llama-shaped one from
+    train's llama keys; anything else (not carried: the file says so) only with train's blocks."""
+    if not model.source and is_gpt_like(model):
+        model = ModelSpec(name=model.name, layers=model.layers, hidden=model.hidden, heads=model.heads,
+                          seq=model.seq, vocab=model.vocab, microbatch=model.microbatch)
+    elif not model.source and is_llama_like(model):
+        keys = _llama_keys(model)
+        model = LlamaShape(vocab=model.vocab, hidden=model.hidden, layers=model.layers, heads=model.heads,
+                           kv_heads=model.num_kv_heads, ffn_hidden=model.ffn_size,
+                           tie_embeddings=model.tied_embeddings, max_positions=max(model.seq, 1),
+                           rope_theta=float(keys.get("rope_theta", 10000.0))  # type: ignore[arg-type]
+                           ).model_spec(model.name, model.seq).with_(microbatch=model.microbatch)
+    return train_blocks(model, DTYPES[dtype])
+
+
 def _model_note(model: ModelSpec) -> str | None:
     """The comment saying what of the model the file cannot carry, or None."""
     if carries_model(model):
@@ -71,24 +115,6 @@ def _model_note(model: ModelSpec) -> str | None:
         return None
     return ("# the model is not one train builds from keys (GPT, or Llama without biases): its shape is left to "
             "the train defaults; plan its Hugging Face folder instead (plan --model hf:DIR --emit ...)")
-
-
-def _dtype_note(model: ModelSpec) -> str | None:
-    """The comment saying what of the planned activations a run of the file keeps otherwise: the file has no
-    dtype key, so train keeps 4-byte (fp32) activations where the plan counted 2, and the reference GPT
-    writes its attention out, keeping the s x s scores that flash attention does not."""
-    if not carries_model(model):
-        return None
-    parts = []
-    if model.dtype_bytes != 4:
-        parts.append(f"{model.dtype_bytes}-byte activations (train: 4 with its default dtype fp32, 2 with "
-                     "[model] dtype = \"bf16\")")
-    if model.flash_attention and not model.source and is_gpt_like(model):
-        parts.append("flash attention (train's GPT keeps the s x s attention scores)")
-    if not parts:
-        return None
-    return (f"# activation memory planned for {' and '.join(parts)}: expect more in the run; "
-            "`train --plan auto` plans with the run's own dtype and attention")
 
 
 def _toml_value(value: object) -> str:
@@ -140,6 +166,8 @@ def plan_config(req: PlanRequest, plan: Plan) -> dict[str, object]:
                        "vocab": model.vocab, "seq_len": model.seq})
     elif is_llama_like(model):
         config.update(_llama_keys(model))
+    if carries_model(model):  # the activations planned: train's default (fp32) is not bf16's
+        config["dtype"] = dtype_name(model)
     config["nproc"] = layout.gpus
     return config
 
@@ -149,6 +177,38 @@ def plan_split(req: PlanRequest, plan: Plan) -> tuple[int, ...]:
     lgd = req.setup.lgd_for(plan.choice.offload)
     lc = req.measured or setup_layer_costs(req.model, req.hardware, plan.layout.tp, req.setup, lgd)
     return layer_split(req.split, req.model.layers, placement_of(plan.choice, plan.layout.pp), head_weight(lc))
+
+
+def run_copies(req: PlanRequest, plan: Plan) -> tuple[int, int]:
+    """(activation windows the run's copy lane takes off the device, windows instant copies would) for the
+    plan as ``train`` runs it: the runtime lowers the schedule against one forward per stage and the plan's
+    k (``train.job.offload_note``), not against the planner's timeline, whose idle time (a small model's
+    pipeline is mostly p2p latency) hides copies the run never makes. (0, 0) for a plan without offload."""
+    from pipeoffload.costs import CostModel
+    from pipeoffload.passes.lower import lower_with_report
+    from pipeoffload.schedules import generate
+
+    c = plan.choice
+    if c.offload.kind == "none":
+        return 0, 0
+    options = {"group_size": c.group_size} if c.group_size else {}
+    schedule = generate(c.family, plan.layout.pp, plan.microbatches, c.stages_per_rank, **options)
+
+    def moved(k: float) -> int:
+        costs = CostModel().with_offload_ratio(k) if k else None
+        report = lower_with_report(schedule, costs, offload=c.offload, recompute=train_recompute(c.recompute),
+                                   log_warnings=False)[1]
+        return int(report.offloaded + report.offloaded_after_i)
+
+    return moved(offload_ratio(req, plan)), moved(0.0)
+
+
+def run_keeps_plan(req: PlanRequest, plan: Plan) -> bool:
+    """Whether the run of ``plan`` makes every copy the plan's memory counts on: its copy lane hides all the
+    windows instant copies would (``run_copies``). Where it does not, the run keeps more activation memory
+    on the device than the plan says, and its host memory is not the plan's."""
+    done, possible = run_copies(req, plan)
+    return done >= possible
 
 
 def offload_ratio(req: PlanRequest, plan: Plan) -> float:
@@ -170,7 +230,8 @@ SECTIONS = {"schedule": ("schedule", "family"), "stages_per_rank": ("schedule", 
             "layers": ("model", "layers"), "hidden": ("model", "hidden"), "heads": ("model", "heads"),
             "seq_len": ("model", "seq_len"), "model": ("model", "source"), "kv_heads": ("model", "kv_heads"),
             "ffn_hidden": ("model", "ffn_hidden"), "vocab": ("model", "vocab"), "rope_theta": ("model", "rope_theta"),
-            "tie_embeddings": ("model", "tie_embeddings"), "layers_per_stage": ("parallel", "layers_per_stage")}
+            "tie_embeddings": ("model", "tie_embeddings"), "dtype": ("model", "dtype"),
+            "layers_per_stage": ("parallel", "layers_per_stage")}
 
 
 def _sections(config: dict[str, object]) -> list[str]:
@@ -183,16 +244,16 @@ def _sections(config: dict[str, object]) -> list[str]:
 
 def config_toml(req: PlanRequest, plan: Plan) -> str:
     lines = [f"# written by pipeoffload plan: {plan.layout} {plan.choice.label()}, "
-             f"{plan.tokens_per_second:,.0f} tokens/s predicted, {plan.memory.total / 1024**3:.1f} GiB/GPU",
+             f"{plan.tokens_per_second:,.0f} tokens/s predicted, {memory_text(plan.memory.total)}/GPU",
              f"# model {req.model.name} on {req.gpus} x {req.hardware.name}"]
     offload = plan.choice.offload
     if offload.kind == "budget" and not offload.rank_units and plan.unit_bytes:
         units = offload.budget
         lines.append(f"# offload budget:{units:g} is in activation units (one microbatch of the largest stage: "
-                     f"{plan.unit_bytes / 1024**3:.3f} GiB here), i.e. {units * plan.unit_bytes / 1024**3:.1f} GiB")
-    for note in (_model_note(req.model), _dtype_note(req.model)):
-        if note:
-            lines.append(note)
+                     f"{memory_text(plan.unit_bytes, 3)} here), i.e. {memory_text(units * plan.unit_bytes)}")
+    note = _model_note(req.model)
+    if note:
+        lines.append(note)
     if req.setup.lgd_for(offload) and req.measured is None:
         parts = ("RMSNorm and SwiGLU" if req.model.gated_mlp else "LayerNorm, GeLU") + (
             ", dropout" if req.model.dropout else "")
@@ -201,8 +262,25 @@ def config_toml(req: PlanRequest, plan: Plan) -> str:
     partial = _partial_note(plan)
     if partial:
         lines.append(f"# {partial}")
+    copies = _copies_note(req, plan)
+    if copies:
+        lines.append(f"# {copies}")
     lines += _sections(plan_config(req, plan))
     return "\n".join(lines) + "\n"
+
+
+def _copies_note(req: PlanRequest, plan: Plan) -> str | None:
+    """What the file's run does not do of the plan's offload (a train run's plan whose copies the run's copy
+    lane does not all make, ``run_copies``), or None."""
+    if not req.model.blocks:
+        return None
+    done, possible = run_copies(req, plan)
+    if done >= possible:
+        return None
+    return (f"offload={plan.choice.offload}: the run's copy lane makes {done or 'none'} of the {possible} copies this "
+            f"plan counts on (k = {offload_ratio(req, plan):.4g} forwards a copy), so the run keeps more than the "
+            f"{memory_text(plan.memory.activations)} of activations planned on the device and uses less than the "
+            f"{memory_text(plan.memory.host)} of host memory planned")
 
 
 def emit(req: PlanRequest, plan: Plan, path: str | Path) -> str:
@@ -213,6 +291,9 @@ def emit(req: PlanRequest, plan: Plan, path: str | Path) -> str:
     partial = _partial_note(plan)
     if partial:
         command += f" (note: {partial})"
+    copies = _copies_note(req, plan)
+    if copies:
+        command += f" (note: {copies})"
     m = req.model
     if not carries_model(m):
         command += (f" (but {m.name}'s shape is not in the file, so that would train the default GPT: plan its "

@@ -35,6 +35,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipeoffload.errors import ConfigError
+from pipeoffload.planner.trainblocks import (
+    FAMILIES,
+    block_bytes,
+    block_weight_input_bytes,
+    head_bytes,
+    head_weight_bytes,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +76,11 @@ class ModelSpec:
     # positions a rotary model was trained to (config.json's max_position_embeddings); 0: unknown. A longer
     # seq costs what the formulas say but the model was never trained there: planned, with a warning
     rotary_positions: int = 0
+    # whose layer the activation formulas describe: "" Megatron-LM's (Korthikanti et al.'s accounting, the
+    # paper models), "gpt" or "llama" the blocks ``pipeoffload train`` builds (``planner.trainblocks``,
+    # where dtype_bytes 2 is bf16 autocast: the residual stream and the norms' statistics stay fp32)
+    blocks: str = ""
+    cpu_autocast: bool = False  # train blocks under CPU autocast, which leaves softmax in bf16 (CUDA: fp32)
 
     def __post_init__(self) -> None:
         for key in ("layers", "hidden", "heads", "seq", "vocab", "microbatch", "dtype_bytes"):
@@ -78,6 +90,9 @@ class ModelSpec:
         if not isinstance(self.positions, int) or self.positions < 0:
             raise ConfigError(f"model positions={self.positions!r}: must be an integer >= 0")
         self._check_seq()
+        if self.blocks not in ("", *FAMILIES):
+            raise ConfigError(f"model blocks={self.blocks!r}: must be '' (Megatron-LM's layer) or one of "
+                              f"{', '.join(FAMILIES)} (train's)")
         if self.head_size is not None and (not isinstance(self.head_size, int) or self.head_size < 1):
             raise ConfigError(f"model head_size={self.head_size!r}: must be an integer >= 1")
         if self.head_size is None and self.hidden % self.heads:
@@ -259,7 +274,10 @@ class ModelSpec:
         QKV input (LN1 output, 2*sbh), attention projection input (2*A/h*sbh), fc1 input (LN2 output,
         2*sbh) and fc2 input (the activation output, 2*f/h*sbh): 14*sbh for GPT. W computes each
         weight gradient as input^T x output gradient, so nothing else it saved is needed. Without
-        sequence parallelism the QKV and fc1 inputs (norm outputs) are whole on every TP rank."""
+        sequence parallelism the QKV and fc1 inputs (norm outputs) are whole on every TP rank. Train's
+        blocks: ``trainblocks.block_weight_input_bytes``."""
+        if self.blocks:
+            return block_weight_input_bytes(self, tp, sequence_parallel)
         h = self.hidden
         replicated = 2 + 2
         split = 2 * self.attention_width / h + 2 * self.ffn_size / h
@@ -274,19 +292,28 @@ class ModelSpec:
         return min(1.0, need / self.layer_activation_bytes(tp, partial_recompute, sequence_parallel))
 
     def head_weight_input_bytes(self, tp: int = 1, sequence_parallel: bool = True) -> float:
-        """The output projection's input (the final norm's output, 2*sbh): what the head's W needs."""
+        """The output projection's input (the final norm's output, 2*sbh): what the head's W needs (train's
+        head: ``trainblocks.head_weight_bytes``)."""
+        if self.blocks:
+            return head_weight_bytes(self)
         return self._per_rank(2, 0, tp, sequence_parallel) * self.tokens * self.hidden
 
     def layer_activation_bytes(self, tp: int = 1, partial_recompute: bool = False,
                                sequence_parallel: bool = True) -> float:
-        """Saved activations of one layer for one microbatch on one of ``tp`` ranks."""
+        """Saved activations of one layer for one microbatch on one of ``tp`` ranks (train's blocks:
+        ``trainblocks.block_bytes``, which performs no partial recomputation)."""
+        if self.blocks:
+            return block_bytes(self, tp, sequence_parallel)
         replicated, split = self.activation_terms(partial_recompute)
         per_rank = (replicated / (tp if sequence_parallel else 1) + split / tp) * self.tokens * self.hidden
         return per_rank + self.attention_score_bytes(partial_recompute) / tp
 
     def head_activation_bytes(self, tp: int = 1, sequence_parallel: bool = True) -> float:
         """Last stage extra: final-norm input and output (4*sbh, whole on every TP rank without sequence
-        parallelism) and the fp32 softmax of the loss (4*s*b*V, always split over the vocabulary)."""
+        parallelism) and the fp32 softmax of the loss (4*s*b*V, always split over the vocabulary). Train's
+        head: ``trainblocks.head_bytes``."""
+        if self.blocks:
+            return head_bytes(self)
         norm = self._per_rank(4, 0, tp, sequence_parallel) * self.tokens * self.hidden
         return norm + 4 * self.tokens * self.vocab / tp
 

@@ -5,37 +5,57 @@ from pipeoffload.errors import FIELDS, Naming, in_words
 from pipeoffload.planner.published import mfu_warning
 from pipeoffload.planner.search import GIB, Plan, SearchResult
 
-_HEADER = (f"{'#':>3}  {'layout':<13} {'schedule':<17} {'v':>2} {'g':>3} {'offload':<8} {'recompute':<9} "
-           f"{'m':>4} {'tokens/s':>10} {'MFU':>6} {'step s':>7}  {'GiB total = par + opt + act':<28} "
-           f"{'host':>6} {'bubble':>6} {'stall':>6}")
+MIB = 2**20
 
 
-def offload_label(plan: Plan, unit_bytes: float | None = None) -> str:
-    """The offload policy as shown: a ``budget:X`` target (activation units) in GiB; ``+2%`` under a
-    stall budget of 2 % (``--max-stall``)."""
+def memory_unit(largest: float) -> tuple[str, float]:
+    """The unit memory up to ``largest`` bytes is printed in: GiB, or MiB below 1 GiB, where GiB to one
+    decimal read "0.0" (a small model's plans)."""
+    return ("GiB", GIB) if largest >= GIB else ("MiB", MIB)
+
+
+def memory_text(n: float, places: int = 1) -> str:
+    """``n`` bytes as a line says them: in GiB from 1 GiB up, else in MiB (never a "0.00 GiB")."""
+    name, size = memory_unit(n)
+    return f"{n / size:.{places}f} {name}"
+
+
+def _header(unit: str) -> str:
+    return (f"{'#':>3}  {'layout':<13} {'schedule':<17} {'v':>2} {'g':>3} {'offload':<8} {'recompute':<9} "
+            f"{'m':>4} {'tokens/s':>10} {'MFU':>6} {'step s':>7}  {unit + ' total = par + opt + act':<28} "
+            f"{'host':>6} {'bubble':>6} {'stall':>6}")
+
+
+def offload_label(plan: Plan, unit_bytes: float | None = None, unit: tuple[str, float] = ("GiB", GIB)) -> str:
+    """The offload policy as shown: a ``budget:X`` target (activation units) in GiB (``unit``); ``+2%``
+    under a stall budget of 2 % (``--max-stall``)."""
     offload = plan.choice.offload
     stall = f"+{offload.max_stall:g}%" if offload.max_stall > 0 else ""
     if offload.kind == "budget" and not offload.rank_units and unit_bytes:
-        return f"{offload.budget * unit_bytes / GIB:.1f}GiB" + stall
+        return f"{offload.budget * unit_bytes / unit[1]:.1f}{unit[0]}" + stall
     return str(offload) + stall
 
 
-def format_plan_row(index: int, plan: Plan) -> str:
-    c, mem = plan.choice, plan.memory
-    split = (f"{mem.total / GIB:6.1f} = {mem.parameters / GIB:5.1f} + {mem.optimizer / GIB:4.1f} + "
-             f"{mem.activations / GIB:5.1f}")
+def format_plan_row(index: int, plan: Plan, unit: tuple[str, float] = ("GiB", GIB)) -> str:
+    c, mem, size = plan.choice, plan.memory, unit[1]
+    split = (f"{mem.total / size:6.1f} = {mem.parameters / size:5.1f} + {mem.optimizer / size:4.1f} + "
+             f"{mem.activations / size:5.1f}")
     return (f"{index:>3}  {str(plan.layout):<13} {c.family:<17} {c.stages_per_rank:>2} "
-            f"{c.group_size if c.group_size is not None else '-':>3} {offload_label(plan, _unit(plan)):<8} {str(c.recompute):<9} "
+            f"{c.group_size if c.group_size is not None else '-':>3} {offload_label(plan, _unit(plan), unit):<8} "
+            f"{str(c.recompute):<9} "
             f"{plan.microbatches:>4} {plan.tokens_per_second:>10,.0f} {plan.mfu:>6.1%} {plan.step_time:>7.3f}  "
-            f"{split:<28} {mem.host / GIB:>6.1f} {plan.bubble_ratio:>6.1%} {plan.stall_ratio:>6.1%}")
+            f"{split:<28} {mem.host / size:>6.1f} {plan.bubble_ratio:>6.1%} {plan.stall_ratio:>6.1%}")
 
 
 def _unit(plan: Plan) -> float | None:
     return plan.unit_bytes or None
 
 
-def format_table(plans: list[Plan]) -> str:
-    return "\n".join([_HEADER] + [format_plan_row(i + 1, p) for i, p in enumerate(plans)])
+def format_table(plans: list[Plan], unit: tuple[str, float] | None = None) -> str:
+    """The plans' rows under their header, memory in GiB, or in MiB where every plan's total is below 1 GiB
+    (``unit``: this one instead)."""
+    unit = unit or memory_unit(max((p.memory.total for p in plans), default=GIB))
+    return "\n".join([_header(unit[0])] + [format_plan_row(i + 1, p, unit) for i, p in enumerate(plans)])
 
 
 def format_result(result: SearchResult, top: int = 5, pareto: bool = True, naming: Naming = FIELDS) -> str:
@@ -46,8 +66,8 @@ def format_result(result: SearchResult, top: int = 5, pareto: bool = True, namin
     lines = [
         f"{model.name} ({model.params_size()} params, seq {model.seq}, microbatch {model.microbatch}) "
         f"on {req.gpus} x {hw.name}; global batch {req.global_batch} sequences; "
-        f"budget {req.memory_budget / GIB:.1f} GiB/GPU"
-        + (f", host {req.host_memory_budget / GIB:.1f} GiB/GPU" if req.host_memory_budget is not None else "")
+        f"budget {memory_text(req.memory_budget)}/GPU"
+        + (f", host {memory_text(req.host_memory_budget)}/GPU" if req.host_memory_budget is not None else "")
         + ("; Megatron's selective recomputation (attention core) on every plan"
            if req.setup.selective_recompute else "")
         + (f"; offload plans may lengthen the step by up to {req.max_stall:g} % ({naming('max_stall')})"

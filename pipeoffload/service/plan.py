@@ -15,7 +15,7 @@ from pipeoffload.planner.compare_tp import (
     format_comparison,
 )
 from pipeoffload.planner.compare_tp import compare_tp as compare_tp_plans
-from pipeoffload.planner.emit import emit
+from pipeoffload.planner.emit import emit, run_keeps_plan
 from pipeoffload.planner.plans import Plan, PlanRequest, SearchResult
 from pipeoffload.planner.report import format_result, result_as_dict
 from pipeoffload.planner.search import find_plans
@@ -47,8 +47,18 @@ class PlanResult:
         return format_result(self.search, self.request.top, pareto=pareto, naming=naming)
 
     def emit(self, path: str | Path) -> str:
-        """Write the best plan as a ``pipeoffload train`` config; return the command that runs it."""
-        return emit(self.request, self.best(), path)
+        """Write the best plan as a ``pipeoffload train`` config; return the command that runs it. Of a train
+        run's plans (``plan --emit``) the best whose copies the run makes (``run_keeps_plan``), as ``train
+        --plan auto`` chooses: the command then says which of the table's plans was written and why."""
+        plan = self.best()
+        if self.request.model.blocks and not run_keeps_plan(self.request, plan):
+            plan = next((p for p in self.search.fitting if run_keeps_plan(self.request, p)), plan)
+        command = emit(self.request, plan, path)
+        if plan is not self.best():
+            number = self.search.fitting.index(plan) + 1
+            command += (f" (plan #{number} of the table, {plan.layout} {plan.choice.label()}: the run's copy lane "
+                        f"would not make the copies the better plans' memory counts on)")
+        return command
 
 
 def plan(req: PlanRequest) -> PlanResult:

@@ -21,13 +21,12 @@ DEFAULT_GPU = "a100"
 PLANNED = ("pp", "tp", "dp", "schedule", "stages_per_rank", "group_size", "offload", "recompute", "microbatches")
 
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2}  # bytes of an activation the run saves (bf16: autocast's outputs)
-
-
 def planner_model(cfg: TrainConfig) -> Any:
     """The planner's ``ModelSpec`` of the model this config trains, at its sequence length, microbatch 1,
-    with the activations of its ``dtype`` (fp32: 4 bytes, bf16: 2)."""
+    with train's blocks (``planner.trainblocks``: the bytes they save in the run's ``dtype``, its
+    attention: GPT written out, Llama-family SDPA)."""
     from pipeoffload.planner import ModelSpec
+    from pipeoffload.planner.emit import DTYPES, train_blocks
     from pipeoffload.train.family import hf_path, kind, shape_from_keys
 
     m, family = cfg.model, kind(cfg.model.source)
@@ -41,22 +40,17 @@ def planner_model(cfg: TrainConfig) -> Any:
         spec = shape_from_keys(m, _tokenizer_vocab(cfg.data.tokenizer)).model_spec("llama", m.seq_len)
     else:
         spec = ModelSpec(name="gpt", layers=m.layers, hidden=m.hidden, heads=m.heads, seq=m.seq_len,
-                         vocab=m.vocab or _tokenizer_vocab(cfg.data.tokenizer), dropout=False)
-    return spec.with_(seq=m.seq_len, microbatch=1, flash_attention=False, dtype_bytes=DTYPE_BYTES[m.dtype])
+                         vocab=m.vocab or _tokenizer_vocab(cfg.data.tokenizer))
+    return train_blocks(spec.with_(seq=m.seq_len, microbatch=1), DTYPES[m.dtype])
 
 
 def planner_setup(cfg: TrainConfig) -> Any:
-    """The planner's ``TrainingSetup`` of this run: fp32 parameters and gradients in either dtype (bf16 is
-    autocast, so there is no separate fp32 master copy) and AdamW's two fp32 moments, those sharded over
-    the dp replicas only with ``zero`` or ``fsdp`` (the planner's default is Megatron's bf16 weights, fp32
-    master weights and a distributed optimizer); and no LGD partial recomputation, which train does not
-    perform (the planner's default assumes it on every plan that offloads: 20 bytes a token and hidden unit
-    saved instead of GPT's 34, so an offload plan looked smaller than the run it starts)."""
-    from pipeoffload.planner import TrainingSetup
+    """The planner's ``TrainingSetup`` of this run (``planner.emit.train_setup``): AdamW's moments sharded
+    over the dp replicas only with ``zero`` or ``fsdp``."""
+    from pipeoffload.planner.emit import train_setup
 
     p = cfg.parallel
-    return TrainingSetup(weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0,
-                         distributed_optimizer=bool(p.zero or p.fsdp), partial_recompute=False)
+    return train_setup(distributed_optimizer=bool(p.zero or p.fsdp))
 
 
 def _tokenizer_vocab(tokenizer: str) -> int:
@@ -110,6 +104,7 @@ def plan_run(cfg: TrainConfig, memory_gib: float | None, gpu: str | None,
     refusal after the search stays its one line)."""
     from pipeoffload.planner.emit import offload_ratio, plan_split
     from pipeoffload.planner.hardware import GIB
+    from pipeoffload.planner.report import memory_text
 
     if memory_gib is None or not (math.isfinite(memory_gib) and memory_gib > 0):
         given = "" if memory_gib is None else f"--memory {memory_gib:g}: "
@@ -159,7 +154,7 @@ def plan_run(cfg: TrainConfig, memory_gib: float | None, gpu: str | None,
     if "layers_per_stage" not in explicit:  # the split the plan was costed with (none without a pipeline)
         updates["layers_per_stage"] = ",".join(map(str, plan_split(request, plan))) if plan.layout.pp > 1 else ""
     summary = (f"--plan auto chose {', '.join(f'{k}={v}' for k, v in chosen.items())} "
-               f"({plan.tokens_per_second:.0f} tokens/s predicted, {plan.memory.total / GIB:.2f} GiB per GPU, "
+               f"({plan.tokens_per_second:.0f} tokens/s predicted, {memory_text(plan.memory.total, 2)} per GPU, "
                f"model {model.name})")
     if cfg.schedule.max_stall > 0 and not c.offload.max_stall:  # given, searched, and dropped: said, not silent
         summary += f"; --max-stall {cfg.schedule.max_stall:g} is not used by the plan chosen (max_stall = 0)"
@@ -312,8 +307,11 @@ def _requests(cfg: TrainConfig, fixed: dict[str, Any], model: Any, pairs: list[t
 
 def _best_keeping(requests: list[Any], fixed: dict[str, Any]) -> tuple[Any, Any] | None:
     """The fastest fitting plan, over ``requests``, that keeps every explicit key, with its request (the
-    requests search only such plans; the check guards that)."""
+    requests search only such plans; the check guards that), and whose copies the run makes
+    (``run_keeps_plan``: at a small model's large k the run's copy lane may make none of them, keeping
+    on the device what the plan counted off it) unless the offload policy is the user's."""
     from pipeoffload.planner import find_plans
+    from pipeoffload.planner.emit import run_keeps_plan
 
     found: list[tuple[Any, Any]] = []
     for request in requests:
@@ -322,7 +320,8 @@ def _best_keeping(requests: list[Any], fixed: dict[str, Any]) -> tuple[Any, Any]
         except ConfigError:  # nothing fits this layout (or no layout of it): the others may
             continue
         for plan in result.fitting:
-            if all(_norm(k, v) == fixed[k] for k, v in _chosen(plan).items() if k in fixed):
+            if (all(_norm(k, v) == fixed[k] for k, v in _chosen(plan).items() if k in fixed)
+                    and ("offload" in fixed or run_keeps_plan(request, plan))):
                 found.append((plan, request))
                 break
     return min(found, key=lambda pr: pr[0].sort_key()) if found else None

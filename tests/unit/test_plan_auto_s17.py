@@ -69,23 +69,23 @@ def test_plan_auto_plans_offload_without_lgd_which_train_does_not_perform(planne
 
     offloaded, kept = plan_of("all"), plan_of("none")
     assert offloaded.choice.offload.kind == "all" and kept.choice.offload.kind == "none"
-    # 2 blocks a stage: 64 fp32 bytes a token and hidden unit (32 in bf16, no dropout) and the 4 heads' scores
-    assert offloaded.unit_bytes == kept.unit_bytes == 2 * (64 * 64 * 64 + 4 * 4 * 64 * 64)
+    # 2 blocks a stage: 64 fp32 bytes a token and hidden unit, the 4 heads' fp32 scores, the s x s bool causal
+    # mask and the two LayerNorms' fp32 mean and rstd (16 bytes a token: planner.trainblocks)
+    assert offloaded.unit_bytes == kept.unit_bytes == 2 * (64 * 64 * 64 + 4 * 4 * 64 * 64 + 64 * 64 + 16 * 64)
 
 
-def test_plan_emit_says_the_activations_it_planned_are_not_the_runs(tmp_path: Any) -> None:
-    # the plan counts bf16 activations and flash attention; the file has no dtype key, so train runs fp32 and
-    # its GPT keeps the s x s scores: 1425408 activation bytes measured for the 638976 this plan predicted
+def test_plan_emit_writes_the_dtype_it_planned(tmp_path: Any) -> None:
+    # the plan counted bf16 activations and flash attention; the file had no dtype key (only a comment), so train
+    # ran fp32 and its GPT kept the s x s scores: 1425408 activation bytes measured for the 638976 predicted.
+    # Now --emit plans train's own blocks in --dtype (default bf16) and writes that dtype (eighteenth session)
     from pipeoffload.cli import main
     from pipeoffload.train.config import load_toml
 
     path = tmp_path / "run.toml"
     assert main(["plan", "--layers", "4", "--hidden", "64", "--heads", "4", "--seq", "64", "--vocab", "256",
                  "--gpus", "2", "--global-batch", "8", "--memory", "0.01", "--no-pareto", "--emit", str(path)]) == 0
-    notes = [line for line in path.read_text().splitlines() if line.startswith("# activation memory planned")]
-    assert len(notes) == 1 and "2-byte activations" in notes[0] and "dtype = \"bf16\"" in notes[0], notes
-    assert "flash attention" in notes[0]
-    assert "dtype" not in load_toml(path)  # the note, not a key: train's dtype stays the user's
+    assert not [line for line in path.read_text().splitlines() if line.startswith("# activation memory planned")]
+    assert load_toml(path)["dtype"] == "bf16"
 
 
 def test_plan_auto_memory_above_the_gpu_names_both_flags() -> None:

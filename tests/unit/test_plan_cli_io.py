@@ -233,7 +233,7 @@ def test_emit_for_an_hf_dir_names_the_directory_as_the_model_source(tmp_path) ->
     assert main(["plan", "--model", f"hf:{folder}", "--seq", "1024", "--gpus", "4", "--global-batch", "8",
                  "--no-pareto", "--emit", str(path)]) == 0
     model = tomllib.loads(path.read_text())["model"]
-    assert model == {"source": f"hf:{folder.resolve()}", "seq_len": 1024}
+    assert model == {"source": f"hf:{folder.resolve()}", "seq_len": 1024, "dtype": "bf16"}
     assert "not GPT-shaped" not in path.read_text()
     cfg = build_config(load_toml(path))  # train's own reader takes the file
     assert (cfg.model.source, cfg.model.seq_len) == (f"hf:{folder.resolve()}", 1024)

@@ -229,7 +229,9 @@ def _planned_memory(planned: list[Any], *flags: str) -> tuple[Any, Any]:
 def test_plan_auto_plans_fp32_activations_at_4_bytes_and_bf16_at_2(planned: list[Any]) -> None:
     (model32, fp32), (model16, bf16) = (_planned_memory(planned, "--dtype", d) for d in ("fp32", "bf16"))
     assert (model32.dtype_bytes, model16.dtype_bytes) == (4, 2)
-    assert 1.9 < fp32.activations / bf16.activations <= 2.0  # the head's fp32 softmax is 4 bytes in both
+    # not 2: under bf16 autocast the residual stream, the norms' statistics, the head's log-softmax and (CUDA
+    # autocast) the attention softmax stay fp32 in train's GPT blocks (planner.trainblocks): 1.33 here
+    assert 1.3 < fp32.activations / bf16.activations < 1.4
     # the parameters are fp32 in both (bf16 is autocast): 4-byte weights and gradients, AdamW's two moments
     assert fp32.parameters == bf16.parameters and fp32.optimizer == bf16.optimizer
     assert fp32.optimizer == fp32.parameters  # 8 bytes a parameter each, no separate fp32 master copy
@@ -252,10 +254,11 @@ def test_plan_auto_shards_the_optimizer_state_only_with_zero(planned: list[Any])
     # tried; the top plans were filtered for it, so the run was refused
     (["--nproc", "4", "--pp", "4", "--schedule", "group-interleaved", "--group-size", "3"], {"pp": 4, "group_size": 3}),
     (["--nproc", "8", "--group-size", "3"], {"group_size": 3}),
-    # g=1 on 4 or 8 ranks was never searched: a slower pp=2 plan that offloads was chosen
+    # g=1 on 4 or 8 ranks was never searched: a slower pp=2 plan that offloads was chosen (with train's own
+    # blocks' activation bytes, eighteenth session, the plan keeping g=1 without offload is on pp 2, not 4)
     (["--nproc", "8", "--group-size", "1", "--stages-per-rank", "4", "--layers", "32", "--hidden", "2048", "--heads", "16",
       "--seq-len", "2048", "--global-batch", "64", "--memory", "20"],
-     {"pp": 4, "group_size": 1, "stages_per_rank": 4, "offload": "none"}),
+     {"group_size": 1, "stages_per_rank": 4, "offload": "none"}),
     # the plan kept v=4, but the planned schedule reset the config's v to the family's own 2
     (["--nproc", "8", "--stages-per-rank", "4"], {"stages_per_rank": 4}),
 ])
