@@ -4,7 +4,8 @@ SIGKILL, SIGTERM, a NaN loss, ENOSPC, a stuck rank) at each phase of a run in tu
 corrupt data file or checkpoint. Per case: the exit code, the seconds from the fault to the exit, whether
 every rank exited, whether a traceback reached the terminal, files left half written, and the last line.
 
-    .venv/bin/python benchmarks/fault_sweep.py [--root PATH] [--only NAME,...] [--out FILE]
+    .venv/bin/python benchmarks/fault_sweep.py [--root PATH] [--only NAME,...] [--out FILE.jsonl]
+    .venv/bin/python benchmarks/fault_sweep.py --compare BEFORE.jsonl AFTER.jsonl   # the markdown table
 
 The faults are injected from outside the project: ``tests/dist/fault_site/sitecustomize.py`` wraps one
 function of one process (``PIPEOFFLOAD_TEST_FAULT``). ``--root`` runs another checkout (e.g. a worktree of
@@ -318,7 +319,7 @@ def main() -> None:
                         help="print the table of two sweeps' --out JSON lines instead of running one")
     parser.add_argument("--root", default=str(HERE))
     parser.add_argument("--only", default="", help="comma-separated substrings of case names")
-    parser.add_argument("--out", default="", help="also write the table (and JSON lines beside it) here")
+    parser.add_argument("--out", default="", help="also write each case's result here, as JSON lines")
     args = parser.parse_args()
     if args.compare:
         print(compare(Path(args.compare[0]), Path(args.compare[1])), end="")
@@ -342,7 +343,7 @@ def main() -> None:
                   f"{' '.join(o.leftovers)} | {o.last[:240]}", flush=True)
             shutil.rmtree(work, ignore_errors=True)
     if args.out:
-        Path(args.out).with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 if __name__ == "__main__":
