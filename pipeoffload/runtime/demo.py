@@ -34,6 +34,7 @@ from pipeoffload.runtime.trace import Trace, write_chrome_trace
 from pipeoffload.service.argtypes import OneLineParser, positive_int
 
 PROG = "python -m pipeoffload.runtime"
+GRACE = 5.0  # seconds the other ranks get to exit once one has failed (as `pipeoffload train`'s)
 
 
 def _lower(args: argparse.Namespace, world: int) -> Any:
@@ -167,11 +168,16 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{PROG}: error: {in_flags(err).splitlines()[0]}", file=sys.stderr)
         raise SystemExit(2) from None
     if args.spawn:
-        result = spawn(_spawned, args.spawn, (args,), timeout=args.timeout, deadline=3600, grace=args.timeout + 10)
+        # grace: a failed rank's peers learn of it from their lost connections at once, or name a stuck peer after
+        # --timeout themselves; a rank still running GRACE s after a failure is stuck in its own code (it was
+        # --timeout + 10 s: a stuck rank held the run for twice --timeout)
+        result = spawn(_spawned, args.spawn, (args,), timeout=args.timeout, deadline=3600, grace=GRACE)
         if not result.ok:
             for e in result.errors:
                 if e:
                     print(e.split("\n\n")[0], file=sys.stderr)
+            # last, the verdict blaming the rank where the failure started (a killed rank, not the peer that lost it)
+            print(f"{PROG}: failed: {result.summary()}", file=sys.stderr)
             raise SystemExit(1)
         traces = [Trace.from_dict(r["trace"]) for r in result.results]
     else:

@@ -490,6 +490,8 @@ class PipelineRunner:
         return f"pipeline rank {self.rank}" if g == self.rank else f"rank {g} (pipeline rank {self.rank})"
 
     def _fail(self, exc: BaseException, label: str, step: int, index: int, action: Any) -> PipelineError:
+        if isinstance(action, list) and len(action) == 1:  # a comm batch of one: "action #4 1RECV_F0", not "#4-4"
+            action = action[0]
         if isinstance(action, Action):
             where = f"{label}, action #{index} {action}"
         elif isinstance(action, list):  # a comm batch: name all of it, it fails as one

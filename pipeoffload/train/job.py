@@ -103,19 +103,26 @@ class TokenBatches:
         return [self._torch(x, y) for x, y in batches]
 
 
+LOADING = "loading the training data"  # what a rank's error at start-up names
+BUILDING = "building its stages of the model"
+
+
 def gpt_rank(ctx: Any, cfg: TrainConfig, resume_from: str | None) -> dict[str, Any]:
     """One rank of a GPT run (called by ``launch.run_ranks``)."""
     from pipeoffload.models import lm_loss
     from pipeoffload.train.data import load_corpus
     from pipeoffload.train.loop import Trainer
+    from pipeoffload.train.mesh import doing
     from pipeoffload.train.model import apply_tensor_parallel, gpt_rank_model
 
     run_dir = Path(cfg.run.out)
-    corpus, _ = load_corpus(cfg.data.path, cfg.data.tokenizer, run_dir, cfg.model.seq_len, cfg.data.val_fraction)
-    schedule = lowered_schedule(cfg)
-    model = gpt_rank_model(cfg, corpus.vocab_size, schedule, ctx.pp_rank, ctx.device)
-    if cfg.parallel.tp > 1:
-        apply_tensor_parallel(model, ctx.tp_mesh(), seq_len=cfg.model.seq_len)
+    with doing(ctx.rank, LOADING):
+        corpus, _ = load_corpus(cfg.data.path, cfg.data.tokenizer, run_dir, cfg.model.seq_len, cfg.data.val_fraction)
+    with doing(ctx.rank, BUILDING):
+        schedule = lowered_schedule(cfg)
+        model = gpt_rank_model(cfg, corpus.vocab_size, schedule, ctx.pp_rank, ctx.device)
+        if cfg.parallel.tp > 1:
+            apply_tensor_parallel(model, ctx.tp_mesh(), seq_len=cfg.model.seq_len)
     trainer = Trainer(cfg, ctx, schedule, model, lm_loss, TokenBatches(corpus, cfg, ctx.is_main), run_dir)
     return trainer.fit(Path(resume_from) if resume_from else None)
 
@@ -127,17 +134,20 @@ def llama_rank(ctx: Any, cfg: TrainConfig, resume_from: str | None) -> dict[str,
     from pipeoffload.train.data import load_corpus
     from pipeoffload.train.family import hf_path, run_shape
     from pipeoffload.train.loop import Trainer
+    from pipeoffload.train.mesh import doing
     from pipeoffload.train.model import llama_rank_model
 
     run_dir = Path(cfg.run.out)
-    corpus, _ = load_corpus(cfg.data.path, cfg.data.tokenizer, run_dir, cfg.model.seq_len, cfg.data.val_fraction)
-    schedule = lowered_schedule(cfg)
-    shape = run_shape(cfg.model, corpus.vocab_size, run_dir)
-    path = hf_path(cfg.model.source)
-    hf = None
-    if path is not None and not resume_from:  # the launcher compared a tied head with the embedding already
-        hf = open_hf_dir(path, check_tokenizer=False, compare_tied_head=False)
-    model = llama_rank_model(cfg, shape, schedule, ctx, hf, empty=bool(resume_from))
+    with doing(ctx.rank, LOADING):
+        corpus, _ = load_corpus(cfg.data.path, cfg.data.tokenizer, run_dir, cfg.model.seq_len, cfg.data.val_fraction)
+    with doing(ctx.rank, BUILDING):
+        schedule = lowered_schedule(cfg)
+        shape = run_shape(cfg.model, corpus.vocab_size, run_dir)
+        path = hf_path(cfg.model.source)
+        hf = None
+        if path is not None and not resume_from:  # the launcher compared a tied head with the embedding already
+            hf = open_hf_dir(path, check_tokenizer=False, compare_tied_head=False)
+        model = llama_rank_model(cfg, shape, schedule, ctx, hf, empty=bool(resume_from))
     trainer = Trainer(cfg, ctx, schedule, model, lm_loss, TokenBatches(corpus, cfg, ctx.is_main), run_dir)
     return trainer.fit(Path(resume_from) if resume_from else None)
 

@@ -31,6 +31,7 @@ RankFn = Callable[..., Any]
 GRACE = 5.0  # seconds the other ranks get to exit (naming the failure themselves) once one has failed
 STOP_GRACE = 10.0  # seconds the ranks get to save and exit after SIGINT/SIGTERM
 LOG_FORMAT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
+MESH = "building the device mesh (the dp, pp and tp process groups)"  # what a rank's error at start-up names
 
 
 def under_torchrun() -> bool:
@@ -92,7 +93,7 @@ def _rank_entry(rank: int, world: int, fn: RankFn, cfg: TrainConfig, args: tuple
     import torch
     import torch.distributed as dist
 
-    from pipeoffload.train.mesh import build_context
+    from pipeoffload.train.mesh import build_context, doing
 
     run_dir = Path(cfg.run.out) if cfg.run.out else None
     setup_logging(rank, run_dir, verbose)
@@ -102,7 +103,8 @@ def _rank_entry(rank: int, world: int, fn: RankFn, cfg: TrainConfig, args: tuple
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     log.info("rank %d of %d: pid %d on %s", rank, world, os.getpid(), socket.gethostname())
-    ctx = build_context(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, device, timeout=cfg.run.timeout)
+    with doing(rank, MESH):
+        ctx = build_context(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, device, timeout=cfg.run.timeout)
     try:
         with deterministic_kernels(cfg.run.deterministic):
             return fn(ctx, cfg, *args)
@@ -223,7 +225,7 @@ def _torchrun(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
     import torch.distributed as dist
 
     from pipeoffload.runtime.launch import init_from_env
-    from pipeoffload.train.mesh import build_context
+    from pipeoffload.train.mesh import build_context, doing
 
     rank, world, device = init_from_env(timeout=cfg.run.timeout)
     try:
@@ -231,7 +233,9 @@ def _torchrun(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
         with callers_logging():
             setup_logging(rank, run_dir, verbose)
             torch.manual_seed(cfg.run.seed)
-            ctx = build_context(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, device, timeout=cfg.run.timeout)
+            with doing(rank, MESH):
+                ctx = build_context(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, device,
+                                    timeout=cfg.run.timeout)
             try:
                 with deterministic_kernels(cfg.run.deterministic):
                     return fn(ctx, cfg, *args)
@@ -249,6 +253,8 @@ def _spawned(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> list[A
                        deadline=10 * 365 * 86400.0, backend="nccl" if _cuda() else "gloo", grace=GRACE,
                        forward_signals=True, stop_grace=STOP_GRACE, collect_faults=True)
     logged = _log_faults(cfg, result.faults)
+    if not result.ok:
+        _remove_partial_saves(cfg)
     if result.ok and result.interrupted:
         # every rank returned although the run was signalled (it ended with the step that would have taken
         # the signal up): still an interrupted run, never a success
@@ -272,6 +278,19 @@ def _spawned(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> list[A
             failure = RankFailure(message)
     _note_in_log(cfg, message)
     raise failure
+
+
+def _remove_partial_saves(cfg: TrainConfig) -> None:
+    """A rank killed while a checkpoint was written (SIGKILL, ``os._exit``, a crash: no handler of its runs)
+    left the save's ``.tmp-step-*`` folder, which only the run's next save would remove; every rank is gone
+    now (``spawn`` returns after their exit) and the run folder is still locked, so the launcher removes it."""
+    import shutil
+
+    folder = Path(cfg.run.out) / "checkpoints" if cfg.run.out else None
+    if folder is None or not folder.is_dir():
+        return
+    for partial in folder.glob(".tmp-*"):
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def _log_faults(cfg: TrainConfig, faults: dict[int, str]) -> Path | None:

@@ -35,7 +35,7 @@ from pipeoffload.runtime import PipelineRunner
 from pipeoffload.train import checkpoint
 from pipeoffload.train.config import TrainConfig, setting
 from pipeoffload.train.fsdp import ShardedStages
-from pipeoffload.train.mesh import RankContext
+from pipeoffload.train.mesh import RankContext, doing
 from pipeoffload.train.metrics import (
     MetricsError,
     MetricsLogger,
@@ -203,10 +203,12 @@ class Trainer:
         losses = [r["loss"] for r in everyone if r["loss"] is not None]
         finite = math.isfinite(norm) and all(math.isfinite(x) for x in losses)  # the same on every rank
         if finite:
-            clip_gradients(self.params, norm, cfg.optim.clip)
-            self.opt.step()
-        else:
-            self._nonfinite(step, math.fsum(losses) / len(losses), norm)
+            with doing(ctx.rank, f"taking the optimizer step of step {step}"):
+                clip_gradients(self.params, norm, cfg.optim.clip)
+                self.opt.step()
+        else:  # the ranks whose own loss was not finite: a data-parallel replica's batch, a stage's rank
+            bad = [r for r, row in enumerate(everyone) if row["loss"] is not None and not math.isfinite(row["loss"])]
+            self._nonfinite(step, math.fsum(losses) / len(losses), norm, bad)
         self.opt.zero_grad(set_to_none=True)
         step_s = time.perf_counter() - t0
         self.step = step
@@ -238,12 +240,14 @@ class Trainer:
             "cuda_max_allocated": None if everyone[0]["cuda"] is None else [r["cuda"] for r in everyone],
         }
 
-    def _nonfinite(self, step: int, loss: float, norm: float) -> None:
+    def _nonfinite(self, step: int, loss: float, norm: float, ranks: list[int] | None = None) -> None:
         """A non-finite loss or gradient norm: the optimizer does not step; past the allowed number of
-        skipped steps (``skip_nonfinite``) the run stops before anything non-finite is saved."""
+        skipped steps (``skip_nonfinite``) the run stops before anything non-finite is saved. ``ranks``:
+        those whose own loss was not finite."""
         self.skipped += 1
         allowed = self.cfg.optim.skip_nonfinite
-        what = f"step {step}: loss {loss:g}, gradient norm {norm:g}: not finite"
+        where = f" (not finite on rank {', '.join(map(str, ranks))})" if ranks else ""
+        what = f"step {step}: loss {loss:g}{where}, gradient norm {norm:g}: not finite"
         if self.skipped > allowed:
             cfg = self.cfg
             raise NonFiniteError(f"{what}; stopped without saving it (the last checkpoint, if any, is intact); "
@@ -450,7 +454,8 @@ class Trainer:
                 if bar is not None:
                     bar.update(1)
                 if logged:
-                    self._log(record, loggers, bar)
+                    with doing(ctx.rank, f"logging the metrics of step {step}"):
+                        self._log(record, loggers, bar)
                 stopped = self._peer_stop
                 if self.run_dir and (self.step % cfg.checkpoint.save_every == 0 or self.step == end or stopped):
                     self.save()
@@ -465,7 +470,8 @@ class Trainer:
                 bar.close()
         with ctx.collective("completing the checkpoint written in the background"):
             self.saver.wait()
-        self.runner.close()  # its heartbeat thread ends before the process group is destroyed
+        with doing(ctx.rank, "closing the pipeline runner at the end of the run"):
+            self.runner.close()  # its heartbeat thread ends before the process group is destroyed
         return {"rank": ctx.rank, "step": self.step, "history": list(self.history) if ctx.is_main else [],
                 "interrupted": stopped, "saved_at": saved_at}
 

@@ -55,19 +55,18 @@ class RankContext:
     @contextlib.contextmanager
     def collective(self, what: str) -> Iterator[None]:
         """Run a collective of the training loop; a failure (a timeout, a lost peer) is re-raised as
-        ``PeerFailure`` naming this rank, ``what`` was being done and the silent ranks."""
-        from pipeoffload.runtime.executor import PipelineError
-        from pipeoffload.train.checkpoint import SaveError
-        from pipeoffload.train.loop import DataError
-
+        ``PeerFailure`` naming this rank, ``what`` was being done and the silent ranks; an error of this
+        rank's own as ``RankError`` naming the rank and ``what`` (see ``doing``)."""
         try:
             yield
-        except (PipelineError, PeerFailure, SaveError, DataError):  # already say what failed, and where
+        except _self_named():  # already say what failed, and where
             raise
         except RuntimeError as exc:
             if not is_peer_error(exc):
-                raise
+                raise own_error(self.rank, what, exc) from exc
             raise self.peer_failure(exc, what) from exc
+        except Exception as exc:
+            raise own_error(self.rank, what, exc) from exc
 
     def peer_failure(self, exc: BaseException, what: str) -> PeerFailure:
         text = " ".join(str(exc).split()).split(". This is typically")[0][:200]
@@ -90,6 +89,41 @@ class PeerFailure(RuntimeError):
     def __init__(self, message: str, silent: list[int]) -> None:
         super().__init__(message)
         self.silent = silent
+
+
+class RankError(RuntimeError):
+    """An error of a rank's own outside the pipeline step (torch's, a library's, the model's), naming the rank
+    and what it was doing: reported bare ("rank 1: RuntimeError: ..."), an error in the optimizer step, the
+    gradient reduction or a save said neither where nor when."""
+
+
+def own_error(rank: int, what: str, exc: BaseException) -> RankError:
+    text = str(exc).strip()
+    return RankError(f"rank {rank} failed while {what}: {type(exc).__name__}"
+                     f"{': ' + text.splitlines()[0][:300] if text else ''}")
+
+
+def _self_named() -> tuple[type[BaseException], ...]:
+    """The errors that name their rank and action (or are the user's input: exit 2) themselves."""
+    from pipeoffload.errors import ConfigError
+    from pipeoffload.runtime.executor import PipelineError
+    from pipeoffload.train.checkpoint import SaveError
+    from pipeoffload.train.loop import DataError, NonFiniteError
+    from pipeoffload.train.metrics import MetricsError
+
+    return (ConfigError, PipelineError, PeerFailure, RankError, SaveError, DataError, NonFiniteError, MetricsError)
+
+
+@contextlib.contextmanager
+def doing(rank: int, what: str) -> Iterator[None]:
+    """Name ``what`` rank ``rank`` was doing in an error of its own (``RankError``); the errors that say it
+    themselves, and a ``SystemExit`` or ``KeyboardInterrupt``, pass as they are."""
+    try:
+        yield
+    except _self_named():
+        raise
+    except Exception as exc:
+        raise own_error(rank, what, exc) from exc
 
 
 def is_peer_error(exc: BaseException) -> bool:

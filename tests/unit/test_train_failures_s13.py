@@ -221,3 +221,29 @@ def test_a_failing_batches_train_names_the_step_rank_and_action() -> None:
     text = str(info.value)
     assert "training batch of step 30" in text and "rank 1" in text and "OSError: data boom" in text, text
     assert "fix the data source" in text
+
+
+# ---- found by the fault sweep of the eighteenth session (benchmarks/fault_sweep.py) ---------------------------
+def test_a_rank_s_own_error_in_a_collective_names_the_rank_and_the_action() -> None:
+    """A collective's own error (not a lost peer) passed bare: "rank 2: RuntimeError: boom" said neither what
+    the rank was doing nor when. The errors that name themselves, and a ConfigError (exit 2), pass as they are."""
+    from pipeoffload.train.checkpoint import SaveError
+    from pipeoffload.train.mesh import RankContext, RankError, doing
+
+    ctx = RankContext(2, 4, None, 2, 2, 1, 1, 0, 0, None, None, None, None)  # type: ignore[arg-type]
+    with pytest.raises(RankError) as err:
+        with ctx.collective("averaging the gradients of step 3 over the data-parallel group"):
+            raise RuntimeError("boom\nsecond line")
+    assert str(err.value) == ("rank 2 failed while averaging the gradients of step 3 over the data-parallel group: "
+                              "RuntimeError: boom")
+    with pytest.raises(RankError, match=r"^rank 2 failed while saving: OSError: \[Errno 28\] full$"):
+        with ctx.collective("saving"):
+            raise OSError(errno.ENOSPC, "full")
+    for named in (ConfigError("bad input"), SaveError("disk full while saving")):
+        with pytest.raises(type(named)) as passed:
+            with ctx.collective("saving"), doing(2, "saving"):
+                raise named
+        assert passed.value is named
+    with pytest.raises(SystemExit):
+        with doing(2, "taking the optimizer step"):
+            raise SystemExit(0)

@@ -54,3 +54,14 @@ def test_small_finite_weights_point_at_the_forward_and_overflowed_ones_at_the_le
     assert "most likely" not in text and "lower --lr (now 0.0003) or lower --clip (now 1)" in text, text
     overflowed = str(_trainer((False, 3.0), clip=0)._nonfinite_validation(math.inf))
     assert "the parameters overflowed; stopped without saving them; lower --lr (now 0.0003) or set --clip" in overflowed
+
+
+def test_the_training_stop_names_the_ranks_whose_loss_was_not_finite() -> None:
+    """The fault sweep's NaN loss on rank 1 stopped the run as "rank 0: NonFiniteError: step 3: loss nan, ...":
+    which replica's batch or which rank's stage gave it was not said."""
+    trainer = _trainer()
+    with pytest.raises(NonFiniteError) as info:
+        trainer._nonfinite(3, math.nan, math.nan, [1, 3])
+    assert str(info.value).startswith("step 3: loss nan (not finite on rank 1, 3), gradient norm nan: not finite"), \
+        str(info.value)
+    assert _training_stop(_trainer()).startswith("step 3: loss nan, gradient norm inf: not finite")  # none named
