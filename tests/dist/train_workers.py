@@ -96,7 +96,8 @@ def logged_and_spied(ctx: Any, cfg: TrainConfig, run_dir: str, spied_cfg: TrainC
     with ``spied_cfg`` into ``spied_dir`` under a spy on ``torch.distributed.all_reduce``. Returns
     both results, the element counts of the all-reduces made inside the gradient norm during the
     second, the number of parameter names (the norm's slots), whether each step measured memory, and
-    per step the all-reduces it made in order ("norm": the gradient norm's, "other")."""
+    per step the all-reduces it made in order ("norm": the gradient norm's, "other", or "other, async"
+    for one started in the background)."""
     import torch.distributed as dist
 
     from pipeoffload.train import loop
@@ -106,13 +107,13 @@ def logged_and_spied(ctx: Any, cfg: TrainConfig, run_dir: str, spied_cfg: TrainC
     sizes: list[int] = []
     inside = [False]
     in_step: list[list[str]] = []  # per training step, the all-reduces it made: "norm" or "other"
-    real_reduce, real_norm = dist.all_reduce, loop.global_grad_norm
+    real_reduce, real_norm = dist.all_reduce, loop.norm_and_vote
 
     def spy_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
         if inside[0]:
             sizes.append(tensor.numel())
         if stepping[0]:
-            in_step[-1].append("norm" if inside[0] else "other")
+            in_step[-1].append("norm" if inside[0] else "other, async" if kwargs.get("async_op") else "other")
         return real_reduce(tensor, *args, **kwargs)
 
     stepping = [False]
@@ -126,7 +127,7 @@ def logged_and_spied(ctx: Any, cfg: TrainConfig, run_dir: str, spied_cfg: TrainC
         finally:
             stepping[0] = False
 
-    def spy_norm(*args: Any, **kwargs: Any) -> float:
+    def spy_norm(*args: Any, **kwargs: Any) -> tuple[float, bool]:
         inside[0] = True
         try:
             return real_norm(*args, **kwargs)
@@ -142,11 +143,11 @@ def logged_and_spied(ctx: Any, cfg: TrainConfig, run_dir: str, spied_cfg: TrainC
 
     trainer.runner.step = spy_step
     trainer.train_step = spy_train_step  # type: ignore[method-assign]
-    dist.all_reduce, loop.global_grad_norm = spy_reduce, spy_norm  # type: ignore[assignment]
+    dist.all_reduce, loop.norm_and_vote = spy_reduce, spy_norm  # type: ignore[assignment]
     try:
         second = trainer.fit()
     finally:
-        dist.all_reduce, loop.global_grad_norm = real_reduce, real_norm  # type: ignore[assignment]
+        dist.all_reduce, loop.norm_and_vote = real_reduce, real_norm  # type: ignore[assignment]
     return {"first": first, "second": second, "sizes": sizes, "slots": len(trainer.order), "measured": measured,
             "in_step": in_step}
 
@@ -233,6 +234,49 @@ def nan_in_training_layers() -> list[Any]:
 
 
 # ---- --fsdp: several runs on one set of 4 ranks (a spawn costs more than a tiny run) -----------------
+class PoisonedLoss:
+    """The language-model loss, plus a NaN constant while ``on``: the loss is not finite, its gradients
+    are (the constant's derivative is 0), so only the losses, not the gradient norm, say the step must
+    be skipped."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def __call__(self, logits: Any, targets: Any) -> Any:
+        from pipeoffload.models import lm_loss
+
+        loss = lm_loss(logits, targets)
+        return loss + float("nan") if self.on else loss
+
+
+def skip_on_a_nan_loss(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
+    """Three steps of the reference GPT with a loss that is NaN (its gradients finite) in the second
+    only; returns whether each step moved this rank's parameters, each record's loss and gradient norm,
+    and the number of skipped steps."""
+    import torch
+
+    from pipeoffload.train.data import load_corpus
+    from pipeoffload.train.job import TokenBatches, lowered_schedule
+    from pipeoffload.train.loop import Trainer
+    from pipeoffload.train.model import gpt_rank_model
+
+    corpus, _ = load_corpus(cfg.data.path, cfg.data.tokenizer, Path("."), cfg.model.seq_len, cfg.data.val_fraction)
+    schedule = lowered_schedule(cfg)
+    model = gpt_rank_model(cfg, corpus.vocab_size, schedule, ctx.pp_rank, ctx.device)
+    loss = PoisonedLoss()
+    trainer = Trainer(cfg, ctx, schedule, model, loss, TokenBatches(corpus, cfg), None)
+    before = [p.detach().clone() for p in trainer.params]
+    moved, records = [], []
+    for poisoned in (False, True, False):
+        loss.on = poisoned
+        record = trainer.train_step(measure=False)
+        records.append((record["loss"], record["grad_norm"]))
+        after = [p.detach().clone() for p in trainer.params]
+        moved.append(any(not torch.equal(a, b) for a, b in zip(before, after)))
+        before = after
+    return {"moved": moved, "records": records, "skipped": trainer.skipped}
+
+
 def _train(ctx: Any, cfg: TrainConfig, run_dir: Path | None, resume: Path | None = None) -> dict[str, Any]:
     from pipeoffload.models import lm_loss
     from pipeoffload.train.data import load_corpus
@@ -298,7 +342,7 @@ def step_collectives(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     counts: dict[str, list[int]] = {}
     placements_kept: list[bool] = []
     partial: list[int] = []
-    names = [n for n in ("replicate_partial_gradients", "global_grad_norm", "clip_gradients") if hasattr(loop, n)]
+    names = [n for n in ("replicate_partial_gradients", "norm_and_vote", "clip_gradients") if hasattr(loop, n)]
 
     def counted(name: str, fn: Any) -> Any:
         def inner(*args: Any, **kwargs: Any) -> Any:
