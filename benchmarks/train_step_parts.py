@@ -3,9 +3,8 @@
 The GPT and settings of ``benchmarks/train_throughput.py`` (``CFG``), ours only: every rank leaves a
 barrier before each step, then the median over the measured steps of each part's wall and thread CPU
 milliseconds: reading the batch, the runner's step (the pipeline), the gradient norm (its float64 sums
-and its all-reduce, which waits for the last rank out of the pipeline), the measurements' all-reduce
-(started after the norm's, awaited after AdamW: its start and its wait), clipping, AdamW, ``zero_grad``,
-and the whole step. The parts are timed by wrapping the functions
+and its all-reduce, which waits for the last rank out of the pipeline), the measurements' all-reduce,
+clipping, AdamW, ``zero_grad``, and the whole step. The parts are timed by wrapping the functions
 ``train_step`` calls, so what is not listed (bookkeeping) is the whole minus their sum.
 
     python benchmarks/train_step_parts.py [--schedule zb-v] [--steps 20]
@@ -52,15 +51,11 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> dict[str, tup
     times: dict[str, list[tuple[float, float]]] = {}
     trainer.batches.train = _timed(trainer.batches.train, "batch", times)  # type: ignore[method-assign]
     trainer.runner.step = _timed(trainer.runner.step, "pipeline", times)  # type: ignore[method-assign]
-    start = trainer._gather_start
-
-    def gather_start(board: torch.Tensor) -> Callable[[], torch.Tensor]:
-        return _timed(start(board), "measurements: wait", times)
-    trainer._gather_start = _timed(gather_start, "measurements: start", times)  # type: ignore[method-assign]
+    trainer._gather = _timed(trainer._gather, "measurements", times)  # type: ignore[method-assign]
     trainer.opt.step = _timed(trainer.opt.step, "AdamW", times)  # type: ignore[method-assign]
     trainer.opt.zero_grad = _timed(trainer.opt.zero_grad, "zero_grad", times)  # type: ignore[method-assign]
-    real = loop.norm_and_vote, loop.clip_gradients
-    loop.norm_and_vote = _timed(loop.norm_and_vote, "norm", times)  # type: ignore[assignment]
+    real = loop.global_grad_norm, loop.clip_gradients
+    loop.global_grad_norm = _timed(loop.global_grad_norm, "norm", times)  # type: ignore[assignment]
     loop.clip_gradients = _timed(loop.clip_gradients, "clip", times)  # type: ignore[assignment]
     step = _timed(trainer.train_step, "whole step", times)
     try:
@@ -68,7 +63,7 @@ def worker(rank: int, world: int, cfg: TrainConfig, steps: int) -> dict[str, tup
             torch.distributed.barrier()
             step(measure=s == 0)
     finally:
-        loop.norm_and_vote, loop.clip_gradients = real
+        loop.global_grad_norm, loop.clip_gradients = real
     return {k: (statistics.median(w for w, _ in v[WARMUP:]), statistics.median(c for _, c in v[WARMUP:]))
             for k, v in times.items()}
 

@@ -7,11 +7,9 @@ What each timed step includes:
 
 - ours: the whole ``pipeoffload.train.loop.Trainer.train_step``: the pipeline step through
   ``PipelineRunner`` (activation store with saved-tensor hooks and the per-action trace), the
-  global gradient norm and clipping (one all-reduce over the ranks, which also carries each rank's
-  vote on skipping the step for a non-finite loss), AdamW, the all-reduce that gathers every rank's
-  measurements (loss, stop flag; on measured steps peaks and slot bytes; started after the norm's,
-  it runs behind clipping and AdamW and is awaited after them), and the metrics record (with the
-  cached simulated peak).
+  global gradient norm and clipping (one all-reduce over the ranks), AdamW, the all-reduce that
+  gathers every rank's measurements (loss, stop flag; on measured steps peaks and slot bytes), and
+  the metrics record (with the cached simulated peak).
 - torch: the schedule of the same family (``THEIRS``: ``Schedule1F1B``, ``ScheduleInterleaved1F1B``,
   ``ScheduleInterleavedZeroBubble`` for zb-h1 with 2 stages per rank, ``ScheduleZBVZeroBubble``,
   ``ScheduleDualPipeV``) ``.step``, the same global-norm clipping done the way

@@ -5,14 +5,12 @@ data-parallel replicas are averaged per stage as soon as the runner has run the 
 backward (one flat all-reduce per dtype, in the background; awaited after the runner's step; with
 ``--fsdp`` FSDP2 reduce-scatters them there instead, see ``train.fsdp``); with tensor parallelism the
 sequence-parallel ``Partial`` gradients are then summed once (``optim.replicate_partial_gradients``),
-the global norm is clipped (see ``optim.norm_and_vote``: the same bits in every layout), the
+the global norm is clipped (see ``optim.global_grad_norm``: the same bits in every layout), the
 optimizer steps. Every rank's measurements of the step come to every rank with one all-reduce of
 their own: the loss and the stop flag each step, the memory and timings only on steps that are
-logged (``log_every``; the activation memory is measured only then). It is started after the norm's
-and awaited after AdamW, so it runs behind clipping and the optimizer: whether to skip the step for
-a non-finite loss, which needs every rank's loss, comes from a vote in the norm's all-reduce.
-Rank 0 hands each logged record to the run's ``MetricsLogger``s (``metrics.jsonl``, TensorBoard)
-and draws the progress bar; the last ``keep_records`` records stay in memory (``history``). SIGINT/SIGTERM set a flag; the step in
+logged (``log_every``; the activation memory is measured only then). Rank 0 hands each logged record
+to the run's ``MetricsLogger``s (``metrics.jsonl``, TensorBoard) and draws the progress bar; the
+last ``keep_records`` records stay in memory (``history``). SIGINT/SIGTERM set a flag; the step in
 flight finishes, all ranks agree at the next gather, save a checkpoint and return.
 """
 from __future__ import annotations
@@ -45,9 +43,9 @@ from pipeoffload.train.optim import (
     apply_options,
     average_gradients,
     clip_gradients,
+    global_grad_norm,
     lr_at,
     make_optimizer,
-    norm_and_vote,
     replicate_partial_gradients,
     set_lr,
 )
@@ -187,22 +185,20 @@ class Trainer:
                 replicate_partial_gradients(self.params)
         board = self._measurements(loss, self.runner.trace if measure else None)
         with ctx.collective(f"reducing the gradient norm of step {step} over every rank"):
-            # the norm's all-reduce also counts the ranks whose own loss is not finite: the skip decision
-            # is known here, and the measurements' all-reduce can run behind clipping and AdamW
-            norm, losses_finite = norm_and_vote(self.norm_named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device,
-                                                dp_sharded=self.fsdp is not None,
-                                                against=not math.isfinite(float(board[ctx.rank, 1])))  # its loss (or 0)
-        gathering = f"gathering the measurements of step {step} from every rank"
-        with ctx.collective(gathering):
-            pending = self._gather_start(board)
-        finite = math.isfinite(norm) and losses_finite  # the same on every rank
+            norm = global_grad_norm(self.norm_named, self.order, ctx.dp_rank, ctx.tp_rank, ctx.device,
+                                    dp_sharded=self.fsdp is not None)
+        with ctx.collective(f"gathering the measurements of step {step} from every rank"):
+            # after the norm's, which the slowest rank's end of the pipeline has already held up: this
+            # one waits for no rank. Started before it and awaited after (overlapped) it bought no wall
+            # time and cost gloo ranks more process CPU (benchmarks/train_throughput.py, zb-v, rank 1's
+            # CPU after the pipeline 8.3-9.1 ms against 6.7-7.0)
+            everyone = self._rows(self._gather(board))
+        losses = [r["loss"] for r in everyone if r["loss"] is not None]
+        finite = math.isfinite(norm) and all(math.isfinite(x) for x in losses)  # the same on every rank
         if finite:
             clip_gradients(self.params, norm, cfg.optim.clip)
             self.opt.step()
-        with ctx.collective(gathering):
-            everyone = self._rows(pending())
-        losses = [r["loss"] for r in everyone if r["loss"] is not None]
-        if not finite:
+        else:
             self._nonfinite(step, math.fsum(losses) / len(losses), norm)
         self.opt.zero_grad(set_to_none=True)
         step_s = time.perf_counter() - t0
@@ -267,19 +263,14 @@ class Trainer:
         board[ctx.rank] = torch.tensor(row, dtype=torch.float64)
         return board
 
-    def _gather_start(self, board: torch.Tensor) -> Callable[[], torch.Tensor]:
-        """Start summing ``board`` over the world (an all-reduce of its own, in the background; the
-        gradient norm's carries the norm and the skip vote only); the returned call waits for it and
-        gives every rank's rows."""
+    def _gather(self, board: torch.Tensor) -> torch.Tensor:
+        """Every rank's rows: ``board`` summed over the world by an all-reduce of its own (the gradient
+        norm's all-reduce carries the norm only)."""
         if not (dist.is_initialized() and dist.get_world_size() > 1):
-            return lambda: board
+            return board
         on_device = board.to(self.ctx.device)  # NCCL reduces device tensors only
-        work = dist.all_reduce(on_device, async_op=True)
-
-        def finish() -> torch.Tensor:
-            work.wait()
-            return on_device.cpu()
-        return finish
+        dist.all_reduce(on_device)
+        return on_device.cpu()
 
     @staticmethod
     def _rows(board: torch.Tensor) -> list[dict[str, Any]]:

@@ -182,13 +182,6 @@ def replicate_partial_gradients(params: Iterable[nn.Parameter]) -> int:
 
 def global_grad_norm(named: dict[str, nn.Parameter], order: dict[str, int], dp_rank: int, tp_rank: int,
                      device: torch.device | None = None, dp_sharded: bool = False) -> float:
-    """The gradient norm over the whole model (``norm_and_vote`` without a vote)."""
-    return norm_and_vote(named, order, dp_rank, tp_rank, device, dp_sharded)[0]
-
-
-def norm_and_vote(named: dict[str, nn.Parameter], order: dict[str, int], dp_rank: int, tp_rank: int,
-                  device: torch.device | None = None, dp_sharded: bool = False,
-                  against: bool | None = None) -> tuple[float, bool]:
     """The gradient norm over the whole model, the same value on every rank of every layout.
 
     Each parameter's squared norm (accumulated in float64) goes into a slot of one vector indexed by
@@ -199,16 +192,9 @@ def norm_and_vote(named: dict[str, nn.Parameter], order: dict[str, int], dp_rank
     its sum, counted once as any replicated gradient: the loop has summed it in place
     (``replicate_partial_gradients``), which this does first for any still ``Partial`` (every rank
     calls it). A whole tensor gives the same bits in every layout; a tensor split into shards (FSDP,
-    tensor parallel) agrees to float64 rounding.
-
-    ``against``: this rank's vote (True: against, e.g. its loss was not finite; None: no vote slot),
-    counted in one more slot of the same all-reduce; returns the norm and whether no rank voted
-    against (True without a vote). The norm's slots and their sum are the same with or without it."""
+    tensor parallel) agrees to float64 rounding."""
     replicate_partial_gradients(named.values())  # nothing left to sum after the loop's call
-    n = len(order)
-    squares = torch.zeros(n + (against is not None), dtype=torch.float64, device=device)  # on the GPU for NCCL
-    if against:
-        squares[n] = 1.0
+    squares = torch.zeros(len(order), dtype=torch.float64, device=device)  # on the GPU for NCCL
     if dp_rank == 0 or dp_sharded:
         slots, grads = [], []
         for name, p in named.items():
@@ -222,9 +208,7 @@ def norm_and_vote(named: dict[str, nn.Parameter], order: dict[str, int], dp_rank
             squares.index_copy_(0, index, norms.mul_(norms))  # each name has its own slot: one scatter
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(squares)
-    if against is None:
-        return float(squares.sum().sqrt()), True
-    return float(squares[:n].sum().sqrt()), float(squares[n]) == 0.0
+    return float(squares.sum().sqrt())
 
 
 def clip_gradients(params: list[nn.Parameter], norm: float, max_norm: float) -> None:

@@ -26,8 +26,8 @@ def _jsonl(run: Path) -> list[dict]:
 def test_log_every_skips_records_not_training_and_tensorboard_equals_the_jsonl(tmp_path: Path) -> None:
     """In one spawn of 2 ranks: a run logs every step to metrics.jsonl and TensorBoard; a second logs
     every 3rd step (so measures memory only then) and keeps 2 records in memory, under a spy: the same
-    bits at the common steps, and the gradient norm's all-reduce holds the norm's slots and the skip
-    vote only (the measurements have their own, after it, in the background)."""
+    bits at the common steps, and the gradient norm's all-reduce holds the norm's slots only (the
+    measurements have their own, after it)."""
     import numpy as np
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -40,12 +40,11 @@ def test_log_every_skips_records_not_training_and_tensorboard_equals_the_jsonl(t
     sparse_cfg = validate(TrainConfig.build(**BASE, log_every=3, keep_records=2), data_exists=False, gpt=False)
     ranks = run_ranks(logged_and_spied, cfg, (str(every_dir), sparse_cfg, str(sparse_dir)))
     for rank in ranks:
-        # the norm's all-reduce: its slots and the skip vote (one more), no measurement
-        assert rank["second"]["step"] == 5 and rank["sizes"] == [rank["slots"] + 1] * 5, rank
+        assert rank["second"]["step"] == 5 and rank["sizes"] == [rank["slots"]] * 5, rank
         assert rank["measured"] == [True, False, True, False, True]  # memory measured on logged steps only
-        # the measurements' all-reduce is started after the norm's (before it, it held the last rank out of
-        # the pipeline longer on gloo), in the background, and is the only other one of a step (pp only here)
-        assert rank["in_step"] == [["norm", "other, async"]] * 5, rank["in_step"]
+        # the measurements' all-reduce comes after the norm's, not started before it (which held the last
+        # rank out of the pipeline longer on gloo), and is the only other one of a step (pp only here)
+        assert rank["in_step"] == [["norm", "other"]] * 5, rank["in_step"]
     every, sparse = ranks[0]["first"]["history"], ranks[0]["second"]["history"]
     assert [h["step"] for h in _jsonl(sparse_dir)] == [1, 3, 5]  # 1: its validation loss
     assert [h["step"] for h in sparse] == [3, 5]  # in memory: the last keep_records

@@ -96,8 +96,7 @@ def logged_and_spied(ctx: Any, cfg: TrainConfig, run_dir: str, spied_cfg: TrainC
     with ``spied_cfg`` into ``spied_dir`` under a spy on ``torch.distributed.all_reduce``. Returns
     both results, the element counts of the all-reduces made inside the gradient norm during the
     second, the number of parameter names (the norm's slots), whether each step measured memory, and
-    per step the all-reduces it made in order ("norm": the gradient norm's, "other", or "other, async"
-    for one started in the background)."""
+    per step the all-reduces it made in order ("norm": the gradient norm's, "other")."""
     import torch.distributed as dist
 
     from pipeoffload.train import loop
@@ -107,13 +106,13 @@ def logged_and_spied(ctx: Any, cfg: TrainConfig, run_dir: str, spied_cfg: TrainC
     sizes: list[int] = []
     inside = [False]
     in_step: list[list[str]] = []  # per training step, the all-reduces it made: "norm" or "other"
-    real_reduce, real_norm = dist.all_reduce, loop.norm_and_vote
+    real_reduce, real_norm = dist.all_reduce, loop.global_grad_norm
 
     def spy_reduce(tensor: Any, *args: Any, **kwargs: Any) -> Any:
         if inside[0]:
             sizes.append(tensor.numel())
         if stepping[0]:
-            in_step[-1].append("norm" if inside[0] else "other, async" if kwargs.get("async_op") else "other")
+            in_step[-1].append("norm" if inside[0] else "other")
         return real_reduce(tensor, *args, **kwargs)
 
     stepping = [False]
@@ -127,7 +126,7 @@ def logged_and_spied(ctx: Any, cfg: TrainConfig, run_dir: str, spied_cfg: TrainC
         finally:
             stepping[0] = False
 
-    def spy_norm(*args: Any, **kwargs: Any) -> tuple[float, bool]:
+    def spy_norm(*args: Any, **kwargs: Any) -> float:
         inside[0] = True
         try:
             return real_norm(*args, **kwargs)
@@ -143,11 +142,11 @@ def logged_and_spied(ctx: Any, cfg: TrainConfig, run_dir: str, spied_cfg: TrainC
 
     trainer.runner.step = spy_step
     trainer.train_step = spy_train_step  # type: ignore[method-assign]
-    dist.all_reduce, loop.norm_and_vote = spy_reduce, spy_norm  # type: ignore[assignment]
+    dist.all_reduce, loop.global_grad_norm = spy_reduce, spy_norm  # type: ignore[assignment]
     try:
         second = trainer.fit()
     finally:
-        dist.all_reduce, loop.norm_and_vote = real_reduce, real_norm  # type: ignore[assignment]
+        dist.all_reduce, loop.global_grad_norm = real_reduce, real_norm  # type: ignore[assignment]
     return {"first": first, "second": second, "sizes": sizes, "slots": len(trainer.order), "measured": measured,
             "in_step": in_step}
 
@@ -342,7 +341,7 @@ def step_collectives(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     counts: dict[str, list[int]] = {}
     placements_kept: list[bool] = []
     partial: list[int] = []
-    names = [n for n in ("replicate_partial_gradients", "norm_and_vote", "clip_gradients") if hasattr(loop, n)]
+    names = [n for n in ("replicate_partial_gradients", "global_grad_norm", "clip_gradients") if hasattr(loop, n)]
 
     def counted(name: str, fn: Any) -> Any:
         def inner(*args: Any, **kwargs: Any) -> Any:

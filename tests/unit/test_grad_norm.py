@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pipeoffload.train.optim import clip_gradients, global_grad_norm, norm_and_vote  # noqa: E402
+from pipeoffload.train.optim import clip_gradients, global_grad_norm  # noqa: E402
 
 
 def _params(dtype: torch.dtype) -> dict[str, torch.nn.Parameter]:
@@ -32,16 +32,6 @@ def test_norm_is_the_float64_sum_of_squares_and_leaves_gradients_alone(dtype: to
     order = {n: i for i, n in enumerate(sorted(named))}
     assert global_grad_norm(named, order, 0, 0) == pytest.approx(_exact(named), rel=1e-14)
     assert all(torch.equal(p.grad, before[n]) for n, p in named.items())  # gradients untouched
-
-
-@pytest.mark.parametrize("against", [False, True])
-def test_the_vote_rides_in_its_own_slot_and_leaves_the_norm_bits_alone(against: bool) -> None:
-    """The skip vote's slot (after the norm's) is not summed into the norm: the same bits as without it."""
-    named = _params(torch.float32)
-    named["layers.9.w"] = torch.nn.Parameter(torch.zeros(3))  # a slot whose parameter has no gradient
-    order = {n: i for i, n in enumerate(sorted(named))}
-    assert norm_and_vote(named, order, 0, 0, against=against) == (global_grad_norm(named, order, 0, 0), not against)
-    assert norm_and_vote(named, order, 0, 0) == (global_grad_norm(named, order, 0, 0), True)  # no vote slot
 
 
 def test_norm_accumulates_in_float64_and_shards_agree_to_its_rounding() -> None:

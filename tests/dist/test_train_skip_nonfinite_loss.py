@@ -1,6 +1,7 @@
-"""The skip decision for a non-finite loss travels in the gradient norm's all-reduce (a vote), so that
-the measurements' all-reduce can run behind clipping and AdamW: every rank skips the same step,
-those that hold no loss included, even when the gradients (and so the norm) are finite."""
+"""A step whose loss is not finite while its gradients are (so is the norm) is skipped on every rank,
+those that hold no loss included: the decision needs every rank's loss. A guard for any rearranging
+of the step's collectives (an overlapped measurements' all-reduce must bring the decision with it:
+docs/decisions.md, "A gloo all-reduce's last rank waits for the first rank's core")."""
 from __future__ import annotations
 
 import math
