@@ -233,6 +233,49 @@ def nan_in_training_layers() -> list[Any]:
 
 
 # ---- --fsdp: several runs on one set of 4 ranks (a spawn costs more than a tiny run) -----------------
+class PoisonedLoss:
+    """The language-model loss, plus a NaN constant while ``on``: the loss is not finite, its gradients
+    are (the constant's derivative is 0), so only the losses, not the gradient norm, say the step must
+    be skipped."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def __call__(self, logits: Any, targets: Any) -> Any:
+        from pipeoffload.models import lm_loss
+
+        loss = lm_loss(logits, targets)
+        return loss + float("nan") if self.on else loss
+
+
+def skip_on_a_nan_loss(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
+    """Three steps of the reference GPT with a loss that is NaN (its gradients finite) in the second
+    only; returns whether each step moved this rank's parameters, each record's loss and gradient norm,
+    and the number of skipped steps."""
+    import torch
+
+    from pipeoffload.train.data import load_corpus
+    from pipeoffload.train.job import TokenBatches, lowered_schedule
+    from pipeoffload.train.loop import Trainer
+    from pipeoffload.train.model import gpt_rank_model
+
+    corpus, _ = load_corpus(cfg.data.path, cfg.data.tokenizer, Path("."), cfg.model.seq_len, cfg.data.val_fraction)
+    schedule = lowered_schedule(cfg)
+    model = gpt_rank_model(cfg, corpus.vocab_size, schedule, ctx.pp_rank, ctx.device)
+    loss = PoisonedLoss()
+    trainer = Trainer(cfg, ctx, schedule, model, loss, TokenBatches(corpus, cfg), None)
+    before = [p.detach().clone() for p in trainer.params]
+    moved, records = [], []
+    for poisoned in (False, True, False):
+        loss.on = poisoned
+        record = trainer.train_step(measure=False)
+        records.append((record["loss"], record["grad_norm"]))
+        after = [p.detach().clone() for p in trainer.params]
+        moved.append(any(not torch.equal(a, b) for a, b in zip(before, after)))
+        before = after
+    return {"moved": moved, "records": records, "skipped": trainer.skipped}
+
+
 def _train(ctx: Any, cfg: TrainConfig, run_dir: Path | None, resume: Path | None = None) -> dict[str, Any]:
     from pipeoffload.models import lm_loss
     from pipeoffload.train.data import load_corpus
