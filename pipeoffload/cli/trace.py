@@ -54,10 +54,18 @@ def run_compare(args: argparse.Namespace) -> int:
     merged, timeline, run = compare_trace(data)
     write_atomic(out, json.dumps(merged))
     other = merged["otherData"]
-    print(f"{run.schedule.num_ranks} ranks: measured step {other['measured_step_s'] * 1e3:.3f} ms, "
-          f"simulated with its measured action durations and free transfers "
-          f"{other['simulated_makespan_s'] * 1e3:.3f} ms (the difference: waits the cost model does not have)")
+    print(f"{run.schedule.num_ranks} ranks: measured step {_ms(other['measured_step_s'])} (from the first rank's "
+          f"first action to the last action; the ranks' first actions up to {_ms(other['start_skew_s'])} apart), simulated "
+          f"with its measured action durations and free transfers {_ms(other['simulated_makespan_s'])} (every rank "
+          "from 0; the difference: the start skew and waits the cost model does not have)")
     for r in other["per_rank"]:
-        print(f"  rank {r['rank']}: measured {r['measured_end_s'] * 1e3:.3f} ms, simulated {r['simulated_end_s'] * 1e3:.3f} ms")
+        print(f"  rank {r['rank']}: measured {_ms(r['measured_span_s'])} from its first action, simulated "
+              f"{_ms(r['simulated_end_s'])}; first action {_ms(r['start_skew_s'])} after the first rank's"
+              + (f"; its step took {_ms(r['wall_s'])}, {_ms(r['outside_actions_s'])} of it outside its actions"
+                 if "wall_s" in r else ""))
     print(f"wrote {out} (open in https://ui.perfetto.dev: measured ranks first, then simulated)")
     return 0
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms"

@@ -313,6 +313,42 @@ def _implied_w_fraction(pairs: list[tuple[float | None, float]]) -> float:
     return min(1.0, measured / unit) if unit > 0 else 1.0
 
 
+def measured_spans(run: MeasuredRun, wall: dict[int, float] | None = None) -> dict[str, Any]:
+    """The measured times that compare with a simulation, which starts every rank at 0 with its first
+    action: per rank, ``measured_span_s`` from its own first action to its last (the trace's shared clock
+    also holds the time before a rank's first action, and ranks start at different moments), its first
+    action's time after the earliest rank's (``start_skew_s``), and ``measured_end_s`` on the shared
+    clock (where Perfetto draws it). ``measured_step_s``: from the earliest rank's first action to the last
+    action of any rank (the skew included: a rank that starts late holds its peers up), ``start_skew_s``
+    the largest skew. ``wall``: per rank, the runtime's own step time (``otherData.wall_s``), whose
+    part outside the actions (``outside_actions_s``: setup before the first action and after the last)
+    no simulation has."""
+    starts = [min((s for _, s, _ in row), default=0.0) for row in run.rows]
+    ends = [max((e for _, _, e in row), default=0.0) for row in run.rows]
+    first = min(starts, default=0.0)
+    rows: list[dict[str, Any]] = []
+    for r, (start, end) in enumerate(zip(starts, ends, strict=True)):
+        row = {"rank": r, "measured_span_s": end - start, "start_skew_s": start - first, "measured_end_s": end}
+        if wall is not None and r in wall:
+            row |= {"wall_s": wall[r], "outside_actions_s": max(wall[r] - (end - start), 0.0)}
+        rows.append(row)
+    return {"measured_step_s": max(ends, default=0.0) - first, "start_skew_s": max(starts, default=0.0) - first,
+            "per_rank": rows}
+
+
+def _wall_s(data: Any) -> dict[int, float] | None:
+    """Per rank, the step time the runtime wrote in ``otherData.wall_s`` (``write_chrome_trace``); None
+    when the trace has none (the JSON Array Format, an older or hand-made trace)."""
+    other = data.get("otherData") if isinstance(data, dict) else None
+    walls = other.get("wall_s") if isinstance(other, dict) else None
+    if not isinstance(walls, dict):
+        return None
+    out = {int(r): float(v) for r, v in walls.items()
+           if isinstance(r, str) and r.isascii() and r.isdigit() and len(r) < 7
+           and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0}
+    return out or None
+
+
 def compare_trace(data: Any, run: MeasuredRun | None = None) -> tuple[dict, Timeline, MeasuredRun]:
     """(merged Chrome trace, the simulation, the measured run) for a runtime trace (the JSON a run wrote);
     ``run``: ``load_measured(data)`` when the caller has it already."""
@@ -322,13 +358,12 @@ def compare_trace(data: Any, run: MeasuredRun | None = None) -> tuple[dict, Time
     d = schedule.num_ranks
     sim = timeline_trace(timeline, scale=1e6, pid_base=SIM_PID_BASE, label="simulated", sort_base=d,
                          time_unit=SECONDS)  # measured durations: seconds
-    measured_end = [max((e for _, _, e in row), default=0.0) for row in run.rows]
     other = {
         "kind": "pipeoffload trace compare: measured ranks first, then their simulation (seconds)",
-        "measured_step_s": max(measured_end), "simulated_makespan_s": timeline.makespan,
-        "per_rank": [{"rank": r, "measured_end_s": measured_end[r], "simulated_end_s": max(timeline.end[r], default=0.0)}
-                     for r in range(d)],
+        **measured_spans(run, _wall_s(data)), "simulated_makespan_s": timeline.makespan,
     }
+    for row in other["per_rank"]:
+        row["simulated_end_s"] = max(timeline.end[row["rank"]], default=0.0)
     merged = {"traceEvents": list(run.events) + sim["traceEvents"], "displayTimeUnit": "ms", "otherData": other}
     return merged, timeline, run
 

@@ -250,6 +250,7 @@ def trace_answer(body: bytes) -> dict:
     rows = [r | {"measured_peak_mib": measured.device[r["rank"]].peak,
                  "simulated_peak_rank_units": simulated.device[r["rank"]].peak} for r in other["per_rank"]]
     return {"ranks": timeline.schedule.num_ranks, "measured_step_s": other["measured_step_s"],
+            "start_skew_s": other["start_skew_s"],
             "simulated_makespan_s": other["simulated_makespan_s"], "has_memory": bool(run.memory),
             "per_rank": rows, "measured": compact_chart(measured), "simulated": compact_chart(simulated)}
 

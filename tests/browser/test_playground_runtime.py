@@ -74,6 +74,10 @@ def test_the_page_draws_a_runs_trace_beside_its_simulation(browser: Any, base: s
     for row in answer["per_rank"]:
         cell = p.inner_text(f"#trace-charts tr[data-rank='{row['rank']}'] td.measured-peak")
         assert float(cell) == pytest.approx(row["measured_peak_mib"], rel=1e-5)
+        for name, key in (("measured-span", "measured_span_s"), ("start-skew", "start_skew_s")):
+            # each rank timed from its own first action, its start after the first rank's apart
+            cell = p.inner_text(f"#trace-charts tr[data-rank='{row['rank']}'] td.{name}")
+            assert cell.endswith(" ms") and float(cell[:-3]) == pytest.approx(row[key] * 1e3, rel=1e-2, abs=1e-3)
     # a wrong file: one line naming what is wrong, the charts dimmed, the page still working
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.0}\n')

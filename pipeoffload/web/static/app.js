@@ -764,13 +764,14 @@
     const t = traceResult, box = document.getElementById("trace-charts");
     if (!t) return;
     const ms = (s) => fmt(1000 * s) + " ms";
-    const rows = t.per_rank.map((r) => `<tr data-rank="${r.rank}"><td>${r.rank}</td><td class="measured-end">${esc(ms(r.measured_end_s))}</td>` +
-      `<td class="simulated-end">${esc(ms(r.simulated_end_s))}</td><td class="measured-peak">${t.has_memory ? esc(fmt(r.measured_peak_mib)) : "—"}</td>` +
+    const rows = t.per_rank.map((r) => `<tr data-rank="${r.rank}"><td>${r.rank}</td><td class="measured-span">${esc(ms(r.measured_span_s))}</td>` +
+      `<td class="simulated-end">${esc(ms(r.simulated_end_s))}</td><td class="start-skew">${esc(ms(r.start_skew_s))}</td><td class="measured-peak">${t.has_memory ? esc(fmt(r.measured_peak_mib)) : "—"}</td>` +
       `<td class="simulated-peak">${esc(fmt(r.simulated_peak_rank_units))}</td></tr>`);
     const win = [0, Math.max(t.measured.makespan, t.simulated.makespan) || 1];  // one time axis for both
-    box.innerHTML = `<p class="summary">${esc(t.measured.title)}: measured step ${esc(ms(t.measured_step_s))}, ` +
-      `simulated with its own measured durations ${esc(ms(t.simulated_makespan_s))}</p>` +
-      `<table class="trace-table"><tr><th>rank</th><th>measured end</th><th>simulated end</th><th>measured peak (MiB)</th>` +
+    box.innerHTML = `<p class="summary">${esc(t.measured.title)}: measured step ${esc(ms(t.measured_step_s))} ` +
+      `(from the first rank's first action; first actions up to ${esc(ms(t.start_skew_s))} apart), ` +
+      `simulated with its own measured durations ${esc(ms(t.simulated_makespan_s))} (every rank from 0)</p>` +
+      `<table class="trace-table"><tr><th>rank</th><th>measured (from its first action)</th><th>simulated end</th><th>first action after the first rank's</th><th>measured peak (MiB)</th>` +
       `<th>simulated peak (rank units)</th></tr>${rows.join("")}</table>` +
       `<div class="legend">${legend(t.measured)}</div>` +
       `<h3>measured (${esc(t.measured.summary)})</h3><div id="trace-measured">${svg(t.measured, true, win, "trace-measured-plot")}</div>` +
