@@ -104,6 +104,35 @@ def last_layout(metrics: RunMetrics) -> tuple[RunMetrics, str | None]:
     return RunMetrics(list(rows)), note
 
 
+def layout_segments(metrics: RunMetrics) -> list[tuple[tuple[int, ...] | str | None, list[dict[str, Any]]]]:
+    """The records split where the layout changes (a resume on another layout), in order: (layout, its
+    records); one segment for a run on one layout. A record that names no layout stays in its segment.
+    A resume on the same layout is not marked in ``metrics.jsonl``, so it does not split."""
+    out: list[tuple[tuple[int, ...] | str | None, list[dict[str, Any]]]] = []
+    for row in metrics.rows:
+        this = _layout_of(row)
+        if not out or (this is not None and out[-1][0] is not None and this != out[-1][0]):
+            out.append((this, [row]))
+            continue
+        if out[-1][0] is None and this is not None:
+            out[-1] = (this, out[-1][1])
+        out[-1][1].append(row)
+    return out
+
+
+def _segment_median(part: RunMetrics, key: str, layout: tuple[int, ...] | str | None) -> tuple[str, float] | None:
+    """(what it is, value): the median of ``key`` over one layout's records after its first one (the
+    step that warmed up after the resume), or its only record's, said so; None without values."""
+    steps, values = part.series(key)
+    if not values:
+        return None
+    where = _layout_text(layout) if layout is not None else "no layout recorded"
+    if len(values) == 1:
+        return f"{where}: step {steps[0]} only, its warm-up included", values[0]
+    span = f"step {steps[1]}" if len(steps) == 2 else f"steps {steps[1]}-{steps[-1]}"
+    return f"median, {where}: {span}, its first step {steps[0]} left out", statistics.median(values[1:])
+
+
 def load_metrics(path: Path) -> RunMetrics:
     """The records of ``metrics.jsonl``, read as a resume reads them (``metrics.parse_records``): an
     incomplete last line (a crashed run's) is dropped with a warning; any other bad line is refused."""
@@ -182,14 +211,18 @@ def key_figures(metrics: RunMetrics) -> list[tuple[str, str]]:
         best = min(range(len(vlosses)), key=vlosses.__getitem__)
         out.append(("last validation loss", f"{vlosses[-1]:.4f} (step {vsteps[-1]})"))
         out.append(("best validation loss", f"{vlosses[best]:.4f} (step {vsteps[best]})"))
-    _, tps = metrics.series("tokens_per_s")
-    if tps:
-        steady = tps[1:] or tps  # the first step pays for warm-up and shape inference
-        out.append(("tokens/s (median, after step 1)", f"{statistics.median(steady):,.0f}"))
-    _, step_s = metrics.series("step_s")
-    if step_s:
-        steady = step_s[1:] or step_s
-        out.append(("step time (median, after step 1)", _seconds(statistics.median(steady), 3)))
+    segments = layout_segments(metrics)
+    for key, name, shown in (("tokens_per_s", "tokens/s", lambda v: f"{v:,.0f}"),
+                             ("step_s", "step time", lambda v: _seconds(v, 3))):
+        if len(segments) == 1:
+            _, values = metrics.series(key)
+            if values:  # the first step pays for warm-up and shape inference
+                out.append((f"{name} (median, after step 1)", shown(statistics.median(values[1:] or values))))
+            continue
+        for layout, part in segments:  # a resume on another layout warms up again, and runs at its own pace
+            row = _segment_median(RunMetrics(part), key, layout)
+            if row:
+                out.append((f"{name} ({row[0]})", shown(row[1])))
     per_rank, changed = last_layout(metrics)
     if changed:
         out.append(("layout changed (a resume on another layout)", changed))
