@@ -234,9 +234,13 @@ class Candidate:
 
 
 def static_split(req: PlanRequest, layout: Layout, stage: StageCosts) -> tuple[tuple[float, float], ...]:
+    """Per rank (weights and gradients, with bf16 autocast's weight-cast cache where train keeps one;
+    optimizer state)."""
     s = req.setup
     shard = layout.dp if s.distributed_optimizer else 1
-    return tuple((p * (s.weight_bytes + s.grad_bytes), p * s.optimizer_bytes / shard) for p in stage.params_per_rank)
+    cache = stage.cast_cache_per_rank or (0.0,) * len(stage.params_per_rank)
+    return tuple((p * (s.weight_bytes + s.grad_bytes) + c, p * s.optimizer_bytes / shard)
+                 for p, c in zip(stage.params_per_rank, cache))
 
 
 def enumerate_candidates(req: PlanRequest, skipped: dict[str, int]) -> list[Candidate]:

@@ -552,8 +552,9 @@ def _memory(req: EstimateRequest, lc: LayerCosts, sc: StageCosts,
     shard = req.dp if s.distributed_optimizer else 1
     transient = _transient(req)
     acts = tuple(u * sc.unit_bytes + transient for u in sim.peak_units)
-    total = tuple(p * (s.weight_bytes + s.grad_bytes) + p * s.optimizer_bytes / shard + a
-                  for p, a in zip(sc.params_per_rank, acts))
+    cache = sc.cast_cache_per_rank or (0.0,) * len(sc.params_per_rank)  # bf16 autocast's weight casts
+    total = tuple(p * (s.weight_bytes + s.grad_bytes) + p * s.optimizer_bytes / shard + c + a
+                  for p, c, a in zip(sc.params_per_rank, cache, acts))
     return total, acts
 
 

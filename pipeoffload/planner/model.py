@@ -38,8 +38,11 @@ from pipeoffload.errors import ConfigError
 from pipeoffload.planner.trainblocks import (
     FAMILIES,
     block_bytes,
+    block_cast_cache_bytes,
     block_weight_input_bytes,
+    embedding_bytes,
     head_bytes,
+    head_cast_cache_bytes,
     head_weight_bytes,
 )
 
@@ -316,6 +319,21 @@ class ModelSpec:
             return head_bytes(self)
         norm = self._per_rank(4, 0, tp, sequence_parallel) * self.tokens * self.hidden
         return norm + 4 * self.tokens * self.vocab / tp
+
+    def embedding_activation_bytes(self) -> float:
+        """First stage extra of train's blocks: the embedding's saved token ids (``trainblocks.embedding_bytes``);
+        0 for Megatron-LM's layer (Korthikanti et al. count none)."""
+        return embedding_bytes(self) if self.blocks else 0.0
+
+    def layer_cast_cache_bytes(self, tp: int = 1) -> float:
+        """Bytes bf16 autocast's weight-cast cache holds for one layer of train's blocks on one of ``tp``
+        ranks for the whole step (``trainblocks.block_cast_cache_bytes``); 0 for Megatron-LM's layer,
+        whose bf16 weights are its ``TrainingSetup.weight_bytes``."""
+        return block_cast_cache_bytes(self, tp) if self.blocks else 0.0
+
+    def head_cast_cache_bytes(self) -> float:
+        """The same for train's head (``trainblocks.head_cast_cache_bytes``); 0 for Megatron-LM's."""
+        return head_cast_cache_bytes(self) if self.blocks else 0.0
 
     def _per_rank(self, replicated: float, split: float, tp: int, sequence_parallel: bool) -> float:
         """Bytes per token per hidden unit on one TP rank of terms given in 2-byte elements: ``split``

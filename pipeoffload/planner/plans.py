@@ -200,7 +200,7 @@ def default_families() -> tuple[str, ...]:
 class MemorySplit:
     """Bytes on the worst rank (the one with the highest total), and pinned host bytes per GPU."""
 
-    parameters: float  # weights + gradients
+    parameters: float  # weights + gradients (+ bf16 autocast's weight-cast cache of train's blocks)
     optimizer: float
     activations: float
     host: float

@@ -75,6 +75,12 @@ class LayerCosts:
     # (F, B) of the first stage's embedding lookup; all of B is weight-gradient work (W)
     embedding_time: tuple[float, float] = (0.0, 0.0)
     tp: int = 1  # the tensor-parallel size these costs were measured or computed for
+    # bf16 autocast's weight-cast cache of one layer and of the head, held for the whole step (train's
+    # blocks only: ``ModelSpec.layer_cast_cache_bytes``)
+    cast_cache_bytes: float = 0.0
+    head_cast_cache_bytes: float = 0.0
+    # what the first stage's embedding saves per microbatch (train's blocks: its token ids), all W's
+    embedding_activation_bytes: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,6 +134,8 @@ def layer_costs(model: ModelSpec, hw: HardwareSpec, tp: int = 1, *, partial_reco
         embedding_params=model.embedding_params() / tp,
         tied_params=model.word_embedding_params() / tp if model.tied_embeddings else 0.0,
         model_flops=model.model_flops_per_microbatch(), tp=tp,
+        cast_cache_bytes=model.layer_cast_cache_bytes(tp), head_cast_cache_bytes=model.head_cast_cache_bytes(),
+        embedding_activation_bytes=model.embedding_activation_bytes(),
     )
 
 
@@ -166,6 +174,9 @@ class StageCosts:
     unit_bytes: float  # bytes of one activation unit (CostModel.activation == 1.0)
     params_per_rank: tuple[float, ...]
     layers_per_stage: tuple[int, ...]
+    # bytes of bf16 autocast's weight-cast cache per rank, on top of the parameters' state for the whole
+    # pipeline of a step (train's blocks under bf16; () where there is none)
+    cast_cache_per_rank: tuple[float, ...] = ()
 
 
 def stage_costs(lc: LayerCosts, hw: HardwareSpec, layout: Layout, stages_per_rank: int,
@@ -197,7 +208,7 @@ def stage_costs(lc: LayerCosts, hw: HardwareSpec, layout: Layout, stages_per_ran
         head_b = lc.head_time_b if lc.head_time_b is not None else lc.head_time[1] + lc.head_time[2]
         b = tuple(n * lc.time_b + (head_b if s == last else 0.0) + emb_b[s] for s, n in enumerate(split))
     act_bytes = [n * lc.activation_bytes + (lc.head_activation_bytes if s == last else 0.0)
-                 for s, n in enumerate(split)]
+                 + (lc.embedding_activation_bytes if s == 0 else 0.0) for s, n in enumerate(split)]
     unit = max(split) * lc.activation_bytes
     w_fractions = _stage_w_fractions(lc, split, act_bytes)
     in_node = layout.tp * d <= hw.gpus_per_node
@@ -215,13 +226,14 @@ def stage_costs(lc: LayerCosts, hw: HardwareSpec, layout: Layout, stages_per_ran
         shared_copy_engine=True,
         shared_host_link=shared and host_link == "serialized" and layout.tp == 1,
     )
-    params = [0.0] * d
+    params, cache = [0.0] * d, [0.0] * d
     for s, n in enumerate(split):
         extra = (lc.embedding_params if s == 0 else 0.0) + (lc.head_params if s == last else 0.0)
         params[placement.rank_of(s)] += n * lc.params + extra
+        cache[placement.rank_of(s)] += n * lc.cast_cache_bytes + (lc.head_cast_cache_bytes if s == last else 0.0)
     if placement.rank_of(0) == placement.rank_of(last):  # PP 1 or a V: Megatron shares the tied tensor
         params[placement.rank_of(0)] -= lc.tied_params
-    return StageCosts(costs, unit, tuple(params), split)
+    return StageCosts(costs, unit, tuple(params), split, tuple(cache) if any(cache) else ())
 
 
 def _stage_w_fractions(lc: LayerCosts, split: list[int] | tuple[int, ...], act_bytes: list[float]) -> tuple[float, ...]:
@@ -232,6 +244,7 @@ def _stage_w_fractions(lc: LayerCosts, split: list[int] | tuple[int, ...], act_b
     last = len(split) - 1
     out = []
     for s, n in enumerate(split):
-        needed = n * lc.w_bytes + ((lc.head_w_bytes or 0.0) if s == last else 0.0)
+        needed = n * lc.w_bytes + ((lc.head_w_bytes or 0.0) if s == last else 0.0) + (
+            lc.embedding_activation_bytes if s == 0 else 0.0)
         out.append(min(1.0, needed / act_bytes[s]) if act_bytes[s] > 0 else 1.0)
     return tuple(out)

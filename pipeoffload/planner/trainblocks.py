@@ -137,3 +137,35 @@ def head_bytes(m: ModelSpec) -> float:
     else:
         norm = 2 * FP32 * tokens * h + FP32 * tokens
     return norm + e * tokens * h + FP32 * tokens * m.vocab + 8 * tokens + FP32
+
+
+def block_cast_cache_bytes(m: ModelSpec, tp: int = 1) -> float:
+    """Bytes autocast's weight-cast cache holds for one block on one of ``tp`` ranks (0 outside bf16
+    autocast): every linear's weight and bias cast to bf16 (2 bytes each), made at the block's first
+    forward of the step and reused by every later microbatch until ``train_step`` leaves its autocast
+    region. The norms' parameters are not cast (they run in fp32). Column-parallel linears (q/k/v or
+    qkv, gate/up or fc1) and every weight are split over ``tp``; row-parallel biases (GPT's proj and
+    fc2) are whole on every rank."""
+    if m.dtype_bytes >= FP32:
+        return 0.0
+    linears = m.params_per_layer() - m.layer_norms * m.norm_params()
+    row_biases = 2 * m.hidden if m.bias else 0
+    return m.dtype_bytes * ((linears - row_biases) / tp + row_biases)
+
+
+def head_cast_cache_bytes(m: ModelSpec) -> float:
+    """Bytes autocast's cache holds for the head's vocabulary projection (weight, and GPT's bias) under
+    bf16 autocast, on every TP rank (train's head is not tensor-parallel); the embeddings are looked up,
+    not cast."""
+    if m.dtype_bytes >= FP32:
+        return 0.0
+    return m.dtype_bytes * (m.vocab * m.hidden + (m.vocab if m.blocks == "gpt" else 0))
+
+
+def embedding_bytes(m: ModelSpec) -> float:
+    """What train's first stage keeps per microbatch beyond its blocks: the int64 token ids the embedding's
+    backward reads (``8*T``, the microbatch's own copy, ``runtime.spec.split_microbatches``) and, for GPT,
+    the learned positions' int64 index (``8*s``, one per forward). The lookups' fp32 output is the first
+    block's input, counted there. Embeddings are not tensor-parallel in train: whole on every TP rank. All
+    of it is W's (the embedding's gradient is all weight gradient)."""
+    return 8 * m.tokens + (8 * m.seq if m.blocks == "gpt" else 0)

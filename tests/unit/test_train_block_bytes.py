@@ -11,9 +11,11 @@ import torch
 
 from pipeoffload.llama_config import LlamaShape
 from pipeoffload.models.gpt import Block as GPTBlock
+from pipeoffload.models.gpt import Embed as GPTEmbed
 from pipeoffload.models.gpt import GPTConfig, lm_loss
 from pipeoffload.models.gpt import Head as GPTHead
 from pipeoffload.models.llama import Block as LlamaBlock
+from pipeoffload.models.llama import Embed as LlamaEmbed
 from pipeoffload.models.llama import Head as LlamaHead
 from pipeoffload.planner.emit import train_blocks
 from pipeoffload.planner.model import ModelSpec
@@ -109,3 +111,29 @@ def test_paper_models_keep_megatron_formulas() -> None:
     """A spec without train's blocks keeps Korthikanti et al.'s 34*sbh (GPT, bf16, flash, dropout)."""
     spec = ModelSpec(layers=1, hidden=64, heads=4, seq=32)
     assert spec.layer_activation_bytes() == 34 * 32 * 64
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("family", ["gpt", "llama"])
+@pytest.mark.parametrize(("seq", "batch"), [(32, 2), (48, 3)])
+def test_embedding_saves_what_the_planner_counts(device: str, dtype: str, family: str, seq: int, batch: int) -> None:
+    """The first stage's embedding keeps its int64 token ids (and GPT its positions' index) for its
+    backward, all of it W's; the lookups' fp32 output is the first block's input, counted there."""
+    torch.manual_seed(0)
+    if family == "gpt":
+        embed: torch.nn.Module = GPTEmbed(GPTConfig(hidden=64, heads=4, seq=seq, vocab=100))
+        spec = ModelSpec(layers=1, hidden=64, heads=4, seq=seq, vocab=100, microbatch=batch)
+    else:
+        shape = LlamaShape(vocab=100, hidden=64, layers=1, heads=4, max_positions=seq)
+        embed, spec = LlamaEmbed(shape), shape.model_spec("llama", seq).with_(microbatch=batch)
+    embed = embed.to(device).train()
+    store = ActivationStore(device, exclude=list(embed.parameters()), min_bytes=1)
+    autocast = torch.autocast(device, dtype=torch.bfloat16) if dtype == "bf16" else contextlib.nullcontext()
+    with autocast, store.saving(0, 0):
+        out = embed(torch.randint(0, 100, (batch, seq), device=device), None, 0)[0]
+    assert out.dtype == torch.float32  # the residual stream the first block's norm keeps
+    spec = train_blocks(spec, DTYPES[dtype])
+    assert spec.embedding_activation_bytes() == store.slot_bytes(0, 0)
+    _, job = backward_input([out], [torch.ones_like(out)], [], list(embed.parameters()))
+    assert job.saved_by_needed_nodes({}) is None  # W runs the embedding's whole backward: it keeps it all
