@@ -23,3 +23,15 @@ def test_the_clis_interrupted_passes_doing_unchanged() -> None:
 
     with pytest.raises(Interrupted), doing(0, "loading the training data"):
         raise Interrupted(15, "")
+
+
+def test_emit_names_the_plan_it_wrote_by_its_rank_not_a_table_row_not_shown(tmp_path: Path) -> None:
+    """With --top 1 the table shows plan 1 alone; the command said 'plan #2 of the table' (no such row)."""
+    from tests.conftest import run_cli
+    from tests.unit.test_plan_truth_s18 import SMALL_K
+
+    code, out, err = run_cli("plan", *SMALL_K, "--seq", "64", "--gpus", "4", "--pp", "4", "--schedules",
+                             "group-interleaved", "--memory", "0.0039", "--no-pareto", "--top", "1",
+                             "--emit", str(tmp_path / "run.toml"))
+    assert code == 0, err
+    assert "of the table" not in out and "(plan #2 of the 2 that fit, PP4xTP1xDP1 group-interleaved" in out
