@@ -49,15 +49,16 @@ class PlanResult:
     def emit(self, path: str | Path) -> str:
         """Write the best plan as a ``pipeoffload train`` config; return the command that runs it. Of a train
         run's plans (``plan --emit``) the best whose copies the run makes (``run_keeps_plan``), as ``train
-        --plan auto`` chooses: the command then says which of the table's plans was written and why."""
+        --plan auto`` chooses: the command then says which of the plans that fit was written (its rank) and why."""
         plan = self.best()
         if self.request.model.blocks and not run_keeps_plan(self.request, plan):
             plan = next((p for p in self.search.fitting if run_keeps_plan(self.request, p)), plan)
         command = emit(self.request, plan, path)
-        if plan is not self.best():
-            number = self.search.fitting.index(plan) + 1
-            command += (f" (plan #{number} of the table, {plan.layout} {plan.choice.label()}: the run's copy lane "
-                        f"would not make the copies the better plans' memory counts on)")
+        if plan is not self.best():  # its rank among the plans that fit: the table may show fewer (--top, --json)
+            fitting = self.search.fitting
+            command += (f" (plan #{fitting.index(plan) + 1} of the {len(fitting)} that fit, {plan.layout} "
+                        f"{plan.choice.label()}: the run's copy lane would not make the copies the better plans' "
+                        "memory counts on)")
         return command
 
 

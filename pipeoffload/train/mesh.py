@@ -104,14 +104,18 @@ def own_error(rank: int, what: str, exc: BaseException) -> RankError:
 
 
 def _self_named() -> tuple[type[BaseException], ...]:
-    """The errors that name their rank and action (or are the user's input: exit 2) themselves."""
+    """The errors that name their rank and action (or are the user's input: exit 2) themselves, and the CLI's
+    ``Interrupted`` (its SIGTERM handler raises it in a one-process run's rank until ``fit`` takes the signal:
+    wrapped, the run read "failed ... RankError ...: Interrupted", exit 1, not interrupted, exit 143)."""
     from pipeoffload.errors import ConfigError
     from pipeoffload.runtime.executor import PipelineError
     from pipeoffload.train.checkpoint import SaveError
+    from pipeoffload.train.launch import Interrupted
     from pipeoffload.train.loop import DataError, NonFiniteError
     from pipeoffload.train.metrics import MetricsError
 
-    return (ConfigError, PipelineError, PeerFailure, RankError, SaveError, DataError, NonFiniteError, MetricsError)
+    return (ConfigError, PipelineError, PeerFailure, RankError, SaveError, DataError, NonFiniteError, MetricsError,
+            Interrupted)
 
 
 @contextlib.contextmanager

@@ -48,25 +48,41 @@ def test_generation_stops_where_transformers_does(where: str, tmp_path: Path,
     generate reads first, as Llama 3 Instruct's folder has it) or, without that file, in config.json."""
     import json
 
-    ref = make_hf_dir(tmp_path, "llama", seed=1, num_hidden_layers=1)
-    tok = BPETokenizer(tmp_path / "tokenizer.json")
-    ids = tok.encode("The quick")
-    with torch.no_grad():
-        free = ref.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8, eos_token_id=None,
-                            pad_token_id=0)[0].tolist()[len(ids):]
-    stop = free[2]  # the third new token becomes an end-of-sequence id beside 1
-    assert stop not in free[:2] + [1]
+    free, stop = free_run(tmp_path)
     gen = tmp_path / "generation_config.json"
     if where == "config.json":
         gen.unlink()
         edit_config(tmp_path, eos_token_id=[1, stop])
     else:
         gen.write_text(json.dumps({**json.loads(gen.read_text()), "eos_token_id": [1, stop]}))
+    stops_as_transformers(tmp_path, free, capsys)
+
+
+PROMPT = "The quick"
+
+
+def free_run(folder: Path) -> tuple[list[int], int]:
+    """A one-layer Llama folder in ``folder`` and its greedy continuation of ``PROMPT`` with no stop id (8
+    tokens), and the third of them (which a test makes an end-of-sequence id beside 1)."""
+    ref = make_hf_dir(folder, "llama", seed=1, num_hidden_layers=1)
+    ids = BPETokenizer(folder / "tokenizer.json").encode(PROMPT)
     with torch.no_grad():
-        want = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).generate(
+        free = ref.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8, eos_token_id=None,
+                            pad_token_id=0)[0].tolist()[len(ids):]
+    assert free[2] not in free[:2] + [1]
+    return free, free[2]
+
+
+def stops_as_transformers(folder: Path, free: list[int], capsys: pytest.CaptureFixture) -> None:
+    """transformers' generate on ``folder`` as it is now stops after ``free``'s third token, and so does
+    ``pipeoffload generate``, printing the same text."""
+    tok = BPETokenizer(folder / "tokenizer.json")
+    ids = tok.encode(PROMPT)
+    with torch.no_grad():
+        want = transformers.AutoModelForCausalLM.from_pretrained(folder).generate(
             torch.tensor([ids]), do_sample=False, max_new_tokens=8, pad_token_id=0)[0].tolist()
     assert want == ids + free[:3]
-    assert main(["generate", f"hf:{tmp_path}", "--prompt", "The quick", "--tokens", "8", "--greedy"]) == 0
+    assert main(["generate", f"hf:{folder}", "--prompt", PROMPT, "--tokens", "8", "--greedy"]) == 0
     assert capsys.readouterr().out == tok.decode(want) + "\n"
 
 

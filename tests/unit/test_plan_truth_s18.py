@@ -118,7 +118,7 @@ def test_plan_emit_writes_the_plan_whose_copies_the_run_makes_or_says_it_does_no
     path = tmp_path / "run.toml"
     code, out, err = run_cli(*common, "--emit", str(path))
     assert code == 0, err
-    assert "(plan #2 of the table" in out and "offload = \"none\"" in path.read_text()
+    assert "(plan #2 of the 2 that fit, PP4xTP1xDP1 group-interleaved" in out and "offload = \"none\"" in path.read_text()
     code, out, err = run_cli(*common, "--offload", "auto", "--group-sizes", "4", "--emit", str(path))
     assert code == 0, err
     note = "offload=auto: the run's copy lane makes none of the 56 copies this plan counts on (k = 31.89 forwards"

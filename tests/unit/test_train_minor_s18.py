@@ -208,26 +208,12 @@ def test_generation_config_forms_transformers_cannot_use_are_one_line(data: obje
 
 def test_generate_stops_where_transformers_does_with_a_nested_eos_list(tmp_path: Path,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from pipeoffload.train.data import BPETokenizer
-    from tests.hf_fixtures import make_hf_dir
+    pytest.importorskip("transformers")
+    from tests.unit.test_generate_hf_s17 import free_run, stops_as_transformers
 
-    ref = make_hf_dir(tmp_path, "llama", seed=1, num_hidden_layers=1)
-    tok = BPETokenizer(tmp_path / "tokenizer.json")
-    ids = tok.encode("The quick")
-    with torch.no_grad():
-        free = ref.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8, eos_token_id=None,
-                            pad_token_id=0)[0].tolist()[len(ids):]
-    stop = free[2]
-    assert stop not in free[:2] + [1]
+    free, stop = free_run(tmp_path)
     _gen(tmp_path, {"eos_token_id": [[1, stop]]})
-    with torch.no_grad():
-        want = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).generate(
-            torch.tensor([ids]), do_sample=False, max_new_tokens=8, pad_token_id=0)[0].tolist()
-    assert want == ids + free[:3]
-    assert main(["generate", f"hf:{tmp_path}", "--prompt", "The quick", "--tokens", "8", "--greedy"]) == 0
-    assert capsys.readouterr().out == tok.decode(want) + "\n"
+    stops_as_transformers(tmp_path, free, capsys)
 
 
 @pytest.mark.parametrize("where", ["top", "rope_parameters"])

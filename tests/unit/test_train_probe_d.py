@@ -184,22 +184,25 @@ def test_an_interrupted_launcher_names_the_checkpoint_on_disk(tmp_path: Path, mo
 
 
 # ---- 12: SIGTERM before the ranks start; --stop-at below the checkpoint ---------------------------------------
-_TERM_EARLY = """
+def train_terminated_in(module: str, name: str, folder: Path) -> subprocess.CompletedProcess[str]:
+    """``pipeoffload train`` (TINY, a run in ``folder``) sending itself SIGTERM as ``module.name`` is called."""
+    script = f"""
 import os, signal, sys
-import pipeoffload.train.job as job
-real = job.prepare_run
-def prepare_run(*a, **k):
-    os.kill(os.getpid(), signal.SIGTERM)  # as a SIGTERM in the launcher's first second lands
+import {module} as patched
+real = patched.{name}
+def {name}(*a, **k):
+    os.kill(os.getpid(), signal.SIGTERM)
     return real(*a, **k)
-job.prepare_run = prepare_run
+patched.{name} = {name}
 from pipeoffload.cli import main
 sys.exit(main(["train", *sys.argv[1:]]))
 """
+    return subprocess.run([sys.executable, "-c", script, "--data", str(_text(folder)), *TINY, "--out",
+                           str(folder / "run")], capture_output=True, text=True, timeout=300)
 
 
 def test_sigterm_before_the_ranks_start_says_interrupted(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-c", _TERM_EARLY, "--data", str(_text(tmp_path)), *TINY, "--out",
-                           str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    done = train_terminated_in("pipeoffload.train.job", "prepare_run", tmp_path)  # the launcher's first second
     assert done.returncode == 143, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("pipeoffload train: interrupted (SIGTERM)") and "no checkpoint" in last
