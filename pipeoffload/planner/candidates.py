@@ -346,7 +346,7 @@ def embedding_sync_time(req: PlanRequest, layout: Layout, placement: Placement |
         return 0.0
     if placement is not None and placement.rank_of(0) == placement.rank_of(placement.num_stages - 1):
         return 0.0
-    nbytes = req.model.word_embedding_params() / layout.tp * req.setup.grad_bytes
+    nbytes = req.model.word_embedding_params() / req.model.outside_blocks_tp(layout.tp) * req.setup.grad_bytes
     return 2 * req.hardware.collective_time(nbytes, 2, layout.tp * (layout.pp - 1))
 
 
@@ -389,7 +389,7 @@ def _measured(req: PlanRequest) -> LayerCosts | None:
     lc = req.measured
     if lc is None or lc.tied_params or not req.model.tied_embeddings:
         return lc
-    return replace(lc, tied_params=req.model.word_embedding_params() / lc.tp)
+    return replace(lc, tied_params=req.model.word_embedding_params() / req.model.outside_blocks_tp(lc.tp))
 
 
 def _model_flops(req: PlanRequest) -> float:

@@ -203,8 +203,16 @@ class ModelSpec:
         return self.vocab * self.hidden
 
     def head_params(self) -> int:
-        """Output projection plus the final norm (a tied head still has its own copy on the last stage)."""
-        return self.vocab * self.hidden + self.norm_params()
+        """Output projection plus the final norm (a tied head still has its own copy on the last stage);
+        train's GPT head (``blocks="gpt"``, an ``nn.Linear``) also has a bias over the vocabulary."""
+        bias = self.vocab if self.blocks == "gpt" else 0
+        return self.vocab * self.hidden + bias + self.norm_params()
+
+    def outside_blocks_tp(self, tp: int) -> int:
+        """How many ways the embeddings and the head are split over ``tp`` ranks: Megatron-LM splits them
+        by the vocabulary (``tp``); train's tensor parallelism shards the blocks only and keeps the
+        embeddings and head whole on every TP rank (``models.tensor_parallel``)."""
+        return 1 if self.blocks else tp
 
     def total_params(self) -> int:
         head = self.head_params() - (self.word_embedding_params() if self.tied_embeddings else 0)
