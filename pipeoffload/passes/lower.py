@@ -65,6 +65,19 @@ def lower_with_report(schedule: Schedule, costs: CostModel | None = None, *,
                       memo if memo is not None else Memo())
 
 
+
+def copies_made(schedule: Schedule, offload: OffloadPolicy | str, recompute: RecomputePolicy | str,
+                offload_ratio: float) -> tuple[int, int]:
+    """(activation windows the copy lane takes off the device at ``offload_ratio``, windows instant copies
+    would) for ``schedule`` lowered against one forward per stage, as ``train`` lowers its run: where the
+    first is smaller, the run keeps activations on the device that a plan with instant copies would not."""
+    def moved(k: float) -> int:
+        costs = CostModel().with_offload_ratio(k) if k else None
+        report = lower_with_report(schedule, costs, offload=offload, recompute=recompute, log_warnings=False)[1]
+        return int(report.offloaded + report.offloaded_after_i)
+
+    return moved(offload_ratio), moved(0.0)
+
 def _lower(schedule: Schedule, costs: CostModel | None, offload: OffloadPolicy | str, recompute: RecomputePolicy | str,
            check: bool, comms: bool, log_warnings: bool, memo: Memo) -> tuple[Schedule, OffloadReport]:
     offload_policy, recompute_policy = OffloadPolicy.parse(offload), RecomputePolicy.parse(recompute)

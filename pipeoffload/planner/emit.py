@@ -182,10 +182,9 @@ def plan_split(req: PlanRequest, plan: Plan) -> tuple[int, ...]:
 def run_copies(req: PlanRequest, plan: Plan) -> tuple[int, int]:
     """(activation windows the run's copy lane takes off the device, windows instant copies would) for the
     plan as ``train`` runs it: the runtime lowers the schedule against one forward per stage and the plan's
-    k (``train.job.offload_note``), not against the planner's timeline, whose idle time (a small model's
+    k (``passes.lower.copies_made``, as ``train.job.offload_note`` counts them), not against the planner's timeline, whose idle time (a small model's
     pipeline is mostly p2p latency) hides copies the run never makes. (0, 0) for a plan without offload."""
-    from pipeoffload.costs import CostModel
-    from pipeoffload.passes.lower import lower_with_report
+    from pipeoffload.passes.lower import copies_made
     from pipeoffload.schedules import generate
 
     c = plan.choice
@@ -193,14 +192,7 @@ def run_copies(req: PlanRequest, plan: Plan) -> tuple[int, int]:
         return 0, 0
     options = {"group_size": c.group_size} if c.group_size else {}
     schedule = generate(c.family, plan.layout.pp, plan.microbatches, c.stages_per_rank, **options)
-
-    def moved(k: float) -> int:
-        costs = CostModel().with_offload_ratio(k) if k else None
-        report = lower_with_report(schedule, costs, offload=c.offload, recompute=train_recompute(c.recompute),
-                                   log_warnings=False)[1]
-        return int(report.offloaded + report.offloaded_after_i)
-
-    return moved(offload_ratio(req, plan)), moved(0.0)
+    return copies_made(schedule, c.offload, train_recompute(c.recompute), offload_ratio(req, plan))
 
 
 def run_keeps_plan(req: PlanRequest, plan: Plan) -> bool:

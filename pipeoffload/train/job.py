@@ -34,23 +34,23 @@ log = logging.getLogger(__name__)
 
 
 def lowered_schedule(cfg: TrainConfig) -> Any:
-    return _lowered(cfg)[0]
-
-
-def _lowered(cfg: TrainConfig, offload_ratio: float | None = None) -> tuple[Any, Any]:
-    """The run's lowered schedule and the offload pass's report: the copies are planned against one
-    forward per stage as the time unit and the run's ``offload_ratio`` (k) for the copies (or
-    ``offload_ratio`` when given)."""
+    """The run's lowered schedule: the copies planned against one forward per stage as the time unit and
+    the run's ``offload_ratio`` (k) for the copies."""
     from pipeoffload.costs import CostModel
     from pipeoffload.passes.lower import lower_with_report
+
+    k = cfg.schedule.offload_ratio
+    costs = CostModel().with_offload_ratio(k) if k else None
+    return lower_with_report(_schedule(cfg), costs, offload=offload_policy(cfg), recompute=cfg.schedule.recompute,
+                             log_warnings=False)[0]
+
+
+def _schedule(cfg: TrainConfig) -> Any:
+    """The run's compute-only schedule."""
     from pipeoffload.schedules import generate
 
     s = cfg.schedule
-    k = s.offload_ratio if offload_ratio is None else offload_ratio
-    schedule = generate(s.family, cfg.parallel.pp, s.microbatches, s.stages_per_rank, **schedule_options(cfg))
-    costs = CostModel().with_offload_ratio(k) if k else None
-    return lower_with_report(schedule, costs, offload=offload_policy(cfg), recompute=s.recompute,
-                             log_warnings=False)
+    return generate(s.family, cfg.parallel.pp, s.microbatches, s.stages_per_rank, **schedule_options(cfg))
 
 
 def offload_note(cfg: TrainConfig) -> str | None:
@@ -61,10 +61,9 @@ def offload_note(cfg: TrainConfig) -> str | None:
     if s.offload == "none" or not s.offload_ratio:
         return None
 
-    def moved(report: Any) -> int:
-        return int(report.offloaded + report.offloaded_after_i)
+    from pipeoffload.passes.lower import copies_made
 
-    done, possible = moved(_lowered(cfg)[1]), moved(_lowered(cfg, 0.0)[1])
+    done, possible = copies_made(_schedule(cfg), offload_policy(cfg), s.recompute, s.offload_ratio)
     if done >= possible:
         return None
     return (f"offload={s.offload} at offload_ratio={s.offload_ratio:g}: the copy lane hides {done or 'none'} of the "
