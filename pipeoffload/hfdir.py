@@ -65,6 +65,12 @@ def expected_tensors(shape: LlamaShape) -> dict[str, tuple[int, ...]]:
         if shape.qkv_bias:
             out.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                         p + "self_attn.v_proj.bias": (kv,)})
+        if shape.o_bias:
+            out[p + "self_attn.o_proj.bias"] = (h,)
+        if shape.mlp_bias:
+            out.update({p + "mlp.gate_proj.bias": (f,), p + "mlp.up_proj.bias": (f,), p + "mlp.down_proj.bias": (h,)})
+        if shape.qk_norm:
+            out.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
     if not shape.tie_embeddings:
         out["lm_head.weight"] = (v, h)
     return out

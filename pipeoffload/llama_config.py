@@ -1,10 +1,12 @@
-"""Shape of a Llama-family decoder (Llama 2/3, Qwen2, Mistral), without torch.
+"""Shape of a Llama-family decoder (Llama 2/3, Qwen2, Qwen3, Mistral), without torch.
 
 One record for three readers: the trainable model (``models.llama``), the Hugging Face reader and
 writer (``models.hf``) and the planner's presets (``planner.presets``, through ``model_spec``), so a
 model's shapes are written once. ``from_hf`` maps a Hugging Face ``config.json`` onto it and refuses,
 with one line naming the field, anything the model cannot reproduce exactly (mixtures of experts,
-unknown rope types, other activations, sliding windows but Mistral's). Mistral's sliding window is kept
+unknown rope types, other activations, sliding windows but Mistral's). Qwen3 adds an RMSNorm over the head
+width on every query and key head before RoPE (``qk_norm``) and takes transformers' Qwen3Config defaults
+for the fields a config.json leaves out (``head_dim`` 128, 32 key/value heads, ...). Mistral's sliding window is kept
 (``sliding_window``): attention here is full causal, which is the window's own attention on sequences of
 at most that many tokens, so a run trains only such sequences (``train`` checks) and ``generate`` keeps at
 most that many tokens of context.
@@ -16,10 +18,18 @@ from typing import Any
 
 from pipeoffload.errors import ConfigError
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+                 "MistralForCausalLM": "mistral"}
+QWEN3 = "Qwen3ForCausalLM"
 # max_position_embeddings where config.json leaves it out: transformers' default of each config class (an export
 # writes the field, so it must be the value transformers read from the source folder)
-_DEFAULT_POSITIONS = {"LlamaForCausalLM": 2048, "Qwen2ForCausalLM": 32768, "MistralForCausalLM": 4096 * 32}
+_DEFAULT_POSITIONS = {"LlamaForCausalLM": 2048, "Qwen2ForCausalLM": 32768, "Qwen3ForCausalLM": 32768,
+                      "MistralForCausalLM": 4096 * 32}
+# num_key_value_heads where config.json leaves it out (null: the query heads, in every class): LlamaConfig's
+# default is the query heads, Qwen2Config's and Qwen3Config's 32, MistralConfig's 8
+_DEFAULT_KV_HEADS = {"Qwen2ForCausalLM": 32, "Qwen3ForCausalLM": 32, "MistralForCausalLM": 8}
+_QWEN3_HEAD_DIM = 128  # Qwen3Config's head_dim where config.json leaves it out (not hidden // heads)
+_MAX_WINDOW_LAYERS = 28  # Qwen2Config's and Qwen3Config's max_window_layers where config.json leaves it out
 _MISTRAL_WINDOW = 4096  # MistralConfig's sliding_window where config.json leaves it out
 # the usual config.json keys of a mixture of experts (Mixtral, Qwen2-MoE, DeepSeek, ...), besides moe_*
 _MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "n_shared_experts", "num_experts_per_tok")
@@ -49,6 +59,8 @@ class LlamaShape:
     rms_eps: float = 1e-5
     tie_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2: biases on q, k and v only
+    o_bias: bool = False  # Llama's and Qwen3's attention_bias: a bias on o_proj too (with qkv_bias)
+    mlp_bias: bool = False  # Llama's mlp_bias: biases on gate_proj, up_proj and down_proj
     max_positions: int = 4096
     architecture: str = "LlamaForCausalLM"
     bos_token_id: int | None = None
@@ -69,6 +81,13 @@ class LlamaShape:
                               "pick kv_heads dividing heads")
         if self.dim_head % 2:
             raise ConfigError(f"model head_dim={self.dim_head} is odd; rotary embeddings need an even head size")
+        if self.architecture not in ARCHITECTURES:
+            raise ConfigError(f"model architecture={self.architecture!r}: must be one of {', '.join(ARCHITECTURES)}")
+
+    @property
+    def qk_norm(self) -> bool:
+        """Qwen3's RMSNorm over the head width on each query and key head (q_norm, k_norm), before RoPE."""
+        return self.architecture == QWEN3
 
     @property
     def n_kv_heads(self) -> int:
@@ -108,16 +127,18 @@ class LlamaShape:
                 raise ConfigError(f"{where}: field {key} is missing; it is required for {arch}")
             return json_int(cfg[key], key, where)
 
-        kv = cfg.get("num_key_value_heads")
+        kv = cfg.get("num_key_value_heads", _DEFAULT_KV_HEADS.get(arch))
         vocab = need("vocab_size")
+        biased = arch in ("LlamaForCausalLM", QWEN3) and json_bool(cfg, "attention_bias", False, where)
         return cls(
             vocab=vocab, hidden=need("hidden_size"), layers=need("num_hidden_layers"),
             heads=need("num_attention_heads"), kv_heads=0 if kv is None else json_int(kv, "num_key_value_heads", where),
-            ffn_hidden=need("intermediate_size"), head_dim=_head_dim(cfg, where),
+            ffn_hidden=need("intermediate_size"), head_dim=_head_dim(cfg, arch, where),
             rope_theta=theta, rope_scaling=scaling, rms_eps=json_float(cfg.get("rms_norm_eps", 1e-6), "rms_norm_eps",
                                                                        where),
             tie_embeddings=json_bool(cfg, "tie_word_embeddings", False, where),
-            qkv_bias=arch == "Qwen2ForCausalLM" or json_bool(cfg, "attention_bias", False, where),
+            qkv_bias=arch == "Qwen2ForCausalLM" or biased, o_bias=biased,
+            mlp_bias=arch == "LlamaForCausalLM" and json_bool(cfg, "mlp_bias", False, where),
             max_positions=json_int(cfg.get("max_position_embeddings", _DEFAULT_POSITIONS[arch]), "max_position_embeddings",
                                    where),
             architecture=arch, sliding_window=_mistral_window(cfg, arch, where), **_token_ids(cfg, vocab, where),
@@ -142,8 +163,13 @@ class LlamaShape:
                     "original_max_position_embeddings": s.original_max_positions}
             out["rope_scaling"] = dict(rope)
         out["rope_parameters"] = rope
+        if model_type in ("llama", "qwen3"):
+            if self.qkv_bias != self.o_bias:  # attention_bias is all four projections' or none
+                raise ConfigError(f"model qkv_bias={self.qkv_bias} with o_bias={self.o_bias}: {self.architecture} "
+                                  "has biases on q, k, v and o together or on none; set both alike")
+            out["attention_bias"] = self.o_bias
         if model_type == "llama":
-            out.update(attention_bias=self.qkv_bias, mlp_bias=False)
+            out["mlp_bias"] = self.mlp_bias
         elif model_type == "mistral":
             out["sliding_window"] = self.sliding_window or None
         else:
@@ -155,20 +181,28 @@ class LlamaShape:
 
     # ---- the planner's view --------------------------------------------------------------------
     def model_spec(self, name: str, seq: int) -> Any:
-        """The planner's ``ModelSpec`` of this shape (SwiGLU, no dropout, no biases but Qwen2's)."""
+        """The planner's ``ModelSpec`` of this shape (SwiGLU, no dropout; the biases and q/k norms it has)."""
         from pipeoffload.planner.model import ModelSpec
 
         return ModelSpec(name=name, layers=self.layers, hidden=self.hidden, heads=self.heads,
                          kv_heads=self.n_kv_heads, head_size=self.head_dim or None, ffn=self.ffn, seq=seq,
                          vocab=self.vocab, gated_mlp=True, dropout=False, bias=False, qkv_bias=self.qkv_bias,
+                         o_bias=self.o_bias, mlp_bias=self.mlp_bias, qk_norm=self.qk_norm,
                          tied_embeddings=self.tie_embeddings, rotary_positions=self.max_positions,
                          attention_window=self.sliding_window)
 
 
-def _head_dim(cfg: dict[str, Any], where: str) -> int:
-    explicit = cfg.get("head_dim")
-    if explicit:
-        json_int(explicit, "head_dim", where)
+def _head_dim(cfg: dict[str, Any], arch: str, where: str) -> int:
+    if arch == QWEN3:  # Qwen3Config's head_dim is 128 where absent, whatever hidden // heads is
+        explicit = cfg.get("head_dim", _QWEN3_HEAD_DIM)
+        if explicit is None:
+            raise ConfigError(f"{where}: head_dim=None: {arch} needs its per-head width (transformers reads null as "
+                              "none and fails); write it, e.g. hidden_size / num_attention_heads")
+    else:
+        explicit = cfg.get("head_dim")
+    if explicit or explicit == 0:
+        if json_int(explicit, "head_dim", where) < 1:
+            raise ConfigError(f"{where}: head_dim={explicit!r}: must be an integer >= 1 (the per-head width)")
     return set_apart_head_dim(explicit, int(cfg["num_attention_heads"]), int(cfg["hidden_size"])) or 0
 
 
@@ -255,24 +289,31 @@ def _refuse_unsupported(cfg: dict[str, Any], arch: str, where: str) -> None:
     window = cfg.get("sliding_window")
     uses_window = json_bool(cfg, "use_sliding_window", arch == "MistralForCausalLM", where)
     if window is not None and uses_window and arch != "MistralForCausalLM" and not _no_layer_slides(cfg, where):
-        raise ConfigError(f"{where}: sliding_window={window!r} is not supported for {arch} (attention here is full "
-                          "causal); set it to null if the model was trained without one")
+        raise ConfigError(f"{where}: sliding_window={window!r} with use_sliding_window=true is not supported for "
+                          f"{arch} (attention here is full causal, so max_window_layers must be >= num_hidden_layers);"
+                          " set use_sliding_window to false if the model was trained without one")
     if "sliding_attention" in (cfg.get("layer_types") or ()):
-        raise ConfigError(f"{where}: layer_types has 'sliding_attention': sliding windows are not supported")
-    if json_bool(cfg, "mlp_bias", False, where):
-        raise ConfigError(f"{where}: mlp_bias=true is not supported")
-    if arch == "LlamaForCausalLM" and json_bool(cfg, "attention_bias", False, where):
-        raise ConfigError(f"{where}: attention_bias=true is not supported for LlamaForCausalLM (o_proj bias)")
+        raise ConfigError(f"{where}: layer_types has 'sliding_attention': sliding windows are not supported for "
+                          f"{arch} (attention here is full causal); mark every layer 'full_attention' if the model "
+                          "was trained without one")
+    if arch != "LlamaForCausalLM" and json_bool(cfg, "mlp_bias", False, where):
+        raise ConfigError(f"{where}: mlp_bias=true is not supported for {arch} (transformers builds its MLP without "
+                          "biases); remove the field or set it to false")
     if cfg.get("attention_dropout"):
         raise ConfigError(f"{where}: attention_dropout={cfg['attention_dropout']!r} is not supported; set it to 0")
 
 
 def _no_layer_slides(cfg: dict[str, Any], where: str) -> bool:
-    """Qwen2 slides its window only in the layers from ``max_window_layers`` on (transformers' layer_types): with
-    that at or past the layer count, every layer is full causal attention, whatever ``use_sliding_window`` says."""
-    first = cfg.get("max_window_layers")
+    """Qwen2 and Qwen3 slide their window only in the layers ``layer_types`` marks 'sliding_attention' (where
+    config.json leaves it out: those from ``max_window_layers`` on, 28 by default): with none marked, or that
+    first layer at or past the layer count, every layer is full causal attention, whatever
+    ``use_sliding_window`` says."""
+    types = cfg.get("layer_types")
+    if types:
+        return "sliding_attention" not in types
+    first = cfg.get("max_window_layers", _MAX_WINDOW_LAYERS)
     layers = cfg.get("num_hidden_layers")
-    if first is None or layers is None or "sliding_attention" in (cfg.get("layer_types") or ()):
+    if first is None or layers is None:
         return False
     return json_int(first, "max_window_layers", where) >= json_int(layers, "num_hidden_layers", where)
 
@@ -342,6 +383,13 @@ PRESETS: dict[str, LlamaShape] = {
     "qwen2.5-7b": LlamaShape(vocab=152064, hidden=3584, layers=28, heads=28, kv_heads=4, ffn_hidden=18944,
                              rope_theta=1000000.0, rms_eps=1e-6, qkv_bias=True, max_positions=32768,
                              architecture="Qwen2ForCausalLM", eos_token_id=151643),
+    # Qwen3: q/k norms, head_dim 128 set apart from hidden / heads (0.6B: 16 x 128 = 2048 != 1024)
+    "qwen3-0.6b": LlamaShape(vocab=151936, hidden=1024, layers=28, heads=16, kv_heads=8, ffn_hidden=3072,
+                             head_dim=128, rope_theta=1000000.0, rms_eps=1e-6, tie_embeddings=True,
+                             max_positions=40960, architecture=QWEN3, bos_token_id=151643, eos_token_id=151645),
+    "qwen3-8b": LlamaShape(vocab=151936, hidden=4096, layers=36, heads=32, kv_heads=8, ffn_hidden=12288,
+                           rope_theta=1000000.0, rms_eps=1e-6, max_positions=40960, architecture=QWEN3,
+                           bos_token_id=151643, eos_token_id=151645),
     "mistral-7b": LlamaShape(vocab=32768, hidden=4096, layers=32, heads=32, kv_heads=8, ffn_hidden=14336,
                              rope_theta=1000000.0, max_positions=32768, architecture="MistralForCausalLM",
                              bos_token_id=1, eos_token_id=2),

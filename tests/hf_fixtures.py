@@ -38,6 +38,10 @@ def hf_config(kind: str, vocab: int, **over: Any) -> Any:
         return transformers.LlamaConfig(tie_word_embeddings=False, rope_parameters=rope, **common)
     if kind == "qwen2":
         return transformers.Qwen2Config(tie_word_embeddings=True, rope_theta=10000.0, **common)
+    if kind == "llama-bias":  # attention_bias (q, k, v and o) and mlp_bias (gate, up and down)
+        return transformers.LlamaConfig(tie_word_embeddings=False, attention_bias=True, mlp_bias=True, **common)
+    if kind == "qwen3":  # q/k norms, a head width set apart (4 heads x 32 != 64); over: tied, attention_bias
+        return transformers.Qwen3Config(**{"tie_word_embeddings": False, "head_dim": 32, "rope_theta": 1e6, **common})
     if kind == "mistral":
         return transformers.MistralConfig(**{"tie_word_embeddings": False, "sliding_window": None, **common})
     raise ValueError(kind)

@@ -5,7 +5,9 @@ but the head takes and returns ``(hidden, pad_mask, offset)`` (``offset``: the p
 token, for RoPE), so the same runner, batches and splitting serve both. Submodules carry the names of
 Hugging Face's ``LlamaForCausalLM`` (``self_attn.q_proj``, ``mlp.gate_proj``, ...), so a checkpoint
 maps name for name (``models.hf``). The arithmetic follows transformers' (RMSNorm in float32, RoPE
-tables in float32, ``repeat_kv`` head order) so logits agree to float32 rounding.
+tables in float32, ``repeat_kv`` head order) so logits agree to float32 rounding. Qwen3 adds ``q_norm`` and
+``k_norm`` (RMSNorm over head_dim on each query and key head, before RoPE); Llama's ``attention_bias`` and
+``mlp_bias`` put biases on o_proj and on the MLP's linears.
 
 Attention is ``scaled_dot_product_attention`` with ``is_causal=True``: on CPU that is the blocked
 flash kernel (``_scaled_dot_product_flash_attention_for_cpu``: deterministic, no s x s matrix), on
@@ -13,7 +15,8 @@ CUDA flash or memory-efficient attention. Only a padding mask (never passed by `
 explicit s x s mask.
 
 ``parallelize_llama_stage`` shards the blocks of a stage as torchtitan does for Llama 3: q/k/v and
-gate/up column-parallel, o/down row-parallel, the norms and the residual stream sequence-parallel.
+gate/up column-parallel, o/down row-parallel, the norms and the residual stream sequence-parallel, Qwen3's
+q/k norms replicated over the ranks' heads.
 """
 from __future__ import annotations
 
@@ -94,13 +97,19 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(h, shape.heads * d, bias=shape.qkv_bias)
         self.k_proj = nn.Linear(h, shape.n_kv_heads * d, bias=shape.qkv_bias)
         self.v_proj = nn.Linear(h, shape.n_kv_heads * d, bias=shape.qkv_bias)
-        self.o_proj = nn.Linear(shape.heads * d, h, bias=False)
+        self.o_proj = nn.Linear(shape.heads * d, h, bias=shape.o_bias)
+        if shape.qk_norm:  # Qwen3: every query and key head normalised over its width, before RoPE
+            self.q_norm = RMSNorm(d, shape.rms_eps)
+            self.k_norm = RMSNorm(d, shape.rms_eps)
 
     def forward(self, x: torch.Tensor, pad_mask: torch.Tensor | None, offset: int) -> torch.Tensor:
         b, t = x.shape[0], x.shape[1]
         # under tensor parallelism the projections hold this rank's heads: read the counts off the outputs
-        q = self.q_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, -1, self.head_dim)
+        k = self.k_proj(x).view(b, t, -1, self.head_dim)
+        if self.shape.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, k, rope_inv_freq(self.shape, x.device), offset)
         groups = q.shape[1] // k.shape[1]
@@ -118,9 +127,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, shape: LlamaShape) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(shape.hidden, shape.ffn, bias=False)
-        self.up_proj = nn.Linear(shape.hidden, shape.ffn, bias=False)
-        self.down_proj = nn.Linear(shape.ffn, shape.hidden, bias=False)
+        self.gate_proj = nn.Linear(shape.hidden, shape.ffn, bias=shape.mlp_bias)
+        self.up_proj = nn.Linear(shape.hidden, shape.ffn, bias=shape.mlp_bias)
+        self.down_proj = nn.Linear(shape.ffn, shape.hidden, bias=shape.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -200,9 +209,12 @@ def llama_layers(shape: LlamaShape, seed: int = 0, *, tie: bool = True, device: 
 
 
 # ---- tensor parallelism ------------------------------------------------------------------------------
-def _block_plan() -> dict:
+def _block_plan(shape: LlamaShape) -> dict:
     seq = Shard(1)
-    return {
+    # Qwen3's q/k norms see this rank's heads (b, t, heads/tp, head_dim): their weights replicated, their input
+    # read as sharded over the heads (dim 2), so each weight's gradient sums every rank's heads, as in one process
+    norms = {f"self_attn.{name}": SequenceParallel(sequence_dim=2, use_local_output=True) for name in ("q_norm", "k_norm")}
+    return {**(norms if shape.qk_norm else {}),
         "input_layernorm": SequenceParallel(use_local_output=False),
         "self_attn": PrepareModuleInput(input_layouts=(seq, None, None), desired_input_layouts=(Replicate(), None, None),
                                         use_local_output=True),
@@ -243,7 +255,7 @@ def parallelize_llama_stage(stage: nn.Module, tp_mesh: DeviceMesh, shape: LlamaS
         raise ConfigError(f"sequence parallelism splits the sequence: seq_len={seq_len} must be a multiple of tp={tp}")
     for run in _block_runs(stage):
         for block in run:
-            parallelize_module(block, tp_mesh, _block_plan())  # type: ignore[arg-type]
+            parallelize_module(block, tp_mesh, _block_plan(shape))  # type: ignore[arg-type]
         parallelize_module(run[0], tp_mesh, PrepareModuleInput(
             input_layouts=(Replicate(), None, None), desired_input_layouts=(Shard(1), None, None), use_local_output=True))
         parallelize_module(run[-1], tp_mesh, PrepareModuleOutput(

@@ -42,8 +42,10 @@ def is_gpt_like(model: ModelSpec) -> bool:
 
 def is_llama_like(model: ModelSpec) -> bool:
     """What train's ``--model llama`` builds from its keys: SwiGLU, no biases, head width hidden / heads
-    (Qwen2's q/k/v biases and a set-apart head_dim have no train key)."""
-    return model.gated_mlp and not model.bias and not model.qkv_bias and model.attention_width == model.hidden
+    (Qwen2's q/k/v biases, Llama's attention and MLP biases, Qwen3's q/k norms and a set-apart head_dim have no
+    train key)."""
+    extras = model.qkv_bias or model.o_bias or model.mlp_bias or model.qk_norm
+    return model.gated_mlp and not model.bias and not extras and model.attention_width == model.hidden
 
 
 def carries_model(model: ModelSpec) -> bool:

@@ -1,8 +1,8 @@
 """A ``ModelSpec`` from a Hugging Face ``config.json`` (standard library only: no transformers, no torch).
 
-A Llama-family architecture (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``MistralForCausalLM``) is
-read by ``llama_config.LlamaShape.from_hf``, the reader the training side uses, so the planner and the
-trained model see the same shape (and the same refusals). Any other config is read generically: the
+A Llama-family architecture (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``,
+``MistralForCausalLM``) is read by ``llama_config.LlamaShape.from_hf``, the reader the training side uses, so
+the planner and the trained model see the same shape (and the same refusals). Any other config is read generically: the
 Llama/Mistral/Qwen keys (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
 ``num_key_value_heads``, ``intermediate_size``, ``vocab_size``, ``max_position_embeddings``,
 ``hidden_act``, ``tie_word_embeddings``) and GPT-2's (``n_layer``, ``n_embd``, ``n_head``,

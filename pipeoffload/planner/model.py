@@ -67,6 +67,9 @@ class ModelSpec:
     dropout: bool = True
     bias: bool = True  # every bias of a GPT layer: both norms' and every linear's (QKV, projection, MLP)
     qkv_bias: bool = False  # biases on Q, K and V only (Qwen2); implied by ``bias``
+    o_bias: bool = False  # a bias on the attention's output projection too (Llama's, Qwen3's attention_bias)
+    mlp_bias: bool = False  # biases on a gated MLP's three linears (Llama's mlp_bias); implied by ``bias``
+    qk_norm: bool = False  # an RMSNorm over head_dim on every query and key head (Qwen3's q_norm, k_norm)
     positions: int = 0  # rows of a learned position embedding on the first stage (GPT-2's n_positions); 0: none
     tied_embeddings: bool = False
     layer_norms: int = 2  # norms per layer: 1 in Falcon-7B's parallel block, 4 in Gemma 2
@@ -180,14 +183,20 @@ class ModelSpec:
 
     def params_per_layer(self) -> int:
         """Weights, norms and biases of one layer: GPT's (``bias``: LayerNorm biases and a bias on every
-        linear) or Llama's (RMSNorm weights only), with Qwen2's Q/K/V biases (``qkv_bias``)."""
+        linear) or Llama's (RMSNorm weights only), with Qwen2's Q/K/V biases (``qkv_bias``), Llama's or
+        Qwen3's output projection bias (``o_bias``) and MLP biases (``mlp_bias``), Qwen3's q/k norms."""
         h, q, kv = self.hidden, self.attention_width, self.kv_width
-        norms = self.layer_norms * self.norm_params()
+        norms = self.layer_norms * self.norm_params() + self.qk_norm_params()
         if self.bias:
             biases = (q + 2 * kv) + h + self.ffn_size * (2 if self.gated_mlp else 1) + h
         else:
-            biases = (q + 2 * kv) if self.qkv_bias else 0
+            biases = ((q + 2 * kv) if self.qkv_bias else 0) + (h if self.o_bias else 0)
+            biases += (2 * self.ffn_size + h) if self.mlp_bias else 0
         return self.matrix_params_per_layer() + norms + biases
+
+    def qk_norm_params(self) -> int:
+        """Weights of Qwen3's q_norm and k_norm (one head width each, shared by every head); 0 without them."""
+        return 2 * self.head_dim if self.qk_norm else 0
 
     def norm_params(self) -> int:
         """Weights (and biases) of one norm over the hidden size."""

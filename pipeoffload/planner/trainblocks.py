@@ -17,6 +17,11 @@ head_dim``, ``K = kv_heads * head_dim``, ``f`` the MLP width, ``a`` the heads:
   input anew for every linear that reads it (its cache holds parameters' casts only), so under bf16
   Llama keeps the attention norm's output three times (q, k, v) and the MLP norm's twice (gate, up);
   in fp32 the linears share the one tensor.
+- Qwen3's q/k norms (RMSNorm over head_dim on each query and key head, before RoPE): the q and k
+  projections' outputs as fp32 (``4*T*(A+K)``), one rsqrt per head and token (``4*T*(a+kv)``) and the
+  normalised products in the projections' dtype (``e*T*(A+K)``, what the norm weights' gradients read).
+  Their output is fp32 (fp32 weights), so RoPE runs and keeps its tables in fp32 and SDPA keeps q and k
+  as autocast casts them.
 - GPT attention written out (``train``'s GPT, ``flash=False``): ``q @ k^T`` and ``p @ v`` are batched
   matmuls of permuted views, which copy q, k and v contiguous (``3*e*T*h``); the softmax output
   (``a*s^2*b`` elements: fp32 under CUDA autocast, which runs softmax in fp32, and then also its
@@ -70,8 +75,9 @@ def _terms(m: ModelSpec) -> tuple[float, float, float]:
         return residual, whole + _gpt_mask(m), attention + mlp
     residual = 2 * (FP32 * tokens * h + FP32 * tokens + FP32 * tokens * h)  # two RMSNorms: input, rsqrt, x*rsqrt
     casts = 5 if autocast else 2  # q, k, v and gate, up cast each; in fp32 two shared tensors
-    whole = casts * e * tokens * h + 2 * e * m.seq * m.head_dim  # + rope cos and sin
-    return residual, whole, _llama_attention(m, e) + 4 * e * tokens * m.ffn_size
+    rope = FP32 if m.qk_norm else e  # the tables take q's dtype: fp32 after Qwen3's norms (fp32 weights)
+    whole = casts * e * tokens * h + 2 * rope * m.seq * m.head_dim  # + rope cos and sin
+    return residual, whole, _llama_attention(m, e) + _qk_norms(m, e) + 4 * e * tokens * m.ffn_size
 
 
 def _gpt_attention(m: ModelSpec, e: int, autocast: bool) -> float:
@@ -101,6 +107,16 @@ def _llama_attention(m: ModelSpec, e: int) -> float:
     return e * tokens * q + k + v + e * tokens * q + FP32 * m.heads * tokens  # q, k, v, output, log-sum-exp
 
 
+def _qk_norms(m: ModelSpec, e: int) -> float:
+    """Qwen3's q_norm and k_norm over every head (0 without them): each keeps its input as fp32 (``4*T*A`` and
+    ``4*T*K``), its rsqrt per head (``4*T*a``, ``4*T*kv_heads``) and the normalised product in the input's
+    dtype (``e*T*A``, ``e*T*K``), which its weight's gradient reads."""
+    if not m.qk_norm:
+        return 0.0
+    width, rows = m.attention_width + m.kv_width, m.heads + m.num_kv_heads
+    return FP32 * m.tokens * (width + rows) + e * m.tokens * width
+
+
 def block_weight_input_bytes(m: ModelSpec, tp: int = 1, sequence_parallel: bool = True) -> float:
     """What W of one block needs after I (the runtime keeps only that, ``runtime.backward``): every linear's
     input (a weight gradient is input^T x output gradient) and what the norms' weight gradients read.
@@ -113,6 +129,8 @@ def block_weight_input_bytes(m: ModelSpec, tp: int = 1, sequence_parallel: bool 
     else:
         norms, casts = 2 * FP32 * tokens * h, 5 if e < FP32 else 2
     split = e * tokens * (m.attention_width + m.ffn_size)
+    if m.qk_norm:  # Qwen3's q/k norms: their weights' gradients read the normalised products
+        split += e * tokens * (m.attention_width + m.kv_width)
     return norms / (tp if sequence_parallel else 1) + casts * e * tokens * h + split / tp
 
 
@@ -145,11 +163,11 @@ def block_cast_cache_bytes(m: ModelSpec, tp: int = 1) -> float:
     forward of the step and reused by every later microbatch until ``train_step`` leaves its autocast
     region. The norms' parameters are not cast (they run in fp32). Column-parallel linears (q/k/v or
     qkv, gate/up or fc1) and every weight are split over ``tp``; row-parallel biases (GPT's proj and
-    fc2) are whole on every rank."""
+    fc2, Llama's o_proj and down_proj with attention_bias and mlp_bias) are whole on every rank."""
     if m.dtype_bytes >= FP32:
         return 0.0
-    linears = m.params_per_layer() - m.layer_norms * m.norm_params()
-    row_biases = 2 * m.hidden if m.bias else 0
+    linears = m.params_per_layer() - m.layer_norms * m.norm_params() - m.qk_norm_params()
+    row_biases = (2 * m.hidden if m.bias or m.mlp_bias else m.hidden if m.o_bias else 0)  # o_proj's, down's
     return m.dtype_bytes * ((linears - row_biases) / tp + row_biases)
 
 

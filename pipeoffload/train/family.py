@@ -65,4 +65,5 @@ def llama_parameters(shape: LlamaShape) -> int:
     h, d, f, v = shape.hidden, shape.dim_head, shape.ffn, shape.vocab
     q, kv = shape.heads * d, shape.n_kv_heads * d
     block = 2 * h + h * q + 2 * h * kv + q * h + 3 * h * f + ((q + 2 * kv) if shape.qkv_bias else 0)
+    block += (h if shape.o_bias else 0) + ((2 * f + h) if shape.mlp_bias else 0) + (2 * d if shape.qk_norm else 0)
     return v * h + shape.layers * block + h + (0 if shape.tie_embeddings else v * h)

@@ -37,6 +37,11 @@ def _config(tmp: Path, source: Path, **keys: object) -> TrainConfig:
 
 def _reference(cfg: TrainConfig, source: Path) -> list[float]:
     """transformers' model + AdamW in one process, on the run's batches, as the training loop steps."""
+    return reference_run(cfg, source)[0]
+
+
+def reference_run(cfg: TrainConfig, source: Path) -> tuple[list[float], torch.nn.Module]:
+    """``_reference``'s losses and the transformers model they leave (its weights after the last step)."""
     corpus, _ = load_corpus(cfg.data.path, cfg.data.tokenizer, Path(cfg.run.out), cfg.model.seq_len,
                             cfg.data.val_fraction)
     model = transformers.AutoModelForCausalLM.from_pretrained(source, attn_implementation="sdpa",
@@ -55,7 +60,7 @@ def _reference(cfg: TrainConfig, source: Path) -> list[float]:
         opt.step()
         opt.zero_grad()
         out.append(float(loss.detach()))
-    return out
+    return out, model
 
 
 def _losses(cfg: TrainConfig) -> list[float]:

@@ -74,12 +74,15 @@ def test_gpt_casts_are_cached_once_per_step_and_planned(hidden: int, heads: int,
     assert made[0] == _planned(spec) > 0
 
 
-@pytest.mark.parametrize(("kv", "ffn", "head_dim", "qkv_bias", "tie"),
-                         [(4, 96, 0, False, False), (2, 160, 0, False, True), (2, 96, 8, True, False)])
+@pytest.mark.parametrize(("kv", "ffn", "head_dim", "qkv_bias", "tie", "extra"),
+                         [(4, 96, 0, False, False, {}), (2, 160, 0, False, True, {}), (2, 96, 8, True, False, {}),
+                          # Llama's attention_bias and mlp_bias; Qwen3 (its q/k norms are not cast) with o_proj's
+                          (2, 96, 0, True, False, {"o_bias": True, "mlp_bias": True}),
+                          (2, 96, 32, True, True, {"o_bias": True, "architecture": "Qwen3ForCausalLM"})])
 def test_llama_casts_are_cached_once_per_step_and_planned(kv: int, ffn: int, head_dim: int, qkv_bias: bool,
-                                                          tie: bool) -> None:
+                                                          tie: bool, extra: dict) -> None:
     shape = LlamaShape(vocab=100, hidden=64, layers=2, heads=4, kv_heads=kv, ffn_hidden=ffn, head_dim=head_dim,
-                       qkv_bias=qkv_bias, tie_embeddings=tie, max_positions=16)
+                       qkv_bias=qkv_bias, tie_embeddings=tie, max_positions=16, **extra)
     made = _casts_per_microbatch(llama_layers(shape, tie=False), 100, 16, 2)
     assert made[1] == 0
     assert made[0] == _planned(train_blocks(shape.model_spec("llama", 16), 2)) > 0

@@ -87,7 +87,7 @@ def _qwen2(**fields: object) -> dict[str, object]:
 def test_other_architectures_still_refuse_a_window_that_slides() -> None:
     raw = _qwen2(sliding_window=4096, use_sliding_window=True, max_window_layers=1, layer_types=None)
     assert "sliding_attention" in transformers.Qwen2Config(**raw).layer_types  # transformers slides layer 1
-    with pytest.raises(ConfigError, match="sliding_window=4096 is not supported for Qwen2ForCausalLM"):
+    with pytest.raises(ConfigError, match="sliding_window=4096 with use_sliding_window=true is not supported for Qwen2ForCausalLM"):
         LlamaShape.from_hf(raw)
 
 

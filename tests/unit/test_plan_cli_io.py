@@ -200,7 +200,7 @@ def _hf_dir(tmp_path, preset: str):  # type: ignore[no-untyped-def]
     return folder
 
 
-@pytest.mark.parametrize("preset", ["llama3-8b", "qwen2.5-7b"])
+@pytest.mark.parametrize("preset", ["llama3-8b", "qwen2.5-7b", "qwen3-8b"])
 def test_plan_and_estimate_read_an_hf_dir_as_its_preset(tmp_path, capsys, preset: str) -> None:  # type: ignore[no-untyped-def]
     """One source for shapes: the planner's Llama-family presets come from llama_config's table and an
     hf:DIR is read by the same LlamaShape reader (Qwen2's q/k/v biases, tied or not, kv heads)."""

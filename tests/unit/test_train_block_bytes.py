@@ -67,22 +67,27 @@ def test_gpt_block_saves_what_the_planner_counts(device: str, dtype: str, flash:
     assert saved == _saved(block, hidden, seq, batch, dtype, device)
 
 
-LLAMA_SHAPES = [  # hidden, heads, kv_heads, ffn, head_dim (0: hidden // heads), qkv_bias, seq, batch
-    (64, 4, 4, 96, 0, False, 32, 2),  # multi-head attention
-    (64, 4, 2, 160, 0, False, 24, 3),  # grouped-query attention
-    (96, 6, 1, 128, 0, False, 16, 1),  # multi-query attention
-    (64, 4, 2, 96, 8, True, 20, 2),  # Qwen2's q/k/v biases, a head width set apart (A = 32 != hidden)
+QWEN3, LLAMA = "Qwen3ForCausalLM", "LlamaForCausalLM"
+LLAMA_SHAPES = [  # hidden, heads, kv_heads, ffn, head_dim (0: hidden // heads), qkv_bias, seq, batch, architecture
+    (64, 4, 4, 96, 0, False, 32, 2, LLAMA),  # multi-head attention
+    (64, 4, 2, 160, 0, False, 24, 3, LLAMA),  # grouped-query attention
+    (96, 6, 1, 128, 0, False, 16, 1, LLAMA),  # multi-query attention
+    (64, 4, 2, 96, 8, True, 20, 2, LLAMA),  # Qwen2's q/k/v biases, a head width set apart (A = 32 != hidden)
+    (64, 4, 2, 96, 32, False, 24, 2, QWEN3),  # Qwen3's q/k norms, grouped, A = 128 != hidden
+    (64, 4, 4, 96, 0, True, 16, 3, QWEN3),  # Qwen3 multi-head with attention_bias (q, k, v and o)
 ]
 
 
 @pytest.mark.parametrize("device", _devices())
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize(("hidden", "heads", "kv", "ffn", "head_dim", "bias", "seq", "batch"), LLAMA_SHAPES)
+@pytest.mark.parametrize(("hidden", "heads", "kv", "ffn", "head_dim", "bias", "seq", "batch", "arch"), LLAMA_SHAPES)
 def test_llama_block_saves_what_the_planner_counts(device: str, dtype: str, hidden: int, heads: int, kv: int,
-                                                   ffn: int, head_dim: int, bias: bool, seq: int, batch: int) -> None:
+                                                   ffn: int, head_dim: int, bias: bool, seq: int, batch: int,
+                                                   arch: str) -> None:
     torch.manual_seed(0)
     shape = LlamaShape(vocab=100, hidden=hidden, layers=1, heads=heads, kv_heads=kv, ffn_hidden=ffn,
-                       head_dim=head_dim, qkv_bias=bias, max_positions=seq)
+                       head_dim=head_dim, qkv_bias=bias, o_bias=bias and arch == QWEN3, max_positions=seq,
+                       architecture=arch)
     spec = train_blocks(shape.model_spec("llama", seq).with_(microbatch=batch), DTYPES[dtype])
     saved = (spec.layer_activation_bytes(), spec.layer_weight_input_bytes())
     assert saved == _saved(LlamaBlock(shape), hidden, seq, batch, dtype, device)

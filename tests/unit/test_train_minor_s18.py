@@ -295,6 +295,7 @@ def test_a_mistral_window_is_read_as_transformers_reads_it(fields: dict[str, Any
     from pipeoffload.llama_config import LlamaShape
 
     raw = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 100, "hidden_size": 64,
-           "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 96, **fields}
+           "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+           **fields}  # key/value heads given: MistralConfig reads 8 where absent, more than these 4 heads
     assert (transformers.MistralConfig.from_dict(raw).sliding_window or 0) == window
     assert LlamaShape.from_hf(raw).sliding_window == window
