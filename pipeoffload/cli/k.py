@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeoffload.cli.common import model_and_hardware
+from pipeoffload.cli.common import model_and_hardware, positive_int
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.formulas import hideable_fraction
 from pipeoffload.service import OffloadRatioRequest, OffloadRatioResult, offload_ratio, strict_json
@@ -14,7 +14,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("k", help="offload ratio k: (D2H + H2D) / (F + B) of one layer (Formula 1)")
     add_model_args(parser)
     add_hardware_args(parser)
-    parser.add_argument("--tp", type=int, default=default_of(OffloadRatioRequest, "tp"),
+    parser.add_argument("--tp", type=positive_int, default=default_of(OffloadRatioRequest, "tp"),
                         help="tensor-parallel size for the cost-model k, in GPUs (default %(default)s)")
     parser.add_argument("--no-partial-recompute", action="store_true",
                         help="cost-model k without LGD partial recomputation (34 instead of ~20 sbh saved)")

@@ -1,0 +1,70 @@
+"""A new user's audit of the less travelled commands (nineteenth session): each test failed before its fix."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import refused
+
+
+@pytest.mark.parametrize("theta", ["0", "-1"])
+def test_train_refuses_a_rope_base_that_is_not_positive(tmp_path: Path, theta: str) -> None:
+    """``--model llama --rope-theta -1`` started the run and stopped at step 1 on a NaN loss (exit 1, a
+    run folder left behind): RoPE's frequencies are ``theta ** -(i / d)``."""
+    out = tmp_path / "run"
+    refused(f"train --model llama --rope-theta {theta} --steps 1 --out {out}", f"rope_theta={theta}", "> 0")
+    assert not out.exists()
+
+
+def test_train_refuses_an_hf_folder_whose_rope_base_is_not_positive(tmp_path: Path) -> None:
+    from tests.unit.test_plan_cli_io import _hf_dir_with_zero_weights
+
+    folder = tmp_path / "model"
+    _hf_dir_with_zero_weights(folder)
+    config = json.loads((folder / "config.json").read_text())
+    rope = {**config.get("rope_parameters", {}), "rope_theta": 0}  # transformers 5 reads it there
+    (folder / "config.json").write_text(json.dumps({**config, "rope_theta": 0, "rope_parameters": rope}))
+    refused(f"train --model hf:{folder} --steps 1 --out {tmp_path / 'run'}", "rope_theta=0", "config.json")
+    assert not (tmp_path / "run").exists()
+
+
+def test_k_names_its_tp_flag_as_estimate_and_plan_do() -> None:
+    """``k --tp 0`` said "tp: 0 must be >= 1", the request's field, where ``estimate --tp 0`` names the flag."""
+    refused("k --model llama3-8b --tp 0", "argument --tp: 0 must be >= 1")
+
+
+@pytest.mark.parametrize("source", ["--hw offload_gbps=20", "--hardware-file {file}"])
+def test_an_unknown_hardware_key_is_named_as_given(tmp_path: Path, source: str) -> None:
+    """``--hw offload_gbps=20`` was refused as "unknown hardware field(s) offload_bandwidth", a name the user never
+    wrote, and the valid names left out the GB/s, GiB and TFLOP/s forms the help's own example uses."""
+    file = tmp_path / "gpu.toml"
+    file.write_text('preset = "h100"\noffload_gbps = 20\n')
+    err = refused(f"k --model llama3-8b {source.format(file=file)}", "unknown hardware field offload_gbps;",
+                  "nvlink_gbps", "memory_gib", "peak_tflops")
+    assert "offload_bandwidth" not in err
+
+
+@pytest.mark.parametrize(("text", "piece"), [
+    (b"\xd0\xcf\x11\xe0 binary", "codec can't decode"),
+    (b"hardware = 3\n", "hardware = 3: not a table"),
+    (b"preset = 3\n", "preset = 3: not a GPU preset"),
+    (b'preset = "nope"\n', "preset = 'nope': not a GPU preset"),
+])
+def test_a_hardware_file_that_cannot_be_read_is_named(tmp_path: Path, text: bytes, piece: str) -> None:
+    """A binary file or a ``hardware`` key that is not a table read "--hw : 'utf-8' codec can't decode ..."
+    or "--hw : 'int' object is not iterable", naming a flag that was not given; a preset that is not one
+    did not name the file."""
+    file = tmp_path / "gpu.toml"
+    file.write_bytes(text)
+    err = refused(f"k --model llama3-8b --hardware-file {file}", f"hardware file '{file}'", piece)
+    assert "--hw" not in err
+
+
+def test_a_profile_that_is_not_text_is_one_line(tmp_path: Path) -> None:
+    """``plan --profile`` of a binary file was a UnicodeDecodeError traceback."""
+    file = tmp_path / "layer.json"
+    file.write_bytes(b"\xd0\xcf\x11\xe0 binary")
+    refused(f"plan --model gpt3-1.3b --gpus 4 --global-batch 8 --profile {file}", f"layer-cost file '{file}'",
+            "codec can't decode")
