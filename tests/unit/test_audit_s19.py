@@ -68,3 +68,20 @@ def test_a_profile_that_is_not_text_is_one_line(tmp_path: Path) -> None:
     file.write_bytes(b"\xd0\xcf\x11\xe0 binary")
     refused(f"plan --model gpt3-1.3b --gpus 4 --global-batch 8 --profile {file}", f"layer-cost file '{file}'",
             "codec can't decode")
+
+
+def test_estimate_names_the_p2p_flags_it_refuses() -> None:
+    """``estimate --p2p megatron`` on zb-v said "p2p 'megatron' ... use p2p 'eager'", the request's words."""
+    refused("estimate --model llama3-8b --pp 4 --global-batch 16 --schedule zb-v --p2p megatron",
+            "--p2p megatron times", "not --schedule zb-v with --offload none", "use --p2p eager")
+
+
+def test_the_estimate_request_names_its_fields_there() -> None:
+    from pipeoffload import EstimateRequest
+    from pipeoffload.errors import ConfigError
+    from pipeoffload.planner.hardware import hardware_preset
+    from pipeoffload.planner.presets import model_preset
+
+    with pytest.raises(ConfigError, match="p2p=megatron .* not schedule=zb-v .*; use p2p=eager"):
+        EstimateRequest(model=model_preset("llama3-8b"), hardware=hardware_preset("a100"), pp=4, global_batch=16,
+                        schedule="zb-v", p2p="megatron")
