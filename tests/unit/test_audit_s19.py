@@ -85,3 +85,17 @@ def test_the_estimate_request_names_its_fields_there() -> None:
     with pytest.raises(ConfigError, match="p2p=megatron .* not schedule=zb-v .*; use p2p=eager"):
         EstimateRequest(model=model_preset("llama3-8b"), hardware=hardware_preset("a100"), pp=4, global_batch=16,
                         schedule="zb-v", p2p="megatron")
+
+
+@pytest.mark.parametrize("options", [{"group_size": 4}, {"backward": "full"}])
+def test_show_prints_the_group_interleaved_schedule_simulate_runs(options: dict) -> None:
+    """``show`` had no --group-size or --backward: a user who simulated ``group-interleaved -g 4`` could not print
+    that schedule (to read it, or edit it into a schedule file), only the family's default g."""
+    from pipeoffload import generate
+    from tests.conftest import run_cli
+
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
+    code, out, err = run_cli("show", "group-interleaved", "-d", "4", "-m", "8", *flags, "--format", "json")
+    assert code == 0, err
+    expected = generate("group-interleaved", 4, 8, **options)
+    assert out.strip() == expected.to_json() and expected != generate("group-interleaved", 4, 8)
