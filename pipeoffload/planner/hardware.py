@@ -366,11 +366,11 @@ def hardware_values(data: Mapping[str, Any], where: Callable[[str, Any], str]) -
             raise ConfigError(f"{where(key, value)}: unknown hardware field {key}; valid: {', '.join(sorted(_FIELDS))}"
                               f" (or in GB/s, GiB, TFLOP/s: {', '.join(_FRIENDLY)})")
         if key.endswith("_gbps"):
-            out[key[: -len("_gbps")] + "_bandwidth"] = _number(key, value, where, "GB/s") * GB
+            out[key[: -len("_gbps")] + "_bandwidth"] = _rate(key, value, where, "GB/s", GB)
         elif key == "memory_gib":
-            out["memory_bytes"] = _number(key, value, where, "GiB") * GIB
+            out["memory_bytes"] = _rate(key, value, where, "GiB", GIB)
         elif key == "peak_tflops":
-            out["peak_flops"] = _number(key, value, where, "TFLOP/s") * 1e12
+            out["peak_flops"] = _rate(key, value, where, "TFLOP/s", 1e12)
         elif _FIELD_TYPES.get(key) == "bool":
             word = str(value).strip().lower() if isinstance(value, (str, bool, int)) else None
             if word not in _BOOLEAN_WORDS:
@@ -391,6 +391,15 @@ def hardware_values(data: Mapping[str, Any], where: Callable[[str, Any], str]) -
         else:
             out[key] = value
     return out
+
+
+def _rate(key: str, value: Any, where: Callable[[str, Any], str], unit: str, scale: float) -> float:
+    """A value given in a friendly unit, checked there: ``d2h_gbps=-1`` was refused as
+    ``d2h_bandwidth=-1000000000.0``, a name and a number the user never wrote."""
+    number = _number(key, value, where, unit)
+    if not number * scale >= MIN_RATE:
+        raise ConfigError(f"{where(key, value)}: must be a positive number of {unit} (at least {MIN_RATE / scale:.3g})")
+    return number * scale
 
 
 def _number(key: str, value: Any, where: Callable[[str, Any], str], unit: str) -> float:

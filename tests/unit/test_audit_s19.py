@@ -99,3 +99,12 @@ def test_show_prints_the_group_interleaved_schedule_simulate_runs(options: dict)
     assert code == 0, err
     expected = generate("group-interleaved", 4, 8, **options)
     assert out.strip() == expected.to_json() and expected != generate("group-interleaved", 4, 8)
+
+
+@pytest.mark.parametrize(("given", "unit"), [("d2h_gbps=-1", "GB/s"), ("memory_gib=0", "GiB"),
+                                             ("peak_tflops=-5", "TFLOP/s"), ("memory_gib=1e-12", "GiB")])
+def test_a_hardware_value_in_friendly_units_is_refused_in_them(given: str, unit: str) -> None:
+    """``--hw d2h_gbps=-1`` read "hardware d2h_bandwidth=-1000000000.0: must be a positive number", and
+    ``memory_gib=1e-12`` "memory_bytes=0.00107374: below 1 per second": names and numbers the user never wrote."""
+    err = refused(f"k --model llama3-8b --hw {given}", f"--hw {given}: must be a positive number of {unit}")
+    assert "_bandwidth" not in err and "_bytes" not in err and "peak_flops" not in err
