@@ -44,7 +44,7 @@ def format_result(result: OffloadRatioResult) -> str:
     return "\n".join([
         f"Formula 1 (paper): k = 10*B_c / (3*(6h+s)*B_o) = {k1:.2f}   (offload-time k/2 = {result.offload_time:.3f})",
         f"  h={model.hidden} s={model.seq}  B_c={hw.flops / 1e12:.0f} TFLOP/s  B_o={hw.offload_bandwidth / 1e9:.0f} GB/s"
-        f"  [{hw.name}: {hw.sources.get('achievable_fraction', 'given')}; {hw.sources.get('d2h_bandwidth', 'given')}]",
+        f"  [{hw.name}: B_c {hw.sources.get('achievable_fraction', 'given')}; B_o {hw.sources.get('d2h_bandwidth', 'given')}]",
         f"cost model:        k = {k2:.2f}   ({how}; {model.name}: heads={model.heads} kv={model.num_kv_heads} "
         f"ffn={model.ffn_size}{' gated' if model.gated_mlp else ''}, "
         f"{'flash' if model.flash_attention else 'unfused'} attention, {result.saved_bytes_per_sbh:.1f} sbh saved "

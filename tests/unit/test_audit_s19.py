@@ -108,3 +108,11 @@ def test_a_hardware_value_in_friendly_units_is_refused_in_them(given: str, unit:
     ``memory_gib=1e-12`` "memory_bytes=0.00107374: below 1 per second": names and numbers the user never wrote."""
     err = refused(f"k --model llama3-8b --hw {given}", f"--hw {given}: must be a positive number of {unit}")
     assert "_bandwidth" not in err and "_bytes" not in err and "peak_flops" not in err
+
+
+def test_k_says_which_constant_each_source_is() -> None:
+    """With --flops and --offload-bw the bracket read "[a100: user override; user override]"."""
+    from tests.conftest import run_cli
+
+    code, out, _ = run_cli("k", "--model", "llama3-8b", "--flops", "200", "--offload-bw", "25")
+    assert code == 0 and "[a100: B_c user override; B_o user override]" in out
