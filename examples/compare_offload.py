@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeoffload import CostModel, generate, lower, simulate
+from pipeoffload import ConfigError, CostModel, generate, lower, simulate
 from pipeoffload.fileio import write_atomic
 from pipeoffload.viz.plot import figure_bytes, timeline_figure
 
@@ -19,6 +19,11 @@ def main() -> None:
     parser.add_argument("--out", default="out")
     args = parser.parse_args()
     d, m = args.ranks, 4 * args.ranks
+    try:  # a bad --ranks or --offload-ratio: one line, before anything is written
+        generate("1f1b", d, m)
+        CostModel.uniform(1, 1, 1).with_offload_ratio(args.offload_ratio)
+    except ConfigError as err:
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     cases = [("1f1b", 1, {}, "none"), ("zb-v", 2, {}, "none"), ("group-interleaved", 2, {"group_size": (d + 1) // 2}, "none"),
              ("group-interleaved", 2, {"group_size": (d + 1) // 2}, "first:1"),

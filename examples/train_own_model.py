@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeoffload.errors import ConfigError
 from pipeoffload.train import TrainConfig, train_model
 
 FEATURES, CLASSES = 16, 4
@@ -60,7 +61,10 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = TrainConfig.build(schedule="1f1b", pp=args.pp, nproc=args.pp, offload="all", microbatches=4,
                             global_batch=64, steps=args.steps, lr=1e-2, warmup=5, eval_every=10,
                             save_every=args.steps, out=args.out, progress=False)
-    result = train_model(cfg, layers, F.cross_entropy, batches)
+    try:  # a bad --pp or --steps: one line (train_model checks the config before any rank starts)
+        result = train_model(cfg, layers, F.cross_entropy, batches)
+    except ConfigError as err:
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
     history = result["history"]
     first = next(h["val_loss"] for h in history if h["val_loss"] is not None)
     print(f"validation loss {first:.3f} -> {history[-1]['val_loss']:.3f} in {len(history)} steps")

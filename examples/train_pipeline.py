@@ -9,15 +9,19 @@ import argparse
 
 import torch
 
-from pipeoffload import generate, lower
+from pipeoffload import Schedule, generate, lower
 from pipeoffload.errors import ConfigError
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
 from pipeoffload.runtime import PipelineRunner
 from pipeoffload.runtime.launch import init_from_env, spawn
 
 
+def pipeline(world: int, offload: str) -> Schedule:
+    return lower(generate("group-interleaved", world, 8, 2, group_size=world), offload=offload)
+
+
 def run(rank: int, world: int, args: argparse.Namespace) -> float | None:
-    schedule = lower(generate("group-interleaved", world, 8, 2, group_size=world), offload=args.offload)
+    schedule = pipeline(world, args.offload)
     cfg = GPTConfig(layers=8, hidden=64, seq=32)
     layers = gpt_layers(cfg, seed=0)  # embedding, blocks, head: every rank builds the same weights
     stages = build_rank_stages(layers, even_counts(len(layers), schedule.num_stages), schedule.placement, rank)
@@ -40,6 +44,10 @@ def main() -> None:
     parser.add_argument("--offload", default="all")
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
+    try:  # a bad --offload or --spawn: one line here, not a traceback from every rank
+        pipeline(args.spawn or 1, args.offload)  # (torchrun's world is checked by its ranks)
+    except ConfigError as err:
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
     if args.spawn:
         result = spawn(run, args.spawn, (args,))
         if not result.ok:

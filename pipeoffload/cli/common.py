@@ -18,8 +18,9 @@ from pipeoffload.policies import NUMBER_TEXT
 from pipeoffload.schedules import MAX_ACTIONS, estimated_work, generate, get_spec
 from pipeoffload.service.argtypes import OneLineParser, default_of, non_negative_float, positive_int
 from pipeoffload.service.checks import checked, int_at_least, plain_hint
+from pipeoffload.service.simulate import BACKWARDS
 
-__all__ = ["EXTRAS", "OneLineParser", "add_cost_args", "add_max_stall", "add_planner_link_args", "add_schedule_args", "model_and_hardware",
+__all__ = ["EXTRAS", "OneLineParser", "add_cost_args", "add_family_options", "add_max_stall", "add_planner_link_args", "add_schedule_args", "model_and_hardware",
            "non_negative_float", "missing_extra", "positive_int", "require_extra", "schedule_from_args",
            "show_progress"]
 
@@ -85,6 +86,14 @@ def add_schedule_args(parser: argparse.ArgumentParser, files: bool = False) -> N
     parser.add_argument("--stages-per-rank", "-v", type=positive_int, default=None,
                         help="stages per rank v (default: the family's own default); after the command -v is "
                              "this, not --verbose (pipeoffload -v COMMAND)")
+
+
+def add_family_options(group: argparse._ArgumentGroup | argparse.ArgumentParser) -> None:
+    """group-interleaved's options (``simulate``, ``show``): None where not given, so other families pass."""
+    group.add_argument("--group-size", "-g", type=positive_int, default=None,
+                       help="group-interleaved: microbatches per group, 1..ranks (default ceil(ranks/2))")
+    group.add_argument("--backward", choices=BACKWARDS, default=None,
+                       help="group-interleaved: emit I and W (split, default) or one B (full)")
 
 
 def add_cost_args(parser: argparse.ArgumentParser) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeoffload.cli.common import model_and_hardware
+from pipeoffload.cli.common import model_and_hardware, positive_int
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.formulas import hideable_fraction
 from pipeoffload.service import OffloadRatioRequest, OffloadRatioResult, offload_ratio, strict_json
@@ -14,7 +14,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("k", help="offload ratio k: (D2H + H2D) / (F + B) of one layer (Formula 1)")
     add_model_args(parser)
     add_hardware_args(parser)
-    parser.add_argument("--tp", type=int, default=default_of(OffloadRatioRequest, "tp"),
+    parser.add_argument("--tp", type=positive_int, default=default_of(OffloadRatioRequest, "tp"),
                         help="tensor-parallel size for the cost-model k, in GPUs (default %(default)s)")
     parser.add_argument("--no-partial-recompute", action="store_true",
                         help="cost-model k without LGD partial recomputation (34 instead of ~20 sbh saved)")
@@ -44,7 +44,7 @@ def format_result(result: OffloadRatioResult) -> str:
     return "\n".join([
         f"Formula 1 (paper): k = 10*B_c / (3*(6h+s)*B_o) = {k1:.2f}   (offload-time k/2 = {result.offload_time:.3f})",
         f"  h={model.hidden} s={model.seq}  B_c={hw.flops / 1e12:.0f} TFLOP/s  B_o={hw.offload_bandwidth / 1e9:.0f} GB/s"
-        f"  [{hw.name}: {hw.sources.get('achievable_fraction', 'given')}; {hw.sources.get('d2h_bandwidth', 'given')}]",
+        f"  [{hw.name}: B_c {hw.sources.get('achievable_fraction', 'given')}; B_o {hw.sources.get('d2h_bandwidth', 'given')}]",
         f"cost model:        k = {k2:.2f}   ({how}; {model.name}: heads={model.heads} kv={model.num_kv_heads} "
         f"ffn={model.ffn_size}{' gated' if model.gated_mlp else ''}, "
         f"{'flash' if model.flash_attention else 'unfused'} attention, {result.saved_bytes_per_sbh:.1f} sbh saved "

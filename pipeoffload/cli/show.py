@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeoffload.cli.common import add_schedule_args, schedule_from_args
+from pipeoffload.cli.common import add_family_options, add_schedule_args, schedule_from_args
 from pipeoffload.passes.lower import lower
 from pipeoffload.textgrid import render_grid
 
@@ -11,6 +11,7 @@ from pipeoffload.textgrid import render_grid
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("show", help="print a schedule as a step x rank grid")
     add_schedule_args(parser)
+    add_family_options(parser)
     parser.add_argument("--lowered", action="store_true",
                         help="include the SEND/RECV actions (no OFFLOAD/RELOAD: show plans no offload; "
                         "`simulate --offload POLICY --trace FILE` shows the copies)")
@@ -20,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    schedule = schedule_from_args(args)
+    schedule = schedule_from_args(args, group_size=args.group_size, backward=args.backward)
     if args.lowered:
         schedule = lower(schedule)
     if args.format == "grid":

@@ -6,14 +6,20 @@ import logging
 import shlex
 from typing import TYPE_CHECKING
 
-from pipeoffload.cli.common import add_cost_args, add_max_stall, add_schedule_args, non_negative_float, positive_int
+from pipeoffload.cli.common import (
+    add_cost_args,
+    add_family_options,
+    add_max_stall,
+    add_schedule_args,
+    non_negative_float,
+)
 from pipeoffload.cli.outputs import add_output_args, check_output_args
 from pipeoffload.errors import FLAGS, ConfigError
 from pipeoffload.fileio import write_atomic
 from pipeoffload.policies import OFFLOAD_FORMS, RECOMPUTE_FORMS, RecomputePolicy
 from pipeoffload.service import SimulateRequest, SimulateResult, simulate, strict_json
 from pipeoffload.service.argtypes import default_of
-from pipeoffload.service.simulate import BACKWARDS, COST_FIELDS, K_DEFAULT_HELP, SCHEDULE_SUFFIXES
+from pipeoffload.service.simulate import COST_FIELDS, K_DEFAULT_HELP, SCHEDULE_SUFFIXES
 from pipeoffload.simulator import Timeline
 from pipeoffload.units import MEMORY_UNIT, MEMORY_UNIT_HELP, TIME_UNIT, counted, rank_units, time_unit_help
 
@@ -45,10 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def add_memory_args(parser: argparse.ArgumentParser) -> None:
     """Group-interleaved options, offload/recompute policies and the host-link model."""
     group = parser.add_argument_group("activation memory (offload, recompute)")
-    group.add_argument("--group-size", "-g", type=positive_int, default=None,
-                       help="group-interleaved: microbatches per group, 1..ranks (default ceil(ranks/2))")
-    group.add_argument("--backward", choices=BACKWARDS, default=None,
-                       help="group-interleaved: emit I and W (split, default) or one B (full)")
+    add_family_options(group)
     group.add_argument("--offload", default=default_of(SimulateRequest, "offload"), metavar="POLICY",
                        help=f"offload policy: {OFFLOAD_FORMS} (default %(default)s)")
     group.add_argument("--recompute", default=default_of(SimulateRequest, "recompute"), metavar="POLICY",

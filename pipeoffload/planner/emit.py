@@ -207,8 +207,8 @@ def run_keeps_plan(req: PlanRequest, plan: Plan) -> bool:
 
 def offload_ratio(req: PlanRequest, plan: Plan) -> float:
     """The k of ``plan``'s layers on its GPU and link, as train's cost model takes it (both copies of
-    one layer's activation over that layer's F + I + W time): what ``pipeoffload k`` prints as the
-    cost model's k."""
+    one layer's activation over that layer's F + I + W time). For train's blocks (``req.setup``) it is
+    above what ``pipeoffload k`` prints, which costs the formulas' layer."""
     lc = setup_layer_costs(req.model, req.hardware, plan.layout.tp, req.setup, req.setup.lgd_for(plan.choice.offload))
     copy, compute = layer_copy_and_compute(lc, req.hardware)
     return copy / compute

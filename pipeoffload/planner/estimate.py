@@ -141,9 +141,11 @@ class EstimateRequest:
             raise ConfigError(f"p2p {self.p2p!r}: use one of {', '.join(P2P_MODES)}")
         if self.p2p == "megatron" and (self.schedule not in ("1f1b", "interleaved-1f1b") or self.offload != "none"
                                        or self.recompute_policy != "none"):
-            raise ConfigError(f"p2p 'megatron' times Megatron's own schedules (1f1b, interleaved-1f1b) without "
-                              f"offload or a recompute policy, not {self.schedule} with offload {self.offload} and "
-                              f"recompute policy {self.recompute_policy}; use p2p 'eager'")
+            raise ConfigError.named(lambda n: (
+                f"{n.given('p2p', 'megatron')} times Megatron's own schedules (1f1b, interleaved-1f1b) without "
+                f"offload or a recompute policy, not {n.given('schedule', self.schedule)} with "
+                f"{n.given('offload', self.offload)} and {n.given('recompute_policy', self.recompute_policy)}; "
+                f"use {n.given('p2p', 'eager')}"))
         self.check()
 
     def _check_policies(self) -> None:

@@ -313,12 +313,19 @@ def load_hardware(path: str | Path, base: HardwareSpec | None = None) -> Hardwar
     memory in GiB as ``memory_gib`` and compute as ``peak_tflops``."""
     try:
         data = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
+    except (OSError, ValueError) as err:  # ValueError: TOMLDecodeError, and UnicodeDecodeError (not text)
         raise ConfigError(f"hardware file {str(path)!r}: {err}") from None
-    data = dict(data.get("hardware", data))
+    data = data.get("hardware", data)
+    if not isinstance(data, dict):  # ``hardware = 3``: the table's place holds a value
+        raise ConfigError(f"hardware file {str(path)!r}: hardware = {data!r}: not a table; write [hardware] and "
+                          "its fields under it")
+    data = dict(data)
     preset = data.pop("preset", None)
     if preset is not None:
-        base = hardware_preset(str(preset))
+        if not isinstance(preset, str) or preset.lower() not in HARDWARE_PRESETS and preset.lower() not in _ALIASES:
+            raise ConfigError(f"hardware file {str(path)!r}: preset = {preset!r}: not a GPU preset; give one of "
+                              f"{', '.join(HARDWARE_PRESETS)} in quotes")
+        base = hardware_preset(preset)
     values = hardware_values(data, lambda key, value: f"hardware file {str(path)!r}: {key} = {value!r}")
     try:
         if base is None:
@@ -339,6 +346,8 @@ def load_hardware(path: str | Path, base: HardwareSpec | None = None) -> Hardwar
     return replace(spec, sources={**spec.sources, **{k: f"file {path}" for k in values if k != 'name'}})
 
 
+_UNIT_KEYS = {"memory_gib", "peak_tflops"}
+_FRIENDLY = (*sorted(k[: -len("_bandwidth")] + "_gbps" for k in _FIELDS if k.endswith("_bandwidth")), *sorted(_UNIT_KEYS))
 _BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "1": True,
                   "false": False, "no": False, "off": False, "0": False}
 _FIELD_TYPES = {f.name: str(f.type) for f in dataclasses.fields(HardwareSpec)}
@@ -349,16 +358,19 @@ def hardware_values(data: Mapping[str, Any], where: Callable[[str, Any], str]) -
     units converted (``*_gbps`` GB/s, ``memory_gib``, ``peak_tflops``) and every value checked against its
     field's type, strictly: a boolean is true/false/yes/no/on/off/1/0 and nothing else (the text "no" is
     not true), a number is a finite number. ``where(key, value)`` names a bad value in the one-line
-    ``ConfigError`` (e.g. ``hardware file 'gpu.toml': d2h_gbps = 'fast'``). Unknown keys pass through
-    (``HardwareSpec.override`` refuses them with the valid names)."""
+    ``ConfigError`` (e.g. ``hardware file 'gpu.toml': d2h_gbps = 'fast'``). An unknown key is refused as
+    given (``offload_gbps``, not the ``offload_bandwidth`` it would stand for), with the valid names."""
     out: dict[str, Any] = {}
     for key, value in data.items():
+        if (key[: -len("_gbps")] + "_bandwidth" if key.endswith("_gbps") else key) not in _FIELDS | _UNIT_KEYS:
+            raise ConfigError(f"{where(key, value)}: unknown hardware field {key}; valid: {', '.join(sorted(_FIELDS))}"
+                              f" (or in GB/s, GiB, TFLOP/s: {', '.join(_FRIENDLY)})")
         if key.endswith("_gbps"):
-            out[key[: -len("_gbps")] + "_bandwidth"] = _number(key, value, where, "GB/s") * GB
+            out[key[: -len("_gbps")] + "_bandwidth"] = _rate(key, value, where, "GB/s", GB)
         elif key == "memory_gib":
-            out["memory_bytes"] = _number(key, value, where, "GiB") * GIB
+            out["memory_bytes"] = _rate(key, value, where, "GiB", GIB)
         elif key == "peak_tflops":
-            out["peak_flops"] = _number(key, value, where, "TFLOP/s") * 1e12
+            out["peak_flops"] = _rate(key, value, where, "TFLOP/s", 1e12)
         elif _FIELD_TYPES.get(key) == "bool":
             word = str(value).strip().lower() if isinstance(value, (str, bool, int)) else None
             if word not in _BOOLEAN_WORDS:
@@ -379,6 +391,15 @@ def hardware_values(data: Mapping[str, Any], where: Callable[[str, Any], str]) -
         else:
             out[key] = value
     return out
+
+
+def _rate(key: str, value: Any, where: Callable[[str, Any], str], unit: str, scale: float) -> float:
+    """A value given in a friendly unit, checked there: ``d2h_gbps=-1`` was refused as
+    ``d2h_bandwidth=-1000000000.0``, a name and a number the user never wrote."""
+    number = _number(key, value, where, unit)
+    if not number * scale >= MIN_RATE:
+        raise ConfigError(f"{where(key, value)}: must be a positive number of {unit} (at least {MIN_RATE / scale:.3g})")
+    return number * scale
 
 
 def _number(key: str, value: Any, where: Callable[[str, Any], str], unit: str) -> float:

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.planner.model import ModelSpec
@@ -24,20 +25,54 @@ def layer_costs_to_dict(lc: LayerCosts) -> dict:
     return {"format": FORMAT, **out}
 
 
-def layer_costs_from_dict(data: dict) -> LayerCosts:
+def layer_costs_from_dict(data: object, where: str = "layer-cost file") -> LayerCosts:
+    """``LayerCosts`` from a layer-cost file's JSON; a value of the wrong type is one ``ConfigError`` naming
+    ``where`` and the field (a hand-edited or truncated file would otherwise fail deep in the planner)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: not a JSON object of LayerCosts fields (write it with pipeoffload.profiling)")
     if data.get("format") != FORMAT:
-        raise ConfigError(f"layer-cost file format {data.get('format')!r}: expected {FORMAT!r} "
+        raise ConfigError(f"{where}: format {data.get('format')!r}: expected {FORMAT!r} "
                           "(write it with pipeoffload.profiling)")
-    fields = {f.name for f in dataclasses.fields(LayerCosts)}
-    values = {k: v for k, v in data.items() if k in fields}
-    if "head_time" in values:
-        values["head_time"] = tuple(float(x) for x in values["head_time"])
-    if "embedding_time" in values:
-        values["embedding_time"] = tuple(float(x) for x in values["embedding_time"])
-    try:
-        return LayerCosts(**values)
-    except TypeError as err:
-        raise ConfigError(f"layer-cost file: {err}") from None
+    fields = {f.name: f for f in dataclasses.fields(LayerCosts)}
+    missing = [name for name, f in fields.items()
+               if name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{where}: missing field(s) {', '.join(missing)} (write it with pipeoffload.profiling)")
+    values: dict[str, Any] = {name: _field_value(name, data[name], where) for name in fields if name in data}
+    return LayerCosts(**values)
+
+
+_LENGTHS = {"head_time": 3, "embedding_time": 2}  # the tuple fields: (F, I, W) and (F, B)
+_OPTIONAL = {"w_bytes", "head_w_bytes", "time_b", "head_time_b"}  # None: derived from the others
+
+
+def _field_value(name: str, value: object, where: str) -> object:
+    """One field of a layer-cost file, checked: seconds, bytes and counts are finite numbers >= 0."""
+    if name == "source":
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: source={value!r}: not text")
+        return value
+    if name == "tp":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{where}: tp={value!r}: must be a whole number >= 1 (the TP size it was measured at)")
+        return value
+    if value is None and name in _OPTIONAL:
+        return None
+    if name in _LENGTHS:
+        if not isinstance(value, list) or len(value) != _LENGTHS[name] or not all(map(_is_number, value)):
+            raise ConfigError(f"{where}: {name}={value!r}: must be a list of {_LENGTHS[name]} finite numbers >= 0")
+        return tuple(float(x) for x in value)
+    return _number(name, value, where)
+
+
+def _is_number(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+
+
+def _number(name: str, value: object, where: str) -> float:
+    if not _is_number(value):
+        raise ConfigError(f"{where}: {name}={value!r}: must be a finite number >= 0")
+    return float(value)  # type: ignore[arg-type]
 
 
 def save_layer_costs(lc: LayerCosts, path: str | Path) -> None:
@@ -47,9 +82,9 @@ def save_layer_costs(lc: LayerCosts, path: str | Path) -> None:
 def load_layer_costs(path: str | Path) -> LayerCosts:
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, ValueError) as err:  # ValueError: JSONDecodeError, and UnicodeDecodeError (not text)
         raise ConfigError(f"layer-cost file {str(path)!r}: {err}") from None
-    return layer_costs_from_dict(data)
+    return layer_costs_from_dict(data, f"layer-cost file {str(path)!r}")
 
 
 def check_profile(lc: LayerCosts, model: ModelSpec) -> None:

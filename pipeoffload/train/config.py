@@ -671,6 +671,10 @@ def _check_numbers(cfg: TrainConfig) -> None:
     _need(0 < cfg.data.val_fraction < 0.5, f"val_fraction={cfg.data.val_fraction}: must be in (0, 0.5)")
     _need(0 <= cfg.optim.min_lr_ratio <= 1, f"min_lr_ratio={cfg.optim.min_lr_ratio}: must be in [0, 1]")
     _need(cfg.schedule.offload_ratio >= 0, f"offload_ratio={cfg.schedule.offload_ratio}: must be >= 0")
+    theta = cfg.model.rope_theta  # the llama family's base frequency ** -(i / d): 0 or below made every loss NaN
+    _need(math.isfinite(theta) and theta > 0,
+          f"rope_theta={theta:g}: must be a finite number > 0 (RoPE's base frequency, e.g. 10000)"
+          + (f", as read from {cfg.model.source}'s config.json" if cfg.model.source.startswith("hf:") else ""))
 
 
 def _check_layout(cfg: TrainConfig) -> None:

@@ -3,6 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -28,3 +30,18 @@ def test_demo_simulation_tour(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert "PipeOffload g=4, v=2" in result.stdout and (tmp_path / "report.html").exists()
+
+
+@pytest.mark.parametrize("argv, piece", [
+    (["compare_offload.py", "--ranks", "0"], "num_ranks=0: must be an integer >= 1"),
+    (["compare_offload.py", "--offload-ratio", "-1"], "offload ratio k=-1.0: must be >= 0"),
+    (["train_pipeline.py", "--spawn", "2", "--offload", "bogus"], "offload policy 'bogus' is not understood"),
+    (["train_own_model.py", "--pp", "0"], "pp=0: must be >= 1"),
+])
+def test_an_example_given_a_bad_value_says_it_in_one_line(tmp_path: Path, argv: list[str], piece: str) -> None:
+    """A user's first typo in an example was a ConfigError traceback (from every spawned rank in
+    train_pipeline.py), exit 1."""
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / argv[0]), *argv[1:]], capture_output=True,
+                            text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith(f"{argv[0]}: error: {piece}"), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and not list(tmp_path.iterdir()), result.stderr

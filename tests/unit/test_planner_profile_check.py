@@ -46,3 +46,25 @@ def test_the_api_refuses_it_too() -> None:
     with pytest.raises(ConfigError, match="re-profile"):
         PlanRequest(model=model_preset("llama3-8b").with_(seq=16384), hardware=hardware_preset("h100"), gpus=4,
                     global_batch=16, memory_budget=70 * 2**30, measured=lc)
+
+
+@pytest.mark.parametrize(("edit", "piece"), [
+    (lambda d: [1], "not a JSON object"),
+    (lambda d: {**d, "head_time": 3}, "head_time=3: must be a list of 3"),
+    (lambda d: {**d, "head_time": ["a", 1, 2]}, "head_time=['a', 1, 2]"),
+    (lambda d: {**d, "params": "x"}, "params='x'"),
+    (lambda d: {**d, "time_f": None}, "time_f=None"),
+    (lambda d: {**d, "time_f": -1.0}, "time_f=-1.0: must be a finite number >= 0"),
+    (lambda d: {**d, "tp": 0}, "tp=0"),
+    (lambda d: {**d, "tp": "2"}, "tp='2'"),
+    (lambda d: {k: v for k, v in d.items() if k != "time_f"}, "missing field(s) time_f"),
+])
+def test_a_malformed_profile_is_one_line_naming_the_file_and_field(tmp_path: Path, edit, piece: str) -> None:
+    """A hand-edited or foreign layer-cost file: one line (exit 2), never a traceback from deep in the search
+    (``[1]``, ``"head_time": 3``, ``"tp": 0`` and ``"time_f": null`` raised AttributeError, TypeError or
+    ZeroDivisionError)."""
+    import json
+
+    path = _profile(tmp_path, 512)
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    refused(f"plan {' '.join(SMALL)} --seq 512 --profile {path}", f"layer-cost file '{path}'", piece)
