@@ -62,8 +62,10 @@ class OffloadPolicy:
         if not all(math.isfinite(x) and x >= 0 for x in self.rank_offsets):
             raise ConfigError(f"rank_offsets {self.rank_offsets!r}: each must be a finite number of units >= 0")
         if self.max_stall > 0 and self.kind == "none":
-            raise ConfigError(f"max_stall {self.max_stall:g} lets offload copies stall, but offload is none: "
-                              "choose an offload policy (e.g. offload all) or leave max_stall out")
+            raise ConfigError.named(lambda n: (
+                f"{n.given('max_stall', f'{self.max_stall:g}')} lets offload copies stall, but "
+                f"{n.given('offload', 'none')}: choose an offload policy (e.g. {n.given('offload', 'all')}) "
+                f"or leave {n('max_stall')} out"))
 
     @classmethod
     def parse(cls, text: str | OffloadPolicy | None) -> OffloadPolicy:
@@ -74,12 +76,13 @@ class OffloadPolicy:
         if name in ("none", "all", "auto") and not arg:
             return cls(name)
         if name == "first" and arg:
-            return cls("first", count=_int(arg, raw, OFFLOAD_FORMS))
+            return cls("first", count=_int(arg, raw, "offload"))
         if name == "budget" and arg:
             rank_units = arg.endswith("rank")
             number = arg[: -len("rank")] if rank_units else arg
-            return cls("budget", budget=_float(number, raw, OFFLOAD_FORMS), rank_units=rank_units)
-        raise ConfigError(f"offload policy {text!r} is not understood; valid forms: {OFFLOAD_FORMS}")
+            return cls("budget", budget=_float(number, raw, "offload"), rank_units=rank_units)
+        raise ConfigError.named(lambda n: f"{n.given('offload', repr(text))}: the policy is not understood; "
+                                f"valid forms: {OFFLOAD_FORMS}")
 
     def budget_units(self, stages_per_rank: int) -> float:
         """The per-rank target in activation units."""
@@ -140,13 +143,14 @@ class RecomputePolicy:
                     fields = arg.split(":")
                     if len(fields) != 2:
                         raise ConfigError(f"recompute {part!r}: write partial:S:T (saved fraction, extra F fraction)")
-                    saving, time = (_float(f, raw, RECOMPUTE_FORMS) for f in fields)
+                    saving, time = (_float(f, raw, "recompute") for f in fields)
             elif name in ("none", "all", "auto") and not arg and kind == "none":
                 kind = name
             elif name == "first" and arg and kind == "none":
-                kind, count = "first", _int(arg, raw, RECOMPUTE_FORMS)
+                kind, count = "first", _int(arg, raw, "recompute")
             else:
-                raise ConfigError(f"recompute policy {text!r} is not understood; valid forms: {RECOMPUTE_FORMS}")
+                raise ConfigError.named(lambda n: f"{n.given('recompute', repr(text))}: the policy is not "
+                                        f"understood; valid forms: {RECOMPUTE_FORMS}")
         return cls(kind, count, saving, time)
 
     def apply_to(self, costs: CostModel) -> CostModel:
@@ -191,20 +195,28 @@ def check_booleans(owner: object, *names: str, optional: tuple[str, ...] = ()) -
             raise ConfigError(f"{name}={value!r}: must be True or False{extra} (not text or a number)")
 
 
-def _int(text: str, whole: str, forms: str) -> int:
+def _int(text: str, whole: str, field: str) -> int:
+    """K of ``field``'s policy ``whole`` (offload or recompute ``first:K``)."""
     if not INT_TEXT.fullmatch(text):
-        raise ConfigError(f"{whole!r}: {text!r} is not an integer; valid forms: {forms}")
+        raise _form_error(field, whole, f"{text!r} is not an integer")
     value = int(text)
     if value < 1:
-        raise ConfigError(f"{whole!r}: K={value} must be >= 1; valid forms: {forms}")
+        raise _form_error(field, whole, f"K={value} must be >= 1")
     return value
 
 
-def _float(text: str, whole: str, forms: str) -> float:
+def _float(text: str, whole: str, field: str) -> float:
+    """A number of ``field``'s policy ``whole`` (an offload budget, a partial recompute's fractions)."""
     if not NUMBER_TEXT.fullmatch(text):  # inf and nan are refused below
-        raise ConfigError(f"{whole!r}: {text!r} is not a number; valid forms: {forms}")
+        raise _form_error(field, whole, f"{text!r} is not a number")
     value = float(text)
     if not 0 <= value < math.inf:  # typed: an infinite budget would print as Infinity in --json (the planner's
         # own "no budget" sentinel is inf, so only what is typed is refused)
-        raise ConfigError(f"{whole!r}: {value} must be a finite number >= 0; valid forms: {forms}")
+        raise _form_error(field, whole, f"{value} must be a finite number >= 0")
     return value
+
+
+def _form_error(field: str, whole: str, problem: str) -> ConfigError:
+    """A policy's text that breaks its form, naming the field or flag it was given to."""
+    forms = OFFLOAD_FORMS if field == "offload" else RECOMPUTE_FORMS
+    return ConfigError.named(lambda n: f"{n.given(field, repr(whole))}: {problem}; valid forms: {forms}")

@@ -33,12 +33,13 @@ Key = tuple[int, int]
 def check_policies(offload: OffloadPolicy, recompute: RecomputePolicy) -> None:
     if recompute.kind == "auto" and offload.kind == "none":
         raise ConfigError.named(lambda n: (
-            "recompute auto needs a target: it recomputes what the offload policy could not move; "
+            f"{n.given('recompute', 'auto')} needs a target: it recomputes what the offload policy could not move; "
             f"pass {n.given('offload', 'budget:X')} (or all, first:K, auto), or use {n.given('recompute', 'first:K')}"
         ))
     if recompute.kind == "auto" and offload.max_stall > 0:  # both act on what the copy lane cannot hide
         raise ConfigError.named(lambda n: (
-            f"max_stall {offload.max_stall:g} with recompute auto: both deal with what the copy lane cannot hide "
+            f"{n.given('max_stall', f'{offload.max_stall:g}')} with {n.given('recompute', 'auto')}: both deal with "
+            "what the copy lane cannot hide "
             "(a stall budget by letting copies stall, recompute auto by recomputing), and recompute auto would "
             f"judge the stall plan by its planned copies; use one of them (e.g. {n.given('recompute', 'first:K')} "
             "with the budget)"

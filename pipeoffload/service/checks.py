@@ -61,9 +61,14 @@ def one_of(value: object, choices: tuple[str, ...]) -> str:
 
 
 def checked(name: str, check: Any, value: object, *args: Any) -> Any:
-    """``check(value, *args)`` with a failure turned into ``ConfigError("<name>: <why>")``."""
+    """``check(value, *args)`` with a failure turned into ``ConfigError("<name>: <why>")`` (an error that
+    names its field and flag already, ``ConfigError.named``, as it is)."""
     try:
         return check(value, *args)
+    except ConfigError as err:
+        if err.flag_message is None:
+            raise ConfigError(f"{name}: {err}") from None
+        raise
     except ValueError as err:
         raise ConfigError(f"{name}: {err}") from None
 

@@ -118,12 +118,15 @@ class SimulateRequest:
         if self.backward is not None:
             checked("backward", one_of, self.backward, BACKWARDS)
         if OffloadPolicy.parse(self.offload).kind == "none" and self.plan_ratio is not None:
-            raise ConfigError(f"plan_ratio {self.plan_ratio:g} plans offload copies, but offload is none: "
-                              "choose an offload policy (e.g. offload all) or leave plan_ratio out")
+            raise ConfigError.named(lambda n: (
+                f"{n.given('plan_ratio', f'{self.plan_ratio:g}')} plans offload copies, but "
+                f"{n.given('offload', 'none')}: choose an offload policy (e.g. {n.given('offload', 'all')}) "
+                f"or leave {n('plan_ratio')} out"))
         if self.plan_ratio is not None and self.max_stall > 0:
-            raise ConfigError(f"plan_ratio {self.plan_ratio:g} with max_stall {self.max_stall:g}: a stall budget "
-                              "plans the copies for faster links itself and judges them at the k they take; "
-                              "use one of the two")
+            raise ConfigError.named(lambda n: (
+                f"{n.given('plan_ratio', f'{self.plan_ratio:g}')} with {n.given('max_stall', f'{self.max_stall:g}')}: "
+                "a stall budget plans the copies for faster links itself and judges them at the k they take; "
+                "use one of the two"))
         self.offload_policy()
         RecomputePolicy.parse(self.recompute)
         if self.schedule_file is None:

@@ -59,14 +59,11 @@ from pipeoffload.viz.trace_compare import (
 log = logging.getLogger(__name__)
 
 def _policy(parse: Callable[[str], Any]) -> Callable[[str], str]:
-    """A policy's text, refused (``ValueError``, which ``checked`` prefixes with the parameter) when ``parse``
-    refuses it: ``offload=budget:abc`` answers ``offload: 'budget:abc': 'abc' is not a number; ...``, naming
-    the box, where the policy's own words would not say which box."""
+    """A policy's text, refused when ``parse`` refuses it, in the words that name the parameter (the query's
+    parameters are the request's fields): ``offload=budget:abc`` answers ``offload='budget:abc': 'abc' is
+    not a number; ...``, where the command line says ``--offload 'budget:abc': ...``."""
     def check(text: str) -> str:
-        try:
-            parse(text)
-        except ConfigError as err:
-            raise ValueError(str(err).splitlines()[0]) from None
+        parse(text)
         return text
     return check
 

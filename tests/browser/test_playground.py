@@ -395,7 +395,7 @@ def test_the_cli_policy_line_and_a_bad_policy_named_by_its_box(page: tuple[Any, 
     assert "total stall" in stall.inner_text() and "summed over ranks" in (stall.get_attribute("title") or "")
     _set(p, "offload", "budget:abc")
     p.wait_for_selector("#error:not([hidden])", timeout=30_000)
-    assert p.inner_text("#error").startswith("offload: 'budget:abc'")
+    assert p.inner_text("#error").startswith("offload='budget:abc': 'abc' is not a number")
     _set(p, "offload", "none")
     p.wait_for_selector("#error[hidden]", state="attached", timeout=30_000)
     assert p.is_hidden("#policy-line")  # the CLI prints no policy line without a policy

@@ -162,8 +162,8 @@ def test_with_offload_ratio_refuses_a_stage_the_costs_lack() -> None:
 
 
 @pytest.mark.parametrize("field, value, words", [
-    ("offload", ("al",), "offload policy 'al' is not understood"),
-    ("recompute", ("sel",), "recompute policy 'sel' is not understood"),
+    ("offload", ("al",), "offload='al': the policy is not understood"),
+    ("recompute", ("sel",), "recompute='sel': the policy is not understood"),
 ])
 def test_plan_request_refuses_a_policy_it_cannot_read_when_built(field: str, value: tuple[str, ...],
                                                                  words: str) -> None:

@@ -35,7 +35,7 @@ def test_demo_simulation_tour(tmp_path: Path) -> None:
 @pytest.mark.parametrize("argv, piece", [
     (["compare_offload.py", "--ranks", "0"], "num_ranks=0: must be an integer >= 1"),
     (["compare_offload.py", "--offload-ratio", "-1"], "offload ratio k=-1.0: must be >= 0"),
-    (["train_pipeline.py", "--spawn", "2", "--offload", "bogus"], "offload policy 'bogus' is not understood"),
+    (["train_pipeline.py", "--spawn", "2", "--offload", "bogus"], "offload='bogus': the policy is not understood"),
     (["train_own_model.py", "--pp", "0"], "pp=0: must be >= 1"),
 ])
 def test_an_example_given_a_bad_value_says_it_in_one_line(tmp_path: Path, argv: list[str], piece: str) -> None:

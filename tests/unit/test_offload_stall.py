@@ -83,7 +83,7 @@ def test_a_stall_budget_never_raises_the_peak_nor_exceeds_the_budget(
 @pytest.mark.parametrize("bad,message", [
     ({"max_stall": -1.0}, "max_stall -1.0: must be a finite percentage >= 0"),
     ({"max_stall": float("nan")}, "max_stall nan: must be a finite percentage >= 0"),
-    ({"max_stall": 2.0, "kind": "none"}, "max_stall 2 lets offload copies stall, but offload is none"),
+    ({"max_stall": 2.0, "kind": "none"}, "max_stall=2 lets offload copies stall, but offload=none"),
 ])
 def test_a_bad_stall_budget_is_refused_by_name(bad: dict, message: str) -> None:
     from pipeoffload.errors import ConfigError
@@ -125,8 +125,8 @@ def test_a_budget_is_not_combined_with_recompute_auto_nor_plan_ratio() -> None:
     from pipeoffload.errors import ConfigError
     from pipeoffload.service import SimulateRequest
 
-    with pytest.raises(ConfigError, match="^max_stall 2 with recompute auto: both deal with what the copy lane"):
+    with pytest.raises(ConfigError, match="^max_stall=2 with recompute=auto: both deal with what the copy lane"):
         lower(generate("zb-v", 4, 8, 2), ZBV_COSTS.with_offload_ratio(0.7), offload=OffloadPolicy("all", max_stall=2),
               recompute="auto")
-    with pytest.raises(ConfigError, match="^plan_ratio 0.5 with max_stall 2: a stall budget plans the copies"):
+    with pytest.raises(ConfigError, match="^plan_ratio=0.5 with max_stall=2: a stall budget plans the copies"):
         SimulateRequest("zb-v", offload="all", offload_ratio=0.7, plan_ratio=0.5, max_stall=2)

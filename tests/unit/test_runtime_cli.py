@@ -28,7 +28,7 @@ def _run(*flags: str, timeout: float = 60) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("flags,needle", [
     (("--spawn", "-1"), "--spawn: -1 must be >= 0"),
     (("--spawn", "2", "--schedule", "nope"), "unknown schedule 'nope'"),
-    (("--spawn", "2", "--offload", "bogus"), "offload policy 'bogus'"),
+    (("--spawn", "2", "--offload", "bogus"), "--offload 'bogus': the policy is not understood"),
     (("--spawn", "2", "--layers", "1", "--schedule", "zb-v"), "--layers 1: zb-v on 2 ranks has 4 stages"),
     (("--spawn", "4", "--layers", "1", "--schedule", "zb-v"), "use --layers 6 or more"),
     (("--spawn", "2", "--microbatches", "4", "--batch", "10"),

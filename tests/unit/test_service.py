@@ -37,11 +37,11 @@ from tests.conftest import run_cli
     ({"p2p_time": math.nan}, "p2p_time: nan is not a finite number"),
     ({"offload_ratio": -1.0}, "offload_ratio: -1.0 must be >= 0"),
     ({"plan_ratio": math.inf, "offload": "all"}, "plan_ratio: inf is not a finite number"),
-    ({"plan_ratio": 1.0}, "plan_ratio 1 plans offload copies, but offload is none"),
+    ({"plan_ratio": 1.0}, "plan_ratio=1 plans offload copies, but offload=none"),
     ({"max_stall": -0.5, "offload": "all"}, "max_stall: -0.5 must be >= 0"),
-    ({"max_stall": 2.0}, "max_stall 2 lets offload copies stall, but offload is none"),
+    ({"max_stall": 2.0}, "max_stall=2 lets offload copies stall, but offload=none"),
     ({"backward": "half"}, "backward: 'half' is not one of split, full"),
-    ({"offload": "bogus"}, "offload policy 'bogus' is not understood"),
+    ({"offload": "bogus"}, "offload='bogus': the policy is not understood"),
     ({"family": " "}, "family is missing"),
 ])
 def test_a_request_refuses_bad_values_when_built(fields: dict, message: str) -> None:

@@ -65,13 +65,15 @@ def test_bad_input_is_the_cli_message(base: str, param: str, flag: str, value: s
 @pytest.mark.parametrize("param,value", [("offload", "budget:abc"), ("offload", "sometimes"),
                                          ("recompute", "xx"), ("recompute", "first:0")])
 def test_a_bad_policy_names_its_parameter_then_the_cli_words(base: str, param: str, value: str) -> None:
-    """A policy's own message does not say which box it came from (``'budget:abc': 'abc' is not a number``):
-    the answer names the parameter first, as it does for the numbers, then the command line's words."""
+    """A policy's message names the box it came from, the query's parameter (``offload='budget:abc': 'abc'
+    is not a number``), where the command line names its flag (``--offload 'budget:abc': ...``), in the same
+    words after the name."""
     status, body = _get(f"{base}/api/chart?family=1f1b&{param}={value}")
     code, _, err = run_cli("simulate", "1f1b", f"--{param}", value)
     message = json.loads(body)["error"]
-    assert status == 200 and code == 2 and message.startswith(f"{param}: ")
-    assert err.rstrip().endswith(message.removeprefix(f"{param}: ")) and "valid forms" in message
+    assert status == 200 and code == 2 and message.startswith(f"{param}={value!r}: ")
+    assert f"--{param} {value!r}: " in err and len(err.splitlines()) == 1
+    assert err.rstrip().endswith(message.removeprefix(f"{param}={value!r}")) and "valid forms" in message
 
 
 def test_the_chart_answer_has_the_cli_policy_line(base: str) -> None:
