@@ -20,9 +20,15 @@ def memory_text(n: float, places: int = 1) -> str:
     return f"{n / size:.{places}f} {name}"
 
 
-def _header(unit: str) -> str:
+def step_unit(longest: float) -> tuple[str, float]:
+    """The unit step times up to ``longest`` seconds are printed in: s, or ms below 10 ms, where seconds to
+    three places read "0.000" or one digit (a small model's plans)."""
+    return ("s", 1.0) if longest >= 0.01 else ("ms", 1e-3)
+
+
+def _header(unit: str, step: str = "s") -> str:
     return (f"{'#':>3}  {'layout':<13} {'schedule':<17} {'v':>2} {'g':>3} {'offload':<8} {'recompute':<9} "
-            f"{'m':>4} {'tokens/s':>10} {'MFU':>6} {'step s':>7}  {unit + ' total = par + opt + act':<28} "
+            f"{'m':>4} {'tokens/s':>10} {'MFU':>6} {'step ' + step:>7}  {unit + ' total = par + opt + act':<28} "
             f"{'host':>6} {'bubble':>6} {'stall':>6}")
 
 
@@ -36,14 +42,15 @@ def offload_label(plan: Plan, unit_bytes: float | None = None, unit: tuple[str, 
     return str(offload) + stall
 
 
-def format_plan_row(index: int, plan: Plan, unit: tuple[str, float] = ("GiB", GIB)) -> str:
+def format_plan_row(index: int, plan: Plan, unit: tuple[str, float] = ("GiB", GIB),
+                    step: tuple[str, float] = ("s", 1.0)) -> str:
     c, mem, size = plan.choice, plan.memory, unit[1]
     split = (f"{mem.total / size:6.1f} = {mem.parameters / size:5.1f} + {mem.optimizer / size:4.1f} + "
              f"{mem.activations / size:5.1f}")
     return (f"{index:>3}  {str(plan.layout):<13} {c.family:<17} {c.stages_per_rank:>2} "
             f"{c.group_size if c.group_size is not None else '-':>3} {offload_label(plan, _unit(plan), unit):<8} "
             f"{str(c.recompute):<9} "
-            f"{plan.microbatches:>4} {plan.tokens_per_second:>10,.0f} {plan.mfu:>6.1%} {plan.step_time:>7.3f}  "
+            f"{plan.microbatches:>4} {plan.tokens_per_second:>10,.0f} {plan.mfu:>6.1%} {plan.step_time / step[1]:>7.3f}  "
             f"{split:<28} {mem.host / size:>6.1f} {plan.bubble_ratio:>6.1%} {plan.stall_ratio:>6.1%}")
 
 
@@ -53,9 +60,10 @@ def _unit(plan: Plan) -> float | None:
 
 def format_table(plans: list[Plan], unit: tuple[str, float] | None = None) -> str:
     """The plans' rows under their header, memory in GiB, or in MiB where every plan's total is below 1 GiB
-    (``unit``: this one instead)."""
+    (``unit``: this one instead); step times in s, or in ms where every plan's step is below 10 ms."""
     unit = unit or memory_unit(max((p.memory.total for p in plans), default=GIB))
-    return "\n".join([_header(unit[0])] + [format_plan_row(i + 1, p, unit) for i, p in enumerate(plans)])
+    step = step_unit(max((p.step_time for p in plans), default=1.0))
+    return "\n".join([_header(unit[0], step[0])] + [format_plan_row(i + 1, p, unit, step) for i, p in enumerate(plans)])
 
 
 def format_result(result: SearchResult, top: int = 5, pareto: bool = True, naming: Naming = FIELDS) -> str:
