@@ -60,8 +60,8 @@ class OffloadRatioResult:
         """The object ``k --json`` prints."""
         model, hw = self.request.model, self.request.hardware
         return {
-            "formula1_k": self.formula1_k, "offload_time": self.offload_time, "cost_model_k": self.cost_model_k,
-            "hidden": model.hidden, "seq": model.seq, "B_c_flops": hw.flops, "B_o_bytes_per_s": hw.offload_bandwidth,
+            "model": model.name, "formula1_k": self.formula1_k, "offload_time": self.offload_time,
+            "cost_model_k": self.cost_model_k, "hidden": model.hidden, "seq": model.seq, "B_c_flops": hw.flops, "B_o_bytes_per_s": hw.offload_bandwidth,
             "saved_bytes_per_sbh": self.saved_bytes_per_sbh, "layer_compute_s": self.layer_compute_s,
             "layer_copy_s": self.layer_copy_s, "tp": self.request.tp,
             "gpu": hw.name, "sources": {k: hw.sources.get(k, "") for k in ("achievable_fraction", "d2h_bandwidth")},
