@@ -64,7 +64,7 @@ class OffloadPolicy:
         if self.max_stall > 0 and self.kind == "none":
             raise ConfigError.named(lambda n: (
                 f"{n.given('max_stall', f'{self.max_stall:g}')} lets offload copies stall, but "
-                f"{n.given('offload', 'none')}: choose an offload policy (e.g. {n.given('offload', 'all')}) "
+                f"{n('offload')} is none: choose an offload policy (e.g. {n.given('offload', 'all')}) "
                 f"or leave {n('max_stall')} out"))
 
     @classmethod

@@ -127,13 +127,15 @@ _RESUME_CHANGES = {
 def _resume_notes(old: Any, new: Any) -> list[str]:
     """The dtype-style note for each hyperparameter a resume changes: the losses from the resume on are
     not those of an uninterrupted run (bitwise: only the same values on the same layout)."""
+    from pipeoffload.train.config import toml_value
+
     notes = []
     for flat, what in _RESUME_CHANGES.items():
         before, after = old.get(flat), new.get(flat)
         if before != after:
             result = ("equal an uninterrupted run's only up to float rounding" if flat == "microbatches" else
                       "no longer match an uninterrupted run's")
-            notes.append(f"{flat} {before!r} -> {after!r} changes {what} from this step on: the losses {result}, "
+            notes.append(f"{flat} {toml_value(before)} -> {toml_value(after)} changes {what} from this step on: the losses {result}, "
                          "not bitwise")
     return notes
 

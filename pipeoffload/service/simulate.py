@@ -120,7 +120,7 @@ class SimulateRequest:
         if OffloadPolicy.parse(self.offload).kind == "none" and self.plan_ratio is not None:
             raise ConfigError.named(lambda n: (
                 f"{n.given('plan_ratio', f'{self.plan_ratio:g}')} plans offload copies, but "
-                f"{n.given('offload', 'none')}: choose an offload policy (e.g. {n.given('offload', 'all')}) "
+                f"{n('offload')} is none: choose an offload policy (e.g. {n.given('offload', 'all')}) "
                 f"or leave {n('plan_ratio')} out"))
         if self.plan_ratio is not None and self.max_stall > 0:
             raise ConfigError.named(lambda n: (

@@ -429,14 +429,15 @@ def build_config(*layers: dict[str, Any]) -> TrainConfig:
 
 
 def overrides(base: dict[str, Any], top: dict[str, Any]) -> list[str]:
-    """``key old -> new`` for each flat key ``top`` changes in ``base`` (after coercion)."""
+    """``key old -> new`` for each flat key ``top`` changes in ``base`` (after coercion), the values written
+    as the TOML file holds them (``true``, ``"zb-v"``)."""
     out = []
     for flat, value in top.items():
         if value is None or flat not in base:
             continue
         old, new = _coerce(flat, base[flat]), _coerce(flat, value)
         if old != new:
-            out.append(f"{flat} {old!r} -> {new!r}")
+            out.append(f"{flat} {toml_value(old)} -> {toml_value(new)}")
     return out
 
 
@@ -454,11 +455,12 @@ def to_toml(cfg: TrainConfig, notes: Sequence[str] = ()) -> str:
                 continue
             if section == "model" and cfg.model.source == "own" and f.name != "source":
                 continue
-            lines.append(f"{f.name} = {_toml_value(getattr(getattr(cfg, section), f.name))}")
+            lines.append(f"{f.name} = {toml_value(getattr(getattr(cfg, section), f.name))}")
     return "\n".join(lines) + "\n"
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """``value`` as config.toml writes it."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):

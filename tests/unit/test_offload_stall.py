@@ -83,7 +83,7 @@ def test_a_stall_budget_never_raises_the_peak_nor_exceeds_the_budget(
 @pytest.mark.parametrize("bad,message", [
     ({"max_stall": -1.0}, "max_stall -1.0: must be a finite percentage >= 0"),
     ({"max_stall": float("nan")}, "max_stall nan: must be a finite percentage >= 0"),
-    ({"max_stall": 2.0, "kind": "none"}, "max_stall=2 lets offload copies stall, but offload=none"),
+    ({"max_stall": 2.0, "kind": "none"}, "max_stall=2 lets offload copies stall, but offload is none"),
 ])
 def test_a_bad_stall_budget_is_refused_by_name(bad: dict, message: str) -> None:
     from pipeoffload.errors import ConfigError

@@ -13,9 +13,9 @@ from tests.conftest import run_cli
     (("--offload", "first:0"), "--offload 'first:0': K=0 must be >= 1; valid forms"),
     (("--offload", "sometimes"), "--offload 'sometimes': the policy is not understood; valid forms"),
     (("--recompute", "first:x"), "--recompute 'first:x': 'x' is not an integer; valid forms: none, all, first:K"),
-    (("--max-stall", "2"), "--max-stall 2 lets offload copies stall, but --offload none: choose an offload policy "
+    (("--max-stall", "2"), "--max-stall 2 lets offload copies stall, but --offload is none: choose an offload policy "
                            "(e.g. --offload all) or leave --max-stall out"),
-    (("--plan-ratio", "0.5"), "--plan-ratio 0.5 plans offload copies, but --offload none: choose an offload policy "
+    (("--plan-ratio", "0.5"), "--plan-ratio 0.5 plans offload copies, but --offload is none: choose an offload policy "
                               "(e.g. --offload all) or leave --plan-ratio out"),
     (("--offload", "all", "--plan-ratio", "0.5", "--max-stall", "1"), "--plan-ratio 0.5 with --max-stall 1: a stall "
                                                                      "budget plans the copies for faster links"),
@@ -35,6 +35,6 @@ def test_the_python_api_names_the_fields() -> None:
 
     with pytest.raises(ConfigError, match=r"^offload='budget:-1': -1.0 must be a finite number >= 0"):
         SimulateRequest("1f1b", offload="budget:-1")
-    with pytest.raises(ConfigError, match=r"^max_stall=2 lets offload copies stall, but offload=none: .* leave "
+    with pytest.raises(ConfigError, match=r"^max_stall=2 lets offload copies stall, but offload is none: .* leave "
                                           r"max_stall out$"):
         SimulateRequest("1f1b", max_stall=2)

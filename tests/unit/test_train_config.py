@@ -25,7 +25,7 @@ from pipeoffload.train.data import Corpus, default_text_files
     (["--fsdp"], ["fsdp=true", "dp=1", "--dp 2"]),
     (["--pp", "2"], ["dp*pp*tp", "--nproc 2"]),
     (["--offload", "all", "--max-stall", "5"], ["max_stall=5", "needs offload_ratio > 0", "--offload-ratio"]),
-    (["--max-stall", "5"], ["max_stall 5", "offload is none"]),
+    (["--max-stall", "5"], ["--max-stall 5", "--offload is none"]),
 ])
 def test_bad_value_one_line_exit_2_and_no_rank_started(tmp_path: Path, flags: list[str], words: list[str]) -> None:
     out = tmp_path / "run"
