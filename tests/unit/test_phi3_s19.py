@@ -125,6 +125,36 @@ def test_what_phi3_has_and_this_model_not_is_refused_in_one_line(fields: dict[st
     assert "\n" not in text and all(w in text for w in words), text
 
 
+# the published config.json files' fields (Phi-3-mini-4k-instruct, Phi-3-medium-4k-instruct; transformers 4.39's)
+_PUBLISHED = {"architectures": [PHI3], "model_type": "phi3", "attention_dropout": 0.0, "bos_token_id": 1,
+              "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "max_position_embeddings": 4096,
+              "original_max_position_embeddings": 4096, "pad_token_id": 32000, "resid_pdrop": 0.0,
+              "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0, "sliding_window": 2047,
+              "tie_word_embeddings": False, "attention_bias": False, "vocab_size": 32064}
+_MINI = {"hidden_size": 3072, "intermediate_size": 8192, "num_attention_heads": 32, "num_hidden_layers": 32,
+         "num_key_value_heads": 32}
+_MEDIUM = {"hidden_size": 5120, "intermediate_size": 17920, "num_attention_heads": 40, "num_hidden_layers": 40,
+           "num_key_value_heads": 10}
+
+
+@pytest.mark.parametrize(("shape_fields", "billions"), [(_MINI, 3.821), (_MEDIUM, 13.96)])
+def test_published_4k_configs_read_with_transformers_parameter_count(shape_fields: dict[str, Any],
+                                                                     billions: float) -> None:
+    """Phi-3-mini-4k and -medium-4k as published: their 2047-token window bounds the context, and the planner
+    counts transformers' parameters (its fused tensors hold what the split ones do)."""
+    raw = {**_PUBLISHED, **shape_fields}
+    shape = LlamaShape.from_hf(raw)
+    assert shape.fused and shape.context == 2047 and (shape.eos_token_id, shape.pad_token_id) == (32000, 32000)
+    with torch.device("meta"):
+        ref = transformers.AutoModelForCausalLM.from_config(transformers.Phi3Config(**raw))
+    assert shape.model_spec("phi3", shape.context).total_params() == ref.num_parameters()
+    assert round(ref.num_parameters() / 1e9, 3) == pytest.approx(billions, abs=0.005)
+    long = {**raw, "max_position_embeddings": 131072, "sliding_window": 262144,  # Phi-3-mini-128k-instruct's
+            "rope_scaling": {"type": "su", "short_factor": [1.0] * 48, "long_factor": [1.0] * 48}}
+    with pytest.raises(ConfigError, match="rope_scaling has rope_type='su'"):
+        LlamaShape.from_hf(long)
+
+
 def test_fused_and_split_layouts_are_told_apart(tmp_path: Path) -> None:
     """A Phi3 folder read as Llama lacks q_proj (and holds tensors Llama does not describe), and a Llama folder
     read as Phi3 lacks qkv_proj; a fused tensor of the wrong rows is refused by its shape."""
