@@ -399,9 +399,9 @@ def _phi3_rope(params: dict[str, Any], cfg: dict[str, Any], kind: Any, key: str,
     head (the rest passes through; Phi-4-mini's 0.75), and its only other type is LongRoPE ('longrope', older
     'su' and 'yarn': the 128k-context models' per-frequency short and long factors); neither is modelled here."""
     if kind != "default":
-        raise ConfigError(f"{where}: {key} has rope_type={kind!r} (LongRoPE, as in the 128k-context Phi-3 models), "
-                          f"which is not supported for {PHI3}: use a checkpoint whose {key} is null (Phi-3-mini-4k, "
-                          "Phi-3-medium-4k, Phi-4)")
+        raise ConfigError(f"{where}: {key} has rope_type={kind!r}, which is not supported for {PHI3} (its default "
+                          "rope only; LongRoPE, 'longrope', 'su' or 'yarn', is the 128k-context models'): use a "
+                          f"checkpoint whose {key} is null (Phi-3-mini-4k, Phi-3-medium-4k, Phi-4)")
     partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
     if partial is not None and json_float(partial, "partial_rotary_factor", where) != 1.0:
         raise ConfigError(f"{where}: partial_rotary_factor={partial!r} is not supported for {PHI3} (it rotates "
