@@ -11,7 +11,9 @@ exactly shape x dtype bytes, the entries tile the data, and the file must end ex
 says. Nothing is downloaded: a path that is not a local directory is refused.
 
 Names: our layers are ``layers.<i>.<local name>`` (``Embed``, ``Block`` x L, ``Head``, see
-``models.llama``); ``hf_name`` maps them onto the Hugging Face names (``model.layers.<i-1>.<...>``).
+``models.llama``); ``hf_rows`` maps them onto the Hugging Face names (``model.layers.<i-1>.<...>``) and, in
+Phi-3's fused tensors, onto their rows (``qkv_proj``: q's, then k's, then v's; ``gate_up_proj``: gate's, then
+up's); ``export_parts`` is the way back, each Hugging Face tensor the rows of our parameters in order.
 """
 from __future__ import annotations
 
@@ -56,12 +58,16 @@ def expected_tensors(shape: LlamaShape) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
     for i in range(shape.layers):
         p = f"model.layers.{i}."
-        out.update({
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h), p + "mlp.down_proj.weight": (h, f),
-        })
+        out.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
+        if shape.fused:  # in the order a refusal meets them: attention, then MLP
+            out.update({p + FUSED_QKV: (q + 2 * kv, h), p + "self_attn.o_proj.weight": (h, q),
+                        p + FUSED_GATE_UP: (2 * f, h), p + "mlp.down_proj.weight": (h, f)})
+        else:
+            out.update({
+                p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+                p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h), p + "mlp.down_proj.weight": (h, f),
+            })
         if shape.qkv_bias:
             out.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                         p + "self_attn.v_proj.bias": (kv,)})
@@ -76,29 +82,58 @@ def expected_tensors(shape: LlamaShape) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def hf_name(full: str, shape: LlamaShape) -> str:
-    """Hugging Face name of our ``layers.<i>.<local>`` parameter (the head of a tied model reads the embedding)."""
+FUSED_QKV, FUSED_GATE_UP = "self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"
+
+
+def fused_parts(shape: LlamaShape) -> dict[str, tuple[tuple[str, int], ...]]:
+    """Phi-3's fused local names -> (our local name, its rows) in the order the rows are stacked (as
+    transformers' Phi3 slices ``qkv_proj``'s output and chunks ``gate_up_proj``'s); empty for the others."""
+    if not shape.fused:
+        return {}
+    q, kv, f = shape.heads * shape.dim_head, shape.n_kv_heads * shape.dim_head, shape.ffn
+    return {FUSED_QKV: (("self_attn.q_proj.weight", q), ("self_attn.k_proj.weight", kv),
+                        ("self_attn.v_proj.weight", kv)),
+            FUSED_GATE_UP: (("mlp.gate_proj.weight", f), ("mlp.up_proj.weight", f))}
+
+
+def _fused_rows(shape: LlamaShape) -> dict[str, tuple[str, int | None]]:
+    """Our local name -> (the fused local name holding it, its first row there)."""
+    out: dict[str, tuple[str, int | None]] = {}
+    for fused, parts in fused_parts(shape).items():
+        row = 0
+        for local, rows in parts:
+            out[local] = (fused, row)
+            row += rows
+    return out
+
+
+def hf_rows(full: str, shape: LlamaShape) -> tuple[str, int | None]:
+    """(Hugging Face name, first row in it) of our ``layers.<i>.<local>`` parameter: None (the whole tensor)
+    but in Phi-3's fused tensors (the head of a tied model reads the embedding)."""
     _, i_text, local = full.split(".", 2)
     i = int(i_text)
     if i == 0:
-        return "model.embed_tokens.weight"
+        return "model.embed_tokens.weight", None
     if i == shape.layers + 1:
         if local == "lm_head.weight":
-            return "model.embed_tokens.weight" if shape.tie_embeddings else "lm_head.weight"
-        return "model." + local
-    return f"model.layers.{i - 1}.{local}"
+            return ("model.embed_tokens.weight" if shape.tie_embeddings else "lm_head.weight"), None
+        return "model." + local, None
+    fused, row = _fused_rows(shape).get(local, (local, None))
+    return f"model.layers.{i - 1}.{fused}", row
 
 
-def our_names(shape: LlamaShape) -> dict[str, str]:
-    """Hugging Face name -> our full name, for every tensor an export writes."""
-    names = {"model.embed_tokens.weight": "layers.0.embed_tokens.weight",
-             "model.norm.weight": f"layers.{shape.layers + 1}.norm.weight"}
+def export_parts(shape: LlamaShape) -> dict[str, tuple[str, ...]]:
+    """Hugging Face name -> our full names whose rows it stacks (one but in Phi-3's fused tensors), for every
+    tensor an export writes."""
+    names: dict[str, tuple[str, ...]] = {"model.embed_tokens.weight": ("layers.0.embed_tokens.weight",),
+                                         "model.norm.weight": (f"layers.{shape.layers + 1}.norm.weight",)}
+    fused = fused_parts(shape)
     for name in expected_tensors(shape):
         if name.startswith("model.layers."):
             _, _, i, local = name.split(".", 3)
-            names[name] = f"layers.{int(i) + 1}.{local}"
+            names[name] = tuple(f"layers.{int(i) + 1}.{part}" for part, _ in fused.get(local, ((local, 0),)))
     if not shape.tie_embeddings:
-        names["lm_head.weight"] = f"layers.{shape.layers + 1}.lm_head.weight"
+        names["lm_head.weight"] = (f"layers.{shape.layers + 1}.lm_head.weight",)
     return names
 
 

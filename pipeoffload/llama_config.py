@@ -1,15 +1,19 @@
-"""Shape of a Llama-family decoder (Llama 2/3, Qwen2, Qwen3, Mistral), without torch.
+"""Shape of a Llama-family decoder (Llama 2/3, Qwen2, Qwen3, Mistral, Phi-3), without torch.
 
 One record for three readers: the trainable model (``models.llama``), the Hugging Face reader and
 writer (``models.hf``) and the planner's presets (``planner.presets``, through ``model_spec``), so a
 model's shapes are written once. ``from_hf`` maps a Hugging Face ``config.json`` onto it and refuses,
 with one line naming the field, anything the model cannot reproduce exactly (mixtures of experts,
-unknown rope types, other activations, sliding windows but Mistral's). Qwen3 adds an RMSNorm over the head
+unknown rope types, other activations, sliding windows but Mistral's and Phi-3's). Qwen3 adds an RMSNorm over the head
 width on every query and key head before RoPE (``qk_norm``) and takes transformers' Qwen3Config defaults
 for the fields a config.json leaves out (``head_dim`` 128, 32 key/value heads, ...). Mistral's sliding window is kept
 (``sliding_window``): attention here is full causal, which is the window's own attention on sequences of
 at most that many tokens, so a run trains only such sequences (``train`` checks) and ``generate`` keeps at
-most that many tokens of context.
+most that many tokens of context. Phi-3 (``Phi3ForCausalLM``: Phi-3-mini/medium, Phi-4) is Llama's layer with
+q, k and v fused into one ``qkv_proj`` and gate and up into one ``gate_up_proj`` in the checkpoint (``fused``:
+``hfdir`` splits them on load and fuses them again on export); it slides its window in every layer whenever
+``sliding_window`` is set (Phi-3-mini-4k's 2047), which is kept as Mistral's is; its LongRoPE (the 128k
+models), a partial rotary factor (Phi-4-mini) and dropout are refused.
 """
 from __future__ import annotations
 
@@ -19,18 +23,25 @@ from typing import Any
 from pipeoffload.errors import ConfigError
 
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-                 "MistralForCausalLM": "mistral"}
-QWEN3 = "Qwen3ForCausalLM"
+                 "MistralForCausalLM": "mistral", "Phi3ForCausalLM": "phi3"}
+QWEN3, PHI3 = "Qwen3ForCausalLM", "Phi3ForCausalLM"
 # max_position_embeddings where config.json leaves it out: transformers' default of each config class (an export
 # writes the field, so it must be the value transformers read from the source folder)
 _DEFAULT_POSITIONS = {"LlamaForCausalLM": 2048, "Qwen2ForCausalLM": 32768, "Qwen3ForCausalLM": 32768,
-                      "MistralForCausalLM": 4096 * 32}
+                      "MistralForCausalLM": 4096 * 32, PHI3: 4096}
+_DEFAULT_EPS = {PHI3: 1e-5}  # rms_norm_eps where config.json leaves it out: 1e-6 in the other config classes
+# Phi3Config's token ids where config.json leaves them out (the others' readers take an absent id as none): the
+# padding id is the embedding row left untrained and the end-of-sequence id ends every document, so they count
+_DEFAULT_TOKEN_IDS = {PHI3: {"bos_token_id": 1, "eos_token_id": 32000, "pad_token_id": 32000}}
 # num_key_value_heads where config.json leaves it out (null: the query heads, in every class): LlamaConfig's
 # default is the query heads, Qwen2Config's and Qwen3Config's 32, MistralConfig's 8
 _DEFAULT_KV_HEADS = {"Qwen2ForCausalLM": 32, "Qwen3ForCausalLM": 32, "MistralForCausalLM": 8}
 _QWEN3_HEAD_DIM = 128  # Qwen3Config's head_dim where config.json leaves it out (not hidden // heads)
 _MAX_WINDOW_LAYERS = 28  # Qwen2Config's and Qwen3Config's max_window_layers where config.json leaves it out
-_MISTRAL_WINDOW = 4096  # MistralConfig's sliding_window where config.json leaves it out
+# the architectures whose every layer slides the window whenever sliding_window is set (whatever use_sliding_window
+# says) -> their config class's sliding_window where config.json leaves it out
+_WINDOWED: dict[str, int | None] = {"MistralForCausalLM": 4096, PHI3: None}
+_DROPOUTS = ("attention_dropout", "resid_pdrop", "embd_pdrop")  # Phi3Config's (the others': attention_dropout)
 # the usual config.json keys of a mixture of experts (Mixtral, Qwen2-MoE, DeepSeek, ...), besides moe_*
 _MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "n_shared_experts", "num_experts_per_tok")
 
@@ -90,6 +101,12 @@ class LlamaShape:
         return self.architecture == QWEN3
 
     @property
+    def fused(self) -> bool:
+        """Phi-3's checkpoint layout: q, k and v rows in one ``qkv_proj``, gate then up rows in one ``gate_up_proj``
+        (the model here keeps them apart: the same products, so tensor parallelism splits them as Llama's)."""
+        return self.architecture == PHI3
+
+    @property
     def n_kv_heads(self) -> int:
         return self.kv_heads or self.heads
 
@@ -121,7 +138,7 @@ class LlamaShape:
             raise ConfigError(f"{where}: architectures={archs!r} is not supported; supported: "
                               f"{', '.join(ARCHITECTURES)}")
         _refuse_unsupported(cfg, arch, where)
-        theta, scaling = _rope(cfg, where)
+        theta, scaling = _rope(cfg, arch, where)
         def need(key: str) -> int:
             if key not in cfg:
                 raise ConfigError(f"{where}: field {key} is missing; it is required for {arch}")
@@ -134,14 +151,15 @@ class LlamaShape:
             vocab=vocab, hidden=need("hidden_size"), layers=need("num_hidden_layers"),
             heads=need("num_attention_heads"), kv_heads=0 if kv is None else json_int(kv, "num_key_value_heads", where),
             ffn_hidden=need("intermediate_size"), head_dim=_head_dim(cfg, arch, where),
-            rope_theta=theta, rope_scaling=scaling, rms_eps=json_float(cfg.get("rms_norm_eps", 1e-6), "rms_norm_eps",
-                                                                       where),
+            rope_theta=theta, rope_scaling=scaling,
+            rms_eps=json_float(cfg.get("rms_norm_eps", _DEFAULT_EPS.get(arch, 1e-6)), "rms_norm_eps", where),
             tie_embeddings=json_bool(cfg, "tie_word_embeddings", False, where),
             qkv_bias=arch == "Qwen2ForCausalLM" or biased, o_bias=biased,
             mlp_bias=arch == "LlamaForCausalLM" and json_bool(cfg, "mlp_bias", False, where),
             max_positions=json_int(cfg.get("max_position_embeddings", _DEFAULT_POSITIONS[arch]), "max_position_embeddings",
                                    where),
-            architecture=arch, sliding_window=_mistral_window(cfg, arch, where), **_token_ids(cfg, vocab, where),
+            architecture=arch, sliding_window=_window(cfg, arch, where),
+            **_token_ids(cfg, vocab, where, _DEFAULT_TOKEN_IDS.get(arch, {})),
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -170,12 +188,14 @@ class LlamaShape:
             out["attention_bias"] = self.o_bias
         if model_type == "llama":
             out["mlp_bias"] = self.mlp_bias
-        elif model_type == "mistral":
+        elif self.architecture in _WINDOWED:
             out["sliding_window"] = self.sliding_window or None
         else:
             out.update(use_sliding_window=False, sliding_window=None)
+        if self.fused:
+            out.update({key: 0.0 for key in _DROPOUTS})
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            if getattr(self, key) is not None:
+            if getattr(self, key) is not None or self.architecture in _DEFAULT_TOKEN_IDS:  # null, not Phi3's default
                 out[key] = getattr(self, key)
         return out
 
@@ -193,9 +213,10 @@ class LlamaShape:
 
 
 def _head_dim(cfg: dict[str, Any], arch: str, where: str) -> int:
-    if arch == QWEN3:  # Qwen3Config's head_dim is 128 where absent, whatever hidden // heads is
-        explicit = cfg.get("head_dim", _QWEN3_HEAD_DIM)
-        if explicit is None:
+    if arch in (QWEN3, PHI3):  # Qwen3Config's head_dim is 128 where absent, whatever hidden // heads is; Phi3's
+        # attention reads an absent one as hidden // heads and a null one as none (and fails)
+        explicit = cfg.get("head_dim", _QWEN3_HEAD_DIM if arch == QWEN3 else None)
+        if explicit is None and "head_dim" in cfg:
             raise ConfigError(f"{where}: head_dim=None: {arch} needs its per-head width (transformers reads null as "
                               "none and fails); write it, e.g. hidden_size / num_attention_heads")
     else:
@@ -206,11 +227,15 @@ def _head_dim(cfg: dict[str, Any], arch: str, where: str) -> int:
     return set_apart_head_dim(explicit, int(cfg["num_attention_heads"]), int(cfg["hidden_size"])) or 0
 
 
-def _token_ids(cfg: dict[str, Any], vocab: int, where: str) -> dict[str, Any]:
+def _token_ids(cfg: dict[str, Any], vocab: int, where: str, defaults: dict[str, int]) -> dict[str, Any]:
     """``bos_token_id``, ``eos_token_id`` (one id or a list) and ``pad_token_id`` of config.json, each a JSON
-    integer or null. The end-of-sequence id ends every document of the data and the padding id is the
-    embedding's ``padding_idx`` (as in transformers, from -vocab as ``nn.Embedding`` takes it), so both
-    must be token ids of the vocabulary; the beginning-of-sequence id is only carried to an export."""
+    integer or null (``defaults``: the config class's where config.json leaves one out). The end-of-sequence id
+    ends every document of the data and the padding id is the embedding's ``padding_idx`` (as in transformers,
+    from -vocab as ``nn.Embedding`` takes it), so both must be token ids of the vocabulary; the
+    beginning-of-sequence id is only carried to an export."""
+    absent = [key for key in defaults if key not in cfg]
+    if absent:  # a refusal says the id is a default, so the fix is to write it
+        cfg, where = {**defaults, **cfg}, f"{where} (leaves out {', '.join(absent)}: the config class's default)"
     bos, eos, pad = (cfg.get(key) for key in ("bos_token_id", "eos_token_id", "pad_token_id"))
     if bos is not None:
         json_int(bos, "bos_token_id", where)
@@ -287,8 +312,8 @@ def _refuse_unsupported(cfg: dict[str, Any], arch: str, where: str) -> None:
     if key is not None:
         raise ConfigError(f"{where}: {key}={cfg[key]!r}: mixtures of experts are not supported")
     window = cfg.get("sliding_window")
-    uses_window = json_bool(cfg, "use_sliding_window", arch == "MistralForCausalLM", where)
-    if window is not None and uses_window and arch != "MistralForCausalLM" and not _no_layer_slides(cfg, where):
+    uses_window = json_bool(cfg, "use_sliding_window", arch in _WINDOWED, where)
+    if window is not None and uses_window and arch not in _WINDOWED and not _no_layer_slides(cfg, where):
         raise ConfigError(f"{where}: sliding_window={window!r} with use_sliding_window=true is not supported for "
                           f"{arch} (attention here is full causal, so max_window_layers must be >= num_hidden_layers);"
                           " set use_sliding_window to false if the model was trained without one")
@@ -299,8 +324,12 @@ def _refuse_unsupported(cfg: dict[str, Any], arch: str, where: str) -> None:
     if arch != "LlamaForCausalLM" and json_bool(cfg, "mlp_bias", False, where):
         raise ConfigError(f"{where}: mlp_bias=true is not supported for {arch} (transformers builds its MLP without "
                           "biases); remove the field or set it to false")
-    if cfg.get("attention_dropout"):
-        raise ConfigError(f"{where}: attention_dropout={cfg['attention_dropout']!r} is not supported; set it to 0")
+    # a dropout the config asks for (transformers' Phi3 applies resid_pdrop in training; embd_pdrop it ignores, so a
+    # non-zero one says the checkpoint was meant to train with it)
+    for key in (_DROPOUTS if arch == PHI3 else _DROPOUTS[:1]):
+        if cfg.get(key):
+            raise ConfigError(f"{where}: {key}={cfg[key]!r} is not supported (this model trains without dropout); "
+                              "set it to 0")
 
 
 def _no_layer_slides(cfg: dict[str, Any], where: str) -> bool:
@@ -318,12 +347,15 @@ def _no_layer_slides(cfg: dict[str, Any], where: str) -> bool:
     return json_int(first, "max_window_layers", where) >= json_int(layers, "num_hidden_layers", where)
 
 
-def _mistral_window(cfg: dict[str, Any], arch: str, where: str) -> int:
-    """Mistral's sliding window in tokens (0: none), as transformers' MistralConfig reads it: 4096 where config.json
-    leaves it out, none where null; ``use_sliding_window`` is Qwen2's and changes nothing there (transformers'
-    Mistral slides whatever it says). Other architectures' windows were refused before."""
-    window = cfg.get("sliding_window", _MISTRAL_WINDOW)
-    if arch != "MistralForCausalLM" or window is None:
+def _window(cfg: dict[str, Any], arch: str, where: str) -> int:
+    """Mistral's or Phi-3's sliding window in tokens (0: none), as transformers' config classes read it:
+    MistralConfig 4096 where config.json leaves it out, Phi3Config none, both none where null;
+    ``use_sliding_window`` is Qwen2's and changes nothing there (their models slide in every layer whatever it
+    says). Other architectures' windows were refused before."""
+    if arch not in _WINDOWED:
+        return 0
+    window = cfg.get("sliding_window", _WINDOWED[arch])
+    if window is None:
         return 0
     size = json_int(window, "sliding_window", where)
     if size < 1:
@@ -331,7 +363,7 @@ def _mistral_window(cfg: dict[str, Any], arch: str, where: str) -> int:
     return size
 
 
-def _rope(cfg: dict[str, Any], where: str) -> tuple[float, Llama3Scaling | None]:
+def _rope(cfg: dict[str, Any], arch: str, where: str) -> tuple[float, Llama3Scaling | None]:
     """(theta, scaling) from ``rope_scaling``/``rope_theta`` or ``rope_parameters`` (transformers >= 5), as
     transformers reads them: ``rope_scaling`` where both are set (``convert_rope_params_to_dict``)."""
     key = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"  # transformers reads the first if set
@@ -340,6 +372,8 @@ def _rope(cfg: dict[str, Any], where: str) -> tuple[float, Llama3Scaling | None]
         raise ConfigError(f"{where}: {key}={params!r} is not an object of rope fields (rope_type, rope_theta, ...)")
     theta = json_float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)), "rope_theta", where)
     kind = params.get("rope_type", params.get("type", "default"))
+    if arch == PHI3:
+        _phi3_rope(params, cfg, kind, key, where)
     if kind == "default":  # transformers' Llama, Qwen2 and Mistral rotate the whole head here, whatever a
         return theta, None  # partial_rotary_factor says (their default rope ignores it): the logits agree
     if kind != "llama3":
@@ -358,6 +392,21 @@ def _rope(cfg: dict[str, Any], where: str) -> tuple[float, Llama3Scaling | None]
                                 json_float(params["high_freq_factor"], "high_freq_factor", where),
                                 json_int(params["original_max_position_embeddings"],
                                          "original_max_position_embeddings", where))
+
+
+def _phi3_rope(params: dict[str, Any], cfg: dict[str, Any], kind: Any, key: str, where: str) -> None:
+    """Phi-3's rope as transformers' Phi3 reads it: its default rope rotates only ``partial_rotary_factor`` of each
+    head (the rest passes through; Phi-4-mini's 0.75), and its only other type is LongRoPE ('longrope', older
+    'su' and 'yarn': the 128k-context models' per-frequency short and long factors); neither is modelled here."""
+    if kind != "default":
+        raise ConfigError(f"{where}: {key} has rope_type={kind!r}, which is not supported for {PHI3} (its default "
+                          "rope only; LongRoPE, 'longrope', 'su' or 'yarn', is the 128k-context models'): use a "
+                          f"checkpoint whose {key} is null (Phi-3-mini-4k, Phi-3-medium-4k, Phi-4)")
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    if partial is not None and json_float(partial, "partial_rotary_factor", where) != 1.0:
+        raise ConfigError(f"{where}: partial_rotary_factor={partial!r} is not supported for {PHI3} (it rotates "
+                          "only that share of each head, as Phi-4-mini does; this model rotates the whole head): use "
+                          "a checkpoint with 1.0 or none")
 
 
 def _planner_seq(shape: LlamaShape) -> int:

@@ -42,6 +42,8 @@ def hf_config(kind: str, vocab: int, **over: Any) -> Any:
         return transformers.LlamaConfig(tie_word_embeddings=False, attention_bias=True, mlp_bias=True, **common)
     if kind == "qwen3":  # q/k norms, a head width set apart (4 heads x 32 != 64); over: tied, attention_bias
         return transformers.Qwen3Config(**{"tie_word_embeddings": False, "head_dim": 32, "rope_theta": 1e6, **common})
+    if kind == "phi3":  # fused qkv_proj and gate_up_proj; Phi3Config's padding id (32000) is outside this vocabulary
+        return transformers.Phi3Config(**{"tie_word_embeddings": False, "pad_token_id": None, **common})
     if kind == "mistral":
         return transformers.MistralConfig(**{"tie_word_embeddings": False, "sliding_window": None, **common})
     raise ValueError(kind)

@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "generate", help="continue text from a training run's last checkpoint or hf:DIR",
         description="Continue text from a training run's last checkpoint or hf:DIR, in one process. The context "
                     "kept is the positions the model declares: config.json's max_position_embeddings for hf:DIR "
-                    "and runs trained from it (what export --hf writes), no more than a Mistral folder's "
+                    "and runs trained from it (what export --hf writes), no more than a Mistral or Phi-3 folder's "
                     "sliding_window; --seq-len for --model llama and GPT runs. "
                     "Past it only the last that many tokens are kept, positions counted again from 0 (transformers "
                     "keeps the whole text, so the two may differ from there on).")

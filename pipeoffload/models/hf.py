@@ -2,7 +2,9 @@
 
 ``load_parameters`` fills a rank's parameters from a checked ``HFDir`` (``pipeoffload.hfdir``):
 each parameter is read on its own with ``safe_open(...).get_slice``, and a tensor-parallel
-parameter (a ``DTensor``) reads only its local shard, so no rank ever holds the whole model.
+parameter (a ``DTensor``) reads only its local shard, so no rank ever holds the whole model. Phi-3's fused
+``qkv_proj`` and ``gate_up_proj`` are read as their q, k, v and gate, up rows (``hfdir.hf_rows``), each into
+its own parameter (and shard), and written back stacked.
 ``save_hf`` writes a directory that transformers' ``from_pretrained`` loads: ``config.json``,
 safetensors shards with ``model.safetensors.index.json``, the tokenizer; written into a temporary
 folder beside the target and renamed into place once complete.
@@ -22,7 +24,7 @@ from torch import nn
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import check_new_folder
-from pipeoffload.hfdir import INDEX, HFDir, hf_name, our_names
+from pipeoffload.hfdir import INDEX, HFDir, export_parts, hf_rows
 from pipeoffload.llama_config import LlamaShape
 from pipeoffload.models.llama import llama_layers
 
@@ -42,22 +44,32 @@ def _local_slices(param: torch.Tensor) -> tuple[slice, ...] | None:
     return tuple(slice(o, o + n) for o, n in zip(offset, shape))
 
 
+def _rows_from(index: tuple[slice, ...] | None, param: torch.Tensor, row: int | None) -> tuple[slice, ...] | None:
+    """The index of ``param``'s part (its shard, ``index``, or all of it) in a tensor where its rows start at
+    ``row`` (Phi-3's fused tensors; None: the tensor is the parameter's own); None: the whole tensor."""
+    if row is None:
+        return index
+    whole = index if index is not None else tuple(slice(0, n) for n in param.shape)
+    return (slice(whole[0].start + row, whole[0].stop + row), *whole[1:])
+
+
 @torch.no_grad()
 def load_parameters(hf: HFDir, named: Mapping[str, torch.Tensor]) -> None:
     """Copy every parameter of ``named`` (our full names ``layers.<i>.<local>``) from ``hf``."""
     from safetensors import safe_open
 
-    by_file: dict[str, list[tuple[str, str, torch.Tensor]]] = {}
+    by_file: dict[str, list[tuple[str, str, int | None, torch.Tensor]]] = {}
     for full, param in named.items():
-        name = hf_name(full, hf.shape)
-        by_file.setdefault(hf.files[name], []).append((full, name, param))
+        name, row = hf_rows(full, hf.shape)
+        by_file.setdefault(hf.files[name], []).append((full, name, row, param))
     for fname, entries in by_file.items():
         with safe_open(str(hf.path / fname), framework="pt") as fh:
-            for full, name, param in entries:
-                index = _local_slices(param)
+            for full, name, row, param in entries:
+                shard = _local_slices(param)
+                index = _rows_from(shard, param, row)
                 part = fh.get_slice(name)
                 value = part[index] if index is not None else part[:]
-                target = param.to_local() if index is not None else param  # type: ignore[attr-defined]
+                target = param.to_local() if shard is not None else param  # type: ignore[attr-defined]
                 if tuple(value.shape) != tuple(target.shape):
                     raise ConfigError(f"{hf.path / fname}: tensor {name} gives shape {tuple(value.shape)} for "
                                       f"{full}, which needs {tuple(target.shape)}")
@@ -90,6 +102,12 @@ def _shards(tensors: Iterable[tuple[str, torch.Tensor]], max_bytes: int) -> list
     return shards
 
 
+def _stacked(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One Hugging Face tensor of our parameters' rows (several: Phi-3's fused q/k/v and gate/up), fp32 on the CPU."""
+    whole = [p.detach().to("cpu", torch.float32) for p in parts]
+    return (whole[0] if len(whole) == 1 else torch.cat(whole)).contiguous()
+
+
 def save_hf(out: str | Path, shape: LlamaShape, state: Mapping[str, torch.Tensor], tokenizer: Path | None,
             max_shard_bytes: int = DEFAULT_SHARD_BYTES, tokenizer_files: Sequence[Path] = ()) -> Path:
     """Write ``state`` (our full names) as a Hugging Face directory at ``out`` (refused if it exists).
@@ -106,8 +124,7 @@ def save_hf(out: str | Path, shape: LlamaShape, state: Mapping[str, torch.Tensor
         raise ConfigError(f"{what}: cannot write in folder {str(target.parent)!r} ({err.strerror}); "
                           "choose another place") from None
     try:
-        tensors = [(hf, state[ours].detach().to("cpu", torch.float32).contiguous())
-                   for hf, ours in our_names(shape).items()]
+        tensors = [(hf, _stacked([state[name] for name in ours])) for hf, ours in export_parts(shape).items()]
         shards = _shards(tensors, max_shard_bytes)
         weight_map: dict[str, str] = {}
         for k, shard in enumerate(shards, 1):

@@ -16,7 +16,8 @@ explicit s x s mask.
 
 ``parallelize_llama_stage`` shards the blocks of a stage as torchtitan does for Llama 3: q/k/v and
 gate/up column-parallel, o/down row-parallel, the norms and the residual stream sequence-parallel, Qwen3's
-q/k norms replicated over the ranks' heads.
+q/k norms replicated over the ranks' heads. Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` are split onto
+these projections as a checkpoint loads (``models.hf``), so the same plan shards them.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A ``ModelSpec`` from a Hugging Face ``config.json`` (standard library only: no transformers, no torch).
 
 A Llama-family architecture (``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``,
-``MistralForCausalLM``) is read by ``llama_config.LlamaShape.from_hf``, the reader the training side uses, so
+``MistralForCausalLM``, ``Phi3ForCausalLM``) is read by ``llama_config.LlamaShape.from_hf``, the reader the training side uses, so
 the planner and the trained model see the same shape (and the same refusals). Any other config is read generically: the
 Llama/Mistral/Qwen keys (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
 ``num_key_value_heads``, ``intermediate_size``, ``vocab_size``, ``max_position_embeddings``,
@@ -88,7 +88,7 @@ _GEMMA_NORMS = {"gemma": 2, "gemma2": 4, "gemma3_text": 4}  # Gemma 2/3 add post
 
 
 def _window(data: dict[str, Any], where: str) -> int:
-    """The sliding-window width where the config uses one (Phi-3, Starcoder2, Gemma 2), else 0."""
+    """The sliding-window width where the config uses one (Starcoder2, Gemma 2), else 0."""
     if data.get("sliding_window") is None or not json_bool(data, "use_sliding_window", True, where):
         return 0
     return json_int(data["sliding_window"], "sliding_window", where)

@@ -78,7 +78,8 @@ def test_gpt_casts_are_cached_once_per_step_and_planned(hidden: int, heads: int,
                          [(4, 96, 0, False, False, {}), (2, 160, 0, False, True, {}), (2, 96, 8, True, False, {}),
                           # Llama's attention_bias and mlp_bias; Qwen3 (its q/k norms are not cast) with o_proj's
                           (2, 96, 0, True, False, {"o_bias": True, "mlp_bias": True}),
-                          (2, 96, 32, True, True, {"o_bias": True, "architecture": "Qwen3ForCausalLM"})])
+                          (2, 96, 32, True, True, {"o_bias": True, "architecture": "Qwen3ForCausalLM"}),
+                          (1, 96, 0, False, False, {"architecture": "Phi3ForCausalLM"})])  # split q/k/v, gate/up
 def test_llama_casts_are_cached_once_per_step_and_planned(kv: int, ffn: int, head_dim: int, qkv_bias: bool,
                                                           tie: bool, extra: dict) -> None:
     shape = LlamaShape(vocab=100, hidden=64, layers=2, heads=4, kv_heads=kv, ffn_hidden=ffn, head_dim=head_dim,

@@ -188,11 +188,11 @@ def test_an_empty_output_path_is_refused(command: str, flag: str, tmp_path: Path
 def _tiny_state() -> tuple[object, dict[str, object]]:
     import torch
 
-    from pipeoffload.hfdir import our_names
+    from pipeoffload.hfdir import export_parts
     from pipeoffload.llama_config import LlamaShape
 
     shape = LlamaShape(vocab=16, hidden=8, layers=1, heads=2)
-    return shape, {ours: torch.zeros(2) for ours in our_names(shape).values()}
+    return shape, {name: torch.zeros(2) for ours in export_parts(shape).values() for name in ours}
 
 
 @pytest.mark.parametrize("where", ["/proc/pipeoffload-x", "/sys/pipeoffload-x"])

@@ -67,7 +67,7 @@ def test_gpt_block_saves_what_the_planner_counts(device: str, dtype: str, flash:
     assert saved == _saved(block, hidden, seq, batch, dtype, device)
 
 
-QWEN3, LLAMA = "Qwen3ForCausalLM", "LlamaForCausalLM"
+QWEN3, LLAMA, PHI3 = "Qwen3ForCausalLM", "LlamaForCausalLM", "Phi3ForCausalLM"
 LLAMA_SHAPES = [  # hidden, heads, kv_heads, ffn, head_dim (0: hidden // heads), qkv_bias, seq, batch, architecture
     (64, 4, 4, 96, 0, False, 32, 2, LLAMA),  # multi-head attention
     (64, 4, 2, 160, 0, False, 24, 3, LLAMA),  # grouped-query attention
@@ -75,6 +75,8 @@ LLAMA_SHAPES = [  # hidden, heads, kv_heads, ffn, head_dim (0: hidden // heads),
     (64, 4, 2, 96, 8, True, 20, 2, LLAMA),  # Qwen2's q/k/v biases, a head width set apart (A = 32 != hidden)
     (64, 4, 2, 96, 32, False, 24, 2, QWEN3),  # Qwen3's q/k norms, grouped, A = 128 != hidden
     (64, 4, 4, 96, 0, True, 16, 3, QWEN3),  # Qwen3 multi-head with attention_bias (q, k, v and o)
+    (64, 4, 2, 96, 0, False, 24, 2, PHI3),  # Phi-3: its fused qkv_proj and gate_up_proj split, Llama's block
+    (64, 4, 1, 128, 32, False, 16, 3, PHI3),  # Phi-3 multi-query, a head width set apart
 ]
 
 
