@@ -17,6 +17,7 @@ models), a partial rotary factor (Phi-4-mini) and dropout are refused.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -371,6 +372,9 @@ def _rope(cfg: dict[str, Any], arch: str, where: str) -> tuple[float, Llama3Scal
     if not isinstance(params, dict):
         raise ConfigError(f"{where}: {key}={params!r} is not an object of rope fields (rope_type, rope_theta, ...)")
     theta = json_float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)), "rope_theta", where)
+    if not 0 < theta < math.inf:  # the frequencies are theta ** -(i / d): 0 or below makes every logit NaN
+        raise ConfigError(f"{where}: rope_theta={theta!r}: must be a finite number > 0 (RoPE's base frequency, "
+                          "e.g. 10000); the model was not trained with this value: fix the file")
     kind = params.get("rope_type", params.get("type", "default"))
     if arch == PHI3:
         _phi3_rope(params, cfg, kind, key, where)
