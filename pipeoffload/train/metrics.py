@@ -229,7 +229,8 @@ class TensorBoardLogger:
     def log(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
         for name, value in record.items():
-            if name == "step" or value is None or isinstance(value, (dict, str)):  # the layout: not a scalar
+            # the layout and the resume's mark are not scalars to plot
+            if name == "step" or value is None or isinstance(value, (dict, str, bool)):
                 continue
             if isinstance(value, list):
                 for rank, v in enumerate(value):
