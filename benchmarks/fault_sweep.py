@@ -239,7 +239,8 @@ def run_case(case: Case, root: Path, python: str, data: Path, work: Path) -> Out
     if case.prepare:
         done = subprocess.run([python, "-m", "pipeoffload", "train", *TINY, "--eval-every", "1000", "--data", str(data),
                                "--out", str(run),
-                               *case.prepare.split()], env=base_env, capture_output=True, text=True, timeout=300)
+                               *case.prepare.split()], env=base_env, capture_output=True, text=True, timeout=300,
+                              cwd=root)
         if done.returncode != 0:
             return Outcome(f"prep {done.returncode}", 0.0, True, False, last=done.stderr.strip()[-150:])
     if case.spoil:
@@ -256,7 +257,9 @@ def run_case(case: Case, root: Path, python: str, data: Path, work: Path) -> Out
     env = {**base_env, "PIPEOFFLOAD_TEST_FAULT": case.fault} if case.fault else base_env
     start = time.time()
     with open(work / "stdout", "w") as so, open(work / "stderr", "w") as se:
-        proc = subprocess.Popen(argv, stdout=so, stderr=se, env=env, start_new_session=True)
+        # in --root: `python -m` puts the working folder first on sys.path, ahead of PYTHONPATH's --root, so from
+        # another checkout's folder a sweep of --root ran that checkout's package instead
+        proc = subprocess.Popen(argv, stdout=so, stderr=se, env=env, start_new_session=True, cwd=root)
         try:
             code: int | str = proc.wait(timeout=LIMIT)
         except subprocess.TimeoutExpired:

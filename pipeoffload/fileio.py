@@ -142,6 +142,25 @@ class DiskFull(ConfigError):
         return made
 
 
+FULL_BELOW = 1 << 20  # a file system with less than this free (to us) is full
+
+
+def no_space_text(doing: str, free: int, removed: bool = False) -> str:
+    """The start of the line for a write that failed with ENOSPC, true whatever ran out: ``free`` is what the file
+    system has free now (``shutil.disk_usage``). Below ``FULL_BELOW`` the disk is full; above it the disk did not
+    run out, as far as can be told: some file systems report a spent quota, or no free inode, as ENOSPC (not
+    EDQUOT), unless the partial output was ``removed`` since, when the write may also have filled the disk."""
+    shown = f"{free / (1 << 20):.1f} MiB"
+    if free < FULL_BELOW:
+        return f"disk full while {doing} ({shown} free)"
+    if removed:
+        return (f"disk full or a quota spent while {doing} (no space left on device; {shown} are free now that the "
+                "partial output is removed: the write filled the disk, or a quota or the file system's inodes ran "
+                "out, which quota -s and df -i show)")
+    return (f"no space left on device while {doing}, although {shown} are free: a quota or the file system's "
+            "inodes ran out, not the disk (quota -s and df -i show which)")
+
+
 def full_disk_text(path: str | os.PathLike[str], err: OSError) -> str:
     """One line for a write that found the disk full: the path, the reason, the fix."""
     return (f"output {os.fspath(path)}: cannot be written ({err.strerror or err}); free space on that file system "

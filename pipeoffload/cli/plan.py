@@ -12,7 +12,7 @@ from pipeoffload.errors import FLAGS, ConfigError, in_words
 from pipeoffload.fileio import check_extension, check_writable
 from pipeoffload.planner.cli_args import add_hardware_args, add_model_args
 from pipeoffload.planner.compare_tp import BASELINES
-from pipeoffload.planner.emit import DTYPES, train_model, train_setup
+from pipeoffload.planner.emit import DTYPES, check_emit_setup, train_model, train_setup
 from pipeoffload.planner.hardware import GIB
 from pipeoffload.planner.measured import load_layer_costs
 from pipeoffload.planner.model import ModelSpec
@@ -138,25 +138,6 @@ def check_tp_flag(args: argparse.Namespace, model: ModelSpec, per_node: int) -> 
                               "a node); use a smaller --tp or --hw gpus_per_node=N")
 
 
-# plan flags that describe a run train does not make: with --emit (train's own state) each is refused
-_NOT_TRAIN = {
-    "--partial-recompute": "train does not perform partial (LGD) recomputation",
-    "--no-sequence-parallel": "train's tensor parallelism is always sequence-parallel",
-    "--recompute selective": "train does not perform Megatron's selective recomputation",
-}
-
-
-def check_emit_setup(args: argparse.Namespace, selective: bool) -> None:
-    """Refuse, naming it, a flag ``--emit`` could only ignore: the file plans train's own run
-    (``--no-distributed-optimizer`` and ``--no-partial-recompute`` are that run's, so they pass)."""
-    given = {"--partial-recompute": args.partial_recompute is True,
-             "--no-sequence-parallel": args.no_sequence_parallel, "--recompute selective": selective}
-    for flag, why in _NOT_TRAIN.items():
-        if given[flag]:
-            raise ConfigError(f"{flag} with --emit: {why}, and --emit plans the run the file starts; "
-                              f"drop {flag}, or drop --emit to plan a run train does not make")
-
-
 def request_from_args(args: argparse.Namespace) -> PlanRequest:
     recompute = args.recompute
     selective = recompute is not None and "selective" in recompute
@@ -168,7 +149,7 @@ def request_from_args(args: argparse.Namespace) -> PlanRequest:
                           partial_recompute=args.partial_recompute, host_link=args.shared_host_link,
                           sequence_parallel=not args.no_sequence_parallel, selective_recompute=selective)
     if args.emit:  # the run the file starts, as `train --plan auto` plans it: train's blocks and state
-        check_emit_setup(args, selective)
+        check_emit_setup(setup)  # a flag --emit could only ignore is refused, as the service's emit() does
         model = train_model(model, args.dtype)
         setup = replace(train_setup(), host_link=args.shared_host_link)
     check_tp_flag(args, model, hw.gpus_per_node)

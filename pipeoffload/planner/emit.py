@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from pipeoffload.errors import ConfigError, Naming
 from pipeoffload.fileio import write_atomic
 from pipeoffload.llama_config import PRESETS, LlamaShape
 from pipeoffload.planner.evaluate import placement_of
@@ -87,6 +88,34 @@ def train_setup(distributed_optimizer: bool = False) -> TrainingSetup:
     does not perform (the planner's default assumes it on every plan that offloads)."""
     return TrainingSetup(weight_bytes=4.0, grad_bytes=4.0, optimizer_bytes=8.0,
                          distributed_optimizer=distributed_optimizer, partial_recompute=False)
+
+
+# what a setup may describe that train does not run: (field, the value that says it, its flag, why); a config
+# written from it would plan memory the run does not keep, so ``emit`` refuses each (``check_emit_setup``)
+NOT_TRAIN = (
+    ("partial_recompute", True, "--partial-recompute", "train does not perform partial (LGD) recomputation"),
+    ("sequence_parallel", False, "--no-sequence-parallel", "train's tensor parallelism is always sequence-parallel"),
+    ("selective_recompute", True, "--recompute selective", "train does not perform Megatron's selective recomputation"),
+)
+
+
+def check_emit_setup(setup: TrainingSetup) -> None:
+    """Refuse (one line naming the field, or the flag for the CLI) a setup train does not run: ``plan --emit``
+    and ``PlanResult.emit`` both write a config for train, whose run would not be the one planned
+    (``distributed_optimizer`` and ``partial_recompute=False`` are train's run, so they pass)."""
+    found = next((entry for entry in NOT_TRAIN if getattr(setup, entry[0]) is entry[1]), None)
+    if found is None:
+        return
+    name, value, flag, why = found
+
+    def words(naming: Naming) -> str:
+        if naming.flags:
+            return (f"{flag} with --emit: {why}, and --emit plans the run the file starts; drop {flag}, or drop "
+                    "--emit to plan a run train does not make")
+        return (f"setup.{name}={value} with emit(): {why}, and emit() writes the run the file starts; plan with "
+                "setup=pipeoffload.planner.emit.train_setup(), or do not emit a plan train does not make")
+
+    raise ConfigError.named(words)
 
 
 def train_model(model: ModelSpec, dtype: str) -> ModelSpec:

@@ -182,7 +182,8 @@ def head_cast_cache_bytes(m: ModelSpec) -> float:
 
 def embedding_bytes(m: ModelSpec) -> float:
     """What train's first stage keeps per microbatch beyond its blocks: the int64 token ids the embedding's
-    backward reads (``8*T``, the microbatch's own copy, ``runtime.spec.split_microbatches``) and, for GPT,
+    backward reads (``8*T``, the microbatch's own copy, made on the device by its forward and held only while it
+    is in flight: ``runtime.spec.split_on_host``) and, for GPT,
     the learned positions' int64 index (``8*s``, one per forward). The lookups' fp32 output is the first
     block's input, counted there. Embeddings are not tensor-parallel in train: whole on every TP rank. All
     of it is W's (the embedding's gradient is all weight gradient)."""

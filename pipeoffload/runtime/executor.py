@@ -56,8 +56,9 @@ from pipeoffload.runtime.spec import (
     grad_specs,
     infer_specs,
     spec_of,
-    split_microbatches,
+    split_on_host,
     tensor_specs,
+    to_device,
 )
 from pipeoffload.runtime.stage import LossFn, PipelineStage
 from pipeoffload.runtime.trace import Trace, TraceRecord
@@ -324,7 +325,7 @@ class PipelineRunner:
                 if s == 0:
                     if mb_inputs is None:
                         raise ConfigError(f"rank {self.rank} holds stage 0: pass the batch as step(inputs, ...)")
-                    in_specs, values = [spec_of(x) for x in mb_inputs], mb_inputs
+                    in_specs, values = [spec_of(x) for x in mb_inputs], _OnDevice(mb_inputs, self.device)
                 else:
                     in_specs, values = specs[s - 1], None
                 mine = infer_specs(self.stages[s].module, in_specs, self.device, values)
@@ -420,14 +421,26 @@ class PipelineRunner:
         return losses
 
     def _split(self, inputs: Any, targets: Any, caller: str) -> None:
-        """The microbatches of the batch this rank needs: inputs on stage 0's rank, targets on the last's."""
-        m = self.num_microbatches
-        self._mb_inputs = split_microbatches(inputs, m, self.device, "inputs") if 0 in self.stages else None
+        """The microbatches of the batch this rank needs: inputs on stage 0's rank, targets on the last's, where
+        the caller's batch is (``split_on_host``): each goes to the device when its forward needs it (``_take``)."""
+        m, pin = self.num_microbatches, self.device.type == "cuda"
+        self._mb_inputs = split_on_host(inputs, m, "inputs", pin) if 0 in self.stages else None
         self._mb_targets = None
         if self.num_stages - 1 in self.stages:
             if targets is None:
                 raise ConfigError(f"rank {self.rank} holds the last stage: pass targets to {caller}(inputs, targets)")
-            self._mb_targets = [t if len(t) > 1 else t[0] for t in split_microbatches(targets, m, self.device, "targets")]
+            self._mb_targets = split_on_host(targets, m, "targets", pin)
+
+    def _take(self, pieces: list[tuple | None], mb: int) -> tuple:
+        """Microbatch ``mb``'s inputs or targets as its own copy on the device, which the runner no longer holds:
+        the forward keeps what it needs (saved for the backward, or kept for R), no longer than the microbatch
+        is in flight."""
+        piece, pieces[mb] = pieces[mb], None
+        return to_device(piece, self.device)  # type: ignore[arg-type]
+
+    def _target(self, mb: int) -> Any:
+        targets = self._take(self._mb_targets, mb)  # type: ignore[arg-type]
+        return targets if len(targets) > 1 else targets[0]
 
     def _run(self, program: list, early: list[Action], handlers: Mapping[ActionKind, Handler],
              trace: Trace, label: str, step: int, final: Mapping[int, int] | None = None) -> None:
@@ -519,8 +532,8 @@ class PipelineRunner:
     def _forward(self, a: Action) -> None:
         s, mb = a.stage, a.microbatch
         stage = self.stages[s]
-        args = self._mb_inputs[mb] if s == 0 else self._inputs.pop((s, mb))  # type: ignore[index]
-        target = self._mb_targets[mb] if stage.is_last else None  # type: ignore[index]
+        args = self._take(self._mb_inputs, mb) if s == 0 else self._inputs.pop((s, mb))  # type: ignore[arg-type]
+        target = self._target(mb) if stage.is_last else None
         out = stage.forward(mb, args, target, recompute=(s, mb) in self.recomputed)
         self._note_slot(s, mb)
         if stage.is_last:
@@ -541,12 +554,12 @@ class PipelineRunner:
         """F of an evaluation: the module alone (no saving, no loss scaling); the value goes on as in ``_forward``."""
         s, mb = a.stage, a.microbatch
         stage = self.stages[s]
-        args = self._mb_inputs[mb] if s == 0 else self._inputs.pop((s, mb))  # type: ignore[index]
+        args = self._take(self._mb_inputs, mb) if s == 0 else self._inputs.pop((s, mb))  # type: ignore[arg-type]
         out = stage.module(*args)
         if stage.is_last:
             if stage.loss_fn is None:
                 raise ValueError(f"stage {s} is the last stage but no loss_fn was given")
-            self._losses[mb] = stage.loss_fn(out, self._mb_targets[mb])  # type: ignore[index]
+            self._losses[mb] = stage.loss_fn(out, self._target(mb))
             return
         leaves, tree = flatten(out)
         spec = self.specs[s][mb]  # type: ignore[index]
@@ -716,6 +729,20 @@ class PipelineRunner:
 def _copied(leaves: Sequence[Any], spec: Spec) -> list[Any]:
     """``leaves`` with each tensor the spec sends copied into a storage of its own (detached)."""
     return [v.detach().clone() if isinstance(sp, TensorSpec) else v for v, sp in zip(leaves, spec.leaves)]
+
+
+class _OnDevice(Sequence[tuple]):
+    """Stage 0's microbatch inputs on the device one at a time, as a shape probe reads them (one per distinct
+    shape, ``spec.infer_specs``); the step's own copies are made later, each by its forward."""
+
+    def __init__(self, pieces: list[tuple], device: torch.device) -> None:
+        self.pieces, self.device = pieces, device
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def __getitem__(self, i: int) -> tuple:  # type: ignore[override]
+        return to_device(self.pieces[i], self.device)
 
 
 def _receives(program: list) -> list[Action]:

@@ -7,7 +7,8 @@ the processes and collects what each returned. No restarts (a failed step is not
 
 The agent stops every rank as soon as one fails and tolerates a stopped one, so our supervisor
 (``_Supervisor``) decides when the agent sees the ranks' fate: every wait is bounded (``deadline``);
-once a rank has failed the others get ``grace`` seconds to exit naming the failure themselves; a
+once a rank has failed the others get ``grace`` seconds to exit naming the failure themselves (``settle``
+seconds where its failure names itself: its own error, or a death the launcher blames); a
 rank stopped (SIGSTOP) for ``timeout`` seconds is killed and blamed, as is a rank that exits with a code
 of its own and no Python error (``os._exit``); with ``forward_signals``
 SIGINT/SIGTERM go to the ranks (recorded in the run's folder first, so that a rank still starting takes it
@@ -339,8 +340,10 @@ class _Supervisor:
     monitoring ticks; until it says yes the agent is told the group is healthy."""
 
     def __init__(self, world: int, folder: str, timeout: float, deadline: float, grace: float | None,
-                 stop_grace: float) -> None:
+                 stop_grace: float, settle: float | None = None) -> None:
         self.folder, self.timeout, self.deadline, self.grace, self.stop_grace = folder, timeout, deadline, grace, stop_grace
+        self.settle = settle
+        self.known = False  # whether the first failure says itself what failed (a rank's own error, a death blamed)
         self.pids: list[int] = []
         self.codes: list[int | None] = [None] * world
         self.start = time.monotonic()
@@ -394,10 +397,30 @@ class _Supervisor:
                 except ProcessLookupError:
                     pass
 
+    def _grace(self) -> float | None:
+        """How long the others get once a rank has failed: ``settle`` where that failure says itself what failed
+        (a peer still running could only report the loss of it, or is blocked where it cannot see it: a store
+        wait in start-up), else ``grace``, for the rank that failed first to be seen to (a consequence)."""
+        if self.known and self.settle is not None:
+            return self.settle if self.grace is None else min(self.grace, self.settle)
+        return self.grace
+
+    def _failed(self, now: float, rank: int) -> None:
+        """Note the run's first failure, at ``now``, by ``rank``."""
+        if self.failed_at is not None:
+            return
+        self.failed_at = now
+        if rank in self.notes:
+            self.known = True
+            return
+        with contextlib.suppress(OSError):
+            self.known = not _consequence(Path(f"{self.folder}/error-{rank}.txt").read_text(errors="replace"))
+
     def _limit(self) -> float:
         limit = self.start + self.deadline
-        if self.failed_at is not None and self.grace is not None:
-            limit = min(limit, self.failed_at + self.grace)
+        grace = self._grace()
+        if self.failed_at is not None and grace is not None:
+            limit = min(limit, self.failed_at + grace)
         if self.signalled_at is not None:
             limit = min(limit, self.signalled_at + self.stop_grace)
         return limit
@@ -431,8 +454,8 @@ class _Supervisor:
                 # and its peers only see a lost connection, which would blame one of them
                 self._blame(r, f"rank {r} (pid {self.pids[r]}) exited with code 0 before its work was done "
                                "(os._exit(0), or exit(0) in native code)")
-            if (code != 0 or r in self.notes) and self.failed_at is None:
-                self.failed_at = now
+            if code != 0 or r in self.notes:
+                self._failed(now, r)
 
     def _probe_stopped(self, pending: set[int], now: float) -> None:
         """Kill (and blame) a rank that has been stopped (SIGSTOP, Ctrl-Z of one process) for ``timeout``:
@@ -449,8 +472,7 @@ class _Supervisor:
                 self._blame(r, f"rank {r} (pid {self.pids[r]}) was stopped (SIGSTOP) for {self.timeout:g} s "
                                "(--timeout): killed")
                 self._kill(r)
-                if self.failed_at is None:
-                    self.failed_at = now
+                self._failed(now, r)
 
     def _kill(self, r: int) -> None:
         self.killed.add(r)
@@ -491,8 +513,8 @@ class _Supervisor:
             return "a second signal"
         if self.signalled_at is not None and self.failed_at is None:
             return f"{self.stop_grace:g} s after the signal"
-        if self.failed_at is not None and self.grace is not None:
-            return f"{self.grace:g} s after a rank failed"
+        if self.failed_at is not None and (grace := self._grace()) is not None:
+            return f"{grace:g} s after a rank failed"
         return f"the {self.deadline:.0f} s deadline"
 
 
@@ -564,17 +586,20 @@ def spawn(
     forward_signals: bool = False,
     stop_grace: float = 10.0,
     collect_faults: bool = False,
+    settle: float | None = None,
 ) -> SpawnResult:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes; collect the results.
 
     ``timeout`` is the process group's (and how long a stopped rank is tolerated); ``deadline``
     bounds the whole run (stragglers are killed); ``grace``: once a rank has failed, the others get
-    this many seconds to exit before being killed. ``forward_signals``: SIGINT/SIGTERM received here
+    this many seconds to exit before being killed; ``settle`` (at most ``grace``), where that rank's failure says
+    itself what failed (its own error, not a lost peer's; or a death the launcher blames), instead: the others
+    could only report the loss of it, and one blocked in start-up (a store wait) cannot see it at all. ``forward_signals``: SIGINT/SIGTERM received here
     are sent to the ranks, which get ``stop_grace`` seconds to exit (``SpawnResult.interrupted``).
     faulthandler's dump of a rank that crashed (SIGSEGV, SIGBUS, ...) is in ``SpawnResult.faults`` and
     written to stderr after the run, one rank after the other; with ``collect_faults`` only returned."""
     with tempfile.TemporaryDirectory(prefix="pipeoffload-") as folder:
-        sup = _Supervisor(world_size, folder, timeout, deadline, grace, stop_grace)
+        sup = _Supervisor(world_size, folder, timeout, deadline, grace, stop_grace, settle)
         main_thread = threading.current_thread() is threading.main_thread()
         handler = sup.on_signal if forward_signals and main_thread else None
         watched = _AGENT_SIGNALS + (signal.SIGINT, signal.SIGTERM)

@@ -252,6 +252,14 @@ def split_microbatches(values: Any, num_microbatches: int, device: torch.device,
     """Split every tensor of ``values`` (nested containers included) along dim 0; other values are
     repeated. Each piece is a fresh copy on ``device``, owned by its microbatch (so offloading it never
     touches the caller's)."""
+    return [to_device(piece, device) for piece in split_on_host(values, num_microbatches, what)]
+
+
+def split_on_host(values: Any, num_microbatches: int, what: str, pin: bool = False) -> list[tuple]:
+    """The pieces of ``split_microbatches`` before their copy to the device (``to_device``): views of the caller's
+    tensors, or with ``pin`` (the device is a GPU) of one pinned copy of each host tensor, so that the copy to the
+    device does not wait for it. The runner copies each microbatch when its forward needs it: a step holds on the
+    device the microbatches in flight only, as the planner counts them (``planner.trainblocks.embedding_bytes``)."""
     leaves, tree = flatten(values)
     pieces: list[list[Any]] = [[] for _ in range(num_microbatches)]
     for v in leaves:
@@ -268,12 +276,22 @@ def split_microbatches(values: Any, num_microbatches: int, device: torch.device,
                     f"counts 1/{num_microbatches}, so the step would not be the batch's mean; give a batch whose "
                     f"dim 0 is a multiple of {num_microbatches}"
                 )
+            v = v.detach()
+            if pin and v.device.type == "cpu":
+                v = v.pin_memory()
             for i, part in enumerate(v.tensor_split(num_microbatches)):
-                pieces[i].append(part.detach().to(device=device, copy=True))
+                pieces[i].append(part)
         else:
             for piece in pieces:
                 piece.append(v)
     return [tree_unflatten(p, tree) for p in pieces]
+
+
+def to_device(piece: tuple, device: torch.device) -> tuple:
+    """A piece of ``split_on_host`` as its microbatch's own copy on ``device`` (the same values, bit for bit)."""
+    leaves, tree = flatten(piece)
+    return tree_unflatten([v.to(device=device, copy=True, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                           for v in leaves], tree)
 
 
 def as_inputs(leaves: Sequence[Any], spec: Spec) -> tuple:

@@ -15,7 +15,7 @@ from pipeoffload.planner.compare_tp import (
     format_comparison,
 )
 from pipeoffload.planner.compare_tp import compare_tp as compare_tp_plans
-from pipeoffload.planner.emit import emit, run_keeps_plan
+from pipeoffload.planner.emit import check_emit_setup, emit, run_keeps_plan
 from pipeoffload.planner.plans import Plan, PlanRequest, SearchResult
 from pipeoffload.planner.report import format_result, result_as_dict
 from pipeoffload.planner.search import find_plans
@@ -49,7 +49,10 @@ class PlanResult:
     def emit(self, path: str | Path) -> str:
         """Write the best plan as a ``pipeoffload train`` config; return the command that runs it. Of a train
         run's plans (``plan --emit``) the best whose copies the run makes (``run_keeps_plan``), as ``train
-        --plan auto`` chooses: the command then says which of the plans that fit was written (its rank) and why."""
+        --plan auto`` chooses: the command then says which of the plans that fit was written (its rank) and why.
+        A setup train does not run (``setup.partial_recompute=True``, ``sequence_parallel=False``,
+        ``selective_recompute=True``) is refused, as ``plan --emit`` refuses its flags (``check_emit_setup``)."""
+        check_emit_setup(self.request.setup)
         plan = self.best()
         if self.request.model.blocks and not run_keeps_plan(self.request, plan):
             plan = next((p for p in self.search.fitting if run_keeps_plan(self.request, p)), plan)
@@ -107,7 +110,9 @@ class CompareTPResult:
         return format_comparison(self.comparison, self.request.plan, naming)
 
     def emit(self, path: str | Path) -> str | None:
-        """Write the PP + offload plan as a train config (None when no such plan fits)."""
+        """Write the PP + offload plan as a train config (None when no such plan fits); a setup train does not
+        run is refused, as by ``PlanResult.emit``."""
+        check_emit_setup(self.request.plan.setup)
         pp = self.comparison.pp
         return None if pp is None else emit(self.request.plan, pp, path)
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.fileio import write_atomic
+from pipeoffload.fileio import FULL_BELOW, no_space_text, write_atomic
 from pipeoffload.train.config import (
     FINGERPRINT_KEYS,
     LAYOUT_KEYS,
@@ -482,7 +482,6 @@ def _agree(code: float, device: Any) -> float:
     return float(flag[0])
 
 
-FULL_BELOW = 1 << 20  # a write that failed with less than this free on its file system ran out of space
 
 
 def _no_room(where: Path) -> bool:
@@ -746,8 +745,8 @@ def _message(run_dir: Path, step: int, disk_full: bool, need: int | None, free: 
             what = (f"disk full: the checkpoint of step {step} needs about {needed} under {run_dir / 'checkpoints'} "
                     f"and {left} are free (nothing was written)")
         else:
-            what = (f"disk full while saving the checkpoint of step {step} under {run_dir / 'checkpoints'} "
-                    f"({sizes(free, free)[0]} free); the partial save was removed")
+            what = (no_space_text(f"saving the checkpoint of step {step} under {run_dir / 'checkpoints'}", free,
+                                  removed=True) + "; the partial save was removed")
         return f"{what}; {last}; free some space, then {then}"
     return (f"saving the checkpoint of step {step} failed (the partial save was removed; {last}){detail}"
             + (f"; {then}" if found else ""))

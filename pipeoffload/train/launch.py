@@ -4,8 +4,8 @@
 set up: under torchrun (``RANK``/``WORLD_SIZE`` in the environment) in this process, with
 ``cfg.parallel.nproc > 1`` in that many spawned processes (``pipeoffload.runtime.launch.spawn``: torch's elastic agent; gloo on CPU),
 else in this process as a one-rank group. The launcher supervises spawned ranks (see
-``runtime.launch.spawn``): a failed, killed or stopped rank ends the run within ``GRACE`` seconds,
-naming it; SIGINT/SIGTERM are forwarded to the ranks, which finish their step, save and exit (or
+``runtime.launch.spawn``): a failed, killed or stopped rank ends the run within ``SETTLE`` seconds,
+naming it (``GRACE`` where the first rank to fail only lost a peer, so that the rank it lost is seen to); SIGINT/SIGTERM are forwarded to the ranks, which finish their step, save and exit (or
 are killed ``STOP_GRACE`` seconds later: ``Interrupted``); ranks die with the launcher.
 """
 from __future__ import annotations
@@ -28,7 +28,11 @@ from pipeoffload.train.config import TrainConfig, continue_with
 
 log = logging.getLogger(__name__)
 RankFn = Callable[..., Any]
-GRACE = 5.0  # seconds the other ranks get to exit (naming the failure themselves) once one has failed
+GRACE = 5.0  # seconds the other ranks get to exit (naming the failure themselves) once one has lost a peer
+# seconds they get once one has failed by its own error or died: the run's message is that rank's, and a rank
+# blocked in start-up (the mesh's store waits, a collective of the data's loading) cannot see it, so it waited
+# out GRACE (5-7 s to end a run whose rank failed building the mesh or loading the data)
+SETTLE = 1.0
 STOP_GRACE = 10.0  # seconds the ranks get to save and exit after SIGINT/SIGTERM
 LOG_FORMAT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
 MESH = "building the device mesh (the dp, pp and tp process groups)"  # what a rank's error at start-up names
@@ -251,7 +255,7 @@ def _spawned(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> list[A
     with _launcher_log(cfg):
         result = spawn(_rank_entry, cfg.world, (fn, cfg, args, verbose), timeout=cfg.run.timeout,
                        deadline=10 * 365 * 86400.0, backend="nccl" if _cuda() else "gloo", grace=GRACE,
-                       forward_signals=True, stop_grace=STOP_GRACE, collect_faults=True)
+                       forward_signals=True, stop_grace=STOP_GRACE, collect_faults=True, settle=SETTLE)
     logged = _log_faults(cfg, result.faults)
     if not result.ok:
         _remove_partial_saves(cfg)

@@ -440,6 +440,7 @@ class Trainer:
             raise
         end = min(cfg.run.steps, cfg.run.stop_at) if cfg.run.stop_at else cfg.run.steps
         bar, saved_at, stopped = None, -1, 0
+        warm_up = self.step + 1 if resume_from is not None else None  # a resumed run's first step warms up again
         try:
             bar = _progress(cfg, ctx, self.step, cfg.run.steps)  # in the try: its failure closes the loggers too
             while self.step < end:
@@ -447,6 +448,8 @@ class Trainer:
                 evaluating = step % cfg.metrics.eval_every == 0 or step in (1, cfg.run.steps)
                 logged = evaluating or step % cfg.metrics.log_every == 0 or step == end
                 record = self.train_step(measure=logged)
+                if step == warm_up:  # marked on any layout: report leaves it out of the throughput
+                    record["resumed"] = True
                 if evaluating:
                     record["val_loss"] = self.evaluate()
                     if not math.isfinite(record["val_loss"]):

@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeoffload.fileio import DiskFull, write_atomic
+from pipeoffload.fileio import DiskFull, no_space_text, write_atomic
 from pipeoffload.ir import ActionKind, Schedule
 
 log = logging.getLogger(__name__)
@@ -137,8 +137,7 @@ def _write_failed(path: Path, doing: str, err: OSError) -> str:
         last, then = "no checkpoint was saved yet", "start the run again"
     if err.errno == errno.ENOSPC:
         free = shutil.disk_usage(run_dir).free if run_dir.is_dir() else 0
-        return (f"disk full while {doing} ({free / (1 << 20):.1f} MiB free; nothing of it was "
-                f"written); {last}; free some space, then {then}")
+        return f"{no_space_text(doing, free)}; nothing of it was written; {last}; free some space, then {then}"
     reason = err.strerror or type(err).__name__
     return f"{doing} failed: {reason} (nothing of it was written); {last}; fix that, then {then}"
 
@@ -230,7 +229,8 @@ class TensorBoardLogger:
     def log(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
         for name, value in record.items():
-            if name == "step" or value is None or isinstance(value, (dict, str)):  # the layout: not a scalar
+            # the layout and the resume's mark are not scalars to plot
+            if name == "step" or value is None or isinstance(value, (dict, str, bool)):
                 continue
             if isinstance(value, list):
                 for rank, v in enumerate(value):

@@ -107,7 +107,7 @@ def last_layout(metrics: RunMetrics) -> tuple[RunMetrics, str | None]:
 def layout_segments(metrics: RunMetrics) -> list[tuple[tuple[int, ...] | str | None, list[dict[str, Any]]]]:
     """The records split where the layout changes (a resume on another layout), in order: (layout, its
     records); one segment for a run on one layout. A record that names no layout stays in its segment.
-    A resume on the same layout is not marked in ``metrics.jsonl``, so it does not split."""
+    A resume on the same layout does not split (its first step, marked ``resumed``, is left out of the medians)."""
     out: list[tuple[tuple[int, ...] | str | None, list[dict[str, Any]]]] = []
     for row in metrics.rows:
         this = _layout_of(row)
@@ -120,17 +120,48 @@ def layout_segments(metrics: RunMetrics) -> list[tuple[tuple[int, ...] | str | N
     return out
 
 
+def _warm(part: RunMetrics, key: str) -> tuple[list[int], list[float], list[int], list[int]]:
+    """The series of ``key`` in records that did not warm up, and of all: (steps, values) without the first
+    record and a resumed run's first step (marked ``resumed``), that step where it was left out beyond the
+    first, and all the steps."""
+    resumed = {row.get("step") for row in part.rows if row.get("resumed") is True}
+    steps, values = part.series(key)
+    kept = [(s, v) for i, (s, v) in enumerate(zip(steps, values)) if i > 0 and s not in resumed]
+    return [s for s, _ in kept], [v for _, v in kept], [s for s in steps[1:] if s in resumed], steps
+
+
+def _resumed_text(left: list[int]) -> str:
+    """How a median names the resumed runs' first steps it left out."""
+    if not left:
+        return ""
+    return f", and the resume's first step {left[0]}" if len(left) == 1 else \
+        f", and the resumes' first steps {', '.join(map(str, left))}"
+
+
+def _run_median(metrics: RunMetrics, key: str) -> tuple[str, float] | None:
+    """(what it is, value): the median of ``key`` after step 1 (which pays for warm-up and shape inference) and
+    without each resumed run's first step (a resume on the same layout warms up again); None without values."""
+    kept, values, left, steps = _warm(metrics, key)
+    if not values:
+        _, every = metrics.series(key)
+        return ("median, after step 1", statistics.median(every)) if every else None
+    return f"median, after step 1{_resumed_text(left)}", statistics.median(values)
+
+
 def _segment_median(part: RunMetrics, key: str, layout: tuple[int, ...] | str | None) -> tuple[str, float] | None:
     """(what it is, value): the median of ``key`` over one layout's records after its first one (the
-    step that warmed up after the resume), or its only record's, said so; None without values."""
-    steps, values = part.series(key)
-    if not values:
+    step that warmed up after the resume) and without a later resumed run's first step, or its only
+    record's, said so; None without values."""
+    kept, values, left, steps = _warm(part, key)
+    if not steps:
         return None
     where = _layout_text(layout) if layout is not None else "no layout recorded"
-    if len(values) == 1:
-        return f"{where}: step {steps[0]} only, its warm-up included", values[0]
-    span = f"step {steps[1]}" if len(steps) == 2 else f"steps {steps[1]}-{steps[-1]}"
-    return f"median, {where}: {span}, its first step {steps[0]} left out", statistics.median(values[1:])
+    if not values:
+        _, every = part.series(key)
+        return f"{where}: step {steps[0]} only, its warm-up included", every[0]
+    span = f"step {kept[0]}" if len(kept) == 1 else f"steps {kept[0]}-{kept[-1]}"
+    return (f"median, {where}: {span}, its first step {steps[0]}{_resumed_text(left)} left out",
+            statistics.median(values))
 
 
 def load_metrics(path: Path) -> RunMetrics:
@@ -215,9 +246,9 @@ def key_figures(metrics: RunMetrics) -> list[tuple[str, str]]:
     for key, name, shown in (("tokens_per_s", "tokens/s", lambda v: f"{v:,.0f}"),
                              ("step_s", "step time", lambda v: _seconds(v, 3))):
         if len(segments) == 1:
-            _, values = metrics.series(key)
-            if values:  # the first step pays for warm-up and shape inference
-                out.append((f"{name} (median, after step 1)", shown(statistics.median(values[1:] or values))))
+            row = _run_median(metrics, key)
+            if row:
+                out.append((f"{name} ({row[0]})", shown(row[1])))
             continue
         for layout, part in segments:  # a resume on another layout warms up again, and runs at its own pace
             row = _segment_median(RunMetrics(part), key, layout)

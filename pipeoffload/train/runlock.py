@@ -57,6 +57,12 @@ class RunLock:
     def _lock(self) -> bool:
         """Take the lock (True), or False where the file locked is no longer the one at the path: its holder
         removed it on release after this opened it (then a fresh one is made)."""
+        if self.path.is_symlink() and not self.path.exists():
+            # opening it would create its target elsewhere, or fail as if another run had just removed the file
+            # (retried, then blamed on other runs): the CLI's check of the folder (``preflight.check_out``) says the same
+            raise ConfigError(f"out={str(self.path.parent)!r}: {str(self.path)!r} is a link to "
+                              f"{os.readlink(self.path)!r}, which does not exist, where the run keeps its lock (a "
+                              "file); move or remove it, or choose another --out")
         missing = [p for p in [self.path.parent, *self.path.parent.parents] if not p.exists()]
         self._made = sorted({*self._made, *missing}, key=lambda p: len(p.parts))  # again: another may remove them
         self._made_file = self._made_file or not self.path.exists()

@@ -79,7 +79,7 @@ def test_a_full_disk_rewriting_metrics_for_a_resume_names_the_checkpoint_and_the
     with pytest.raises(MetricsError) as caught:
         JsonlLogger(path, 2)
     text = str(caught.value)
-    assert len(text.splitlines()) == 1 and "disk full while rewriting" in text, text
+    assert len(text.splitlines()) == 1 and "no space left on device while rewriting" in text, text
     assert "the last complete checkpoint is step-000002" in text, text
     assert f"continue with: pipeoffload train --resume {run}" in text, text
     assert path.read_text() == before and sorted(p.name for p in run.iterdir()) == ["checkpoints", "metrics.jsonl"]
@@ -97,7 +97,7 @@ def test_train_resume_on_a_full_disk_says_which_checkpoint_it_continues_from(
     code = main(["train", "--resume", str(run)])
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]
-    assert code == 1 and "Traceback" not in err and "disk full while rewriting" in last, err
+    assert code == 1 and "Traceback" not in err and "no space left on device while rewriting" in last, err
     assert "the last complete checkpoint is step-000002" in last, last
     assert f"continue with: pipeoffload train --resume {run}" in last and "another place" not in last, last
 
