@@ -31,9 +31,12 @@ QWEN3, PHI3 = "Qwen3ForCausalLM", "Phi3ForCausalLM"
 _DEFAULT_POSITIONS = {"LlamaForCausalLM": 2048, "Qwen2ForCausalLM": 32768, "Qwen3ForCausalLM": 32768,
                       "MistralForCausalLM": 4096 * 32, PHI3: 4096}
 _DEFAULT_EPS = {PHI3: 1e-5}  # rms_norm_eps where config.json leaves it out: 1e-6 in the other config classes
-# Phi3Config's token ids where config.json leaves them out (the others' readers take an absent id as none): the
-# padding id is the embedding row left untrained and the end-of-sequence id ends every document, so they count
-_DEFAULT_TOKEN_IDS = {PHI3: {"bos_token_id": 1, "eos_token_id": 32000, "pad_token_id": 32000}}
+# token ids where config.json leaves them out: the config class's defaults (LlamaConfig and MistralConfig: bos 1,
+# eos 2; Phi3Config: bos 1, eos and pad 32000; Qwen2Config and Qwen3Config: none). The padding id is the
+# embedding row left untrained and the end-of-sequence id ends every document: the defaults matter
+_DEFAULT_TOKEN_IDS = {PHI3: {"bos_token_id": 1, "eos_token_id": 32000, "pad_token_id": 32000},
+                      "LlamaForCausalLM": {"bos_token_id": 1, "eos_token_id": 2},
+                      "MistralForCausalLM": {"bos_token_id": 1, "eos_token_id": 2}}
 # num_key_value_heads where config.json leaves it out (null: the query heads, in every class): LlamaConfig's
 # default is the query heads, Qwen2Config's and Qwen3Config's 32, MistralConfig's 8
 _DEFAULT_KV_HEADS = {"Qwen2ForCausalLM": 32, "Qwen3ForCausalLM": 32, "MistralForCausalLM": 8}
