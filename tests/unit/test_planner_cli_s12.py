@@ -75,7 +75,8 @@ def test_a_seq_past_a_learned_position_table_is_refused(tmp_path) -> None:  # ty
 @pytest.mark.parametrize("kind", ["phi3", "starcoder2", "gemma2"])
 def test_a_sliding_window_below_seq_is_refused_for_every_architecture(tmp_path, kind: str) -> None:  # type: ignore[no-untyped-def]
     model = _config(tmp_path, model_type=kind, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-                    intermediate_size=512, vocab_size=1000, max_position_embeddings=8192, sliding_window=1024)
+                    intermediate_size=512, vocab_size=1000, max_position_embeddings=8192, sliding_window=1024,
+                    bos_token_id=1, eos_token_id=2, pad_token_id=None)  # Phi3Config's defaults are past 1000 tokens
     refused(f"estimate --model {model} --global-batch 8 --seq 4096", "sliding_window=1024", "--seq 1024")
     code, out, err = run_cli("estimate", "--model", model, "--global-batch", "8")
     assert code == 0 and "seq 1,024" in out, (out, err)  # read at the window
