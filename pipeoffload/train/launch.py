@@ -2,11 +2,13 @@
 
 ``run_ranks(fn, cfg)`` calls ``fn(ctx)`` on every rank with the process group and the device mesh
 set up: under torchrun (``RANK``/``WORLD_SIZE`` in the environment) in this process, with
-``cfg.parallel.nproc > 1`` in that many spawned processes (``pipeoffload.runtime.launch.spawn``: torch's elastic agent; gloo on CPU),
-else in this process as a one-rank group. The launcher supervises spawned ranks (see
-``runtime.launch.spawn``): a failed, killed or stopped rank ends the run within ``SETTLE`` seconds,
-naming it (``GRACE`` where the first rank to fail only lost a peer, so that the rank it lost is seen to); SIGINT/SIGTERM are forwarded to the ranks, which finish their step, save and exit (or
-are killed ``STOP_GRACE`` seconds later: ``Interrupted``); ranks die with the launcher.
+``cfg.parallel.nproc > 1`` in that many spawned processes (``pipeoffload.runtime.launch.spawn``: torch's
+elastic agent; gloo on CPU), else in this process as a one-rank group. The launcher supervises spawned ranks
+(see ``runtime.launch.spawn``) and names the rank that failed: once one fails by its own error or dies, the
+others get ``SETTLE`` seconds to exit before they are killed, ``GRACE`` where the first to fail only lost a
+peer (so that the rank it lost is seen to); a stopped rank is found by its peers' ``--timeout``.
+SIGINT/SIGTERM are forwarded to the ranks, which finish their step, save and exit (or are killed
+``STOP_GRACE`` seconds later: ``Interrupted``); ranks die with the launcher.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pipeoffload.errors import ConfigError
 from pipeoffload.fileio import write_atomic
@@ -120,14 +120,23 @@ def layout_segments(metrics: RunMetrics) -> list[tuple[tuple[int, ...] | str | N
     return out
 
 
-def _warm(part: RunMetrics, key: str) -> tuple[list[int], list[float], list[int], list[int]]:
-    """The series of ``key`` in records that did not warm up, and of all: (steps, values) without the first
-    record and a resumed run's first step (marked ``resumed``), that step where it was left out beyond the
-    first, and all the steps."""
+class _Warmed(NamedTuple):
+    """One key's series split by warm-up: the records after the first one and outside a resumed run's first
+    step (marked ``resumed``), the resumed first steps so left out beyond the first record, and every record."""
+
+    steps: list[int]
+    values: list[float]
+    left_out: list[int]
+    all_steps: list[int]
+    all_values: list[float]
+
+
+def _warm(part: RunMetrics, key: str) -> _Warmed:
     resumed = {row.get("step") for row in part.rows if row.get("resumed") is True}
     steps, values = part.series(key)
     kept = [(s, v) for i, (s, v) in enumerate(zip(steps, values)) if i > 0 and s not in resumed]
-    return [s for s, _ in kept], [v for _, v in kept], [s for s in steps[1:] if s in resumed], steps
+    return _Warmed([s for s, _ in kept], [v for _, v in kept], [s for s in steps[1:] if s in resumed],
+                   list(steps), list(values))
 
 
 def _resumed_text(left: list[int]) -> str:
@@ -141,27 +150,25 @@ def _resumed_text(left: list[int]) -> str:
 def _run_median(metrics: RunMetrics, key: str) -> tuple[str, float] | None:
     """(what it is, value): the median of ``key`` after step 1 (which pays for warm-up and shape inference) and
     without each resumed run's first step (a resume on the same layout warms up again); None without values."""
-    kept, values, left, steps = _warm(metrics, key)
-    if not values:
-        _, every = metrics.series(key)
-        return ("median, after step 1", statistics.median(every)) if every else None
-    return f"median, after step 1{_resumed_text(left)}", statistics.median(values)
+    w = _warm(metrics, key)
+    if not w.values:
+        return ("median, after step 1", statistics.median(w.all_values)) if w.all_values else None
+    return f"median, after step 1{_resumed_text(w.left_out)}", statistics.median(w.values)
 
 
 def _segment_median(part: RunMetrics, key: str, layout: tuple[int, ...] | str | None) -> tuple[str, float] | None:
     """(what it is, value): the median of ``key`` over one layout's records after its first one (the
     step that warmed up after the resume) and without a later resumed run's first step, or its only
     record's, said so; None without values."""
-    kept, values, left, steps = _warm(part, key)
-    if not steps:
+    w = _warm(part, key)
+    if not w.all_steps:
         return None
     where = _layout_text(layout) if layout is not None else "no layout recorded"
-    if not values:
-        _, every = part.series(key)
-        return f"{where}: step {steps[0]} only, its warm-up included", every[0]
-    span = f"step {kept[0]}" if len(kept) == 1 else f"steps {kept[0]}-{kept[-1]}"
-    return (f"median, {where}: {span}, its first step {steps[0]}{_resumed_text(left)} left out",
-            statistics.median(values))
+    if not w.values:
+        return f"{where}: step {w.all_steps[0]} only, its warm-up included", w.all_values[0]
+    span = f"step {w.steps[0]}" if len(w.steps) == 1 else f"steps {w.steps[0]}-{w.steps[-1]}"
+    return (f"median, {where}: {span}, its first step {w.all_steps[0]}{_resumed_text(w.left_out)} left out",
+            statistics.median(w.values))
 
 
 def load_metrics(path: Path) -> RunMetrics:
