@@ -74,3 +74,61 @@ def edit_config(path: Path, **fields: Any) -> None:
     cfg = json.loads((path / "config.json").read_text())
     cfg.update(fields)
     (path / "config.json").write_text(json.dumps(cfg))
+
+
+# ---- one process: what every Hugging Face family's folder must do (train, resume, generate, plan) ----------
+def train_and_resume(tmp: Path, source: Path) -> dict[str, Any]:
+    """``source`` trained 5 steps in one process (run "run"), and 2 steps then --resume to 5 (run "b")."""
+    from pipeoffload.train.config import TrainConfig, validate
+    from pipeoffload.train.job import train
+    from tests.dist.test_train_llama import STEPS, _config
+
+    whole = _config(tmp, source)
+    got = [r["loss"] for r in train(whole)["history"]]
+    keys = dict(model=f"hf:{source}", data=whole.data.path, seq_len=16, global_batch=8, microbatches=4, steps=STEPS,
+                warmup=2, lr=3e-3, eval_every=100, out=str(tmp / "b"), progress=False)
+    first = train(validate(TrainConfig.build(stop_at=2, **keys)))["history"]
+    rest = train(validate(TrainConfig.build(**keys)), resume=str(tmp / "b"))["history"]
+    return {"tmp": tmp, "source": source, "cfg": whole, "whole": got, "resumed": [r["loss"] for r in first + rest]}
+
+
+def assert_trains_as_transformers_and_resumes(runs: dict[str, Any]) -> None:
+    from tests.dist.test_train_llama import _reference
+
+    want = _reference(runs["cfg"], runs["source"])
+    assert max(abs(a - b) for a, b in zip(runs["whole"], want)) < 1e-5, (runs["whole"], want)
+    assert runs["resumed"] == runs["whole"]
+
+
+def assert_generates_as_transformers(run: Path, export: Path, ref: Any, capsys: Any) -> None:
+    """`generate RUN --greedy` prints what transformers' greedy ``generate`` of ``ref`` (the export) makes."""
+    import torch
+    import transformers
+
+    from pipeoffload.cli import main
+
+    capsys.readouterr()
+    assert main(["generate", str(run), "--prompt", "The quick", "--tokens", "6", "--greedy"]) == 0
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(export / "tokenizer.json"))
+    ids = tok.encode("The quick")
+    with torch.no_grad():
+        want = ref.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=6, eos_token_id=None,
+                            pad_token_id=0)[0].tolist()
+    assert capsys.readouterr().out[:-1] == tok.decode(want)
+
+
+def assert_plan_emits_and_auto_trains(source: Path, tmp_path: Path, capsys: Any) -> None:
+    """`plan --model hf:DIR --emit` writes a config naming the folder, and `train --plan auto` trains it."""
+    from pipeoffload.cli import main
+
+    emit = tmp_path / "run.toml"
+    assert main(["plan", "--model", f"hf:{source}", "--gpus", "2", "--global-batch", "8", "--seq", "16",
+                 "--memory", "40", "--emit", str(emit)]) == 0
+    assert f'source = "hf:{source.resolve()}"' in emit.read_text()
+    capsys.readouterr()
+    data = tmp_path / "data.txt"
+    data.write_text(TEXT * 6)
+    assert main(["train", "--model", f"hf:{source}", "--data", str(data), "--seq-len", "16", "--plan", "auto",
+                 "--memory", "40", "--global-batch", "4", "--steps", "1", "--out", str(tmp_path / "run")]) == 0
+    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any("loss" in row for row in history)

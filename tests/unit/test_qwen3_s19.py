@@ -20,11 +20,16 @@ from pipeoffload.errors import ConfigError  # noqa: E402
 from pipeoffload.hfdir import open_hf_dir  # noqa: E402
 from pipeoffload.llama_config import LlamaShape  # noqa: E402
 from pipeoffload.planner.hfconfig import model_from_hf_config  # noqa: E402
-from pipeoffload.train.config import TrainConfig, validate  # noqa: E402
-from pipeoffload.train.job import train  # noqa: E402
 from tests.conftest import refused  # noqa: E402
-from tests.dist.test_train_llama import STEPS, _config, _reference  # noqa: E402
-from tests.hf_fixtures import TEXT, edit_config, hf_config, make_hf_dir  # noqa: E402
+from tests.hf_fixtures import (  # noqa: E402
+    assert_generates_as_transformers,
+    assert_plan_emits_and_auto_trains,
+    assert_trains_as_transformers_and_resumes,
+    edit_config,
+    hf_config,
+    make_hf_dir,
+    train_and_resume,
+)
 from tests.unit.test_llama_model import _ours_from  # noqa: E402
 
 QWEN3 = "Qwen3ForCausalLM"
@@ -134,19 +139,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("qwen3")
     source = tmp / "q3"
     make_hf_dir(source, "qwen3", num_hidden_layers=2)
-    whole = _config(tmp, source)
-    got = [r["loss"] for r in train(whole)["history"]]
-    keys = dict(model=f"hf:{source}", data=whole.data.path, seq_len=16, global_batch=8, microbatches=4, steps=STEPS,
-                warmup=2, lr=3e-3, eval_every=100, out=str(tmp / "b"), progress=False)
-    first = train(validate(TrainConfig.build(stop_at=2, **keys)))["history"]
-    rest = train(validate(TrainConfig.build(**keys)), resume=str(tmp / "b"))["history"]
-    return {"tmp": tmp, "source": source, "cfg": whole, "whole": got, "resumed": [r["loss"] for r in first + rest]}
+    return train_and_resume(tmp, source)
 
 
 def test_one_rank_trains_as_transformers_and_resumes_bitwise(runs: dict[str, Any]) -> None:
-    want = _reference(runs["cfg"], runs["source"])
-    assert max(abs(a - b) for a, b in zip(runs["whole"], want)) < 1e-5, (runs["whole"], want)
-    assert runs["resumed"] == runs["whole"]
+    assert_trains_as_transformers_and_resumes(runs)
 
 
 def test_export_reloads_as_qwen3_with_equal_logits_and_generates(runs: dict[str, Any],
@@ -163,37 +160,18 @@ def test_export_reloads_as_qwen3_with_equal_logits_and_generates(runs: dict[str,
     tokens = torch.randint(0, ref.config.vocab_size, (2, 24))
     with torch.no_grad():
         assert torch.equal(model.layers(tokens, None, 0), ref(tokens).logits)
-    capsys.readouterr()
-    assert main(["generate", str(run), "--prompt", "The quick", "--tokens", "6", "--greedy"]) == 0
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json"))
-    ids = tok.encode("The quick")
-    with torch.no_grad():
-        want = ref.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=6, eos_token_id=None,
-                            pad_token_id=0)[0].tolist()
-    assert capsys.readouterr().out[:-1] == tok.decode(want)
+    assert_generates_as_transformers(run, out, ref, capsys)
 
 
 def test_plan_counts_the_q_k_norms(runs: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The planner reads the folder as train does: q/k norms and the set-apart head width in the parameter
-    count (equal to transformers'), and `plan --model hf:DIR --emit` writes a config train accepts."""
+    count (equal to transformers'), `plan --emit` writes a config train accepts, and `--plan auto` trains it."""
     source = runs["source"]
     spec = model_from_hf_config(source)
     ref = transformers.AutoModelForCausalLM.from_pretrained(source)
     assert spec.qk_norm and spec.attention_width == 128 and spec.total_params() == ref.num_parameters()
-    emit = tmp_path / "run.toml"
-    assert main(["plan", "--model", f"hf:{source}", "--gpus", "2", "--global-batch", "8", "--seq", "16",
-                 "--memory", "40", "--emit", str(emit)]) == 0
-    assert f'source = "hf:{source.resolve()}"' in emit.read_text()
-    capsys.readouterr()
+    assert_plan_emits_and_auto_trains(source, tmp_path, capsys)
 
-
-def test_plan_auto_trains_a_qwen3_folder(runs: dict[str, Any], tmp_path: Path) -> None:
-    data = tmp_path / "data.txt"
-    data.write_text(TEXT * 6)
-    assert main(["train", "--model", f"hf:{runs['source']}", "--data", str(data), "--seq-len", "16", "--plan", "auto",
-                 "--memory", "40", "--global-batch", "4", "--steps", "1", "--out", str(tmp_path / "run")]) == 0
-    history = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert any("loss" in row for row in history)
 
 
 @pytest.mark.parametrize(("preset", "billions"), [("qwen3-0.6b", 0.596), ("qwen3-8b", 8.19)])
