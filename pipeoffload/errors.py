@@ -5,7 +5,8 @@ pipeoffload.runtime``) prints instead of a traceback."""
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from pipeoffload.textgrid import render_grid
@@ -26,13 +27,17 @@ def flag_of(field: str) -> str:
 
 class Naming:
     """How a message names what the user set: a request's field (``tp=3``: the Python API, and the
-    playground, whose query parameters are the fields) or its command-line flag (``--tp 3``)."""
+    playground, whose query parameters are the fields) or its command-line flag (``--tp 3``). ``names``
+    renames the fields of a lower layer first, as one surface calls them (a schedule generator's
+    ``num_ranks`` is ``simulate``'s ``ranks``, ``--ranks``, and ``train``'s ``pp``, ``--pp``)."""
 
-    def __init__(self, flags: bool) -> None:
+    def __init__(self, flags: bool, names: Mapping[str, str] | None = None) -> None:
         self.flags = flags
+        self.names = dict(names or {})
 
     def __call__(self, field: str) -> str:
         """The name alone: ``tp`` or ``--tp``."""
+        field = self.names.get(field, field)
         return flag_of(field) if self.flags else field
 
     def given(self, field: str, value: object) -> str:
@@ -40,7 +45,11 @@ class Naming:
         formats numbers); a tuple is ``(4, 8)`` for a field and ``4,8`` for a flag (``''`` when empty)."""
         if isinstance(value, tuple):
             value = (",".join(map(str, value)) or "''") if self.flags else repr(value)
-        return f"{self(field)} {value}" if self.flags else f"{field}={value}"
+        return f"{self(field)} {value}" if self.flags else f"{self(field)}={value}"
+
+    def renamed(self, names: Mapping[str, str]) -> Naming:
+        """This naming with a lower layer's fields renamed by ``names`` first."""
+        return Naming(self.flags, {**self.names, **names})
 
 
 FIELDS = Naming(flags=False)
@@ -82,6 +91,7 @@ class ConfigError(ValueError):
     same message naming the command line's flags (``in_words(FLAGS)``), which the CLI prints."""
 
     flag_message: str | None = None  # set by ``named``; None: the message names no field
+    words: Callable[[Naming], str] | None = None  # set by ``named``: the message in any naming (``renamed``)
 
     @classmethod
     def named(cls: type[_E], words: Callable[[Naming], str], *args: Any) -> _E:
@@ -89,7 +99,21 @@ class ConfigError(ValueError):
         (``args``: a subclass's other arguments)."""
         err = cls(words(FIELDS), *args)
         err.flag_message = words(FLAGS)
+        err.words = words
         return err
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (an error sent between processes) with both messages, less ``words`` (a function)."""
+        return type(self), self.args, {k: v for k, v in vars(self).items() if k != "words"}
+
+    def renamed(self, names: Mapping[str, str]) -> ConfigError:
+        """This error with the fields it names renamed by ``names`` (``Naming.renamed``): a lower layer's
+        refusal as the surface that called it names what its user set. An error not made by ``named``
+        names no field, and is returned as it is."""
+        words = self.words
+        if words is None:
+            return self
+        return ConfigError.named(lambda n: words(n.renamed(names)))
 
     def in_words(self, naming: Naming) -> str:
         """The message naming fields or flags (the same text where it names neither)."""
@@ -102,6 +126,19 @@ class ConfigError(ValueError):
     def prefixed(self, prefix: str) -> ConfigError:
         """This error's first line after ``prefix: `` (the run or argument it came from), in both namings."""
         return ConfigError.named(lambda n: f"{prefix}: {self.in_words(n).splitlines()[0]}")
+
+
+@contextmanager
+def renaming(names: Mapping[str, str]) -> Iterator[None]:
+    """Within it, a ``ConfigError`` of a lower layer (a schedule generator's) names its fields as ``names``
+    renames them: the surface's one mapping (``ConfigError.renamed``)."""
+    try:
+        yield
+    except ConfigError as err:
+        renamed = err.renamed(names)
+        if renamed is err:
+            raise
+        raise renamed from None
 
 
 def in_flags(err: Exception) -> str:

@@ -8,17 +8,17 @@ import math
 import sys
 from typing import Any
 
-from pipeoffload.errors import EXTRAS, ConfigError, extra_line, missing_extra
+from pipeoffload.errors import EXTRAS, ConfigError, extra_line, missing_extra, renaming
 from pipeoffload.ir import Schedule
 from pipeoffload.planner.cli_args import SHAPE_HELP, hardware_from_args, model_from_args
 from pipeoffload.planner.hardware import HardwareSpec
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.stagecosts import HOST_LINK_MODES
 from pipeoffload.policies import NUMBER_TEXT
-from pipeoffload.schedules import MAX_ACTIONS, estimated_work, generate, get_spec
+from pipeoffload.schedules import MAX_ACTIONS, check_options, estimated_work, generate, get_spec
 from pipeoffload.service.argtypes import OneLineParser, default_of, non_negative_float, positive_int
 from pipeoffload.service.checks import checked, int_at_least, plain_hint
-from pipeoffload.service.simulate import BACKWARDS
+from pipeoffload.service.simulate import BACKWARDS, FAMILY_OPTIONS, SCHEDULE_NAMES
 
 __all__ = ["EXTRAS", "OneLineParser", "add_cost_args", "add_family_options", "add_max_stall", "add_planner_link_args", "add_schedule_args", "model_and_hardware",
            "non_negative_float", "missing_extra", "positive_int", "require_extra", "schedule_from_args",
@@ -141,7 +141,9 @@ def schedule_from_args(args: argparse.Namespace, **options: object) -> Schedule:
     if work > MAX_ACTIONS:
         raise ConfigError(f"{spec.name} -d {args.ranks} -m {microbatches} -v {v}: about {work:,} actions of work, "
                           f"above the limit of {MAX_ACTIONS:,}; use fewer ranks (-d) or microbatches (-m)")
-    return generate(args.name, args.ranks, microbatches, args.stages_per_rank, **options)
+    with renaming(SCHEDULE_NAMES):  # show's flags are simulate's
+        check_options(spec, options, settable=FAMILY_OPTIONS)
+        return generate(args.name, args.ranks, microbatches, args.stages_per_rank, **options)
 
 
 def require_run_dir(run_dir: str, checkpoint: bool = False) -> None:

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from pipeoffload import generate, lower
-from pipeoffload.errors import ConfigError, ScheduleError, in_flags
+from pipeoffload.errors import ConfigError, ScheduleError, in_flags, renaming
 from pipeoffload.fileio import TRACE_JSON, check_extension, check_writable
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
 from pipeoffload.runtime.executor import PipelineError, PipelineRunner
@@ -35,10 +35,12 @@ from pipeoffload.service.argtypes import OneLineParser, positive_int
 
 PROG = "python -m pipeoffload.runtime"
 GRACE = 5.0  # seconds the other ranks get to exit once one has failed (as `pipeoffload train`'s)
+SCHEDULE_NAMES = {"num_ranks": "spawn", "num_microbatches": "microbatches"}  # a generator's refusal in these flags
 
 
 def _lower(args: argparse.Namespace, world: int) -> Any:
-    schedule = generate(args.schedule, world, args.microbatches, args.stages_per_rank)
+    with renaming(SCHEDULE_NAMES):
+        schedule = generate(args.schedule, world, args.microbatches, args.stages_per_rank)
     return lower(schedule, offload=args.offload, recompute=args.recompute)
 
 

@@ -165,13 +165,25 @@ def estimated_work(spec: ScheduleSpec, num_ranks: int, num_microbatches: int, st
             + _ACTIONS_PER_STAGE * num_ranks * stages_per_rank)
 
 
-def check_options(spec: ScheduleSpec, options: dict[str, Any]) -> None:
+def check_options(spec: ScheduleSpec, options: dict[str, Any], settable: tuple[str, ...] | None = None) -> None:
     """Refuse a family option ``spec``'s generator does not take (None values are "not given"): what
-    ``generate`` checks first, and a request checks when it is built."""
+    ``generate`` checks first, and a request checks when it is built. ``settable``: the options the
+    caller's surface can set (``simulate``: group_size and backward), the only ones the refusal offers
+    (None: every option, as the Python call takes them; ``costs`` is no flag)."""
     unknown = sorted(k for k, v in options.items() if v is not None and k not in spec.options)
-    if unknown:
-        accepted = ", ".join(spec.options) or "none"
-        raise ConfigError(f"schedule {spec.name!r} does not take option(s) {', '.join(unknown)}; it takes: {accepted}")
+    if not unknown:
+        return
+    takers = ", ".join(s.name for s in schedule_specs() if not set(unknown) - set(s.options))
+    accepted = [o for o in spec.options if settable is None or o in settable]
+    raise ConfigError.named(lambda n: (
+        f"schedule {spec.name!r} does not take {' or '.join(map(n, unknown))}"
+        + (f" ({takers} {'do' if ', ' in takers else 'does'})" if takers else "")
+        + (f"; it takes {' and '.join(map(n, accepted))}" if accepted else
+           f"; leave {'it' if len(unknown) == 1 else 'them'} out")))
+
+
+def _not_a_size(key: str, value: object) -> ConfigError:
+    return ConfigError.named(lambda n: f"{n.given(key, repr(value))}: must be an integer >= 1")
 
 
 def generate(
@@ -192,7 +204,7 @@ def generate(
     for key, value in (("num_ranks", num_ranks), ("num_microbatches", num_microbatches),
                        ("stages_per_rank", stages_per_rank)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:  # True is an int to Python
-            raise ConfigError(f"{key}={value!r}: must be an integer >= 1")
+            raise _not_a_size(key, value)
     require_costs(options.get("costs"), "generate")
     size = estimated_work(spec, num_ranks, num_microbatches, stages_per_rank)
     if max_actions is not None and size > max_actions:

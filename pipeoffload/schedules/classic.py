@@ -34,10 +34,8 @@ def one_f_one_b(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1)
     e.g. d=4, m=6, rank 0:  F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5
     """
     if stages_per_rank != 1:
-        raise ConfigError(
-            f"stages_per_rank={stages_per_rank}: 1f1b places one stage per rank; use interleaved-1f1b "
-            "or group-interleaved for more"
-        )
+        raise ConfigError.named(lambda n: f"{n.given('stages_per_rank', stages_per_rank)}: 1f1b places one stage "
+                                "per rank; use interleaved-1f1b or group-interleaved for more")
     placement = Placement.loop(num_ranks, 1)
     m, d = num_microbatches, num_ranks
     rows = []
@@ -64,10 +62,10 @@ def interleaved_1f1b(num_ranks: int, num_microbatches: int, stages_per_rank: int
     d, m, v = num_ranks, num_microbatches, stages_per_rank
     rounds = max(1, m // d)
     if m % rounds:
-        raise ConfigError(
-            f"num_microbatches={m}: interleaved-1f1b needs microbatches to split into equal rounds "
-            f"(m < d, or m divisible by m // d = {rounds}); use a multiple of num_ranks={d}, e.g. {rounds * d}"
-        )
+        raise ConfigError.named(lambda n: (
+            f"{n.given('num_microbatches', m)}: interleaved-1f1b needs microbatches to split into equal rounds "
+            f"(m < d, or m divisible by m // d = {rounds}); use a multiple of {n.given('num_ranks', d)}, "
+            f"e.g. {n.given('num_microbatches', rounds * d)}"))
     per_round = m // rounds
     placement = Placement.loop(d, v)
     total = v * m

@@ -105,10 +105,9 @@ def dualpipe_v(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2) 
     """
     d, m = num_ranks, num_microbatches
     if stages_per_rank != 2:
-        raise ConfigError(
-            f"stages_per_rank={stages_per_rank}: dualpipe-v uses V placement, which holds exactly 2 stages "
-            "per rank (r and 2d-1-r); pass stages_per_rank=2"
-        )
+        raise ConfigError.named(lambda n: (
+            f"{n.given('stages_per_rank', stages_per_rank)}: dualpipe-v uses V placement, which holds exactly 2 "
+            f"stages per rank (r and 2d-1-r); pass {n.given('stages_per_rank', 2)}"))
     n = max(m, 2 * d)
     rows = tuple(tuple(a for a in _rank_order(d, n, rank) if a.microbatch < m) for rank in range(d))
     return Schedule(rows, Placement.v(d, 2), m, "dualpipe-v")

@@ -35,12 +35,13 @@ def default_group_size(num_ranks: int) -> int:
 
 def _check(num_ranks: int, group_size: int, backward: str) -> None:
     if isinstance(group_size, bool) or not isinstance(group_size, int) or not 1 <= group_size <= num_ranks:
-        raise ConfigError(
-            f"group_size={group_size!r}: must be an integer in 1..num_ranks={num_ranks}; "
-            f"use {default_group_size(num_ranks)} (lowest memory) up to {num_ranks} (lowest bubble)"
-        )
+        raise ConfigError.named(lambda n: (
+            f"{n.given('group_size', repr(group_size))}: must be an integer in 1..{num_ranks} "
+            f"({n.given('num_ranks', num_ranks)}); use {default_group_size(num_ranks)} (lowest memory) up to "
+            f"{num_ranks} (lowest bubble)"))
     if backward not in _BACKWARD_MODES:
-        raise ConfigError(f"backward={backward!r}: must be 'split' (I and W) or 'full' (B)")
+        raise ConfigError.named(lambda n: f"{n.given('backward', repr(backward))}: must be 'split' (I and W) or "
+                                "'full' (B)")
 
 
 def rank_order(rank: int, num_ranks: int, num_microbatches: int, stages_per_rank: int,

@@ -37,10 +37,9 @@ _W_FRACTION = 1.0  # the blocks and the squeeze count memory with I freeing noth
 
 def _two_stages(name: str, stages_per_rank: int) -> None:
     if stages_per_rank != 2:
-        raise ConfigError(
-            f"stages_per_rank={stages_per_rank}: {name} uses V placement, which holds exactly 2 stages per "
-            "rank (r and 2d-1-r); pass stages_per_rank=2"
-        )
+        raise ConfigError.named(lambda n: (
+            f"{n.given('stages_per_rank', stages_per_rank)}: {name} uses V placement, which holds exactly 2 "
+            f"stages per rank (r and 2d-1-r); pass {n.given('stages_per_rank', 2)}"))
 
 
 def v_min_offsets(d: int, rank: int) -> tuple[int, int, int, int]:

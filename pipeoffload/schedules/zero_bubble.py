@@ -213,10 +213,9 @@ def fill_weight_passes(
 
 def _one_stage(name: str, stages_per_rank: int) -> None:
     if stages_per_rank != 1:
-        raise ConfigError(
-            f"stages_per_rank={stages_per_rank}: {name} places one stage per rank; use zb-v, v-half or "
-            "v-min for two stages per rank"
-        )
+        raise ConfigError.named(lambda n: (
+            f"{n.given('stages_per_rank', stages_per_rank)}: {name} places one stage per rank; use zb-v, "
+            "v-half or v-min for two stages per rank"))
 
 
 def skeleton(num_ranks: int, num_microbatches: int, warmups: Sequence[int],
@@ -300,10 +299,10 @@ def zb_h1(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Sc
     d, m, v = num_ranks, num_microbatches, stages_per_rank
     rounds = max(1, m // d)
     if v > 1 and m % rounds:
-        raise ConfigError(
-            f"num_microbatches={m}: zb-h1 with stages_per_rank={v} needs microbatches to split into equal rounds "
-            f"(m < d, or m divisible by m // d = {rounds}); use a multiple of num_ranks={d}, e.g. {rounds * d}"
-        )
+        raise ConfigError.named(lambda n: (
+            f"{n.given('num_microbatches', m)}: zb-h1 with {n.given('stages_per_rank', v)} needs microbatches to "
+            f"split into equal rounds (m < d, or m divisible by m // d = {rounds}); use a multiple of "
+            f"{n.given('num_ranks', d)}, e.g. {n.given('num_microbatches', rounds * d)}"))
     rows = zb_h1_rows(d, m, v)
     return Schedule(tuple(map(tuple, rows)), Placement.loop(d, v), m, "zb-h1")
 

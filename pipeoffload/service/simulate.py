@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from pipeoffload.costs import CostModel, load_cost_file
-from pipeoffload.errors import FIELDS, ConfigError, Naming, flag_of
+from pipeoffload.errors import FIELDS, ConfigError, Naming, flag_of, renaming
 from pipeoffload.ir import ActionKind, Schedule, expand_overlaps, has_torch_cells
 from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.passes.offload import OffloadReport
@@ -45,6 +45,10 @@ K_DEFAULT_HELP = (f"default {DEFAULT_OFFLOAD_RATIO}: Formula 1 for a Llama-3-8B-
 SIZE_FIELDS = ("family", "ranks", "microbatches", "stages_per_rank", "schedule_file")
 SCHEDULE_SUFFIXES = (".json", ".txt", ".csv")  # the forms `pipeoffload show --format` writes
 COST_FIELDS = ("time_f", "time_i", "time_w", "p2p_time")  # what a costs file gives instead (per stage)
+# A schedule generator's refusals as this request (its fields, the playground's query parameters) and the
+# flags of simulate, compare and show name what they set: the one mapping of these surfaces.
+SCHEDULE_NAMES = {"num_ranks": "ranks", "num_microbatches": "microbatches"}
+FAMILY_OPTIONS = ("group_size", "backward")  # the generator options a request (and a flag) sets
 
 
 def costs_file_time_help(naming: Naming = FIELDS) -> str:
@@ -131,7 +135,9 @@ class SimulateRequest:
         RecomputePolicy.parse(self.recompute)
         if self.schedule_file is None:
             # the family's name and options (``generate``'s own check); its sizes are checked when it is generated
-            check_options(get_spec(self.family), {"group_size": self.group_size, "backward": self.backward})
+            with renaming(SCHEDULE_NAMES):
+                check_options(get_spec(self.family), {"group_size": self.group_size, "backward": self.backward},
+                              settable=FAMILY_OPTIONS)
 
     def _check_schedule_file(self) -> None:
         """A schedule file replaces the family and everything a family's generator takes."""
@@ -441,8 +447,9 @@ def simulate(req: SimulateRequest) -> SimulateResult:
         generated = load_schedule_file(req)
     else:
         check_size(req)
-        generated = generate(req.family, req.ranks, req.num_microbatches, req.stages_per_rank,
-                             group_size=req.group_size, backward=req.backward)
+        with renaming(SCHEDULE_NAMES):
+            generated = generate(req.family, req.ranks, req.num_microbatches, req.stages_per_rank,
+                                 group_size=req.group_size, backward=req.backward)
     base, unit = base_costs(req, generated.stages_per_rank)
     costs = memory_costs(req, base)
     planned = costs if req.plan_ratio is None else memory_costs(req, base, planned=True)

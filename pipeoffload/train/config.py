@@ -22,7 +22,7 @@ from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replac
 from pathlib import Path
 from typing import Any
 
-from pipeoffload.errors import ConfigError
+from pipeoffload.errors import ConfigError, Naming
 from pipeoffload.policies import INT_TEXT
 
 if sys.version_info >= (3, 11):
@@ -528,9 +528,11 @@ def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) ->
     if cfg.data.path:  # stored resolved: --resume from another directory finds it
         cfg = replace(cfg, data=replace(cfg.data, path=str(Path(cfg.data.path).resolve())))
     offload_policy(cfg)
-    _need(cfg.schedule.max_stall == 0 or cfg.schedule.offload_ratio > 0,
-          f"max_stall={cfg.schedule.max_stall:g}: needs offload_ratio > 0 (with 0 the copies are planned as instant "
-          "and never stall); give the link's k, e.g. --offload-ratio 0.7 (`pipeoffload k` prints it for a model and GPU)")
+    if cfg.schedule.max_stall > 0 and cfg.schedule.offload_ratio == 0:
+        raise ConfigError.named(lambda n: (
+            f"{n.given('max_stall', f'{cfg.schedule.max_stall:g}')}: needs {n('offload_ratio')} > 0 (with 0 the "
+            f"copies are planned as instant and never stall); give the link's k, e.g. {n.given('offload_ratio', 0.7)} "
+            "(`pipeoffload k` prints it for a model and GPU)"))
     check_recompute(cfg.schedule.recompute, cfg)
     if cfg.metrics.tensorboard:
         _need(_installed("tensorboard"), "tensorboard=true: the tensorboard package is not installed; "
@@ -703,20 +705,38 @@ def _check_layout(cfg: TrainConfig) -> None:
         _need(m.seq_len % p.tp == 0, f"seq_len={m.seq_len}: sequence parallelism needs it divisible by tp={p.tp}")
 
 
+def _fsdp(n: Naming) -> str:
+    """The switch that is on, as the caller set it: ``fsdp=true`` or ``--fsdp``."""
+    return n("fsdp") if n.flags else "fsdp=true"
+
+
+def _without(n: Naming, *keys: str) -> str:
+    """Turning ``keys`` off, as the caller sets them: ``leave out --zero or --fsdp``, ``set zero=0 or fsdp=false``."""
+    if n.flags:
+        return "leave out " + " or ".join(map(n, keys))
+    return "set " + " or ".join(f"{key}={toml_value(default_of(key))}" for key in keys)
+
+
 def _check_fsdp(cfg: TrainConfig) -> None:
     p = cfg.parallel
-    _need(p.dp >= 2, f"fsdp=true with dp={p.dp}: FSDP shards over the data-parallel group; use --dp 2 or more, "
-                     "or leave out --fsdp (a resumed run's: --config a TOML with [parallel] fsdp = false)")
-    _need(not p.zero, "fsdp=true with zero=1: FSDP already shards the optimizer state; choose one (leave out "
-                      "--zero or --fsdp)")
-    _need(p.tp == 1, f"fsdp=true with tp={p.tp}: FSDP over tensor-parallel stages (a 2-D mesh) is not supported; "
-                     "use --tp 1 or leave out --fsdp")
-    source = cfg.model.source or ""
-    fix = ("leave out --fsdp (the model's config.json ties them)" if source.startswith("hf:")
-           else "leave out --fsdp or --tie-embeddings")
-    _need(not cfg.model.tie_embeddings, "fsdp=true with tie_embeddings=true: the embedding and the head are two "
-                                        "copies whose gradients are summed before each step, which is not done on "
-                                        f"FSDP shards; {fix}")
+    if p.dp < 2:
+        raise ConfigError.named(lambda n: (
+            f"{_fsdp(n)} with {n.given('dp', p.dp)}: FSDP shards over the data-parallel group; use "
+            f"{n.given('dp', 2)} or more, or {_without(n, 'fsdp')}"
+            + (" (a resumed run's: --config a TOML with [parallel] fsdp = false)" if n.flags else "")))
+    if p.zero:
+        raise ConfigError.named(lambda n: f"{_fsdp(n)} with {n.given('zero', 1)}: FSDP already shards the optimizer "
+                                f"state; choose one ({_without(n, 'zero', 'fsdp')})")
+    if p.tp != 1:
+        raise ConfigError.named(lambda n: f"{_fsdp(n)} with {n.given('tp', p.tp)}: FSDP over tensor-parallel stages "
+                                f"(a 2-D mesh) is not supported; use {n.given('tp', 1)} or {_without(n, 'fsdp')}")
+    if cfg.model.tie_embeddings:
+        hf = (cfg.model.source or "").startswith("hf:")
+        raise ConfigError.named(lambda n: (
+            f"{_fsdp(n)} with {n('tie_embeddings') if n.flags else 'tie_embeddings=true'}: the embedding and the "
+            "head are two copies whose gradients are summed before each step, which is not done on FSDP shards; "
+            + (f"{_without(n, 'fsdp')} (the model's config.json ties them)" if hf else
+               _without(n, "fsdp", "tie_embeddings"))))
 
 
 def _divisor_near(n: int, want: int) -> int:
@@ -770,13 +790,23 @@ def schedule_options(cfg: TrainConfig) -> dict[str, Any]:
     return {"group_size": cfg.schedule.group_size} if cfg.schedule.group_size else {}
 
 
+# A schedule generator's refusals as train names what it set: its keys (train_model's config, the TOML's
+# flat keys) and, on the command line, their flags (``num_ranks`` is ``pp``, ``--pp``); group_size is the
+# one family option train sets.
+SCHEDULE_NAMES = {"num_ranks": "pp", "num_microbatches": "microbatches"}
+FAMILY_OPTIONS = ("group_size",)
+
+
 def _check_schedule(cfg: TrainConfig, gpt: bool) -> None:
     """Generate and lower the schedule once here, so a bad combination fails before any rank starts."""
+    from pipeoffload.errors import renaming
     from pipeoffload.passes.lower import lower
-    from pipeoffload.schedules import generate
+    from pipeoffload.schedules import check_options, generate, get_spec
 
     s = cfg.schedule
-    schedule = generate(s.family, cfg.parallel.pp, s.microbatches, s.stages_per_rank, **schedule_options(cfg))
+    with renaming(SCHEDULE_NAMES):
+        check_options(get_spec(s.family), schedule_options(cfg), settable=FAMILY_OPTIONS)
+        schedule = generate(s.family, cfg.parallel.pp, s.microbatches, s.stages_per_rank, **schedule_options(cfg))
     lower(schedule, offload=offload_policy(cfg), recompute=s.recompute)
     stages = schedule.num_stages
     layers = cfg.model.layers

@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.train.config import TrainConfig, check_recompute, flag_of
+from pipeoffload.train.config import SCHEDULE_NAMES, TrainConfig, check_recompute, flag_of
 
 DEFAULT_GPU = "a100"
 # the keys a plan sets, in the order they are reported
@@ -257,8 +257,8 @@ def _check_fixed(cfg: TrainConfig, fixed: dict[str, Any], pairs: list[tuple[int,
                     return
                 except ConfigError as err:
                     first = first or err
-    if first is not None:
-        raise ConfigError(f"--plan auto: {first}")
+    if first is not None:  # in train's words (``--pp 4``, not the generator's ``num_ranks=4``)
+        raise first.renamed(SCHEDULE_NAMES).prefixed("--plan auto")
 
 
 def _requests(cfg: TrainConfig, fixed: dict[str, Any], model: Any, pairs: list[tuple[int, int]],

@@ -160,8 +160,9 @@ def check_sequences(tokens: int, cfg: TrainConfig, at_most: bool = False) -> Non
     seq = cfg.model.seq_len
     _, train, val = sequence_counts(tokens, seq, cfg.data.val_fraction)
     if train < 1 or val < 1:
-        raise ConfigError(f"data: {'at most ' if at_most else ''}{tokens} tokens give {train} training and {val} "
-                          f"validation sequences of seq_len={seq}; use more text or a smaller --seq-len")
+        raise ConfigError.named(lambda n: (
+            f"data: {'at most ' if at_most else ''}{tokens} tokens give {train} training and {val} validation "
+            f"sequences of {n.given('seq_len', seq)}; use more text or a smaller {n('seq_len')}"))
 
 
 # ---- memory ----------------------------------------------------------------------------------------

@@ -66,10 +66,10 @@ def test_simulate_prints_a_table(capsys) -> None:  # type: ignore[no-untyped-def
     (["simulate", "nope"], "unknown schedule 'nope'; valid names:"),
     (["simulate", "1f1b", "--ranks", "0"], "must be >= 1"),
     (["simulate", "1f1b", "--ranks", "x"], "is not an integer"),
-    (["simulate", "1f1b", "-v", "2"], "stages_per_rank=2"),
+    (["simulate", "1f1b", "-v", "2"], "--stages-per-rank 2: 1f1b places one stage per rank"),
     (["simulate", "1f1b", "--time-f", "-1"], "must be >= 0"),
     (["simulate", "1f1b", "--time-f", "0", "--time-i", "0", "--time-w", "0"], "at least one compute time"),
-    (["simulate", "interleaved-1f1b", "-d", "3", "-m", "7"], "num_microbatches=7"),
+    (["simulate", "interleaved-1f1b", "-d", "3", "-m", "7"], "--microbatches 7: interleaved-1f1b needs"),
     (["frobnicate"], "invalid choice"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, fragment) -> None:  # type: ignore[no-untyped-def]

@@ -46,7 +46,7 @@ def test_bad_policy_exits_2_with_one_line(capsys) -> None:  # type: ignore[no-un
     err = capsys.readouterr().err
     assert "valid forms" in err and len(err.strip().splitlines()) == 1
     assert main(["simulate", "1f1b", "--group-size", "2"]) == 2
-    assert "does not take option(s) group_size" in capsys.readouterr().err
+    assert "does not take --group-size (group-interleaved does); leave it out" in capsys.readouterr().err
 
 
 def test_json_says_the_stall_is_summed_over_ranks(capsys) -> None:  # type: ignore[no-untyped-def]

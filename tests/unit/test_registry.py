@@ -42,7 +42,7 @@ def test_names_are_case_insensitive_and_misses_list_valid_names() -> None:
 
 
 def test_unknown_options_are_refused() -> None:
-    with pytest.raises(ConfigError, match="does not take option"):
+    with pytest.raises(ConfigError, match="does not take group_size"):
         generate("1f1b", 2, 2, 1, group_size=3)
 
 

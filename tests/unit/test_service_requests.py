@@ -48,7 +48,7 @@ def test_simulate_request_keeps_the_numbers_it_reads_from_text() -> None:
     ({"separate_copy_engines": 1}, r"^separate_copy_engines: 1 is not True or False"),
     ({"family": "bogus"}, r"^unknown schedule 'bogus'; valid names: .*1f1b"),
     ({"family": 3}, r"^family=3: give a schedule family's name"),
-    ({"group_size": 2}, r"^schedule '1f1b' does not take option\(s\) group_size"),
+    ({"group_size": 2}, r"^schedule '1f1b' does not take group_size \(group-interleaved does\); leave it out$"),
 ])
 def test_simulate_request_refuses_at_build(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as err:

@@ -22,9 +22,9 @@ from pipeoffload.train.data import Corpus, default_text_files
     (["--hidden", "30", "--heads", "4"], ["hidden=30", "heads=4"]),
     (["--tokenizer", "words"], ["tokenizer", "bpe:N"]),
     (["--zero", "2"], ["zero=2"]),
-    (["--fsdp"], ["fsdp=true", "dp=1", "--dp 2"]),
+    (["--fsdp"], ["--fsdp with --dp 1", "--dp 2"]),
     (["--pp", "2"], ["dp*pp*tp", "--nproc 2"]),
-    (["--offload", "all", "--max-stall", "5"], ["max_stall=5", "needs offload_ratio > 0", "--offload-ratio"]),
+    (["--offload", "all", "--max-stall", "5"], ["--max-stall 5: needs --offload-ratio > 0", "--offload-ratio 0.7"]),
     (["--max-stall", "5"], ["--max-stall 5", "--offload is none"]),
 ])
 def test_bad_value_one_line_exit_2_and_no_rank_started(tmp_path: Path, flags: list[str], words: list[str]) -> None:
@@ -39,11 +39,11 @@ def test_bad_value_one_line_exit_2_and_no_rank_started(tmp_path: Path, flags: li
 
 
 @pytest.mark.parametrize("keys, words", [
-    ({"dp": 2, "zero": 1}, ["fsdp=true with zero=1", "choose one"]),
-    ({"dp": 2, "tp": 2}, ["fsdp=true with tp=2", "--tp 1"]),
+    ({"dp": 2, "zero": 1}, ["fsdp=true with zero=1", "choose one (set zero=0 or fsdp=false)"]),
+    ({"dp": 2, "tp": 2}, ["fsdp=true with tp=2", "use tp=1 or set fsdp=false"]),
     # pp = 1 here: the message must not speak of pipeline ranks, and must give a fix that works (probe O)
     ({"dp": 2, "model": "llama", "tie_embeddings": True},
-     ["fsdp=true with tie_embeddings=true", "leave out --fsdp or --tie-embeddings"]),
+     ["fsdp=true with tie_embeddings=true", "set fsdp=false or tie_embeddings=false"]),
 ])
 def test_fsdp_refuses_what_it_does_not_support(keys: dict, words: list[str]) -> None:
     cfg = TrainConfig.build(fsdp=True, global_batch=8, microbatches=2, **keys)

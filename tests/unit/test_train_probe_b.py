@@ -280,7 +280,7 @@ def test_plan_auto_searches_only_the_v_and_g_given(flags: list[str], want: dict,
 
 @pytest.mark.parametrize("flags, words", [
     # a schedule rule the keys break is named as a run without --plan names it (session 13), not "no plan"
-    (["--nproc", "4", "--pp", "4", "--group-size", "5"], ["group_size=5: must be an integer in 1..num_ranks=4"]),
+    (["--nproc", "4", "--pp", "4", "--group-size", "5"], ["group_size=5: must be an integer in 1..4 (pp=4)"]),
     (["--nproc", "4", "--schedule", "1f1b", "--stages-per-rank", "2"], ["1f1b places one stage per rank"]),
     (["--nproc", "8", "--stages-per-rank", "4", "--layers", "4"], ["no plan for", "--stages-per-rank 4"]),  # 8 stages
 ])
