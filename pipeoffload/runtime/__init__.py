@@ -35,6 +35,15 @@ _HOMES = {
 
 __getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())
 
+# The launchers' waits once a spawned rank has failed (``launch.spawn``'s ``grace`` and ``settle``), shared by
+# `pipeoffload train` and ``python -m pipeoffload.runtime --spawn`` (here, torch-free: train's module reads them
+# before torch is imported). GRACE: seconds the other ranks get to exit (naming the failure themselves) once
+# one has lost a peer, so that the rank it lost is seen to. SETTLE: seconds they get once one has failed by its
+# own error or died: the run's message is that rank's, and a rank blocked in start-up (a store wait in joining
+# the group or building the mesh, a collective of the data's loading) cannot see it, so it waited out GRACE.
+GRACE = 5.0
+SETTLE = 1.0
+
 
 __all__ = [
     "ActivationStore", "Const", "Copier", "CudaCopier", "LoopbackTransport", "PipelineError", "PipelineRunner",

@@ -28,13 +28,13 @@ from pipeoffload import generate, lower
 from pipeoffload.errors import ConfigError, ScheduleError, in_flags, renaming
 from pipeoffload.fileio import TRACE_JSON, check_extension, check_writable
 from pipeoffload.models import GPTConfig, build_rank_stages, even_counts, gpt_layers, lm_loss, sample_batch
+from pipeoffload.runtime import GRACE, SETTLE
 from pipeoffload.runtime.executor import PipelineError, PipelineRunner
 from pipeoffload.runtime.launch import exit_rank, init_from_env, spawn
 from pipeoffload.runtime.trace import Trace, write_chrome_trace
 from pipeoffload.service.argtypes import OneLineParser, positive_int
 
 PROG = "python -m pipeoffload.runtime"
-GRACE = 5.0  # seconds the other ranks get to exit once one has failed (as `pipeoffload train`'s)
 SCHEDULE_NAMES = {"num_ranks": "spawn", "num_microbatches": "microbatches"}  # a generator's refusal in these flags
 
 
@@ -170,10 +170,12 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{PROG}: error: {in_flags(err).splitlines()[0]}", file=sys.stderr)
         raise SystemExit(2) from None
     if args.spawn:
-        # grace: a failed rank's peers learn of it from their lost connections at once, or name a stuck peer after
-        # --timeout themselves; a rank still running GRACE s after a failure is stuck in its own code (it was
-        # --timeout + 10 s: a stuck rank held the run for twice --timeout)
-        result = spawn(_spawned, args.spawn, (args,), timeout=args.timeout, deadline=3600, grace=GRACE)
+        # as `pipeoffload train`'s launcher: a failed rank's peers learn of it from their lost connections at once,
+        # or name a stuck peer after --timeout themselves; a rank still running SETTLE s after another failed by
+        # its own error (GRACE s after one that only lost a peer) is stuck in its own code or blocked where it
+        # cannot see the failure (joining the process group)
+        result = spawn(_spawned, args.spawn, (args,), timeout=args.timeout, deadline=3600, grace=GRACE,
+                       settle=SETTLE)
         if not result.ok:
             for e in result.errors:
                 if e:

@@ -26,15 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeoffload.errors import ConfigError
+from pipeoffload.runtime import GRACE, SETTLE  # the launchers' waits after a failure, shared
 from pipeoffload.train.config import TrainConfig, continue_with
 
 log = logging.getLogger(__name__)
 RankFn = Callable[..., Any]
-GRACE = 5.0  # seconds the other ranks get to exit (naming the failure themselves) once one has lost a peer
-# seconds they get once one has failed by its own error or died: the run's message is that rank's, and a rank
-# blocked in start-up (the mesh's store waits, a collective of the data's loading) cannot see it, so it waited
-# out GRACE (5-7 s to end a run whose rank failed building the mesh or loading the data)
-SETTLE = 1.0
 STOP_GRACE = 10.0  # seconds the ranks get to save and exit after SIGINT/SIGTERM
 LOG_FORMAT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
 MESH = "building the device mesh (the dp, pp and tp process groups)"  # what a rank's error at start-up names

@@ -45,6 +45,7 @@ TARGETS = {
     "load": ("pipeoffload.train.checkpoint", "load"),
     "shutdown": ("pipeoffload.runtime.executor", "PipelineRunner.close"),
     "export": ("safetensors.torch", "save_file"),  # export: a shard of the --hf folder
+    "rank_setup": ("pipeoffload.runtime.launch", "_faults_to_file"),  # a spawned rank, before it joins the group
 }
 # the training step being run, for ``step``: set by the wrapped Trainer.train_step
 _STEP = {"now": 0}
