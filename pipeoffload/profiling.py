@@ -318,6 +318,18 @@ def measure_layer_costs(block: nn.Module, head: nn.Module, hidden: Any, *, loss_
     and the ``head`` (final norm + output projection + loss). ``model_flops`` (one microbatch through
     the whole model, for MFU) is optional.
 
+    ``hidden`` is what the block is called with, as ``block(*hidden)`` (a bare tensor: ``block(hidden)``),
+    and the head too, its output then going to ``loss_fn(output, target)``; its floating-point tensors get
+    gradients and are the stage boundary's bytes. The blocks and heads of ``pipeoffload.models`` (GPT,
+    Llama, Hugging Face folders) take and pass on ``(x, pad_mask, offset)``: give ``(x, None, 0)``, a
+    hidden state ``x`` of shape (microbatch, seq, hidden), no padding, positions from 0 (their heads return
+    the logits, which ``lm_loss`` takes with the token ids as ``target``)::
+
+        embed, block, head = gpt_layers(GPTConfig(layers=1, hidden=64, seq=32))
+        x = torch.randn(2, 32, 64)  # a microbatch of 2 sequences
+        costs = measure_layer_costs(block, head, (x, None, 0), loss_fn=lm_loss,
+                                    target=torch.randint(0, 64, (2, 32)), embedding=embed)
+
     Per-TP costs (GPU): call this on every rank of a tensor-parallel group of size ``tp`` with
     ``block``/``head`` built sharded over that group (their collectives inside ``forward`` and the
     autograd functions, as Megatron's layers have) and ``hidden`` the rank's input (its sequence shard
