@@ -417,8 +417,10 @@ def _phi3_rope(params: dict[str, Any], cfg: dict[str, Any], kind: Any, key: str,
 
 
 def _planner_seq(shape: LlamaShape) -> int:
-    """The sequence length a preset is planned at unless ``--seq`` says otherwise."""
-    return min(shape.max_positions, 8192)
+    """The sequence length a preset is planned at unless ``--seq`` says otherwise: its context (the declared
+    positions, and no more than a sliding window, within which full causal attention, which the planner's
+    formulas model, is the window's: Phi-3-mini-4k's 2047), at most 8192."""
+    return min(shape.context, 8192)
 
 
 # Well-known Llama-family models, from their published config.json files: the planner's presets
@@ -449,9 +451,15 @@ PRESETS: dict[str, LlamaShape] = {
     "mistral-7b": LlamaShape(vocab=32768, hidden=4096, layers=32, heads=32, kv_heads=8, ffn_hidden=14336,
                              rope_theta=1000000.0, max_positions=32768, architecture="MistralForCausalLM",
                              bos_token_id=1, eos_token_id=2),
+    # microsoft/Phi-3-mini-4k-instruct: fused qkv/gate_up in its checkpoint (the same products), every layer
+    # slides a 2047-token window, so it is planned at 2047 tokens and a longer --seq is refused
+    "phi3-mini": LlamaShape(vocab=32064, hidden=3072, layers=32, heads=32, kv_heads=32, ffn_hidden=8192,
+                            max_positions=4096, architecture=PHI3, bos_token_id=1, eos_token_id=32000,
+                            pad_token_id=32000, sliding_window=2047),
 }
 
 
 def preset_specs() -> dict[str, Any]:
-    """The planner's ``ModelSpec`` of every preset in ``PRESETS``, planned at ``min(max_positions, 8192)``."""
+    """The planner's ``ModelSpec`` of every preset in ``PRESETS``, planned at ``min(context, 8192)`` (the
+    positions, or a sliding window below them)."""
     return {name: shape.model_spec(name, _planner_seq(shape)) for name, shape in PRESETS.items()}

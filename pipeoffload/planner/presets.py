@@ -2,7 +2,7 @@
 
 GPT-3 sizes follow Table 2.1 of Brown et al. 2020 (2048 context, 50257 vocabulary, learned positions
 ignored); 13B uses hidden 5120 (Megatron's usual rounding of the paper's 5140). The Llama family
-(Llama 2/3, Qwen2.5, Mistral) comes from ``llama_config.PRESETS``, the table the trainable model reads
+(Llama 2/3, Qwen2.5, Qwen3, Mistral, Phi-3) comes from ``llama_config.PRESETS``, the table the trainable model reads
 too (SwiGLU, grouped-query attention, no dropout; q/k/v biases for Qwen2). ``pipeoffload-example`` is
 the reference repository's quick-start model.
 """
