@@ -71,6 +71,11 @@ class RunLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:  # the folder or a parent went meanwhile (removed by a launcher that made it)
             return False
+        except (FileExistsError, NotADirectoryError):
+            # mkdir's exist_ok checks is_dir() after its EEXIST: a launcher that made the folder removed it in
+            # between (retry), unless a file stands where a folder must be
+            self._refuse_a_file_in_the_way()
+            return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -93,6 +98,12 @@ class RunLock:
             raise
         self._fd = fd
         return True
+
+    def _refuse_a_file_in_the_way(self) -> None:
+        for path in (self.path.parent, *self.path.parent.parents):
+            if path.exists() and not path.is_dir():
+                raise ConfigError(f"out={str(self.path.parent)!r}: {str(path)!r} exists and is not a folder; give a "
+                                  "folder for the run (--out DIR)")
 
     def _refusal(self, holder: tuple[int, str] | None) -> str:
         who = f"pid {holder[0]} on host {holder[1]}" if holder else "another process"
