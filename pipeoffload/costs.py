@@ -308,12 +308,13 @@ def load_cost_file(path: str) -> tuple[CostModel, str]:
 
 def _read_cost_file(path: str, where: str) -> tuple[CostModel, str]:
     import json
-    from pathlib import Path
 
     import tomllib
 
+    from pipeoffload.fileio import read_input_text
+
     try:
-        text = Path(path).read_text()
+        text = read_input_text(path)
         data = json.loads(text) if str(path).endswith(".json") else tomllib.loads(text)
     except (OSError, ValueError) as err:  # JSONDecodeError and TOMLDecodeError are ValueErrors
         raise ConfigError(f"{where}: {err}") from None

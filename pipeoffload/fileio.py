@@ -1,9 +1,11 @@
-"""Atomic file writes: a reader never sees half a file, and a failed write leaves nothing behind."""
+"""Atomic file writes: a reader never sees half a file, and a failed write leaves nothing behind; and
+reads of input files that always return."""
 from __future__ import annotations
 
 import errno
 import os
 import shlex
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +26,28 @@ def check_writable(path: str | os.PathLike[str], what: str | None = None) -> Non
         raise ConfigError(f"{what}: is a folder; give a file name inside it")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ConfigError(f"{what}: folder {directory} is not writable; choose another place")
+
+
+NOT_REGULAR = "not a regular file (a FIFO, socket or device: reading it might never end)"
+
+
+def read_input_text(path: str | os.PathLike[str]) -> str:
+    """The UTF-8 text of the input file ``path``. Anything but a regular file is refused with an OSError
+    before it is read (a folder as ``IsADirectoryError``; a FIFO, socket or device with ``NOT_REGULAR``):
+    reading a FIFO waits for a writer that may never come, and ``/dev/zero`` never ends. Opened without
+    blocking, since opening a FIFO would wait too. Raises UnicodeDecodeError for text that is not UTF-8."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, NOT_REGULAR, os.fspath(path))
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read().decode("utf-8")
+    finally:
+        os.close(fd)
 
 
 # what a Chrome/Perfetto trace's name ends in, and what is written there (``check_extension``'s arguments)

@@ -7,7 +7,14 @@ import shlex
 from pathlib import Path
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.fileio import TRACE_JSON, check_distinct, check_extension, check_writable, write_atomic
+from pipeoffload.fileio import (
+    TRACE_JSON,
+    check_distinct,
+    check_extension,
+    check_writable,
+    read_input_text,
+    write_atomic,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +40,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
     source = Path(args.run_trace)
     try:
-        data = read_trace_json(source.read_text())
+        data = read_trace_json(read_input_text(source))
     except FileNotFoundError:
         raise ConfigError(f"RUN_TRACE {source}: no such file") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

@@ -17,6 +17,7 @@ from typing import Any
 import tomllib
 
 from pipeoffload.errors import ConfigError
+from pipeoffload.fileio import read_input_text
 
 GIB = 1024**3
 GB = 1e9
@@ -312,7 +313,7 @@ def load_hardware(path: str | Path, base: HardwareSpec | None = None) -> Hardwar
     the starting point; other keys override it. Bandwidths may be given in GB/s with a ``_gbps`` suffix,
     memory in GiB as ``memory_gib`` and compute as ``peak_tflops``."""
     try:
-        data = tomllib.loads(Path(path).read_text())
+        data = tomllib.loads(read_input_text(path))
     except (OSError, ValueError) as err:  # ValueError: TOMLDecodeError, and UnicodeDecodeError (not text)
         raise ConfigError(f"hardware file {str(path)!r}: {err}") from None
     data = data.get("hardware", data)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeoffload.errors import ConfigError
+from pipeoffload.fileio import read_input_text
 from pipeoffload.llama_config import (
     ARCHITECTURES,
     LlamaShape,
@@ -46,7 +47,7 @@ def model_from_hf_config(directory: str | Path) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     try:
-        data: dict[str, Any] = json.loads(path.read_text())
+        data: dict[str, Any] = json.loads(read_input_text(path))
     except (OSError, ValueError) as err:
         raise ConfigError(f"hf:{directory}: cannot read {path} ({err}); give a directory holding config.json") from None
     check_object(data, str(path))

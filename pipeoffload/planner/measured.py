@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeoffload.errors import ConfigError
+from pipeoffload.fileio import read_input_text
 from pipeoffload.planner.model import ModelSpec
 from pipeoffload.planner.stagecosts import LayerCosts
 
@@ -81,7 +82,7 @@ def save_layer_costs(lc: LayerCosts, path: str | Path) -> None:
 
 def load_layer_costs(path: str | Path) -> LayerCosts:
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(read_input_text(path))
     except (OSError, ValueError) as err:  # ValueError: JSONDecodeError, and UnicodeDecodeError (not text)
         raise ConfigError(f"layer-cost file {str(path)!r}: {err}") from None
     return layer_costs_from_dict(data, f"layer-cost file {str(path)!r}")

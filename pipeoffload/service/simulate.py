@@ -13,6 +13,7 @@ from typing import Any
 
 from pipeoffload.costs import CostModel, load_cost_file
 from pipeoffload.errors import FIELDS, ConfigError, Naming, flag_of, renaming
+from pipeoffload.fileio import read_input_text
 from pipeoffload.ir import ActionKind, Schedule, expand_overlaps, has_torch_cells
 from pipeoffload.passes.lower import lower_with_report
 from pipeoffload.passes.offload import OffloadReport
@@ -401,8 +402,7 @@ def load_schedule_file(req: SimulateRequest, limit: int = MAX_ACTIONS) -> Schedu
     the default must be the file's."""
     path = str(req.schedule_file)
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        text = read_input_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"schedule file {path!r}: cannot read it ({exc.__class__.__name__}: "
                           f"{getattr(exc, 'strerror', None) or exc}); give the path of a schedule file") from exc

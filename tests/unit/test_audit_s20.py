@@ -1,0 +1,67 @@
+"""A demanding user's audit of one run's whole life (twentieth session): each test failed before its fix."""
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import refused
+
+
+@contextmanager
+def fifo(path: Path) -> Iterator[Path]:
+    """A FIFO at ``path``. Before the fix its read waited for a writer forever; this test's own writer
+    opens and closes it, so that such a read ends (with no text) and the test fails instead of hanging."""
+    os.mkfifo(path)
+
+    def writer() -> None:
+        with open(path, "wb"):
+            pass
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        while thread.is_alive():  # no reader came (the fixed code never reads it): be the reader it waits for
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+            thread.join(0.05)
+
+
+NOT_REGULAR = "not a regular file"
+PLAN = "plan --model gpt3-13b --gpus 8 --global-batch 8 --memory 40"
+
+
+@pytest.mark.parametrize(("name", "command", "pieces"), [
+    ("mine.json", "simulate {f}", ("schedule file", NOT_REGULAR)),
+    ("mine.csv", "compare '1f1b' '{f}'", ("schedule file", NOT_REGULAR)),
+    ("costs.json", "simulate 1f1b --costs {f}", (NOT_REGULAR,)),
+    ("run.json", "trace compare {f}", ("RUN_TRACE", NOT_REGULAR)),
+    ("layers.json", PLAN + " --profile {f}", ("layer-cost file", NOT_REGULAR)),
+    ("gpu.toml", PLAN + " --hardware-file {f}", ("hardware file", NOT_REGULAR)),
+])
+def test_an_input_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path, name: str, command: str,
+                                                          pieces: tuple[str, ...]) -> None:
+    """``simulate mine.json``, ``trace compare``, ``plan --profile``/``--hardware-file`` on a FIFO (or a
+    process substitution, ``<(...)``, with no writer left) waited forever in the read: every wait bounded."""
+    with fifo(tmp_path / name) as path:
+        refused(command.format(f=path), *pieces)
+
+
+def test_plan_of_an_hf_folder_whose_config_is_a_fifo_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    with fifo(tmp_path / "model" / "config.json"):
+        refused(f"plan --model hf:{tmp_path / 'model'} --gpus 2 --global-batch 8 --memory 40", NOT_REGULAR)
+
+
+def test_train_config_that_is_not_a_file_is_not_called_missing(tmp_path: Path) -> None:
+    """``train --config DIR`` (or a FIFO) said "no such file" of a path that exists."""
+    err = refused(f"train --config {tmp_path} --out {tmp_path / 'run'}", "is a folder, not a file")
+    assert "no such file" not in err
+    with fifo(tmp_path / "run.toml") as path:
+        refused(f"train --config {path} --out {tmp_path / 'run'}", NOT_REGULAR)
+    assert not (tmp_path / "run").exists()
