@@ -6,8 +6,8 @@ truncated, not an array, of a non-integer dtype, with negative ids or ids implyi
 vocabulary; too little text for one training and one validation sequence; and a run whose memory
 cannot fit on this machine, by a lower bound (weights, gradients and AdamW's state, the held-out
 batches every rank materializes (eval_batches, capped as the ranks cap it), the text as each rank
-holds it, one microbatch's activations), so a run that is refused could not have run. Torch-free
-(numpy reads the token file's header and ids).
+holds it, one microbatch's activations, the GPT's s x s attention scores of one layer among them), so
+a run that is refused could not have run. Torch-free (numpy reads the token file's header and ids).
 """
 from __future__ import annotations
 
@@ -190,7 +190,8 @@ def model_state_bytes(cfg: TrainConfig, vocab: int) -> int:
 
 def memory_lower_bound(cfg: TrainConfig, facts: DataFacts, local_ranks: int | None = None) -> int:
     """Bytes the ranks on this machine need at least (fp32): their share of the model state, the
-    held-out batches and data each rank holds, and one microbatch's layer outputs and logits."""
+    held-out batches and data each rank holds, and one microbatch's layer outputs, logits and (the
+    reference GPT) attention scores of one layer."""
     return sum(memory_parts(cfg, facts, local_ranks).values())
 
 
@@ -204,13 +205,22 @@ def memory_parts(cfg: TrainConfig, facts: DataFacts, local_ranks: int | None = N
     per_replica = cfg.data.global_batch // p.dp
     held_out = held_out_batches(cfg, facts) * per_replica * m.seq_len * 16  # int64 inputs and targets, every rank
     micro = per_replica // cfg.schedule.microbatches
-    activations = p.dp * micro * m.seq_len * (m.layers * m.hidden + 3 * vocab) * 4
+    activations = p.dp * micro * (m.seq_len * (m.layers * m.hidden + 3 * vocab) + attention_scores(cfg)) * 4
     state = model_state_bytes(cfg, vocab)
     # the shares of the local ranks, rounded as one sum is (the parts add up to the bound exactly)
     shared = (state + activations) * local // world
     state_part = state * local // world
     return {"model": state_part, "activations": shared - state_part, "held_out": local * held_out,
             "data": local * facts.resident_bytes}
+
+
+def attention_scores(cfg: TrainConfig) -> int:
+    """Elements of one sequence's attention scores in one layer that the model writes out: the reference
+    GPT's ``heads x seq x seq`` (fp32 under autocast too: its softmax is); the Llama family's SDPA none."""
+    from pipeoffload.train.family import kind
+
+    m = cfg.model
+    return m.heads * m.seq_len**2 if kind(m.source) == "gpt" else 0
 
 
 def held_out_batches(cfg: TrainConfig, facts: DataFacts) -> int:
@@ -262,7 +272,7 @@ def check_memory(cfg: TrainConfig, facts: DataFacts, available: int | None) -> N
         "model": f"make the model smaller (layers={cfg.model.layers} hidden={cfg.model.hidden})",
         "activations": f"make the microbatch smaller (global_batch={cfg.data.global_batch} over microbatches="
                        f"{cfg.schedule.microbatches} is {micro} sequences of seq_len={cfg.model.seq_len}): lower "
-                       "--global-batch or raise --microbatches",
+                       "--global-batch or --seq-len, or raise --microbatches",
         "held_out": f"lower --eval-batches (eval_batches={cfg.metrics.eval_batches})",
         "data": "use a memory-mapped token file (.npy or .bin) instead of text each rank holds",
     }

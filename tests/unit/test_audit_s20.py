@@ -65,3 +65,22 @@ def test_train_config_that_is_not_a_file_is_not_called_missing(tmp_path: Path) -
     with fifo(tmp_path / "run.toml") as path:
         refused(f"train --config {path} --out {tmp_path / 'run'}", NOT_REGULAR)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_memory_bound_counts_the_gpt_attention_scores() -> None:
+    """``train --seq-len 100000`` passed the memory check and every file was written, then rank 0 failed at
+    step 1 allocating 320 GB: the reference GPT writes out a microbatch's heads x s x s attention scores,
+    which the lower bound left out (it counted s x hidden per layer)."""
+    from pipeoffload.errors import ConfigError
+    from pipeoffload.train.config import TrainConfig, validate
+    from pipeoffload.train.preflight import DataFacts, check_memory, memory_parts
+
+    cfg = validate(TrainConfig.build(seq_len=100_000))
+    facts = DataFacts(tokens=10**7, vocab=256, resident_bytes=0)
+    scores = 2 * 4 * 100_000**2 * 4  # 2 sequences a microbatch, 4 heads, fp32: what the run failed to allocate
+    assert memory_parts(cfg, facts, 1)["activations"] >= scores
+    with pytest.raises(ConfigError, match=r"activations of one microbatch of 2 sequences 2\d\d\.\d GiB.*lower "
+                       r"--global-batch or --seq-len, or raise --microbatches"):
+        check_memory(cfg, facts, available=64 * 2**30)
+    llama = validate(TrainConfig.build(model="llama", seq_len=100_000))  # SDPA writes no scores out
+    assert memory_parts(llama, facts, 1)["activations"] < scores / 100
