@@ -151,8 +151,11 @@ def _run_median(metrics: RunMetrics, key: str) -> tuple[str, float] | None:
     """(what it is, value): the median of ``key`` after step 1 (which pays for warm-up and shape inference) and
     without each resumed run's first step (a resume on the same layout warms up again); None without values."""
     w = _warm(metrics, key)
-    if not w.values:
-        return ("median, after step 1", statistics.median(w.all_values)) if w.all_values else None
+    if not w.values:  # no step but warm-ups: said so, not "after step 1" of a median that holds step 1
+        if len(w.all_steps) == 1:
+            return f"step {w.all_steps[0]} only, its warm-up included", w.all_values[0]
+        return (f"median, steps {', '.join(map(str, w.all_steps))}: warm-ups only (the first step and the "
+                "resumes' first)", statistics.median(w.all_values)) if w.all_values else None
     return f"median, after step 1{_resumed_text(w.left_out)}", statistics.median(w.values)
 
 

@@ -84,3 +84,26 @@ def test_the_memory_bound_counts_the_gpt_attention_scores() -> None:
         check_memory(cfg, facts, available=64 * 2**30)
     llama = validate(TrainConfig.build(model="llama", seq_len=100_000))  # SDPA writes no scores out
     assert memory_parts(llama, facts, 1)["activations"] < scores / 100
+
+
+def test_a_report_of_one_step_does_not_call_it_a_median_after_step_1(tmp_path: Path) -> None:
+    """``pipeoffload report`` of a one-step run (``train --steps 1``) read "tokens/s (median, after step 1) 190":
+    there is no step after step 1; the figure was step 1's own, warm-up and shape inference included."""
+    import json
+
+    from pipeoffload.train.report import RunMetrics, key_figures
+
+    row = {"step": 1, "loss": 5.0, "tokens_per_s": 190.0, "step_s": 2.7, "layout": {"pp": 1, "dp": 1, "tp": 1},
+           "peak_act_bytes": [1]}
+    figures = dict(key_figures(RunMetrics([row])))
+    assert figures["tokens/s (step 1 only, its warm-up included)"] == "190"
+    assert not [k for k in figures if "after step 1" in k]
+    resumed = dict(key_figures(RunMetrics([row, {**row, "step": 2, "resumed": True, "tokens_per_s": 210.0}])))
+    assert resumed["tokens/s (median, steps 1, 2: warm-ups only (the first step and the resumes' first))"] == "200"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    from pipeoffload.cli import main
+
+    assert main(["report", str(run)]) == 0
+    assert "step 1 only, its warm-up included" in (run / "report.html").read_text()
