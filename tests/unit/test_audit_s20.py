@@ -107,3 +107,15 @@ def test_a_report_of_one_step_does_not_call_it_a_median_after_step_1(tmp_path: P
 
     assert main(["report", str(run)]) == 0
     assert "step 1 only, its warm-up included" in (run / "report.html").read_text()
+
+
+def test_the_docs_name_every_key_a_run_does_not_save() -> None:
+    """docs/training.md said "`progress` and `stop_at` ... are not saved"; ``keep_records`` is not saved either."""
+    import re
+
+    from pipeoffload.train.config import UNSAVED
+
+    docs = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
+    said = re.search(r"((?:`\w+`,?\s+(?:and\s+)?)+)belong to one invocation and are not saved", docs)
+    assert said is not None
+    assert sorted(re.findall(r"`(\w+)`", said.group(1))) == sorted(UNSAVED)
