@@ -96,6 +96,18 @@ def _report(run: Path) -> str:
     return f"  report: {run}/report.html"
 
 
+def run_line(label: str, metrics: list[dict]) -> str:
+    """One run's line: its losses, the worst rank's measured and simulated peak, and its steps' time
+    (the sum of ``step_s``: the run's training steps, not its start-up, validation or saves)."""
+    peak = max(max(m["peak_act_bytes"]) for m in metrics)
+    sim = max(max(m["sim_peak_act_bytes"]) for m in metrics)
+    vals = [m["val_loss"] for m in metrics if m["val_loss"] is not None]
+    return (f"  {label:36}: loss {metrics[0]['loss']:.4f} -> {metrics[-1]['loss']:.4f}, val loss "
+            f"{vals[0]:.4f} -> {vals[-1]:.4f}; worst rank's peak activations {peak / 2**10:.0f} KiB "
+            f"(simulated {sim / 2**10:.0f} KiB); its {len(metrics)} steps took "
+            f"{sum(m['step_s'] for m in metrics):.1f} s")
+
+
 def train_tour(out: Path) -> str:
     """Train the same GPT with two schedules through `pipeoffload train`; compare losses and memory."""
     print("Training a 4-block GPT on 4 CPU ranks (2 PP x 2 DP, gloo) on the standard library's sources, "
@@ -103,14 +115,7 @@ def train_tour(out: Path) -> str:
     runs = {}
     for label, folder, extra in TRAIN_RUNS:
         runs[label] = _train(out / folder, extra)
-    lines = []
-    for label, metrics in runs.items():
-        peak = max(max(m["peak_act_bytes"]) for m in metrics)
-        sim = max(max(m["sim_peak_act_bytes"]) for m in metrics)
-        vals = [m["val_loss"] for m in metrics if m["val_loss"] is not None]
-        lines.append(f"  {label:36}: loss {metrics[0]['loss']:.4f} -> {metrics[-1]['loss']:.4f}, val loss "
-                     f"{vals[0]:.4f} -> {vals[-1]:.4f}; worst rank's peak activations {peak / 2**10:.0f} KiB "
-                     f"(simulated {sim / 2**10:.0f} KiB), {sum(m['step_s'] for m in metrics):.1f} s")
+    lines = [run_line(label, metrics) for label, metrics in runs.items()]
     (a, ma), (b, mb) = runs.items()
     same = [m["loss"] for m in ma] == [m["loss"] for m in mb]
     close = max(abs(x["loss"] - y["loss"]) for x, y in zip(ma, mb))

@@ -119,3 +119,14 @@ def test_the_docs_name_every_key_a_run_does_not_save() -> None:
     said = re.search(r"((?:`\w+`,?\s+(?:and\s+)?)+)belong to one invocation and are not saved", docs)
     assert said is not None
     assert sorted(re.findall(r"`(\w+)`", said.group(1))) == sorted(UNSAVED)
+
+
+def test_the_demo_says_what_its_seconds_are() -> None:
+    """`make demo` ended each run's line with a bare "2.6 s" (the sum of its steps' times, not the run's
+    20 s of wall time with start-up, validation and saves), which read as the run's duration."""
+    from pipeoffload.demo import run_line
+
+    rows = [{"loss": 5.0 - s, "val_loss": 5.5 if s in (0, 2) else None, "step_s": 0.25, "peak_act_bytes": [2048, 1024],
+             "sim_peak_act_bytes": [2048.0, 1024.0]} for s in range(3)]
+    line = run_line("1F1B", rows)
+    assert line.endswith("(simulated 2 KiB); its 3 steps took 0.8 s"), line
