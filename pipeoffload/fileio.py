@@ -44,8 +44,8 @@ def read_input_text(path: str | os.PathLike[str]) -> str:
         if not stat.S_ISREG(mode):
             raise OSError(errno.EINVAL, NOT_REGULAR, os.fspath(path))
         os.set_blocking(fd, True)
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read().decode("utf-8")
+        with os.fdopen(fd, encoding="utf-8", closefd=False) as handle:  # universal newlines, as read_text()
+            return handle.read()
     finally:
         os.close(fd)
 

@@ -130,3 +130,19 @@ def test_the_demo_says_what_its_seconds_are() -> None:
              "sim_peak_act_bytes": [2048.0, 1024.0]} for s in range(3)]
     line = run_line("1F1B", rows)
     assert line.endswith("(simulated 2 KiB); its 3 steps took 0.8 s"), line
+
+
+def test_an_input_file_is_read_as_text_was(tmp_path: Path) -> None:
+    """``read_input_text`` keeps what ``open()``/``read_text()`` gave the readers it replaced: UTF-8 with
+    universal newlines (a schedule edited on Windows, CRLF, still loads), a decoding error for bytes that are
+    not UTF-8, and ``IsADirectoryError`` for a folder."""
+    from pipeoffload.fileio import read_input_text
+
+    crlf = tmp_path / "mine.txt"
+    crlf.write_bytes(b"rank 0: 0F0 0B0\r\nrank 1: 1F0 1B0\r\n")
+    assert read_input_text(crlf) == "rank 0: 0F0 0B0\nrank 1: 1F0 1B0\n"
+    (tmp_path / "bad").write_bytes(b"\xff\xfe")
+    with pytest.raises(UnicodeDecodeError):
+        read_input_text(tmp_path / "bad")
+    with pytest.raises(IsADirectoryError):
+        read_input_text(tmp_path)
