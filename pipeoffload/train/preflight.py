@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeoffload.errors import ConfigError
+from pipeoffload.errors import ConfigError, Naming
 from pipeoffload.fileio import folder_write_error
 from pipeoffload.train.config import TrainConfig
 
@@ -268,21 +268,31 @@ def check_memory(cfg: TrainConfig, facts: DataFacts, available: int | None) -> N
         return
     per_replica = cfg.data.global_batch // cfg.parallel.dp
     micro = per_replica // cfg.schedule.microbatches
-    fixes = {  # what lowers the largest part
-        "model": f"make the model smaller (layers={cfg.model.layers} hidden={cfg.model.hidden})",
-        "activations": f"make the microbatch smaller (global_batch={cfg.data.global_batch} over microbatches="
-                       f"{cfg.schedule.microbatches} is {micro} sequences of seq_len={cfg.model.seq_len}): lower "
-                       "--global-batch or --seq-len, or raise --microbatches",
-        "held_out": f"lower --eval-batches (eval_batches={cfg.metrics.eval_batches})",
-        "data": "use a memory-mapped token file (.npy or .bin) instead of text each rank holds",
-    }
+    m, d, c = cfg.model, cfg.data, cfg.metrics
+    held = held_out_batches(cfg, facts)
     largest = max(parts, key=lambda k: parts[k])
-    raise ConfigError(
+
+    def fix(n: Naming) -> str:  # what lowers the largest part
+        return {
+            "model": f"make the model smaller ({n.given('layers', m.layers)}, {n.given('hidden', m.hidden)})",
+            "activations": f"make the microbatch smaller ({n.given('global_batch', d.global_batch)} over "
+                           f"{n.given('microbatches', cfg.schedule.microbatches)} is {_count(micro, 'sequence')} of "
+                           f"{n.given('seq_len', m.seq_len)}): lower {n('global_batch')} or {n('seq_len')}, or "
+                           f"raise {n('microbatches')}",
+            "held_out": f"lower {n('eval_batches')}",
+            "data": "use a memory-mapped token file (.npy or .bin) instead of text each rank holds",
+        }[largest]
+
+    raise ConfigError.named(lambda n: (
         f"the run needs at least {_gib(need)} of memory on this machine (estimated: model state "
-        f"{_gib(parts['model'])} for layers={cfg.model.layers} hidden={cfg.model.hidden}, activations of one "
-        f"microbatch of {micro} sequences {_gib(parts['activations'])}, {held_out_batches(cfg, facts)} held-out "
-        f"batches for eval_batches={cfg.metrics.eval_batches} {_gib(parts['held_out'])}, data "
-        f"{_gib(parts['data'])}) but {_gib(available)} are available; {fixes[largest]}")
+        f"{_gib(parts['model'])} for {n.given('layers', m.layers)} {n.given('hidden', m.hidden)}, activations of "
+        f"one microbatch of {_count(micro, 'sequence')} {_gib(parts['activations'])}, "
+        f"{_count(held, 'held-out batch', 'held-out batches')} for {n.given('eval_batches', c.eval_batches)} "
+        f"{_gib(parts['held_out'])}, data {_gib(parts['data'])}) but {_gib(available)} are available; {fix(n)}"))
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def _gib(n: int) -> str:

@@ -80,7 +80,7 @@ def test_the_memory_bound_counts_the_gpt_attention_scores() -> None:
     scores = 2 * 4 * 100_000**2 * 4  # 2 sequences a microbatch, 4 heads, fp32: what the run failed to allocate
     assert memory_parts(cfg, facts, 1)["activations"] >= scores
     with pytest.raises(ConfigError, match=r"activations of one microbatch of 2 sequences 2\d\d\.\d GiB.*lower "
-                       r"--global-batch or --seq-len, or raise --microbatches"):
+                       r"global_batch or seq_len, or raise microbatches"):
         check_memory(cfg, facts, available=64 * 2**30)
     llama = validate(TrainConfig.build(model="llama", seq_len=100_000))  # SDPA writes no scores out
     assert memory_parts(llama, facts, 1)["activations"] < scores / 100

@@ -64,7 +64,7 @@ CASES = [  # (flags, words the one line must contain); {tmp} is the test's folde
     (["--data", "{tmp}/tiny.txt", "--tokenizer", "bpe:300"], ["at most 9 tokens give", "--seq-len"]),
     (["--data", "{tmp}/no_text"], ["no text files"]),
     (["--out", "{tmp}/a_file"], ["out=", "not a folder"]),
-    (["--layers", "1000000"], ["needs at least", "GiB", "layers=1000000"]),
+    (["--layers", "1000000"], ["needs at least", "GiB", "--layers 1000000"]),
     (["--model", "llama", "--vocab", "300", "--data", "{tmp}/tokens.npy"], ["vocab=300", "--vocab"]),
     (["--steps", "5", "--extend"], ["--extend", "--resume"]),
     (["--seed", str(2**63)], ["seed=", "2**63"]),
@@ -101,7 +101,7 @@ def test_the_memory_bound_scales_with_the_model_and_the_held_out_batches() -> No
     assert memory_lower_bound(cfg.updated(eval_batches=10**6), facts, 1) - small == (10**6 - 2) * 8 * 64 * 16
     check_memory(cfg, facts, available=GIB)
     with pytest.raises(ConfigError, match=r"needs at least 7\.6 GiB .*1000000 held-out batches for "
-                       r"eval_batches=1000000 7\.6 GiB.*\) but 4\.0 GiB are available; lower --eval-batches"):
+                       r"eval_batches=1000000 7\.6 GiB.*\) but 4\.0 GiB are available; lower eval_batches"):
         check_memory(cfg.updated(eval_batches=10**6), facts, available=4 * GIB)
     zero = cfg.updated(dp=2, global_batch=8, microbatches=4, zero=1, nproc=2)
     assert memory_lower_bound(zero, facts, 2) < memory_lower_bound(zero.updated(zero=0), facts, 2)
