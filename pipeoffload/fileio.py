@@ -31,6 +31,12 @@ def check_writable(path: str | os.PathLike[str], what: str | None = None) -> Non
 NOT_REGULAR = "not a regular file (a FIFO, socket or device: reading it might never end)"
 
 
+def why_not_a_file(path: Path) -> str:
+    """Why ``path`` cannot be read as an input file, said after its name: it is a folder, something else
+    than a regular file (``NOT_REGULAR``), or absent (for a path where ``is_file()`` is False)."""
+    return "is a folder, not a file" if path.is_dir() else f"is {NOT_REGULAR}" if path.exists() else "does not exist"
+
+
 def read_input_text(path: str | os.PathLike[str]) -> str:
     """The UTF-8 text of the input file ``path``. Anything but a regular file is refused with an OSError
     before it is read (a folder as ``IsADirectoryError``; a FIFO, socket or device with ``NOT_REGULAR``):

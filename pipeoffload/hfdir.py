@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeoffload.errors import ConfigError
+from pipeoffload.fileio import why_not_a_file
 from pipeoffload.llama_config import LlamaShape, json_kind
 
 SINGLE = "model.safetensors"
@@ -244,7 +245,7 @@ def open_hf_dir(path: str | Path, *, check_tokenizer: bool = True, compare_tied_
                           "transformers' save_pretrained and pass its folder)")
     cfg_path = root / "config.json"
     if not cfg_path.is_file():
-        raise ConfigError(f"hf:{root}: config.json is missing")
+        raise ConfigError(f"hf:{root}: config.json {'is missing' if not cfg_path.exists() else why_not_a_file(cfg_path)}")
     try:
         raw = json.loads(cfg_path.read_text())
     except ValueError as err:

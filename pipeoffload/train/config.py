@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeoffload.errors import ConfigError, Naming
-from pipeoffload.fileio import NOT_REGULAR
+from pipeoffload.fileio import why_not_a_file
 from pipeoffload.policies import INT_TEXT
 
 if sys.version_info >= (3, 11):
@@ -367,8 +367,7 @@ def load_toml(path: str | Path, name: str | None = None) -> dict[str, Any]:
     p = Path(path)
     name = name or f"--config {str(p)!r}"
     if not p.is_file():  # a FIFO would wait for a writer: refused before it is read
-        why = "is a folder, not a file" if p.is_dir() else NOT_REGULAR if p.exists() else "no such file"
-        raise ConfigError(f"{name}: {why}")
+        raise ConfigError(f"{name}: {why_not_a_file(p)}")
     try:
         data = tomllib.loads(p.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pipeoffload.errors import ConfigError
-from pipeoffload.fileio import write_atomic
+from pipeoffload.fileio import why_not_a_file, write_atomic
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -180,7 +180,7 @@ def load_metrics(path: Path) -> RunMetrics:
     from pipeoffload.train.metrics import parse_records
 
     if not path.is_file():
-        raise ConfigError(f"{str(path)!r} does not exist; give the --out folder of a training run")
+        raise ConfigError(f"{str(path)!r} {why_not_a_file(path)}; give the --out folder of a training run")
     rows = []
     for number, _, row in parse_records(path, then="then run report again"):
         _check_row(path, number, row)
