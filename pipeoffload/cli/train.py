@@ -96,7 +96,7 @@ def resolve(args: argparse.Namespace) -> tuple[Any, list[str]]:
         # the keys given for this invocation (flags, --config) constrain the search; a resumed run's are re-planned
         cfg, chosen = plan_run(cfg, args.memory, args.gpu, explicit=set(from_file) | set(flags))
         notes.append(chosen)
-    cfg = validate(cfg)
+    cfg = validate(cfg, resumed=bool(args.resume))
     notes.extend(no_effect_notes(cfg, set(from_file) | set(given)))
     from pipeoffload.train.job import offload_note
 

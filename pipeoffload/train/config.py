@@ -511,9 +511,10 @@ _AT_LEAST_0 = ("stages_per_rank", "group_size", "nproc", "warmup", "seed", "stop
                "vocab", "skip_nonfinite")
 
 
-def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) -> TrainConfig:
+def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True, resumed: bool = False) -> TrainConfig:
     """Check every rule; return the config with defaults resolved. One ``ConfigError`` line per failure.
-    ``gpt=False``: the model is the caller's (``train_model``), recorded as ``model = "own"``."""
+    ``gpt=False``: the model is the caller's (``train_model``), recorded as ``model = "own"``. ``resumed``: the
+    config continues a run, whose checkpoint fixes the model (a remedy never offers to change it)."""
     for flat in _AT_LEAST_1:
         _need(cfg.get(flat) >= 1, f"{flat}={cfg.get(flat)}: must be >= 1")
     for flat in _AT_LEAST_0:
@@ -539,7 +540,7 @@ def validate(cfg: TrainConfig, *, data_exists: bool = True, gpt: bool = True) ->
         _need(_installed("tensorboard"), "tensorboard=true: the tensorboard package is not installed; "
                                          "pip install 'pipeoffload[tensorboard]', or leave out --tensorboard")
     cfg = resolve_stages_per_rank(cfg)
-    _check_schedule(cfg, gpt)
+    _check_schedule(cfg, gpt, resumed)
     return cfg
 
 
@@ -798,7 +799,7 @@ SCHEDULE_NAMES = {"num_ranks": "pp", "num_microbatches": "microbatches"}
 FAMILY_OPTIONS = ("group_size",)
 
 
-def _check_schedule(cfg: TrainConfig, gpt: bool) -> None:
+def _check_schedule(cfg: TrainConfig, gpt: bool, resumed: bool) -> None:
     """Generate and lower the schedule once here, so a bad combination fails before any rank starts."""
     from pipeoffload.errors import renaming
     from pipeoffload.passes.lower import lower
@@ -816,8 +817,17 @@ def _check_schedule(cfg: TrainConfig, gpt: bool) -> None:
                    "stages' layer counts itself (counts=)")
         blocks_per_stage(cfg, stages)  # ConfigError naming what does not add up
         return
-    fix = ("use fewer stages (pp, stages_per_rank): its config.json sets layers" if cfg.model.source.startswith("hf:")
-           else f"use layers >= {stages - 2}")
-    _need(not gpt or layers + 2 >= stages,
-          f"layers={layers}: the model's {layers + 2} layers (embedding, blocks, head) cannot fill "
-          f"{stages} stages (pp*stages_per_rank); {fix}")
+    if not gpt or layers + 2 >= stages:
+        return
+
+    def fix(n: Naming) -> str:
+        fewer = f"use fewer stages ({n('pp')}, {n('stages_per_rank')})"
+        if cfg.model.source.startswith("hf:"):
+            return f"{fewer}: its config.json sets layers"
+        if resumed:  # the checkpoint fixes the model
+            return f"{fewer}: a resumed run keeps its {n.given('layers', layers)}"
+        return f"use {n('layers')} >= {stages - 2}, or {fewer}"
+
+    raise ConfigError.named(lambda n: (
+        f"{n.given('layers', layers)}: the model's {layers + 2} layers (embedding, blocks, head) cannot fill "
+        f"{stages} stages ({n('pp')} x {n('stages_per_rank')}); {fix(n)}"))
