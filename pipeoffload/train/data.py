@@ -89,7 +89,11 @@ def text_files(data: str) -> list[Path]:
     path = Path(data)
     if path.is_file():
         return [path]
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+    try:
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+    except OSError as err:  # a sub-folder that cannot be listed (e.g. --data /proc)
+        raise ConfigError(f"data={data!r}: {str(err.filename or path)!r} cannot be listed ({err.strerror}); give a "
+                          "folder of text files you can read") from None
     if not files:
         raise ConfigError(f"data={data!r}: the folder has no text files ({', '.join(s or 'no suffix' for s in TEXT_SUFFIXES)})")
     return files

@@ -102,6 +102,13 @@ def data_facts(cfg: TrainConfig) -> DataFacts:
         tokens, top = check_token_file(path)
         return DataFacts(tokens, top + 1, 0)  # memory-mapped: nothing resident
     files = text_files(path)
+    for f in files:  # one that cannot be read is one line here, before anything is written (not in the ranks)
+        try:
+            with f.open("rb") as handle:
+                handle.read(1)
+        except OSError as err:
+            raise ConfigError(f"data={path!r}: {str(f)!r} cannot be read ({err.strerror}); give text files "
+                              "you can read") from None
     for f in files:  # a bad line is one line here, before anything is written (not in the ranks)
         if f.suffix == ".jsonl":
             jsonl_texts(f, f.read_text(encoding="utf-8", errors="replace"))
