@@ -2,7 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from pipeoffload.cli.common import non_negative_float
 from pipeoffload.errors import ConfigError
@@ -97,7 +102,84 @@ def run(args: argparse.Namespace) -> int:
         _bare_hf_folder(args.run_dir)
         require_run_dir(args.run_dir, checkpoint=True)
     require_extra("torch")
-    from pipeoffload.train.generate import generate_text
+    from pipeoffload.train.generate import Generation
 
-    print(generate_text(args.run_dir, args.prompt, args.tokens, temperature, seed, args.greedy))
+    generation = Generation(args.run_dir, args.prompt, args.tokens, temperature, seed, args.greedy)
+    shown = _Shown(live=sys.stdout.isatty())
+    with _Interrupts() as interrupts:
+        try:
+            for _ in generation.steps():
+                with interrupts.deferred():
+                    shown.update(generation)
+        except KeyboardInterrupt:  # what came so far is the user's: shown, not dropped
+            with interrupts.deferred(then_raise=False):
+                shown.finish(generation.text())
+            print(f"pipeoffload generate: interrupted after {generation.generated} of {args.tokens} tokens (the "
+                  "text so far is above)", file=sys.stderr)
+            return 130
+    shown.finish(generation.text())
     return 0
+
+
+class _Interrupts:
+    """Ctrl-C (SIGINT) stops the generation at once, but not while text is being written: an interrupt part-way
+    through a write would show a piece twice, or not at all. One that comes then is raised right after."""
+
+    def __init__(self) -> None:
+        self._writing = self._pending = False
+
+    def __enter__(self) -> _Interrupts:
+        self._before = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._before)
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        if self._writing:
+            self._pending = True
+        else:
+            raise KeyboardInterrupt
+
+    @contextmanager
+    def deferred(self, then_raise: bool = True) -> Iterator[None]:
+        self._writing = True
+        try:
+            yield
+        finally:
+            self._writing = False
+            if self._pending and then_raise:
+                self._pending = False
+                raise KeyboardInterrupt
+
+
+class _Shown:
+    """The text on stdout. At a terminal each token's text is written as it comes (the whole text decoded
+    again, and only what extends the part already shown written: a character whose bytes span tokens waits
+    for its last byte); elsewhere (a pipe, a file) the whole text once at the end, as decoded."""
+
+    def __init__(self, live: bool) -> None:
+        self.live, self.shown = live, ""
+
+    def update(self, generation: Any) -> None:
+        if self.live:
+            self._extend(generation.text(), final=False)
+
+    def finish(self, text: str) -> None:
+        if not self._extend(text, final=True):  # the decoder rewrote what was shown (never seen): the text whole
+            sys.stdout.write("\n" + text)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+    def _extend(self, text: str, final: bool) -> bool:
+        """Write what ``text`` adds to the text shown; False where it does not extend it. Until ``final``, a
+        trailing U+FFFD (the decoding of a character's bytes not all generated yet) waits."""
+        if not text.startswith(self.shown):
+            return False
+        if not final:
+            text = text.rstrip("\ufffd")
+        if len(text) > len(self.shown):
+            sys.stdout.write(text[len(self.shown):])
+            sys.stdout.flush()
+            self.shown = text
+        return True

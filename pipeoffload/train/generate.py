@@ -7,7 +7,7 @@ cache): slower, and the same arithmetic as training's forward.
 """
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,26 +112,34 @@ def load_run(run: Path) -> tuple[torch.nn.Module, Any, TrainConfig]:
     return model, tokenizer, cfg
 
 
-@torch.no_grad()
 def continue_ids(model: torch.nn.Module, ids: list[int], tokens: int, *, context: int, greedy: bool = False,
                  temperature: float = 0.8, seed: int = 0, eos: int | Collection[int] | None = None) -> list[int]:
     """``ids`` followed by up to ``tokens`` new ones (argmax when ``greedy`` or ``temperature <= 0``;
     stops after ``eos``, or after any of several)."""
+    return [*ids, *new_ids(model, ids, tokens, context=context, greedy=greedy, temperature=temperature, seed=seed,
+                           eos=eos)]
+
+
+def new_ids(model: torch.nn.Module, ids: list[int], tokens: int, *, context: int, greedy: bool = False,
+            temperature: float = 0.8, seed: int = 0, eos: int | Collection[int] | None = None) -> Iterator[int]:
+    """The tokens ``continue_ids`` adds, one at a time as each is chosen (a caller can show them as they come,
+    and keep what came when it is interrupted)."""
     stops = {eos} if isinstance(eos, int) else set(eos or ())
     gen = torch.Generator().manual_seed(seed)
     out = list(ids)
     for _ in range(tokens):
-        window = torch.tensor([out[-context:]], dtype=torch.long)
-        logits = model.layers(window, None, 0)[0, -1].float()  # type: ignore[operator]
+        with torch.no_grad():
+            window = torch.tensor([out[-context:]], dtype=torch.long)
+            logits = model.layers(window, None, 0)[0, -1].float()  # type: ignore[operator]
         if greedy or temperature <= 0:
             nxt = int(logits.argmax())
         else:
             probs = torch.softmax(logits / temperature, dim=-1)
             nxt = int(torch.multinomial(probs, 1, generator=gen))
         out.append(nxt)
+        yield nxt
         if nxt in stops:
-            break
-    return out
+            return
 
 
 def start_ids(tokenizer: Any, eos: tuple[int, ...]) -> list[int]:
@@ -141,10 +149,34 @@ def start_ids(tokenizer: Any, eos: tuple[int, ...]) -> list[int]:
     return [eos[0]] if eos else tokenizer.encode("\n")  # type: ignore[no-any-return]
 
 
+class Generation:
+    """Text being continued: ``steps()`` adds one token at a time to ``ids``; ``text()`` decodes them all
+    (the prompt, or the start token, and the tokens so far)."""
+
+    def __init__(self, source: str | Path, prompt: str, tokens: int, temperature: float = 0.8, seed: int = 0,
+                 greedy: bool = False) -> None:
+        model, self.tokenizer, context, eos = load_source(source)
+        self.ids: list[int] = self.tokenizer.encode(prompt) or start_ids(self.tokenizer, eos)  # type: ignore[attr-defined]
+        self.given = len(self.ids)
+        self._new = new_ids(model, self.ids, tokens, context=context, greedy=greedy, temperature=temperature,
+                            seed=seed, eos=eos)
+
+    def steps(self) -> Iterator[int]:
+        for nxt in self._new:
+            self.ids.append(nxt)
+            yield nxt
+
+    @property
+    def generated(self) -> int:
+        return len(self.ids) - self.given
+
+    def text(self) -> str:
+        return self.tokenizer.decode(self.ids)  # type: ignore[attr-defined,no-any-return]
+
+
 def generate_text(source: str | Path, prompt: str, tokens: int, temperature: float = 0.8, seed: int = 0,
                   greedy: bool = False) -> str:
-    model, tokenizer, context, eos = load_source(source)
-    ids = tokenizer.encode(prompt) or start_ids(tokenizer, eos)  # type: ignore[attr-defined]
-    out = continue_ids(model, ids, tokens, context=context, greedy=greedy, temperature=temperature, seed=seed,
-                       eos=eos)
-    return tokenizer.decode(out)  # type: ignore[attr-defined,no-any-return]
+    generation = Generation(source, prompt, tokens, temperature, seed, greedy)
+    for _ in generation.steps():
+        pass
+    return generation.text()
