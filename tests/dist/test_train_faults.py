@@ -21,15 +21,24 @@ BOUND = TIMEOUT + 10  # every process gone this long after the fault (the issue'
 STOP_GRACE = 3  # --stop-grace of the Ctrl-C tests whose ranks cannot finish their step (a stopped peer)
 
 
-@pytest.mark.parametrize("how,rank,layout", [
-    ("stop", 1, ["--pp", "2", "--dp", "2"]),  # its pipeline peer 0 and its data-parallel peer 3 wait on it
-    ("kill", 2, ["--pp", "2", "--dp", "2"]),
-    ("stop", 3, ["--pp", "2", "--tp", "2"]),  # a tensor-parallel peer
+SLOW = 2 * TIMEOUT  # a start-up wait longer than --timeout: rank 0 loads its data this late (fault_site)
+
+
+@pytest.mark.parametrize("how,rank,layout,fault", [
+    # its pipeline peer 0 and its data-parallel peer 3 wait on it; the run started slowly: rank 0 loaded its data
+    # SLOW s late while the others waited in the trainer's first collective, within --startup-timeout
+    ("stop", 1, ["--pp", "2", "--dp", "2"], f"corpus:0:sleep{SLOW}"),
+    ("kill", 2, ["--pp", "2", "--dp", "2"], ""),
+    ("stop", 3, ["--pp", "2", "--tp", "2"], ""),  # a tensor-parallel peer
 ])
-def test_a_stopped_or_killed_rank_ends_the_run_naming_it(tmp_path: Path, how: str, rank: int, layout: list[str]) -> None:
+def test_a_stopped_or_killed_rank_ends_the_run_naming_it(tmp_path: Path, how: str, rank: int, layout: list[str],
+                                                         fault: str) -> None:
+    """Found within --timeout, though --startup-timeout is long (and start-up took longer than --timeout)."""
     run = Run(tmp_path, tmp_path / "run", "--nproc", "4", *layout, "--steps", "100000", "--save-every", "100000",
-              "--timeout", str(TIMEOUT), "--startup-timeout", str(STARTUP))
+              "--timeout", str(TIMEOUT), "--startup-timeout", str(STARTUP), fault=fault)
     run.wait_steps(2)
+    if fault:  # the slow start-up happened, and the run survived it
+        assert f"[fault_site] rank 0: sleep{SLOW} at step 0" in run.stderr.read_text(), run.output()
     pids = run.pids()
     assert sorted(pids) == [0, 1, 2, 3], run.output()
     hit = time.monotonic()
