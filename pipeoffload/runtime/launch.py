@@ -580,6 +580,7 @@ def spawn(
     *,
     backend: str = "gloo",
     timeout: float = 60.0,
+    startup_timeout: float | None = None,
     deadline: float = 300.0,
     threads: int = 1,
     grace: float | None = None,
@@ -590,7 +591,9 @@ def spawn(
 ) -> SpawnResult:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes; collect the results.
 
-    ``timeout`` is the process group's (and how long a stopped rank is tolerated); ``deadline``
+    ``timeout`` is the process group's (and how long a stopped rank is tolerated); ``startup_timeout``, where
+    given, is the process group's instead (joining it included): ``fn`` then bounds its later waits itself
+    (``train``: ``RankContext.started``); ``deadline``
     bounds the whole run (stragglers are killed); ``grace``: once a rank has failed, the others get
     this many seconds to exit before being killed; ``settle`` (at most ``grace``), where that rank's failure says
     itself what failed (its own error, not a lost peer's; or a death the launcher blames), instead: the others
@@ -607,7 +610,8 @@ def spawn(
         if handler is not None:
             for s in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(s, handler)
-        entry = (fn, world_size, args, folder, backend, timeout, threads, os.getpid(), forward_signals)
+        joining = startup_timeout if startup_timeout is not None else timeout
+        entry = (fn, world_size, args, folder, backend, joining, threads, os.getpid(), forward_signals)
         try:
             with _agent_signals(), _quiet_agent():
                 results = _run_agent(entry, world_size, folder, sup, handler)

@@ -34,6 +34,10 @@ else:  # pragma: no cover - py3.10
 DEFAULT_TIMEOUT = 120.0  # seconds: a loaded 2-core CPU machine can take tens of seconds for one step
 MAX_TIMEOUT = 7 * 86400.0  # a week: beyond it (inf, 1e300) the process group's timedelta overflows
 MIN_TIMEOUT = 1.0  # below a second, starting the ranks alone times out
+# seconds for the ranks' start-up (process group, mesh, data, model, resume): minutes on a cluster or a loaded
+# machine, like torchrun's rendezvous (600 s), while --timeout finds a rank stopped mid-run fast
+DEFAULT_STARTUP_TIMEOUT = 600.0
+DEFAULT_STOP_GRACE = 10.0  # seconds the ranks get after SIGINT/SIGTERM: a step and a save of a small model
 
 
 def key(default: Any, help: str, *, flat: str = "", saved: bool = True, metavar: str = "") -> Any:
@@ -144,7 +148,13 @@ class RunConfig:
                                      "more memory at long sequences. CPU runs are deterministic without it; "
                                      "a resumed run keeps it")
     out: str = key("", "run directory (default runs/<timestamp>)", metavar="DIR")
-    timeout: float = key(DEFAULT_TIMEOUT, "seconds bounding every wait between ranks")
+    timeout: float = key(DEFAULT_TIMEOUT, "seconds bounding every wait between ranks once training runs (from "
+                                          "the first step on; start-up has --startup-timeout)")
+    startup_timeout: float = key(DEFAULT_STARTUP_TIMEOUT, "seconds bounding every wait between ranks before the "
+                                                          "first step: joining the process group, the mesh, "
+                                                          "loading the data, the model and a checkpoint to resume")
+    stop_grace: float = key(DEFAULT_STOP_GRACE, "seconds the ranks get after SIGINT/SIGTERM to finish their step "
+                                                "and save before they are killed (raise it for a big model's save)")
 
 
 @dataclass(frozen=True)
@@ -669,9 +679,11 @@ def _check_numbers(cfg: TrainConfig) -> None:
     _need(cfg.parallel.zero in (0, 1),
           f"zero={cfg.parallel.zero}: must be 0 or 1 (1: ZeroRedundancyOptimizer over the dp group)")
     _need(cfg.optim.lr > 0, f"lr={cfg.optim.lr}: must be > 0")
-    _need(MIN_TIMEOUT <= cfg.run.timeout <= MAX_TIMEOUT,
-          f"timeout={cfg.run.timeout:g}: must be >= {MIN_TIMEOUT:g} and <= {MAX_TIMEOUT:g} seconds (a week); "
-          "e.g. --timeout 600")
+    for name, example in (("timeout", 600), ("startup_timeout", 1800), ("stop_grace", 60)):
+        seconds = getattr(cfg.run, name)
+        _need(MIN_TIMEOUT <= seconds <= MAX_TIMEOUT,
+              f"{name}={seconds:g}: must be >= {MIN_TIMEOUT:g} and <= {MAX_TIMEOUT:g} seconds (a week); "
+              f"e.g. --{name.replace('_', '-')} {example}")
     _need(cfg.optim.clip >= 0, f"clip={cfg.optim.clip}: must be >= 0 (0 turns clipping off)")
     _need(cfg.optim.weight_decay >= 0, f"weight_decay={cfg.optim.weight_decay}: must be >= 0")
     _need(0 < cfg.data.val_fraction < 0.5, f"val_fraction={cfg.data.val_fraction}: must be in (0, 0.5)")

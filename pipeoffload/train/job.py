@@ -265,7 +265,7 @@ def train(cfg: TrainConfig, resume: str | None = None, verbose: bool = False,
             if not under_torchrun():
                 log.info("%s", starting_line(cfg.world, Path(cfg.run.out) / "train.log"))
         if under_torchrun() and not main:
-            _wait_for(Path(cfg.run.out) / "config.toml", cfg.run.timeout)
+            _wait_for(Path(cfg.run.out) / "config.toml", cfg.run.startup_timeout)
         results = run_ranks(rank_fn(cfg), cfg, (str(ckpt) if ckpt else None,), verbose=verbose)
     first = results[0]
     first["out"] = cfg.run.out
@@ -307,6 +307,6 @@ def _wait_for(path: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not path.is_file():
         if time.monotonic() > deadline:
-            raise ConfigError(f"{path} did not appear within --timeout {timeout:g} s: is --out on a file system "
+            raise ConfigError(f"{path} did not appear within --startup-timeout {timeout:g} s: is --out on a file system "
                               "every node shares?")
         time.sleep(0.1)

@@ -8,7 +8,14 @@ elastic agent; gloo on CPU), else in this process as a one-rank group. The launc
 others get ``SETTLE`` seconds to exit before they are killed, ``GRACE`` where the first to fail only lost a
 peer (so that the rank it lost is seen to); a stopped rank is found by its peers' ``--timeout``.
 SIGINT/SIGTERM are forwarded to the ranks, which finish their step, save and exit (or are killed
-``STOP_GRACE`` seconds later: ``Interrupted``); ranks die with the launcher.
+``--stop-grace`` seconds later: ``Interrupted``); ranks die with the launcher.
+
+Two bounds on the waits between ranks: ``--startup-timeout`` bounds every wait before the first step
+(joining the process group, here or under torchrun; a torchrun rank waiting for rank 0's run folder;
+building the mesh; the collectives of loading the data, building the model and resuming a checkpoint),
+``--timeout`` every wait from the first step on (``RankContext.started``, called by the trainer once every
+rank has set up: the pipeline's messages, the gradient and metric all-reduces, evaluation, saves) and how
+long the launcher tolerates a stopped rank (SIGSTOP), whenever it is stopped.
 """
 from __future__ import annotations
 
@@ -31,7 +38,6 @@ from pipeoffload.train.config import TrainConfig, continue_with
 
 log = logging.getLogger(__name__)
 RankFn = Callable[..., Any]
-STOP_GRACE = 10.0  # seconds the ranks get to save and exit after SIGINT/SIGTERM
 LOG_FORMAT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
 MESH = "building the device mesh (the dp, pp and tp process groups)"  # what a rank's error at start-up names
 
@@ -106,7 +112,8 @@ def _rank_entry(rank: int, world: int, fn: RankFn, cfg: TrainConfig, args: tuple
         torch.cuda.set_device(device)
     log.info("rank %d of %d: pid %d on %s", rank, world, os.getpid(), socket.gethostname())
     with doing(rank, MESH):
-        ctx = build_context(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, device, timeout=cfg.run.timeout)
+        ctx = build_context(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, device, timeout=cfg.run.timeout,
+                            startup=cfg.run.startup_timeout)
     try:
         with deterministic_kernels(cfg.run.deterministic):
             return fn(ctx, cfg, *args)
@@ -208,7 +215,7 @@ def _single(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
 
     with tempfile.TemporaryDirectory(prefix="pipeoffload-") as folder:
         dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=cfg.run.timeout))
+                                timeout=datetime.timedelta(seconds=cfg.run.startup_timeout))
         try:
             with callers_logging():
                 return _rank_entry(0, 1, fn, cfg, args, verbose)
@@ -229,7 +236,7 @@ def _torchrun(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
     from pipeoffload.runtime.launch import init_from_env
     from pipeoffload.train.mesh import build_context, doing
 
-    rank, world, device = init_from_env(timeout=cfg.run.timeout)
+    rank, world, device = init_from_env(timeout=cfg.run.startup_timeout)
     try:
         run_dir = Path(cfg.run.out) if cfg.run.out else None
         with callers_logging():
@@ -237,7 +244,7 @@ def _torchrun(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> Any:
             torch.manual_seed(cfg.run.seed)
             with doing(rank, MESH):
                 ctx = build_context(cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, device,
-                                    timeout=cfg.run.timeout)
+                                    timeout=cfg.run.timeout, startup=cfg.run.startup_timeout)
             try:
                 with deterministic_kernels(cfg.run.deterministic):
                     return fn(ctx, cfg, *args)
@@ -252,8 +259,9 @@ def _spawned(fn: RankFn, cfg: TrainConfig, args: tuple, verbose: bool) -> list[A
 
     with _launcher_log(cfg):
         result = spawn(_rank_entry, cfg.world, (fn, cfg, args, verbose), timeout=cfg.run.timeout,
-                       deadline=10 * 365 * 86400.0, backend="nccl" if _cuda() else "gloo", grace=GRACE,
-                       forward_signals=True, stop_grace=STOP_GRACE, collect_faults=True, settle=SETTLE)
+                       startup_timeout=cfg.run.startup_timeout, deadline=10 * 365 * 86400.0,
+                       backend="nccl" if _cuda() else "gloo", grace=GRACE, forward_signals=True,
+                       stop_grace=cfg.run.stop_grace, collect_faults=True, settle=SETTLE)
     logged = _log_faults(cfg, result.faults)
     if not result.ok:
         _remove_partial_saves(cfg)

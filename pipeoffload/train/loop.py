@@ -438,6 +438,8 @@ class Trainer:
         except BaseException:
             restore()
             raise
+        # every rank has set up (the loggers' all-reduce was the last wait of start-up): --timeout from here on
+        ctx.started()
         end = min(cfg.run.steps, cfg.run.stop_at) if cfg.run.stop_at else cfg.run.steps
         bar, saved_at, stopped = None, -1, 0
         warm_up = self.step + 1 if resume_from is not None else None  # a resumed run's first step warms up again

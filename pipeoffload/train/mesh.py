@@ -3,10 +3,11 @@
 Global rank = (dp_index * pp + pp_index) * tp + tp_index: tensor-parallel peers are adjacent (on one
 node under torchrun's usual numbering), then pipeline ranks, then data-parallel replicas.
 
-Every group of the mesh gets the run's timeout (``init_device_mesh`` would otherwise give its
-sub-groups torch's default of 30 minutes, so a data-parallel all-reduce with a stopped peer never
-failed). A heartbeat per rank in the default store lets a failed collective name the peer that
-stopped responding by its global rank (``RankContext.peer_failure``).
+Every group of the mesh gets a timeout (``init_device_mesh`` would otherwise give its sub-groups
+torch's default of 30 minutes, so a data-parallel all-reduce with a stopped peer never failed): the
+start-up bound (``--startup-timeout``) while the ranks set up, the run's (``--timeout``) from
+``RankContext.started`` on, before the first step. A heartbeat per rank in the default store lets a
+failed collective name the peer that stopped responding by its global rank (``RankContext.peer_failure``).
 """
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ class RankContext:
     pp_group: Any
     tp_group: Any
     heartbeat: Heartbeat | None = field(default=None, repr=False)
+    timeout: float | None = None  # the run's bound of every wait once started (None: torch's default)
+    startup: float | None = None  # the bound of every wait until then (None: ``timeout``)
+    groups: list[Any] = field(default_factory=list, repr=False)  # this rank's groups of ``new_group``
+    _started: bool = field(default=False, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -47,6 +52,33 @@ class RankContext:
 
     def tp_mesh(self) -> Any:
         return self.mesh["tp"]
+
+    def bound(self) -> float | None:
+        """The timeout of a wait started now: the start-up bound until ``started``, then the run's."""
+        return self.timeout if self._started or self.startup is None else self.startup
+
+    def new_group(self, ranks: list[int]) -> Any:
+        """A process group of ``ranks`` (every rank calls it, in one order) bounded like the mesh's groups:
+        created during start-up, it is switched to the run's timeout by ``started`` too."""
+        bound = self.bound()
+        group = dist.new_group(ranks, timeout=datetime.timedelta(seconds=bound) if bound is not None else None)
+        if self.rank in ranks:
+            self.groups.append(group)
+        return group
+
+    def started(self) -> None:
+        """Start-up is over (every rank has passed its last collective of setting up; the first step
+        comes next): from here every wait of the default group, the mesh's groups and ``new_group``'s is
+        bounded by the run's timeout rather than the start-up bound, so a rank stopped during training
+        is found within ``--timeout`` however long start-up may take."""
+        if self._started:
+            return
+        self._started = True
+        if self.timeout is None or self.startup in (None, self.timeout):
+            return
+        limit = datetime.timedelta(seconds=self.timeout)
+        for group in {id(g): g for g in [None, self.dp_group, self.pp_group, self.tp_group, *self.groups]}.values():
+            dist.distributed_c10d._set_pg_timeout(limit, group)
 
     def close(self) -> None:
         if self.heartbeat is not None:
@@ -186,20 +218,23 @@ def group_options(timeout: float) -> Any:
     return backend, opts
 
 
-def build_context(dp: int, pp: int, tp: int, device: torch.device, timeout: float | None = None) -> RankContext:
+def build_context(dp: int, pp: int, tp: int, device: torch.device, timeout: float | None = None,
+                  startup: float | None = None) -> RankContext:
     """The mesh over the initialised default process group (its size must be dp*pp*tp); with
-    ``timeout`` every group of the mesh bounds its waits by it (else torch's default)."""
+    ``timeout`` every group of the mesh bounds its waits by it (else torch's default), by ``startup``
+    instead until ``RankContext.started``."""
     from torch.distributed.device_mesh import init_device_mesh
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != dp * pp * tp:
         raise RuntimeError(f"world size {world} != dp*pp*tp = {dp}*{pp}*{tp}")
     override: Any = None
-    if timeout is not None:
-        override = {name: group_options(timeout) for name in ("dp", "pp", "tp")}
+    first = startup if startup is not None else timeout
+    if first is not None:
+        override = {name: group_options(first) for name in ("dp", "pp", "tp")}
     mesh = init_device_mesh(device.type, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"),
                             backend_override=override)
     d, p, t = coordinates(rank, pp, tp)
     beat = Heartbeat(rank, world, min(1.0, max(0.05, (timeout or 120.0) / 20))) if world > 1 else None
-    return RankContext(rank, world, device, dp, pp, tp, d, p, t, mesh,
-                       mesh["dp"].get_group(), mesh["pp"].get_group(), mesh["tp"].get_group(), beat)
+    return RankContext(rank, world, device, dp, pp, tp, d, p, t, mesh, mesh["dp"].get_group(),
+                       mesh["pp"].get_group(), mesh["tp"].get_group(), beat, timeout=timeout, startup=startup)

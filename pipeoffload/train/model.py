@@ -7,7 +7,6 @@ layout hold the same keys and can be resharded or loaded by a single process.
 """
 from __future__ import annotations
 
-import datetime
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -74,11 +73,10 @@ class TiedCopies:
             dist.all_reduce(grads[0], group=self.group)
 
 
-def tied_copies(model: RankModel, names: tuple[str, str], schedule: Schedule, ctx: Any, timeout: float) -> TiedCopies:
+def tied_copies(model: RankModel, names: tuple[str, str], schedule: Schedule, ctx: Any) -> TiedCopies:
     """The tied pair of ``model``; creates one group per (dp, tp) coordinate when the first and last
-    stages sit on different pipeline ranks (every rank calls ``new_group`` for each, in one order)."""
-    import torch.distributed as dist
-
+    stages sit on different pipeline ranks (every rank calls ``new_group`` for each, in one order), bounded
+    like the mesh's groups (``RankContext.new_group``)."""
     first, last = schedule.placement.rank_of(0), schedule.placement.rank_of(schedule.num_stages - 1)
     named = model.named_parameters()
     tied = TiedCopies(names, params=[named[n] for n in names if n in named])
@@ -88,7 +86,7 @@ def tied_copies(model: RankModel, names: tuple[str, str], schedule: Schedule, ct
         for t in range(ctx.tp):
             ranks = [(d * ctx.pp + p) * ctx.tp + t for p in (first, last)]
             with ctx.collective("setting up (creating the group of the tied embedding and head)"):
-                group = dist.new_group(ranks, timeout=datetime.timedelta(seconds=timeout))
+                group = ctx.new_group(ranks)
             if ctx.rank in ranks:
                 tied.group = group
     return tied
@@ -236,7 +234,7 @@ def llama_rank_model(cfg: TrainConfig, shape: Any, schedule: Schedule, ctx: Any,
         load_parameters(hf, model.named_parameters())
     if shape.tie_embeddings:
         names = ("layers.0.embed_tokens.weight", f"layers.{shape.layers + 1}.lm_head.weight")
-        model.tied = tied_copies(model, names, schedule, ctx, cfg.run.timeout)
+        model.tied = tied_copies(model, names, schedule, ctx)
     return model
 
 

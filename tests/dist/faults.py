@@ -18,11 +18,14 @@ SMALL = ["--layers", "2", "--hidden", "32", "--seq-len", "32", "--global-batch",
 class Run:
     """``pipeoffload train`` started in the background with its own TMPDIR (to see the store folder)."""
 
-    def __init__(self, base: Path, out: Path, *args: str) -> None:
+    def __init__(self, base: Path, out: Path, *args: str, fault: str = "") -> None:
         self.out, self.tmp = out, base / "tmp"
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.stdout, self.stderr = base / f"{out.name}.stdout", base / f"{out.name}.stderr"
         env = {**os.environ, "TMPDIR": str(self.tmp), "OMP_NUM_THREADS": "1"}
+        if fault:  # injected by fault_site/sitecustomize.py (PIPEOFFLOAD_TEST_FAULT)
+            site = Path(__file__).with_name("fault_site")
+            env.update(PIPEOFFLOAD_TEST_FAULT=fault, PYTHONPATH=os.pathsep.join([str(site), env.get("PYTHONPATH", "")]))
         with open(self.stdout, "w") as so, open(self.stderr, "w") as se:
             self.proc = subprocess.Popen([sys.executable, "-m", "pipeoffload", "train", *SMALL, "--out", str(out),
                                           *args], stdout=so, stderr=se, env=env, text=True)

@@ -13,19 +13,32 @@ from faults import Run, alive, kill_quietly, wait_dead
 
 pytestmark = pytest.mark.dist
 
-TIMEOUT = 12  # --timeout: bounds start-up too (4 ranks on a loaded 2-core machine; 8 passed at load 10, 12 keeps a margin); each stop test waits it out
+# --timeout: the waits from the first step on (a tiny model's step takes well under a second at load 10); start-up,
+# 4 ranks importing torch on a loaded 2-core machine, has --startup-timeout. Each stop test waits it out.
+TIMEOUT = 5
+STARTUP = 300  # --startup-timeout: long, and yet the stopped rank is found within --timeout
 BOUND = TIMEOUT + 10  # every process gone this long after the fault (the issue's promise)
+STOP_GRACE = 3  # --stop-grace of the Ctrl-C tests whose ranks cannot finish their step (a stopped peer)
 
 
-@pytest.mark.parametrize("how,rank,layout", [
-    ("stop", 1, ["--pp", "2", "--dp", "2"]),  # its pipeline peer 0 and its data-parallel peer 3 wait on it
-    ("kill", 2, ["--pp", "2", "--dp", "2"]),
-    ("stop", 3, ["--pp", "2", "--tp", "2"]),  # a tensor-parallel peer
+SLOW = 2 * TIMEOUT  # a start-up wait longer than --timeout: rank 0 loads its data this late (fault_site)
+
+
+@pytest.mark.parametrize("how,rank,layout,fault", [
+    # its pipeline peer 0 and its data-parallel peer 3 wait on it; the run started slowly: rank 0 loaded its data
+    # SLOW s late while the others waited in the trainer's first collective, within --startup-timeout
+    ("stop", 1, ["--pp", "2", "--dp", "2"], f"corpus:0:sleep{SLOW}"),
+    ("kill", 2, ["--pp", "2", "--dp", "2"], ""),
+    ("stop", 3, ["--pp", "2", "--tp", "2"], ""),  # a tensor-parallel peer
 ])
-def test_a_stopped_or_killed_rank_ends_the_run_naming_it(tmp_path: Path, how: str, rank: int, layout: list[str]) -> None:
+def test_a_stopped_or_killed_rank_ends_the_run_naming_it(tmp_path: Path, how: str, rank: int, layout: list[str],
+                                                         fault: str) -> None:
+    """Found within --timeout, though --startup-timeout is long (and start-up took longer than --timeout)."""
     run = Run(tmp_path, tmp_path / "run", "--nproc", "4", *layout, "--steps", "100000", "--save-every", "100000",
-              "--timeout", str(TIMEOUT))
+              "--timeout", str(TIMEOUT), "--startup-timeout", str(STARTUP), fault=fault)
     run.wait_steps(2)
+    if fault:  # the slow start-up happened, and the run survived it
+        assert f"[fault_site] rank 0: sleep{SLOW} at step 0" in run.stderr.read_text(), run.output()
     pids = run.pids()
     assert sorted(pids) == [0, 1, 2, 3], run.output()
     hit = time.monotonic()
@@ -49,9 +62,9 @@ def test_a_stopped_or_killed_rank_ends_the_run_naming_it(tmp_path: Path, how: st
 
 def test_ctrl_c_with_a_stopped_rank_stops_everything(tmp_path: Path) -> None:
     """The hang of the issue: one rank stopped, then Ctrl-C. The ranks cannot finish their step, so
-    the launcher kills them after its 10 s grace: exit 130, 'interrupted'."""
+    the launcher kills them after its grace (--stop-grace): exit 130, 'interrupted'."""
     run = Run(tmp_path, tmp_path / "run", "--nproc", "4", "--pp", "2", "--dp", "2", "--steps", "100000",
-              "--save-every", "100000", "--timeout", "300")
+              "--save-every", "100000", "--timeout", "300", "--stop-grace", str(STOP_GRACE))
     run.wait_steps(2)
     pids = run.pids()
     os.kill(pids[1], signal.SIGSTOP)
@@ -61,7 +74,7 @@ def test_ctrl_c_with_a_stopped_rank_stops_everything(tmp_path: Path) -> None:
     took = time.monotonic() - hit
     try:
         assert code == 130, run.output()
-        assert took < 25, (took, run.output())  # the launcher's grace is 10 s
+        assert took < 25, (took, run.output())  # the launcher's grace, --stop-grace, is 3 s
         assert "interrupted" in run.last_error_line(), run.output()
         assert "Traceback" not in run.stderr.read_text(), run.output()
         assert not [p for p in pids.values() if alive(p)], run.output()

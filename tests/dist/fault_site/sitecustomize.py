@@ -4,11 +4,13 @@ With this folder on ``PYTHONPATH`` every Python process of the run imports this 
 (``sitecustomize``); with ``PIPEOFFLOAD_TEST_FAULT=target:rank:kind[:step]`` set, the named function
 of the project is wrapped as its module is imported, and the fault strikes in process ``rank`` (its
 ``RANK``; ``-1``: the launcher, or a one-process run) at the wrapped function's first call of
-training step ``step`` or later (default: its first call). Nothing happens without the variable.
+training step ``step`` or later (default: its first call). Nothing happens without the variable;
+several faults are separated by commas.
 
 kinds: ``raise`` (RuntimeError), ``eio`` (OSError EIO), ``enospc`` (OSError ENOSPC), ``exit``
 (``os._exit(3)``), ``exit0`` (``os._exit(0)``), ``kill`` (SIGKILL itself), ``term`` (SIGTERM itself,
-then go on), ``nan`` (the call's tensor result times NaN), ``hang`` (sleep for ever)."""
+then go on), ``nan`` (the call's tensor result times NaN), ``hang`` (sleep for ever), ``sleepS``
+(sleep S seconds, then go on: a slow start-up or step)."""
 from __future__ import annotations
 
 import errno
@@ -22,6 +24,7 @@ from typing import Any
 
 # target: (module, dotted attribute)
 TARGETS = {
+    "init": ("torch.distributed", "init_process_group"),  # start-up: joining the default process group
     "mesh": ("pipeoffload.train.mesh", "build_context"),  # start-up: the device mesh
     "prepare": ("pipeoffload.train.data", "prepare"),  # the launcher: tokenizing --data
     "corpus": ("pipeoffload.train.data", "load_corpus"),  # a rank loading the data
@@ -51,12 +54,13 @@ TARGETS = {
 _STEP = {"now": 0}
 
 
-def _spec() -> tuple[str, int, str, int] | None:
+def _specs() -> list[tuple[str, int, str, int]]:
     raw = os.environ.get("PIPEOFFLOAD_TEST_FAULT", "")
-    if not raw:
-        return None
-    parts = raw.split(":")
-    return parts[0], int(parts[1]), parts[2], int(parts[3]) if len(parts) > 3 else 0
+    specs = []
+    for one in filter(None, raw.split(",")):
+        parts = one.split(":")
+        specs.append((parts[0], int(parts[1]), parts[2], int(parts[3]) if len(parts) > 3 else 0))
+    return specs
 
 
 def _strike(kind: str) -> None:
@@ -77,6 +81,8 @@ def _strike(kind: str) -> None:
     if kind == "hang":
         while True:
             time.sleep(1)
+    if kind.startswith("sleep"):
+        time.sleep(float(kind[len("sleep"):]))
 
 
 def _wrap(fn: Any, rank: int, kind: str, step: int) -> Any:
@@ -152,14 +158,15 @@ class _Hook(importlib.abc.MetaPathFinder):
 
 
 def _install() -> None:
-    spec = _spec()
-    if spec is None:
+    specs = _specs()
+    if not specs:
         return
-    target, rank, kind, step = spec
-    module, attr = TARGETS[target]
     patches: dict[str, list[Any]] = {"pipeoffload.train.loop": [_track_steps],
                                      "pipeoffload.runtime.executor": [_track_runner_steps]}
-    patches.setdefault(module, []).append(lambda m: _patch(m, attr, rank, kind, step))
+    for target, rank, kind, step in specs:
+        module, attr = TARGETS[target]
+        patches.setdefault(module, []).append(
+            lambda m, attr=attr, rank=rank, kind=kind, step=step: _patch(m, attr, rank, kind, step))
     sys.meta_path.insert(0, _Hook(patches))
 
 
