@@ -273,7 +273,17 @@ def _run(args: argparse.Namespace) -> int:
 
     print(summary_line(result["out"], result["step"], result.get("history", [])))  # a loss's step if earlier
     if result.get("interrupted"):
-        print(f"interrupted by signal {result['interrupted']}: saved checkpoint at step {result['saved_at']}; "
+        print(f"interrupted ({_signal_name(int(result['interrupted']))}): saved checkpoint at step {result['saved_at']}; "
               f"continue with: pipeoffload train --resume {result['out']}")
         return 128 + int(result["interrupted"])
     return 0
+
+
+def _signal_name(number: int) -> str:
+    """``SIGINT`` for 2, as the other commands' "interrupted (SIGTERM)" name theirs."""
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -52,7 +52,7 @@ def test_sigterm_while_a_one_process_run_loads_its_checkpoint_stops_it_after_a_s
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert "cannot be loaded" not in done.stderr, done.stderr[-2000:]
     assert done.returncode == 143, (done.returncode, done.stdout[-1000:], done.stderr[-2000:])
-    assert "interrupted by signal 15: saved checkpoint at step 3" in done.stdout, done.stdout[-1000:]
+    assert "interrupted (SIGTERM): saved checkpoint at step 3" in done.stdout, done.stdout[-1000:]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000002", "step-000003"]
 
 

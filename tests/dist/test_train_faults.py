@@ -104,7 +104,7 @@ def test_sigterm_during_start_up_says_interrupted(tmp_path: Path) -> None:
     assert code == 128 + signal.SIGTERM, run.output()
     # the ranks take the signal up once their trainer runs (it is recorded, not lost, while they start): they
     # finish step 1 and save; where they take longer than the launcher's 10 s to start, they are killed
-    saved = "interrupted by signal 15: saved checkpoint at step 1" in run.stdout.read_text()
+    saved = "interrupted (SIGTERM): saved checkpoint at step 1" in run.stdout.read_text()
     assert saved or ("interrupted" in run.last_error_line() and "codes" not in run.last_error_line()), run.output()
     assert "Traceback" not in run.stderr.read_text(), run.output()
 
