@@ -609,10 +609,11 @@ def _plan_at_and_above(plan: _Planning, costs: CostModel) -> tuple[dict[int, Ran
         return states, peaks
     if costs.shared_host_link:
         states, peaks = plan.best_with_slower_copies(costs, states, peaks)
-        states, peaks = _throttled_plans(plan, costs, states, peaks)
-        states, peaks = _next_point_plans(plan, costs, states, peaks)
-        states, peaks = _slot_plans(plan, costs, states, peaks)
-        return _repaired_plans(plan, costs, states, peaks)
+        runs = _Runs(plan.base, frozenset(plan.exclude))  # what steps 9-12 would otherwise compute twice
+        states, peaks = _throttled_plans(plan, costs, states, peaks, runs)
+        states, peaks = _next_point_plans(plan, costs, states, peaks, runs)
+        states, peaks = _slot_plans(plan, costs, states, peaks, runs)
+        return _repaired_plans(plan, costs, states, peaks, runs)
     if _overloaded(states):
         states, peaks = plan.best_with_slower_copies(costs, states, peaks)
     return states, peaks
@@ -700,8 +701,44 @@ _FASTER = (0.95, 0.9, 0.8, 0.7, 0.6, 0.5)  # copy-time factors of the plans a st
 _FLOOR_FACTOR = 1e-6  # the plan for copies this much faster: the floor of what faster copies give the pass
 
 
-def _throttled_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
-                     ) -> tuple[dict[int, RankState], dict[int, float]]:
+class _Runs:
+    """What steps 9-12 of one shared-link lowering (``_throttled_plans`` to ``_repaired_plans``) ask for
+    more than once with the same inputs, made once: a throttled compute timing and its rank timelines
+    by (copy times, limit) (step 9 at k and at the next ladder point, then step 10's slot timings and
+    step 12's for the same limits and copy times), and the simulation of a plan by its emitted lists (each
+    step simulates the plan the step before returned; the step without copies twice). Every entry is
+    what the computation returns for its key (``base`` and ``exclude`` are fixed), and it lives for one
+    lowering only: nothing is kept across a search."""
+
+    def __init__(self, base: Schedule, exclude: frozenset[Key]) -> None:
+        self.base, self.exclude = base, exclude
+        self._timings: dict[tuple[CostModel, int], tuple[Timeline, list[RankTimeline]]] = {}
+        self._runs: dict[tuple[object, ...], Timeline] = {}
+
+    def throttled(self, costs: CostModel, limit: int) -> tuple[Timeline, list[RankTimeline]]:
+        """``throttled_timeline(base, costs, limit, exclude)`` and its ``rank_timelines`` under ``costs``
+        (shared: a caller sets a throttle on copies, ``RankTimeline.with_throttle``, and changes nothing)."""
+        key = (costs, limit)
+        if key not in self._timings:
+            timeline = throttled_timeline(self.base, costs, limit, self.exclude)
+            self._timings[key] = timeline, rank_timelines(self.base, timeline, costs)
+        return self._timings[key]
+
+    def simulated(self, costs: CostModel, states: dict[int, RankState] | None = None) -> Timeline:
+        """``simulate`` of ``base`` with ``states``' copies emitted (None: ``base`` itself), under ``costs``.
+        A state's emitted list is fixed by its ``_emitted_key`` and its throttle (``_emit`` adds the waits);
+        the compute actions are ``base``'s."""
+        ranks = range(self.base.num_ranks)
+        key = (costs, None if states is None else
+               tuple((states[r].timeline.throttle, _emitted_key(states[r])) for r in ranks))
+        if key not in self._runs:
+            schedule = self.base if states is None else self.base.with_actions([_emit(states[r]) for r in ranks])
+            self._runs[key] = simulate(schedule, costs)
+        return self._runs[key]
+
+
+def _throttled_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float],
+                     runs: _Runs) -> tuple[dict[int, RankState], dict[int, float]]:
     """The plan with throttled warm-up forwards (``passes.throttle``) where it is better.
 
     For each limit L of ``_THROTTLES`` with L + 1 below the plan's peak, in turn (a throttled warm-up
@@ -714,18 +751,18 @@ def _throttled_plans(plan: _Planning, costs: CostModel, states: dict[int, RankSt
     ranks = range(plan.base.num_ranks)
     if _THROTTLES[0] + 1 >= max(peaks.values(), default=0.0) - EPS:  # nothing to gain (peaks: the plan's)
         return states, peaks
-    plain = simulate(plan.base.with_actions([_emit(states[r]) for r in ranks]), costs)
+    plain = runs.simulated(costs, states)
     for limit in _THROTTLES:
         if limit + 1 >= plain.peak_activation_units - EPS:  # what a throttled warm-up holds, at best: see above
             break
-        timeline = throttled_timeline(plan.base, costs, limit, plan.exclude)
+        timeline, timelines = runs.throttled(costs, limit)
         if timeline.makespan > plain.makespan + EPS:
             continue
-        throttled = replace(plan, timelines=rank_timelines(plan.base, timeline, costs), throttle=limit)
+        throttled = replace(plan, timelines=timelines, throttle=limit)
         candidate, candidate_peaks = throttled.states(costs)
         # called on a shared link with copies that take time only: its slower-copy plans always apply
         candidate, candidate_peaks = throttled.best_with_slower_copies(costs, candidate, candidate_peaks)
-        t = simulate(plan.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
+        t = runs.simulated(costs, candidate)
         log.debug("throttle %d: peak %g, makespan %g, stall %g (without: %g, %g)", limit, t.peak_activation_units,
                   t.makespan, t.stall, plain.peak_activation_units, plain.makespan)
         if t.stall == 0 and t.makespan <= plain.makespan + EPS and t.peak_activation_units < plain.peak_activation_units - EPS:
@@ -745,8 +782,8 @@ def _next_point(costs: CostModel) -> float | None:
     return (math.floor(k / _SLOT_LADDER + 1e-9) + 1) * _SLOT_LADDER
 
 
-def _next_point_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
-                      ) -> tuple[dict[int, RankState], dict[int, float]]:
+def _next_point_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float],
+                      runs: _Runs) -> tuple[dict[int, RankState], dict[int, float]]:
     """The plan of the next larger k, replayed at k, where it is better than ``states`` (shared link).
 
     The plan steps 1-9 make at the next ladder point above k (copies ``factor`` x slower: the plan
@@ -765,10 +802,10 @@ def _next_point_plans(plan: _Planning, costs: CostModel, states: dict[int, RankS
     scaled = replace(plan, timelines=[tl.with_copy_times(factor) for tl in plan.timelines])
     candidate, candidate_peaks = scaled.states(slower)
     candidate, candidate_peaks = scaled.best_with_slower_copies(slower, candidate, candidate_peaks)
-    candidate, _ = _throttled_plans(scaled, slower, candidate, candidate_peaks)
+    candidate, _ = _throttled_plans(scaled, slower, candidate, candidate_peaks, runs)
     ranks = range(plan.base.num_ranks)
-    current = simulate(plan.base.with_actions([_emit(states[r]) for r in ranks]), costs)
-    t = simulate(plan.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
+    current = runs.simulated(costs, states)
+    t = runs.simulated(costs, candidate)
     log.debug("next point %g (x%g): peak %g, makespan %g, stall %g (now: %g, %g)", after, factor,
               t.peak_activation_units, t.makespan, t.stall, current.peak_activation_units, current.makespan)
     if t.stall > 0 or t.makespan > current.makespan + EPS or t.peak_activation_units >= current.peak_activation_units - EPS:
@@ -776,8 +813,8 @@ def _next_point_plans(plan: _Planning, costs: CostModel, states: dict[int, RankS
     return candidate, {r: t.per_rank[r].peak_activation_units for r in ranks}
 
 
-def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
-                ) -> tuple[dict[int, RankState], dict[int, float]]:
+def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float],
+                runs: _Runs) -> tuple[dict[int, RankState], dict[int, float]]:
     """The alternating-slot plan (``passes.slots``) where it is better than ``states``.
 
     Each pattern of ``_SLOT_KEEP`` x ``_SLOT_MARGIN`` is planned, for the real copy times and for the
@@ -790,9 +827,9 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
     if max(peaks.values(), default=0.0) <= _SLOT_FLOOR + EPS or (plan.budget is not None and
                                                                  max(peaks.values()) <= plan.budget + EPS):
         return states, peaks  # a computed activation and a reload: nothing lower to reach; or the budget is met
-    current = simulate(plan.base.with_actions([_emit(states[r]) for r in ranks]), costs)
-    makespan = simulate(plan.base, costs).makespan  # the step without copies: a plan must not lengthen it
-    best: tuple[float, int, dict[int, RankState], Timeline] | None = None
+    current = runs.simulated(costs, states)
+    makespan = runs.simulated(costs).makespan  # the step without copies: a plan must not lengthen it
+    best: tuple[float, int, dict[int, RankState], Figures] | None = None
     seen: set[tuple] = set()
     for factor in _slot_factors(costs):  # as if copies took factor x longer (a faster link must not do worse)
         slower = _copies_scaled(costs, factor)
@@ -800,8 +837,7 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
             if limit + 1 >= min(current.peak_activation_units, best[0] if best else math.inf) - EPS:
                 break  # a throttled warm-up holds L + 1 at best (see ``_throttled_plans``): no lower peak
             if limit:  # even a timing that lengthens the step may not once the slots' copies are in: simulated
-                timeline = throttled_timeline(plan.base, slower, limit, plan.exclude)
-                timelines = [tl.with_throttle(limit) for tl in rank_timelines(plan.base, timeline, slower)]
+                timelines = [tl.with_throttle(limit) for tl in runs.throttled(slower, limit)[1]]
             else:  # the timing without copies does not depend on their times
                 timelines = [tl.with_copy_times(factor) for tl in plan.timelines] if factor != 1.0 else plan.timelines
             chosen = _candidates(timelines, plan.policy, plan.exclude)
@@ -810,22 +846,24 @@ def _slot_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState],
                 for members in plan.groups:
                     candidate.update(plan_pair([timelines[r] for r in members], {r: chosen[r] for r in members},
                                                pattern))
-                key = (limit, *(_emitted_key(candidate[r]) for r in ranks))
+                orders = [_copy_order(candidate[r]) for r in ranks]  # each list's key, then the list itself
+                key = (limit, *(_order_key(order) for order in orders))
                 if key in seen:
                     continue
                 seen.add(key)
-                t = simulate(plan.base.with_actions([_emit(candidate[r]) for r in ranks]), costs)
+                # figures, not a timeline: the peaks, stalls and makespan are the same numbers (``figures_of``)
+                t = simulate_figures(plan.base.with_actions([_emit(candidate[r], orders[r]) for r in ranks]), costs)
+                peak = max(t.peak_activation_units)  # as ``Timeline.peak_activation_units`` and ``.stall`` read them
                 log.debug("slots x%g L=%d %s: peak %g, makespan %g, stall %g", factor, limit, pattern,
-                          t.peak_activation_units, t.makespan, t.stall)
-                if t.stall == 0 and t.makespan <= makespan + EPS and (
-                        best is None or t.peak_activation_units < best[0] - EPS):
-                    best = (t.peak_activation_units, limit, candidate, t)
+                          peak, t.makespan, sum(t.stall))
+                if sum(t.stall) == 0 and t.makespan <= makespan + EPS and (best is None or peak < best[0] - EPS):
+                    best = (peak, limit, candidate, t)
     if best is None or best[0] >= current.peak_activation_units - EPS:
         return states, peaks
-    _, _, candidate, t = best
+    _, _, candidate, figures = best
     for state in candidate.values():
         _report_unplaced(state, _candidates([state.timeline], plan.policy, plan.exclude)[state.timeline.rank])
-    return candidate, {r: t.per_rank[r].peak_activation_units for r in ranks}
+    return candidate, {r: figures.peak_activation_units[r] for r in ranks}
 
 
 def _slot_factors(costs: CostModel) -> list[float]:
@@ -857,8 +895,8 @@ _SLOT_KEEP = (0, 3)  # lifespan filters (slot periods) of the slot patterns trie
 _SLOT_MARGIN = ((0.0, False), (1.0, False), (0.0, True))  # reload margins tried: (slots, + the backward's time)
 
 
-def _repaired_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float]
-                    ) -> tuple[dict[int, RankState], dict[int, float]]:
+def _repaired_plans(plan: _Planning, costs: CostModel, states: dict[int, RankState], peaks: dict[int, float],
+                    runs: _Runs) -> tuple[dict[int, RankState], dict[int, float]]:
     """One unit below the plan's peak by a repaired throttled warm-up (``throttle.repair``), where it
     gets there (shared host link; step 12 of docs/offload.md).
 
@@ -877,18 +915,17 @@ def _repaired_plans(plan: _Planning, costs: CostModel, states: dict[int, RankSta
     top = max(peaks.values(), default=0.0)
     if top <= _SLOT_FLOOR + EPS or (plan.budget is not None and top <= plan.budget + EPS):
         return states, peaks
-    current = simulate(plan.base.with_actions([_emit(states[r]) for r in ranks]), costs)
+    current = runs.simulated(costs, states)
     target = current.peak_activation_units - 1.0
     limit = math.floor(target + EPS)
     if target < _SLOT_FLOOR - EPS or limit < 1:
         return states, peaks
-    bare = simulate(plan.base, costs)  # the step without copies: its makespan and latest starts
+    bare = runs.simulated(costs)  # the step without copies: its makespan and latest starts
     latest = latest_starts(plan.base, costs, bare)
     for factor in (1.0, *_off_ladder_factor(costs)):
         slower = _copies_scaled(costs, factor)
-        scaled = plan if factor == 1.0 else replace(plan, timelines=[tl.with_copy_times(factor) for tl in plan.timelines])
-        timeline = throttled_timeline(plan.base, slower, limit, plan.exclude)
-        throttled = replace(scaled, timelines=rank_timelines(plan.base, timeline, slower), throttle=limit)
+        # (the throttled timing's own timelines at ``slower``: the plan's scaled ones would be replaced at once)
+        throttled = replace(plan, timelines=runs.throttled(slower, limit)[1], throttle=limit)
         candidate, _ = throttled.states(slower)
         rows = repair(plan.base, [eager_warmup(_emit(candidate[r]), limit) for r in ranks], slower, target, latest)
         if rows is not None and factor != 1.0:  # the next point's plan, replayed (and mended) at k
@@ -1044,8 +1081,13 @@ def _emitted_key(state: RankState) -> tuple[object, ...]:
     """What decides the rank's emitted list (equal keys, equal lists), cheaper to compare than the list."""
     if state.rows is not None:
         return tuple(state.rows)
+    return _order_key(_copy_order(state))
+
+
+def _order_key(order: list[tuple[int, float, int, int, int, int]]) -> tuple[object, ...]:
+    """``_emitted_key`` of a state without its own list, from its ``_copy_order`` (the planned starts left out)."""
     return tuple((position, direction, stage, microbatch, window)
-                 for position, _, direction, stage, microbatch, window in _copy_order(state))
+                 for position, _, direction, stage, microbatch, window in order)
 
 
 def _emit(state: RankState, order: list[tuple[int, float, int, int, int, int]] | None = None) -> list[Action]:

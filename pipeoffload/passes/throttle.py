@@ -158,7 +158,17 @@ def repair(base: Schedule, rows: list[list[Action]], costs: CostModel, peak: flo
     a forward without a wait made to wait for the first of its rank's copying offloads to end.
     The first move that makes the earliest problem later (or, at the same time, leaves fewer problems)
     is kept; a move never has to be undone, so the search is greedy."""
-    score, t = _problems(base, rows, costs, peak, latest)
+    # the answer for lists already tried (a move and a later move can give the same lists, e.g. a copy moved
+    # back): ``_problems`` depends on them alone here; each still counts against the budget, as before
+    tried: dict[tuple[tuple[Action, ...], ...], tuple[tuple[float, int] | None, Timeline | None]] = {}
+
+    def problems(rows: list[list[Action]]) -> tuple[tuple[float, int] | None, Timeline | None]:
+        key = tuple(map(tuple, rows))
+        if key not in tried:
+            tried[key] = _problems(base, rows, costs, peak, latest)
+        return tried[key]
+
+    score, t = problems(rows)
     budget = _BUDGET * base.num_ranks
     while score is not None and t is not None and score[0] < math.inf:
         for rank, row in _moves(rows, t, score[0]):
@@ -166,7 +176,7 @@ def repair(base: Schedule, rows: list[list[Action]], costs: CostModel, peak: flo
                 return None
             budget -= 1
             candidate = [row if r == rank else x for r, x in enumerate(rows)]
-            found, found_t = _problems(base, candidate, costs, peak, latest)
+            found, found_t = problems(candidate)
             if found is not None and (found[0] > score[0] + EPS or (found[0] > score[0] - EPS and found[1] < score[1])):
                 rows, score, t = candidate, found, found_t
                 break
