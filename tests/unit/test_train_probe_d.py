@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeoffload.errors import ConfigError
+from pipeoffload.errors import FLAGS, ConfigError
 from pipeoffload.train.checkpoint import PendingSave, latest_checkpoint, list_checkpoints
 from pipeoffload.train.config import build_config
 from tests.conftest import one_line_error, train_process
@@ -56,8 +56,9 @@ def test_the_memory_refusal_blames_the_microbatch_when_it_is_the_cost() -> None:
     cfg = validate(build_config({"global_batch": 4_000_000, "microbatches": 1}))
     with pytest.raises(ConfigError) as info:
         check_memory(cfg, DataFacts(tokens=10**6, vocab=256, resident_bytes=0), available=4 << 30)
-    message = str(info.value)
+    message = info.value.in_words(FLAGS)  # the command line's words (the Python API names global_batch=...)
     assert "--global-batch" in message and "--microbatches" in message
+    assert "global_batch" in str(info.value) and "microbatches" in str(info.value)
     assert "make the model" not in message and "--eval-batches smaller" not in message
 
 
