@@ -4,10 +4,9 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from pipeoffload.cli.common import non_negative_float
 from pipeoffload.errors import ConfigError
@@ -110,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             for _ in generation.steps():
                 with interrupts.deferred():
-                    shown.update(generation)
+                    shown.update(generation.text)
         except KeyboardInterrupt:  # what came so far is the user's: shown, not dropped
             with interrupts.deferred(then_raise=False):
                 shown.finish(generation.text())
@@ -161,9 +160,10 @@ class _Shown:
     def __init__(self, live: bool) -> None:
         self.live, self.shown = live, ""
 
-    def update(self, generation: Any) -> None:
+    def update(self, text: Callable[[], str]) -> None:
+        """After a token: at a terminal, what it adds (``text`` decodes the whole text; not called elsewhere)."""
         if self.live:
-            self._extend(generation.text(), final=False)
+            self._extend(text(), final=False)
 
     def finish(self, text: str) -> None:
         if not self._extend(text, final=True):  # the decoder rewrote what was shown (never seen): the text whole
