@@ -49,6 +49,19 @@ def one_f_one_b(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1)
     return Schedule(tuple(rows), placement, m, "1f1b")
 
 
+def equal_rounds(family: str, d: int, m: int, v: int | None = None) -> int:
+    """How many rounds of microbatches an interleaved order over ``d`` ranks runs (``max(1, m // d)``), where
+    ``m`` splits into equal ones; else the refusal (``v``: named as the reason, for a family that needs the
+    rounds only with more than one stage per rank)."""
+    rounds = max(1, m // d)
+    if m % rounds:
+        raise ConfigError.named(lambda n: (
+            f"{n.given('num_microbatches', m)}: {family}{'' if v is None else ' with ' + n.given('stages_per_rank', v)}"
+            f" needs microbatches to split into equal rounds (m < d, or m divisible by m // d = {rounds}); use a "
+            f"multiple of {n.given('num_ranks', d)}, e.g. {n.given('num_microbatches', rounds * d)}"))
+    return rounds
+
+
 def interleaved_1f1b(num_ranks: int, num_microbatches: int, stages_per_rank: int = 2) -> Schedule:
     """Megatron-style interleaved 1F1B on loop placement.
 
@@ -60,13 +73,7 @@ def interleaved_1f1b(num_ranks: int, num_microbatches: int, stages_per_rank: int
     d=2, v=2, m=2, rank 0:  0F0 0F1 2F0 2F1 | 2B0 2B1 0B0 0B1        (stage 2 is rank 0's second stage)
     """
     d, m, v = num_ranks, num_microbatches, stages_per_rank
-    rounds = max(1, m // d)
-    if m % rounds:
-        raise ConfigError.named(lambda n: (
-            f"{n.given('num_microbatches', m)}: interleaved-1f1b needs microbatches to split into equal rounds "
-            f"(m < d, or m divisible by m // d = {rounds}); use a multiple of {n.given('num_ranks', d)}, "
-            f"e.g. {n.given('num_microbatches', rounds * d)}"))
-    per_round = m // rounds
+    per_round = m // equal_rounds("interleaved-1f1b", d, m)
     placement = Placement.loop(d, v)
     total = v * m
     # forward and backward number k of a rank: its local stage and its microbatch (the same for both)

@@ -29,6 +29,7 @@ from pipeoffload.costs import CostModel
 from pipeoffload.errors import ConfigError
 from pipeoffload.ir import Action, ActionKind, Schedule
 from pipeoffload.placement import Placement
+from pipeoffload.schedules.classic import equal_rounds
 
 F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W  # noqa: E741
 _EPS = 1e-9
@@ -297,12 +298,8 @@ def zb_h1(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> Sc
     rounds, as for interleaved-1f1b); at v = 2 its bubble and memory equal zb-v's.
     """
     d, m, v = num_ranks, num_microbatches, stages_per_rank
-    rounds = max(1, m // d)
-    if v > 1 and m % rounds:
-        raise ConfigError.named(lambda n: (
-            f"{n.given('num_microbatches', m)}: zb-h1 with {n.given('stages_per_rank', v)} needs microbatches to "
-            f"split into equal rounds (m < d, or m divisible by m // d = {rounds}); use a multiple of "
-            f"{n.given('num_ranks', d)}, e.g. {n.given('num_microbatches', rounds * d)}"))
+    if v > 1:  # one stage per rank takes any m
+        equal_rounds("zb-h1", d, m, v)
     rows = zb_h1_rows(d, m, v)
     return Schedule(tuple(map(tuple, rows)), Placement.loop(d, v), m, "zb-h1")
 
